@@ -1,0 +1,401 @@
+//! One client connection: framing of messages on the UNIX socket (with fds
+//! in SCM_RIGHTS), replies, and server-to-client DMA_READ / DMA_WRITE
+//! requests interleaved with the client's own requests.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use log::warn;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use crate::dma::{ClientDma, DmaError};
+use crate::proto::{
+    Command, Header, Reader, Writer, FLAG_ERROR, FLAG_TYPE_COMMAND, FLAG_TYPE_REPLY, HEADER_SIZE,
+    MAX_MESSAGE_SIZE,
+};
+
+/// How long a peer may take to finish a message it started, to take a
+/// message we send, or to answer a DMA request.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most fds the kernel passes in one message (SCM_MAX_FD); receiving room
+/// for all of them means excess fds are always seen, counted and closed.
+const SCM_MAX_FD: usize = 253;
+
+/// A complete message with the fds it carried.
+pub struct Message {
+    /// Its header.
+    pub header: Header,
+    /// Everything after the header.
+    pub payload: Vec<u8>,
+    /// fds received with it; closed when dropped.
+    pub fds: Vec<File>,
+    /// The sender attached more fds than the kernel could pass.
+    pub fds_truncated: bool,
+}
+
+/// Why reading a message failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Orderly close between messages.
+    #[error("peer closed the connection")]
+    Closed,
+    /// Socket error or close in the middle of a message.
+    #[error("socket error")]
+    Io(#[source] io::Error),
+    /// The header's size cannot be trusted, so the stream cannot be
+    /// resynchronised.
+    #[error("message size {0} outside {HEADER_SIZE}..={MAX_MESSAGE_SIZE}")]
+    Size(u32, Header),
+}
+
+/// The shared half of a connection: used by the event loop and, for DMA to
+/// memory the client did not share by fd, by device threads.
+pub struct ClientLink {
+    stream: UnixStream,
+    write_lock: Mutex<()>,
+    /// Serialises reads; holds client requests read while waiting for a
+    /// DMA reply on the event-loop thread, to be handled in order later.
+    deferred: Mutex<VecDeque<Message>>,
+    waiters: Mutex<HashMap<u16, mpsc::SyncSender<Message>>>,
+    next_id: AtomicU16,
+    loop_thread: ThreadId,
+    max_transfer: AtomicUsize,
+    alive: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ClientLink {
+    /// Wraps an accepted stream; `loop_thread` is the thread that runs the
+    /// endpoint's event loop.
+    pub fn new(stream: UnixStream, loop_thread: ThreadId) -> io::Result<Self> {
+        stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+        stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+        Ok(ClientLink {
+            stream,
+            write_lock: Mutex::new(()),
+            deferred: Mutex::new(VecDeque::new()),
+            waiters: Mutex::new(HashMap::new()),
+            next_id: AtomicU16::new(0),
+            loop_thread,
+            max_transfer: AtomicUsize::new(crate::proto::MAX_DATA_XFER_SIZE as usize),
+            alive: AtomicBool::new(true),
+        })
+    }
+
+    /// The socket, for registration with the event loop.
+    pub fn raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Sets the largest DMA transfer the client accepts.
+    pub fn set_max_transfer(&self, bytes: usize) {
+        self.max_transfer.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Marks the link dead and wakes every thread waiting for a reply.
+    pub fn shutdown(&self) {
+        self.alive.store(false, Ordering::Release);
+        lock(&self.waiters).clear();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Takes the next request read ahead by a DMA wait, if any.
+    pub fn pop_deferred(&self) -> Option<Message> {
+        lock(&self.deferred).pop_front()
+    }
+
+    /// Reads one message from the socket.
+    pub fn read_message(&self) -> Result<Message, ReadError> {
+        let _guard = lock(&self.deferred);
+        self.read_locked()
+    }
+
+    fn read_locked(&self) -> Result<Message, ReadError> {
+        let mut hdr = [0u8; HEADER_SIZE];
+        let (n, fds, truncated) = recv_with_fds(&self.stream, &mut hdr).map_err(ReadError::Io)?;
+        if n == 0 {
+            return Err(ReadError::Closed);
+        }
+        if n < HEADER_SIZE {
+            (&self.stream)
+                .read_exact(&mut hdr[n..])
+                .map_err(ReadError::Io)?;
+        }
+        let header = Header::decode(&hdr);
+        if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > MAX_MESSAGE_SIZE {
+            return Err(ReadError::Size(header.msg_size, header));
+        }
+        let mut payload = vec![0u8; header.msg_size as usize - HEADER_SIZE];
+        (&self.stream)
+            .read_exact(&mut payload)
+            .map_err(ReadError::Io)?;
+        Ok(Message {
+            header,
+            payload,
+            fds,
+            fds_truncated: truncated,
+        })
+    }
+
+    /// Sends a message: header fields are completed from `payload`.
+    pub fn send(&self, mut header: Header, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let size = HEADER_SIZE + payload.len();
+        header.msg_size =
+            u32::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut buf = Vec::with_capacity(size);
+        buf.extend_from_slice(&header.encode());
+        buf.extend_from_slice(payload);
+        let _guard = lock(&self.write_lock);
+        let mut sent = 0;
+        if !fds.is_empty() {
+            sent = self
+                .stream
+                .send_with_fds(&[&buf[..]], fds)
+                .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        }
+        (&self.stream).write_all(&buf[sent..])
+    }
+
+    /// Replies to `req` with a payload.
+    pub fn reply(&self, req: &Header, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let header = Header {
+            msg_id: req.msg_id,
+            command: req.command,
+            msg_size: 0,
+            flags: FLAG_TYPE_REPLY,
+            error: 0,
+        };
+        self.send(header, payload, fds)
+    }
+
+    /// Replies to `req` with an error.
+    pub fn reply_error(&self, req: &Header, errno: u32) -> io::Result<()> {
+        let header = Header {
+            msg_id: req.msg_id,
+            command: req.command,
+            msg_size: 0,
+            flags: FLAG_TYPE_REPLY | FLAG_ERROR,
+            error: errno,
+        };
+        self.send(header, &[], &[])
+    }
+
+    /// Hands a reply to the device thread waiting for it. Returns false for
+    /// a reply nobody asked for.
+    pub fn route_reply(&self, msg: Message) -> bool {
+        match lock(&self.waiters).remove(&msg.header.msg_id) {
+            Some(tx) => tx.send(msg).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Sends a server-to-client request and waits for its reply.
+    fn request(&self, command: Command, payload: &[u8]) -> Result<Message, DmaError> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(DmaError::Disconnected);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let header = Header {
+            msg_id: id,
+            command: command as u16,
+            msg_size: 0,
+            flags: FLAG_TYPE_COMMAND,
+            error: 0,
+        };
+        if std::thread::current().id() == self.loop_thread {
+            // Nobody else reads this socket: read until our reply arrives,
+            // keeping client requests for the event loop, in order.
+            self.send(header, payload, &[])
+                .map_err(|_| DmaError::Disconnected)?;
+            let mut deferred = lock(&self.deferred);
+            loop {
+                let msg = self.read_locked().map_err(|_| DmaError::Disconnected)?;
+                if !msg.header.is_reply() {
+                    deferred.push_back(msg);
+                } else if msg.header.msg_id == id {
+                    return Ok(msg);
+                } else if !self.route_reply(msg) {
+                    warn!("dropping a reply nobody asked for");
+                }
+            }
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        lock(&self.waiters).insert(id, tx);
+        if self.send(header, payload, &[]).is_err() {
+            lock(&self.waiters).remove(&id);
+            return Err(DmaError::Disconnected);
+        }
+        rx.recv_timeout(PEER_TIMEOUT).map_err(|_| {
+            lock(&self.waiters).remove(&id);
+            DmaError::Disconnected
+        })
+    }
+}
+
+fn check_dma_reply(msg: &Message, command: Command, iova: u64, len: usize) -> Result<(), DmaError> {
+    if msg.header.command != command as u16 {
+        return Err(DmaError::Client {
+            iova,
+            errno: libc::EPROTO as u32,
+        });
+    }
+    if msg.header.flags & FLAG_ERROR != 0 {
+        return Err(DmaError::Client {
+            iova,
+            errno: msg.header.error,
+        });
+    }
+    let mut r = Reader::new(&msg.payload);
+    let addr = r.u64();
+    let count = r.u64();
+    if addr != Ok(iova) || count != Ok(len as u64) {
+        return Err(DmaError::Client {
+            iova,
+            errno: libc::EPROTO as u32,
+        });
+    }
+    Ok(())
+}
+
+impl ClientDma for ClientLink {
+    fn dma_read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let mut w = Writer::with_capacity(16);
+        w.u64(iova).u64(buf.len() as u64);
+        let msg = self.request(Command::DmaRead, &w.into_inner())?;
+        check_dma_reply(&msg, Command::DmaRead, iova, buf.len())?;
+        let data = msg.payload.get(16..).unwrap_or_default();
+        if data.len() != buf.len() {
+            return Err(DmaError::Client {
+                iova,
+                errno: libc::EPROTO as u32,
+            });
+        }
+        buf.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn dma_write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        let mut w = Writer::with_capacity(16 + buf.len());
+        w.u64(iova).u64(buf.len() as u64).bytes(buf);
+        let msg = self.request(Command::DmaWrite, &w.into_inner())?;
+        if msg.header.flags & FLAG_ERROR != 0 || msg.header.command != Command::DmaWrite as u16 {
+            return Err(DmaError::Client {
+                iova,
+                errno: msg.header.error,
+            });
+        }
+        Ok(())
+    }
+
+    fn max_transfer(&self) -> usize {
+        self.max_transfer.load(Ordering::Relaxed)
+    }
+}
+
+/// `recvmsg` into `buf`, collecting every fd passed with it. Returns the
+/// bytes read, the fds (owned) and whether the kernel had to drop some.
+fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<File>, bool)> {
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    const CMSG_WORDS: usize = (SCM_MAX_FD * 4 + 64) / 8;
+    let mut cmsg_buf = [0u64; CMSG_WORDS];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
+    let n = loop {
+        // SAFETY: msg points at live buffers (iov -> buf, control ->
+        // cmsg_buf) of the stated lengths for the duration of the call.
+        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR/NXTHDR walk only the
+    // control bytes the kernel reported in msg_controllen.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: cmsg is non-null and points into cmsg_buf (see above).
+        let hdr = unsafe { &*cmsg };
+        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_DATA of a valid header; a zero-length CMSG_LEN(0)
+            // is the size of the header itself.
+            let (data, header_len) = unsafe { (libc::CMSG_DATA(cmsg), libc::CMSG_LEN(0) as usize) };
+            let count = (hdr.cmsg_len as usize).saturating_sub(header_len) / 4;
+            for i in 0..count {
+                // SAFETY: the kernel wrote `count` ints after the header; read
+                // them unaligned because CMSG_DATA's alignment is not promised.
+                let fd = unsafe { std::ptr::read_unaligned(data.cast::<RawFd>().add(i)) };
+                // SAFETY: the kernel just installed this fd for us; we own it.
+                fds.push(unsafe { File::from_raw_fd(fd) });
+            }
+        }
+        // SAFETY: as for CMSG_FIRSTHDR.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
+    }
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    Ok((n, fds, truncated))
+}
+
+/// Limits how often one peer can make us log: a hostile client must not
+/// flood the host's logs.
+pub struct LogLimiter {
+    window_start: std::time::Instant,
+    in_window: u32,
+    suppressed: u64,
+}
+
+impl Default for LogLimiter {
+    fn default() -> Self {
+        LogLimiter {
+            window_start: std::time::Instant::now(),
+            in_window: 0,
+            suppressed: 0,
+        }
+    }
+}
+
+impl LogLimiter {
+    /// Lines allowed per second.
+    const PER_SECOND: u32 = 20;
+
+    /// Logs `msg` at warn level unless over the budget.
+    pub fn warn(&mut self, who: &str, msg: std::fmt::Arguments<'_>) {
+        let now = std::time::Instant::now();
+        if now.duration_since(self.window_start) >= Duration::from_secs(1) {
+            if self.suppressed > 0 {
+                warn!("{who}: {} similar messages suppressed", self.suppressed);
+            }
+            self.window_start = now;
+            self.in_window = 0;
+            self.suppressed = 0;
+        }
+        if self.in_window < Self::PER_SECOND {
+            self.in_window += 1;
+            warn!("{who}: {msg}");
+        } else {
+            self.suppressed += 1;
+        }
+    }
+}

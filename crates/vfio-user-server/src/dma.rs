@@ -1,0 +1,632 @@
+//! The DMA map table: the only way a device model reaches client (guest)
+//! memory. Every access is checked against the mappings the client made,
+//! their bounds and their read/write permission, like an IOMMU.
+//!
+//! Regions shared by fd are mapped into this process with `vm-memory`;
+//! regions without an fd are reached through DMA_READ / DMA_WRITE requests
+//! to the client (see [`ClientDma`]).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
+
+use crate::proto::PAGE_SIZE;
+
+/// A device access to client memory that the map table refused or that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DmaError {
+    /// No mapping covers the address.
+    #[error("no DMA mapping at {iova:#x}")]
+    NotMapped {
+        /// First unmapped address of the access.
+        iova: u64,
+    },
+    /// The mapping does not allow this direction.
+    #[error("DMA mapping at {iova:#x} does not allow {}", if *.write { "writes" } else { "reads" })]
+    Permission {
+        /// Address of the refused access.
+        iova: u64,
+        /// Whether the access was a write.
+        write: bool,
+    },
+    /// The access wraps around the address space.
+    #[error("DMA access at {iova:#x} of {len} bytes wraps around")]
+    Overflow {
+        /// Start of the access.
+        iova: u64,
+        /// Length of the access.
+        len: usize,
+    },
+    /// The client answered a DMA_READ / DMA_WRITE with an error.
+    #[error("client refused DMA at {iova:#x} (errno {errno})")]
+    Client {
+        /// Address of the access.
+        iova: u64,
+        /// The client's errno.
+        errno: u32,
+    },
+    /// The client went away (or did not answer in time).
+    #[error("client is gone")]
+    Disconnected,
+}
+
+/// Why a DMA_MAP or DMA_UNMAP request was refused; each maps to an errno.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// The request overlaps an existing mapping.
+    #[error("range overlaps an existing mapping")]
+    Exists,
+    /// Zero size, unaligned, wrapping, or unknown flags.
+    #[error("invalid range or flags: {0}")]
+    Invalid(&'static str),
+    /// An unmap would split a mapping.
+    #[error("range would split the mapping at {0:#x}")]
+    Split(u64),
+    /// The table holds `max_dma_maps` entries already.
+    #[error("too many DMA mappings")]
+    TooMany,
+    /// Mapping the fd failed.
+    #[error("cannot map the region's fd")]
+    Mmap(#[source] vm_memory::mmap::MmapRegionError),
+}
+
+impl MapError {
+    /// The errno a reply carries for this error.
+    pub fn errno(&self) -> u32 {
+        (match self {
+            MapError::Exists => libc::EEXIST,
+            MapError::Invalid(_) | MapError::Split(_) => libc::EINVAL,
+            MapError::TooMany => libc::ENOSPC,
+            MapError::Mmap(_) => libc::EINVAL,
+        }) as u32
+    }
+}
+
+/// Reaches client memory that was not shared by fd, through the connection.
+pub trait ClientDma: Send + Sync {
+    /// Reads `buf.len()` bytes at `iova` (at most the client's transfer size).
+    fn dma_read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError>;
+    /// Writes `buf` at `iova` (at most the client's transfer size).
+    fn dma_write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError>;
+    /// Largest transfer one request may carry.
+    fn max_transfer(&self) -> usize;
+}
+
+enum Backing {
+    Mapped(MmapRegion),
+    Client(Arc<dyn ClientDma>),
+}
+
+struct Mapping {
+    size: u64,
+    readable: bool,
+    writable: bool,
+    backing: Backing,
+}
+
+impl Mapping {
+    fn end(&self, iova: u64) -> u64 {
+        // Cannot overflow: checked when the mapping was added.
+        iova + self.size
+    }
+}
+
+/// A DMA_MAP request, validated by [`DmaSpace::map`].
+#[derive(Debug)]
+pub struct MapRequest {
+    /// Client address of the region.
+    pub iova: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Whether the device may read it.
+    pub readable: bool,
+    /// Whether the device may write it.
+    pub writable: bool,
+    /// Offset of the region in `fd`.
+    pub offset: u64,
+}
+
+/// A removed mapping, reported to the device model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unmapped {
+    /// Client address of the removed region.
+    pub iova: u64,
+    /// Its size.
+    pub size: u64,
+}
+
+/// The client memory one device may reach.
+///
+/// Shared (in an `Arc`) between the connection, which changes it, and the
+/// device model's threads, which access memory through it. An access holds a
+/// read lock on the table for the duration of its copy, so DMA_UNMAP, which
+/// takes the write lock, completes only once no access uses the region.
+pub struct DmaSpace {
+    table: RwLock<BTreeMap<u64, Mapping>>,
+    max_maps: RwLock<usize>,
+}
+
+impl Default for DmaSpace {
+    fn default() -> Self {
+        DmaSpace {
+            table: RwLock::new(BTreeMap::new()),
+            max_maps: RwLock::new(crate::proto::DEFAULT_MAX_DMA_MAPS as usize),
+        }
+    }
+}
+
+impl DmaSpace {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read_table(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Mapping>> {
+        // A panic while holding the lock cannot leave the map inconsistent
+        // (every update is a single insert/remove), so poisoning is ignored.
+        self.table.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_table(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Mapping>> {
+        self.table.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the most mappings the table holds (the negotiated `max_dma_maps`).
+    pub fn set_max_maps(&self, max: usize) {
+        *self.max_maps.write().unwrap_or_else(|e| e.into_inner()) = max;
+    }
+
+    fn check_new(
+        table: &BTreeMap<u64, Mapping>,
+        max_maps: usize,
+        req: &MapRequest,
+    ) -> Result<(), MapError> {
+        if req.size == 0 {
+            return Err(MapError::Invalid("zero size"));
+        }
+        if !req.iova.is_multiple_of(PAGE_SIZE)
+            || !req.size.is_multiple_of(PAGE_SIZE)
+            || !req.offset.is_multiple_of(PAGE_SIZE)
+        {
+            return Err(MapError::Invalid("not page aligned"));
+        }
+        let end = req
+            .iova
+            .checked_add(req.size)
+            .ok_or(MapError::Invalid("range wraps"))?;
+        if !req.readable && !req.writable {
+            return Err(MapError::Invalid("neither readable nor writable"));
+        }
+        if table.len() >= max_maps {
+            return Err(MapError::TooMany);
+        }
+        // Overlap: the last mapping starting below `end` must end at or before `iova`.
+        if let Some((&start, m)) = table.range(..end).next_back() {
+            if m.end(start) > req.iova {
+                return Err(MapError::Exists);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a mapping. With `fd`, the region is mapped into this process
+    /// (shared, with the requested protection); without, accesses go to
+    /// `client`.
+    pub fn map(
+        &self,
+        req: &MapRequest,
+        fd: Option<File>,
+        client: Arc<dyn ClientDma>,
+    ) -> Result<(), MapError> {
+        let max_maps = *self.max_maps.read().unwrap_or_else(|e| e.into_inner());
+        // Validate before the (possibly slow) mmap, then again under the write lock.
+        Self::check_new(&self.read_table(), max_maps, req)?;
+        let backing = match fd {
+            Some(file) => {
+                let size = usize::try_from(req.size).map_err(|_| MapError::Invalid("too large"))?;
+                let mut prot = 0;
+                if req.readable {
+                    prot |= libc::PROT_READ;
+                }
+                if req.writable {
+                    prot |= libc::PROT_WRITE;
+                }
+                let region = MmapRegionBuilder::new(size)
+                    .with_file_offset(FileOffset::new(file, req.offset))
+                    .with_mmap_prot(prot)
+                    .with_mmap_flags(libc::MAP_SHARED | libc::MAP_NORESERVE)
+                    .build()
+                    .map_err(MapError::Mmap)?;
+                Backing::Mapped(region)
+            }
+            None => Backing::Client(client),
+        };
+        let mut table = self.write_table();
+        Self::check_new(&table, max_maps, req)?;
+        table.insert(
+            req.iova,
+            Mapping {
+                size: req.size,
+                readable: req.readable,
+                writable: req.writable,
+                backing,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes every mapping inside `[iova, iova + size)`, as the kernel's
+    /// VFIO type1 driver does: no mapping inside is fine, a mapping that
+    /// straddles an edge is refused and nothing is removed. Returns the
+    /// removed mappings once no access uses them any more.
+    pub fn unmap(&self, iova: u64, size: u64) -> Result<Vec<Unmapped>, MapError> {
+        if size == 0 {
+            return Err(MapError::Invalid("zero size"));
+        }
+        let end = iova
+            .checked_add(size)
+            .ok_or(MapError::Invalid("range wraps"))?;
+        let mut table = self.write_table();
+        let mut victims = Vec::new();
+        // A mapping starting below `iova` that reaches into the range straddles it.
+        if let Some((&start, m)) = table.range(..iova).next_back() {
+            if m.end(start) > iova {
+                return Err(MapError::Split(start));
+            }
+        }
+        for (&start, m) in table.range(iova..end) {
+            if m.end(start) > end {
+                return Err(MapError::Split(start));
+            }
+            victims.push(Unmapped {
+                iova: start,
+                size: m.size,
+            });
+        }
+        for v in &victims {
+            table.remove(&v.iova);
+        }
+        Ok(victims)
+    }
+
+    /// Removes every mapping.
+    pub fn unmap_all(&self) -> Vec<Unmapped> {
+        let mut table = self.write_table();
+        let all = table
+            .iter()
+            .map(|(&iova, m)| Unmapped { iova, size: m.size })
+            .collect();
+        table.clear();
+        all
+    }
+
+    /// Number of mappings.
+    pub fn len(&self) -> usize {
+        self.read_table().len()
+    }
+
+    /// Whether there is no mapping.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads client memory at `iova` into `buf`. The access may span
+    /// adjacent mappings; it fails at the first byte that is not mapped
+    /// readable, and then `buf` may be partly filled.
+    pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        self.access(iova, buf.len(), false, |range, chunk| match chunk {
+            Chunk::Local(s) => {
+                s.copy_to(&mut buf[range]);
+                Ok(())
+            }
+            Chunk::Remote(c, addr) => read_via_client(c, addr, &mut buf[range]),
+        })
+    }
+
+    /// Writes `buf` to client memory at `iova`, with the same rules as [`DmaSpace::read`].
+    pub fn write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+        self.access(iova, buf.len(), true, |range, chunk| match chunk {
+            Chunk::Local(s) => {
+                s.copy_from(&buf[range]);
+                Ok(())
+            }
+            Chunk::Remote(c, addr) => write_via_client(c, addr, &buf[range]),
+        })
+    }
+
+    /// Walks the mappings covering `[iova, iova + len)` and calls `f` for
+    /// each piece. Pieces of fd-backed mappings are handed over while the
+    /// table is read-locked; client-backed pieces without the lock, because
+    /// the client's reply arrives through the same connection that also
+    /// delivers DMA_UNMAP.
+    fn access<F>(&self, iova: u64, len: usize, write: bool, mut f: F) -> Result<(), DmaError>
+    where
+        F: FnMut(Range<usize>, Chunk<'_>) -> Result<(), DmaError>,
+    {
+        iova.checked_add(len as u64)
+            .ok_or(DmaError::Overflow { iova, len })?;
+        let mut done = 0usize;
+        while done < len {
+            let addr = iova + done as u64;
+            let (range, client) = {
+                let table = self.read_table();
+                let (&start, m) = table
+                    .range(..=addr)
+                    .next_back()
+                    .filter(|(&start, m)| m.end(start) > addr)
+                    .ok_or(DmaError::NotMapped { iova: addr })?;
+                if (write && !m.writable) || (!write && !m.readable) {
+                    return Err(DmaError::Permission { iova: addr, write });
+                }
+                let avail = m.end(start) - addr;
+                let n = (len - done).min(usize::try_from(avail).unwrap_or(usize::MAX));
+                let range = done..done + n;
+                match &m.backing {
+                    Backing::Mapped(region) => {
+                        // Inside a mapping whose size fits usize (checked at map time).
+                        let slice = region
+                            .get_slice((addr - start) as usize, n)
+                            .map_err(|_| DmaError::NotMapped { iova: addr })?;
+                        f(range.clone(), Chunk::Local(slice))?;
+                        (range, None)
+                    }
+                    Backing::Client(c) => (range, Some(c.clone())),
+                }
+            };
+            if let Some(c) = client {
+                f(range.clone(), Chunk::Remote(&*c, addr))?;
+            }
+            done = range.end;
+        }
+        Ok(())
+    }
+}
+
+/// A piece of an access, as [`DmaSpace::access`] hands it out.
+enum Chunk<'a> {
+    Local(VolatileSlice<'a>),
+    Remote(&'a dyn ClientDma, u64),
+}
+
+fn read_via_client(c: &dyn ClientDma, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+    let step = c.max_transfer().max(1);
+    for (i, part) in buf.chunks_mut(step).enumerate() {
+        c.dma_read(iova + (i * step) as u64, part)?;
+    }
+    Ok(())
+}
+
+fn write_via_client(c: &dyn ClientDma, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+    let step = c.max_transfer().max(1);
+    for (i, part) in buf.chunks(step).enumerate() {
+        c.dma_write(iova + (i * step) as u64, part)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::Mutex;
+    use vmm_sys_util::tempfile::TempFile;
+
+    /// Client memory kept in a Vec, standing in for DMA_READ/WRITE.
+    struct VecClient {
+        base: u64,
+        mem: Mutex<Vec<u8>>,
+    }
+
+    impl ClientDma for VecClient {
+        fn dma_read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+            let mem = self.mem.lock().unwrap();
+            let off = (iova - self.base) as usize;
+            buf.copy_from_slice(&mem[off..off + buf.len()]);
+            Ok(())
+        }
+        fn dma_write(&self, iova: u64, buf: &[u8]) -> Result<(), DmaError> {
+            let mut mem = self.mem.lock().unwrap();
+            let off = (iova - self.base) as usize;
+            mem[off..off + buf.len()].copy_from_slice(buf);
+            Ok(())
+        }
+        fn max_transfer(&self) -> usize {
+            100
+        }
+    }
+
+    fn nobody() -> Arc<dyn ClientDma> {
+        Arc::new(VecClient {
+            base: 0,
+            mem: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn req(iova: u64, size: u64) -> MapRequest {
+        MapRequest {
+            iova,
+            size,
+            readable: true,
+            writable: true,
+            offset: 0,
+        }
+    }
+
+    fn file_of(size: usize) -> File {
+        let f = TempFile::new().unwrap().into_file();
+        f.set_len(size as u64).unwrap();
+        f
+    }
+
+    #[test]
+    fn test_map_rejects_bad_ranges() {
+        let dma = DmaSpace::new();
+        for (iova, size) in [(0, 0), (1, 4096), (0, 100), (u64::MAX - 4095, 8192)] {
+            assert!(matches!(
+                dma.map(&req(iova, size), None, nobody()),
+                Err(MapError::Invalid(_))
+            ));
+        }
+        let mut r = req(0, 4096);
+        r.readable = false;
+        r.writable = false;
+        assert!(matches!(
+            dma.map(&r, None, nobody()),
+            Err(MapError::Invalid(_))
+        ));
+        assert!(dma.is_empty());
+    }
+
+    #[test]
+    fn test_map_overlap_is_eexist() {
+        let dma = DmaSpace::new();
+        dma.map(&req(0x10000, 0x4000), None, nobody()).unwrap();
+        for (iova, size) in [
+            (0x10000, 0x1000),
+            (0xf000, 0x2000),
+            (0x13000, 0x1000),
+            (0, 0x100000),
+        ] {
+            let e = dma.map(&req(iova, size), None, nobody()).unwrap_err();
+            assert_eq!(e.errno(), libc::EEXIST as u32);
+        }
+        dma.map(&req(0xf000, 0x1000), None, nobody()).unwrap();
+        dma.map(&req(0x14000, 0x1000), None, nobody()).unwrap();
+        assert_eq!(dma.len(), 3);
+    }
+
+    #[test]
+    fn test_map_limit() {
+        let dma = DmaSpace::new();
+        dma.set_max_maps(2);
+        dma.map(&req(0, 4096), None, nobody()).unwrap();
+        dma.map(&req(4096, 4096), None, nobody()).unwrap();
+        let e = dma.map(&req(8192, 4096), None, nobody()).unwrap_err();
+        assert_eq!(e.errno(), libc::ENOSPC as u32);
+    }
+
+    #[test]
+    fn test_unmap_like_type1() {
+        let dma = DmaSpace::new();
+        dma.map(&req(0x1000, 0x1000), None, nobody()).unwrap();
+        dma.map(&req(0x3000, 0x2000), None, nobody()).unwrap();
+        // Nothing inside: success, nothing removed.
+        assert_eq!(dma.unmap(0x100000, 0x1000).unwrap(), vec![]);
+        // Straddling an edge: refused, nothing removed.
+        assert!(matches!(
+            dma.unmap(0x4000, 0x1000),
+            Err(MapError::Split(0x3000))
+        ));
+        assert!(matches!(
+            dma.unmap(0x2000, 0x2000),
+            Err(MapError::Split(0x3000))
+        ));
+        assert_eq!(dma.len(), 2);
+        // A large range removes everything inside.
+        let removed = dma.unmap(0, 1 << 40).unwrap();
+        assert_eq!(
+            removed,
+            vec![
+                Unmapped {
+                    iova: 0x1000,
+                    size: 0x1000
+                },
+                Unmapped {
+                    iova: 0x3000,
+                    size: 0x2000
+                }
+            ]
+        );
+        assert!(dma.is_empty());
+        assert!(matches!(dma.unmap(0, 0), Err(MapError::Invalid(_))));
+        assert!(matches!(dma.unmap(u64::MAX, 2), Err(MapError::Invalid(_))));
+    }
+
+    #[test]
+    fn test_fd_backed_read_write_and_bounds() {
+        let dma = DmaSpace::new();
+        let mut f = file_of(0x3000);
+        f.write_all(b"hello").unwrap();
+        let mut r = req(0x10000, 0x2000);
+        r.offset = 0;
+        dma.map(&r, Some(f.try_clone().unwrap()), nobody()).unwrap();
+        let mut buf = [0u8; 5];
+        dma.read(0x10000, &mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        dma.write(0x11ffc, b"abcd").unwrap();
+        // Past the end of the mapping: a fault, not a host access.
+        assert_eq!(
+            dma.write(0x11ffe, b"abcd"),
+            Err(DmaError::NotMapped { iova: 0x12000 })
+        );
+        assert_eq!(
+            dma.read(0xfff0, &mut buf),
+            Err(DmaError::NotMapped { iova: 0xfff0 })
+        );
+        assert!(matches!(
+            dma.read(u64::MAX - 1, &mut buf),
+            Err(DmaError::Overflow { .. })
+        ));
+    }
+
+    #[test]
+    fn test_permissions_enforced() {
+        let dma = DmaSpace::new();
+        let mut r = req(0, 0x1000);
+        r.writable = false;
+        dma.map(&r, Some(file_of(0x1000)), nobody()).unwrap();
+        let mut buf = [0u8; 4];
+        dma.read(0, &mut buf).unwrap();
+        assert_eq!(
+            dma.write(0, &buf),
+            Err(DmaError::Permission {
+                iova: 0,
+                write: true
+            })
+        );
+        let mut r = req(0x1000, 0x1000);
+        r.readable = false;
+        dma.map(&r, None, nobody()).unwrap();
+        assert_eq!(
+            dma.read(0x1000, &mut buf),
+            Err(DmaError::Permission {
+                iova: 0x1000,
+                write: false
+            })
+        );
+    }
+
+    #[test]
+    fn test_access_spans_fd_and_client_mappings() {
+        let dma = DmaSpace::new();
+        let client = Arc::new(VecClient {
+            base: 0x1000,
+            mem: Mutex::new(vec![7u8; 0x1000]),
+        });
+        dma.map(&req(0, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap();
+        dma.map(&req(0x1000, 0x1000), None, client.clone()).unwrap();
+        let data: Vec<u8> = (0..0x400u32).map(|i| i as u8).collect();
+        dma.write(0xe00, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        dma.read(0xe00, &mut back).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(client.mem.lock().unwrap()[0x1ff], data[0x3ff]);
+    }
+
+    #[test]
+    fn test_mmap_failure_is_reported() {
+        let dma = DmaSpace::new();
+        // A read-only fd cannot back a writable shared mapping.
+        let path = TempFile::new().unwrap();
+        path.as_file().set_len(4096).unwrap();
+        let ro = File::open(path.as_path()).unwrap();
+        let e = dma.map(&req(0, 4096), Some(ro), nobody()).unwrap_err();
+        assert!(matches!(e, MapError::Mmap(_)));
+        assert!(dma.is_empty());
+    }
+}

@@ -1,0 +1,455 @@
+//! Interrupt state set by DEVICE_SET_IRQS: per type and vector, the eventfd
+//! to signal, the mask bit and a pending bit. Device models raise
+//! interrupts through [`Interrupts::trigger`] from any thread.
+
+use std::fs::File;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::{IrqInfo, NUM_IRQ_TYPES};
+
+/// DATA_NONE: no data; act unconditionally.
+pub const SET_DATA_NONE: u32 = 1 << 0;
+/// DATA_BOOL: one byte per vector selects it.
+pub const SET_DATA_BOOL: u32 = 1 << 1;
+/// DATA_EVENTFD: one eventfd per vector in the message's fds.
+pub const SET_DATA_EVENTFD: u32 = 1 << 2;
+/// ACTION_MASK.
+pub const SET_ACTION_MASK: u32 = 1 << 3;
+/// ACTION_UNMASK.
+pub const SET_ACTION_UNMASK: u32 = 1 << 4;
+/// ACTION_TRIGGER.
+pub const SET_ACTION_TRIGGER: u32 = 1 << 5;
+const DATA_MASK: u32 = SET_DATA_NONE | SET_DATA_BOOL | SET_DATA_EVENTFD;
+const ACTION_MASK: u32 = SET_ACTION_MASK | SET_ACTION_UNMASK | SET_ACTION_TRIGGER;
+
+/// A SET_IRQS request that cannot be honoured.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IrqError {
+    /// Unknown interrupt type or absent one.
+    #[error("interrupt type {0} does not exist")]
+    Index(u32),
+    /// Flags are not exactly one data and one action bit.
+    #[error("flags {0:#x} are not one data type and one action")]
+    Flags(u32),
+    /// start + count is beyond the type's vectors.
+    #[error("vectors {start}..+{count} out of range")]
+    Range {
+        /// First vector.
+        start: u32,
+        /// Number of vectors.
+        count: u32,
+    },
+    /// The data part or the number of fds disagrees with `count`.
+    #[error("data does not match count")]
+    Data,
+    /// The type cannot be masked, or masked with an eventfd.
+    #[error("action not supported for this interrupt type")]
+    Unsupported,
+}
+
+impl IrqError {
+    /// The errno a reply carries.
+    pub fn errno(&self) -> u32 {
+        (match self {
+            IrqError::Unsupported => libc::ENOTSUP,
+            _ => libc::EINVAL,
+        }) as u32
+    }
+}
+
+#[derive(Default)]
+struct Vector {
+    trigger: Option<EventFd>,
+    masked: bool,
+    pending: bool,
+}
+
+#[derive(Default)]
+struct IrqType {
+    info: IrqInfo,
+    vectors: Vec<Vector>,
+}
+
+/// Interrupt delivery for one device; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Interrupts {
+    inner: Arc<Mutex<Vec<IrqType>>>,
+}
+
+impl Interrupts {
+    /// Interrupt state for the given per-type descriptions.
+    pub fn new(infos: [IrqInfo; NUM_IRQ_TYPES as usize]) -> Self {
+        let types = infos
+            .into_iter()
+            .map(|info| IrqType {
+                info,
+                vectors: (0..info.count).map(|_| Vector::default()).collect(),
+            })
+            .collect();
+        Interrupts {
+            inner: Arc::new(Mutex::new(types)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<IrqType>> {
+        // Every update leaves the table consistent; ignore poisoning.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Signals vector `vector` of type `index`. Returns whether an eventfd
+    /// was signalled; a masked vector is left pending instead.
+    pub fn trigger(&self, index: u32, vector: u32) -> bool {
+        let mut types = self.lock();
+        let Some(t) = types.get_mut(index as usize) else {
+            return false;
+        };
+        let automask = t.info.automasked;
+        let Some(v) = t.vectors.get_mut(vector as usize) else {
+            return false;
+        };
+        fire(v, automask)
+    }
+
+    /// Whether vector `vector` of type `index` has an eventfd.
+    pub fn is_enabled(&self, index: u32, vector: u32) -> bool {
+        self.lock()
+            .get(index as usize)
+            .and_then(|t| t.vectors.get(vector as usize))
+            .is_some_and(|v| v.trigger.is_some())
+    }
+
+    /// Drops every eventfd and clears masks (the client went away).
+    pub fn clear(&self) {
+        for t in self.lock().iter_mut() {
+            for v in t.vectors.iter_mut() {
+                *v = Vector::default();
+            }
+        }
+    }
+
+    /// Applies a SET_IRQS request. `data` is the payload after the fixed
+    /// fields; `fds` are the eventfds the message carried.
+    pub fn set(
+        &self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        data: &[u8],
+        fds: Vec<File>,
+    ) -> Result<(), IrqError> {
+        let data_kind = flags & DATA_MASK;
+        let action = flags & ACTION_MASK;
+        if flags & !(DATA_MASK | ACTION_MASK) != 0
+            || data_kind.count_ones() != 1
+            || action.count_ones() != 1
+        {
+            return Err(IrqError::Flags(flags));
+        }
+        let mut types = self.lock();
+        let t = types
+            .get_mut(index as usize)
+            .filter(|t| t.info.count > 0)
+            .ok_or(IrqError::Index(index))?;
+
+        // count 0 with DATA_NONE and TRIGGER disables the whole type.
+        if count == 0 {
+            if data_kind == SET_DATA_NONE && action == SET_ACTION_TRIGGER && start == 0 {
+                for v in t.vectors.iter_mut() {
+                    *v = Vector::default();
+                }
+                return Ok(());
+            }
+            if fds.is_empty() {
+                return Ok(());
+            }
+            return Err(IrqError::Data);
+        }
+        let end = start
+            .checked_add(count)
+            .filter(|end| *end <= t.info.count)
+            .ok_or(IrqError::Range { start, count })?;
+        let range = start as usize..end as usize;
+
+        if data_kind == SET_DATA_EVENTFD {
+            let vectors = &mut t.vectors[range];
+            return match action {
+                SET_ACTION_TRIGGER if fds.is_empty() => {
+                    vectors.iter_mut().for_each(|v| v.trigger = None);
+                    Ok(())
+                }
+                SET_ACTION_TRIGGER if fds.len() == count as usize => {
+                    for (v, f) in vectors.iter_mut().zip(fds) {
+                        // SAFETY: `f` is an owned fd received from the peer;
+                        // EventFd takes ownership of it. If it is not really
+                        // an eventfd, writes to it fail and are ignored.
+                        v.trigger = Some(unsafe { owned_eventfd(f) });
+                    }
+                    Ok(())
+                }
+                SET_ACTION_TRIGGER => Err(IrqError::Data),
+                _ => Err(IrqError::Unsupported),
+            };
+        }
+        if !fds.is_empty() {
+            return Err(IrqError::Data);
+        }
+        let selected: Vec<bool> = if data_kind == SET_DATA_BOOL {
+            if data.len() < count as usize {
+                return Err(IrqError::Data);
+            }
+            data[..count as usize].iter().map(|b| *b != 0).collect()
+        } else {
+            vec![true; count as usize]
+        };
+        if matches!(action, SET_ACTION_MASK | SET_ACTION_UNMASK) && !t.info.maskable {
+            return Err(IrqError::Unsupported);
+        }
+        let automask = t.info.automasked;
+        for (v, sel) in t.vectors[range].iter_mut().zip(selected) {
+            if !sel {
+                continue;
+            }
+            match action {
+                SET_ACTION_MASK => v.masked = true,
+                SET_ACTION_UNMASK => {
+                    v.masked = false;
+                    if std::mem::take(&mut v.pending) {
+                        fire(v, automask);
+                    }
+                }
+                _ => {
+                    // The client raises the interrupt itself (loopback).
+                    fire(v, automask);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fire(v: &mut Vector, automask: bool) -> bool {
+    if v.masked {
+        v.pending = true;
+        return false;
+    }
+    let Some(fd) = &v.trigger else {
+        return false;
+    };
+    if automask {
+        v.masked = true;
+    }
+    // A full counter or a non-eventfd leaves the interrupt undelivered;
+    // the peer chose that fd, so only its own interrupt is affected.
+    fd.write(1).is_ok()
+}
+
+/// # Safety
+/// `f` must be an open fd owned by the caller.
+unsafe fn owned_eventfd(f: File) -> EventFd {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the caller passes ownership of an open fd.
+    unsafe { EventFd::from_raw_fd(f.into_raw_fd()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{IRQ_INTX, IRQ_MSIX};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+
+    fn irqs() -> Interrupts {
+        let mut infos = [IrqInfo::default(); NUM_IRQ_TYPES as usize];
+        infos[IRQ_INTX as usize] = IrqInfo {
+            count: 1,
+            maskable: true,
+            automasked: true,
+        };
+        infos[IRQ_MSIX as usize] = IrqInfo {
+            count: 4,
+            ..Default::default()
+        };
+        Interrupts::new(infos)
+    }
+
+    fn eventfd_pair() -> (EventFd, File) {
+        let efd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let dup = efd.try_clone().unwrap();
+        // SAFETY: `dup` owns a fresh fd that we hand to the File.
+        let file = unsafe { File::from_raw_fd(dup.into_raw_fd()) };
+        (efd, file)
+    }
+
+    #[test]
+    fn test_msix_eventfd_trigger_and_deassign() {
+        let irqs = irqs();
+        let (efd, file) = eventfd_pair();
+        irqs.set(
+            IRQ_MSIX,
+            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+            2,
+            1,
+            &[],
+            vec![file],
+        )
+        .unwrap();
+        assert!(irqs.trigger(IRQ_MSIX, 2));
+        assert_eq!(efd.read().unwrap(), 1);
+        assert!(!irqs.trigger(IRQ_MSIX, 1));
+        assert!(!irqs.trigger(IRQ_MSIX, 99));
+        irqs.set(
+            IRQ_MSIX,
+            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+            2,
+            1,
+            &[],
+            vec![],
+        )
+        .unwrap();
+        assert!(!irqs.trigger(IRQ_MSIX, 2));
+    }
+
+    #[test]
+    fn test_bad_requests() {
+        let irqs = irqs();
+        assert_eq!(
+            irqs.set(
+                IRQ_MSIX,
+                SET_DATA_NONE | SET_DATA_BOOL | SET_ACTION_TRIGGER,
+                0,
+                1,
+                &[],
+                vec![]
+            ),
+            Err(IrqError::Flags(
+                SET_DATA_NONE | SET_DATA_BOOL | SET_ACTION_TRIGGER
+            ))
+        );
+        assert_eq!(
+            irqs.set(
+                IRQ_MSIX,
+                SET_DATA_NONE | SET_ACTION_TRIGGER,
+                3,
+                2,
+                &[],
+                vec![]
+            ),
+            Err(IrqError::Range { start: 3, count: 2 })
+        );
+        assert_eq!(
+            irqs.set(
+                IRQ_MSIX,
+                SET_DATA_NONE | SET_ACTION_TRIGGER,
+                u32::MAX,
+                2,
+                &[],
+                vec![]
+            ),
+            Err(IrqError::Range {
+                start: u32::MAX,
+                count: 2
+            })
+        );
+        assert_eq!(
+            irqs.set(1, SET_DATA_NONE | SET_ACTION_TRIGGER, 0, 1, &[], vec![]),
+            Err(IrqError::Index(1))
+        );
+        assert_eq!(
+            irqs.set(9, SET_DATA_NONE | SET_ACTION_TRIGGER, 0, 1, &[], vec![]),
+            Err(IrqError::Index(9))
+        );
+        let (_e, f) = eventfd_pair();
+        assert_eq!(
+            irqs.set(
+                IRQ_MSIX,
+                SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+                0,
+                2,
+                &[],
+                vec![f]
+            ),
+            Err(IrqError::Data)
+        );
+        assert_eq!(
+            irqs.set(
+                IRQ_MSIX,
+                SET_DATA_BOOL | SET_ACTION_TRIGGER,
+                0,
+                2,
+                &[1],
+                vec![]
+            ),
+            Err(IrqError::Data)
+        );
+        assert_eq!(
+            irqs.set(IRQ_MSIX, SET_DATA_NONE | SET_ACTION_MASK, 0, 1, &[], vec![]),
+            Err(IrqError::Unsupported)
+        );
+    }
+
+    #[test]
+    fn test_intx_automask_pending_unmask() {
+        let irqs = irqs();
+        let (efd, file) = eventfd_pair();
+        irqs.set(
+            IRQ_INTX,
+            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+            0,
+            1,
+            &[],
+            vec![file],
+        )
+        .unwrap();
+        assert!(irqs.trigger(IRQ_INTX, 0));
+        // Automasked now: the next one stays pending.
+        assert!(!irqs.trigger(IRQ_INTX, 0));
+        assert_eq!(efd.read().unwrap(), 1);
+        irqs.set(
+            IRQ_INTX,
+            SET_DATA_NONE | SET_ACTION_UNMASK,
+            0,
+            1,
+            &[],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(efd.read().unwrap(), 1);
+    }
+
+    #[test]
+    fn test_disable_all_and_bool_trigger() {
+        let irqs = irqs();
+        let (efd, f1) = eventfd_pair();
+        irqs.set(
+            IRQ_MSIX,
+            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+            1,
+            1,
+            &[],
+            vec![f1],
+        )
+        .unwrap();
+        irqs.set(
+            IRQ_MSIX,
+            SET_DATA_BOOL | SET_ACTION_TRIGGER,
+            0,
+            2,
+            &[0, 1],
+            vec![],
+        )
+        .unwrap();
+        assert_eq!(efd.read().unwrap(), 1);
+        irqs.set(
+            IRQ_MSIX,
+            SET_DATA_NONE | SET_ACTION_TRIGGER,
+            0,
+            0,
+            &[],
+            vec![],
+        )
+        .unwrap();
+        assert!(!irqs.is_enabled(IRQ_MSIX, 1));
+    }
+}

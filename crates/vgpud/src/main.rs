@@ -1,0 +1,95 @@
+//! `vgpud`: serves virtual PCI functions to VMMs over vfio-user sockets.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use log::{error, info};
+use vfio_user_server::sample::SampleDevice;
+use vfio_user_server::Endpoint;
+
+#[derive(Parser)]
+#[command(
+    name = "vgpud",
+    version,
+    about = "Virtual GPU functions over vfio-user"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve the built-in test device (a register BAR, a memory BAR, MSI-X).
+    Testdev {
+        /// UNIX socket to listen on.
+        #[arg(long)]
+        socket: PathBuf,
+    },
+}
+
+fn serve_testdev(socket: PathBuf) -> Result<(), String> {
+    let device = SampleDevice::new().map_err(|e| format!("cannot create test device: {e}"))?;
+    let endpoint = Endpoint::new("testdev", &socket, Box::new(device)).map_err(|e| {
+        format!(
+            "{e}: {}",
+            std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        )
+    })?;
+    let stop = endpoint
+        .stop_handle()
+        .map_err(|e| format!("cannot create stop event: {e}"))?;
+    install_signal_stop(stop)?;
+    info!("testdev: listening on {}", socket.display());
+    endpoint.run().map_err(|e| e.to_string())?;
+    info!("testdev: stopped");
+    Ok(())
+}
+
+/// Stops the endpoint on SIGTERM or SIGINT: a thread waits for the signals
+/// (blocked in every thread) and writes the endpoint's stop eventfd.
+fn install_signal_stop(stop: vmm_sys_util::eventfd::EventFd) -> Result<(), String> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; the calls only modify it and the
+    // calling thread's mask, which threads spawned later inherit.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err("cannot block termination signals".into());
+    }
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised and `sig` is a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } == 0 {
+                info!("signal {sig} received; stopping");
+            }
+            let _ = stop.write(1);
+        })
+        .map_err(|e| format!("cannot start signal thread: {e}"))?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Testdev { socket } => serve_testdev(socket),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
