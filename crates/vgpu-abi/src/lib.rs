@@ -1,0 +1,840 @@
+//! The guest ABI of a vgpud virtual GPU function: everything the guest
+//! driver and the device must agree on. `docs/guest-abi.md` explains it;
+//! `guest-driver/include/vgpu_abi.h` is generated from this file by
+//! [`c_header`] and a test keeps the two identical.
+//!
+//! All multi-byte values are little-endian. Structures are `repr(C)` with
+//! no padding (checked at compile time), so any byte pattern is a valid
+//! value and they can be read straight from guest memory.
+
+#![warn(missing_docs)]
+
+use std::fmt::Write as _;
+
+pub use vm_memory::ByteValued;
+
+/// Default PCI vendor id (configurable per instance).
+pub const PCI_VENDOR_ID: u16 = 0x1ee7;
+/// Default PCI device id of a vGPU function.
+pub const PCI_DEVICE_ID: u16 = 0x0100;
+/// Default PCI subsystem vendor id.
+pub const PCI_SUBSYSTEM_VENDOR_ID: u16 = 0x1ee7;
+/// Default PCI subsystem id.
+pub const PCI_SUBSYSTEM_ID: u16 = 0x0001;
+/// PCI class code: display controller, 3D controller.
+pub const PCI_CLASS: u32 = 0x03_02_00;
+/// PCI revision of this ABI.
+pub const PCI_REVISION: u8 = 1;
+
+/// Value of [`REG_MAGIC`]: "VGPU".
+pub const ABI_MAGIC: u32 = 0x5550_4756;
+/// ABI major version, in the high half of [`REG_VERSION`].
+pub const ABI_VERSION_MAJOR: u32 = 1;
+/// ABI minor version, in the low half of [`REG_VERSION`].
+pub const ABI_VERSION_MINOR: u32 = 0;
+
+/// BAR holding registers, doorbells and the MSI-X table.
+pub const BAR_REGS: u32 = 0;
+/// BAR holding the host-visible memory window (64-bit, prefetchable).
+pub const BAR_WINDOW: u32 = 2;
+/// Size of BAR0.
+pub const BAR0_SIZE: u64 = 0x4000;
+
+/// Most queues a function offers.
+pub const MAX_QUEUES: u32 = 16;
+/// Largest ring a queue accepts (entries, a power of two).
+pub const MAX_QUEUE_SIZE: u32 = 1024;
+/// MSI-X vector of device errors; queue `q` uses vector `q + 1` by default.
+pub const MSIX_ERROR_VECTOR: u32 = 0;
+/// MSI-X vectors: one for errors plus one per queue.
+pub const MSIX_VECTORS: u32 = MAX_QUEUES + 1;
+/// "No vector" in [`QREG_MSIX_VECTOR`].
+pub const MSIX_NO_VECTOR: u32 = 0xffff;
+
+// Global registers in BAR0 (32-bit unless noted).
+/// Read-only: [`ABI_MAGIC`].
+pub const REG_MAGIC: u64 = 0x000;
+/// Read-only: `major << 16 | minor`.
+pub const REG_VERSION: u64 = 0x004;
+/// Read-only, 64-bit: `FEATURE_*` bits.
+pub const REG_FEATURES: u64 = 0x008;
+/// Read-only, 64-bit: device memory of the partition, bytes.
+pub const REG_MEM_SIZE: u64 = 0x010;
+/// Read-only: compute units of the partition.
+pub const REG_COMPUTE_UNITS: u64 = 0x018;
+/// Read-only: number of queues.
+pub const REG_MAX_QUEUES: u64 = 0x01c;
+/// Read-only, 64-bit: size of the host-visible window (BAR2).
+pub const REG_WINDOW_SIZE: u64 = 0x020;
+/// Read-only: largest ring size.
+pub const REG_MAX_QUEUE_SIZE: u64 = 0x028;
+/// Read-only: offset of the doorbell page in BAR0.
+pub const REG_DOORBELL_OFFSET: u64 = 0x02c;
+/// Read-write: `CONTROL_*` bits.
+pub const REG_CONTROL: u64 = 0x030;
+/// Read-only: `STATUS_*` bits.
+pub const REG_STATUS: u64 = 0x034;
+/// Read, write 1 to clear: `IRQ_CAUSE_*` bits.
+pub const REG_IRQ_CAUSE: u64 = 0x038;
+/// Read-write: `IRQ_CAUSE_*` bits that do not raise an interrupt.
+pub const REG_IRQ_MASK: u64 = 0x03c;
+/// Write-only, trapped: wakes the device's poller (value: queue index, ignored).
+pub const REG_WAKE: u64 = 0x040;
+/// Read-only: errors logged since reset; entry `n % ERROR_LOG_ENTRIES` is the newest.
+pub const REG_ERROR_COUNT: u64 = 0x044;
+/// Read-only, 64-bit: device memory in use, bytes.
+pub const REG_MEM_USED: u64 = 0x048;
+/// Read-only, 64-bit: device time consumed since reset, nanoseconds.
+pub const REG_BUSY_NS: u64 = 0x050;
+/// Read-only, 64-bit: commands completed since reset.
+pub const REG_COMMANDS: u64 = 0x058;
+
+/// Error log: [`ERROR_LOG_ENTRIES`] entries of [`ErrorLogEntry`].
+pub const ERROR_LOG_OFFSET: u64 = 0x100;
+/// Entries in the error log ring.
+pub const ERROR_LOG_ENTRIES: u32 = 16;
+
+/// Queue register blocks start here, [`QUEUE_REGS_STRIDE`] bytes each.
+pub const QUEUE_REGS_OFFSET: u64 = 0x400;
+/// Size of one queue's register block.
+pub const QUEUE_REGS_STRIDE: u64 = 0x40;
+/// Read-write: ring entries (power of two, at most [`REG_MAX_QUEUE_SIZE`]).
+pub const QREG_SIZE: u64 = 0x00;
+/// Read-write: `QCONTROL_*` bits.
+pub const QREG_CONTROL: u64 = 0x04;
+/// Read-only: `QSTATUS_*` bits.
+pub const QREG_STATUS: u64 = 0x08;
+/// Read-only: `ERR_*` code of a queue in error.
+pub const QREG_ERROR: u64 = 0x0c;
+/// Read-write, 64-bit: descriptor table address.
+pub const QREG_DESC: u64 = 0x10;
+/// Read-write, 64-bit: available ring address.
+pub const QREG_AVAIL: u64 = 0x18;
+/// Read-write, 64-bit: used ring address.
+pub const QREG_USED: u64 = 0x20;
+/// Read-write: MSI-X vector for completions, or [`MSIX_NO_VECTOR`].
+pub const QREG_MSIX_VECTOR: u64 = 0x28;
+
+/// The doorbell page (mapped into the guest, polled by the device).
+pub const DOORBELL_OFFSET: u64 = 0x1000;
+/// Size of the doorbell page.
+pub const DOORBELL_SIZE: u64 = 0x1000;
+/// Bytes per queue in the doorbell page (one cache line).
+pub const DOORBELL_STRIDE: u64 = 64;
+/// In a queue's doorbell slot, 32-bit, written by the guest: the new
+/// available index after adding buffers.
+pub const DB_AVAIL_IDX: u64 = 0;
+/// In a queue's doorbell slot, 32-bit, written by the device: 1 while the
+/// device polls this queue (no wake-up needed), 0 when it sleeps.
+pub const DB_POLLING: u64 = 4;
+
+/// MSI-X table offset in BAR0.
+pub const MSIX_TABLE_OFFSET: u64 = 0x2000;
+/// MSI-X PBA offset in BAR0.
+pub const MSIX_PBA_OFFSET: u64 = 0x3000;
+
+/// Feature: rings use the event index (VIRTIO_RING_F_EVENT_IDX).
+pub const FEATURE_EVENT_IDX: u64 = 1 << 0;
+/// Feature: queues may be polled through the doorbell page.
+pub const FEATURE_POLLED: u64 = 1 << 1;
+/// Feature: BAR2 is a host-visible window of device memory.
+pub const FEATURE_WINDOW: u64 = 1 << 2;
+/// Feature: the TIMESTAMP command.
+pub const FEATURE_TIMESTAMP: u64 = 1 << 3;
+
+/// CONTROL: the function runs.
+pub const CONTROL_ENABLE: u32 = 1 << 0;
+/// CONTROL: reset the function (self-clearing).
+pub const CONTROL_RESET: u32 = 1 << 1;
+/// STATUS: enabled.
+pub const STATUS_ENABLED: u32 = 1 << 0;
+/// STATUS: a fatal error stopped the function; reset to recover.
+pub const STATUS_FATAL: u32 = 1 << 1;
+/// IRQ cause: a queue completed work.
+pub const IRQ_CAUSE_QUEUE: u32 = 1 << 0;
+/// IRQ cause: an error was logged.
+pub const IRQ_CAUSE_ERROR: u32 = 1 << 1;
+
+/// QCONTROL: the queue runs.
+pub const QCONTROL_ENABLE: u32 = 1 << 0;
+/// QCONTROL: the device polls the doorbell page for this queue.
+pub const QCONTROL_POLLED: u32 = 1 << 1;
+/// QSTATUS: enabled.
+pub const QSTATUS_ENABLED: u32 = 1 << 0;
+/// QSTATUS: stopped by an error; disable and re-enable to recover.
+pub const QSTATUS_ERROR: u32 = 1 << 1;
+
+/// Error code: none.
+pub const ERR_NONE: u32 = 0;
+/// Error code: a ring is not in readable and writable shared memory.
+pub const ERR_RING_ADDRESS: u32 = 1;
+/// Error code: the ring is corrupt (bad index, loop, bad descriptor).
+pub const ERR_RING_CORRUPT: u32 = 2;
+/// Error code: queue size or configuration invalid.
+pub const ERR_QUEUE_CONFIG: u32 = 3;
+/// Error code: a register access was invalid.
+pub const ERR_REGISTER: u32 = 4;
+/// Error code: the backend failed.
+pub const ERR_BACKEND: u32 = 5;
+
+/// Command: do nothing.
+pub const OP_NOP: u32 = 0;
+/// Command: write a 64-bit value to guest memory once earlier commands are done.
+pub const OP_FENCE: u32 = 1;
+/// Command: allocate device memory.
+pub const OP_MEM_ALLOC: u32 = 2;
+/// Command: free device memory.
+pub const OP_MEM_FREE: u32 = 3;
+/// Command: copy between guest memory, device memory and the window.
+pub const OP_COPY: u32 = 4;
+/// Command: fill device memory with a 32-bit pattern.
+pub const OP_FILL: u32 = 5;
+/// Command: load a module.
+pub const OP_MODULE_LOAD: u32 = 6;
+/// Command: unload a module.
+pub const OP_MODULE_UNLOAD: u32 = 7;
+/// Command: run a kernel.
+pub const OP_LAUNCH: u32 = 8;
+/// Command: read the device clock.
+pub const OP_TIMESTAMP: u32 = 9;
+
+/// FENCE flag: raise the queue's interrupt after writing.
+pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
+/// COPY endpoint: guest memory, as a scatter-gather list.
+pub const COPY_GUEST: u32 = 0;
+/// COPY endpoint: device memory address.
+pub const COPY_DEVICE: u32 = 1;
+/// COPY endpoint: offset in the host-visible window (BAR2).
+pub const COPY_WINDOW: u32 = 2;
+/// Most scatter-gather entries per COPY.
+pub const MAX_SG_ENTRIES: u32 = 256;
+/// Largest parameter block of a LAUNCH.
+pub const MAX_PARAMS_SIZE: u32 = 4096;
+/// Largest module image.
+pub const MAX_MODULE_SIZE: u64 = 16 << 20;
+/// Module format: PTX text.
+pub const MODULE_FORMAT_PTX: u32 = 1;
+/// The built-in module, always loaded.
+pub const MODULE_BUILTIN: u64 = 0;
+
+/// Completion status: success.
+pub const STATUS_OK: u32 = 0;
+/// Completion status: malformed command.
+pub const STATUS_INVALID: u32 = 1;
+/// Completion status: a guest memory access faulted.
+pub const STATUS_FAULT: u32 = 2;
+/// Completion status: out of device memory (quota).
+pub const STATUS_NO_MEMORY: u32 = 3;
+/// Completion status: not supported by this device.
+pub const STATUS_UNSUPPORTED: u32 = 4;
+/// Completion status: unknown address, module or entry point.
+pub const STATUS_NOT_FOUND: u32 = 5;
+/// Completion status: dropped by a reset or queue disable.
+pub const STATUS_CANCELLED: u32 = 6;
+/// Completion status: device memory access outside an allocation.
+pub const STATUS_OUT_OF_RANGE: u32 = 7;
+/// Completion status: the device failed.
+pub const STATUS_DEVICE_ERROR: u32 = 8;
+
+/// Layout of one field, for the C header.
+#[derive(Debug, Clone, Copy)]
+pub struct CField {
+    /// Field name.
+    pub name: &'static str,
+    /// C type, with `{}` where the name goes (for arrays).
+    pub ctype: &'static str,
+    /// Offset in the structure.
+    pub offset: usize,
+}
+
+/// A structure that has a C twin.
+pub trait CStruct {
+    /// C name.
+    const C_NAME: &'static str;
+    /// Size in bytes.
+    const SIZE: usize;
+    /// Fields in declaration order.
+    fn c_fields() -> Vec<CField>;
+}
+
+macro_rules! abi_struct {
+    ($(#[$m:meta])* $name:ident => $cname:literal { $( $(#[$fm:meta])* $field:ident : $ty:ty => $cty:literal ),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq)]
+        pub struct $name { $( $(#[$fm])* pub $field: $ty ),* }
+
+        // SAFETY: repr(C) with only integer, float and integer-array fields,
+        // and the assertion below proves there is no padding, so every byte
+        // pattern is a valid value.
+        unsafe impl ByteValued for $name {}
+
+        const _: () = assert!(std::mem::size_of::<$name>() == 0 $(+ std::mem::size_of::<$ty>())*);
+
+        impl CStruct for $name {
+            const C_NAME: &'static str = $cname;
+            const SIZE: usize = std::mem::size_of::<$name>();
+            fn c_fields() -> Vec<CField> {
+                vec![$( CField { name: stringify!($field), ctype: $cty, offset: std::mem::offset_of!($name, $field) } ),*]
+            }
+        }
+    };
+}
+
+abi_struct!(
+    /// An entry of the device error log.
+    ErrorLogEntry => "vgpu_error_entry" {
+        /// `ERR_*` code.
+        code: u32 => "__u32 {}",
+        /// Queue concerned, or 0xffffffff.
+        queue: u32 => "__u32 {}",
+        /// Code-specific detail (e.g. the faulting address).
+        detail: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// First bytes of every command.
+    CmdHeader => "vgpu_cmd_hdr" {
+        /// `OP_*`.
+        opcode: u32 => "__u32 {}",
+        /// Opcode-specific flags.
+        flags: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// FENCE: write `value` at guest address `addr` (8-byte aligned).
+    FenceCmd => "vgpu_cmd_fence" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Guest address.
+        addr: u64 => "__u64 {}",
+        /// Value.
+        value: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MEM_ALLOC: result is the device address of the new allocation.
+    MemAllocCmd => "vgpu_cmd_mem_alloc" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Bytes (non-zero).
+        size: u64 => "__u64 {}",
+        /// Alignment (power of two, 0 for the default of 256).
+        align: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MEM_FREE: frees the allocation starting at `addr`.
+    MemFreeCmd => "vgpu_cmd_mem_free" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Device address returned by MEM_ALLOC.
+        addr: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// COPY of `size` bytes. A `COPY_GUEST` side takes its scatter-gather
+    /// list ([`SgEntry`] x `sg_count`) from the next device-readable
+    /// descriptor; its `src`/`dst` is ignored.
+    CopyCmd => "vgpu_cmd_copy" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// `COPY_*` kind of the source.
+        src_kind: u32 => "__u32 {}",
+        /// `COPY_*` kind of the destination.
+        dst_kind: u32 => "__u32 {}",
+        /// Source address (device address or window offset).
+        src: u64 => "__u64 {}",
+        /// Destination address (device address or window offset).
+        dst: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+        /// Entries of the guest scatter-gather list.
+        sg_count: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// One guest memory segment of a COPY.
+    SgEntry => "vgpu_sg_entry" {
+        /// Guest address.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        len: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// FILL `size` bytes (a multiple of 4) at `addr` with `pattern`.
+    FillCmd => "vgpu_cmd_fill" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Device address.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+        /// 32-bit pattern.
+        pattern: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// MODULE_LOAD: the image follows in the next device-readable
+    /// descriptor(s); result is the module handle.
+    ModuleLoadCmd => "vgpu_cmd_module_load" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// `MODULE_FORMAT_*`.
+        format: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+        /// Bytes of the image.
+        image_size: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MODULE_UNLOAD.
+    ModuleUnloadCmd => "vgpu_cmd_module_unload" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Handle from MODULE_LOAD.
+        module: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// LAUNCH: the parameter block (`params_size` bytes) follows in the
+    /// next device-readable descriptor.
+    LaunchCmd => "vgpu_cmd_launch" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Module handle ([`MODULE_BUILTIN`] for the built-in one).
+        module: u64 => "__u64 {}",
+        /// Grid dimensions.
+        grid: [u32; 3] => "__u32 {}[3]",
+        /// Block dimensions.
+        block: [u32; 3] => "__u32 {}[3]",
+        /// Dynamic shared memory, bytes.
+        shared_mem: u32 => "__u32 {}",
+        /// Bytes of the parameter block.
+        params_size: u32 => "__u32 {}",
+        /// Entry point name, NUL-padded.
+        entry: [u8; 32] => "char {}[32]",
+    }
+);
+
+abi_struct!(
+    /// Written by the device to the last (device-writable) descriptor.
+    Completion => "vgpu_completion" {
+        /// `STATUS_*`.
+        status: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+        /// Command result (device address, module handle, timestamp).
+        result: u64 => "__u64 {}",
+        /// Device time the command consumed, nanoseconds.
+        device_ns: u64 => "__u64 {}",
+        /// Zero.
+        reserved2: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `fill_u32`: `count` 32-bit words at `dst` set to `value`.
+    FillParams => "vgpu_fill_params" {
+        /// Device address.
+        dst: u64 => "__u64 {}",
+        /// Words.
+        count: u64 => "__u64 {}",
+        /// Value.
+        value: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `copy`: `bytes` from `src` to `dst` (non-overlapping).
+    CopyParams => "vgpu_copy_params" {
+        /// Destination device address.
+        dst: u64 => "__u64 {}",
+        /// Source device address.
+        src: u64 => "__u64 {}",
+        /// Bytes.
+        bytes: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `vadd_f32`: `c[i] = a[i] + b[i]` for `n` floats.
+    VaddParams => "vgpu_vadd_params" {
+        /// Output.
+        c: u64 => "__u64 {}",
+        /// First input.
+        a: u64 => "__u64 {}",
+        /// Second input.
+        b: u64 => "__u64 {}",
+        /// Elements.
+        n: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `saxpy_f32`: `y[i] = a * x[i] + y[i]` for `n` floats.
+    SaxpyParams => "vgpu_saxpy_params" {
+        /// In/out vector.
+        y: u64 => "__u64 {}",
+        /// Input vector.
+        x: u64 => "__u64 {}",
+        /// Elements.
+        n: u64 => "__u64 {}",
+        /// Scale.
+        a: f32 => "float {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `sgemm_f32`: `C = alpha * A * B + beta * C`, row-major,
+    /// A is m x k, B is k x n, C is m x n.
+    SgemmParams => "vgpu_sgemm_params" {
+        /// C.
+        c: u64 => "__u64 {}",
+        /// A.
+        a: u64 => "__u64 {}",
+        /// B.
+        b: u64 => "__u64 {}",
+        /// Rows of A and C.
+        m: u32 => "__u32 {}",
+        /// Columns of B and C.
+        n: u32 => "__u32 {}",
+        /// Columns of A, rows of B.
+        k: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+        /// Scale of A * B.
+        alpha: f32 => "float {}",
+        /// Scale of C.
+        beta: f32 => "float {}",
+    }
+);
+
+abi_struct!(
+    /// Built-in `reduce_sum_f32`: `out[0] = sum(input[0..n])`.
+    ReduceSumParams => "vgpu_reduce_sum_params" {
+        /// One float of output.
+        out: u64 => "__u64 {}",
+        /// Input vector.
+        input: u64 => "__u64 {}",
+        /// Elements.
+        n: u64 => "__u64 {}",
+    }
+);
+
+/// Entry points of the built-in module.
+pub const BUILTIN_ENTRIES: [&str; 6] = [
+    "fill_u32",
+    "copy",
+    "vadd_f32",
+    "saxpy_f32",
+    "sgemm_f32",
+    "reduce_sum_f32",
+];
+
+/// Encodes an entry point name for [`LaunchCmd::entry`]; `None` if too long.
+pub fn entry_name(name: &str) -> Option<[u8; 32]> {
+    let bytes = name.as_bytes();
+    if bytes.len() >= 32 || bytes.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    out[..bytes.len()].copy_from_slice(bytes);
+    Some(out)
+}
+
+/// Decodes [`LaunchCmd::entry`]; `None` unless NUL-terminated UTF-8.
+pub fn parse_entry_name(raw: &[u8; 32]) -> Option<&str> {
+    let end = raw.iter().position(|b| *b == 0)?;
+    std::str::from_utf8(&raw[..end]).ok()
+}
+
+fn c_struct<T: CStruct>(out: &mut String, kernel_visible: bool) {
+    if !kernel_visible {
+        out.push_str("#ifndef __KERNEL__\n");
+    }
+    let _ = writeln!(out, "struct {} {{", T::C_NAME);
+    for f in T::c_fields() {
+        let decl = f.ctype.replace("{}", f.name);
+        let _ = writeln!(out, "\t{decl}; /* offset {} */", f.offset);
+    }
+    out.push_str("};\n");
+    let _ = writeln!(
+        out,
+        "_Static_assert(sizeof(struct {}) == {}, \"{} layout\");",
+        T::C_NAME,
+        T::SIZE,
+        T::C_NAME
+    );
+    if !kernel_visible {
+        out.push_str("#endif\n");
+    }
+    out.push('\n');
+}
+
+/// The C header for the guest kernel module and C programs, generated
+/// from the definitions above.
+pub fn c_header() -> String {
+    let mut o = String::new();
+    o.push_str(
+        "/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR Apache-2.0 */\n\
+         /*\n * vgpud virtual GPU function: guest ABI.\n *\n\
+         \x20* Generated from crates/vgpu-abi/src/lib.rs by\n\
+         \x20* `cargo run -p vgpu-abi --example gen-header`; do not edit.\n */\n\
+         #ifndef VGPU_ABI_H\n#define VGPU_ABI_H\n\n\
+         #include <linux/types.h>\n\n",
+    );
+    let defs: &[(&str, u64)] = &[
+        ("VGPU_PCI_VENDOR_ID", PCI_VENDOR_ID.into()),
+        ("VGPU_PCI_DEVICE_ID", PCI_DEVICE_ID.into()),
+        (
+            "VGPU_PCI_SUBSYSTEM_VENDOR_ID",
+            PCI_SUBSYSTEM_VENDOR_ID.into(),
+        ),
+        ("VGPU_PCI_SUBSYSTEM_ID", PCI_SUBSYSTEM_ID.into()),
+        ("VGPU_PCI_CLASS", PCI_CLASS.into()),
+        ("VGPU_PCI_REVISION", PCI_REVISION.into()),
+        ("VGPU_ABI_MAGIC", ABI_MAGIC.into()),
+        ("VGPU_ABI_VERSION_MAJOR", ABI_VERSION_MAJOR.into()),
+        ("VGPU_ABI_VERSION_MINOR", ABI_VERSION_MINOR.into()),
+        ("VGPU_BAR_REGS", BAR_REGS.into()),
+        ("VGPU_BAR_WINDOW", BAR_WINDOW.into()),
+        ("VGPU_BAR0_SIZE", BAR0_SIZE),
+        ("VGPU_MAX_QUEUES", MAX_QUEUES.into()),
+        ("VGPU_MAX_QUEUE_SIZE", MAX_QUEUE_SIZE.into()),
+        ("VGPU_MSIX_ERROR_VECTOR", MSIX_ERROR_VECTOR.into()),
+        ("VGPU_MSIX_VECTORS", MSIX_VECTORS.into()),
+        ("VGPU_MSIX_NO_VECTOR", MSIX_NO_VECTOR.into()),
+        ("VGPU_REG_MAGIC", REG_MAGIC),
+        ("VGPU_REG_VERSION", REG_VERSION),
+        ("VGPU_REG_FEATURES", REG_FEATURES),
+        ("VGPU_REG_MEM_SIZE", REG_MEM_SIZE),
+        ("VGPU_REG_COMPUTE_UNITS", REG_COMPUTE_UNITS),
+        ("VGPU_REG_MAX_QUEUES", REG_MAX_QUEUES),
+        ("VGPU_REG_WINDOW_SIZE", REG_WINDOW_SIZE),
+        ("VGPU_REG_MAX_QUEUE_SIZE", REG_MAX_QUEUE_SIZE),
+        ("VGPU_REG_DOORBELL_OFFSET", REG_DOORBELL_OFFSET),
+        ("VGPU_REG_CONTROL", REG_CONTROL),
+        ("VGPU_REG_STATUS", REG_STATUS),
+        ("VGPU_REG_IRQ_CAUSE", REG_IRQ_CAUSE),
+        ("VGPU_REG_IRQ_MASK", REG_IRQ_MASK),
+        ("VGPU_REG_WAKE", REG_WAKE),
+        ("VGPU_REG_ERROR_COUNT", REG_ERROR_COUNT),
+        ("VGPU_REG_MEM_USED", REG_MEM_USED),
+        ("VGPU_REG_BUSY_NS", REG_BUSY_NS),
+        ("VGPU_REG_COMMANDS", REG_COMMANDS),
+        ("VGPU_ERROR_LOG_OFFSET", ERROR_LOG_OFFSET),
+        ("VGPU_ERROR_LOG_ENTRIES", ERROR_LOG_ENTRIES.into()),
+        ("VGPU_QUEUE_REGS_OFFSET", QUEUE_REGS_OFFSET),
+        ("VGPU_QUEUE_REGS_STRIDE", QUEUE_REGS_STRIDE),
+        ("VGPU_QREG_SIZE", QREG_SIZE),
+        ("VGPU_QREG_CONTROL", QREG_CONTROL),
+        ("VGPU_QREG_STATUS", QREG_STATUS),
+        ("VGPU_QREG_ERROR", QREG_ERROR),
+        ("VGPU_QREG_DESC", QREG_DESC),
+        ("VGPU_QREG_AVAIL", QREG_AVAIL),
+        ("VGPU_QREG_USED", QREG_USED),
+        ("VGPU_QREG_MSIX_VECTOR", QREG_MSIX_VECTOR),
+        ("VGPU_DOORBELL_OFFSET", DOORBELL_OFFSET),
+        ("VGPU_DOORBELL_SIZE", DOORBELL_SIZE),
+        ("VGPU_DOORBELL_STRIDE", DOORBELL_STRIDE),
+        ("VGPU_DB_AVAIL_IDX", DB_AVAIL_IDX),
+        ("VGPU_DB_POLLING", DB_POLLING),
+        ("VGPU_MSIX_TABLE_OFFSET", MSIX_TABLE_OFFSET),
+        ("VGPU_MSIX_PBA_OFFSET", MSIX_PBA_OFFSET),
+        ("VGPU_FEATURE_EVENT_IDX", FEATURE_EVENT_IDX),
+        ("VGPU_FEATURE_POLLED", FEATURE_POLLED),
+        ("VGPU_FEATURE_WINDOW", FEATURE_WINDOW),
+        ("VGPU_FEATURE_TIMESTAMP", FEATURE_TIMESTAMP),
+        ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
+        ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
+        ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
+        ("VGPU_STATUS_FATAL", STATUS_FATAL.into()),
+        ("VGPU_IRQ_CAUSE_QUEUE", IRQ_CAUSE_QUEUE.into()),
+        ("VGPU_IRQ_CAUSE_ERROR", IRQ_CAUSE_ERROR.into()),
+        ("VGPU_QCONTROL_ENABLE", QCONTROL_ENABLE.into()),
+        ("VGPU_QCONTROL_POLLED", QCONTROL_POLLED.into()),
+        ("VGPU_QSTATUS_ENABLED", QSTATUS_ENABLED.into()),
+        ("VGPU_QSTATUS_ERROR", QSTATUS_ERROR.into()),
+        ("VGPU_ERR_NONE", ERR_NONE.into()),
+        ("VGPU_ERR_RING_ADDRESS", ERR_RING_ADDRESS.into()),
+        ("VGPU_ERR_RING_CORRUPT", ERR_RING_CORRUPT.into()),
+        ("VGPU_ERR_QUEUE_CONFIG", ERR_QUEUE_CONFIG.into()),
+        ("VGPU_ERR_REGISTER", ERR_REGISTER.into()),
+        ("VGPU_ERR_BACKEND", ERR_BACKEND.into()),
+        ("VGPU_OP_NOP", OP_NOP.into()),
+        ("VGPU_OP_FENCE", OP_FENCE.into()),
+        ("VGPU_OP_MEM_ALLOC", OP_MEM_ALLOC.into()),
+        ("VGPU_OP_MEM_FREE", OP_MEM_FREE.into()),
+        ("VGPU_OP_COPY", OP_COPY.into()),
+        ("VGPU_OP_FILL", OP_FILL.into()),
+        ("VGPU_OP_MODULE_LOAD", OP_MODULE_LOAD.into()),
+        ("VGPU_OP_MODULE_UNLOAD", OP_MODULE_UNLOAD.into()),
+        ("VGPU_OP_LAUNCH", OP_LAUNCH.into()),
+        ("VGPU_OP_TIMESTAMP", OP_TIMESTAMP.into()),
+        ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
+        ("VGPU_COPY_GUEST", COPY_GUEST.into()),
+        ("VGPU_COPY_DEVICE", COPY_DEVICE.into()),
+        ("VGPU_COPY_WINDOW", COPY_WINDOW.into()),
+        ("VGPU_MAX_SG_ENTRIES", MAX_SG_ENTRIES.into()),
+        ("VGPU_MAX_PARAMS_SIZE", MAX_PARAMS_SIZE.into()),
+        ("VGPU_MAX_MODULE_SIZE", MAX_MODULE_SIZE),
+        ("VGPU_MODULE_FORMAT_PTX", MODULE_FORMAT_PTX.into()),
+        ("VGPU_MODULE_BUILTIN", MODULE_BUILTIN),
+        ("VGPU_STATUS_OK", STATUS_OK.into()),
+        ("VGPU_STATUS_INVALID", STATUS_INVALID.into()),
+        ("VGPU_STATUS_FAULT", STATUS_FAULT.into()),
+        ("VGPU_STATUS_NO_MEMORY", STATUS_NO_MEMORY.into()),
+        ("VGPU_STATUS_UNSUPPORTED", STATUS_UNSUPPORTED.into()),
+        ("VGPU_STATUS_NOT_FOUND", STATUS_NOT_FOUND.into()),
+        ("VGPU_STATUS_CANCELLED", STATUS_CANCELLED.into()),
+        ("VGPU_STATUS_OUT_OF_RANGE", STATUS_OUT_OF_RANGE.into()),
+        ("VGPU_STATUS_DEVICE_ERROR", STATUS_DEVICE_ERROR.into()),
+    ];
+    for (name, value) in defs {
+        let _ = writeln!(o, "#define {name} 0x{value:x}ULL");
+    }
+    o.push('\n');
+    c_struct::<ErrorLogEntry>(&mut o, true);
+    c_struct::<CmdHeader>(&mut o, true);
+    c_struct::<FenceCmd>(&mut o, true);
+    c_struct::<MemAllocCmd>(&mut o, true);
+    c_struct::<MemFreeCmd>(&mut o, true);
+    c_struct::<CopyCmd>(&mut o, true);
+    c_struct::<SgEntry>(&mut o, true);
+    c_struct::<FillCmd>(&mut o, true);
+    c_struct::<ModuleLoadCmd>(&mut o, true);
+    c_struct::<ModuleUnloadCmd>(&mut o, true);
+    c_struct::<LaunchCmd>(&mut o, true);
+    c_struct::<Completion>(&mut o, true);
+    // Float parameter blocks are for user space only.
+    c_struct::<FillParams>(&mut o, false);
+    c_struct::<CopyParams>(&mut o, false);
+    c_struct::<VaddParams>(&mut o, false);
+    c_struct::<SaxpyParams>(&mut o, false);
+    c_struct::<SgemmParams>(&mut o, false);
+    c_struct::<ReduceSumParams>(&mut o, false);
+    o.push_str("#endif /* VGPU_ABI_H */\n");
+    o
+}
+
+// The BAR0 layout must not overlap itself.
+const _: () = {
+    assert!(queue_reg(MAX_QUEUES, 0) <= DOORBELL_OFFSET);
+    assert!(doorbell(MAX_QUEUES, 0) <= DOORBELL_SIZE);
+    assert!(ERROR_LOG_OFFSET + ERROR_LOG_ENTRIES as u64 * 16 <= QUEUE_REGS_OFFSET);
+    assert!(MSIX_TABLE_OFFSET + MSIX_VECTORS as u64 * 16 <= MSIX_PBA_OFFSET);
+    assert!(MSIX_PBA_OFFSET < BAR0_SIZE);
+    assert!(REG_COMMANDS + 8 <= ERROR_LOG_OFFSET);
+};
+
+/// Offset in BAR0 of register `reg` of queue `queue`.
+pub const fn queue_reg(queue: u32, reg: u64) -> u64 {
+    QUEUE_REGS_OFFSET + queue as u64 * QUEUE_REGS_STRIDE + reg
+}
+
+/// Offset in the doorbell page of field `field` of queue `queue`.
+pub const fn doorbell(queue: u32, field: u64) -> u64 {
+    queue as u64 * DOORBELL_STRIDE + field
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn header_path() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../guest-driver/include/vgpu_abi.h")
+    }
+
+    #[test]
+    fn test_c_header_is_identical_to_generated() {
+        let committed = std::fs::read_to_string(header_path()).expect("header missing");
+        assert!(
+            committed == c_header(),
+            "guest-driver/include/vgpu_abi.h is stale: run `cargo run -p vgpu-abi --example gen-header`"
+        );
+    }
+
+    #[test]
+    fn test_c_header_compiles_with_matching_layout() {
+        // The header carries _Static_asserts of every struct size; gcc
+        // checks them against the C compiler's own layout rules.
+        let dir = std::env::temp_dir().join(format!("vgpu-abi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("check.c");
+        let mut checks = String::from("#include \"vgpu_abi.h\"\n#include <stddef.h>\n");
+        macro_rules! offsets {
+            ($($t:ty),*) => {$(
+                for f in <$t>::c_fields() {
+                    checks.push_str(&format!(
+                        "_Static_assert(offsetof(struct {}, {}) == {}, \"{}\");\n",
+                        <$t>::C_NAME, f.name, f.offset, f.name
+                    ));
+                }
+            )*};
+        }
+        offsets!(
+            ErrorLogEntry,
+            CmdHeader,
+            FenceCmd,
+            MemAllocCmd,
+            MemFreeCmd,
+            CopyCmd,
+            SgEntry,
+            FillCmd,
+            ModuleLoadCmd,
+            ModuleUnloadCmd,
+            LaunchCmd,
+            Completion,
+            FillParams,
+            CopyParams,
+            VaddParams,
+            SaxpyParams,
+            SgemmParams,
+            ReduceSumParams
+        );
+        std::fs::write(&src, checks).unwrap();
+        let include = header_path().parent().unwrap().to_path_buf();
+        let out = std::process::Command::new("gcc")
+            .args(["-fsyntax-only", "-Wall", "-Werror", "-std=c11", "-I"])
+            .arg(&include)
+            .arg(&src)
+            .output()
+            .expect("gcc is needed for this test");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn test_entry_names() {
+        let raw = entry_name("saxpy_f32").unwrap();
+        assert_eq!(parse_entry_name(&raw), Some("saxpy_f32"));
+        assert!(entry_name(&"x".repeat(32)).is_none());
+        assert!(parse_entry_name(&[b'a'; 32]).is_none());
+    }
+}
