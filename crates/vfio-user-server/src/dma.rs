@@ -11,8 +11,13 @@ use std::fs::File;
 use std::ops::Range;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use vm_memory::bitmap::BS;
+use vm_memory::guest_memory::GuestMemorySliceIterator;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap, MmapRegion,
+    Permissions, VolatileMemory, VolatileSlice,
+};
 
 use crate::proto::PAGE_SIZE;
 
@@ -386,6 +391,127 @@ impl DmaSpace {
     }
 }
 
+/// A consistent view of the map table for structured access through
+/// `vm-memory`'s [`GuestMemory`] (e.g. by `virtio-queue`), with the same
+/// bounds and permission checks as [`DmaSpace::read`]. Only fd-backed
+/// mappings can be seen through a view.
+///
+/// The view holds the table's read lock: DMA_MAP and DMA_UNMAP wait until
+/// it is dropped, so keep it short-lived, and do not call
+/// [`DmaSpace::read`] / [`DmaSpace::write`] while holding one.
+pub struct DmaView<'a> {
+    table: RwLockReadGuard<'a, BTreeMap<u64, Mapping>>,
+}
+
+impl DmaSpace {
+    /// Takes a view of the current mappings.
+    pub fn view(&self) -> DmaView<'_> {
+        DmaView {
+            table: self.read_table(),
+        }
+    }
+}
+
+impl DmaView<'_> {
+    /// The slice of an fd-backed mapping at `addr`, at most `len` bytes, if
+    /// `access` is permitted.
+    fn slice_at(
+        &self,
+        addr: u64,
+        len: usize,
+        access: Permissions,
+    ) -> Result<VolatileSlice<'_>, GuestMemoryError> {
+        let bad = || GuestMemoryError::InvalidGuestAddress(GuestAddress(addr));
+        let (&start, m) = self
+            .table
+            .range(..=addr)
+            .next_back()
+            .filter(|(&start, m)| m.end(start) > addr)
+            .ok_or_else(bad)?;
+        let allowed = match access {
+            Permissions::No => true,
+            Permissions::Read => m.readable,
+            Permissions::Write => m.writable,
+            Permissions::ReadWrite => m.readable && m.writable,
+        };
+        let Backing::Mapped(region) = &m.backing else {
+            return Err(GuestMemoryError::HostAddressNotAvailable);
+        };
+        if !allowed {
+            return Err(bad());
+        }
+        let avail = usize::try_from(m.end(start) - addr).unwrap_or(usize::MAX);
+        region
+            .get_slice((addr - start) as usize, len.min(avail))
+            .map_err(GuestMemoryError::from)
+    }
+}
+
+/// Iterates over the slices of an access through a [`DmaView`].
+pub struct DmaSliceIter<'a> {
+    view: &'a DmaView<'a>,
+    addr: u64,
+    remaining: usize,
+    access: Permissions,
+    done: bool,
+}
+
+impl<'a> Iterator for DmaSliceIter<'a> {
+    type Item = Result<VolatileSlice<'a>, GuestMemoryError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.remaining == 0 {
+            return None;
+        }
+        match self.view.slice_at(self.addr, self.remaining, self.access) {
+            Ok(slice) => {
+                let n = slice.len();
+                self.remaining -= n;
+                self.addr = self.addr.wrapping_add(n as u64);
+                Some(Ok(slice))
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+impl std::iter::FusedIterator for DmaSliceIter<'_> {}
+
+impl<'a> GuestMemorySliceIterator<'a, ()> for DmaSliceIter<'a> {}
+
+impl GuestMemory for DmaView<'_> {
+    type PhysicalMemory = GuestMemoryMmap;
+    type Bitmap = ();
+
+    fn check_range(&self, addr: GuestAddress, count: usize, access: Permissions) -> bool {
+        match self.get_slices(addr, count, access) {
+            Ok(mut it) => it.all(|s| s.is_ok()),
+            Err(_) => false,
+        }
+    }
+
+    fn get_slices<'a>(
+        &'a self,
+        addr: GuestAddress,
+        count: usize,
+        access: Permissions,
+    ) -> vm_memory::guest_memory::Result<impl GuestMemorySliceIterator<'a, BS<'a, ()>>> {
+        if addr.0.checked_add(count as u64).is_none() {
+            return Err(GuestMemoryError::GuestAddressOverflow);
+        }
+        Ok(DmaSliceIter {
+            view: self,
+            addr: addr.0,
+            remaining: count,
+            access,
+            done: false,
+        })
+    }
+}
+
 /// A piece of an access, as [`DmaSpace::access`] hands it out.
 enum Chunk<'a> {
     Local(VolatileSlice<'a>),
@@ -616,6 +742,36 @@ mod tests {
         dma.read(0xe00, &mut back).unwrap();
         assert_eq!(back, data);
         assert_eq!(client.mem.lock().unwrap()[0x1ff], data[0x3ff]);
+    }
+
+    #[test]
+    fn test_view_enforces_bounds_and_permissions() {
+        use vm_memory::Bytes;
+        let dma = DmaSpace::new();
+        dma.map(&req(0x1000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap();
+        dma.map(&req(0x2000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap();
+        let mut ro = req(0x3000, 0x1000);
+        ro.writable = false;
+        dma.map(&ro, Some(file_of(0x1000)), nobody()).unwrap();
+        dma.map(&req(0x4000, 0x1000), None, nobody()).unwrap();
+        let view = dma.view();
+        // Spanning two adjacent mappings works.
+        view.write_obj(0x1234_5678_u64, GuestAddress(0x1ffc))
+            .unwrap();
+        assert_eq!(
+            view.read_obj::<u64>(GuestAddress(0x1ffc)).unwrap(),
+            0x1234_5678
+        );
+        assert!(view.check_range(GuestAddress(0x1000), 0x2000, Permissions::ReadWrite));
+        assert!(!view.check_range(GuestAddress(0x1000), 0x2001, Permissions::ReadWrite));
+        assert!(view.check_range(GuestAddress(0x3000), 8, Permissions::Read));
+        assert!(!view.check_range(GuestAddress(0x3000), 8, Permissions::Write));
+        assert!(view.write_obj(1u32, GuestAddress(0x3000)).is_err());
+        // Client-backed memory is not reachable through a view.
+        assert!(!view.check_range(GuestAddress(0x4000), 8, Permissions::Read));
+        assert!(!view.check_range(GuestAddress(u64::MAX - 3), 8, Permissions::Read));
     }
 
     #[test]
