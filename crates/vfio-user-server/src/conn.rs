@@ -220,7 +220,12 @@ impl ClientLink {
                 .map_err(|_| DmaError::Disconnected)?;
             let mut deferred = lock(&self.deferred);
             loop {
-                let msg = self.read_locked().map_err(|_| DmaError::Disconnected)?;
+                // A broken stream cannot be resynchronised: shut it so the
+                // event loop sees the disconnect.
+                let msg = self.read_locked().map_err(|_| {
+                    self.shutdown();
+                    DmaError::Disconnected
+                })?;
                 if !msg.header.is_reply() {
                     deferred.push_back(msg);
                 } else if msg.header.msg_id == id {

@@ -233,6 +233,19 @@ impl DmaSpace {
         let backing = match fd {
             Some(file) => {
                 let size = usize::try_from(req.size).map_err(|_| MapError::Invalid("too large"))?;
+                // A mapping past the end of the file would turn a device
+                // access into SIGBUS; only regular files (memfd, hugetlbfs,
+                // files) have a length to check.
+                let meta = file
+                    .metadata()
+                    .map_err(|_| MapError::Invalid("cannot stat the fd"))?;
+                if !meta.is_file() {
+                    return Err(MapError::Invalid("fd is not a regular file"));
+                }
+                let end = req.offset.checked_add(req.size).ok_or(MapError::Invalid("range wraps"))?;
+                if end > meta.len() {
+                    return Err(MapError::Invalid("range extends past the end of the fd"));
+                }
                 let mut prot = 0;
                 if req.readable {
                     prot |= libc::PROT_READ;
@@ -772,6 +785,20 @@ mod tests {
         // Client-backed memory is not reachable through a view.
         assert!(!view.check_range(GuestAddress(0x4000), 8, Permissions::Read));
         assert!(!view.check_range(GuestAddress(u64::MAX - 3), 8, Permissions::Read));
+    }
+
+    #[test]
+    fn test_map_past_end_of_fd_is_refused() {
+        let dma = DmaSpace::new();
+        let e = dma.map(&req(0, 0x2000), Some(file_of(0x1000)), nobody()).unwrap_err();
+        assert!(matches!(e, MapError::Invalid(_)));
+        let mut r = req(0, 0x1000);
+        r.offset = 0x1000;
+        assert!(dma.map(&r, Some(file_of(0x1000)), nobody()).is_err());
+        let (rx, _tx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sock = File::from(std::os::fd::OwnedFd::from(rx));
+        assert!(dma.map(&req(0, 0x1000), Some(sock), nobody()).is_err());
+        assert!(dma.is_empty());
     }
 
     #[test]

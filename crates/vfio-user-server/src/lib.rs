@@ -7,6 +7,7 @@
 //! - [`dma`]: the DMA map table through which every device access to client
 //!   memory goes.
 //! - [`irq`]: interrupt eventfds, masks and triggering.
+//! - [`memfd`]: anonymous shared memory for regions a client maps.
 //! - [`pci`]: an emulated configuration space for models to use.
 //! - [`server`]: the listening endpoint and its event loop.
 //! - [`sample`]: a small device for tests and demos.
@@ -17,6 +18,7 @@ pub mod conn;
 pub mod device;
 pub mod dma;
 pub mod irq;
+pub mod memfd;
 pub mod pci;
 pub mod proto;
 pub mod sample;

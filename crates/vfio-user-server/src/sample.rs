@@ -97,19 +97,6 @@ pub enum SampleError {
     Memory(#[source] std::io::Error),
 }
 
-fn memfd(name: &std::ffi::CStr, size: u64) -> std::io::Result<File> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: name is a valid NUL-terminated string; the return value is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just created and is owned by nobody else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)?;
-    Ok(file)
-}
-
 impl SampleDevice {
     /// A device in its power-on state.
     pub fn new() -> Result<Self, SampleError> {
@@ -125,7 +112,7 @@ impl SampleDevice {
             (0, regs::MSIX_PBA as u32),
         );
         config.set_interrupt_pin(1);
-        let file = memfd(c"vfio-user-sample-bar2", BAR2_SIZE).map_err(SampleError::Memory)?;
+        let file = crate::memfd::create(c"vfio-user-sample-bar2", BAR2_SIZE).map_err(SampleError::Memory)?;
         let mem = MmapRegionBuilder::new(BAR2_SIZE as usize)
             .with_file_offset(FileOffset::new(
                 file.try_clone().map_err(SampleError::Memory)?,

@@ -210,3 +210,78 @@ pub fn le32(v: u32) -> [u8; 4] {
 pub fn raw(f: &File) -> RawFd {
     f.as_raw_fd()
 }
+
+/// Reads one whole message, returning an error (never panicking) when the
+/// server closes or resets the connection. fds that came with it are closed.
+fn try_recv_message(stream: &mut UnixStream) -> std::io::Result<(Header, Vec<u8>)> {
+    let mut hdr = [0u8; HEADER_SIZE];
+    stream.read_exact(&mut hdr)?;
+    let header = Header::decode(&hdr);
+    let len = (header.msg_size as usize)
+        .checked_sub(HEADER_SIZE)
+        .ok_or_else(|| std::io::Error::other("reply shorter than a header"))?;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload)?;
+    Ok((header, payload))
+}
+
+impl RawClient {
+    /// VERSION 0.0 with the default capabilities, reporting a refused or
+    /// closed connection as an error instead of panicking.
+    pub fn try_negotiate(&mut self) -> std::io::Result<()> {
+        let json = br#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576,"pgsizes":4096,"write_multiple":true}}"#;
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        let header = Header {
+            msg_id: id,
+            command: 1,
+            msg_size: (HEADER_SIZE + 4 + json.len() + 1) as u32,
+            flags: FLAG_TYPE_COMMAND,
+            error: 0,
+        };
+        let mut buf = header.encode().to_vec();
+        buf.extend_from_slice(&[0, 0, 0, 0]);
+        buf.extend_from_slice(json);
+        buf.push(0);
+        self.stream.write_all(&buf)?;
+        let (reply, _) = try_recv_message(&mut self.stream)?;
+        if reply.msg_id != id || reply.flags & vfio_user_server::proto::FLAG_ERROR != 0 {
+            return Err(std::io::Error::other(format!("VERSION refused: {reply:?}")));
+        }
+        Ok(())
+    }
+
+    /// Connects and negotiates, retrying for up to five seconds while the
+    /// server still holds a previous client (it refuses a second one by
+    /// closing it).
+    pub fn connect_negotiated(path: &std::path::Path) -> Self {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut c = RawClient::connect(path);
+            match c.try_negotiate() {
+                Ok(()) => return c,
+                Err(e) if std::time::Instant::now() >= deadline => {
+                    panic!("cannot connect and negotiate: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// Asserts that the server still serves: a new client negotiates and reads
+/// the sample device's ID register, and the server thread is running.
+pub fn assert_serves(server: &TestServer) {
+    assert!(server.alive(), "server thread has exited");
+    let mut c = RawClient::connect_negotiated(&server.path);
+    let mut p = 0u64.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p.extend_from_slice(&4u32.to_le_bytes());
+    let r = c.call(9, &p, &[]);
+    assert!(!r.is_error(), "REGION_READ of BAR0 failed: {:?}", r.header);
+    assert_eq!(
+        r.payload.get(16..20),
+        Some(&vfio_user_server::sample::SAMPLE_ID.to_le_bytes()[..])
+    );
+    assert!(server.alive(), "server thread has exited");
+}
