@@ -242,7 +242,10 @@ impl DmaSpace {
                 if !meta.is_file() {
                     return Err(MapError::Invalid("fd is not a regular file"));
                 }
-                let end = req.offset.checked_add(req.size).ok_or(MapError::Invalid("range wraps"))?;
+                let end = req
+                    .offset
+                    .checked_add(req.size)
+                    .ok_or(MapError::Invalid("range wraps"))?;
                 if end > meta.len() {
                     return Err(MapError::Invalid("range extends past the end of the fd"));
                 }
@@ -790,7 +793,9 @@ mod tests {
     #[test]
     fn test_map_past_end_of_fd_is_refused() {
         let dma = DmaSpace::new();
-        let e = dma.map(&req(0, 0x2000), Some(file_of(0x1000)), nobody()).unwrap_err();
+        let e = dma
+            .map(&req(0, 0x2000), Some(file_of(0x1000)), nobody())
+            .unwrap_err();
         assert!(matches!(e, MapError::Invalid(_)));
         let mut r = req(0, 0x1000);
         r.offset = 0x1000;

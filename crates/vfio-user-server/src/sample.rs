@@ -112,7 +112,8 @@ impl SampleDevice {
             (0, regs::MSIX_PBA as u32),
         );
         config.set_interrupt_pin(1);
-        let file = crate::memfd::create(c"vfio-user-sample-bar2", BAR2_SIZE).map_err(SampleError::Memory)?;
+        let file = crate::memfd::create(c"vfio-user-sample-bar2", BAR2_SIZE)
+            .map_err(SampleError::Memory)?;
         let mem = MmapRegionBuilder::new(BAR2_SIZE as usize)
             .with_file_offset(FileOffset::new(
                 file.try_clone().map_err(SampleError::Memory)?,
