@@ -1,0 +1,177 @@
+//! Backends: what a "physical GPU" is to vgpud. A backend is split into
+//! partitions, one per vGPU; a partition owns device memory within its
+//! quota, loaded modules and a share of compute.
+//!
+//! This crate knows nothing of sockets, PCI or rings: the device model
+//! decodes and validates guest commands and calls a [`Partition`] with
+//! plain values. Guest memory reaches a backend only as [`HostSource`] /
+//! [`HostSink`], so a backend never sees guest addresses.
+
+#![warn(missing_docs)]
+
+pub mod software;
+
+use vgpu_abi as abi;
+
+/// Why an operation failed; each maps to a completion status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// Malformed arguments (zero size, bad alignment, bad launch shape...).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// The partition's memory quota would be exceeded.
+    #[error("out of device memory: {requested} bytes requested, {available} available")]
+    NoMemory {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes left in the quota.
+        available: u64,
+    },
+    /// Not supported by this backend (e.g. a module format).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Unknown device address, module or entry point.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A device memory range is not inside one allocation.
+    #[error("device range {addr:#x}+{len:#x} is outside every allocation")]
+    OutOfRange {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// Reading or writing guest (host-side) memory failed.
+    #[error("guest memory fault at offset {0:#x}")]
+    Fault(u64),
+    /// The device failed.
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+impl OpError {
+    /// The `STATUS_*` code a completion carries.
+    pub fn status(&self) -> u32 {
+        match self {
+            OpError::Invalid(_) => abi::STATUS_INVALID,
+            OpError::NoMemory { .. } => abi::STATUS_NO_MEMORY,
+            OpError::Unsupported(_) => abi::STATUS_UNSUPPORTED,
+            OpError::NotFound(_) => abi::STATUS_NOT_FOUND,
+            OpError::OutOfRange { .. } => abi::STATUS_OUT_OF_RANGE,
+            OpError::Fault(_) => abi::STATUS_FAULT,
+            OpError::Device(_) => abi::STATUS_DEVICE_ERROR,
+        }
+    }
+}
+
+/// Errors creating backends or partitions.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The request does not fit what is left.
+    #[error("partition does not fit: {0}")]
+    DoesNotFit(String),
+    /// The backend cannot start (no driver, no device).
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Bytes the backend reads from host-side memory (guest RAM or the
+/// host-visible window), chunk by chunk, without knowing where they live.
+pub trait HostSource {
+    /// Total bytes.
+    fn len(&self) -> u64;
+    /// Whether there is nothing to read.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies bytes `[offset, offset + buf.len())` into `buf`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError>;
+}
+
+/// Bytes the backend writes to host-side memory.
+pub trait HostSink {
+    /// Total bytes.
+    fn len(&self) -> u64;
+    /// Whether there is no room.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `buf` to `[offset, offset + buf.len())`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError>;
+}
+
+/// A kernel launch, validated for shape by the device model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch<'a> {
+    /// Module handle ([`abi::MODULE_BUILTIN`] for the built-in one).
+    pub module: u64,
+    /// Entry point.
+    pub entry: &'a str,
+    /// Grid dimensions (each at least 1).
+    pub grid: [u32; 3],
+    /// Block dimensions (each at least 1).
+    pub block: [u32; 3],
+    /// Dynamic shared memory, bytes.
+    pub shared_mem: u32,
+    /// Parameter block.
+    pub params: &'a [u8],
+}
+
+/// What a partition is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionSpec {
+    /// Name for logs.
+    pub name: String,
+    /// Device memory quota, bytes.
+    pub memory: u64,
+    /// Compute units (software: worker threads; CUDA: SMs).
+    pub compute_units: u32,
+}
+
+/// Totals of a backend, for placing partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Device memory, bytes.
+    pub memory: u64,
+    /// Compute units.
+    pub compute_units: u32,
+}
+
+/// A physical GPU.
+pub trait Backend: Send + Sync {
+    /// Short name ("software", "cuda").
+    fn name(&self) -> &str;
+    /// Total memory and compute.
+    fn capacity(&self) -> Capacity;
+    /// Carves out a partition.
+    fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError>;
+}
+
+/// A vGPU's share of a physical GPU. Calls are serialised by the caller.
+pub trait Partition: Send {
+    /// The spec it was created with.
+    fn spec(&self) -> &PartitionSpec;
+    /// Allocates `size` bytes aligned to `align` (a power of two); returns
+    /// the device address.
+    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError>;
+    /// Frees the allocation starting at `addr`.
+    fn free(&mut self, addr: u64) -> Result<(), OpError>;
+    /// Copies `src.len()` bytes from host-side memory to device memory at `dst`.
+    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError>;
+    /// Copies `dst.len()` bytes from device memory at `src` to host-side memory.
+    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError>;
+    /// Copies `size` bytes between two device ranges (may be different allocations).
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError>;
+    /// Fills `size` bytes (a multiple of 4) at `addr` with `pattern`.
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError>;
+    /// Loads a module image; returns its handle.
+    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError>;
+    /// Unloads a module.
+    fn module_unload(&mut self, module: u64) -> Result<(), OpError>;
+    /// Runs a kernel to completion.
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
+    /// Device memory in use, bytes.
+    fn memory_used(&self) -> u64;
+    /// Frees all memory and modules: the partition is as new.
+    fn reset(&mut self);
+}
