@@ -1,0 +1,417 @@
+//! Decoding, validation and execution of one command (a descriptor chain).
+//! Every value comes from the guest: sizes, counts, addresses and names are
+//! checked before use, and a bad one becomes a completion status, never a
+//! panic or an unbounded allocation.
+
+use std::time::Instant;
+
+use vfio_user_server::DmaSpace;
+use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::{HostSink, HostSource, Launch, OpError, Partition};
+use vm_memory::{MmapRegion, VolatileMemory};
+
+/// One descriptor of a chain, as popped from the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Desc {
+    /// Guest address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// Device-writable.
+    pub writable: bool,
+}
+
+/// What a command produced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// `STATUS_*`.
+    pub status: u32,
+    /// Command result.
+    pub result: u64,
+    /// Device time consumed.
+    pub device_ns: u64,
+    /// The command asks for an interrupt regardless of suppression.
+    pub force_irq: bool,
+}
+
+impl Outcome {
+    fn status(status: u32) -> Self {
+        Outcome {
+            status,
+            ..Default::default()
+        }
+    }
+}
+
+/// Everything a command may touch.
+pub struct Ctx<'a> {
+    /// Guest memory, through the DMA map table.
+    pub dma: &'a DmaSpace,
+    /// The partition doing the work.
+    pub partition: &'a mut dyn Partition,
+    /// The host-visible window (BAR2).
+    pub window: &'a MmapRegion,
+    /// Start of device time.
+    pub epoch: Instant,
+}
+
+type Result<T> = std::result::Result<T, u32>;
+
+fn op_status(e: OpError) -> u32 {
+    e.status()
+}
+
+/// Reads a command structure from the start of a descriptor.
+fn read_struct<T: ByteValued + Default>(dma: &DmaSpace, desc: &Desc) -> Result<T> {
+    let mut v = T::default();
+    if (desc.len as usize) < std::mem::size_of::<T>() {
+        return Err(abi::STATUS_INVALID);
+    }
+    dma.read(desc.addr, v.as_mut_slice())
+        .map_err(|_| abi::STATUS_FAULT)?;
+    Ok(v)
+}
+
+/// Reads `len` bytes spread over consecutive readable descriptors.
+fn read_bytes(dma: &DmaSpace, descs: &[Desc], len: usize) -> Result<Vec<u8>> {
+    let available: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
+    if (len as u64) > available {
+        return Err(abi::STATUS_INVALID);
+    }
+    let mut out = vec![0u8; len];
+    let mut done = 0;
+    for d in descs {
+        if done == len {
+            break;
+        }
+        let n = (d.len as usize).min(len - done);
+        dma.read(d.addr, &mut out[done..done + n])
+            .map_err(|_| abi::STATUS_FAULT)?;
+        done += n;
+    }
+    Ok(out)
+}
+
+/// Guest memory described by a scatter-gather list.
+struct GuestSg<'a> {
+    dma: &'a DmaSpace,
+    entries: Vec<abi::SgEntry>,
+    total: u64,
+}
+
+impl GuestSg<'_> {
+    /// Calls `f(guest_addr, range_in_buf)` for each piece of `[offset, offset + len)`.
+    fn walk(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(u64, std::ops::Range<usize>) -> std::result::Result<(), OpError>,
+    ) -> std::result::Result<(), OpError> {
+        let mut pos = 0u64; // start of the current entry in the flattened list
+        let mut done = 0usize;
+        for e in &self.entries {
+            if done == len {
+                break;
+            }
+            let want = offset + done as u64;
+            if want >= pos + e.len {
+                pos += e.len;
+                continue;
+            }
+            let skip = want - pos;
+            let n = ((e.len - skip) as usize).min(len - done);
+            f(e.addr + skip, done..done + n)?;
+            done += n;
+            pos += e.len;
+        }
+        if done != len {
+            return Err(OpError::Fault(offset + done as u64));
+        }
+        Ok(())
+    }
+}
+
+impl HostSource for GuestSg<'_> {
+    fn len(&self) -> u64 {
+        self.total
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), OpError> {
+        let len = buf.len();
+        self.walk(offset, len, |addr, r| {
+            self.dma
+                .read(addr, &mut buf[r.clone()])
+                .map_err(|_| OpError::Fault(offset + r.start as u64))
+        })
+    }
+}
+
+impl HostSink for GuestSg<'_> {
+    fn len(&self) -> u64 {
+        self.total
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::result::Result<(), OpError> {
+        self.walk(offset, buf.len(), |addr, r| {
+            self.dma
+                .write(addr, &buf[r.clone()])
+                .map_err(|_| OpError::Fault(offset + r.start as u64))
+        })
+    }
+}
+
+/// A range of the host-visible window.
+struct WindowRange<'a> {
+    window: &'a MmapRegion,
+    start: u64,
+    len: u64,
+}
+
+impl WindowRange<'_> {
+    fn slice(
+        &self,
+        offset: u64,
+        n: usize,
+    ) -> std::result::Result<vm_memory::VolatileSlice<'_>, OpError> {
+        let end = offset
+            .checked_add(n as u64)
+            .filter(|e| *e <= self.len)
+            .ok_or(OpError::Fault(offset))?;
+        let _ = end;
+        self.window
+            .get_slice((self.start + offset) as usize, n)
+            .map_err(|_| OpError::Fault(offset))
+    }
+}
+
+impl HostSource for WindowRange<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::result::Result<(), OpError> {
+        self.slice(offset, buf.len())?.copy_to(buf);
+        Ok(())
+    }
+}
+
+impl HostSink for WindowRange<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> std::result::Result<(), OpError> {
+        self.slice(offset, buf.len())?.copy_from(buf);
+        Ok(())
+    }
+}
+
+fn window_range<'a>(window: &'a MmapRegion, start: u64, len: u64) -> Result<WindowRange<'a>> {
+    let end = start.checked_add(len).ok_or(abi::STATUS_INVALID)?;
+    if end > window.len() as u64 {
+        return Err(abi::STATUS_INVALID);
+    }
+    Ok(WindowRange { window, start, len })
+}
+
+fn guest_sg<'a>(dma: &'a DmaSpace, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<GuestSg<'a>> {
+    if cmd.sg_count == 0 || cmd.sg_count > abi::MAX_SG_ENTRIES {
+        return Err(abi::STATUS_INVALID);
+    }
+    let desc = reads.get(1).ok_or(abi::STATUS_INVALID)?;
+    let bytes = cmd.sg_count as usize * std::mem::size_of::<abi::SgEntry>();
+    if (desc.len as usize) < bytes {
+        return Err(abi::STATUS_INVALID);
+    }
+    let mut raw = vec![0u8; bytes];
+    dma.read(desc.addr, &mut raw)
+        .map_err(|_| abi::STATUS_FAULT)?;
+    let mut entries = Vec::with_capacity(cmd.sg_count as usize);
+    let mut total = 0u64;
+    for chunk in raw.chunks_exact(std::mem::size_of::<abi::SgEntry>()) {
+        let mut e = abi::SgEntry::default();
+        e.as_mut_slice().copy_from_slice(chunk);
+        if e.len == 0 || e.addr.checked_add(e.len).is_none() {
+            return Err(abi::STATUS_INVALID);
+        }
+        total = total.checked_add(e.len).ok_or(abi::STATUS_INVALID)?;
+        entries.push(e);
+    }
+    if total != cmd.size {
+        return Err(abi::STATUS_INVALID);
+    }
+    Ok(GuestSg {
+        dma,
+        entries,
+        total,
+    })
+}
+
+fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
+    if cmd.size == 0 || cmd.reserved != 0 {
+        return Err(abi::STATUS_INVALID);
+    }
+    let p = &mut *ctx.partition;
+    match (cmd.src_kind, cmd.dst_kind) {
+        (abi::COPY_GUEST, abi::COPY_DEVICE) => {
+            let src = guest_sg(ctx.dma, cmd, reads)?;
+            p.upload(cmd.dst, &src).map_err(op_status)?;
+        }
+        (abi::COPY_DEVICE, abi::COPY_GUEST) => {
+            let dst = guest_sg(ctx.dma, cmd, reads)?;
+            p.download(cmd.src, &dst).map_err(op_status)?;
+        }
+        (abi::COPY_WINDOW, abi::COPY_DEVICE) => {
+            let src = window_range(ctx.window, cmd.src, cmd.size)?;
+            p.upload(cmd.dst, &src).map_err(op_status)?;
+        }
+        (abi::COPY_DEVICE, abi::COPY_WINDOW) => {
+            let dst = window_range(ctx.window, cmd.dst, cmd.size)?;
+            p.download(cmd.src, &dst).map_err(op_status)?;
+        }
+        (abi::COPY_DEVICE, abi::COPY_DEVICE) => {
+            p.copy(cmd.dst, cmd.src, cmd.size).map_err(op_status)?;
+        }
+        _ => return Err(abi::STATUS_INVALID),
+    }
+    Ok(0)
+}
+
+/// Checks a launch shape the way CUDA limits it.
+fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
+    let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+    grid.iter().chain(block.iter()).all(|d| *d > 0)
+        && grid[0] <= i32::MAX as u32
+        && grid[1] <= 65535
+        && grid[2] <= 65535
+        && block[0] <= 1024
+        && block[1] <= 1024
+        && block[2] <= 64
+        && threads <= 1024
+}
+
+fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
+    let entry = abi::parse_entry_name(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
+    if !valid_shape(cmd.grid, cmd.block) || cmd.params_size > abi::MAX_PARAMS_SIZE {
+        return Err(abi::STATUS_INVALID);
+    }
+    let params = read_bytes(
+        ctx.dma,
+        reads.get(1..).unwrap_or_default(),
+        cmd.params_size as usize,
+    )?;
+    ctx.partition
+        .launch(&Launch {
+            module: cmd.module,
+            entry,
+            grid: cmd.grid,
+            block: cmd.block,
+            shared_mem: cmd.shared_mem,
+            params: &params,
+        })
+        .map_err(op_status)?;
+    Ok(0)
+}
+
+/// Runs the command in `descs` (readable descriptors first, then writable).
+pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
+    let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
+    let Some(first) = reads.first() else {
+        return Outcome::status(abi::STATUS_INVALID);
+    };
+    let hdr: abi::CmdHeader = match read_struct(ctx.dma, first) {
+        Ok(h) => h,
+        Err(s) => return Outcome::status(s),
+    };
+    let start = Instant::now();
+    let mut force_irq = false;
+    let result: Result<u64> = (|| match hdr.opcode {
+        abi::OP_NOP => Ok(0),
+        abi::OP_TIMESTAMP => Ok(ctx.epoch.elapsed().as_nanos() as u64),
+        abi::OP_FENCE => {
+            let c: abi::FenceCmd = read_struct(ctx.dma, first)?;
+            if !c.addr.is_multiple_of(8) || c.hdr.flags & !abi::FENCE_FLAG_IRQ != 0 {
+                return Err(abi::STATUS_INVALID);
+            }
+            ctx.dma
+                .write(c.addr, &c.value.to_le_bytes())
+                .map_err(|_| abi::STATUS_FAULT)?;
+            force_irq = c.hdr.flags & abi::FENCE_FLAG_IRQ != 0;
+            Ok(0)
+        }
+        abi::OP_MEM_ALLOC => {
+            let c: abi::MemAllocCmd = read_struct(ctx.dma, first)?;
+            let align = if c.align == 0 { 256 } else { c.align };
+            if c.size == 0 || !align.is_power_of_two() {
+                return Err(abi::STATUS_INVALID);
+            }
+            ctx.partition.alloc(c.size, align).map_err(op_status)
+        }
+        abi::OP_MEM_FREE => {
+            let c: abi::MemFreeCmd = read_struct(ctx.dma, first)?;
+            ctx.partition.free(c.addr).map_err(op_status).map(|_| 0)
+        }
+        abi::OP_COPY => {
+            let c: abi::CopyCmd = read_struct(ctx.dma, first)?;
+            copy(ctx, &c, &reads)
+        }
+        abi::OP_FILL => {
+            let c: abi::FillCmd = read_struct(ctx.dma, first)?;
+            if c.size == 0 || !c.size.is_multiple_of(4) || c.reserved != 0 {
+                return Err(abi::STATUS_INVALID);
+            }
+            ctx.partition
+                .fill(c.addr, c.size, c.pattern)
+                .map_err(op_status)
+                .map(|_| 0)
+        }
+        abi::OP_MODULE_LOAD => {
+            let c: abi::ModuleLoadCmd = read_struct(ctx.dma, first)?;
+            if c.image_size == 0 || c.image_size > abi::MAX_MODULE_SIZE {
+                return Err(abi::STATUS_INVALID);
+            }
+            let image = read_bytes(ctx.dma, &reads[1..], c.image_size as usize)?;
+            ctx.partition
+                .module_load(c.format, &image)
+                .map_err(op_status)
+        }
+        abi::OP_MODULE_UNLOAD => {
+            let c: abi::ModuleUnloadCmd = read_struct(ctx.dma, first)?;
+            ctx.partition
+                .module_unload(c.module)
+                .map_err(op_status)
+                .map(|_| 0)
+        }
+        abi::OP_LAUNCH => {
+            let c: abi::LaunchCmd = read_struct(ctx.dma, first)?;
+            launch(ctx, &c, &reads)
+        }
+        _ => Err(abi::STATUS_INVALID),
+    })();
+    let device_ns = start.elapsed().as_nanos() as u64;
+    match result {
+        Ok(value) => Outcome {
+            status: abi::STATUS_OK,
+            result: value,
+            device_ns,
+            force_irq,
+        },
+        Err(status) => Outcome {
+            status,
+            result: 0,
+            device_ns,
+            force_irq,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_launch_shape_limits() {
+        assert!(valid_shape([1, 1, 1], [1, 1, 1]));
+        assert!(valid_shape([65536, 2, 3], [32, 32, 1]));
+        assert!(!valid_shape([0, 1, 1], [1, 1, 1]));
+        assert!(!valid_shape([1, 1, 1], [1024, 2, 1]));
+        assert!(!valid_shape([1, 65536, 1], [1, 1, 1]));
+        assert!(!valid_shape([u32::MAX, 1, 1], [1, 1, 1]));
+    }
+}

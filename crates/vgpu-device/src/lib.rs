@@ -1,0 +1,776 @@
+//! The virtual GPU PCI function: configuration space, BAR0 registers, the
+//! doorbell page, the host-visible window, command queues in guest memory
+//! (virtio split rings processed with `virtio-queue`), command validation
+//! and dispatch to a backend [`Partition`].
+//!
+//! It knows nothing of CUDA or sockets: the vfio-user engine calls it
+//! through [`PciDevice`], and it calls its partition with plain values.
+
+#![warn(missing_docs)]
+
+pub mod command;
+mod worker;
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use log::{info, warn};
+use vfio_user_server::device::{
+    IrqInfo, MmapArea, RegionInfo, RegionMmap, BAR0_REGION, CONFIG_REGION, IRQ_ERR, IRQ_INTX,
+    IRQ_MSIX, IRQ_REQ,
+};
+use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, CONFIG_SPACE_SIZE};
+use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
+use vgpu_abi as abi;
+use vgpu_backend::Partition;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemory, MmapRegion, Permissions, VolatileMemory};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Settings of one vGPU function.
+#[derive(Clone, Debug)]
+pub struct VgpuConfig {
+    /// Name for logs.
+    pub name: String,
+    /// PCI identity.
+    pub ids: PciIds,
+    /// Queues offered (1..=[`abi::MAX_QUEUES`]).
+    pub queues: u32,
+    /// Size of the host-visible window (BAR2): a power of two, at least 4 KiB.
+    pub window_size: u64,
+    /// How long a poller keeps spinning after the last activity before it
+    /// sleeps until a wake-up.
+    pub poll_spin: Duration,
+}
+
+impl VgpuConfig {
+    /// The default identity and layout, named `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        VgpuConfig {
+            name: name.into(),
+            ids: PciIds {
+                vendor: abi::PCI_VENDOR_ID,
+                device: abi::PCI_DEVICE_ID,
+                subsystem_vendor: abi::PCI_SUBSYSTEM_VENDOR_ID,
+                subsystem: abi::PCI_SUBSYSTEM_ID,
+                class: abi::PCI_CLASS,
+                revision: abi::PCI_REVISION,
+            },
+            queues: 4,
+            window_size: 16 << 20,
+            poll_spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// Errors creating a device.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceSetupError {
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(&'static str),
+    /// Shared memory could not be created.
+    #[error("cannot create shared memory")]
+    Memory(#[source] std::io::Error),
+}
+
+const DOORBELL_FILE_SIZE: u64 = abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE;
+
+/// Per-queue register state.
+#[derive(Default)]
+pub(crate) struct QueueRegs {
+    size: u32,
+    control: u32,
+    status: u32,
+    error: u32,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    vector: u32,
+    /// The ring while enabled.
+    ring: Option<Queue>,
+    /// Bumped on every enable/disable so a worker drops stale state.
+    generation: u64,
+}
+
+/// Registers and queues, shared by the event loop and the worker.
+pub(crate) struct State {
+    control: u32,
+    status: u32,
+    irq_cause: u32,
+    irq_mask: u32,
+    error_count: u32,
+    error_log: [abi::ErrorLogEntry; abi::ERROR_LOG_ENTRIES as usize],
+    queues: Vec<QueueRegs>,
+}
+
+impl State {
+    fn new(queues: u32) -> Self {
+        State {
+            control: 0,
+            status: 0,
+            irq_cause: 0,
+            irq_mask: 0,
+            error_count: 0,
+            error_log: Default::default(),
+            queues: (0..queues)
+                .map(|q| QueueRegs {
+                    vector: q + 1,
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Device state shared with the worker thread.
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) ctx: DeviceContext,
+    pub(crate) state: Mutex<State>,
+    pub(crate) partition: Mutex<Box<dyn Partition>>,
+    pub(crate) doorbells: MmapRegion,
+    pub(crate) window: MmapRegion,
+    pub(crate) wake: EventFd,
+    pub(crate) stop: AtomicBool,
+    /// Bumped by reset: the worker stops writing completions of older work.
+    pub(crate) epoch_gen: AtomicU64,
+    /// Held by the worker while it processes, taken by reset to wait for it.
+    pub(crate) busy: Mutex<()>,
+    pub(crate) mem_used: AtomicU64,
+    pub(crate) busy_ns: AtomicU64,
+    pub(crate) commands: AtomicU64,
+    pub(crate) epoch: Instant,
+    pub(crate) poll_spin: Duration,
+    pub(crate) num_queues: u32,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State updates are single assignments; a panic elsewhere leaves it usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// Logs a device error, sets the error cause and raises the error vector.
+    pub(crate) fn log_error(&self, code: u32, queue: u32, detail: u64) {
+        {
+            let mut st = lock(&self.state);
+            let idx = (st.error_count % abi::ERROR_LOG_ENTRIES) as usize;
+            st.error_log[idx] = abi::ErrorLogEntry {
+                code,
+                queue,
+                detail,
+            };
+            st.error_count = st.error_count.wrapping_add(1);
+            st.irq_cause |= abi::IRQ_CAUSE_ERROR;
+        }
+        warn!(
+            "{}: device error {code} (queue {queue}, detail {detail:#x})",
+            self.name
+        );
+        self.raise(abi::MSIX_ERROR_VECTOR, abi::IRQ_CAUSE_ERROR);
+    }
+
+    /// Puts a queue into the error state.
+    pub(crate) fn queue_error(&self, q: u32, code: u32, detail: u64) {
+        {
+            let mut st = lock(&self.state);
+            if let Some(qr) = st.queues.get_mut(q as usize) {
+                qr.status |= abi::QSTATUS_ERROR;
+                qr.error = code;
+            }
+        }
+        self.log_error(code, q, detail);
+    }
+
+    /// Raises MSI-X `vector`, or INTx when MSI-X is not set up.
+    pub(crate) fn raise(&self, vector: u32, cause: u32) {
+        let masked = {
+            let mut st = lock(&self.state);
+            st.irq_cause |= cause;
+            st.irq_mask & cause != 0
+        };
+        if vector == abi::MSIX_NO_VECTOR {
+            return;
+        }
+        if self.ctx.irqs.is_enabled(IRQ_MSIX, vector) {
+            self.ctx.irqs.trigger(IRQ_MSIX, vector);
+        } else if !masked {
+            self.ctx.irqs.trigger(IRQ_INTX, 0);
+        }
+    }
+
+    /// Sets or clears the POLLING word of a queue's doorbell slot.
+    pub(crate) fn set_polling(&self, q: u32, on: bool) {
+        let off = (abi::DOORBELL_OFFSET + abi::doorbell(q, abi::DB_POLLING)) as usize;
+        if let Ok(r) = self
+            .doorbells
+            .get_atomic_ref::<std::sync::atomic::AtomicU32>(off)
+        {
+            r.store(u32::from(on), Ordering::SeqCst);
+        }
+    }
+
+    /// The guest's last doorbell value of a queue.
+    pub(crate) fn doorbell(&self, q: u32) -> u32 {
+        let off = (abi::DOORBELL_OFFSET + abi::doorbell(q, abi::DB_AVAIL_IDX)) as usize;
+        self.doorbells
+            .get_atomic_ref::<std::sync::atomic::AtomicU32>(off)
+            .map(|r| r.load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+}
+
+/// The vGPU function.
+pub struct VgpuDevice {
+    config: VgpuConfig,
+    pci: ConfigSpace,
+    doorbell_file: Arc<File>,
+    window_file: Arc<File>,
+    mem_size: u64,
+    compute_units: u32,
+    /// Until `bind`, the partition and memory wait here.
+    pending: Option<(Box<dyn Partition>, MmapRegion, MmapRegion)>,
+    shared: Option<Arc<Shared>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+fn map_file(file: &File, size: u64) -> Result<MmapRegion, DeviceSetupError> {
+    let clone = file.try_clone().map_err(DeviceSetupError::Memory)?;
+    MmapRegionBuilder::new(size as usize)
+        .with_file_offset(FileOffset::new(clone, 0))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_SHARED)
+        .build()
+        .map_err(|e| DeviceSetupError::Memory(std::io::Error::other(e)))
+}
+
+fn pcie_capability() -> ([u8; 58], [u8; 58]) {
+    // PCI Express capability, version 2, endpoint; no link. Device Control
+    // bits are writable as on hardware.
+    let mut body = [0u8; 58];
+    body[0] = 0x02;
+    let mut wmask = [0u8; 58];
+    wmask[6] = 0xff;
+    wmask[7] = 0x7f;
+    (body, wmask)
+}
+
+impl VgpuDevice {
+    /// A function in its power-on state, running on `partition`.
+    pub fn new(
+        config: VgpuConfig,
+        partition: Box<dyn Partition>,
+    ) -> Result<Self, DeviceSetupError> {
+        if config.queues == 0 || config.queues > abi::MAX_QUEUES {
+            return Err(DeviceSetupError::Config("queues must be 1..=16"));
+        }
+        if !config.window_size.is_power_of_two() || config.window_size < 4096 {
+            return Err(DeviceSetupError::Config(
+                "window size must be a power of two of at least 4 KiB",
+            ));
+        }
+        let mut pci = ConfigSpace::new(config.ids);
+        let layout = (|| {
+            pci.set_bar(abi::BAR_REGS as usize, abi::BAR0_SIZE, BarKind::Mem32)?;
+            pci.set_bar(
+                abi::BAR_WINDOW as usize,
+                config.window_size,
+                BarKind::Mem64 { prefetchable: true },
+            )?;
+            pci.add_power_management()?;
+            let (body, wmask) = pcie_capability();
+            pci.add_capability(CAP_ID_EXP, &body, &wmask)?;
+            pci.add_msix(
+                abi::MSIX_VECTORS as u16,
+                (abi::BAR_REGS as u8, abi::MSIX_TABLE_OFFSET as u32),
+                (abi::BAR_REGS as u8, abi::MSIX_PBA_OFFSET as u32),
+            )
+        })();
+        layout.map_err(|_| DeviceSetupError::Config("configuration space layout"))?;
+        pci.set_interrupt_pin(1);
+        let doorbell_file = vfio_user_server::memfd::create(c"vgpu-doorbells", DOORBELL_FILE_SIZE)
+            .map_err(DeviceSetupError::Memory)?;
+        let window_file = vfio_user_server::memfd::create(c"vgpu-window", config.window_size)
+            .map_err(DeviceSetupError::Memory)?;
+        let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
+        let window = map_file(&window_file, config.window_size)?;
+        let spec = partition.spec().clone();
+        Ok(VgpuDevice {
+            config,
+            pci,
+            doorbell_file: Arc::new(doorbell_file),
+            window_file: Arc::new(window_file),
+            mem_size: spec.memory,
+            compute_units: spec.compute_units,
+            pending: Some((partition, doorbells, window)),
+            shared: None,
+            worker: None,
+        })
+    }
+
+    fn shared(&self) -> Option<&Arc<Shared>> {
+        self.shared.as_ref()
+    }
+
+    fn read_reg(&self, off: u64) -> u32 {
+        let Some(sh) = self.shared() else { return 0 };
+        let lo_hi = |v: u64, base: u64| {
+            if off == base {
+                v as u32
+            } else {
+                (v >> 32) as u32
+            }
+        };
+        let features = abi::FEATURE_EVENT_IDX
+            | abi::FEATURE_POLLED
+            | abi::FEATURE_WINDOW
+            | abi::FEATURE_TIMESTAMP;
+        match off {
+            abi::REG_MAGIC => abi::ABI_MAGIC,
+            abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,
+            o if o == abi::REG_FEATURES || o == abi::REG_FEATURES + 4 => {
+                lo_hi(features, abi::REG_FEATURES)
+            }
+            o if o == abi::REG_MEM_SIZE || o == abi::REG_MEM_SIZE + 4 => {
+                lo_hi(self.mem_size, abi::REG_MEM_SIZE)
+            }
+            abi::REG_COMPUTE_UNITS => self.compute_units,
+            abi::REG_MAX_QUEUES => self.config.queues,
+            o if o == abi::REG_WINDOW_SIZE || o == abi::REG_WINDOW_SIZE + 4 => {
+                lo_hi(self.config.window_size, abi::REG_WINDOW_SIZE)
+            }
+            abi::REG_MAX_QUEUE_SIZE => abi::MAX_QUEUE_SIZE,
+            abi::REG_DOORBELL_OFFSET => abi::DOORBELL_OFFSET as u32,
+            abi::REG_CONTROL => lock(&sh.state).control,
+            abi::REG_STATUS => lock(&sh.state).status,
+            abi::REG_IRQ_CAUSE => lock(&sh.state).irq_cause,
+            abi::REG_IRQ_MASK => lock(&sh.state).irq_mask,
+            abi::REG_ERROR_COUNT => lock(&sh.state).error_count,
+            o if o == abi::REG_MEM_USED || o == abi::REG_MEM_USED + 4 => {
+                lo_hi(sh.mem_used.load(Ordering::Relaxed), abi::REG_MEM_USED)
+            }
+            o if o == abi::REG_BUSY_NS || o == abi::REG_BUSY_NS + 4 => {
+                lo_hi(sh.busy_ns.load(Ordering::Relaxed), abi::REG_BUSY_NS)
+            }
+            o if o == abi::REG_COMMANDS || o == abi::REG_COMMANDS + 4 => {
+                lo_hi(sh.commands.load(Ordering::Relaxed), abi::REG_COMMANDS)
+            }
+            o if (abi::ERROR_LOG_OFFSET
+                ..abi::ERROR_LOG_OFFSET + u64::from(abi::ERROR_LOG_ENTRIES) * 16)
+                .contains(&o) =>
+            {
+                let rel = o - abi::ERROR_LOG_OFFSET;
+                let e = lock(&sh.state).error_log[(rel / 16) as usize];
+                match rel % 16 {
+                    0 => e.code,
+                    4 => e.queue,
+                    8 => e.detail as u32,
+                    _ => (e.detail >> 32) as u32,
+                }
+            }
+            o if (abi::QUEUE_REGS_OFFSET..abi::DOORBELL_OFFSET).contains(&o) => {
+                let q = ((o - abi::QUEUE_REGS_OFFSET) / abi::QUEUE_REGS_STRIDE) as usize;
+                let reg = (o - abi::QUEUE_REGS_OFFSET) % abi::QUEUE_REGS_STRIDE;
+                let st = lock(&sh.state);
+                let Some(qr) = st.queues.get(q) else { return 0 };
+                match reg {
+                    abi::QREG_SIZE => qr.size,
+                    abi::QREG_CONTROL => qr.control,
+                    abi::QREG_STATUS => qr.status,
+                    abi::QREG_ERROR => qr.error,
+                    r if r == abi::QREG_DESC || r == abi::QREG_DESC + 4 => {
+                        lo_hi(qr.desc, abi::QREG_DESC + (o - reg))
+                    }
+                    r if r == abi::QREG_AVAIL || r == abi::QREG_AVAIL + 4 => {
+                        lo_hi(qr.avail, abi::QREG_AVAIL + (o - reg))
+                    }
+                    r if r == abi::QREG_USED || r == abi::QREG_USED + 4 => {
+                        lo_hi(qr.used, abi::QREG_USED + (o - reg))
+                    }
+                    abi::QREG_MSIX_VECTOR => qr.vector,
+                    _ => 0,
+                }
+            }
+            _ => 0,
+        }
+    }
+
+    fn write_reg(&mut self, off: u64, value: u32) {
+        let Some(sh) = self.shared().cloned() else {
+            return;
+        };
+        match off {
+            abi::REG_CONTROL => {
+                if value & abi::CONTROL_RESET != 0 {
+                    self.reset_function();
+                    return;
+                }
+                let mut st = lock(&sh.state);
+                st.control = value & abi::CONTROL_ENABLE;
+                if value & abi::CONTROL_ENABLE != 0 {
+                    st.status |= abi::STATUS_ENABLED;
+                } else {
+                    st.status &= !abi::STATUS_ENABLED;
+                }
+            }
+            abi::REG_IRQ_CAUSE => lock(&sh.state).irq_cause &= !value,
+            abi::REG_IRQ_MASK => lock(&sh.state).irq_mask = value,
+            abi::REG_WAKE => {
+                let _ = sh.wake.write(1);
+            }
+            o if (abi::QUEUE_REGS_OFFSET..abi::DOORBELL_OFFSET).contains(&o) => {
+                let q = ((o - abi::QUEUE_REGS_OFFSET) / abi::QUEUE_REGS_STRIDE) as u32;
+                let reg = (o - abi::QUEUE_REGS_OFFSET) % abi::QUEUE_REGS_STRIDE;
+                if q < self.config.queues {
+                    self.write_queue_reg(&sh, q, reg, value);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn write_queue_reg(&mut self, sh: &Arc<Shared>, q: u32, reg: u64, value: u32) {
+        if reg == abi::QREG_CONTROL {
+            return self.queue_control(sh, q, value);
+        }
+        let mut st = lock(&sh.state);
+        let qr = &mut st.queues[q as usize];
+        let enabled = qr.control & abi::QCONTROL_ENABLE != 0;
+        let set_lo = |v: &mut u64| *v = (*v & !0xffff_ffff) | u64::from(value);
+        let set_hi = |v: &mut u64| *v = (*v & 0xffff_ffff) | (u64::from(value) << 32);
+        match reg {
+            abi::QREG_MSIX_VECTOR if value < abi::MSIX_VECTORS || value == abi::MSIX_NO_VECTOR => {
+                qr.vector = value
+            }
+            _ if enabled => {
+                drop(st);
+                // The ring layout cannot change under a running queue.
+                sh.log_error(abi::ERR_REGISTER, q, reg);
+            }
+            abi::QREG_SIZE => qr.size = value,
+            abi::QREG_DESC => set_lo(&mut qr.desc),
+            r if r == abi::QREG_DESC + 4 => set_hi(&mut qr.desc),
+            abi::QREG_AVAIL => set_lo(&mut qr.avail),
+            r if r == abi::QREG_AVAIL + 4 => set_hi(&mut qr.avail),
+            abi::QREG_USED => set_lo(&mut qr.used),
+            r if r == abi::QREG_USED + 4 => set_hi(&mut qr.used),
+            _ => {
+                drop(st);
+                sh.log_error(abi::ERR_REGISTER, q, reg);
+            }
+        }
+    }
+
+    fn queue_control(&mut self, sh: &Arc<Shared>, q: u32, value: u32) {
+        let want = value & abi::QCONTROL_ENABLE != 0;
+        // Wait for the worker to finish what it is doing with this queue.
+        let _busy = lock(&sh.busy);
+        let mut st = lock(&sh.state);
+        let qr = &mut st.queues[q as usize];
+        qr.generation += 1;
+        if !want {
+            qr.control = 0;
+            qr.status = 0;
+            qr.error = 0;
+            qr.ring = None;
+            drop(st);
+            sh.set_polling(q, false);
+            return;
+        }
+        qr.control = value & (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED);
+        match build_ring(&sh.ctx, qr) {
+            Ok(ring) => {
+                qr.ring = Some(ring);
+                qr.status = abi::QSTATUS_ENABLED;
+                qr.error = 0;
+                let polled = qr.control & abi::QCONTROL_POLLED != 0;
+                drop(st);
+                sh.set_polling(q, polled);
+                let _ = sh.wake.write(1);
+            }
+            Err(code) => {
+                qr.ring = None;
+                qr.status = abi::QSTATUS_ERROR;
+                qr.error = code;
+                drop(st);
+                sh.log_error(code, q, 0);
+            }
+        }
+    }
+
+    /// Returns the function to its power-on state: queues stop, in-flight
+    /// work is dropped, device memory is freed.
+    fn reset_function(&mut self) {
+        self.pci.reset();
+        let Some(sh) = self.shared().cloned() else {
+            return;
+        };
+        sh.epoch_gen.fetch_add(1, Ordering::SeqCst);
+        let _ = sh.wake.write(1);
+        let _busy = lock(&sh.busy);
+        *lock(&sh.state) = State::new(self.config.queues);
+        lock(&sh.partition).reset();
+        sh.mem_used.store(0, Ordering::Relaxed);
+        sh.busy_ns.store(0, Ordering::Relaxed);
+        sh.commands.store(0, Ordering::Relaxed);
+        zero(&sh.doorbells);
+        zero(&sh.window);
+        info!("{}: function reset", sh.name);
+    }
+}
+
+fn zero(region: &MmapRegion) {
+    const CHUNK: usize = 1 << 16;
+    let zeros = [0u8; CHUNK];
+    let mut off = 0;
+    while off < region.len() {
+        let n = CHUNK.min(region.len() - off);
+        if let Ok(s) = region.get_slice(off, n) {
+            s.copy_from(&zeros[..n]);
+        }
+        off += n;
+    }
+}
+
+/// Validates a queue's registers and builds its ring.
+fn build_ring(ctx: &DeviceContext, qr: &QueueRegs) -> Result<Queue, u32> {
+    let size = u16::try_from(qr.size).map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    if size == 0 || !size.is_power_of_two() || u32::from(size) > abi::MAX_QUEUE_SIZE {
+        return Err(abi::ERR_QUEUE_CONFIG);
+    }
+    let mut ring = Queue::new(abi::MAX_QUEUE_SIZE as u16).map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    ring.try_set_size(size).map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    ring.try_set_desc_table_address(GuestAddress(qr.desc))
+        .map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    ring.try_set_avail_ring_address(GuestAddress(qr.avail))
+        .map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    ring.try_set_used_ring_address(GuestAddress(qr.used))
+        .map_err(|_| abi::ERR_QUEUE_CONFIG)?;
+    ring.set_event_idx(true);
+    ring.set_ready(true);
+    let n = usize::from(size);
+    let view = ctx.dma.view();
+    // Rings must sit in shared memory the device may read and write: they
+    // are polled, so they cannot go through DMA_READ round trips.
+    let ok = view.check_range(GuestAddress(qr.desc), 16 * n, Permissions::Read)
+        && view.check_range(GuestAddress(qr.avail), 6 + 2 * n, Permissions::Read)
+        && view.check_range(GuestAddress(qr.used), 6 + 8 * n, Permissions::ReadWrite);
+    if !ok || !ring.is_valid(&view) {
+        return Err(abi::ERR_RING_ADDRESS);
+    }
+    Ok(ring)
+}
+
+impl PciDevice for VgpuDevice {
+    fn bind(&mut self, ctx: DeviceContext) {
+        let Some((partition, doorbells, window)) = self.pending.take() else {
+            return;
+        };
+        let shared = Arc::new(Shared {
+            name: self.config.name.clone(),
+            ctx,
+            state: Mutex::new(State::new(self.config.queues)),
+            partition: Mutex::new(partition),
+            doorbells,
+            window,
+            wake: match EventFd::new(0) {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!("{}: cannot create wake event: {e}", self.config.name);
+                    return;
+                }
+            },
+            stop: AtomicBool::new(false),
+            epoch_gen: AtomicU64::new(0),
+            busy: Mutex::new(()),
+            mem_used: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            commands: AtomicU64::new(0),
+            epoch: Instant::now(),
+            poll_spin: self.config.poll_spin,
+            num_queues: self.config.queues,
+        });
+        let worker_shared = shared.clone();
+        match std::thread::Builder::new()
+            .name(format!("vgpu-{}", self.config.name))
+            .spawn(move || worker::run(worker_shared))
+        {
+            Ok(h) => self.worker = Some(h),
+            Err(e) => warn!("{}: cannot start worker: {e}", self.config.name),
+        }
+        self.shared = Some(shared);
+    }
+
+    fn region_info(&self, index: u32) -> RegionInfo {
+        match index {
+            BAR0_REGION => RegionInfo {
+                size: abi::BAR0_SIZE,
+                readable: true,
+                writable: true,
+                mmap: Some(RegionMmap {
+                    file: self.doorbell_file.clone(),
+                    file_offset: 0,
+                    areas: vec![MmapArea {
+                        offset: abi::DOORBELL_OFFSET,
+                        size: abi::DOORBELL_SIZE,
+                    }],
+                }),
+            },
+            i if i == abi::BAR_WINDOW => RegionInfo {
+                size: self.config.window_size,
+                readable: true,
+                writable: true,
+                mmap: Some(RegionMmap {
+                    file: self.window_file.clone(),
+                    file_offset: 0,
+                    areas: Vec::new(),
+                }),
+            },
+            CONFIG_REGION => RegionInfo::trapped(CONFIG_SPACE_SIZE as u64),
+            _ => RegionInfo::default(),
+        }
+    }
+
+    fn irq_info(&self, index: u32) -> IrqInfo {
+        match index {
+            IRQ_INTX => IrqInfo {
+                count: 1,
+                maskable: true,
+                automasked: true,
+            },
+            IRQ_MSIX => IrqInfo {
+                count: abi::MSIX_VECTORS,
+                ..Default::default()
+            },
+            IRQ_ERR | IRQ_REQ => IrqInfo {
+                count: 1,
+                ..Default::default()
+            },
+            _ => IrqInfo::default(),
+        }
+    }
+
+    fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
+        match index {
+            BAR0_REGION => {
+                if (abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE)
+                    .contains(&offset)
+                {
+                    let sh = self.shared().ok_or(DeviceError::Busy)?;
+                    let s = sh
+                        .doorbells
+                        .get_slice(offset as usize, data.len())
+                        .map_err(|_| DeviceError::InvalidAccess("outside the doorbell page"))?;
+                    s.copy_to(data);
+                    return Ok(());
+                }
+                if offset >= abi::MSIX_TABLE_OFFSET {
+                    // The VMM emulates the table; nothing is pending here.
+                    data.fill(0);
+                    return Ok(());
+                }
+                if !offset.is_multiple_of(4) || !(data.len() == 4 || data.len() == 8) {
+                    return Err(DeviceError::InvalidAccess(
+                        "registers take aligned 32/64-bit reads",
+                    ));
+                }
+                for (i, chunk) in data.chunks_mut(4).enumerate() {
+                    chunk.copy_from_slice(&self.read_reg(offset + 4 * i as u64).to_le_bytes());
+                }
+                Ok(())
+            }
+            i if i == abi::BAR_WINDOW => {
+                let sh = self.shared().ok_or(DeviceError::Busy)?;
+                let s = sh
+                    .window
+                    .get_slice(offset as usize, data.len())
+                    .map_err(|_| DeviceError::InvalidAccess("outside the window"))?;
+                s.copy_to(data);
+                Ok(())
+            }
+            CONFIG_REGION => {
+                self.pci.read(offset, data);
+                Ok(())
+            }
+            _ => Err(DeviceError::Unsupported),
+        }
+    }
+
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        match index {
+            BAR0_REGION => {
+                if (abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE)
+                    .contains(&offset)
+                {
+                    let sh = self.shared().ok_or(DeviceError::Busy)?;
+                    let s = sh
+                        .doorbells
+                        .get_slice(offset as usize, data.len())
+                        .map_err(|_| DeviceError::InvalidAccess("outside the doorbell page"))?;
+                    s.copy_from(data);
+                    return Ok(());
+                }
+                if offset >= abi::MSIX_TABLE_OFFSET {
+                    return Ok(());
+                }
+                if !offset.is_multiple_of(4) || !(data.len() == 4 || data.len() == 8) {
+                    return Err(DeviceError::InvalidAccess(
+                        "registers take aligned 32/64-bit writes",
+                    ));
+                }
+                for (i, chunk) in data.chunks(4).enumerate() {
+                    let v = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                    self.write_reg(offset + 4 * i as u64, v);
+                }
+                Ok(())
+            }
+            i if i == abi::BAR_WINDOW => {
+                let sh = self.shared().ok_or(DeviceError::Busy)?;
+                let s = sh
+                    .window
+                    .get_slice(offset as usize, data.len())
+                    .map_err(|_| DeviceError::InvalidAccess("outside the window"))?;
+                s.copy_from(data);
+                Ok(())
+            }
+            CONFIG_REGION => {
+                self.pci.write(offset, data);
+                Ok(())
+            }
+            _ => Err(DeviceError::Unsupported),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.reset_function();
+    }
+
+    fn ioeventfds(&self, index: u32) -> Vec<vfio_user_server::device::IoEventSpec> {
+        if index == BAR0_REGION {
+            vec![vfio_user_server::device::IoEventSpec {
+                offset: abi::REG_WAKE,
+                size: 4,
+                datamatch: None,
+            }]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl Drop for VgpuDevice {
+    fn drop(&mut self) {
+        if let Some(sh) = &self.shared {
+            sh.stop.store(true, Ordering::SeqCst);
+            let _ = sh.wake.write(1);
+        }
+        if let Some(h) = self.worker.take() {
+            let _ = h.join();
+        }
+    }
+}

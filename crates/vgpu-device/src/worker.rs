@@ -1,0 +1,227 @@
+//! The queue worker: an adaptive poller. While work arrives it watches the
+//! doorbell page (local memory, no exits); after `poll_spin` without
+//! activity it re-enables notifications (event index), tells the guest it
+//! sleeps (POLLING = 0) and blocks on the wake eventfd, which the trapped
+//! WAKE register (or its ioeventfd) signals.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use log::debug;
+use vgpu_abi as abi;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::ByteValued;
+
+use crate::command::{self, Desc};
+use crate::{lock, Shared};
+
+/// Most commands taken from one queue before looking at the others, so one
+/// busy queue cannot starve its neighbours.
+const BATCH: usize = 32;
+/// Most descriptors in one command's chain.
+const MAX_CHAIN: usize = 64;
+
+pub(crate) fn run(sh: Arc<Shared>) {
+    let mut last_doorbell = vec![u32::MAX; sh.num_queues as usize];
+    let mut last_activity = Instant::now();
+    let mut force_scan = true;
+    while !sh.stop.load(Ordering::Acquire) {
+        let mut progressed = false;
+        let any_polled = {
+            let _busy = lock(&sh.busy);
+            for q in 0..sh.num_queues {
+                let db = sh.doorbell(q);
+                if force_scan || db != last_doorbell[q as usize] {
+                    last_doorbell[q as usize] = db;
+                    progressed |= process_queue(&sh, q);
+                }
+            }
+            force_scan = false;
+            lock(&sh.state)
+                .queues
+                .iter()
+                .any(|q| q.ring.is_some() && q.control & abi::QCONTROL_POLLED != 0)
+        };
+        if progressed {
+            last_activity = Instant::now();
+            // More may have arrived without a doorbell change (interrupt mode).
+            force_scan = true;
+            continue;
+        }
+        if any_polled && last_activity.elapsed() < sh.poll_spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Going to sleep: ask for notifications, then look once more so a
+        // submission racing with this cannot be missed.
+        if !arm_notifications(&sh) {
+            force_scan = true;
+            continue;
+        }
+        // Blocks until WAKE, a queue change, a reset or stop.
+        let _ = sh.wake.read();
+        set_polling_all(&sh);
+        force_scan = true;
+        last_activity = Instant::now();
+    }
+}
+
+fn set_polling_all(sh: &Shared) {
+    let st = lock(&sh.state);
+    for (q, qr) in st.queues.iter().enumerate() {
+        if qr.ring.is_some() && qr.control & abi::QCONTROL_POLLED != 0 {
+            sh.set_polling(q as u32, true);
+        }
+    }
+}
+
+/// Enables notifications on every running queue. Returns false when work
+/// is already pending (do not sleep).
+fn arm_notifications(sh: &Shared) -> bool {
+    let _busy = lock(&sh.busy);
+    for q in 0..sh.num_queues {
+        sh.set_polling(q, false);
+    }
+    fence(Ordering::SeqCst);
+    let mut st = lock(&sh.state);
+    let view = sh.ctx.dma.view();
+    let mut idle = true;
+    for qr in st.queues.iter_mut() {
+        if qr.status & abi::QSTATUS_ERROR != 0 {
+            continue;
+        }
+        if let Some(ring) = qr.ring.as_mut() {
+            // Ok(true): more buffers arrived meanwhile.
+            if !matches!(ring.enable_notification(&view), Ok(false)) {
+                idle = false;
+            }
+        }
+    }
+    idle
+}
+
+/// Takes up to [`BATCH`] commands from queue `q`, runs them and completes
+/// them. Returns whether any work was done.
+fn process_queue(sh: &Shared, q: u32) -> bool {
+    let epoch = sh.epoch_gen.load(Ordering::SeqCst);
+    let (mut ring, generation, vector) = {
+        let mut st = lock(&sh.state);
+        let Some(qr) = st.queues.get_mut(q as usize) else {
+            return false;
+        };
+        if qr.status & abi::QSTATUS_ERROR != 0 {
+            return false;
+        }
+        // Every other user of the ring holds `busy`, as this thread does
+        // now, so taking it out while working is invisible to them.
+        let Some(ring) = qr.ring.take() else {
+            return false;
+        };
+        (ring, qr.generation, qr.vector)
+    };
+    let progressed = run_batch(sh, q, &mut ring, epoch, vector);
+    let mut st = lock(&sh.state);
+    if let Some(qr) = st.queues.get_mut(q as usize) {
+        // A queue reconfigured meanwhile keeps its new state.
+        if qr.generation == generation && qr.ring.is_none() {
+            qr.ring = Some(ring);
+        }
+    }
+    progressed
+}
+
+fn run_batch(sh: &Shared, q: u32, ring: &mut Queue, epoch: u64, vector: u32) -> bool {
+    // Pop descriptor chains under a short view of guest memory.
+    let mut chains: Vec<(u16, Vec<Desc>)> = Vec::new();
+    let corrupt = {
+        let view = sh.ctx.dma.view();
+        match ring.iter(&view) {
+            Err(e) => Some(e.to_string()),
+            Ok(iter) => {
+                for chain in iter.take(BATCH) {
+                    let head = chain.head_index();
+                    let descs: Vec<Desc> = chain
+                        .take(MAX_CHAIN)
+                        .map(|d| Desc {
+                            addr: d.addr().0,
+                            len: d.len(),
+                            writable: d.is_write_only(),
+                        })
+                        .collect();
+                    chains.push((head, descs));
+                }
+                None
+            }
+        }
+    };
+    if let Some(why) = corrupt {
+        debug!("{}: queue {q}: {why}", sh.name);
+        sh.queue_error(q, abi::ERR_RING_CORRUPT, 0);
+        return false;
+    }
+    if chains.is_empty() {
+        return false;
+    }
+
+    let mut notify = false;
+    for (head, descs) in &chains {
+        if sh.epoch_gen.load(Ordering::SeqCst) != epoch {
+            // Reset: in-flight work is dropped, nothing more is written.
+            return true;
+        }
+        let outcome = {
+            let mut part = lock(&sh.partition);
+            let mut ctx = command::Ctx {
+                dma: &sh.ctx.dma,
+                partition: &mut **part,
+                window: &sh.window,
+                epoch: sh.epoch,
+            };
+            let out = command::execute(&mut ctx, descs);
+            sh.mem_used.store(part.memory_used(), Ordering::Relaxed);
+            out
+        };
+        sh.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
+        sh.commands.fetch_add(1, Ordering::Relaxed);
+        notify |= outcome.force_irq;
+
+        let completion = abi::Completion {
+            status: outcome.status,
+            reserved: 0,
+            result: outcome.result,
+            device_ns: outcome.device_ns,
+            reserved2: 0,
+        };
+        let size = std::mem::size_of::<abi::Completion>();
+        let written = descs
+            .iter()
+            .rev()
+            .find(|d| d.writable)
+            .filter(|d| d.len as usize >= size)
+            .is_some_and(|d| sh.ctx.dma.write(d.addr, completion.as_slice()).is_ok());
+        if !written {
+            debug!(
+                "{}: queue {q}: command {head} has no usable completion buffer",
+                sh.name
+            );
+        }
+        let view = sh.ctx.dma.view();
+        if ring
+            .add_used(&view, *head, if written { size as u32 } else { 0 })
+            .is_err()
+        {
+            drop(view);
+            sh.queue_error(q, abi::ERR_RING_ADDRESS, 0);
+            return true;
+        }
+    }
+    {
+        let view = sh.ctx.dma.view();
+        notify |= ring.needs_notification(&view).unwrap_or(true);
+    }
+    if notify {
+        sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
+    }
+    true
+}
