@@ -229,7 +229,9 @@ pub const STATUS_NO_MEMORY: u32 = 3;
 pub const STATUS_UNSUPPORTED: u32 = 4;
 /// Completion status: unknown address, module or entry point.
 pub const STATUS_NOT_FOUND: u32 = 5;
-/// Completion status: dropped by a reset or queue disable.
+/// Completion status: cancelled. The device never writes it (reset and
+/// queue disable drop queued work without completions); drivers use it for
+/// work they give up on.
 pub const STATUS_CANCELLED: u32 = 6;
 /// Completion status: device memory access outside an allocation.
 pub const STATUS_OUT_OF_RANGE: u32 = 7;

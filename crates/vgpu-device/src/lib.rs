@@ -204,6 +204,14 @@ impl Shared {
         }
     }
 
+    /// The generation of queue `q`'s configuration.
+    pub(crate) fn queue_generation(&self, q: u32) -> Option<u64> {
+        lock(&self.state)
+            .queues
+            .get(q as usize)
+            .map(|qr| qr.generation)
+    }
+
     /// Sets or clears the POLLING word of a queue's doorbell slot.
     pub(crate) fn set_polling(&self, q: u32, on: bool) {
         let off = (abi::DOORBELL_OFFSET + abi::doorbell(q, abi::DB_POLLING)) as usize;
@@ -410,13 +418,16 @@ impl VgpuDevice {
                     self.reset_function();
                     return;
                 }
-                let mut st = lock(&sh.state);
-                st.control = value & abi::CONTROL_ENABLE;
-                if value & abi::CONTROL_ENABLE != 0 {
-                    st.status |= abi::STATUS_ENABLED;
-                } else {
-                    st.status &= !abi::STATUS_ENABLED;
+                {
+                    let mut st = lock(&sh.state);
+                    st.control = value & abi::CONTROL_ENABLE;
+                    if value & abi::CONTROL_ENABLE != 0 {
+                        st.status |= abi::STATUS_ENABLED;
+                    } else {
+                        st.status &= !abi::STATUS_ENABLED;
+                    }
                 }
+                let _ = sh.wake.write(1);
             }
             abi::REG_IRQ_CAUSE => lock(&sh.state).irq_cause &= !value,
             abi::REG_IRQ_MASK => lock(&sh.state).irq_mask = value,
@@ -468,7 +479,24 @@ impl VgpuDevice {
 
     fn queue_control(&mut self, sh: &Arc<Shared>, q: u32, value: u32) {
         let want = value & abi::QCONTROL_ENABLE != 0;
-        // Wait for the worker to finish what it is doing with this queue.
+        {
+            let mut st = lock(&sh.state);
+            let qr = &mut st.queues[q as usize];
+            if want && qr.control & abi::QCONTROL_ENABLE != 0 {
+                // Already running: only the polled bit may change; the
+                // ring keeps its position.
+                qr.control = value & (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED);
+                let polled = qr.control & abi::QCONTROL_POLLED != 0;
+                drop(st);
+                sh.set_polling(q, polled);
+                let _ = sh.wake.write(1);
+                return;
+            }
+            // Stop the worker from starting more of this queue's work.
+            qr.generation += 1;
+            qr.ring = None;
+        }
+        // Wait for a command of this queue that is running to finish.
         let _busy = lock(&sh.busy);
         let mut st = lock(&sh.state);
         let qr = &mut st.queues[q as usize];
@@ -510,6 +538,7 @@ impl VgpuDevice {
         let Some(sh) = self.shared().cloned() else {
             return;
         };
+        // Odd while the reset runs: the worker starts nothing new.
         sh.epoch_gen.fetch_add(1, Ordering::SeqCst);
         let _ = sh.wake.write(1);
         let _busy = lock(&sh.busy);
@@ -520,6 +549,7 @@ impl VgpuDevice {
         sh.commands.store(0, Ordering::Relaxed);
         zero(&sh.doorbells);
         zero(&sh.window);
+        sh.epoch_gen.fetch_add(1, Ordering::SeqCst);
         info!("{}: function reset", sh.name);
     }
 }

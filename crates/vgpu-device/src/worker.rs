@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use log::debug;
+use vfio_user_server::dma::DmaView;
 use vgpu_abi as abi;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::ByteValued;
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::command::{self, Desc};
 use crate::{lock, Shared};
@@ -19,14 +21,18 @@ use crate::{lock, Shared};
 /// Most commands taken from one queue before looking at the others, so one
 /// busy queue cannot starve its neighbours.
 const BATCH: usize = 32;
-/// Most descriptors in one command's chain.
-const MAX_CHAIN: usize = 64;
 
 pub(crate) fn run(sh: Arc<Shared>) {
     let mut last_doorbell = vec![u32::MAX; sh.num_queues as usize];
     let mut last_activity = Instant::now();
     let mut force_scan = true;
     while !sh.stop.load(Ordering::Acquire) {
+        if sh.epoch_gen.load(Ordering::SeqCst) & 1 == 1 {
+            // A reset is in progress: let it take `busy`.
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            force_scan = true;
+            continue;
+        }
         let mut progressed = false;
         let any_polled = {
             let _busy = lock(&sh.busy);
@@ -105,8 +111,14 @@ fn arm_notifications(sh: &Shared) -> bool {
 /// them. Returns whether any work was done.
 fn process_queue(sh: &Shared, q: u32) -> bool {
     let epoch = sh.epoch_gen.load(Ordering::SeqCst);
+    if epoch & 1 == 1 {
+        return false;
+    }
     let (mut ring, generation, vector) = {
         let mut st = lock(&sh.state);
+        if st.status & abi::STATUS_ENABLED == 0 {
+            return false;
+        }
         let Some(qr) = st.queues.get_mut(q as usize) else {
             return false;
         };
@@ -120,7 +132,7 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
         };
         (ring, qr.generation, qr.vector)
     };
-    let progressed = run_batch(sh, q, &mut ring, epoch, vector);
+    let progressed = run_batch(sh, q, &mut ring, epoch, generation, vector);
     let mut st = lock(&sh.state);
     if let Some(qr) = st.queues.get_mut(q as usize) {
         // A queue reconfigured meanwhile keeps its new state.
@@ -131,43 +143,124 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
     progressed
 }
 
-fn run_batch(sh: &Shared, q: u32, ring: &mut Queue, epoch: u64, vector: u32) -> bool {
+fn run_batch(
+    sh: &Shared,
+    q: u32,
+    ring: &mut Queue,
+    epoch: u64,
+    generation: u64,
+    vector: u32,
+) -> bool {
     // Pop descriptor chains under a short view of guest memory.
     let mut chains: Vec<(u16, Vec<Desc>)> = Vec::new();
-    let corrupt = {
+    let failure = {
         let view = sh.ctx.dma.view();
+        let (table, size) = (ring.desc_table(), ring.size());
+        // What is published now; the iterator sees at least this much.
+        let published = ring
+            .avail_idx(&view, Ordering::Acquire)
+            .map(|idx| idx.0.wrapping_sub(ring.next_avail()))
+            .unwrap_or(0);
+        let expected = usize::from(published).min(BATCH);
         match ring.iter(&view) {
-            Err(e) => Some(e.to_string()),
+            Err(virtio_queue::Error::InvalidAvailRingIndex) => Some(abi::ERR_RING_CORRUPT),
+            Err(_) => Some(abi::ERR_RING_ADDRESS),
             Ok(iter) => {
+                let mut failure = None;
                 for chain in iter.take(BATCH) {
                     let head = chain.head_index();
-                    let descs: Vec<Desc> = chain
-                        .take(MAX_CHAIN)
-                        .map(|d| Desc {
-                            addr: d.addr().0,
-                            len: d.len(),
-                            writable: d.is_write_only(),
-                        })
-                        .collect();
-                    chains.push((head, descs));
+                    match walk_chain(&view, table, size, head) {
+                        Ok(descs) => chains.push((head, descs)),
+                        Err(code) => {
+                            failure = Some(code);
+                            break;
+                        }
+                    }
                 }
-                None
+                // An entry the iterator could not read ends it early.
+                if failure.is_none() && chains.len() < expected {
+                    failure = Some(abi::ERR_RING_ADDRESS);
+                }
+                failure
             }
         }
     };
-    if let Some(why) = corrupt {
-        debug!("{}: queue {q}: {why}", sh.name);
-        sh.queue_error(q, abi::ERR_RING_CORRUPT, 0);
-        return false;
+    if let Some(code) = failure {
+        // Commands popped before the bad one still run and complete below;
+        // the queue stops after them.
+        debug!("{}: queue {q}: ring error {code}", sh.name);
+        let done = run_chains(sh, q, ring, epoch, generation, vector, &chains);
+        sh.queue_error(q, code, 0);
+        return done || !chains.is_empty();
     }
+    run_chains(sh, q, ring, epoch, generation, vector, &chains)
+}
+
+/// Reads the chain starting at `head` from the descriptor table, refusing
+/// anything the device did not offer or a driver could not mean: an index
+/// past the table, a loop (so at most `size` descriptors), an indirect
+/// table.
+fn walk_chain(view: &DmaView<'_>, table: u64, size: u16, head: u16) -> Result<Vec<Desc>, u32> {
+    const F_NEXT: u16 = 1;
+    const F_WRITE: u16 = 2;
+    const F_INDIRECT: u16 = 4;
+    if head >= size {
+        return Err(abi::ERR_RING_CORRUPT);
+    }
+    let mut seen = vec![false; usize::from(size)];
+    let mut out = Vec::new();
+    let mut idx = head;
+    loop {
+        if std::mem::replace(&mut seen[usize::from(idx)], true) {
+            return Err(abi::ERR_RING_CORRUPT);
+        }
+        let mut raw = [0u8; 16];
+        view.read_slice(&mut raw, GuestAddress(table + 16 * u64::from(idx)))
+            .map_err(|_| abi::ERR_RING_ADDRESS)?;
+        let addr = u64::from_le_bytes([
+            raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7],
+        ]);
+        let len = u32::from_le_bytes([raw[8], raw[9], raw[10], raw[11]]);
+        let flags = u16::from_le_bytes([raw[12], raw[13]]);
+        let next = u16::from_le_bytes([raw[14], raw[15]]);
+        if flags & F_INDIRECT != 0 {
+            return Err(abi::ERR_RING_CORRUPT);
+        }
+        out.push(Desc {
+            addr,
+            len,
+            writable: flags & F_WRITE != 0,
+        });
+        if flags & F_NEXT == 0 {
+            return Ok(out);
+        }
+        if next >= size {
+            return Err(abi::ERR_RING_CORRUPT);
+        }
+        idx = next;
+    }
+}
+
+/// Runs popped chains in order and completes them. Returns whether any ran.
+fn run_chains(
+    sh: &Shared,
+    q: u32,
+    ring: &mut Queue,
+    epoch: u64,
+    generation: u64,
+    vector: u32,
+    chains: &[(u16, Vec<Desc>)],
+) -> bool {
     if chains.is_empty() {
         return false;
     }
-
     let mut notify = false;
-    for (head, descs) in &chains {
-        if sh.epoch_gen.load(Ordering::SeqCst) != epoch {
-            // Reset: in-flight work is dropped, nothing more is written.
+    for (head, descs) in chains {
+        if sh.epoch_gen.load(Ordering::SeqCst) != epoch
+            || sh.queue_generation(q) != Some(generation)
+        {
+            // Reset or queue reconfiguration: queued work is dropped and
+            // nothing more is written to the old ring.
             return true;
         }
         let outcome = {

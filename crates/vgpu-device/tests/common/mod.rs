@@ -1,0 +1,113 @@
+//! Shared helpers of the device integration tests.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use vgpu_testkit::abi;
+use vgpu_testkit::{test_config, Guest, Mode, TestVgpu};
+
+pub const MIB: u64 = 1 << 20;
+/// Device memory of the default test partition.
+pub const MEMORY: u64 = 64 * MIB;
+/// How long a test waits to be sure something does not happen.
+pub const QUIET: Duration = Duration::from_millis(100);
+
+/// A vGPU with `queues` queues on a software partition of [`MEMORY`]
+/// bytes and two compute units, and a connected guest.
+pub fn vgpu(queues: u32) -> (TestVgpu, Guest) {
+    vgpu_with_memory(queues, MEMORY)
+}
+
+/// Like [`vgpu`] with `memory` bytes of device memory.
+pub fn vgpu_with_memory(queues: u32, memory: u64) -> (TestVgpu, Guest) {
+    let server = TestVgpu::software(test_config("test", queues), memory, 2);
+    let guest = server.connect();
+    (server, guest)
+}
+
+/// A vGPU with queue 0 set up in interrupt mode (64 entries).
+pub fn vgpu_ready() -> (TestVgpu, Guest) {
+    let (server, mut g) = vgpu(2);
+    g.setup_queue(0, 64, Mode::Interrupt);
+    (server, g)
+}
+
+/// Asserts a completion's status, naming it on failure.
+#[track_caller]
+pub fn assert_status(c: abi::Completion, status: u32) {
+    assert_eq!(
+        c.status,
+        status,
+        "expected {}, got {} ({c:?})",
+        status_name(status),
+        status_name(c.status)
+    );
+}
+
+pub fn status_name(s: u32) -> &'static str {
+    match s {
+        abi::STATUS_OK => "OK",
+        abi::STATUS_INVALID => "INVALID",
+        abi::STATUS_FAULT => "FAULT",
+        abi::STATUS_NO_MEMORY => "NO_MEMORY",
+        abi::STATUS_UNSUPPORTED => "UNSUPPORTED",
+        abi::STATUS_NOT_FOUND => "NOT_FOUND",
+        abi::STATUS_CANCELLED => "CANCELLED",
+        abi::STATUS_OUT_OF_RANGE => "OUT_OF_RANGE",
+        abi::STATUS_DEVICE_ERROR => "DEVICE_ERROR",
+        _ => "?",
+    }
+}
+
+/// A small deterministic generator (xorshift64).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// Floats in [-1, 1).
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect()
+    }
+}
+
+/// Asserts `got` is within `tol` (relative to max(1, |want|)) of `want`.
+#[track_caller]
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs() / w.abs().max(1.0);
+        assert!(err <= tol, "element {i}: got {g}, want {w}");
+    }
+}
+
+/// Polls `cond` until it holds or five seconds pass; returns whether it held.
+pub fn eventually(g: &mut Guest, mut cond: impl FnMut(&mut Guest) -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if cond(g) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A NOP command structure in guest RAM.
+pub fn nop_in_ram(g: &mut Guest) -> u64 {
+    g.alloc_bytes(abi::ByteValued::as_slice(&abi::CmdHeader::default()))
+}

@@ -1,0 +1,147 @@
+//! A host-side test kit for vgpud virtual GPU functions. It plays both the
+//! VMM and the guest driver through the `vfio_user` crate's `Client` (the
+//! client cloud-hypervisor uses), over a real UNIX socket:
+//!
+//! - [`TestVgpu`] serves a [`VgpuDevice`] on a socket from a thread of its
+//!   own and stops it when dropped.
+//! - [`Guest`] is one connection: guest RAM (a memfd DMA-mapped at a
+//!   non-zero IOVA) with a bump allocator, an eventfd on every MSI-X
+//!   vector, the doorbell page mapped directly, BAR0 register helpers,
+//!   queue setup in polled or interrupt mode, and a driver-side ring
+//!   writer that submits descriptor chains ([`Chain`]) and reads their
+//!   completions back.
+//! - Convenience calls for every command ([`Guest::nop`], [`Guest::copy`],
+//!   [`Guest::launch`], ...), batch submission ([`Guest::submit_batch`])
+//!   and raw chains ([`Guest::submit_raw`], [`Guest::ring_write_desc`]) for
+//!   malformed input.
+//!
+//! Everything here is for tests: misuse and timeouts panic with a message.
+
+#![warn(missing_docs)]
+
+mod commands;
+mod guest;
+pub mod ring;
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use vfio_user_server::{Endpoint, ServerError};
+use vgpu_backend::software::SoftwareBackend;
+use vgpu_backend::{Backend, Partition, PartitionSpec};
+use vgpu_device::{VgpuConfig, VgpuDevice};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::tempdir::TempDir;
+
+pub use commands::{bytes_to_f32s, f32s_to_bytes, launch_cmd};
+pub use guest::{Guest, GuestOptions, WakePolicy, IRQ_MSIX};
+pub use ring::{Chain, Mode, RingLayout, Used, VirtqDesc};
+pub use vgpu_abi as abi;
+
+/// Default guest RAM size.
+pub const DEFAULT_RAM_SIZE: u64 = 64 << 20;
+/// Default guest address of guest RAM.
+pub const DEFAULT_RAM_IOVA: u64 = 0x1_0000_0000;
+/// Default longest wait for a completion.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A vGPU served on a socket in a temporary directory by a thread of its
+/// own; stopped and joined on drop.
+pub struct TestVgpu {
+    path: PathBuf,
+    stop: EventFd,
+    thread: Option<JoinHandle<Result<(), ServerError>>>,
+    _dir: TempDir,
+}
+
+impl TestVgpu {
+    /// Serves a vGPU made of `config` and `partition`.
+    pub fn start(config: VgpuConfig, partition: Box<dyn Partition>) -> TestVgpu {
+        let dir = TempDir::new_with_prefix("/tmp/vgpu-testkit-").expect("temporary directory");
+        let path = dir.as_path().join("vgpu.sock");
+        let name = config.name.clone();
+        let device = VgpuDevice::new(config, partition).expect("vGPU device");
+        let endpoint = Endpoint::new(name.clone(), &path, Box::new(device)).expect("endpoint");
+        let stop = endpoint.stop_handle().expect("stop handle");
+        let thread = std::thread::Builder::new()
+            .name(format!("endpoint-{name}"))
+            .spawn(move || endpoint.run())
+            .expect("endpoint thread");
+        TestVgpu {
+            path,
+            stop,
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    /// Serves a vGPU on a partition of its own software backend with
+    /// `memory` bytes of device memory and `compute_units` threads.
+    pub fn software(config: VgpuConfig, memory: u64, compute_units: u32) -> TestVgpu {
+        let backend = SoftwareBackend::new(memory, compute_units);
+        let partition = software_partition(&backend, &config.name, memory, compute_units);
+        TestVgpu::start(config, partition)
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Connects a guest with default options.
+    pub fn connect(&self) -> Guest {
+        Guest::connect(&self.path, GuestOptions::default())
+    }
+
+    /// Connects a guest with `opts`.
+    pub fn connect_with(&self, opts: GuestOptions) -> Guest {
+        Guest::connect(&self.path, opts)
+    }
+
+    /// Whether the endpoint thread still runs.
+    pub fn alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for TestVgpu {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let outcome = t.join();
+            if !std::thread::panicking() {
+                match outcome {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => panic!("endpoint failed: {e}"),
+                    Err(_) => panic!("endpoint thread panicked"),
+                }
+            }
+        }
+    }
+}
+
+/// Carves a partition named `name` out of `backend`.
+pub fn software_partition(
+    backend: &SoftwareBackend,
+    name: &str,
+    memory: u64,
+    compute_units: u32,
+) -> Box<dyn Partition> {
+    backend
+        .create_partition(&PartitionSpec {
+            name: name.to_string(),
+            memory,
+            compute_units,
+        })
+        .expect("partition fits the backend")
+}
+
+/// A configuration named `name` that suits tests: `queues` queues, a
+/// 1 MiB window and the default poll spin.
+pub fn test_config(name: &str, queues: u32) -> VgpuConfig {
+    let mut c = VgpuConfig::new(name);
+    c.queues = queues;
+    c.window_size = 1 << 20;
+    c
+}
