@@ -3,10 +3,17 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod config;
+mod daemon;
+
 use clap::{Parser, Subcommand};
 use log::{error, info};
 use vfio_user_server::sample::SampleDevice;
 use vfio_user_server::Endpoint;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::Config;
+use crate::daemon::Daemon;
 
 #[derive(Parser)]
 #[command(
@@ -21,12 +28,51 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the daemon: start the GPUs and vGPUs of the configuration
+    /// (the built-in one, two vGPUs on the software backend, without --config).
+    Run {
+        /// TOML configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Directory for relative socket paths (overrides the configuration).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
+    },
+    /// Check a configuration file and print it as understood.
+    CheckConfig {
+        /// TOML configuration file.
+        config: PathBuf,
+    },
+    /// Print the built-in configuration.
+    DefaultConfig,
     /// Serve the built-in test device (a register BAR, a memory BAR, MSI-X).
     Testdev {
         /// UNIX socket to listen on.
         #[arg(long)]
         socket: PathBuf,
     },
+}
+
+fn run(config: Option<PathBuf>, runtime_dir: Option<PathBuf>) -> Result<(), String> {
+    let mut config = match config {
+        Some(path) => Config::load(&path).map_err(|e| e.to_string())?,
+        None => Config::builtin(),
+    };
+    if let Some(dir) = runtime_dir {
+        config.daemon.runtime_dir = dir;
+    }
+    let stop = EventFd::new(0).map_err(|e| format!("cannot create stop event: {e}"))?;
+    install_signal_stop(stop.try_clone().map_err(|e| e.to_string())?)?;
+    let mut daemon = Daemon::new(config).map_err(|e| e.to_string())?;
+    daemon.start_all().map_err(|e| e.to_string())?;
+    for i in daemon.list() {
+        info!("vGPU {} ready at {}", i.config.name, i.socket.display());
+    }
+    // Blocks until SIGTERM or SIGINT.
+    let _ = stop.read();
+    info!("shutting down");
+    daemon.shutdown();
+    Ok(())
 }
 
 fn serve_testdev(socket: PathBuf) -> Result<(), String> {
@@ -83,6 +129,17 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Cmd::Run {
+            config,
+            runtime_dir,
+        } => run(config, runtime_dir),
+        Cmd::CheckConfig { config } => Config::load(&config)
+            .map(|c| println!("{c:#?}"))
+            .map_err(|e| e.to_string()),
+        Cmd::DefaultConfig => {
+            print!("{}", config::DEFAULT_CONFIG);
+            Ok(())
+        }
         Cmd::Testdev { socket } => serve_testdev(socket),
     };
     match result {

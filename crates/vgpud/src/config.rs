@@ -1,0 +1,478 @@
+//! The daemon's configuration: physical GPUs and the vGPU instances carved
+//! out of them, read from TOML. Errors name the file, line and field.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer};
+
+/// A byte size written as a number or as "512MiB", "4GiB", "64K"...
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl Size {
+    /// Parses "123", "64K", "64KiB", "512MiB", "4G", "1TiB" (binary units).
+    pub fn parse(s: &str) -> Option<Size> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num.parse().ok()?;
+        let shift = match unit.trim() {
+            "" | "B" => 0,
+            "K" | "KiB" => 10,
+            "M" | "MiB" => 20,
+            "G" | "GiB" => 30,
+            "T" | "TiB" => 40,
+            _ => return None,
+        };
+        n.checked_mul(1u64 << shift).map(Size)
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+        for (shift, name) in units {
+            if self.0 >= 1 << shift && self.0.is_multiple_of(1 << shift) {
+                return write!(f, "{}{}", self.0 >> shift, name);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(Size(n)),
+            Raw::Str(s) => Size::parse(&s).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "invalid size {s:?} (use bytes or a number with K/KiB, M/MiB, G/GiB, T/TiB)"
+                ))
+            }),
+        }
+    }
+}
+
+/// Which hardware a GPU entry drives.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendKind {
+    /// Host memory and CPU threads.
+    Software,
+    /// An NVIDIA GPU through the CUDA driver API.
+    Cuda,
+}
+
+/// Scheduling policy of a GPU.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Time-slice round-robin.
+    RoundRobin,
+    /// Strict priority with aging.
+    Priority,
+    /// Weighted fair share of device time.
+    #[default]
+    Fair,
+}
+
+/// Daemon-wide settings.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Directory for sockets given as relative paths.
+    #[serde(default = "default_runtime_dir")]
+    pub runtime_dir: PathBuf,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            runtime_dir: default_runtime_dir(),
+        }
+    }
+}
+
+fn default_runtime_dir() -> PathBuf {
+    PathBuf::from("/run/vgpud")
+}
+
+fn default_compute_units() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+fn default_slice_us() -> u64 {
+    2000
+}
+
+/// A physical GPU.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Unique name.
+    pub name: String,
+    /// Backend driving it.
+    pub backend: BackendKind,
+    /// Device memory (software backend: the host memory it may use).
+    #[serde(default)]
+    pub memory: Option<Size>,
+    /// Compute units (software: worker threads).
+    #[serde(default = "default_compute_units")]
+    pub compute_units: u32,
+    /// CUDA device index.
+    #[serde(default)]
+    pub device: u32,
+    /// Scheduling policy.
+    #[serde(default)]
+    pub policy: Policy,
+    /// Time slice for round-robin, microseconds.
+    #[serde(default = "default_slice_us")]
+    pub slice_us: u64,
+}
+
+fn default_queues() -> u32 {
+    4
+}
+
+fn default_window() -> Size {
+    Size(16 << 20)
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+fn default_poll_us() -> u64 {
+    50
+}
+
+/// A vGPU instance.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuConfig {
+    /// Unique name.
+    pub name: String,
+    /// The GPU it is carved from.
+    pub gpu: String,
+    /// vfio-user socket; relative paths are under `daemon.runtime_dir`.
+    pub socket: PathBuf,
+    /// Device memory quota.
+    pub memory: Size,
+    /// Compute units.
+    pub compute_units: u32,
+    /// Priority (higher runs first under the priority policy).
+    #[serde(default)]
+    pub priority: i32,
+    /// Weight under the fair policy.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Fixed share of GPU time (0 < cap <= 1), enforced even when idle.
+    #[serde(default)]
+    pub cap: Option<f64>,
+    /// Queues offered to the guest.
+    #[serde(default = "default_queues")]
+    pub queues: u32,
+    /// Host-visible window size.
+    #[serde(default = "default_window")]
+    pub window: Size,
+    /// How long the poller spins after activity, microseconds.
+    #[serde(default = "default_poll_us")]
+    pub poll_us: u64,
+    /// PCI vendor id override.
+    #[serde(default)]
+    pub pci_vendor: Option<u16>,
+    /// PCI device id override.
+    #[serde(default)]
+    pub pci_device: Option<u16>,
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Daemon settings.
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    /// Physical GPUs.
+    #[serde(default, rename = "gpu")]
+    pub gpus: Vec<GpuConfig>,
+    /// vGPU instances.
+    #[serde(default, rename = "vgpu")]
+    pub vgpus: Vec<VgpuConfig>,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// TOML syntax or a field of the wrong type.
+    #[error("{file}:{line}:{column}: {message}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// What is wrong, with the field.
+        message: String,
+    },
+    /// A value that parses but makes no sense.
+    #[error("{file}: {field}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Which field, e.g. `vgpu "vm1".memory`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The configuration used when none is given: two vGPUs on the software
+/// backend.
+pub const DEFAULT_CONFIG: &str = r#"# vgpud built-in configuration: one software GPU, two vGPUs.
+[daemon]
+runtime_dir = "/tmp/vgpud"
+
+[[gpu]]
+name = "gpu0"
+backend = "software"
+memory = "2GiB"
+compute_units = 2
+policy = "fair"
+
+[[vgpu]]
+name = "vgpu0"
+gpu = "gpu0"
+socket = "vgpu0.sock"
+memory = "512MiB"
+compute_units = 1
+weight = 1
+
+[[vgpu]]
+name = "vgpu1"
+gpu = "gpu0"
+socket = "vgpu1.sock"
+memory = "512MiB"
+compute_units = 1
+weight = 1
+"#;
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, column)
+}
+
+impl Config {
+    /// Parses and validates `text`; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Parse {
+                file: file.to_string(),
+                line,
+                column,
+                message: e.message().to_string(),
+            }
+        })?;
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    /// Reads and validates a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The built-in configuration.
+    pub fn builtin() -> Config {
+        // The built-in text is tested to parse.
+        Self::parse(DEFAULT_CONFIG, "<built-in>").unwrap_or_else(|_| Config {
+            daemon: DaemonConfig::default(),
+            gpus: Vec::new(),
+            vgpus: Vec::new(),
+        })
+    }
+
+    /// The socket path of a vGPU.
+    pub fn socket_path(&self, v: &VgpuConfig) -> PathBuf {
+        if v.socket.is_absolute() {
+            v.socket.clone()
+        } else {
+            self.daemon.runtime_dir.join(&v.socket)
+        }
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: &str| ConfigError::Invalid {
+            file: file.to_string(),
+            field,
+            message: message.to_string(),
+        };
+        let mut gpu_names = HashSet::new();
+        for g in &self.gpus {
+            let field = |f: &str| format!("gpu {:?}.{f}", g.name);
+            if g.name.is_empty() || !gpu_names.insert(g.name.as_str()) {
+                return Err(invalid(field("name"), "names must be unique and not empty"));
+            }
+            if g.compute_units == 0 {
+                return Err(invalid(field("compute_units"), "must be at least 1"));
+            }
+            if g.backend == BackendKind::Software && g.memory.is_none() {
+                return Err(invalid(
+                    field("memory"),
+                    "the software backend needs a memory size",
+                ));
+            }
+            if g.slice_us == 0 {
+                return Err(invalid(field("slice_us"), "must be at least 1"));
+            }
+        }
+        let mut names = HashSet::new();
+        let mut sockets = HashSet::new();
+        for v in &self.vgpus {
+            let field = |f: &str| format!("vgpu {:?}.{f}", v.name);
+            validate_vgpu(v).map_err(|(f, m)| invalid(field(f), m))?;
+            if !names.insert(v.name.as_str()) {
+                return Err(invalid(field("name"), "names must be unique"));
+            }
+            if !gpu_names.contains(v.gpu.as_str()) {
+                return Err(invalid(field("gpu"), "no [[gpu]] has this name"));
+            }
+            if !sockets.insert(self.socket_path(v)) {
+                return Err(invalid(field("socket"), "another vGPU uses this socket"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks one vGPU's values on their own; returns the bad field and why.
+pub fn validate_vgpu(v: &VgpuConfig) -> Result<(), (&'static str, &'static str)> {
+    if v.name.is_empty()
+        || v.name.len() > 64
+        || !v
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(("name", "use 1-64 letters, digits, '-' or '_'"));
+    }
+    if v.memory.0 == 0 {
+        return Err(("memory", "must be more than 0"));
+    }
+    if v.compute_units == 0 {
+        return Err(("compute_units", "must be at least 1"));
+    }
+    if v.weight == 0 {
+        return Err(("weight", "must be at least 1"));
+    }
+    if let Some(cap) = v.cap {
+        if !(cap > 0.0 && cap <= 1.0) {
+            return Err(("cap", "must be a fraction in (0, 1]"));
+        }
+    }
+    if v.queues == 0 || v.queues > vgpu_abi::MAX_QUEUES {
+        return Err(("queues", "must be 1..=16"));
+    }
+    if !v.window.0.is_power_of_two() || v.window.0 < 4096 {
+        return Err(("window", "must be a power of two of at least 4KiB"));
+    }
+    if v.poll_us > 10_000_000 {
+        return Err(("poll_us", "must be at most 10 s"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_builtin_config_parses() {
+        let c = Config::parse(DEFAULT_CONFIG, "<built-in>").unwrap();
+        assert_eq!(c.gpus.len(), 1);
+        assert_eq!(c.vgpus.len(), 2);
+        assert_eq!(c.vgpus[0].memory, Size(512 << 20));
+        assert_eq!(
+            c.socket_path(&c.vgpus[1]),
+            PathBuf::from("/tmp/vgpud/vgpu1.sock")
+        );
+    }
+
+    #[test]
+    fn test_sizes() {
+        assert_eq!(Size::parse("4GiB"), Some(Size(4 << 30)));
+        assert_eq!(Size::parse("64K"), Some(Size(64 << 10)));
+        assert_eq!(Size::parse("12"), Some(Size(12)));
+        assert_eq!(Size::parse("1XB"), None);
+        assert_eq!(Size::parse("99999999999999999999GiB"), None);
+        assert_eq!(Size::parse("20000000000TiB"), None);
+        assert_eq!(Size(3 << 30).to_string(), "3GiB");
+    }
+
+    #[test]
+    fn test_errors_name_line_and_field() {
+        let text = "[[gpu]]\nname = \"g\"\nbackend = \"software\"\nmemory = \"1GiB\"\n\n[[vgpu]]\nname = \"a\"\ngpu = \"g\"\nsocket = \"a.sock\"\nmemory = \"lots\"\ncompute_units = 1\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.starts_with("x.toml:10:"), "{e}");
+        assert!(e.contains("invalid size"), "{e}");
+
+        let text = "[[gpu]]\nname = \"g\"\nbackend = \"software\"\nmemory = \"1GiB\"\nbogus = 1\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.starts_with("x.toml:5:") && e.contains("bogus"), "{e}");
+
+        let text = "[[gpu]]\nname = \"g\"\nbackend = \"quantum\"\n";
+        let e = Config::parse(text, "x.toml").unwrap_err().to_string();
+        assert!(e.starts_with("x.toml:3:"), "{e}");
+    }
+
+    #[test]
+    fn test_semantic_errors() {
+        let base = "[[gpu]]\nname = \"g\"\nbackend = \"software\"\nmemory = \"1GiB\"\n";
+        let vgpu = |extra: &str| {
+            format!("{base}[[vgpu]]\nname = \"a\"\ngpu = \"g\"\nsocket = \"a.sock\"\nmemory = \"1MiB\"\ncompute_units = 1\n{extra}")
+        };
+        let cases = [
+            (vgpu("weight = 0\n"), "vgpu \"a\".weight"),
+            (vgpu("cap = 1.5\n"), "vgpu \"a\".cap"),
+            (vgpu("queues = 17\n"), "vgpu \"a\".queues"),
+            (vgpu("window = 5000\n"), "vgpu \"a\".window"),
+            (vgpu("").replace("gpu = \"g\"\nsocket", "gpu = \"h\"\nsocket"), "vgpu \"a\".gpu"),
+            (
+                format!("{}{}", vgpu(""), "[[vgpu]]\nname = \"b\"\ngpu = \"g\"\nsocket = \"a.sock\"\nmemory = 1\ncompute_units = 1\n"),
+                "vgpu \"b\".socket",
+            ),
+            (format!("{base}{base}"), "gpu \"g\".name"),
+        ];
+        for (text, field) in cases {
+            let e = Config::parse(&text, "c.toml").unwrap_err().to_string();
+            assert!(e.starts_with(&format!("c.toml: {field}:")), "{e}");
+        }
+    }
+}
