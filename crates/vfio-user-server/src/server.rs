@@ -580,7 +580,10 @@ impl Endpoint {
         let cap = cap.into_inner();
         let needed = REGION_INFO_SIZE + cap.len() as u32;
         let fits = argsz >= needed && !cap.is_empty();
-        if !cap.is_empty() {
+        // Only claim capabilities that are in this reply: QEMU refuses a
+        // reply that sets the flag with cap_offset 0, even though it then
+        // asks again with the size `needed` announces.
+        if fits {
             flags |= REGION_FLAG_CAPS;
         }
         let mut w = Writer::with_capacity(needed as usize);
