@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The project's test command: `bash ci/test.sh`.
+#
+# On a fresh Debian 12 machine (root) it installs what it needs, checks
+# formatting and lints, runs the Rust tests, builds QEMU with the
+# vfio-user client, fetches the guest kernel and boots a guest against
+# vgpud's test device. Downloads and builds are cached in
+# ${VGPUD_CACHE:-/var/cache/vgpud}, so later runs skip them.
+#
+# usage: ci/test.sh [--no-vm]
+#   --no-vm   stop after the Rust tests (no QEMU build, kernel or guest)
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+with_vm=1
+for arg in "$@"; do
+    case $arg in
+    --no-vm) with_vm=0 ;;
+    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    *) die "unknown argument: $arg (see --help)" ;;
+    esac
+done
+
+cd "$VGPUD_ROOT"
+LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
+mkdir -p "$LOG_DIR"
+
+steps=(setup-host toolchain fmt shellcheck clippy cargo-test)
+if [[ $with_vm == 1 ]]; then
+    steps+=(build-qemu fetch-kernel vm-test)
+fi
+
+# --- the steps ---------------------------------------------------------------------
+# Each step is called as `step_x || rc=$?`, where bash ignores `set -e`:
+# a step returns its failure explicitly.
+step_setup_host() {
+    bash ci/setup-host.sh
+}
+
+step_toolchain() {
+    command -v cargo >/dev/null || die "cargo not found (the Rust toolchain comes with the machine)"
+    local missing=()
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+    cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        command -v rustup >/dev/null || die "missing ${missing[*]} and no rustup to add them"
+        log "adding rustup components: ${missing[*]}"
+        rustup component add "${missing[@]}" || return 1
+    fi
+    log "$(rustc --version); $(cargo fmt --version); $(cargo clippy --version)"
+}
+
+step_fmt() {
+    cargo fmt --all -- --check
+}
+
+step_shellcheck() {
+    shellcheck -x ci/*.sh .ci/run tests/vm/*.sh
+}
+
+step_clippy() {
+    cargo clippy --workspace --all-targets -- -D warnings
+}
+
+cargo_passed=0
+cargo_failed=0
+step_cargo_test() {
+    local rc=0
+    cargo test --workspace 2>&1 | tee "$LOG_DIR/cargo-test.log" || rc=$?
+    # Add up the "test result: ok. N passed; M failed; ..." lines.
+    read -r cargo_passed cargo_failed < <(
+        sed -n 's/^test result: [a-zA-Z]*\. \([0-9]*\) passed; \([0-9]*\) failed.*/\1 \2/p' \
+            "$LOG_DIR/cargo-test.log" |
+            awk '{p += $1; f += $2} END {print p + 0, f + 0}'
+    )
+    return "$rc"
+}
+
+step_build_qemu() {
+    bash ci/build-qemu.sh >/dev/null
+}
+
+step_fetch_kernel() {
+    bash ci/fetch-kernel.sh >/dev/null
+}
+
+vm_passed=0
+vm_failed=0
+step_vm_test() {
+    local rc=0
+    bash ci/vm-test.sh | tee "$LOG_DIR/vm-test.out" || rc=$?
+    read -r vm_passed vm_failed < <(
+        sed -n 's/^vm-test: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG_DIR/vm-test.out" |
+            tail -n1
+    )
+    vm_passed=${vm_passed:-0}
+    vm_failed=${vm_failed:-0}
+    return "$rc"
+}
+
+# --- runner --------------------------------------------------------------------------
+timings=()
+summary() {
+    local status=$1
+    log "summary:"
+    local t
+    for t in "${timings[@]}"; do
+        printf '    %s\n' "$t" >&2
+    done
+    log "total $(elapsed "$t_all"); cargo tests: $cargo_passed passed, $cargo_failed failed; vm checks: $vm_passed passed, $vm_failed failed"
+    local failed=$((cargo_failed + vm_failed))
+    if [[ $status -ne 0 && $failed -eq 0 ]]; then
+        failed=1
+    fi
+    echo "ci: $((cargo_passed + vm_passed)) passed, $failed failed"
+}
+
+t_all=$SECONDS
+n=0
+for s in "${steps[@]}"; do
+    n=$((n + 1))
+    log "==> [$n/${#steps[@]}] $s"
+    t=$SECONDS
+    rc=0
+    "step_${s//-/_}" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        timings+=("$(printf '%-13s FAILED after %s' "$s" "$(elapsed "$t")")")
+        log "<== $s FAILED (exit $rc) after $(elapsed "$t")"
+        summary 1
+        exit 1
+    fi
+    timings+=("$(printf '%-13s ok %s' "$s" "$(elapsed "$t")")")
+    log "<== $s ok ($(elapsed "$t"))"
+done
+summary 0
