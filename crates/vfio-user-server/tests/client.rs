@@ -407,3 +407,31 @@ fn test_qemu_style_range_unmaps_remove_everything_inside() {
     c.dma_unmap(0, 1 << 32).unwrap();
     assert_eq!(device_dma(&mut c, 1, 0, 16), libc::EFAULT as u32);
 }
+
+#[test]
+fn test_region_info_small_argsz_announces_size_without_caps_flag() {
+    let server = TestServer::sample();
+    let mut c = RawClient::connect(&server.path);
+    c.negotiate();
+    let query = |c: &mut RawClient, argsz: u32| {
+        let mut p = Vec::new();
+        for v in [argsz, 0, 2, 0] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p.extend_from_slice(&[0u8; 16]);
+        let r = c.call(5, &p, &[]);
+        assert!(!r.is_error());
+        let word = |i: usize| u32::from_le_bytes(r.payload[i..i + 4].try_into().unwrap());
+        (word(0), word(4), word(12), r.payload.len(), r.fds.len())
+    };
+    const CAPS: u32 = 1 << 3;
+    // Too small for the sparse-mmap capability: the size needed, no caps
+    // and no CAPS flag (QEMU refuses CAPS with cap_offset 0).
+    let (argsz, flags, cap_offset, len, fds) = query(&mut c, 32);
+    assert_eq!(
+        (argsz, flags & CAPS, cap_offset, len, fds),
+        (64, 0, 0, 32, 1)
+    );
+    let (argsz, flags, cap_offset, len, _) = query(&mut c, 64);
+    assert_eq!((argsz, flags & CAPS, cap_offset, len), (64, CAPS, 32, 64));
+}
