@@ -3,6 +3,7 @@
 //! (indexes, bounds, sizes, permissions) before calling the model.
 
 use std::fs::File;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
 use crate::dma::{DmaSpace, Unmapped};
@@ -167,6 +168,16 @@ pub trait PciDevice: Send {
     /// Registers of region `index` to be signalled by ioeventfd.
     fn ioeventfds(&self, _index: u32) -> Vec<IoEventSpec> {
         Vec::new()
+    }
+
+    /// An eventfd the device itself waits on for doorbell `spec` of region
+    /// `index`. The engine hands it to the client as that doorbell's
+    /// ioeventfd and does not watch it, so a client (KVM) that signals it
+    /// wakes the device without a trip through the event loop. `None`
+    /// (the default) makes the engine create and watch its own eventfd and
+    /// report writes as `region_write` calls.
+    fn ioeventfd_direct(&self, _index: u32, _spec: &IoEventSpec) -> Option<BorrowedFd<'_>> {
+        None
     }
 
     /// Mappings were removed; the table no longer holds them and no access

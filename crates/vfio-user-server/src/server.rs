@@ -623,7 +623,11 @@ impl Endpoint {
         }
         let mut fds = Vec::new();
         for (i, spec) in specs.iter().enumerate() {
-            let efd = self.ioevent_for(index, *spec, ops)?;
+            let efd = match self.device.ioeventfd_direct(index, spec) {
+                // Owned by the device, which outlives this reply.
+                Some(fd) => fd.as_raw_fd(),
+                None => self.ioevent_for(index, *spec, ops)?,
+            };
             fds.push(efd);
             w.u64(spec.offset)
                 .u64(spec.size)

@@ -61,14 +61,15 @@ fn op_status(e: OpError) -> u32 {
     e.status()
 }
 
-/// Reads a command structure from the start of a descriptor.
-fn read_struct<T: ByteValued + Default>(dma: &DmaSpace, desc: &Desc) -> Result<T> {
+/// The largest command structure.
+const MAX_CMD: usize = std::mem::size_of::<abi::LaunchCmd>();
+
+/// A command structure decoded from the bytes of its descriptor.
+fn parse<T: ByteValued + Default>(raw: &[u8]) -> Result<T> {
     let mut v = T::default();
-    if (desc.len as usize) < std::mem::size_of::<T>() {
-        return Err(abi::STATUS_INVALID);
-    }
-    dma.read(desc.addr, v.as_mut_slice())
-        .map_err(|_| abi::STATUS_FAULT)?;
+    let n = std::mem::size_of::<T>();
+    v.as_mut_slice()
+        .copy_from_slice(raw.get(..n).ok_or(abi::STATUS_INVALID)?);
     Ok(v)
 }
 
@@ -315,7 +316,14 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let Some(first) = reads.first() else {
         return Outcome::status(abi::STATUS_INVALID);
     };
-    let hdr: abi::CmdHeader = match read_struct(ctx.dma, first) {
+    // One read of the command descriptor serves the header and the body.
+    let mut buf = [0u8; MAX_CMD];
+    let raw = &mut buf[..(first.len as usize).min(MAX_CMD)];
+    if ctx.dma.read(first.addr, raw).is_err() {
+        return Outcome::status(abi::STATUS_FAULT);
+    }
+    let raw = &*raw;
+    let hdr: abi::CmdHeader = match parse(raw) {
         Ok(h) => h,
         Err(s) => return Outcome::status(s),
     };
@@ -325,7 +333,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         abi::OP_NOP => Ok(0),
         abi::OP_TIMESTAMP => Ok(ctx.epoch.elapsed().as_nanos() as u64),
         abi::OP_FENCE => {
-            let c: abi::FenceCmd = read_struct(ctx.dma, first)?;
+            let c: abi::FenceCmd = parse(raw)?;
             if !c.addr.is_multiple_of(8) || c.hdr.flags & !abi::FENCE_FLAG_IRQ != 0 {
                 return Err(abi::STATUS_INVALID);
             }
@@ -336,7 +344,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             Ok(0)
         }
         abi::OP_MEM_ALLOC => {
-            let c: abi::MemAllocCmd = read_struct(ctx.dma, first)?;
+            let c: abi::MemAllocCmd = parse(raw)?;
             let align = if c.align == 0 { 256 } else { c.align };
             if c.size == 0 || !align.is_power_of_two() {
                 return Err(abi::STATUS_INVALID);
@@ -344,15 +352,15 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             ctx.partition.alloc(c.size, align).map_err(op_status)
         }
         abi::OP_MEM_FREE => {
-            let c: abi::MemFreeCmd = read_struct(ctx.dma, first)?;
+            let c: abi::MemFreeCmd = parse(raw)?;
             ctx.partition.free(c.addr).map_err(op_status).map(|_| 0)
         }
         abi::OP_COPY => {
-            let c: abi::CopyCmd = read_struct(ctx.dma, first)?;
+            let c: abi::CopyCmd = parse(raw)?;
             copy(ctx, &c, &reads)
         }
         abi::OP_FILL => {
-            let c: abi::FillCmd = read_struct(ctx.dma, first)?;
+            let c: abi::FillCmd = parse(raw)?;
             if c.size == 0 || !c.size.is_multiple_of(4) || c.reserved != 0 {
                 return Err(abi::STATUS_INVALID);
             }
@@ -362,7 +370,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
                 .map(|_| 0)
         }
         abi::OP_MODULE_LOAD => {
-            let c: abi::ModuleLoadCmd = read_struct(ctx.dma, first)?;
+            let c: abi::ModuleLoadCmd = parse(raw)?;
             if c.image_size == 0 || c.image_size > abi::MAX_MODULE_SIZE {
                 return Err(abi::STATUS_INVALID);
             }
@@ -372,14 +380,14 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
                 .map_err(op_status)
         }
         abi::OP_MODULE_UNLOAD => {
-            let c: abi::ModuleUnloadCmd = read_struct(ctx.dma, first)?;
+            let c: abi::ModuleUnloadCmd = parse(raw)?;
             ctx.partition
                 .module_unload(c.module)
                 .map_err(op_status)
                 .map(|_| 0)
         }
         abi::OP_LAUNCH => {
-            let c: abi::LaunchCmd = read_struct(ctx.dma, first)?;
+            let c: abi::LaunchCmd = parse(raw)?;
             launch(ctx, &c, &reads)
         }
         _ => Err(abi::STATUS_INVALID),

@@ -137,6 +137,8 @@ pub(crate) struct Shared {
     pub(crate) window: MmapRegion,
     pub(crate) wake: EventFd,
     pub(crate) stop: AtomicBool,
+    /// Some running queue is polled: the worker spins after activity.
+    pub(crate) any_polled: AtomicBool,
     /// Bumped by reset: the worker stops writing completions of older work.
     pub(crate) epoch_gen: AtomicU64,
     /// Held by the worker while it processes, taken by reset to wait for it.
@@ -204,6 +206,15 @@ impl Shared {
         }
     }
 
+    /// Recomputes [`Shared::any_polled`] from the queue registers.
+    pub(crate) fn refresh_any_polled(&self, st: &State) {
+        let any = st.queues.iter().any(|q| {
+            q.control & (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED)
+                == (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED)
+        });
+        self.any_polled.store(any, Ordering::Relaxed);
+    }
+
     /// The generation of queue `q`'s configuration.
     pub(crate) fn queue_generation(&self, q: u32) -> Option<u64> {
         lock(&self.state)
@@ -243,6 +254,9 @@ pub struct VgpuDevice {
     compute_units: u32,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(Box<dyn Partition>, MmapRegion, MmapRegion)>,
+    /// Signalled by the WAKE register (directly, when a VMM maps it as an
+    /// ioeventfd); the worker sleeps on a duplicate of it.
+    wake: EventFd,
     shared: Option<Arc<Shared>>,
     worker: Option<JoinHandle<()>>,
 }
@@ -308,7 +322,9 @@ impl VgpuDevice {
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
         let spec = partition.spec().clone();
+        let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
+            wake,
             config,
             pci,
             doorbell_file: Arc::new(doorbell_file),
@@ -319,6 +335,14 @@ impl VgpuDevice {
             shared: None,
             worker: None,
         })
+    }
+
+    /// A duplicate of the eventfd the WAKE register signals: what a VMM
+    /// with ioeventfd support receives for it through
+    /// DEVICE_GET_REGION_IO_FDS, so that guest writes to WAKE reach the
+    /// poller without passing through the vfio-user event loop.
+    pub fn wake_eventfd(&self) -> std::io::Result<EventFd> {
+        self.wake.try_clone()
     }
 
     fn shared(&self) -> Option<&Arc<Shared>> {
@@ -487,6 +511,7 @@ impl VgpuDevice {
                 // ring keeps its position.
                 qr.control = value & (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED);
                 let polled = qr.control & abi::QCONTROL_POLLED != 0;
+                sh.refresh_any_polled(&st);
                 drop(st);
                 sh.set_polling(q, polled);
                 let _ = sh.wake.write(1);
@@ -506,6 +531,7 @@ impl VgpuDevice {
             qr.status = 0;
             qr.error = 0;
             qr.ring = None;
+            sh.refresh_any_polled(&st);
             drop(st);
             sh.set_polling(q, false);
             return;
@@ -517,6 +543,7 @@ impl VgpuDevice {
                 qr.status = abi::QSTATUS_ENABLED;
                 qr.error = 0;
                 let polled = qr.control & abi::QCONTROL_POLLED != 0;
+                sh.refresh_any_polled(&st);
                 drop(st);
                 sh.set_polling(q, polled);
                 let _ = sh.wake.write(1);
@@ -543,6 +570,7 @@ impl VgpuDevice {
         let _ = sh.wake.write(1);
         let _busy = lock(&sh.busy);
         *lock(&sh.state) = State::new(self.config.queues);
+        sh.any_polled.store(false, Ordering::Relaxed);
         lock(&sh.partition).reset();
         sh.mem_used.store(0, Ordering::Relaxed);
         sh.busy_ns.store(0, Ordering::Relaxed);
@@ -608,7 +636,7 @@ impl PciDevice for VgpuDevice {
             partition: Mutex::new(partition),
             doorbells,
             window,
-            wake: match EventFd::new(0) {
+            wake: match self.wake.try_clone() {
                 Ok(e) => e,
                 Err(e) => {
                     warn!("{}: cannot create wake event: {e}", self.config.name);
@@ -616,6 +644,7 @@ impl PciDevice for VgpuDevice {
                 }
             },
             stop: AtomicBool::new(false),
+            any_polled: AtomicBool::new(false),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),
             mem_used: AtomicU64::new(0),
@@ -778,6 +807,19 @@ impl PciDevice for VgpuDevice {
 
     fn reset(&mut self) {
         self.reset_function();
+    }
+
+    fn ioeventfd_direct(
+        &self,
+        index: u32,
+        spec: &vfio_user_server::device::IoEventSpec,
+    ) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        (index == BAR0_REGION && spec.offset == abi::REG_WAKE).then(|| {
+            // SAFETY: the eventfd is owned by self and stays open for the
+            // lifetime of the borrow of self.
+            unsafe { BorrowedFd::borrow_raw(self.wake.as_raw_fd()) }
+        })
     }
 
     fn ioeventfds(&self, index: u32) -> Vec<vfio_user_server::device::IoEventSpec> {

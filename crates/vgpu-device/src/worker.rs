@@ -26,6 +26,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut last_doorbell = vec![u32::MAX; sh.num_queues as usize];
     let mut last_activity = Instant::now();
     let mut force_scan = true;
+    let mut spins: u32 = 0;
     while !sh.stop.load(Ordering::Acquire) {
         if sh.epoch_gen.load(Ordering::SeqCst) & 1 == 1 {
             // A reset is in progress: let it take `busy`.
@@ -33,8 +34,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
             force_scan = true;
             continue;
         }
+        // Lock-free look at the doorbell page first: a spinning poller
+        // touches nothing but that page until a doorbell moves.
+        let dirty =
+            force_scan || (0..sh.num_queues).any(|q| sh.doorbell(q) != last_doorbell[q as usize]);
         let mut progressed = false;
-        let any_polled = {
+        if dirty {
             let _busy = lock(&sh.busy);
             for q in 0..sh.num_queues {
                 let db = sh.doorbell(q);
@@ -44,20 +49,21 @@ pub(crate) fn run(sh: Arc<Shared>) {
                 }
             }
             force_scan = false;
-            lock(&sh.state)
-                .queues
-                .iter()
-                .any(|q| q.ring.is_some() && q.control & abi::QCONTROL_POLLED != 0)
-        };
+        }
         if progressed {
             last_activity = Instant::now();
+            spins = 0;
             // More may have arrived without a doorbell change (interrupt mode).
             force_scan = true;
             continue;
         }
-        if any_polled && last_activity.elapsed() < sh.poll_spin {
-            std::hint::spin_loop();
-            continue;
+        if sh.any_polled.load(Ordering::Relaxed) {
+            spins = spins.wrapping_add(1);
+            // Reading the clock costs more than a doorbell check.
+            if !spins.is_multiple_of(64) || last_activity.elapsed() < sh.poll_spin {
+                std::hint::spin_loop();
+                continue;
+            }
         }
         // Going to sleep: ask for notifications, then look once more so a
         // submission racing with this cannot be missed.
@@ -207,13 +213,16 @@ fn walk_chain(view: &DmaView<'_>, table: u64, size: u16, head: u16) -> Result<Ve
     if head >= size {
         return Err(abi::ERR_RING_CORRUPT);
     }
-    let mut seen = vec![false; usize::from(size)];
-    let mut out = Vec::new();
+    // One bit per descriptor of the largest ring, on the stack.
+    let mut seen = [0u64; abi::MAX_QUEUE_SIZE as usize / 64];
+    let mut out = Vec::with_capacity(4);
     let mut idx = head;
     loop {
-        if std::mem::replace(&mut seen[usize::from(idx)], true) {
+        let (word, bit) = (usize::from(idx) / 64, 1u64 << (idx % 64));
+        if seen[word] & bit != 0 {
             return Err(abi::ERR_RING_CORRUPT);
         }
+        seen[word] |= bit;
         let mut raw = [0u8; 16];
         view.read_slice(&mut raw, GuestAddress(table + 16 * u64::from(idx)))
             .map_err(|_| abi::ERR_RING_ADDRESS)?;

@@ -98,6 +98,7 @@ pub struct Guest {
     timeout: Duration,
     wake_policy: WakePolicy,
     wakes: u64,
+    wake_ioeventfd: Option<EventFd>,
 }
 
 fn connect(path: &Path) -> Client {
@@ -208,6 +209,7 @@ impl Guest {
             timeout: opts.timeout,
             wake_policy: WakePolicy::EventIdx,
             wakes: 0,
+            wake_ioeventfd: None,
         };
         assert_eq!(guest.read32(abi::REG_MAGIC), abi::ABI_MAGIC, "REG_MAGIC");
         guest.enable_device();
@@ -242,6 +244,13 @@ impl Guest {
     /// When REG_WAKE is written after a doorbell.
     pub fn set_wake_policy(&mut self, policy: WakePolicy) {
         self.wake_policy = policy;
+    }
+
+    /// From now on, REG_WAKE writes signal `efd` (the register's
+    /// ioeventfd, see `TestVgpu::wake_ioeventfd`) instead of going through
+    /// the socket, as with a VMM that maps the register as an ioeventfd.
+    pub fn use_wake_ioeventfd(&mut self, efd: EventFd) {
+        self.wake_ioeventfd = Some(efd);
     }
 
     /// REG_WAKE writes sent so far.
@@ -526,6 +535,13 @@ impl Guest {
         self.irqs[vector as usize]
     }
 
+    /// The (non-blocking) eventfd wired to MSI-X `vector`, for waiting on
+    /// one vector directly. Counts read from it here are not seen by
+    /// [`Guest::irqs`].
+    pub fn msix_eventfd(&self, vector: u32) -> &EventFd {
+        &self.msix[vector as usize]
+    }
+
     /// Forgets the interrupts seen so far.
     pub fn clear_irqs(&mut self) {
         self.drain_irqs();
@@ -707,7 +723,13 @@ impl Guest {
             }
         };
         if wake {
-            self.write32(abi::REG_WAKE, q);
+            match &self.wake_ioeventfd {
+                // What KVM does for a guest write to an ioeventfd register.
+                Some(efd) => {
+                    let _ = efd.write(1);
+                }
+                None => self.write32(abi::REG_WAKE, q),
+            }
             self.wakes += 1;
         }
     }

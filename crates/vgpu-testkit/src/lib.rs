@@ -50,6 +50,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// own; stopped and joined on drop.
 pub struct TestVgpu {
     path: PathBuf,
+    wake: EventFd,
     stop: EventFd,
     thread: Option<JoinHandle<Result<(), ServerError>>>,
     _dir: TempDir,
@@ -62,6 +63,7 @@ impl TestVgpu {
         let path = dir.as_path().join("vgpu.sock");
         let name = config.name.clone();
         let device = VgpuDevice::new(config, partition).expect("vGPU device");
+        let wake = device.wake_eventfd().expect("wake eventfd");
         let endpoint = Endpoint::new(name.clone(), &path, Box::new(device)).expect("endpoint");
         let stop = endpoint.stop_handle().expect("stop handle");
         let thread = std::thread::Builder::new()
@@ -70,6 +72,7 @@ impl TestVgpu {
             .expect("endpoint thread");
         TestVgpu {
             path,
+            wake,
             stop,
             thread: Some(thread),
             _dir: dir,
@@ -97,6 +100,13 @@ impl TestVgpu {
     /// Connects a guest with `opts`.
     pub fn connect_with(&self, opts: GuestOptions) -> Guest {
         Guest::connect(&self.path, opts)
+    }
+
+    /// A duplicate of the eventfd behind the WAKE register: what a VMM with
+    /// ioeventfd support gets through DEVICE_GET_REGION_IO_FDS (the
+    /// vfio_user Client cannot ask for it). See [`Guest::use_wake_ioeventfd`].
+    pub fn wake_ioeventfd(&self) -> EventFd {
+        self.wake.try_clone().expect("duplicate wake eventfd")
     }
 
     /// Whether the endpoint thread still runs.
