@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use vm_memory::bitmap::BS;
 use vm_memory::guest_memory::GuestMemorySliceIterator;
@@ -144,6 +144,9 @@ pub struct Unmapped {
     pub size: u64,
 }
 
+/// (st_dev, st_ino) of a file.
+type FileId = (u64, u64);
+
 /// The client memory one device may reach.
 ///
 /// Shared (in an `Arc`) between the connection, which changes it, and the
@@ -153,6 +156,11 @@ pub struct Unmapped {
 pub struct DmaSpace {
     table: RwLock<BTreeMap<u64, Mapping>>,
     max_maps: RwLock<usize>,
+    /// Files already backing mappings, by (device, inode): a client that
+    /// maps one memfd page by page (QEMU with a guest IOMMU) sends the same
+    /// file with every DMA_MAP, and keeping each fd open would exhaust the
+    /// process's fd limit.
+    files: Mutex<Vec<(FileId, Weak<File>)>>,
 }
 
 impl Default for DmaSpace {
@@ -160,6 +168,7 @@ impl Default for DmaSpace {
         DmaSpace {
             table: RwLock::new(BTreeMap::new()),
             max_maps: RwLock::new(crate::proto::DEFAULT_MAX_DMA_MAPS as usize),
+            files: Mutex::new(Vec::new()),
         }
     }
 }
@@ -178,6 +187,25 @@ impl DmaSpace {
 
     fn write_table(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Mapping>> {
         self.table.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shared handle of `file`, reusing an open one for the same file.
+    fn shared_file(&self, file: File, meta: &std::fs::Metadata) -> Arc<File> {
+        use std::os::unix::fs::MetadataExt;
+        let key = (meta.dev(), meta.ino());
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        files.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(existing) = files
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            // `file` is a duplicate of an fd already held: close it.
+            return existing;
+        }
+        let arc = Arc::new(file);
+        files.push((key, Arc::downgrade(&arc)));
+        arc
     }
 
     /// Sets the most mappings the table holds (the negotiated `max_dma_maps`).
@@ -257,7 +285,10 @@ impl DmaSpace {
                     prot |= libc::PROT_WRITE;
                 }
                 let region = MmapRegionBuilder::new(size)
-                    .with_file_offset(FileOffset::new(file, req.offset))
+                    .with_file_offset(FileOffset::from_arc(
+                        self.shared_file(file, &meta),
+                        req.offset,
+                    ))
                     .with_mmap_prot(prot)
                     .with_mmap_flags(libc::MAP_SHARED | libc::MAP_NORESERVE)
                     .build()
@@ -788,6 +819,27 @@ mod tests {
         // Client-backed memory is not reachable through a view.
         assert!(!view.check_range(GuestAddress(0x4000), 8, Permissions::Read));
         assert!(!view.check_range(GuestAddress(u64::MAX - 3), 8, Permissions::Read));
+    }
+
+    #[test]
+    fn test_duplicate_fds_of_one_file_are_not_kept_open() {
+        let dma = DmaSpace::new();
+        let file = file_of(0x10000);
+        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        for i in 0..16u64 {
+            let mut r = req(i * 0x1000, 0x1000);
+            r.offset = i * 0x1000;
+            dma.map(&r, Some(file.try_clone().unwrap()), nobody())
+                .unwrap();
+        }
+        let after = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        // At most one extra fd for all sixteen mappings (other tests run
+        // in parallel threads, so allow a little slack).
+        assert!(after <= before + 4, "{before} -> {after}");
+        let mut buf = [0u8; 4];
+        dma.write(0x3000, b"abcd").unwrap();
+        dma.read(0x3000, &mut buf).unwrap();
+        assert_eq!(&buf, b"abcd");
     }
 
     #[test]

@@ -439,7 +439,9 @@ impl VgpuDevice {
         match off {
             abi::REG_CONTROL => {
                 if value & abi::CONTROL_RESET != 0 {
-                    self.reset_function();
+                    // A register reset leaves PCI config space (BARs,
+                    // command register, MSI-X) as the guest set it.
+                    self.reset_function(false);
                     return;
                 }
                 {
@@ -560,8 +562,10 @@ impl VgpuDevice {
 
     /// Returns the function to its power-on state: queues stop, in-flight
     /// work is dropped, device memory is freed.
-    fn reset_function(&mut self) {
-        self.pci.reset();
+    fn reset_function(&mut self, config_space: bool) {
+        if config_space {
+            self.pci.reset();
+        }
         let Some(sh) = self.shared().cloned() else {
             return;
         };
@@ -806,7 +810,8 @@ impl PciDevice for VgpuDevice {
     }
 
     fn reset(&mut self) {
-        self.reset_function();
+        // DEVICE_RESET or the client going away: a function-level reset.
+        self.reset_function(true);
     }
 
     fn ioeventfd_direct(

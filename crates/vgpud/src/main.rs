@@ -125,8 +125,27 @@ fn install_signal_stop(stop: vmm_sys_util::eventfd::EventFd) -> Result<(), Strin
     Ok(())
 }
 
+/// Raises the soft open-file limit to the hard one: each client holds its
+/// socket, guest memory files and eventfds, and a busy host serves many.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write `lim`, a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                log::warn!("cannot raise the open-file limit");
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    raise_fd_limit();
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Run {
