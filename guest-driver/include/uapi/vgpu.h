@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * User interface of the vgpu guest driver: one character device per
+ * virtual GPU function, /dev/vgpu<N>.
+ *
+ * Every structure has explicit padding, 64-bit fields on 8-byte offsets
+ * and user pointers as __u64, so 32-bit and 64-bit processes share the
+ * layout. Reserved and padding fields must be zero on input; the driver
+ * writes zero to reserved output fields. See guest-driver/README.md for
+ * the full semantics of each ioctl.
+ */
+#ifndef _UAPI_VGPU_H
+#define _UAPI_VGPU_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define VGPU_UAPI_VERSION		1
+
+/* Limits enforced by the driver. */
+#define VGPU_MAX_BATCH_CMDS		256		/* commands per SUBMIT */
+#define VGPU_MAX_COPY_BYTES		(64ULL << 20)	/* per COPY with a user side */
+#define VGPU_MAX_BATCH_PIN_BYTES	(256ULL << 20)	/* user memory pinned per SUBMIT */
+#define VGPU_MAX_IMAGE_BYTES		(16ULL << 20)	/* MODULE_LOAD image */
+#define VGPU_MAX_PARAMS_BYTES		4096		/* LAUNCH parameter block */
+#define VGPU_MAX_BATCH_STAGED_BYTES	(32ULL << 20)	/* images + params per SUBMIT */
+#define VGPU_MAX_UNCOLLECTED		1024		/* uncollected fences per file */
+#define VGPU_ENTRY_NAME_LEN		32
+
+#define VGPU_TIMEOUT_INFINITE		(~0ULL)
+
+/* ---- VGPU_IOCTL_INFO ---------------------------------------------------- */
+
+#define VGPU_INFO_POLLED	(1U << 0)	/* queues are polled by the device */
+#define VGPU_INFO_MSIX		(1U << 1)	/* MSI-X interrupts (else INTx) */
+#define VGPU_INFO_WINDOW	(1U << 2)	/* the window can be mmap()ed */
+
+struct vgpu_info {
+	__u32 uapi_version;	/* VGPU_UAPI_VERSION */
+	__u32 abi_version;	/* device VERSION register: major << 16 | minor */
+	__u16 vendor_id;
+	__u16 device_id;
+	__u16 subsystem_vendor_id;
+	__u16 subsystem_id;
+	__u8 revision;
+	__u8 pci_bus;
+	__u8 pci_devfn;
+	__u8 pad0;
+	__u32 pci_domain;
+	__u64 features;		/* device FEATURES register */
+	__u64 mem_size;		/* device memory of the partition, bytes */
+	__u64 window_size;	/* host-visible window (BAR2), bytes */
+	__u32 compute_units;
+	__u32 max_queues;	/* queues the device offers */
+	__u32 queues;		/* queues the driver uses */
+	__u32 queue_size;	/* ring entries per queue */
+	__u32 flags;		/* VGPU_INFO_* */
+	__u32 minor;		/* N of /dev/vgpuN */
+	__u64 reserved[4];
+};
+
+/* ---- VGPU_IOCTL_ALLOC / VGPU_IOCTL_FREE ---------------------------------- */
+
+struct vgpu_alloc {
+	__u64 size;		/* in: bytes, > 0 */
+	__u64 align;		/* in: power of two, 0 for the device default */
+	__u64 addr;		/* out: device address */
+	__u32 flags;		/* in: 0 */
+	__u32 pad;
+};
+
+struct vgpu_free {
+	__u64 addr;		/* in: address returned by ALLOC */
+};
+
+/* ---- VGPU_IOCTL_SUBMIT: commands ------------------------------------------ */
+
+/* Opcodes (the device's numbering; 2 and 3 are ALLOC/FREE ioctls). */
+#define VGPU_CMD_NOP		0
+#define VGPU_CMD_FENCE		1
+#define VGPU_CMD_COPY		4
+#define VGPU_CMD_FILL		5
+#define VGPU_CMD_MODULE_LOAD	6
+#define VGPU_CMD_MODULE_UNLOAD	7
+#define VGPU_CMD_LAUNCH		8
+#define VGPU_CMD_TIMESTAMP	9
+
+/* vgpu_cmd.flags of VGPU_CMD_FENCE; every other opcode takes 0. */
+#define VGPU_CMD_FENCE_IRQ	(1U << 0)
+
+/* Memory kinds of a COPY side. */
+#define VGPU_MEM_USER		0	/* this process's memory: a user address */
+#define VGPU_MEM_DEVICE		1	/* device memory: an address from ALLOC */
+#define VGPU_MEM_WINDOW		2	/* window (BAR2): a byte offset */
+
+struct vgpu_copy_args {
+	__u32 src_kind;		/* VGPU_MEM_* */
+	__u32 dst_kind;		/* VGPU_MEM_* */
+	__u64 src;
+	__u64 dst;
+	__u64 size;		/* bytes, > 0 */
+};
+
+struct vgpu_fill_args {
+	__u64 addr;		/* device address */
+	__u64 size;		/* bytes, a multiple of 4, > 0 */
+	__u32 pattern;		/* 32-bit little-endian pattern */
+	__u32 pad;
+};
+
+#define VGPU_MODULE_PTX	1
+
+struct vgpu_module_load_args {
+	__u32 format;		/* VGPU_MODULE_PTX */
+	__u32 pad;
+	__u64 image;		/* user pointer */
+	__u64 image_size;	/* bytes, 1..VGPU_MAX_IMAGE_BYTES */
+};
+
+#define VGPU_MODULE_BUILTIN_ID	0
+
+struct vgpu_module_unload_args {
+	__u64 module;		/* handle from a MODULE_LOAD of this file */
+};
+
+struct vgpu_launch_args {
+	__u64 module;		/* VGPU_MODULE_BUILTIN_ID or a handle */
+	__u32 grid[3];
+	__u32 block[3];
+	__u32 shared_mem;	/* dynamic shared memory, bytes */
+	__u32 params_size;	/* bytes at params, 0..VGPU_MAX_PARAMS_BYTES */
+	__u64 params;		/* user pointer to the parameter block */
+	char entry[VGPU_ENTRY_NAME_LEN];	/* NUL-terminated entry point */
+};
+
+/* Result statuses (the device's completion statuses). */
+#define VGPU_CMD_STATUS_OK		0
+#define VGPU_CMD_STATUS_INVALID		1	/* -EINVAL */
+#define VGPU_CMD_STATUS_FAULT		2	/* -EFAULT */
+#define VGPU_CMD_STATUS_NO_MEMORY	3	/* -ENOMEM */
+#define VGPU_CMD_STATUS_UNSUPPORTED	4	/* -EOPNOTSUPP */
+#define VGPU_CMD_STATUS_NOT_FOUND	5	/* -ENOENT */
+#define VGPU_CMD_STATUS_CANCELLED	6	/* -EIO, -ENODEV: failed by the driver */
+#define VGPU_CMD_STATUS_OUT_OF_RANGE	7	/* -ERANGE */
+#define VGPU_CMD_STATUS_DEVICE_ERROR	8	/* -EIO */
+
+struct vgpu_cmd {
+	__u32 opcode;		/* in: VGPU_CMD_* */
+	__u32 flags;		/* in: per opcode, see above */
+	union {			/* in: by opcode; unused bytes must be zero */
+		struct vgpu_copy_args copy;
+		struct vgpu_fill_args fill;
+		struct vgpu_module_load_args module_load;
+		struct vgpu_module_unload_args module_unload;
+		struct vgpu_launch_args launch;
+		__u64 raw[11];
+	};
+	/* out: written by a waiting SUBMIT or by WAIT */
+	__u32 status;		/* VGPU_CMD_STATUS_* */
+	__s32 error;		/* 0 or a negative errno matching status */
+	__u64 result;		/* MODULE_LOAD: handle; TIMESTAMP: device ns */
+	__u64 device_ns;	/* device time the command took */
+	__u64 reserved;
+};
+
+/* ---- VGPU_IOCTL_SUBMIT / VGPU_IOCTL_WAIT -------------------------------- */
+
+#define VGPU_SUBMIT_WAIT	(1U << 0)	/* wait, write results, collect */
+
+#define VGPU_NO_INDEX		0xffffffffU
+
+struct vgpu_submit {
+	__u64 cmds;		/* in: user pointer to struct vgpu_cmd[count] */
+	__u32 count;		/* in: 1..VGPU_MAX_BATCH_CMDS */
+	__u32 flags;		/* in: VGPU_SUBMIT_* */
+	__u64 timeout_ns;	/* in: with VGPU_SUBMIT_WAIT, as in vgpu_wait */
+	__u64 fence;		/* out: fence of the batch (1, 2, 3, ...) */
+	__u32 error_index;	/* out: offending or first failed command */
+	__s32 error;		/* out: with VGPU_SUBMIT_WAIT, the batch outcome */
+};
+
+#define VGPU_WAIT_ALL		(1U << 0)	/* also collect earlier fences */
+
+struct vgpu_wait {
+	__u64 fence;		/* in */
+	__u64 timeout_ns;	/* in: 0 polls; VGPU_TIMEOUT_INFINITE */
+	__u64 cmds;		/* in: user pointer for results, or 0 */
+	__u32 count;		/* in: entries at cmds (the batch's count) */
+	__u32 flags;		/* in: VGPU_WAIT_* */
+	__u64 error_fence;	/* out: fence of the first failed command, or 0 */
+	__u32 error_index;	/* out: its index, or VGPU_NO_INDEX */
+	__s32 error;		/* out: its errno, or 0 */
+};
+
+/* ---- VGPU_IOCTL_USAGE ----------------------------------------------------- */
+
+struct vgpu_usage {
+	__u64 mem_used;		/* device MEM_USED: all files of the function */
+	__u64 busy_ns;		/* device BUSY_NS */
+	__u64 commands;		/* device COMMANDS */
+	__u64 file_mem_used;	/* bytes allocated through this file */
+	__u32 file_allocs;	/* allocations of this file */
+	__u32 file_modules;	/* modules loaded by this file */
+	__u32 file_inflight;	/* batches of this file on the device */
+	__u32 file_uncollected;	/* fences of this file not yet collected */
+	__u32 open_files;	/* open files of the function */
+	__u32 processes;	/* distinct processes that opened them */
+	__u32 device_errors;	/* device ERROR_COUNT */
+	__u32 recoveries;	/* queue and function resets by the driver */
+	__u64 reserved[4];
+};
+
+/* ---- ioctl numbers -------------------------------------------------------- */
+
+#define VGPU_IOCTL_MAGIC	'V'
+
+#define VGPU_IOCTL_INFO		_IOR(VGPU_IOCTL_MAGIC, 0xa0, struct vgpu_info)
+#define VGPU_IOCTL_ALLOC	_IOWR(VGPU_IOCTL_MAGIC, 0xa1, struct vgpu_alloc)
+#define VGPU_IOCTL_FREE		_IOW(VGPU_IOCTL_MAGIC, 0xa2, struct vgpu_free)
+#define VGPU_IOCTL_SUBMIT	_IOWR(VGPU_IOCTL_MAGIC, 0xa3, struct vgpu_submit)
+#define VGPU_IOCTL_WAIT		_IOWR(VGPU_IOCTL_MAGIC, 0xa4, struct vgpu_wait)
+#define VGPU_IOCTL_USAGE	_IOR(VGPU_IOCTL_MAGIC, 0xa5, struct vgpu_usage)
+
+#endif /* _UAPI_VGPU_H */

@@ -1,0 +1,1430 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vgpu ioctls: device memory ownership, command validation and staging
+ * (pinning user memory, copying images and parameters into DMA memory),
+ * fences and results.
+ *
+ * Nothing a process passes is trusted: every size is capped, every user
+ * pointer goes through the uaccess helpers or pin_user_pages_fast(), and
+ * every device address a command names must lie inside an allocation of
+ * the calling file, so a process cannot reach another process's memory
+ * even on the same function.
+ */
+
+#include <linux/dma-mapping.h>
+#include <linux/fs.h>
+#include <linux/io.h>
+#include <linux/io-64-nonatomic-lo-hi.h>
+#include <linux/ktime.h>
+#include <linux/mm.h>
+#include <linux/overflow.h>
+#include <linux/pid.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+#include <linux/uaccess.h>
+
+#include "vgpu.h"
+
+/* The results part of struct vgpu_cmd. */
+struct vgpu_cmd_out {
+	__u32 status;
+	__s32 error;
+	__u64 result;
+	__u64 device_ns;
+	__u64 reserved;
+};
+
+static_assert(sizeof(struct vgpu_cmd) == 128);
+static_assert(offsetof(struct vgpu_cmd, status) + sizeof(struct vgpu_cmd_out) ==
+	      sizeof(struct vgpu_cmd));
+static_assert(sizeof(struct vgpu_launch_args) == 80);
+static_assert(sizeof(struct vgpu_submit) == 40);
+static_assert(sizeof(struct vgpu_wait) == 48);
+static_assert(sizeof(struct vgpu_info) == 104);
+static_assert(sizeof(struct vgpu_usage) == 96);
+static_assert(VGPU_MAX_IMAGE_BYTES == VGPU_MAX_MODULE_SIZE);
+static_assert(VGPU_MAX_PARAMS_BYTES == VGPU_MAX_PARAMS_SIZE);
+static_assert(VGPU_ENTRY_NAME_LEN == sizeof_field(struct vgpu_cmd_launch, entry));
+static_assert(VGPU_CMD_STATUS_OK == VGPU_STATUS_OK);
+static_assert(VGPU_CMD_STATUS_INVALID == VGPU_STATUS_INVALID);
+static_assert(VGPU_CMD_STATUS_FAULT == VGPU_STATUS_FAULT);
+static_assert(VGPU_CMD_STATUS_NO_MEMORY == VGPU_STATUS_NO_MEMORY);
+static_assert(VGPU_CMD_STATUS_UNSUPPORTED == VGPU_STATUS_UNSUPPORTED);
+static_assert(VGPU_CMD_STATUS_NOT_FOUND == VGPU_STATUS_NOT_FOUND);
+static_assert(VGPU_CMD_STATUS_CANCELLED == VGPU_STATUS_CANCELLED);
+static_assert(VGPU_CMD_STATUS_OUT_OF_RANGE == VGPU_STATUS_OUT_OF_RANGE);
+static_assert(VGPU_CMD_STATUS_DEVICE_ERROR == VGPU_STATUS_DEVICE_ERROR);
+static_assert(VGPU_MODULE_BUILTIN_ID == VGPU_MODULE_BUILTIN);
+static_assert(VGPU_MODULE_PTX == VGPU_MODULE_FORMAT_PTX);
+static_assert(VGPU_CMD_NOP == VGPU_OP_NOP);
+static_assert(VGPU_CMD_FENCE == VGPU_OP_FENCE);
+static_assert(VGPU_CMD_COPY == VGPU_OP_COPY);
+static_assert(VGPU_CMD_FILL == VGPU_OP_FILL);
+static_assert(VGPU_CMD_MODULE_LOAD == VGPU_OP_MODULE_LOAD);
+static_assert(VGPU_CMD_MODULE_UNLOAD == VGPU_OP_MODULE_UNLOAD);
+static_assert(VGPU_CMD_LAUNCH == VGPU_OP_LAUNCH);
+static_assert(VGPU_CMD_TIMESTAMP == VGPU_OP_TIMESTAMP);
+
+/*
+ * Parameter blocks of the built-in module, whose device pointers the
+ * driver checks. Same layouts as the vgpu_*_params structures of the
+ * device ABI (which that header shows only to user space).
+ */
+struct vgpu_k_fill { u64 dst, count; u32 value, reserved; };
+struct vgpu_k_copy { u64 dst, src, bytes; };
+struct vgpu_k_vadd { u64 c, a, b, n; };
+struct vgpu_k_saxpy { u64 y, x, n; u32 a, reserved; };
+struct vgpu_k_sgemm { u64 c, a, b; u32 m, n, k, reserved, alpha, beta; };
+struct vgpu_k_reduce { u64 out, input, n; };
+
+static_assert(sizeof(struct vgpu_k_fill) == 24);
+static_assert(sizeof(struct vgpu_k_copy) == 24);
+static_assert(sizeof(struct vgpu_k_vadd) == 32);
+static_assert(sizeof(struct vgpu_k_saxpy) == 32);
+static_assert(sizeof(struct vgpu_k_sgemm) == 48);
+static_assert(sizeof(struct vgpu_k_reduce) == 24);
+
+/* ---- device resources of a file ------------------------------------------ */
+
+static void vgpu_res_drop_all_locked(struct vgpu_file *vf)
+{
+	struct vgpu_res *r, *tmp;
+
+	rbtree_postorder_for_each_entry_safe(r, tmp, &vf->allocs, node)
+		kfree(r);
+	vf->allocs = RB_ROOT;
+	list_for_each_entry_safe(r, tmp, &vf->modules, link) {
+		list_del(&r->link);
+		kfree(r);
+	}
+	vf->mem_bytes = 0;
+	vf->nallocs = 0;
+	vf->nmodules = 0;
+}
+
+/* Resources of an older generation died with a function reset. */
+static void vgpu_res_sync_gen_locked(struct vgpu_file *vf, u64 gen)
+{
+	if (vf->res_gen < gen) {
+		vgpu_res_drop_all_locked(vf);
+		vf->res_gen = gen;
+	}
+}
+
+void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	vgpu_res_sync_gen_locked(vf, gen);
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+}
+
+static bool vgpu_alloc_insert(struct vgpu_file *vf, struct vgpu_res *res)
+{
+	struct rb_node **link = &vf->allocs.rb_node, *parent = NULL;
+	u64 end;
+
+	if (!res->size || check_add_overflow(res->addr, res->size, &end))
+		return false;
+	while (*link) {
+		struct vgpu_res *r = rb_entry(*link, struct vgpu_res, node);
+
+		parent = *link;
+		if (end <= r->addr)
+			link = &parent->rb_left;
+		else if (res->addr >= r->addr + r->size)
+			link = &parent->rb_right;
+		else
+			return false;	/* overlaps */
+	}
+	rb_link_node(&res->node, parent, link);
+	rb_insert_color(&res->node, &vf->allocs);
+	return true;
+}
+
+/* The allocation containing addr. res_lock held. */
+static struct vgpu_res *vgpu_alloc_find(struct vgpu_file *vf, u64 addr)
+{
+	struct rb_node *n = vf->allocs.rb_node;
+
+	while (n) {
+		struct vgpu_res *r = rb_entry(n, struct vgpu_res, node);
+
+		if (addr < r->addr)
+			n = n->rb_left;
+		else if (addr - r->addr >= r->size)
+			n = n->rb_right;
+		else
+			return r;
+	}
+	return NULL;
+}
+
+/* A module of the file, not being unloaded. res_lock held. */
+static struct vgpu_res *vgpu_module_find(struct vgpu_file *vf, u64 handle)
+{
+	struct vgpu_res *r;
+
+	list_for_each_entry(r, &vf->modules, link)
+		if (r->addr == handle && !r->dying)
+			return r;
+	return NULL;
+}
+
+/*
+ * Keeps the result of a MEM_ALLOC or MODULE_LOAD. Called at completion,
+ * with the queue lock held (interrupts off).
+ */
+void vgpu_res_record(struct vgpu_file *vf, struct vgpu_res *res, u64 gen,
+		     u64 value)
+{
+	spin_lock(&vf->res_lock);
+	if (gen < vf->res_gen) {
+		kfree(res);
+		goto out;
+	}
+	vgpu_res_sync_gen_locked(vf, gen);
+	res->addr = value;
+	if (res->module) {
+		list_add_tail(&res->link, &vf->modules);
+		vf->nmodules++;
+	} else if (vgpu_alloc_insert(vf, res)) {
+		vf->mem_bytes += res->size;
+		vf->nallocs++;
+	} else {
+		dev_warn_ratelimited(&vf->vdev->pdev->dev,
+				     "device returned an unusable allocation %#llx+%#llx\n",
+				     value, res->size);
+		kfree(res);
+	}
+out:
+	spin_unlock(&vf->res_lock);
+}
+
+/* 0 when [addr, addr + len) lies inside one allocation of the file. */
+static int vgpu_check_dev_range(struct vgpu_file *vf, u64 addr, u64 len)
+{
+	struct vgpu_res *r;
+	unsigned long flags;
+	int ret = 0;
+
+	if (!len)
+		return 0;
+	spin_lock_irqsave(&vf->res_lock, flags);
+	r = vgpu_alloc_find(vf, addr);
+	if (!r)
+		ret = -ENOENT;
+	else if (len > r->size - (addr - r->addr))
+		ret = -ERANGE;
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+	return ret;
+}
+
+/*
+ * MODULE_UNLOAD marks its module dying while the batch is checked,
+ * so later commands of the same batch cannot name it; the mark becomes a
+ * removal once the batch is on the ring, or is undone.
+ */
+static void vgpu_modules_settle(struct vgpu_file *vf, bool commit)
+{
+	struct vgpu_res *r, *tmp;
+	unsigned long flags;
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	list_for_each_entry_safe(r, tmp, &vf->modules, link) {
+		if (!r->dying)
+			continue;
+		if (commit) {
+			list_del(&r->link);
+			vf->nmodules--;
+			kfree(r);
+		} else {
+			r->dying = false;
+		}
+	}
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+}
+
+/* ---- command preparation ---------------------------------------------------- */
+
+struct vgpu_budget {
+	u64 pinned;
+	u64 staged;
+};
+
+static bool vgpu_args_tail_zero(const struct vgpu_cmd *u, size_t used)
+{
+	const u8 *p = (const u8 *)u->raw;
+
+	return !memchr_inv(p + used, 0, sizeof(u->raw) - used);
+}
+
+/*
+ * Coherent buffers for total bytes, in at most max_bufs pieces: big
+ * pieces first, smaller ones if memory is fragmented.
+ */
+static int vgpu_stage_alloc(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			    u64 total, u32 max_bufs)
+{
+	struct device *dev = &vdev->pdev->dev;
+	u64 min_chunk = PAGE_ALIGN(DIV_ROUND_UP_ULL(total, max_bufs));
+	u64 chunk = max_t(u64, min_t(u64, total, SZ_1M), min_chunk);
+
+	for (;;) {
+		u32 n = DIV_ROUND_UP_ULL(total, chunk), i;
+		u64 off = 0;
+
+		c->bufs = kcalloc(n, sizeof(*c->bufs), GFP_KERNEL);
+		if (!c->bufs)
+			return -ENOMEM;
+		for (i = 0; i < n; i++) {
+			size_t len = min_t(u64, total - off, chunk);
+			struct vgpu_dmabuf *b = &c->bufs[i];
+
+			b->cpu = dma_alloc_coherent(dev, len, &b->dma,
+						    GFP_KERNEL | __GFP_NOWARN);
+			if (!b->cpu)
+				break;
+			b->size = len;
+			b->len = len;
+			c->nbufs++;
+			off += len;
+		}
+		if (i == n)
+			return 0;
+
+		for (i = 0; i < c->nbufs; i++)
+			dma_free_coherent(dev, c->bufs[i].size, c->bufs[i].cpu,
+					  c->bufs[i].dma);
+		kfree(c->bufs);
+		c->bufs = NULL;
+		c->nbufs = 0;
+		if (chunk <= PAGE_SIZE || chunk / 2 < min_chunk)
+			return -ENOMEM;
+		chunk /= 2;
+	}
+}
+
+static int vgpu_stage_copy_in(struct vgpu_bcmd *c, const void __user *src)
+{
+	u64 off = 0;
+	u32 i;
+
+	for (i = 0; i < c->nbufs; i++) {
+		if (copy_from_user(c->bufs[i].cpu, src + off, c->bufs[i].len))
+			return -EFAULT;
+		off += c->bufs[i].len;
+	}
+	return 0;
+}
+
+/*
+ * Pins the user side of a COPY, maps it for DMA and turns the mapping
+ * into the device's scatter-gather list: inline in the command slot when
+ * short, else in a coherent buffer split into pieces of at most
+ * VGPU_MAX_SG_ENTRIES entries (one device command each).
+ */
+static int vgpu_prep_user_side(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			       u64 uaddr, u64 size, bool to_device)
+{
+	struct device *dev = &vdev->pdev->dev;
+	unsigned int off = offset_in_page(uaddr);
+	struct vgpu_sg_entry *ents;
+	struct scatterlist *sg;
+	unsigned int i;
+	long npages, pinned;
+	u64 end;
+	int ret;
+
+	if (check_add_overflow(uaddr, size, &end) ||
+	    !access_ok(u64_to_user_ptr(uaddr), size))
+		return -EFAULT;
+	npages = DIV_ROUND_UP(off + size, PAGE_SIZE);
+	c->pages = kvmalloc_array(npages, sizeof(*c->pages), GFP_KERNEL);
+	if (!c->pages)
+		return -ENOMEM;
+	pinned = pin_user_pages_fast(uaddr & PAGE_MASK, npages,
+				     to_device ? 0 : FOLL_WRITE, c->pages);
+	if (pinned < 0) {
+		kvfree(c->pages);
+		c->pages = NULL;
+		return pinned;
+	}
+	c->npages = pinned;
+	if (pinned != npages)
+		return -EFAULT;
+	c->dirty = !to_device;
+	c->dir = to_device ? DMA_TO_DEVICE : DMA_FROM_DEVICE;
+
+	ret = sg_alloc_table_from_pages_segment(&c->sgt, c->pages, npages, off,
+						size,
+						ALIGN_DOWN(dma_get_max_seg_size(dev), PAGE_SIZE),
+						GFP_KERNEL);
+	if (ret)
+		return ret;
+	ret = dma_map_sgtable(dev, &c->sgt, c->dir, 0);
+	if (ret)
+		return ret;
+	c->mapped = true;
+	c->nents = c->sgt.nents;
+	c->size = size;
+	c->npieces = DIV_ROUND_UP(c->nents, VGPU_MAX_SG_ENTRIES);
+
+	if (c->nents <= VGPU_INLINE_SG) {
+		ents = (struct vgpu_sg_entry *)c->inl;
+		c->inl_len = c->nents * sizeof(*ents);
+	} else {
+		ret = vgpu_stage_alloc(vdev, c, (u64)c->nents * sizeof(*ents), 1);
+		if (ret)
+			return ret;
+		ents = c->bufs[0].cpu;
+		if (c->npieces > 1) {
+			c->piece_len = kcalloc(c->npieces, sizeof(u64),
+					       GFP_KERNEL);
+			if (!c->piece_len)
+				return -ENOMEM;
+		}
+	}
+	for_each_sgtable_dma_sg(&c->sgt, sg, i) {
+		ents[i].addr = sg_dma_address(sg);
+		ents[i].len = sg_dma_len(sg);
+		if (c->piece_len)
+			c->piece_len[i / VGPU_MAX_SG_ENTRIES] += sg_dma_len(sg);
+	}
+	c->ndesc = c->npieces * 3;
+	return 0;
+}
+
+static u32 vgpu_copy_kind(u32 kind)
+{
+	switch (kind) {
+	case VGPU_MEM_USER:
+		return VGPU_COPY_GUEST;
+	case VGPU_MEM_DEVICE:
+		return VGPU_COPY_DEVICE;
+	default:
+		return VGPU_COPY_WINDOW;
+	}
+}
+
+static int vgpu_prep_copy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			  const struct vgpu_cmd *u, struct vgpu_budget *bud)
+{
+	const struct vgpu_copy_args *a = &u->copy;
+	struct vgpu_cmd_copy *d = &c->dcmd.copy;
+	u32 sk = a->src_kind, dk = a->dst_kind;
+	bool ok;
+
+	if (u->flags || !vgpu_args_tail_zero(u, sizeof(*a)) || !a->size)
+		return -EINVAL;
+	ok = (sk == VGPU_MEM_DEVICE && dk <= VGPU_MEM_WINDOW) ||
+	     (dk == VGPU_MEM_DEVICE && sk <= VGPU_MEM_WINDOW);
+	if (!ok)
+		return -EINVAL;
+
+	if (sk == VGPU_MEM_WINDOW || dk == VGPU_MEM_WINDOW) {
+		u64 off = sk == VGPU_MEM_WINDOW ? a->src : a->dst;
+
+		if (!vdev->win_dev_size)
+			return -EOPNOTSUPP;
+		if (off > vdev->win_dev_size ||
+		    a->size > vdev->win_dev_size - off)
+			return -ERANGE;
+	}
+
+	d->hdr.opcode = VGPU_OP_COPY;
+	d->src_kind = vgpu_copy_kind(sk);
+	d->dst_kind = vgpu_copy_kind(dk);
+	d->src = sk == VGPU_MEM_USER ? 0 : a->src;
+	d->dst = dk == VGPU_MEM_USER ? 0 : a->dst;
+	d->size = a->size;
+	c->dlen = sizeof(*d);
+
+	if (sk == VGPU_MEM_USER || dk == VGPU_MEM_USER) {
+		int ret;
+
+		if (a->size > VGPU_MAX_COPY_BYTES ||
+		    a->size > VGPU_MAX_BATCH_PIN_BYTES - bud->pinned)
+			return -E2BIG;
+		bud->pinned += a->size;
+		ret = vgpu_prep_user_side(vdev, c,
+					  sk == VGPU_MEM_USER ? a->src : a->dst,
+					  a->size, sk == VGPU_MEM_USER);
+		if (ret)
+			return ret;
+		d->sg_count = c->nents;
+		return 0;
+	}
+	c->npieces = 1;
+	c->ndesc = 2;
+	return 0;
+}
+
+static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			    const struct vgpu_cmd *u, struct vgpu_budget *bud)
+{
+	const struct vgpu_launch_args *a = &u->launch;
+	struct vgpu_cmd_launch *d = &c->dcmd.launch;
+	const void __user *params = u64_to_user_ptr(a->params);
+	int ret;
+
+	if (u->flags || !vgpu_args_tail_zero(u, sizeof(*a)))
+		return -EINVAL;
+	if (!a->entry[0] || !memchr(a->entry, 0, sizeof(a->entry)))
+		return -EINVAL;
+	if (a->params_size > VGPU_MAX_PARAMS_BYTES)
+		return -E2BIG;
+	if (a->params_size > VGPU_MAX_BATCH_STAGED_BYTES - bud->staged)
+		return -E2BIG;
+	bud->staged += a->params_size;
+
+	d->hdr.opcode = VGPU_OP_LAUNCH;
+	d->module = a->module;
+	memcpy(d->grid, a->grid, sizeof(d->grid));
+	memcpy(d->block, a->block, sizeof(d->block));
+	d->shared_mem = a->shared_mem;
+	d->params_size = a->params_size;
+	memcpy(d->entry, a->entry, sizeof(d->entry));
+	c->dlen = sizeof(*d);
+	c->npieces = 1;
+	c->ndesc = 2;
+
+	if (!a->params_size)
+		return 0;
+	c->ndesc++;
+	if (a->params_size <= VGPU_SLOT_DATA_BYTES) {
+		if (copy_from_user(c->inl, params, a->params_size))
+			return -EFAULT;
+		c->inl_len = a->params_size;
+		return 0;
+	}
+	ret = vgpu_stage_alloc(vdev, c, a->params_size, 1);
+	if (ret)
+		return ret;
+	return vgpu_stage_copy_in(c, params);
+}
+
+static int vgpu_prep_module_load(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+				 const struct vgpu_cmd *u,
+				 struct vgpu_budget *bud)
+{
+	const struct vgpu_module_load_args *a = &u->module_load;
+	struct vgpu_cmd_module_load *d = &c->dcmd.module_load;
+	int ret;
+
+	if (u->flags || a->pad || !vgpu_args_tail_zero(u, sizeof(*a)) ||
+	    !a->image_size)
+		return -EINVAL;
+	if (a->image_size > VGPU_MAX_IMAGE_BYTES ||
+	    a->image_size > VGPU_MAX_BATCH_STAGED_BYTES - bud->staged)
+		return -E2BIG;
+	bud->staged += a->image_size;
+
+	c->res = kzalloc(sizeof(*c->res), GFP_KERNEL);
+	if (!c->res)
+		return -ENOMEM;
+	c->res->module = true;
+
+	d->hdr.opcode = VGPU_OP_MODULE_LOAD;
+	d->format = a->format;
+	d->image_size = a->image_size;
+	c->dlen = sizeof(*d);
+
+	ret = vgpu_stage_alloc(vdev, c, a->image_size, VGPU_MAX_DATA_DESCS);
+	if (ret)
+		return ret;
+	ret = vgpu_stage_copy_in(c, u64_to_user_ptr(a->image));
+	if (ret)
+		return ret;
+	c->npieces = 1;
+	c->ndesc = 2 + c->nbufs;
+	return 0;
+}
+
+/* Checks a command and stages its data. No locks held but hw_lock. */
+static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			 const struct vgpu_cmd *u, struct vgpu_budget *bud)
+{
+	c->npieces = 1;
+	c->ndesc = 2;
+	c->dcmd.hdr.opcode = u->opcode;
+	c->dlen = sizeof(struct vgpu_cmd_hdr);
+
+	switch (u->opcode) {
+	case VGPU_CMD_NOP:
+		if (u->flags || !vgpu_args_tail_zero(u, 0))
+			return -EINVAL;
+		return 0;
+	case VGPU_CMD_TIMESTAMP:
+		if (u->flags || !vgpu_args_tail_zero(u, 0))
+			return -EINVAL;
+		if (!(vdev->features & VGPU_FEATURE_TIMESTAMP))
+			return -EOPNOTSUPP;
+		return 0;
+	case VGPU_CMD_FENCE:
+		if ((u->flags & ~VGPU_CMD_FENCE_IRQ) ||
+		    !vgpu_args_tail_zero(u, 0))
+			return -EINVAL;
+		if (u->flags & VGPU_CMD_FENCE_IRQ)
+			c->dcmd.fence.hdr.flags = VGPU_FENCE_FLAG_IRQ;
+		c->dlen = sizeof(struct vgpu_cmd_fence);
+		return 0;
+	case VGPU_CMD_COPY:
+		return vgpu_prep_copy(vdev, c, u, bud);
+	case VGPU_CMD_FILL:
+		if (u->flags || u->fill.pad ||
+		    !vgpu_args_tail_zero(u, sizeof(u->fill)) ||
+		    !u->fill.size || u->fill.size % 4)
+			return -EINVAL;
+		c->dcmd.fill.addr = u->fill.addr;
+		c->dcmd.fill.size = u->fill.size;
+		c->dcmd.fill.pattern = u->fill.pattern;
+		c->dlen = sizeof(struct vgpu_cmd_fill);
+		return 0;
+	case VGPU_CMD_MODULE_LOAD:
+		return vgpu_prep_module_load(vdev, c, u, bud);
+	case VGPU_CMD_MODULE_UNLOAD:
+		if (u->flags || !vgpu_args_tail_zero(u, sizeof(u->module_unload)))
+			return -EINVAL;
+		if (u->module_unload.module == VGPU_MODULE_BUILTIN_ID)
+			return -EINVAL;
+		c->dcmd.module_unload.module = u->module_unload.module;
+		c->dlen = sizeof(struct vgpu_cmd_module_unload);
+		return 0;
+	case VGPU_CMD_LAUNCH:
+		return vgpu_prep_launch(vdev, c, u, bud);
+	default:
+		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
+		return -EINVAL;
+	}
+}
+
+/* ---- ownership checks ----------------------------------------------------- */
+
+struct vgpu_range {
+	u64 addr;
+	u64 len;
+};
+
+static int vgpu_words(u64 n, u64 *bytes)
+{
+	return check_mul_overflow(n, 4ULL, bytes) ? -ERANGE : 0;
+}
+
+/*
+ * The built-in kernels take device pointers in their parameter blocks:
+ * every range they touch must belong to the file. Modules loaded by the
+ * process take opaque blocks the driver cannot check (see README).
+ */
+static int vgpu_check_builtin(struct vgpu_file *vf, const char *entry,
+			      const void *params, u32 size)
+{
+	struct vgpu_range r[3] = {};
+	unsigned int n = 0, i;
+	u64 mn, mk, kn;
+	int ret = 0;
+
+	if (!strcmp(entry, "fill_u32")) {
+		struct vgpu_k_fill p;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		r[n].addr = p.dst;
+		ret = vgpu_words(p.count, &r[n++].len);
+	} else if (!strcmp(entry, "copy")) {
+		struct vgpu_k_copy p;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		r[n++] = (struct vgpu_range){ p.dst, p.bytes };
+		r[n++] = (struct vgpu_range){ p.src, p.bytes };
+	} else if (!strcmp(entry, "vadd_f32")) {
+		struct vgpu_k_vadd p;
+		u64 len;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		ret = vgpu_words(p.n, &len);
+		r[n++] = (struct vgpu_range){ p.c, len };
+		r[n++] = (struct vgpu_range){ p.a, len };
+		r[n++] = (struct vgpu_range){ p.b, len };
+	} else if (!strcmp(entry, "saxpy_f32")) {
+		struct vgpu_k_saxpy p;
+		u64 len;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		ret = vgpu_words(p.n, &len);
+		r[n++] = (struct vgpu_range){ p.y, len };
+		r[n++] = (struct vgpu_range){ p.x, len };
+	} else if (!strcmp(entry, "sgemm_f32")) {
+		struct vgpu_k_sgemm p;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		mn = (u64)p.m * p.n;
+		mk = (u64)p.m * p.k;
+		kn = (u64)p.k * p.n;
+		ret = vgpu_words(mn, &r[0].len) ?: vgpu_words(mk, &r[1].len) ?:
+		      vgpu_words(kn, &r[2].len);
+		r[0].addr = p.c;
+		r[1].addr = p.a;
+		r[2].addr = p.b;
+		n = 3;
+	} else if (!strcmp(entry, "reduce_sum_f32")) {
+		struct vgpu_k_reduce p;
+
+		if (size != sizeof(p))
+			return -EINVAL;
+		memcpy(&p, params, sizeof(p));
+		r[n++] = (struct vgpu_range){ p.out, 4 };
+		r[n].addr = p.input;
+		ret = vgpu_words(p.n, &r[n++].len);
+	} else {
+		return -ENOENT;
+	}
+
+	for (i = 0; !ret && i < n; i++)
+		ret = vgpu_check_dev_range(vf, r[i].addr, r[i].len);
+	return ret;
+}
+
+/*
+ * Checks that the device addresses and modules a command names belong to
+ * the file. Under submit_lock, so no FREE of the file can slip in between
+ * this check and the command reaching the ring.
+ */
+static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
+			  struct vgpu_bcmd *c)
+{
+	const struct vgpu_launch_args *l = &u->launch;
+	struct vgpu_res *m;
+	unsigned long flags;
+	const void *params;
+	int ret = 0;
+
+	switch (u->opcode) {
+	case VGPU_CMD_COPY:
+		if (u->copy.src_kind == VGPU_MEM_DEVICE)
+			ret = vgpu_check_dev_range(vf, u->copy.src, u->copy.size);
+		if (!ret && u->copy.dst_kind == VGPU_MEM_DEVICE)
+			ret = vgpu_check_dev_range(vf, u->copy.dst, u->copy.size);
+		return ret;
+	case VGPU_CMD_FILL:
+		return vgpu_check_dev_range(vf, u->fill.addr, u->fill.size);
+	case VGPU_CMD_MODULE_UNLOAD:
+		spin_lock_irqsave(&vf->res_lock, flags);
+		m = vgpu_module_find(vf, u->module_unload.module);
+		if (m)
+			m->dying = true;
+		spin_unlock_irqrestore(&vf->res_lock, flags);
+		return m ? 0 : -ENOENT;
+	case VGPU_CMD_LAUNCH:
+		if (l->module != VGPU_MODULE_BUILTIN_ID) {
+			spin_lock_irqsave(&vf->res_lock, flags);
+			m = vgpu_module_find(vf, l->module);
+			spin_unlock_irqrestore(&vf->res_lock, flags);
+			return m ? 0 : -ENOENT;
+		}
+		params = c->inl_len ? (const void *)c->inl :
+			 c->nbufs ? c->bufs[0].cpu : NULL;
+		return vgpu_check_builtin(vf, l->entry, params, l->params_size);
+	default:
+		return 0;
+	}
+}
+
+/* ---- fences and results ------------------------------------------------------ */
+
+static bool vgpu_fence_done(struct vgpu_file *vf, u64 seq)
+{
+	return seq <= smp_load_acquire(&vf->done_seq);
+}
+
+static int vgpu_wait_fence(struct vgpu_file *vf, u64 seq, u64 timeout_ns)
+{
+	long ret;
+
+	if (vgpu_fence_done(vf, seq))
+		return 0;
+
+	if (vf->q->polled && vgpu_poll_spin_us && timeout_ns) {
+		u64 spin = min_t(u64, (u64)vgpu_poll_spin_us * NSEC_PER_USEC,
+				 timeout_ns);
+		u64 end = ktime_get_ns() + spin;
+
+		do {
+			vgpu_queue_reap(vf->q);
+			if (vgpu_fence_done(vf, seq))
+				return 0;
+			cpu_relax();
+		} while (ktime_get_ns() < end && !need_resched() &&
+			 !signal_pending(current));
+	}
+	if (!timeout_ns)
+		return -ETIMEDOUT;
+
+	if (timeout_ns == VGPU_TIMEOUT_INFINITE)
+		ret = wait_event_interruptible(vf->wq, vgpu_fence_done(vf, seq));
+	else
+		ret = wait_event_interruptible_hrtimeout(vf->wq,
+				vgpu_fence_done(vf, seq),
+				ns_to_ktime(min_t(u64, timeout_ns, KTIME_MAX)));
+	if (ret == -ETIME)
+		return -ETIMEDOUT;
+	if (ret == -ERESTARTSYS)
+		return -EINTR;
+	return ret;
+}
+
+static int vgpu_copy_results(struct vgpu_cmd __user *ucmds,
+			     const struct vgpu_batch *b)
+{
+	u32 i;
+
+	for (i = 0; i < b->ncmds; i++) {
+		const struct vgpu_bcmd *c = &b->cmds[i];
+		struct vgpu_cmd_out o = {
+			.status = c->status,
+			.error = c->error,
+			.result = c->result,
+			.device_ns = c->device_ns,
+		};
+
+		if (copy_to_user(&ucmds[i].status, &o, sizeof(o)))
+			return -EFAULT;
+	}
+	return 0;
+}
+
+static void vgpu_report_error(const struct vgpu_batch *b, struct vgpu_wait *w)
+{
+	u32 i;
+
+	if (w->error)
+		return;
+	for (i = 0; i < b->ncmds; i++) {
+		if (b->cmds[i].error) {
+			w->error = b->cmds[i].error;
+			w->error_index = i;
+			w->error_fence = b->seq;
+			return;
+		}
+	}
+}
+
+/* Drops the fence table's reference if nobody collected it meanwhile. */
+static bool vgpu_uncollect(struct vgpu_file *vf, u64 seq, struct vgpu_batch *b)
+{
+	if (xa_cmpxchg(&vf->batches, seq, b, NULL, 0) != b)
+		return false;
+	atomic_dec(&vf->nrecords);
+	return true;
+}
+
+/*
+ * Collects a completed fence: copies its results to ucmds (if given) and
+ * forgets it; with all, also every earlier uncollected fence. The first
+ * failed command (lowest fence first) is reported in w.
+ */
+static int vgpu_collect(struct vgpu_file *vf, u64 seq, bool all,
+			struct vgpu_cmd __user *ucmds, u32 count,
+			struct vgpu_wait *w)
+{
+	struct vgpu_batch *b, *e;
+	unsigned long idx;
+	int ret = 0;
+
+	w->error_fence = 0;
+	w->error_index = VGPU_NO_INDEX;
+	w->error = 0;
+
+	xa_lock(&vf->batches);
+	b = xa_load(&vf->batches, seq);
+	if (b)
+		kref_get(&b->ref);
+	xa_unlock(&vf->batches);
+
+	if (ucmds) {
+		if (!b)
+			return -ENOENT;
+		if (count != b->ncmds) {
+			ret = -EINVAL;
+			goto out;
+		}
+		ret = vgpu_copy_results(ucmds, b);
+		if (ret)
+			goto out;
+	}
+
+	if (all && seq > 1) {
+		xa_for_each_range(&vf->batches, idx, e, 1, seq - 1) {
+			if (!vgpu_uncollect(vf, idx, e))
+				continue;
+			vgpu_report_error(e, w);
+			vgpu_batch_put(e);
+		}
+	}
+	if (b) {
+		vgpu_report_error(b, w);
+		if (vgpu_uncollect(vf, seq, b))
+			vgpu_batch_put(b);
+	}
+out:
+	if (b)
+		vgpu_batch_put(b);
+	return ret;
+}
+
+/* ---- ioctls ------------------------------------------------------------------ */
+
+static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct pci_dev *pdev = vdev->pdev;
+	struct vgpu_info i = {
+		.uapi_version = VGPU_UAPI_VERSION,
+		.abi_version = vdev->version,
+		.vendor_id = pdev->vendor,
+		.device_id = pdev->device,
+		.subsystem_vendor_id = pdev->subsystem_vendor,
+		.subsystem_id = pdev->subsystem_device,
+		.revision = pdev->revision,
+		.pci_bus = pdev->bus->number,
+		.pci_devfn = pdev->devfn,
+		.pci_domain = pci_domain_nr(pdev->bus),
+		.features = vdev->features,
+		.mem_size = vdev->mem_size,
+		.window_size = vdev->win_size,
+		.compute_units = vdev->compute_units,
+		.max_queues = vdev->max_queues,
+		.queues = vdev->nq,
+		.queue_size = vdev->qsize,
+		.minor = vdev->minor,
+	};
+
+	if (vdev->polled)
+		i.flags |= VGPU_INFO_POLLED;
+	if (vdev->msix)
+		i.flags |= VGPU_INFO_MSIX;
+	if (vdev->win_size)
+		i.flags |= VGPU_INFO_WINDOW;
+	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
+}
+
+/* Waits until a driver-internal batch completed; a fatal signal aborts. */
+static int vgpu_wait_internal(struct vgpu_file *vf, struct vgpu_batch *b)
+{
+	if (wait_event_killable(vf->wq, smp_load_acquire(&b->done)))
+		return -EINTR;
+	return 0;
+}
+
+static struct vgpu_batch *vgpu_single(struct vgpu_file *vf)
+{
+	struct vgpu_batch *b = vgpu_batch_alloc(vf->vdev, vf, 1);
+
+	if (!b)
+		return NULL;
+	b->ndesc = 2;
+	b->cmds[0].npieces = 1;
+	b->cmds[0].ndesc = 2;
+	return b;
+}
+
+static long vgpu_ioctl_alloc(struct vgpu_file *vf, struct vgpu_alloc __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_alloc a;
+	struct vgpu_batch *b;
+	struct vgpu_bcmd *c;
+	long ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (a.flags || a.pad || !a.size || (a.align & (a.align - 1)))
+		return -EINVAL;
+
+	b = vgpu_single(vf);
+	if (!b)
+		return -ENOMEM;
+	c = &b->cmds[0];
+	c->dcmd.mem_alloc.hdr.opcode = VGPU_OP_MEM_ALLOC;
+	c->dcmd.mem_alloc.size = a.size;
+	c->dcmd.mem_alloc.align = a.align;
+	c->dlen = sizeof(c->dcmd.mem_alloc);
+	c->res = kzalloc(sizeof(*c->res), GFP_KERNEL);
+	if (!c->res) {
+		ret = -ENOMEM;
+		goto put;
+	}
+	c->res->size = a.size;
+
+	down_read(&vdev->hw_lock);
+	if (vdev->dead) {
+		ret = -ENODEV;
+		goto unlock_hw;
+	}
+	ret = mutex_lock_killable(&vf->submit_lock);
+	if (ret)
+		goto unlock_hw;
+	b->gen = READ_ONCE(vdev->gen);
+	vgpu_res_sync_gen(vf, b->gen);
+	ret = vgpu_queue_submit(vf->q, b, true);
+	mutex_unlock(&vf->submit_lock);
+unlock_hw:
+	up_read(&vdev->hw_lock);
+	if (ret)
+		goto put;
+
+	/*
+	 * Killed while waiting: the allocation, if it happens, is recorded
+	 * at completion and freed when the file is closed.
+	 */
+	ret = vgpu_wait_internal(vf, b);
+	if (ret)
+		goto put;
+	ret = c->error;
+	if (!ret) {
+		a.addr = c->result;
+		if (copy_to_user(arg, &a, sizeof(a)))
+			ret = -EFAULT;
+	}
+put:
+	vgpu_batch_put(b);
+	return ret;
+}
+
+static long vgpu_ioctl_free(struct vgpu_file *vf, struct vgpu_free __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_batch *b;
+	struct vgpu_bcmd *c;
+	struct vgpu_res *r;
+	struct vgpu_free f;
+	unsigned long flags;
+	bool found;
+	long ret;
+
+	if (copy_from_user(&f, arg, sizeof(f)))
+		return -EFAULT;
+
+	b = vgpu_single(vf);
+	if (!b)
+		return -ENOMEM;
+	c = &b->cmds[0];
+	c->dcmd.mem_free.hdr.opcode = VGPU_OP_MEM_FREE;
+	c->dcmd.mem_free.addr = f.addr;
+	c->dlen = sizeof(c->dcmd.mem_free);
+
+	down_read(&vdev->hw_lock);
+	if (vdev->dead) {
+		ret = -ENODEV;
+		goto unlock_hw;
+	}
+	ret = mutex_lock_killable(&vf->submit_lock);
+	if (ret)
+		goto unlock_hw;
+	b->gen = READ_ONCE(vdev->gen);
+	vgpu_res_sync_gen(vf, b->gen);
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	r = vgpu_alloc_find(vf, f.addr);
+	found = r && r->addr == f.addr;
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+	if (!found) {
+		ret = -ENOENT;
+		goto unlock;
+	}
+
+	/*
+	 * Commands of the file already on the ring run before the MEM_FREE;
+	 * later ones are checked against the table without the allocation.
+	 */
+	ret = vgpu_queue_submit(vf->q, b, true);
+	if (!ret) {
+		spin_lock_irqsave(&vf->res_lock, flags);
+		r = vgpu_alloc_find(vf, f.addr);
+		if (r && r->addr == f.addr) {
+			rb_erase(&r->node, &vf->allocs);
+			vf->mem_bytes -= r->size;
+			vf->nallocs--;
+		} else {
+			r = NULL;
+		}
+		spin_unlock_irqrestore(&vf->res_lock, flags);
+		kfree(r);
+	}
+unlock:
+	mutex_unlock(&vf->submit_lock);
+unlock_hw:
+	up_read(&vdev->hw_lock);
+	if (!ret)
+		ret = vgpu_wait_internal(vf, b);
+	if (!ret)
+		ret = c->error;
+	vgpu_batch_put(b);
+	return ret;
+}
+
+static long vgpu_ioctl_submit(struct vgpu_file *vf,
+			      struct vgpu_submit __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_budget bud = {};
+	struct vgpu_submit s;
+	struct vgpu_cmd *kc;
+	struct vgpu_batch *b;
+	struct vgpu_wait w;
+	u32 i, bad = VGPU_NO_INDEX;
+	long ret;
+
+	if (copy_from_user(&s, arg, sizeof(s)))
+		return -EFAULT;
+	if (s.flags & ~VGPU_SUBMIT_WAIT || !s.count)
+		return -EINVAL;
+	if (s.count > VGPU_MAX_BATCH_CMDS)
+		return -E2BIG;
+
+	kc = memdup_array_user(u64_to_user_ptr(s.cmds), s.count, sizeof(*kc));
+	if (IS_ERR(kc))
+		return PTR_ERR(kc);
+	b = vgpu_batch_alloc(vdev, vf, s.count);
+	if (!b) {
+		kfree(kc);
+		return -ENOMEM;
+	}
+
+	down_read(&vdev->hw_lock);
+	if (vdev->dead) {
+		ret = -ENODEV;
+		goto unlock_hw;
+	}
+	for (i = 0; i < s.count; i++) {
+		ret = vgpu_prep_cmd(vdev, &b->cmds[i], &kc[i], &bud);
+		if (ret) {
+			bad = i;
+			goto unlock_hw;
+		}
+		b->ndesc += b->cmds[i].ndesc;
+	}
+	if (b->ndesc > vf->q->size) {
+		ret = -E2BIG;
+		goto unlock_hw;
+	}
+
+	ret = mutex_lock_killable(&vf->submit_lock);
+	if (ret)
+		goto unlock_hw;
+	if (atomic_read(&vf->nrecords) >= VGPU_MAX_UNCOLLECTED) {
+		ret = -EBUSY;
+		goto unlock;
+	}
+	b->gen = READ_ONCE(vdev->gen);
+	vgpu_res_sync_gen(vf, b->gen);
+	for (i = 0; i < s.count; i++) {
+		ret = vgpu_check_cmd(vf, &kc[i], &b->cmds[i]);
+		if (ret) {
+			bad = i;
+			goto undo;
+		}
+	}
+
+	b->seq = vf->next_seq;
+	kref_get(&b->ref);	/* the fence table's reference */
+	ret = xa_insert(&vf->batches, b->seq, b, GFP_KERNEL);
+	if (ret) {
+		vgpu_batch_put(b);
+		goto undo;
+	}
+	ret = vgpu_queue_submit(vf->q, b, true);
+	if (ret) {
+		xa_erase(&vf->batches, b->seq);
+		vgpu_batch_put(b);
+		goto undo;
+	}
+	WRITE_ONCE(vf->next_seq, b->seq + 1);
+	atomic_inc(&vf->nrecords);
+	vgpu_modules_settle(vf, true);
+	mutex_unlock(&vf->submit_lock);
+	up_read(&vdev->hw_lock);
+	kfree(kc);
+
+	s.fence = b->seq;
+	s.error_index = VGPU_NO_INDEX;
+	s.error = 0;
+	if (!(s.flags & VGPU_SUBMIT_WAIT)) {
+		ret = copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
+		goto put;
+	}
+	if (put_user(s.fence, &arg->fence)) {
+		ret = -EFAULT;
+		goto put;
+	}
+	ret = vgpu_wait_fence(vf, s.fence, s.timeout_ns);
+	if (ret)
+		goto put;
+	ret = vgpu_collect(vf, s.fence, false, u64_to_user_ptr(s.cmds),
+			   s.count, &w);
+	if (ret)
+		goto put;
+	s.error_index = w.error_index;
+	s.error = w.error;
+	ret = copy_to_user(arg, &s, sizeof(s)) ? -EFAULT : 0;
+put:
+	vgpu_batch_put(b);
+	return ret;
+
+undo:
+	vgpu_modules_settle(vf, false);
+unlock:
+	mutex_unlock(&vf->submit_lock);
+unlock_hw:
+	vgpu_batch_release_resources(b);
+	up_read(&vdev->hw_lock);
+	vgpu_batch_put(b);
+	kfree(kc);
+	if (put_user(bad, &arg->error_index))
+		return -EFAULT;
+	return ret;
+}
+
+static long vgpu_ioctl_wait(struct vgpu_file *vf, struct vgpu_wait __user *arg)
+{
+	struct vgpu_wait w;
+	long ret;
+
+	if (copy_from_user(&w, arg, sizeof(w)))
+		return -EFAULT;
+	if (w.flags & ~VGPU_WAIT_ALL || (!w.cmds && w.count))
+		return -EINVAL;
+	if (!w.fence || w.fence >= READ_ONCE(vf->next_seq))
+		return -EINVAL;
+
+	ret = vgpu_wait_fence(vf, w.fence, w.timeout_ns);
+	if (ret)
+		return ret;
+	ret = vgpu_collect(vf, w.fence, w.flags & VGPU_WAIT_ALL,
+			   u64_to_user_ptr(w.cmds), w.count, &w);
+	if (ret)
+		return ret;
+	return copy_to_user(arg, &w, sizeof(w)) ? -EFAULT : 0;
+}
+
+static u32 vgpu_count_processes(struct vgpu_dev *vdev)
+{
+	struct vgpu_file *vf, *o;
+	u32 n = 0;
+
+	list_for_each_entry(vf, &vdev->files, link) {
+		bool seen = false;
+
+		list_for_each_entry(o, &vdev->files, link) {
+			if (o == vf)
+				break;
+			if (o->tgid == vf->tgid) {
+				seen = true;
+				break;
+			}
+		}
+		if (!seen)
+			n++;
+	}
+	return n;
+}
+
+static long vgpu_ioctl_usage(struct vgpu_file *vf, void __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_usage u = {};
+	unsigned long flags;
+
+	down_read(&vdev->hw_lock);
+	if (vdev->dead) {
+		up_read(&vdev->hw_lock);
+		return -ENODEV;
+	}
+	u.mem_used = readq(vdev->regs + VGPU_REG_MEM_USED);
+	u.busy_ns = readq(vdev->regs + VGPU_REG_BUSY_NS);
+	u.commands = readq(vdev->regs + VGPU_REG_COMMANDS);
+	u.device_errors = readl(vdev->regs + VGPU_REG_ERROR_COUNT);
+	up_read(&vdev->hw_lock);
+
+	mutex_lock(&vdev->files_lock);
+	u.open_files = vdev->nfiles;
+	u.processes = vgpu_count_processes(vdev);
+	mutex_unlock(&vdev->files_lock);
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	if (vf->res_gen == READ_ONCE(vdev->gen)) {
+		u.file_mem_used = vf->mem_bytes;
+		u.file_allocs = vf->nallocs;
+		u.file_modules = vf->nmodules;
+	}
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+
+	spin_lock_irqsave(&vf->q->lock, flags);
+	u.file_inflight = vf->inflight;
+	spin_unlock_irqrestore(&vf->q->lock, flags);
+	u.file_uncollected = atomic_read(&vf->nrecords);
+	u.recoveries = atomic_read(&vdev->recoveries);
+
+	return copy_to_user(arg, &u, sizeof(u)) ? -EFAULT : 0;
+}
+
+long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
+{
+	struct vgpu_file *vf = filp->private_data;
+	void __user *uarg = (void __user *)arg;
+
+	switch (cmd) {
+	case VGPU_IOCTL_INFO:
+		return vgpu_ioctl_info(vf, uarg);
+	case VGPU_IOCTL_ALLOC:
+		return vgpu_ioctl_alloc(vf, uarg);
+	case VGPU_IOCTL_FREE:
+		return vgpu_ioctl_free(vf, uarg);
+	case VGPU_IOCTL_SUBMIT:
+		return vgpu_ioctl_submit(vf, uarg);
+	case VGPU_IOCTL_WAIT:
+		return vgpu_ioctl_wait(vf, uarg);
+	case VGPU_IOCTL_USAGE:
+		return vgpu_ioctl_usage(vf, uarg);
+	}
+	/* One of ours with the wrong size or direction. */
+	if (_IOC_TYPE(cmd) == VGPU_IOCTL_MAGIC &&
+	    _IOC_NR(cmd) >= _IOC_NR(VGPU_IOCTL_INFO) &&
+	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_USAGE))
+		return -EINVAL;
+	return -ENOTTY;
+}
+
+/* ---- close ------------------------------------------------------------------- */
+
+/*
+ * Queues MEM_FREE / MODULE_UNLOAD for what a closed file held. Returns the
+ * last batch queued (referenced), whose completion implies the others'.
+ */
+static struct vgpu_batch *vgpu_free_res_on_device(struct vgpu_file *vf,
+						  struct rb_root *allocs,
+						  struct list_head *modules,
+						  u64 gen)
+{
+	struct vgpu_batch *last = NULL;
+	struct vgpu_dev *vdev = vf->vdev;
+	u32 per = min_t(u32, VGPU_MAX_BATCH_CMDS, vf->q->size / 2);
+	struct rb_node *node = rb_first(allocs);
+	struct vgpu_res *m = list_first_entry_or_null(modules, struct vgpu_res,
+						      link);
+
+	while (node || m) {
+		struct vgpu_batch *b = vgpu_batch_alloc(vdev, NULL, per);
+		u32 n = 0;
+		int ret;
+
+		if (!b)
+			break;
+		for (; n < per && node; n++, node = rb_next(node)) {
+			struct vgpu_res *r = rb_entry(node, struct vgpu_res, node);
+			struct vgpu_bcmd *c = &b->cmds[n];
+
+			c->dcmd.mem_free.hdr.opcode = VGPU_OP_MEM_FREE;
+			c->dcmd.mem_free.addr = r->addr;
+			c->dlen = sizeof(c->dcmd.mem_free);
+		}
+		for (; n < per && m; n++) {
+			struct vgpu_bcmd *c = &b->cmds[n];
+
+			c->dcmd.module_unload.hdr.opcode = VGPU_OP_MODULE_UNLOAD;
+			c->dcmd.module_unload.module = m->addr;
+			c->dlen = sizeof(c->dcmd.module_unload);
+			m = list_is_last(&m->link, modules) ? NULL :
+			    list_next_entry(m, link);
+		}
+		b->ncmds = n;
+		for (n = 0; n < b->ncmds; n++) {
+			b->cmds[n].npieces = 1;
+			b->cmds[n].ndesc = 2;
+		}
+		b->ndesc = 2 * b->ncmds;
+		b->gen = gen;
+		ret = vgpu_queue_submit(vf->q, b, false);
+		if (ret) {
+			vgpu_batch_put(b);
+			break;
+		}
+		if (last)
+			vgpu_batch_put(last);
+		last = b;
+	}
+	return last;
+}
+
+/*
+ * Runs once a closed file has nothing on the ring: frees its device
+ * memory and modules (unless a function reset already did) and drops the
+ * reference of the open file. With wait, gives the device a moment to
+ * finish, so that a process reopening the function finds its memory back.
+ */
+void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_batch *last = NULL;
+	struct rb_root allocs;
+	struct vgpu_res *r, *tmp;
+	unsigned long flags;
+	LIST_HEAD(modules);
+	u64 gen;
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	allocs = vf->allocs;
+	vf->allocs = RB_ROOT;
+	list_splice_init(&vf->modules, &modules);
+	vf->mem_bytes = 0;
+	vf->nallocs = 0;
+	vf->nmodules = 0;
+	gen = vf->res_gen;
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+
+	down_read(&vdev->hw_lock);
+	if (!vdev->dead && gen == READ_ONCE(vdev->gen))
+		last = vgpu_free_res_on_device(vf, &allocs, &modules, gen);
+	up_read(&vdev->hw_lock);
+	if (last) {
+		/* Reaping a queue wakes space_wq. */
+		if (wait)
+			wait_event_timeout(vf->q->space_wq,
+					   smp_load_acquire(&last->done),
+					   VGPU_CLOSE_WAIT);
+		vgpu_batch_put(last);
+	}
+
+	rbtree_postorder_for_each_entry_safe(r, tmp, &allocs, node)
+		kfree(r);
+	list_for_each_entry_safe(r, tmp, &modules, link)
+		kfree(r);
+
+	vgpu_file_put(vf);
+}
+
+void vgpu_file_cleanup_work(struct work_struct *work)
+{
+	vgpu_file_cleanup(container_of(work, struct vgpu_file, cleanup_work),
+			  false);
+}
+
+void vgpu_res_drop_all(struct vgpu_file *vf)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	vgpu_res_drop_all_locked(vf);
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+}
