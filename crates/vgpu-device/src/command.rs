@@ -32,6 +32,8 @@ pub struct Outcome {
     pub device_ns: u64,
     /// The command asks for an interrupt regardless of suppression.
     pub force_irq: bool,
+    /// Bytes moved between guest or window memory and the device.
+    pub bytes: u64,
 }
 
 impl Outcome {
@@ -329,6 +331,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     };
     let start = Instant::now();
     let mut force_irq = false;
+    let mut bytes = 0;
     let result: Result<u64> = (|| match hdr.opcode {
         abi::OP_NOP => Ok(0),
         abi::OP_TIMESTAMP => Ok(ctx.epoch.elapsed().as_nanos() as u64),
@@ -357,7 +360,11 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         }
         abi::OP_COPY => {
             let c: abi::CopyCmd = parse(raw)?;
-            copy(ctx, &c, &reads)
+            copy(ctx, &c, &reads)?;
+            if c.src_kind != abi::COPY_DEVICE || c.dst_kind != abi::COPY_DEVICE {
+                bytes = c.size;
+            }
+            Ok(0)
         }
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
@@ -399,12 +406,14 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             result: value,
             device_ns,
             force_irq,
+            bytes,
         },
         Err(status) => Outcome {
             status,
             result: 0,
             device_ns,
             force_irq,
+            bytes: 0,
         },
     }
 }

@@ -32,7 +32,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemory, MmapRegion, Permissions, 
 use vmm_sys_util::eventfd::EventFd;
 
 /// Settings of one vGPU function.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct VgpuConfig {
     /// Name for logs.
     pub name: String,
@@ -45,6 +45,8 @@ pub struct VgpuConfig {
     /// How long a poller keeps spinning after the last activity before it
     /// sleeps until a wake-up.
     pub poll_spin: Duration,
+    /// The host scheduler's gate, when the GPU is shared under a policy.
+    pub gate: Option<Arc<dyn CommandGate>>,
 }
 
 impl VgpuConfig {
@@ -63,8 +65,40 @@ impl VgpuConfig {
             queues: 4,
             window_size: 16 << 20,
             poll_spin: Duration::from_micros(50),
+            gate: None,
         }
     }
+}
+
+/// Lets a host scheduler decide when this vGPU's next command may run on
+/// the shared GPU (preemption at command boundaries).
+pub trait CommandGate: Send + Sync {
+    /// Blocks until one command may run. `cancelled` is polled while
+    /// waiting (a reset or queue change drops the command). Returns false
+    /// when the command must not run.
+    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool;
+    /// The command that entered finished after `device_time`, moving
+    /// `bytes` between guest or window memory and the device.
+    fn leave(&self, device_time: Duration, bytes: u64);
+}
+
+/// Counters an operator watches; shared with the host's monitoring.
+#[derive(Debug, Default)]
+pub struct DeviceCounters {
+    /// Device memory in use, bytes.
+    pub mem_used: AtomicU64,
+    /// Highest `mem_used` since the function was created.
+    pub mem_peak: AtomicU64,
+    /// Device time consumed since reset, ns.
+    pub busy_ns: AtomicU64,
+    /// Commands completed since reset.
+    pub commands: AtomicU64,
+    /// Commands that faulted on guest memory (STATUS_FAULT), since creation.
+    pub faults: AtomicU64,
+    /// Device errors logged (ring, register, queue errors), since creation.
+    pub errors: AtomicU64,
+    /// Resets, since creation.
+    pub resets: AtomicU64,
 }
 
 /// Errors creating a device.
@@ -143,9 +177,8 @@ pub(crate) struct Shared {
     pub(crate) epoch_gen: AtomicU64,
     /// Held by the worker while it processes, taken by reset to wait for it.
     pub(crate) busy: Mutex<()>,
-    pub(crate) mem_used: AtomicU64,
-    pub(crate) busy_ns: AtomicU64,
-    pub(crate) commands: AtomicU64,
+    pub(crate) counters: Arc<DeviceCounters>,
+    pub(crate) gate: Option<Arc<dyn CommandGate>>,
     pub(crate) epoch: Instant,
     pub(crate) poll_spin: Duration,
     pub(crate) num_queues: u32,
@@ -170,6 +203,7 @@ impl Shared {
             st.error_count = st.error_count.wrapping_add(1);
             st.irq_cause |= abi::IRQ_CAUSE_ERROR;
         }
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
         warn!(
             "{}: device error {code} (queue {queue}, detail {detail:#x})",
             self.name
@@ -254,6 +288,7 @@ pub struct VgpuDevice {
     compute_units: u32,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(Box<dyn Partition>, MmapRegion, MmapRegion)>,
+    counters: Arc<DeviceCounters>,
     /// Signalled by the WAKE register (directly, when a VMM maps it as an
     /// ioeventfd); the worker sleeps on a duplicate of it.
     wake: EventFd,
@@ -325,6 +360,7 @@ impl VgpuDevice {
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
             wake,
+            counters: Arc::new(DeviceCounters::default()),
             config,
             pci,
             doorbell_file: Arc::new(doorbell_file),
@@ -335,6 +371,11 @@ impl VgpuDevice {
             shared: None,
             worker: None,
         })
+    }
+
+    /// The function's counters, for monitoring.
+    pub fn counters(&self) -> Arc<DeviceCounters> {
+        self.counters.clone()
     }
 
     /// A duplicate of the eventfd the WAKE register signals: what a VMM
@@ -383,15 +424,18 @@ impl VgpuDevice {
             abi::REG_IRQ_CAUSE => lock(&sh.state).irq_cause,
             abi::REG_IRQ_MASK => lock(&sh.state).irq_mask,
             abi::REG_ERROR_COUNT => lock(&sh.state).error_count,
-            o if o == abi::REG_MEM_USED || o == abi::REG_MEM_USED + 4 => {
-                lo_hi(sh.mem_used.load(Ordering::Relaxed), abi::REG_MEM_USED)
-            }
-            o if o == abi::REG_BUSY_NS || o == abi::REG_BUSY_NS + 4 => {
-                lo_hi(sh.busy_ns.load(Ordering::Relaxed), abi::REG_BUSY_NS)
-            }
-            o if o == abi::REG_COMMANDS || o == abi::REG_COMMANDS + 4 => {
-                lo_hi(sh.commands.load(Ordering::Relaxed), abi::REG_COMMANDS)
-            }
+            o if o == abi::REG_MEM_USED || o == abi::REG_MEM_USED + 4 => lo_hi(
+                sh.counters.mem_used.load(Ordering::Relaxed),
+                abi::REG_MEM_USED,
+            ),
+            o if o == abi::REG_BUSY_NS || o == abi::REG_BUSY_NS + 4 => lo_hi(
+                sh.counters.busy_ns.load(Ordering::Relaxed),
+                abi::REG_BUSY_NS,
+            ),
+            o if o == abi::REG_COMMANDS || o == abi::REG_COMMANDS + 4 => lo_hi(
+                sh.counters.commands.load(Ordering::Relaxed),
+                abi::REG_COMMANDS,
+            ),
             o if (abi::ERROR_LOG_OFFSET
                 ..abi::ERROR_LOG_OFFSET + u64::from(abi::ERROR_LOG_ENTRIES) * 16)
                 .contains(&o) =>
@@ -576,9 +620,10 @@ impl VgpuDevice {
         *lock(&sh.state) = State::new(self.config.queues);
         sh.any_polled.store(false, Ordering::Relaxed);
         lock(&sh.partition).reset();
-        sh.mem_used.store(0, Ordering::Relaxed);
-        sh.busy_ns.store(0, Ordering::Relaxed);
-        sh.commands.store(0, Ordering::Relaxed);
+        sh.counters.mem_used.store(0, Ordering::Relaxed);
+        sh.counters.busy_ns.store(0, Ordering::Relaxed);
+        sh.counters.commands.store(0, Ordering::Relaxed);
+        sh.counters.resets.fetch_add(1, Ordering::Relaxed);
         zero(&sh.doorbells);
         zero(&sh.window);
         sh.epoch_gen.fetch_add(1, Ordering::SeqCst);
@@ -651,9 +696,8 @@ impl PciDevice for VgpuDevice {
             any_polled: AtomicBool::new(false),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),
-            mem_used: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
-            commands: AtomicU64::new(0),
+            counters: self.counters.clone(),
+            gate: self.config.gate.clone(),
             epoch: Instant::now(),
             poll_spin: self.config.poll_spin,
             num_queues: self.config.queues,

@@ -272,6 +272,15 @@ fn run_chains(
             // nothing more is written to the old ring.
             return true;
         }
+        let cancelled = || {
+            sh.epoch_gen.load(Ordering::SeqCst) != epoch
+                || sh.queue_generation(q) != Some(generation)
+        };
+        if let Some(gate) = &sh.gate {
+            if !gate.enter(&cancelled) {
+                return true;
+            }
+        }
         let outcome = {
             let mut part = lock(&sh.partition);
             let mut ctx = command::Ctx {
@@ -281,11 +290,23 @@ fn run_chains(
                 epoch: sh.epoch,
             };
             let out = command::execute(&mut ctx, descs);
-            sh.mem_used.store(part.memory_used(), Ordering::Relaxed);
+            let used = part.memory_used();
+            sh.counters.mem_used.store(used, Ordering::Relaxed);
+            sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
             out
         };
-        sh.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
-        sh.commands.fetch_add(1, Ordering::Relaxed);
+        if let Some(gate) = &sh.gate {
+            gate.leave(
+                std::time::Duration::from_nanos(outcome.device_ns),
+                outcome.bytes,
+            );
+        }
+        let c = &sh.counters;
+        c.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
+        c.commands.fetch_add(1, Ordering::Relaxed);
+        if outcome.status == abi::STATUS_FAULT {
+            c.faults.fetch_add(1, Ordering::Relaxed);
+        }
         notify |= outcome.force_irq;
 
         let completion = abi::Completion {

@@ -14,7 +14,13 @@ use vgpu_backend::{Backend, PartitionSpec};
 use vgpu_device::VgpuDevice;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{BackendKind, Config, GpuConfig, VgpuConfig};
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use vgpu_device::{CommandGate, DeviceCounters};
+use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
+
+use crate::config::{BackendKind, Config, GpuConfig, Policy, VgpuConfig};
 
 /// Why an operation on GPUs or instances failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,12 +64,64 @@ pub enum DaemonError {
 
 struct Gpu {
     backend: Arc<dyn Backend>,
+    sched: Scheduler,
+    next_tenant: u32,
+}
+
+/// Lets a vGPU's commands onto its GPU when the scheduler says so.
+struct SchedGate {
+    sched: Scheduler,
+    tenant: TenantId,
+    grant: Mutex<Option<Grant>>,
+}
+
+impl CommandGate for SchedGate {
+    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
+        loop {
+            // Bounded waits so a reset of this vGPU is not held up by a
+            // cap or by other tenants.
+            match self
+                .sched
+                .acquire_timeout(self.tenant, Duration::from_millis(5))
+            {
+                Ok(Some(g)) => {
+                    *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                    return true;
+                }
+                Ok(None) if !cancelled() => continue,
+                _ => return false,
+            }
+        }
+    }
+
+    fn leave(&self, device_time: Duration, bytes: u64) {
+        if let Some(g) = self.grant.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            g.finish(device_time);
+        }
+        if bytes > 0 {
+            let _ = self.sched.record_bytes(self.tenant, bytes);
+        }
+    }
+}
+
+fn sched_config(g: &GpuConfig) -> SchedConfig {
+    SchedConfig::new(match g.policy {
+        Policy::RoundRobin => SchedPolicy::RoundRobin {
+            slice: Duration::from_micros(g.slice_us),
+        },
+        Policy::Priority => SchedPolicy::Priority {
+            aging: Duration::from_micros(g.slice_us * 10),
+        },
+        Policy::Fair => SchedPolicy::FairShare,
+    })
 }
 
 /// A running vGPU.
 struct Instance {
     config: VgpuConfig,
     socket: PathBuf,
+    tenant: TenantId,
+    counters: Arc<DeviceCounters>,
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
 }
@@ -94,11 +152,69 @@ pub struct InstanceInfo {
     pub socket: PathBuf,
 }
 
+/// What an operator sees of one vGPU.
+#[derive(Clone, Debug)]
+pub struct InstanceStats {
+    /// Instance name.
+    pub name: String,
+    /// Its GPU.
+    pub gpu: String,
+    /// Device memory quota, bytes.
+    pub memory_quota: u64,
+    /// Device memory in use, bytes.
+    pub memory_used: u64,
+    /// Peak device memory, bytes.
+    pub memory_peak: u64,
+    /// Commands completed (since the last reset of the function).
+    pub commands: u64,
+    /// Device time consumed, as the scheduler charged it.
+    pub busy: Duration,
+    /// Bytes copied between guest/window memory and the device.
+    pub bytes: u64,
+    /// Queue wait before the GPU was granted, p50 and p99.
+    pub wait_p50: Duration,
+    /// See `wait_p50`.
+    pub wait_p99: Duration,
+    /// Times the fixed-share cap delayed it.
+    pub capped: u64,
+    /// Guest memory faults.
+    pub faults: u64,
+    /// Device errors logged.
+    pub errors: u64,
+    /// Function resets.
+    pub resets: u64,
+}
+
+/// What an operator sees of one GPU.
+#[derive(Clone, Debug)]
+pub struct GpuStats {
+    /// GPU name.
+    pub name: String,
+    /// Backend name.
+    pub backend: String,
+    /// Device time used / wall time since start.
+    pub utilization: f64,
+    /// Device time used.
+    pub busy: Duration,
+    /// Switches between tenants.
+    pub switches: u64,
+    /// Commands run.
+    pub commands: u64,
+}
+
 /// Owns the GPUs and instances.
 pub struct Daemon {
     config: Config,
     gpus: BTreeMap<String, Gpu>,
     instances: BTreeMap<String, Instance>,
+}
+
+fn tenant_params(v: &VgpuConfig) -> TenantParams {
+    TenantParams {
+        weight: v.weight,
+        priority: v.priority,
+        cap: v.cap,
+    }
 }
 
 fn make_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
@@ -120,13 +236,24 @@ impl Daemon {
         let mut gpus = BTreeMap::new();
         for g in &config.gpus {
             let backend = make_backend(g)?;
+            let sched = Scheduler::new(sched_config(g)).map_err(|e| DaemonError::Backend {
+                gpu: g.name.clone(),
+                message: e.to_string(),
+            })?;
             info!(
                 "GPU {}: {} backend, {} compute units",
                 g.name,
                 backend.name(),
                 backend.capacity().compute_units
             );
-            gpus.insert(g.name.clone(), Gpu { backend });
+            gpus.insert(
+                g.name.clone(),
+                Gpu {
+                    backend,
+                    sched,
+                    next_tenant: 0,
+                },
+            );
         }
         Ok(Daemon {
             config,
@@ -150,7 +277,7 @@ impl Daemon {
         }
         let gpu = self
             .gpus
-            .get(&v.gpu)
+            .get_mut(&v.gpu)
             .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
         let partition = gpu
             .backend
@@ -168,6 +295,16 @@ impl Daemon {
             name: v.name.clone(),
             message,
         };
+        let tenant = TenantId(gpu.next_tenant);
+        gpu.sched
+            .add_tenant(tenant, tenant_params(&v))
+            .map_err(|e| setup(e.to_string()))?;
+        gpu.next_tenant += 1;
+        let sched = gpu.sched.clone();
+        let forget = |e: DaemonError| {
+            let _ = sched.remove_tenant(tenant);
+            e
+        };
         let mut dc = vgpu_device::VgpuConfig::new(v.name.clone());
         dc.ids = PciIds {
             vendor: v.pci_vendor.unwrap_or(dc.ids.vendor),
@@ -177,7 +314,13 @@ impl Daemon {
         dc.queues = v.queues;
         dc.window_size = v.window.0;
         dc.poll_spin = Duration::from_micros(v.poll_us);
-        let device = VgpuDevice::new(dc, partition).map_err(|e| setup(e.to_string()))?;
+        dc.gate = Some(Arc::new(SchedGate {
+            sched: sched.clone(),
+            tenant,
+            grant: Mutex::new(None),
+        }));
+        let device = VgpuDevice::new(dc, partition).map_err(|e| forget(setup(e.to_string())))?;
+        let counters = device.counters();
         let socket = self.config.socket_path(&v);
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir)
@@ -187,9 +330,11 @@ impl Daemon {
             let cause = std::error::Error::source(&e)
                 .map(|s| format!(": {s}"))
                 .unwrap_or_default();
-            setup(format!("{e}{cause}"))
+            forget(setup(format!("{e}{cause}")))
         })?;
-        let stop = endpoint.stop_handle().map_err(|e| setup(e.to_string()))?;
+        let stop = endpoint
+            .stop_handle()
+            .map_err(|e| forget(setup(e.to_string())))?;
         let name = v.name.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vfio-{name}"))
@@ -198,7 +343,7 @@ impl Daemon {
                     error!("vGPU {name}: {e}");
                 }
             })
-            .map_err(|e| setup(e.to_string()))?;
+            .map_err(|e| forget(setup(e.to_string())))?;
         info!(
             "vGPU {} on GPU {}: {} memory, {} compute units, listening on {}",
             v.name,
@@ -212,6 +357,8 @@ impl Daemon {
             Instance {
                 config: v,
                 socket,
+                tenant,
+                counters,
                 stop,
                 thread: Some(thread),
             },
@@ -226,6 +373,9 @@ impl Daemon {
             .remove(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
         inst.stop();
+        if let Some(gpu) = self.gpus.get(&inst.config.gpu) {
+            let _ = gpu.sched.remove_tenant(inst.tenant);
+        }
         info!("vGPU {name}: destroyed");
         Ok(())
     }
@@ -239,6 +389,88 @@ impl Daemon {
                 socket: i.socket.clone(),
             })
             .collect()
+    }
+
+    /// Per-vGPU and per-GPU figures.
+    pub fn stats(&self) -> (Vec<GpuStats>, Vec<InstanceStats>) {
+        let mut gpus = Vec::new();
+        let mut out = Vec::new();
+        for (name, gpu) in &self.gpus {
+            let s = gpu.sched.stats();
+            gpus.push(GpuStats {
+                name: name.clone(),
+                backend: gpu.backend.name().to_string(),
+                utilization: s.gpu.utilization,
+                busy: s.gpu.busy,
+                switches: s.gpu.switches,
+                commands: s.gpu.commands,
+            });
+            for inst in self.instances.values().filter(|i| &i.config.gpu == name) {
+                let c = &inst.counters;
+                let t = s.tenant(inst.tenant);
+                out.push(InstanceStats {
+                    name: inst.config.name.clone(),
+                    gpu: name.clone(),
+                    memory_quota: inst.config.memory.0,
+                    memory_used: c.mem_used.load(Ordering::Relaxed),
+                    memory_peak: c.mem_peak.load(Ordering::Relaxed),
+                    commands: c.commands.load(Ordering::Relaxed),
+                    busy: t.map(|t| t.busy).unwrap_or_default(),
+                    bytes: t.map(|t| t.bytes).unwrap_or_default(),
+                    wait_p50: t.map(|t| t.wait.p50).unwrap_or_default(),
+                    wait_p99: t.map(|t| t.wait.p99).unwrap_or_default(),
+                    capped: t.map(|t| t.capped).unwrap_or_default(),
+                    faults: c.faults.load(Ordering::Relaxed),
+                    errors: c.errors.load(Ordering::Relaxed),
+                    resets: c.resets.load(Ordering::Relaxed),
+                });
+            }
+        }
+        (gpus, out)
+    }
+
+    /// Changes a running instance's weight, priority and cap.
+    pub fn set_params(
+        &mut self,
+        name: &str,
+        weight: Option<u32>,
+        priority: Option<i32>,
+        cap: Option<Option<f64>>,
+    ) -> Result<(), DaemonError> {
+        let inst = self
+            .instances
+            .get_mut(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        let mut v = inst.config.clone();
+        if let Some(w) = weight {
+            v.weight = w;
+        }
+        if let Some(p) = priority {
+            v.priority = p;
+        }
+        if let Some(c) = cap {
+            v.cap = c;
+        }
+        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Setup {
+            name: name.to_string(),
+            message: format!("{field}: {message}"),
+        })?;
+        let gpu = self
+            .gpus
+            .get(&v.gpu)
+            .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
+        gpu.sched
+            .update_tenant(inst.tenant, tenant_params(&v))
+            .map_err(|e| DaemonError::Setup {
+                name: name.to_string(),
+                message: e.to_string(),
+            })?;
+        info!(
+            "vGPU {name}: weight {} priority {} cap {:?}",
+            v.weight, v.priority, v.cap
+        );
+        inst.config = v;
+        Ok(())
     }
 
     /// Stops every instance.
@@ -287,6 +519,30 @@ mod tests {
         d.destroy("vgpu1").unwrap();
         d.create(big).unwrap();
         assert!(matches!(d.destroy("nope"), Err(DaemonError::NoInstance(_))));
+    }
+
+    #[test]
+    fn test_stats_and_live_params() {
+        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix("/tmp/vgpud-test-").unwrap();
+        let mut d = Daemon::new(config(dir.as_path())).unwrap();
+        d.start_all().unwrap();
+        let (gpus, insts) = d.stats();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].backend, "software");
+        assert_eq!(insts.len(), 2);
+        assert_eq!(insts[0].memory_quota, 512 << 20);
+        assert_eq!(insts[0].memory_used, 0);
+        d.set_params("vgpu0", Some(4), Some(2), Some(Some(0.5)))
+            .unwrap();
+        assert_eq!(d.list()[0].config.weight, 4);
+        assert!(d.set_params("vgpu0", Some(0), None, None).is_err());
+        assert!(d.set_params("vgpu0", None, None, Some(Some(2.0))).is_err());
+        assert_eq!(
+            d.list()[0].config.weight,
+            4,
+            "a refused change changes nothing"
+        );
+        assert!(d.set_params("nope", Some(1), None, None).is_err());
     }
 
     #[test]

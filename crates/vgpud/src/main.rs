@@ -3,17 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-mod config;
-mod daemon;
-
 use clap::{Parser, Subcommand};
 use log::{error, info};
 use vfio_user_server::sample::SampleDevice;
 use vfio_user_server::Endpoint;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::Config;
-use crate::daemon::Daemon;
+use vgpud::config::{self, Config};
+use vgpud::daemon::Daemon;
 
 #[derive(Parser)]
 #[command(

@@ -1,0 +1,8 @@
+//! The vgpud daemon as a library: its configuration and the GPUs and vGPU
+//! instances it runs. The `vgpud` binary wires this to the command line
+//! and signals.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod daemon;
