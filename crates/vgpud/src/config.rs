@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer};
@@ -91,14 +92,30 @@ pub struct DaemonConfig {
     /// Directory for sockets given as relative paths.
     #[serde(default = "default_runtime_dir")]
     pub runtime_dir: PathBuf,
+    /// Management API socket; relative paths are under `runtime_dir`;
+    /// `runtime_dir/api.sock` when not set.
+    #[serde(default)]
+    pub api_socket: Option<PathBuf>,
+    /// TCP address of the Prometheus endpoint; `""` disables it.
+    #[serde(default = "default_metrics_address")]
+    pub metrics_address: String,
 }
 
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
             runtime_dir: default_runtime_dir(),
+            api_socket: None,
+            metrics_address: default_metrics_address(),
         }
     }
+}
+
+/// The metrics address used when the configuration names none.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
+
+fn default_metrics_address() -> String {
+    DEFAULT_METRICS_ADDRESS.to_string()
 }
 
 fn default_runtime_dir() -> PathBuf {
@@ -252,6 +269,8 @@ pub enum ConfigError {
 pub const DEFAULT_CONFIG: &str = r#"# vgpud built-in configuration: one software GPU, two vGPUs.
 [daemon]
 runtime_dir = "/tmp/vgpud"
+# api_socket = "api.sock"             # management API, under runtime_dir, mode 0600
+# metrics_address = "127.0.0.1:9464"  # Prometheus endpoint; "" disables it
 
 [[gpu]]
 name = "gpu0"
@@ -328,12 +347,44 @@ impl Config {
         }
     }
 
+    /// The management API socket: `daemon.api_socket`, relative to
+    /// `daemon.runtime_dir`, or `runtime_dir/api.sock`.
+    pub fn api_socket_path(&self) -> PathBuf {
+        match &self.daemon.api_socket {
+            Some(p) if p.is_absolute() => p.clone(),
+            Some(p) => self.daemon.runtime_dir.join(p),
+            None => self.daemon.runtime_dir.join("api.sock"),
+        }
+    }
+
+    /// The metrics listen address, or `None` when metrics are disabled.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, String> {
+        let a = self.daemon.metrics_address.trim();
+        if a.is_empty() {
+            return Ok(None);
+        }
+        a.parse().map(Some).map_err(|_| {
+            format!("{a:?} is not an IP address and port (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")")
+        })
+    }
+
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let invalid = |field: String, message: &str| ConfigError::Invalid {
             file: file.to_string(),
             field,
             message: message.to_string(),
         };
+        if let Err(m) = self.metrics_addr() {
+            return Err(invalid("daemon.metrics_address".into(), &m));
+        }
+        if self
+            .daemon
+            .api_socket
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Err(invalid("daemon.api_socket".into(), "must not be empty"));
+        }
         let mut gpu_names = HashSet::new();
         for g in &self.gpus {
             let field = |f: &str| format!("gpu {:?}.{f}", g.name);
@@ -366,6 +417,9 @@ impl Config {
             }
             if !sockets.insert(self.socket_path(v)) {
                 return Err(invalid(field("socket"), "another vGPU uses this socket"));
+            }
+            if self.socket_path(v) == self.api_socket_path() {
+                return Err(invalid(field("socket"), "this is the API socket"));
             }
         }
         Ok(())
@@ -422,6 +476,45 @@ mod tests {
         assert_eq!(
             c.socket_path(&c.vgpus[1]),
             PathBuf::from("/tmp/vgpud/vgpu1.sock")
+        );
+    }
+
+    #[test]
+    fn test_api_socket_and_metrics_address() {
+        let c = Config::builtin();
+        assert_eq!(c.api_socket_path(), PathBuf::from("/tmp/vgpud/api.sock"));
+        assert_eq!(
+            c.metrics_addr().unwrap(),
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        let c = Config::parse(
+            "[daemon]\nruntime_dir = \"/r\"\napi_socket = \"ctl/api\"\nmetrics_address = \"\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(c.api_socket_path(), PathBuf::from("/r/ctl/api"));
+        assert_eq!(c.metrics_addr().unwrap(), None);
+        let c = Config::parse(
+            "[daemon]\napi_socket = \"/abs/api.sock\"\nmetrics_address = \"[::1]:9000\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(c.api_socket_path(), PathBuf::from("/abs/api.sock"));
+        assert_eq!(c.metrics_addr().unwrap().unwrap().port(), 9000);
+        for bad in ["localhost:9464", "127.0.0.1", "1.2.3.4:99999"] {
+            let text = format!("[daemon]\nmetrics_address = \"{bad}\"\n");
+            let e = Config::parse(&text, "x.toml").unwrap_err().to_string();
+            assert!(e.starts_with("x.toml: daemon.metrics_address:"), "{e}");
+        }
+        let e = Config::parse("[daemon]\napi_socket = \"\"\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("daemon.api_socket"), "{e}");
+        let text = DEFAULT_CONFIG.replace("\"vgpu1.sock\"", "\"api.sock\"");
+        let e = Config::parse(&text, "x.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("vgpu \"vgpu1\".socket: this is the API socket"),
+            "{e}"
         );
     }
 

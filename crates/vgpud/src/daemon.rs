@@ -52,6 +52,26 @@ pub enum DaemonError {
         /// What is short.
         message: String,
     },
+    /// A value of the instance's configuration is not acceptable.
+    #[error("vGPU {name:?}: {field}: {message}")]
+    Invalid {
+        /// The instance.
+        name: String,
+        /// The field, e.g. `memory`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The socket path is taken by another vGPU, the API or something else.
+    #[error("vGPU {name:?}: socket {}: {message}", socket.display())]
+    SocketInUse {
+        /// The instance.
+        name: String,
+        /// The socket path.
+        socket: PathBuf,
+        /// Who has it.
+        message: String,
+    },
     /// The device or its socket could not be set up.
     #[error("vGPU {name:?}: {message}")]
     Setup {
@@ -200,6 +220,37 @@ pub struct GpuStats {
     pub switches: u64,
     /// Commands run.
     pub commands: u64,
+}
+
+/// What an operator sees of one GPU's configuration and capacity.
+#[derive(Clone, Debug)]
+pub struct GpuInfo {
+    /// Its configuration.
+    pub config: GpuConfig,
+    /// Backend name.
+    pub backend: String,
+    /// Device memory of the GPU, bytes.
+    pub memory_total: u64,
+    /// Compute units of the GPU.
+    pub compute_units_total: u32,
+    /// Memory promised to its vGPUs (the sum of their quotas), bytes.
+    pub memory_allocated: u64,
+    /// Compute units given to its vGPUs.
+    pub compute_units_allocated: u32,
+    /// Its vGPUs, by name.
+    pub vgpus: Vec<String>,
+}
+
+/// Totals of one vGPU's queue waits, for a summary with the quantiles of
+/// [`InstanceStats`].
+#[derive(Clone, Debug)]
+pub struct QueueWaitTotals {
+    /// Instance name.
+    pub name: String,
+    /// Waits recorded (one per grant of the GPU).
+    pub count: u64,
+    /// Their sum.
+    pub sum: Duration,
 }
 
 /// Owns the GPUs and instances.
@@ -471,6 +522,146 @@ impl Daemon {
         );
         inst.config = v;
         Ok(())
+    }
+
+    /// The configuration the daemon was started with (instances created or
+    /// changed later are not in it; see [`Daemon::list`]).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The socket path `v` would listen on.
+    pub fn socket_path(&self, v: &VgpuConfig) -> PathBuf {
+        self.config.socket_path(v)
+    }
+
+    /// One running instance.
+    pub fn instance(&self, name: &str) -> Option<InstanceInfo> {
+        self.instances.get(name).map(|i| InstanceInfo {
+            config: i.config.clone(),
+            socket: i.socket.clone(),
+        })
+    }
+
+    /// Checks that `v` can be created now, as the configuration file is
+    /// checked (values, unique name, known GPU, unique socket) and against
+    /// the running instances, the API socket and the file system (the
+    /// socket path must be free, or a stale socket). Whether its partition
+    /// fits is known only when it is created.
+    pub fn check_new(&self, v: &VgpuConfig) -> Result<(), DaemonError> {
+        crate::config::validate_vgpu(v).map_err(|(field, message)| DaemonError::Invalid {
+            name: v.name.clone(),
+            field: field.to_string(),
+            message: message.to_string(),
+        })?;
+        if self.instances.contains_key(&v.name) {
+            return Err(DaemonError::Exists(v.name.clone()));
+        }
+        if !self.gpus.contains_key(&v.gpu) {
+            return Err(DaemonError::NoGpu(v.gpu.clone()));
+        }
+        let socket = self.config.socket_path(v);
+        let in_use = |message: String| DaemonError::SocketInUse {
+            name: v.name.clone(),
+            socket: socket.clone(),
+            message,
+        };
+        if let Some(other) = self.instances.values().find(|i| i.socket == socket) {
+            return Err(in_use(format!(
+                "vGPU {:?} listens on it",
+                other.config.name
+            )));
+        }
+        if socket == self.config.api_socket_path() {
+            return Err(in_use("this is the API socket".into()));
+        }
+        match std::fs::symlink_metadata(&socket) {
+            Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                Err(in_use("a file that is not a socket is there".into()))
+            }
+            Ok(_) if std::os::unix::net::UnixStream::connect(&socket).is_ok() => {
+                Err(in_use("another process listens on it".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Daemon::check_new`], then [`Daemon::create`]: what a request to
+    /// create an instance at run time goes through.
+    pub fn create_checked(&mut self, v: VgpuConfig) -> Result<(), DaemonError> {
+        self.check_new(&v)?;
+        self.create(v)
+    }
+
+    /// [`Daemon::set_params`] with the new values checked first: a value
+    /// out of range is an [`DaemonError::Invalid`] and changes nothing.
+    pub fn update_params(
+        &mut self,
+        name: &str,
+        weight: Option<u32>,
+        priority: Option<i32>,
+        cap: Option<Option<f64>>,
+    ) -> Result<(), DaemonError> {
+        let inst = self
+            .instances
+            .get(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        let mut v = inst.config.clone();
+        v.weight = weight.unwrap_or(v.weight);
+        v.priority = priority.unwrap_or(v.priority);
+        v.cap = cap.unwrap_or(v.cap);
+        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Invalid {
+            name: name.to_string(),
+            field: field.to_string(),
+            message: message.to_string(),
+        })?;
+        self.set_params(name, weight, priority, cap)
+    }
+
+    /// The GPUs, in configuration order, with their capacity and what
+    /// their vGPUs were given.
+    pub fn gpus(&self) -> Vec<GpuInfo> {
+        self.config
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                let gpu = self.gpus.get(&g.name)?;
+                let cap = gpu.backend.capacity();
+                let mine: Vec<&Instance> = self
+                    .instances
+                    .values()
+                    .filter(|i| i.config.gpu == g.name)
+                    .collect();
+                Some(GpuInfo {
+                    config: g.clone(),
+                    backend: gpu.backend.name().to_string(),
+                    memory_total: cap.memory,
+                    compute_units_total: cap.compute_units,
+                    memory_allocated: mine.iter().map(|i| i.config.memory.0).sum(),
+                    compute_units_allocated: mine.iter().map(|i| i.config.compute_units).sum(),
+                    vgpus: mine.iter().map(|i| i.config.name.clone()).collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Count and sum of each instance's queue waits.
+    pub fn queue_wait_totals(&self) -> Vec<QueueWaitTotals> {
+        let mut out = Vec::new();
+        for (name, gpu) in &self.gpus {
+            let s = gpu.sched.stats();
+            for inst in self.instances.values().filter(|i| &i.config.gpu == name) {
+                let w = s.tenant(inst.tenant).map(|t| t.wait).unwrap_or_default();
+                out.push(QueueWaitTotals {
+                    name: inst.config.name.clone(),
+                    count: w.samples,
+                    sum: w
+                        .mean
+                        .saturating_mul(u32::try_from(w.samples).unwrap_or(u32::MAX)),
+                });
+            }
+        }
+        out
     }
 
     /// Stops every instance.

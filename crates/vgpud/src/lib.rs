@@ -4,5 +4,7 @@
 
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod config;
 pub mod daemon;
+pub mod metrics;

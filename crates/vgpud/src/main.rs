@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use clap::{Parser, Subcommand};
 use log::{error, info};
@@ -9,8 +10,10 @@ use vfio_user_server::sample::SampleDevice;
 use vfio_user_server::Endpoint;
 use vmm_sys_util::eventfd::EventFd;
 
+use vgpud::api::ApiServer;
 use vgpud::config::{self, Config};
 use vgpud::daemon::Daemon;
+use vgpud::metrics::MetricsServer;
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +37,12 @@ enum Cmd {
         /// Directory for relative socket paths (overrides the configuration).
         #[arg(long)]
         runtime_dir: Option<PathBuf>,
+        /// Management API socket (overrides `daemon.api_socket`).
+        #[arg(long)]
+        api_socket: Option<PathBuf>,
+        /// Prometheus address, "" to disable (overrides `daemon.metrics_address`).
+        #[arg(long)]
+        metrics_address: Option<String>,
     },
     /// Check a configuration file and print it as understood.
     CheckConfig {
@@ -50,13 +59,40 @@ enum Cmd {
     },
 }
 
-fn run(config: Option<PathBuf>, runtime_dir: Option<PathBuf>) -> Result<(), String> {
+/// Command-line overrides of the configuration's daemon settings.
+struct Overrides {
+    runtime_dir: Option<PathBuf>,
+    api_socket: Option<PathBuf>,
+    metrics_address: Option<String>,
+}
+
+fn run(config: Option<PathBuf>, overrides: Overrides) -> Result<(), String> {
     let mut config = match config {
         Some(path) => Config::load(&path).map_err(|e| e.to_string())?,
         None => Config::builtin(),
     };
-    if let Some(dir) = runtime_dir {
+    if let Some(dir) = overrides.runtime_dir {
         config.daemon.runtime_dir = dir;
+    }
+    if let Some(path) = overrides.api_socket {
+        config.daemon.api_socket = Some(path);
+    }
+    if let Some(addr) = overrides.metrics_address {
+        config.daemon.metrics_address = addr;
+    }
+    let metrics_addr = config
+        .metrics_addr()
+        .map_err(|e| format!("metrics address: {e}"))?;
+    let api_path = config.api_socket_path();
+    if config
+        .vgpus
+        .iter()
+        .any(|v| config.socket_path(v) == api_path)
+    {
+        return Err(format!(
+            "{} is both the API socket and a vGPU's socket",
+            api_path.display()
+        ));
     }
     let stop = EventFd::new(0).map_err(|e| format!("cannot create stop event: {e}"))?;
     install_signal_stop(stop.try_clone().map_err(|e| e.to_string())?)?;
@@ -65,10 +101,25 @@ fn run(config: Option<PathBuf>, runtime_dir: Option<PathBuf>) -> Result<(), Stri
     for i in daemon.list() {
         info!("vGPU {} ready at {}", i.config.name, i.socket.display());
     }
+    let daemon = Arc::new(Mutex::new(daemon));
+    let mut api = ApiServer::start(&api_path, daemon.clone()).map_err(|e| e.to_string())?;
+    let mut metrics = match metrics_addr {
+        Some(addr) => Some(MetricsServer::start(addr, daemon.clone()).map_err(|e| e.to_string())?),
+        None => None,
+    };
     // Blocks until SIGTERM or SIGINT.
     let _ = stop.read();
     info!("shutting down");
-    daemon.shutdown();
+    // No new requests from here; then the instances and their sockets go.
+    api.stop();
+    if let Some(m) = metrics.as_mut() {
+        m.stop();
+    }
+    daemon
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .shutdown();
+    info!("stopped");
     Ok(())
 }
 
@@ -148,7 +199,16 @@ fn main() -> ExitCode {
         Cmd::Run {
             config,
             runtime_dir,
-        } => run(config, runtime_dir),
+            api_socket,
+            metrics_address,
+        } => run(
+            config,
+            Overrides {
+                runtime_dir,
+                api_socket,
+                metrics_address,
+            },
+        ),
         Cmd::CheckConfig { config } => Config::load(&config)
             .map(|c| println!("{c:#?}"))
             .map_err(|e| e.to_string()),

@@ -1,0 +1,735 @@
+//! `vgpuctl`: manage a running vgpud through its API socket.
+
+mod client;
+mod format;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{ArgGroup, Parser, Subcommand};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use format::Table;
+
+/// The API socket of the built-in configuration (runtime_dir /tmp/vgpud).
+const DEFAULT_API: &str = "/tmp/vgpud/api.sock";
+
+#[derive(Parser)]
+#[command(name = "vgpuctl", version, about = "Manage vGPUs of a running vgpud")]
+struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, default_value = DEFAULT_API)]
+    api: PathBuf,
+    /// Print the daemon's JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List the vGPUs.
+    List,
+    /// Show one vGPU: configuration and figures.
+    Show {
+        /// vGPU name.
+        name: String,
+    },
+    /// Create and start a vGPU.
+    Create {
+        /// Name (letters, digits, '-', '_').
+        #[arg(long)]
+        name: String,
+        /// The GPU to carve it from.
+        #[arg(long)]
+        gpu: String,
+        /// vfio-user socket; relative paths are under the daemon's runtime_dir.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Device memory quota: bytes or 256MiB, 4GiB, ...
+        #[arg(long)]
+        memory: String,
+        /// Compute units.
+        #[arg(long)]
+        compute_units: u32,
+        /// Weight under the fair policy (default 1).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Priority under the priority policy (default 0).
+        #[arg(long, allow_negative_numbers = true)]
+        priority: Option<i32>,
+        /// Fixed share of GPU time, 0 < cap <= 1.
+        #[arg(long)]
+        cap: Option<f64>,
+        /// Queues offered to the guest (default 4).
+        #[arg(long)]
+        queues: Option<u32>,
+    },
+    /// Stop a vGPU and free its memory.
+    Destroy {
+        /// vGPU name.
+        name: String,
+    },
+    /// Change a vGPU's scheduling parameters while it runs.
+    #[command(group(ArgGroup::new("change").required(true).multiple(true)))]
+    Set {
+        /// vGPU name.
+        name: String,
+        /// Weight under the fair policy.
+        #[arg(long, group = "change")]
+        weight: Option<u32>,
+        /// Priority under the priority policy.
+        #[arg(long, group = "change", allow_negative_numbers = true)]
+        priority: Option<i32>,
+        /// Fixed share of GPU time (0 < cap <= 1), or "none".
+        #[arg(long, group = "change", value_parser = parse_cap)]
+        cap: Option<Cap>,
+    },
+    /// Figures of every GPU and vGPU.
+    Stats,
+    /// The GPUs: capacity and what is allocated.
+    Gpus,
+    /// A live view of the vGPUs, refreshed every interval.
+    Top {
+        /// Print one frame and exit.
+        #[arg(long)]
+        once: bool,
+        /// Seconds between frames (and over which rates are measured).
+        #[arg(long, default_value_t = 1.0, value_parser = parse_interval)]
+        interval: f64,
+    },
+}
+
+/// A cap to set: a fraction, or none.
+#[derive(Clone, Copy, Debug)]
+struct Cap(Option<f64>);
+
+fn parse_cap(s: &str) -> Result<Cap, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Cap(None));
+    }
+    s.parse::<f64>()
+        .map(|c| Cap(Some(c)))
+        .map_err(|_| format!("{s:?} is neither a fraction nor \"none\""))
+}
+
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.05..=3600.0).contains(&x) => Ok(x),
+        _ => Err("give seconds between 0.05 and 3600".into()),
+    }
+}
+
+#[derive(Deserialize, Serialize, Default, Clone)]
+#[serde(default)]
+struct VgpuConfig {
+    name: String,
+    gpu: String,
+    socket: String,
+    memory: u64,
+    compute_units: u32,
+    priority: i32,
+    weight: u32,
+    cap: Option<f64>,
+    queues: u32,
+    window: u64,
+    poll_us: u64,
+    pci_vendor: Option<u16>,
+    pci_device: Option<u16>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct VgpuStats {
+    name: String,
+    gpu: String,
+    memory_quota_bytes: u64,
+    memory_used_bytes: u64,
+    memory_peak_bytes: u64,
+    commands: u64,
+    busy_seconds: f64,
+    bytes: u64,
+    queue_wait_p50_seconds: f64,
+    queue_wait_p99_seconds: f64,
+    capped: u64,
+    faults: u64,
+    errors: u64,
+    resets: u64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Vgpu {
+    name: String,
+    gpu: String,
+    socket_path: String,
+    config: VgpuConfig,
+    stats: Option<VgpuStats>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(default)]
+struct GpuStats {
+    name: String,
+    backend: String,
+    utilization: f64,
+    busy_seconds: f64,
+    switches: u64,
+    commands: u64,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Stats {
+    gpus: Vec<GpuStats>,
+    vgpus: Vec<VgpuStats>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Gpu {
+    name: String,
+    backend: String,
+    policy: String,
+    memory_bytes: u64,
+    memory_allocated_bytes: u64,
+    memory_free_bytes: u64,
+    compute_units: u32,
+    compute_units_allocated: u32,
+    vgpus: Vec<String>,
+    stats: Option<GpuStats>,
+}
+
+struct Api {
+    path: PathBuf,
+}
+
+impl Api {
+    /// Sends a request; a 4xx/5xx answer becomes its `error` text.
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Vec<u8>, String> {
+        let body = body.map(|b| b.to_string().into_bytes());
+        let reply = client::request(
+            &self.path,
+            method,
+            &format!("/api/v1{path}"),
+            body.as_deref(),
+        )?;
+        if reply.status >= 400 {
+            let reason = serde_json::from_slice::<Value>(&reply.body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_else(|| String::from_utf8_lossy(&reply.body).trim().to_string());
+            return Err(format!("{reason} (HTTP {})", reply.status));
+        }
+        Ok(reply.body)
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<(T, Vec<u8>), String> {
+        let raw = self.call("GET", path, None)?;
+        let v = serde_json::from_slice(&raw)
+            .map_err(|e| format!("unexpected answer from the daemon: {e}"))?;
+        Ok((v, raw))
+    }
+}
+
+/// A vGPU name as a path segment: anything but letters, digits, '-', '_'
+/// and '.' percent-encoded.
+fn segment(name: &str) -> String {
+    name.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn print_raw(raw: &[u8]) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(raw);
+    if !raw.ends_with(b"\n") {
+        let _ = out.write_all(b"\n");
+    }
+}
+
+fn cap_text(cap: Option<f64>) -> String {
+    cap.map(|c| format!("{c}")).unwrap_or_else(|| "-".into())
+}
+
+fn list(api: &Api, json: bool) -> Result<(), String> {
+    let (vgpus, raw): (Vec<Vgpu>, _) = api.get("/vgpus")?;
+    if json {
+        print_raw(&raw);
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "NAME", "GPU", "MEMORY", "CU", "WEIGHT", "PRIORITY", "CAP", "QUEUES", "SOCKET",
+    ]);
+    for v in &vgpus {
+        let c = &v.config;
+        t.row(vec![
+            v.name.clone(),
+            v.gpu.clone(),
+            format::bytes(c.memory),
+            c.compute_units.to_string(),
+            c.weight.to_string(),
+            c.priority.to_string(),
+            cap_text(c.cap),
+            c.queues.to_string(),
+            v.socket_path.clone(),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
+    let (v, raw): (Vgpu, _) = api.get(&format!("/vgpus/{}", segment(name)))?;
+    if json {
+        print_raw(&raw);
+        return Ok(());
+    }
+    let c = &v.config;
+    let hex = |x: Option<u16>| {
+        x.map(|x| format!("{x:#06x}"))
+            .unwrap_or_else(|| "default".into())
+    };
+    let mut lines = vec![
+        ("name", v.name.clone()),
+        ("gpu", v.gpu.clone()),
+        ("socket", v.socket_path.clone()),
+        ("memory", format::bytes(c.memory)),
+        ("compute units", c.compute_units.to_string()),
+        ("weight", c.weight.to_string()),
+        ("priority", c.priority.to_string()),
+        ("cap", cap_text(c.cap)),
+        ("queues", c.queues.to_string()),
+        ("window", format::bytes(c.window)),
+        ("poll", format!("{} µs", c.poll_us)),
+        ("pci vendor", hex(c.pci_vendor)),
+        ("pci device", hex(c.pci_device)),
+    ];
+    if let Some(s) = &v.stats {
+        lines.extend([
+            (
+                "memory used",
+                format!(
+                    "{} of {} (peak {})",
+                    format::bytes(s.memory_used_bytes),
+                    format::bytes(s.memory_quota_bytes),
+                    format::bytes(s.memory_peak_bytes)
+                ),
+            ),
+            ("commands", s.commands.to_string()),
+            ("busy", format::secs(s.busy_seconds)),
+            ("bytes copied", format::bytes(s.bytes)),
+            (
+                "queue wait",
+                format!(
+                    "p50 {}, p99 {}",
+                    format::secs(s.queue_wait_p50_seconds),
+                    format::secs(s.queue_wait_p99_seconds)
+                ),
+            ),
+            ("capped", s.capped.to_string()),
+            ("faults", s.faults.to_string()),
+            ("errors", s.errors.to_string()),
+            ("resets", s.resets.to_string()),
+        ]);
+    }
+    for (k, val) in lines {
+        println!("{:<15}{val}", format!("{k}:"));
+    }
+    Ok(())
+}
+
+fn gpus(api: &Api, json: bool) -> Result<(), String> {
+    let (gpus, raw): (Vec<Gpu>, _) = api.get("/gpus")?;
+    if json {
+        print_raw(&raw);
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "NAME",
+        "BACKEND",
+        "POLICY",
+        "MEMORY",
+        "ALLOCATED",
+        "FREE",
+        "CU",
+        "CU USED",
+        "UTIL",
+        "VGPUS",
+    ]);
+    for g in &gpus {
+        t.row(vec![
+            g.name.clone(),
+            g.backend.clone(),
+            g.policy.clone(),
+            format::bytes(g.memory_bytes),
+            format::bytes(g.memory_allocated_bytes),
+            format::bytes(g.memory_free_bytes),
+            g.compute_units.to_string(),
+            g.compute_units_allocated.to_string(),
+            g.stats
+                .as_ref()
+                .map(|s| format::percent(s.utilization))
+                .unwrap_or_else(|| "-".into()),
+            g.vgpus.join(","),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+fn stats(api: &Api, json: bool) -> Result<(), String> {
+    let (s, raw): (Stats, _) = api.get("/stats")?;
+    if json {
+        print_raw(&raw);
+        return Ok(());
+    }
+    let mut t = Table::new(&["GPU", "BACKEND", "UTIL", "BUSY", "SWITCHES", "COMMANDS"]);
+    for g in &s.gpus {
+        t.row(vec![
+            g.name.clone(),
+            g.backend.clone(),
+            format::percent(g.utilization),
+            format::secs(g.busy_seconds),
+            g.switches.to_string(),
+            g.commands.to_string(),
+        ]);
+    }
+    print!("{}", t.render());
+    println!();
+    let mut t = Table::new(&[
+        "VGPU", "GPU", "MEM USED", "QUOTA", "PEAK", "COMMANDS", "BUSY", "BYTES", "WAIT P50",
+        "WAIT P99", "CAPPED", "FAULTS", "ERRORS", "RESETS",
+    ]);
+    for v in &s.vgpus {
+        t.row(vec![
+            v.name.clone(),
+            v.gpu.clone(),
+            format::bytes(v.memory_used_bytes),
+            format::bytes(v.memory_quota_bytes),
+            format::bytes(v.memory_peak_bytes),
+            v.commands.to_string(),
+            format::secs(v.busy_seconds),
+            format::bytes(v.bytes),
+            format::secs(v.queue_wait_p50_seconds),
+            format::secs(v.queue_wait_p99_seconds),
+            v.capped.to_string(),
+            v.faults.to_string(),
+            v.errors.to_string(),
+            v.resets.to_string(),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+/// One vGPU's line of `top`: rates over the last interval.
+#[derive(Serialize)]
+struct TopVgpu {
+    name: String,
+    gpu: String,
+    utilization: f64,
+    commands_per_second: f64,
+    bytes_per_second: f64,
+    memory_used_bytes: u64,
+    memory_quota_bytes: u64,
+    queue_wait_p50_seconds: f64,
+    queue_wait_p99_seconds: f64,
+}
+
+#[derive(Serialize)]
+struct TopGpu {
+    name: String,
+    utilization: f64,
+    commands_per_second: f64,
+    switches_per_second: f64,
+}
+
+#[derive(Serialize)]
+struct TopFrame {
+    interval_seconds: f64,
+    gpus: Vec<TopGpu>,
+    vgpus: Vec<TopVgpu>,
+}
+
+/// Rates between two samples `dt` seconds apart. A vGPU new in `cur` is
+/// measured from zero; a counter that went back (a reset) from its new value.
+fn frame(prev: &Stats, cur: &Stats, dt: f64) -> TopFrame {
+    let per_s = |now: f64, before: f64| {
+        let d = if now >= before { now - before } else { now };
+        d / dt
+    };
+    let old_v: HashMap<&str, &VgpuStats> =
+        prev.vgpus.iter().map(|v| (v.name.as_str(), v)).collect();
+    let old_g: HashMap<&str, &GpuStats> = prev.gpus.iter().map(|g| (g.name.as_str(), g)).collect();
+    let zero_v = VgpuStats::default();
+    let zero_g = GpuStats::default();
+    TopFrame {
+        interval_seconds: dt,
+        gpus: cur
+            .gpus
+            .iter()
+            .map(|g| {
+                let o = old_g.get(g.name.as_str()).copied().unwrap_or(&zero_g);
+                TopGpu {
+                    name: g.name.clone(),
+                    utilization: per_s(g.busy_seconds, o.busy_seconds),
+                    commands_per_second: per_s(g.commands as f64, o.commands as f64),
+                    switches_per_second: per_s(g.switches as f64, o.switches as f64),
+                }
+            })
+            .collect(),
+        vgpus: cur
+            .vgpus
+            .iter()
+            .map(|v| {
+                let o = old_v.get(v.name.as_str()).copied().unwrap_or(&zero_v);
+                TopVgpu {
+                    name: v.name.clone(),
+                    gpu: v.gpu.clone(),
+                    utilization: per_s(v.busy_seconds, o.busy_seconds),
+                    commands_per_second: per_s(v.commands as f64, o.commands as f64),
+                    bytes_per_second: per_s(v.bytes as f64, o.bytes as f64),
+                    memory_used_bytes: v.memory_used_bytes,
+                    memory_quota_bytes: v.memory_quota_bytes,
+                    queue_wait_p50_seconds: v.queue_wait_p50_seconds,
+                    queue_wait_p99_seconds: v.queue_wait_p99_seconds,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn render_frame(f: &TopFrame) -> String {
+    let mut out = format!(
+        "vgpud: {} GPU(s), {} vGPU(s); rates over {:.1} s\n\n",
+        f.gpus.len(),
+        f.vgpus.len(),
+        f.interval_seconds
+    );
+    let mut t = Table::new(&["GPU", "UTIL", "COMMANDS", "SWITCHES"]);
+    for g in &f.gpus {
+        t.row(vec![
+            g.name.clone(),
+            format::percent(g.utilization),
+            format::rate(g.commands_per_second),
+            format::rate(g.switches_per_second),
+        ]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new(&[
+        "VGPU", "GPU", "UTIL", "MEM USED", "QUOTA", "WAIT P50", "WAIT P99", "COMMANDS", "COPIED",
+    ]);
+    for v in &f.vgpus {
+        t.row(vec![
+            v.name.clone(),
+            v.gpu.clone(),
+            format::percent(v.utilization),
+            format::bytes(v.memory_used_bytes),
+            format::bytes(v.memory_quota_bytes),
+            format::secs(v.queue_wait_p50_seconds),
+            format::secs(v.queue_wait_p99_seconds),
+            format::rate(v.commands_per_second),
+            format!("{}/s", format::bytes(v.bytes_per_second as u64)),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+fn top(api: &Api, once: bool, interval: f64, json: bool) -> Result<(), String> {
+    let interval = Duration::from_secs_f64(interval);
+    let mut prev: Stats = api.get("/stats")?.0;
+    let mut at = Instant::now();
+    loop {
+        std::thread::sleep(interval);
+        let cur: Stats = api.get("/stats")?.0;
+        let now = Instant::now();
+        let f = frame(&prev, &cur, now.duration_since(at).as_secs_f64().max(1e-6));
+        let text = if json {
+            serde_json::to_string(&f).map_err(|e| e.to_string())? + "\n"
+        } else {
+            render_frame(&f)
+        };
+        let mut out = std::io::stdout().lock();
+        if !once && !json {
+            // Home the cursor and clear the screen.
+            let _ = out.write_all(b"\x1b[H\x1b[2J");
+        }
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        if once {
+            return Ok(());
+        }
+        prev = cur;
+        at = now;
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let api = Api { path: cli.api };
+    let json = cli.json;
+    match cli.command {
+        Cmd::List => list(&api, json),
+        Cmd::Show { name } => show(&api, &name, json),
+        Cmd::Gpus => gpus(&api, json),
+        Cmd::Stats => stats(&api, json),
+        Cmd::Top { once, interval } => top(&api, once, interval, json),
+        Cmd::Create {
+            name,
+            gpu,
+            socket,
+            memory,
+            compute_units,
+            weight,
+            priority,
+            cap,
+            queues,
+        } => {
+            let mut body = Map::new();
+            body.insert("name".into(), json!(name));
+            body.insert("gpu".into(), json!(gpu));
+            body.insert("socket".into(), json!(socket.to_string_lossy()));
+            // A size with a unit goes as written; the daemon parses it.
+            match memory.parse::<u64>() {
+                Ok(n) => body.insert("memory".into(), json!(n)),
+                Err(_) => body.insert("memory".into(), json!(memory)),
+            };
+            body.insert("compute_units".into(), json!(compute_units));
+            if let Some(w) = weight {
+                body.insert("weight".into(), json!(w));
+            }
+            if let Some(p) = priority {
+                body.insert("priority".into(), json!(p));
+            }
+            if let Some(c) = cap {
+                body.insert("cap".into(), json!(c));
+            }
+            if let Some(q) = queues {
+                body.insert("queues".into(), json!(q));
+            }
+            let raw = api.call("PUT", "/vgpus", Some(&Value::Object(body)))?;
+            if json {
+                print_raw(&raw);
+            } else {
+                let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
+                println!("created {name}: listening on {}", v.socket_path);
+            }
+            Ok(())
+        }
+        Cmd::Destroy { name } => {
+            api.call("DELETE", &format!("/vgpus/{}", segment(&name)), None)?;
+            if !json {
+                println!("destroyed {name}");
+            }
+            Ok(())
+        }
+        Cmd::Set {
+            name,
+            weight,
+            priority,
+            cap,
+        } => {
+            let mut body = Map::new();
+            if let Some(w) = weight {
+                body.insert("weight".into(), json!(w));
+            }
+            if let Some(p) = priority {
+                body.insert("priority".into(), json!(p));
+            }
+            if let Some(Cap(c)) = cap {
+                body.insert("cap".into(), json!(c));
+            }
+            let raw = api.call(
+                "PATCH",
+                &format!("/vgpus/{}", segment(&name)),
+                Some(&Value::Object(body)),
+            )?;
+            if json {
+                print_raw(&raw);
+            } else {
+                let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
+                println!(
+                    "{name}: weight {}, priority {}, cap {}",
+                    v.config.weight,
+                    v.config.priority,
+                    cap_text(v.config.cap)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vgpuctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_frame_rates() {
+        let v = |busy: f64, commands: u64| VgpuStats {
+            name: "a".into(),
+            gpu: "g".into(),
+            busy_seconds: busy,
+            commands,
+            ..Default::default()
+        };
+        let prev = Stats {
+            gpus: vec![],
+            vgpus: vec![v(1.0, 100)],
+        };
+        let cur = Stats {
+            gpus: vec![],
+            vgpus: vec![v(1.5, 300)],
+        };
+        let f = frame(&prev, &cur, 2.0);
+        assert_eq!(f.vgpus[0].utilization, 0.25);
+        assert_eq!(f.vgpus[0].commands_per_second, 100.0);
+        // A counter reset counts from zero.
+        let f = frame(&cur, &prev, 2.0);
+        assert_eq!(f.vgpus[0].commands_per_second, 50.0);
+        assert!(render_frame(&f).contains("VGPU"));
+    }
+
+    #[test]
+    fn test_cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["vgpuctl", "set", "a", "--priority", "-3", "--cap", "none"])
+            .unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Set {
+                priority: Some(-3),
+                cap: Some(Cap(None)),
+                ..
+            }
+        ));
+        assert!(Cli::try_parse_from(["vgpuctl", "set", "a"]).is_err());
+        assert!(Cli::try_parse_from(["vgpuctl", "set", "a", "--cap", "lots"]).is_err());
+    }
+}

@@ -1,0 +1,498 @@
+//! The management API: HTTP/1.1 and JSON on a UNIX socket (mode 0600, so
+//! whoever may open the socket may manage the daemon). `docs/api.md`
+//! describes the endpoints.
+
+pub mod http;
+
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use log::info;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::config::{BackendKind, Policy, VgpuConfig};
+use crate::daemon::{Daemon, DaemonError, GpuInfo, GpuStats, InstanceInfo, InstanceStats};
+use http::{Request, Response, Server};
+
+/// Prefix of every endpoint.
+pub const API_PREFIX: &str = "/api/v1";
+
+/// The management API server: listens on its socket until stopped or
+/// dropped, then removes the socket.
+pub struct ApiServer {
+    path: PathBuf,
+    /// Device and inode of our socket, so that only ours is removed.
+    id: Option<(u64, u64)>,
+    server: Server,
+}
+
+fn with_context(e: io::Error, what: String) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Removes a socket left by a process that died; refuses a live one and
+/// anything that is not a socket.
+fn clear_stale_socket(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use (is another vgpud running?)", path.display()),
+                ));
+            }
+            fs::remove_file(path)
+        }
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        )),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Binds `path` with mode 0600 from the start: the socket is bound in a
+/// fresh private (0700) directory, restricted, then linked to `path`, so
+/// no one can connect through looser permissions in between. Refuses to
+/// replace anything at `path` but a stale socket.
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.exists() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| with_context(e, format!("cannot create {}", parent.display())))?;
+    }
+    clear_stale_socket(path)?;
+    let tmp_dir = parent.join(format!(
+        ".api-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = tmp_dir.join("s");
+    // Left over by an earlier process that had our pid.
+    let _ = fs::remove_file(&tmp);
+    let _ = fs::remove_dir(&tmp_dir);
+    DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp_dir)
+        .map_err(|e| with_context(e, format!("cannot create {}", tmp_dir.display())))?;
+    let bound = (|| {
+        let listener = UnixListener::bind(&tmp)?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600))?;
+        fs::hard_link(&tmp, path)?;
+        Ok(listener)
+    })();
+    let _ = fs::remove_file(&tmp);
+    let _ = fs::remove_dir(&tmp_dir);
+    bound.map_err(|e| with_context(e, format!("cannot listen on {}", path.display())))
+}
+
+impl ApiServer {
+    /// Listens on `path` (mode 0600; a stale socket there is replaced)
+    /// and serves the API for `daemon` on its own threads.
+    pub fn start(path: &Path, daemon: Arc<Mutex<Daemon>>) -> io::Result<ApiServer> {
+        let listener = bind_private(path)?;
+        let id = fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()));
+        let api_path = path.to_path_buf();
+        let handler = Arc::new(move |req: &Request| handle(&daemon, &api_path, req));
+        let server = match Server::spawn("api", listener, handler) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = fs::remove_file(path);
+                return Err(with_context(e, "cannot start the API server".into()));
+            }
+        };
+        info!("API listening on {}", path.display());
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            id,
+            server,
+        })
+    }
+
+    /// The socket.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops serving and removes the socket.
+    pub fn stop(&mut self) {
+        self.server.stop();
+        if let Some(id) = self.id.take() {
+            let ours = fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == id);
+            if ours {
+                let _ = fs::remove_file(&self.path);
+                info!("API stopped; {} removed", self.path.display());
+            }
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A vGPU's configuration as JSON: the fields of a `[[vgpu]]` table, sizes
+/// in bytes; accepted back by `PUT /api/v1/vgpus`.
+#[derive(Serialize)]
+struct VgpuConfigJson {
+    name: String,
+    gpu: String,
+    socket: String,
+    memory: u64,
+    compute_units: u32,
+    priority: i32,
+    weight: u32,
+    cap: Option<f64>,
+    queues: u32,
+    window: u64,
+    poll_us: u64,
+    pci_vendor: Option<u16>,
+    pci_device: Option<u16>,
+}
+
+impl From<&VgpuConfig> for VgpuConfigJson {
+    fn from(v: &VgpuConfig) -> Self {
+        VgpuConfigJson {
+            name: v.name.clone(),
+            gpu: v.gpu.clone(),
+            socket: v.socket.to_string_lossy().into_owned(),
+            memory: v.memory.0,
+            compute_units: v.compute_units,
+            priority: v.priority,
+            weight: v.weight,
+            cap: v.cap,
+            queues: v.queues,
+            window: v.window.0,
+            poll_us: v.poll_us,
+            pci_vendor: v.pci_vendor,
+            pci_device: v.pci_device,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct VgpuStatsJson {
+    name: String,
+    gpu: String,
+    memory_quota_bytes: u64,
+    memory_used_bytes: u64,
+    memory_peak_bytes: u64,
+    commands: u64,
+    busy_seconds: f64,
+    bytes: u64,
+    queue_wait_p50_seconds: f64,
+    queue_wait_p99_seconds: f64,
+    capped: u64,
+    faults: u64,
+    errors: u64,
+    resets: u64,
+}
+
+impl From<&InstanceStats> for VgpuStatsJson {
+    fn from(s: &InstanceStats) -> Self {
+        VgpuStatsJson {
+            name: s.name.clone(),
+            gpu: s.gpu.clone(),
+            memory_quota_bytes: s.memory_quota,
+            memory_used_bytes: s.memory_used,
+            memory_peak_bytes: s.memory_peak,
+            commands: s.commands,
+            busy_seconds: s.busy.as_secs_f64(),
+            bytes: s.bytes,
+            queue_wait_p50_seconds: s.wait_p50.as_secs_f64(),
+            queue_wait_p99_seconds: s.wait_p99.as_secs_f64(),
+            capped: s.capped,
+            faults: s.faults,
+            errors: s.errors,
+            resets: s.resets,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct VgpuJson {
+    name: String,
+    gpu: String,
+    socket_path: String,
+    config: VgpuConfigJson,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<VgpuStatsJson>,
+}
+
+impl VgpuJson {
+    fn new(i: &InstanceInfo, stats: Option<&InstanceStats>) -> Self {
+        VgpuJson {
+            name: i.config.name.clone(),
+            gpu: i.config.gpu.clone(),
+            socket_path: i.socket.to_string_lossy().into_owned(),
+            config: (&i.config).into(),
+            stats: stats.map(Into::into),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct GpuStatsJson {
+    name: String,
+    backend: String,
+    utilization: f64,
+    busy_seconds: f64,
+    switches: u64,
+    commands: u64,
+}
+
+impl From<&GpuStats> for GpuStatsJson {
+    fn from(g: &GpuStats) -> Self {
+        GpuStatsJson {
+            name: g.name.clone(),
+            backend: g.backend.clone(),
+            utilization: finite(g.utilization),
+            busy_seconds: g.busy.as_secs_f64(),
+            switches: g.switches,
+            commands: g.commands,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StatsJson {
+    gpus: Vec<GpuStatsJson>,
+    vgpus: Vec<VgpuStatsJson>,
+}
+
+#[derive(Serialize)]
+struct GpuJson {
+    name: String,
+    backend: String,
+    policy: &'static str,
+    slice_us: u64,
+    device: Option<u32>,
+    memory_bytes: u64,
+    memory_allocated_bytes: u64,
+    memory_free_bytes: u64,
+    compute_units: u32,
+    compute_units_allocated: u32,
+    compute_units_free: u32,
+    vgpus: Vec<String>,
+    stats: Option<GpuStatsJson>,
+}
+
+impl GpuJson {
+    fn new(g: &GpuInfo, stats: Option<&GpuStats>) -> Self {
+        GpuJson {
+            name: g.config.name.clone(),
+            backend: g.backend.clone(),
+            policy: match g.config.policy {
+                Policy::RoundRobin => "round-robin",
+                Policy::Priority => "priority",
+                Policy::Fair => "fair",
+            },
+            slice_us: g.config.slice_us,
+            device: (g.config.backend == BackendKind::Cuda).then_some(g.config.device),
+            memory_bytes: g.memory_total,
+            memory_allocated_bytes: g.memory_allocated,
+            memory_free_bytes: g.memory_total.saturating_sub(g.memory_allocated),
+            compute_units: g.compute_units_total,
+            compute_units_allocated: g.compute_units_allocated,
+            compute_units_free: g
+                .compute_units_total
+                .saturating_sub(g.compute_units_allocated),
+            vgpus: g.vgpus.clone(),
+            stats: stats.map(Into::into),
+        }
+    }
+}
+
+/// JSON has no NaN or infinity.
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+/// `PATCH /api/v1/vgpus/{name}`: the scheduling parameters to change.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParamsPatch {
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    priority: Option<i32>,
+    /// Absent: unchanged; `null`: no cap; a number: that cap.
+    #[serde(default, deserialize_with = "present")]
+    cap: Option<Option<f64>>,
+}
+
+/// Tells a field given as `null` from one not given.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+    Option::<f64>::deserialize(d).map(Some)
+}
+
+/// The status a daemon error is answered with.
+fn status_of(e: &DaemonError) -> u16 {
+    match e {
+        DaemonError::NoInstance(_) => 404,
+        DaemonError::NoGpu(_) | DaemonError::Invalid { .. } => 400,
+        DaemonError::Exists(_)
+        | DaemonError::SocketInUse { .. }
+        | DaemonError::DoesNotFit { .. } => 409,
+        DaemonError::Backend { .. } | DaemonError::Setup { .. } => 500,
+    }
+}
+
+fn daemon_error(e: DaemonError) -> Response {
+    Response::error(status_of(&e), e.to_string())
+}
+
+fn method_not_allowed(req: &Request, allow: &'static str) -> Response {
+    Response::error(
+        405,
+        format!(
+            "{} is not allowed on {} (allowed: {allow})",
+            req.method, req.path
+        ),
+    )
+    .with_header("Allow", allow)
+}
+
+fn body_error(e: serde_json::Error) -> Response {
+    Response::error(400, format!("invalid request body: {e}"))
+}
+
+/// Answers one API request. `api_path` is the API's own socket, which no
+/// vGPU may take.
+pub fn handle(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
+    let resp = route(daemon, api_path, req);
+    if req.method != "GET" {
+        info!("API: {} {}: {}", req.method, req.path, resp.status);
+    }
+    resp
+}
+
+fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
+    let lock = || daemon.lock().unwrap_or_else(PoisonError::into_inner);
+    let segments: Vec<&str> = match req.path.strip_prefix(API_PREFIX) {
+        Some(rest) if rest.starts_with('/') => rest[1..].split('/').collect(),
+        _ => Vec::new(),
+    };
+    let method = req.method.as_str();
+    match segments[..] {
+        ["vgpus"] => match method {
+            "GET" => list(&lock()),
+            "PUT" => create(&mut lock(), api_path, &req.body),
+            _ => method_not_allowed(req, "GET, PUT"),
+        },
+        ["vgpus", name] if !name.is_empty() => match method {
+            "GET" => show(&lock(), name),
+            "DELETE" => match lock().destroy(name) {
+                Ok(()) => Response::empty(204),
+                Err(e) => daemon_error(e),
+            },
+            "PATCH" => patch(&mut lock(), name, &req.body),
+            _ => method_not_allowed(req, "GET, DELETE, PATCH"),
+        },
+        ["stats"] => match method {
+            "GET" => {
+                let (gpus, vgpus) = lock().stats();
+                Response::json(
+                    200,
+                    &StatsJson {
+                        gpus: gpus.iter().map(Into::into).collect(),
+                        vgpus: vgpus.iter().map(Into::into).collect(),
+                    },
+                )
+            }
+            _ => method_not_allowed(req, "GET"),
+        },
+        ["gpus"] => match method {
+            "GET" => {
+                let d = lock();
+                let (stats, _) = d.stats();
+                let gpus: Vec<GpuJson> = d
+                    .gpus()
+                    .iter()
+                    .map(|g| GpuJson::new(g, stats.iter().find(|s| s.name == g.config.name)))
+                    .collect();
+                Response::json(200, &gpus)
+            }
+            _ => method_not_allowed(req, "GET"),
+        },
+        _ => Response::error(404, format!("no endpoint {}", req.path)),
+    }
+}
+
+fn list(d: &Daemon) -> Response {
+    let all: Vec<VgpuJson> = d.list().iter().map(|i| VgpuJson::new(i, None)).collect();
+    Response::json(200, &all)
+}
+
+fn show(d: &Daemon, name: &str) -> Response {
+    let Some(info) = d.instance(name) else {
+        return daemon_error(DaemonError::NoInstance(name.to_string()));
+    };
+    let (_, stats) = d.stats();
+    Response::json(
+        200,
+        &VgpuJson::new(&info, stats.iter().find(|s| s.name == name)),
+    )
+}
+
+fn create(d: &mut Daemon, api_path: &Path, body: &[u8]) -> Response {
+    let v: VgpuConfig = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return body_error(e),
+    };
+    let socket = d.socket_path(&v);
+    if socket == api_path {
+        return daemon_error(DaemonError::SocketInUse {
+            name: v.name,
+            socket,
+            message: "this is the API socket".into(),
+        });
+    }
+    let name = v.name.clone();
+    if let Err(e) = d.create_checked(v) {
+        return daemon_error(e);
+    }
+    match d.instance(&name) {
+        Some(info) => Response::json(201, &VgpuJson::new(&info, None))
+            .with_header("Location", format!("{API_PREFIX}/vgpus/{name}")),
+        None => Response::error(500, "the vGPU vanished after its creation"),
+    }
+}
+
+fn patch(d: &mut Daemon, name: &str, body: &[u8]) -> Response {
+    if d.instance(name).is_none() {
+        return daemon_error(DaemonError::NoInstance(name.to_string()));
+    }
+    let p: ParamsPatch = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => return body_error(e),
+    };
+    if p.weight.is_none() && p.priority.is_none() && p.cap.is_none() {
+        return Response::error(400, "nothing to change: give weight, priority or cap");
+    }
+    if let Err(e) = d.update_params(name, p.weight, p.priority, p.cap) {
+        return daemon_error(e);
+    }
+    match d.instance(name) {
+        Some(info) => Response::json(200, &VgpuJson::new(&info, None)),
+        None => daemon_error(DaemonError::NoInstance(name.to_string())),
+    }
+}
