@@ -375,7 +375,7 @@ impl Daemon {
         let socket = self.config.socket_path(&v);
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir)
-                .map_err(|e| setup(format!("cannot create {}: {e}", dir.display())))?;
+                .map_err(|e| forget(setup(format!("cannot create {}: {e}", dir.display()))))?;
         }
         let endpoint = Endpoint::new(v.name.clone(), &socket, Box::new(device)).map_err(|e| {
             let cause = std::error::Error::source(&e)
