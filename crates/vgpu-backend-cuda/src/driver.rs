@@ -1,0 +1,442 @@
+//! Small helpers over the CUDA driver API bindings of `cudarc`: error
+//! codes, the current-context guard and the few calls used everywhere.
+//!
+//! Every function here expects the driver library to be loadable: callers
+//! check [`libraries_present`] before the first call (cudarc panics when a
+//! symbol cannot be loaded).
+
+use std::ffi::{c_void, CStr};
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use cudarc::driver::sys;
+
+/// Whether libcuda and libnvrtc can be loaded; the error names what is missing.
+pub fn libraries_present() -> Result<(), String> {
+    // SAFETY: only tries to dlopen the candidate library names and closes
+    // what it opened; no symbol is called.
+    let cuda = unsafe { sys::is_culib_present() };
+    // SAFETY: as above, for the NVRTC library names.
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    match (cuda, nvrtc) {
+        (true, true) => Ok(()),
+        (false, _) => Err("libcuda (the NVIDIA driver library) cannot be loaded".into()),
+        (true, false) => Err("libnvrtc (the CUDA runtime compiler) cannot be loaded".into()),
+    }
+}
+
+/// A failed driver call: its `CUresult`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct CuError(pub sys::CUresult);
+
+impl CuError {
+    /// The numeric `CUresult`.
+    pub fn code(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// The driver's name for the code (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+    pub fn name(self) -> String {
+        let mut p: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string (or
+        // leaves it alone and fails); `p` is a valid place for it.
+        let r = unsafe { sys::cuGetErrorName(self.0, &mut p) };
+        if r != sys::CUresult::CUDA_SUCCESS || p.is_null() {
+            return format!("{:?}", self.0);
+        }
+        // SAFETY: on success `p` points to a NUL-terminated static string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// Whether the error leaves the context unusable ("sticky" errors: a
+    /// kernel faulted). Every later call in that context fails the same
+    /// way until the context is destroyed.
+    pub fn is_sticky(self) -> bool {
+        matches!(
+            self.code(),
+            // ECC uncorrectable, context destroyed, device unavailable
+            214 | 709 | 46
+            // illegal address, launch timeout, device assert
+            | 700 | 702 | 710
+            // stack error, illegal instruction, misaligned address,
+            // invalid address space, invalid PC, launch failed
+            | 714
+                ..=719
+            // NVLink uncorrectable, unknown
+            | 220 | 999
+        )
+    }
+
+    /// Whether the device ran out of memory.
+    pub fn is_out_of_memory(self) -> bool {
+        self.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+    }
+}
+
+impl fmt::Display for CuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name(), self.code())
+    }
+}
+
+impl fmt::Debug for CuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// `Ok` for `CUDA_SUCCESS`.
+pub fn ok(r: sys::CUresult) -> Result<(), CuError> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CuError(r))
+    }
+}
+
+/// Makes a context current on this thread for the guard's life, restoring
+/// the previous one after.
+pub struct Current {
+    /// The context stack is per thread: the guard must not move.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Current {
+    /// Pushes `ctx` on this thread's context stack.
+    pub fn push(ctx: sys::CUcontext) -> Result<Current, CuError> {
+        // SAFETY: `ctx` is a live context handle owned by the caller, which
+        // keeps it alive for the guard's life.
+        ok(unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        Ok(Current {
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context this guard pushed on this thread.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+    }
+}
+
+/// A device attribute.
+pub fn device_attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, CuError> {
+    let mut v = 0;
+    // SAFETY: `dev` came from cuDeviceGet; `v` is a valid out pointer.
+    ok(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) })?;
+    Ok(v)
+}
+
+/// Allocates `size` bytes of device memory in the current context.
+pub fn mem_alloc(size: usize) -> Result<sys::CUdeviceptr, CuError> {
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: `p` is a valid out pointer; a context is current (callers
+    // hold a `Current`).
+    ok(unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
+    Ok(p)
+}
+
+/// Frees device memory from [`mem_alloc`].
+pub fn mem_free(p: sys::CUdeviceptr) -> Result<(), CuError> {
+    // SAFETY: `p` came from cuMemAlloc in the current context and is freed
+    // once (callers remove it from their tables first).
+    ok(unsafe { sys::cuMemFree_v2(p) })
+}
+
+/// Allocates `size` bytes of page-locked host memory in the current context.
+pub fn mem_alloc_host(size: usize) -> Result<*mut u8, CuError> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out pointer; a context is current.
+    ok(unsafe { sys::cuMemAllocHost_v2(&mut p, size) })?;
+    Ok(p.cast())
+}
+
+/// Frees memory from [`mem_alloc_host`].
+pub fn mem_free_host(p: *mut u8) -> Result<(), CuError> {
+    // SAFETY: `p` came from cuMemAllocHost and is freed once.
+    ok(unsafe { sys::cuMemFreeHost(p.cast()) })
+}
+
+/// Creates a timing event (or one without timing, cheaper to record).
+pub fn event_create(timing: bool) -> Result<sys::CUevent, CuError> {
+    let flags = if timing {
+        sys::CUevent_flags::CU_EVENT_DEFAULT as u32
+    } else {
+        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+    };
+    let mut e: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: `e` is a valid out pointer; a context is current.
+    ok(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+    Ok(e)
+}
+
+/// Records `e` on `s`.
+pub fn event_record(e: sys::CUevent, s: sys::CUstream) -> Result<(), CuError> {
+    // SAFETY: both handles are live and belong to the current context.
+    ok(unsafe { sys::cuEventRecord(e, s) })
+}
+
+/// Waits for `e`.
+pub fn event_sync(e: sys::CUevent) -> Result<(), CuError> {
+    // SAFETY: `e` is a live event.
+    ok(unsafe { sys::cuEventSynchronize(e) })
+}
+
+/// Time between two completed timing events.
+pub fn event_elapsed(start: sys::CUevent, end: sys::CUevent) -> Result<Duration, CuError> {
+    let mut ms = 0f32;
+    // SAFETY: both are live timing events that have completed.
+    ok(unsafe { sys::cuEventElapsedTime_v2(&mut ms, start, end) })?;
+    Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+}
+
+/// Waits for all work on `s`.
+pub fn stream_sync(s: sys::CUstream) -> Result<(), CuError> {
+    // SAFETY: `s` is a live stream.
+    ok(unsafe { sys::cuStreamSynchronize(s) })
+}
+
+/// Copies `len` bytes host -> device, asynchronously on `s`.
+///
+/// # Safety
+/// `src` must stay valid and unchanged until the copy completes; `dst`
+/// must be `len` bytes of device memory.
+pub unsafe fn memcpy_htod_async(
+    dst: sys::CUdeviceptr,
+    src: *const u8,
+    len: usize,
+    s: sys::CUstream,
+) -> Result<(), CuError> {
+    // SAFETY: forwarded to the caller.
+    ok(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, s) })
+}
+
+/// Copies `len` bytes device -> host, asynchronously on `s`.
+///
+/// # Safety
+/// `dst` must stay valid and unused until the copy completes; `src` must
+/// be `len` bytes of device memory.
+pub unsafe fn memcpy_dtoh_async(
+    dst: *mut u8,
+    src: sys::CUdeviceptr,
+    len: usize,
+    s: sys::CUstream,
+) -> Result<(), CuError> {
+    // SAFETY: forwarded to the caller.
+    ok(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, s) })
+}
+
+/// Copies `len` bytes device -> device, asynchronously on `s`.
+pub fn memcpy_dtod_async(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    len: usize,
+    s: sys::CUstream,
+) -> Result<(), CuError> {
+    // SAFETY: device-to-device copies touch only device memory; callers
+    // have checked both ranges against their allocation tables (a bad
+    // range is reported by the driver, not undefined behaviour here).
+    ok(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, s) })
+}
+
+/// Sets `count` 32-bit words at `dst` (4-byte aligned) to `value` on `s`.
+pub fn memset_d32_async(
+    dst: sys::CUdeviceptr,
+    value: u32,
+    count: usize,
+    s: sys::CUstream,
+) -> Result<(), CuError> {
+    // SAFETY: touches only device memory the caller checked.
+    ok(unsafe { sys::cuMemsetD32Async(dst, value, count, s) })
+}
+
+/// Sets `count` bytes at `dst` to `value` on `s`.
+pub fn memset_d8_async(
+    dst: sys::CUdeviceptr,
+    value: u8,
+    count: usize,
+    s: sys::CUstream,
+) -> Result<(), CuError> {
+    // SAFETY: touches only device memory the caller owns.
+    ok(unsafe { sys::cuMemsetD8Async(dst, value, count, s) })
+}
+
+/// Looks up a kernel of a loaded module; `None` when it has no such entry.
+pub fn module_function(
+    module: sys::CUmodule,
+    name: &CStr,
+) -> Result<Option<sys::CUfunction>, CuError> {
+    let mut f: sys::CUfunction = std::ptr::null_mut();
+    // SAFETY: `module` is a live module of the current context; `name` is
+    // NUL-terminated; `f` is a valid out pointer.
+    let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+        return Ok(None);
+    }
+    ok(r)?;
+    Ok(Some(f))
+}
+
+/// A function attribute.
+pub fn function_attribute(
+    f: sys::CUfunction,
+    attr: sys::CUfunction_attribute,
+) -> Result<i32, CuError> {
+    let mut v = 0;
+    // SAFETY: `f` is a live function handle; `v` a valid out pointer.
+    ok(unsafe { sys::cuFuncGetAttribute(&mut v, attr, f) })?;
+    Ok(v)
+}
+
+/// Bytes of `f`'s parameter list (the end of its last parameter), or
+/// `None` if the driver cannot tell.
+pub fn function_param_bytes(f: sys::CUfunction) -> Option<usize> {
+    let mut end = 0usize;
+    for index in 0..4096usize {
+        let (mut off, mut size) = (0usize, 0usize);
+        // SAFETY: `f` is a live function handle; both out pointers are valid.
+        let r = unsafe { sys::cuFuncGetParamInfo(f, index, &mut off, &mut size) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => end = end.max(off + size),
+            // Past the last parameter.
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(end),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Launches `f` with an array of pointers to its arguments.
+///
+/// # Safety
+/// `args` must point to one value of each of `f`'s parameter types, in
+/// order, and every device pointer among them must be valid for what the
+/// kernel does with it.
+pub unsafe fn launch(
+    f: sys::CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    s: sys::CUstream,
+    args: &mut [*mut c_void],
+) -> Result<(), CuError> {
+    let params = if args.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        args.as_mut_ptr()
+    };
+    // SAFETY: forwarded to the caller.
+    ok(unsafe {
+        sys::cuLaunchKernel(
+            f,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_mem,
+            s,
+            params,
+            std::ptr::null_mut(),
+        )
+    })
+}
+
+/// Launches `f` with its parameters packed in one buffer
+/// (`CU_LAUNCH_PARAM_BUFFER_POINTER`).
+///
+/// # Safety
+/// `buf` must hold `f`'s parameters in its parameter layout; any device
+/// pointer in it is used by the kernel as is (the context's address space
+/// is what confines it).
+pub unsafe fn launch_packed(
+    f: sys::CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    s: sys::CUstream,
+    buf: &[u8],
+) -> Result<(), CuError> {
+    if buf.is_empty() {
+        // SAFETY: forwarded to the caller (a kernel without parameters).
+        return unsafe { launch(f, grid, block, shared_mem, s, &mut []) };
+    }
+    // The driver reads the buffer during the call; keep it 8-byte aligned.
+    let mut aligned = vec![0u64; buf.len().div_ceil(8)];
+    // SAFETY: `aligned` has at least `buf.len()` bytes; u64 has no invalid
+    // bit patterns.
+    unsafe {
+        std::ptr::copy_nonoverlapping(buf.as_ptr(), aligned.as_mut_ptr().cast::<u8>(), buf.len())
+    };
+    let mut size = buf.len();
+    let mut extra: [*mut c_void; 5] = [
+        sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+        aligned.as_mut_ptr().cast(),
+        sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+        (&mut size as *mut usize).cast(),
+        sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+    ];
+    // SAFETY: `extra` is the documented END-terminated list; the buffer and
+    // its size outlive the call; the rest is forwarded to the caller.
+    ok(unsafe {
+        sys::cuLaunchKernel(
+            f,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared_mem,
+            s,
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+        )
+    })
+}
+
+/// Loads a module image (NUL-terminated PTX) in the current context.
+/// On failure the JIT's error log comes back with the error.
+pub fn module_load_ptx(image: &[u8]) -> Result<sys::CUmodule, (CuError, String)> {
+    debug_assert_eq!(image.last(), Some(&0));
+    const LOG: usize = 16 << 10;
+    let mut error_log = vec![0u8; LOG];
+    let mut opts = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut vals: [*mut c_void; 2] = [error_log.as_mut_ptr().cast(), LOG as *mut c_void];
+    let mut m: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is NUL-terminated and outlives the call; the option
+    // arrays have the same length, passed as the count; the log buffer is
+    // LOG bytes as its size option says.
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut m,
+            image.as_ptr().cast(),
+            opts.len() as u32,
+            opts.as_mut_ptr(),
+            vals.as_mut_ptr(),
+        )
+    };
+    match ok(r) {
+        Ok(()) => Ok(m),
+        Err(e) => {
+            let end = error_log.iter().position(|&b| b == 0).unwrap_or(LOG);
+            let log = String::from_utf8_lossy(&error_log[..end])
+                .trim()
+                .to_string();
+            Err((e, log))
+        }
+    }
+}
+
+/// Unloads a module.
+pub fn module_unload(m: sys::CUmodule) -> Result<(), CuError> {
+    // SAFETY: `m` is a live module, unloaded once.
+    ok(unsafe { sys::cuModuleUnload(m) })
+}

@@ -1,0 +1,1142 @@
+//! Tests that need an NVIDIA GPU. Each starts with `gpu()`, which prints
+//! "skipped: no CUDA driver" and returns early when libcuda or libnvrtc
+//! cannot be loaded, so on a machine without CUDA they all pass by
+//! skipping. With `VGPU_REQUIRE_GPU=1` a missing driver or device fails
+//! the test instead.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::{
+    Backend, BackendError, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+};
+use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
+
+const MIB: u64 = 1 << 20;
+
+fn required() -> bool {
+    std::env::var_os("VGPU_REQUIRE_GPU").is_some_and(|v| v == "1")
+}
+
+/// Whether CUDA is here; prints why not otherwise.
+fn gpu() -> bool {
+    match cuda_available() {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(!required(), "VGPU_REQUIRE_GPU=1 but {why}");
+            println!("skipped: no CUDA driver ({why})");
+            false
+        }
+    }
+}
+
+/// GPU 0 in `mode`, or `None` (printed) when a driver is there but no
+/// usable device.
+fn backend(mode: Mode) -> Option<CudaBackend> {
+    match CudaBackend::new(0, mode) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(!required(), "VGPU_REQUIRE_GPU=1 but {e}");
+            println!("skipped: no usable CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn spec(name: &str, memory: u64, compute_units: u32) -> PartitionSpec {
+    PartitionSpec {
+        name: name.into(),
+        memory,
+        compute_units,
+    }
+}
+
+/// A partition of `memory` bytes: the whole GPU's SM share (isolated) or
+/// one group of SMs (spatial).
+fn partition(b: &CudaBackend, name: &str, memory: u64) -> CudaPartition {
+    let cu = match b.mode() {
+        Mode::Isolated => 1,
+        Mode::Spatial => 2 * b.sm_granule(),
+    };
+    b.create_cuda_partition(&spec(name, memory, cu)).unwrap()
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn f32(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.next() >> 32) as u8).collect()
+    }
+}
+
+struct VecSource(Vec<u8>);
+
+impl HostSource for VecSource {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let off = offset as usize;
+        let src = self
+            .0
+            .get(off..off + buf.len())
+            .ok_or(OpError::Fault(offset))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+struct VecSink(RefCell<Vec<u8>>);
+
+impl HostSink for VecSink {
+    fn len(&self) -> u64 {
+        self.0.borrow().len() as u64
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        let off = offset as usize;
+        let mut v = self.0.borrow_mut();
+        let dst = v
+            .get_mut(off..off + buf.len())
+            .ok_or(OpError::Fault(offset))?;
+        dst.copy_from_slice(buf);
+        Ok(())
+    }
+}
+
+fn upload(p: &mut dyn Partition, addr: u64, bytes: &[u8]) {
+    p.upload(addr, &VecSource(bytes.to_vec())).unwrap();
+}
+
+fn download(p: &mut dyn Partition, addr: u64, len: usize) -> Vec<u8> {
+    let sink = VecSink(RefCell::new(vec![0; len]));
+    p.download(addr, &sink).unwrap();
+    sink.0.into_inner()
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn upload_floats(p: &mut dyn Partition, addr: u64, v: &[f32]) {
+    upload(p, addr, &to_bytes(v));
+}
+
+fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
+    to_floats(&download(p, addr, n * 4))
+}
+
+fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
+    p.launch(&Launch {
+        module: abi::MODULE_BUILTIN,
+        entry,
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_mem: 0,
+        params: params.as_slice(),
+    })
+}
+
+fn launch_module(
+    p: &mut dyn Partition,
+    module: u64,
+    entry: &str,
+    grid: u32,
+    block: u32,
+    params: &[u8],
+) -> Result<(), OpError> {
+    p.launch(&Launch {
+        module,
+        entry,
+        grid: [grid, 1, 1],
+        block: [block, 1, 1],
+        shared_mem: 0,
+        params,
+    })
+}
+
+/// PTX text of CUDA C `src`.
+fn ptx(src: &str) -> Vec<u8> {
+    cudarc::nvrtc::compile_ptx(src)
+        .expect("test kernel compiles")
+        .to_src()
+        .into_bytes()
+}
+
+const TEST_KERNELS: &str = r#"
+extern "C" __global__ void scale_u32(unsigned int *p, unsigned long long n, unsigned int mul) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] *= mul;
+}
+extern "C" __global__ void poke(unsigned int *p, unsigned int v) { *p = v; }
+extern "C" __global__ void smids(unsigned int *out, long long spin) {
+    unsigned int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    if (threadIdx.x == 0) out[blockIdx.x] = id;
+}
+"#;
+
+fn poke_params(addr: u64, v: u32) -> Vec<u8> {
+    let mut p = addr.to_le_bytes().to_vec();
+    p.extend_from_slice(&v.to_le_bytes());
+    p
+}
+
+/// `alpha * A * B + beta * C` in f64, for an `m` x `n` x `k` shape.
+fn sgemm_reference(
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &[f32],
+) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k)
+                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                .sum();
+            let old = if beta == 0.0 {
+                0.0
+            } else {
+                f64::from(beta) * f64::from(c[i * n + j])
+            };
+            out[i * n + j] = f64::from(alpha) * dot + old;
+        }
+    }
+    out
+}
+
+#[test]
+fn isolated_capacity_and_placement() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let cap = b.capacity();
+    println!(
+        "{}: {} bytes, {} SMs",
+        b.device_name(),
+        cap.memory,
+        cap.compute_units
+    );
+    assert_eq!(b.name(), "cuda");
+    assert_eq!(cap.compute_units, b.device_sms());
+    assert!(cap.memory > 0);
+    assert!(matches!(
+        b.create_partition(&spec("big", cap.memory + 1, 1)),
+        Err(BackendError::DoesNotFit(_))
+    ));
+    assert!(matches!(
+        b.create_partition(&spec("wide", MIB, cap.compute_units + 1)),
+        Err(BackendError::DoesNotFit(_))
+    ));
+    let p = b
+        .create_partition(&spec("half", MIB, cap.compute_units / 2))
+        .unwrap();
+    assert_eq!(
+        b.unclaimed().compute_units,
+        cap.compute_units - cap.compute_units / 2
+    );
+    drop(p);
+    assert_eq!(b.unclaimed(), cap);
+}
+
+#[test]
+fn spatial_capacity_and_placement() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Spatial) else {
+        return;
+    };
+    let cap = b.capacity();
+    let g = b.sm_granule();
+    println!(
+        "{}: {} SMs, {} partitionable in groups of {g}",
+        b.device_name(),
+        b.device_sms(),
+        cap.compute_units
+    );
+    assert!(g >= 8);
+    assert_eq!(cap.compute_units % g, 0);
+    assert!(cap.compute_units <= b.device_sms());
+    for bad in [0, g + g / 2, cap.compute_units + g] {
+        assert!(
+            matches!(
+                b.create_partition(&spec("bad", MIB, bad)),
+                Err(BackendError::DoesNotFit(_))
+            ),
+            "{bad} SMs"
+        );
+    }
+    let all = b
+        .create_cuda_partition(&spec("all", MIB, cap.compute_units))
+        .unwrap();
+    assert_eq!(all.sm_count(), cap.compute_units);
+    assert!(matches!(
+        b.create_partition(&spec("more", MIB, g)),
+        Err(BackendError::DoesNotFit(_))
+    ));
+    drop(all);
+    let a = b.create_partition(&spec("a", MIB, g)).unwrap();
+    let c = b
+        .create_partition(&spec("c", MIB, cap.compute_units - g))
+        .unwrap();
+    assert_eq!(b.unclaimed().compute_units, 0);
+    drop((a, c));
+    assert_eq!(b.unclaimed(), cap);
+}
+
+#[test]
+fn upload_download_roundtrip_across_chunks() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "io", 64 * MIB);
+    let size = 20 * MIB + 100;
+    let addr = p.alloc(size, 0).unwrap();
+    let mut rng = Rng(0x5eed);
+    for len in [1usize, 4097, 8 << 20, (8 << 20) + 3, (20 << 20) + 7] {
+        for off in [0u64, 13] {
+            if off + len as u64 > size {
+                continue;
+            }
+            let data = rng.bytes(len);
+            upload(&mut p, addr + off, &data);
+            assert!(p.last_device_time().is_some());
+            assert_eq!(
+                download(&mut p, addr + off, len),
+                data,
+                "len {len} off {off}"
+            );
+            assert!(p.last_device_time().is_some());
+        }
+    }
+    // Empty transfers are fine and do nothing.
+    upload(&mut p, addr + size, &[]);
+    assert_eq!(download(&mut p, addr + size, 0), Vec::<u8>::new());
+    // A host-side fault part way is reported as such.
+    struct Faulty;
+    impl HostSource for Faulty {
+        fn len(&self) -> u64 {
+            12 << 20
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+            if offset > 0 {
+                return Err(OpError::Fault(offset));
+            }
+            buf.fill(1);
+            Ok(())
+        }
+    }
+    assert_eq!(p.upload(addr, &Faulty), Err(OpError::Fault(8 << 20)));
+    // The partition is still fine.
+    upload(&mut p, addr, &[9; 16]);
+    assert_eq!(download(&mut p, addr, 16), vec![9; 16]);
+}
+
+#[test]
+fn alloc_quota_alignment_and_free() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "mem", 4 * MIB);
+    let a = p.alloc(3 * MIB, 0).unwrap();
+    assert_eq!(a % 256, 0);
+    assert_eq!(p.memory_used(), 3 * MIB);
+    assert_eq!(
+        p.alloc(2 * MIB, 0),
+        Err(OpError::NoMemory {
+            requested: 2 * MIB,
+            available: MIB
+        })
+    );
+    assert!(matches!(p.alloc(0, 0), Err(OpError::Invalid(_))));
+    assert!(matches!(p.alloc(16, 3), Err(OpError::Invalid(_))));
+    assert!(matches!(p.alloc(16, 1 << 31), Err(OpError::Invalid(_))));
+    p.free(a).unwrap();
+    assert!(matches!(p.free(a), Err(OpError::NotFound(_))));
+    assert_eq!(p.memory_used(), 0);
+    // Large alignments are honoured, and their padding is charged.
+    let x = p.alloc(1000, 1 << 20).unwrap();
+    assert_eq!(x % (1 << 20), 0);
+    assert_eq!(p.memory_used(), 1000 + (1 << 20) - 256);
+    upload(&mut p, x, &[7; 1000]);
+    assert_eq!(download(&mut p, x, 1000), vec![7; 1000]);
+    p.free(x).unwrap();
+    assert_eq!(p.memory_used(), 0);
+    // Many small allocations, then reset frees them all.
+    let addrs: Vec<u64> = (0..100).map(|_| p.alloc(4096, 0).unwrap()).collect();
+    assert_eq!(addrs.iter().collect::<BTreeSet<_>>().len(), 100);
+    p.reset();
+    assert_eq!(p.memory_used(), 0);
+    assert!(matches!(
+        p.upload(addrs[0], &VecSource(vec![1])),
+        Err(OpError::OutOfRange { .. })
+    ));
+    let y = p.alloc(4 * MIB, 0).unwrap();
+    upload(&mut p, y + 4 * MIB - 4, &[1, 2, 3, 4]);
+}
+
+#[test]
+fn ranges_outside_own_allocations_are_refused() {
+    if !gpu() {
+        return;
+    }
+    for mode in [Mode::Isolated, Mode::Spatial] {
+        let Some(b) = backend(mode) else {
+            return;
+        };
+        let mut pa = partition(&b, "a", 4 * MIB);
+        let mut pb = partition(&b, "b", 4 * MIB);
+        let a = pa.alloc(4096, 0).unwrap();
+        let theirs = pb.alloc(4096, 0).unwrap();
+        upload(&mut pb, theirs, &[0x5a; 4096]);
+        let oor = |r: Result<(), OpError>| matches!(r, Err(OpError::OutOfRange { .. }));
+        assert!(oor(pa.upload(theirs, &VecSource(vec![0; 4]))));
+        let sink = VecSink(RefCell::new(vec![0; 4]));
+        assert!(oor(pa.download(theirs, &sink)));
+        assert!(oor(pa.copy(a, theirs, 4)));
+        assert!(oor(pa.copy(theirs, a, 4)));
+        assert!(oor(pa.fill(theirs, 4, 0)));
+        assert!(oor(pa.upload(a + 4095, &VecSource(vec![0; 2]))));
+        let fill = abi::FillParams {
+            dst: theirs,
+            count: 1,
+            value: 0,
+            reserved: 0,
+        };
+        assert!(oor(launch(&mut pa, "fill_u32", fill)));
+        let copy = abi::CopyParams {
+            dst: a,
+            src: theirs,
+            bytes: 16,
+        };
+        assert!(oor(launch(&mut pa, "copy", copy)));
+        let reduce = abi::ReduceSumParams {
+            out: a,
+            input: theirs,
+            n: 4,
+        };
+        assert!(oor(launch(&mut pa, "reduce_sum_f32", reduce)));
+        assert_eq!(download(&mut pb, theirs, 4096), vec![0x5a; 4096]);
+    }
+}
+
+fn check_builtins(p: &mut CudaPartition) {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+
+    // fill_u32, aligned and not.
+    let buf = p.alloc(4096, 0).unwrap();
+    upload(p, buf, &[0xee; 4096]);
+    let fill = |dst, count, value| abi::FillParams {
+        dst,
+        count,
+        value,
+        reserved: 0,
+    };
+    launch(p, "fill_u32", fill(buf + 4, 100, 0x1122_3344)).unwrap();
+    launch(p, "fill_u32", fill(buf + 1001, 10, 0xa1b2_c3d4)).unwrap();
+    let got = download(p, buf, 4096);
+    let mut want = vec![0xee; 4096];
+    for i in 0..400 {
+        want[4 + i] = 0x1122_3344u32.to_le_bytes()[i % 4];
+    }
+    for i in 0..40 {
+        want[1001 + i] = 0xa1b2_c3d4u32.to_le_bytes()[i % 4];
+    }
+    assert_eq!(got, want);
+
+    // copy, 16-byte aligned and not.
+    let src = p.alloc(1 << 20, 0).unwrap();
+    let dst = p.alloc(1 << 20, 0).unwrap();
+    let data = rng.bytes(1 << 20);
+    upload(p, src, &data);
+    let copy = |dst, src, bytes| abi::CopyParams { dst, src, bytes };
+    launch(p, "copy", copy(dst, src, 1 << 20)).unwrap();
+    assert_eq!(download(p, dst, 1 << 20), data);
+    launch(p, "copy", copy(dst + 3, src + 1, 1000)).unwrap();
+    assert_eq!(download(p, dst + 3, 1000), data[1..1001]);
+    assert!(matches!(
+        launch(p, "copy", copy(src + 8, src, 16)),
+        Err(OpError::Invalid(_))
+    ));
+
+    // vadd, saxpy.
+    for n in [0usize, 1, 7, 1000, 4099, 1 << 20] {
+        let a = rng.floats(n);
+        let bv = rng.floats(n);
+        let pa = p.alloc(4 * n as u64 + 4, 0).unwrap();
+        let pb = p.alloc(4 * n as u64 + 4, 0).unwrap();
+        let pc = p.alloc(4 * n as u64 + 4, 0).unwrap();
+        upload_floats(p, pa, &a);
+        upload_floats(p, pb, &bv);
+        let params = abi::VaddParams {
+            c: pc,
+            a: pa,
+            b: pb,
+            n: n as u64,
+        };
+        launch(p, "vadd_f32", params).unwrap();
+        let want: Vec<f32> = a.iter().zip(&bv).map(|(x, y)| x + y).collect();
+        assert_eq!(download_floats(p, pc, n), want, "vadd n={n}");
+        assert_eq!(download_floats(p, pc + 4 * n as u64, 1), [0.0]);
+
+        let s = 1.75f32;
+        let params = abi::SaxpyParams {
+            y: pb,
+            x: pa,
+            n: n as u64,
+            a: s,
+            reserved: 0,
+        };
+        launch(p, "saxpy_f32", params).unwrap();
+        let want: Vec<f32> = a.iter().zip(&bv).map(|(x, y)| s * x + y).collect();
+        assert_eq!(download_floats(p, pb, n), want, "saxpy n={n}");
+        for addr in [pa, pb, pc] {
+            p.free(addr).unwrap();
+        }
+    }
+
+    // sgemm.
+    let shapes = [
+        (1, 1, 1),
+        (17, 33, 9),
+        (64, 64, 64),
+        (5, 300, 270),
+        (33, 1, 517),
+        (3, 7, 0),
+        (130, 129, 131),
+        (257, 1000, 300),
+    ];
+    for &(m, n, k) in &shapes {
+        for (alpha, beta) in [(1.5f32, -0.75f32), (1.0, 0.0), (0.0, 2.0), (-0.5, 1.0)] {
+            let a = rng.floats(m * k);
+            let bm = rng.floats(k * n);
+            let c = rng.floats(m * n);
+            let pa = p.alloc(4 * (m * k) as u64 + 4, 0).unwrap();
+            let pb = p.alloc(4 * (k * n) as u64 + 4, 0).unwrap();
+            let pc = p.alloc(4 * (m * n) as u64, 0).unwrap();
+            upload_floats(p, pa, &a);
+            upload_floats(p, pb, &bm);
+            upload_floats(p, pc, &c);
+            let params = abi::SgemmParams {
+                c: pc,
+                a: pa,
+                b: pb,
+                m: m as u32,
+                n: n as u32,
+                k: k as u32,
+                reserved: 0,
+                alpha,
+                beta,
+            };
+            launch(p, "sgemm_f32", params).unwrap();
+            let got = download_floats(p, pc, m * n);
+            let want = sgemm_reference((m, n, k), alpha, &a, &bm, beta, &c);
+            let tol = 1e-5 * (k as f64 + 1.0) * (f64::from(alpha.abs()) + 1.0)
+                + 1e-6 * f64::from(beta.abs());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(*g) - w).abs() <= tol,
+                    "{m}x{n}x{k} alpha={alpha} beta={beta} [{i}]: {g} vs {w}"
+                );
+            }
+            for addr in [pa, pb, pc] {
+                p.free(addr).unwrap();
+            }
+        }
+    }
+
+    // reduce_sum.
+    for n in [0usize, 1, 2, 999, 10_007, (1 << 20) + 3] {
+        let v = rng.floats(n);
+        let buf = p.alloc(4 * n as u64 + 8, 0).unwrap();
+        upload_floats(p, buf, &v);
+        p.fill(buf + 4 * n as u64, 8, 0xffff_ffff).unwrap();
+        let out = buf + 4 * n as u64 + 4;
+        let params = abi::ReduceSumParams {
+            out,
+            input: buf,
+            n: n as u64,
+        };
+        launch(p, "reduce_sum_f32", params).unwrap();
+        let want: f64 = v.iter().map(|&x| f64::from(x)).sum();
+        let got = download_floats(p, out, 1)[0];
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-6 * (n as f64 + 1.0),
+            "n={n}: {got} vs {want}"
+        );
+        if n > 0 {
+            let params = abi::ReduceSumParams { out: buf, ..params };
+            launch(p, "reduce_sum_f32", params).unwrap();
+            let got = download_floats(p, buf, 1)[0];
+            assert!((f64::from(got) - want).abs() <= 1e-6 * (n as f64 + 1.0));
+        }
+        p.free(buf).unwrap();
+    }
+}
+
+#[test]
+fn builtin_kernels_match_reference_isolated() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "kernels", 256 * MIB);
+    check_builtins(&mut p);
+}
+
+#[test]
+fn builtin_kernels_match_reference_spatial() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Spatial) else {
+        return;
+    };
+    let mut p = partition(&b, "kernels", 256 * MIB);
+    check_builtins(&mut p);
+}
+
+#[test]
+fn builtin_aliasing_reads_inputs_as_before() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "alias", 64 * MIB);
+    let mut rng = Rng(77);
+    let n = 100_001;
+    let buf = p.alloc(4 * 3 * n as u64, 0).unwrap();
+    let at = |i: usize| buf + 4 * i as u64;
+    let data = rng.floats(3 * n);
+    let vadd = |c, a, b| abi::VaddParams {
+        c,
+        a,
+        b,
+        n: n as u64,
+    };
+
+    upload_floats(&mut p, buf, &data);
+    launch(&mut p, "vadd_f32", vadd(at(0), at(0), at(n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[i] + data[n + i]).collect();
+    assert_eq!(download_floats(&mut p, buf, n), want);
+
+    upload_floats(&mut p, buf, &data);
+    launch(&mut p, "vadd_f32", vadd(at(n), at(n), at(n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[n + i] + data[n + i]).collect();
+    assert_eq!(download_floats(&mut p, at(n), n), want);
+
+    upload_floats(&mut p, buf, &data);
+    launch(&mut p, "vadd_f32", vadd(at(1), at(0), at(2 * n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[i] + data[2 * n + i]).collect();
+    assert_eq!(download_floats(&mut p, at(1), n), want);
+    assert_eq!(download_floats(&mut p, buf, 1), [data[0]]);
+
+    upload_floats(&mut p, buf, &data);
+    launch(&mut p, "vadd_f32", vadd(at(0), at(1), at(1))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[1 + i] + data[1 + i]).collect();
+    assert_eq!(download_floats(&mut p, buf, n), want);
+
+    // saxpy with x one element before y.
+    upload_floats(&mut p, buf, &data);
+    let s = abi::SaxpyParams {
+        y: at(n),
+        x: at(n - 1),
+        n: n as u64,
+        a: 0.5,
+        reserved: 0,
+    };
+    launch(&mut p, "saxpy_f32", s).unwrap();
+    let want: Vec<f32> = (0..n)
+        .map(|i| 0.5 * data[n - 1 + i] + data[n + i])
+        .collect();
+    assert_eq!(download_floats(&mut p, at(n), n), want);
+
+    // sgemm in place: C = A * A + C with C, A and B all the same matrix.
+    let s = 200;
+    let x = rng.floats(s * s);
+    let px = p.alloc(4 * (s * s) as u64, 0).unwrap();
+    upload_floats(&mut p, px, &x);
+    let params = abi::SgemmParams {
+        c: px,
+        a: px,
+        b: px,
+        m: s as u32,
+        n: s as u32,
+        k: s as u32,
+        reserved: 0,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    launch(&mut p, "sgemm_f32", params).unwrap();
+    let want = sgemm_reference((s, s, s), 1.0, &x, &x, 1.0, &x);
+    let got = download_floats(&mut p, px, s * s);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((f64::from(*g) - w).abs() < 1e-3, "{g} vs {w}");
+    }
+    // The temporary copies come out of the quota while they live.
+    let mut small = partition(&b, "small", 3 * MIB);
+    let q = small.alloc(2 * MIB + 8, 0).unwrap();
+    let v = abi::VaddParams {
+        c: q + 4,
+        a: q,
+        b: q,
+        n: MIB / 4,
+    };
+    assert_eq!(
+        launch(&mut small, "vadd_f32", v),
+        Err(OpError::NoMemory {
+            requested: MIB,
+            available: MIB - 8
+        })
+    );
+    // With room for the one shared copy it runs.
+    small.free(q).unwrap();
+    let q = small.alloc(2 * MIB, 0).unwrap();
+    upload_floats(&mut small, q, &vec![1.0; (MIB / 4) as usize + 1]);
+    launch(
+        &mut small,
+        "vadd_f32",
+        abi::VaddParams {
+            c: q + 4,
+            a: q,
+            b: q,
+            n: MIB / 4,
+        },
+    )
+    .unwrap();
+    assert_eq!(download_floats(&mut small, q, 3), [1.0, 2.0, 2.0]);
+}
+
+#[test]
+fn copy_and_fill_overlapping_and_unaligned() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "move", 64 * MIB);
+    let size = 24 << 20;
+    let buf = p.alloc(size as u64, 0).unwrap();
+    let mut rng = Rng(11);
+    let data = rng.bytes(size);
+    for (dst, src, len) in [
+        ((1 << 20) + 4, 0usize, 20 << 20),
+        (0, (1 << 20) + 4, 20 << 20),
+        (3, 0, (17 << 20) + 1),
+        (0, 3, (17 << 20) + 1),
+        (100, 200, 1000),
+    ] {
+        upload(&mut p, buf, &data);
+        p.copy(buf + dst as u64, buf + src as u64, len as u64)
+            .unwrap();
+        let mut want = data.clone();
+        want.copy_within(src..src + len, dst);
+        assert!(
+            download(&mut p, buf, size) == want,
+            "copy {src} -> {dst}, {len} bytes"
+        );
+    }
+    // fill at an unaligned address repeats the pattern from there.
+    upload(&mut p, buf, &[0; 64]);
+    p.fill(buf + 3, 40, 0x1122_3344).unwrap();
+    let got = download(&mut p, buf, 64);
+    for (i, &g) in got.iter().enumerate() {
+        let want = if (3..43).contains(&i) {
+            0x1122_3344u32.to_le_bytes()[(i - 3) % 4]
+        } else {
+            0
+        };
+        assert_eq!(g, want, "byte {i}");
+    }
+    assert!(matches!(p.fill(buf, 3, 0), Err(OpError::Invalid(_))));
+}
+
+#[test]
+fn ptx_module_load_and_launch() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    b.set_guest_ptx(true);
+    let mut p = partition(&b, "ptx", 16 * MIB);
+    let image = ptx(TEST_KERNELS);
+    let m = p.module_load(abi::MODULE_FORMAT_PTX, &image).unwrap();
+    assert_ne!(m, abi::MODULE_BUILTIN);
+    let n = 10_000u64;
+    let buf = p.alloc(4 * n, 0).unwrap();
+    let v: Vec<u8> = (0..n as u32).flat_map(|i| i.to_le_bytes()).collect();
+    upload(&mut p, buf, &v);
+    let mut params = buf.to_le_bytes().to_vec();
+    params.extend_from_slice(&n.to_le_bytes());
+    params.extend_from_slice(&3u32.to_le_bytes());
+    launch_module(&mut p, m, "scale_u32", n.div_ceil(256) as u32, 256, &params).unwrap();
+    assert!(p.last_device_time().is_some());
+    let got = download(&mut p, buf, 4 * n as usize);
+    let want: Vec<u8> = (0..n as u32).flat_map(|i| (3 * i).to_le_bytes()).collect();
+    assert_eq!(got, want);
+
+    // Parameter block sizes are checked against the kernel.
+    let mut long = params.clone();
+    long.extend_from_slice(&[0; 4]);
+    assert!(matches!(
+        launch_module(&mut p, m, "scale_u32", 1, 1, &long),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch_module(&mut p, m, "scale_u32", 1, 1, &params[..16]),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch_module(&mut p, m, "scale_u32", 1, 2048, &params),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch_module(&mut p, m, "nope", 1, 1, &params),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(matches!(
+        launch_module(&mut p, m + 100, "scale_u32", 1, 1, &params),
+        Err(OpError::NotFound(_))
+    ));
+    // Still fine after the refusals.
+    launch_module(&mut p, m, "scale_u32", 1, 32, &params).unwrap();
+
+    assert!(matches!(
+        p.module_load(2, &image),
+        Err(OpError::Unsupported(_))
+    ));
+    assert!(matches!(
+        p.module_load(abi::MODULE_FORMAT_PTX, &[]),
+        Err(OpError::Invalid(_))
+    ));
+    let bad =
+        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry broken( { bogus; }\n";
+    match p.module_load(abi::MODULE_FORMAT_PTX, bad) {
+        Err(OpError::Invalid(msg)) => {
+            println!("JIT refusal: {msg}");
+            assert!(msg.contains("JIT"), "{msg}");
+        }
+        other => panic!("bad PTX: {other:?}"),
+    }
+    assert!(matches!(
+        p.module_unload(abi::MODULE_BUILTIN),
+        Err(OpError::Invalid(_))
+    ));
+    p.module_unload(m).unwrap();
+    assert!(matches!(p.module_unload(m), Err(OpError::NotFound(_))));
+    assert!(matches!(
+        launch_module(&mut p, m, "scale_u32", 1, 1, &params),
+        Err(OpError::NotFound(_))
+    ));
+}
+
+#[test]
+fn guest_ptx_is_refused_unless_allowed() {
+    if !gpu() {
+        return;
+    }
+    for mode in [Mode::Isolated, Mode::Spatial] {
+        let Some(b) = backend(mode) else {
+            return;
+        };
+        let mut p = partition(&b, "ptx", 16 * MIB);
+        let image = ptx(TEST_KERNELS);
+        assert!(matches!(
+            p.module_load(abi::MODULE_FORMAT_PTX, &image),
+            Err(OpError::Unsupported(_))
+        ));
+        b.set_guest_ptx(true);
+        let m = p.module_load(abi::MODULE_FORMAT_PTX, &image).unwrap();
+        p.module_unload(m).unwrap();
+        b.set_guest_ptx(false);
+        assert!(matches!(
+            p.module_load(abi::MODULE_FORMAT_PTX, &image),
+            Err(OpError::Unsupported(_))
+        ));
+    }
+}
+
+/// Distinct SMs that `blocks` spinning blocks ran on in `p`.
+fn sms_used(p: &mut CudaPartition, blocks: u32) -> usize {
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &ptx(TEST_KERNELS))
+        .unwrap();
+    let out = p.alloc(4 * u64::from(blocks), 0).unwrap();
+    let mut params = out.to_le_bytes().to_vec();
+    params.extend_from_slice(&20_000i64.to_le_bytes());
+    launch_module(p, m, "smids", blocks, 128, &params).unwrap();
+    let ids = download(p, out, 4 * blocks as usize);
+    p.free(out).unwrap();
+    p.module_unload(m).unwrap();
+    ids.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+#[test]
+fn spatial_partitions_run_on_their_own_sms() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Spatial) else {
+        return;
+    };
+    b.set_guest_ptx(true);
+    let g = b.sm_granule();
+    let cap = b.capacity().compute_units;
+    let mut sizes = vec![g, 2 * g];
+    if cap >= 8 * g + 2 * g {
+        sizes.push(8 * g);
+    }
+    let mut parts: Vec<CudaPartition> = sizes
+        .iter()
+        .map(|&s| b.create_cuda_partition(&spec("sms", 16 * MIB, s)).unwrap())
+        .collect();
+    for (p, &s) in parts.iter_mut().zip(&sizes) {
+        let used = sms_used(p, 4096);
+        println!("spatial partition of {s} SMs: blocks ran on {used} distinct SMs");
+        assert!(used <= s as usize, "{used} SMs used by a {s}-SM partition");
+        assert!(used >= s as usize / 2, "only {used} of {s} SMs used");
+    }
+    let Some(iso) = backend(Mode::Isolated) else {
+        return;
+    };
+    iso.set_guest_ptx(true);
+    let mut whole = partition(&iso, "whole", 16 * MIB);
+    let used = sms_used(&mut whole, 4096);
+    println!("isolated partition: blocks ran on {used} distinct SMs");
+    assert!(used > sizes[sizes.len() - 1] as usize);
+}
+
+#[test]
+fn device_time_is_reported() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "time", 64 * MIB);
+    let s = 1024u32;
+    let bytes = 4 * u64::from(s * s);
+    let (a, bm, c) = (
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+    );
+    assert_eq!(p.last_device_time(), None);
+    p.fill(a, bytes, 1.0f32.to_bits()).unwrap();
+    p.fill(bm, bytes, 1.0f32.to_bits()).unwrap();
+    let params = abi::SgemmParams {
+        c,
+        a,
+        b: bm,
+        m: s,
+        n: s,
+        k: s,
+        reserved: 0,
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    launch(&mut p, "sgemm_f32", params).unwrap();
+    let t = p.last_device_time().unwrap();
+    let flops = 2.0 * f64::from(s).powi(3);
+    println!(
+        "sgemm {s}^3: {t:?} of device time, {:.1} TFLOP/s",
+        flops / t.as_secs_f64() / 1e12
+    );
+    assert!(t > Duration::ZERO && t < Duration::from_secs(1));
+    assert_eq!(download_floats(&mut p, c, 1), [s as f32]);
+    p.free(a).unwrap();
+    assert_eq!(p.last_device_time(), None);
+}
+
+#[test]
+fn spatial_reset_recreates_the_green_context() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Spatial) else {
+        return;
+    };
+    let mut p = partition(&b, "reset", 16 * MIB);
+    let sms = p.sm_count();
+    let a = p.alloc(MIB, 0).unwrap();
+    upload(&mut p, a, &[3; 64]);
+    p.reset();
+    assert!(p.lost().is_none());
+    assert_eq!(p.memory_used(), 0);
+    assert_eq!(p.sm_count(), sms);
+    let a = p.alloc(MIB, 0).unwrap();
+    let fill = abi::FillParams {
+        dst: a,
+        count: 16,
+        value: 0x0404_0404,
+        reserved: 0,
+    };
+    launch(&mut p, "fill_u32", fill).unwrap();
+    assert_eq!(download(&mut p, a, 64), vec![4; 64]);
+}
+
+const CHILD_ENV: &str = "VGPU_CUDA_FAULT_CHILD";
+
+/// Runs `body` in a child process: a kernel fault makes CUDA unusable in
+/// the process that saw it, so the test binary runs itself again with only
+/// `test` selected. Lines the child prints with "probe:" are passed on.
+fn in_child(test: &str, body: fn()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(test) {
+        body();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, test)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines().filter_map(|l| l.split_once("probe:")) {
+        println!("probe:{}", line.1);
+    }
+    assert!(
+        out.status.success(),
+        "child failed:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Raw driver calls after a fault: can the process get a context again?
+fn recovery_probe() {
+    use cudarc::driver::sys;
+    let mut params = sys::CUctxCreateParams {
+        execAffinityParams: std::ptr::null_mut(),
+        numExecAffinityParams: 0,
+        cigParams: std::ptr::null_mut(),
+    };
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out pointers; device 0 exists (a backend opened it).
+    let created = unsafe { sys::cuCtxCreate_v4(&mut ctx, &mut params, 0, 0) };
+    println!("probe: raw cuCtxCreate after the fault: {created:?}");
+    // SAFETY: plain driver call on device 0; nothing of this test uses the
+    // primary context afterwards except the probes below.
+    let reset = unsafe { sys::cuDevicePrimaryCtxReset_v2(0) };
+    println!("probe: raw cuDevicePrimaryCtxReset: {reset:?}");
+    let mut primary: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    let retained = unsafe { sys::cuDevicePrimaryCtxRetain(&mut primary, 0) };
+    println!("probe: raw cuDevicePrimaryCtxRetain after that: {retained:?}");
+    // SAFETY: as for the first create.
+    let again = unsafe { sys::cuCtxCreate_v4(&mut ctx, &mut params, 0, 0) };
+    println!("probe: raw cuCtxCreate after that: {again:?}");
+}
+
+/// What one partition's kernel can do to another in the same process, and
+/// what a fault does: shared here in one place for both modes.
+fn fault_child(mode: Mode) {
+    let b = backend(mode).unwrap();
+    b.set_guest_ptx(true);
+    let mut pa = partition(&b, "faulty", 16 * MIB);
+    let mut pb = partition(&b, "bystander", 16 * MIB);
+    let theirs = pb.alloc(4096, 0).unwrap();
+    upload(&mut pb, theirs, &[0x5a; 4096]);
+    let m = pa
+        .module_load(abi::MODULE_FORMAT_PTX, &ptx(TEST_KERNELS))
+        .unwrap();
+    let own = pa.alloc(4096, 0).unwrap();
+    launch_module(&mut pa, m, "poke", 1, 1, &poke_params(own, 0xdead_beef)).unwrap();
+    assert_eq!(download(&mut pa, own, 4), 0xdead_beefu32.to_le_bytes());
+    // Another partition's allocation named directly by a loaded kernel.
+    let r = launch_module(&mut pa, m, "poke", 1, 1, &poke_params(theirs, 0x0707_0707));
+    let seen = download(&mut pb, theirs, 4);
+    println!(
+        "probe: {mode:?}: a loaded kernel writing another partition's allocation: {r:?}; it now reads {seen:02x?}"
+    );
+    assert!(r.is_ok(), "{r:?}");
+    // A wild address.
+    let r = launch_module(&mut pa, m, "poke", 1, 1, &poke_params(0x1000, 1));
+    println!("probe: {mode:?}: a loaded kernel writing a wild address: {r:?}");
+    assert!(matches!(r, Err(OpError::Device(_))), "{r:?}");
+    assert!(pa.lost().is_some());
+    assert!(vgpu_backend_cuda::cuda_lost().is_some());
+    // Every partition of the process fails from now on, cleanly.
+    let sink = VecSink(RefCell::new(vec![0; 4]));
+    let rb = pb.download(theirs, &sink);
+    println!("probe: {mode:?}: the bystander's next download: {rb:?}");
+    assert!(matches!(rb, Err(OpError::Device(_))), "{rb:?}");
+    assert!(matches!(pa.alloc(16, 0), Err(OpError::Device(_))));
+    pa.reset();
+    println!(
+        "probe: {mode:?}: the faulty partition after reset: {:?}",
+        pa.lost()
+    );
+    assert!(pa.lost().is_some());
+    assert!(matches!(
+        CudaBackend::new(0, mode),
+        Err(BackendError::Unavailable(_))
+    ));
+    drop((pa, pb, b));
+    recovery_probe();
+}
+
+#[test]
+fn isolated_fault_probe() {
+    if !gpu() {
+        return;
+    }
+    in_child("isolated_fault_probe", || fault_child(Mode::Isolated));
+}
+
+#[test]
+fn spatial_fault_probe() {
+    if !gpu() {
+        return;
+    }
+    in_child("spatial_fault_probe", || fault_child(Mode::Spatial));
+}
