@@ -72,6 +72,17 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// How a CUDA GPU is split between vGPUs.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartitionMode {
+    /// A CUDA context per vGPU, time-sliced by the scheduler.
+    #[default]
+    Isolated,
+    /// A green context per vGPU with its own SMs, running concurrently.
+    Spatial,
+}
+
 /// Scheduling policy of a GPU.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -149,6 +160,9 @@ pub struct GpuConfig {
     /// CUDA device index.
     #[serde(default)]
     pub device: u32,
+    /// CUDA partition mode.
+    #[serde(default)]
+    pub partition_mode: PartitionMode,
     /// Scheduling policy.
     #[serde(default)]
     pub policy: Policy,

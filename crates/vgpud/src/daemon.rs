@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use vgpu_device::{CommandGate, DeviceCounters};
 use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
 
-use crate::config::{BackendKind, Config, GpuConfig, Policy, VgpuConfig};
+use crate::config::{BackendKind, Config, GpuConfig, PartitionMode, Policy, VgpuConfig};
 
 /// Why an operation on GPUs or instances failed.
 #[derive(Debug, thiserror::Error)]
@@ -274,10 +274,18 @@ fn make_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
             let memory = g.memory.map(|m| m.0).unwrap_or(0);
             Ok(Arc::new(SoftwareBackend::new(memory, g.compute_units)))
         }
-        BackendKind::Cuda => Err(DaemonError::Backend {
-            gpu: g.name.clone(),
-            message: "this build has no CUDA backend".into(),
-        }),
+        BackendKind::Cuda => {
+            let mode = match g.partition_mode {
+                PartitionMode::Isolated => vgpu_backend_cuda::Mode::Isolated,
+                PartitionMode::Spatial => vgpu_backend_cuda::Mode::Spatial,
+            };
+            vgpu_backend_cuda::CudaBackend::new(g.device, mode)
+                .map(|b| Arc::new(b) as Arc<dyn Backend>)
+                .map_err(|e| DaemonError::Backend {
+                    gpu: g.name.clone(),
+                    message: e.to_string(),
+                })
+        }
     }
 }
 
@@ -734,6 +742,17 @@ mod tests {
             "a refused change changes nothing"
         );
         assert!(d.set_params("nope", Some(1), None, None).is_err());
+    }
+
+    #[test]
+    fn test_cuda_without_driver_fails_clearly() {
+        if std::path::Path::new("/dev/nvidiactl").exists() {
+            return;
+        }
+        let text = "[[gpu]]\nname = \"g\"\nbackend = \"cuda\"\n";
+        let c = Config::parse(text, "c.toml").unwrap();
+        let e = Daemon::new(c).err().expect("no CUDA here").to_string();
+        assert!(e.contains("no CUDA driver"), "{e}");
     }
 
     #[test]
