@@ -319,8 +319,10 @@ impl DmaSpace {
         if size == 0 {
             return Err(MapError::Invalid("zero size"));
         }
-        let end = iova
-            .checked_add(size)
+        // Inclusive end: a range may end exactly at 2^64 (QEMU unmaps up to
+        // the top of the IOVA space when a guest IOMMU goes away).
+        let last = iova
+            .checked_add(size - 1)
             .ok_or(MapError::Invalid("range wraps"))?;
         let mut table = self.write_table();
         let mut victims = Vec::new();
@@ -330,8 +332,8 @@ impl DmaSpace {
                 return Err(MapError::Split(start));
             }
         }
-        for (&start, m) in table.range(iova..end) {
-            if m.end(start) > end {
+        for (&start, m) in table.range(iova..=last) {
+            if m.end(start) - 1 > last {
                 return Err(MapError::Split(start));
             }
             victims.push(Unmapped {
@@ -717,6 +719,11 @@ mod tests {
         assert!(dma.is_empty());
         assert!(matches!(dma.unmap(0, 0), Err(MapError::Invalid(_))));
         assert!(matches!(dma.unmap(u64::MAX, 2), Err(MapError::Invalid(_))));
+        // Up to exactly 2^64, as QEMU sends when a guest IOMMU goes away.
+        dma.map(&req(0xfef0_0000, 0x1000), None, nobody()).unwrap();
+        let removed = dma.unmap(0xfef0_0000, 0u64.wrapping_sub(0xfef0_0000)).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert!(dma.unmap(u64::MAX, 1).unwrap().is_empty());
     }
 
     #[test]
