@@ -3,8 +3,9 @@
 #
 # On a fresh Debian 12 machine (root) it installs what it needs, checks
 # formatting and lints, runs the Rust tests, builds QEMU with the
-# vfio-user client, fetches the guest kernel and boots a guest against
-# vgpud's test device. Downloads and builds are cached in
+# vfio-user client, fetches the guest kernel, boots a guest against
+# vgpud's test device, then runs the guest driver and test suite in two
+# guests at once, an isolation pair and a guest behind a guest IOMMU. Downloads and builds are cached in
 # ${VGPUD_CACHE:-/var/cache/vgpud}, so later runs skip them.
 #
 # usage: ci/test.sh [--no-vm]
@@ -28,7 +29,7 @@ mkdir -p "$LOG_DIR"
 
 steps=(setup-host toolchain fmt shellcheck clippy cargo-test)
 if [[ $with_vm == 1 ]]; then
-    steps+=(build-qemu fetch-kernel vm-test)
+    steps+=(build-qemu fetch-kernel vm-test vm-gpu-test)
 fi
 
 # --- the steps ---------------------------------------------------------------------
@@ -96,6 +97,22 @@ step_vm_test() {
     )
     vm_passed=${vm_passed:-0}
     vm_failed=${vm_failed:-0}
+    return "$rc"
+}
+
+gpu_vm_passed=0
+gpu_vm_failed=0
+step_vm_gpu_test() {
+    local rc=0
+    bash ci/vm-gpu-test.sh | tee "$LOG_DIR/vm-gpu-test.out" || rc=$?
+    read -r gpu_vm_passed gpu_vm_failed < <(
+        sed -n 's/^vm-gpu-test: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$LOG_DIR/vm-gpu-test.out" |
+            tail -n1
+    )
+    gpu_vm_passed=${gpu_vm_passed:-0}
+    gpu_vm_failed=${gpu_vm_failed:-0}
+    vm_passed=$((vm_passed + gpu_vm_passed))
+    vm_failed=$((vm_failed + gpu_vm_failed))
     return "$rc"
 }
 

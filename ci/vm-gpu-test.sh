@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# The whole path in real VMs: vgpud (software backend, two vGPUs) serves two
+# QEMU guests at once over vfio-user; each guest loads the vgpu kernel
+# module and runs the guest test suite, the saxpy and sgemm samples and
+# vgpu-smi. Then one guest runs the suite again behind a guest IOMMU
+# (intel-iommu with caching mode), so DMA maps and unmaps follow the
+# guest's DMA API.
+#
+# Pass or fail comes from the marker lines the guests print on their serial
+# consoles (VGPU-TEST PASS/FAIL name, VGPU-TEST DONE); every guest's full
+# log and vgpud's log are printed on failure.
+#
+# Environment:
+#   VM_TIMEOUT=600   seconds before a guest is killed (TCG is slow)
+#   VM_KEEP=1        keep the temporary folder with the logs
+#   VM_NO_IOMMU=1    skip the guest-IOMMU run
+#   VM_LIVE=1        show the first guest's console while it runs
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+VM_TIMEOUT=${VM_TIMEOUT:-600}
+VM_KEEP=${VM_KEEP:-0}
+VM_NO_IOMMU=${VM_NO_IOMMU:-0}
+VM_LIVE=${VM_LIVE:-0}
+VM_MEM_MB=512
+# Quotas of the two vGPUs; each guest checks it sees its own.
+MEM_A=$((256 << 20))
+MEM_B=$((128 << 20))
+
+cd "$VGPUD_ROOT"
+t_all=$SECONDS
+TMP=$(mktemp -d /tmp/vgpud-gpu-vm.XXXXXX)
+vgpud_pid=""
+qemu_pids=()
+result=1
+
+cleanup() {
+    local pid
+    for pid in "${qemu_pids[@]}" $vgpud_pid; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${qemu_pids[@]}" $vgpud_pid; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ $VM_KEEP == 1 || $result -ne 0 ]]; then
+        log "logs kept in $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- build -------------------------------------------------------------------------
+qemu=$(bash ci/build-qemu.sh)
+bash ci/fetch-kernel.sh >/dev/null
+
+log "guest kernel module against $KERNEL_HEADERS"
+make -s -C guest-driver clean KDIR="$KERNEL_HEADERS" >/dev/null 2>&1 || true
+if ! make -C "$KERNEL_HEADERS" M="$VGPUD_ROOT/guest-driver" W=1 modules >"$TMP/module-build.log" 2>&1; then
+    cat "$TMP/module-build.log" >&2
+    die "the kernel module does not build"
+fi
+if grep -q 'warning:' "$TMP/module-build.log"; then
+    cat "$TMP/module-build.log" >&2
+    die "the kernel module builds with warnings"
+fi
+
+log "vgpud"
+cargo build --release -p vgpud
+vgpud="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/release/vgpud"
+
+VGPU_KO="$VGPUD_ROOT/guest-driver/vgpu.ko" bash tests/vm/guest-suite-initramfs.sh "$TMP/initrd.gz"
+make -s -C "$KERNEL_HEADERS" M="$VGPUD_ROOT/guest-driver" clean >/dev/null 2>&1 || true
+mkdir -p "$TMP/run"
+
+cat >"$TMP/vgpud.toml" <<EOF
+[daemon]
+runtime_dir = "$TMP/run"
+metrics_address = ""
+
+[[gpu]]
+name = "gpu0"
+backend = "software"
+memory = "1GiB"
+compute_units = 2
+
+[[vgpu]]
+name = "a"
+gpu = "gpu0"
+socket = "a.sock"
+memory = $MEM_A
+compute_units = 1
+
+[[vgpu]]
+name = "b"
+gpu = "gpu0"
+socket = "b.sock"
+memory = $MEM_B
+compute_units = 1
+EOF
+"$vgpud" run --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
+vgpud_pid=$!
+for _ in $(seq 300); do
+    [[ -S $TMP/run/a.sock && -S $TMP/run/b.sock ]] && break
+    kill -0 "$vgpud_pid" 2>/dev/null || { cat "$TMP/vgpud.log" >&2; die "vgpud exited"; }
+    sleep 0.1
+done
+[[ -S $TMP/run/b.sock ]] || { cat "$TMP/vgpud.log" >&2; die "vgpud did not create its sockets"; }
+log "vgpud serving a.sock and b.sock (pid $vgpud_pid)"
+
+# boot NAME SOCKET EXPECT_MEM [iommu] [EXTRA_APPEND]: starts a guest in the background.
+boot() {
+    local name=$1 sock=$2 mem=$3 iommu=${4:-} extra=${5:-}
+    # shellcheck disable=SC2054  # commas separate QEMU sub-options
+    local machine=(-machine q35,accel=tcg) append="console=ttyS0 quiet panic=-1 vgpu.expect_mem=$mem $extra"
+    if [[ -n $iommu ]]; then
+        # shellcheck disable=SC2054  # commas separate QEMU sub-options
+        machine=(-machine q35,accel=tcg,kernel-irqchip=split -device intel-iommu,caching-mode=on,intremap=on)
+        append+=" intel_iommu=on"
+    fi
+    # shellcheck disable=SC2054
+    local args=(
+        "${machine[@]}" -m "$VM_MEM_MB"
+        -object "memory-backend-memfd,id=mem,size=${VM_MEM_MB}M,share=on" -numa node,memdev=mem
+        -nographic -no-reboot -nodefaults -serial stdio -net none
+        -L /usr/share/qemu -L /usr/share/seabios
+        -kernel "$KERNEL_IMAGE" -initrd "$TMP/initrd.gz" -append "$append"
+        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}"
+    )
+    timeout -k 10 "$VM_TIMEOUT" "$qemu" "${args[@]}" </dev/null >"$TMP/$name.log" 2>"$TMP/$name.qemu.log" &
+    qemu_pids+=($!)
+}
+
+# verdict NAME: checks one guest's log; prints its checks; returns 1 on failure.
+passed=0
+failed=0
+verdict() {
+    local name=$1 log_text ok=1
+    log_text=$(tr -d '\r' <"$TMP/$name.log")
+    local n_pass n_fail
+    n_pass=$(grep -cE '^VGPU-TEST PASS ' <<<"$log_text" || true)
+    n_fail=$(grep -cE '^VGPU-TEST FAIL ' <<<"$log_text" || true)
+    passed=$((passed + n_pass))
+    failed=$((failed + n_fail))
+    grep -E '^VGPU-TEST (PASS|FAIL)' <<<"$log_text" | sed "s/^VGPU-TEST /  [$name] /" >&2 || true
+    if [[ $n_fail -gt 0 || $n_pass -eq 0 ]]; then
+        ok=0
+    fi
+    if ! grep -qx 'VGPU-TEST DONE' <<<"$log_text"; then
+        log "[$name] the guest did not finish (no VGPU-TEST DONE)"
+        failed=$((failed + 1))
+        ok=0
+    fi
+    if [[ $ok == 0 ]]; then
+        printf '\n----- guest %s serial log -----\n%s\n----- QEMU stderr -----\n' "$name" "$log_text" >&2
+        cat "$TMP/$name.qemu.log" >&2
+        return 1
+    fi
+}
+
+# --- two guests at once, one vGPU each ----------------------------------------------------
+t=$SECONDS
+boot guest-a "$TMP/run/a.sock" "$MEM_A"
+boot guest-b "$TMP/run/b.sock" "$MEM_B"
+if [[ $VM_LIVE == 1 ]]; then
+    tail -n +1 -f --pid="${qemu_pids[0]}" "$TMP/guest-a.log" | sed -u 's/\r$//' >&2 &
+fi
+for pid in "${qemu_pids[@]}"; do
+    wait "$pid" || true
+done
+qemu_pids=()
+log "two guests done in $(elapsed "$t")"
+ok=1
+verdict guest-a || ok=0
+verdict guest-b || ok=0
+
+# --- isolation: what one guest leaves in its vGPU never shows in the other's ---------------
+t=$SECONDS
+boot iso-write "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=isolation-write vgpu.hold=60"
+# The checker starts once the writer has filled its memory.
+for _ in $(seq 600); do
+    grep -q 'VGPU-ISOLATION WRITTEN' "$TMP/iso-write.log" 2>/dev/null && break
+    kill -0 "${qemu_pids[0]}" 2>/dev/null || break
+    sleep 0.2
+done
+boot iso-check "$TMP/run/b.sock" "$MEM_B" "" "vgpu.mode=isolation-check"
+wait "${qemu_pids[1]}" || true
+kill -TERM "${qemu_pids[0]}" 2>/dev/null || true
+wait "${qemu_pids[0]}" || true
+qemu_pids=()
+log "isolation guests done in $(elapsed "$t")"
+verdict iso-check || ok=0
+if ! grep -q 'VGPU-ISOLATION WRITTEN' "$TMP/iso-write.log"; then
+    log "[iso-write] the writer did not fill its memory"
+    printf '%s\n' "$(tr -d '\r' <"$TMP/iso-write.log")" >&2
+    failed=$((failed + 1))
+    ok=0
+fi
+
+# --- one guest behind a guest IOMMU ---------------------------------------------------------
+if [[ $VM_NO_IOMMU != 1 ]]; then
+    t=$SECONDS
+    boot guest-iommu "$TMP/run/a.sock" "$MEM_A" iommu
+    wait "${qemu_pids[0]}" || true
+    qemu_pids=()
+    log "IOMMU guest done in $(elapsed "$t")"
+    verdict guest-iommu || ok=0
+fi
+
+if grep -qE 'panicked|ERROR' "$TMP/vgpud.log"; then
+    log "vgpud logged errors or panics"
+    ok=0
+    failed=$((failed + 1))
+fi
+if [[ $ok == 1 ]]; then
+    result=0
+    log "PASS: $passed guest checks in $(elapsed "$t_all")"
+else
+    printf '\n----- vgpud log -----\n' >&2
+    cat "$TMP/vgpud.log" >&2
+    log "FAIL"
+fi
+echo "vm-gpu-test: $passed passed, $failed failed"
+exit "$result"

@@ -1,0 +1,543 @@
+//! Batches of commands submitted together and waited for later.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vgpu_abi::ByteValued;
+
+use crate::device::{launch_cmd, BuiltinKernel, Dims, Inner, Module};
+use crate::error::{Error, Result};
+use crate::sys::{self, VgpuCmd};
+use crate::Buffer;
+
+/// Result of one command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdResult {
+    /// Device completion status (`sys::CMD_STATUS_*`).
+    pub status: u32,
+    /// 0 or the negative errno matching `status`.
+    pub error: i32,
+    /// MODULE_LOAD: the module handle; TIMESTAMP: the device clock (ns).
+    pub result: u64,
+    /// Device time the command took, ns.
+    pub device_ns: u64,
+}
+
+impl From<&VgpuCmd> for CmdResult {
+    fn from(c: &VgpuCmd) -> Self {
+        CmdResult {
+            status: c.status,
+            error: c.error,
+            result: c.result,
+            device_ns: c.device_ns,
+        }
+    }
+}
+
+impl CmdResult {
+    /// `Ok` unless the command failed.
+    pub fn check(&self, index: usize) -> Result<()> {
+        if self.error == 0 && self.status == sys::CMD_STATUS_OK {
+            return Ok(());
+        }
+        let errno = if self.error != 0 {
+            -self.error
+        } else {
+            libc::EIO
+        };
+        Err(Error::Command {
+            index,
+            status: self.status,
+            source: Box::new(Error::from_errno(errno)),
+        })
+    }
+}
+
+/// Where the data of a [`Batch::copy_from_device`] lands; read it from
+/// the [`Completed`] batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadSlot(usize);
+
+/// A batch of commands, built up and then submitted with
+/// [`crate::Device::submit`] (or run with [`crate::Device::run`]).
+///
+/// The batch owns the host memory its copies read and write: data given
+/// to [`Batch::copy_to_device`] is copied in, and reads land in buffers
+/// of the batch. So a submitted batch borrows nothing from the caller.
+/// Builder errors (a range outside a buffer, too many commands) are
+/// reported by `submit`. Commands run in order; a failed command does not
+/// stop the ones after it.
+#[derive(Default)]
+pub struct Batch {
+    cmds: Vec<VgpuCmd>,
+    /// Host memory the commands point into. Boxed slices do not move when
+    /// this vector grows or the batch moves.
+    host: Vec<Box<[u8]>>,
+    error: Option<Error>,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("cmds", &self.cmds.len())
+            .field("host_buffers", &self.host.len())
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+
+    /// Commands so far.
+    pub fn len(&self) -> usize {
+        self.cmds.len()
+    }
+
+    /// No commands yet.
+    pub fn is_empty(&self) -> bool {
+        self.cmds.is_empty()
+    }
+
+    fn fail(&mut self, e: Error) -> &mut Self {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+        self
+    }
+
+    fn push(&mut self, cmd: VgpuCmd) -> &mut Self {
+        if self.cmds.len() >= sys::MAX_BATCH_CMDS as usize {
+            return self.fail(Error::Usage(format!(
+                "a batch holds at most {} commands",
+                sys::MAX_BATCH_CMDS
+            )));
+        }
+        self.cmds.push(cmd);
+        self
+    }
+
+    /// Keeps `data` in the batch; returns its address.
+    fn keep(&mut self, data: Box<[u8]>) -> u64 {
+        let addr = data.as_ptr() as u64;
+        self.host.push(data);
+        addr
+    }
+
+    /// A NOP.
+    pub fn nop(&mut self) -> &mut Self {
+        self.push(VgpuCmd::bare(sys::CMD_NOP, 0))
+    }
+
+    /// A FENCE (ordering point; with `irq`, the device interrupts).
+    pub fn fence(&mut self, irq: bool) -> &mut Self {
+        let flags = if irq { sys::CMD_FENCE_IRQ } else { 0 };
+        self.push(VgpuCmd::bare(sys::CMD_FENCE, flags))
+    }
+
+    /// A TIMESTAMP; returns the command's index (its result is the clock).
+    pub fn timestamp(&mut self) -> usize {
+        self.push(VgpuCmd::bare(sys::CMD_TIMESTAMP, 0));
+        self.cmds.len() - 1
+    }
+
+    fn copy_cmds(&mut self, kinds: (u32, u32), src: u64, dst: u64, len: u64) -> &mut Self {
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(sys::MAX_COPY_BYTES);
+            self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
+                src_kind: kinds.0,
+                dst_kind: kinds.1,
+                src: src + off,
+                dst: dst + off,
+                size: n,
+            }));
+            off += n;
+        }
+        self
+    }
+
+    /// Copies `data` (copied into the batch now) to `offset` in `buf`.
+    pub fn copy_to_device(&mut self, buf: &Buffer, offset: u64, data: &[u8]) -> &mut Self {
+        let dst = match buf.range(offset, data.len() as u64) {
+            Ok(a) => a,
+            Err(e) => return self.fail(e),
+        };
+        if data.is_empty() {
+            return self;
+        }
+        let src = self.keep(data.into());
+        self.copy_cmds(
+            (sys::MEM_USER, sys::MEM_DEVICE),
+            src,
+            dst,
+            data.len() as u64,
+        )
+    }
+
+    /// Copies `len` bytes from `offset` in `buf` into a buffer of the
+    /// batch, read from [`Completed::read`].
+    pub fn copy_from_device(&mut self, buf: &Buffer, offset: u64, len: usize) -> ReadSlot {
+        let slot = ReadSlot(self.host.len());
+        let dst = self.keep(vec![0u8; len].into_boxed_slice());
+        match buf.range(offset, len as u64) {
+            Ok(src) => {
+                self.copy_cmds((sys::MEM_DEVICE, sys::MEM_USER), src, dst, len as u64);
+            }
+            Err(e) => {
+                self.fail(e);
+            }
+        }
+        slot
+    }
+
+    /// Copies `len` bytes between two buffers.
+    pub fn copy_device(
+        &mut self,
+        dst: &Buffer,
+        dst_offset: u64,
+        src: &Buffer,
+        src_offset: u64,
+        len: u64,
+    ) -> &mut Self {
+        match (dst.range(dst_offset, len), src.range(src_offset, len)) {
+            (Ok(d), Ok(s)) => self.copy_device_addr(d, s, len),
+            (Err(e), _) | (_, Err(e)) => self.fail(e),
+        }
+    }
+
+    /// Copies `len` bytes between device addresses (both must belong to
+    /// this file, or the driver refuses the batch).
+    pub fn copy_device_addr(&mut self, dst: u64, src: u64, len: u64) -> &mut Self {
+        self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
+            src_kind: sys::MEM_DEVICE,
+            dst_kind: sys::MEM_DEVICE,
+            src,
+            dst,
+            size: len,
+        }))
+    }
+
+    /// Copies `len` bytes from window offset `window_offset` to `offset`
+    /// in `buf`.
+    pub fn copy_window_to_device(
+        &mut self,
+        buf: &Buffer,
+        offset: u64,
+        window_offset: u64,
+        len: u64,
+    ) -> &mut Self {
+        match buf.range(offset, len) {
+            Ok(d) => self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
+                src_kind: sys::MEM_WINDOW,
+                dst_kind: sys::MEM_DEVICE,
+                src: window_offset,
+                dst: d,
+                size: len,
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Copies `len` bytes from `offset` in `buf` to window offset
+    /// `window_offset`.
+    pub fn copy_device_to_window(
+        &mut self,
+        window_offset: u64,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+    ) -> &mut Self {
+        match buf.range(offset, len) {
+            Ok(s) => self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
+                src_kind: sys::MEM_DEVICE,
+                dst_kind: sys::MEM_WINDOW,
+                src: s,
+                dst: window_offset,
+                size: len,
+            })),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Fills `len` bytes (a multiple of 4) at `offset` in `buf`.
+    pub fn fill(&mut self, buf: &Buffer, offset: u64, len: u64, pattern: u32) -> &mut Self {
+        match buf.range(offset, len) {
+            Ok(a) => self.fill_addr(a, len, pattern),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Fills `len` bytes at device address `addr`.
+    pub fn fill_addr(&mut self, addr: u64, len: u64, pattern: u32) -> &mut Self {
+        self.push(VgpuCmd::fill(sys::VgpuFillArgs {
+            addr,
+            size: len,
+            pattern,
+            pad: 0,
+        }))
+    }
+
+    /// Runs a built-in kernel on one block of 256 threads.
+    pub fn launch_builtin<P: ByteValued>(&mut self, entry: &str, params: &P) -> &mut Self {
+        self.launch_builtin_dims(entry, Dims::default(), params)
+    }
+
+    /// Runs a built-in kernel with a launch shape.
+    pub fn launch_builtin_dims<P: ByteValued>(
+        &mut self,
+        entry: &str,
+        dims: Dims,
+        params: &P,
+    ) -> &mut Self {
+        self.launch_raw(sys::MODULE_BUILTIN_ID, entry, dims, params.as_slice())
+    }
+
+    /// Runs a built-in kernel with a parameter block given as bytes.
+    pub fn launch_builtin_bytes(&mut self, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
+        self.launch_raw(sys::MODULE_BUILTIN_ID, entry, dims, params)
+    }
+
+    /// Runs the built-in kernel of a parameter block with its own shape.
+    pub fn run_kernel<K: BuiltinKernel>(&mut self, params: &K) -> &mut Self {
+        self.launch_builtin_dims(K::ENTRY, params.dims(), params)
+    }
+
+    /// Runs entry point `entry` of a loaded module.
+    pub fn launch(&mut self, module: &Module, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
+        self.launch_raw(module.handle(), entry, dims, params)
+    }
+
+    fn launch_raw(&mut self, module: u64, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
+        let kept: Box<[u8]> = params.into();
+        let cmd = match launch_cmd(module, entry, dims, &kept) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        self.keep(kept);
+        self.push(cmd)
+    }
+
+    /// Appends a raw command.
+    ///
+    /// # Safety
+    ///
+    /// Every user pointer in `cmd` must stay valid for the device's
+    /// accesses until the batch completes (and, for destinations, must not
+    /// be memory Rust code uses meanwhile).
+    pub unsafe fn push_raw(&mut self, cmd: VgpuCmd) -> &mut Self {
+        self.push(cmd)
+    }
+
+    pub(crate) fn take_error(&mut self) -> Result<()> {
+        match self.error.take() {
+            Some(e) => Err(e),
+            None if self.cmds.is_empty() => Err(Error::Usage("empty batch".into())),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn cmds_mut(&mut self) -> &mut [VgpuCmd] {
+        &mut self.cmds
+    }
+}
+
+/// A submitted batch. [`Pending::wait`] collects it.
+///
+/// Dropping a `Pending` that was not collected waits for the batch
+/// first, because the device may still write into host memory the batch
+/// owns. `mem::forget` on it is safe: the memory then leaks.
+pub struct Pending {
+    dev: Arc<Inner>,
+    fence: u64,
+    batch: Option<Batch>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("fence", &self.fence)
+            .field("collected", &self.batch.is_none())
+            .finish()
+    }
+}
+
+impl Pending {
+    pub(crate) fn new(dev: Arc<Inner>, fence: u64, batch: Batch) -> Pending {
+        Pending {
+            dev,
+            fence,
+            batch: Some(batch),
+        }
+    }
+
+    /// The batch's fence (1, 2, 3, ... per open file).
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Waits up to `timeout` (`None`: no limit; `Some(ZERO)` polls) for
+    /// the batch and collects its results. [`Error::TimedOut`] and
+    /// [`Error::Interrupted`] leave it pending. A batch whose commands
+    /// failed still completes: see [`Completed::check`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<Completed> {
+        let Some(batch) = self.batch.as_mut() else {
+            return Err(Error::Usage("batch already collected".into()));
+        };
+        self.dev.wait(self.fence, timeout, Some(batch.cmds_mut()))?;
+        let batch = self.batch.take().unwrap_or_default();
+        Ok(Completed {
+            fence: self.fence,
+            cmds: batch.cmds,
+            host: batch.host,
+        })
+    }
+
+    /// Whether the batch has been collected.
+    pub fn is_collected(&self) -> bool {
+        self.batch.is_none()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(mut batch) = self.batch.take() else {
+            return;
+        };
+        loop {
+            match self.dev.wait(self.fence, None, Some(batch.cmds_mut())) {
+                Err(Error::Interrupted) => continue,
+                // The device is done with the batch's memory.
+                Ok(_) => return,
+                Err(_) => {
+                    // Whether the device is done is unknown: never hand
+                    // the memory back to the allocator.
+                    std::mem::forget(batch);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A collected batch: per-command results and the data read back.
+pub struct Completed {
+    fence: u64,
+    cmds: Vec<VgpuCmd>,
+    host: Vec<Box<[u8]>>,
+}
+
+impl std::fmt::Debug for Completed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completed")
+            .field("fence", &self.fence)
+            .field("results", &self.results())
+            .finish()
+    }
+}
+
+impl Completed {
+    /// The batch's fence.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Results, one per command.
+    pub fn results(&self) -> Vec<CmdResult> {
+        self.cmds.iter().map(CmdResult::from).collect()
+    }
+
+    /// Result of command `index`.
+    pub fn result(&self, index: usize) -> Option<CmdResult> {
+        self.cmds.get(index).map(CmdResult::from)
+    }
+
+    /// Device time of all commands, ns.
+    pub fn device_ns(&self) -> u64 {
+        self.cmds.iter().map(|c| c.device_ns).sum()
+    }
+
+    /// The first failed command, as an error.
+    pub fn check(&self) -> Result<()> {
+        for (i, c) in self.cmds.iter().enumerate() {
+            CmdResult::from(c).check(i)?;
+        }
+        Ok(())
+    }
+
+    /// The bytes a [`Batch::copy_from_device`] read.
+    pub fn read(&self, slot: ReadSlot) -> &[u8] {
+        self.host.get(slot.0).map_or(&[], |b| &b[..])
+    }
+
+    /// Takes the bytes a [`Batch::copy_from_device`] read.
+    pub fn take(&mut self, slot: ReadSlot) -> Vec<u8> {
+        self.host
+            .get_mut(slot.0)
+            .map(|b| std::mem::take(b).into_vec())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_cmd_result_check() {
+        assert!(CmdResult::default().check(0).is_ok());
+        let r = CmdResult {
+            status: sys::CMD_STATUS_OUT_OF_RANGE,
+            error: -libc::ERANGE,
+            ..Default::default()
+        };
+        assert_eq!(r.check(3).unwrap_err().errno(), libc::ERANGE);
+        let r = CmdResult {
+            status: sys::CMD_STATUS_DEVICE_ERROR,
+            error: 0,
+            ..Default::default()
+        };
+        assert_eq!(r.check(0).unwrap_err().errno(), libc::EIO);
+    }
+
+    #[test]
+    fn test_batch_builder_errors_are_reported_at_submit() {
+        let mut b = Batch::new();
+        assert!(matches!(b.take_error(), Err(Error::Usage(_))));
+        b.nop().fence(true);
+        let i = b.timestamp();
+        assert_eq!(i, 2);
+        assert!(b.take_error().is_ok());
+        for _ in 0..300 {
+            b.nop();
+        }
+        assert_eq!(b.len(), sys::MAX_BATCH_CMDS as usize);
+        assert!(matches!(b.take_error(), Err(Error::Usage(_))));
+        let mut b = Batch::new();
+        b.launch_builtin("no\0such", &0u64);
+        assert!(matches!(b.take_error(), Err(Error::Usage(_))));
+    }
+
+    #[test]
+    fn test_batch_owns_launch_params() {
+        let mut b = Batch::new();
+        {
+            let p = vgpu_abi::FillParams {
+                dst: 0x100,
+                count: 4,
+                value: 7,
+                reserved: 0,
+            };
+            b.run_kernel(&p);
+        }
+        let c = b.cmds[0];
+        // SAFETY: built as a launch.
+        let l = unsafe { c.args.launch };
+        assert_eq!(l.params, b.host[0].as_ptr() as u64);
+        assert_eq!(l.params_size, 24);
+        assert_eq!(&b.host[0][..8], &0x100u64.to_le_bytes());
+    }
+}

@@ -1,0 +1,173 @@
+//! vgpu-sgemm: `C = alpha * A * B + beta * C` on a vgpu device, checked
+//! against the CPU.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Parser;
+use vgpu_guest::reference::{self, bytes_f32, f32_bytes, Rng};
+use vgpu_guest::vgpu_abi::SgemmParams;
+use vgpu_guest::Device;
+
+/// Runs sgemm_f32 on random matrices and compares with a CPU reference.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Device file.
+    #[arg(long, default_value = "/dev/vgpu0")]
+    device: PathBuf,
+    /// Rows of A and C.
+    #[arg(short, default_value_t = 256)]
+    m: u32,
+    /// Columns of B and C.
+    #[arg(short, default_value_t = 256)]
+    n: u32,
+    /// Columns of A, rows of B.
+    #[arg(short, default_value_t = 256)]
+    k: u32,
+    /// Scale of A * B.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    alpha: f32,
+    /// Scale of C.
+    #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+    beta: f32,
+    /// Launches for the timing (the check uses the first).
+    #[arg(long, default_value_t = 1)]
+    iters: u32,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn run(args: &Args) -> Result<bool, String> {
+    let seed = args.seed.unwrap_or_else(Rng::seed_from_time);
+    let (m, n, k) = (
+        args.m.max(1) as usize,
+        args.n.max(1) as usize,
+        args.k.max(1) as usize,
+    );
+    println!(
+        "vgpu-sgemm: {}, {m} x {n} x {k}, alpha = {}, beta = {}, seed {seed}",
+        args.device.display(),
+        args.alpha,
+        args.beta
+    );
+    let mut rng = Rng::new(seed);
+    let (a, b, c) = (rng.f32s(m * k), rng.f32s(k * n), rng.f32s(m * n));
+
+    let dev = Device::open(&args.device).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let alloc = |len: usize| dev.alloc(len as u64 * 4).map_err(|e| format!("alloc: {e}"));
+    let (da, db, dc) = (alloc(m * k)?, alloc(k * n)?, alloc(m * n)?);
+    println!("  alloc            {:9.3} ms", ms(t));
+
+    let t = Instant::now();
+    for (buf, v) in [(&da, &a), (&db, &b), (&dc, &c)] {
+        dev.copy_to_device(buf, 0, &f32_bytes(v))
+            .map_err(|e| format!("copy to device: {e}"))?;
+    }
+    let up = ms(t);
+    let up_bytes = 4.0 * (m * k + k * n + m * n) as f64;
+    println!(
+        "  copy to device   {up:9.3} ms  ({:.1} MB/s)",
+        up_bytes / up / 1e3
+    );
+
+    let p = SgemmParams {
+        c: dc.addr(),
+        a: da.addr(),
+        b: db.addr(),
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        reserved: 0,
+        alpha: args.alpha,
+        beta: args.beta,
+    };
+    let t = Instant::now();
+    let first = dev.run_kernel(&p).map_err(|e| format!("sgemm_f32: {e}"))?;
+    let k_ms = ms(t);
+    let flops = 2.0 * (m * n * k) as f64;
+    println!(
+        "  sgemm_f32        {k_ms:9.3} ms  wall, {:.3} ms device  ({:.2} GFLOP/s device)",
+        first.device_ns as f64 / 1e6,
+        flops / first.device_ns.max(1) as f64
+    );
+
+    let t = Instant::now();
+    let mut out = vec![0u8; m * n * 4];
+    dev.copy_from_device(&dc, 0, &mut out)
+        .map_err(|e| format!("copy from device: {e}"))?;
+    let down = ms(t);
+    println!(
+        "  copy from device {down:9.3} ms  ({:.1} MB/s)",
+        out.len() as f64 / down / 1e3
+    );
+
+    if args.iters > 1 {
+        // Timing only: beta 0 keeps C from growing.
+        let p0 = SgemmParams { beta: 0.0, ..p };
+        let t = Instant::now();
+        let mut dev_ns = 0;
+        for _ in 1..args.iters {
+            dev_ns += dev
+                .run_kernel(&p0)
+                .map_err(|e| format!("sgemm_f32: {e}"))?
+                .device_ns;
+        }
+        let it = f64::from(args.iters - 1);
+        println!(
+            "  {} more launches {:9.3} ms each wall, {:.3} ms device  ({:.2} GFLOP/s)",
+            args.iters - 1,
+            ms(t) / it,
+            dev_ns as f64 / 1e6 / it,
+            flops * it / dev_ns.max(1) as f64
+        );
+    }
+
+    let t = Instant::now();
+    let (want, scale) = reference::sgemm(m, n, k, args.alpha, &a, &b, args.beta, &c);
+    let cpu = ms(t);
+    println!(
+        "  CPU reference    {cpu:9.3} ms  ({:.2} GFLOP/s, f64 accumulation)",
+        flops / cpu / 1e6
+    );
+    let got = bytes_f32(&out);
+    // Error bound of a k-term f32 dot product, with margin.
+    let rtol = 1e-5 * (k as f64).max(8.0);
+    let (bad, worst, at) = reference::compare(&got, &want, Some(&scale), rtol, 1e-30);
+    println!(
+        "  max error {worst:e} at ({}, {}) (tolerance {rtol:e} * sum|alpha a b| + |beta c|), {bad} mismatch(es)",
+        at / n,
+        at % n
+    );
+    if bad > 0 {
+        println!(
+            "  C[{}][{}] = {} on the device, {} on the CPU",
+            at / n,
+            at % n,
+            got[at],
+            want[at]
+        );
+    }
+    Ok(bad == 0)
+}
+
+fn main() {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => println!("PASS"),
+        Ok(false) => {
+            println!("FAIL");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            println!("FAIL: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,1027 @@
+//! `/dev/vgpuN`: device memory, synchronous operations, modules and the
+//! window.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vgpu_abi::ByteValued;
+
+use crate::batch::{Batch, CmdResult, Completed, Pending};
+use crate::error::{Error, Result};
+use crate::sys::{self, VgpuCmd, VgpuInfo, VgpuUsage};
+
+/// Launch shape of a kernel. The device enforces CUDA's limits (at most
+/// 1024 threads per block, grid y and z at most 65535).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory, bytes.
+    pub shared_mem: u32,
+}
+
+impl Default for Dims {
+    /// One block of 256 threads.
+    fn default() -> Self {
+        Dims {
+            grid: [1, 1, 1],
+            block: [256, 1, 1],
+            shared_mem: 0,
+        }
+    }
+}
+
+impl Dims {
+    /// Threads per block of [`Dims::linear`].
+    pub const BLOCK: u32 = 256;
+
+    /// One thread per element: blocks of [`Dims::BLOCK`] threads.
+    pub fn linear(elements: u64) -> Dims {
+        let blocks = elements.div_ceil(u64::from(Self::BLOCK)).max(1);
+        Dims {
+            grid: [blocks.min(i32::MAX as u64) as u32, 1, 1],
+            block: [Self::BLOCK, 1, 1],
+            shared_mem: 0,
+        }
+    }
+}
+
+/// A parameter block of a built-in kernel (`vgpu_abi::*Params`).
+pub trait BuiltinKernel: ByteValued {
+    /// Entry point in the built-in module.
+    const ENTRY: &'static str;
+    /// A launch shape that covers the work.
+    fn dims(&self) -> Dims;
+}
+
+impl BuiltinKernel for vgpu_abi::FillParams {
+    const ENTRY: &'static str = "fill_u32";
+    fn dims(&self) -> Dims {
+        Dims::linear(self.count)
+    }
+}
+
+impl BuiltinKernel for vgpu_abi::CopyParams {
+    const ENTRY: &'static str = "copy";
+    fn dims(&self) -> Dims {
+        Dims::linear(self.bytes.div_ceil(4))
+    }
+}
+
+impl BuiltinKernel for vgpu_abi::VaddParams {
+    const ENTRY: &'static str = "vadd_f32";
+    fn dims(&self) -> Dims {
+        Dims::linear(self.n)
+    }
+}
+
+impl BuiltinKernel for vgpu_abi::SaxpyParams {
+    const ENTRY: &'static str = "saxpy_f32";
+    fn dims(&self) -> Dims {
+        Dims::linear(self.n)
+    }
+}
+
+impl BuiltinKernel for vgpu_abi::SgemmParams {
+    const ENTRY: &'static str = "sgemm_f32";
+    fn dims(&self) -> Dims {
+        // 16 x 16 threads per block, one thread per element of C.
+        Dims {
+            grid: [
+                self.n.div_ceil(16).max(1),
+                self.m.div_ceil(16).clamp(1, 65535),
+                1,
+            ],
+            block: [16, 16, 1],
+            shared_mem: 0,
+        }
+    }
+}
+
+impl BuiltinKernel for vgpu_abi::ReduceSumParams {
+    const ENTRY: &'static str = "reduce_sum_f32";
+    fn dims(&self) -> Dims {
+        Dims::linear(self.n)
+    }
+}
+
+pub(crate) struct Inner {
+    file: File,
+    path: PathBuf,
+    info: VgpuInfo,
+}
+
+impl Inner {
+    /// Issues ioctl `req` on `arg`.
+    ///
+    /// # Safety
+    ///
+    /// `req` must be an ioctl whose argument is a `T` (the driver reads
+    /// and writes at most `size_of::<T>()` bytes at `arg`), and every user
+    /// pointer inside `*arg` must satisfy that ioctl's contract.
+    unsafe fn ioctl<T>(&self, req: u64, arg: &mut T) -> Result<()> {
+        // SAFETY: `arg` is a live, exclusively borrowed `T` for the whole
+        // call, and the caller guarantees `req` reads/writes a `T` there.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                req as libc::Ioctl,
+                arg as *mut T as *mut libc::c_void,
+            )
+        };
+        if rc < 0 {
+            Err(Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn query_info(&self) -> Result<VgpuInfo> {
+        let mut info = VgpuInfo::default();
+        // SAFETY: IOCTL_INFO writes one `VgpuInfo`; no pointers inside.
+        unsafe { self.ioctl(sys::IOCTL_INFO, &mut info) }?;
+        Ok(info)
+    }
+
+    fn free(&self, addr: u64) -> Result<()> {
+        let mut f = sys::VgpuFree { addr };
+        // SAFETY: IOCTL_FREE reads one `VgpuFree`; no pointers inside.
+        unsafe { self.ioctl(sys::IOCTL_FREE, &mut f) }
+    }
+
+    /// SUBMIT without waiting; returns the fence. Retries while a signal
+    /// interrupts the wait for ring space (nothing is queued then).
+    ///
+    /// # Safety
+    ///
+    /// Every user pointer in `cmds` must stay valid for the device's
+    /// accesses (reads of sources, writes of destinations) until the
+    /// fence has completed, and `cmds` itself until the fence is collected
+    /// if results are written there.
+    pub(crate) unsafe fn submit(&self, cmds: &mut [VgpuCmd]) -> Result<u64> {
+        let count = u32::try_from(cmds.len())
+            .ok()
+            .filter(|n| (1..=sys::MAX_BATCH_CMDS).contains(n))
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "a batch has 1 to {} commands, not {}",
+                    sys::MAX_BATCH_CMDS,
+                    cmds.len()
+                ))
+            })?;
+        loop {
+            let mut s = sys::VgpuSubmit {
+                cmds: cmds.as_mut_ptr() as u64,
+                count,
+                ..Default::default()
+            };
+            // SAFETY: IOCTL_SUBMIT takes a `VgpuSubmit`; its `cmds` points
+            // at `count` commands, and the caller vouches for the pointers
+            // inside them.
+            match unsafe { self.ioctl(sys::IOCTL_SUBMIT, &mut s) } {
+                Ok(()) => return Ok(s.fence),
+                Err(Error::Interrupted) => continue,
+                Err(e) => return Err(rejected(e, s.error_index)),
+            }
+        }
+    }
+
+    /// Waits for `fence`; with `cmds`, writes its results there.
+    /// `Ok(Some(_))` is the first failure (index, errno).
+    pub(crate) fn wait(
+        &self,
+        fence: u64,
+        timeout: Option<Duration>,
+        cmds: Option<&mut [VgpuCmd]>,
+    ) -> Result<Option<(u32, i32)>> {
+        let timeout_ns = match timeout {
+            None => sys::TIMEOUT_INFINITE,
+            Some(t) => u64::try_from(t.as_nanos())
+                .unwrap_or(u64::MAX - 1)
+                .min(u64::MAX - 1),
+        };
+        let (ptr, count) = match cmds {
+            Some(c) => (c.as_mut_ptr() as u64, c.len() as u32),
+            None => (0, 0),
+        };
+        let mut w = sys::VgpuWait {
+            fence,
+            timeout_ns,
+            cmds: ptr,
+            count,
+            ..Default::default()
+        };
+        // SAFETY: IOCTL_WAIT takes a `VgpuWait`; `cmds` is 0 or points at
+        // `count` writable commands borrowed for the call.
+        unsafe { self.ioctl(sys::IOCTL_WAIT, &mut w) }?;
+        Ok((w.error != 0).then_some((w.error_index, w.error)))
+    }
+
+    /// Runs `cmds` as one batch and waits for it, however long it takes
+    /// (the commands may point into memory that is borrowed only for this
+    /// call, so returning earlier would be unsound). The results are
+    /// written into `cmds`.
+    ///
+    /// # Safety
+    ///
+    /// The user pointers in `cmds` must be valid for the device's accesses
+    /// for the duration of the call.
+    pub(crate) unsafe fn run(&self, cmds: &mut [VgpuCmd]) -> Result<()> {
+        let count = u32::try_from(cmds.len())
+            .ok()
+            .filter(|n| (1..=sys::MAX_BATCH_CMDS).contains(n))
+            .ok_or_else(|| Error::Usage(format!("bad batch length {}", cmds.len())))?;
+        let mut s = sys::VgpuSubmit {
+            cmds: cmds.as_mut_ptr() as u64,
+            count,
+            flags: sys::SUBMIT_WAIT,
+            timeout_ns: sys::TIMEOUT_INFINITE,
+            ..Default::default()
+        };
+        loop {
+            s.fence = 0;
+            s.error_index = sys::NO_INDEX;
+            s.error = 0;
+            // SAFETY: as in `submit`; the commands' pointers are valid
+            // until this function returns, and it returns only once the
+            // batch completed or was never queued.
+            match unsafe { self.ioctl(sys::IOCTL_SUBMIT, &mut s) } {
+                Ok(()) => return cmd_outcome(cmds, s.error_index, s.error),
+                // Nothing queued (interrupted while waiting for ring space).
+                Err(Error::Interrupted) if s.fence == 0 => continue,
+                Err(Error::Interrupted | Error::TimedOut) => {
+                    // Queued: wait until it completes, signals or not.
+                    loop {
+                        match self.wait(s.fence, None, Some(cmds)) {
+                            Ok(None) => return Ok(()),
+                            Ok(Some((index, error))) => {
+                                return cmd_outcome(cmds, index, error);
+                            }
+                            Err(Error::Interrupted) => continue,
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(rejected(e, s.error_index)),
+            }
+        }
+    }
+}
+
+/// The error of a refused SUBMIT.
+fn rejected(e: Error, index: u32) -> Error {
+    if index == sys::NO_INDEX {
+        e
+    } else {
+        Error::Rejected {
+            index: index as usize,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// The batch outcome: `error` is the first failed command's negative
+/// errno, or 0.
+pub(crate) fn cmd_outcome(cmds: &[VgpuCmd], index: u32, error: i32) -> Result<()> {
+    if error == 0 {
+        return Ok(());
+    }
+    let status = cmds.get(index as usize).map_or(0, |c| c.status);
+    Err(Error::Command {
+        index: index as usize,
+        status,
+        source: Box::new(Error::from_errno(-error)),
+    })
+}
+
+/// An open vgpu function, `/dev/vgpuN`.
+///
+/// Everything allocated or loaded through it belongs to this open file:
+/// other files (other processes) cannot name it, and the driver frees it
+/// when the file is closed. The commands of one `Device` run in
+/// submission order. `Device` is `Send + Sync`; threads may share it.
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("path", &self.inner.path)
+            .field("fd", &self.inner.file.as_raw_fd())
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens a vgpu device file and checks the driver's uapi version.
+    pub fn open(path: impl AsRef<Path>) -> Result<Device> {
+        let path = path.as_ref().to_path_buf();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|source| Error::Open {
+                path: path.clone(),
+                source,
+            })?;
+        let mut inner = Inner {
+            file,
+            path,
+            info: VgpuInfo::default(),
+        };
+        inner.info = inner.query_info()?;
+        if inner.info.uapi_version != sys::UAPI_VERSION {
+            return Err(Error::Version {
+                path: inner.path,
+                found: inner.info.uapi_version,
+                expected: sys::UAPI_VERSION,
+            });
+        }
+        Ok(Device {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Opens `/dev/vgpu<n>`.
+    pub fn open_index(n: u32) -> Result<Device> {
+        Device::open(format!("/dev/vgpu{n}"))
+    }
+
+    /// The vgpu device files present, `(N, /dev/vgpuN)`, by N.
+    pub fn list() -> Vec<(u32, PathBuf)> {
+        let mut out: Vec<(u32, PathBuf)> = std::fs::read_dir("/dev")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let n = name.strip_prefix("vgpu")?.parse().ok()?;
+                Some((n, e.path()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The device file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Identity and setup, as read when the device was opened.
+    pub fn cached_info(&self) -> &VgpuInfo {
+        &self.inner.info
+    }
+
+    /// Identity and setup (VGPU_IOCTL_INFO).
+    pub fn info(&self) -> Result<VgpuInfo> {
+        self.inner.query_info()
+    }
+
+    /// Counters of the function and of this file (VGPU_IOCTL_USAGE).
+    pub fn usage(&self) -> Result<VgpuUsage> {
+        let mut u = VgpuUsage::default();
+        // SAFETY: IOCTL_USAGE writes one `VgpuUsage`; no pointers inside.
+        unsafe { self.inner.ioctl(sys::IOCTL_USAGE, &mut u) }?;
+        Ok(u)
+    }
+
+    /// Allocates `size` bytes of device memory (default alignment, 256).
+    /// Quota exhaustion is [`Error::OutOfMemory`]. Device memory starts
+    /// zeroed.
+    pub fn alloc(&self, size: u64) -> Result<Buffer> {
+        self.alloc_aligned(size, 0)
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two, or 0).
+    pub fn alloc_aligned(&self, size: u64, align: u64) -> Result<Buffer> {
+        let mut a = sys::VgpuAlloc {
+            size,
+            align,
+            ..Default::default()
+        };
+        // SAFETY: IOCTL_ALLOC reads and writes one `VgpuAlloc`; no
+        // pointers inside.
+        unsafe { self.inner.ioctl(sys::IOCTL_ALLOC, &mut a) }?;
+        Ok(Buffer {
+            dev: self.inner.clone(),
+            addr: a.addr,
+            size,
+        })
+    }
+
+    /// Frees an allocation by address (the one [`Buffer::into_raw`] gave
+    /// up). ENOENT if this file has no allocation starting there.
+    pub fn free_raw(&self, addr: u64) -> Result<()> {
+        self.inner.free(addr)
+    }
+
+    fn check_buffer(&self, buf: &Buffer, offset: u64, len: u64) -> Result<u64> {
+        if !Arc::ptr_eq(&self.inner, &buf.dev) {
+            return Err(Error::Usage(
+                "the buffer belongs to another open device".into(),
+            ));
+        }
+        buf.range(offset, len)
+    }
+
+    /// Copies `data` to device memory at `offset` in `buf`, and waits.
+    pub fn copy_to_device(&self, buf: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        let addr = self.check_buffer(buf, offset, data.len() as u64)?;
+        self.copy_to_device_addr(addr, data)
+    }
+
+    /// Copies from device memory at `offset` in `buf` into `out`, and waits.
+    pub fn copy_from_device(&self, buf: &Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
+        let addr = self.check_buffer(buf, offset, out.len() as u64)?;
+        self.copy_from_device_addr(addr, out)
+    }
+
+    /// Copies `data` to device address `addr` (which must lie in an
+    /// allocation of this file: the driver refuses anything else with
+    /// ENOENT or ERANGE).
+    pub fn copy_to_device_addr(&self, addr: u64, data: &[u8]) -> Result<()> {
+        self.copy_user(addr, data.as_ptr() as u64, data.len() as u64, true)
+    }
+
+    /// Copies from device address `addr` into `out`.
+    pub fn copy_from_device_addr(&self, addr: u64, out: &mut [u8]) -> Result<()> {
+        self.copy_user(addr, out.as_mut_ptr() as u64, out.len() as u64, false)
+    }
+
+    /// COPY between user memory (`user`, `len` bytes, borrowed by the
+    /// caller for this call) and device memory, in pieces the driver
+    /// accepts, each one waited for.
+    fn copy_user(&self, addr: u64, user: u64, len: u64, to_device: bool) -> Result<()> {
+        let mut chunk = sys::MAX_COPY_BYTES;
+        let mut off = 0;
+        while off < len {
+            let n = chunk.min(len - off);
+            let (src_kind, src, dst_kind, dst) = if to_device {
+                (sys::MEM_USER, user + off, sys::MEM_DEVICE, addr + off)
+            } else {
+                (sys::MEM_DEVICE, addr + off, sys::MEM_USER, user + off)
+            };
+            let mut cmd = [VgpuCmd::copy(sys::VgpuCopyArgs {
+                src_kind,
+                dst_kind,
+                src,
+                dst,
+                size: n,
+            })];
+            // SAFETY: the user side is `user + off .. + n`, inside the
+            // slice the caller borrowed (shared for to-device, exclusive
+            // for from-device) for this whole call, and `run` returns only
+            // once the device is done with it.
+            match unsafe { self.inner.run(&mut cmd) } {
+                Ok(()) => off += n,
+                // More scatter-gather descriptors than the ring holds:
+                // retry in smaller pieces.
+                Err(e) if e.errno() == libc::E2BIG && n > 4096 => chunk = n / 2,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills `len` bytes (a multiple of 4) at `offset` in `buf` with the
+    /// little-endian 32-bit `pattern`.
+    pub fn fill(&self, buf: &Buffer, offset: u64, len: u64, pattern: u32) -> Result<()> {
+        let addr = self.check_buffer(buf, offset, len)?;
+        self.run_one(VgpuCmd::fill(sys::VgpuFillArgs {
+            addr,
+            size: len,
+            pattern,
+            pad: 0,
+        }))
+        .map(drop)
+    }
+
+    /// Copies `len` bytes between two buffers of this device.
+    pub fn copy_device(
+        &self,
+        dst: &Buffer,
+        dst_offset: u64,
+        src: &Buffer,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let d = self.check_buffer(dst, dst_offset, len)?;
+        let s = self.check_buffer(src, src_offset, len)?;
+        self.run_one(VgpuCmd::copy(sys::VgpuCopyArgs {
+            src_kind: sys::MEM_DEVICE,
+            dst_kind: sys::MEM_DEVICE,
+            src: s,
+            dst: d,
+            size: len,
+        }))
+        .map(drop)
+    }
+
+    /// Runs a built-in kernel (`fill_u32`, `copy`, `vadd_f32`,
+    /// `saxpy_f32`, `sgemm_f32`, `reduce_sum_f32`) with its parameter
+    /// block (the matching `vgpu_abi::*Params`) on one block of 256
+    /// threads, and waits.
+    pub fn launch_builtin<P: ByteValued>(&self, entry: &str, params: &P) -> Result<CmdResult> {
+        self.launch_builtin_dims(entry, Dims::default(), params)
+    }
+
+    /// [`Device::launch_builtin`] with a launch shape.
+    pub fn launch_builtin_dims<P: ByteValued>(
+        &self,
+        entry: &str,
+        dims: Dims,
+        params: &P,
+    ) -> Result<CmdResult> {
+        self.launch_raw(sys::MODULE_BUILTIN_ID, entry, dims, params.as_slice())
+    }
+
+    /// Runs a built-in kernel with a parameter block given as bytes.
+    pub fn launch_builtin_bytes(
+        &self,
+        entry: &str,
+        dims: Dims,
+        params: &[u8],
+    ) -> Result<CmdResult> {
+        self.launch_raw(sys::MODULE_BUILTIN_ID, entry, dims, params)
+    }
+
+    /// Runs the built-in kernel of a parameter block, with its own shape.
+    pub fn run_kernel<K: BuiltinKernel>(&self, params: &K) -> Result<CmdResult> {
+        self.launch_builtin_dims(K::ENTRY, params.dims(), params)
+    }
+
+    /// Runs entry point `entry` of a loaded module.
+    pub fn launch(
+        &self,
+        module: &Module,
+        entry: &str,
+        dims: Dims,
+        params: &[u8],
+    ) -> Result<CmdResult> {
+        self.launch_raw(module.handle, entry, dims, params)
+    }
+
+    fn launch_raw(&self, module: u64, entry: &str, dims: Dims, params: &[u8]) -> Result<CmdResult> {
+        let cmd = launch_cmd(module, entry, dims, params)?;
+        // The driver copies the parameter block at submit.
+        self.run_one(cmd)
+    }
+
+    /// Loads a module (PTX text). Backends that cannot run loaded modules
+    /// answer [`Error::Unsupported`]. The module is unloaded on drop.
+    pub fn module_load(&self, image: &[u8]) -> Result<Module> {
+        if image.is_empty() {
+            return Err(Error::Usage("empty module image".into()));
+        }
+        let r = self.run_one(VgpuCmd::module_load(sys::VgpuModuleLoadArgs {
+            format: sys::MODULE_PTX,
+            pad: 0,
+            image: image.as_ptr() as u64,
+            image_size: image.len() as u64,
+        }))?;
+        Ok(Module {
+            dev: self.inner.clone(),
+            handle: r.result,
+        })
+    }
+
+    /// Reads the device clock (TIMESTAMP), in nanoseconds.
+    pub fn timestamp(&self) -> Result<u64> {
+        Ok(self.run_one(VgpuCmd::bare(sys::CMD_TIMESTAMP, 0))?.result)
+    }
+
+    /// Waits until every command submitted earlier through this device has
+    /// completed (a waited NOP: a file's commands run in order). Results
+    /// of [`Pending`] batches are still collected by their owners.
+    pub fn synchronize(&self) -> Result<()> {
+        self.run_one(VgpuCmd::bare(sys::CMD_NOP, 0)).map(drop)
+    }
+
+    /// Runs one command whose pointers (if any) are valid for this call.
+    fn run_one(&self, cmd: VgpuCmd) -> Result<CmdResult> {
+        let mut cmds = [cmd];
+        // SAFETY: the pointers in `cmd` (images, parameter blocks) come
+        // from slices the caller borrowed for this call, and `run` returns
+        // only after the device is done.
+        unsafe { self.inner.run(&mut cmds) }?;
+        Ok(CmdResult::from(&cmds[0]))
+    }
+
+    /// Submits a batch without waiting. The returned [`Pending`] owns the
+    /// batch (and the host memory its copies use) until it completes.
+    pub fn submit(&self, batch: Batch) -> Result<Pending> {
+        let mut batch = batch;
+        batch.take_error()?;
+        // SAFETY: the user pointers in the batch point into host memory
+        // the batch owns; the batch moves into the `Pending`, which keeps
+        // it (never freeing it early, see `Pending`'s drop) until the
+        // fence is collected.
+        let fence = unsafe { self.inner.submit(batch.cmds_mut()) }?;
+        Ok(Pending::new(self.inner.clone(), fence, batch))
+    }
+
+    /// Submits a batch, waits for it and fails on its first failed command.
+    pub fn run(&self, batch: Batch) -> Result<Completed> {
+        let mut p = self.submit(batch)?;
+        let done = loop {
+            match p.wait(None) {
+                Err(Error::Interrupted) => continue,
+                r => break r?,
+            }
+        };
+        done.check()?;
+        Ok(done)
+    }
+
+    /// Maps the whole host-visible window (BAR2) with `MAP_SHARED`.
+    pub fn map_window(&self) -> Result<Window> {
+        let len = self.inner.info.window_size;
+        if len == 0 || self.inner.info.flags & sys::INFO_WINDOW == 0 {
+            return Err(Error::Unsupported);
+        }
+        self.map_window_range(0, len)
+    }
+
+    /// Maps `len` bytes of the window from `offset` (both page multiples).
+    pub fn map_window_range(&self, offset: u64, len: u64) -> Result<Window> {
+        let size = usize::try_from(len).map_err(|_| Error::Invalid)?;
+        let off = libc::off_t::try_from(offset).map_err(|_| Error::Invalid)?;
+        if size == 0 {
+            return Err(Error::Invalid);
+        }
+        // SAFETY: a fresh mapping chosen by the kernel (no address hint),
+        // so it replaces nothing; the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.inner.file.as_raw_fd(),
+                off,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr as *mut u8).ok_or(Error::Fault)?;
+        Ok(Window {
+            ptr,
+            len: size,
+            offset,
+            _dev: self.inner.clone(),
+        })
+    }
+
+    /// Issues an arbitrary ioctl on the device file and returns its
+    /// result. For tests of the driver's argument checks.
+    ///
+    /// # Safety
+    ///
+    /// `arg` is passed to the driver as is: whatever `req` encodes, the
+    /// driver may read or write that many bytes there, and follow the
+    /// pointers inside. The caller must make that harmless.
+    pub unsafe fn ioctl_raw(&self, req: u64, arg: *mut libc::c_void) -> Result<()> {
+        // SAFETY: the caller's contract.
+        let rc = unsafe { libc::ioctl(self.as_raw_fd(), req as libc::Ioctl, arg) };
+        if rc < 0 {
+            Err(Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs raw commands as one batch and waits for it.
+    ///
+    /// # Safety
+    ///
+    /// Every user pointer in `cmds` (COPY user sides, images, parameter
+    /// blocks) must be valid for the device's accesses until this returns.
+    pub unsafe fn run_raw(&self, cmds: &mut [VgpuCmd]) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.inner.run(cmds) }
+    }
+}
+
+impl AsRawFd for Device {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.file.as_raw_fd()
+    }
+}
+
+/// A LAUNCH command.
+pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
+    let name = sys::entry_name(entry)
+        .ok_or_else(|| Error::Usage(format!("bad entry point name {entry:?}")))?;
+    if params.len() > sys::MAX_PARAMS_BYTES as usize {
+        return Err(Error::TooBig);
+    }
+    Ok(VgpuCmd::launch(sys::VgpuLaunchArgs {
+        module,
+        grid: dims.grid,
+        block: dims.block,
+        shared_mem: dims.shared_mem,
+        params_size: params.len() as u32,
+        params: if params.is_empty() {
+            0
+        } else {
+            params.as_ptr() as u64
+        },
+        entry: name,
+    }))
+}
+
+/// Device memory allocated by [`Device::alloc`]; freed on drop.
+pub struct Buffer {
+    dev: Arc<Inner>,
+    addr: u64,
+    size: u64,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Buffer {
+    /// Device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Device address of `offset`, if `offset..offset + len` is inside.
+    pub fn range(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(self.addr + offset),
+            _ => Err(Error::Bounds {
+                what: "buffer",
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    /// Gives up ownership: the memory stays allocated until
+    /// [`Device::free_raw`] or until the device file is closed.
+    pub fn into_raw(self) -> u64 {
+        let addr = self.addr;
+        std::mem::forget(self);
+        addr
+    }
+
+    /// Frees now, returning the driver's answer (drop ignores it).
+    pub fn free(self) -> Result<()> {
+        let r = self.dev.free(self.addr);
+        std::mem::forget(self);
+        r
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let _ = self.dev.free(self.addr);
+    }
+}
+
+/// A module loaded by [`Device::module_load`]; unloaded on drop.
+pub struct Module {
+    dev: Arc<Inner>,
+    handle: u64,
+}
+
+impl Module {
+    /// The driver's handle.
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let mut cmd = [VgpuCmd::module_unload(self.handle)];
+        // SAFETY: MODULE_UNLOAD has no user pointers.
+        let _ = unsafe { self.dev.run(&mut cmd) };
+    }
+}
+
+/// The host-visible window (BAR2) mapped into this process. It is shared
+/// by every process of the guest that maps it and by the host, so it is
+/// only accessed through volatile copies, never through references.
+pub struct Window {
+    ptr: NonNull<u8>,
+    len: usize,
+    offset: u64,
+    _dev: Arc<Inner>,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; every
+// access is a volatile read or write through the raw pointer (no
+// references), which is how memory shared with other processes is used.
+unsafe impl Send for Window {}
+// SAFETY: as above; `&Window` methods only do volatile accesses.
+unsafe impl Sync for Window {}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Window {
+    /// Mapped bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true (a mapping has at least one page).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Window offset of the first mapped byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The mapping (for volatile accesses only).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::Bounds {
+                what: "window",
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    /// Copies `out.len()` bytes from `offset` of the mapping.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        let base = self.ptr.as_ptr();
+        let mut i = 0;
+        while i < out.len() && !(offset + i).is_multiple_of(8) {
+            // SAFETY: offset + i < offset + out.len() <= len (checked), so
+            // inside the mapping.
+            out[i] = unsafe { base.add(offset + i).read_volatile() };
+            i += 1;
+        }
+        while i + 8 <= out.len() {
+            // SAFETY: offset + i is 8-byte aligned (the mapping is page
+            // aligned) and the 8 bytes are inside the mapping.
+            let w = unsafe { (base.add(offset + i) as *const u64).read_volatile() };
+            out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        }
+        while i < out.len() {
+            // SAFETY: inside the mapping, as above.
+            out[i] = unsafe { base.add(offset + i).read_volatile() };
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` to `offset` of the mapping.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        let base = self.ptr.as_ptr();
+        let mut i = 0;
+        while i < data.len() && !(offset + i).is_multiple_of(8) {
+            // SAFETY: inside the mapping (checked above).
+            unsafe { base.add(offset + i).write_volatile(data[i]) };
+            i += 1;
+        }
+        while i + 8 <= data.len() {
+            let w = u64::from_ne_bytes(data[i..i + 8].try_into().unwrap_or_default());
+            // SAFETY: 8-byte aligned and inside the mapping.
+            unsafe { (base.add(offset + i) as *mut u64).write_volatile(w) };
+            i += 8;
+        }
+        while i < data.len() {
+            // SAFETY: inside the mapping.
+            unsafe { base.add(offset + i).write_volatile(data[i]) };
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Reads the 32-bit word at `offset` (a multiple of 4).
+    pub fn read_u32(&self, offset: usize) -> Result<u32> {
+        self.check(offset, 4)?;
+        if !offset.is_multiple_of(4) {
+            return Err(Error::Usage(format!("unaligned window offset {offset:#x}")));
+        }
+        // SAFETY: aligned and inside the mapping.
+        Ok(unsafe { (self.ptr.as_ptr().add(offset) as *const u32).read_volatile() })
+    }
+
+    /// Writes the 32-bit word at `offset` (a multiple of 4).
+    pub fn write_u32(&self, offset: usize, value: u32) -> Result<()> {
+        self.check(offset, 4)?;
+        if !offset.is_multiple_of(4) {
+            return Err(Error::Usage(format!("unaligned window offset {offset:#x}")));
+        }
+        // SAFETY: aligned and inside the mapping.
+        unsafe { (self.ptr.as_ptr().add(offset) as *mut u32).write_volatile(value) };
+        Ok(())
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping this value created and owns;
+        // no references into it exist.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_linear_dims() {
+        assert_eq!(Dims::linear(0).grid, [1, 1, 1]);
+        assert_eq!(Dims::linear(256).grid, [1, 1, 1]);
+        assert_eq!(Dims::linear(257).grid, [2, 1, 1]);
+        assert_eq!(Dims::linear(u64::MAX).grid[0], i32::MAX as u32);
+    }
+
+    #[test]
+    fn test_launch_cmd_encodes_entry_and_params() {
+        let p = vgpu_abi::SaxpyParams {
+            y: 1,
+            x: 2,
+            n: 3,
+            a: 2.0,
+            reserved: 0,
+        };
+        let c = launch_cmd(0, "saxpy_f32", p.dims(), p.as_slice()).unwrap();
+        assert_eq!(c.opcode, sys::CMD_LAUNCH);
+        // SAFETY: built as a launch.
+        let l = unsafe { c.args.launch };
+        assert_eq!(l.params_size, 32);
+        assert_eq!(l.params, p.as_slice().as_ptr() as u64);
+        assert_eq!(&l.entry[..10], b"saxpy_f32\0");
+        assert!(launch_cmd(0, "", Dims::default(), &[]).is_err());
+        assert!(matches!(
+            launch_cmd(0, "x", Dims::default(), &[0; 4097]),
+            Err(Error::TooBig)
+        ));
+    }
+
+    #[test]
+    fn test_open_reports_missing_file_and_non_vgpu_files() {
+        match Device::open("/nonexistent/vgpu0") {
+            Err(Error::Open { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+            }
+            other => panic!("{other:?}"),
+        }
+        // A file that is not a vgpu device: INFO is refused.
+        match Device::open("/dev/null") {
+            Err(e) => assert_eq!(e.errno(), libc::ENOTTY),
+            Ok(d) => panic!("/dev/null opened as {d:?}"),
+        }
+    }
+
+    #[test]
+    fn test_sgemm_dims_cover_c() {
+        let p = vgpu_abi::SgemmParams {
+            m: 100,
+            n: 33,
+            k: 7,
+            ..Default::default()
+        };
+        let d = p.dims();
+        assert!(d.grid[0] * d.block[0] >= 33);
+        assert!(d.grid[1] * d.block[1] >= 100);
+        assert!(d.block.iter().product::<u32>() <= 1024);
+    }
+}

@@ -1,0 +1,43 @@
+//! User space of a vgpud virtual GPU function inside a Linux guest, over
+//! the `vgpu.ko` character device `/dev/vgpuN`.
+//!
+//! ```no_run
+//! use vgpu_guest::{Device, vgpu_abi::SaxpyParams};
+//!
+//! let dev = Device::open_index(0)?;
+//! let n = 1024u64;
+//! let x = dev.alloc(n * 4)?;
+//! let y = dev.alloc(n * 4)?;
+//! dev.copy_to_device(&x, 0, &vec![0u8; n as usize * 4])?;
+//! dev.run_kernel(&SaxpyParams { y: y.addr(), x: x.addr(), n, a: 2.0, reserved: 0 })?;
+//! let mut out = vec![0u8; n as usize * 4];
+//! dev.copy_from_device(&y, 0, &mut out)?;
+//! # Ok::<(), vgpu_guest::Error>(())
+//! ```
+//!
+//! * [`Device`]: an open file of the device. Synchronous operations
+//!   ([`Device::copy_to_device`], [`Device::fill`],
+//!   [`Device::launch_builtin`], ...) wait for their command.
+//! * [`Buffer`]: device memory, freed on drop.
+//! * [`Batch`] / [`Pending`] / [`Completed`]: several commands submitted
+//!   at once, waited for later with a timeout.
+//! * [`Window`]: the host-visible window (BAR2) mapped with `mmap`.
+//! * [`ffi`]: the C interface of `include/vgpu_guest.h`.
+//! * [`sys`]: the driver's ioctl structures, checked against
+//!   `guest-driver/include/uapi/vgpu.h`.
+//!
+//! The driver's semantics are documented in `guest-driver/README.md`.
+
+#![warn(missing_docs)]
+
+mod batch;
+mod device;
+mod error;
+pub mod ffi;
+pub mod reference;
+pub mod sys;
+
+pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
+pub use device::{Buffer, BuiltinKernel, Device, Dims, Module, Window};
+pub use error::{errno_name, Error, Result};
+pub use vgpu_abi::{self, ByteValued};

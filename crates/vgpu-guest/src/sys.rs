@@ -1,0 +1,640 @@
+//! The user interface of the vgpu guest driver, mirrored from
+//! `guest-driver/include/uapi/vgpu.h`: constants, `#[repr(C)]` structures
+//! and ioctl numbers.
+//!
+//! A unit test compiles a C program against the header and compares every
+//! size, offset, constant and ioctl number with the definitions here.
+//! `guest-driver/README.md` documents the semantics.
+
+#![allow(missing_docs)]
+
+use std::mem::size_of;
+
+/// `VGPU_UAPI_VERSION`.
+pub const UAPI_VERSION: u32 = 1;
+
+/// Commands per SUBMIT.
+pub const MAX_BATCH_CMDS: u32 = 256;
+/// Bytes per COPY with a user side.
+pub const MAX_COPY_BYTES: u64 = 64 << 20;
+/// User memory pinned per SUBMIT.
+pub const MAX_BATCH_PIN_BYTES: u64 = 256 << 20;
+/// Largest MODULE_LOAD image.
+pub const MAX_IMAGE_BYTES: u64 = 16 << 20;
+/// Largest LAUNCH parameter block.
+pub const MAX_PARAMS_BYTES: u32 = 4096;
+/// Images and parameters staged per SUBMIT.
+pub const MAX_BATCH_STAGED_BYTES: u64 = 32 << 20;
+/// Uncollected fences per open file.
+pub const MAX_UNCOLLECTED: u32 = 1024;
+/// Bytes of a LAUNCH entry name, NUL included.
+pub const ENTRY_NAME_LEN: usize = 32;
+
+/// `timeout_ns` that never expires.
+pub const TIMEOUT_INFINITE: u64 = !0;
+
+/// `vgpu_info.flags`: queues are polled by the device.
+pub const INFO_POLLED: u32 = 1 << 0;
+/// `vgpu_info.flags`: MSI-X interrupts (else INTx).
+pub const INFO_MSIX: u32 = 1 << 1;
+/// `vgpu_info.flags`: the window can be mmap()ed.
+pub const INFO_WINDOW: u32 = 1 << 2;
+
+pub const CMD_NOP: u32 = 0;
+pub const CMD_FENCE: u32 = 1;
+pub const CMD_COPY: u32 = 4;
+pub const CMD_FILL: u32 = 5;
+pub const CMD_MODULE_LOAD: u32 = 6;
+pub const CMD_MODULE_UNLOAD: u32 = 7;
+pub const CMD_LAUNCH: u32 = 8;
+pub const CMD_TIMESTAMP: u32 = 9;
+
+/// `vgpu_cmd.flags` of a FENCE: raise the queue's interrupt.
+pub const CMD_FENCE_IRQ: u32 = 1 << 0;
+
+/// COPY side: memory of the calling process (a user address).
+pub const MEM_USER: u32 = 0;
+/// COPY side: device memory (an address from ALLOC).
+pub const MEM_DEVICE: u32 = 1;
+/// COPY side: the window (a byte offset).
+pub const MEM_WINDOW: u32 = 2;
+
+/// Module format: PTX text.
+pub const MODULE_PTX: u32 = 1;
+/// Module handle of the built-in kernels.
+pub const MODULE_BUILTIN_ID: u64 = 0;
+
+pub const CMD_STATUS_OK: u32 = 0;
+pub const CMD_STATUS_INVALID: u32 = 1;
+pub const CMD_STATUS_FAULT: u32 = 2;
+pub const CMD_STATUS_NO_MEMORY: u32 = 3;
+pub const CMD_STATUS_UNSUPPORTED: u32 = 4;
+pub const CMD_STATUS_NOT_FOUND: u32 = 5;
+pub const CMD_STATUS_CANCELLED: u32 = 6;
+pub const CMD_STATUS_OUT_OF_RANGE: u32 = 7;
+pub const CMD_STATUS_DEVICE_ERROR: u32 = 8;
+
+/// SUBMIT flag: wait for the batch, write the results and collect it.
+pub const SUBMIT_WAIT: u32 = 1 << 0;
+/// "No command" in `error_index`.
+pub const NO_INDEX: u32 = 0xffff_ffff;
+/// WAIT flag: also collect every earlier fence.
+pub const WAIT_ALL: u32 = 1 << 0;
+
+/// `VGPU_IOCTL_MAGIC`.
+pub const IOCTL_MAGIC: u8 = b'V';
+
+macro_rules! uapi_struct {
+    ($(#[$m:meta])* pub struct $name:ident => $cname:literal {
+        $( $(#[$fm:meta])* pub $field:ident : $ty:ty ),* $(,)?
+    }) => {
+        $(#[$m])*
+        #[doc = concat!("\n\nC: `struct ", $cname, "`.")]
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name { $( $(#[$fm])* pub $field: $ty ),* }
+
+        // Explicit padding everywhere: the fields fill the structure.
+        const _: () = assert!(size_of::<$name>() == 0 $(+ size_of::<$ty>())*);
+
+        #[cfg(test)]
+        impl $name {
+            pub(crate) const C_NAME: &'static str = $cname;
+            /// (C member, offset, size) of every field.
+            pub(crate) fn c_fields() -> Vec<(&'static str, usize, usize)> {
+                vec![$( (stringify!($field), std::mem::offset_of!($name, $field), size_of::<$ty>()) ),*]
+            }
+        }
+    };
+}
+
+uapi_struct!(
+    /// VGPU_IOCTL_INFO: identity of the function and the driver's setup.
+    pub struct VgpuInfo => "vgpu_info" {
+        pub uapi_version: u32,
+        /// Device VERSION register: `major << 16 | minor`.
+        pub abi_version: u32,
+        pub vendor_id: u16,
+        pub device_id: u16,
+        pub subsystem_vendor_id: u16,
+        pub subsystem_id: u16,
+        pub revision: u8,
+        pub pci_bus: u8,
+        pub pci_devfn: u8,
+        pub pad0: u8,
+        pub pci_domain: u32,
+        /// Device FEATURES register.
+        pub features: u64,
+        /// Device memory of the partition, bytes.
+        pub mem_size: u64,
+        /// Host-visible window (BAR2), bytes.
+        pub window_size: u64,
+        pub compute_units: u32,
+        pub max_queues: u32,
+        pub queues: u32,
+        pub queue_size: u32,
+        /// `INFO_*`.
+        pub flags: u32,
+        /// N of `/dev/vgpuN`.
+        pub minor: u32,
+        pub reserved: [u64; 4],
+    }
+);
+
+uapi_struct!(
+    /// VGPU_IOCTL_ALLOC.
+    pub struct VgpuAlloc => "vgpu_alloc" {
+        pub size: u64,
+        pub align: u64,
+        pub addr: u64,
+        pub flags: u32,
+        pub pad: u32,
+    }
+);
+
+uapi_struct!(
+    /// VGPU_IOCTL_FREE.
+    pub struct VgpuFree => "vgpu_free" {
+        pub addr: u64,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of a COPY.
+    pub struct VgpuCopyArgs => "vgpu_copy_args" {
+        pub src_kind: u32,
+        pub dst_kind: u32,
+        pub src: u64,
+        pub dst: u64,
+        pub size: u64,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of a FILL.
+    pub struct VgpuFillArgs => "vgpu_fill_args" {
+        pub addr: u64,
+        pub size: u64,
+        pub pattern: u32,
+        pub pad: u32,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of a MODULE_LOAD.
+    pub struct VgpuModuleLoadArgs => "vgpu_module_load_args" {
+        pub format: u32,
+        pub pad: u32,
+        pub image: u64,
+        pub image_size: u64,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of a MODULE_UNLOAD.
+    pub struct VgpuModuleUnloadArgs => "vgpu_module_unload_args" {
+        pub module: u64,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of a LAUNCH.
+    pub struct VgpuLaunchArgs => "vgpu_launch_args" {
+        pub module: u64,
+        pub grid: [u32; 3],
+        pub block: [u32; 3],
+        pub shared_mem: u32,
+        pub params_size: u32,
+        pub params: u64,
+        pub entry: [u8; ENTRY_NAME_LEN],
+    }
+);
+
+/// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
+/// write one member, so the bytes past that member stay zero as the driver
+/// requires.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union VgpuCmdArgs {
+    pub copy: VgpuCopyArgs,
+    pub fill: VgpuFillArgs,
+    pub module_load: VgpuModuleLoadArgs,
+    pub module_unload: VgpuModuleUnloadArgs,
+    pub launch: VgpuLaunchArgs,
+    pub raw: [u64; 11],
+}
+
+impl Default for VgpuCmdArgs {
+    fn default() -> Self {
+        VgpuCmdArgs { raw: [0; 11] }
+    }
+}
+
+impl VgpuCmdArgs {
+    /// The argument bytes as words.
+    pub fn raw(&self) -> [u64; 11] {
+        // SAFETY: every member is plain integers with no padding, every
+        // value is built from the fully initialised `raw` member (see
+        // `Default`), so all 88 bytes are initialised and any bit pattern
+        // is a valid `[u64; 11]`.
+        unsafe { self.raw }
+    }
+}
+
+impl std::fmt::Debug for VgpuCmdArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("VgpuCmdArgs").field(&self.raw()).finish()
+    }
+}
+
+/// One command of a SUBMIT (`struct vgpu_cmd`, 128 bytes). The driver
+/// writes the result fields (`status` and after) on completion.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VgpuCmd {
+    pub opcode: u32,
+    pub flags: u32,
+    pub args: VgpuCmdArgs,
+    pub status: u32,
+    pub error: i32,
+    pub result: u64,
+    pub device_ns: u64,
+    pub reserved: u64,
+}
+
+const _: () = assert!(size_of::<VgpuCmdArgs>() == 88);
+const _: () = assert!(size_of::<VgpuCmd>() == 128);
+
+#[cfg(test)]
+impl VgpuCmd {
+    pub(crate) const C_NAME: &'static str = "vgpu_cmd";
+    /// (C member, offset, size); the anonymous union's members all start
+    /// at `args`.
+    pub(crate) fn c_fields() -> Vec<(&'static str, usize, usize)> {
+        use std::mem::offset_of;
+        let args = offset_of!(VgpuCmd, args);
+        vec![
+            ("opcode", offset_of!(VgpuCmd, opcode), 4),
+            ("flags", offset_of!(VgpuCmd, flags), 4),
+            ("copy", args, size_of::<VgpuCopyArgs>()),
+            ("fill", args, size_of::<VgpuFillArgs>()),
+            ("module_load", args, size_of::<VgpuModuleLoadArgs>()),
+            ("module_unload", args, size_of::<VgpuModuleUnloadArgs>()),
+            ("launch", args, size_of::<VgpuLaunchArgs>()),
+            ("raw", args, 88),
+            ("status", offset_of!(VgpuCmd, status), 4),
+            ("error", offset_of!(VgpuCmd, error), 4),
+            ("result", offset_of!(VgpuCmd, result), 8),
+            ("device_ns", offset_of!(VgpuCmd, device_ns), 8),
+            ("reserved", offset_of!(VgpuCmd, reserved), 8),
+        ]
+    }
+}
+
+uapi_struct!(
+    /// VGPU_IOCTL_SUBMIT.
+    pub struct VgpuSubmit => "vgpu_submit" {
+        /// User pointer to `VgpuCmd[count]`.
+        pub cmds: u64,
+        pub count: u32,
+        /// `SUBMIT_*`.
+        pub flags: u32,
+        pub timeout_ns: u64,
+        /// Out: the batch's fence.
+        pub fence: u64,
+        /// Out: offending or first failed command, or [`NO_INDEX`].
+        pub error_index: u32,
+        /// Out (with `SUBMIT_WAIT`): the batch outcome.
+        pub error: i32,
+    }
+);
+
+uapi_struct!(
+    /// VGPU_IOCTL_WAIT.
+    pub struct VgpuWait => "vgpu_wait" {
+        pub fence: u64,
+        pub timeout_ns: u64,
+        /// User pointer for results, or 0.
+        pub cmds: u64,
+        pub count: u32,
+        /// `WAIT_*`.
+        pub flags: u32,
+        pub error_fence: u64,
+        pub error_index: u32,
+        pub error: i32,
+    }
+);
+
+uapi_struct!(
+    /// VGPU_IOCTL_USAGE.
+    pub struct VgpuUsage => "vgpu_usage" {
+        /// Device memory used by all files of the function.
+        pub mem_used: u64,
+        /// Device time consumed, ns.
+        pub busy_ns: u64,
+        /// Commands completed by the device.
+        pub commands: u64,
+        /// Bytes allocated through this file.
+        pub file_mem_used: u64,
+        pub file_allocs: u32,
+        pub file_modules: u32,
+        pub file_inflight: u32,
+        pub file_uncollected: u32,
+        pub open_files: u32,
+        pub processes: u32,
+        pub device_errors: u32,
+        pub recoveries: u32,
+        pub reserved: [u64; 4],
+    }
+);
+
+// <asm-generic/ioctl.h>, the encoding x86-64 uses.
+const IOC_NRBITS: u32 = 8;
+const IOC_TYPEBITS: u32 = 8;
+const IOC_SIZEBITS: u32 = 14;
+const IOC_NRSHIFT: u32 = 0;
+const IOC_TYPESHIFT: u32 = IOC_NRSHIFT + IOC_NRBITS;
+const IOC_SIZESHIFT: u32 = IOC_TYPESHIFT + IOC_TYPEBITS;
+const IOC_DIRSHIFT: u32 = IOC_SIZESHIFT + IOC_SIZEBITS;
+/// `_IOC_NONE`.
+pub const IOC_NONE: u32 = 0;
+/// `_IOC_WRITE`.
+pub const IOC_WRITE: u32 = 1;
+/// `_IOC_READ`.
+pub const IOC_READ: u32 = 2;
+
+/// `_IOC(dir, type, nr, size)`.
+pub const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u64 {
+    assert!(size < 1 << IOC_SIZEBITS);
+    ((dir << IOC_DIRSHIFT)
+        | ((ty as u32) << IOC_TYPESHIFT)
+        | ((nr as u32) << IOC_NRSHIFT)
+        | ((size as u32) << IOC_SIZESHIFT)) as u64
+}
+
+pub const IOCTL_INFO: u64 = ioc(IOC_READ, IOCTL_MAGIC, 0xa0, size_of::<VgpuInfo>());
+pub const IOCTL_ALLOC: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    IOCTL_MAGIC,
+    0xa1,
+    size_of::<VgpuAlloc>(),
+);
+pub const IOCTL_FREE: u64 = ioc(IOC_WRITE, IOCTL_MAGIC, 0xa2, size_of::<VgpuFree>());
+pub const IOCTL_SUBMIT: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    IOCTL_MAGIC,
+    0xa3,
+    size_of::<VgpuSubmit>(),
+);
+pub const IOCTL_WAIT: u64 = ioc(
+    IOC_READ | IOC_WRITE,
+    IOCTL_MAGIC,
+    0xa4,
+    size_of::<VgpuWait>(),
+);
+pub const IOCTL_USAGE: u64 = ioc(IOC_READ, IOCTL_MAGIC, 0xa5, size_of::<VgpuUsage>());
+
+/// Encodes an entry point name: `None` if empty, too long (31 bytes at
+/// most) or containing a NUL.
+pub fn entry_name(name: &str) -> Option<[u8; ENTRY_NAME_LEN]> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= ENTRY_NAME_LEN || b.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; ENTRY_NAME_LEN];
+    out[..b.len()].copy_from_slice(b);
+    Some(out)
+}
+
+impl VgpuCmd {
+    /// A command with only an opcode and flags (NOP, FENCE, TIMESTAMP).
+    pub fn bare(opcode: u32, flags: u32) -> Self {
+        VgpuCmd {
+            opcode,
+            flags,
+            ..Default::default()
+        }
+    }
+
+    /// A COPY.
+    pub fn copy(args: VgpuCopyArgs) -> Self {
+        let mut c = Self::bare(CMD_COPY, 0);
+        c.args.copy = args;
+        c
+    }
+
+    /// A FILL.
+    pub fn fill(args: VgpuFillArgs) -> Self {
+        let mut c = Self::bare(CMD_FILL, 0);
+        c.args.fill = args;
+        c
+    }
+
+    /// A MODULE_LOAD.
+    pub fn module_load(args: VgpuModuleLoadArgs) -> Self {
+        let mut c = Self::bare(CMD_MODULE_LOAD, 0);
+        c.args.module_load = args;
+        c
+    }
+
+    /// A MODULE_UNLOAD.
+    pub fn module_unload(module: u64) -> Self {
+        let mut c = Self::bare(CMD_MODULE_UNLOAD, 0);
+        c.args.module_unload = VgpuModuleUnloadArgs { module };
+        c
+    }
+
+    /// A LAUNCH.
+    pub fn launch(args: VgpuLaunchArgs) -> Self {
+        let mut c = Self::bare(CMD_LAUNCH, 0);
+        c.args.launch = args;
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    fn uapi_include_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../guest-driver/include")
+    }
+
+    /// (C name, size, fields) of every structure.
+    type Layout = (&'static str, usize, Vec<(&'static str, usize, usize)>);
+
+    fn struct_layouts() -> Vec<Layout> {
+        macro_rules! layouts {
+            ($($t:ty),*) => {
+                vec![$( (<$t>::C_NAME, size_of::<$t>(), <$t>::c_fields()) ),*]
+            };
+        }
+        layouts!(
+            VgpuInfo,
+            VgpuAlloc,
+            VgpuFree,
+            VgpuCopyArgs,
+            VgpuFillArgs,
+            VgpuModuleLoadArgs,
+            VgpuModuleUnloadArgs,
+            VgpuLaunchArgs,
+            VgpuCmd,
+            VgpuSubmit,
+            VgpuWait,
+            VgpuUsage
+        )
+    }
+
+    fn constants() -> Vec<(&'static str, u64)> {
+        vec![
+            ("VGPU_UAPI_VERSION", UAPI_VERSION.into()),
+            ("VGPU_MAX_BATCH_CMDS", MAX_BATCH_CMDS.into()),
+            ("VGPU_MAX_COPY_BYTES", MAX_COPY_BYTES),
+            ("VGPU_MAX_BATCH_PIN_BYTES", MAX_BATCH_PIN_BYTES),
+            ("VGPU_MAX_IMAGE_BYTES", MAX_IMAGE_BYTES),
+            ("VGPU_MAX_PARAMS_BYTES", MAX_PARAMS_BYTES.into()),
+            ("VGPU_MAX_BATCH_STAGED_BYTES", MAX_BATCH_STAGED_BYTES),
+            ("VGPU_MAX_UNCOLLECTED", MAX_UNCOLLECTED.into()),
+            ("VGPU_ENTRY_NAME_LEN", ENTRY_NAME_LEN as u64),
+            ("VGPU_TIMEOUT_INFINITE", TIMEOUT_INFINITE),
+            ("VGPU_INFO_POLLED", INFO_POLLED.into()),
+            ("VGPU_INFO_MSIX", INFO_MSIX.into()),
+            ("VGPU_INFO_WINDOW", INFO_WINDOW.into()),
+            ("VGPU_CMD_NOP", CMD_NOP.into()),
+            ("VGPU_CMD_FENCE", CMD_FENCE.into()),
+            ("VGPU_CMD_COPY", CMD_COPY.into()),
+            ("VGPU_CMD_FILL", CMD_FILL.into()),
+            ("VGPU_CMD_MODULE_LOAD", CMD_MODULE_LOAD.into()),
+            ("VGPU_CMD_MODULE_UNLOAD", CMD_MODULE_UNLOAD.into()),
+            ("VGPU_CMD_LAUNCH", CMD_LAUNCH.into()),
+            ("VGPU_CMD_TIMESTAMP", CMD_TIMESTAMP.into()),
+            ("VGPU_CMD_FENCE_IRQ", CMD_FENCE_IRQ.into()),
+            ("VGPU_MEM_USER", MEM_USER.into()),
+            ("VGPU_MEM_DEVICE", MEM_DEVICE.into()),
+            ("VGPU_MEM_WINDOW", MEM_WINDOW.into()),
+            ("VGPU_MODULE_PTX", MODULE_PTX.into()),
+            ("VGPU_MODULE_BUILTIN_ID", MODULE_BUILTIN_ID),
+            ("VGPU_CMD_STATUS_OK", CMD_STATUS_OK.into()),
+            ("VGPU_CMD_STATUS_INVALID", CMD_STATUS_INVALID.into()),
+            ("VGPU_CMD_STATUS_FAULT", CMD_STATUS_FAULT.into()),
+            ("VGPU_CMD_STATUS_NO_MEMORY", CMD_STATUS_NO_MEMORY.into()),
+            ("VGPU_CMD_STATUS_UNSUPPORTED", CMD_STATUS_UNSUPPORTED.into()),
+            ("VGPU_CMD_STATUS_NOT_FOUND", CMD_STATUS_NOT_FOUND.into()),
+            ("VGPU_CMD_STATUS_CANCELLED", CMD_STATUS_CANCELLED.into()),
+            (
+                "VGPU_CMD_STATUS_OUT_OF_RANGE",
+                CMD_STATUS_OUT_OF_RANGE.into(),
+            ),
+            (
+                "VGPU_CMD_STATUS_DEVICE_ERROR",
+                CMD_STATUS_DEVICE_ERROR.into(),
+            ),
+            ("VGPU_SUBMIT_WAIT", SUBMIT_WAIT.into()),
+            ("VGPU_NO_INDEX", NO_INDEX.into()),
+            ("VGPU_WAIT_ALL", WAIT_ALL.into()),
+            ("VGPU_IOCTL_MAGIC", IOCTL_MAGIC.into()),
+            ("VGPU_IOCTL_INFO", IOCTL_INFO),
+            ("VGPU_IOCTL_ALLOC", IOCTL_ALLOC),
+            ("VGPU_IOCTL_FREE", IOCTL_FREE),
+            ("VGPU_IOCTL_SUBMIT", IOCTL_SUBMIT),
+            ("VGPU_IOCTL_WAIT", IOCTL_WAIT),
+            ("VGPU_IOCTL_USAGE", IOCTL_USAGE),
+        ]
+    }
+
+    /// Compiles and runs a C program that prints, from the header itself,
+    /// every structure's size, every field's offset and size, every
+    /// constant and ioctl number; all must equal the Rust definitions.
+    #[test]
+    fn test_layout_matches_uapi_header() {
+        let mut c = String::from(
+            "#include <stdio.h>\n#include <stddef.h>\n#include \"uapi/vgpu.h\"\n\
+             #define S(t) printf(\"size %s %zu\\n\", #t, sizeof(struct t));\n\
+             #define F(t, f) printf(\"field %s.%s %zu %zu\\n\", #t, #f, \
+             offsetof(struct t, f), sizeof(((struct t *)0)->f));\n\
+             #define C(n) printf(\"const %s %llu\\n\", #n, (unsigned long long)(n));\n\
+             int main(void) {\n",
+        );
+        let mut want = BTreeMap::new();
+        for (name, size, fields) in struct_layouts() {
+            c.push_str(&format!("S({name})\n"));
+            want.insert(format!("size {name}"), size.to_string());
+            for (f, off, sz) in fields {
+                c.push_str(&format!("F({name}, {f})\n"));
+                want.insert(format!("field {name}.{f}"), format!("{off} {sz}"));
+            }
+        }
+        for (name, value) in constants() {
+            c.push_str(&format!("C({name})\n"));
+            want.insert(format!("const {name}"), value.to_string());
+        }
+        c.push_str("return 0;\n}\n");
+
+        let dir = std::env::temp_dir().join(format!("vgpu-guest-uapi-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("layout.c");
+        let exe = dir.join("layout");
+        std::fs::write(&src, &c).unwrap();
+        let out = Command::new("gcc")
+            .args(["-std=gnu11", "-Wall", "-Werror", "-I"])
+            .arg(uapi_include_dir())
+            .arg("-o")
+            .arg(&exe)
+            .arg(&src)
+            .output()
+            .expect("gcc is needed for this test");
+        assert!(
+            out.status.success(),
+            "gcc failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run = Command::new(&exe).output().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(run.status.success());
+        let text = String::from_utf8(run.stdout).unwrap();
+        let mut got = BTreeMap::new();
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ' ');
+            let kind = parts.next().unwrap();
+            let name = parts.next().unwrap();
+            got.insert(format!("{kind} {name}"), parts.next().unwrap().to_string());
+        }
+        let mut diffs = Vec::new();
+        for (k, v) in &want {
+            match got.get(k) {
+                Some(g) if g == v => {}
+                g => diffs.push(format!("{k}: C {g:?}, Rust {v}")),
+            }
+        }
+        assert!(diffs.is_empty(), "uapi drift:\n{}", diffs.join("\n"));
+        assert_eq!(got.len(), want.len());
+    }
+
+    #[test]
+    fn test_cmd_builders_zero_the_rest_of_the_union() {
+        let c = VgpuCmd::fill(VgpuFillArgs {
+            addr: 0x1000,
+            size: 8,
+            pattern: 0xffff_ffff,
+            pad: 0,
+        });
+        let raw = c.args.raw();
+        assert_eq!(raw[0], 0x1000);
+        assert_eq!(raw[1], 8);
+        assert_eq!(raw[2], 0xffff_ffff);
+        assert!(raw[3..].iter().all(|w| *w == 0));
+        assert_eq!(c.opcode, CMD_FILL);
+    }
+
+    #[test]
+    fn test_entry_name() {
+        assert_eq!(&entry_name("copy").unwrap()[..5], b"copy\0");
+        assert!(entry_name("").is_none());
+        assert!(entry_name(&"x".repeat(31)).is_some());
+        assert!(entry_name(&"x".repeat(32)).is_none());
+        assert!(entry_name("a\0b").is_none());
+    }
+}

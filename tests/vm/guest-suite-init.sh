@@ -1,0 +1,305 @@
+#!/bin/sh
+# /init of the guest that runs the vgpu guest test suite (busybox sh).
+#
+# Loads vgpu.ko, runs vgpu-smi, vgpu-guest-test, the saxpy and sgemm
+# samples, reloads the module, runs vgpu-guest-test --quick, and checks
+# the kernel log. Prints one marker line per check:
+#   VGPU-TEST PASS <name> [detail]
+#   VGPU-TEST FAIL <name>: <reason>
+#   VGPU-TEST DONE
+# then powers the guest off.
+#
+# The initramfs holds /vgpu.ko and the static programs vgpu-smi,
+# vgpu-guest-test, vgpu-saxpy, vgpu-sgemm and (optional, the C interface)
+# vgpu-saxpy-c, in /usr/bin or anywhere else in the image (found at boot);
+# tests/vm/guest-suite-initramfs.sh builds such an image.
+#
+# Kernel command line (all optional):
+#   vgpu.mode=full|quick|boot|isolation-write|isolation-check   (full)
+#   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
+#   vgpu.expect_mem=BYTES           expected partition memory
+#   vgpu.expect_cu=N                expected compute units
+#   vgpu.expect_window=BYTES        expected window size
+#   vgpu.expect_devices=N           expected number of /dev/vgpuN
+#   vgpu.expect_vendor=0xVVVV vgpu.expect_device_id=0xDDDD
+#   vgpu.procs=N                    processes of the multi-process checks (4)
+#   vgpu.skip=a,b                   vgpu-guest-test checks to skip
+#   vgpu.seed=N                     seed of the random data
+#   vgpu.saxpy_n=N                  saxpy elements (1048576)
+#   vgpu.sgemm=M,N,K                sgemm shape (128,128,128)
+#   vgpu.magic=0xMMMMMMMM           isolation modes: the pattern (0x5a17c0de)
+#   vgpu.hold=SECONDS               isolation-write: keep the memory this long
+#   vgpu.isolation_bytes=BYTES      isolation-write: device memory to fill
+#   vgpu.queues= vgpu.ring_size= vgpu.polled= vgpu.poll_spin_us=
+#   vgpu.force_intx= vgpu.watchdog_ms=
+#                                   module parameters, passed to insmod
+#
+# Modes: full runs everything above; quick loads the module and runs
+# vgpu-guest-test --quick; boot only boots; isolation-write fills device
+# memory (half the partition, or vgpu.isolation_bytes) and the window with
+# the magic pattern, prints "VGPU-ISOLATION WRITTEN magic=... device_bytes=...
+# window_bytes=... hold=..." when it is in place and keeps it allocated for
+# vgpu.hold seconds (another guest starts its check after that line);
+# isolation-check allocates all device memory and checks that it is zeroed
+# and that neither it nor the window holds the pattern.
+
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp 2>/dev/null
+
+MODULE=/vgpu.ko
+failed=0
+
+pass() {
+    name=$1
+    shift
+    echo "VGPU-TEST PASS $name${*:+ $*}"
+}
+
+fail() {
+    echo "VGPU-TEST FAIL $1: $2"
+    failed=$((failed + 1))
+}
+
+finish() {
+    echo "guest: $failed check(s) failed in this script"
+    echo "VGPU-TEST DONE"
+    sync
+    poweroff -f
+    # Not reached; if it were, exiting /init panics and the host's
+    # -no-reboot stops QEMU.
+    sleep 5
+    exit 1
+}
+
+# --- kernel command line ------------------------------------------------------
+mode=full
+device=/dev/vgpu0
+expect_args=""
+test_args=""
+modparams=""
+procs=4
+saxpy_n=1048576
+sgemm="128,128,128"
+magic=0x5a17c0de
+hold=0
+isolation_bytes=""
+
+# shellcheck disable=SC2013  # words, not lines
+for word in $(cat /proc/cmdline); do
+    value=${word#*=}
+    case $word in
+    vgpu.mode=*) mode=$value ;;
+    vgpu.device=*) device=$value ;;
+    vgpu.expect_mem=*) expect_args="$expect_args --expect-mem $value" ;;
+    vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
+    vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
+    vgpu.expect_devices=*) expect_args="$expect_args --expect-devices $value" ;;
+    vgpu.expect_vendor=*) expect_args="$expect_args --expect-vendor $value" ;;
+    vgpu.expect_device_id=*) expect_args="$expect_args --expect-device-id $value" ;;
+    vgpu.procs=*) procs=$value ;;
+    vgpu.skip=*) test_args="$test_args --skip $value" ;;
+    vgpu.seed=*) test_args="$test_args --seed $value" ;;
+    vgpu.saxpy_n=*) saxpy_n=$value ;;
+    vgpu.sgemm=*) sgemm=$value ;;
+    vgpu.magic=*) magic=$value ;;
+    vgpu.hold=*) hold=$value ;;
+    vgpu.isolation_bytes=*) isolation_bytes=$value ;;
+    vgpu.queues=* | vgpu.ring_size=* | vgpu.polled=* | vgpu.poll_spin_us=* | \
+        vgpu.force_intx=* | vgpu.watchdog_ms=*)
+        modparams="$modparams ${word#vgpu.}"
+        ;;
+    esac
+done
+
+# The programs are in /usr/bin, or wherever ci/mkinitramfs.sh --bin put
+# them (the host path).
+for prog in vgpu-guest-test vgpu-smi vgpu-saxpy vgpu-sgemm vgpu-saxpy-c; do
+    command -v "$prog" >/dev/null 2>&1 && continue
+    found=$(find / -xdev -type f -name "$prog" 2>/dev/null | head -n 1)
+    [ -n "$found" ] && PATH="$PATH:${found%/*}"
+done
+export PATH
+
+echo "guest: kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) cpu(s), $(grep MemTotal /proc/meminfo | tr -s ' ')"
+echo "guest: mode $mode, device $device${modparams:+, module parameters$modparams}"
+
+if [ "$mode" = boot ]; then
+    pass boot "kernel $(uname -r)"
+    finish
+fi
+
+# --- helpers --------------------------------------------------------------------
+
+# dmesg_tail N: the last N kernel log lines, indented.
+dmesg_tail() {
+    dmesg | tail -n "$1" | sed 's/^/  dmesg: /'
+}
+
+# load NAME: insmod the module and wait for the device node.
+load() {
+    name=$1
+    # shellcheck disable=SC2086  # parameters are separate words
+    if ! out=$(insmod "$MODULE" $modparams 2>&1); then
+        fail "$name" "insmod $MODULE$modparams: $out"
+        dmesg_tail 20
+        return 1
+    fi
+    i=0
+    while [ ! -c "$device" ] && [ $i -lt 50 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    if [ ! -c "$device" ]; then
+        fail "$name" "no $device after insmod; vgpu nodes: $(echo /dev/vgpu*)"
+        dmesg_tail 20
+        return 1
+    fi
+    ndev=0
+    for node in /dev/vgpu[0-9]*; do
+        [ -c "$node" ] && ndev=$((ndev + 1))
+    done
+    pass "$name" "$ndev device(s); $(dmesg | grep -i vgpu | tail -n 1 | sed 's/^\[[^]]*\] //')"
+    return 0
+}
+
+# sample NAME CMD...: run a sample program; its last line is PASS or FAIL.
+sample() {
+    name=$1
+    shift
+    "$@" >/tmp/sample.out 2>&1
+    rc=$?
+    sed 's/^/  /' /tmp/sample.out
+    last=$(tail -n 1 /tmp/sample.out)
+    if [ $rc -eq 0 ] && [ "$last" = PASS ]; then
+        pass "$name" "$(grep -E 'sgemm_f32|saxpy_f32|^/dev' /tmp/sample.out | tr -s ' ' | sed 's/^ //' | head -n 1)"
+    else
+        fail "$name" "exit $rc: ${last:-no output}"
+    fi
+}
+
+# check_kernel_log NAME: no oops, BUG, warning splat or lockdep report.
+check_kernel_log() {
+    bad=$(dmesg | grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace|kernel BUG|lockdep|UBSAN|KASAN|refcount_t:|list_(add|del) corruption' | head -n 5)
+    if [ -n "$bad" ]; then
+        fail "$1" "$(echo "$bad" | head -n 1)"
+        dmesg | grep -B 5 -A 30 -E 'BUG:|WARNING:|Oops|general protection' | head -n 80 | sed 's/^/  dmesg: /'
+    else
+        pass "$1" "$(dmesg | grep -ci vgpu) vgpu line(s), no splats"
+    fi
+}
+
+# --- isolation modes ------------------------------------------------------------
+case $mode in
+isolation-write | isolation-check)
+    load insmod || finish
+    if [ "$mode" = isolation-write ]; then
+        # shellcheck disable=SC2086
+        vgpu-guest-test --device "$device" --no-done --isolation-write "$magic" \
+            --hold "$hold" ${isolation_bytes:+--isolation-bytes $isolation_bytes} $test_args
+    else
+        # shellcheck disable=SC2086
+        vgpu-guest-test --device "$device" --no-done --isolation-check "$magic" $test_args
+    fi
+    vgpu-smi
+    check_kernel_log kernel-log
+    finish
+    ;;
+full | quick) ;;
+*)
+    fail mode "unknown vgpu.mode=$mode"
+    finish
+    ;;
+esac
+
+# --- first load -------------------------------------------------------------------
+if ! load insmod; then
+    finish
+fi
+
+if [ "$mode" = quick ]; then
+    # shellcheck disable=SC2086
+    vgpu-guest-test --device "$device" --no-done --quick $expect_args $test_args
+    check_kernel_log kernel-log
+    finish
+fi
+
+# --- vgpu-smi ---------------------------------------------------------------------
+out=$(vgpu-smi 2>&1)
+rc=$?
+echo "$out" | sed 's/^/  /'
+if [ $rc -eq 0 ] && echo "$out" | grep -q '1ee7:0100'; then
+    pass smi "$(echo "$out" | grep -c '1ee7:0100') device(s) listed"
+else
+    fail smi "exit $rc: $(echo "$out" | tail -n 1)"
+fi
+out=$(vgpu-smi --json 2>&1)
+rc=$?
+case $out in
+'{'*'"devices":['*)
+    if [ $rc -eq 0 ]; then pass smi-json; else fail smi-json "exit $rc"; fi
+    ;;
+*) fail smi-json "exit $rc: $(echo "$out" | head -c 200)" ;;
+esac
+out=$(vgpu-smi -l 0.2 -c 3 2>&1)
+rc=$?
+reports=$(echo "$out" | grep -c 'VGPU-SMI')
+if [ $rc -eq 0 ] && [ "$reports" -eq 3 ]; then
+    pass smi-loop "3 reports"
+else
+    fail smi-loop "exit $rc, $reports report(s): $(echo "$out" | tail -n 1)"
+fi
+# This shell (pid 1) holds the device open: vgpu-smi lists it.
+exec 3<>"$device"
+out=$(vgpu-smi 2>&1)
+exec 3>&-
+line=$(echo "$out" | grep -E '^\| +[0-9]+ +1 +1 +init ')
+if [ -n "$line" ]; then
+    pass smi-processes "$(echo "$line" | tr -s ' ')"
+else
+    fail smi-processes "pid 1 not listed: $(echo "$out" | grep -A3 Processes: | tail -n 1)"
+fi
+
+# --- the suite --------------------------------------------------------------------
+# shellcheck disable=SC2086
+vgpu-guest-test --device "$device" --no-done --procs "$procs" $expect_args $test_args
+echo "guest: vgpu-guest-test exited with $?"
+
+# --- samples ------------------------------------------------------------------------
+sample saxpy vgpu-saxpy --device "$device" -n "$saxpy_n"
+m=$(echo "$sgemm" | cut -d, -f1)
+n=$(echo "$sgemm" | cut -d, -f2)
+k=$(echo "$sgemm" | cut -d, -f3)
+sample sgemm vgpu-sgemm --device "$device" -m "${m:-128}" -n "${n:-128}" -k "${k:-128}"
+# The C interface (libvgpu_guest.a), when the image has the sample.
+if command -v vgpu-saxpy-c >/dev/null 2>&1; then
+    sample c-api vgpu-saxpy-c "$device" 100000
+else
+    echo "guest: no vgpu-saxpy-c in the image; C interface sample skipped"
+fi
+
+vgpu-smi | sed 's/^/  /'
+
+# --- unload and reload ---------------------------------------------------------------
+if out=$(rmmod vgpu 2>&1); then
+    if [ -e "$device" ]; then
+        fail rmmod "$device still present after rmmod"
+    else
+        pass rmmod
+    fi
+else
+    fail rmmod "$out"
+    dmesg_tail 20
+fi
+
+if load reload-insmod; then
+    # shellcheck disable=SC2086
+    vgpu-guest-test --device "$device" --no-done --quick --prefix reload- $expect_args $test_args
+    echo "guest: vgpu-guest-test --quick exited with $?"
+fi
+
+check_kernel_log kernel-log
+finish

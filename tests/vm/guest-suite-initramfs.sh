@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Build the initramfs of the vgpu guest test suite.
+#
+# usage: tests/vm/guest-suite-initramfs.sh OUT.cpio.gz
+#
+# The image is ci/mkinitramfs.sh's busybox image with
+#   /init                  tests/vm/guest-suite-init.sh
+#   /vgpu.ko               the guest driver, built against the cached guest
+#                          kernel's headers (ci/fetch-kernel.sh)
+#   /usr/bin/vgpu-smi, /usr/bin/vgpu-guest-test, /usr/bin/vgpu-saxpy,
+#   /usr/bin/vgpu-sgemm    crates/vgpu-guest, statically linked (glibc,
+#                          +crt-static), stripped
+#   /usr/bin/vgpu-saxpy-c  crates/vgpu-guest/examples/c/saxpy.c linked
+#                          statically with libvgpu_guest.a (the C interface)
+#
+# Environment:
+#   VGPU_KO=PATH           use this vgpu.ko instead of building one
+#   VGPU_GUEST_BIN_DIR=DIR use the binaries and libvgpu_guest.a in DIR
+#                          instead of building them (they must be static)
+#
+# The module is built in a temporary copy of guest-driver/, so the source
+# folder gets no build outputs.
+set -euo pipefail
+# shellcheck source=ci/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
+
+[[ $# -eq 1 && $1 != -* ]] || {
+    sed -n '3,22s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+}
+out=$1
+cd "$VGPUD_ROOT"
+
+BINS=(vgpu-smi vgpu-guest-test vgpu-saxpy vgpu-sgemm)
+TARGET=x86_64-unknown-linux-gnu
+
+stage=$(mktemp -d /tmp/vgpu-guest-suite.XXXXXX)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/root/usr/bin"
+
+# --- the module ---------------------------------------------------------------------
+if [[ -n ${VGPU_KO:-} ]]; then
+    [[ -f $VGPU_KO ]] || die "VGPU_KO=$VGPU_KO: no such file"
+    ko=$VGPU_KO
+else
+    bash ci/fetch-kernel.sh >/dev/null
+    [[ -d $KERNEL_HEADERS ]] || die "no kernel headers at $KERNEL_HEADERS"
+    log "building vgpu.ko against $KERNEL_HEADERS"
+    mkdir -p "$stage/driver"
+    cp -a guest-driver/Kbuild guest-driver/Makefile guest-driver/*.c guest-driver/*.h \
+        guest-driver/include "$stage/driver/"
+    run_logged "$stage/driver.log" make -C "$KERNEL_HEADERS" M="$stage/driver" modules ||
+        die "vgpu.ko did not build"
+    ko=$stage/driver/vgpu.ko
+fi
+modinfo_vermagic=$(modinfo -F vermagic "$ko" 2>/dev/null || true)
+if [[ -n $modinfo_vermagic && $modinfo_vermagic != "$KERNEL_RELEASE "* ]]; then
+    log "warning: $ko is built for '$modinfo_vermagic', the guest runs $KERNEL_RELEASE"
+fi
+install -m 0644 "$ko" "$stage/root/vgpu.ko"
+
+# --- the programs -------------------------------------------------------------------
+if [[ -n ${VGPU_GUEST_BIN_DIR:-} ]]; then
+    bindir=$VGPU_GUEST_BIN_DIR
+else
+    log "cargo build --release -p vgpu-guest --target $TARGET (static)"
+    flags=${RUSTFLAGS:-}
+    # Same flags every time, or cargo rebuilds everything.
+    [[ $flags == *+crt-static* ]] || flags="${flags:+$flags }-C target-feature=+crt-static"
+    RUSTFLAGS=$flags cargo build --release -p vgpu-guest --target "$TARGET"
+    bindir="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/$TARGET/release"
+fi
+for b in "${BINS[@]}"; do
+    [[ -x $bindir/$b ]] || die "no $bindir/$b"
+    if ldd "$bindir/$b" 2>/dev/null | grep -q '=>'; then
+        die "$bindir/$b is dynamically linked; build with RUSTFLAGS='-C target-feature=+crt-static'"
+    fi
+    strip -o "$stage/root/usr/bin/$b" "$bindir/$b"
+done
+[[ -f $bindir/libvgpu_guest.a ]] || die "no $bindir/libvgpu_guest.a"
+run_logged "$stage/cc.log" gcc -static -O2 -Wall -Werror \
+    -I crates/vgpu-guest/include -I guest-driver/include \
+    crates/vgpu-guest/examples/c/saxpy.c "$bindir/libvgpu_guest.a" \
+    -lpthread -ldl -lm -o "$stage/vgpu-saxpy-c" ||
+    die "the C sample did not build"
+strip -o "$stage/root/usr/bin/vgpu-saxpy-c" "$stage/vgpu-saxpy-c"
+
+bash ci/mkinitramfs.sh --init tests/vm/guest-suite-init.sh "$out" "$stage/root"
