@@ -721,7 +721,9 @@ mod tests {
         assert!(matches!(dma.unmap(u64::MAX, 2), Err(MapError::Invalid(_))));
         // Up to exactly 2^64, as QEMU sends when a guest IOMMU goes away.
         dma.map(&req(0xfef0_0000, 0x1000), None, nobody()).unwrap();
-        let removed = dma.unmap(0xfef0_0000, 0u64.wrapping_sub(0xfef0_0000)).unwrap();
+        let removed = dma
+            .unmap(0xfef0_0000, 0u64.wrapping_sub(0xfef0_0000))
+            .unwrap();
         assert_eq!(removed.len(), 1);
         assert!(dma.unmap(u64::MAX, 1).unwrap().is_empty());
     }
