@@ -15,7 +15,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|isolation-write|isolation-check   (full)
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check   (full)
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
 #   vgpu.expect_cu=N                expected compute units
@@ -191,6 +191,20 @@ check_kernel_log() {
         pass "$1" "$(dmesg | grep -ci vgpu) vgpu line(s), no splats"
     fi
 }
+
+# --- demo: what a user of a vGPU does ------------------------------------------------
+if [ "$mode" = demo ]; then
+    load insmod || finish
+    echo "=== vgpu-smi"
+    vgpu-smi
+    echo "=== saxpy on the vGPU, checked against the guest CPU"
+    sample saxpy vgpu-saxpy --device "$device" -n "$saxpy_n"
+    echo "=== sgemm on the vGPU, checked against the guest CPU"
+    sample sgemm vgpu-sgemm --device "$device" -m 256 -n 256 -k 256
+    echo "=== vgpu-smi after the work"
+    vgpu-smi
+    finish
+fi
 
 # --- isolation modes ------------------------------------------------------------
 case $mode in

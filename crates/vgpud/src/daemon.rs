@@ -185,7 +185,7 @@ pub struct InstanceStats {
     pub memory_used: u64,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
-    /// Commands completed (since the last reset of the function).
+    /// Commands run since the vGPU was created.
     pub commands: u64,
     /// Device time consumed, as the scheduler charged it.
     pub busy: Duration,
@@ -473,7 +473,8 @@ impl Daemon {
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
                     memory_peak: c.mem_peak.load(Ordering::Relaxed),
-                    commands: c.commands.load(Ordering::Relaxed),
+                    // The scheduler's count survives function resets.
+                    commands: t.map(|t| t.commands).unwrap_or_default(),
                     busy: t.map(|t| t.busy).unwrap_or_default(),
                     bytes: t.map(|t| t.bytes).unwrap_or_default(),
                     wait_p50: t.map(|t| t.wait.p50).unwrap_or_default(),
