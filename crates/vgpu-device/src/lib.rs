@@ -173,6 +173,8 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
+    /// Bumped by every queue enable/disable (see `QueueRegs::generation`).
+    pub(crate) config_gen: AtomicU64,
     /// Bumped by reset: the worker stops writing completions of older work.
     pub(crate) epoch_gen: AtomicU64,
     /// Held by the worker while it processes, taken by reset to wait for it.
@@ -566,6 +568,7 @@ impl VgpuDevice {
             // Stop the worker from starting more of this queue's work.
             qr.generation += 1;
             qr.ring = None;
+            sh.config_gen.fetch_add(1, Ordering::SeqCst);
         }
         // Wait for a command of this queue that is running to finish.
         let _busy = lock(&sh.busy);
@@ -694,6 +697,7 @@ impl PciDevice for VgpuDevice {
             },
             stop: AtomicBool::new(false),
             any_polled: AtomicBool::new(false),
+            config_gen: AtomicU64::new(0),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),
             counters: self.counters.clone(),

@@ -264,20 +264,22 @@ fn run_chains(
         return false;
     }
     let mut notify = false;
-    for (head, descs) in chains {
-        if sh.epoch_gen.load(Ordering::SeqCst) != epoch
-            || sh.queue_generation(q) != Some(generation)
-        {
+    // Any queue reconfiguration bumps `config_gen`; only then is the
+    // (locked) per-queue generation worth a look.
+    let config_gen = sh.config_gen.load(Ordering::SeqCst);
+    let stale = || {
+        sh.epoch_gen.load(Ordering::SeqCst) != epoch
+            || (sh.config_gen.load(Ordering::SeqCst) != config_gen
+                && sh.queue_generation(q) != Some(generation))
+    };
+    for (i, (head, descs)) in chains.iter().enumerate() {
+        if stale() {
             // Reset or queue reconfiguration: queued work is dropped and
             // nothing more is written to the old ring.
             return true;
         }
-        let cancelled = || {
-            sh.epoch_gen.load(Ordering::SeqCst) != epoch
-                || sh.queue_generation(q) != Some(generation)
-        };
         if let Some(gate) = &sh.gate {
-            if !gate.enter(&cancelled) {
+            if !gate.enter(&stale) {
                 return true;
             }
         }
@@ -338,10 +340,10 @@ fn run_chains(
             sh.queue_error(q, abi::ERR_RING_ADDRESS, 0);
             return true;
         }
-    }
-    {
-        let view = sh.ctx.dma.view();
-        notify |= ring.needs_notification(&view).unwrap_or(true);
+        if i + 1 == chains.len() {
+            // Same view: one lock for the last completion and the check.
+            notify |= ring.needs_notification(&view).unwrap_or(true);
+        }
     }
     if notify {
         sh.raise(vector, abi::IRQ_CAUSE_QUEUE);

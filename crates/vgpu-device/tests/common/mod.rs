@@ -111,3 +111,59 @@ pub fn eventually(g: &mut Guest, mut cond: impl FnMut(&mut Guest) -> bool) -> bo
 pub fn nop_in_ram(g: &mut Guest) -> u64 {
     g.alloc_bytes(abi::ByteValued::as_slice(&abi::CmdHeader::default()))
 }
+
+/// Open fds of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Threads of this process.
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .count()
+}
+
+/// Resident memory of this process (VmRSS), bytes.
+pub fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in /proc/self/status")
+        * 1024
+}
+
+/// CPU time (user and system) used so far by this process's threads named
+/// `name` (as the kernel keeps it: at most 15 bytes).
+pub fn thread_cpu(name: &str) -> Duration {
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
+    let name = &name[..name.len().min(15)];
+    let mut ticks = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let dir = task.expect("task entry").path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised name; utime and stime are the
+        // 14th and 15th of the whole line.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split(' ').collect();
+        for f in fields.get(11..13).unwrap_or_default() {
+            ticks += f.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Duration::from_millis(ticks * 1000 / hz)
+}
