@@ -171,6 +171,7 @@ pub(crate) struct Shared {
     pub(crate) window: MmapRegion,
     pub(crate) wake: EventFd,
     pub(crate) stop: AtomicBool,
+    pub(crate) log: Mutex<vfio_user_server::conn::LogLimiter>,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
     /// Bumped by every queue enable/disable (see `QueueRegs::generation`).
@@ -206,9 +207,10 @@ impl Shared {
             st.irq_cause |= abi::IRQ_CAUSE_ERROR;
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        warn!(
-            "{}: device error {code} (queue {queue}, detail {detail:#x})",
-            self.name
+        // The guest decides how many errors it causes: rate-limit the log.
+        lock(&self.log).warn(
+            &self.name,
+            format_args!("device error {code} (queue {queue}, detail {detail:#x})"),
         );
         self.raise(abi::MSIX_ERROR_VECTOR, abi::IRQ_CAUSE_ERROR);
     }
@@ -696,6 +698,7 @@ impl PciDevice for VgpuDevice {
                 }
             },
             stop: AtomicBool::new(false),
+            log: Mutex::new(Default::default()),
             any_polled: AtomicBool::new(false),
             config_gen: AtomicU64::new(0),
             epoch_gen: AtomicU64::new(0),

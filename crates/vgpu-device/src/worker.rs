@@ -97,6 +97,10 @@ fn arm_notifications(sh: &Shared) -> bool {
     }
     fence(Ordering::SeqCst);
     let mut st = lock(&sh.state);
+    if st.status & abi::STATUS_ENABLED == 0 {
+        // Nothing runs until the function is enabled, which wakes us.
+        return true;
+    }
     let view = sh.ctx.dma.view();
     let mut idle = true;
     for qr in st.queues.iter_mut() {
@@ -120,6 +124,8 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
     if epoch & 1 == 1 {
         return false;
     }
+    // Taken before the ring: a reconfiguration from here on is seen.
+    let config_gen = sh.config_gen.load(Ordering::SeqCst);
     let (mut ring, generation, vector) = {
         let mut st = lock(&sh.state);
         if st.status & abi::STATUS_ENABLED == 0 {
@@ -138,7 +144,7 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
         };
         (ring, qr.generation, qr.vector)
     };
-    let progressed = run_batch(sh, q, &mut ring, epoch, generation, vector);
+    let progressed = run_batch(sh, q, &mut ring, (epoch, config_gen, generation), vector);
     let mut st = lock(&sh.state);
     if let Some(qr) = st.queues.get_mut(q as usize) {
         // A queue reconfigured meanwhile keeps its new state.
@@ -149,14 +155,11 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
     progressed
 }
 
-fn run_batch(
-    sh: &Shared,
-    q: u32,
-    ring: &mut Queue,
-    epoch: u64,
-    generation: u64,
-    vector: u32,
-) -> bool {
+/// (reset epoch, device config generation, queue generation) when a
+/// batch started.
+type Generations = (u64, u64, u64);
+
+fn run_batch(sh: &Shared, q: u32, ring: &mut Queue, gens: Generations, vector: u32) -> bool {
     // Pop descriptor chains under a short view of guest memory.
     let mut chains: Vec<(u16, Vec<Desc>)> = Vec::new();
     let failure = {
@@ -195,11 +198,11 @@ fn run_batch(
         // Commands popped before the bad one still run and complete below;
         // the queue stops after them.
         debug!("{}: queue {q}: ring error {code}", sh.name);
-        let done = run_chains(sh, q, ring, epoch, generation, vector, &chains);
+        let done = run_chains(sh, q, ring, gens, vector, &chains);
         sh.queue_error(q, code, 0);
         return done || !chains.is_empty();
     }
-    run_chains(sh, q, ring, epoch, generation, vector, &chains)
+    run_chains(sh, q, ring, gens, vector, &chains)
 }
 
 /// Reads the chain starting at `head` from the descriptor table, refusing
@@ -255,8 +258,7 @@ fn run_chains(
     sh: &Shared,
     q: u32,
     ring: &mut Queue,
-    epoch: u64,
-    generation: u64,
+    (epoch, config_gen, generation): Generations,
     vector: u32,
     chains: &[(u16, Vec<Desc>)],
 ) -> bool {
@@ -266,7 +268,6 @@ fn run_chains(
     let mut notify = false;
     // Any queue reconfiguration bumps `config_gen`; only then is the
     // (locked) per-queue generation worth a look.
-    let config_gen = sh.config_gen.load(Ordering::SeqCst);
     let stale = || {
         sh.epoch_gen.load(Ordering::SeqCst) != epoch
             || (sh.config_gen.load(Ordering::SeqCst) != config_gen

@@ -231,6 +231,18 @@ impl Guest {
         &self.doorbells
     }
 
+    /// A mapping of the doorbell page of its own, for another thread (a
+    /// second vCPU) to write while this guest keeps driving its queues.
+    pub fn map_doorbells(&self) -> Doorbells {
+        let bar0 = self.client.region(abi::BAR_REGS).expect("BAR0");
+        let fo = bar0.file_offset.as_ref().expect("BAR0 offers an fd");
+        Doorbells::new(map_shared(
+            fo.file(),
+            fo.start() + abi::DOORBELL_OFFSET,
+            abi::DOORBELL_SIZE,
+        ))
+    }
+
     /// Longest wait of the convenience calls.
     pub fn timeout(&self) -> Duration {
         self.timeout

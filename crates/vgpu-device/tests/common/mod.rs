@@ -126,15 +126,20 @@ pub fn threads() -> usize {
         .count()
 }
 
-/// Resident memory of this process (VmRSS), bytes.
-pub fn rss() -> u64 {
+/// A memory figure of /proc/self/status (`VmRSS`, `RssAnon`, `RssShmem`...), bytes.
+pub fn proc_status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS in /proc/self/status")
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
         * 1024
+}
+
+/// Resident memory of this process (VmRSS), bytes.
+pub fn rss() -> u64 {
+    proc_status_bytes("VmRSS")
 }
 
 /// CPU time (user and system) used so far by this process's threads named
