@@ -27,7 +27,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck clippy cargo-test)
+steps=(setup-host toolchain fmt shellcheck clippy cargo-test fuzz)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test)
 fi
@@ -76,6 +76,11 @@ step_cargo_test() {
             awk '{p += $1; f += $2} END {print p + 0, f + 0}'
     )
     return "$rc"
+}
+
+step_fuzz() {
+    # A short run of every fuzz target; longer campaigns: bash ci/fuzz.sh 180
+    bash ci/fuzz.sh "${FUZZ_SECONDS:-10}"
 }
 
 step_build_qemu() {
