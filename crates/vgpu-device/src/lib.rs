@@ -390,6 +390,31 @@ impl VgpuDevice {
         self.wake.try_clone()
     }
 
+    /// The bytes of a trapped access to memory the guest normally maps
+    /// directly (the doorbell page, the window); `None` for registers.
+    fn shared_memory(
+        &self,
+        index: u32,
+        offset: u64,
+        len: usize,
+    ) -> Option<Result<vm_memory::VolatileSlice<'_>, DeviceError>> {
+        let doorbells = abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE;
+        let window = match index {
+            BAR0_REGION if doorbells.contains(&offset) => false,
+            i if i == abi::BAR_WINDOW => true,
+            _ => return None,
+        };
+        let Some(sh) = self.shared() else {
+            return Some(Err(DeviceError::Busy));
+        };
+        let region = if window { &sh.window } else { &sh.doorbells };
+        Some(
+            region
+                .get_slice(offset as usize, len)
+                .map_err(|_| DeviceError::InvalidAccess("outside the mapped memory")),
+        )
+    }
+
     fn shared(&self) -> Option<&Arc<Shared>> {
         self.shared.as_ref()
     }
@@ -770,19 +795,12 @@ impl PciDevice for VgpuDevice {
     }
 
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
+        if let Some(slice) = self.shared_memory(index, offset, data.len()) {
+            slice?.copy_to(data);
+            return Ok(());
+        }
         match index {
             BAR0_REGION => {
-                if (abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE)
-                    .contains(&offset)
-                {
-                    let sh = self.shared().ok_or(DeviceError::Busy)?;
-                    let s = sh
-                        .doorbells
-                        .get_slice(offset as usize, data.len())
-                        .map_err(|_| DeviceError::InvalidAccess("outside the doorbell page"))?;
-                    s.copy_to(data);
-                    return Ok(());
-                }
                 if offset >= abi::MSIX_TABLE_OFFSET {
                     // The VMM emulates the table; nothing is pending here.
                     data.fill(0);
@@ -798,15 +816,6 @@ impl PciDevice for VgpuDevice {
                 }
                 Ok(())
             }
-            i if i == abi::BAR_WINDOW => {
-                let sh = self.shared().ok_or(DeviceError::Busy)?;
-                let s = sh
-                    .window
-                    .get_slice(offset as usize, data.len())
-                    .map_err(|_| DeviceError::InvalidAccess("outside the window"))?;
-                s.copy_to(data);
-                Ok(())
-            }
             CONFIG_REGION => {
                 self.pci.read(offset, data);
                 Ok(())
@@ -816,19 +825,12 @@ impl PciDevice for VgpuDevice {
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
+        if let Some(slice) = self.shared_memory(index, offset, data.len()) {
+            slice?.copy_from(data);
+            return Ok(());
+        }
         match index {
             BAR0_REGION => {
-                if (abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE)
-                    .contains(&offset)
-                {
-                    let sh = self.shared().ok_or(DeviceError::Busy)?;
-                    let s = sh
-                        .doorbells
-                        .get_slice(offset as usize, data.len())
-                        .map_err(|_| DeviceError::InvalidAccess("outside the doorbell page"))?;
-                    s.copy_from(data);
-                    return Ok(());
-                }
                 if offset >= abi::MSIX_TABLE_OFFSET {
                     return Ok(());
                 }
@@ -841,15 +843,6 @@ impl PciDevice for VgpuDevice {
                     let v = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
                     self.write_reg(offset + 4 * i as u64, v);
                 }
-                Ok(())
-            }
-            i if i == abi::BAR_WINDOW => {
-                let sh = self.shared().ok_or(DeviceError::Busy)?;
-                let s = sh
-                    .window
-                    .get_slice(offset as usize, data.len())
-                    .map_err(|_| DeviceError::InvalidAccess("outside the window"))?;
-                s.copy_from(data);
                 Ok(())
             }
             CONFIG_REGION => {
