@@ -278,7 +278,10 @@ fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
 
 /// Checks a launch shape the way CUDA limits it.
 fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
-    let threads = u64::from(block[0]) * u64::from(block[1]) * u64::from(block[2]);
+    // Saturates for dimensions far out of range, which fail below anyway.
+    let threads = u64::from(block[0])
+        .saturating_mul(u64::from(block[1]))
+        .saturating_mul(u64::from(block[2]));
     grid.iter().chain(block.iter()).all(|d| *d > 0)
         && grid[0] <= i32::MAX as u32
         && grid[1] <= 65535
@@ -430,5 +433,11 @@ mod tests {
         assert!(!valid_shape([1, 1, 1], [1024, 2, 1]));
         assert!(!valid_shape([1, 65536, 1], [1, 1, 1]));
         assert!(!valid_shape([u32::MAX, 1, 1], [1, 1, 1]));
+    }
+
+    #[test]
+    fn test_launch_shape_thread_count_overflow_is_invalid() {
+        assert!(!valid_shape([1, 1, 1], [u32::MAX, u32::MAX, u32::MAX]));
+        assert!(!valid_shape([1, 1, 1], [1 << 22, 1 << 22, 1 << 22]));
     }
 }

@@ -252,6 +252,28 @@ fn test_launch_bad_shape_is_invalid() {
 }
 
 #[test]
+fn test_launch_block_whose_thread_count_overflows_is_invalid() {
+    // Block dimensions whose product does not fit in 64 bits (2^96 and
+    // 2^66 threads) are refused like any other bad shape, and the queue
+    // carries on.
+    let (_s, mut g) = vgpu_ready();
+    let dev = g.device_alloc(0, 64);
+    let p = abi::FillParams {
+        dst: dev,
+        count: 1,
+        value: 3,
+        reserved: 0,
+    };
+    for block in [[u32::MAX; 3], [1 << 22; 3]] {
+        let cmd = launch_cmd("fill_u32", [1, 1, 1], block, 24);
+        let c = g.launch_raw(0, &cmd, p.as_slice());
+        assert_eq!(c.status, abi::STATUS_INVALID, "block {block:?}");
+    }
+    assert_status(g.nop(0), abi::STATUS_OK);
+    assert_eq!(g.download(0, dev, 4), [0; 4]);
+}
+
+#[test]
 fn test_launch_bad_entry_name_is_invalid() {
     let (_s, mut g) = vgpu_ready();
     let p = abi::FillParams::default();
