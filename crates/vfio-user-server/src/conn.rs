@@ -8,9 +8,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard};
+use std::sync::{mpsc, Mutex, MutexGuard, TryLockError};
 use std::thread::ThreadId;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::warn;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -24,6 +24,10 @@ use crate::proto::{
 /// How long a peer may take to finish a message it started, to take a
 /// message we send, or to answer a DMA request.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a device thread waits for the event loop to route its DMA
+/// reply before checking whether it should read the socket itself.
+const REPLY_POLL: Duration = Duration::from_millis(2);
 
 /// Most fds the kernel passes in one message (SCM_MAX_FD); receiving room
 /// for all of them means excess fds are always seen, counted and closed.
@@ -69,6 +73,12 @@ pub struct ClientLink {
     loop_thread: ThreadId,
     max_transfer: AtomicUsize,
     alive: AtomicBool,
+    /// The event loop is handling events rather than waiting for the
+    /// socket, so it may be blocked in a device call that waits for a
+    /// device thread; that thread then reads its DMA reply itself. Changed
+    /// only with `deferred` held, so a reader that checks it under the lock
+    /// never strands a request the event loop will not look at.
+    loop_busy: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,6 +100,7 @@ impl ClientLink {
             loop_thread,
             max_transfer: AtomicUsize::new(crate::proto::MAX_DATA_XFER_SIZE as usize),
             alive: AtomicBool::new(true),
+            loop_busy: AtomicBool::new(false),
         })
     }
 
@@ -110,20 +121,53 @@ impl ClientLink {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Takes the next request read ahead by a DMA wait, if any.
-    pub fn pop_deferred(&self) -> Option<Message> {
-        lock(&self.deferred).pop_front()
+    /// The event loop starts handling an event: until
+    /// [`ClientLink::next_deferred_or_idle`] finds nothing left, device
+    /// threads waiting for DMA replies may read the socket themselves.
+    pub fn loop_busy(&self) {
+        let _guard = lock(&self.deferred);
+        self.loop_busy.store(true, Ordering::Release);
     }
 
-    /// Reads one message from the socket.
-    pub fn read_message(&self) -> Result<Message, ReadError> {
-        let _guard = lock(&self.deferred);
-        self.read_locked()
+    /// Takes the next request read ahead while the event loop was busy; when
+    /// there is none, marks the loop idle in the same critical section.
+    pub fn next_deferred_or_idle(&self) -> Option<Message> {
+        let mut deferred = lock(&self.deferred);
+        let next = deferred.pop_front();
+        if next.is_none() {
+            self.loop_busy.store(false, Ordering::Release);
+        }
+        next
+    }
+
+    /// The next message for the event loop: one read ahead by a DMA wait
+    /// first (they came earlier), else one from the socket, else `None`
+    /// when a device thread already consumed what woke the loop.
+    pub fn read_message(&self) -> Result<Option<Message>, ReadError> {
+        let mut deferred = lock(&self.deferred);
+        if let Some(m) = deferred.pop_front() {
+            return Ok(Some(m));
+        }
+        self.read_locked_nowait()
     }
 
     fn read_locked(&self) -> Result<Message, ReadError> {
+        self.read_locked_from(0)?
+            .ok_or(ReadError::Io(io::ErrorKind::WouldBlock.into()))
+    }
+
+    /// Like `read_locked`, but `None` when no message has started arriving.
+    fn read_locked_nowait(&self) -> Result<Option<Message>, ReadError> {
+        self.read_locked_from(libc::MSG_DONTWAIT)
+    }
+
+    fn read_locked_from(&self, flags: libc::c_int) -> Result<Option<Message>, ReadError> {
         let mut hdr = [0u8; HEADER_SIZE];
-        let (n, fds, truncated) = recv_with_fds(&self.stream, &mut hdr).map_err(ReadError::Io)?;
+        let (n, fds, truncated) = match recv_with_fds(&self.stream, &mut hdr, flags) {
+            Ok(r) => r,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && flags != 0 => return Ok(None),
+            Err(e) => return Err(ReadError::Io(e)),
+        };
         if n == 0 {
             return Err(ReadError::Closed);
         }
@@ -140,12 +184,12 @@ impl ClientLink {
         (&self.stream)
             .read_exact(&mut payload)
             .map_err(ReadError::Io)?;
-        Ok(Message {
+        Ok(Some(Message {
             header,
             payload,
             fds,
             fds_truncated: truncated,
-        })
+        }))
     }
 
     /// Sends a message: header fields are completed from `payload`.
@@ -214,11 +258,12 @@ impl ClientLink {
             error: 0,
         };
         if std::thread::current().id() == self.loop_thread {
-            // Nobody else reads this socket: read until our reply arrives,
-            // keeping client requests for the event loop, in order.
+            // Read until our reply arrives, keeping client requests for the
+            // event loop, in order. The read lock is taken before sending so
+            // no device thread can take the reply off the socket first.
+            let mut deferred = lock(&self.deferred);
             self.send(header, payload, &[])
                 .map_err(|_| DmaError::Disconnected)?;
-            let mut deferred = lock(&self.deferred);
             loop {
                 // A broken stream cannot be resynchronised: shut it so the
                 // event loop sees the disconnect.
@@ -241,10 +286,60 @@ impl ClientLink {
             lock(&self.waiters).remove(&id);
             return Err(DmaError::Disconnected);
         }
-        rx.recv_timeout(PEER_TIMEOUT).map_err(|_| {
-            lock(&self.waiters).remove(&id);
+        let deadline = Instant::now() + PEER_TIMEOUT;
+        loop {
+            match rx.recv_timeout(REPLY_POLL) {
+                Ok(msg) => return Ok(msg),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(DmaError::Disconnected),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= deadline || !self.alive.load(Ordering::Acquire) {
+                lock(&self.waiters).remove(&id);
+                return Err(DmaError::Disconnected);
+            }
+            if let Some(msg) = self.read_for_busy_loop()? {
+                if msg.header.msg_id == id {
+                    lock(&self.waiters).remove(&id);
+                    return Ok(msg);
+                }
+                if !self.route_reply(msg) {
+                    warn!("dropping a reply nobody asked for");
+                }
+            }
+        }
+    }
+
+    /// Reads one message on a device thread while the event loop is busy
+    /// (perhaps in a device call waiting for this very thread). Client
+    /// requests go to the deferred queue the loop drains before it goes
+    /// idle; a reply is returned to the caller to route.
+    fn read_for_busy_loop(&self) -> Result<Option<Message>, DmaError> {
+        let mut deferred = match self.deferred.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Someone else is reading and will route our reply.
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        if !self.loop_busy.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        match poll_readable(&self.stream, REPLY_POLL.as_millis() as i32) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(_) => {
+                self.shutdown();
+                return Err(DmaError::Disconnected);
+            }
+        }
+        let msg = self.read_locked().map_err(|_| {
+            self.shutdown();
             DmaError::Disconnected
-        })
+        })?;
+        if msg.header.is_reply() {
+            return Ok(Some(msg));
+        }
+        deferred.push_back(msg);
+        Ok(None)
     }
 }
 
@@ -308,9 +403,33 @@ impl ClientDma for ClientLink {
     }
 }
 
-/// `recvmsg` into `buf`, collecting every fd passed with it. Returns the
+/// Whether `stream` has bytes (or a hang-up) to read within `timeout_ms`.
+fn poll_readable(stream: &UnixStream, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: pfd is one valid pollfd that lives across the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// `recvmsg` into `buf` with extra `flags`, collecting every fd passed with it. Returns the
 /// bytes read, the fds (owned) and whether the kernel had to drop some.
-fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<File>, bool)> {
+fn recv_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    flags: libc::c_int,
+) -> io::Result<(usize, Vec<File>, bool)> {
     // u64 elements keep the control buffer aligned for cmsghdr.
     const CMSG_WORDS: usize = (SCM_MAX_FD * 4 + 64) / 8;
     let mut cmsg_buf = [0u64; CMSG_WORDS];
@@ -327,7 +446,8 @@ fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<
     let n = loop {
         // SAFETY: msg points at live buffers (iov -> buf, control ->
         // cmsg_buf) of the stated lengths for the duration of the call.
-        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n =
+            unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
         if n >= 0 {
             break n as usize;
         }

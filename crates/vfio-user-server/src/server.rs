@@ -268,7 +268,9 @@ impl Endpoint {
             return;
         };
         let msg = match link.read_message() {
-            Ok(m) => m,
+            Ok(Some(m)) => m,
+            // A device thread read what woke us while we were busy.
+            Ok(None) => return,
             Err(ReadError::Closed) => return self.disconnect(ops, "closed"),
             Err(ReadError::Size(size, header)) => {
                 self.warn(format_args!("message size {size} out of range; closing"));
@@ -283,9 +285,14 @@ impl Endpoint {
             }
         };
         self.handle_message(msg, ops);
-        // Requests read ahead while the device waited for a DMA reply.
-        while self.client.is_some() {
-            match link.pop_deferred() {
+    }
+
+    /// Handles the requests read ahead while this thread was busy (by its
+    /// own DMA waits or by device threads), then lets device threads know
+    /// the loop is back to watching the socket.
+    fn drain_deferred(&mut self, ops: &mut EventOps) {
+        while let Some(link) = self.client.as_ref().map(|c| c.link.clone()) {
+            match link.next_deferred_or_idle() {
                 Some(m) => self.handle_message(m, ops),
                 None => break,
             }
@@ -837,8 +844,8 @@ impl Endpoint {
     }
 }
 
-impl MutEventSubscriber for Endpoint {
-    fn process(&mut self, events: Events, ops: &mut EventOps) {
+impl Endpoint {
+    fn handle_event(&mut self, events: Events, ops: &mut EventOps) {
         match events.data() {
             TOKEN_LISTENER => self.accept(ops),
             TOKEN_CLIENT => {
@@ -856,6 +863,16 @@ impl MutEventSubscriber for Endpoint {
             t if t >= TOKEN_IOEVENT_BASE => self.ioevent_fired((t - TOKEN_IOEVENT_BASE) as usize),
             t => warn!("{}: event for unknown token {t}", self.name),
         }
+    }
+}
+
+impl MutEventSubscriber for Endpoint {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        if let Some(c) = &self.client {
+            c.link.loop_busy();
+        }
+        self.handle_event(events, ops);
+        self.drain_deferred(ops);
     }
 
     fn init(&mut self, ops: &mut EventOps) {

@@ -1037,7 +1037,6 @@ fn write_while_a_copy_waits_on_dma(h: &Host, reg: u64, value: u32) -> Duration {
 }
 
 #[test]
-#[ignore = "bug: a reset waits for a command that waits for a DMA_READ reply only the blocked event loop can read (10 s stall)"]
 fn test_reset_while_a_copy_waits_on_vmm_dma() {
     let h = Host::new("v-dmarst");
     let took = write_while_a_copy_waits_on_dma(&h, abi::REG_CONTROL, abi::CONTROL_RESET);
@@ -1046,7 +1045,6 @@ fn test_reset_while_a_copy_waits_on_vmm_dma() {
 }
 
 #[test]
-#[ignore = "bug: disabling a queue waits for a command that waits for a DMA_READ reply only the blocked event loop can read (10 s stall)"]
 fn test_queue_disable_while_a_copy_waits_on_vmm_dma() {
     let h = Host::new("v-dmaqdis");
     let took = write_while_a_copy_waits_on_dma(&h, abi::queue_reg(0, abi::QREG_CONTROL), 0);
