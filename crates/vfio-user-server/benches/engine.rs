@@ -37,6 +37,7 @@ use vfio_user_server::proto::{
 };
 use vfio_user_server::sample::{regs, SampleDevice};
 use vfio_user_server::Endpoint;
+use vgpu_benchkit::{measure_rounds, summarize, verdict, Summary, KIB, MIB};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -45,8 +46,6 @@ const REQ_SIZE: usize = HEADER_SIZE + 16 + 4;
 /// Its reply: header, then offset, region and count echoed.
 const REPLY_SIZE: usize = HEADER_SIZE + 16;
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
 const DMA_SIZES: [usize; 4] = [4 * KIB, 64 * KIB, MIB, 16 * MIB];
 const DMA_IOVA: u64 = 0x1_0000_0000;
 const PAGE: usize = 4096;
@@ -91,36 +90,6 @@ impl Config {
                 dma_min_samples: 4,
             }
         }
-    }
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[idx]
-}
-
-#[derive(Clone, Copy)]
-struct Summary {
-    p50: u64,
-    p99: u64,
-    n: usize,
-}
-
-fn summarize(mut samples: Vec<u64>) -> Summary {
-    samples.sort_unstable();
-    Summary {
-        p50: percentile(&samples, 0.50),
-        p99: percentile(&samples, 0.99),
-        n: samples.len(),
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
     }
 }
 
@@ -303,29 +272,26 @@ impl RoundTrip for LibClient {
     }
 }
 
-/// Runs the variants alternately, rotating which goes first each round;
-/// returns per-exchange latencies in ns for each.
-fn measure_rounds(cfg: &Config, variants: &mut [&mut dyn RoundTrip]) -> Vec<Vec<u64>> {
+/// Runs the variants alternately in rounds (see `measure_rounds`) after a
+/// warm-up; returns per-exchange latencies in ns for each.
+fn round_trip_rounds(cfg: &Config, variants: &mut [&mut dyn RoundTrip]) -> Vec<Vec<u64>> {
     for v in variants.iter_mut() {
         for _ in 0..cfg.rtt_warmup {
             v.once();
         }
     }
-    let n = variants.len();
-    let mut samples = vec![Vec::with_capacity(cfg.rtt_rounds * cfg.rtt_batch); n];
-    for round in 0..cfg.rtt_rounds {
-        for k in 0..n {
-            let i = (round + k) % n;
-            let v = &mut *variants[i];
-            let out = &mut samples[i];
-            for _ in 0..cfg.rtt_batch {
+    let mut timed: Vec<Box<dyn FnMut() -> u64 + '_>> = variants
+        .iter_mut()
+        .map(|v| {
+            Box::new(move || {
                 let t = Instant::now();
                 v.once();
-                out.push(t.elapsed().as_nanos() as u64);
-            }
-        }
-    }
-    samples
+                t.elapsed().as_nanos() as u64
+            }) as Box<dyn FnMut() -> u64>
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> u64> = timed.iter_mut().map(|b| &mut **b as _).collect();
+    measure_rounds(cfg.rtt_rounds, cfg.rtt_batch, 0, &mut refs)
 }
 
 fn bench_round_trip(cfg: &Config) {
@@ -353,7 +319,7 @@ fn bench_round_trip(cfg: &Config) {
             variants.push(l);
             names.push("engine, vfio_user::Client");
         }
-        measure_rounds(cfg, &mut variants)
+        round_trip_rounds(cfg, &mut variants)
     };
     assert_eq!(raw.read_scratch(), 0x1234_5678, "SCRATCH not written");
 

@@ -37,11 +37,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued, CmdHeader, CopyCmd, SgEntry};
+use vgpu_benchkit::{measure_rounds, size_label, summarize, verdict, Summary, KIB, MIB};
 use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode, TestVgpu, Used};
 use vmm_sys_util::eventfd::EventFd;
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * KIB;
 const PAGE: usize = 4096;
 const COPY_SIZES: [usize; 5] = [4 * KIB, 64 * KIB, MIB, 16 * MIB, 64 * MIB];
 const QUEUE_COUNTS: [u32; 3] = [1, 4, 16];
@@ -113,71 +112,6 @@ impl Config {
             }
         }
     }
-}
-
-/// Nearest-rank percentile of sorted samples.
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[idx]
-}
-
-#[derive(Clone, Copy)]
-struct Summary {
-    p50: u64,
-    p99: u64,
-    n: usize,
-}
-
-fn summarize(mut samples: Vec<u64>) -> Summary {
-    samples.sort_unstable();
-    Summary {
-        p50: percentile(&samples, 0.50),
-        p99: percentile(&samples, 0.99),
-        n: samples.len(),
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
-    }
-}
-
-fn size_label(size: usize) -> String {
-    if size >= MIB {
-        format!("{} MiB", size / MIB)
-    } else {
-        format!("{} KiB", size / KIB)
-    }
-}
-
-/// Runs the variants alternately, rotating which goes first each round;
-/// each call of a variant returns one sample in ns. Every variant is
-/// warmed up with `warmup` unrecorded samples at the start of its turn.
-fn measure_rounds(
-    rounds: usize,
-    batch: usize,
-    warmup: usize,
-    variants: &mut [&mut dyn FnMut() -> u64],
-) -> Vec<Vec<u64>> {
-    let n = variants.len();
-    let mut samples = vec![Vec::with_capacity(rounds * batch); n];
-    for round in 0..rounds {
-        for k in 0..n {
-            let i = (round + k) % n;
-            let v = &mut *variants[i];
-            for _ in 0..warmup {
-                v();
-            }
-            let out = &mut samples[i];
-            for _ in 0..batch {
-                out.push(v());
-            }
-        }
-    }
-    samples
 }
 
 fn print_latency_table(title: &str, names: &[&str], stats: &[Summary], targets: &[String]) {
