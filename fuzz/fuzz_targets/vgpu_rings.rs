@@ -171,7 +171,7 @@ fn map(
     writable: bool,
     fd: Option<&File>,
     client: Arc<dyn ClientDma>,
-) {
+) -> Option<vfio_user_server::dma::Mapped> {
     let req = MapRequest {
         iova,
         size,
@@ -180,7 +180,7 @@ fn map(
         offset: 0,
     };
     let fd = fd.map(|f| f.try_clone().expect("dup memfd"));
-    dma.map(&req, fd, client).expect("DMA map");
+    dma.map(&req, fd, client).expect("DMA map")
 }
 
 impl Harness {
@@ -419,17 +419,19 @@ impl Harness {
                 .dma
                 .unmap(RAM_IOVA, RAM_SIZE)
                 .expect("unmap guest RAM");
-            self.dev.dma_unmapped(&removed);
+            self.dev.dma_unmapped(removed.ranges());
         } else {
             let client: Arc<dyn ClientDma> = self.remote.clone();
-            map(
+            if let Some(m) = map(
                 &self.ctx.dma,
                 RAM_IOVA,
                 RAM_SIZE,
                 true,
                 Some(&self.ram),
                 client,
-            );
+            ) {
+                self.dev.dma_mapped(&m);
+            }
         }
         self.ram_mapped = !self.ram_mapped;
     }

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
-use crate::dma::{DmaSpace, Unmapped};
+use crate::dma::{DmaSpace, Mapped, Unmapped};
 use crate::irq::Interrupts;
 
 /// Number of regions of a VFIO PCI device: BAR0-5, ROM, config space, VGA.
@@ -180,8 +180,16 @@ pub trait PciDevice: Send {
         None
     }
 
+    /// The client shared memory by fd and the engine mapped it (fd-less
+    /// mappings are not reported). A model may prepare the memory for
+    /// direct access (e.g. register it with a driver) but must not block
+    /// here on its worker threads (see the trait's docs).
+    fn dma_mapped(&mut self, _map: &Mapped) {}
+
     /// Mappings were removed; the table no longer holds them and no access
-    /// uses them.
+    /// uses them. Memory of fd-backed ones is still mapped in this process
+    /// during the call and unmapped right after it, so whatever the model
+    /// built on its host address must be released before this returns.
     fn dma_unmapped(&mut self, _ranges: &[Unmapped]) {}
 
     /// The client changed the eventfds or masks of interrupt type `index`.

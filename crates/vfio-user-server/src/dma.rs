@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use vm_memory::bitmap::BS;
@@ -57,6 +58,13 @@ pub enum DmaError {
     /// The client went away (or did not answer in time).
     #[error("client is gone")]
     Disconnected,
+    /// The memory is reachable only through the client (no fd was shared),
+    /// so it has no address in this process.
+    #[error("DMA mapping at {iova:#x} has no host address")]
+    NoHostAddress {
+        /// Address of the access.
+        iova: u64,
+    },
 }
 
 /// Why a DMA_MAP or DMA_UNMAP request was refused; each maps to an errno.
@@ -107,6 +115,7 @@ enum Backing {
 }
 
 struct Mapping {
+    id: u64,
     size: u64,
     readable: bool,
     writable: bool,
@@ -135,13 +144,80 @@ pub struct MapRequest {
     pub offset: u64,
 }
 
+/// A mapping added with an fd, reported to the device model: where the
+/// client memory lies in this process and in its file, so that a model can
+/// prepare it for direct device access (or hand the file to another
+/// process).
+#[derive(Debug, Clone)]
+pub struct Mapped {
+    /// Identifies the mapping until it is removed (see [`Unmapped::id`]);
+    /// never reused by one [`DmaSpace`].
+    pub id: u64,
+    /// Client address of the region.
+    pub iova: u64,
+    /// Its size.
+    pub size: u64,
+    /// Whether the device may read it.
+    pub readable: bool,
+    /// Whether the device may write it.
+    pub writable: bool,
+    /// Address of its first byte in this process. It stays mapped until
+    /// the model has been told of its removal.
+    pub host_addr: usize,
+    /// The file backing it.
+    pub file: Arc<File>,
+    /// Offset of its first byte in `file`.
+    pub file_offset: u64,
+}
+
 /// A removed mapping, reported to the device model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unmapped {
+    /// The mapping's id (as [`Mapped::id`]; fd-less mappings have ids too).
+    pub id: u64,
     /// Client address of the removed region.
     pub iova: u64,
     /// Its size.
     pub size: u64,
+}
+
+/// Mappings taken out of the table. Their memory stays mapped in this
+/// process until this is dropped, so that the device model can release
+/// what it built on a host address (a driver registration) before the
+/// address can be reused.
+pub struct Removed {
+    ranges: Vec<Unmapped>,
+    _mappings: Vec<Mapping>,
+}
+
+impl Removed {
+    /// The removed mappings, in address order.
+    pub fn ranges(&self) -> &[Unmapped] {
+        &self.ranges
+    }
+
+    /// Whether nothing was removed.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Removed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.ranges).finish()
+    }
+}
+
+/// A piece of fd-backed client memory as this process sees it, handed out
+/// by [`DmaSpace::with_host_slices`] and valid only during that call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSlice {
+    /// First byte.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+    /// The mapping it lies in ([`Mapped::id`]).
+    pub mapping: u64,
 }
 
 /// (st_dev, st_ino) of a file.
@@ -161,6 +237,8 @@ pub struct DmaSpace {
     /// file with every DMA_MAP, and keeping each fd open would exhaust the
     /// process's fd limit.
     files: Mutex<Vec<(FileId, Weak<File>)>>,
+    /// The next mapping's id.
+    next_id: AtomicU64,
 }
 
 impl Default for DmaSpace {
@@ -169,6 +247,7 @@ impl Default for DmaSpace {
             table: RwLock::new(BTreeMap::new()),
             max_maps: RwLock::new(crate::proto::DEFAULT_MAX_DMA_MAPS as usize),
             files: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
         }
     }
 }
@@ -247,14 +326,14 @@ impl DmaSpace {
     }
 
     /// Adds a mapping. With `fd`, the region is mapped into this process
-    /// (shared, with the requested protection); without, accesses go to
-    /// `client`.
+    /// (shared, with the requested protection) and described in the
+    /// result; without, accesses go to `client` and the result is `None`.
     pub fn map(
         &self,
         req: &MapRequest,
         fd: Option<File>,
         client: Arc<dyn ClientDma>,
-    ) -> Result<(), MapError> {
+    ) -> Result<Option<Mapped>, MapError> {
         let max_maps = *self.max_maps.read().unwrap_or_else(|e| e.into_inner());
         // Validate before the (possibly slow) mmap, then again under the write lock.
         Self::check_new(&self.read_table(), max_maps, req)?;
@@ -297,25 +376,41 @@ impl DmaSpace {
             }
             None => Backing::Client(client),
         };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mapped = match &backing {
+            Backing::Mapped(region) => region.file_offset().map(|fo| Mapped {
+                id,
+                iova: req.iova,
+                size: req.size,
+                readable: req.readable,
+                writable: req.writable,
+                host_addr: region.as_ptr() as usize,
+                file: fo.arc().clone(),
+                file_offset: fo.start(),
+            }),
+            Backing::Client(_) => None,
+        };
         let mut table = self.write_table();
         Self::check_new(&table, max_maps, req)?;
         table.insert(
             req.iova,
             Mapping {
+                id,
                 size: req.size,
                 readable: req.readable,
                 writable: req.writable,
                 backing,
             },
         );
-        Ok(())
+        Ok(mapped)
     }
 
     /// Removes every mapping inside `[iova, iova + size)`, as the kernel's
     /// VFIO type1 driver does: no mapping inside is fine, a mapping that
     /// straddles an edge is refused and nothing is removed. Returns the
-    /// removed mappings once no access uses them any more.
-    pub fn unmap(&self, iova: u64, size: u64) -> Result<Vec<Unmapped>, MapError> {
+    /// removed mappings once no access uses them any more; their memory is
+    /// unmapped from this process when the result is dropped.
+    pub fn unmap(&self, iova: u64, size: u64) -> Result<Removed, MapError> {
         if size == 0 {
             return Err(MapError::Invalid("zero size"));
         }
@@ -337,25 +432,88 @@ impl DmaSpace {
                 return Err(MapError::Split(start));
             }
             victims.push(Unmapped {
+                id: m.id,
                 iova: start,
                 size: m.size,
             });
         }
-        for v in &victims {
-            table.remove(&v.iova);
-        }
-        Ok(victims)
+        let mappings = victims
+            .iter()
+            .filter_map(|v| table.remove(&v.iova))
+            .collect();
+        Ok(Removed {
+            ranges: victims,
+            _mappings: mappings,
+        })
     }
 
-    /// Removes every mapping.
-    pub fn unmap_all(&self) -> Vec<Unmapped> {
+    /// Removes every mapping (see [`DmaSpace::unmap`]).
+    pub fn unmap_all(&self) -> Removed {
         let mut table = self.write_table();
-        let all = table
+        let taken = std::mem::take(&mut *table);
+        drop(table);
+        let ranges = taken
             .iter()
-            .map(|(&iova, m)| Unmapped { iova, size: m.size })
+            .map(|(&iova, m)| Unmapped {
+                id: m.id,
+                iova,
+                size: m.size,
+            })
             .collect();
-        table.clear();
-        all
+        Removed {
+            ranges,
+            _mappings: taken.into_values().collect(),
+        }
+    }
+
+    /// Calls `f` with the host slices of the client ranges `ranges`
+    /// (address, length), in order, while the table is read-locked: every
+    /// slice stays mapped and inside its mapping until `f` returns, and a
+    /// DMA_UNMAP of it waits until then. So `f` must finish whatever it
+    /// does with the slices (a device copy included) before it returns,
+    /// and must not call other [`DmaSpace`] methods.
+    ///
+    /// Fails without calling `f` when some byte is not mapped, not mapped
+    /// for this direction (`write`), or reachable only through the client.
+    pub fn with_host_slices<R>(
+        &self,
+        ranges: &[(u64, u64)],
+        write: bool,
+        f: impl FnOnce(&[HostSlice]) -> R,
+    ) -> Result<R, DmaError> {
+        let table = self.read_table();
+        let mut slices = Vec::with_capacity(ranges.len());
+        for &(iova, len) in ranges {
+            let end = iova.checked_add(len).ok_or(DmaError::Overflow {
+                iova,
+                len: usize::try_from(len).unwrap_or(usize::MAX),
+            })?;
+            let mut addr = iova;
+            while addr < end {
+                let (&start, m) = table
+                    .range(..=addr)
+                    .next_back()
+                    .filter(|(&start, m)| m.end(start) > addr)
+                    .ok_or(DmaError::NotMapped { iova: addr })?;
+                if (write && !m.writable) || (!write && !m.readable) {
+                    return Err(DmaError::Permission { iova: addr, write });
+                }
+                let Backing::Mapped(region) = &m.backing else {
+                    return Err(DmaError::NoHostAddress { iova: addr });
+                };
+                let n = m.end(start).min(end) - addr;
+                // Inside a mapping whose size fits usize (checked at map
+                // time), so `off + n` is within the region.
+                let (off, n) = ((addr - start) as usize, n as usize);
+                slices.push(HostSlice {
+                    ptr: region.as_ptr().wrapping_add(off),
+                    len: n,
+                    mapping: m.id,
+                });
+                addr += n as u64;
+            }
+        }
+        Ok(f(&slices))
     }
 
     /// Number of mappings.
@@ -690,7 +848,7 @@ mod tests {
         dma.map(&req(0x1000, 0x1000), None, nobody()).unwrap();
         dma.map(&req(0x3000, 0x2000), None, nobody()).unwrap();
         // Nothing inside: success, nothing removed.
-        assert_eq!(dma.unmap(0x100000, 0x1000).unwrap(), vec![]);
+        assert!(dma.unmap(0x100000, 0x1000).unwrap().is_empty());
         // Straddling an edge: refused, nothing removed.
         assert!(matches!(
             dma.unmap(0x4000, 0x1000),
@@ -703,19 +861,10 @@ mod tests {
         assert_eq!(dma.len(), 2);
         // A large range removes everything inside.
         let removed = dma.unmap(0, 1 << 40).unwrap();
-        assert_eq!(
-            removed,
-            vec![
-                Unmapped {
-                    iova: 0x1000,
-                    size: 0x1000
-                },
-                Unmapped {
-                    iova: 0x3000,
-                    size: 0x2000
-                }
-            ]
-        );
+        let ranges: Vec<(u64, u64)> = removed.ranges().iter().map(|u| (u.iova, u.size)).collect();
+        assert_eq!(ranges, vec![(0x1000, 0x1000), (0x3000, 0x2000)]);
+        // Each mapping has its own id.
+        assert_ne!(removed.ranges()[0].id, removed.ranges()[1].id);
         assert!(dma.is_empty());
         assert!(matches!(dma.unmap(0, 0), Err(MapError::Invalid(_))));
         assert!(matches!(dma.unmap(u64::MAX, 2), Err(MapError::Invalid(_))));
@@ -724,7 +873,7 @@ mod tests {
         let removed = dma
             .unmap(0xfef0_0000, 0u64.wrapping_sub(0xfef0_0000))
             .unwrap();
-        assert_eq!(removed.len(), 1);
+        assert_eq!(removed.ranges().len(), 1);
         assert!(dma.unmap(u64::MAX, 1).unwrap().is_empty());
     }
 
@@ -877,5 +1026,140 @@ mod tests {
         let e = dma.map(&req(0, 4096), Some(ro), nobody()).unwrap_err();
         assert!(matches!(e, MapError::Mmap(_)));
         assert!(dma.is_empty());
+    }
+
+    /// Whether `addr` lies in a mapping of this process.
+    fn is_mapped(addr: usize) -> bool {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.split_once('-'))
+            .any(|(a, b)| {
+                let a = usize::from_str_radix(a, 16).unwrap();
+                let b = usize::from_str_radix(b, 16).unwrap();
+                (a..b).contains(&addr)
+            })
+    }
+
+    #[test]
+    fn test_map_describes_fd_backed_mappings_only() {
+        let dma = DmaSpace::new();
+        let mut f = file_of(0x4000);
+        f.write_all(&[0u8; 0x2000]).unwrap();
+        f.write_all(b"page two").unwrap();
+        let mut r = req(0x10000, 0x2000);
+        r.offset = 0x2000;
+        r.writable = false;
+        let m = dma.map(&r, Some(f), nobody()).unwrap().unwrap();
+        assert_eq!((m.iova, m.size, m.file_offset), (0x10000, 0x2000, 0x2000));
+        assert!(m.readable && !m.writable);
+        // The host address is the mapping of that file offset.
+        // SAFETY: the mapping is 0x2000 readable bytes and stays mapped
+        // while `dma` holds it.
+        let seen = unsafe { std::slice::from_raw_parts(m.host_addr as *const u8, 8) };
+        assert_eq!(seen, b"page two");
+        assert_eq!(m.file.metadata().unwrap().len(), 0x4000);
+        // Without an fd there is nothing to describe.
+        assert!(dma
+            .map(&req(0x20000, 0x1000), None, nobody())
+            .unwrap()
+            .is_none());
+        let m2 = dma
+            .map(&req(0x30000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap()
+            .unwrap();
+        assert_ne!(m.id, m2.id);
+    }
+
+    #[test]
+    fn test_removed_memory_stays_mapped_until_dropped() {
+        let dma = DmaSpace::new();
+        let m = dma
+            .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap()
+            .unwrap();
+        assert!(is_mapped(m.host_addr));
+        let removed = dma.unmap(0x10000, 0x1000).unwrap();
+        assert_eq!(removed.ranges()[0].id, m.id);
+        // Out of the table, but still mapped for the model to release.
+        assert!(dma.is_empty());
+        assert!(is_mapped(m.host_addr));
+        drop(removed);
+        assert!(!is_mapped(m.host_addr));
+
+        let m = dma
+            .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap()
+            .unwrap();
+        let all = dma.unmap_all();
+        assert!(is_mapped(m.host_addr));
+        drop(all);
+        assert!(!is_mapped(m.host_addr));
+    }
+
+    #[test]
+    fn test_host_slices_checked_like_accesses() {
+        let dma = DmaSpace::new();
+        let a = dma
+            .map(&req(0x1000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap()
+            .unwrap();
+        let b = dma
+            .map(&req(0x2000, 0x1000), Some(file_of(0x1000)), nobody())
+            .unwrap()
+            .unwrap();
+        let mut ro = req(0x3000, 0x1000);
+        ro.writable = false;
+        dma.map(&ro, Some(file_of(0x1000)), nobody()).unwrap();
+        dma.map(&req(0x4000, 0x1000), None, nobody()).unwrap();
+
+        // One range across two mappings, and a second range: three slices.
+        let got = dma
+            .with_host_slices(&[(0x1f00, 0x200), (0x1010, 0x10)], true, |s| s.to_vec())
+            .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                HostSlice {
+                    ptr: (a.host_addr + 0xf00) as *mut u8,
+                    len: 0x100,
+                    mapping: a.id
+                },
+                HostSlice {
+                    ptr: b.host_addr as *mut u8,
+                    len: 0x100,
+                    mapping: b.id
+                },
+                HostSlice {
+                    ptr: (a.host_addr + 0x10) as *mut u8,
+                    len: 0x10,
+                    mapping: a.id
+                },
+            ]
+        );
+        let mut called = false;
+        let mut attempt =
+            |ranges: &[(u64, u64)], write| dma.with_host_slices(ranges, write, |_| called = true);
+        assert_eq!(
+            attempt(&[(0x3000, 8)], true),
+            Err(DmaError::Permission {
+                iova: 0x3000,
+                write: true
+            })
+        );
+        assert_eq!(attempt(&[(0x3000, 8)], false), Ok(()));
+        assert_eq!(
+            attempt(&[(0x3ff0, 0x20)], false),
+            Err(DmaError::NoHostAddress { iova: 0x4000 })
+        );
+        assert_eq!(
+            attempt(&[(0x1000, 8), (0x5000, 8)], false),
+            Err(DmaError::NotMapped { iova: 0x5000 })
+        );
+        assert!(matches!(
+            attempt(&[(u64::MAX - 1, 8)], false),
+            Err(DmaError::Overflow { .. })
+        ));
+        assert!(called, "f runs once, for the permitted read");
     }
 }

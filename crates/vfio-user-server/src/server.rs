@@ -256,8 +256,10 @@ impl Endpoint {
         client.link.shutdown();
         let removed = self.ctx.dma.unmap_all();
         if !removed.is_empty() {
-            self.device.dma_unmapped(&removed);
+            self.device.dma_unmapped(removed.ranges());
         }
+        // The memory is unmapped only now, after the model released it.
+        drop(removed);
         self.ctx.irqs.clear();
         self.device.reset();
         info!("{}: client disconnected ({why}); device reset", self.name);
@@ -482,11 +484,14 @@ impl Endpoint {
         let fd = fds.pop();
         let has_fd = fd.is_some();
         match self.ctx.dma.map(&req, fd, link) {
-            Ok(()) => {
+            Ok(mapped) => {
                 debug!(
                     "{}: DMA map {iova:#x}+{size:#x} flags {flags:#x} fd {has_fd}",
                     self.name
                 );
+                if let Some(m) = mapped {
+                    self.device.dma_mapped(&m);
+                }
                 Ok((Vec::new(), Vec::new()))
             }
             Err(e) => {
@@ -527,10 +532,12 @@ impl Endpoint {
             debug!(
                 "{}: DMA unmap removed {} mappings",
                 self.name,
-                removed.len()
+                removed.ranges().len()
             );
-            self.device.dma_unmapped(&removed);
+            self.device.dma_unmapped(removed.ranges());
         }
+        // Unmapped from this process only after the model released it.
+        drop(removed);
         Ok((payload[..24].to_vec(), Vec::new()))
     }
 
@@ -891,6 +898,13 @@ impl MutEventSubscriber for Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        // Stopped with a client's mappings in place: the model releases
+        // them while their memory is still mapped, as on a disconnect.
+        let removed = self.ctx.dma.unmap_all();
+        if !removed.is_empty() {
+            self.device.dma_unmapped(removed.ranges());
+        }
+        drop(removed);
         let _ = fs::remove_file(&self.path);
     }
 }

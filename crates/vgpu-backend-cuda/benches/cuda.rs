@@ -1,17 +1,30 @@
-//! Partition paths against the same work done directly with the driver
-//! API: uploads and downloads, an empty kernel's launch and wait, and
-//! sgemm on half the SMs. Prints markdown tables; prints
-//! "skipped: no CUDA driver" and exits 0 without CUDA.
+//! Partition and vGPU paths against the same work done directly with the
+//! driver API: guest memory <-> device copies (through a whole vGPU, and
+//! through a partition, registered and staged), an empty kernel's launch
+//! and wait, sgemm on half the SMs, time-slicing two isolated tenants
+//! under the host scheduler, and a victim's sgemm next to a busy
+//! neighbour. Prints markdown tables; prints "skipped: no CUDA driver" and
+//! exits 0 without CUDA.
 //!
-//! `cargo bench -p vgpu-backend-cuda --bench cuda`
+//! `cargo bench -p vgpu-backend-cuda --bench cuda` (`-- copies`, `--
+//! launches`, `-- sgemm`, `-- sharing` run one part).
 
 use std::ffi::{c_void, CString};
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
-use vgpu_abi::{self as abi, ByteValued};
-use vgpu_backend::{Backend, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_abi::{self as abi, ByteValued, SgEntry};
+use vgpu_backend::{
+    Backend, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
+    PartitionSpec, SliceFn,
+};
 use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
+use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
+use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -120,10 +133,178 @@ fn size_name(s: usize) -> String {
     }
 }
 
-/// Host <-> device copies: partition vs cuMemcpy from pinned memory.
+/// Guest RAM as a VMM shares it: a memfd mapped shared.
+struct SharedRam {
+    file: Arc<File>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedRam {
+    fn new(len: usize) -> SharedRam {
+        // SAFETY: valid NUL-terminated name; result checked.
+        let fd = unsafe { libc::memfd_create(c"bench-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is new and owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len as u64).unwrap();
+        // SAFETY: a shared mapping of the whole file, checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        SharedRam {
+            file: Arc::new(file),
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+}
+
+impl Drop for SharedRam {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The first `len` bytes of a [`SharedRam`], offering its host slice.
+struct RamRange<'a> {
+    ram: &'a SharedRam,
+    len: usize,
+}
+
+impl HostSource for RamRange<'_> {
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), OpError> {
+        // SAFETY: in bounds of the mapping (offset + len <= self.len).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ram.ptr.add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+    fn with_slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(&[HostSlice {
+            ptr: self.ram.ptr,
+            len: self.len,
+            mapping: 1,
+        }])
+    }
+}
+
+impl HostSink for RamRange<'_> {
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), OpError> {
+        // SAFETY: in bounds of the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.ram.ptr.add(offset as usize),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(&[HostSlice {
+            ptr: self.ram.ptr,
+            len: self.len,
+            mapping: 1,
+        }])
+    }
+}
+
+/// One COPY between guest memory `sg` and device address `dev`, submitted
+/// on polled queue 0 and waited for by spinning on the used ring, as a
+/// polling guest driver does.
+fn guest_copy(g: &mut Guest, to_device: bool, dev: u64, sg: &[SgEntry]) {
+    let (src_kind, dst_kind, src, dst) = if to_device {
+        (abi::COPY_GUEST, abi::COPY_DEVICE, 0, dev)
+    } else {
+        (abi::COPY_DEVICE, abi::COPY_GUEST, dev, 0)
+    };
+    let cmd = abi::CopyCmd {
+        hdr: abi::CmdHeader {
+            opcode: abi::OP_COPY,
+            flags: 0,
+        },
+        src_kind,
+        dst_kind,
+        src,
+        dst,
+        size: sg.iter().map(|e| e.len).sum(),
+        sg_count: sg.len() as u32,
+        reserved: 0,
+    };
+    let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
+    g.post(0, &Chain::command(&cmd).bytes(&list).completion());
+    g.kick(0);
+    let used = loop {
+        if let Some(u) = g.poll_used(0) {
+            break u;
+        }
+        std::hint::spin_loop();
+    };
+    assert_eq!(used.completion().status, abi::STATUS_OK);
+}
+
+/// Median time of `f` over a number of runs suited to `size`.
+fn med(size: usize, f: impl FnMut()) -> Duration {
+    let reps = (1024 * MIB / size).clamp(5, 100);
+    median(&mut time(reps, f))
+}
+
+/// Guest memory <-> device copies: through a vGPU (the test kit playing
+/// VMM and guest, guest RAM a registered memfd, a polled queue), through
+/// the partition alone (registered, and staged from unpinned memory), and
+/// native cuMemcpy from pinned memory.
 fn copies(b: &CudaBackend) {
-    let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB];
+    let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
     let max = sizes[sizes.len() - 1];
+
+    // The vGPU: guest RAM of 1.5 GiB, its COPY commands on queue 0.
+    let vp = b
+        .create_cuda_partition(&PartitionSpec {
+            name: "vgpu".into(),
+            memory: 2 * max as u64,
+            compute_units: 1,
+        })
+        .unwrap();
+    let vreg = vp.host_registry().clone();
+    let server = TestVgpu::start(test_config("bench", 1), Box::new(vp));
+    let mut g = server.connect_with(GuestOptions {
+        ram_size: (max + max / 2) as u64,
+        ..GuestOptions::default()
+    });
+    let t = Instant::now();
+    while vreg.registered() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "guest RAM not registered"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let registered_in = t.elapsed();
+    g.setup_queue(0, 64, QueueMode::Polled);
+    let vdev = g.device_alloc(0, max as u64);
+    let guest_buf = g.alloc(max as u64, 4096);
+
+    // The partition alone, with memory registered through its registry.
     let mut p = b
         .create_cuda_partition(&PartitionSpec {
             name: "bench".into(),
@@ -132,6 +313,21 @@ fn copies(b: &CudaBackend) {
         })
         .unwrap();
     let dev = p.alloc(max as u64, 0).unwrap();
+    let ram = SharedRam::new(max);
+    let reg = p.host_registry().clone();
+    vgpu_backend::HostMemory::mapped(
+        &reg,
+        HostMapping {
+            id: 1,
+            addr: ram.ptr as usize,
+            len: max,
+            readable: true,
+            writable: true,
+            file: ram.file.clone(),
+            file_offset: 0,
+        },
+    );
+    assert!(reg.wait_registered(1, Duration::from_secs(30)));
     let host = HostBuf::new(max);
 
     // The native side: the primary context, pinned memory, one stream.
@@ -155,51 +351,70 @@ fn copies(b: &CudaBackend) {
         );
     }
     println!(
-        "| size | partition upload | native HtoD (pinned) | partition download | native DtoH (pinned) | host memcpy to pinned |"
+        "guest RAM of {} registered in {registered_in:?} (mapped notice to registration complete)\n",
+        size_name(max + max / 2)
     );
-    println!("|---|---|---|---|---|---|");
+    println!("| size | direction | vGPU COPY (guest RAM) | partition, registered | native pinned | vGPU / native | partition, staged |");
+    println!("|---|---|---|---|---|---|---|");
+    let cell = |size: usize, t: Duration| {
+        format!("{:.1} µs, {:.1} GB/s", t.as_secs_f64() * 1e6, gbps(size, t))
+    };
     for &size in &sizes {
-        let reps = (512 * MIB / size).clamp(5, 200);
+        let sg = [SgEntry {
+            addr: guest_buf,
+            len: size as u64,
+        }];
+        let r = RamRange {
+            ram: &ram,
+            len: size,
+        };
         let w = Window {
             buf: &host,
             len: size,
         };
-        let mut up = time(reps, || p.upload(dev, &w).unwrap());
-        let mut down = time(reps, || p.download(dev, &w).unwrap());
+        let v_up = med(size, || guest_copy(&mut g, true, vdev, &sg));
+        let p_up = med(size, || {
+            p.upload(dev, &r).unwrap();
+            assert!(p.last_copy_was_direct());
+        });
         // SAFETY: `pinned` and `dptr` hold `max >= size` bytes; each copy
         // is waited for before the next.
-        let mut htod = time(reps, || unsafe {
+        let n_up = med(size, || unsafe {
             ck(
                 sys::cuMemcpyHtoDAsync_v2(dptr, pinned, size, stream),
                 "htod",
             );
             ck(sys::cuStreamSynchronize(stream), "sync");
         });
+        let s_up = med(size, || p.upload(dev, &w).unwrap());
+        let v_down = med(size, || guest_copy(&mut g, false, vdev, &sg));
+        let p_down = med(size, || {
+            p.download(dev, &r).unwrap();
+            assert!(p.last_copy_was_direct());
+        });
         // SAFETY: as above.
-        let mut dtoh = time(reps, || unsafe {
+        let n_down = med(size, || unsafe {
             ck(
                 sys::cuMemcpyDtoHAsync_v2(pinned, dptr, size, stream),
                 "dtoh",
             );
             ck(sys::cuStreamSynchronize(stream), "sync");
         });
-        // SAFETY: both buffers hold `max >= size` bytes and do not overlap.
-        let mut memcpy = time(reps, || unsafe {
-            std::ptr::copy_nonoverlapping(host.ptr, pinned.cast::<u8>(), size)
-        });
-        let cell = |v: &mut Vec<Duration>| {
-            let t = median(v);
-            format!("{:.1} µs, {:.1} GB/s", t.as_secs_f64() * 1e6, gbps(size, t))
-        };
-        println!(
-            "| {} | {} | {} | {} | {} | {} |",
-            size_name(size),
-            cell(&mut up),
-            cell(&mut htod),
-            cell(&mut down),
-            cell(&mut dtoh),
-            cell(&mut memcpy)
-        );
+        let s_down = med(size, || p.download(dev, &w).unwrap());
+        for (dir, v, pr, n, st) in [
+            ("guest -> device", v_up, p_up, n_up, s_up),
+            ("device -> guest", v_down, p_down, n_down, s_down),
+        ] {
+            println!(
+                "| {} | {dir} | {} | {} | {} | {:.0}% | {} |",
+                size_name(size),
+                cell(size, v),
+                cell(size, pr),
+                cell(size, n),
+                100.0 * n.as_secs_f64() / v.as_secs_f64(),
+                cell(size, st),
+            );
+        }
     }
     // SAFETY: frees what was made above, once, with the context current.
     unsafe {
@@ -210,6 +425,9 @@ fn copies(b: &CudaBackend) {
         ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
         ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
     }
+    vgpu_backend::HostMemory::unmapped(&reg, 1);
+    drop(g);
+    drop(server);
 }
 
 /// A function of the built-in module loaded into the current context.
@@ -537,6 +755,237 @@ fn sgemms() {
     );
 }
 
+/// A loop of sgemm commands of `dim`^3 on a partition, each admitted by
+/// the scheduler as vgpud's gate admits a command (when given); counts
+/// commands and device time until `stop`.
+struct Tenant {
+    done: u64,
+    device: Duration,
+}
+
+fn sgemm_loop(
+    p: &Mutex<CudaPartition>,
+    dim: u32,
+    gate: Option<(&Scheduler, TenantId)>,
+    stop: &AtomicBool,
+    start: &Barrier,
+) -> Tenant {
+    let bytes = 4 * u64::from(dim) * u64::from(dim);
+    let (a, b, c) = {
+        let mut p = p.lock().unwrap();
+        let (a, b, c) = (
+            p.alloc(bytes, 0).unwrap(),
+            p.alloc(bytes, 0).unwrap(),
+            p.alloc(bytes, 0).unwrap(),
+        );
+        p.fill(a, bytes, 1.0f32.to_bits()).unwrap();
+        p.fill(b, bytes, 0.5f32.to_bits()).unwrap();
+        (a, b, c)
+    };
+    let mut params = sgemm_params(c, a, b);
+    (params.m, params.n, params.k) = (dim, dim, dim);
+    let l = Launch {
+        module: abi::MODULE_BUILTIN,
+        entry: "sgemm_f32",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params: params.as_slice(),
+    };
+    p.lock().unwrap().launch(&l).unwrap();
+    start.wait();
+    let mut t = Tenant {
+        done: 0,
+        device: Duration::ZERO,
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let grant = match gate {
+            Some((s, id)) => loop {
+                // As vgpud's SchedGate: bounded waits.
+                if let Some(g) = s.acquire_timeout(id, Duration::from_millis(5)).unwrap() {
+                    break Some(g);
+                }
+                if stop.load(Ordering::Relaxed) {
+                    break None;
+                }
+            },
+            None => None,
+        };
+        if gate.is_some() && grant.is_none() {
+            break;
+        }
+        let d = {
+            let mut p = p.lock().unwrap();
+            p.launch(&l).unwrap();
+            p.last_device_time().unwrap()
+        };
+        if let Some(g) = grant {
+            g.finish(d);
+        }
+        t.done += 1;
+        t.device += d;
+    }
+    let mut p = p.lock().unwrap();
+    for x in [a, b, c] {
+        p.free(x).unwrap();
+    }
+    t
+}
+
+/// Runs one sgemm loop per entry of `parts` (the same partition may be
+/// given twice) for `secs`, concurrently; returns each tenant's count and
+/// the wall time.
+fn run_tenants(
+    parts: &[&Mutex<CudaPartition>],
+    dim: u32,
+    policy: Option<Policy>,
+    secs: f64,
+) -> (Vec<Tenant>, Duration) {
+    let sched = policy.map(|policy| {
+        let s = Scheduler::new(SchedConfig::new(policy)).unwrap();
+        for i in 1..=parts.len() {
+            s.add_tenant(TenantId(i as u32), TenantParams::default())
+                .unwrap();
+        }
+        s
+    });
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(parts.len() + 1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let gate = sched.as_ref().map(|s| (s, TenantId(i as u32 + 1)));
+                let (stop, start) = (&stop, &start);
+                s.spawn(move || sgemm_loop(p, dim, gate, stop, start))
+            })
+            .collect();
+        start.wait();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        let tenants = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        (tenants, t.elapsed())
+    })
+}
+
+const RUN_SECS: f64 = 2.0;
+
+fn policy_name(p: Policy) -> String {
+    match p {
+        Policy::FairShare => "fair share (vgpud's default)".into(),
+        Policy::RoundRobin { slice } => format!("round robin, {} ms slices", slice.as_millis()),
+        other => format!("{other:?}"),
+    }
+}
+
+fn rate(t: &Tenant, wall: Duration) -> f64 {
+    t.done as f64 / wall.as_secs_f64()
+}
+
+/// Two isolated tenants time-sliced by the host scheduler vs one alone,
+/// and a victim next to a saturating neighbour in both modes.
+fn sharing() {
+    let part = |b: &CudaBackend, name: &str, cu: u32| {
+        Mutex::new(
+            b.create_cuda_partition(&PartitionSpec {
+                name: name.into(),
+                memory: 1 << 30,
+                compute_units: cu,
+            })
+            .unwrap(),
+        )
+    };
+    let iso = CudaBackend::new(0, Mode::Isolated).unwrap();
+    let a = part(&iso, "tenant-a", 1);
+    let b = part(&iso, "tenant-b", 1);
+    println!("| isolated tenants saturating, host scheduler | sgemm | commands/s, one tenant alone | commands/s, two tenants (a + b) | aggregate vs alone | GPU time lost | device busy, two tenants |");
+    println!("|---|---|---|---|---|---|---|");
+    let fair = Policy::FairShare;
+    let rr = |ms| Policy::RoundRobin {
+        slice: Duration::from_millis(ms),
+    };
+    let rows: [(u32, Policy, bool); 6] = [
+        (4096, fair, false),
+        (1024, fair, false),
+        (1024, fair, true),
+        (1024, rr(2), false),
+        (1024, rr(8), false),
+        (4096, rr(8), false),
+    ];
+    for (dim, policy, same) in rows {
+        let (alone, w1) = run_tenants(&[&a], dim, Some(policy), RUN_SECS);
+        let pair: [&Mutex<CudaPartition>; 2] = if same { [&a, &a] } else { [&a, &b] };
+        let (two, w2) = run_tenants(&pair, dim, Some(policy), RUN_SECS);
+        let r1 = rate(&alone[0], w1);
+        let (ra, rb) = (rate(&two[0], w2), rate(&two[1], w2));
+        let busy = (two[0].device + two[1].device).as_secs_f64() / w2.as_secs_f64();
+        let what = if same {
+            format!(
+                "{}; control: both tenants in one context",
+                policy_name(policy)
+            )
+        } else {
+            format!("{}, own contexts", policy_name(policy))
+        };
+        println!(
+            "| {what} | {dim}^3 | {r1:.1} | {:.1} ({ra:.1} + {rb:.1}) | {:.1}% | {:.1}% | {:.1}% |",
+            ra + rb,
+            100.0 * (ra + rb) / r1,
+            100.0 * (1.0 - (ra + rb) / r1),
+            100.0 * busy
+        );
+    }
+    // A victim next to a neighbour saturating its own partition.
+    let mut victims = Vec::new();
+    for policy in [fair, rr(8)] {
+        let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), RUN_SECS);
+        let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), RUN_SECS);
+        victims.push((
+            format!(
+                "isolated: whole GPU each, host scheduler ({}, equal weights)",
+                policy_name(policy)
+            ),
+            rate(&alone[0], w1),
+            rate(&both[0], w2),
+            rate(&both[1], w2),
+        ));
+    }
+    drop((a, b));
+    drop(iso);
+
+    let sp = CudaBackend::new(0, Mode::Spatial).unwrap();
+    let g = sp.sm_granule();
+    let total = sp.capacity().compute_units;
+    let half = total / 2 / g * g;
+    let victim = part(&sp, "victim", half);
+    let neighbour = part(&sp, "neighbour", total - half);
+    let (alone, w1) = run_tenants(&[&victim], 4096, None, RUN_SECS);
+    let (both, w2) = run_tenants(&[&victim, &neighbour], 4096, None, RUN_SECS);
+    victims.insert(
+        0,
+        (
+            format!(
+                "spatial: victim {half} SMs, neighbour {} SMs, concurrent, no scheduler",
+                total - half
+            ),
+            rate(&alone[0], w1),
+            rate(&both[0], w2),
+            rate(&both[1], w2),
+        ),
+    );
+    println!();
+    println!("| victim sgemm 4096^3, neighbour saturating its partition with the same | victim alone (cmd/s) | victim with neighbour (cmd/s) | neighbour (cmd/s) | victim with / alone |");
+    println!("|---|---|---|---|---|");
+    for (what, alone, with, other) in victims {
+        println!(
+            "| {what} | {alone:.1} | {with:.1} | {other:.1} | {:.1}% |",
+            100.0 * with / alone
+        );
+    }
+}
+
 fn main() {
     if let Err(why) = cuda_available() {
         println!("skipped: no CUDA driver ({why})");
@@ -555,10 +1004,25 @@ fn main() {
         b.device_sms(),
         b.capacity().memory >> 30
     );
-    copies(&b);
-    println!();
-    launches(&b);
-    println!();
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let run = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if run("copies") {
+        copies(&b);
+        println!();
+    }
+    if run("launches") {
+        launches(&b);
+        println!();
+    }
     drop(b);
-    sgemms();
+    if run("sgemm") {
+        sgemms();
+        println!();
+    }
+    if run("sharing") {
+        sharing();
+    }
 }

@@ -11,9 +11,13 @@ use std::time::Duration;
 use cudarc::driver::sys;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
-use vgpu_backend::{BackendError, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    BackendError, HostMemory, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
+    PartitionSpec,
+};
 
 use crate::driver::{self, CuError, Current};
+use crate::hostmem::HostRegistry;
 use crate::kernels::{self, BLOCK, REDUCE_BLOCKS, SGEMM_MAX_GRID_Y, SGEMM_TILE};
 use crate::plan::{self, words, Alloc, Allocations, Builtin, KernelLimits};
 use crate::{lock, Mode, Shared};
@@ -33,6 +37,10 @@ pub const MAX_ALIGN: u64 = 1 << 30;
 pub const MAX_ALLOCATIONS: usize = 1 << 16;
 /// Most modules one partition may have loaded.
 pub const MAX_MODULES: usize = 64;
+/// Smallest average piece of a guest transfer copied straight from or to
+/// registered guest memory; a list of smaller pieces costs more in copy
+/// calls than the staging path's host copy.
+pub const DIRECT_MIN_SLICE: usize = 16 << 10;
 /// Blocks per SM of the element-wise kernels' grids.
 const BLOCKS_PER_SM: u64 = 8;
 
@@ -485,6 +493,94 @@ impl DeviceState {
         unsafe { std::slice::from_raw_parts_mut(self.staging[i], len) }
     }
 
+    /// Copies between registered guest memory and `dev` piece by piece,
+    /// when `slices` qualify, and waits for the copies before returning
+    /// (the slices are valid only until then). `Ok(false)` when they do not
+    /// qualify; a driver error is left in `failed`.
+    fn direct(
+        &self,
+        dev: u64,
+        slices: &[HostSlice],
+        total: u64,
+        host: &HostRegistry,
+        to_device: bool,
+        failed: &mut Option<Fail>,
+    ) -> bool {
+        let sum = slices
+            .iter()
+            .try_fold(0u64, |a, s| a.checked_add(s.len as u64));
+        if sum != Some(total)
+            || slices.is_empty()
+            || (total / slices.len() as u64) < DIRECT_MIN_SLICE as u64
+            || !host.covers(slices)
+        {
+            return false;
+        }
+        let what = if to_device { "upload" } else { "download" };
+        let mut off = 0u64;
+        let mut r = Ok(());
+        for s in slices {
+            // SAFETY: each slice is host memory registered with the driver
+            // and mapped (and, for downloads, writable) until this function
+            // returns, which it does only after the stream has drained; `s.len`
+            // bytes at `dev + off` lie in the range the caller checked.
+            r = unsafe {
+                if to_device {
+                    driver::memcpy_htod_async(dev + off, s.ptr, s.len, self.stream)
+                } else {
+                    driver::memcpy_dtoh_async(s.ptr, dev + off, s.len, self.stream)
+                }
+            };
+            if r.is_err() {
+                break;
+            }
+            off += s.len as u64;
+        }
+        // Always drain: no copy may outlive the slices.
+        let synced = driver::stream_sync(self.stream);
+        if let Err(e) = r.and(synced) {
+            *failed = Some(Fail::Cuda(what.into(), e));
+        }
+        true
+    }
+
+    /// Host -> device straight from registered guest memory; `Ok(false)`
+    /// when the source does not qualify (nothing was copied).
+    fn upload_direct(
+        &self,
+        dst: u64,
+        src: &dyn HostSource,
+        host: &HostRegistry,
+    ) -> Result<bool, Fail> {
+        let total = src.len();
+        let mut failed = None;
+        let done = src.with_slices(&mut |slices| {
+            Ok(self.direct(dst, slices, total, host, true, &mut failed))
+        })?;
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(done),
+        }
+    }
+
+    /// Device -> host straight into registered guest memory.
+    fn download_direct(
+        &self,
+        src: u64,
+        dst: &dyn HostSink,
+        host: &HostRegistry,
+    ) -> Result<bool, Fail> {
+        let total = dst.len();
+        let mut failed = None;
+        let done = dst.with_slices_mut(&mut |slices| {
+            Ok(self.direct(src, slices, total, host, false, &mut failed))
+        })?;
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(done),
+        }
+    }
+
     /// Host -> device through the staging buffers: the host fills one
     /// while the DMA engine drains the other.
     fn upload(&self, dst: u64, src: &dyn HostSource) -> Result<(), Fail> {
@@ -721,6 +817,11 @@ pub struct CudaPartition {
     /// a sticky error, or could not be created.
     lost: Option<String>,
     last_device_time: Option<Duration>,
+    /// Guest memory registered for direct copies.
+    host: HostRegistry,
+    /// Whether the last upload or download went straight from or to
+    /// registered memory.
+    last_direct: bool,
 }
 
 // SAFETY: the driver handles in a partition may be used from any thread;
@@ -807,8 +908,11 @@ impl CudaPartition {
             Mode::Spatial => spec.compute_units,
         };
         // From here on, dropping the partition gives its share back.
+        let host = HostRegistry::new(shared.clone(), &spec.name);
         let mut p = CudaPartition {
             spec: spec.clone(),
+            host,
+            last_direct: false,
             shared,
             groups,
             desc: std::ptr::null_mut(),
@@ -858,6 +962,18 @@ impl CudaPartition {
     /// free, module load, an empty copy) or a failed one.
     pub fn last_device_time(&self) -> Option<Duration> {
         self.last_device_time
+    }
+
+    /// The partition's registry of guest memory (what
+    /// [`Partition::host_memory`] hands out).
+    pub fn host_registry(&self) -> &HostRegistry {
+        &self.host
+    }
+
+    /// Whether the last upload or download went straight from or to
+    /// registered guest memory (rather than through the staging buffers).
+    pub fn last_copy_was_direct(&self) -> bool {
+        self.last_direct
     }
 
     /// SMs the partition's kernels run on (the whole device in isolated
@@ -1140,7 +1256,19 @@ impl Partition for CudaPartition {
         if src.is_empty() {
             return Ok(());
         }
-        let t = self.run(|dev| dev.timed("upload", |s| s.upload(dst, src)))?;
+        self.last_direct = false;
+        let host = self.host.clone();
+        let mut direct = false;
+        let t = self.run(|dev| {
+            dev.timed("upload", |s| {
+                direct = s.upload_direct(dst, src, &host)?;
+                if direct {
+                    return Ok(());
+                }
+                s.upload(dst, src)
+            })
+        })?;
+        self.last_direct = direct;
         self.last_device_time = Some(t);
         Ok(())
     }
@@ -1151,7 +1279,19 @@ impl Partition for CudaPartition {
         if dst.is_empty() {
             return Ok(());
         }
-        let t = self.run(|dev| dev.timed("download", |s| s.download(src, dst)))?;
+        self.last_direct = false;
+        let host = self.host.clone();
+        let mut direct = false;
+        let t = self.run(|dev| {
+            dev.timed("download", |s| {
+                direct = s.download_direct(src, dst, &host)?;
+                if direct {
+                    return Ok(());
+                }
+                s.download(src, dst)
+            })
+        })?;
+        self.last_direct = direct;
         self.last_device_time = Some(t);
         Ok(())
     }
@@ -1301,6 +1441,10 @@ impl Partition for CudaPartition {
 
     fn memory_used(&self) -> u64 {
         self.allocs.used()
+    }
+
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        Some(Arc::new(self.host.clone()))
     }
 
     fn reset(&mut self) {

@@ -6,11 +6,16 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
+use cudarc::driver::sys;
 use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::{
-    Backend, BackendError, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+    Backend, BackendError, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError,
+    Partition, PartitionSpec, SliceFn,
 };
 use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
 
@@ -1139,4 +1144,454 @@ fn spatial_fault_probe() {
         return;
     }
     in_child("spatial_fault_probe", || fault_child(Mode::Spatial));
+}
+
+/// Guest RAM as a VMM shares it: a memfd, mapped shared in this process.
+struct SharedRam {
+    file: Arc<File>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedRam {
+    fn new(len: usize) -> SharedRam {
+        // SAFETY: valid NUL-terminated name; result checked.
+        let fd = unsafe { libc::memfd_create(c"gpu-test-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0, "memfd_create");
+        // SAFETY: `fd` is new and owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(len as u64).unwrap();
+        // SAFETY: a shared read-write mapping of the whole file, checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap");
+        SharedRam {
+            file: Arc::new(file),
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    fn mapping(&self, id: u64) -> HostMapping {
+        HostMapping {
+            id,
+            addr: self.ptr as usize,
+            len: self.len,
+            readable: true,
+            writable: true,
+            file: self.file.clone(),
+            file_offset: 0,
+        }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self) -> &mut [u8] {
+        // SAFETY: `len` bytes mapped for the life of self; tests touch them
+        // only between copies.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedRam {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Pieces (offset, length) of a [`SharedRam`] as one transfer that offers
+/// its host slices, as the device model does for guest memory.
+struct Pieces<'a> {
+    ram: &'a SharedRam,
+    id: u64,
+    pieces: Vec<(usize, usize)>,
+}
+
+impl Pieces<'_> {
+    fn total(&self) -> u64 {
+        self.pieces.iter().map(|p| p.1 as u64).sum()
+    }
+
+    fn walk(&self, offset: u64, n: usize, mut f: impl FnMut(usize, std::ops::Range<usize>)) {
+        let (mut pos, mut done) = (0u64, 0usize);
+        for &(off, len) in &self.pieces {
+            let want = offset + done as u64;
+            if done == n || want >= pos + len as u64 {
+                pos += len as u64;
+                continue;
+            }
+            let skip = (want - pos) as usize;
+            let k = (len - skip).min(n - done);
+            f(off + skip, done..done + k);
+            done += k;
+            pos += len as u64;
+        }
+        assert_eq!(done, n);
+    }
+
+    fn slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        let s: Vec<HostSlice> = self
+            .pieces
+            .iter()
+            .map(|&(off, len)| HostSlice {
+                ptr: self.ram.ptr.wrapping_add(off),
+                len,
+                mapping: self.id,
+            })
+            .collect();
+        f(&s)
+    }
+
+    fn gather(&self) -> Vec<u8> {
+        let ram = self.ram.bytes();
+        self.pieces
+            .iter()
+            .flat_map(|&(o, l)| ram[o..o + l].to_vec())
+            .collect()
+    }
+
+    fn scatter(&self, data: &[u8]) {
+        let ram = self.ram.bytes();
+        self.walk(0, data.len(), |o, r| {
+            ram[o..o + r.len()].copy_from_slice(&data[r])
+        });
+    }
+}
+
+impl HostSource for Pieces<'_> {
+    fn len(&self) -> u64 {
+        self.total()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let ram = self.ram.bytes();
+        let n = buf.len();
+        self.walk(offset, n, |o, r| {
+            buf[r.clone()].copy_from_slice(&ram[o..o + r.len()])
+        });
+        Ok(())
+    }
+    fn with_slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        self.slices(f)
+    }
+}
+
+impl HostSink for Pieces<'_> {
+    fn len(&self) -> u64 {
+        self.total()
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        let ram = self.ram.bytes();
+        self.walk(offset, buf.len(), |o, r| {
+            ram[o..o + r.len()].copy_from_slice(&buf[r])
+        });
+        Ok(())
+    }
+    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        self.slices(f)
+    }
+}
+
+fn check_registered_copies(mode: Mode) {
+    let Some(b) = backend(mode) else {
+        return;
+    };
+    let mut p = partition(&b, "zero-copy", 256 * MIB);
+    let reg = p.host_registry().clone();
+    let hm = p
+        .host_memory()
+        .expect("the cuda backend takes guest memory");
+    let ram = SharedRam::new(128 << 20);
+    hm.mapped(ram.mapping(7));
+    assert!(reg.wait_registered(7, Duration::from_secs(10)));
+    assert_eq!(reg.registered(), 1);
+    let dev = p.alloc(48 * MIB, 0).unwrap();
+    let mut rng = Rng(0x2e40);
+
+    // Two large pieces, one at an odd address: straight from guest pages.
+    let src = Pieces {
+        ram: &ram,
+        id: 7,
+        pieces: vec![(4097, 20 << 20), (24 << 20, (20 << 20) + 5)],
+    };
+    let data = rng.bytes(src.total() as usize);
+    src.scatter(&data);
+    p.upload(dev, &src).unwrap();
+    assert!(p.last_copy_was_direct());
+    assert!(p.last_device_time().is_some());
+    assert_eq!(download(&mut p, dev, data.len()), data, "uploaded bytes");
+    assert!(!p.last_copy_was_direct(), "a plain Vec is staged");
+    // And back into other guest pages.
+    let dst = Pieces {
+        ram: &ram,
+        id: 7,
+        pieces: vec![
+            (48 << 20, 8 << 20),
+            ((56 << 20) + 3, (data.len()) - (8 << 20)),
+        ],
+    };
+    assert!(dst.pieces[1].0 + dst.pieces[1].1 <= ram.len, "fits the ram");
+    p.download(dev, &dst).unwrap();
+    assert!(p.last_copy_was_direct());
+    assert_eq!(dst.gather(), data, "downloaded bytes");
+
+    // Small scattered pieces, and pieces of a mapping the partition does
+    // not know, go through the staging buffers, as correctly.
+    let small = Pieces {
+        ram: &ram,
+        id: 7,
+        pieces: (0..64).map(|i| (i * 8192 + 1, 4096)).collect(),
+    };
+    let data = rng.bytes(small.total() as usize);
+    upload(&mut p, dev, &data);
+    p.download(dev, &small).unwrap();
+    assert!(!p.last_copy_was_direct());
+    assert_eq!(small.gather(), data);
+    let unknown = Pieces {
+        ram: &ram,
+        id: 8,
+        pieces: vec![(0, 16 << 20)],
+    };
+    let data = rng.bytes(16 << 20);
+    unknown.scatter(&data);
+    p.upload(dev, &unknown).unwrap();
+    assert!(!p.last_copy_was_direct());
+    assert_eq!(download(&mut p, dev, data.len()), data);
+    // A range past the registration is not taken as registered.
+    let past = Pieces {
+        ram: &ram,
+        id: 7,
+        pieces: vec![(ram.len - (16 << 20), 16 << 20)],
+    };
+    let mut wider = past.ram.mapping(7);
+    wider.len -= 4096;
+    hm.unmapped(7);
+    hm.mapped(wider);
+    assert!(reg.wait_registered(7, Duration::from_secs(10)));
+    p.upload(dev, &past).unwrap();
+    assert!(!p.last_copy_was_direct());
+    hm.unmapped(7);
+    assert_eq!(reg.registered(), 0);
+}
+
+#[test]
+fn registered_copies_isolated() {
+    if gpu() {
+        check_registered_copies(Mode::Isolated);
+    }
+}
+
+#[test]
+fn registered_copies_spatial() {
+    if gpu() {
+        check_registered_copies(Mode::Spatial);
+    }
+}
+
+/// Whether the driver takes `len` bytes at `ptr` as a new registration
+/// (it refuses memory that is registered already).
+fn registrable(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: plain driver calls with valid out pointers; the memory is a
+    // live mapping of `len` bytes; a registration made here is undone here.
+    unsafe {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        assert_eq!(
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(sys::cuCtxPushCurrent_v2(ctx), sys::CUresult::CUDA_SUCCESS);
+        let r = sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE);
+        if r == sys::CUresult::CUDA_SUCCESS {
+            assert_eq!(
+                sys::cuMemHostUnregister(ptr.cast()),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        sys::cuCtxPopCurrent_v2(&mut popped);
+        sys::cuDevicePrimaryCtxRelease_v2(0);
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+}
+
+#[test]
+fn unmap_unregisters_even_during_registration() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let mut p = partition(&b, "unmap", 64 * MIB);
+    let reg = p.host_registry().clone();
+    let hm = p.host_memory().unwrap();
+    let dev = p.alloc(MIB, 0).unwrap();
+
+    // Registered, then unmapped: the driver no longer holds the memory,
+    // and copies of it are staged.
+    let ram = SharedRam::new(64 << 20);
+    hm.mapped(ram.mapping(1));
+    assert!(reg.wait_registered(1, Duration::from_secs(10)));
+    assert!(
+        !registrable(ram.ptr, ram.len),
+        "registered by the partition"
+    );
+    let whole = Pieces {
+        ram: &ram,
+        id: 1,
+        pieces: vec![(0, MIB as usize)],
+    };
+    p.upload(dev, &whole).unwrap();
+    assert!(p.last_copy_was_direct());
+    hm.unmapped(1);
+    assert_eq!(reg.registered(), 0);
+    assert!(
+        registrable(ram.ptr, ram.len),
+        "still registered after unmap"
+    );
+    p.upload(dev, &whole).unwrap();
+    assert!(!p.last_copy_was_direct());
+    drop(ram);
+
+    // Unmapped while the registration of 2 GiB is under way: the notice
+    // returns only once nothing is registered, so the memory can go.
+    let big = SharedRam::new(2 << 30);
+    let t = std::time::Instant::now();
+    hm.mapped(big.mapping(2));
+    let queued = t.elapsed();
+    // Long enough for the registration to start, not to end.
+    std::thread::sleep(Duration::from_millis(30));
+    hm.unmapped(2);
+    println!(
+        "2 GiB: mapped notice returned in {queued:?}, unmapped after {:?}",
+        t.elapsed()
+    );
+    assert!(queued < Duration::from_millis(50), "mapped() blocked");
+    assert_eq!(reg.registered(), 0);
+    assert!(registrable(big.ptr, big.len), "left registered");
+    drop(big);
+
+    // Unknown ids, and a partition dropped with memory registered.
+    hm.unmapped(99);
+    let ram = SharedRam::new(8 << 20);
+    hm.mapped(ram.mapping(3));
+    assert!(reg.wait_registered(3, Duration::from_secs(10)));
+    drop(p);
+    drop(hm);
+    drop(reg);
+    // The registration thread may still hold the registry for a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !registrable(ram.ptr, ram.len) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped partition's registration is left"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn vgpu_copies_go_straight_to_guest_ram() {
+    use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    let p = partition(&b, "vgpu", 256 * MIB);
+    let reg = p.host_registry().clone();
+    let server = TestVgpu::start(test_config("vgpu", 1), Box::new(p));
+    let mut g = server.connect_with(GuestOptions {
+        ram_size: 256 << 20,
+        ..GuestOptions::default()
+    });
+    // The mapping of guest RAM is registered in the background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reg.registered() == 0 {
+        assert!(std::time::Instant::now() < deadline, "RAM not registered");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    g.setup_queue(0, 64, QueueMode::Polled);
+    let dev = g.device_alloc(0, 64 * MIB);
+    let sg = g.alloc_sg(&[(24 << 20) + 3, (40 << 20) - 3]);
+    let total: u64 = sg.iter().map(|e| e.len).sum();
+    let data = Rng(0x76).bytes(total as usize);
+    g.write_sg(&sg, &data);
+    let c = g.copy_to_device(0, dev, &sg);
+    assert_eq!(c.status, abi::STATUS_OK);
+    let back = g.alloc_sg(&[total]);
+    let c = g.copy_from_device(0, dev, &back);
+    assert_eq!(c.status, abi::STATUS_OK);
+    assert_eq!(g.read_sg(&back), data);
+    // Unmapping guest RAM unregisters it.
+    g.unmap_ram();
+    assert_eq!(reg.registered(), 0);
+    g.map_ram();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reg.registered() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "RAM not registered again"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(g);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reg.registered() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the VMM went away, RAM still registered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(server);
+}
+
+#[test]
+fn registration_is_bounded() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    b.set_max_registered(48 << 20);
+    let mut p = partition(&b, "bounded", 64 * MIB);
+    let reg = p.host_registry().clone();
+    let hm = p.host_memory().unwrap();
+    let (one, two) = (SharedRam::new(32 << 20), SharedRam::new(32 << 20));
+    hm.mapped(one.mapping(1));
+    assert!(reg.wait_registered(1, Duration::from_secs(10)));
+    // Past the limit: not registered, and copies of it are staged.
+    hm.mapped(two.mapping(2));
+    assert!(!reg.wait_registered(2, Duration::from_secs(1)));
+    assert_eq!(reg.registered(), 1);
+    let dev = p.alloc(MIB, 0).unwrap();
+    let src = Pieces {
+        ram: &two,
+        id: 2,
+        pieces: vec![(0, MIB as usize)],
+    };
+    p.upload(dev, &src).unwrap();
+    assert!(!p.last_copy_was_direct());
+    // Too small to be worth registering.
+    let small = SharedRam::new(64 << 10);
+    hm.mapped(small.mapping(3));
+    assert!(!reg.wait_registered(3, Duration::from_secs(1)));
+    // Unmapping what was never registered is fine; space comes back.
+    hm.unmapped(2);
+    hm.unmapped(3);
+    hm.unmapped(1);
+    hm.mapped(two.mapping(4));
+    assert!(reg.wait_registered(4, Duration::from_secs(10)));
+    hm.unmapped(4);
+    assert_eq!(reg.registered(), 0);
 }

@@ -11,6 +11,9 @@
 
 pub mod software;
 
+use std::fs::File;
+use std::sync::Arc;
+
 use vgpu_abi as abi;
 
 /// Why an operation failed; each maps to a completion status.
@@ -75,6 +78,23 @@ pub enum BackendError {
     Unavailable(String),
 }
 
+/// A piece of host memory that a [`HostSource`] or [`HostSink`] exposes
+/// for direct device access. Valid only during the call that hands it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSlice {
+    /// First byte.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+    /// The [`HostMapping`] it lies in.
+    pub mapping: u64,
+}
+
+/// What a backend does with the slices of a whole transfer: `Ok(true)`
+/// when it moved the bytes itself, `Ok(false)` to decline (the transfer
+/// then goes through `read_at` / `write_at`).
+pub type SliceFn<'a> = dyn FnMut(&[HostSlice]) -> Result<bool, OpError> + 'a;
+
 /// Bytes the backend reads from host-side memory (guest RAM or the
 /// host-visible window), chunk by chunk, without knowing where they live.
 pub trait HostSource {
@@ -86,6 +106,14 @@ pub trait HostSource {
     }
     /// Copies bytes `[offset, offset + buf.len())` into `buf`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError>;
+    /// Hands `f` the whole source as host slices, in order, if it lies in
+    /// memory announced through [`HostMemory::mapped`]; the slices stay
+    /// valid, and their memory mapped, until `f` returns, so `f` must
+    /// finish any device copy from them before it returns. Returns what
+    /// `f` returned, or `Ok(false)` without calling it (the default).
+    fn with_slices(&self, _f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        Ok(false)
+    }
 }
 
 /// Bytes the backend writes to host-side memory.
@@ -98,6 +126,50 @@ pub trait HostSink {
     }
     /// Copies `buf` to `[offset, offset + buf.len())`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError>;
+    /// As [`HostSource::with_slices`], for writable memory.
+    fn with_slices_mut(&self, _f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        Ok(false)
+    }
+}
+
+/// Guest memory shared with this process by file and mapped here,
+/// announced to a partition so that it can prepare the memory for direct
+/// device access (pin and register it). The file and offset let a
+/// partition served by another process map the same memory there.
+#[derive(Debug, Clone)]
+pub struct HostMapping {
+    /// Identifies the mapping until [`HostMemory::unmapped`]; the
+    /// [`HostSlice::mapping`] of slices inside it.
+    pub id: u64,
+    /// Address of its first byte in this process.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// The device may read it.
+    pub readable: bool,
+    /// The device may write it.
+    pub writable: bool,
+    /// The file backing it.
+    pub file: Arc<File>,
+    /// Offset of its first byte in `file`.
+    pub file_offset: u64,
+}
+
+/// A partition's registry of guest memory mapped into this process.
+///
+/// Its methods are called from the thread that serves the guest's VMM,
+/// never while the caller holds the partition: they must not wait for the
+/// partition's commands (a command may itself be waiting for that thread).
+pub trait HostMemory: Send + Sync {
+    /// Memory was mapped. Returns at once: whatever takes time (pinning
+    /// gigabytes) happens in the background, and until it is done the
+    /// memory is reached by copies as before.
+    fn mapped(&self, mapping: HostMapping);
+    /// The mapping is going away; its memory stays mapped until this
+    /// returns, and no transfer uses it any more. Returns once nothing of
+    /// the partition refers to it (it may wait for a registration under
+    /// way).
+    fn unmapped(&self, id: u64);
 }
 
 /// A kernel launch, validated for shape by the device model.
@@ -174,4 +246,11 @@ pub trait Partition: Send {
     fn memory_used(&self) -> u64;
     /// Frees all memory and modules: the partition is as new.
     fn reset(&mut self);
+    /// The registry to which guest memory mapped into this process is
+    /// announced, if the partition can use such memory directly. Asked
+    /// once, when the partition is put to use; the handle is used without
+    /// the partition (see [`HostMemory`]).
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        None
+    }
 }

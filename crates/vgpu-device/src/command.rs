@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
-use vgpu_backend::{HostSink, HostSource, Launch, OpError, Partition};
+use vgpu_backend::{HostSink, HostSlice, HostSource, Launch, OpError, Partition, SliceFn};
 use vm_memory::{MmapRegion, VolatileMemory};
 
 /// One descriptor of a chain, as popped from the ring.
@@ -134,6 +134,28 @@ impl GuestSg<'_> {
     }
 }
 
+impl GuestSg<'_> {
+    /// Hands `f` the host slices of the whole list, under the DMA table's
+    /// read lock (so an unmap waits for `f`); `Ok(false)` when some part
+    /// has no host address or is not mapped for this direction (the
+    /// chunked path then reports the fault where it is).
+    fn slices(&self, write: bool, f: &mut SliceFn<'_>) -> std::result::Result<bool, OpError> {
+        let ranges: Vec<(u64, u64)> = self.entries.iter().map(|e| (e.addr, e.len)).collect();
+        let r = self.dma.with_host_slices(&ranges, write, |slices| {
+            let slices: Vec<HostSlice> = slices
+                .iter()
+                .map(|s| HostSlice {
+                    ptr: s.ptr,
+                    len: s.len,
+                    mapping: s.mapping,
+                })
+                .collect();
+            f(&slices)
+        });
+        r.unwrap_or(Ok(false))
+    }
+}
+
 impl HostSource for GuestSg<'_> {
     fn len(&self) -> u64 {
         self.total
@@ -145,6 +167,9 @@ impl HostSource for GuestSg<'_> {
                 .read(addr, &mut buf[r.clone()])
                 .map_err(|_| OpError::Fault(offset + r.start as u64))
         })
+    }
+    fn with_slices(&self, f: &mut SliceFn<'_>) -> std::result::Result<bool, OpError> {
+        self.slices(false, f)
     }
 }
 
@@ -158,6 +183,9 @@ impl HostSink for GuestSg<'_> {
                 .write(addr, &buf[r.clone()])
                 .map_err(|_| OpError::Fault(offset + r.start as u64))
         })
+    }
+    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> std::result::Result<bool, OpError> {
+        self.slices(true, f)
     }
 }
 

@@ -25,7 +25,7 @@ use vfio_user_server::device::{
 use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, CONFIG_SPACE_SIZE};
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
-use vgpu_backend::Partition;
+use vgpu_backend::{HostMapping, HostMemory, Partition};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemory, MmapRegion, Permissions, VolatileMemory};
@@ -298,6 +298,9 @@ pub struct VgpuDevice {
     wake: EventFd,
     shared: Option<Arc<Shared>>,
     worker: Option<JoinHandle<()>>,
+    /// The partition's registry of mapped guest memory, used without the
+    /// partition's lock: the event loop must never wait for a command.
+    host_memory: Option<Arc<dyn HostMemory>>,
 }
 
 fn map_file(file: &File, size: u64) -> Result<MmapRegion, DeviceSetupError> {
@@ -361,6 +364,7 @@ impl VgpuDevice {
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
         let spec = partition.spec().clone();
+        let host_memory = partition.host_memory();
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
             wake,
@@ -374,6 +378,7 @@ impl VgpuDevice {
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
+            host_memory,
         })
     }
 
@@ -869,6 +874,32 @@ impl PciDevice for VgpuDevice {
             // lifetime of the borrow of self.
             unsafe { BorrowedFd::borrow_raw(self.wake.as_raw_fd()) }
         })
+    }
+
+    fn dma_mapped(&mut self, m: &vfio_user_server::dma::Mapped) {
+        let Some(hm) = &self.host_memory else {
+            return;
+        };
+        let Ok(len) = usize::try_from(m.size) else {
+            return;
+        };
+        hm.mapped(HostMapping {
+            id: m.id,
+            addr: m.host_addr,
+            len,
+            readable: m.readable,
+            writable: m.writable,
+            file: m.file.clone(),
+            file_offset: m.file_offset,
+        });
+    }
+
+    fn dma_unmapped(&mut self, ranges: &[vfio_user_server::dma::Unmapped]) {
+        if let Some(hm) = &self.host_memory {
+            for r in ranges {
+                hm.unmapped(r.id);
+            }
+        }
     }
 
     fn ioeventfds(&self, index: u32) -> Vec<vfio_user_server::device::IoEventSpec> {
