@@ -120,6 +120,14 @@ pub struct DaemonConfig {
     /// What a system call outside the daemon's list does.
     #[serde(default)]
     pub seccomp: crate::confine::SeccompMode,
+    /// Group given the vGPU sockets, with mode 0660, so that VMMs in it
+    /// can connect (the API socket stays 0600). The daemon's user must be
+    /// in it.
+    #[serde(default)]
+    pub socket_group: Option<String>,
+    /// `socket_group`'s id, looked up at start (not read from the file).
+    #[serde(skip)]
+    pub socket_gid: Option<u32>,
 }
 
 impl Default for DaemonConfig {
@@ -131,6 +139,8 @@ impl Default for DaemonConfig {
             user: None,
             allow_root: false,
             seccomp: Default::default(),
+            socket_group: None,
+            socket_gid: None,
         }
     }
 }
@@ -301,6 +311,7 @@ runtime_dir = "/tmp/vgpud"
 # user = "vgpud"                      # started as root: switch to this user
 # allow_root = false                  # started as root without user: refuse
 # seccomp = "strict"                  # "strict" (kill), "log" or "off"
+# socket_group = "kvm"                # vGPU sockets 0660 for this group's VMMs
 
 [[gpu]]
 name = "gpu0"
@@ -409,6 +420,14 @@ impl Config {
         }
         if self.daemon.user.as_ref().is_some_and(|u| u.is_empty()) {
             return Err(invalid("daemon.user".into(), "must not be empty"));
+        }
+        if self
+            .daemon
+            .socket_group
+            .as_ref()
+            .is_some_and(|g| g.is_empty())
+        {
+            return Err(invalid("daemon.socket_group".into(), "must not be empty"));
         }
         if self
             .daemon
@@ -540,7 +559,7 @@ mod tests {
         assert_eq!(c.daemon.user.as_deref(), Some("vgpud"));
         assert!(c.daemon.allow_root);
         assert_eq!(c.daemon.seccomp, crate::confine::SeccompMode::Log);
-        for bad in ["seccomp = \"kill\"", "user = \"\""] {
+        for bad in ["seccomp = \"kill\"", "user = \"\"", "socket_group = \"\""] {
             let e = Config::parse(&format!("[daemon]\n{bad}\n"), "x.toml").unwrap_err();
             assert!(e.to_string().starts_with("x.toml:"), "{e}");
         }

@@ -303,6 +303,8 @@ fn daemon_rules(rules: &mut Rules) {
             SYS_listen,
             SYS_connect,
             SYS_linkat,
+            // A vGPU socket given to `daemon.socket_group`.
+            SYS_fchownat,
             // The signal thread (narrowed further by its own role).
             SYS_rt_sigtimedwait,
         ],
@@ -310,7 +312,14 @@ fn daemon_rules(rules: &mut Rules) {
     #[cfg(target_arch = "x86_64")]
     allow(
         rules,
-        &[SYS_epoll_wait, SYS_mkdir, SYS_unlink, SYS_rmdir, SYS_chmod],
+        &[
+            SYS_epoll_wait,
+            SYS_mkdir,
+            SYS_unlink,
+            SYS_rmdir,
+            SYS_chmod,
+            SYS_lchown,
+        ],
     );
     #[cfg(not(target_arch = "x86_64"))]
     allow(
@@ -321,78 +330,57 @@ fn daemon_rules(rules: &mut Rules) {
     rules.insert(SYS_socket, any_of(0, &[AF_UNIX as u64]));
 }
 
-/// What a vendor GPU driver needs besides the daemon's calls: it opens
-/// device nodes and libraries, maps code (the JIT compiler, NVRTC),
-/// speaks a private `ioctl` protocol and starts its own threads.
+/// The daemon driving a GPU in its own process (the CUDA backend): its
+/// calls and the driver's.
 fn gpu_host_rules(rules: &mut Rules) {
-    use libc::*;
     daemon_rules(rules);
+    gpu_driver_rules(rules);
+}
+
+/// What the CUDA driver does after startup, seen on an H200 (driver 580)
+/// when a vGPU's context is made and used: it opens /dev/nvidiactl and
+/// /dev/nvidia0 for every context and speaks its private `ioctl`
+/// protocol on them, loads its JIT compiler library (an executable
+/// mapping) for the first module, reads its compute cache and names its
+/// threads through /proc. The calls it made only at initialisation
+/// (before the filter) are kept where it may make them again for a later
+/// context: file status, links, directory listing, system information,
+/// NUMA policy, ids. Kept apart from the daemon's calls so that a process
+/// that only drives the GPU can be given these and its own.
+fn gpu_driver_rules(rules: &mut Rules) {
+    use libc::*;
     allow(
         rules,
         &[
+            // Device nodes, libraries, the compute cache, /proc.
             SYS_openat,
             SYS_ioctl,
             SYS_mmap,
             SYS_mprotect,
-            SYS_fcntl,
-            SYS_read,
-            SYS_pread64,
-            SYS_pwrite64,
-            SYS_lseek,
             SYS_fstat,
             SYS_newfstatat,
+            SYS_lseek,
+            SYS_pread64,
             SYS_readlinkat,
-            SYS_getdents64,
             SYS_faccessat,
             SYS_faccessat2,
+            SYS_getdents64,
+            // Its own event fds and pipes between its threads.
+            SYS_dup,
+            SYS_pipe2,
+            SYS_sched_get_priority_max,
+            SYS_sched_get_priority_min,
             SYS_uname,
             SYS_sysinfo,
+            SYS_get_mempolicy,
             SYS_getuid,
             SYS_geteuid,
             SYS_getgid,
             SYS_getegid,
-            SYS_getppid,
-            SYS_dup,
-            SYS_dup3,
-            SYS_pipe2,
-            SYS_sched_yield,
-            SYS_sched_getparam,
-            SYS_sched_getscheduler,
-            SYS_sched_get_priority_max,
-            SYS_sched_get_priority_min,
-            SYS_sched_setaffinity,
-            SYS_getrusage,
-            SYS_clock_getres,
-            SYS_get_mempolicy,
-            SYS_mbind,
-            SYS_set_mempolicy,
-            SYS_mlock,
-            SYS_munlock,
-            SYS_membarrier,
-            SYS_timerfd_create,
-            SYS_timerfd_settime,
-            SYS_epoll_pwait,
-            SYS_ppoll,
-            SYS_getsockopt,
-            SYS_kill,
-            SYS_tgkill,
-            SYS_rt_sigaction,
-            SYS_prctl,
         ],
     );
     #[cfg(target_arch = "x86_64")]
-    allow(
-        rules,
-        &[
-            SYS_open,
-            SYS_readlink,
-            SYS_access,
-            SYS_stat,
-            SYS_lstat,
-            SYS_dup2,
-            SYS_pipe,
-        ],
-    );
+    allow(rules, &[SYS_open, SYS_stat, SYS_readlink, SYS_access]);
 }
 
 /// The metrics HTTP server: its listener is bound before the filter.
@@ -765,6 +753,67 @@ pub fn prepare_runtime_dir(dir: &Path, account: &Account) -> Result<(), ConfineE
             fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).map_err(sys(what()))
         }
     }
+}
+
+/// Looks a group up by name (before any filter, as [`lookup_user`]).
+pub fn lookup_group(name: &str) -> Result<u32, ConfineError> {
+    let err = |message: String| ConfineError::User {
+        name: name.to_string(),
+        message,
+    };
+    let cname = CString::new(name).map_err(|_| err("contains a NUL byte".into()))?;
+    let mut buf = vec![0 as libc::c_char; 64 << 10];
+    // SAFETY: group is plain data that getgrnam_r fills in.
+    let mut gr: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buf` holds the strings
+    // `gr` points to and outlives the call.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut gr,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(err(io::Error::from_raw_os_error(rc).to_string()));
+    }
+    if found.is_null() {
+        return Err(err("no such group".into()));
+    }
+    Ok(gr.gr_gid)
+}
+
+/// Whether the process may give files to group `gid` (it is one of its
+/// groups), so that [`share_socket`] will work after the switch.
+pub fn in_group(gid: u32, account: Option<&Account>) -> bool {
+    if let Some(a) = account {
+        return a.gid == gid || a.groups.contains(&gid);
+    }
+    // SAFETY: getegid cannot fail.
+    if unsafe { libc::getegid() } == gid {
+        return true;
+    }
+    // SAFETY: with a size of 0, getgroups only returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0; usize::try_from(n).unwrap_or(0)];
+    // SAFETY: `groups` has room for `n` entries.
+    let n = unsafe { libc::getgroups(n, groups.as_mut_ptr()) };
+    groups.truncate(usize::try_from(n).unwrap_or(0));
+    groups.contains(&gid)
+}
+
+/// Gives a vGPU socket to group `gid` with mode 0660, so that VMMs in
+/// the group can connect. Its owner keeps it; the mode is set last, so
+/// the group never reaches a socket with other permissions than these.
+pub fn share_socket(path: &Path, gid: u32) -> Result<(), ConfineError> {
+    let what = || format!("give {} to group {gid}", path.display());
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| sys(what())(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    lchown(&c, u32::MAX, gid).map_err(sys(what()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o660)).map_err(sys(what()))
 }
 
 fn lchown(path: &CStr, uid: u32, gid: u32) -> io::Result<()> {

@@ -391,6 +391,9 @@ impl Daemon {
                 .unwrap_or_default();
             forget(setup(format!("{e}{cause}")))
         })?;
+        if let Some(gid) = self.config.daemon.socket_gid {
+            crate::confine::share_socket(&socket, gid).map_err(|e| forget(setup(e.to_string())))?;
+        }
         let stop = endpoint
             .stop_handle()
             .map_err(|e| forget(setup(e.to_string())))?;

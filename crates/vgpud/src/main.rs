@@ -170,6 +170,16 @@ fn run(config: Option<PathBuf>, overrides: Overrides) -> Result<(), String> {
         ));
     }
     let account = account(&config)?;
+    if let Some(name) = &config.daemon.socket_group {
+        let gid = confine::lookup_group(name).map_err(|e| format!("daemon.socket_group: {e}"))?;
+        if !confine::in_group(gid, account.as_ref()) {
+            return Err(format!(
+                "daemon.socket_group: the daemon's user is not in group {name} (gid {gid}), \
+                 so it cannot give it the sockets"
+            ));
+        }
+        config.daemon.socket_gid = Some(gid);
+    }
     let seccomp = config.daemon.seccomp;
     let role = if config.gpus.iter().any(|g| g.backend == BackendKind::Cuda) {
         Role::GpuHost

@@ -33,9 +33,10 @@ struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `vgpud run` with a software GPU and two vGPUs, metrics on a
-    /// free loopback port, and `args`.
-    fn start(args: &[&str]) -> Daemon {
+    /// Starts `vgpud run` with `daemon` (more `[daemon]` lines), `gpu` (a
+    /// `[[gpu]]` table named gpu0) and two vGPUs on it, metrics on a free
+    /// loopback port, and `args`.
+    fn start(daemon: &str, gpu: &str, args: &[&str]) -> Daemon {
         let dir = TempDir::new_with_prefix("/tmp/vgpud-confine-").unwrap();
         // A user the daemon switches to must reach the runtime directory.
         std::fs::set_permissions(dir.as_path(), std::fs::Permissions::from_mode(0o711)).unwrap();
@@ -48,12 +49,9 @@ impl Daemon {
 [daemon]
 runtime_dir = "{}"
 metrics_address = "127.0.0.1:0"
+{daemon}
 
-[[gpu]]
-name = "gpu0"
-backend = "software"
-memory = "1GiB"
-compute_units = 4
+{gpu}
 
 [[vgpu]]
 name = "vgpu0"
@@ -69,7 +67,7 @@ socket = "vgpu1.sock"
 memory = "256MiB"
 compute_units = 1
 "#,
-                run.display()
+                run.display(),
             ),
         )
         .unwrap();
@@ -303,7 +301,7 @@ fn exercise_guest(socket: &Path, seed: u64) {
 
 /// The management API through its socket: list, create a vGPU (a new
 /// socket and serving threads), use it, remove it.
-fn exercise_api(d: &Daemon) {
+fn exercise_api(d: &Daemon, socket_gid: Option<u32>) {
     let sock = d.path("api.sock");
     let (s, list) = api(&sock, "GET", "/api/v1/vgpus", None);
     assert_eq!(s, 200, "{list}");
@@ -316,6 +314,10 @@ fn exercise_api(d: &Daemon) {
     let (s, v) = api(&sock, "PUT", "/api/v1/vgpus", Some(&body));
     assert_eq!(s, 201, "{v}");
     let extra = d.path("extra.sock");
+    if let Some(gid) = socket_gid {
+        let m = std::fs::metadata(&extra).unwrap();
+        assert_eq!((m.gid(), m.mode() & 0o777), (gid, 0o660));
+    }
     {
         let mut g = Guest::connect(&extra, GuestOptions::default());
         g.setup_queue(0, 16, Mode::Interrupt);
@@ -345,8 +347,15 @@ fn exercise_api(d: &Daemon) {
 /// Runs the whole scenario against a daemon started with `args`, then
 /// stops it with SIGTERM: it must exit 0, remove its sockets and log no
 /// error.
-fn serve_everything(args: &[&str], expect_uid: Option<u32>) {
-    let mut d = Daemon::start(args);
+/// Who the daemon should run as once started, and which group its vGPU
+/// sockets should have (`None`: the sockets are private to the user).
+struct Expect {
+    uid: u32,
+    socket_gid: Option<u32>,
+}
+
+fn serve_everything(daemon: &str, gpu: &str, args: &[&str], expect: Option<Expect>) {
+    let mut d = Daemon::start(daemon, gpu, args);
     let line = d.wait_log("metrics at http://");
     let addr = line
         .split("http://")
@@ -368,12 +377,17 @@ fn serve_everything(args: &[&str], expect_uid: Option<u32>) {
     );
     assert_eq!(status_field(&status, "CapEff"), "0000000000000000");
     assert_eq!(status_field(&status, "CapPrm"), "0000000000000000");
-    if let Some(uid) = expect_uid {
+    if let Some(e) = &expect {
+        let uid = e.uid;
         let want = format!("{uid}\t{uid}\t{uid}\t{uid}");
         assert_eq!(status_field(&status, "Uid"), want);
-        for s in ["api.sock", "vgpu0.sock"] {
-            let m = std::fs::metadata(d.path(s)).unwrap();
-            assert_eq!((m.uid(), m.mode() & 0o777), (uid, 0o600), "{s}");
+        let api = std::fs::metadata(d.path("api.sock")).unwrap();
+        assert_eq!((api.uid(), api.mode() & 0o777), (uid, 0o600));
+        let vgpu = std::fs::metadata(d.path("vgpu0.sock")).unwrap();
+        let got = (vgpu.uid(), vgpu.mode() & 0o777);
+        match e.socket_gid {
+            Some(gid) => assert_eq!((got, vgpu.gid()), ((uid, 0o660), gid)),
+            None => assert_eq!(got, (uid, 0o600)),
         }
         assert_eq!(std::fs::metadata(&d.run).unwrap().uid(), uid);
     }
@@ -382,7 +396,7 @@ fn serve_everything(args: &[&str], expect_uid: Option<u32>) {
     let t = std::thread::spawn(move || exercise_guest(&b, 2));
     exercise_guest(&a, 1);
     t.join().unwrap();
-    exercise_api(&d);
+    exercise_api(&d, expect.as_ref().and_then(|e| e.socket_gid));
     let m = metrics(&addr);
     assert!(
         m.contains("vgpud_vgpu_commands_total{vgpu=\"vgpu0\",gpu=\"gpu0\"}"),
@@ -403,36 +417,99 @@ fn serve_everything(args: &[&str], expect_uid: Option<u32>) {
     );
 }
 
+const SOFTWARE_GPU: &str = r#"
+[[gpu]]
+name = "gpu0"
+backend = "software"
+memory = "1GiB"
+compute_units = 4
+"#;
+
 #[test]
 fn test_strict_filter_serves_guests_api_and_metrics() {
     if is_root() {
         // Root must say what it wants; this run keeps root (without
         // capabilities) and the strict filter.
-        serve_everything(&["--seccomp", "strict", "--allow-root"], Some(0));
+        let root = Expect {
+            uid: 0,
+            socket_gid: None,
+        };
+        let args = ["--seccomp", "strict", "--allow-root"];
+        serve_everything("", SOFTWARE_GPU, &args, Some(root));
     } else {
-        serve_everything(&["--seccomp", "strict"], None);
+        serve_everything("", SOFTWARE_GPU, &["--seccomp", "strict"], None);
     }
 }
 
 #[test]
 fn test_root_drops_to_an_unprivileged_user() {
     if !is_root() {
-        eprintln!("skipped: not root (the switch to another user needs root)");
+        println!("skipped: not root (the switch to another user needs root)");
         return;
     }
+    // Its primary group gets the vGPU sockets, as a VMMs' group would.
     let nobody = vgpud::confine::lookup_user("nobody").expect("a user named nobody");
-    serve_everything(&["--user", "nobody"], Some(nobody.uid));
+    let group = group_name(nobody.gid);
+    let expect = Expect {
+        uid: nobody.uid,
+        socket_gid: Some(nobody.gid),
+    };
+    serve_everything(
+        &format!("socket_group = \"{group}\""),
+        SOFTWARE_GPU,
+        &["--user", "nobody"],
+        Some(expect),
+    );
+}
+
+/// The name of group `gid`, from /etc/group.
+fn group_name(gid: u32) -> String {
+    let groups = std::fs::read_to_string("/etc/group").unwrap();
+    groups
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 2 && f[2] == gid.to_string()).then(|| f[0].to_string())
+        })
+        .unwrap_or_else(|| panic!("no group {gid} in /etc/group"))
+}
+
+/// The CUDA backend under its looser filter (the driver opens device
+/// nodes and maps the JIT compiler when a vGPU's context is made, which
+/// happens after the filter is in place), switched to `nobody` when run
+/// as root.
+#[test]
+fn test_strict_gpu_host_filter_serves_a_cuda_guest() {
+    if let Err(why) = vgpu_backend_cuda::cuda_available() {
+        assert!(
+            std::env::var_os("VGPU_REQUIRE_GPU").is_none_or(|v| v != "1"),
+            "VGPU_REQUIRE_GPU=1 but {why}"
+        );
+        println!("skipped: no CUDA driver ({why})");
+        return;
+    }
+    let gpu = "[[gpu]]\nname = \"gpu0\"\nbackend = \"cuda\"\n";
+    if is_root() {
+        let nobody = vgpud::confine::lookup_user("nobody").expect("a user named nobody");
+        let expect = Expect {
+            uid: nobody.uid,
+            socket_gid: None,
+        };
+        serve_everything("", gpu, &["--user", "nobody"], Some(expect));
+    } else {
+        serve_everything("", gpu, &["--seccomp", "strict"], None);
+    }
 }
 
 #[test]
 fn test_start_as_root_or_another_user_needs_consent() {
-    let mut d = Daemon::start(&["--seccomp", "strict"]);
+    let mut d = Daemon::start("", SOFTWARE_GPU, &["--seccomp", "strict"]);
     if is_root() {
         let e = d.wait_log("refusing to run as root");
         assert!(e.contains("--user") && e.contains("--allow-root"), "{e}");
     } else {
         drop(d);
-        d = Daemon::start(&["--user", "root"]);
+        d = Daemon::start("", SOFTWARE_GPU, &["--user", "root"]);
         d.wait_log("cannot become user root");
     }
     let s = d.child.wait().unwrap();
