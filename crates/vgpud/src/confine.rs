@@ -732,12 +732,17 @@ pub fn prepare_runtime_dir(dir: &Path, account: &Account) -> Result<(), ConfineE
         }
         Err(_) => {
             let what = || format!("create {}", dir.display());
-            if let Some(parent) = dir.parent() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(parent)
-                    .map_err(sys(what()))?;
+            // Missing parents as `mkdir -p` would make them under umask
+            // 022 (the daemon's own umask is stricter): the user and the
+            // VMMs must be able to pass through them.
+            let missing: Vec<&Path> = dir
+                .ancestors()
+                .skip(1)
+                .take_while(|p| !p.as_os_str().is_empty() && fs::symlink_metadata(p).is_err())
+                .collect();
+            for p in missing.into_iter().rev() {
+                fs::DirBuilder::new().create(p).map_err(sys(what()))?;
+                fs::set_permissions(p, fs::Permissions::from_mode(0o755)).map_err(sys(what()))?;
             }
             fs::DirBuilder::new()
                 .mode(0o700)
@@ -1116,6 +1121,36 @@ mod tests {
             .unwrap()
             .contains("CapEff"));
         assert!(status_problem(ok, 1, 65534).is_some());
+    }
+
+    #[test]
+    fn test_runtime_dir_is_made_for_the_user() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("skipped: not root (giving a directory to another user needs root)");
+            return;
+        }
+        let nobody = lookup_user("nobody").unwrap();
+        let tmp = vmm_sys_util::tempdir::TempDir::new_with_prefix("/tmp/vgpud-rundir-").unwrap();
+        let dir = tmp.as_path().join("a/b/run");
+        // SAFETY: umask only sets the process's file creation mask.
+        let old = unsafe { libc::umask(0o077) };
+        let made = prepare_runtime_dir(&dir, &nobody);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        made.unwrap();
+        let m = fs::metadata(&dir).unwrap();
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o777),
+            (nobody.uid, nobody.gid, 0o755)
+        );
+        for p in [tmp.as_path().join("a"), tmp.as_path().join("a/b")] {
+            let m = fs::metadata(&p).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o755), "{}", p.display());
+        }
+        // An existing directory is left as it is.
+        prepare_runtime_dir(tmp.as_path(), &nobody).unwrap();
+        assert_eq!(fs::metadata(tmp.as_path()).unwrap().uid(), 0);
     }
 
     #[test]
