@@ -365,7 +365,9 @@ fn gpu_driver_rules(rules: &mut Rules) {
             SYS_faccessat,
             SYS_faccessat2,
             SYS_getdents64,
-            // Its own event fds and pipes between its threads.
+            // Its own event fds and pipes between its threads (it sets
+            // their fd and status flags).
+            SYS_fcntl,
             SYS_dup,
             SYS_pipe2,
             SYS_sched_get_priority_max,

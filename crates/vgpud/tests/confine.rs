@@ -120,7 +120,17 @@ compute_units = 1
                 Err(_) => break,
             }
         }
-        let status = self.child.try_wait().unwrap();
+        // The log ends when the daemon dies: give it a moment to be reaped
+        // so that the message says how it ended (SIGSYS: a call the
+        // filter refused).
+        let mut status = None;
+        for _ in 0..50 {
+            status = self.child.try_wait().unwrap();
+            if status.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         panic!(
             "no log line with {what:?} (exit: {status:?}):\n{}",
             self.lines.join("\n")
