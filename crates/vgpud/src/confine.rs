@@ -63,6 +63,16 @@ pub enum Role {
     /// executable mappings and the rest a driver does. Installed on every
     /// thread at once.
     GpuHost,
+    /// The threads that serve one vGPU: its vfio-user event loop, which
+    /// parses what the VMM sends, and the device worker and compute
+    /// threads it starts. No socket, file or memfd is created there; with
+    /// `driver`, the GPU driver's calls are allowed too (the device
+    /// threads drive the GPU). Installed on the calling thread, on top of
+    /// the process-wide role.
+    Vgpu {
+        /// The vGPU's GPU is driven through a vendor driver in process.
+        driver: bool,
+    },
     /// The metrics HTTP threads: accept on a bound TCP listener, read,
     /// write, start a thread per connection. Installed on the calling
     /// thread, on top of the process-wide role.
@@ -385,6 +395,31 @@ fn gpu_driver_rules(rules: &mut Rules) {
     allow(rules, &[SYS_open, SYS_stat, SYS_readlink, SYS_access]);
 }
 
+/// A vGPU's serving threads: messages with fds, the event loop, guest
+/// memory checks; the socket's removal when the vGPU goes.
+fn vgpu_rules(rules: &mut Rules, driver: bool) {
+    use libc::*;
+    common_rules(rules);
+    serving_rules(rules);
+    allow(
+        rules,
+        &[
+            SYS_recvmsg,
+            SYS_sendmsg,
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_statx,
+        ],
+    );
+    #[cfg(target_arch = "x86_64")]
+    allow(rules, &[SYS_epoll_wait, SYS_unlink]);
+    #[cfg(not(target_arch = "x86_64"))]
+    allow(rules, &[SYS_epoll_pwait, SYS_unlinkat]);
+    if driver {
+        gpu_driver_rules(rules);
+    }
+}
+
 /// The metrics HTTP server: its listener is bound before the filter.
 fn metrics_rules(rules: &mut Rules) {
     common_rules(rules);
@@ -402,6 +437,7 @@ fn rules_for(role: Role) -> Rules {
     match role {
         Role::Daemon => daemon_rules(&mut rules),
         Role::GpuHost => gpu_host_rules(&mut rules),
+        Role::Vgpu { driver } => vgpu_rules(&mut rules, driver),
         Role::Metrics => metrics_rules(&mut rules),
         Role::Signals => signals_rules(&mut rules),
     }
@@ -1057,17 +1093,30 @@ mod tests {
             (Role::Daemon, SeccompMode::Strict),
             (Role::Metrics, SeccompMode::Strict),
         ];
+        let vgpu = &[
+            (Role::Daemon, SeccompMode::Strict),
+            (Role::Vgpu { driver: false }, SeccompMode::Strict),
+        ];
         let killed = (true, End::Signal(libc::SIGSYS));
         assert_eq!(in_child(signals, &unix_socket), killed);
         assert_eq!(in_child(metrics, &unix_socket), killed);
         assert_eq!(in_child(metrics, &bind), killed);
+        assert_eq!(in_child(vgpu, &unix_socket), killed);
+        assert_eq!(in_child(vgpu, &bind), killed);
         // What the daemon role alone allows.
         assert_eq!(in_child(STRICT_DAEMON, &bind), (true, End::Exit(0)));
     }
 
     #[test]
     fn test_every_role_compiles_in_every_mode() {
-        for role in [Role::Daemon, Role::GpuHost, Role::Metrics, Role::Signals] {
+        for role in [
+            Role::Daemon,
+            Role::GpuHost,
+            Role::Vgpu { driver: false },
+            Role::Vgpu { driver: true },
+            Role::Metrics,
+            Role::Signals,
+        ] {
             for mode in [SeccompMode::Strict, SeccompMode::Log] {
                 let progs = programs(role, mode).unwrap();
                 assert_eq!(progs.len(), refusals(role).len() + 1, "{role:?}");
@@ -1082,10 +1131,22 @@ mod tests {
         let daemon = allowed_syscalls(Role::Daemon);
         let gpu = allowed_syscalls(Role::GpuHost);
         assert!(daemon.iter().all(|c| gpu.contains(c)));
-        for narrow in [Role::Metrics, Role::Signals] {
+        for narrow in [Role::Vgpu { driver: false }, Role::Metrics, Role::Signals] {
             let n = allowed_syscalls(narrow);
             assert!(n.iter().all(|c| daemon.contains(c)), "{narrow:?}");
             assert!(n.len() < daemon.len());
+        }
+        let gpu_vgpu = allowed_syscalls(Role::Vgpu { driver: true });
+        assert!(gpu_vgpu.iter().all(|c| gpu.contains(c)));
+        let vgpu = allowed_syscalls(Role::Vgpu { driver: false });
+        for c in [
+            libc::SYS_socket,
+            libc::SYS_bind,
+            libc::SYS_connect,
+            libc::SYS_memfd_create,
+            libc::SYS_linkat,
+        ] {
+            assert!(!vgpu.contains(&c), "{c}");
         }
         for forbidden in [
             libc::SYS_execve,

@@ -211,6 +211,12 @@ fn run(config: Option<PathBuf>, overrides: Overrides) -> Result<(), String> {
     }
     confine::install(role, seccomp).map_err(|e| e.to_string())?;
     info!("seccomp {seccomp:?} for {role:?}; no new privileges");
+    let vgpu_role = Role::Vgpu {
+        driver: role == Role::GpuHost,
+    };
+    daemon.set_serving_thread_hook(Arc::new(move || {
+        confine::install(vgpu_role, seccomp).map_err(|e| e.to_string())
+    }));
 
     let stop = EventFd::new(0).map_err(|e| format!("cannot create stop event: {e}"))?;
     spawn_signal_stop(

@@ -185,6 +185,21 @@ fn status_field<'a>(status: &'a str, key: &str) -> &'a str {
         .trim()
 }
 
+/// Each thread of process `pid`: its name and how many seccomp filters
+/// it carries.
+fn thread_filters(pid: u32) -> Vec<(String, u32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(|t| {
+            let t = t.ok()?.path();
+            let name = std::fs::read_to_string(t.join("comm")).ok()?;
+            let status = std::fs::read_to_string(t.join("status")).ok()?;
+            let filters = status_field(&status, "Seccomp_filters").parse().ok()?;
+            Some((name.trim().to_string(), filters))
+        })
+        .collect()
+}
+
 /// One HTTP request on the API socket: status and body.
 fn api(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
     let mut s = UnixStream::connect(sock).unwrap();
@@ -413,6 +428,27 @@ fn serve_everything(daemon: &str, gpu: &str, args: &[&str], expect: Option<Expec
         "{m}"
     );
     assert!(d.child.try_wait().unwrap().is_none(), "vgpud died");
+    // Threads with a narrower job carry more filters than the process.
+    let base: u32 = status_field(&d.status(), "Seccomp_filters")
+        .parse()
+        .unwrap();
+    for (thread, filters) in thread_filters(d.child.id()) {
+        let narrowed =
+            thread.starts_with("vfio-") || thread.starts_with("metrics") || thread == "signals";
+        if narrowed {
+            assert!(
+                filters > base,
+                "{thread}: {filters} filters, process {base}"
+            );
+        }
+    }
+    let names: Vec<String> = thread_filters(d.child.id())
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
+    for t in ["vfio-vgpu0", "vfio-vgpu1", "metrics", "signals"] {
+        assert!(names.iter().any(|n| n == t), "no thread {t} in {names:?}");
+    }
 
     let code = d.terminate();
     assert!(code.success(), "{code:?}\n{}", d.lines.join("\n"));
