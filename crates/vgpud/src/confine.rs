@@ -88,6 +88,12 @@ impl Role {
     pub fn process_wide(self) -> bool {
         matches!(self, Role::Daemon | Role::GpuHost)
     }
+
+    /// Whether the role allows a GPU driver's calls (opening files among
+    /// them).
+    fn drives_gpu(self) -> bool {
+        matches!(self, Role::GpuHost | Role::Vgpu { driver: true })
+    }
 }
 
 /// Why confinement could not be set up. The daemon does not run
@@ -460,15 +466,18 @@ fn refusals(role: Role) -> Vec<(Vec<libc::c_long>, i32)> {
     // clone3 passes its flags in memory a filter cannot read: ENOSYS makes
     // the C library fall back to clone, whose flags the allow-list checks.
     let mut out = vec![(vec![libc::SYS_clone3], libc::ENOSYS)];
-    if role != Role::GpuHost {
+    // A panic's backtrace (RUST_BACKTRACE) asks for the working directory
+    // and the executable's path, and prints what it has without them.
+    let mut quiet = vec![libc::SYS_getcwd];
+    if !role.drives_gpu() {
         // No file is opened after startup, but malloc reads
         // /sys/devices/system/cpu/online when it adds an arena for a new
-        // thread, and falls back when it cannot.
-        let mut open = vec![libc::SYS_openat];
+        // thread, and a backtrace /proc/self/maps; both cope without.
+        quiet.extend([libc::SYS_openat, libc::SYS_readlinkat]);
         #[cfg(target_arch = "x86_64")]
-        open.push(libc::SYS_open);
-        out.push((open, libc::EACCES));
+        quiet.extend([libc::SYS_open, libc::SYS_readlink]);
     }
+    out.push((quiet, libc::EACCES));
     out
 }
 
@@ -1105,6 +1114,41 @@ mod tests {
         assert_eq!(in_child(vgpu, &bind), killed);
         // What the daemon role alone allows.
         assert_eq!(in_child(STRICT_DAEMON, &bind), (true, End::Exit(0)));
+    }
+
+    /// Set in the process that [`test_a_panic_backtrace_does_not_kill`]
+    /// starts to run itself confined.
+    const PANIC_CHILD: &str = "VGPUD_TEST_CONFINED_PANIC";
+
+    #[test]
+    fn test_a_panic_backtrace_does_not_kill() {
+        // What a backtrace asks for is refused quietly: a thread's panic
+        // stays the thread's. This runs in a process of its own (this
+        // test again, filtered), not a fork of the multi-threaded harness:
+        // a panic takes locks that another thread may hold at a fork.
+        if std::env::var_os(PANIC_CHILD).is_some() {
+            install(Role::Daemon, SeccompMode::Strict).unwrap();
+            let r = std::thread::spawn(|| panic!("expected panic under the filter")).join();
+            assert!(r.is_err());
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "confine::tests::test_a_panic_backtrace_does_not_kill",
+            ])
+            .args(["--nocapture", "--test-threads", "1"])
+            .env(PANIC_CHILD, "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+        assert!(
+            stderr.contains("expected panic under the filter"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("stack backtrace"), "{stderr}");
     }
 
     #[test]
