@@ -46,7 +46,7 @@ bash tests/vm/guest-suite-initramfs.sh "$TMP/initrd.gz"
 log "6/6 vgpud (built-in configuration) and two guests"
 "$bin/vgpud" default-config | sed 's/^/    /' >&2
 mkdir -p "$TMP/run"
-"$bin/vgpud" run --runtime-dir "$TMP/run" --metrics-address "" </dev/null >"$TMP/vgpud.log" 2>&1 &
+"$bin/vgpud" run --allow-root --runtime-dir "$TMP/run" --metrics-address "" </dev/null >"$TMP/vgpud.log" 2>&1 &
 vgpud_pid=$!
 for _ in $(seq 300); do
     [[ -S $TMP/run/vgpu0.sock && -S $TMP/run/vgpu1.sock && -S $TMP/run/api.sock ]] && break

@@ -101,7 +101,7 @@ socket = "b.sock"
 memory = $MEM_B
 compute_units = 1
 EOF
-"$vgpud" run --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
+"$vgpud" run --allow-root --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
 vgpud_pid=$!
 for _ in $(seq 300); do
     [[ -S $TMP/run/a.sock && -S $TMP/run/b.sock ]] && break

@@ -110,6 +110,24 @@ pub struct DaemonConfig {
     /// TCP address of the Prometheus endpoint; `""` disables it.
     #[serde(default = "default_metrics_address")]
     pub metrics_address: String,
+    /// User to switch to when started as root (after opening what needs
+    /// root); its primary and supplementary groups come with it.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Keep running as root when started as root without `user`.
+    #[serde(default)]
+    pub allow_root: bool,
+    /// What a system call outside the daemon's list does.
+    #[serde(default)]
+    pub seccomp: crate::confine::SeccompMode,
+    /// Group given the vGPU sockets, with mode 0660, so that VMMs in it
+    /// can connect (the API socket stays 0600). The daemon's user must be
+    /// in it.
+    #[serde(default)]
+    pub socket_group: Option<String>,
+    /// `socket_group`'s id, looked up at start (not read from the file).
+    #[serde(skip)]
+    pub socket_gid: Option<u32>,
 }
 
 impl Default for DaemonConfig {
@@ -118,6 +136,11 @@ impl Default for DaemonConfig {
             runtime_dir: default_runtime_dir(),
             api_socket: None,
             metrics_address: default_metrics_address(),
+            user: None,
+            allow_root: false,
+            seccomp: Default::default(),
+            socket_group: None,
+            socket_gid: None,
         }
     }
 }
@@ -285,6 +308,10 @@ pub const DEFAULT_CONFIG: &str = r#"# vgpud built-in configuration: one software
 runtime_dir = "/tmp/vgpud"
 # api_socket = "api.sock"             # management API, under runtime_dir, mode 0600
 # metrics_address = "127.0.0.1:9464"  # Prometheus endpoint; "" disables it
+# user = "vgpud"                      # started as root: switch to this user
+# allow_root = false                  # started as root without user: refuse
+# seccomp = "strict"                  # "strict" (kill), "log" or "off"
+# socket_group = "kvm"                # vGPU sockets 0660 for this group's VMMs
 
 [[gpu]]
 name = "gpu0"
@@ -390,6 +417,17 @@ impl Config {
         };
         if let Err(m) = self.metrics_addr() {
             return Err(invalid("daemon.metrics_address".into(), &m));
+        }
+        if self.daemon.user.as_ref().is_some_and(|u| u.is_empty()) {
+            return Err(invalid("daemon.user".into(), "must not be empty"));
+        }
+        if self
+            .daemon
+            .socket_group
+            .as_ref()
+            .is_some_and(|g| g.is_empty())
+        {
+            return Err(invalid("daemon.socket_group".into(), "must not be empty"));
         }
         if self
             .daemon
@@ -508,6 +546,23 @@ mod tests {
         .unwrap();
         assert_eq!(c.api_socket_path(), PathBuf::from("/r/ctl/api"));
         assert_eq!(c.metrics_addr().unwrap(), None);
+        assert_eq!(c.daemon.seccomp, crate::confine::SeccompMode::Strict);
+        assert_eq!(
+            (c.daemon.user.as_deref(), c.daemon.allow_root),
+            (None, false)
+        );
+        let c = Config::parse(
+            "[daemon]\nuser = \"vgpud\"\nallow_root = true\nseccomp = \"log\"\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(c.daemon.user.as_deref(), Some("vgpud"));
+        assert!(c.daemon.allow_root);
+        assert_eq!(c.daemon.seccomp, crate::confine::SeccompMode::Log);
+        for bad in ["seccomp = \"kill\"", "user = \"\"", "socket_group = \"\""] {
+            let e = Config::parse(&format!("[daemon]\n{bad}\n"), "x.toml").unwrap_err();
+            assert!(e.to_string().starts_with("x.toml:"), "{e}");
+        }
         let c = Config::parse(
             "[daemon]\napi_socket = \"/abs/api.sock\"\nmetrics_address = \"[::1]:9000\"\n",
             "x.toml",

@@ -258,7 +258,14 @@ pub struct Daemon {
     config: Config,
     gpus: BTreeMap<String, Gpu>,
     instances: BTreeMap<String, Instance>,
+    serving_hook: Option<ServingThreadHook>,
 }
+
+/// Runs first in each thread that serves a vGPU (its vfio-user event
+/// loop, which starts the device's own threads), before it reads from
+/// the socket; an error fails the vGPU's creation. The `vgpud` binary
+/// narrows those threads' system calls with it.
+pub type ServingThreadHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 fn tenant_params(v: &VgpuConfig) -> TenantParams {
     TenantParams {
@@ -318,7 +325,14 @@ impl Daemon {
             config,
             gpus,
             instances: BTreeMap::new(),
+            serving_hook: None,
         })
+    }
+
+    /// Sets the hook run first in every vGPU's serving thread created
+    /// from now on.
+    pub fn set_serving_thread_hook(&mut self, hook: ServingThreadHook) {
+        self.serving_hook = Some(hook);
     }
 
     /// Creates and starts every instance of the configuration.
@@ -391,18 +405,33 @@ impl Daemon {
                 .unwrap_or_default();
             forget(setup(format!("{e}{cause}")))
         })?;
+        if let Some(gid) = self.config.daemon.socket_gid {
+            crate::confine::share_socket(&socket, gid).map_err(|e| forget(setup(e.to_string())))?;
+        }
         let stop = endpoint
             .stop_handle()
             .map_err(|e| forget(setup(e.to_string())))?;
         let name = v.name.clone();
+        let hook = self.serving_hook.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name(format!("vfio-{name}"))
             .spawn(move || {
+                let ready = hook.map_or(Ok(()), |h| h());
+                let failed = ready.is_err();
+                let _ = ready_tx.send(ready);
+                if failed {
+                    return;
+                }
                 if let Err(e) = endpoint.run() {
                     error!("vGPU {name}: {e}");
                 }
             })
             .map_err(|e| forget(setup(e.to_string())))?;
+        if let Err(e) = ready_rx.recv().unwrap_or_else(|_| Err("it ended".into())) {
+            let _ = thread.join();
+            return Err(forget(setup(format!("serving thread: {e}"))));
+        }
         info!(
             "vGPU {} on GPU {}: {} memory, {} compute units, listening on {}",
             v.name,

@@ -6,5 +6,6 @@
 
 pub mod api;
 pub mod config;
+pub mod confine;
 pub mod daemon;
 pub mod metrics;

@@ -275,8 +275,20 @@ impl MetricsServer {
     /// Listens on `addr` (port 0 picks a free port) and serves the
     /// figures of `daemon`.
     pub fn start(addr: SocketAddr, daemon: Arc<Mutex<Daemon>>) -> io::Result<MetricsServer> {
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+        let listener = Self::bind(addr)?;
+        Self::serve(listener, daemon)
+    }
+
+    /// Binds `addr` for [`MetricsServer::serve`]: a privileged port is
+    /// bound before the daemon gives up root, the serving threads start
+    /// after.
+    pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+    }
+
+    /// Serves the figures of `daemon` on a bound listener.
+    pub fn serve(listener: TcpListener, daemon: Arc<Mutex<Daemon>>) -> io::Result<MetricsServer> {
         let addr = listener.local_addr()?;
         let handler = Arc::new(move |req: &Request| handle(&daemon, req));
         let server = Server::spawn("metrics", listener, handler)?;

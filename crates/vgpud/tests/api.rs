@@ -742,6 +742,8 @@ fn test_sigterm_stops_api_metrics_and_vgpus() {
         .args(["run", "--runtime-dir"])
         .arg(dir.as_path())
         .args(["--metrics-address", "127.0.0.1:0"])
+        // Tests may run as root; the flag does nothing otherwise.
+        .arg("--allow-root")
         .env("RUST_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
