@@ -1,0 +1,374 @@
+//! The partition host's side: serves one partition of an inner backend to
+//! the parent over the socket until the parent closes it.
+
+use std::cell::{Cell, RefCell};
+use std::os::unix::net::UnixStream;
+
+use log::{debug, info};
+use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
+
+use crate::proto::{self, Kind, Reply, Request, Value, MAX_REQUEST, REPLY};
+use crate::shm::Staging;
+use crate::wire::{self, WireError};
+
+/// Why the host stopped serving (other than the parent closing the socket).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The socket failed or the parent broke the protocol.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// A frame that is valid but not allowed here.
+    #[error("unexpected request: {0}")]
+    Unexpected(&'static str),
+}
+
+/// The link back to the parent during a transfer's callbacks.
+struct Chan<'a> {
+    stream: &'a mut UnixStream,
+    seq: u32,
+    buf: Vec<u8>,
+    broken: Option<WireError>,
+}
+
+impl Chan<'_> {
+    /// Sends a callback and waits for the parent's answer: `Ok(None)` done,
+    /// `Ok(Some(off))` the guest memory faulted at `off`.
+    fn call(&mut self, kind: Kind, offset: u64, len: u64) -> Result<Option<u64>, OpError> {
+        let r = (|| {
+            wire::send(
+                self.stream,
+                kind as u16,
+                self.seq,
+                &proto::encode_range(offset, len),
+                None,
+            )?;
+            let (h, _) = wire::recv(self.stream, 16, &mut self.buf, false)?;
+            if h.kind != REPLY | kind as u16 {
+                return Err(proto::ProtoError::Kind(h.kind).into());
+            }
+            if h.seq != self.seq {
+                return Err(proto::ProtoError::Sequence {
+                    got: h.seq,
+                    expected: self.seq,
+                }
+                .into());
+            }
+            Ok(proto::decode_answer(&self.buf)?)
+        })();
+        r.map_err(|e: WireError| {
+            let msg = format!("link to the parent failed: {e}");
+            self.broken = Some(e);
+            OpError::Device(msg)
+        })
+    }
+}
+
+/// Upload source: the staging area, refilled by the parent on demand.
+struct Source<'a> {
+    len: u64,
+    staging: &'a Staging,
+    /// Source range `(offset, len)` now in the staging area.
+    window: Cell<(u64, u64)>,
+    chan: RefCell<Chan<'a>>,
+}
+
+impl HostSource for Source<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(OpError::Fault(offset));
+        }
+        let mut done = 0usize;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let (ws, wl) = self.window.get();
+            if pos >= ws && pos < ws + wl {
+                let n = ((ws + wl - pos) as usize).min(buf.len() - done);
+                let s = (pos - ws) as usize;
+                buf[done..done + n].copy_from_slice(&self.staging.bytes(wl as usize)[s..s + n]);
+                done += n;
+                continue;
+            }
+            let want = (self.len - pos).min(self.staging.len() as u64);
+            match self.chan.borrow_mut().call(Kind::Need, pos, want)? {
+                None => self.window.set((pos, want)),
+                Some(f) => return Err(OpError::Fault(f)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Download sink: pieces go through the staging area; the last one is
+/// left there for the reply to name.
+struct Sink<'a> {
+    len: u64,
+    staging: RefCell<&'a mut Staging>,
+    /// Result range `(offset, len)` in the staging area, not yet taken.
+    pending: Cell<(u64, u64)>,
+    chan: RefCell<Chan<'a>>,
+}
+
+impl HostSink for Sink<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(OpError::Fault(offset));
+        }
+        let mut staging = self.staging.borrow_mut();
+        let room = staging.len();
+        for (i, piece) in buf.chunks(room).enumerate() {
+            let (po, pl) = self.pending.get();
+            if pl > 0 {
+                if let Some(f) = self.chan.borrow_mut().call(Kind::Out, po, pl)? {
+                    return Err(OpError::Fault(f));
+                }
+                self.pending.set((0, 0));
+            }
+            staging.bytes_mut(piece.len()).copy_from_slice(piece);
+            self.pending
+                .set((offset + (i * room) as u64, piece.len() as u64));
+        }
+        Ok(())
+    }
+}
+
+/// The host's state.
+struct Host<'a> {
+    backend: &'a dyn Backend,
+    partition: Option<Box<dyn Partition>>,
+    staging: Option<Staging>,
+}
+
+fn no_partition() -> OpError {
+    OpError::Invalid("no partition created yet".into())
+}
+
+/// Serves requests on `stream` with a partition of `backend` until the
+/// parent closes the socket (`Ok`) or breaks the protocol. `healthy` tells
+/// whether the backend can still serve after a reset in this process (a
+/// CUDA backend cannot once a kernel faulted).
+pub fn serve(
+    mut stream: UnixStream,
+    backend: &dyn Backend,
+    healthy: &dyn Fn() -> bool,
+) -> Result<(), HostError> {
+    let mut host = Host {
+        backend,
+        partition: None,
+        staging: None,
+    };
+    let mut buf = Vec::new();
+    loop {
+        let (h, fd) = match wire::recv(&mut stream, MAX_REQUEST, &mut buf, true) {
+            Ok(x) => x,
+            Err(WireError::Closed) => {
+                debug!("partition host: the parent closed the connection");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let req = Request::decode(h.kind, &buf).map_err(WireError::from)?;
+        let kind = req.kind();
+        let mut broken = None;
+        let result = match req {
+            Request::Hello => Ok(Value::Hello {
+                name: backend.name().to_string(),
+                capacity: backend.capacity(),
+            }),
+            Request::Create {
+                name,
+                memory,
+                compute_units,
+                staging_len,
+            } => {
+                let Some(file) = fd else {
+                    return Err(HostError::Unexpected("create without a staging area"));
+                };
+                host.create(name, memory, compute_units, file, staging_len)
+            }
+            _ if fd.is_some() => return Err(HostError::Unexpected("an fd with this request")),
+            Request::Reset => match host.partition.as_mut() {
+                Some(p) => {
+                    p.reset();
+                    Ok(Value::Reset {
+                        respawn: !healthy(),
+                    })
+                }
+                None => Err(no_partition()),
+            },
+            Request::Upload {
+                dst,
+                len,
+                prefilled,
+            } => host.upload(&mut stream, h.seq, dst, len, prefilled, &mut broken),
+            Request::Download { src, len } => {
+                host.download(&mut stream, h.seq, src, len, &mut broken)
+            }
+            other => host.simple(other),
+        };
+        if let Some(e) = broken {
+            return Err(e.into());
+        }
+        let reply = Reply {
+            memory_used: host.partition.as_ref().map_or(0, |p| p.memory_used()),
+            result,
+        };
+        wire::send(
+            &stream,
+            REPLY | kind as u16,
+            h.seq,
+            &reply.encode(kind),
+            None,
+        )?;
+    }
+}
+
+impl Host<'_> {
+    fn create(
+        &mut self,
+        name: &str,
+        memory: u64,
+        compute_units: u32,
+        file: std::fs::File,
+        staging_len: u64,
+    ) -> Result<Value, OpError> {
+        if self.partition.is_some() {
+            return Err(OpError::Invalid("a partition exists already".into()));
+        }
+        let staging = Staging::open(file, staging_len)
+            .map_err(|e| OpError::Device(format!("staging area: {e}")))?;
+        let spec = PartitionSpec {
+            name: name.to_string(),
+            memory,
+            compute_units,
+        };
+        let p = self
+            .backend
+            .create_partition(&spec)
+            .map_err(|e| OpError::Device(e.to_string()))?;
+        info!(
+            "partition host {}: partition {name:?} ({memory} bytes, {compute_units} compute units) on the {} backend",
+            std::process::id(),
+            self.backend.name()
+        );
+        self.partition = Some(p);
+        self.staging = Some(staging);
+        Ok(Value::None)
+    }
+
+    fn simple(&mut self, req: Request<'_>) -> Result<Value, OpError> {
+        let p = self.partition.as_mut().ok_or_else(no_partition)?;
+        match req {
+            Request::Alloc { size, align } => p.alloc(size, align).map(Value::U64),
+            Request::Free { addr } => p.free(addr).map(|_| Value::None),
+            Request::Copy { dst, src, size } => p.copy(dst, src, size).map(|_| Value::None),
+            Request::Fill {
+                addr,
+                size,
+                pattern,
+            } => p.fill(addr, size, pattern).map(|_| Value::None),
+            Request::ModuleLoad { format, image } => p.module_load(format, image).map(Value::U64),
+            Request::ModuleUnload { module } => p.module_unload(module).map(|_| Value::None),
+            Request::Launch(l) => p.launch(&l).map(|_| Value::None),
+            _ => Err(OpError::Invalid("not a plain request".into())),
+        }
+    }
+
+    fn upload(
+        &mut self,
+        stream: &mut UnixStream,
+        seq: u32,
+        dst: u64,
+        len: u64,
+        prefilled: u64,
+        broken: &mut Option<WireError>,
+    ) -> Result<Value, OpError> {
+        let (Some(p), Some(staging)) = (self.partition.as_mut(), self.staging.as_ref()) else {
+            return Err(no_partition());
+        };
+        if prefilled > len || prefilled > staging.len() as u64 {
+            return Err(OpError::Invalid(format!(
+                "{prefilled} bytes staged for an upload of {len}"
+            )));
+        }
+        let src = Source {
+            len,
+            staging,
+            window: Cell::new((0, prefilled)),
+            chan: RefCell::new(Chan {
+                stream,
+                seq,
+                buf: Vec::new(),
+                broken: None,
+            }),
+        };
+        let r = p.upload(dst, &src).map(|_| Value::None);
+        *broken = src.chan.into_inner().broken;
+        r
+    }
+
+    fn download(
+        &mut self,
+        stream: &mut UnixStream,
+        seq: u32,
+        src: u64,
+        len: u64,
+        broken: &mut Option<WireError>,
+    ) -> Result<Value, OpError> {
+        let (Some(p), Some(staging)) = (self.partition.as_mut(), self.staging.as_mut()) else {
+            return Err(no_partition());
+        };
+        let sink = Sink {
+            len,
+            staging: RefCell::new(staging),
+            pending: Cell::new((0, 0)),
+            chan: RefCell::new(Chan {
+                stream,
+                seq,
+                buf: Vec::new(),
+                broken: None,
+            }),
+        };
+        let r = p.download(src, &sink);
+        let (offset, len) = sink.pending.get();
+        *broken = sink.chan.into_inner().broken;
+        r.map(|_| Value::Download { offset, len })
+    }
+}
+
+/// Answers the parent's first request with `why` (the backend could not
+/// be opened), so the daemon can say what is wrong, and returns.
+pub fn refuse(mut stream: UnixStream, why: &str) -> Result<(), HostError> {
+    let mut buf = Vec::new();
+    let (h, _) = match wire::recv(&mut stream, MAX_REQUEST, &mut buf, true) {
+        Ok(x) => x,
+        Err(WireError::Closed) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let kind = Kind::from_raw(h.kind).ok_or(HostError::Unexpected("unknown request"))?;
+    let reply = Reply {
+        memory_used: 0,
+        result: Err(OpError::Device(why.to_string())),
+    };
+    wire::send(
+        &stream,
+        REPLY | kind as u16,
+        h.seq,
+        &reply.encode(kind),
+        None,
+    )?;
+    Ok(())
+}
