@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use log::{debug, info};
 use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
@@ -25,6 +26,7 @@ pub enum HostError {
 /// The link back to the parent during a transfer's callbacks.
 struct Chan<'a> {
     stream: &'a mut UnixStream,
+    spin: Duration,
     seq: u32,
     buf: Vec<u8>,
     broken: Option<WireError>,
@@ -42,6 +44,7 @@ impl Chan<'_> {
                 &proto::encode_range(offset, len),
                 None,
             )?;
+            wire::spin(self.stream, self.spin);
             let (h, _) = wire::recv(self.stream, 16, &mut self.buf, false)?;
             if h.kind != REPLY | kind as u16 {
                 return Err(proto::ProtoError::Kind(h.kind).into());
@@ -148,6 +151,7 @@ impl HostSink for Sink<'_> {
 /// The host's state.
 struct Host<'a> {
     backend: &'a dyn Backend,
+    spin: Duration,
     partition: Option<Box<dyn Partition>>,
     staging: Option<Staging>,
 }
@@ -159,19 +163,23 @@ fn no_partition() -> OpError {
 /// Serves requests on `stream` with a partition of `backend` until the
 /// parent closes the socket (`Ok`) or breaks the protocol. `healthy` tells
 /// whether the backend can still serve after a reset in this process (a
-/// CUDA backend cannot once a kernel faulted).
+/// CUDA backend cannot once a kernel faulted). Before each read the host
+/// polls for up to `spin` (see [`crate::RemoteConfig::spin`]).
 pub fn serve(
     mut stream: UnixStream,
     backend: &dyn Backend,
     healthy: &dyn Fn() -> bool,
+    spin: Duration,
 ) -> Result<(), HostError> {
     let mut host = Host {
         backend,
+        spin,
         partition: None,
         staging: None,
     };
     let mut buf = Vec::new();
     loop {
+        wire::spin(&stream, spin);
         let (h, fd) = match wire::recv(&mut stream, MAX_REQUEST, &mut buf, true) {
             Ok(x) => x,
             Err(WireError::Closed) => {
@@ -310,6 +318,7 @@ impl Host<'_> {
             window: Cell::new((0, prefilled)),
             chan: RefCell::new(Chan {
                 stream,
+                spin: self.spin,
                 seq,
                 buf: Vec::new(),
                 broken: None,
@@ -337,6 +346,7 @@ impl Host<'_> {
             pending: Cell::new((0, 0)),
             chan: RefCell::new(Chan {
                 stream,
+                spin: self.spin,
                 seq,
                 buf: Vec::new(),
                 broken: None,

@@ -7,6 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use crate::HostLink;
 
@@ -67,21 +68,44 @@ impl InnerBackend {
     }
 }
 
+/// What a partition host is told on its command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostOptions {
+    /// What to open.
+    pub backend: InnerBackend,
+    /// How long it polls for the next message before it sleeps.
+    pub spin: Duration,
+}
+
+impl HostOptions {
+    /// Its command-line arguments (without `--fd`).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut v = self.backend.to_args();
+        v.push("--spin-us".into());
+        v.push(self.spin.as_micros().to_string().into());
+        v
+    }
+}
+
 /// A parsed partition host command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostArgs {
     /// What to open.
     pub backend: InnerBackend,
+    /// How long to poll for the next message before sleeping.
+    pub spin: Duration,
     /// The inherited socket.
     pub fd: i32,
 }
 
 impl HostArgs {
     /// Parses `--backend software --memory N --compute-units N` or
-    /// `--backend cuda --device N [--guest-ptx]`, plus `--fd N`.
+    /// `--backend cuda --device N [--guest-ptx]`, plus `--fd N` and
+    /// optionally `--spin-us N` (at most a second).
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<HostArgs, String> {
         let mut backend = None;
         let (mut memory, mut units, mut device, mut fd) = (None, None, None, None);
+        let mut spin = Duration::ZERO;
         let mut guest_ptx = false;
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
@@ -96,6 +120,12 @@ impl HostArgs {
             };
             match a.as_str() {
                 "--backend" => backend = Some(v),
+                "--spin-us" => {
+                    spin = Duration::from_micros(num(&v)?);
+                    if spin > Duration::from_secs(1) {
+                        return Err(format!("{a}: at most 1000000"));
+                    }
+                }
                 "--memory" => memory = Some(num(&v)?),
                 "--compute-units" => {
                     units = Some(u32::try_from(num(&v)?).map_err(|_| format!("{a}: too large"))?)
@@ -128,6 +158,7 @@ impl HostArgs {
         };
         Ok(HostArgs {
             backend,
+            spin,
             fd: fd.ok_or("--fd is required")?,
         })
     }
@@ -197,13 +228,21 @@ mod tests {
                 guest_ptx: false,
             },
         ] {
-            let mut args: Vec<String> = b
+            let spin = Duration::from_micros(20);
+            let mut args: Vec<String> = HostOptions { backend: b, spin }
                 .to_args()
                 .into_iter()
                 .map(|a| a.into_string().unwrap())
                 .collect();
             args.extend(["--fd".into(), "5".into()]);
-            assert_eq!(HostArgs::parse(args), Ok(HostArgs { backend: b, fd: 5 }));
+            assert_eq!(
+                HostArgs::parse(args),
+                Ok(HostArgs {
+                    backend: b,
+                    spin,
+                    fd: 5
+                })
+            );
         }
         assert!(parse("--backend software --memory 1 --compute-units 1").is_err());
         assert!(parse("--backend software --memory 1 --fd 4").is_err());
@@ -214,5 +253,7 @@ mod tests {
         assert!(parse("--backend cuda --fd").is_err());
         assert!(parse("--backend cuda --what 1 --fd 4").is_err());
         assert!(parse("--fd 4").is_err());
+        assert!(parse("--backend cuda --spin-us 1000001 --fd 4").is_err());
+        assert_eq!(parse("--backend cuda --fd 4").unwrap().spin, Duration::ZERO);
     }
 }

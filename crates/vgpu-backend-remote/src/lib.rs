@@ -69,7 +69,7 @@ use std::time::Duration;
 use log::{info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
-pub use host_cmd::{HostArgs, InnerBackend, HOST_PROGRAM};
+pub use host_cmd::{HostArgs, HostOptions, InnerBackend, HOST_PROGRAM};
 pub use partition::RemotePartition;
 
 /// How long (ms) a closed partition host gets to exit before it is killed.
@@ -93,6 +93,11 @@ pub struct RemoteConfig {
     pub start_timeout: Duration,
     /// Longest wait for an in-place reset.
     pub reset_timeout: Duration,
+    /// How long the daemon polls for an answer before it sleeps on the
+    /// socket (the host's own polling is its `--spin-us`). Polling saves a
+    /// scheduler wake-up per message at the price of a busy core while it
+    /// lasts.
+    pub spin: Duration,
 }
 
 impl Default for RemoteConfig {
@@ -102,6 +107,7 @@ impl Default for RemoteConfig {
             op_timeout: Duration::from_secs(60),
             start_timeout: Duration::from_secs(30),
             reset_timeout: Duration::from_secs(10),
+            spin: Duration::ZERO,
         }
     }
 }
@@ -218,8 +224,9 @@ impl RemoteBackend {
                 "the staging area needs at least one byte".into(),
             ));
         }
-        let (link, name, capacity) = partition::Link::open(&*launcher, config.start_timeout)
-            .map_err(|why| BackendError::Unavailable(format!("partition host: {why}")))?;
+        let (link, name, capacity) =
+            partition::Link::open(&*launcher, config.start_timeout, config.spin)
+                .map_err(|why| BackendError::Unavailable(format!("partition host: {why}")))?;
         drop(link);
         info!(
             "remote backend: {name} partitions in their own processes, {} bytes, {} compute units",

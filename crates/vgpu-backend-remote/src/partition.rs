@@ -21,6 +21,9 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// A running partition host.
 pub(crate) struct Link {
     stream: UnixStream,
+    spin: Duration,
+    /// The socket's current read and write timeout.
+    timeout: Option<Duration>,
     process: Option<Child>,
     seq: u32,
     buf: Vec<u8>,
@@ -47,12 +50,15 @@ impl Link {
     pub(crate) fn open(
         launcher: &dyn Launcher,
         timeout: Duration,
+        spin: Duration,
     ) -> Result<(Link, String, Capacity), String> {
         let HostLink { stream, process } = launcher
             .launch()
             .map_err(|e| format!("cannot start a partition host: {e}"))?;
         let mut link = Link {
             stream,
+            spin,
+            timeout: None,
             process,
             seq: 0,
             buf: Vec::with_capacity(MAX_REPLY as usize),
@@ -96,10 +102,14 @@ impl Link {
         let kind = req.kind();
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        self.stream
-            .set_read_timeout(Some(timeout))
-            .and_then(|_| self.stream.set_write_timeout(Some(timeout)))
-            .map_err(broken)?;
+        if self.timeout != Some(timeout) {
+            // Two system calls: only when the timeout changes.
+            self.stream
+                .set_read_timeout(Some(timeout))
+                .and_then(|_| self.stream.set_write_timeout(Some(timeout)))
+                .map_err(broken)?;
+            self.timeout = Some(timeout);
+        }
         let wire_err = |e: WireError| match e {
             WireError::Timeout => format!("no answer within {timeout:?}"),
             WireError::Closed => "the partition host exited".to_string(),
@@ -134,6 +144,7 @@ impl Link {
         }
         wire::send(&self.stream, kind as u16, seq, &payload, fd).map_err(wire_err)?;
         loop {
+            wire::spin(&self.stream, self.spin);
             let (h, _) =
                 wire::recv(&mut self.stream, MAX_REPLY, &mut self.buf, false).map_err(wire_err)?;
             if h.seq != seq {
@@ -358,7 +369,8 @@ impl RemotePartition {
     }
 
     fn start(&mut self) -> Result<Link, String> {
-        let (mut link, _, _) = Link::open(&*self.launcher, self.config.start_timeout)?;
+        let (mut link, _, _) =
+            Link::open(&*self.launcher, self.config.start_timeout, self.config.spin)?;
         let req = Request::Create {
             name: &self.spec.name,
             memory: self.spec.memory,

@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         } => {
             let b = SoftwareBackend::new(memory, compute_units);
             confine();
-            host::serve(stream, &b, &|| true)
+            host::serve(stream, &b, &|| true, args.spin)
         }
         InnerBackend::Cuda { device, guest_ptx } => {
             use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode};
@@ -72,7 +72,7 @@ fn main() -> ExitCode {
                 Ok(b) => {
                     b.set_guest_ptx(guest_ptx);
                     confine();
-                    host::serve(stream, &b, &|| cuda_lost().is_none())
+                    host::serve(stream, &b, &|| cuda_lost().is_none(), args.spin)
                 }
                 Err(e) => host::refuse(stream, &e.to_string()),
             }
