@@ -8,7 +8,7 @@ use std::time::Duration;
 use log::{debug, info};
 use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
 
-use crate::proto::{self, Kind, Reply, Request, Value, MAX_REQUEST, REPLY};
+use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
 
@@ -23,7 +23,8 @@ pub enum HostError {
     Unexpected(&'static str),
 }
 
-/// The link back to the parent during a transfer's callbacks.
+/// The link back to the parent during a transfer's callbacks. At most
+/// one callback is outstanding at a time.
 struct Chan<'a> {
     stream: &'a mut UnixStream,
     spin: Duration,
@@ -33,17 +34,22 @@ struct Chan<'a> {
 }
 
 impl Chan<'_> {
-    /// Sends a callback and waits for the parent's answer: `Ok(None)` done,
-    /// `Ok(Some(off))` the guest memory faulted at `off`.
-    fn call(&mut self, kind: Kind, offset: u64, len: u64) -> Result<Option<u64>, OpError> {
+    fn fail(&mut self, e: WireError) -> OpError {
+        let msg = format!("link to the parent failed: {e}");
+        self.broken = Some(e);
+        OpError::Device(msg)
+    }
+
+    /// Sends a callback without waiting for its answer.
+    fn send(&mut self, kind: Kind, piece: Piece) -> Result<(), OpError> {
+        wire::send(self.stream, kind as u16, self.seq, &piece.encode(), None)
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Waits for the parent's answer to the callback sent last: `Ok(None)`
+    /// done, `Ok(Some(off))` the guest memory faulted at `off`.
+    fn answer(&mut self, kind: Kind) -> Result<Option<u64>, OpError> {
         let r = (|| {
-            wire::send(
-                self.stream,
-                kind as u16,
-                self.seq,
-                &proto::encode_range(offset, len),
-                None,
-            )?;
             wire::spin(self.stream, self.spin);
             let (h, _) = wire::recv(self.stream, 16, &mut self.buf, false)?;
             if h.kind != REPLY | kind as u16 {
@@ -58,21 +64,55 @@ impl Chan<'_> {
             }
             Ok(proto::decode_answer(&self.buf)?)
         })();
-        r.map_err(|e: WireError| {
-            let msg = format!("link to the parent failed: {e}");
-            self.broken = Some(e);
-            OpError::Device(msg)
-        })
+        r.map_err(|e: WireError| self.fail(e))
     }
 }
 
-/// Upload source: the staging area, refilled by the parent on demand.
+/// Upload source: the staging area's two halves, refilled by the parent
+/// on demand; while the backend copies from one half the parent fills the
+/// other with the next piece.
 struct Source<'a> {
     len: u64,
     staging: &'a Staging,
-    /// Source range `(offset, len)` now in the staging area.
-    window: Cell<(u64, u64)>,
+    /// The piece the backend reads from now.
+    window: Cell<Piece>,
+    /// The next piece, asked for and not yet answered.
+    ahead: Cell<Option<Piece>>,
     chan: RefCell<Chan<'a>>,
+}
+
+impl Source<'_> {
+    fn half(&self) -> u64 {
+        (self.staging.len() / 2) as u64
+    }
+
+    /// The piece at `offset` in the half that `w` does not use.
+    fn after(&self, offset: u64, w: Piece) -> Piece {
+        Piece {
+            offset,
+            len: (self.len - offset).min(self.half()),
+            at: if w.at == 0 { self.half() } else { 0 },
+        }
+    }
+
+    /// Asks for the piece after the window, unless asked already.
+    fn read_ahead(&self) -> Result<(), OpError> {
+        let w = self.window.get();
+        if self.ahead.get().is_none() && w.end() < self.len {
+            let next = self.after(w.end(), w);
+            self.chan.borrow_mut().send(Kind::Need, next)?;
+            self.ahead.set(Some(next));
+        }
+        Ok(())
+    }
+
+    /// Collects an outstanding answer, so that the stream is in step
+    /// before the reply.
+    fn finish(&self) {
+        if self.ahead.take().is_some() {
+            let _ = self.chan.borrow_mut().answer(Kind::Need);
+        }
+    }
 }
 
 impl HostSource for Source<'_> {
@@ -90,32 +130,64 @@ impl HostSource for Source<'_> {
         let mut done = 0usize;
         while done < buf.len() {
             let pos = offset + done as u64;
-            let (ws, wl) = self.window.get();
-            if pos >= ws && pos < ws + wl {
-                let n = ((ws + wl - pos) as usize).min(buf.len() - done);
-                let s = (pos - ws) as usize;
-                buf[done..done + n].copy_from_slice(&self.staging.bytes(wl as usize)[s..s + n]);
+            let w = self.window.get();
+            if pos >= w.offset && pos < w.end() {
+                self.read_ahead()?;
+                let n = ((w.end() - pos) as usize).min(buf.len() - done);
+                let s = (w.at + pos - w.offset) as usize;
+                buf[done..done + n].copy_from_slice(&self.staging.bytes(s + n)[s..s + n]);
                 done += n;
                 continue;
             }
-            let want = (self.len - pos).min(self.staging.len() as u64);
-            match self.chan.borrow_mut().call(Kind::Need, pos, want)? {
-                None => self.window.set((pos, want)),
-                Some(f) => return Err(OpError::Fault(f)),
+            let next = match self.ahead.take() {
+                Some(a) => {
+                    let fault = self.chan.borrow_mut().answer(Kind::Need)?;
+                    if a.offset == pos {
+                        if let Some(f) = fault {
+                            return Err(OpError::Fault(f));
+                        }
+                        self.window.set(a);
+                        continue;
+                    }
+                    // Read out of order: that piece is of no use.
+                    self.after(pos, a)
+                }
+                None => self.after(pos, w),
+            };
+            let mut chan = self.chan.borrow_mut();
+            chan.send(Kind::Need, next)?;
+            if let Some(f) = chan.answer(Kind::Need)? {
+                return Err(OpError::Fault(f));
             }
+            self.window.set(next);
         }
         Ok(())
     }
 }
 
-/// Download sink: pieces go through the staging area; the last one is
-/// left there for the reply to name.
+/// Download sink: pieces go through the staging area's two halves; the
+/// parent writes one to guest memory while the backend fills the other.
+/// The last piece is left there for the reply to name.
 struct Sink<'a> {
     len: u64,
     staging: RefCell<&'a mut Staging>,
-    /// Result range `(offset, len)` in the staging area, not yet taken.
-    pending: Cell<(u64, u64)>,
+    /// Copied into the staging area, not yet handed over.
+    staged: Cell<Option<Piece>>,
+    /// Handed over, its answer not yet read.
+    sent: Cell<Option<Piece>>,
     chan: RefCell<Chan<'a>>,
+}
+
+impl Sink<'_> {
+    /// Reads the answer for the piece handed over last.
+    fn settle(&self) -> Result<(), OpError> {
+        if self.sent.take().is_some() {
+            if let Some(f) = self.chan.borrow_mut().answer(Kind::Out)? {
+                return Err(OpError::Fault(f));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl HostSink for Sink<'_> {
@@ -131,18 +203,24 @@ impl HostSink for Sink<'_> {
             return Err(OpError::Fault(offset));
         }
         let mut staging = self.staging.borrow_mut();
-        let room = staging.len();
-        for (i, piece) in buf.chunks(room).enumerate() {
-            let (po, pl) = self.pending.get();
-            if pl > 0 {
-                if let Some(f) = self.chan.borrow_mut().call(Kind::Out, po, pl)? {
-                    return Err(OpError::Fault(f));
-                }
-                self.pending.set((0, 0));
+        let half = staging.len() / 2;
+        for (i, piece) in buf.chunks(half).enumerate() {
+            if let Some(s) = self.staged.take() {
+                // One piece in flight: the one before must be written out.
+                self.settle()?;
+                self.chan.borrow_mut().send(Kind::Out, s)?;
+                self.sent.set(Some(s));
             }
-            staging.bytes_mut(piece.len()).copy_from_slice(piece);
-            self.pending
-                .set((offset + (i * room) as u64, piece.len() as u64));
+            let at = match self.sent.get() {
+                Some(s) if s.at == 0 => half,
+                _ => 0,
+            };
+            staging.bytes_mut(at + piece.len())[at..].copy_from_slice(piece);
+            self.staged.set(Some(Piece {
+                offset: offset + (i * half) as u64,
+                len: piece.len() as u64,
+                at: at as u64,
+            }));
         }
         Ok(())
     }
@@ -256,6 +334,9 @@ impl Host<'_> {
         if self.partition.is_some() {
             return Err(OpError::Invalid("a partition exists already".into()));
         }
+        if staging_len < 2 {
+            return Err(OpError::Invalid("a staging area of two halves".into()));
+        }
         let staging = Staging::open(file, staging_len)
             .map_err(|e| OpError::Device(format!("staging area: {e}")))?;
         let spec = PartitionSpec {
@@ -307,7 +388,8 @@ impl Host<'_> {
         let (Some(p), Some(staging)) = (self.partition.as_mut(), self.staging.as_ref()) else {
             return Err(no_partition());
         };
-        if prefilled > len || prefilled > staging.len() as u64 {
+        let half = (staging.len() / 2) as u64;
+        if prefilled > len || prefilled > half {
             return Err(OpError::Invalid(format!(
                 "{prefilled} bytes staged for an upload of {len}"
             )));
@@ -315,7 +397,12 @@ impl Host<'_> {
         let src = Source {
             len,
             staging,
-            window: Cell::new((0, prefilled)),
+            window: Cell::new(Piece {
+                offset: 0,
+                len: prefilled,
+                at: 0,
+            }),
+            ahead: Cell::new(None),
             chan: RefCell::new(Chan {
                 stream,
                 spin: self.spin,
@@ -325,6 +412,7 @@ impl Host<'_> {
             }),
         };
         let r = p.upload(dst, &src).map(|_| Value::None);
+        src.finish();
         *broken = src.chan.into_inner().broken;
         r
     }
@@ -343,7 +431,8 @@ impl Host<'_> {
         let sink = Sink {
             len,
             staging: RefCell::new(staging),
-            pending: Cell::new((0, 0)),
+            staged: Cell::new(None),
+            sent: Cell::new(None),
             chan: RefCell::new(Chan {
                 stream,
                 spin: self.spin,
@@ -353,9 +442,19 @@ impl Host<'_> {
             }),
         };
         let r = p.download(src, &sink);
-        let (offset, len) = sink.pending.get();
+        // The answer for the piece in flight comes before the reply.
+        let settled = sink.settle();
+        let last = sink.staged.get().unwrap_or(Piece {
+            offset: 0,
+            len: 0,
+            at: 0,
+        });
         *broken = sink.chan.into_inner().broken;
-        r.map(|_| Value::Download { offset, len })
+        r.and(settled).map(|_| Value::Download {
+            offset: last.offset,
+            len: last.len,
+            at: last.at,
+        })
     }
 }
 

@@ -82,8 +82,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Sizes and timeouts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteConfig {
-    /// Bytes of each partition's staging area (and so of each piece of an
-    /// upload or download).
+    /// Bytes of each partition's staging area; uploads and downloads move
+    /// in pieces of half of it, one half filled while the other drains.
     pub staging_bytes: usize,
     /// Longest wait for any answer of a running host (a kernel running
     /// longer is treated as hung: its host is killed).
@@ -219,9 +219,9 @@ impl RemoteBackend {
         launcher: Arc<dyn Launcher>,
         config: RemoteConfig,
     ) -> Result<RemoteBackend, BackendError> {
-        if config.staging_bytes == 0 {
+        if config.staging_bytes < 2 {
             return Err(BackendError::Unavailable(
-                "the staging area needs at least one byte".into(),
+                "the staging area needs at least two bytes (two halves)".into(),
             ));
         }
         let (link, name, capacity) =

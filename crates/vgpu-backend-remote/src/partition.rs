@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use log::{error, info, warn};
 use vgpu_backend::{Capacity, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
 
-use crate::proto::{self, Kind, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
+use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
 use crate::{lock, HostLink, Launcher, RemoteConfig};
@@ -124,13 +124,16 @@ impl Link {
         let room = staging.as_ref().map_or(0, |s| s.len() as u64);
         // Downloads arrive in order: the next offset expected.
         let mut next = 0u64;
+        // Pieces are half the staging area: one is filled or drained while
+        // the host works on the other.
+        let half = room / 2;
         // Uploads: each piece is asked for once, give or take a retry.
-        let mut needs_left = 2 * total.div_ceil(room.max(1)) + 2;
+        let mut needs_left = 2 * total.div_ceil(half.max(1)) + 4;
         if let (Request::Upload { dst, len, .. }, Xfer::Up(src), Some(st)) =
             (req, &xfer, staging.as_deref_mut())
         {
             // The first piece goes with the request, saving a round trip.
-            let n = (*len).min(room) as usize;
+            let n = (*len).min(half) as usize;
             let prefilled = match src.read_at(0, st.bytes_mut(n)) {
                 Ok(()) => n as u64,
                 Err(_) => 0,
@@ -157,13 +160,18 @@ impl Link {
             if h.kind == REPLY | kind as u16 {
                 let mut reply = Reply::decode(kind, &self.buf).map_err(broken)?;
                 check_reply(kind, &mut reply, quota, &mut reported)?;
-                if let (Ok(Value::Download { offset, len }), Xfer::Down(sink), Some(st)) =
+                if let (Ok(Value::Download { offset, len, at }), Xfer::Down(sink), Some(st)) =
                     (&reply.result, &xfer, staging.as_deref())
                 {
                     if *len > 0 {
-                        check_piece(*offset, *len, next, total, room)?;
+                        let piece = Piece {
+                            offset: *offset,
+                            len: *len,
+                            at: *at,
+                        };
+                        check_piece(piece, next, total, room)?;
                         next += len;
-                        if let Err(e) = sink.write_at(*offset, st.bytes(*len as usize)) {
+                        if let Err(e) = sink.write_at(*offset, staged(st, piece)) {
                             reply.result = Err(e);
                             return Ok(reply);
                         }
@@ -180,7 +188,8 @@ impl Link {
                 (Some(Kind::Need), Xfer::Up(_)) | (Some(Kind::Out), Xfer::Down(_)) => {}
                 _ => return Err(ProtoError::Kind(h.kind).to_string()),
             }
-            let (offset, len) = proto::decode_range(&self.buf).map_err(broken)?;
+            let piece = Piece::decode(&self.buf).map_err(broken)?;
+            let Piece { offset, len, at } = piece;
             let st = staging
                 .as_deref_mut()
                 .ok_or("callback without a transfer")?;
@@ -190,17 +199,21 @@ impl Link {
                         return Err("too many requests for upload data".into());
                     }
                     needs_left -= 1;
-                    if len == 0 || len > room || offset.checked_add(len).is_none_or(|e| e > total) {
+                    if len == 0
+                        || at.checked_add(len).is_none_or(|e| e > room)
+                        || offset.checked_add(len).is_none_or(|e| e > total)
+                    {
                         return Err(format!(
-                            "asked for {len} bytes at {offset} of a {total}-byte upload"
+                            "asked for {len} bytes at {offset} of a {total}-byte upload, at {at} of the staging area"
                         ));
                     }
-                    src.read_at(offset, st.bytes_mut(len as usize))
+                    let end = (at + len) as usize;
+                    src.read_at(offset, &mut st.bytes_mut(end)[at as usize..])
                 }
                 (Some(Kind::Out), Xfer::Down(sink)) => {
-                    check_piece(offset, len, next, total, room)?;
+                    check_piece(piece, next, total, room)?;
                     next += len;
-                    sink.write_at(offset, st.bytes(len as usize))
+                    sink.write_at(offset, staged(st, piece))
                 }
                 _ => return Err(ProtoError::Kind(h.kind).to_string()),
             };
@@ -266,15 +279,24 @@ impl Drop for Link {
     }
 }
 
-/// One piece of a download must continue where the last one ended.
-fn check_piece(offset: u64, len: u64, next: u64, total: u64, room: u64) -> Result<(), String> {
-    if offset != next || len == 0 || len > room || offset.checked_add(len).is_none_or(|e| e > total)
+/// One piece of a download must continue where the last one ended and
+/// lie inside the staging area.
+fn check_piece(p: Piece, next: u64, total: u64, room: u64) -> Result<(), String> {
+    if p.offset != next
+        || p.len == 0
+        || p.at.checked_add(p.len).is_none_or(|e| e > room)
+        || p.offset.checked_add(p.len).is_none_or(|e| e > total)
     {
         return Err(format!(
-            "download piece of {len} bytes at {offset}; expected one at {next} of {total}, at most {room}"
+            "download piece {p:?}; expected one at {next} of {total} in {room} bytes of staging"
         ));
     }
     Ok(())
+}
+
+/// The bytes of a checked piece in the staging area.
+fn staged(st: &Staging, p: Piece) -> &[u8] {
+    &st.bytes((p.at + p.len) as usize)[p.at as usize..]
 }
 
 /// Checks a reply's values against the request and the partition. A

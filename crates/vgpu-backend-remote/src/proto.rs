@@ -87,9 +87,9 @@ pub enum Kind {
     /// `Partition::reset`.
     Reset = 12,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
-    /// source at the start of the staging area.
+    /// source at byte `at` of the staging area.
     Need = 0x40,
-    /// Host -> parent during a download: the start of the staging area
+    /// Host -> parent during a download: byte `at` of the staging area
     /// holds `[offset, offset + len)` of the result.
     Out = 0x41,
 }
@@ -562,6 +562,8 @@ pub enum Value {
         offset: u64,
         /// Bytes (0: none).
         len: u64,
+        /// Where it starts in the staging area.
+        at: u64,
     },
 }
 
@@ -612,8 +614,8 @@ impl Reply {
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
                 }
-                (Kind::Download, Value::Download { offset, len }) => {
-                    w.u64(*offset).u64(*len);
+                (Kind::Download, Value::Download { offset, len, at }) => {
+                    w.u64(*offset).u64(*len).u64(*at);
                 }
                 _ => {}
             },
@@ -672,6 +674,7 @@ impl Reply {
                 Kind::Download => Value::Download {
                     offset: r.u64()?,
                     len: r.u64()?,
+                    at: r.u64()?,
                 },
                 Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind as u16)),
                 _ => Value::None,
@@ -699,19 +702,42 @@ impl Reply {
     }
 }
 
-/// A callback's range ([`Kind::Need`], [`Kind::Out`]).
-pub fn encode_range(offset: u64, len: u64) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.u64(offset).u64(len);
-    w.0
+/// A callback's piece ([`Kind::Need`], [`Kind::Out`]): `len` bytes at
+/// `offset` of the transfer, at byte `at` of the staging area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Offset in the transfer.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Offset in the staging area.
+    pub at: u64,
 }
 
-/// Decodes a callback's range.
-pub fn decode_range(payload: &[u8]) -> Result<(u64, u64), ProtoError> {
-    let mut r = Reader::new(payload);
-    let v = (r.u64()?, r.u64()?);
-    r.finish()?;
-    Ok(v)
+impl Piece {
+    /// Its payload.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u64(self.offset).u64(self.len).u64(self.at);
+        w.0
+    }
+
+    /// Decodes a piece.
+    pub fn decode(payload: &[u8]) -> Result<Piece, ProtoError> {
+        let mut r = Reader::new(payload);
+        let p = Piece {
+            offset: r.u64()?,
+            len: r.u64()?,
+            at: r.u64()?,
+        };
+        r.finish()?;
+        Ok(p)
+    }
+
+    /// Where it ends in the transfer.
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.len)
+    }
 }
 
 /// The parent's answer to a callback: done, or a fault of the guest
@@ -828,7 +854,12 @@ mod tests {
             assert!(Request::decode(req.kind() as u16, &long).is_err());
         }
         assert_eq!(Request::decode(99, &[]), Err(ProtoError::Kind(99)));
-        assert!(Request::decode(Kind::Need as u16, &encode_range(0, 1)).is_err());
+        let piece = Piece {
+            offset: 0,
+            len: 1,
+            at: 0,
+        };
+        assert!(Request::decode(Kind::Need as u16, &piece.encode()).is_err());
     }
 
     #[test]
@@ -869,7 +900,14 @@ mod tests {
             (Kind::ModuleLoad, Ok(Value::U64(2))),
             (Kind::Free, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
-            (Kind::Download, Ok(Value::Download { offset: 8, len: 4 })),
+            (
+                Kind::Download,
+                Ok(Value::Download {
+                    offset: 8,
+                    len: 4,
+                    at: 16,
+                }),
+            ),
             (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
             (
                 Kind::Alloc,
@@ -930,8 +968,14 @@ mod tests {
         assert_eq!(decode_answer(&encode_answer(Some(9))), Ok(Some(9)));
         assert!(decode_answer(&[2]).is_err());
         assert!(decode_answer(&[0, 0]).is_err());
-        assert_eq!(decode_range(&encode_range(3, 4)), Ok((3, 4)));
-        assert!(decode_range(&[0; 15]).is_err());
+        let p = Piece {
+            offset: 3,
+            len: 4,
+            at: 5,
+        };
+        assert_eq!(Piece::decode(&p.encode()), Ok(p));
+        assert!(Piece::decode(&[0; 23]).is_err());
+        assert!(Piece::decode(&[0; 25]).is_err());
     }
 
     #[test]

@@ -335,3 +335,25 @@ fn healthy_reset_stays_in_place() {
     let a = p.alloc(MIB, 0).unwrap();
     assert_eq!(download(&mut p, a, 64).unwrap(), vec![0; 64]);
 }
+
+#[test]
+fn transfers_across_many_pieces_roundtrip() {
+    if !gpu() {
+        return;
+    }
+    let b = backend();
+    let mut p = partition(&b, "xfer");
+    // 40 MiB and a bit: ten 4 MiB pieces and a tail, through both halves.
+    let len = 40 * MIB as usize + 12_345;
+    let data: Vec<u8> = floats(9, len / 4 + 1)
+        .iter()
+        .flat_map(|f| f.to_le_bytes())
+        .take(len)
+        .collect();
+    let a = p.alloc(len as u64, 0).unwrap();
+    p.upload(a, &Src(data.clone())).unwrap();
+    assert!(download(&mut p, a, len).unwrap() == data);
+    // An unaligned window inside it.
+    let part = download(&mut p, a + 4_000_001, 9_000_000).unwrap();
+    assert!(part[..] == data[4_000_001..13_000_001]);
+}

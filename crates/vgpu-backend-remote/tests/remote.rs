@@ -661,6 +661,10 @@ fn fake_host_bad_replies_are_refused() {
     assert!(why.contains("exited"), "{why}");
 }
 
+fn piece(offset: u64, len: u64, at: u64) -> Vec<u8> {
+    proto::Piece { offset, len, at }.encode()
+}
+
 fn upload_call(p: &mut dyn Partition) -> Result<(), OpError> {
     let src = Src {
         data: vec![1; 200_000],
@@ -690,40 +694,37 @@ fn fake_host_bad_transfers_are_refused() {
     assert!(why.contains("did not happen"), "{why}");
     // Asking for bytes past the transfer.
     let why = against_fake(
-        |s, h| {
-            write_frame(
-                s,
-                Kind::Need as u16,
-                h.seq,
-                &proto::encode_range(199_999, 2),
-            )
-        },
+        |s, h| write_frame(s, Kind::Need as u16, h.seq, &piece(199_999, 2, 0)),
         upload_call,
     );
     assert!(why.contains("asked for"), "{why}");
     // More than the staging area.
     let why = against_fake(
-        |s, h| {
-            write_frame(
-                s,
-                Kind::Need as u16,
-                h.seq,
-                &proto::encode_range(0, 1 << 20),
-            )
-        },
+        |s, h| write_frame(s, Kind::Need as u16, h.seq, &piece(0, 1 << 20, 0)),
         upload_call,
     );
     assert!(why.contains("asked for"), "{why}");
+    // A piece that would cross the end of the staging area.
+    let why = against_fake(
+        |s, h| write_frame(s, Kind::Need as u16, h.seq, &piece(0, 16, 64 * 1024 - 8)),
+        upload_call,
+    );
+    assert!(why.contains("asked for"), "{why}");
+    let why = against_fake(
+        |s, h| write_frame(s, Kind::Out as u16, h.seq, &piece(0, 16, u64::MAX - 4)),
+        download_call,
+    );
+    assert!(why.contains("download piece"), "{why}");
     // A callback that does not belong to this request.
     let why = against_fake(
-        |s, h| write_frame(s, Kind::Out as u16, h.seq, &proto::encode_range(0, 1)),
+        |s, h| write_frame(s, Kind::Out as u16, h.seq, &piece(0, 1, 0)),
         upload_call,
     );
     assert!(why.contains("kind"), "{why}");
     // Asking for the same piece over and over.
     let why = against_fake(
         |s, h| loop {
-            write_frame(s, Kind::Need as u16, h.seq, &proto::encode_range(0, 16));
+            write_frame(s, Kind::Need as u16, h.seq, &piece(0, 16, 0));
             if read_frame(s).is_none() {
                 break;
             }
@@ -733,7 +734,7 @@ fn fake_host_bad_transfers_are_refused() {
     assert!(why.contains("too many"), "{why}");
     // Download pieces out of order.
     let why = against_fake(
-        |s, h| write_frame(s, Kind::Out as u16, h.seq, &proto::encode_range(16, 16)),
+        |s, h| write_frame(s, Kind::Out as u16, h.seq, &piece(16, 16, 0)),
         download_call,
     );
     assert!(why.contains("download piece"), "{why}");
@@ -743,6 +744,7 @@ fn fake_host_bad_transfers_are_refused() {
             let v = Value::Download {
                 offset: 0,
                 len: 1000,
+                at: 0,
             };
             reply(s, h, Kind::Download, ok(0, v))
         },
