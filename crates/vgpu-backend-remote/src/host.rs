@@ -8,6 +8,7 @@ use std::time::Duration;
 use log::{debug, info};
 use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
 
+use crate::mailbox::{Conn, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
@@ -26,8 +27,7 @@ pub enum HostError {
 /// The link back to the parent during a transfer's callbacks. At most
 /// one callback is outstanding at a time.
 struct Chan<'a> {
-    stream: &'a mut UnixStream,
-    spin: Duration,
+    conn: &'a mut Conn,
     seq: u32,
     buf: Vec<u8>,
     broken: Option<WireError>,
@@ -42,7 +42,8 @@ impl Chan<'_> {
 
     /// Sends a callback without waiting for its answer.
     fn send(&mut self, kind: Kind, piece: Piece) -> Result<(), OpError> {
-        wire::send(self.stream, kind as u16, self.seq, &piece.encode(), None)
+        self.conn
+            .send(kind as u16, self.seq, &piece.encode())
             .map_err(|e| self.fail(e))
     }
 
@@ -50,8 +51,7 @@ impl Chan<'_> {
     /// done, `Ok(Some(off))` the guest memory faulted at `off`.
     fn answer(&mut self, kind: Kind) -> Result<Option<u64>, OpError> {
         let r = (|| {
-            wire::spin(self.stream, self.spin);
-            let (h, _) = wire::recv(self.stream, 16, &mut self.buf, false)?;
+            let h = self.conn.recv(16, &mut self.buf)?;
             if h.kind != REPLY | kind as u16 {
                 return Err(proto::ProtoError::Kind(h.kind).into());
             }
@@ -229,7 +229,6 @@ impl HostSink for Sink<'_> {
 /// The host's state.
 struct Host<'a> {
     backend: &'a dyn Backend,
-    spin: Duration,
     partition: Option<Box<dyn Partition>>,
     staging: Option<Staging>,
 }
@@ -244,21 +243,31 @@ fn no_partition() -> OpError {
 /// CUDA backend cannot once a kernel faulted). Before each read the host
 /// polls for up to `spin` (see [`crate::RemoteConfig::spin`]).
 pub fn serve(
-    mut stream: UnixStream,
+    stream: UnixStream,
     backend: &dyn Backend,
     healthy: &dyn Fn() -> bool,
     spin: Duration,
 ) -> Result<(), HostError> {
     let mut host = Host {
         backend,
-        spin,
         partition: None,
         staging: None,
     };
     let mut buf = Vec::new();
+    let mut next_mailbox = None;
+    let mut conn = Conn {
+        stream,
+        mailbox: None,
+        spin,
+    };
     loop {
-        wire::spin(&stream, spin);
-        let (h, fd) = match wire::recv(&mut stream, MAX_REQUEST, &mut buf, true) {
+        let got = if conn.mailbox.is_some() {
+            conn.recv(MAX_REQUEST, &mut buf).map(|h| (h, None))
+        } else {
+            wire::spin(&conn.stream, spin);
+            wire::recv(&mut conn.stream, MAX_REQUEST, &mut buf, true)
+        };
+        let (h, fd) = match got {
             Ok(x) => x,
             Err(WireError::Closed) => {
                 debug!("partition host: the parent closed the connection");
@@ -279,11 +288,21 @@ pub fn serve(
                 memory,
                 compute_units,
                 staging_len,
+                mailbox,
             } => {
                 let Some(file) = fd else {
                     return Err(HostError::Unexpected("create without a staging area"));
                 };
-                host.create(name, memory, compute_units, file, staging_len)
+                let r = host.create(name, memory, compute_units, file, staging_len);
+                if let (Ok(_), true, Some(st)) = (&r, mailbox, host.staging.as_ref()) {
+                    // Set up before the reply (so no frame can come first),
+                    // used after it (the reply itself goes on the socket).
+                    // SAFETY: the control area of the staging mapping, which
+                    // `host` keeps until this function returns, after `conn`
+                    // (declared later) is gone.
+                    next_mailbox = Some(unsafe { Mailbox::new(st.control(), Side::Host, spin) });
+                }
+                r
             }
             _ if fd.is_some() => return Err(HostError::Unexpected("an fd with this request")),
             Request::Reset => match host.partition.as_mut() {
@@ -299,9 +318,9 @@ pub fn serve(
                 dst,
                 len,
                 prefilled,
-            } => host.upload(&mut stream, h.seq, dst, len, prefilled, &mut broken),
+            } => host.upload(&mut conn, h.seq, dst, len, prefilled, &mut broken),
             Request::Download { src, len } => {
-                host.download(&mut stream, h.seq, src, len, &mut broken)
+                host.download(&mut conn, h.seq, src, len, &mut broken)
             }
             other => host.simple(other),
         };
@@ -312,13 +331,10 @@ pub fn serve(
             memory_used: host.partition.as_ref().map_or(0, |p| p.memory_used()),
             result,
         };
-        wire::send(
-            &stream,
-            REPLY | kind as u16,
-            h.seq,
-            &reply.encode(kind),
-            None,
-        )?;
+        conn.send(REPLY | kind as u16, h.seq, &reply.encode(kind))?;
+        if next_mailbox.is_some() {
+            conn.mailbox = next_mailbox.take();
+        }
     }
 }
 
@@ -378,7 +394,7 @@ impl Host<'_> {
 
     fn upload(
         &mut self,
-        stream: &mut UnixStream,
+        conn: &mut Conn,
         seq: u32,
         dst: u64,
         len: u64,
@@ -404,8 +420,7 @@ impl Host<'_> {
             }),
             ahead: Cell::new(None),
             chan: RefCell::new(Chan {
-                stream,
-                spin: self.spin,
+                conn,
                 seq,
                 buf: Vec::new(),
                 broken: None,
@@ -419,7 +434,7 @@ impl Host<'_> {
 
     fn download(
         &mut self,
-        stream: &mut UnixStream,
+        conn: &mut Conn,
         seq: u32,
         src: u64,
         len: u64,
@@ -434,8 +449,7 @@ impl Host<'_> {
             staged: Cell::new(None),
             sent: Cell::new(None),
             chan: RefCell::new(Chan {
-                stream,
-                spin: self.spin,
+                conn,
                 seq,
                 buf: Vec::new(),
                 broken: None,

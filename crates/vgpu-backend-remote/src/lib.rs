@@ -33,6 +33,12 @@
 //!   the first piece travels with the request and the last one with the
 //!   reply, so a transfer that fits takes one round trip. Module images
 //!   and launch parameters travel inline, bounded by the guest ABI.
+//! - With a polling time ([`RemoteConfig::spin`], the host's `--spin-us`),
+//!   small frames go through a mailbox in the staging memfd instead of the
+//!   socket: each side polls a sequence word, so a round trip costs no
+//!   system call while both poll; a side that stops polling sleeps on the
+//!   socket and is woken there. Frames read from the mailbox are copied
+//!   out and checked like socket frames.
 //! - A reset of a healthy host resets its partition in place; a host whose
 //!   backend cannot recover in its process (CUDA after a kernel fault)
 //!   asks to be replaced, and is.
@@ -50,6 +56,7 @@
 #![warn(missing_docs)]
 
 mod host_cmd;
+mod mailbox;
 mod partition;
 mod shm;
 mod wire;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use log::{error, info, warn};
 use vgpu_backend::{Capacity, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
 
+use crate::mailbox::{self, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
@@ -21,6 +22,8 @@ const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// A running partition host.
 pub(crate) struct Link {
     stream: UnixStream,
+    /// Frames through shared memory, once the host has the staging area.
+    mailbox: Option<Mailbox>,
     spin: Duration,
     /// The socket's current read and write timeout.
     timeout: Option<Duration>,
@@ -57,6 +60,7 @@ impl Link {
             .map_err(|e| format!("cannot start a partition host: {e}"))?;
         let mut link = Link {
             stream,
+            mailbox: None,
             spin,
             timeout: None,
             process,
@@ -145,11 +149,10 @@ impl Link {
             }
             .encode();
         }
-        wire::send(&self.stream, kind as u16, seq, &payload, fd).map_err(wire_err)?;
+        self.send(kind as u16, seq, &payload, fd)
+            .map_err(wire_err)?;
         loop {
-            wire::spin(&self.stream, self.spin);
-            let (h, _) =
-                wire::recv(&mut self.stream, MAX_REPLY, &mut self.buf, false).map_err(wire_err)?;
+            let h = self.recv().map_err(wire_err)?;
             if h.seq != seq {
                 return Err(ProtoError::Sequence {
                     got: h.seq,
@@ -228,14 +231,34 @@ impl Link {
                     Some(at)
                 }
             };
-            wire::send(
-                &self.stream,
-                h.kind | REPLY,
-                seq,
-                &proto::encode_answer(fault),
-                None,
-            )
-            .map_err(wire_err)?;
+            self.send(h.kind | REPLY, seq, &proto::encode_answer(fault), None)
+                .map_err(wire_err)?;
+        }
+    }
+
+    /// Sends a frame: with an fd always on the socket, else through the
+    /// mailbox when there is one.
+    fn send(
+        &mut self,
+        kind: u16,
+        seq: u32,
+        payload: &[u8],
+        fd: Option<i32>,
+    ) -> Result<(), WireError> {
+        match (&mut self.mailbox, fd) {
+            (Some(m), None) => m.send(&self.stream, kind, seq, payload),
+            _ => wire::send(&self.stream, kind, seq, payload, fd),
+        }
+    }
+
+    /// Receives a frame from the host.
+    fn recv(&mut self) -> Result<proto::Header, WireError> {
+        match &mut self.mailbox {
+            Some(m) => m.recv(&mut self.stream, MAX_REPLY, &mut self.buf),
+            None => {
+                wire::spin(&self.stream, self.spin);
+                wire::recv(&mut self.stream, MAX_REPLY, &mut self.buf, false).map(|(h, _)| h)
+            }
         }
     }
 
@@ -341,8 +364,10 @@ pub struct RemotePartition {
     launcher: Arc<dyn Launcher>,
     config: RemoteConfig,
     pool: Arc<Mutex<Capacity>>,
-    staging: Staging,
+    /// Declared before `staging`, so dropped before it: a link's mailbox
+    /// points into the staging area.
     link: Option<Link>,
+    staging: Staging,
     failed: Option<String>,
     memory_used: u64,
 }
@@ -393,11 +418,18 @@ impl RemotePartition {
     fn start(&mut self) -> Result<Link, String> {
         let (mut link, _, _) =
             Link::open(&*self.launcher, self.config.start_timeout, self.config.spin)?;
+        // Polling ends talk through the mailbox; nothing a previous host
+        // left in it is kept.
+        let mailbox = !self.config.spin.is_zero();
+        // SAFETY: the staging area's control area; no host uses it now
+        // (any previous one was killed and reaped).
+        unsafe { mailbox::clear(self.staging.control()) };
         let req = Request::Create {
             name: &self.spec.name,
             memory: self.spec.memory,
             compute_units: self.spec.compute_units,
             staging_len: self.staging.len() as u64,
+            mailbox,
         };
         let fd = self.staging.file().as_raw_fd();
         let r = link.exchange(
@@ -413,6 +445,14 @@ impl RemotePartition {
                 result: Ok(Value::None),
                 memory_used: 0,
             }) => {
+                if mailbox {
+                    // SAFETY: the control area of `self.staging`, which
+                    // outlives every link of this partition (the link
+                    // field is dropped first).
+                    link.mailbox = Some(unsafe {
+                        Mailbox::new(self.staging.control(), Side::Parent, self.config.spin)
+                    });
+                }
                 info!(
                     "partition {:?}: partition host {} started",
                     self.spec.name,

@@ -319,6 +319,8 @@ pub enum Request<'a> {
         compute_units: u32,
         /// Bytes of the staging area.
         staging_len: u64,
+        /// Whether frames after this one go through the mailbox.
+        mailbox: bool,
     },
     /// [`Kind::Alloc`].
     Alloc {
@@ -415,10 +417,12 @@ impl Request<'_> {
                 memory,
                 compute_units,
                 staging_len,
+                mailbox,
             } => {
                 w.u64(*memory)
                     .u32(*compute_units)
                     .u64(*staging_len)
+                    .u8(*mailbox as u8)
                     .text(name, MAX_NAME);
             }
             Request::Alloc { size, align } => {
@@ -475,10 +479,16 @@ impl Request<'_> {
                 let memory = r.u64()?;
                 let compute_units = r.u32()?;
                 let staging_len = r.u64()?;
+                let mailbox = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtoError::Malformed("bad flag")),
+                };
                 Request::Create {
                     memory,
                     compute_units,
                     staging_len,
+                    mailbox,
                     name: r.text(MAX_NAME)?,
                 }
             }
@@ -805,6 +815,7 @@ mod tests {
                 memory: 1 << 30,
                 compute_units: 3,
                 staging_len: 1 << 20,
+                mailbox: true,
             },
             Request::Alloc {
                 size: 4096,
@@ -875,7 +886,7 @@ mod tests {
         assert!(Request::decode(Kind::Launch as u16, &w.0).is_err());
         // A name that is not UTF-8.
         let mut w = Writer::default();
-        w.u64(1).u32(1).u64(1).u16(2);
+        w.u64(1).u32(1).u64(1).u8(0).u16(2);
         w.0.extend_from_slice(&[0xff, 0xfe]);
         assert_eq!(
             Request::decode(Kind::Create as u16, &w.0),

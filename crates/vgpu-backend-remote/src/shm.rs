@@ -1,13 +1,17 @@
 //! The staging area: a sealed memfd mapped shared by the parent and its
 //! partition host, through which uploads and downloads cross without
-//! passing through the socket.
+//! passing through the socket. Its first [`CONTROL_BYTES`] hold the
+//! mailbox (see `mailbox.rs`); the data area follows.
 
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};
 
-/// A shared mapping of a memfd.
+/// Bytes before the data area, for the mailbox.
+pub const CONTROL_BYTES: usize = 20 << 10;
+
+/// A shared mapping of a memfd: the control area, then `len` data bytes.
 #[derive(Debug)]
 pub struct Staging {
     file: File,
@@ -20,13 +24,14 @@ pub struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    /// A new zeroed area of `len` bytes whose size is sealed, so the other
-    /// process cannot shrink it under our mapping (which would turn our
-    /// accesses into SIGBUS).
+    /// A new zeroed area of `len` data bytes whose size is sealed, so the
+    /// other process cannot shrink it under our mapping (which would turn
+    /// our accesses into SIGBUS).
     pub fn create(len: usize) -> io::Result<Staging> {
-        if len == 0 {
-            return Err(io::Error::from(io::ErrorKind::InvalidInput));
-        }
+        let total = len
+            .checked_add(CONTROL_BYTES)
+            .filter(|_| len > 0)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         const NAME: &CStr = c"vgpu-staging";
         // SAFETY: NAME is NUL-terminated; the result is checked.
         let fd = unsafe {
@@ -37,7 +42,7 @@ impl Staging {
         }
         // SAFETY: a fresh fd owned by nothing else.
         let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(len as u64)?;
+        file.set_len(total as u64)?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: plain fcntl on an fd we own.
         if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
@@ -46,13 +51,17 @@ impl Staging {
         Staging::map(file, len)
     }
 
-    /// Maps an area received from the parent; it must be at least `len`
-    /// bytes.
+    /// Maps an area received from the parent; it must hold at least `len`
+    /// data bytes.
     pub fn open(file: File, len: u64) -> io::Result<Staging> {
         let size = file.metadata()?.len();
         let len = usize::try_from(len)
             .ok()
-            .filter(|&l| l > 0 && size >= l as u64)
+            .filter(|&l| {
+                l > 0
+                    && l.checked_add(CONTROL_BYTES)
+                        .is_some_and(|t| size >= t as u64)
+            })
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
@@ -63,12 +72,12 @@ impl Staging {
     }
 
     fn map(file: File, len: usize) -> io::Result<Staging> {
-        // SAFETY: a new shared mapping of `len` bytes of a file at least
-        // that long; the result is checked.
+        // SAFETY: a new shared mapping of the control area and `len` bytes
+        // of a file at least that long; the result is checked.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                CONTROL_BYTES + len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
@@ -90,9 +99,15 @@ impl Staging {
         &self.file
     }
 
-    /// Bytes.
+    /// Data bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The control area's first byte (page-aligned, [`CONTROL_BYTES`]
+    /// long, shared with the peer).
+    pub fn control(&self) -> *mut u8 {
+        self.ptr
     }
 
     /// The first `len` bytes (at most the area's length).
@@ -101,10 +116,10 @@ impl Staging {
     /// ever copied as opaque data, never interpreted.
     pub fn bytes(&self, len: usize) -> &[u8] {
         let len = len.min(self.len);
-        // SAFETY: `len` bytes of our live mapping. The peer process can
-        // change them concurrently; u8 has no invalid values and nothing
-        // here decides anything from them.
-        unsafe { std::slice::from_raw_parts(self.ptr, len) }
+        // SAFETY: `len` data bytes of our live mapping. The peer process
+        // can change them concurrently; u8 has no invalid values and
+        // nothing here decides anything from them.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(CONTROL_BYTES), len) }
     }
 
     /// The first `len` bytes, to write (at most the area's length).
@@ -112,14 +127,14 @@ impl Staging {
         let len = len.min(self.len);
         // SAFETY: as for `bytes`; `&mut self` keeps this process's other
         // views out while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(CONTROL_BYTES), len) }
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
         // SAFETY: mapped in `map` with this length and not unmapped since.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        unsafe { libc::munmap(self.ptr.cast(), CONTROL_BYTES + self.len) };
     }
 }
 

@@ -41,18 +41,30 @@ fn host_program() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")))
 }
 
-fn backend() -> RemoteBackend {
+/// Hosts with guest PTX allowed, both ends polling for `spin` (frames
+/// through the mailbox when it is not zero).
+fn backend_with(spin: Duration) -> RemoteBackend {
     let args = HostOptions {
         backend: InnerBackend::Cuda {
             device: 0,
             guest_ptx: true,
         },
-        spin: Duration::ZERO,
+        spin,
     }
     .to_args();
     let launcher = Arc::new(ProcessLauncher::new(host_program(), args).unwrap());
-    RemoteBackend::new(launcher, RemoteConfig::default()).unwrap()
+    let config = RemoteConfig {
+        spin,
+        ..RemoteConfig::default()
+    };
+    RemoteBackend::new(launcher, config).unwrap()
 }
+
+fn backend() -> RemoteBackend {
+    backend_with(Duration::ZERO)
+}
+
+const POLL: Duration = Duration::from_micros(50);
 
 fn partition(b: &RemoteBackend, name: &str) -> RemotePartition {
     b.create_remote_partition(&PartitionSpec {
@@ -207,7 +219,18 @@ fn a_faulting_tenant_loses_only_its_own_host() {
     if !gpu() {
         return;
     }
-    let b = backend();
+    faulting_tenant(backend());
+}
+
+#[test]
+fn a_faulting_polling_tenant_loses_only_its_own_host() {
+    if !gpu() {
+        return;
+    }
+    faulting_tenant(backend_with(POLL));
+}
+
+fn faulting_tenant(b: RemoteBackend) {
     let mut victim = partition(&b, "victim");
     let mut faulty = partition(&b, "faulty");
     let victim_pid = victim.host_pid().unwrap();
@@ -341,7 +364,12 @@ fn transfers_across_many_pieces_roundtrip() {
     if !gpu() {
         return;
     }
-    let b = backend();
+    for b in [backend(), backend_with(POLL)] {
+        transfers(b);
+    }
+}
+
+fn transfers(b: RemoteBackend) {
     let mut p = partition(&b, "xfer");
     // 40 MiB and a bit: ten 4 MiB pieces and a tail, through both halves.
     let len = 40 * MIB as usize + 12_345;

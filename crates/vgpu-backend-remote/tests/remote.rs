@@ -15,7 +15,7 @@ use vgpu_backend::{
 };
 use vgpu_backend_remote::proto::{self, Header, Kind, Reply, Value, HEADER_LEN, REPLY};
 use vgpu_backend_remote::{
-    HostLink, InnerBackend, Launcher, ProcessLauncher, RemoteBackend, RemoteConfig,
+    HostLink, HostOptions, InnerBackend, Launcher, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
 
 const MIB: u64 = 1 << 20;
@@ -25,12 +25,15 @@ fn host_program() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host"))
 }
 
-fn launcher(memory: u64, units: u32) -> Arc<ProcessLauncher> {
-    let inner = InnerBackend::Software {
-        memory,
-        compute_units: units,
+fn launcher(memory: u64, units: u32, spin: Duration) -> Arc<ProcessLauncher> {
+    let options = HostOptions {
+        backend: InnerBackend::Software {
+            memory,
+            compute_units: units,
+        },
+        spin,
     };
-    Arc::new(ProcessLauncher::new(host_program(), inner.to_args()).unwrap())
+    Arc::new(ProcessLauncher::new(host_program(), options.to_args()).unwrap())
 }
 
 /// A small staging area, so transfers take several pieces.
@@ -42,7 +45,14 @@ fn config() -> RemoteConfig {
 }
 
 fn backend(memory: u64, units: u32) -> RemoteBackend {
-    RemoteBackend::new(launcher(memory, units), config()).unwrap()
+    RemoteBackend::new(launcher(memory, units, Duration::ZERO), config()).unwrap()
+}
+
+/// Hosts and daemon polling (frames through the mailbox).
+fn polling_backend(memory: u64, units: u32) -> RemoteBackend {
+    let spin = Duration::from_micros(200);
+    let config = RemoteConfig { spin, ..config() };
+    RemoteBackend::new(launcher(memory, units, spin), config).unwrap()
 }
 
 fn spec(name: &str, memory: u64, compute_units: u32) -> PartitionSpec {
@@ -278,9 +288,17 @@ fn fnv(b: &[u8]) -> u64 {
 
 #[test]
 fn every_call_matches_the_in_process_backend() {
+    every_call_matches(backend(MEMORY, 2));
+}
+
+#[test]
+fn every_call_matches_the_in_process_backend_through_the_mailbox() {
+    every_call_matches(polling_backend(MEMORY, 2));
+}
+
+fn every_call_matches(remote: RemoteBackend) {
     let local = SoftwareBackend::new(MEMORY, 2);
     let mut lp = local.create_partition(&spec("p", MEMORY, 2)).unwrap();
-    let remote = backend(MEMORY, 2);
     assert_eq!(remote.name(), "software");
     assert_eq!(remote.capacity(), local.capacity());
     let mut rp = remote
@@ -347,7 +365,15 @@ fn kill(pid: u32) {
 
 #[test]
 fn a_killed_host_fails_only_its_partition_until_reset() {
-    let b = backend(MEMORY, 2);
+    killed_host(backend(MEMORY, 2));
+}
+
+#[test]
+fn a_killed_polling_host_fails_only_its_partition_until_reset() {
+    killed_host(polling_backend(MEMORY, 2));
+}
+
+fn killed_host(b: RemoteBackend) {
     let mut victim = b
         .create_remote_partition(&spec("victim", 32 * MIB, 1))
         .unwrap();
@@ -434,7 +460,33 @@ fn children() -> Vec<u32> {
 
 #[test]
 fn no_descriptor_or_process_leaks_over_many_cycles() {
-    let b = backend(MEMORY, 2);
+    // Descriptors and children are counted per process: other tests
+    // running beside this one would change both, so it runs alone in a
+    // child process of the test binary.
+    const ALONE: &str = "VGPU_REMOTE_LEAK_TEST";
+    if std::env::var_os(ALONE).is_some() {
+        leak_cycles(backend(MEMORY, 2));
+        leak_cycles(polling_backend(MEMORY, 2));
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "no_descriptor_or_process_leaks_over_many_cycles",
+            "--test-threads=1",
+        ])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn leak_cycles(b: RemoteBackend) {
     // Warm up: the spawning thread and the first host's descriptors.
     drop(b.create_partition(&spec("w", MIB, 1)).unwrap());
     let fds = count_fds();
