@@ -5,7 +5,8 @@
 //!
 //! # Why
 //!
-//! On an H200 (see `docs/perf/cuda-tests.md`), CUDA contexts of one
+//! On an H200 (see `docs/perf/cuda-tests.md`; this crate's figures are in
+//! `docs/perf/cuda-process.md`), CUDA contexts of one
 //! process share one GPU address space, and one illegal access makes every
 //! context of the process unusable. A process per partition gives each
 //! tenant its own GPU address space and confines a fault, or a crash of
@@ -24,15 +25,20 @@
 //!   transfer, faults against the ones the daemon itself reported); a host
 //!   that breaks a rule, dies (end of file) or stays silent past its
 //!   timeout is killed and reaped, and every later call on that partition
-//!   fails with [`OpError::Device`] until [`Partition::reset`] starts a
+//!   fails with [`OpError::Device`](vgpu_backend::OpError::Device) until [`Partition::reset`] starts a
 //!   fresh host. Other partitions are not involved.
 //! - Bulk data (upload, download) crosses through a staging area: a
 //!   sealed memfd mapped by both processes (passed with `SCM_RIGHTS`), in
-//!   pieces of its size. The daemon fills it from guest memory (the one
-//!   CPU copy of the in-process path) and the host's backend reads it;
-//!   the first piece travels with the request and the last one with the
-//!   reply, so a transfer that fits takes one round trip. Module images
-//!   and launch parameters travel inline, bounded by the guest ABI.
+//!   pieces of half its size. The daemon fills it from guest memory (the
+//!   one CPU copy of the in-process path) and the host's backend reads it;
+//!   the host asks for the next piece before it copies the current one,
+//!   and hands a download piece over while it fills the other half. The
+//!   first piece travels with the request and the last one with the
+//!   reply, so a small transfer takes one round trip. Module images and
+//!   launch parameters travel inline, bounded by the guest ABI. (The
+//!   protocol keeps a message kind for passing a host a guest RAM fd, so
+//!   that it can register guest memory with the driver and copy with no
+//!   bounce.)
 //! - With a polling time ([`RemoteConfig::spin`], the host's `--spin-us`),
 //!   small frames go through a mailbox in the staging memfd instead of the
 //!   socket: each side polls a sequence word, so a round trip costs no

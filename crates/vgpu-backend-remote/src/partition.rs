@@ -17,7 +17,7 @@ use crate::wire::{self, WireError};
 use crate::{lock, HostLink, Launcher, RemoteConfig};
 
 /// How long a closed host gets to exit on its own before it is killed.
-const EXIT_GRACE: Duration = Duration::from_secs(1);
+const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
 
 /// A running partition host.
 pub(crate) struct Link {
