@@ -363,6 +363,24 @@ fn kill(pid: u32) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
+/// Waits until `pid` has died (a zombie not yet reaped, or gone).
+fn wait_dead(pid: u32) {
+    for _ in 0..5000 {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return,
+            Ok(stat)
+                if stat
+                    .rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z')) =>
+            {
+                return
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    panic!("host {pid} did not die");
+}
+
 #[test]
 fn a_killed_host_fails_only_its_partition_until_reset() {
     killed_host(backend(MEMORY, 2));
@@ -426,7 +444,7 @@ fn killed_host(b: RemoteBackend) {
     assert_eq!(*sink.data.borrow(), vec![7; 4096]);
     // A host killed while idle is noticed at the next call.
     kill(new_pid);
-    std::thread::sleep(Duration::from_millis(50));
+    wait_dead(new_pid);
     assert!(matches!(victim.alloc(16, 0), Err(OpError::Device(_))));
     victim.reset();
     assert!(victim.alloc(16, 0).is_ok());
