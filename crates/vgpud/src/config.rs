@@ -83,6 +83,18 @@ pub enum PartitionMode {
     Spatial,
 }
 
+/// Where a GPU's partitions run.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// Every partition in the daemon's own process.
+    Thread,
+    /// Every partition in its own partition host process: its own GPU
+    /// address space, and a fault or crash ends only that vGPU's host
+    /// (restarted by a reset of the function).
+    Process,
+}
+
 /// Scheduling policy of a GPU.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -186,12 +198,39 @@ pub struct GpuConfig {
     /// CUDA partition mode.
     #[serde(default)]
     pub partition_mode: PartitionMode,
+    /// Where partitions run; see [`GpuConfig::isolation`] for the default.
+    #[serde(default, rename = "isolation")]
+    pub isolation_setting: Option<Isolation>,
+    /// Whether guests may load their own PTX modules (CUDA with process
+    /// isolation only: then a loaded kernel reaches only its own
+    /// tenant's memory).
+    #[serde(default)]
+    pub guest_ptx: bool,
+    /// The partition host program; by default `vgpu-partition-host` next
+    /// to the daemon's executable.
+    #[serde(default)]
+    pub partition_host: Option<PathBuf>,
     /// Scheduling policy.
     #[serde(default)]
     pub policy: Policy,
     /// Time slice for round-robin, microseconds.
     #[serde(default = "default_slice_us")]
     pub slice_us: u64,
+}
+
+impl GpuConfig {
+    /// Where partitions run: as configured, else `process` for CUDA in
+    /// isolated mode (one tenant's faulting kernel would otherwise end
+    /// every tenant's CUDA) and `thread` otherwise (the software backend
+    /// runs no guest code; spatial mode needs its SM groups in one
+    /// process).
+    pub fn isolation(&self) -> Isolation {
+        self.isolation_setting
+            .unwrap_or(match (self.backend, self.partition_mode) {
+                (BackendKind::Cuda, PartitionMode::Isolated) => Isolation::Process,
+                _ => Isolation::Thread,
+            })
+    }
 }
 
 fn default_queues() -> u32 {
@@ -452,6 +491,20 @@ impl Config {
                     "the software backend needs a memory size",
                 ));
             }
+            if g.isolation() == Isolation::Process && g.partition_mode == PartitionMode::Spatial {
+                return Err(invalid(
+                    field("isolation"),
+                    "spatial partitions share SM groups of one process: use \"thread\"",
+                ));
+            }
+            if g.guest_ptx
+                && (g.backend != BackendKind::Cuda || g.isolation() != Isolation::Process)
+            {
+                return Err(invalid(
+                    field("guest_ptx"),
+                    "guest PTX needs backend \"cuda\" with isolation \"process\"",
+                ));
+            }
             if g.slice_us == 0 {
                 return Err(invalid(field("slice_us"), "must be at least 1"));
             }
@@ -636,5 +689,49 @@ mod tests {
             let e = Config::parse(&text, "c.toml").unwrap_err().to_string();
             assert!(e.starts_with(&format!("c.toml: {field}:")), "{e}");
         }
+    }
+
+    #[test]
+    fn test_isolation_defaults_and_refusals() {
+        let gpu = |extra: &str| {
+            let text = format!("[[gpu]]\nname = \"g\"\nmemory = \"1GiB\"\n{extra}");
+            Config::parse(&text, "c.toml").map(|c| c.gpus[0].clone())
+        };
+        let iso = |extra: &str| gpu(extra).unwrap().isolation();
+        assert_eq!(iso("backend = \"software\"\n"), Isolation::Thread);
+        assert_eq!(iso("backend = \"cuda\"\n"), Isolation::Process);
+        assert_eq!(
+            iso("backend = \"cuda\"\npartition_mode = \"spatial\"\n"),
+            Isolation::Thread
+        );
+        assert_eq!(
+            iso("backend = \"software\"\nisolation = \"process\"\n"),
+            Isolation::Process
+        );
+        assert_eq!(
+            iso("backend = \"cuda\"\nisolation = \"thread\"\n"),
+            Isolation::Thread
+        );
+        let g = gpu("backend = \"cuda\"\nguest_ptx = true\npartition_host = \"/opt/h\"\n").unwrap();
+        assert!(g.guest_ptx);
+        assert_eq!(g.partition_host.as_deref(), Some(Path::new("/opt/h")));
+        for (extra, field) in [
+            (
+                "backend = \"cuda\"\npartition_mode = \"spatial\"\nisolation = \"process\"\n",
+                "isolation",
+            ),
+            (
+                "backend = \"cuda\"\nisolation = \"thread\"\nguest_ptx = true\n",
+                "guest_ptx",
+            ),
+            (
+                "backend = \"software\"\nisolation = \"process\"\nguest_ptx = true\n",
+                "guest_ptx",
+            ),
+        ] {
+            let e = gpu(extra).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("c.toml: gpu \"g\".{field}:")), "{e}");
+        }
+        assert!(gpu("backend = \"software\"\nisolation = \"vm\"\n").is_err());
     }
 }

@@ -1,0 +1,491 @@
+//! What a partition in its own process costs per call: the same
+//! operations on an in-process partition and on a partition host, in
+//! alternating rounds of one run, for the software backend and (when a
+//! CUDA driver is present) the CUDA backend, with native CUDA beside.
+//! Prints markdown tables.
+//!
+//! `cargo bench -p vgpu-backend-remote --bench remote`
+//!
+//! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
+//! next to this binary or one directory up (where cargo puts it).
+
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::software::SoftwareBackend;
+use vgpu_backend::{Backend, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend_remote::{
+    default_host_program, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
+};
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+struct Buf(Vec<u8>);
+
+impl HostSource for Buf {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), OpError> {
+        let o = offset as usize;
+        out.copy_from_slice(&self.0[o..o + out.len()]);
+        Ok(())
+    }
+}
+
+struct Sink(std::cell::UnsafeCell<Vec<u8>>);
+
+impl HostSink for Sink {
+    fn len(&self) -> u64 {
+        // SAFETY: single-threaded; no reference into the vector is live.
+        unsafe { (*self.0.get()).len() as u64 }
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), OpError> {
+        let o = offset as usize;
+        // SAFETY: as above.
+        unsafe { (&mut *self.0.get())[o..o + data.len()].copy_from_slice(data) };
+        Ok(())
+    }
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// One operation timed on each variant: `rounds` rounds, each running
+/// every variant `reps` times in turn, so load changes hit all alike.
+struct Case<'a> {
+    name: String,
+    variants: Vec<Variant<'a>>,
+}
+
+/// A named way of doing a case's operation once.
+type Variant<'a> = (&'static str, Box<dyn FnMut() + 'a>);
+
+/// An operation on a partition and the address of its test allocation.
+type Op = Box<dyn Fn(&mut dyn Partition, u64)>;
+
+fn run_cases(title: &str, cases: &mut [Case<'_>], rounds: usize, reps: usize) {
+    println!("| {title} | {} | vs the first |", {
+        let names: Vec<String> = cases[0]
+            .variants
+            .iter()
+            .map(|(n, _)| format!("{n} p50 (p99)"))
+            .collect();
+        names.join(" | ")
+    });
+    println!("|---|{}---|", "---|".repeat(cases[0].variants.len()));
+    for case in cases.iter_mut() {
+        let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); case.variants.len()];
+        for (_, f) in case.variants.iter_mut() {
+            f(); // warm up
+        }
+        for _ in 0..rounds {
+            for (i, (_, f)) in case.variants.iter_mut().enumerate() {
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    f();
+                    samples[i].push(t.elapsed());
+                }
+            }
+        }
+        let p50: Vec<Duration> = samples.iter_mut().map(|s| pct(s, 0.5)).collect();
+        let cells: Vec<String> = samples
+            .iter_mut()
+            .zip(&p50)
+            .map(|(s, m)| format!("{:.1} µs ({:.1})", us(*m), us(pct(s, 0.99))))
+            .collect();
+        let ratios: Vec<String> = p50[1..]
+            .iter()
+            .map(|m| {
+                format!(
+                    "{:.2}x ({:+.1} µs)",
+                    us(*m) / us(p50[0]),
+                    us(*m) - us(p50[0])
+                )
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} |",
+            case.name,
+            cells.join(" | "),
+            ratios.join(", ")
+        );
+    }
+}
+
+fn spec(name: &str, memory: usize, units: u32) -> PartitionSpec {
+    PartitionSpec {
+        name: name.into(),
+        memory: memory as u64,
+        compute_units: units,
+    }
+}
+
+/// The per-call cases shared by both backends: a tiny fill, a one-word
+/// built-in kernel, and uploads/downloads of several sizes, on every
+/// partition of `parts`.
+fn cases<'a>(parts: Vec<(&'static str, &'a mut dyn Partition)>, sizes: &[usize]) -> Vec<Case<'a>> {
+    let max = *sizes.iter().max().unwrap();
+    type Shared<'a> = std::rc::Rc<std::cell::RefCell<&'a mut dyn Partition>>;
+    let parts: Vec<(&'static str, Shared<'a>, u64)> = parts
+        .into_iter()
+        .map(|(name, p)| {
+            let a = p.alloc(max as u64, 0).unwrap();
+            (name, std::rc::Rc::new(std::cell::RefCell::new(p)), a)
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut case = |name: String, f: Op| {
+        let f = std::rc::Rc::new(f);
+        let variants = parts
+            .iter()
+            .map(|(n, p, a)| {
+                let (p, f, a) = (p.clone(), f.clone(), *a);
+                (
+                    *n,
+                    Box::new(move || f(&mut **p.borrow_mut(), a)) as Box<dyn FnMut()>,
+                )
+            })
+            .collect();
+        out.push(Case { name, variants });
+    };
+    case(
+        "FILL 4 bytes (tiny op)".into(),
+        Box::new(|p, a| p.fill(a, 4, 1).unwrap()),
+    );
+    case(
+        "LAUNCH built-in fill_u32 of 1 word".into(),
+        Box::new(|p, a| {
+            let params = abi::FillParams {
+                dst: a,
+                count: 1,
+                value: 1,
+                reserved: 0,
+            };
+            p.launch(&Launch {
+                module: abi::MODULE_BUILTIN,
+                entry: "fill_u32",
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem: 0,
+                params: params.as_slice(),
+            })
+            .unwrap()
+        }),
+    );
+    for &s in sizes {
+        let name = if s >= MIB {
+            format!("{} MiB", s / MIB)
+        } else {
+            format!("{} KiB", s / KIB)
+        };
+        let src = std::rc::Rc::new(Buf(vec![0x5a; s]));
+        case(
+            format!("upload {name}"),
+            Box::new(move |p, a| p.upload(a, &*src).unwrap()),
+        );
+        let sink = std::rc::Rc::new(Sink(std::cell::UnsafeCell::new(vec![0; s])));
+        case(
+            format!("download {name}"),
+            Box::new(move |p, a| p.download(a, &*sink).unwrap()),
+        );
+    }
+    out
+}
+
+/// Polling time of the polling variants (the default per-vGPU poll time).
+const SPIN: Duration = Duration::from_micros(50);
+
+/// A remote backend over `inner`, its hosts polling for `spin`.
+fn remote_backend(inner: InnerBackend, spin: Duration) -> RemoteBackend {
+    let program = default_host_program().expect("partition host program");
+    let args = HostOptions {
+        backend: inner,
+        spin,
+    }
+    .to_args();
+    let launcher = Arc::new(ProcessLauncher::new(program, args).expect("launcher"));
+    let config = RemoteConfig {
+        spin,
+        ..RemoteConfig::default()
+    };
+    RemoteBackend::new(launcher, config).unwrap()
+}
+
+/// The floor: a bare request/reply of the same sizes (16 + 8 bytes out,
+/// 16 + 9 back) over a socket pair to an echo thread, sleeping or polling
+/// like the partition host.
+fn ping_pong(spin: Duration) -> Box<dyn FnMut()> {
+    use std::io::{Read, Write};
+    let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+    let poll = move |s: &std::os::unix::net::UnixStream| {
+        let t = Instant::now();
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(s),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; zero timeout.
+        while unsafe { libc::poll(&mut pfd, 1, 0) } == 0 && t.elapsed() < spin {}
+    };
+    std::thread::spawn(move || {
+        let mut req = [0u8; 24];
+        loop {
+            poll(&b);
+            if b.read_exact(&mut req).is_err() {
+                return;
+            }
+            if b.write_all(&[0u8; 25]).is_err() {
+                return;
+            }
+        }
+    });
+    Box::new(move || {
+        a.write_all(&[0u8; 24]).unwrap();
+        poll(&a);
+        let mut rep = [0u8; 25];
+        a.read_exact(&mut rep).unwrap();
+    })
+}
+
+fn floor() {
+    let mut case = [Case {
+        name: "bare socket round trip, echo thread".into(),
+        variants: vec![
+            ("sleeping", ping_pong(Duration::ZERO)),
+            ("polling 50 µs", ping_pong(SPIN)),
+        ],
+    }];
+    run_cases("floor", &mut case, 10, 500);
+    println!();
+}
+
+fn software() {
+    let memory = 256 * MIB;
+    let local = SoftwareBackend::new(memory as u64, 2);
+    let mut lp = local.create_partition(&spec("local", memory, 2)).unwrap();
+    let inner = InnerBackend::Software {
+        memory: memory as u64,
+        compute_units: 2,
+    };
+    let sleeping = remote_backend(inner, Duration::ZERO);
+    let polling = remote_backend(inner, SPIN);
+    let mut rp = sleeping
+        .create_remote_partition(&spec("remote", memory, 2))
+        .unwrap();
+    let mut pp = polling
+        .create_remote_partition(&spec("polling", memory, 2))
+        .unwrap();
+    let parts: Vec<(&'static str, &mut dyn Partition)> = vec![
+        ("in process", &mut *lp),
+        ("partition host", &mut rp),
+        ("partition host, polling 50 µs", &mut pp),
+    ];
+    let mut cases = cases(parts, &[4 * KIB, MIB, 16 * MIB]);
+    println!("software backend\n");
+    let (small, big) = cases.split_at_mut(4);
+    run_cases("software, per call", small, 10, 500);
+    let (mid, big) = big.split_at_mut(2);
+    run_cases("software, per call", mid, 10, 100);
+    run_cases("software, per call", big, 5, 10);
+}
+
+mod cuda {
+    use super::*;
+    use cudarc::driver::sys;
+    use vgpu_backend_cuda::{CudaBackend, Mode};
+
+    fn ck(r: sys::CUresult, what: &str) {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+    }
+
+    /// Partition host start (context, built-in module) and an in-place
+    /// reset, timed.
+    fn lifecycle(remote: &RemoteBackend) {
+        let mut starts = Vec::new();
+        let mut resets = Vec::new();
+        let mut respawns = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            let mut p = remote
+                .create_remote_partition(&spec("life", 64 * MIB, 1))
+                .unwrap();
+            starts.push(t.elapsed());
+            let t = Instant::now();
+            p.reset();
+            resets.push(t.elapsed());
+            let pid = p.host_pid().unwrap();
+            // SAFETY: kill(2) of the host this benchmark started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = p.alloc(16, 0);
+            let t = Instant::now();
+            p.reset();
+            respawns.push(t.elapsed());
+            assert!(p.failure().is_none());
+        }
+        println!("| partition host lifecycle (5 runs) | p50 | max |");
+        println!("|---|---|---|");
+        for (name, v) in [
+            (
+                "start (process, CUDA context, built-in module)",
+                &mut starts,
+            ),
+            ("reset in place (healthy host)", &mut resets),
+            ("reset of a dead host (new process)", &mut respawns),
+        ] {
+            println!(
+                "| {name} | {:.1} ms | {:.1} ms |",
+                pct(v, 0.5).as_secs_f64() * 1e3,
+                pct(v, 1.0).as_secs_f64() * 1e3
+            );
+        }
+    }
+
+    pub fn run() {
+        if let Err(why) = vgpu_backend_cuda::cuda_available() {
+            println!("skipped: no CUDA driver ({why})");
+            return;
+        }
+        let b = match CudaBackend::new(0, Mode::Isolated) {
+            Ok(b) => b,
+            Err(e) => {
+                println!("skipped: no usable CUDA device ({e})");
+                return;
+            }
+        };
+        b.set_guest_ptx(true);
+        println!("{} ({} SMs)\n", b.device_name(), b.device_sms());
+        let inner = InnerBackend::Cuda {
+            device: 0,
+            guest_ptx: true,
+        };
+        let remote = remote_backend(inner, Duration::ZERO);
+        let polling = remote_backend(inner, SPIN);
+        let mut lp = b.create_partition(&spec("local", 512 * MIB, 1)).unwrap();
+        let mut rp = remote
+            .create_remote_partition(&spec("remote", 512 * MIB, 1))
+            .unwrap();
+        let mut pp = polling
+            .create_remote_partition(&spec("polling", 512 * MIB, 1))
+            .unwrap();
+        // The built-in module's `nop` entry, loaded as guest PTX: an empty kernel.
+        let ptx = b.builtin_ptx().to_vec();
+        let lm = lp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+        let rm = rp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+        let pm = pp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+        let nop = |m: u64| Launch {
+            module: m,
+            entry: "nop",
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem: 0,
+            params: &[],
+        };
+
+        // Native: the same kernel in the device's primary context.
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        let cname = CString::new("nop").unwrap();
+        // SAFETY: driver setup with valid out pointers; `ptx` is
+        // NUL-terminated PTX.
+        unsafe {
+            ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
+            ck(sys::cuCtxPushCurrent_v2(ctx), "push");
+            ck(
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                ),
+                "stream",
+            );
+            ck(
+                sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()),
+                "load",
+            );
+            ck(
+                sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()),
+                "function",
+            );
+        }
+        {
+            let mut l = || lp.launch(&nop(lm)).unwrap();
+            let mut r = || rp.launch(&nop(rm)).unwrap();
+            let mut q = || pp.launch(&nop(pm)).unwrap();
+            // SAFETY: `nop` takes no parameters; the stream and function
+            // live until after this case.
+            let mut n = || unsafe {
+                ck(
+                    sys::cuLaunchKernel(
+                        f,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        stream,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                    "launch",
+                );
+                ck(sys::cuStreamSynchronize(stream), "sync");
+            };
+            let mut case = [Case {
+                name: "empty kernel, launch + wait".into(),
+                variants: vec![
+                    ("in process", Box::new(&mut l) as Box<dyn FnMut()>),
+                    ("partition host", Box::new(&mut r)),
+                    ("partition host, polling 50 µs", Box::new(&mut q)),
+                    ("native", Box::new(&mut n)),
+                ],
+            }];
+            run_cases("CUDA, per call", &mut case, 10, 500);
+        }
+        // SAFETY: frees what was made above, once.
+        unsafe {
+            ck(sys::cuModuleUnload(module), "unload");
+            ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
+        }
+        println!();
+        let parts: Vec<(&'static str, &mut dyn Partition)> = vec![
+            ("in process", &mut *lp),
+            ("partition host", &mut rp),
+            ("partition host, polling 50 µs", &mut pp),
+        ];
+        let mut cases = cases(parts, &[4 * KIB, MIB, 16 * MIB, 256 * MIB]);
+        let (small, big) = cases.split_at_mut(6);
+        run_cases("CUDA, per call", small, 10, 200);
+        run_cases("CUDA, per call", big, 5, 4);
+        drop(cases);
+        println!();
+        drop((lp, rp, pp));
+        lifecycle(&remote);
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--cuda-only") {
+        cuda::run();
+        return;
+    }
+    floor();
+    software();
+    println!();
+    cuda::run();
+}

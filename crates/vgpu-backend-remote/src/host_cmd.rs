@@ -1,0 +1,259 @@
+//! The partition host's command line, and starting it.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::HostLink;
+
+/// File name of the partition host program.
+pub const HOST_PROGRAM: &str = "vgpu-partition-host";
+
+/// The backend a partition host opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InnerBackend {
+    /// The software backend with this much memory and these worker threads.
+    Software {
+        /// Bytes.
+        memory: u64,
+        /// Worker threads.
+        compute_units: u32,
+    },
+    /// A CUDA GPU in isolated mode (a context per partition; each host
+    /// has its own GPU address space). Spatial mode needs the SM groups of
+    /// one process, so it has no process-per-partition form.
+    Cuda {
+        /// CUDA device index.
+        device: u32,
+        /// Whether guests may load PTX: with one partition per process a
+        /// loaded kernel reaches only its own tenant's memory.
+        guest_ptx: bool,
+    },
+}
+
+impl InnerBackend {
+    /// Its command-line arguments.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let v: Vec<String> = match *self {
+            InnerBackend::Software {
+                memory,
+                compute_units,
+            } => vec![
+                "--backend".into(),
+                "software".into(),
+                "--memory".into(),
+                memory.to_string(),
+                "--compute-units".into(),
+                compute_units.to_string(),
+            ],
+            InnerBackend::Cuda { device, guest_ptx } => {
+                let mut v = vec![
+                    "--backend".into(),
+                    "cuda".into(),
+                    "--device".into(),
+                    device.to_string(),
+                ];
+                if guest_ptx {
+                    v.push("--guest-ptx".into());
+                }
+                v
+            }
+        };
+        v.into_iter().map(OsString::from).collect()
+    }
+}
+
+/// What a partition host is told on its command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostOptions {
+    /// What to open.
+    pub backend: InnerBackend,
+    /// How long it polls for the next message before it sleeps.
+    pub spin: Duration,
+}
+
+impl HostOptions {
+    /// Its command-line arguments (without `--fd`).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut v = self.backend.to_args();
+        v.push("--spin-us".into());
+        v.push(self.spin.as_micros().to_string().into());
+        v
+    }
+}
+
+/// A parsed partition host command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostArgs {
+    /// What to open.
+    pub backend: InnerBackend,
+    /// How long to poll for the next message before sleeping.
+    pub spin: Duration,
+    /// The inherited socket.
+    pub fd: i32,
+}
+
+impl HostArgs {
+    /// Parses `--backend software --memory N --compute-units N` or
+    /// `--backend cuda --device N [--guest-ptx]`, plus `--fd N` and
+    /// optionally `--spin-us N` (at most a second).
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<HostArgs, String> {
+        let mut backend = None;
+        let (mut memory, mut units, mut device, mut fd) = (None, None, None, None);
+        let mut spin = Duration::ZERO;
+        let mut guest_ptx = false;
+        let mut it = args.into_iter();
+        while let Some(a) = it.next() {
+            if a == "--guest-ptx" {
+                guest_ptx = true;
+                continue;
+            }
+            let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+            let num = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{a}: bad number {v:?}"))
+            };
+            match a.as_str() {
+                "--backend" => backend = Some(v),
+                "--spin-us" => {
+                    spin = Duration::from_micros(num(&v)?);
+                    if spin > Duration::from_secs(1) {
+                        return Err(format!("{a}: at most 1000000"));
+                    }
+                }
+                "--memory" => memory = Some(num(&v)?),
+                "--compute-units" => {
+                    units = Some(u32::try_from(num(&v)?).map_err(|_| format!("{a}: too large"))?)
+                }
+                "--device" => {
+                    device = Some(u32::try_from(num(&v)?).map_err(|_| format!("{a}: too large"))?)
+                }
+                "--fd" => {
+                    fd = Some(
+                        i32::try_from(num(&v)?)
+                            .ok()
+                            .filter(|&f| f > 2)
+                            .ok_or_else(|| format!("{a}: bad descriptor {v:?}"))?,
+                    )
+                }
+                _ => return Err(format!("unknown argument {a:?}")),
+            }
+        }
+        let backend = match backend.as_deref() {
+            Some("software") => InnerBackend::Software {
+                memory: memory.ok_or("--memory is required")?,
+                compute_units: units.ok_or("--compute-units is required")?,
+            },
+            Some("cuda") => InnerBackend::Cuda {
+                device: device.unwrap_or(0),
+                guest_ptx,
+            },
+            Some(other) => return Err(format!("unknown backend {other:?}")),
+            None => return Err("--backend is required".into()),
+        };
+        Ok(HostArgs {
+            backend,
+            spin,
+            fd: fd.ok_or("--fd is required")?,
+        })
+    }
+}
+
+/// Starts `program` with `args` and one end of a new socket pair as its
+/// only inherited descriptor besides stdio.
+pub(crate) fn spawn(program: &Path, args: &[OsString]) -> io::Result<HostLink> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let fd = theirs.as_raw_fd();
+    let parent = std::process::id();
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .arg("--fd")
+        .arg(fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // SAFETY: the closure runs between fork and exec and makes only
+    // async-signal-safe system calls (prctl, getppid, fcntl), allocating
+    // nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Die with the daemon.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The daemon died before the line above: nobody will kill us.
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Keep the host's socket across exec (it was created close-on-exec).
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let child = cmd.spawn()?;
+    drop(theirs);
+    Ok(HostLink {
+        stream: ours,
+        process: Some(child),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<HostArgs, String> {
+        HostArgs::parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn test_args_roundtrip_and_refusals() {
+        for b in [
+            InnerBackend::Software {
+                memory: 1 << 30,
+                compute_units: 2,
+            },
+            InnerBackend::Cuda {
+                device: 1,
+                guest_ptx: true,
+            },
+            InnerBackend::Cuda {
+                device: 0,
+                guest_ptx: false,
+            },
+        ] {
+            let spin = Duration::from_micros(20);
+            let mut args: Vec<String> = HostOptions { backend: b, spin }
+                .to_args()
+                .into_iter()
+                .map(|a| a.into_string().unwrap())
+                .collect();
+            args.extend(["--fd".into(), "5".into()]);
+            assert_eq!(
+                HostArgs::parse(args),
+                Ok(HostArgs {
+                    backend: b,
+                    spin,
+                    fd: 5
+                })
+            );
+        }
+        assert!(parse("--backend software --memory 1 --compute-units 1").is_err());
+        assert!(parse("--backend software --memory 1 --fd 4").is_err());
+        assert!(parse("--backend software --memory x --compute-units 1 --fd 4").is_err());
+        assert!(parse("--backend cuda --fd 2").is_err());
+        assert!(parse("--backend cuda --fd -1").is_err());
+        assert!(parse("--backend other --fd 4").is_err());
+        assert!(parse("--backend cuda --fd").is_err());
+        assert!(parse("--backend cuda --what 1 --fd 4").is_err());
+        assert!(parse("--fd 4").is_err());
+        assert!(parse("--backend cuda --spin-us 1000001 --fd 4").is_err());
+        assert_eq!(parse("--backend cuda --fd 4").unwrap().spin, Duration::ZERO);
+    }
+}

@@ -1,0 +1,313 @@
+//! The `remote` backend: every partition of an inner backend (software or
+//! CUDA) lives in its own child process, a *partition host*
+//! (`vgpu-partition-host`), and the daemon forwards each [`Partition`]
+//! call to it over a UNIX socket pair.
+//!
+//! # Why
+//!
+//! On an H200 (see `docs/perf/cuda-tests.md`; this crate's figures are in
+//! `docs/perf/cuda-process.md`), CUDA contexts of one
+//! process share one GPU address space, and one illegal access makes every
+//! context of the process unusable. A process per partition gives each
+//! tenant its own GPU address space and confines a fault, or a crash of
+//! the driver's user-space library, to that tenant's host. It also keeps
+//! the GPU driver (which needs broad `open`/`ioctl`/`mmap`) out of the
+//! daemon, so the daemon's protocol and device-model threads can run
+//! under a tight system-call filter while hosts run under a looser one
+//! (see `docs/security-model.md`, "GPU work out of process").
+//!
+//! # How
+//!
+//! - The protocol ([`proto`]) is a small, versioned, length-prefixed
+//!   binary request/reply stream, one request at a time. The daemon checks
+//!   every frame and every value a host returns (lengths, kinds, sequence
+//!   numbers, memory in use against the quota, transfer pieces against the
+//!   transfer, faults against the ones the daemon itself reported); a host
+//!   that breaks a rule, dies (end of file) or stays silent past its
+//!   timeout is killed and reaped, and every later call on that partition
+//!   fails with [`OpError::Device`](vgpu_backend::OpError::Device) until [`Partition::reset`] starts a
+//!   fresh host. Other partitions are not involved.
+//! - Bulk data (upload, download) crosses through a staging area: a
+//!   sealed memfd mapped by both processes (passed with `SCM_RIGHTS`), in
+//!   pieces of half its size. The daemon fills it from guest memory (the
+//!   one CPU copy of the in-process path) and the host's backend reads it;
+//!   the host asks for the next piece before it copies the current one,
+//!   and hands a download piece over while it fills the other half. The
+//!   first piece travels with the request and the last one with the
+//!   reply, so a small transfer takes one round trip. Module images and
+//!   launch parameters travel inline, bounded by the guest ABI. (The
+//!   protocol keeps a message kind for passing a host a guest RAM fd, so
+//!   that it can register guest memory with the driver and copy with no
+//!   bounce.)
+//! - With a polling time ([`RemoteConfig::spin`], the host's `--spin-us`),
+//!   small frames go through a mailbox in the staging memfd instead of the
+//!   socket: each side polls a sequence word, so a round trip costs no
+//!   system call while both poll; a side that stops polling sleeps on the
+//!   socket and is woken there. Frames read from the mailbox are copied
+//!   out and checked like socket frames.
+//! - A reset of a healthy host resets its partition in place; a host whose
+//!   backend cannot recover in its process (CUDA after a kernel fault)
+//!   asks to be replaced, and is.
+//! - Hosts are started by a dedicated thread of the backend (the parent
+//!   death signal follows the thread that forked), with
+//!   `PR_SET_PDEATHSIG(SIGKILL)`, only their socket inherited, and every
+//!   other descriptor closed first thing. A host exits when its socket
+//!   closes; the daemon waits [`EXIT_GRACE_MS`] for it, then kills it, and
+//!   reaps it either way.
+//!
+//! The backend's placement (memory and compute units left) is kept here in
+//! the daemon: each host opens its inner backend whole and carves the one
+//! partition it is asked for.
+
+#![warn(missing_docs)]
+
+mod host_cmd;
+mod mailbox;
+mod partition;
+mod shm;
+mod wire;
+
+pub mod host;
+pub mod proto;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use log::{info, warn};
+use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
+
+pub use host_cmd::{HostArgs, HostOptions, InnerBackend, HOST_PROGRAM};
+pub use partition::RemotePartition;
+
+/// How long (ms) a closed partition host gets to exit before it is killed.
+pub const EXIT_GRACE_MS: u64 = 1000;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Sizes and timeouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Bytes of each partition's staging area; uploads and downloads move
+    /// in pieces of half of it, one half filled while the other drains.
+    pub staging_bytes: usize,
+    /// Longest wait for any answer of a running host (a kernel running
+    /// longer is treated as hung: its host is killed).
+    pub op_timeout: Duration,
+    /// Longest wait for a host to start and create its partition (a CUDA
+    /// host compiles its built-in module then).
+    pub start_timeout: Duration,
+    /// Longest wait for an in-place reset.
+    pub reset_timeout: Duration,
+    /// How long the daemon polls for an answer before it sleeps on the
+    /// socket (the host's own polling is its `--spin-us`). Polling saves a
+    /// scheduler wake-up per message at the price of a busy core while it
+    /// lasts.
+    pub spin: Duration,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        RemoteConfig {
+            staging_bytes: 8 << 20,
+            op_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(30),
+            reset_timeout: Duration::from_secs(10),
+            spin: Duration::ZERO,
+        }
+    }
+}
+
+/// A started partition host: its socket and, when it is a process, the
+/// process (reaped by the partition).
+#[derive(Debug)]
+pub struct HostLink {
+    /// The daemon's end of the socket pair.
+    pub stream: UnixStream,
+    /// The host process.
+    pub process: Option<Child>,
+}
+
+/// Starts partition hosts.
+pub trait Launcher: Send + Sync + fmt::Debug {
+    /// Starts one.
+    fn launch(&self) -> io::Result<HostLink>;
+}
+
+/// The partition host program installed next to the current executable
+/// (`vgpud`), or `VGPU_PARTITION_HOST` when set.
+pub fn default_host_program() -> io::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("VGPU_PARTITION_HOST") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| io::Error::other("the executable has no directory"))?;
+    // Test and bench binaries live one level below the built programs.
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let p = d.join(HOST_PROGRAM);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Ok(dir.join(HOST_PROGRAM))
+}
+
+type SpawnReply = std::sync::mpsc::SyncSender<io::Result<HostLink>>;
+
+/// Starts partition hosts as child processes of one dedicated thread.
+#[derive(Debug)]
+pub struct ProcessLauncher {
+    program: PathBuf,
+    args: Vec<OsString>,
+    jobs: Mutex<std::sync::mpsc::Sender<SpawnReply>>,
+}
+
+impl ProcessLauncher {
+    /// Runs `program` with `args` (see [`HostArgs`]) plus `--fd N`.
+    pub fn new(program: PathBuf, args: Vec<OsString>) -> io::Result<ProcessLauncher> {
+        let (tx, rx) = std::sync::mpsc::channel::<SpawnReply>();
+        let (p, a) = (program.clone(), args.clone());
+        // PR_SET_PDEATHSIG fires when the thread that forked exits, so
+        // hosts are forked by this thread, which lives as long as the
+        // launcher (every partition holds the launcher).
+        std::thread::Builder::new()
+            .name("vgpu-host-spawn".into())
+            .spawn(move || {
+                for reply in rx {
+                    let _ = reply.send(host_cmd::spawn(&p, &a));
+                }
+            })?;
+        Ok(ProcessLauncher {
+            program,
+            args,
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    /// The program it runs.
+    pub fn program(&self) -> &std::path::Path {
+        &self.program
+    }
+
+    /// Its arguments (without `--fd`).
+    pub fn args(&self) -> &[OsString] {
+        &self.args
+    }
+}
+
+impl Launcher for ProcessLauncher {
+    fn launch(&self) -> io::Result<HostLink> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        lock(&self.jobs)
+            .send(tx)
+            .map_err(|_| io::Error::other("the spawning thread is gone"))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("the spawning thread is gone"))?
+    }
+}
+
+/// A backend whose partitions each run in their own partition host.
+#[derive(Debug)]
+pub struct RemoteBackend {
+    launcher: Arc<dyn Launcher>,
+    config: RemoteConfig,
+    name: String,
+    capacity: Capacity,
+    pool: Arc<Mutex<Capacity>>,
+}
+
+impl RemoteBackend {
+    /// Starts one host to learn the inner backend's name and capacity (and
+    /// that hosts start at all), then closes it.
+    pub fn new(
+        launcher: Arc<dyn Launcher>,
+        config: RemoteConfig,
+    ) -> Result<RemoteBackend, BackendError> {
+        if config.staging_bytes < 2 {
+            return Err(BackendError::Unavailable(
+                "the staging area needs at least two bytes (two halves)".into(),
+            ));
+        }
+        let (link, name, capacity) =
+            partition::Link::open(&*launcher, config.start_timeout, config.spin)
+                .map_err(|why| BackendError::Unavailable(format!("partition host: {why}")))?;
+        drop(link);
+        info!(
+            "remote backend: {name} partitions in their own processes, {} bytes, {} compute units",
+            capacity.memory, capacity.compute_units
+        );
+        Ok(RemoteBackend {
+            launcher,
+            config,
+            name,
+            capacity,
+            pool: Arc::new(Mutex::new(capacity)),
+        })
+    }
+
+    /// Memory and compute that no partition holds.
+    pub fn unclaimed(&self) -> Capacity {
+        *lock(&self.pool)
+    }
+
+    /// Carves out a partition, as its concrete type.
+    pub fn create_remote_partition(
+        &self,
+        spec: &PartitionSpec,
+    ) -> Result<RemotePartition, BackendError> {
+        {
+            let mut pool = lock(&self.pool);
+            let mut short = Vec::new();
+            if spec.memory > pool.memory {
+                short.push(format!(
+                    "{} bytes of memory requested, {} left",
+                    spec.memory, pool.memory
+                ));
+            }
+            if spec.compute_units > pool.compute_units {
+                short.push(format!(
+                    "{} compute units requested, {} left",
+                    spec.compute_units, pool.compute_units
+                ));
+            }
+            if !short.is_empty() {
+                let why = format!("partition {:?}: {}", spec.name, short.join("; "));
+                warn!("remote backend: {why}");
+                return Err(BackendError::DoesNotFit(why));
+            }
+            pool.memory -= spec.memory;
+            pool.compute_units -= spec.compute_units;
+        }
+        // From here the partition gives it back, even if it fails to start.
+        RemotePartition::create(
+            spec,
+            Arc::clone(&self.launcher),
+            self.config.clone(),
+            Arc::clone(&self.pool),
+        )
+        .map_err(|why| BackendError::Unavailable(format!("partition {:?}: {why}", spec.name)))
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
+        Ok(Box::new(self.create_remote_partition(spec)?))
+    }
+}

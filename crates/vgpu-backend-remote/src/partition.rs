@@ -1,0 +1,696 @@
+//! The parent's side of a partition: forwards each call to the partition
+//! host and checks every answer.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use log::{error, info, warn};
+use vgpu_backend::{Capacity, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+
+use crate::mailbox::{self, Mailbox, Side};
+use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
+use crate::shm::Staging;
+use crate::wire::{self, WireError};
+use crate::{lock, HostLink, Launcher, RemoteConfig};
+
+/// How long a closed host gets to exit on its own before it is killed.
+const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
+
+/// A running partition host.
+pub(crate) struct Link {
+    stream: UnixStream,
+    /// Frames through shared memory, once the host has the staging area.
+    mailbox: Option<Mailbox>,
+    spin: Duration,
+    /// The socket's current read and write timeout.
+    timeout: Option<Duration>,
+    process: Option<Child>,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+/// What a request moves besides its frame.
+enum Xfer<'a> {
+    None,
+    Up(&'a dyn HostSource),
+    Down(&'a dyn HostSink),
+}
+
+/// The guest memory fault the parent reported to the host, with the error
+/// the source or sink returned: a host may only pass back this one.
+type Reported = Option<(u64, OpError)>;
+
+fn broken(why: impl std::fmt::Display) -> String {
+    why.to_string()
+}
+
+impl Link {
+    /// Starts a host and checks that it speaks our protocol; returns it
+    /// with its backend's name and capacity.
+    pub(crate) fn open(
+        launcher: &dyn Launcher,
+        timeout: Duration,
+        spin: Duration,
+    ) -> Result<(Link, String, Capacity), String> {
+        let HostLink { stream, process } = launcher
+            .launch()
+            .map_err(|e| format!("cannot start a partition host: {e}"))?;
+        let mut link = Link {
+            stream,
+            mailbox: None,
+            spin,
+            timeout: None,
+            process,
+            seq: 0,
+            buf: Vec::with_capacity(MAX_REPLY as usize),
+        };
+        match link.exchange(&Request::Hello, None, timeout, Xfer::None, None, 0) {
+            Ok(Reply {
+                result: Ok(Value::Hello { name, capacity }),
+                ..
+            }) => Ok((link, name, capacity)),
+            Ok(Reply { result: Err(e), .. }) => {
+                link.kill();
+                Err(format!("the partition host cannot serve: {e}"))
+            }
+            Ok(other) => {
+                link.kill();
+                Err(format!("unexpected answer to hello: {other:?}"))
+            }
+            Err(why) => {
+                link.kill();
+                Err(why)
+            }
+        }
+    }
+
+    /// The host's process id, if it is a process.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Child::id)
+    }
+
+    /// Sends `req` and reads until its reply, serving the host's staging
+    /// callbacks of `xfer`. Any broken rule ends the exchange with why.
+    fn exchange(
+        &mut self,
+        req: &Request<'_>,
+        fd: Option<i32>,
+        timeout: Duration,
+        xfer: Xfer<'_>,
+        mut staging: Option<&mut Staging>,
+        quota: u64,
+    ) -> Result<Reply, String> {
+        let kind = req.kind();
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        if self.timeout != Some(timeout) {
+            // Two system calls: only when the timeout changes.
+            self.stream
+                .set_read_timeout(Some(timeout))
+                .and_then(|_| self.stream.set_write_timeout(Some(timeout)))
+                .map_err(broken)?;
+            self.timeout = Some(timeout);
+        }
+        let wire_err = |e: WireError| match e {
+            WireError::Timeout => format!("no answer within {timeout:?}"),
+            WireError::Closed => "the partition host exited".to_string(),
+            e => e.to_string(),
+        };
+        let mut payload = req.encode();
+        let mut reported: Reported = None;
+        let total = match req {
+            Request::Upload { len, .. } | Request::Download { len, .. } => *len,
+            _ => 0,
+        };
+        let room = staging.as_ref().map_or(0, |s| s.len() as u64);
+        // Downloads arrive in order: the next offset expected.
+        let mut next = 0u64;
+        // Pieces are half the staging area: one is filled or drained while
+        // the host works on the other.
+        let half = room / 2;
+        // Uploads: each piece is asked for once, give or take a retry.
+        let mut needs_left = 2 * total.div_ceil(half.max(1)) + 4;
+        if let (Request::Upload { dst, len, .. }, Xfer::Up(src), Some(st)) =
+            (req, &xfer, staging.as_deref_mut())
+        {
+            // The first piece goes with the request, saving a round trip.
+            let n = (*len).min(half) as usize;
+            let prefilled = match src.read_at(0, st.bytes_mut(n)) {
+                Ok(()) => n as u64,
+                Err(_) => 0,
+            };
+            payload = Request::Upload {
+                dst: *dst,
+                len: *len,
+                prefilled,
+            }
+            .encode();
+        }
+        self.send(kind as u16, seq, &payload, fd)
+            .map_err(wire_err)?;
+        loop {
+            let h = self.recv().map_err(wire_err)?;
+            if h.seq != seq {
+                return Err(ProtoError::Sequence {
+                    got: h.seq,
+                    expected: seq,
+                }
+                .to_string());
+            }
+            if h.kind == REPLY | kind as u16 {
+                let mut reply = Reply::decode(kind, &self.buf).map_err(broken)?;
+                check_reply(kind, &mut reply, quota, &mut reported)?;
+                if let (Ok(Value::Download { offset, len, at }), Xfer::Down(sink), Some(st)) =
+                    (&reply.result, &xfer, staging.as_deref())
+                {
+                    if *len > 0 {
+                        let piece = Piece {
+                            offset: *offset,
+                            len: *len,
+                            at: *at,
+                        };
+                        check_piece(piece, next, total, room)?;
+                        next += len;
+                        if let Err(e) = sink.write_at(*offset, staged(st, piece)) {
+                            reply.result = Err(e);
+                            return Ok(reply);
+                        }
+                    }
+                    if next != total {
+                        return Err(format!("download ended at {next} of {total} bytes"));
+                    }
+                    reply.result = Ok(Value::None);
+                }
+                return Ok(reply);
+            }
+            let callback = Kind::from_raw(h.kind);
+            match (callback, &xfer) {
+                (Some(Kind::Need), Xfer::Up(_)) | (Some(Kind::Out), Xfer::Down(_)) => {}
+                _ => return Err(ProtoError::Kind(h.kind).to_string()),
+            }
+            let piece = Piece::decode(&self.buf).map_err(broken)?;
+            let Piece { offset, len, at } = piece;
+            let st = staging
+                .as_deref_mut()
+                .ok_or("callback without a transfer")?;
+            let outcome = match (callback, &xfer) {
+                (Some(Kind::Need), Xfer::Up(src)) => {
+                    if needs_left == 0 {
+                        return Err("too many requests for upload data".into());
+                    }
+                    needs_left -= 1;
+                    if len == 0
+                        || at.checked_add(len).is_none_or(|e| e > room)
+                        || offset.checked_add(len).is_none_or(|e| e > total)
+                    {
+                        return Err(format!(
+                            "asked for {len} bytes at {offset} of a {total}-byte upload, at {at} of the staging area"
+                        ));
+                    }
+                    let end = (at + len) as usize;
+                    src.read_at(offset, &mut st.bytes_mut(end)[at as usize..])
+                }
+                (Some(Kind::Out), Xfer::Down(sink)) => {
+                    check_piece(piece, next, total, room)?;
+                    next += len;
+                    sink.write_at(offset, staged(st, piece))
+                }
+                _ => return Err(ProtoError::Kind(h.kind).to_string()),
+            };
+            let fault = match outcome {
+                Ok(()) => None,
+                Err(e) => {
+                    let at = match e {
+                        OpError::Fault(f) => f,
+                        _ => offset,
+                    };
+                    reported = Some((at, e));
+                    Some(at)
+                }
+            };
+            self.send(h.kind | REPLY, seq, &proto::encode_answer(fault), None)
+                .map_err(wire_err)?;
+        }
+    }
+
+    /// Sends a frame: with an fd always on the socket, else through the
+    /// mailbox when there is one.
+    fn send(
+        &mut self,
+        kind: u16,
+        seq: u32,
+        payload: &[u8],
+        fd: Option<i32>,
+    ) -> Result<(), WireError> {
+        match (&mut self.mailbox, fd) {
+            (Some(m), None) => m.send(&self.stream, kind, seq, payload),
+            _ => wire::send(&self.stream, kind, seq, payload, fd),
+        }
+    }
+
+    /// Receives a frame from the host.
+    fn recv(&mut self) -> Result<proto::Header, WireError> {
+        match &mut self.mailbox {
+            Some(m) => m.recv(&mut self.stream, MAX_REPLY, &mut self.buf),
+            None => {
+                wire::spin(&self.stream, self.spin);
+                wire::recv(&mut self.stream, MAX_REPLY, &mut self.buf, false).map(|(h, _)| h)
+            }
+        }
+    }
+
+    /// Kills the host at once and reaps it.
+    pub(crate) fn kill(mut self) {
+        if let Some(mut child) = self.process.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Link {
+    /// Closing the socket tells the host to exit; it is killed if it has
+    /// not within [`EXIT_GRACE`], and reaped either way.
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let Some(mut child) = self.process.take() else {
+            return;
+        };
+        let deadline = Instant::now() + EXIT_GRACE;
+        let mut pause = Duration::from_micros(100);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                _ => {
+                    warn!(
+                        "partition host {} did not exit when closed; killing it",
+                        child.id()
+                    );
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One piece of a download must continue where the last one ended and
+/// lie inside the staging area.
+fn check_piece(p: Piece, next: u64, total: u64, room: u64) -> Result<(), String> {
+    if p.offset != next
+        || p.len == 0
+        || p.at.checked_add(p.len).is_none_or(|e| e > room)
+        || p.offset.checked_add(p.len).is_none_or(|e| e > total)
+    {
+        return Err(format!(
+            "download piece {p:?}; expected one at {next} of {total} in {room} bytes of staging"
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of a checked piece in the staging area.
+fn staged(st: &Staging, p: Piece) -> &[u8] {
+    &st.bytes((p.at + p.len) as usize)[p.at as usize..]
+}
+
+/// Checks a reply's values against the request and the partition. A
+/// guest memory fault the host passes back becomes the error the source
+/// or sink gave.
+fn check_reply(
+    kind: Kind,
+    reply: &mut Reply,
+    quota: u64,
+    reported: &mut Reported,
+) -> Result<(), String> {
+    if kind != Kind::Hello && reply.memory_used > quota {
+        return Err(format!(
+            "claims {} bytes in use, over the quota of {quota}",
+            reply.memory_used
+        ));
+    }
+    match &reply.result {
+        Err(OpError::NoMemory { available, .. }) if *available > quota => Err(format!(
+            "claims {available} bytes available, over the quota of {quota}"
+        )),
+        Err(OpError::Fault(f)) => match (kind, reported.take()) {
+            (Kind::Upload | Kind::Download, Some((at, e))) if at == *f => {
+                reply.result = Err(e);
+                Ok(())
+            }
+            _ => Err(format!(
+                "reports a guest memory fault at {f} that did not happen"
+            )),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// A partition served by a partition host process.
+///
+/// When the host dies, stops answering or breaks the protocol, it is
+/// killed and reaped, and every call fails with [`OpError::Device`] until
+/// [`Partition::reset`] starts a fresh host.
+pub struct RemotePartition {
+    spec: PartitionSpec,
+    launcher: Arc<dyn Launcher>,
+    config: RemoteConfig,
+    pool: Arc<Mutex<Capacity>>,
+    /// Declared before `staging`, so dropped before it: a link's mailbox
+    /// points into the staging area.
+    link: Option<Link>,
+    staging: Staging,
+    failed: Option<String>,
+    memory_used: u64,
+}
+
+impl std::fmt::Debug for RemotePartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemotePartition")
+            .field("spec", &self.spec)
+            .field("host_pid", &self.host_pid())
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+impl RemotePartition {
+    /// Starts the host and creates the partition in it. `pool` is charged
+    /// already and gets the spec back when this is dropped.
+    pub(crate) fn create(
+        spec: &PartitionSpec,
+        launcher: Arc<dyn Launcher>,
+        config: RemoteConfig,
+        pool: Arc<Mutex<Capacity>>,
+    ) -> Result<RemotePartition, String> {
+        let staging = match Staging::create(config.staging_bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut p = lock(&pool);
+                p.memory += spec.memory;
+                p.compute_units += spec.compute_units;
+                return Err(format!("cannot create the staging area: {e}"));
+            }
+        };
+        let mut p = RemotePartition {
+            spec: spec.clone(),
+            launcher,
+            config,
+            pool,
+            staging,
+            link: None,
+            failed: None,
+            memory_used: 0,
+        };
+        // On failure `p` is dropped, which gives the pool back.
+        p.link = Some(p.start()?);
+        Ok(p)
+    }
+
+    fn start(&mut self) -> Result<Link, String> {
+        let (mut link, _, _) =
+            Link::open(&*self.launcher, self.config.start_timeout, self.config.spin)?;
+        // Polling ends talk through the mailbox; nothing a previous host
+        // left in it is kept.
+        let mailbox = !self.config.spin.is_zero();
+        // SAFETY: the staging area's control area; no host uses it now
+        // (any previous one was killed and reaped).
+        unsafe { mailbox::clear(self.staging.control()) };
+        let req = Request::Create {
+            name: &self.spec.name,
+            memory: self.spec.memory,
+            compute_units: self.spec.compute_units,
+            staging_len: self.staging.len() as u64,
+            mailbox,
+        };
+        let fd = self.staging.file().as_raw_fd();
+        let r = link.exchange(
+            &req,
+            Some(fd),
+            self.config.start_timeout,
+            Xfer::None,
+            None,
+            self.spec.memory,
+        );
+        match r {
+            Ok(Reply {
+                result: Ok(Value::None),
+                memory_used: 0,
+            }) => {
+                if mailbox {
+                    // SAFETY: the control area of `self.staging`, which
+                    // outlives every link of this partition (the link
+                    // field is dropped first).
+                    link.mailbox = Some(unsafe {
+                        Mailbox::new(self.staging.control(), Side::Parent, self.config.spin)
+                    });
+                }
+                info!(
+                    "partition {:?}: partition host {} started",
+                    self.spec.name,
+                    link.pid().map_or("(thread)".into(), |p| p.to_string())
+                );
+                Ok(link)
+            }
+            Ok(Reply { result: Err(e), .. }) => {
+                link.kill();
+                Err(format!("the partition host cannot create it: {e}"))
+            }
+            Ok(other) => {
+                link.kill();
+                Err(format!("unexpected answer to create: {other:?}"))
+            }
+            Err(why) => {
+                link.kill();
+                Err(why)
+            }
+        }
+    }
+
+    /// The host's process id (`None` when it failed, or is not a process).
+    pub fn host_pid(&self) -> Option<u32> {
+        self.link.as_ref().and_then(Link::pid)
+    }
+
+    /// Why the host failed, until the next reset.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    fn dead(&self) -> OpError {
+        OpError::Device(format!(
+            "partition host failed ({}); reset the function to restart it",
+            self.failed.as_deref().unwrap_or("not running")
+        ))
+    }
+
+    /// Ends the host after a broken rule: from now on calls fail.
+    fn fail(&mut self, why: String) -> OpError {
+        error!(
+            "partition {:?}: partition host {}: {why}; killed",
+            self.spec.name,
+            self.host_pid().map_or("?".into(), |p| p.to_string())
+        );
+        if let Some(link) = self.link.take() {
+            link.kill();
+        }
+        self.failed = Some(why);
+        self.memory_used = 0;
+        self.dead()
+    }
+
+    fn call(&mut self, req: &Request<'_>, xfer: Xfer<'_>) -> Result<Value, OpError> {
+        if self.failed.is_some() {
+            return Err(self.dead());
+        }
+        let Some(link) = self.link.as_mut() else {
+            return Err(self.dead());
+        };
+        let staging = match xfer {
+            Xfer::None => None,
+            _ => Some(&mut self.staging),
+        };
+        match link.exchange(
+            req,
+            None,
+            self.config.op_timeout,
+            xfer,
+            staging,
+            self.spec.memory,
+        ) {
+            Ok(reply) => {
+                self.memory_used = reply.memory_used;
+                reply.result
+            }
+            Err(why) => Err(self.fail(why)),
+        }
+    }
+
+    fn call_none(&mut self, req: &Request<'_>) -> Result<(), OpError> {
+        match self.call(req, Xfer::None)? {
+            Value::None => Ok(()),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+
+    fn call_u64(&mut self, req: &Request<'_>) -> Result<u64, OpError> {
+        match self.call(req, Xfer::None)? {
+            Value::U64(x) => Ok(x),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+}
+
+impl Partition for RemotePartition {
+    fn spec(&self) -> &PartitionSpec {
+        &self.spec
+    }
+
+    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+        self.call_u64(&Request::Alloc { size, align })
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        self.call_none(&Request::Free { addr })
+    }
+
+    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+        let req = Request::Upload {
+            dst,
+            len: src.len(),
+            prefilled: 0,
+        };
+        match self.call(&req, Xfer::Up(src))? {
+            Value::None => Ok(()),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+
+    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+        let req = Request::Download {
+            src,
+            len: dst.len(),
+        };
+        match self.call(&req, Xfer::Down(dst))? {
+            Value::None => Ok(()),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        self.call_none(&Request::Copy { dst, src, size })
+    }
+
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        self.call_none(&Request::Fill {
+            addr,
+            size,
+            pattern,
+        })
+    }
+
+    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+        if image.len() as u64 > vgpu_abi::MAX_MODULE_SIZE {
+            return Err(OpError::Invalid(format!(
+                "module image of {} bytes exceeds {}",
+                image.len(),
+                vgpu_abi::MAX_MODULE_SIZE
+            )));
+        }
+        self.call_u64(&Request::ModuleLoad { format, image })
+    }
+
+    fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+        self.call_none(&Request::ModuleUnload { module })
+    }
+
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        if launch.params.len() > vgpu_abi::MAX_PARAMS_SIZE as usize
+            || launch.entry.len() > proto::MAX_ENTRY
+        {
+            return Err(OpError::Invalid(format!(
+                "{}: parameter block of {} bytes or entry name too long",
+                launch.entry,
+                launch.params.len()
+            )));
+        }
+        self.call_none(&Request::Launch(launch.clone()))
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.memory_used
+    }
+
+    /// Resets in place when the host is healthy; otherwise (it failed, or
+    /// its backend cannot recover in its process) replaces it with a fresh
+    /// host.
+    fn reset(&mut self) {
+        if self.failed.is_none() {
+            if let Some(link) = self.link.as_mut() {
+                let r = link.exchange(
+                    &Request::Reset,
+                    None,
+                    self.config.reset_timeout,
+                    Xfer::None,
+                    None,
+                    self.spec.memory,
+                );
+                let why = match r {
+                    Ok(Reply {
+                        result: Ok(Value::Reset { respawn: false }),
+                        memory_used: 0,
+                    }) => {
+                        self.memory_used = 0;
+                        return;
+                    }
+                    Ok(Reply {
+                        result: Ok(Value::Reset { respawn: true }),
+                        ..
+                    }) => "its backend cannot recover in its process".to_string(),
+                    Ok(other) => format!("unexpected answer to reset: {other:?}"),
+                    Err(why) => why,
+                };
+                warn!(
+                    "partition {:?}: replacing partition host {}: {why}",
+                    self.spec.name,
+                    link.pid().map_or("?".into(), |p| p.to_string())
+                );
+            }
+        }
+        if let Some(link) = self.link.take() {
+            link.kill();
+        }
+        self.memory_used = 0;
+        match self.start() {
+            Ok(link) => {
+                self.link = Some(link);
+                self.failed = None;
+            }
+            Err(why) => {
+                error!(
+                    "partition {:?}: cannot restart its partition host: {why}",
+                    self.spec.name
+                );
+                self.failed = Some(format!("restart failed: {why}"));
+            }
+        }
+    }
+}
+
+impl Drop for RemotePartition {
+    fn drop(&mut self) {
+        // Link's drop closes the socket and reaps the host.
+        self.link.take();
+        let mut pool = lock(&self.pool);
+        pool.memory += self.spec.memory;
+        pool.compute_units += self.spec.compute_units;
+    }
+}

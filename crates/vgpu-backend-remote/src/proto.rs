@@ -1,0 +1,1001 @@
+//! The partition host protocol: length-prefixed binary frames on a UNIX
+//! stream socket, one request at a time.
+//!
+//! Every frame is a 16-byte header followed by `len` payload bytes, all
+//! little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | magic `"VGPH"` |
+//! | 4..6 | protocol version ([`VERSION`]) |
+//! | 6..8 | kind ([`Kind`]; a reply sets [`REPLY`]) |
+//! | 8..12 | sequence number of the request (a reply repeats it) |
+//! | 12..16 | payload length |
+//!
+//! The parent sends a request and reads frames until the reply of the same
+//! kind and sequence number arrives. While an upload or download is in
+//! progress the host may instead send a [`Kind::Need`] or [`Kind::Out`]
+//! callback (fill or drain the shared staging area), which the parent
+//! answers before it reads on. Nothing else may arrive.
+//!
+//! Bulk data never travels in frames: it crosses through a memfd staging
+//! area mapped by both processes, passed with `SCM_RIGHTS` on
+//! [`Kind::Create`]. Module images and launch parameters travel inline and
+//! are bounded by the guest ABI's limits.
+//!
+//! A reply starts with a status byte (0 = success, else an [`OpError`]
+//! code) and the partition's memory in use, then the kind's result or the
+//! error's fields. Decoders refuse anything malformed: wrong magic,
+//! version, kind or sequence, a length over the bound for that direction,
+//! unknown codes, over-long text, trailing bytes. The parent treats the
+//! host as less trusted than itself (it runs guest kernels on a GPU), so
+//! a refused reply ends that host.
+//!
+//! Kind 13 is reserved for registering guest memory with the host (an fd
+//! and offset passed with `SCM_RIGHTS`, for zero-copy DMA).
+
+use vgpu_abi as abi;
+use vgpu_backend::{Capacity, Launch, OpError};
+
+/// `"VGPH"`.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
+/// The protocol version; parent and host must agree exactly (they ship
+/// together).
+pub const VERSION: u16 = 1;
+/// Header bytes.
+pub const HEADER_LEN: usize = 16;
+/// Set in the kind of a reply.
+pub const REPLY: u16 = 0x8000;
+/// Longest entry point name.
+pub const MAX_ENTRY: usize = 64;
+/// Longest partition or backend name.
+pub const MAX_NAME: usize = 256;
+/// Longest error text carried in a reply (longer text is cut).
+pub const MAX_TEXT: usize = 1024;
+/// Largest request payload: a module image of the ABI's largest size plus
+/// its fixed fields.
+pub const MAX_REQUEST: u32 = abi::MAX_MODULE_SIZE as u32 + 64;
+/// Largest payload the host may send (replies and callbacks are small).
+pub const MAX_REPLY: u32 = 2048;
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Kind {
+    /// Version check; the reply names the host's backend and capacity.
+    Hello = 1,
+    /// Creates the host's one partition; carries the staging memfd.
+    Create = 2,
+    /// `Partition::alloc`.
+    Alloc = 3,
+    /// `Partition::free`.
+    Free = 4,
+    /// `Partition::upload` through the staging area.
+    Upload = 5,
+    /// `Partition::download` through the staging area.
+    Download = 6,
+    /// `Partition::copy`.
+    Copy = 7,
+    /// `Partition::fill`.
+    Fill = 8,
+    /// `Partition::module_load`, image inline.
+    ModuleLoad = 9,
+    /// `Partition::module_unload`.
+    ModuleUnload = 10,
+    /// `Partition::launch`, parameters inline.
+    Launch = 11,
+    /// `Partition::reset`.
+    Reset = 12,
+    /// Host -> parent during an upload: put `[offset, offset + len)` of the
+    /// source at byte `at` of the staging area.
+    Need = 0x40,
+    /// Host -> parent during a download: byte `at` of the staging area
+    /// holds `[offset, offset + len)` of the result.
+    Out = 0x41,
+}
+
+impl Kind {
+    /// The kind of a raw value (without [`REPLY`]).
+    pub fn from_raw(v: u16) -> Option<Kind> {
+        use Kind::*;
+        Some(match v {
+            1 => Hello,
+            2 => Create,
+            3 => Alloc,
+            4 => Free,
+            5 => Upload,
+            6 => Download,
+            7 => Copy,
+            8 => Fill,
+            9 => ModuleLoad,
+            10 => ModuleUnload,
+            11 => Launch,
+            12 => Reset,
+            0x40 => Need,
+            0x41 => Out,
+            _ => return None,
+        })
+    }
+}
+
+/// A frame that breaks the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    /// Not our magic.
+    #[error("bad magic {0:#010x}")]
+    Magic(u32),
+    /// Another protocol version.
+    #[error("protocol version {0}, expected {VERSION}")]
+    Version(u16),
+    /// Unknown or unexpected kind.
+    #[error("unexpected frame kind {0:#06x}")]
+    Kind(u16),
+    /// Not the sequence number asked about.
+    #[error("sequence number {got}, expected {expected}")]
+    Sequence {
+        /// In the frame.
+        got: u32,
+        /// Expected.
+        expected: u32,
+    },
+    /// Payload longer than allowed.
+    #[error("payload of {len} bytes exceeds {max}")]
+    TooLong {
+        /// In the header.
+        len: u32,
+        /// The bound.
+        max: u32,
+    },
+    /// Payload shorter than its fields, or with bytes left over.
+    #[error("malformed payload: {0}")]
+    Malformed(&'static str),
+}
+
+/// A decoded header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Kind, with [`REPLY`] if set.
+    pub kind: u16,
+    /// Sequence number.
+    pub seq: u32,
+    /// Payload length.
+    pub len: u32,
+}
+
+impl Header {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.kind.to_le_bytes());
+        b[8..12].copy_from_slice(&self.seq.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks a header whose payload may be at most `max` bytes.
+    pub fn decode(b: &[u8; HEADER_LEN], max: u32) -> Result<Header, ProtoError> {
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let magic = word(0);
+        if magic != MAGIC {
+            return Err(ProtoError::Magic(magic));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(ProtoError::Version(version));
+        }
+        let h = Header {
+            kind: u16::from_le_bytes([b[6], b[7]]),
+            seq: word(8),
+            len: word(12),
+        };
+        if h.len > max {
+            return Err(ProtoError::TooLong { len: h.len, max });
+        }
+        Ok(h)
+    }
+}
+
+/// Builds a payload.
+#[derive(Debug, Default)]
+pub struct Writer(pub Vec<u8>);
+
+impl Writer {
+    /// Appends a byte.
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    /// Appends a u16.
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a u32.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a u64.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a u16 length and at most `max` bytes of `s` (cut at a
+    /// character boundary).
+    pub fn text(&mut self, s: &str, max: usize) -> &mut Self {
+        let mut end = s.len().min(max);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u16(end as u16);
+        self.0.extend_from_slice(&s.as_bytes()[..end]);
+        self
+    }
+    /// Appends a u32 length and `b`.
+    pub fn blob(&mut self, b: &[u8]) -> &mut Self {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+        self
+    }
+}
+
+/// Reads a payload; every read is bounds-checked.
+#[derive(Debug)]
+pub struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    /// Reads `b`.
+    pub fn new(b: &'a [u8]) -> Reader<'a> {
+        Reader(b)
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.0.len() < n {
+            return Err(ProtoError::Malformed("payload too short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    /// A byte.
+    pub fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.take(1)?[0])
+    }
+    /// A u16.
+    pub fn u16(&mut self) -> Result<u16, ProtoError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    /// A u32.
+    pub fn u32(&mut self) -> Result<u32, ProtoError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    /// A u64.
+    pub fn u64(&mut self) -> Result<u64, ProtoError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// UTF-8 text of at most `max` bytes.
+    pub fn text(&mut self, max: usize) -> Result<&'a str, ProtoError> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return Err(ProtoError::Malformed("text too long"));
+        }
+        std::str::from_utf8(self.take(n)?).map_err(|_| ProtoError::Malformed("text is not UTF-8"))
+    }
+    /// Bytes of at most `max`.
+    pub fn blob(&mut self, max: usize) -> Result<&'a [u8], ProtoError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(ProtoError::Malformed("blob too long"));
+        }
+        self.take(n)
+    }
+    /// Fails if bytes are left over.
+    pub fn finish(self) -> Result<(), ProtoError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ProtoError::Malformed("trailing bytes"))
+        }
+    }
+}
+
+/// A request from the parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// [`Kind::Hello`].
+    Hello,
+    /// [`Kind::Create`] (the staging memfd travels beside it).
+    Create {
+        /// Partition name.
+        name: &'a str,
+        /// Memory quota.
+        memory: u64,
+        /// Compute units.
+        compute_units: u32,
+        /// Bytes of the staging area.
+        staging_len: u64,
+        /// Whether frames after this one go through the mailbox.
+        mailbox: bool,
+    },
+    /// [`Kind::Alloc`].
+    Alloc {
+        /// Bytes.
+        size: u64,
+        /// Alignment.
+        align: u64,
+    },
+    /// [`Kind::Free`].
+    Free {
+        /// Allocation start.
+        addr: u64,
+    },
+    /// [`Kind::Upload`]: `len` bytes to `dst`; the staging area already
+    /// holds source bytes `[0, prefilled)`.
+    Upload {
+        /// Device address.
+        dst: u64,
+        /// Bytes.
+        len: u64,
+        /// Source bytes already staged.
+        prefilled: u64,
+    },
+    /// [`Kind::Download`].
+    Download {
+        /// Device address.
+        src: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// [`Kind::Copy`].
+    Copy {
+        /// Destination.
+        dst: u64,
+        /// Source.
+        src: u64,
+        /// Bytes.
+        size: u64,
+    },
+    /// [`Kind::Fill`].
+    Fill {
+        /// Start.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+        /// 32-bit pattern.
+        pattern: u32,
+    },
+    /// [`Kind::ModuleLoad`].
+    ModuleLoad {
+        /// `MODULE_FORMAT_*`.
+        format: u32,
+        /// Image.
+        image: &'a [u8],
+    },
+    /// [`Kind::ModuleUnload`].
+    ModuleUnload {
+        /// Handle.
+        module: u64,
+    },
+    /// [`Kind::Launch`].
+    Launch(Launch<'a>),
+    /// [`Kind::Reset`].
+    Reset,
+}
+
+impl Request<'_> {
+    /// Its kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Request::Hello => Kind::Hello,
+            Request::Create { .. } => Kind::Create,
+            Request::Alloc { .. } => Kind::Alloc,
+            Request::Free { .. } => Kind::Free,
+            Request::Upload { .. } => Kind::Upload,
+            Request::Download { .. } => Kind::Download,
+            Request::Copy { .. } => Kind::Copy,
+            Request::Fill { .. } => Kind::Fill,
+            Request::ModuleLoad { .. } => Kind::ModuleLoad,
+            Request::ModuleUnload { .. } => Kind::ModuleUnload,
+            Request::Launch(_) => Kind::Launch,
+            Request::Reset => Kind::Reset,
+        }
+    }
+
+    /// Its payload. Callers keep images and parameters within the ABI's
+    /// bounds, which the decoder enforces.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        match self {
+            Request::Hello | Request::Reset => {}
+            Request::Create {
+                name,
+                memory,
+                compute_units,
+                staging_len,
+                mailbox,
+            } => {
+                w.u64(*memory)
+                    .u32(*compute_units)
+                    .u64(*staging_len)
+                    .u8(*mailbox as u8)
+                    .text(name, MAX_NAME);
+            }
+            Request::Alloc { size, align } => {
+                w.u64(*size).u64(*align);
+            }
+            Request::Free { addr } => {
+                w.u64(*addr);
+            }
+            Request::Upload {
+                dst,
+                len,
+                prefilled,
+            } => {
+                w.u64(*dst).u64(*len).u64(*prefilled);
+            }
+            Request::Download { src, len } => {
+                w.u64(*src).u64(*len);
+            }
+            Request::Copy { dst, src, size } => {
+                w.u64(*dst).u64(*src).u64(*size);
+            }
+            Request::Fill {
+                addr,
+                size,
+                pattern,
+            } => {
+                w.u64(*addr).u64(*size).u32(*pattern);
+            }
+            Request::ModuleLoad { format, image } => {
+                w.u32(*format).blob(image);
+            }
+            Request::ModuleUnload { module } => {
+                w.u64(*module);
+            }
+            Request::Launch(l) => {
+                w.u64(l.module);
+                for v in l.grid.iter().chain(&l.block) {
+                    w.u32(*v);
+                }
+                w.u32(l.shared_mem).text(l.entry, MAX_ENTRY).blob(l.params);
+            }
+        }
+        w.0
+    }
+
+    /// Decodes a request of `kind`.
+    pub fn decode(kind: u16, payload: &[u8]) -> Result<Request<'_>, ProtoError> {
+        let k = Kind::from_raw(kind).ok_or(ProtoError::Kind(kind))?;
+        let mut r = Reader::new(payload);
+        let req = match k {
+            Kind::Hello => Request::Hello,
+            Kind::Reset => Request::Reset,
+            Kind::Create => {
+                let memory = r.u64()?;
+                let compute_units = r.u32()?;
+                let staging_len = r.u64()?;
+                let mailbox = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(ProtoError::Malformed("bad flag")),
+                };
+                Request::Create {
+                    memory,
+                    compute_units,
+                    staging_len,
+                    mailbox,
+                    name: r.text(MAX_NAME)?,
+                }
+            }
+            Kind::Alloc => Request::Alloc {
+                size: r.u64()?,
+                align: r.u64()?,
+            },
+            Kind::Free => Request::Free { addr: r.u64()? },
+            Kind::Upload => Request::Upload {
+                dst: r.u64()?,
+                len: r.u64()?,
+                prefilled: r.u64()?,
+            },
+            Kind::Download => Request::Download {
+                src: r.u64()?,
+                len: r.u64()?,
+            },
+            Kind::Copy => Request::Copy {
+                dst: r.u64()?,
+                src: r.u64()?,
+                size: r.u64()?,
+            },
+            Kind::Fill => Request::Fill {
+                addr: r.u64()?,
+                size: r.u64()?,
+                pattern: r.u32()?,
+            },
+            Kind::ModuleLoad => Request::ModuleLoad {
+                format: r.u32()?,
+                image: r.blob(abi::MAX_MODULE_SIZE as usize)?,
+            },
+            Kind::ModuleUnload => Request::ModuleUnload { module: r.u64()? },
+            Kind::Launch => {
+                let module = r.u64()?;
+                let mut dims = [0u32; 6];
+                for d in &mut dims {
+                    *d = r.u32()?;
+                }
+                let shared_mem = r.u32()?;
+                let entry = r.text(MAX_ENTRY)?;
+                let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
+                Request::Launch(Launch {
+                    module,
+                    entry,
+                    grid: [dims[0], dims[1], dims[2]],
+                    block: [dims[3], dims[4], dims[5]],
+                    shared_mem,
+                    params,
+                })
+            }
+            Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+/// What a successful request returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// Nothing.
+    None,
+    /// An address or module handle.
+    U64(u64),
+    /// [`Kind::Hello`]: the host's backend.
+    Hello {
+        /// Backend name.
+        name: String,
+        /// Its capacity.
+        capacity: Capacity,
+    },
+    /// [`Kind::Reset`]: whether the host cannot recover in place and must
+    /// be replaced by a fresh process.
+    Reset {
+        /// Replace the host.
+        respawn: bool,
+    },
+    /// [`Kind::Download`]: the last piece left in the staging area.
+    Download {
+        /// Offset in the transfer.
+        offset: u64,
+        /// Bytes (0: none).
+        len: u64,
+        /// Where it starts in the staging area.
+        at: u64,
+    },
+}
+
+/// A decoded reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The partition's memory in use after the request.
+    pub memory_used: u64,
+    /// Result.
+    pub result: Result<Value, OpError>,
+}
+
+const ERR_INVALID: u8 = 1;
+const ERR_NO_MEMORY: u8 = 2;
+const ERR_UNSUPPORTED: u8 = 3;
+const ERR_NOT_FOUND: u8 = 4;
+const ERR_OUT_OF_RANGE: u8 = 5;
+const ERR_FAULT: u8 = 6;
+const ERR_DEVICE: u8 = 7;
+
+impl Reply {
+    /// The payload of this reply to a request of `kind`.
+    pub fn encode(&self, kind: Kind) -> Vec<u8> {
+        let mut w = Writer::default();
+        let status = match &self.result {
+            Ok(_) => 0,
+            Err(e) => match e {
+                OpError::Invalid(_) => ERR_INVALID,
+                OpError::NoMemory { .. } => ERR_NO_MEMORY,
+                OpError::Unsupported(_) => ERR_UNSUPPORTED,
+                OpError::NotFound(_) => ERR_NOT_FOUND,
+                OpError::OutOfRange { .. } => ERR_OUT_OF_RANGE,
+                OpError::Fault(_) => ERR_FAULT,
+                OpError::Device(_) => ERR_DEVICE,
+            },
+        };
+        w.u8(status).u64(self.memory_used);
+        match &self.result {
+            Ok(v) => match (kind, v) {
+                (Kind::Hello, Value::Hello { name, capacity }) => {
+                    w.u64(capacity.memory)
+                        .u32(capacity.compute_units)
+                        .text(name, MAX_NAME);
+                }
+                (Kind::Alloc | Kind::ModuleLoad, Value::U64(x)) => {
+                    w.u64(*x);
+                }
+                (Kind::Reset, Value::Reset { respawn }) => {
+                    w.u8(*respawn as u8);
+                }
+                (Kind::Download, Value::Download { offset, len, at }) => {
+                    w.u64(*offset).u64(*len).u64(*at);
+                }
+                _ => {}
+            },
+            Err(e) => match e {
+                OpError::Invalid(s)
+                | OpError::Unsupported(s)
+                | OpError::NotFound(s)
+                | OpError::Device(s) => {
+                    w.text(s, MAX_TEXT);
+                }
+                OpError::NoMemory {
+                    requested,
+                    available,
+                } => {
+                    w.u64(*requested).u64(*available);
+                }
+                OpError::OutOfRange { addr, len } => {
+                    w.u64(*addr).u64(*len);
+                }
+                OpError::Fault(off) => {
+                    w.u64(*off);
+                }
+            },
+        }
+        w.0
+    }
+
+    /// Decodes a reply to a request of `kind` (syntax only; the caller
+    /// checks the values against what it asked).
+    pub fn decode(kind: Kind, payload: &[u8]) -> Result<Reply, ProtoError> {
+        let mut r = Reader::new(payload);
+        let status = r.u8()?;
+        let memory_used = r.u64()?;
+        let text = |r: &mut Reader<'_>| r.text(MAX_TEXT).map(str::to_string);
+        let result = match status {
+            0 => Ok(match kind {
+                Kind::Hello => {
+                    let memory = r.u64()?;
+                    let compute_units = r.u32()?;
+                    Value::Hello {
+                        name: r.text(MAX_NAME)?.to_string(),
+                        capacity: Capacity {
+                            memory,
+                            compute_units,
+                        },
+                    }
+                }
+                Kind::Alloc | Kind::ModuleLoad => Value::U64(r.u64()?),
+                Kind::Reset => Value::Reset {
+                    respawn: match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(ProtoError::Malformed("bad flag")),
+                    },
+                },
+                Kind::Download => Value::Download {
+                    offset: r.u64()?,
+                    len: r.u64()?,
+                    at: r.u64()?,
+                },
+                Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind as u16)),
+                _ => Value::None,
+            }),
+            ERR_INVALID => Err(OpError::Invalid(text(&mut r)?)),
+            ERR_UNSUPPORTED => Err(OpError::Unsupported(text(&mut r)?)),
+            ERR_NOT_FOUND => Err(OpError::NotFound(text(&mut r)?)),
+            ERR_DEVICE => Err(OpError::Device(text(&mut r)?)),
+            ERR_NO_MEMORY => Err(OpError::NoMemory {
+                requested: r.u64()?,
+                available: r.u64()?,
+            }),
+            ERR_OUT_OF_RANGE => Err(OpError::OutOfRange {
+                addr: r.u64()?,
+                len: r.u64()?,
+            }),
+            ERR_FAULT => Err(OpError::Fault(r.u64()?)),
+            _ => return Err(ProtoError::Malformed("unknown status")),
+        };
+        r.finish()?;
+        Ok(Reply {
+            memory_used,
+            result,
+        })
+    }
+}
+
+/// A callback's piece ([`Kind::Need`], [`Kind::Out`]): `len` bytes at
+/// `offset` of the transfer, at byte `at` of the staging area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Offset in the transfer.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Offset in the staging area.
+    pub at: u64,
+}
+
+impl Piece {
+    /// Its payload.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.u64(self.offset).u64(self.len).u64(self.at);
+        w.0
+    }
+
+    /// Decodes a piece.
+    pub fn decode(payload: &[u8]) -> Result<Piece, ProtoError> {
+        let mut r = Reader::new(payload);
+        let p = Piece {
+            offset: r.u64()?,
+            len: r.u64()?,
+            at: r.u64()?,
+        };
+        r.finish()?;
+        Ok(p)
+    }
+
+    /// Where it ends in the transfer.
+    pub fn end(&self) -> u64 {
+        self.offset.saturating_add(self.len)
+    }
+}
+
+/// The parent's answer to a callback: done, or a fault of the guest
+/// memory at an offset of the transfer.
+pub fn encode_answer(fault: Option<u64>) -> Vec<u8> {
+    let mut w = Writer::default();
+    match fault {
+        None => w.u8(0),
+        Some(off) => w.u8(1).u64(off),
+    };
+    w.0
+}
+
+/// Decodes the parent's answer to a callback.
+pub fn decode_answer(payload: &[u8]) -> Result<Option<u64>, ProtoError> {
+    let mut r = Reader::new(payload);
+    let v = match r.u8()? {
+        0 => None,
+        1 => Some(r.u64()?),
+        _ => return Err(ProtoError::Malformed("bad answer")),
+    };
+    r.finish()?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(kind: u16, seq: u32, len: u32) -> [u8; HEADER_LEN] {
+        Header { kind, seq, len }.encode()
+    }
+
+    #[test]
+    fn test_header_roundtrip_and_refusals() {
+        let h = Header::decode(&header(REPLY | 3, 7, 9), MAX_REPLY).unwrap();
+        assert_eq!((h.kind, h.seq, h.len), (REPLY | 3, 7, 9));
+        let mut b = header(3, 1, 0);
+        b[0] ^= 1;
+        assert!(matches!(
+            Header::decode(&b, MAX_REPLY),
+            Err(ProtoError::Magic(_))
+        ));
+        let mut b = header(3, 1, 0);
+        b[4] = 2;
+        assert_eq!(Header::decode(&b, MAX_REPLY), Err(ProtoError::Version(2)));
+        assert_eq!(
+            Header::decode(&header(3, 1, MAX_REPLY + 1), MAX_REPLY),
+            Err(ProtoError::TooLong {
+                len: MAX_REPLY + 1,
+                max: MAX_REPLY
+            })
+        );
+        assert!(Header::decode(&header(3, 1, u32::MAX), MAX_REQUEST).is_err());
+    }
+
+    #[test]
+    fn test_requests_roundtrip() {
+        let params = [7u8; 24];
+        let image = b"// PTX".to_vec();
+        let reqs = [
+            Request::Hello,
+            Request::Create {
+                name: "tenant-a",
+                memory: 1 << 30,
+                compute_units: 3,
+                staging_len: 1 << 20,
+                mailbox: true,
+            },
+            Request::Alloc {
+                size: 4096,
+                align: 256,
+            },
+            Request::Free { addr: 0x1000 },
+            Request::Upload {
+                dst: 1,
+                len: 2,
+                prefilled: 2,
+            },
+            Request::Download { src: 5, len: 6 },
+            Request::Copy {
+                dst: 1,
+                src: 2,
+                size: 3,
+            },
+            Request::Fill {
+                addr: 1,
+                size: 8,
+                pattern: 0xdead_beef,
+            },
+            Request::ModuleLoad {
+                format: abi::MODULE_FORMAT_PTX,
+                image: &image,
+            },
+            Request::ModuleUnload { module: 9 },
+            Request::Launch(Launch {
+                module: abi::MODULE_BUILTIN,
+                entry: "saxpy_f32",
+                grid: [1, 2, 3],
+                block: [4, 5, 6],
+                shared_mem: 128,
+                params: &params,
+            }),
+            Request::Reset,
+        ];
+        for req in &reqs {
+            let payload = req.encode();
+            assert_eq!(&Request::decode(req.kind() as u16, &payload).unwrap(), req);
+            // Every truncation and every extra byte is refused.
+            for cut in 0..payload.len() {
+                assert!(Request::decode(req.kind() as u16, &payload[..cut]).is_err());
+            }
+            let mut long = payload.clone();
+            long.push(0);
+            assert!(Request::decode(req.kind() as u16, &long).is_err());
+        }
+        assert_eq!(Request::decode(99, &[]), Err(ProtoError::Kind(99)));
+        let piece = Piece {
+            offset: 0,
+            len: 1,
+            at: 0,
+        };
+        assert!(Request::decode(Kind::Need as u16, &piece.encode()).is_err());
+    }
+
+    #[test]
+    fn test_request_bounds() {
+        // A launch whose parameter block claims more than the ABI allows.
+        let mut w = Writer::default();
+        w.u64(0);
+        for _ in 0..7 {
+            w.u32(1);
+        }
+        w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE + 1);
+        w.0.extend(std::iter::repeat_n(0, abi::MAX_PARAMS_SIZE as usize + 1));
+        assert!(Request::decode(Kind::Launch as u16, &w.0).is_err());
+        // A name that is not UTF-8.
+        let mut w = Writer::default();
+        w.u64(1).u32(1).u64(1).u8(0).u16(2);
+        w.0.extend_from_slice(&[0xff, 0xfe]);
+        assert_eq!(
+            Request::decode(Kind::Create as u16, &w.0),
+            Err(ProtoError::Malformed("text is not UTF-8"))
+        );
+    }
+
+    #[test]
+    fn test_replies_roundtrip() {
+        let cases = [
+            (
+                Kind::Hello,
+                Ok(Value::Hello {
+                    name: "software".into(),
+                    capacity: Capacity {
+                        memory: 1 << 30,
+                        compute_units: 4,
+                    },
+                }),
+            ),
+            (Kind::Alloc, Ok(Value::U64(0x10_0000))),
+            (Kind::ModuleLoad, Ok(Value::U64(2))),
+            (Kind::Free, Ok(Value::None)),
+            (Kind::Reset, Ok(Value::Reset { respawn: true })),
+            (
+                Kind::Download,
+                Ok(Value::Download {
+                    offset: 8,
+                    len: 4,
+                    at: 16,
+                }),
+            ),
+            (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
+            (
+                Kind::Alloc,
+                Err(OpError::NoMemory {
+                    requested: 5,
+                    available: 4,
+                }),
+            ),
+            (Kind::ModuleLoad, Err(OpError::Unsupported("ptx".into()))),
+            (Kind::Free, Err(OpError::NotFound("x".into()))),
+            (Kind::Copy, Err(OpError::OutOfRange { addr: 1, len: 2 })),
+            (Kind::Upload, Err(OpError::Fault(3))),
+            (Kind::Launch, Err(OpError::Device("lost".into()))),
+        ];
+        for (kind, result) in cases {
+            let reply = Reply {
+                memory_used: 4096,
+                result,
+            };
+            let payload = reply.encode(kind);
+            assert_eq!(Reply::decode(kind, &payload).unwrap(), reply);
+            for cut in 0..payload.len() {
+                assert!(Reply::decode(kind, &payload[..cut]).is_err(), "{kind:?}");
+            }
+            let mut long = payload.clone();
+            long.push(0);
+            assert!(Reply::decode(kind, &long).is_err());
+        }
+    }
+
+    #[test]
+    fn test_bad_replies_are_refused() {
+        // Unknown status.
+        let mut w = Writer::default();
+        w.u8(42).u64(0);
+        assert_eq!(
+            Reply::decode(Kind::Free, &w.0),
+            Err(ProtoError::Malformed("unknown status"))
+        );
+        // Error text over the bound.
+        let mut w = Writer::default();
+        w.u8(ERR_DEVICE).u64(0).u16(MAX_TEXT as u16 + 1);
+        w.0.extend(std::iter::repeat_n(b'a', MAX_TEXT + 1));
+        assert_eq!(
+            Reply::decode(Kind::Free, &w.0),
+            Err(ProtoError::Malformed("text too long"))
+        );
+        // A reset flag that is neither 0 nor 1.
+        let mut w = Writer::default();
+        w.u8(0).u64(0).u8(2);
+        assert!(Reply::decode(Kind::Reset, &w.0).is_err());
+        // Replies are never callbacks.
+        let mut w = Writer::default();
+        w.u8(0).u64(0);
+        assert!(Reply::decode(Kind::Need, &w.0).is_err());
+        // Answers.
+        assert_eq!(decode_answer(&encode_answer(None)), Ok(None));
+        assert_eq!(decode_answer(&encode_answer(Some(9))), Ok(Some(9)));
+        assert!(decode_answer(&[2]).is_err());
+        assert!(decode_answer(&[0, 0]).is_err());
+        let p = Piece {
+            offset: 3,
+            len: 4,
+            at: 5,
+        };
+        assert_eq!(Piece::decode(&p.encode()), Ok(p));
+        assert!(Piece::decode(&[0; 23]).is_err());
+        assert!(Piece::decode(&[0; 25]).is_err());
+    }
+
+    #[test]
+    fn test_long_text_is_cut_at_a_character_boundary() {
+        let s = "é".repeat(MAX_TEXT);
+        let mut w = Writer::default();
+        w.text(&s, MAX_TEXT);
+        let mut r = Reader::new(&w.0);
+        let t = r.text(MAX_TEXT).unwrap();
+        assert!(t.len() <= MAX_TEXT && t.chars().all(|c| c == 'é'));
+    }
+}

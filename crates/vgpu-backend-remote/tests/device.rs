@@ -1,0 +1,94 @@
+//! A vGPU function whose partition lives in a partition host process,
+//! driven by the test kit as a guest would: commands work as in process,
+//! a host killed under it fails that function's commands with a device
+//! error, and a function reset brings it back.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use vgpu_backend::PartitionSpec;
+use vgpu_backend_remote::{InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig};
+use vgpu_testkit::abi;
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, test_config, Mode, TestVgpu};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn vgpu_on_a_remote_partition_survives_its_host() {
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 2,
+    };
+    let launcher = ProcessLauncher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+    )
+    .unwrap();
+    let backend = RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap();
+    let spec = PartitionSpec {
+        name: "remote".into(),
+        memory: 32 * MIB,
+        compute_units: 2,
+    };
+    let partition = backend.create_remote_partition(&spec).unwrap();
+    let pid = partition.host_pid().unwrap();
+    let server = TestVgpu::start(test_config("remote", 2), Box::new(partition));
+    let mut g = server.connect();
+    g.setup_queue(0, 32, Mode::Interrupt);
+
+    let n = 50_000;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32).collect();
+    let vadd = |g: &mut vgpu_testkit::Guest| {
+        let da = g.device_alloc(0, 4 * n as u64);
+        let db = g.device_alloc(0, 4 * n as u64);
+        let dc = g.device_alloc(0, 4 * n as u64);
+        g.upload(0, da, &f32s_to_bytes(&a));
+        g.upload(0, db, &f32s_to_bytes(&b));
+        let p = abi::VaddParams {
+            c: dc,
+            a: da,
+            b: db,
+            n: n as u64,
+        };
+        assert_eq!(g.launch(0, "vadd_f32", &p).status, abi::STATUS_OK);
+        let got = bytes_to_f32s(&g.download(0, dc, 4 * n));
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(got, want);
+        assert_eq!(g.mem_used(), 12 * n as u64);
+    };
+    vadd(&mut g);
+
+    // SAFETY: plain kill(2) of the host process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    // Until it has died, the host could still answer.
+    let dead = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+    };
+    let t = std::time::Instant::now();
+    while !dead(pid) {
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let c = g.mem_alloc(0, 4096, 0);
+    assert_eq!(c.status, abi::STATUS_DEVICE_ERROR, "{c:?}");
+    assert_eq!(
+        g.nop(0).status,
+        abi::STATUS_OK,
+        "commands without the GPU still run"
+    );
+    assert_eq!(
+        g.mem_alloc(0, 4096, 0).status,
+        abi::STATUS_DEVICE_ERROR,
+        "until reset"
+    );
+
+    g.device_reset();
+    g.enable_device();
+    g.setup_queue(0, 32, Mode::Interrupt);
+    assert_eq!(g.mem_used(), 0);
+    vadd(&mut g);
+}
