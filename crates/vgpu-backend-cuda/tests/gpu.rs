@@ -31,7 +31,7 @@ fn gpu() -> bool {
         Ok(()) => true,
         Err(why) => {
             assert!(!required(), "VGPU_REQUIRE_GPU=1 but {why}");
-            println!("skipped: no CUDA driver ({why})");
+            vgpu_testkit::skip(&format!("no CUDA driver ({why})"));
             false
         }
     }
@@ -44,7 +44,7 @@ fn backend(mode: Mode) -> Option<CudaBackend> {
         Ok(b) => Some(b),
         Err(e) => {
             assert!(!required(), "VGPU_REQUIRE_GPU=1 but {e}");
-            println!("skipped: no usable CUDA device ({e})");
+            vgpu_testkit::skip(&format!("no usable CUDA device ({e})"));
             None
         }
     }

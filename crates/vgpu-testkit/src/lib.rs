@@ -155,3 +155,35 @@ pub fn test_config(name: &str, queues: u32) -> VgpuConfig {
     c.window_size = 1 << 20;
     c
 }
+
+/// Environment variable naming a file where skipped tests are listed, one
+/// line each, so a test run can count them as skipped rather than passed
+/// (the test harness has no run-time skip).
+pub const SKIP_LOG_ENV: &str = "VGPU_SKIP_LOG";
+
+/// Reports that the calling test is skipping itself, and why: prints
+/// `skipped: <why>` and appends `<test name>: <why>` to the file named by
+/// [`SKIP_LOG_ENV`] when it is set. The test should return right after.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    println!("skipped: {why}");
+    let Some(path) = std::env::var_os(SKIP_LOG_ENV) else {
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_owned();
+    let line = format!("{test}: {}\n", why.replace('\n', " "));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!(
+            "cannot record the skip in {}: {e}",
+            Path::new(&path).display()
+        );
+    }
+}
