@@ -454,10 +454,10 @@ fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Processes whose parent is this one (zombies included).
+/// Processes whose parent or grandparent is this one (zombies included):
+/// launchers and the hosts they started.
 fn children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let mut out = Vec::new();
+    let mut parent = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -469,10 +469,15 @@ fn children() -> Vec<u32> {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
             continue;
         };
-        if rest.split_whitespace().nth(1) == Some(me.as_str()) {
-            out.push(pid);
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            parent.push((pid, ppid));
         }
     }
+    let me = std::process::id();
+    let kids: Vec<u32> = parent.iter().filter(|p| p.1 == me).map(|p| p.0).collect();
+    let grandkids = parent.iter().filter(|p| kids.contains(&p.1)).map(|p| p.0);
+    let mut out = kids.clone();
+    out.extend(grandkids);
     out
 }
 
@@ -548,11 +553,16 @@ fn a_host_that_cannot_start_is_reported() {
         Err(BackendError::Unavailable(m)) => assert!(m.contains("partition host"), "{m}"),
         other => panic!("{other:?}"),
     }
-    let missing = Arc::new(ProcessLauncher::new("/nonexistent/host".into(), vec![]).unwrap());
-    match RemoteBackend::new(missing, config()) {
-        Err(BackendError::Unavailable(m)) => assert!(m.contains("cannot start"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    // The launcher is the same program: a missing one is refused at once.
+    let missing = ProcessLauncher::new("/nonexistent/host".into(), vec![]);
+    assert_eq!(
+        missing.unwrap_err().kind(),
+        std::io::ErrorKind::NotFound,
+        "a launcher from a missing program"
+    );
+    // A program that is not a launcher never answers as one.
+    let e = ProcessLauncher::new("/bin/false".into(), vec![]).unwrap_err();
+    assert!(e.to_string().contains("launcher"), "{e}");
 }
 
 // ---- fake hosts -------------------------------------------------------
