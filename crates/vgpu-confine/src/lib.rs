@@ -3,8 +3,9 @@
 //! says what each layer stops and why the lists are what they are.
 //!
 //! Order in a process: open what needs privileges, [`drop_privileges`],
-//! then [`install`] the process-wide role ([`Role::Daemon`] or
-//! [`Role::GpuHost`]), then let threads with a narrower job install their
+//! then [`install`] the process-wide role ([`Role::Daemon`],
+//! [`Role::GpuHost`], or [`Role::PartitionHost`] in a partition host),
+//! then let threads with a narrower job install their
 //! own role on top ([`Role::Metrics`], [`Role::Signals`]). Filters stack:
 //! a thread is held to every filter it or its creator installed, and a
 //! thread inherits its creator's filters.
@@ -481,6 +482,24 @@ fn partition_host_rules(rules: &mut Rules, driver: bool) {
     allow(rules, &[SYS_ppoll]);
     if driver {
         gpu_driver_rules(rules);
+        // The driver's list was traced as what it needed beyond the
+        // daemon's; of the daemon's calls, these reach nothing outside the
+        // process and a driver's helper threads commonly use them (wake-up
+        // fds, event loops, shared memory of its own).
+        allow(
+            rules,
+            &[
+                SYS_eventfd2,
+                SYS_epoll_create1,
+                SYS_epoll_ctl,
+                SYS_memfd_create,
+                SYS_ftruncate,
+            ],
+        );
+        #[cfg(target_arch = "x86_64")]
+        allow(rules, &[SYS_epoll_wait]);
+        #[cfg(not(target_arch = "x86_64"))]
+        allow(rules, &[SYS_epoll_pwait]);
     }
 }
 
@@ -1300,7 +1319,6 @@ mod tests {
             libc::SYS_bind,
             libc::SYS_connect,
             libc::SYS_accept4,
-            libc::SYS_memfd_create,
             libc::SYS_wait4,
             libc::SYS_execve,
             libc::SYS_kill,
