@@ -510,7 +510,7 @@ fn no_descriptor_or_process_leaks_over_many_cycles() {
 }
 
 fn leak_cycles(b: RemoteBackend) {
-    // Warm up: the spawning thread and the first host's descriptors.
+    // Warm up: the launcher and the first host's descriptors.
     drop(b.create_partition(&spec("w", MIB, 1)).unwrap());
     let fds = count_fds();
     let kids = children().len();
