@@ -522,13 +522,20 @@ impl ProcessLauncher {
             pid: 0,
             value: 0,
         };
-        match client.call(hello, &[READY])? {
-            (m, _) if m.op == READY && m.pid == pid as i32 => {}
-            (m, _) => {
-                return Err(io::Error::other(format!(
-                    "the partition host launcher answered {m:?}"
-                )))
+        let r = match client.call(hello, &[READY]) {
+            Ok((m, _)) if m.op == READY && m.pid == pid as i32 => Ok(()),
+            Ok((m, _)) => Err(io::Error::other(format!(
+                "the partition host launcher answered {m:?}"
+            ))),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            // Not a launcher, or a broken one: it may not exit on its own,
+            // and reaping it (when `client` goes) must not wait forever.
+            if let Some(c) = lock(&client.state).process.as_mut() {
+                let _ = c.kill();
             }
+            return Err(e);
         }
         debug!("partition host launcher {pid} started");
         Ok(ProcessLauncher {

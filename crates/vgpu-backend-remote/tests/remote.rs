@@ -560,9 +560,18 @@ fn a_host_that_cannot_start_is_reported() {
         std::io::ErrorKind::NotFound,
         "a launcher from a missing program"
     );
-    // A program that is not a launcher never answers as one.
+    // A program that is not a launcher never answers as one, whether it
+    // exits or stays silent (it is killed then).
     let e = ProcessLauncher::new("/bin/false".into(), vec![]).unwrap_err();
     assert!(e.to_string().contains("launcher"), "{e}");
+    let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix("/tmp/vgpu-remote-").unwrap();
+    let silent = dir.as_path().join("silent");
+    std::fs::write(&silent, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&silent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let t = std::time::Instant::now();
+    let e = ProcessLauncher::new(silent, vec![]).unwrap_err();
+    assert!(e.to_string().contains("no answer"), "{e}");
+    assert!(t.elapsed() < vgpu_backend_remote::launcher::REPLY_TIMEOUT * 2);
 }
 
 // ---- fake hosts -------------------------------------------------------

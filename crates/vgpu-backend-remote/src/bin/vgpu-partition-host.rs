@@ -56,6 +56,9 @@ fn run_launcher(args: Vec<OsString>) -> ExitCode {
         return ExitCode::FAILURE;
     }
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Told apart from the hosts in `ps` and `top`.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"vgpu-launcher".as_ptr()) };
     // SAFETY: the daemon handed this descriptor to us for this purpose and
     // nothing else in this process refers to it.
     let sock = unsafe { OwnedFd::from_raw_fd(args.fd) };
