@@ -811,6 +811,9 @@ fn answer(
         value,
     };
     let failed = |e: i32| reply(FAILED, e);
+    if ![HELLO, SPAWN, KILL, STATUS, RELEASE].contains(&req.op) {
+        return (failed(libc::EINVAL), None);
+    }
     if req.op != HELLO && req.op != SPAWN && !hosts.contains_key(&req.pid) {
         // Not one of ours (or already reported): nothing is done to it.
         return (failed(libc::ESRCH), None);
@@ -1014,6 +1017,62 @@ mod tests {
             assert!(client.call(req, &[DONE]).is_err(), "unusable after {bad:?}");
             peer.join().unwrap();
         }
+    }
+
+    /// The launcher's side acts only on its own children: asked to kill or
+    /// report a pid it did not start, it refuses, and it stops when the
+    /// daemon's end closes. (No host is started here: that runs this
+    /// program again; the integration tests do.)
+    #[test]
+    fn test_the_launcher_touches_only_its_own_children() {
+        let (ours, theirs) = seqpacket_pair().unwrap();
+        set_timeouts(ours.as_raw_fd(), Duration::from_secs(5)).unwrap();
+        let args = LauncherArgs {
+            fd: theirs.as_raw_fd(),
+            seccomp: SeccompMode::Strict,
+            ids: None,
+            host_args: Vec::new(),
+        };
+        let server = std::thread::spawn(move || serve(theirs, &args));
+        let client = Arc::new(Client {
+            state: Mutex::new(ClientState {
+                sock: Some(ours),
+                process: None,
+                broken: None,
+            }),
+            pid: std::process::id(),
+        });
+        let hello = Msg {
+            op: HELLO,
+            pid: 0,
+            value: 0,
+        };
+        let (m, fd) = client.call(hello, &[READY]).unwrap();
+        assert_eq!((m.op, m.pid), (READY, std::process::id() as i32));
+        assert!(fd.is_none());
+        // pid 1 and this process: not its children.
+        for pid in [1, std::process::id()] {
+            let mut p = HostProcess {
+                client: Arc::clone(&client),
+                pid,
+                ended: None,
+            };
+            for r in [p.kill().err(), p.try_wait().err()] {
+                assert_eq!(r.and_then(|e| e.raw_os_error()), Some(libc::ESRCH));
+            }
+            // Dropping it asks to forget it: refused the same way.
+        }
+        // A request of an unknown kind is refused; the launcher goes on.
+        let odd = Msg {
+            op: 77,
+            pid: 0,
+            value: 0,
+        };
+        let (m, _) = client.call(odd, &[]).unwrap();
+        assert_eq!((m.op, m.value), (FAILED, libc::EINVAL));
+        assert!(client.call(hello, &[READY]).is_ok());
+        drop(client);
+        server.join().unwrap().unwrap();
     }
 
     #[test]
