@@ -1,4 +1,4 @@
-//! The partition host's command line, and starting it.
+//! The partition host's command line.
 
 use std::ffi::OsString;
 use std::time::Duration;
