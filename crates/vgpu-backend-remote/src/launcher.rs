@@ -42,7 +42,7 @@ use crate::{lock, HostLink, Launcher, HOST_PROGRAM};
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest wait for a killed host to be reported dead.
-const WAIT_LIMIT: Duration = Duration::from_secs(10);
+pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// Most hosts (running, or ended and not yet reported) one launcher keeps.
 pub const MAX_HOSTS: usize = 1024;
