@@ -1,15 +1,7 @@
-//! The partition host's command line, and starting it.
+//! The partition host's command line.
 
 use std::ffi::OsString;
-use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
-
-use crate::HostLink;
 
 /// File name of the partition host program.
 pub const HOST_PROGRAM: &str = "vgpu-partition-host";
@@ -162,46 +154,6 @@ impl HostArgs {
             fd: fd.ok_or("--fd is required")?,
         })
     }
-}
-
-/// Starts `program` with `args` and one end of a new socket pair as its
-/// only inherited descriptor besides stdio.
-pub(crate) fn spawn(program: &Path, args: &[OsString]) -> io::Result<HostLink> {
-    let (ours, theirs) = UnixStream::pair()?;
-    let fd = theirs.as_raw_fd();
-    let parent = std::process::id();
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .arg("--fd")
-        .arg(fd.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    // SAFETY: the closure runs between fork and exec and makes only
-    // async-signal-safe system calls (prctl, getppid, fcntl), allocating
-    // nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Die with the daemon.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The daemon died before the line above: nobody will kill us.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            // Keep the host's socket across exec (it was created close-on-exec).
-            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    };
-    let child = cmd.spawn()?;
-    drop(theirs);
-    Ok(HostLink {
-        stream: ours,
-        process: Some(child),
-    })
 }
 
 #[cfg(test)]

@@ -48,12 +48,17 @@
 //! - A reset of a healthy host resets its partition in place; a host whose
 //!   backend cannot recover in its process (CUDA after a kernel fault)
 //!   asks to be replaced, and is.
-//! - Hosts are started by a dedicated thread of the backend (the parent
-//!   death signal follows the thread that forked), with
-//!   `PR_SET_PDEATHSIG(SIGKILL)`, only their socket inherited, and every
-//!   other descriptor closed first thing. A host exits when its socket
-//!   closes; the daemon waits [`EXIT_GRACE_MS`] for it, then kills it, and
-//!   reaps it either way.
+//! - Hosts are started, killed and reaped by a launcher process
+//!   ([`ProcessLauncher`]), started with the backend before the daemon
+//!   confines itself (its filter forbids creating processes): the daemon
+//!   asks it over a socket and receives each host's socket with
+//!   `SCM_RIGHTS`. Hosts run as the daemon's unprivileged user, without
+//!   capabilities, with no new privileges, under their own system-call
+//!   filter ([`vgpu_confine::Role::PartitionHost`]), with
+//!   `PR_SET_PDEATHSIG(SIGKILL)` (from the single-threaded launcher),
+//!   only their socket inherited, and every other descriptor closed first
+//!   thing. A host exits when its socket closes; the daemon waits
+//!   [`EXIT_GRACE_MS`] for it, then has it killed, and reaped either way.
 //!
 //! The backend's placement (memory and compute units left) is kept here in
 //! the daemon: each host opens its inner backend whole and carves the one
@@ -68,14 +73,13 @@ mod shm;
 mod wire;
 
 pub mod host;
+pub mod launcher;
 pub mod proto;
 
-use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::Child;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -83,6 +87,7 @@ use log::{info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
 pub use host_cmd::{HostArgs, HostOptions, InnerBackend, HOST_PROGRAM};
+pub use launcher::{HostPolicy, HostProcess, ProcessLauncher};
 pub use partition::RemotePartition;
 
 /// How long (ms) a closed partition host gets to exit before it is killed.
@@ -126,13 +131,13 @@ impl Default for RemoteConfig {
 }
 
 /// A started partition host: its socket and, when it is a process, the
-/// process (reaped by the partition).
+/// process (reaped by the partition, through the launcher).
 #[derive(Debug)]
 pub struct HostLink {
     /// The daemon's end of the socket pair.
     pub stream: UnixStream,
     /// The host process.
-    pub process: Option<Child>,
+    pub process: Option<HostProcess>,
 }
 
 /// Starts partition hosts.
@@ -159,60 +164,6 @@ pub fn default_host_program() -> io::Result<PathBuf> {
         }
     }
     Ok(dir.join(HOST_PROGRAM))
-}
-
-type SpawnReply = std::sync::mpsc::SyncSender<io::Result<HostLink>>;
-
-/// Starts partition hosts as child processes of one dedicated thread.
-#[derive(Debug)]
-pub struct ProcessLauncher {
-    program: PathBuf,
-    args: Vec<OsString>,
-    jobs: Mutex<std::sync::mpsc::Sender<SpawnReply>>,
-}
-
-impl ProcessLauncher {
-    /// Runs `program` with `args` (see [`HostArgs`]) plus `--fd N`.
-    pub fn new(program: PathBuf, args: Vec<OsString>) -> io::Result<ProcessLauncher> {
-        let (tx, rx) = std::sync::mpsc::channel::<SpawnReply>();
-        let (p, a) = (program.clone(), args.clone());
-        // PR_SET_PDEATHSIG fires when the thread that forked exits, so
-        // hosts are forked by this thread, which lives as long as the
-        // launcher (every partition holds the launcher).
-        std::thread::Builder::new()
-            .name("vgpu-host-spawn".into())
-            .spawn(move || {
-                for reply in rx {
-                    let _ = reply.send(host_cmd::spawn(&p, &a));
-                }
-            })?;
-        Ok(ProcessLauncher {
-            program,
-            args,
-            jobs: Mutex::new(tx),
-        })
-    }
-
-    /// The program it runs.
-    pub fn program(&self) -> &std::path::Path {
-        &self.program
-    }
-
-    /// Its arguments (without `--fd`).
-    pub fn args(&self) -> &[OsString] {
-        &self.args
-    }
-}
-
-impl Launcher for ProcessLauncher {
-    fn launch(&self) -> io::Result<HostLink> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        lock(&self.jobs)
-            .send(tx)
-            .map_err(|_| io::Error::other("the spawning thread is gone"))?;
-        rx.recv()
-            .map_err(|_| io::Error::other("the spawning thread is gone"))?
-    }
 }
 
 /// A backend whose partitions each run in their own partition host.

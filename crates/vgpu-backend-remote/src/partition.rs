@@ -3,7 +3,6 @@
 
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use crate::mailbox::{self, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
-use crate::{lock, HostLink, Launcher, RemoteConfig};
+use crate::{lock, HostLink, HostProcess, Launcher, RemoteConfig};
 
 /// How long a closed host gets to exit on its own before it is killed.
 const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
@@ -27,7 +26,7 @@ pub(crate) struct Link {
     spin: Duration,
     /// The socket's current read and write timeout.
     timeout: Option<Duration>,
-    process: Option<Child>,
+    process: Option<HostProcess>,
     seq: u32,
     buf: Vec<u8>,
 }
@@ -89,7 +88,7 @@ impl Link {
 
     /// The host's process id, if it is a process.
     pub(crate) fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(Child::id)
+        self.process.as_ref().map(HostProcess::id)
     }
 
     /// Sends `req` and reads until its reply, serving the host's staging

@@ -6,19 +6,34 @@ use vgpu_testkit::{abi, Guest, GuestOptions, Mode};
 use vgpud::config::{Config, Isolation};
 use vgpud::daemon::Daemon;
 
-/// Partition host processes whose parent is this test process.
-fn hosts() -> usize {
-    let me = std::process::id().to_string();
+/// (pid, parent pid, command line) of every process.
+fn processes() -> Vec<(String, String, String)> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
-        .filter(|e| {
-            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let Some((head, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            head.contains("(vgpu-partition") && rest.split_whitespace().nth(1) == Some(me.as_str())
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.to_string();
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            Some((e.file_name().to_string_lossy().into_owned(), ppid, cmd))
         })
+        .collect()
+}
+
+/// Partition host processes started by a launcher that this test
+/// process started.
+fn hosts() -> usize {
+    let me = std::process::id().to_string();
+    let all = processes();
+    let launchers: Vec<&String> = all
+        .iter()
+        .filter(|(_, ppid, cmd)| *ppid == me && cmd.contains(" --launcher "))
+        .map(|(pid, _, _)| pid)
+        .collect();
+    all.iter()
+        .filter(|(_, ppid, cmd)| launchers.contains(&ppid) && cmd.contains(" --fd "))
         .count()
 }
 

@@ -454,10 +454,10 @@ fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-/// Processes whose parent is this one (zombies included).
+/// Processes whose parent or grandparent is this one (zombies included):
+/// launchers and the hosts they started.
 fn children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let mut out = Vec::new();
+    let mut parent = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
@@ -469,10 +469,15 @@ fn children() -> Vec<u32> {
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
             continue;
         };
-        if rest.split_whitespace().nth(1) == Some(me.as_str()) {
-            out.push(pid);
+        if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            parent.push((pid, ppid));
         }
     }
+    let me = std::process::id();
+    let kids: Vec<u32> = parent.iter().filter(|p| p.1 == me).map(|p| p.0).collect();
+    let grandkids = parent.iter().filter(|p| kids.contains(&p.1)).map(|p| p.0);
+    let mut out = kids.clone();
+    out.extend(grandkids);
     out
 }
 
@@ -505,7 +510,7 @@ fn no_descriptor_or_process_leaks_over_many_cycles() {
 }
 
 fn leak_cycles(b: RemoteBackend) {
-    // Warm up: the spawning thread and the first host's descriptors.
+    // Warm up: the launcher and the first host's descriptors.
     drop(b.create_partition(&spec("w", MIB, 1)).unwrap());
     let fds = count_fds();
     let kids = children().len();
@@ -548,11 +553,25 @@ fn a_host_that_cannot_start_is_reported() {
         Err(BackendError::Unavailable(m)) => assert!(m.contains("partition host"), "{m}"),
         other => panic!("{other:?}"),
     }
-    let missing = Arc::new(ProcessLauncher::new("/nonexistent/host".into(), vec![]).unwrap());
-    match RemoteBackend::new(missing, config()) {
-        Err(BackendError::Unavailable(m)) => assert!(m.contains("cannot start"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    // The launcher is the same program: a missing one is refused at once.
+    let missing = ProcessLauncher::new("/nonexistent/host".into(), vec![]);
+    assert_eq!(
+        missing.unwrap_err().kind(),
+        std::io::ErrorKind::NotFound,
+        "a launcher from a missing program"
+    );
+    // A program that is not a launcher never answers as one, whether it
+    // exits or stays silent (it is killed then).
+    let e = ProcessLauncher::new("/bin/false".into(), vec![]).unwrap_err();
+    assert!(e.to_string().contains("launcher"), "{e}");
+    let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix("/tmp/vgpu-remote-").unwrap();
+    let silent = dir.as_path().join("silent");
+    std::fs::write(&silent, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&silent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let t = std::time::Instant::now();
+    let e = ProcessLauncher::new(silent, vec![]).unwrap_err();
+    assert!(e.to_string().contains("no answer"), "{e}");
+    assert!(t.elapsed() < vgpu_backend_remote::launcher::REPLY_TIMEOUT * 2);
 }
 
 // ---- fake hosts -------------------------------------------------------

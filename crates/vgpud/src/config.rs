@@ -140,6 +140,10 @@ pub struct DaemonConfig {
     /// `socket_group`'s id, looked up at start (not read from the file).
     #[serde(skip)]
     pub socket_gid: Option<u32>,
+    /// The account `user` names, looked up at start when the daemon is to
+    /// switch to it (not read from the file): partition hosts run as it.
+    #[serde(skip)]
+    pub account: Option<crate::confine::Account>,
 }
 
 impl Default for DaemonConfig {
@@ -153,6 +157,7 @@ impl Default for DaemonConfig {
             seccomp: Default::default(),
             socket_group: None,
             socket_gid: None,
+            account: None,
         }
     }
 }

@@ -20,7 +20,9 @@ use std::sync::Mutex;
 use vgpu_device::{CommandGate, DeviceCounters};
 use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
 
-use crate::config::{BackendKind, Config, GpuConfig, Isolation, PartitionMode, Policy, VgpuConfig};
+use crate::config::{
+    BackendKind, Config, DaemonConfig, GpuConfig, Isolation, PartitionMode, Policy, VgpuConfig,
+};
 
 /// Why an operation on GPUs or instances failed.
 #[derive(Debug, thiserror::Error)]
@@ -275,9 +277,9 @@ fn tenant_params(v: &VgpuConfig) -> TenantParams {
     }
 }
 
-fn make_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
+fn make_backend(g: &GpuConfig, d: &DaemonConfig) -> Result<Arc<dyn Backend>, DaemonError> {
     if g.isolation() == Isolation::Process {
-        return make_remote_backend(g);
+        return make_remote_backend(g, d);
     }
     match g.backend {
         BackendKind::Software => {
@@ -299,10 +301,13 @@ fn make_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
     }
 }
 
-/// A backend whose partitions each run in a partition host process.
-fn make_remote_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
+/// A backend whose partitions each run in a partition host process,
+/// started by a launcher process started here: before the daemon drops
+/// its privileges and confines itself. Hosts run as the account the
+/// daemon switches to, under the daemon's filter mode.
+fn make_remote_backend(g: &GpuConfig, d: &DaemonConfig) -> Result<Arc<dyn Backend>, DaemonError> {
     use vgpu_backend_remote::{
-        HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
+        HostOptions, HostPolicy, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
     };
     let fail = |message: String| DaemonError::Backend {
         gpu: g.name.clone(),
@@ -339,7 +344,11 @@ fn make_remote_backend(g: &GpuConfig) -> Result<Arc<dyn Backend>, DaemonError> {
         backend: inner,
         spin,
     };
-    let launcher = ProcessLauncher::new(program, options.to_args())
+    let policy = HostPolicy {
+        seccomp: d.seccomp,
+        account: d.account.clone(),
+    };
+    let launcher = ProcessLauncher::with_policy(program, options.to_args(), &policy)
         .map_err(|e| fail(format!("cannot start the partition host launcher: {e}")))?;
     let config = RemoteConfig {
         spin,
@@ -355,7 +364,7 @@ impl Daemon {
     pub fn new(config: Config) -> Result<Self, DaemonError> {
         let mut gpus = BTreeMap::new();
         for g in &config.gpus {
-            let backend = make_backend(g)?;
+            let backend = make_backend(g, &config.daemon)?;
             let sched = Scheduler::new(sched_config(g)).map_err(|e| DaemonError::Backend {
                 gpu: g.name.clone(),
                 message: e.to_string(),

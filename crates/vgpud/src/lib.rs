@@ -6,6 +6,9 @@
 
 pub mod api;
 pub mod config;
-pub mod confine;
 pub mod daemon;
 pub mod metrics;
+
+/// Confinement (seccomp filters per role, privilege drop), shared with
+/// the partition hosts.
+pub use vgpu_confine as confine;

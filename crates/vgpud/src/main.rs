@@ -11,7 +11,7 @@ use vfio_user_server::Endpoint;
 use vmm_sys_util::eventfd::EventFd;
 
 use vgpud::api::ApiServer;
-use vgpud::config::{self, BackendKind, Config};
+use vgpud::config::{self, BackendKind, Config, Isolation};
 use vgpud::confine::{self, Account, Role, SeccompMode};
 use vgpud::daemon::Daemon;
 use vgpud::metrics::MetricsServer;
@@ -181,7 +181,13 @@ fn run(config: Option<PathBuf>, overrides: Overrides) -> Result<(), String> {
         config.daemon.socket_gid = Some(gid);
     }
     let seccomp = config.daemon.seccomp;
-    let role = if config.gpus.iter().any(|g| g.backend == BackendKind::Cuda) {
+    // Partition hosts (isolation "process") drive their GPUs; the daemon
+    // needs the driver's calls only for a GPU it drives itself.
+    let role = if config
+        .gpus
+        .iter()
+        .any(|g| g.backend == BackendKind::Cuda && g.isolation() == Isolation::Thread)
+    {
         Role::GpuHost
     } else {
         Role::Daemon
@@ -201,6 +207,9 @@ fn run(config: Option<PathBuf>, overrides: Overrides) -> Result<(), String> {
         Some(addr) => Some(MetricsServer::bind(addr).map_err(|e| e.to_string())?),
         None => None,
     };
+    // The backends start partition host launchers, which switch to this
+    // account themselves: they are not the daemon's threads.
+    config.daemon.account = account.clone();
     let mut daemon = Daemon::new(config).map_err(|e| e.to_string())?;
     match &account {
         Some(a) => {

@@ -562,3 +562,211 @@ fn test_start_as_root_or_another_user_needs_consent() {
     assert!(!s.success());
     assert!(!d.path("api.sock").exists());
 }
+
+/// (pid, parent pid, command line) of every process.
+fn processes() -> Vec<(u32, u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok())
+        else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        out.push((pid, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+    }
+    out
+}
+
+/// The daemon's partition host launchers and the hosts they run
+/// (zombies included), by pid.
+fn launcher_and_hosts(daemon: u32) -> (Vec<u32>, Vec<u32>) {
+    let all = processes();
+    let launchers: Vec<u32> = all
+        .iter()
+        .filter(|p| p.1 == daemon && p.2.contains(" --launcher "))
+        .map(|p| p.0)
+        .collect();
+    let hosts = all
+        .iter()
+        .filter(|p| launchers.contains(&p.1))
+        .map(|p| p.0)
+        .collect();
+    (launchers, hosts)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// Waits until the daemon's launcher runs `n` hosts, and returns them.
+fn wait_hosts(d: &Daemon, n: usize) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, hosts) = launcher_and_hosts(d.child.id());
+        let live: Vec<u32> = hosts.into_iter().filter(|&p| alive(p)).collect();
+        if live.len() == n {
+            return live;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} hosts, {n} expected: {live:?}",
+            live.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A launcher or host runs as `uid`, with no capability and no new
+/// privileges; a host under its filter.
+fn check_confined(pid: u32, uid: u32, host: bool) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let want = format!("{uid}\t{uid}\t{uid}\t{uid}");
+    assert_eq!(status_field(&status, "Uid"), want, "{pid}");
+    for cap in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+        assert_eq!(status_field(&status, cap), "0000000000000000", "{pid}");
+    }
+    assert_eq!(status_field(&status, "NoNewPrivs"), "1", "{pid}");
+    if host {
+        assert_eq!(status_field(&status, "Seccomp"), "2", "{pid}: filter mode");
+    }
+}
+
+/// `isolation = "process"` under the strict filter: the daemon cannot
+/// create processes, so its launcher starts hosts for the vGPUs of the
+/// configuration, for one created through the API, and again after a
+/// host was killed and the guest reset the function. The daemon survives
+/// all of it and leaves no process behind. As root, the daemon and its
+/// hosts switch to nobody.
+#[test]
+fn test_strict_filter_with_process_isolated_partitions() {
+    if is_root() {
+        let nobody = vgpud::confine::lookup_user("nobody").expect("a user named nobody");
+        process_isolated(&["--seccomp", "strict", "--user", "nobody"], nobody.uid);
+    } else {
+        // SAFETY: getuid cannot fail.
+        process_isolated(&["--seccomp", "strict"], unsafe { libc::getuid() });
+    }
+}
+
+/// Root kept on purpose: hosts keep root's ids, without capabilities.
+#[test]
+fn test_hosts_of_a_root_daemon_have_no_capabilities() {
+    if !is_root() {
+        println!("skipped: not root");
+        return;
+    }
+    process_isolated(&["--seccomp", "strict", "--allow-root"], 0);
+}
+
+fn process_isolated(args: &[&str], uid: u32) {
+    let vgpud = PathBuf::from(env!("CARGO_BIN_EXE_vgpud"));
+    let host = vgpud.with_file_name("vgpu-partition-host");
+    assert!(
+        host.is_file(),
+        "{} is missing: build it (cargo build -p vgpu-backend-remote)",
+        host.display()
+    );
+    let gpu = format!(
+        "{SOFTWARE_GPU}isolation = \"process\"\npartition_host = \"{}\"\n",
+        host.display()
+    );
+    let mut d = Daemon::start("", &gpu, args);
+    d.wait_log("API listening on");
+    let status = d.status();
+    assert_eq!(status_field(&status, "Seccomp"), "2", "filter mode");
+    let (launchers, _) = launcher_and_hosts(d.child.id());
+    assert_eq!(launchers.len(), 1, "one launcher per GPU");
+    check_confined(launchers[0], uid, false);
+    let first = wait_hosts(&d, 2);
+    for &h in &first {
+        check_confined(h, uid, true);
+    }
+
+    // Guests on the configured vGPUs.
+    let (a, b) = (d.path("vgpu0.sock"), d.path("vgpu1.sock"));
+    let t = std::thread::spawn(move || exercise_guest(&b, 2));
+    exercise_guest(&a, 1);
+    t.join().unwrap();
+
+    // A vGPU created at run time gets a host of its own.
+    let sock = d.path("api.sock");
+    let body = serde_json::json!({
+        "name": "extra", "gpu": "gpu0", "socket": "extra.sock",
+        "memory": 64 * MIB, "compute_units": 1,
+    })
+    .to_string();
+    let (s, v) = api(&sock, "PUT", "/api/v1/vgpus", Some(&body));
+    assert_eq!(s, 201, "{v}");
+    let now = wait_hosts(&d, 3);
+    let extra_host: Vec<u32> = now.iter().copied().filter(|p| !first.contains(p)).collect();
+    assert_eq!(extra_host.len(), 1, "{now:?} after {first:?}");
+    let extra_host = extra_host[0];
+    check_confined(extra_host, uid, true);
+    let mut g = Guest::connect(&d.path("extra.sock"), GuestOptions::default());
+    g.setup_queue(0, 16, Mode::Interrupt);
+    let x = g.device_alloc(0, MIB);
+    ok(g.fill(0, x, MIB, 7));
+    assert!(g
+        .download(0, x, 4096)
+        .chunks(4)
+        .all(|w| w == 7u32.to_le_bytes()));
+
+    // Its host killed: that vGPU reports a device error, the others and
+    // the daemon carry on.
+    // SAFETY: kill(2) of a process of this test's daemon.
+    assert_eq!(unsafe { libc::kill(extra_host as i32, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    while alive(extra_host) {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c = g.mem_alloc(0, 4096, 0);
+    assert_eq!(c.status, abi::STATUS_DEVICE_ERROR, "{c:?}");
+    ok(g.nop(0));
+    // A reset starts a new host, and the vGPU works again.
+    g.device_reset();
+    g.enable_device();
+    g.setup_queue(0, 16, Mode::Interrupt);
+    let x = g.device_alloc(0, MIB);
+    ok(g.fill(0, x, MIB, 9));
+    assert!(g
+        .download(0, x, 4096)
+        .chunks(4)
+        .all(|w| w == 9u32.to_le_bytes()));
+    let after = wait_hosts(&d, 3);
+    let respawned: Vec<u32> = after.iter().copied().filter(|p| !now.contains(p)).collect();
+    assert_eq!(respawned.len(), 1, "{after:?} after {now:?}");
+    check_confined(respawned[0], uid, true);
+    drop(g);
+    {
+        let mut g = Guest::connect(&d.path("vgpu0.sock"), GuestOptions::default());
+        g.setup_queue(0, 16, Mode::Interrupt);
+        let x = g.device_alloc(0, MIB);
+        ok(g.fill(0, x, MIB, 3));
+    }
+    let (s, _) = api(&sock, "DELETE", "/api/v1/vgpus/extra", None);
+    assert_eq!(s, 204);
+    wait_hosts(&d, 2);
+    assert!(d.child.try_wait().unwrap().is_none(), "vgpud died");
+
+    let (launchers, hosts) = launcher_and_hosts(d.child.id());
+    let code = d.terminate();
+    assert!(code.success(), "{code:?}\n{}", d.lines.join("\n"));
+    for p in launchers.iter().chain(&hosts) {
+        assert!(!alive(*p), "process {p} left behind");
+    }
+    let log = d.lines.join("\n");
+    assert!(log.contains("stopped"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}

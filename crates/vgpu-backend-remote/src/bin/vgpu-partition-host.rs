@@ -1,14 +1,19 @@
 //! `vgpu-partition-host`: serves one partition of a backend to `vgpud`
-//! over the socket it inherits, and exits when that socket closes. Started
-//! by the `remote` backend, not by hand.
+//! over the socket it inherits, and exits when that socket closes. With
+//! `--launcher` first, it is the remote backend's launcher instead, which
+//! starts, kills and reaps hosts (this program again) for the daemon.
+//! Started by the `remote` backend, not by hand.
 
-use std::os::fd::FromRawFd;
+use std::ffi::OsString;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
 use log::error;
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend_remote::{host, HostArgs, InnerBackend};
+use vgpu_backend_remote::launcher::{self, LauncherArgs};
+use vgpu_backend_remote::{host, HostArgs, InnerBackend, HOST_PROGRAM};
+use vgpu_confine::{Role, SeccompMode};
 
 /// Closes every descriptor above stdio except `keep`: the daemon's other
 /// descriptors (guest memory, other tenants' sockets) must not reach a
@@ -29,17 +34,74 @@ fn close_other_fds(keep: i32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The one place where this process confines itself, after its backend
-/// has opened the device and before it serves the first request: the
-/// system-call filter for the GPU host role goes here. No filter is
-/// installed yet.
-fn confine() {}
+/// The one place where a host confines itself, after its backend has
+/// opened the device and before it serves the first request. Its ids
+/// and capabilities were dropped by the launcher, before it started.
+fn confine(mode: SeccompMode, driver: bool) -> Result<(), String> {
+    vgpu_confine::install(Role::PartitionHost { driver }, mode).map_err(|e| e.to_string())
+}
 
-fn main() -> ExitCode {
-    let args = match HostArgs::parse(std::env::args().skip(1)) {
+/// The launcher: drops privileges, then serves the daemon until it
+/// closes its end.
+fn run_launcher(args: Vec<OsString>) -> ExitCode {
+    let args = match LauncherArgs::parse(args) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("{}: {e}", vgpu_backend_remote::HOST_PROGRAM);
+            eprintln!("{HOST_PROGRAM} --launcher: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = close_other_fds(args.fd) {
+        eprintln!("{HOST_PROGRAM} --launcher: cannot close inherited descriptors: {e}");
+        return ExitCode::FAILURE;
+    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Told apart from the hosts in `ps` and `top`.
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"vgpu-launcher".as_ptr()) };
+    // SAFETY: the daemon handed this descriptor to us for this purpose and
+    // nothing else in this process refers to it.
+    let sock = unsafe { OwnedFd::from_raw_fd(args.fd) };
+    // SAFETY: plain fcntl on our own descriptor: hosts must not inherit it.
+    unsafe { libc::fcntl(args.fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let r =
+        launcher::drop_privileges(args.ids.as_ref()).and_then(|()| launcher::serve(sock, &args));
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("partition host launcher {}: {e}", std::process::id());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let mut argv: Vec<OsString> = std::env::args_os().skip(1).collect();
+    if argv.first().is_some_and(|a| a == "--launcher") {
+        return run_launcher(argv.split_off(1));
+    }
+    // The launcher puts the filter mode first; hosts started otherwise
+    // are strict.
+    let mut mode = SeccompMode::Strict;
+    if argv.first().is_some_and(|a| a == "--seccomp") && argv.len() >= 2 {
+        let m = argv[1].to_string_lossy().parse::<SeccompMode>();
+        match m {
+            Ok(m) => mode = m,
+            Err(e) => {
+                eprintln!("{HOST_PROGRAM}: --seccomp: {e}");
+                return ExitCode::from(2);
+            }
+        }
+        argv.drain(..2);
+    }
+    let argv: Result<Vec<String>, _> = argv.into_iter().map(OsString::into_string).collect();
+    let args = match argv
+        .map_err(|a| format!("bad argument {a:?}"))
+        .and_then(HostArgs::parse)
+    {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{HOST_PROGRAM}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -63,16 +125,20 @@ fn main() -> ExitCode {
             compute_units,
         } => {
             let b = SoftwareBackend::new(memory, compute_units);
-            confine();
-            host::serve(stream, &b, &|| true, args.spin)
+            match confine(mode, false) {
+                Ok(()) => host::serve(stream, &b, &|| true, args.spin),
+                Err(e) => host::refuse(stream, &e),
+            }
         }
         InnerBackend::Cuda { device, guest_ptx } => {
             use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode};
             match CudaBackend::new(device, Mode::Isolated) {
                 Ok(b) => {
                     b.set_guest_ptx(guest_ptx);
-                    confine();
-                    host::serve(stream, &b, &|| cuda_lost().is_none(), args.spin)
+                    match confine(mode, true) {
+                        Ok(()) => host::serve(stream, &b, &|| cuda_lost().is_none(), args.spin),
+                        Err(e) => host::refuse(stream, &e),
+                    }
                 }
                 Err(e) => host::refuse(stream, &e.to_string()),
             }

@@ -3,11 +3,14 @@
 //! says what each layer stops and why the lists are what they are.
 //!
 //! Order in a process: open what needs privileges, [`drop_privileges`],
-//! then [`install`] the process-wide role ([`Role::Daemon`] or
-//! [`Role::GpuHost`]), then let threads with a narrower job install their
+//! then [`install`] the process-wide role ([`Role::Daemon`],
+//! [`Role::GpuHost`], or [`Role::PartitionHost`] in a partition host),
+//! then let threads with a narrower job install their
 //! own role on top ([`Role::Metrics`], [`Role::Signals`]). Filters stack:
 //! a thread is held to every filter it or its creator installed, and a
 //! thread inherits its creator's filters.
+
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
@@ -63,6 +66,17 @@ pub enum Role {
     /// executable mappings and the rest a driver does. Installed on every
     /// thread at once.
     GpuHost,
+    /// A partition host process (`vgpu-partition-host`): serves one
+    /// partition of an inner backend to the daemon over the socket and
+    /// staging area it was handed, and nothing else: messages on that
+    /// socket (with an fd: the staging area), mapping what it receives,
+    /// its backend's worker threads; with `driver`, the GPU driver's
+    /// calls. No socket, file, process or network of its own. Installed
+    /// on every thread at once.
+    PartitionHost {
+        /// The host drives a GPU through a vendor driver.
+        driver: bool,
+    },
     /// The threads that serve one vGPU: its vfio-user event loop, which
     /// parses what the VMM sends, and the device worker and compute
     /// threads it starts. No socket, file or memfd is created there; with
@@ -86,13 +100,19 @@ impl Role {
     /// Whether the role is installed on every thread of the process (the
     /// others apply to the calling thread and the threads it starts).
     pub fn process_wide(self) -> bool {
-        matches!(self, Role::Daemon | Role::GpuHost)
+        matches!(
+            self,
+            Role::Daemon | Role::GpuHost | Role::PartitionHost { .. }
+        )
     }
 
     /// Whether the role allows a GPU driver's calls (opening files among
     /// them).
     fn drives_gpu(self) -> bool {
-        matches!(self, Role::GpuHost | Role::Vgpu { driver: true })
+        matches!(
+            self,
+            Role::GpuHost | Role::Vgpu { driver: true } | Role::PartitionHost { driver: true }
+        )
     }
 }
 
@@ -323,6 +343,9 @@ fn daemon_rules(rules: &mut Rules) {
             SYS_fchownat,
             // The signal thread (narrowed further by its own role).
             SYS_rt_sigtimedwait,
+            // Reaping a partition host launcher (a child) when its backend
+            // goes; the launcher, not the daemon, starts and kills hosts.
+            SYS_wait4,
         ],
     );
     #[cfg(target_arch = "x86_64")]
@@ -344,6 +367,15 @@ fn daemon_rules(rules: &mut Rules) {
     );
     // UNIX sockets only: no network.
     rules.insert(SYS_socket, any_of(0, &[AF_UNIX as u64]));
+    // As the serving threads, and sealing the size of a partition host's
+    // staging area (a memfd) before the host maps it.
+    rules.insert(
+        SYS_fcntl,
+        any_of(
+            1,
+            &[F_GETFD as u64, F_DUPFD_CLOEXEC as u64, F_ADD_SEALS as u64],
+        ),
+    );
 }
 
 /// The daemon driving a GPU in its own process (the CUDA backend): its
@@ -426,6 +458,51 @@ fn vgpu_rules(rules: &mut Rules, driver: bool) {
     }
 }
 
+/// A partition host: its channel to the daemon (messages on the one
+/// socket it inherited, an fd among them, a wait for the next one; the
+/// staging area's size before it is mapped, shared and never
+/// executable), its backend's worker threads, and with `driver` the GPU
+/// driver's calls.
+fn partition_host_rules(rules: &mut Rules, driver: bool) {
+    use libc::*;
+    common_rules(rules);
+    allow(
+        rules,
+        &[
+            SYS_recvmsg,
+            SYS_sendmsg,
+            SYS_recvfrom,
+            SYS_sendto,
+            SYS_statx,
+        ],
+    );
+    #[cfg(target_arch = "x86_64")]
+    allow(rules, &[SYS_poll]);
+    #[cfg(not(target_arch = "x86_64"))]
+    allow(rules, &[SYS_ppoll]);
+    if driver {
+        gpu_driver_rules(rules);
+        // The driver's list was traced as what it needed beyond the
+        // daemon's; of the daemon's calls, these reach nothing outside the
+        // process and a driver's helper threads commonly use them (wake-up
+        // fds, event loops, shared memory of its own).
+        allow(
+            rules,
+            &[
+                SYS_eventfd2,
+                SYS_epoll_create1,
+                SYS_epoll_ctl,
+                SYS_memfd_create,
+                SYS_ftruncate,
+            ],
+        );
+        #[cfg(target_arch = "x86_64")]
+        allow(rules, &[SYS_epoll_wait]);
+        #[cfg(not(target_arch = "x86_64"))]
+        allow(rules, &[SYS_epoll_pwait]);
+    }
+}
+
 /// The metrics HTTP server: its listener is bound before the filter.
 fn metrics_rules(rules: &mut Rules) {
     common_rules(rules);
@@ -444,6 +521,7 @@ fn rules_for(role: Role) -> Rules {
         Role::Daemon => daemon_rules(&mut rules),
         Role::GpuHost => gpu_host_rules(&mut rules),
         Role::Vgpu { driver } => vgpu_rules(&mut rules, driver),
+        Role::PartitionHost { driver } => partition_host_rules(&mut rules, driver),
         Role::Metrics => metrics_rules(&mut rules),
         Role::Signals => signals_rules(&mut rules),
     }
@@ -1133,10 +1211,7 @@ mod tests {
             return;
         }
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "confine::tests::test_a_panic_backtrace_does_not_kill",
-            ])
+            .args(["--exact", "tests::test_a_panic_backtrace_does_not_kill"])
             .args(["--nocapture", "--test-threads", "1"])
             .env(PANIC_CHILD, "1")
             .env("RUST_BACKTRACE", "1")
@@ -1152,10 +1227,62 @@ mod tests {
     }
 
     #[test]
+    fn test_partition_host_role_allows_its_channel_only() {
+        let host = &[(Role::PartitionHost { driver: false }, SeccompMode::Strict)];
+        let killed = (true, End::Signal(libc::SIGSYS));
+        let unix_socket = || {
+            // SAFETY: a raw system call with valid or null pointers;
+            // the filter decides whether it runs.
+            unsafe {
+                let fd = libc::syscall(libc::SYS_socket, libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                i32::from(fd < 0)
+            }
+        };
+        let fork = || {
+            // SAFETY: as above.
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) as i32 }
+        };
+        let kill = || {
+            // SAFETY: as above; signal 0 only checks that the process exists.
+            unsafe { libc::syscall(libc::SYS_kill, 1, 0) as i32 }
+        };
+        let ioctl = || {
+            // SAFETY: as above.
+            unsafe {
+                failed_with(
+                    libc::syscall(libc::SYS_ioctl, -1, libc::FIONBIO, 0),
+                    libc::EBADF,
+                )
+            }
+        };
+        let recvmsg = || {
+            // SAFETY: as above.
+            unsafe { failed_with(libc::syscall(libc::SYS_recvmsg, -1, 0, 0), libc::EBADF) }
+        };
+        // Its channel works; a new socket, a process, a signal to another
+        // process and a device ioctl kill it.
+        assert_eq!(in_child(host, &recvmsg), (true, End::Exit(0)));
+        for (name, f) in [
+            ("socket", &unix_socket as &dyn Fn() -> i32),
+            ("fork", &fork),
+            ("kill", &kill),
+            ("ioctl", &ioctl),
+        ] {
+            assert_eq!(in_child(host, f), killed, "{name}");
+        }
+        // With a driver, the driver's ioctls pass.
+        let gpu_host = &[(Role::PartitionHost { driver: true }, SeccompMode::Strict)];
+        assert_eq!(in_child(gpu_host, &ioctl), (true, End::Exit(0)));
+        assert_eq!(in_child(gpu_host, &unix_socket), killed);
+    }
+
+    #[test]
     fn test_every_role_compiles_in_every_mode() {
         for role in [
             Role::Daemon,
             Role::GpuHost,
+            Role::PartitionHost { driver: false },
+            Role::PartitionHost { driver: true },
             Role::Vgpu { driver: false },
             Role::Vgpu { driver: true },
             Role::Metrics,
@@ -1179,6 +1306,24 @@ mod tests {
             let n = allowed_syscalls(narrow);
             assert!(n.iter().all(|c| daemon.contains(c)), "{narrow:?}");
             assert!(n.len() < daemon.len());
+        }
+        // A host may do less than the daemon, and less than a GPU host
+        // when it drives a GPU.
+        let host = allowed_syscalls(Role::PartitionHost { driver: false });
+        let gpu_part = allowed_syscalls(Role::PartitionHost { driver: true });
+        assert!(host.iter().all(|c| gpu_part.contains(c)));
+        assert!(host.len() < daemon.len());
+        assert!(gpu_part.iter().all(|c| gpu.contains(c)));
+        for c in [
+            libc::SYS_socket,
+            libc::SYS_bind,
+            libc::SYS_connect,
+            libc::SYS_accept4,
+            libc::SYS_wait4,
+            libc::SYS_execve,
+            libc::SYS_kill,
+        ] {
+            assert!(!gpu_part.contains(&c), "{c}");
         }
         let gpu_vgpu = allowed_syscalls(Role::Vgpu { driver: true });
         assert!(gpu_vgpu.iter().all(|c| gpu.contains(c)));
