@@ -29,7 +29,7 @@ fn gpu() -> bool {
         Ok(()) => true,
         Err(why) => {
             assert!(!required(), "VGPU_REQUIRE_GPU=1 but {why}");
-            println!("skipped: no CUDA driver ({why})");
+            vgpu_testkit::skip(&format!("no CUDA driver ({why})"));
             false
         }
     }

@@ -1379,7 +1379,7 @@ mod tests {
     fn test_runtime_dir_is_made_for_the_user() {
         // SAFETY: geteuid cannot fail.
         if unsafe { libc::geteuid() } != 0 {
-            println!("skipped: not root (giving a directory to another user needs root)");
+            vgpu_testkit::skip("not root (giving a directory to another user needs root)");
             return;
         }
         let nobody = lookup_user("nobody").unwrap();

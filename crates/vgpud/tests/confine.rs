@@ -490,7 +490,7 @@ fn test_strict_filter_serves_guests_api_and_metrics() {
 #[test]
 fn test_root_drops_to_an_unprivileged_user() {
     if !is_root() {
-        println!("skipped: not root (the switch to another user needs root)");
+        vgpu_testkit::skip("not root (the switch to another user needs root)");
         return;
     }
     // Its primary group gets the vGPU sockets, as a VMMs' group would.
@@ -531,7 +531,7 @@ fn test_strict_gpu_host_filter_serves_a_cuda_guest() {
             std::env::var_os("VGPU_REQUIRE_GPU").is_none_or(|v| v != "1"),
             "VGPU_REQUIRE_GPU=1 but {why}"
         );
-        println!("skipped: no CUDA driver ({why})");
+        vgpu_testkit::skip(&format!("no CUDA driver ({why})"));
         return;
     }
     let gpu = "[[gpu]]\nname = \"gpu0\"\nbackend = \"cuda\"\n";
@@ -663,7 +663,7 @@ fn test_strict_filter_with_process_isolated_partitions() {
 #[test]
 fn test_hosts_of_a_root_daemon_have_no_capabilities() {
     if !is_root() {
-        println!("skipped: not root");
+        vgpu_testkit::skip("not root");
         return;
     }
     process_isolated(&["--seccomp", "strict", "--allow-root"], 0);
