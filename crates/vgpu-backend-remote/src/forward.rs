@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use log::{error, warn};
+use log::{error, info, warn};
 use vgpu_backend::{HostMapping, HostMemory, HostSlice};
 
 use crate::lock;
@@ -137,6 +137,17 @@ fn kill_and_wait(pidfd: &OwnedFd, timeout: Duration) -> bool {
     }
 }
 
+/// Whether `file` is sealed against shrinking. The host gets the file
+/// description itself, and could otherwise truncate it under the daemon's
+/// (and the VMM's) mapping of guest RAM, turning the daemon's next access
+/// into SIGBUS: a compromised host must not be able to take the daemon,
+/// and with it every tenant, down. QEMU's memfd backend seals by default.
+fn sealed(file: &std::fs::File) -> bool {
+    // SAFETY: fcntl on a descriptor we hold; F_GET_SEALS reads flags.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
+}
+
 impl Control {
     /// One round trip on the control socket: `Ok(false)` when the host
     /// refused a mapping (it could not map it); anything else but a
@@ -171,8 +182,17 @@ impl Control {
         }
     }
 
-    /// Announces `m`; whether the host took it.
+    /// Announces `m`; whether the host took it. Files not sealed against
+    /// shrinking are not forwarded (see [`sealed`]).
     fn map(&mut self, m: &HostMapping) -> Result<bool, String> {
+        if !sealed(&m.file) {
+            info!(
+                "guest memory {}: its file is not sealed against shrinking; \
+                 reached through the staging area",
+                m.id
+            );
+            return Ok(false);
+        }
         let req = Request::Map {
             id: m.id,
             file_offset: m.file_offset,

@@ -36,7 +36,8 @@
 //!   first piece travels with the request and the last one with the
 //!   reply, so a small transfer takes one round trip. Module images and
 //!   launch parameters travel inline, bounded by the guest ABI.
-//! - Guest RAM that the daemon maps from the VMM's files is forwarded:
+//! - Guest RAM that the daemon maps from the VMM's files, when they are
+//!   sealed against shrinking, is forwarded:
 //!   [`RemotePartition`]'s [`HostMemory`](vgpu_backend::HostMemory)
 //!   registry passes each mapping's file (with `SCM_RIGHTS`), offset, size
 //!   and protection to the host on a second socket, the host maps it and

@@ -65,13 +65,21 @@ struct Ram {
 }
 
 impl Ram {
+    /// Sealed against shrinking and growing, as QEMU's memfd backend does.
     fn new(name: &CStr, len: usize) -> Ram {
+        Ram::with_seals(name, len, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+    }
+
+    fn with_seals(name: &CStr, len: usize, seals: i32) -> Ram {
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         // SAFETY: a NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
         assert!(fd >= 0);
         // SAFETY: a fresh descriptor owned by nothing else.
         let file = unsafe { File::from_raw_fd(fd) };
         file.set_len(len as u64).unwrap();
+        // SAFETY: fcntl on our own descriptor.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
         // SAFETY: a new shared mapping of the whole file; checked.
         let ptr = unsafe {
             libc::mmap(
@@ -354,6 +362,38 @@ fn transfers_through_forwarded_memory_match_staging() {
     hm.unmapped(8);
     assert_eq!(mapped(), 0, "{}", host_maps(pid));
     assert!(p.alloc(16, 0).is_ok());
+}
+
+#[test]
+fn files_a_host_could_shrink_are_not_forwarded() {
+    let b = backend(Duration::from_secs(10));
+    let mut p = partition(&b);
+    let counts = p.transfer_counts();
+    let hm = p.host_memory().unwrap();
+    let ram = Ram::with_seals(c"vgpu-hostmem-f", 1 << 20, libc::F_SEAL_GROW);
+    hm.mapped(ram.mapping(1, 0, 1 << 20, true));
+    assert!(!host_maps(p.host_pid().unwrap()).contains("vgpu-hostmem-f"));
+    let g = Guest {
+        ram: &ram,
+        id: 1,
+        base: 0,
+        pieces: vec![(0, 8192)],
+        slices: true,
+    };
+    g.write_at(0, &pattern(8192, 4)).unwrap();
+    let dev = p.alloc(8192, 0).unwrap();
+    p.upload(dev, &g).unwrap();
+    let back = Guest {
+        ram: &ram,
+        id: 1,
+        base: 0,
+        pieces: vec![(65536, 8192)],
+        slices: true,
+    };
+    p.download(dev, &back).unwrap();
+    assert_eq!(ram.read(65536, 8192), pattern(8192, 4));
+    assert_eq!((counts.direct(), counts.staged()), (0, 2));
+    hm.unmapped(1);
 }
 
 #[test]
