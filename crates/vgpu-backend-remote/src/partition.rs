@@ -471,8 +471,8 @@ impl RemotePartition {
                     .map_err(broken)
                     .and_then(|command| self.registry.attach(control, command, link.pid()));
                 if let Err(why) = attached {
-                    self.registry.detach();
                     link.kill();
+                    self.registry.detach();
                     return Err(why);
                 }
                 if mailbox {
@@ -545,13 +545,15 @@ impl RemotePartition {
         Arc::clone(&self.counts)
     }
 
-    /// Ends the current host: its memory socket first, so that no notice
-    /// is sent to it while it is reaped.
+    /// Ends the current host, then its memory socket: until the host is
+    /// gone, an unmap still waits for it (a notice it cannot answer
+    /// fails at once, or kills it if it is stuck), so none returns while
+    /// the host may still touch guest memory.
     fn end_link(&mut self) {
-        self.registry.detach();
         if let Some(link) = self.link.take() {
             link.kill();
         }
+        self.registry.detach();
     }
 
     /// Ends the host after a broken rule: from now on calls fail.
@@ -799,9 +801,10 @@ impl Partition for RemotePartition {
 
 impl Drop for RemotePartition {
     fn drop(&mut self) {
-        // Link's drop closes the socket and reaps the host.
-        self.registry.detach();
+        // Link's drop closes the socket and reaps the host; the memory
+        // socket goes after it (see `end_link`).
         self.link.take();
+        self.registry.detach();
         let mut pool = lock(&self.pool);
         pool.memory += self.spec.memory;
         pool.compute_units += self.spec.compute_units;
