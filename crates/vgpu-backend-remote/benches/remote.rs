@@ -2,9 +2,13 @@
 //! operations on an in-process partition and on a partition host, in
 //! alternating rounds of one run, for the software backend and (when a
 //! CUDA driver is present) the CUDA backend, with native CUDA beside.
-//! Prints markdown tables.
+//! Prints markdown tables. With a CUDA driver it also times COPY
+//! commands between guest RAM (a memfd, as a VMM shares it) and device
+//! memory through a vGPU whose partition is in a partition host (guest
+//! memory forwarded to it), through a vGPU with its partition in process
+//! (guest memory registered), and native cuMemcpy from pinned memory.
 //!
-//! `cargo bench -p vgpu-backend-remote --bench remote`
+//! `cargo bench -p vgpu-backend-remote --bench remote [-- --cuda-only | --copies-only]`
 //!
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
@@ -302,7 +306,9 @@ fn software() {
 mod cuda {
     use super::*;
     use cudarc::driver::sys;
+    use vgpu_abi::SgEntry;
     use vgpu_backend_cuda::{CudaBackend, Mode};
+    use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
 
     fn ck(r: sys::CUresult, what: &str) {
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
@@ -350,7 +356,242 @@ mod cuda {
         }
     }
 
-    pub fn run() {
+    fn ms(d: Duration) -> f64 {
+        d.as_secs_f64() * 1e3
+    }
+
+    fn median_of(reps: usize, mut f: impl FnMut()) -> Duration {
+        f();
+        let mut v: Vec<Duration> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect();
+        pct(&mut v, 0.5)
+    }
+
+    /// One COPY between guest memory `sg` and device address `dev` on
+    /// polled queue 0, waited for by spinning on the used ring, as a
+    /// polling guest driver does.
+    fn guest_copy(g: &mut Guest, to_device: bool, dev: u64, sg: &[SgEntry]) {
+        let (src_kind, dst_kind, src, dst) = if to_device {
+            (abi::COPY_GUEST, abi::COPY_DEVICE, 0, dev)
+        } else {
+            (abi::COPY_DEVICE, abi::COPY_GUEST, dev, 0)
+        };
+        let cmd = abi::CopyCmd {
+            hdr: abi::CmdHeader {
+                opcode: abi::OP_COPY,
+                flags: 0,
+            },
+            src_kind,
+            dst_kind,
+            src,
+            dst,
+            size: sg.iter().map(|e| e.len).sum(),
+            sg_count: sg.len() as u32,
+            reserved: 0,
+        };
+        let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
+        g.post(0, &Chain::command(&cmd).bytes(&list).completion());
+        g.kick(0);
+        let used = loop {
+            if let Some(u) = g.poll_used(0) {
+                break u;
+            }
+            std::hint::spin_loop();
+        };
+        assert_eq!(used.completion().status, abi::STATUS_OK);
+    }
+
+    /// A vGPU on `p` with guest RAM of `ram` bytes, polled queue 0, a
+    /// device buffer and a guest buffer of `max` bytes.
+    fn vgpu(p: Box<dyn Partition>, ram: usize, max: usize) -> (TestVgpu, Guest, u64, u64) {
+        let server = TestVgpu::start(test_config("bench", 1), p);
+        let mut g = server.connect_with(GuestOptions {
+            ram_size: ram as u64,
+            ..GuestOptions::default()
+        });
+        g.setup_queue(0, 64, QueueMode::Polled);
+        let dev = g.device_alloc(0, max as u64);
+        let buf = g.alloc(max as u64, 4096);
+        (server, g, dev, buf)
+    }
+
+    /// Guest RAM <-> device COPYs through a vGPU on a partition host
+    /// (sleeping, and polling for 50 µs at both ends as vgpud does for
+    /// CUDA), on an in-process partition, and native from pinned memory.
+    fn guest_copies(b: &CudaBackend, sleeping: &RemoteBackend, polling: &RemoteBackend) {
+        let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
+        let max = sizes[sizes.len() - 1];
+        let ram = max + max / 2;
+        let pspec = spec("copies", 2 * max, 1);
+
+        let lp = b.create_cuda_partition(&pspec).unwrap();
+        let reg = lp.host_registry().clone();
+        let (_ls, mut lg, ldev, lbuf) = vgpu(Box::new(lp), ram, max);
+        let t = Instant::now();
+        while reg.registered() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(30), "not registered");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let local_reg = t.elapsed();
+        let whole = |buf: u64| {
+            [SgEntry {
+                addr: buf,
+                len: max as u64,
+            }]
+        };
+        let target = median_of(3, || guest_copy(&mut lg, true, ldev, &whole(lbuf)));
+
+        let mut hosts = Vec::new();
+        for remote in [sleeping, polling] {
+            let rp = remote.create_remote_partition(&pspec).unwrap();
+            let counts = rp.transfer_counts();
+            let t = Instant::now();
+            let (server, mut rg, rdev, rbuf) = vgpu(Box::new(rp), ram, max);
+            // The host registers guest RAM in the background; until then
+            // its copies bounce. Wait until a 1 GiB COPY runs within 5% of
+            // the in-process one (or give up after 30 s and measure anyway).
+            let reached = loop {
+                let d = median_of(1, || guest_copy(&mut rg, true, rdev, &whole(rbuf)));
+                if d.as_secs_f64() <= 1.05 * target.as_secs_f64() {
+                    break Some(t.elapsed());
+                }
+                if t.elapsed() > Duration::from_secs(30) {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            hosts.push((server, rg, rdev, rbuf, counts, reached));
+        }
+
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        let mut dptr: sys::CUdeviceptr = 0;
+        let mut pinned: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: plain driver setup with valid out pointers; device 0
+        // exists (the backend opened it).
+        unsafe {
+            ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
+            ck(sys::cuCtxPushCurrent_v2(ctx), "push");
+            ck(sys::cuMemAlloc_v2(&mut dptr, max), "alloc");
+            ck(sys::cuMemAllocHost_v2(&mut pinned, max), "alloc host");
+            ck(
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                ),
+                "stream",
+            );
+        }
+        let when = |r: Option<Duration>| {
+            r.map_or("not within 30 s".into(), |d| format!("{:.0} ms", ms(d)))
+        };
+        println!(
+            "guest RAM of {} MiB per vGPU; registered in process in {:.0} ms; \
+             partition hosts at in-process speed {} (sleeping) and {} (polling) \
+             after their guest connected\n",
+            ram / MIB,
+            ms(local_reg),
+            when(hosts[0].5),
+            when(hosts[1].5),
+        );
+        println!(
+            "| size | direction | vGPU COPY, partition host | partition host, polling 50 µs | \
+             vGPU COPY, in process | native pinned | host / native | polling host / native | \
+             polling host / in process |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+        let cell = |size: usize, t: Duration| {
+            format!(
+                "{:.1} µs, {:.1} GB/s",
+                us(t),
+                size as f64 / t.as_secs_f64() / 1e9
+            )
+        };
+        for &size in &sizes {
+            let reps = (1024 * MIB / size).clamp(5, 100);
+            let sg = |buf: u64| {
+                [SgEntry {
+                    addr: buf,
+                    len: size as u64,
+                }]
+            };
+            for up in [true, false] {
+                // Rounds alternate the four, so load changes hit all alike.
+                let mut t: [Vec<Duration>; 4] = Default::default();
+                for _ in 0..3 {
+                    for (i, h) in hosts.iter_mut().enumerate() {
+                        let (g, dev, buf) = (&mut h.1, h.2, h.3);
+                        t[i].push(median_of(reps, || guest_copy(g, up, dev, &sg(buf))));
+                    }
+                    t[2].push(median_of(reps, || guest_copy(&mut lg, up, ldev, &sg(lbuf))));
+                    // SAFETY: `pinned` and `dptr` hold `max >= size`
+                    // bytes; each copy is waited for before the next.
+                    t[3].push(median_of(reps, || unsafe {
+                        if up {
+                            ck(
+                                sys::cuMemcpyHtoDAsync_v2(dptr, pinned, size, stream),
+                                "htod",
+                            );
+                        } else {
+                            ck(
+                                sys::cuMemcpyDtoHAsync_v2(pinned, dptr, size, stream),
+                                "dtoh",
+                            );
+                        }
+                        ck(sys::cuStreamSynchronize(stream), "sync");
+                    }));
+                }
+                let [r, q, l, n] = t.map(|mut v| pct(&mut v, 0.5));
+                let ratio = |a: Duration, b: Duration| 100.0 * a.as_secs_f64() / b.as_secs_f64();
+                println!(
+                    "| {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% | {:.0}% |",
+                    if size >= MIB {
+                        format!("{} MiB", size / MIB)
+                    } else {
+                        format!("{} KiB", size / KIB)
+                    },
+                    if up {
+                        "guest -> device"
+                    } else {
+                        "device -> guest"
+                    },
+                    cell(size, r),
+                    cell(size, q),
+                    cell(size, l),
+                    cell(size, n),
+                    ratio(n, r),
+                    ratio(n, q),
+                    ratio(l, q),
+                );
+            }
+        }
+        for (name, h) in ["partition host", "polling partition host"]
+            .iter()
+            .zip(&hosts)
+        {
+            println!(
+                "\n{name}: {} transfers named guest memory, {} were staged",
+                h.4.direct(),
+                h.4.staged()
+            );
+        }
+        // SAFETY: frees what was made above, once, with the context current.
+        unsafe {
+            ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
+            ck(sys::cuMemFreeHost(pinned), "free host");
+            ck(sys::cuMemFree_v2(dptr), "free");
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
+            ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
+        }
+    }
+
+    pub fn run(copies_only: bool) {
         if let Err(why) = vgpu_backend_cuda::cuda_available() {
             println!("skipped: no CUDA driver ({why})");
             return;
@@ -370,6 +611,10 @@ mod cuda {
         };
         let remote = remote_backend(inner, Duration::ZERO);
         let polling = remote_backend(inner, SPIN);
+        if copies_only {
+            guest_copies(&b, &remote, &polling);
+            return;
+        }
         let mut lp = b.create_partition(&spec("local", 512 * MIB, 1)).unwrap();
         let mut rp = remote
             .create_remote_partition(&spec("remote", 512 * MIB, 1))
@@ -476,16 +721,19 @@ mod cuda {
         println!();
         drop((lp, rp, pp));
         lifecycle(&remote);
+        println!();
+        guest_copies(&b, &remote, &polling);
     }
 }
 
 fn main() {
-    if std::env::args().any(|a| a == "--cuda-only") {
-        cuda::run();
+    let copies_only = std::env::args().any(|a| a == "--copies-only");
+    if copies_only || std::env::args().any(|a| a == "--cuda-only") {
+        cuda::run(copies_only);
         return;
     }
     floor();
     software();
     println!();
-    cuda::run();
+    cuda::run(false);
 }

@@ -3,11 +3,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use log::{debug, info};
 use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
 
+use crate::guest_mem::{self, Slices, Table};
 use crate::mailbox::{Conn, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
 use crate::shm::Staging;
@@ -231,6 +233,11 @@ struct Host<'a> {
     backend: &'a dyn Backend,
     partition: Option<Box<dyn Partition>>,
     staging: Option<Staging>,
+    /// Guest memory forwarded by the daemon (see `guest_mem.rs`).
+    guest: Arc<Table>,
+    /// The memory control socket, until the partition exists and its
+    /// thread starts.
+    control: Option<UnixStream>,
 }
 
 fn no_partition() -> OpError {
@@ -252,6 +259,8 @@ pub fn serve(
         backend,
         partition: None,
         staging: None,
+        guest: Arc::new(Table::default()),
+        control: None,
     };
     let mut buf = Vec::new();
     let mut next_mailbox = None;
@@ -304,7 +313,20 @@ pub fn serve(
                 }
                 r
             }
+            Request::Control => {
+                let Some(file) = fd else {
+                    return Err(HostError::Unexpected("control without a socket"));
+                };
+                host.control(file)
+            }
             _ if fd.is_some() => return Err(HostError::Unexpected("an fd with this request")),
+            Request::Map { .. } | Request::Unmap { .. } => {
+                return Err(HostError::Unexpected(
+                    "a memory notice on the command socket",
+                ))
+            }
+            Request::UploadMapped { dst, pieces } => host.mapped(dst, &pieces, false),
+            Request::DownloadMapped { src, pieces } => host.mapped(src, &pieces, true),
             Request::Reset => match host.partition.as_mut() {
                 Some(p) => {
                     p.reset();
@@ -339,6 +361,56 @@ pub fn serve(
 }
 
 impl Host<'_> {
+    /// Keeps the memory control socket the daemon sent, for the thread
+    /// that [`Host::create`] starts.
+    fn control(&mut self, file: std::fs::File) -> Result<Value, OpError> {
+        if self.partition.is_some() || self.control.is_some() {
+            return Err(OpError::Invalid(
+                "the memory socket comes once, before the partition".into(),
+            ));
+        }
+        self.control = Some(UnixStream::from(std::os::fd::OwnedFd::from(file)));
+        Ok(Value::None)
+    }
+
+    /// Serves the memory control socket, if there is one, for partition `p`.
+    fn start_control(&mut self, p: &dyn Partition) -> Result<(), OpError> {
+        let Some(stream) = self.control.take() else {
+            return Ok(());
+        };
+        let (table, inner) = (Arc::clone(&self.guest), p.host_memory());
+        std::thread::Builder::new()
+            .name("vgpu-host-memory".into())
+            .spawn(move || {
+                if let Err(e) = guest_mem::serve_control(stream, table, inner) {
+                    log::error!("partition host {}: memory socket: {e}", std::process::id());
+                }
+            })
+            .map_err(|e| OpError::Device(format!("memory thread: {e}")))?;
+        Ok(())
+    }
+
+    /// An upload (`write` false) or download between device memory at
+    /// `dev` and pieces of forwarded guest memory, all checked first; the
+    /// mappings stay in place until the inner backend returns.
+    fn mapped(
+        &mut self,
+        dev: u64,
+        pieces: &[proto::MappedPiece],
+        write: bool,
+    ) -> Result<Value, OpError> {
+        let p = self.partition.as_mut().ok_or_else(no_partition)?;
+        let (guard, slices, len) = self.guest.resolve(pieces, write)?;
+        let s = Slices { slices, len };
+        let r = if write {
+            p.download(dev, &s)
+        } else {
+            p.upload(dev, &s)
+        };
+        drop(guard);
+        r.map(|_| Value::None)
+    }
+
     fn create(
         &mut self,
         name: &str,
@@ -364,6 +436,7 @@ impl Host<'_> {
             .backend
             .create_partition(&spec)
             .map_err(|e| OpError::Device(e.to_string()))?;
+        self.start_control(&*p)?;
         info!(
             "partition host {}: partition {name:?} ({memory} bytes, {compute_units} compute units) on the {} backend",
             std::process::id(),

@@ -35,10 +35,20 @@
 //!   and hands a download piece over while it fills the other half. The
 //!   first piece travels with the request and the last one with the
 //!   reply, so a small transfer takes one round trip. Module images and
-//!   launch parameters travel inline, bounded by the guest ABI. (The
-//!   protocol keeps a message kind for passing a host a guest RAM fd, so
-//!   that it can register guest memory with the driver and copy with no
-//!   bounce.)
+//!   launch parameters travel inline, bounded by the guest ABI.
+//! - Guest RAM that the daemon maps from the VMM's files, when they are
+//!   sealed against shrinking, is forwarded:
+//!   [`RemotePartition`]'s [`HostMemory`](vgpu_backend::HostMemory)
+//!   registry passes each mapping's file (with `SCM_RIGHTS`), offset, size
+//!   and protection to the host on a second socket, the host maps it and
+//!   tells its inner partition's registry (CUDA registers it with the
+//!   driver). A transfer whose guest memory lies wholly in forwarded
+//!   mappings names (mapping, offset, length) pieces instead of staging
+//!   bytes, and the host's backend copies straight from guest pages; the
+//!   host checks every piece against its own table. An unmap returns only
+//!   once the host has unmapped (or, silent past its timeout, was killed
+//!   and is gone). See `forward.rs` and `guest_mem.rs` for the threads
+//!   and locks involved.
 //! - With a polling time ([`RemoteConfig::spin`], the host's `--spin-us`),
 //!   small frames go through a mailbox in the staging memfd instead of the
 //!   socket: each side polls a sequence word, so a round trip costs no
@@ -66,6 +76,8 @@
 
 #![warn(missing_docs)]
 
+mod forward;
+mod guest_mem;
 mod host_cmd;
 mod mailbox;
 mod partition;
@@ -86,6 +98,7 @@ use std::time::Duration;
 use log::{info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
+pub use forward::TransferCounts;
 pub use host_cmd::{HostArgs, HostOptions, InnerBackend, HOST_PROGRAM};
 pub use launcher::{HostPolicy, HostProcess, ProcessLauncher};
 pub use partition::RemotePartition;

@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
-use vgpu_backend::{Capacity, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    Capacity, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, SliceFn,
+};
 
+use crate::forward::{Registry, TransferCounts};
 use crate::mailbox::{self, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
@@ -369,6 +372,9 @@ pub struct RemotePartition {
     staging: Staging,
     failed: Option<String>,
     memory_used: u64,
+    /// Guest memory forwarded to the host (see `forward.rs`).
+    registry: Arc<Registry>,
+    counts: Arc<TransferCounts>,
 }
 
 impl std::fmt::Debug for RemotePartition {
@@ -399,6 +405,7 @@ impl RemotePartition {
                 return Err(format!("cannot create the staging area: {e}"));
             }
         };
+        let op_timeout = config.op_timeout;
         let mut p = RemotePartition {
             spec: spec.clone(),
             launcher,
@@ -408,6 +415,8 @@ impl RemotePartition {
             link: None,
             failed: None,
             memory_used: 0,
+            registry: Arc::new(Registry::new(&spec.name, op_timeout)),
+            counts: Arc::default(),
         };
         // On failure `p` is dropped, which gives the pool back.
         p.link = Some(p.start()?);
@@ -430,6 +439,15 @@ impl RemotePartition {
             staging_len: self.staging.len() as u64,
             mailbox,
         };
+        // The memory control socket goes first: frames with an fd travel
+        // on the socket, and after `Create` frames may use the mailbox.
+        let control = match self.hand_control(&mut link) {
+            Ok(c) => c,
+            Err(why) => {
+                link.kill();
+                return Err(why);
+            }
+        };
         let fd = self.staging.file().as_raw_fd();
         let r = link.exchange(
             &req,
@@ -444,6 +462,18 @@ impl RemotePartition {
                 result: Ok(Value::None),
                 memory_used: 0,
             }) => {
+                // Guest memory mapped so far goes to the new host before
+                // any transfer can name it.
+                let attached = link
+                    .stream
+                    .try_clone()
+                    .map_err(broken)
+                    .and_then(|command| self.registry.attach(control, command, link.pid()));
+                if let Err(why) = attached {
+                    link.kill();
+                    self.registry.detach();
+                    return Err(why);
+                }
                 if mailbox {
                     // SAFETY: the control area of `self.staging`, which
                     // outlives every link of this partition (the link
@@ -474,6 +504,24 @@ impl RemotePartition {
         }
     }
 
+    /// Gives a starting host the other end of a new memory control socket
+    /// (see `forward.rs`); returns ours.
+    fn hand_control(&self, link: &mut Link) -> Result<UnixStream, String> {
+        let (ours, theirs) = UnixStream::pair().map_err(broken)?;
+        let r = link.exchange(
+            &Request::Control,
+            Some(theirs.as_raw_fd()),
+            self.config.start_timeout,
+            Xfer::None,
+            None,
+            self.spec.memory,
+        )?;
+        match r.result {
+            Ok(Value::None) => Ok(ours),
+            other => Err(format!("unexpected answer to control: {other:?}")),
+        }
+    }
+
     /// The host's process id (`None` when it failed, or is not a process).
     pub fn host_pid(&self) -> Option<u32> {
         self.link.as_ref().and_then(Link::pid)
@@ -491,6 +539,22 @@ impl RemotePartition {
         ))
     }
 
+    /// How many transfers took which path.
+    pub fn transfer_counts(&self) -> Arc<TransferCounts> {
+        Arc::clone(&self.counts)
+    }
+
+    /// Ends the current host, then its memory socket: until the host is
+    /// gone, an unmap still waits for it (a notice it cannot answer
+    /// fails at once, or kills it if it is stuck), so none returns while
+    /// the host may still touch guest memory.
+    fn end_link(&mut self) {
+        if let Some(link) = self.link.take() {
+            link.kill();
+        }
+        self.registry.detach();
+    }
+
     /// Ends the host after a broken rule: from now on calls fail.
     fn fail(&mut self, why: String) -> OpError {
         error!(
@@ -498,9 +562,7 @@ impl RemotePartition {
             self.spec.name,
             self.host_pid().map_or("?".into(), |p| p.to_string())
         );
-        if let Some(link) = self.link.take() {
-            link.kill();
-        }
+        self.end_link();
         self.failed = Some(why);
         self.memory_used = 0;
         self.dead()
@@ -509,6 +571,9 @@ impl RemotePartition {
     fn call(&mut self, req: &Request<'_>, xfer: Xfer<'_>) -> Result<Value, OpError> {
         if self.failed.is_some() {
             return Err(self.dead());
+        }
+        if let Some(why) = self.registry.take_failure() {
+            return Err(self.fail(why));
         }
         let Some(link) = self.link.as_mut() else {
             return Err(self.dead());
@@ -548,6 +613,45 @@ impl RemotePartition {
     }
 }
 
+type WithSlices<'a> = dyn FnMut(&mut SliceFn<'_>) -> Result<bool, OpError> + 'a;
+
+impl RemotePartition {
+    /// Moves a transfer between device memory at `dev` and guest memory
+    /// the host has mapped, naming the pieces instead of staging bytes.
+    /// `with` hands over the source's or sink's slices and keeps them
+    /// (the DMA table's read lock) until the host has replied, so no copy
+    /// outlives an unmap. `Ok(false)`: not all of it lies in forwarded
+    /// mappings; the caller stages it.
+    fn direct(
+        &mut self,
+        dev: u64,
+        download: bool,
+        with: &mut WithSlices<'_>,
+    ) -> Result<bool, OpError> {
+        if self.failed.is_some() || !self.registry.any_forwarded() {
+            return Ok(false);
+        }
+        let done = with(&mut |slices| {
+            let Some(pieces) = self.registry.resolve(slices, download) else {
+                return Ok(false);
+            };
+            let req = if download {
+                Request::DownloadMapped { src: dev, pieces }
+            } else {
+                Request::UploadMapped { dst: dev, pieces }
+            };
+            match self.call(&req, Xfer::None)? {
+                Value::None => Ok(true),
+                v => Err(self.fail(format!("unexpected result {v:?}"))),
+            }
+        })?;
+        if done {
+            self.counts.count(true);
+        }
+        Ok(done)
+    }
+}
+
 impl Partition for RemotePartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
@@ -562,6 +666,10 @@ impl Partition for RemotePartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+        if self.direct(dst, false, &mut |f| src.with_slices(f))? {
+            return Ok(());
+        }
+        self.counts.count(false);
         let req = Request::Upload {
             dst,
             len: src.len(),
@@ -574,6 +682,10 @@ impl Partition for RemotePartition {
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+        if self.direct(src, true, &mut |f| dst.with_slices_mut(f))? {
+            return Ok(());
+        }
+        self.counts.count(false);
         let req = Request::Download {
             src,
             len: dst.len(),
@@ -628,6 +740,10 @@ impl Partition for RemotePartition {
         self.memory_used
     }
 
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        Some(Arc::clone(&self.registry) as Arc<dyn HostMemory>)
+    }
+
     /// Resets in place when the host is healthy; otherwise (it failed, or
     /// its backend cannot recover in its process) replaces it with a fresh
     /// host.
@@ -664,9 +780,7 @@ impl Partition for RemotePartition {
                 );
             }
         }
-        if let Some(link) = self.link.take() {
-            link.kill();
-        }
+        self.end_link();
         self.memory_used = 0;
         match self.start() {
             Ok(link) => {
@@ -686,8 +800,10 @@ impl Partition for RemotePartition {
 
 impl Drop for RemotePartition {
     fn drop(&mut self) {
-        // Link's drop closes the socket and reaps the host.
+        // Link's drop closes the socket and reaps the host; the memory
+        // socket goes after it (see `end_link`).
         self.link.take();
+        self.registry.detach();
         let mut pool = lock(&self.pool);
         pool.memory += self.spec.memory;
         pool.compute_units += self.spec.compute_units;

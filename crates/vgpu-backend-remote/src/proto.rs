@@ -31,8 +31,14 @@
 //! host as less trusted than itself (it runs guest kernels on a GPU), so
 //! a refused reply ends that host.
 //!
-//! Kind 13 is reserved for registering guest memory with the host (an fd
-//! and offset passed with `SCM_RIGHTS`, for zero-copy DMA).
+//! Guest memory that the daemon maps from the VMM's files travels to the
+//! host as the file itself: [`Kind::Control`] hands the host a second
+//! socket, on which the daemon announces mappings ([`Kind::Map`], the
+//! file passed with `SCM_RIGHTS`) and their end ([`Kind::Unmap`]), each
+//! answered by a status-only reply. Uploads and downloads between device
+//! memory and such mappings ([`Kind::UploadMapped`],
+//! [`Kind::DownloadMapped`]) name the pieces as (mapping, offset, length)
+//! and move no bytes through the staging area.
 
 use vgpu_abi as abi;
 use vgpu_backend::{Capacity, Launch, OpError};
@@ -41,7 +47,7 @@ use vgpu_backend::{Capacity, Launch, OpError};
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
@@ -57,6 +63,11 @@ pub const MAX_TEXT: usize = 1024;
 pub const MAX_REQUEST: u32 = abi::MAX_MODULE_SIZE as u32 + 64;
 /// Largest payload the host may send (replies and callbacks are small).
 pub const MAX_REPLY: u32 = 2048;
+/// Most pieces of one transfer through forwarded mappings; more take the
+/// staging area. A request of this many fits a mailbox slot.
+pub const MAX_PIECES: usize = 256;
+/// Largest payload on the memory control socket.
+pub const MAX_CONTROL: u32 = 64;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +97,16 @@ pub enum Kind {
     Launch = 11,
     /// `Partition::reset`.
     Reset = 12,
+    /// Control socket: guest memory to map (its file travels beside it).
+    Map = 13,
+    /// Control socket: a mapping ends; the reply says it is unmapped.
+    Unmap = 14,
+    /// Hands the host its memory control socket (beside it).
+    Control = 15,
+    /// `Partition::upload` from forwarded mappings.
+    UploadMapped = 16,
+    /// `Partition::download` into forwarded mappings.
+    DownloadMapped = 17,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -111,6 +132,11 @@ impl Kind {
             10 => ModuleUnload,
             11 => Launch,
             12 => Reset,
+            13 => Map,
+            14 => Unmap,
+            15 => Control,
+            16 => UploadMapped,
+            17 => DownloadMapped,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -385,6 +411,74 @@ pub enum Request<'a> {
     Launch(Launch<'a>),
     /// [`Kind::Reset`].
     Reset,
+    /// [`Kind::Map`] (the file travels beside it).
+    Map {
+        /// The mapping's id.
+        id: u64,
+        /// Offset of its first byte in the file.
+        file_offset: u64,
+        /// Bytes.
+        len: u64,
+        /// The device may read it.
+        readable: bool,
+        /// The device may write it.
+        writable: bool,
+    },
+    /// [`Kind::Unmap`].
+    Unmap {
+        /// The mapping's id.
+        id: u64,
+    },
+    /// [`Kind::Control`] (the socket travels beside it).
+    Control,
+    /// [`Kind::UploadMapped`]: the pieces, in order, to `dst`.
+    UploadMapped {
+        /// Device address.
+        dst: u64,
+        /// Guest memory.
+        pieces: Vec<MappedPiece>,
+    },
+    /// [`Kind::DownloadMapped`]: from `src` into the pieces, in order.
+    DownloadMapped {
+        /// Device address.
+        src: u64,
+        /// Guest memory.
+        pieces: Vec<MappedPiece>,
+    },
+}
+
+/// Part of a transfer in a forwarded mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappedPiece {
+    /// The mapping ([`Request::Map`]'s id).
+    pub mapping: u64,
+    /// Offset in the mapping.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+fn encode_pieces(w: &mut Writer, pieces: &[MappedPiece]) {
+    w.u32(pieces.len() as u32);
+    for p in pieces {
+        w.u64(p.mapping).u64(p.offset).u64(p.len);
+    }
+}
+
+fn decode_pieces(r: &mut Reader<'_>) -> Result<Vec<MappedPiece>, ProtoError> {
+    let n = r.u32()? as usize;
+    if n == 0 || n > MAX_PIECES {
+        return Err(ProtoError::Malformed("piece count"));
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(MappedPiece {
+            mapping: r.u64()?,
+            offset: r.u64()?,
+            len: r.u64()?,
+        });
+    }
+    Ok(v)
 }
 
 impl Request<'_> {
@@ -403,6 +497,11 @@ impl Request<'_> {
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
             Request::Reset => Kind::Reset,
+            Request::Map { .. } => Kind::Map,
+            Request::Unmap { .. } => Kind::Unmap,
+            Request::Control => Kind::Control,
+            Request::UploadMapped { .. } => Kind::UploadMapped,
+            Request::DownloadMapped { .. } => Kind::DownloadMapped,
         }
     }
 
@@ -411,7 +510,27 @@ impl Request<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Hello | Request::Reset => {}
+            Request::Hello | Request::Reset | Request::Control => {}
+            Request::Map {
+                id,
+                file_offset,
+                len,
+                readable,
+                writable,
+            } => {
+                w.u64(*id)
+                    .u64(*file_offset)
+                    .u64(*len)
+                    .u8(*readable as u8 | (*writable as u8) << 1);
+            }
+            Request::Unmap { id } => {
+                w.u64(*id);
+            }
+            Request::UploadMapped { dst: a, pieces }
+            | Request::DownloadMapped { src: a, pieces } => {
+                w.u64(*a);
+                encode_pieces(&mut w, pieces);
+            }
             Request::Create {
                 name,
                 memory,
@@ -475,6 +594,32 @@ impl Request<'_> {
         let req = match k {
             Kind::Hello => Request::Hello,
             Kind::Reset => Request::Reset,
+            Kind::Control => Request::Control,
+            Kind::Map => {
+                let id = r.u64()?;
+                let file_offset = r.u64()?;
+                let len = r.u64()?;
+                let prot = r.u8()?;
+                if prot > 3 {
+                    return Err(ProtoError::Malformed("bad flag"));
+                }
+                Request::Map {
+                    id,
+                    file_offset,
+                    len,
+                    readable: prot & 1 != 0,
+                    writable: prot & 2 != 0,
+                }
+            }
+            Kind::Unmap => Request::Unmap { id: r.u64()? },
+            Kind::UploadMapped => Request::UploadMapped {
+                dst: r.u64()?,
+                pieces: decode_pieces(&mut r)?,
+            },
+            Kind::DownloadMapped => Request::DownloadMapped {
+                src: r.u64()?,
+                pieces: decode_pieces(&mut r)?,
+            },
             Kind::Create => {
                 let memory = r.u64()?;
                 let compute_units = r.u32()?;
@@ -792,8 +937,11 @@ mod tests {
             Err(ProtoError::Magic(_))
         ));
         let mut b = header(3, 1, 0);
-        b[4] = 2;
-        assert_eq!(Header::decode(&b, MAX_REPLY), Err(ProtoError::Version(2)));
+        b[4] = VERSION as u8 + 1;
+        assert_eq!(
+            Header::decode(&b, MAX_REPLY),
+            Err(ProtoError::Version(VERSION + 1))
+        );
         assert_eq!(
             Header::decode(&header(3, 1, MAX_REPLY + 1), MAX_REPLY),
             Err(ProtoError::TooLong {
@@ -852,6 +1000,34 @@ mod tests {
                 params: &params,
             }),
             Request::Reset,
+            Request::Control,
+            Request::Map {
+                id: 3,
+                file_offset: 1 << 20,
+                len: 1 << 30,
+                readable: true,
+                writable: false,
+            },
+            Request::Unmap { id: 3 },
+            Request::UploadMapped {
+                dst: 8,
+                pieces: vec![MappedPiece {
+                    mapping: 3,
+                    offset: 4,
+                    len: 5,
+                }],
+            },
+            Request::DownloadMapped {
+                src: 8,
+                pieces: vec![
+                    MappedPiece {
+                        mapping: 1,
+                        offset: 2,
+                        len: 3,
+                    };
+                    MAX_PIECES
+                ],
+            },
         ];
         for req in &reqs {
             let payload = req.encode();
@@ -892,6 +1068,19 @@ mod tests {
             Request::decode(Kind::Create as u16, &w.0),
             Err(ProtoError::Malformed("text is not UTF-8"))
         );
+        // No pieces, or more than allowed (refused before reading them).
+        for n in [0, MAX_PIECES as u32 + 1, u32::MAX] {
+            let mut w = Writer::default();
+            w.u64(0).u32(n);
+            assert_eq!(
+                Request::decode(Kind::UploadMapped as u16, &w.0),
+                Err(ProtoError::Malformed("piece count"))
+            );
+        }
+        // Protection bits beyond read and write.
+        let mut w = Writer::default();
+        w.u64(1).u64(0).u64(4096).u8(4);
+        assert!(Request::decode(Kind::Map as u16, &w.0).is_err());
     }
 
     #[test]

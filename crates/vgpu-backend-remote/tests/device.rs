@@ -1,7 +1,8 @@
 //! A vGPU function whose partition lives in a partition host process,
 //! driven by the test kit as a guest would: commands work as in process,
 //! a host killed under it fails that function's commands with a device
-//! error, and a function reset brings it back.
+//! error, and a function reset brings it back. COPYs of guest RAM reach
+//! the host as pieces of guest memory it maps itself.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,4 +92,66 @@ fn vgpu_on_a_remote_partition_survives_its_host() {
     g.setup_queue(0, 32, Mode::Interrupt);
     assert_eq!(g.mem_used(), 0);
     vadd(&mut g);
+}
+
+#[test]
+fn guest_copies_name_guest_memory_mapped_by_the_host() {
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 2,
+    };
+    let launcher = ProcessLauncher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+    )
+    .unwrap();
+    let config = RemoteConfig {
+        staging_bytes: 64 * 1024,
+        ..RemoteConfig::default()
+    };
+    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    let spec = PartitionSpec {
+        name: "direct".into(),
+        memory: 32 * MIB,
+        compute_units: 2,
+    };
+    let partition = backend.create_remote_partition(&spec).unwrap();
+    let pid = partition.host_pid().unwrap();
+    let counts = partition.transfer_counts();
+    let server = TestVgpu::start(test_config("direct", 1), Box::new(partition));
+    let mut g = server.connect();
+    g.setup_queue(0, 32, Mode::Interrupt);
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        maps.contains("vgpu-testkit-ram"),
+        "guest RAM is mapped in the host"
+    );
+
+    // Scattered guest buffers, larger than the staging area, both ways.
+    let lens = [200_000u64, 4096, 333_333, 1];
+    let total: u64 = lens.iter().sum();
+    let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
+    let src = g.alloc_sg(&lens);
+    g.write_sg(&src, &data);
+    let dev = g.device_alloc(0, total);
+    assert_eq!(g.copy_to_device(0, dev, &src).status, abi::STATUS_OK);
+    let back = g.alloc_sg(&[total - 5, 5]);
+    assert_eq!(g.copy_from_device(0, dev, &back).status, abi::STATUS_OK);
+    assert_eq!(g.read_sg(&back), data);
+    // And a kernel sees what the pieces carried.
+    let n = 1000u64;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (da, dc) = (g.device_alloc(0, 4 * n), g.device_alloc(0, 4 * n));
+    g.upload(0, da, &f32s_to_bytes(&a));
+    let p = abi::VaddParams {
+        c: dc,
+        a: da,
+        b: da,
+        n,
+    };
+    assert_eq!(g.launch(0, "vadd_f32", &p).status, abi::STATUS_OK);
+    let want: Vec<f32> = a.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(bytes_to_f32s(&g.download(0, dc, 4 * n as usize)), want);
+    assert!(counts.direct() >= 4, "direct {}", counts.direct());
+    assert_eq!(counts.staged(), 0);
 }

@@ -1,7 +1,8 @@
 //! Partition hosts on an NVIDIA GPU (CUDA, isolated mode, guest PTX
 //! allowed): a tenant whose loaded kernel writes through a wild pointer
 //! loses only its own host, while another tenant's sgemm keeps running
-//! and stays correct; a reset gives the faulted tenant a fresh host.
+//! and stays correct; a reset gives the faulted tenant a fresh host;
+//! guest COPYs reach the host as forwarded guest memory.
 //!
 //! Without a CUDA driver each test prints "skipped: no CUDA driver" and
 //! returns; with `VGPU_REQUIRE_GPU=1` that fails instead.
@@ -384,4 +385,42 @@ fn transfers(b: RemoteBackend) {
     // An unaligned window inside it.
     let part = download(&mut p, a + 4_000_001, 9_000_000).unwrap();
     assert!(part[..] == data[4_000_001..13_000_001]);
+}
+
+#[test]
+fn guest_copies_through_a_host_use_forwarded_guest_memory() {
+    use vgpu_testkit::{test_config, GuestOptions, Mode, TestVgpu};
+    if !gpu() {
+        return;
+    }
+    let b = backend();
+    let p = partition(&b, "guest");
+    let counts = p.transfer_counts();
+    let server = TestVgpu::start(test_config("guest", 1), Box::new(p));
+    let mut g = server.connect_with(GuestOptions {
+        ram_size: 256 * MIB,
+        ..GuestOptions::default()
+    });
+    g.setup_queue(0, 32, Mode::Interrupt);
+    // Scattered buffers both ways, before and after the host has
+    // registered guest RAM with the driver (in the background).
+    let lens = [3 * MIB + 5, 4096, 17 * MIB, 1];
+    let total: u64 = lens.iter().sum();
+    let dev = g.device_alloc(0, total);
+    let src = g.alloc_sg(&lens);
+    let back = g.alloc_sg(&[total - 3, 3]);
+    let t = Instant::now();
+    let mut round = 0u64;
+    while round < 3 || t.elapsed() < Duration::from_secs(2) {
+        let data: Vec<u8> = (0..total)
+            .map(|i| (i * 13 + round + i / 4099) as u8)
+            .collect();
+        g.write_sg(&src, &data);
+        assert_eq!(g.copy_to_device(0, dev, &src).status, abi::STATUS_OK);
+        assert_eq!(g.copy_from_device(0, dev, &back).status, abi::STATUS_OK);
+        assert!(g.read_sg(&back) == data, "round {round}");
+        round += 1;
+    }
+    assert_eq!(counts.staged(), 0);
+    assert_eq!(counts.direct(), 2 * round);
 }

@@ -631,6 +631,11 @@ impl Launcher for FakeLauncher {
             };
             reply(s, h, Kind::Hello, ok(0, hello));
             let Some((h, _)) = read_frame(s) else { return };
+            if h.kind != Kind::Control as u16 {
+                return;
+            }
+            reply(s, h, Kind::Control, ok(0, Value::None));
+            let Some((h, _)) = read_frame(s) else { return };
             if h.kind != Kind::Create as u16 {
                 return;
             }

@@ -125,6 +125,28 @@ fn map_shared(file: &File, offset: u64, size: u64) -> MmapRegion {
         .expect("mmap of a shared file")
 }
 
+/// Guest RAM as QEMU's memfd backend makes it: sealed against shrinking
+/// and growing, so that no process it is shared with can truncate it under
+/// another's mapping.
+fn sealed_ram(size: u64) -> std::io::Result<File> {
+    use std::os::fd::FromRawFd;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: a NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"vgpu-testkit-ram".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nothing else.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    // SAFETY: fcntl on our own descriptor.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
 impl Guest {
     /// Connects to the vGPU at `path` as a VMM does: maps guest RAM for
     /// DMA, wires every MSI-X vector to an eventfd, maps the doorbell page
@@ -133,8 +155,7 @@ impl Guest {
         assert!(opts.ram_iova != 0, "guest RAM must sit at a non-zero IOVA");
         let mut client = connect(path);
 
-        let ram_file = vfio_user_server::memfd::create(c"vgpu-testkit-ram", opts.ram_size)
-            .expect("memfd for guest RAM");
+        let ram_file = sealed_ram(opts.ram_size).expect("memfd for guest RAM");
         client
             .dma_map(0, opts.ram_iova, opts.ram_size, ram_file.as_raw_fd())
             .expect("DMA_MAP of guest RAM");

@@ -1,0 +1,434 @@
+//! The host's side of forwarded guest memory: the memory control thread
+//! maps what the daemon announces and tells the inner partition's
+//! registry; transfers name pieces of those mappings, which are checked
+//! against the table here before the inner backend sees a pointer.
+//!
+//! # Concurrency
+//!
+//! The table is a read-write lock. A transfer holds the read lock from
+//! resolving its pieces until the inner backend returns, so an `Unmap`
+//! (which takes the write lock) waits for any transfer using the mapping
+//! and no transfer starts on a mapping being removed. The inner registry
+//! is called by the control thread without the partition, as in process.
+//! The write lock never waits for the daemon: the daemon answers an
+//! `Unmap` only after the device model stopped using the mapping, and a
+//! transfer in progress here needs nothing from the daemon to finish.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use log::{debug, warn};
+use vgpu_backend::{HostMapping, HostMemory, HostSink, HostSlice, HostSource, OpError, SliceFn};
+
+use crate::proto::{MappedPiece, Reply, Request, Value, MAX_CONTROL, REPLY};
+use crate::wire::{self, WireError};
+
+/// Most mappings a host keeps at once (a VMM maps guest RAM in a few
+/// regions; the bound keeps a misbehaving daemon from exhausting us).
+pub(crate) const MAX_MAPPINGS: usize = 4096;
+
+/// One mapping of guest memory in this process.
+pub(crate) struct Region {
+    /// The mmap'ed range (page aligned).
+    map: *mut u8,
+    map_len: usize,
+    /// The mapping's first byte, inside `map`.
+    base: *mut u8,
+    len: usize,
+    readable: bool,
+    writable: bool,
+}
+
+// SAFETY: the region owns its mapping; the pointers are only dereferenced
+// under the table's lock, while the region is in the table.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared access only reads the fields.
+unsafe impl Sync for Region {}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer in the table, so no transfer
+        // refers to it.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+    }
+}
+
+/// The table, read-locked: its mappings stay in place while this lives.
+pub(crate) type Pinned<'a> = RwLockReadGuard<'a, HashMap<u64, Region>>;
+
+/// The host's forwarded mappings, by the daemon's ids.
+#[derive(Default)]
+pub(crate) struct Table {
+    maps: RwLock<HashMap<u64, Region>>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("mappings", &self.read().len())
+            .finish()
+    }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+impl Table {
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<u64, Region>> {
+        self.maps
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Maps `len` bytes of `file` from `file_offset`, shared, with the
+    /// protection given; the file must hold them.
+    fn map(
+        &self,
+        id: u64,
+        file: &File,
+        file_offset: u64,
+        len: u64,
+        readable: bool,
+        writable: bool,
+    ) -> Result<(usize, usize), OpError> {
+        let size = file
+            .metadata()
+            .map_err(|e| OpError::Device(format!("guest memory file: {e}")))?
+            .len();
+        if len == 0 || file_offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err(OpError::Invalid(format!(
+                "{len} bytes at {file_offset} of a {size}-byte file"
+            )));
+        }
+        if !readable && !writable {
+            return Err(OpError::Invalid("a mapping with no access".into()));
+        }
+        let delta = file_offset % page_size();
+        let map_len = usize::try_from(len + delta)
+            .map_err(|_| OpError::Invalid("mapping too large".into()))?;
+        let off = libc::off_t::try_from(file_offset - delta)
+            .map_err(|_| OpError::Invalid("offset too large".into()))?;
+        let mut maps = self
+            .maps
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if maps.contains_key(&id) {
+            return Err(OpError::Invalid(format!("mapping {id} exists already")));
+        }
+        if maps.len() >= MAX_MAPPINGS {
+            return Err(OpError::NoMemory {
+                requested: len,
+                available: 0,
+            });
+        }
+        let prot = (if readable { libc::PROT_READ } else { 0 })
+            | (if writable { libc::PROT_WRITE } else { 0 });
+        // SAFETY: a new shared mapping of a range the file holds (checked
+        // above); the result is checked.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                prot,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                off,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(OpError::Device(format!("cannot map guest memory: {e}")));
+        }
+        let map = map.cast::<u8>();
+        // SAFETY: `delta` < page size <= map_len, inside the mapping.
+        let base = unsafe { map.add(delta as usize) };
+        maps.insert(
+            id,
+            Region {
+                map,
+                map_len,
+                base,
+                len: map_len - delta as usize,
+                readable,
+                writable,
+            },
+        );
+        Ok((base as usize, map_len - delta as usize))
+    }
+
+    /// Takes a mapping out of the table, once no transfer uses it.
+    fn remove(&self, id: u64) -> Option<Region> {
+        self.maps
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id)
+    }
+
+    /// Checks every piece against the table and returns the slices, with
+    /// the read lock that keeps them mapped. `write`: the device writes
+    /// them (a download).
+    pub(crate) fn resolve(
+        &self,
+        pieces: &[MappedPiece],
+        write: bool,
+    ) -> Result<(Pinned<'_>, Vec<HostSlice>, u64), OpError> {
+        let maps = self.read();
+        let mut slices = Vec::with_capacity(pieces.len());
+        let mut total = 0u64;
+        for p in pieces {
+            let r = maps.get(&p.mapping).ok_or_else(|| {
+                OpError::Invalid(format!("piece in unknown mapping {}", p.mapping))
+            })?;
+            if (write && !r.writable) || (!write && !r.readable) {
+                return Err(OpError::Invalid(format!(
+                    "mapping {} does not allow this access",
+                    p.mapping
+                )));
+            }
+            if p.len == 0 || p.offset.checked_add(p.len).is_none_or(|e| e > r.len as u64) {
+                return Err(OpError::Invalid(format!(
+                    "piece of {} bytes at {} outside mapping {} of {} bytes",
+                    p.len, p.offset, p.mapping, r.len
+                )));
+            }
+            total = total
+                .checked_add(p.len)
+                .ok_or_else(|| OpError::Invalid("pieces too long".into()))?;
+            slices.push(HostSlice {
+                // SAFETY: offset + len lies inside the region (checked).
+                ptr: unsafe { r.base.add(p.offset as usize) },
+                len: p.len as usize,
+                mapping: p.mapping,
+            });
+        }
+        Ok((maps, slices, total))
+    }
+}
+
+/// Finds byte `offset` of a transfer made of `slices`: the slice index and
+/// the offset in it.
+fn locate(slices: &[HostSlice], mut offset: u64) -> Option<(usize, usize)> {
+    for (i, s) in slices.iter().enumerate() {
+        if offset < s.len as u64 {
+            return Some((i, offset as usize));
+        }
+        offset -= s.len as u64;
+    }
+    None
+}
+
+/// Guest memory of a transfer, resolved against the table (which the
+/// creator keeps read-locked while this lives).
+pub(crate) struct Slices {
+    /// The pieces, in order.
+    pub(crate) slices: Vec<HostSlice>,
+    /// Their total length.
+    pub(crate) len: u64,
+}
+
+impl Slices {
+    /// Copies between `buf` and the transfer's bytes from `offset`.
+    fn each(&self, offset: u64, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> bool {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return false;
+        }
+        let Some((mut i, mut at)) = locate(&self.slices, offset) else {
+            return len == 0;
+        };
+        let mut done = 0usize;
+        while done < len {
+            let s = self.slices[i];
+            let n = (s.len - at).min(len - done);
+            // SAFETY: `at + n` <= the slice's length; slices lie in
+            // mappings kept by the table's read lock.
+            f(unsafe { s.ptr.add(at) }, done, n);
+            done += n;
+            i += 1;
+            at = 0;
+        }
+        true
+    }
+}
+
+impl HostSource for Slices {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let dst = buf.as_mut_ptr();
+        let ok = self.each(offset, buf.len(), |p, done, n| {
+            // SAFETY: `p` holds `n` readable bytes (see `each`); `dst +
+            // done` has room for them; guest memory never overlaps `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.add(done), n) }
+        });
+        ok.then_some(()).ok_or(OpError::Fault(offset))
+    }
+
+    fn with_slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(&self.slices)
+    }
+}
+
+impl HostSink for Slices {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        let src = buf.as_ptr();
+        let ok = self.each(offset, buf.len(), |p, done, n| {
+            // SAFETY: `p` holds `n` writable bytes (see `each`); `src +
+            // done` holds them; guest memory never overlaps `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), p, n) }
+        });
+        ok.then_some(()).ok_or(OpError::Fault(offset))
+    }
+
+    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(&self.slices)
+    }
+}
+
+/// Serves the memory control socket until the daemon closes it: maps and
+/// unmaps guest memory, telling `inner` (the inner partition's registry).
+pub(crate) fn serve_control(
+    mut stream: UnixStream,
+    table: Arc<Table>,
+    inner: Option<Arc<dyn HostMemory>>,
+) -> Result<(), WireError> {
+    let mut buf = Vec::new();
+    loop {
+        let (h, fd) = match wire::recv(&mut stream, MAX_CONTROL, &mut buf, true) {
+            Ok(x) => x,
+            Err(WireError::Closed) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let req = Request::decode(h.kind, &buf)?;
+        let kind = req.kind();
+        let result = match (req, fd) {
+            (
+                Request::Map {
+                    id,
+                    file_offset,
+                    len,
+                    readable,
+                    writable,
+                },
+                Some(file),
+            ) => table
+                .map(id, &file, file_offset, len, readable, writable)
+                .map(|(addr, len)| {
+                    debug!("partition host: guest memory {id} mapped, {len} bytes");
+                    if let Some(hm) = &inner {
+                        hm.mapped(HostMapping {
+                            id,
+                            addr,
+                            len,
+                            readable,
+                            writable,
+                            file: Arc::new(file),
+                            file_offset,
+                        });
+                    }
+                    Value::None
+                }),
+            (Request::Unmap { id }, None) => match table.remove(id) {
+                Some(region) => {
+                    // The inner partition lets go first, then the memory.
+                    if let Some(hm) = &inner {
+                        hm.unmapped(id);
+                    }
+                    drop(region);
+                    Ok(Value::None)
+                }
+                None => Err(OpError::NotFound(format!("mapping {id}"))),
+            },
+            _ => {
+                warn!("partition host: unexpected frame {kind:?} on the memory socket");
+                return Err(crate::proto::ProtoError::Kind(h.kind).into());
+            }
+        };
+        let reply = Reply {
+            memory_used: 0,
+            result,
+        };
+        wire::send(
+            &stream,
+            REPLY | kind as u16,
+            h.seq,
+            &reply.encode(kind),
+            None,
+        )?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memfd(len: u64) -> File {
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd owned by nothing else.
+        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn test_pieces_are_checked_against_the_table() {
+        let t = Table::default();
+        let f = memfd(3 * 4096);
+        assert!(
+            t.map(1, &f, 4096, 3 * 4096, true, true).is_err(),
+            "past the end"
+        );
+        assert!(t.map(1, &f, u64::MAX, 2, true, true).is_err(), "overflow");
+        assert!(t.map(1, &f, 0, 0, true, true).is_err(), "empty");
+        assert!(t.map(1, &f, 0, 4096, false, false).is_err(), "no access");
+        t.map(1, &f, 100, 8000, true, false).unwrap();
+        assert!(t.map(1, &f, 0, 4096, true, false).is_err(), "same id");
+        let p = |mapping, offset, len| MappedPiece {
+            mapping,
+            offset,
+            len,
+        };
+        let (guard, s, n) = t.resolve(&[p(1, 0, 10), p(1, 7990, 10)], false).unwrap();
+        assert_eq!((s.len(), n), (2, 20));
+        drop(guard);
+        for bad in [
+            vec![p(2, 0, 1)],
+            vec![p(1, 7991, 10)],
+            vec![p(1, u64::MAX, 2)],
+            vec![p(1, 0, 0)],
+        ] {
+            assert!(t.resolve(&bad, false).is_err(), "{bad:?}");
+        }
+        assert!(t.resolve(&[p(1, 0, 1)], true).is_err(), "read-only");
+        // Bytes go where the offset says (the file offset was not page
+        // aligned).
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"hello", 100 + 7990).unwrap();
+        let (guard, slices, len) = t.resolve(&[p(1, 7990, 5)], false).unwrap();
+        let src = Slices { slices, len };
+        let mut b = [0u8; 5];
+        src.read_at(0, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        assert!(src.read_at(1, &mut b).is_err());
+        drop(guard);
+        assert!(t.remove(1).is_some());
+        assert!(t.remove(1).is_none());
+    }
+}
