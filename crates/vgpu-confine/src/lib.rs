@@ -312,6 +312,28 @@ fn serving_rules(rules: &mut Rules) {
     );
 }
 
+/// Driving partition hosts (process-isolated partitions): a memory socket
+/// pair handed to a new or replacement host, the seal check before a
+/// guest RAM file is passed to one, and ending a host that stopped
+/// answering through a pidfd (which never signals a reused pid), SIGKILL
+/// only. Threads that create hosts (the API) or replace them on a reset
+/// (a vGPU's threads) need these.
+fn host_driver_rules(rules: &mut Rules) {
+    use libc::*;
+    rules.insert(SYS_socketpair, any_of(0, &[AF_UNIX as u64]));
+    rules.insert(SYS_pidfd_open, Vec::new());
+    rules.insert(SYS_pidfd_send_signal, any_of(1, &[SIGKILL as u64]));
+}
+
+/// The fcntl commands of the serving threads plus reading the seals of a
+/// guest RAM file (only files sealed against shrinking go to a host).
+fn fcntl_commands(extra: &[u64]) -> Vec<SeccompRule> {
+    use libc::*;
+    let mut cmds = vec![F_GETFD as u64, F_DUPFD_CLOEXEC as u64, F_GET_SEALS as u64];
+    cmds.extend_from_slice(extra);
+    any_of(1, &cmds)
+}
+
 /// The rest of the daemon: the vfio-user engine, devices, the management
 /// API creating and removing vGPUs, and shutdown.
 fn daemon_rules(rules: &mut Rules) {
@@ -369,13 +391,8 @@ fn daemon_rules(rules: &mut Rules) {
     rules.insert(SYS_socket, any_of(0, &[AF_UNIX as u64]));
     // As the serving threads, and sealing the size of a partition host's
     // staging area (a memfd) before the host maps it.
-    rules.insert(
-        SYS_fcntl,
-        any_of(
-            1,
-            &[F_GETFD as u64, F_DUPFD_CLOEXEC as u64, F_ADD_SEALS as u64],
-        ),
-    );
+    rules.insert(SYS_fcntl, fcntl_commands(&[F_ADD_SEALS as u64]));
+    host_driver_rules(rules);
 }
 
 /// The daemon driving a GPU in its own process (the CUDA backend): its
@@ -453,6 +470,10 @@ fn vgpu_rules(rules: &mut Rules, driver: bool) {
     allow(rules, &[SYS_epoll_wait, SYS_unlink]);
     #[cfg(not(target_arch = "x86_64"))]
     allow(rules, &[SYS_epoll_pwait, SYS_unlinkat]);
+    // A reset replaces a failed partition host: its staging area is
+    // sealed and its memory socket made on this thread.
+    rules.insert(SYS_fcntl, fcntl_commands(&[F_ADD_SEALS as u64]));
+    host_driver_rules(rules);
     if driver {
         gpu_driver_rules(rules);
     }
