@@ -80,6 +80,9 @@ pub trait CommandGate: Send + Sync {
     /// The command that entered finished after `device_time`, moving
     /// `bytes` between guest or window memory and the device.
     fn leave(&self, device_time: Duration, bytes: u64);
+    /// The worker has run out of commands for now (or stops): a gate that
+    /// keeps the GPU for a tenant between its commands gives it back.
+    fn idle(&self) {}
 }
 
 /// Drains a function before the host goes away: commands the guest had

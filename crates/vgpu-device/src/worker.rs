@@ -30,8 +30,18 @@ pub(crate) fn run(sh: Arc<Shared>) {
     // Whether this thread has seen the drain begin and marked what was
     // in flight then.
     let mut draining = false;
+    // Whether commands ran since the gate was last told we are idle.
+    let mut gated = false;
+    let idle = |gated: &mut bool| {
+        if std::mem::take(gated) {
+            if let Some(gate) = &sh.gate {
+                gate.idle();
+            }
+        }
+    };
     while !sh.stop.load(Ordering::Acquire) {
         if sh.epoch_gen.load(Ordering::SeqCst) & 1 == 1 {
+            idle(&mut gated);
             // A reset is in progress: let it take `busy`.
             std::thread::sleep(std::time::Duration::from_micros(50));
             force_scan = true;
@@ -68,7 +78,12 @@ pub(crate) fn run(sh: Arc<Shared>) {
                 sh.drain.idle.store(true, Ordering::Release);
             }
         }
+        if !progressed {
+            // Nothing left to run: the GPU goes back to the scheduler.
+            idle(&mut gated);
+        }
         if progressed {
+            gated = true;
             last_activity = Instant::now();
             spins = 0;
             // More may have arrived without a doorbell change (interrupt mode).
@@ -95,6 +110,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         force_scan = true;
         last_activity = Instant::now();
     }
+    idle(&mut gated);
 }
 
 /// Records, per running queue, the guest's avail index now: commands

@@ -826,3 +826,201 @@ fn finish_and_acquire_reports_removal_and_shutdown() {
     assert_eq!(next.join().unwrap(), Err(SchedError::Shutdown));
     holder.join().unwrap();
 }
+
+/// A worker that keeps the GPU for consecutive commands with
+/// [`crate::Grant::renew`] while its turn lasts; logs grants (turns).
+fn turn_worker(s: &Scheduler, id: TenantId, cmd: Duration, log: Option<Log>) -> JoinHandle<u64> {
+    let s = s.clone();
+    thread::spawn(move || {
+        let mut n = 0;
+        while let Ok(mut g) = s.acquire(id) {
+            if let Some(log) = &log {
+                log.lock().unwrap().push(id);
+            }
+            loop {
+                thread::sleep(cmd);
+                n += 1;
+                if !g.renew(cmd) {
+                    break;
+                }
+            }
+        }
+        n
+    })
+}
+
+fn with_turn(policy: Policy, turn: Duration) -> Scheduler {
+    let mut c = SchedConfig::new(policy);
+    c.turn = turn;
+    Scheduler::new(c).unwrap()
+}
+
+#[test]
+fn turns_keep_weighted_shares() {
+    let s = with_turn(Policy::FairShare, 2 * MS);
+    let ids = [TenantId(1), TenantId(2), TenantId(3)];
+    for (id, w) in ids.iter().zip([1, 2, 4]) {
+        s.add_tenant(*id, weight(w)).unwrap();
+    }
+    let log: Log = Arc::default();
+    let workers = ids
+        .iter()
+        .map(|&id| turn_worker(&s, id, 200 * US, Some(log.clone())))
+        .collect();
+    thread::sleep(Duration::from_millis(1500));
+    let shares = busy_shares(&s, &ids);
+    stop(&s, workers);
+    eprintln!("turns 1:2:4: {shares:?}");
+    for (share, want) in shares.iter().zip([1.0 / 7.0, 2.0 / 7.0, 4.0 / 7.0]) {
+        assert!((share - want).abs() < 0.05, "shares {shares:?}");
+    }
+    // Turns, not single commands: about 2 ms of 200 µs commands each.
+    let log = log.lock().unwrap();
+    let commands = s.stats().gpu.commands;
+    assert!(
+        commands as usize > 4 * log.len(),
+        "{commands} commands in {} turns",
+        log.len()
+    );
+}
+
+#[test]
+fn renew_keeps_the_gpu_while_nobody_waits() {
+    // No turn at all: alone, a tenant still keeps the GPU.
+    let s = with_turn(Policy::FairShare, Duration::ZERO);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    for _ in 0..100 {
+        assert!(g.renew(10 * US));
+    }
+    let st = s.stats();
+    assert_eq!((st.gpu.grants, st.gpu.commands), (1, 100));
+    assert_eq!(st.tenant(a).unwrap().busy, 1000 * US);
+    assert_eq!(st.tenant(a).unwrap().phase, TenantPhase::Holding);
+    // Someone waits: with no turn, the next renewal hands over.
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    assert!(!g.renew(10 * US));
+    other.join().unwrap();
+    // A spent grant stays spent; dropping it charges nothing more.
+    assert!(!g.renew(10 * US));
+    drop(g);
+    let st = s.stats();
+    assert_eq!(st.tenant(a).unwrap().commands, 101);
+    assert_eq!(st.tenant(a).unwrap().busy, 1010 * US);
+}
+
+#[test]
+fn a_turn_ends_after_its_device_time() {
+    let s = with_turn(Policy::FairShare, MS);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    // 1 ms of turn: nine 100 µs commands keep it, the tenth ends it.
+    for i in 0..9 {
+        assert!(g.renew(100 * US), "command {i}");
+    }
+    assert!(!g.renew(100 * US));
+    other.join().unwrap();
+}
+
+#[test]
+fn a_higher_priority_ends_a_turn_at_once() {
+    let s = with_turn(
+        Policy::Priority {
+            aging: Duration::from_secs(10),
+        },
+        Duration::from_secs(1),
+    );
+    let (low, equal, high) = (TenantId(1), TenantId(2), TenantId(3));
+    s.add_tenant(low, prio(0)).unwrap();
+    s.add_tenant(equal, prio(0)).unwrap();
+    s.add_tenant(high, prio(5)).unwrap();
+    let mut g = s.acquire(low).unwrap();
+    let spawn = |id| {
+        let s = s.clone();
+        thread::spawn(move || s.acquire(id).unwrap().finish(US))
+    };
+    // An equal priority waits for the turn to end.
+    let e = spawn(equal);
+    wait_phase(&s, equal, TenantPhase::Waiting);
+    assert!(g.renew(10 * US));
+    // A higher one does not.
+    let h = spawn(high);
+    wait_phase(&s, high, TenantPhase::Waiting);
+    assert!(!g.renew(10 * US));
+    h.join().unwrap();
+    e.join().unwrap();
+    assert_eq!(s.stats().tenant(high).unwrap().commands, 1);
+}
+
+#[test]
+fn a_turn_ends_at_the_cap_and_yield_frees_the_gpu() {
+    let s = with_turn(Policy::FairShare, Duration::from_secs(1));
+    let (capped, other) = (TenantId(1), TenantId(2));
+    s.add_tenant(
+        capped,
+        TenantParams {
+            cap: Some(0.5),
+            ..TenantParams::default()
+        },
+    )
+    .unwrap();
+    s.add_tenant(other, weight(1)).unwrap();
+    // Cap window 100 ms: 50 ms of budget, and even alone it ends there.
+    let mut g = s.acquire(capped).unwrap();
+    let mut kept = 0;
+    while {
+        // Device time is charged as wall time just past.
+        thread::sleep(5 * MS);
+        g.renew(5 * MS)
+    } {
+        kept += 1;
+        assert!(kept < 20, "the cap never ended the turn");
+    }
+    assert!((8..=10).contains(&kept), "{kept} commands kept the turn");
+    // yield_turn releases without a charge.
+    let mut g = s.acquire(other).unwrap();
+    assert!(g.renew(US));
+    let busy = s.stats().tenant(other).unwrap().busy;
+    g.yield_turn();
+    assert_eq!(s.stats().tenant(other).unwrap().busy, busy);
+    assert_eq!(s.stats().tenant(other).unwrap().phase, TenantPhase::Idle);
+    s.acquire(other).unwrap().finish(US);
+}
+
+#[test]
+fn renew_after_remove_or_shutdown_ends_the_turn() {
+    let s = with_turn(Policy::FairShare, Duration::from_secs(1));
+    let a = TenantId(1);
+    s.add_tenant(a, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    s.remove_tenant(a).unwrap();
+    assert!(!g.renew(US));
+    s.add_tenant(a, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    s.shutdown();
+    assert!(!g.renew(US));
+    assert!(s.stats().gpu.commands >= 2);
+}
+
+#[test]
+fn turn_config_is_validated() {
+    let mut c = SchedConfig::new(Policy::FairShare);
+    c.turn = Duration::from_secs(2);
+    assert!(matches!(
+        Scheduler::new(c),
+        Err(SchedError::InvalidConfig(m)) if m.contains("turn")
+    ));
+}

@@ -433,8 +433,8 @@ impl Config {
                     "the software backend needs a memory size",
                 ));
             }
-            if g.slice_us == 0 {
-                return Err(invalid(field("slice_us"), "must be at least 1"));
+            if g.slice_us == 0 || g.slice_us > 1_000_000 {
+                return Err(invalid(field("slice_us"), "must be 1..=1000000 (1 s)"));
             }
         }
         let mut names = HashSet::new();

@@ -94,15 +94,37 @@ struct Gpu {
     next_tenant: u32,
 }
 
-/// Lets a vGPU's commands onto its GPU when the scheduler says so.
-struct SchedGate {
+/// Lets a vGPU's commands onto its GPU when the scheduler says so: what
+/// the daemon gives every vGPU's device (public for benchmarks that build
+/// vGPUs of their own).
+pub struct SchedGate {
     sched: Scheduler,
     tenant: TenantId,
     grant: Mutex<Option<Grant>>,
 }
 
+impl SchedGate {
+    /// The gate of `tenant`, already added to `sched`.
+    pub fn new(sched: Scheduler, tenant: TenantId) -> Self {
+        SchedGate {
+            sched,
+            tenant,
+            grant: Mutex::new(None),
+        }
+    }
+}
+
 impl CommandGate for SchedGate {
     fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
+        // Within a turn the GPU is still ours.
+        if self
+            .grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return true;
+        }
         loop {
             // Bounded waits so a reset of this vGPU is not held up by a
             // cap or by other tenants.
@@ -121,16 +143,36 @@ impl CommandGate for SchedGate {
     }
 
     fn leave(&self, device_time: Duration, bytes: u64) {
-        if let Some(g) = self.grant.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            g.finish(device_time);
+        {
+            let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+            // Keeps the GPU for the next command while the turn lasts.
+            if slot.as_mut().is_some_and(|g| !g.renew(device_time)) {
+                *slot = None;
+            }
         }
         if bytes > 0 {
             let _ = self.sched.record_bytes(self.tenant, bytes);
         }
     }
+
+    fn idle(&self) {
+        if let Some(g) = self.grant.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            g.yield_turn();
+        }
+    }
 }
 
+/// The scheduler of a GPU: under every policy a tenant granted the GPU
+/// keeps it for consecutive commands for up to one slice while others
+/// wait (so a hand-over between tenants' threads is paid once per slice,
+/// not once per command).
 fn sched_config(g: &GpuConfig) -> SchedConfig {
+    let mut c = sched_config_policy(g);
+    c.turn = Duration::from_micros(g.slice_us);
+    c
+}
+
+fn sched_config_policy(g: &GpuConfig) -> SchedConfig {
     SchedConfig::new(match g.policy {
         Policy::RoundRobin => SchedPolicy::RoundRobin {
             slice: Duration::from_micros(g.slice_us),
@@ -570,11 +612,7 @@ impl Daemon {
             socket: self.config.socket_path(&v),
             tenant,
             partition: Arc::new(Mutex::new(partition)),
-            gate: Arc::new(SchedGate {
-                sched: sched.clone(),
-                tenant,
-                grant: Mutex::new(None),
-            }),
+            gate: Arc::new(SchedGate::new(sched.clone(), tenant)),
             counters: Arc::new(DeviceCounters::default()),
             carried: Carried::default(),
             serving: None,

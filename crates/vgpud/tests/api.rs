@@ -846,17 +846,49 @@ fn test_stop_and_start() {
 
     let mut g = Guest::connect(&sock0, GuestOptions::default());
     g.setup_queue(0, 64, Mode::Interrupt);
-    g.device_alloc(0, 4 * MIB);
+    let buf = g.device_alloc(0, 4 * MIB);
     let (_, v) = call(&f, "GET", "/api/v1/vgpus/vgpu0", None);
     assert_eq!(v["state"], "running");
     assert!(v["stats"]["memory_used_bytes"].as_u64().unwrap() >= 4 * MIB);
     assert_eq!(up(&f, "vgpu0"), 1.0);
     let before = state(&f);
 
+    // vgpu0 is stopped in the middle of work (its worker holding the GPU
+    // now and then); its guest just stops hearing back.
+    let fill = vgpu_testkit::Chain::command(&vgpu_testkit::abi::FillCmd {
+        hdr: vgpu_testkit::abi::CmdHeader {
+            opcode: vgpu_testkit::abi::OP_FILL,
+            flags: 0,
+        },
+        addr: buf,
+        size: 4 * MIB,
+        pattern: 1,
+        reserved: 0,
+    })
+    .completion();
+    let busy0 = std::thread::spawn(move || {
+        let mut completed = 0u64;
+        loop {
+            while g.in_flight(0) < 16 {
+                g.post(0, &fill);
+            }
+            g.kick(0);
+            match g.wait_used(0, Duration::from_millis(500)) {
+                Some(_) => completed += 1,
+                None => return completed,
+            }
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while f.daemon.lock().unwrap().stats().1[0].commands < 50 {
+        assert!(Instant::now() < until, "vgpu0 does not work");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let (s, v) = call(&f, "POST", "/api/v1/vgpus/vgpu0/stop", Some(""));
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["state"], "stopped");
     progress("while vgpu0 stopped");
+    assert!(busy0.join().unwrap() > 0);
     // Powered off: no socket, so a VMM gets a clear failure; memory freed;
     // the reservation and the configuration stay.
     assert!(!sock0.exists());
@@ -971,7 +1003,6 @@ fn test_stop_and_start() {
         409,
         "already running",
     );
-    drop(g);
     let mut g = Guest::connect(&sock0, GuestOptions::default());
     g.setup_queue(0, 64, Mode::Interrupt);
     assert_eq!(g.mem_used(), 0, "a started function is as new");
