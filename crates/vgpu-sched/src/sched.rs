@@ -729,6 +729,68 @@ impl Scheduler {
         self.acquire_until(tenant, Instant::now().checked_add(timeout))
     }
 
+    /// Like [`Scheduler::acquire`], but gives up when `cancelled` says so:
+    /// it is asked every `poll` while waiting, without the scheduler's
+    /// lock held. Between two looks the tenant stays queued, so its place
+    /// (its start tag, its arrival) is kept however long it waits.
+    /// `Ok(None)` when cancelled; the tenant then no longer waits.
+    pub fn acquire_cancellable(
+        &self,
+        id: TenantId,
+        poll: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Option<Grant>, SchedError> {
+        let mut st = self.shared.lock();
+        let arrival = Instant::now();
+        let instance = st.enter(id, arrival)?;
+        st.dispatch(arrival);
+        loop {
+            let deadline = Instant::now().checked_add(poll);
+            let (back, result) =
+                wait_for_grant_or(&self.shared, st, id, instance, arrival, deadline, false);
+            match result {
+                Ok(None) => {}
+                done => {
+                    unlock(back);
+                    return done;
+                }
+            }
+            unlock(back);
+            let give_up = cancelled();
+            st = self.shared.lock();
+            if give_up {
+                let now = Instant::now();
+                let phase = st
+                    .tenants
+                    .get(&id)
+                    .filter(|t| t.instance == instance)
+                    .map(|t| t.phase);
+                match phase {
+                    Some(Phase::Waiting { .. }) => {
+                        if let Some(t) = st.tenants.get_mut(&id) {
+                            t.phase = Phase::Idle;
+                        }
+                    }
+                    // Granted while we looked: hand it back uncharged.
+                    Some(Phase::Holding) => {
+                        if let Some(serial) = st
+                            .running
+                            .as_ref()
+                            .filter(|r| r.tenant == id)
+                            .map(|r| r.serial)
+                        {
+                            st.close_grant(serial, now);
+                        }
+                    }
+                    _ => {}
+                }
+                st.dispatch(now);
+                unlock(st);
+                return Ok(None);
+            }
+        }
+    }
+
     fn acquire_until(
         &self,
         id: TenantId,
@@ -749,11 +811,25 @@ impl Scheduler {
 /// `deadline` passes.
 fn wait_for_grant<'a>(
     shared: &'a Arc<Shared>,
+    st: MutexGuard<'a, State>,
+    id: TenantId,
+    instance: u64,
+    arrival: Instant,
+    deadline: Option<Instant>,
+) -> (MutexGuard<'a, State>, Result<Option<Grant>, SchedError>) {
+    wait_for_grant_or(shared, st, id, instance, arrival, deadline, true)
+}
+
+/// [`wait_for_grant`]; at `deadline` the tenant stops waiting if `leave`,
+/// else it stays queued (the caller comes back for it).
+fn wait_for_grant_or<'a>(
+    shared: &'a Arc<Shared>,
     mut st: MutexGuard<'a, State>,
     id: TenantId,
     instance: u64,
     arrival: Instant,
     deadline: Option<Instant>,
+    leave: bool,
 ) -> (MutexGuard<'a, State>, Result<Option<Grant>, SchedError>) {
     let mut cv: Option<Arc<Condvar>> = None;
     let result = loop {
@@ -781,6 +857,9 @@ fn wait_for_grant<'a>(
             Phase::Waiting { .. } => {}
         }
         let now = Instant::now();
+        if !leave && !st.shutdown && deadline.is_some_and(|d| d <= now) {
+            break Ok(None);
+        }
         if st.shutdown || deadline.is_some_and(|d| d <= now) {
             if let Some(t) = st.tenants.get_mut(&id) {
                 t.phase = Phase::Idle;

@@ -4,6 +4,7 @@
 //! do not depend on how late the sleeps wake. Tolerances absorb the rest
 //! of the scheduling noise of a loaded two-core machine.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -1022,5 +1023,69 @@ fn turn_config_is_validated() {
     assert!(matches!(
         Scheduler::new(c),
         Err(SchedError::InvalidConfig(m)) if m.contains("turn")
+    ));
+}
+
+#[test]
+fn acquire_cancellable_keeps_its_place_and_can_be_cancelled() {
+    let s = sched(Policy::FairShare);
+    let (a, b, c) = (TenantId(1), TenantId(2), TenantId(3));
+    for id in [a, b, c] {
+        s.add_tenant(id, weight(1)).unwrap();
+    }
+    let g = s.acquire(a).unwrap();
+    // b queues first and polls its cancellation every millisecond; c
+    // queues later with a plain acquire. Many polls later b still comes
+    // first.
+    let polls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let log: Log = Arc::default();
+    let tb = thread::spawn({
+        let (s, polls, log) = (s.clone(), polls.clone(), log.clone());
+        move || {
+            let check = || {
+                polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                false
+            };
+            let g = s.acquire_cancellable(b, MS, &check).unwrap().unwrap();
+            log.lock().unwrap().push(b);
+            g.finish(US);
+        }
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    let tc = thread::spawn({
+        let (s, log) = (s.clone(), log.clone());
+        move || {
+            let g = s.acquire(c).unwrap();
+            log.lock().unwrap().push(c);
+            g.finish(US);
+        }
+    });
+    wait_phase(&s, c, TenantPhase::Waiting);
+    wait_until("b to poll", || {
+        polls.load(std::sync::atomic::Ordering::Relaxed) >= 20
+    });
+    assert_eq!(s.stats().tenant(b).unwrap().phase, TenantPhase::Waiting);
+    g.finish(US);
+    tb.join().unwrap();
+    tc.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), vec![b, c]);
+
+    // Cancelled while waiting: it leaves the queue and the GPU stays usable.
+    let g = s.acquire(a).unwrap();
+    let flag = Arc::new(AtomicBool::new(false));
+    let tb = thread::spawn({
+        let (s, flag) = (s.clone(), flag.clone());
+        move || s.acquire_cancellable(b, MS, &|| flag.load(std::sync::atomic::Ordering::Relaxed))
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(tb.join().unwrap().unwrap().is_none());
+    assert_eq!(s.stats().tenant(b).unwrap().phase, TenantPhase::Idle);
+    g.finish(US);
+    s.acquire(b).unwrap().finish(US);
+    // Unknown tenants are refused up front.
+    assert!(matches!(
+        s.acquire_cancellable(TenantId(9), MS, &|| false),
+        Err(SchedError::UnknownTenant(_))
     ));
 }
