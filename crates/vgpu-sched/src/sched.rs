@@ -90,6 +90,8 @@ struct Running {
     instance: u64,
     serial: u64,
     granted_at: Instant,
+    /// When its tenant started waiting for it.
+    arrival: Instant,
     /// Device time charged to this grant's commands so far (its turn).
     turn_used: Duration,
 }
@@ -370,6 +372,7 @@ impl State {
             instance: t.instance,
             serial,
             granted_at: now,
+            arrival,
             turn_used: Duration::ZERO,
         });
         // The caller's own thread, or one that is about to look, needs no
@@ -476,7 +479,7 @@ impl State {
     /// Charges the command grant `serial` just ran and decides whether its
     /// tenant keeps the GPU for its next one (see [`Grant::renew`]). If
     /// not, the grant is closed and the GPU goes where the policy says.
-    fn renew(&mut self, serial: u64, device_time: Duration, now: Instant) -> bool {
+    fn renew(&mut self, serial: u64, device_time: Duration, now: Instant, requeue: bool) -> bool {
         let Some((tenant, instance)) = self
             .running
             .as_ref()
@@ -505,6 +508,15 @@ impl State {
             }
         } else {
             self.close_grant(serial, now);
+            // Still has work: queued at once, so that however late its
+            // thread comes back for the GPU, it never stopped asking.
+            let registered = self
+                .tenants
+                .get(&tenant)
+                .is_some_and(|t| t.instance == instance);
+            if requeue && registered && self.enter(tenant, now).is_ok() {
+                self.hold = None;
+            }
             self.dispatch(now);
         }
         keep
@@ -530,27 +542,62 @@ impl State {
             }
         }
         let t = &self.tenants[&tenant];
+        let turn_used = self.running.as_ref().map_or(Duration::MAX, |r| r.turn_used);
         let mut waiting = self
             .tenants
             .values()
             .filter(|o| matches!(o.phase, Phase::Waiting { .. }));
-        let turn_used = self.running.as_ref().map_or(Duration::MAX, |r| r.turn_used);
+        // Within the turn no one else needs a look: the common case is
+        // O(1).
         match self.config.policy {
-            _ if waiting.clone().next().is_none() => true,
-            Policy::RoundRobin { slice } => self.rr_current == Some(tenant) && self.rr_used < slice,
-            Policy::FairShare => turn_used < self.config.turn,
+            Policy::FairShare => turn_used < self.config.turn || waiting.next().is_none(),
+            Policy::RoundRobin { slice } => {
+                (self.rr_current == Some(tenant) && self.rr_used < slice)
+                    || waiting.next().is_none()
+            }
             Policy::Priority { aging } => {
                 let above = f64::from(t.params.priority) + 1.0;
-                turn_used < self.config.turn
-                    && !waiting.any(|o| {
-                        let Phase::Waiting { arrival, .. } = o.phase else {
-                            return false;
-                        };
+                let (mut any, mut higher) = (false, false);
+                for o in waiting {
+                    any = true;
+                    if let Phase::Waiting { arrival, .. } = o.phase {
                         let waited = now.saturating_duration_since(arrival).as_secs_f64();
-                        f64::from(o.params.priority) + waited / aging.as_secs_f64() >= above
-                    })
+                        higher |=
+                            f64::from(o.params.priority) + waited / aging.as_secs_f64() >= above;
+                    }
+                }
+                !any || (turn_used < self.config.turn && !higher)
             }
         }
+    }
+
+    /// Takes tenant `id` (of `instance`) out of the queue, or hands back a
+    /// grant it was given but never took up, uncharged; then decides again.
+    fn withdraw(&mut self, id: TenantId, instance: u64, now: Instant) {
+        let phase = self
+            .tenants
+            .get(&id)
+            .filter(|t| t.instance == instance)
+            .map(|t| t.phase);
+        match phase {
+            Some(Phase::Waiting { .. }) => {
+                if let Some(t) = self.tenants.get_mut(&id) {
+                    t.phase = Phase::Idle;
+                }
+            }
+            Some(Phase::Holding) => {
+                if let Some(serial) = self
+                    .running
+                    .as_ref()
+                    .filter(|r| r.tenant == id)
+                    .map(|r| r.serial)
+                {
+                    self.close_grant(serial, now);
+                }
+            }
+            _ => {}
+        }
+        self.dispatch(now);
     }
 
     /// Makes tenant `id` wait for the GPU from `now`; returns its instance.
@@ -732,8 +779,9 @@ impl Scheduler {
     /// Like [`Scheduler::acquire`], but gives up when `cancelled` says so:
     /// it is asked every `poll` while waiting, without the scheduler's
     /// lock held. Between two looks the tenant stays queued, so its place
-    /// (its start tag, its arrival) is kept however long it waits.
-    /// `Ok(None)` when cancelled; the tenant then no longer waits.
+    /// (its start tag, its arrival) is kept however long it waits. A
+    /// tenant already queued by [`Grant::renew_or_queue`] waits from that
+    /// place. `Ok(None)` when cancelled; the tenant then no longer waits.
     pub fn acquire_cancellable(
         &self,
         id: TenantId,
@@ -741,9 +789,26 @@ impl Scheduler {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Option<Grant>, SchedError> {
         let mut st = self.shared.lock();
-        let arrival = Instant::now();
-        let instance = st.enter(id, arrival)?;
-        st.dispatch(arrival);
+        // Queued by renew_or_queue, and maybe granted since.
+        let running_arrival = st
+            .running
+            .as_ref()
+            .filter(|r| r.tenant == id)
+            .map(|r| r.arrival);
+        let queued = st.tenants.get(&id).and_then(|t| match t.phase {
+            Phase::Waiting { arrival, .. } => Some((t.instance, arrival)),
+            Phase::Holding => running_arrival.map(|a| (t.instance, a)),
+            Phase::Idle => None,
+        });
+        let (instance, arrival) = match queued {
+            Some(q) => q,
+            None => {
+                let arrival = Instant::now();
+                let instance = st.enter(id, arrival)?;
+                st.dispatch(arrival);
+                (instance, arrival)
+            }
+        };
         loop {
             let deadline = Instant::now().checked_add(poll);
             let (back, result) =
@@ -759,36 +824,23 @@ impl Scheduler {
             let give_up = cancelled();
             st = self.shared.lock();
             if give_up {
-                let now = Instant::now();
-                let phase = st
-                    .tenants
-                    .get(&id)
-                    .filter(|t| t.instance == instance)
-                    .map(|t| t.phase);
-                match phase {
-                    Some(Phase::Waiting { .. }) => {
-                        if let Some(t) = st.tenants.get_mut(&id) {
-                            t.phase = Phase::Idle;
-                        }
-                    }
-                    // Granted while we looked: hand it back uncharged.
-                    Some(Phase::Holding) => {
-                        if let Some(serial) = st
-                            .running
-                            .as_ref()
-                            .filter(|r| r.tenant == id)
-                            .map(|r| r.serial)
-                        {
-                            st.close_grant(serial, now);
-                        }
-                    }
-                    _ => {}
-                }
-                st.dispatch(now);
+                st.withdraw(id, instance, Instant::now());
                 unlock(st);
                 return Ok(None);
             }
         }
+    }
+
+    /// Takes a tenant queued by [`Grant::renew_or_queue`] out of the queue
+    /// (it had no next command after all); if it was granted the GPU
+    /// meanwhile, the GPU is given back uncharged. Nothing happens to a
+    /// tenant that is not queued.
+    pub fn dequeue(&self, id: TenantId) {
+        let mut st = self.shared.lock();
+        if let Some(instance) = st.tenants.get(&id).map(|t| t.instance) {
+            st.withdraw(id, instance, Instant::now());
+        }
+        unlock(st);
     }
 
     fn acquire_until(
@@ -1067,7 +1119,30 @@ impl Grant {
         }
         let mut st = self.shared.lock();
         let now = Instant::now();
-        let keep = st.renew(self.serial, device_time, now);
+        let keep = st.renew(self.serial, device_time, now, false);
+        unlock(st);
+        if keep {
+            self.started = now;
+        } else {
+            self.done = true;
+        }
+        keep
+    }
+
+    /// Like [`Grant::renew`], for a worker that has its next command: when
+    /// the turn ends, the tenant is queued again in the same step, as if
+    /// it had called [`Scheduler::acquire`] at once, so that a worker
+    /// thread the host deschedules before it asks again does not lose its
+    /// place. It then waits with [`Scheduler::acquire_cancellable`], or
+    /// leaves the queue with [`Scheduler::dequeue`] if it finds it has no
+    /// next command after all. Returns whether the turn goes on.
+    pub fn renew_or_queue(&mut self, device_time: Duration) -> bool {
+        if self.done {
+            return false;
+        }
+        let mut st = self.shared.lock();
+        let now = Instant::now();
+        let keep = st.renew(self.serial, device_time, now, true);
         unlock(st);
         if keep {
             self.started = now;

@@ -1089,3 +1089,52 @@ fn acquire_cancellable_keeps_its_place_and_can_be_cancelled() {
         Err(SchedError::UnknownTenant(_))
     ));
 }
+
+#[test]
+fn renew_or_queue_keeps_the_tenant_queued() {
+    let s = with_turn(Policy::FairShare, Duration::ZERO);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || {
+            let g = s.acquire(b).unwrap();
+            thread::sleep(5 * MS);
+            g.finish(5 * MS);
+        }
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    // The turn ends; a is queued behind b at once, with no thread asking.
+    assert!(!g.renew_or_queue(US));
+    assert_eq!(s.stats().tenant(a).unwrap().phase, TenantPhase::Waiting);
+    // A plain acquire sees it busy.
+    assert!(matches!(s.acquire(a), Err(SchedError::Busy(_))));
+    // b finishes: a is granted the GPU with no thread asking yet, and
+    // acquire_cancellable takes that grant up.
+    other.join().unwrap();
+    assert_eq!(s.stats().tenant(a).unwrap().phase, TenantPhase::Holding);
+    let g = s.acquire_cancellable(a, MS, &|| false).unwrap().unwrap();
+    assert!(g.waited() >= 4 * MS, "waited {:?}", g.waited());
+    g.finish(US);
+    // Queued and then without work: dequeue.
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    assert!(!g.renew_or_queue(US));
+    // Queued, or already granted the GPU again (the policy may prefer it
+    // to b): either way dequeue leaves it idle and the GPU free for b,
+    // with nothing charged.
+    let commands = s.stats().tenant(a).unwrap().commands;
+    s.dequeue(a);
+    other.join().unwrap();
+    let st = s.stats();
+    assert_eq!(st.tenant(a).unwrap().phase, TenantPhase::Idle);
+    assert_eq!(st.tenant(a).unwrap().commands, commands);
+    s.acquire(b).unwrap().finish(US);
+    s.dequeue(TenantId(9));
+}

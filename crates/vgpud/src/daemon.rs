@@ -100,7 +100,17 @@ struct Gpu {
 pub struct SchedGate {
     sched: Scheduler,
     tenant: TenantId,
-    grant: Mutex<Option<Grant>>,
+    grant: Mutex<Slot>,
+}
+
+/// Where a gate's tenant stands between commands.
+enum Slot {
+    /// Not queued and not holding the GPU.
+    Free,
+    /// Within a turn: the GPU is ours for the next command.
+    Holding(Grant),
+    /// The turn ended and the scheduler queued us for the next one.
+    Queued,
 }
 
 impl SchedGate {
@@ -109,42 +119,52 @@ impl SchedGate {
         SchedGate {
             sched,
             tenant,
-            grant: Mutex::new(None),
+            grant: Mutex::new(Slot::Free),
         }
     }
 }
 
 impl CommandGate for SchedGate {
     fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
-        // Within a turn the GPU is still ours.
-        if self
-            .grant
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
-            return true;
+        let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            // Within a turn the GPU is still ours.
+            Slot::Holding(_) => return true,
+            // Queued since our last turn ended, or not at all: either way
+            // acquire_cancellable waits from our place. A reset of this
+            // vGPU is noticed within 5 ms however long we wait.
+            Slot::Queued | Slot::Free => {}
         }
-        // A reset of this vGPU is noticed within 5 ms however long a cap
-        // or other tenants keep it waiting; meanwhile it keeps its place.
+        *slot = Slot::Free;
+        drop(slot);
         match self
             .sched
             .acquire_cancellable(self.tenant, Duration::from_millis(5), cancelled)
         {
             Ok(Some(g)) => {
-                *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+                *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Slot::Holding(g);
                 true
             }
-            _ => false,
+            Ok(None) => false,
+            Err(e) => {
+                // Removed or shut down: make sure nothing stays held.
+                log::debug!("vGPU tenant {}: {e}", self.tenant.0);
+                self.sched.dequeue(self.tenant);
+                false
+            }
         }
     }
 
     fn leave(&self, device_time: Duration, bytes: u64) {
         {
             let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
-            // Keeps the GPU for the next command while the turn lasts.
-            if slot.as_mut().is_some_and(|g| !g.renew(device_time)) {
-                *slot = None;
+            // Keeps the GPU for the next command while the turn lasts;
+            // when it ends we are queued for the next turn at once (the
+            // worker calls `idle` if there is no next command).
+            if let Slot::Holding(g) = &mut *slot {
+                if !g.renew_or_queue(device_time) {
+                    *slot = Slot::Queued;
+                }
             }
         }
         if bytes > 0 {
@@ -153,8 +173,14 @@ impl CommandGate for SchedGate {
     }
 
     fn idle(&self) {
-        if let Some(g) = self.grant.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            g.yield_turn();
+        let slot = std::mem::replace(
+            &mut *self.grant.lock().unwrap_or_else(|e| e.into_inner()),
+            Slot::Free,
+        );
+        match slot {
+            Slot::Holding(g) => g.yield_turn(),
+            Slot::Queued => self.sched.dequeue(self.tenant),
+            Slot::Free => {}
         }
     }
 }
