@@ -46,6 +46,13 @@
 //!   a turn is one grant: its commands are charged one by one into the
 //!   tenant's finish tag, and tenants waiting meanwhile keep the start
 //!   tags they were queued with, so shares hold at every weight.
+//!   A worker that has its next command at hand renews with
+//!   [`Grant::renew_or_queue`]: when the turn ends the tenant is queued
+//!   again in the same step, so a worker thread the host deschedules
+//!   before it asks again keeps its place; it then waits with
+//!   [`Scheduler::acquire_cancellable`] (which also lets a reset or
+//!   shutdown of the caller interrupt the wait without losing the place
+//!   in between looks) or leaves with [`Scheduler::dequeue`].
 //! - **Cost is consumed device time**, as reported to [`Grant::finish`] (a
 //!   grant dropped without `finish` is charged the wall time it was held).
 //!   Every policy charges `max(device_time, min_charge)`
