@@ -13,10 +13,10 @@
 //! nothing from the request can break.
 //!
 //! To keep every input independent of the ones before, requests that
-//! would change what the daemon runs are not routed: DELETE of the running
-//! vGPU, and PUT bodies naming a socket outside the runtime directory (the
-//! daemon's GPU is full, so every other PUT is refused before anything is
-//! created).
+//! would change what the daemon runs are not routed: DELETE or stop of the
+//! running vGPU, and PUT bodies naming a socket outside the runtime
+//! directory (the daemon's GPU is full, so every other PUT is refused
+//! before anything is created).
 
 #![no_main]
 
@@ -114,6 +114,7 @@ compute_units = 1
 fn stateless(req: &http::Request) -> bool {
     match req.method.as_str() {
         "DELETE" => !req.path.trim_end_matches('/').ends_with("/fz"),
+        "POST" => !req.path.ends_with("/fz/stop"),
         "PUT" => match serde_json::from_slice::<serde_json::Value>(&req.body) {
             Ok(v) => match v.get("socket").and_then(|s| s.as_str()) {
                 Some(s) => !s.starts_with('/') && !s.split('/').any(|c| c == ".."),

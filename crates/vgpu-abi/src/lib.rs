@@ -229,8 +229,10 @@ pub const STATUS_NO_MEMORY: u32 = 3;
 pub const STATUS_UNSUPPORTED: u32 = 4;
 /// Completion status: unknown address, module or entry point.
 pub const STATUS_NOT_FOUND: u32 = 5;
-/// Completion status: cancelled. The device never writes it (reset and
-/// queue disable drop queued work without completions); drivers use it for
+/// Completion status: cancelled without running. The device writes it
+/// when the host shuts down: for commands submitted after the drain began
+/// and for those still waiting when its grace ran out. Reset and queue
+/// disable drop queued work without completions; drivers also use it for
 /// work they give up on.
 pub const STATUS_CANCELLED: u32 = 6;
 /// Completion status: device memory access outside an allocation.

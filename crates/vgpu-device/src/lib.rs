@@ -80,6 +80,92 @@ pub trait CommandGate: Send + Sync {
     /// The command that entered finished after `device_time`, moving
     /// `bytes` between guest or window memory and the device.
     fn leave(&self, device_time: Duration, bytes: u64);
+    /// The worker has run out of commands for now (or stops): a gate that
+    /// keeps the GPU for a tenant between its commands gives it back.
+    fn idle(&self) {}
+}
+
+/// Drains a function before the host goes away: commands the guest had
+/// submitted when the drain began still run until a deadline; commands
+/// submitted later, and those still waiting at the deadline, complete
+/// with [`abi::STATUS_CANCELLED`] without running. Nothing the guest
+/// submitted before the drain disappears without a completion while its
+/// VMM stays connected.
+pub struct DrainHandle {
+    drain: Arc<Drain>,
+    wake: EventFd,
+}
+
+impl DrainHandle {
+    /// Starts draining; what has not run within `grace` is cancelled.
+    /// A second call changes nothing.
+    pub fn begin(&self, grace: Duration) {
+        self.drain.begin(grace);
+        // The worker may sleep until a wake-up.
+        let _ = self.wake.write(1);
+    }
+
+    /// Whether the drain began and the worker has found no command left
+    /// to run or cancel since.
+    pub fn is_idle(&self) -> bool {
+        self.drain.idle.load(Ordering::Acquire)
+    }
+
+    /// Commands completed since the drain began, and how many of them
+    /// were cancelled.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.drain.completed.load(Ordering::Relaxed),
+            self.drain.cancelled.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Drain state shared by a [`DrainHandle`] and the worker.
+pub(crate) struct Drain {
+    epoch: Instant,
+    /// Set once by [`Drain::begin`].
+    requested: AtomicBool,
+    /// Nanoseconds after `epoch` when waiting work is cancelled.
+    deadline_ns: AtomicU64,
+    pub(crate) idle: AtomicBool,
+    pub(crate) completed: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+}
+
+impl Drain {
+    fn new() -> Self {
+        Drain {
+            epoch: Instant::now(),
+            requested: AtomicBool::new(false),
+            deadline_ns: AtomicU64::new(u64::MAX),
+            idle: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(&self, grace: Duration) {
+        if self.requested.load(Ordering::Acquire) {
+            return;
+        }
+        let at = self.epoch.elapsed().saturating_add(grace);
+        let ns = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
+        self.deadline_ns.store(ns, Ordering::SeqCst);
+        self.requested.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a drain began.
+    pub(crate) fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
+    }
+
+    /// Whether a drain began and its grace is over.
+    pub(crate) fn expired(&self) -> bool {
+        self.requested()
+            && u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+                >= self.deadline_ns.load(Ordering::SeqCst)
+    }
 }
 
 /// Counters an operator watches; shared with the host's monitoring.
@@ -129,6 +215,10 @@ pub(crate) struct QueueRegs {
     ring: Option<Queue>,
     /// Bumped on every enable/disable so a worker drops stale state.
     generation: u64,
+    /// While draining: the guest's avail index when the drain began (work
+    /// before it is in flight, after it is new). `None` for a ring enabled
+    /// after that: all of its work is new.
+    drain_limit: Option<u16>,
 }
 
 /// Registers and queues, shared by the event loop and the worker.
@@ -182,6 +272,7 @@ pub(crate) struct Shared {
     pub(crate) busy: Mutex<()>,
     pub(crate) counters: Arc<DeviceCounters>,
     pub(crate) gate: Option<Arc<dyn CommandGate>>,
+    pub(crate) drain: Arc<Drain>,
     pub(crate) epoch: Instant,
     pub(crate) poll_spin: Duration,
     pub(crate) num_queues: u32,
@@ -301,6 +392,7 @@ pub struct VgpuDevice {
     /// The partition's registry of mapped guest memory, used without the
     /// partition's lock: the event loop must never wait for a command.
     host_memory: Option<Arc<dyn HostMemory>>,
+    drain: Arc<Drain>,
 }
 
 fn map_file(file: &File, size: u64) -> Result<MmapRegion, DeviceSetupError> {
@@ -379,12 +471,22 @@ impl VgpuDevice {
             shared: None,
             worker: None,
             host_memory,
+            drain: Arc::new(Drain::new()),
         })
     }
 
     /// The function's counters, for monitoring.
     pub fn counters(&self) -> Arc<DeviceCounters> {
         self.counters.clone()
+    }
+
+    /// A handle to drain the function from another thread, e.g. while the
+    /// host shuts down (the device itself is owned by its endpoint then).
+    pub fn drain_handle(&self) -> std::io::Result<DrainHandle> {
+        Ok(DrainHandle {
+            drain: self.drain.clone(),
+            wake: self.wake.try_clone()?,
+        })
     }
 
     /// A duplicate of the eventfd the WAKE register signals: what a VMM
@@ -618,6 +720,8 @@ impl VgpuDevice {
             return;
         }
         qr.control = value & (abi::QCONTROL_ENABLE | abi::QCONTROL_POLLED);
+        // A ring enabled while draining holds only new work.
+        qr.drain_limit = None;
         match build_ring(&sh.ctx, qr) {
             Ok(ring) => {
                 qr.ring = Some(ring);
@@ -735,6 +839,7 @@ impl PciDevice for VgpuDevice {
             busy: Mutex::new(()),
             counters: self.counters.clone(),
             gate: self.config.gate.clone(),
+            drain: self.drain.clone(),
             epoch: Instant::now(),
             poll_spin: self.config.poll_spin,
             num_queues: self.config.queues,

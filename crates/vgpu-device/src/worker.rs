@@ -27,30 +27,63 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut last_activity = Instant::now();
     let mut force_scan = true;
     let mut spins: u32 = 0;
+    // Whether this thread has seen the drain begin and marked what was
+    // in flight then.
+    let mut draining = false;
+    // Whether commands ran since the gate was last told we are idle.
+    let mut gated = false;
+    let idle = |gated: &mut bool| {
+        if std::mem::take(gated) {
+            if let Some(gate) = &sh.gate {
+                gate.idle();
+            }
+        }
+    };
     while !sh.stop.load(Ordering::Acquire) {
         if sh.epoch_gen.load(Ordering::SeqCst) & 1 == 1 {
+            idle(&mut gated);
             // A reset is in progress: let it take `busy`.
             std::thread::sleep(std::time::Duration::from_micros(50));
             force_scan = true;
             continue;
+        }
+        if !draining && sh.drain.requested() {
+            mark_in_flight(&sh);
+            draining = true;
+            force_scan = true;
         }
         // Lock-free look at the doorbell page first: a spinning poller
         // touches nothing but that page until a doorbell moves.
         let dirty =
             force_scan || (0..sh.num_queues).any(|q| sh.doorbell(q) != last_doorbell[q as usize]);
         let mut progressed = false;
+        let full_scan = force_scan;
         if dirty {
             let _busy = lock(&sh.busy);
             for q in 0..sh.num_queues {
                 let db = sh.doorbell(q);
                 if force_scan || db != last_doorbell[q as usize] {
                     last_doorbell[q as usize] = db;
-                    progressed |= process_queue(&sh, q);
+                    progressed |= process_queue(&sh, q, draining);
                 }
             }
             force_scan = false;
         }
+        if draining {
+            // A full scan that found nothing: everything in flight when the
+            // drain began has completed (or was cancelled).
+            if progressed {
+                sh.drain.idle.store(false, Ordering::Release);
+            } else if full_scan {
+                sh.drain.idle.store(true, Ordering::Release);
+            }
+        }
+        if !progressed {
+            // Nothing left to run: the GPU goes back to the scheduler.
+            idle(&mut gated);
+        }
         if progressed {
+            gated = true;
             last_activity = Instant::now();
             spins = 0;
             // More may have arrived without a doorbell change (interrupt mode).
@@ -76,6 +109,22 @@ pub(crate) fn run(sh: Arc<Shared>) {
         set_polling_all(&sh);
         force_scan = true;
         last_activity = Instant::now();
+    }
+    idle(&mut gated);
+}
+
+/// Records, per running queue, the guest's avail index now: commands
+/// before it were in flight when the drain began.
+fn mark_in_flight(sh: &Shared) {
+    let _busy = lock(&sh.busy);
+    let view = sh.ctx.dma.view();
+    let mut st = lock(&sh.state);
+    for qr in st.queues.iter_mut() {
+        qr.drain_limit = qr
+            .ring
+            .as_ref()
+            .and_then(|r| r.avail_idx(&view, Ordering::Acquire).ok())
+            .map(|w| w.0);
     }
 }
 
@@ -119,14 +168,14 @@ fn arm_notifications(sh: &Shared) -> bool {
 
 /// Takes up to [`BATCH`] commands from queue `q`, runs them and completes
 /// them. Returns whether any work was done.
-fn process_queue(sh: &Shared, q: u32) -> bool {
+fn process_queue(sh: &Shared, q: u32, draining: bool) -> bool {
     let epoch = sh.epoch_gen.load(Ordering::SeqCst);
     if epoch & 1 == 1 {
         return false;
     }
     // Taken before the ring: a reconfiguration from here on is seen.
     let config_gen = sh.config_gen.load(Ordering::SeqCst);
-    let (mut ring, generation, vector) = {
+    let (mut ring, generation, vector, limit) = {
         let mut st = lock(&sh.state);
         if st.status & abi::STATUS_ENABLED == 0 {
             return false;
@@ -142,9 +191,17 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
         let Some(ring) = qr.ring.take() else {
             return false;
         };
-        (ring, qr.generation, qr.vector)
+        (ring, qr.generation, qr.vector, qr.drain_limit)
     };
-    let progressed = run_batch(sh, q, &mut ring, (epoch, config_gen, generation), vector);
+    let drain = draining.then_some(limit);
+    let progressed = run_batch(
+        sh,
+        q,
+        &mut ring,
+        (epoch, config_gen, generation),
+        vector,
+        drain,
+    );
     let mut st = lock(&sh.state);
     if let Some(qr) = st.queues.get_mut(q as usize) {
         // A queue reconfigured meanwhile keeps its new state.
@@ -159,9 +216,21 @@ fn process_queue(sh: &Shared, q: u32) -> bool {
 /// batch started.
 type Generations = (u64, u64, u64);
 
-fn run_batch(sh: &Shared, q: u32, ring: &mut Queue, gens: Generations, vector: u32) -> bool {
+/// While draining: the queue's avail index when the drain began, if the
+/// ring ran then (see `QueueRegs::drain_limit`).
+type DrainLimit = Option<Option<u16>>;
+
+fn run_batch(
+    sh: &Shared,
+    q: u32,
+    ring: &mut Queue,
+    gens: Generations,
+    vector: u32,
+    drain: DrainLimit,
+) -> bool {
     // Pop descriptor chains under a short view of guest memory.
     let mut chains: Vec<(u16, Vec<Desc>)> = Vec::new();
+    let first = ring.next_avail();
     let failure = {
         let view = sh.ctx.dma.view();
         let (table, size) = (ring.desc_table(), ring.size());
@@ -198,11 +267,11 @@ fn run_batch(sh: &Shared, q: u32, ring: &mut Queue, gens: Generations, vector: u
         // Commands popped before the bad one still run and complete below;
         // the queue stops after them.
         debug!("{}: queue {q}: ring error {code}", sh.name);
-        let done = run_chains(sh, q, ring, gens, vector, &chains);
+        let done = run_chains(sh, q, ring, gens, vector, (first, drain), &chains);
         sh.queue_error(q, code, 0);
         return done || !chains.is_empty();
     }
-    run_chains(sh, q, ring, gens, vector, &chains)
+    run_chains(sh, q, ring, gens, vector, (first, drain), &chains)
 }
 
 /// Reads the chain starting at `head` from the descriptor table, refusing
@@ -260,6 +329,7 @@ fn run_chains(
     ring: &mut Queue,
     (epoch, config_gen, generation): Generations,
     vector: u32,
+    (first, drain): (u16, DrainLimit),
     chains: &[(u16, Vec<Desc>)],
 ) -> bool {
     if chains.is_empty() {
@@ -279,12 +349,30 @@ fn run_chains(
             // nothing more is written to the old ring.
             return true;
         }
-        if let Some(gate) = &sh.gate {
-            if !gate.enter(&stale) {
-                return true;
+        // While draining, work the guest submitted after the drain began is
+        // refused, and what is still waiting at the deadline is cancelled;
+        // either way the guest gets a completion.
+        let position = first.wrapping_add(i as u16);
+        // (A batch popped before the worker saw the drain is all in flight.)
+        let mut cancel = sh.drain.expired()
+            || drain.is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
+        if !cancel {
+            if let Some(gate) = &sh.gate {
+                let give_up = || stale() || sh.drain.expired();
+                if !gate.enter(&give_up) {
+                    if stale() {
+                        return true;
+                    }
+                    cancel = true;
+                }
             }
         }
-        let outcome = {
+        let outcome = if cancel {
+            command::Outcome {
+                status: abi::STATUS_CANCELLED,
+                ..Default::default()
+            }
+        } else {
             let mut part = lock(&sh.partition);
             let mut ctx = command::Ctx {
                 dma: &sh.ctx.dma,
@@ -298,15 +386,25 @@ fn run_chains(
             sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
             out
         };
-        if let Some(gate) = &sh.gate {
-            gate.leave(
-                std::time::Duration::from_nanos(outcome.device_ns),
-                outcome.bytes,
-            );
+        if sh.drain.requested() {
+            sh.drain.completed.fetch_add(1, Ordering::Relaxed);
+            if cancel {
+                sh.drain.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !cancel {
+            if let Some(gate) = &sh.gate {
+                gate.leave(
+                    std::time::Duration::from_nanos(outcome.device_ns),
+                    outcome.bytes,
+                );
+            }
         }
         let c = &sh.counters;
         c.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
-        c.commands.fetch_add(1, Ordering::Relaxed);
+        if !cancel {
+            c.commands.fetch_add(1, Ordering::Relaxed);
+        }
         if outcome.status == abi::STATUS_FAULT {
             c.faults.fetch_add(1, Ordering::Relaxed);
         }

@@ -29,8 +29,30 @@
 //! # Model
 //!
 //! - **The GPU is exclusive.** At most one [`Grant`] is outstanding per
-//!   scheduler; a grant is one command. Preemption happens only at command
-//!   boundaries: every `acquire` (and every finish) is a new decision.
+//!   scheduler; a grant is one command, or with [`Grant::renew`] a turn of
+//!   consecutive commands of one tenant. Preemption happens only at
+//!   command boundaries: every `acquire`, every finish and every renewal
+//!   is a decision.
+//! - **Turns.** Handing the GPU to another tenant's thread costs a futex
+//!   wake and a context switch (6-10 µs on a small two-core host), more
+//!   than a short command. A worker that renews its grant after each
+//!   command keeps the GPU while nobody else waits, and while others wait
+//!   for up to [`SchedConfig::turn`] of device time (round robin: the
+//!   rest of its slice), so that hand-overs are paid once per turn and a
+//!   command within a turn costs one uncontended lock. A turn ends early
+//!   when the tenant reaches its cap or, under priority, when a tenant a
+//!   whole level above it waits; the worker gives the GPU back with
+//!   [`Grant::yield_turn`] when it runs out of commands. Under fair share
+//!   a turn is one grant: its commands are charged one by one into the
+//!   tenant's finish tag, and tenants waiting meanwhile keep the start
+//!   tags they were queued with, so shares hold at every weight.
+//!   A worker that has its next command at hand renews with
+//!   [`Grant::renew_or_queue`]: when the turn ends the tenant is queued
+//!   again in the same step, so a worker thread the host deschedules
+//!   before it asks again keeps its place; it then waits with
+//!   [`Scheduler::acquire_cancellable`] (which also lets a reset or
+//!   shutdown of the caller interrupt the wait without losing the place
+//!   in between looks) or leaves with [`Scheduler::dequeue`].
 //! - **Cost is consumed device time**, as reported to [`Grant::finish`] (a
 //!   grant dropped without `finish` is charged the wall time it was held).
 //!   Every policy charges `max(device_time, min_charge)`
@@ -122,10 +144,11 @@
 //! the new instant. Nothing polls or spins.
 //!
 //! Costs: an uncontended acquire and finish is two trips through the mutex
-//! (a few hundred nanoseconds). A hand-over to another tenant's thread is a
-//! futex wake and a context switch, about 10 µs on a small virtual
-//! machine; fair share and priority among equals may switch tenants at
-//! every command, while round-robin slices amortize it over a slice.
+//! (a few hundred nanoseconds), a renewal within a turn one trip. A
+//! hand-over to another tenant's thread is a futex wake and a context
+//! switch, about 10 µs on a small virtual machine; without turns, fair
+//! share and priority among equals may switch tenants at every command,
+//! with turns (and round-robin slices) once per turn.
 //!
 //! # Accounting
 //!
@@ -200,17 +223,24 @@ pub struct SchedConfig {
     /// Least device time a command is charged, however short it reports
     /// (policy and caps only; statistics report the real figure). Non-zero.
     pub min_charge: Duration,
+    /// Under fair share and priority: device time a tenant granted the
+    /// GPU may spend on consecutive commands through [`Grant::renew`]
+    /// while others wait, before the policy decides again (round robin
+    /// uses its slice instead). Zero: a new decision after every command.
+    /// At most one second.
+    pub turn: Duration,
 }
 
 impl SchedConfig {
-    /// `policy` with the default grace (100 µs), cap window (100 ms) and
-    /// minimum charge (1 µs).
+    /// `policy` with the default grace (100 µs), cap window (100 ms),
+    /// minimum charge (1 µs) and no turn.
     pub fn new(policy: Policy) -> Self {
         SchedConfig {
             policy,
             grace: Duration::from_micros(100),
             cap_window: Duration::from_millis(100),
             min_charge: Duration::from_micros(1),
+            turn: Duration::ZERO,
         }
     }
 
@@ -227,6 +257,9 @@ impl SchedConfig {
         }
         if self.grace > MAX_GRACE {
             return bad("grace must be at most 1 s");
+        }
+        if self.turn > MAX_GRACE {
+            return bad("turn must be at most 1 s");
         }
         if self.cap_window < MIN_CAP_WINDOW || self.cap_window > MAX_CAP_WINDOW {
             return bad("cap window must be between 1 ms and 1 h");

@@ -90,6 +90,10 @@ struct Running {
     instance: u64,
     serial: u64,
     granted_at: Instant,
+    /// When its tenant started waiting for it.
+    arrival: Instant,
+    /// Device time charged to this grant's commands so far (its turn).
+    turn_used: Duration,
 }
 
 #[derive(Clone, Copy)]
@@ -368,6 +372,8 @@ impl State {
             instance: t.instance,
             serial,
             granted_at: now,
+            arrival,
+            turn_used: Duration::ZERO,
         });
         // The caller's own thread, or one that is about to look, needs no
         // wake-up.
@@ -389,6 +395,61 @@ impl State {
     /// Ends grant `serial` that consumed `device_time`: accounting, and the
     /// hold for the finisher.
     fn end_grant(&mut self, serial: u64, device_time: Duration, now: Instant) {
+        let Some((tenant, instance)) = self
+            .running
+            .as_ref()
+            .filter(|r| r.serial == serial)
+            .map(|r| (r.tenant, r.instance))
+        else {
+            return;
+        };
+        self.charge(tenant, instance, device_time, now);
+        self.close_grant(serial, now);
+    }
+
+    /// Accounts one command of `tenant` (of `instance`) that consumed
+    /// `device_time`. Returns its charge, or `None` if the tenant is gone.
+    fn charge(
+        &mut self,
+        tenant: TenantId,
+        instance: u64,
+        device_time: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
+        self.gpu.busy = self.gpu.busy.saturating_add(device_time);
+        self.gpu.commands += 1;
+        let charge = device_time.max(self.config.min_charge);
+        let now_ns = self.ns_since_epoch(now);
+        let t = self
+            .tenants
+            .get_mut(&tenant)
+            .filter(|t| t.instance == instance)?;
+        t.busy = t.busy.saturating_add(device_time);
+        t.commands += 1;
+        t.last_charge = charge;
+        t.window.record(now_ns, nanos(charge));
+        match self.config.policy {
+            Policy::FairShare => {
+                let step = (charge.as_nanos().saturating_mul(VT_SCALE)
+                    / u128::from(t.params.weight))
+                .max(1);
+                t.vfinish = t.vstart.saturating_add(step);
+                t.fin_vtime = self.vtime;
+                t.fin_grants = self.gpu.grants;
+            }
+            Policy::RoundRobin { .. } => {
+                if self.rr_current == Some(tenant) {
+                    self.rr_used = self.rr_used.saturating_add(charge);
+                }
+            }
+            Policy::Priority { .. } => {}
+        }
+        Some(charge)
+    }
+
+    /// Frees the GPU held by grant `serial` (its commands are charged
+    /// already) and holds it for the finisher for the grace.
+    fn close_grant(&mut self, serial: u64, now: Instant) {
         let Some(run) = self.running.take_if(|r| r.serial == serial) else {
             return;
         };
@@ -396,37 +457,13 @@ impl State {
             .gpu
             .held
             .saturating_add(now.saturating_duration_since(run.granted_at));
-        self.gpu.busy = self.gpu.busy.saturating_add(device_time);
-        self.gpu.commands += 1;
-        let charge = device_time.max(self.config.min_charge);
         let seq = self.next_serial();
-        let now_ns = self.ns_since_epoch(now);
         if let Some(t) = self
             .tenants
             .get_mut(&run.tenant)
             .filter(|t| t.instance == run.instance)
         {
             t.phase = Phase::Idle;
-            t.busy = t.busy.saturating_add(device_time);
-            t.commands += 1;
-            t.last_charge = charge;
-            t.window.record(now_ns, nanos(charge));
-            match self.config.policy {
-                Policy::FairShare => {
-                    let step = (charge.as_nanos().saturating_mul(VT_SCALE)
-                        / u128::from(t.params.weight))
-                    .max(1);
-                    t.vfinish = t.vstart.saturating_add(step);
-                    t.fin_vtime = self.vtime;
-                    t.fin_grants = self.gpu.grants;
-                }
-                Policy::RoundRobin { .. } => {
-                    if self.rr_current == Some(run.tenant) {
-                        self.rr_used = self.rr_used.saturating_add(charge);
-                    }
-                }
-                Policy::Priority { .. } => {}
-            }
             if !self.shutdown && !self.config.grace.is_zero() {
                 self.hold = now.checked_add(self.config.grace).map(|until| Hold {
                     tenant: run.tenant,
@@ -437,6 +474,130 @@ impl State {
                 });
             }
         }
+    }
+
+    /// Charges the command grant `serial` just ran and decides whether its
+    /// tenant keeps the GPU for its next one (see [`Grant::renew`]). If
+    /// not, the grant is closed and the GPU goes where the policy says.
+    fn renew(&mut self, serial: u64, device_time: Duration, now: Instant, requeue: bool) -> bool {
+        let Some((tenant, instance)) = self
+            .running
+            .as_ref()
+            .filter(|r| r.serial == serial)
+            .map(|r| (r.tenant, r.instance))
+        else {
+            return false;
+        };
+        let keep = match self.charge(tenant, instance, device_time, now) {
+            Some(charge) => {
+                if let Some(run) = self.running.as_mut() {
+                    run.turn_used = run.turn_used.saturating_add(charge);
+                }
+                self.turn_continues(tenant, now)
+            }
+            None => false,
+        };
+        if keep {
+            if let (Policy::FairShare, Some(t)) =
+                (self.config.policy, self.tenants.get_mut(&tenant))
+            {
+                // Its next command starts where this one finished. The
+                // virtual time stays at the turn's start: the turn is one
+                // grant, and waiting tenants were queued against it.
+                t.vstart = t.vfinish;
+            }
+        } else {
+            self.close_grant(serial, now);
+            // Still has work: queued at once, so that however late its
+            // thread comes back for the GPU, it never stopped asking.
+            let registered = self
+                .tenants
+                .get(&tenant)
+                .is_some_and(|t| t.instance == instance);
+            if requeue && registered && self.enter(tenant, now).is_ok() {
+                self.hold = None;
+            }
+            self.dispatch(now);
+        }
+        keep
+    }
+
+    /// Whether `tenant`, holding the GPU, may run its next command without
+    /// a new decision: it is within its cap, and nobody waits or its turn
+    /// is not used up (round robin: its slice) and, under priority, no
+    /// waiting tenant is a whole level above it.
+    fn turn_continues(&mut self, tenant: TenantId, now: Instant) -> bool {
+        let (cap_window_ns, now_ns) = (self.cap_window_ns, self.ns_since_epoch(now));
+        let Some(t) = self.tenants.get_mut(&tenant) else {
+            return false;
+        };
+        if self.shutdown {
+            return false;
+        }
+        if let Some(cap) = t.params.cap.filter(|&c| c < 1.0) {
+            let budget = (cap * cap_window_ns as f64) as u64;
+            let est = nanos(t.last_charge).min(budget);
+            if t.window.blocked_until(now_ns, budget, est).is_some() {
+                return false;
+            }
+        }
+        let t = &self.tenants[&tenant];
+        let turn_used = self.running.as_ref().map_or(Duration::MAX, |r| r.turn_used);
+        let mut waiting = self
+            .tenants
+            .values()
+            .filter(|o| matches!(o.phase, Phase::Waiting { .. }));
+        // Within the turn no one else needs a look: the common case is
+        // O(1).
+        match self.config.policy {
+            Policy::FairShare => turn_used < self.config.turn || waiting.next().is_none(),
+            Policy::RoundRobin { slice } => {
+                (self.rr_current == Some(tenant) && self.rr_used < slice)
+                    || waiting.next().is_none()
+            }
+            Policy::Priority { aging } => {
+                let above = f64::from(t.params.priority) + 1.0;
+                let (mut any, mut higher) = (false, false);
+                for o in waiting {
+                    any = true;
+                    if let Phase::Waiting { arrival, .. } = o.phase {
+                        let waited = now.saturating_duration_since(arrival).as_secs_f64();
+                        higher |=
+                            f64::from(o.params.priority) + waited / aging.as_secs_f64() >= above;
+                    }
+                }
+                !any || (turn_used < self.config.turn && !higher)
+            }
+        }
+    }
+
+    /// Takes tenant `id` (of `instance`) out of the queue, or hands back a
+    /// grant it was given but never took up, uncharged; then decides again.
+    fn withdraw(&mut self, id: TenantId, instance: u64, now: Instant) {
+        let phase = self
+            .tenants
+            .get(&id)
+            .filter(|t| t.instance == instance)
+            .map(|t| t.phase);
+        match phase {
+            Some(Phase::Waiting { .. }) => {
+                if let Some(t) = self.tenants.get_mut(&id) {
+                    t.phase = Phase::Idle;
+                }
+            }
+            Some(Phase::Holding) => {
+                if let Some(serial) = self
+                    .running
+                    .as_ref()
+                    .filter(|r| r.tenant == id)
+                    .map(|r| r.serial)
+                {
+                    self.close_grant(serial, now);
+                }
+            }
+            _ => {}
+        }
+        self.dispatch(now);
     }
 
     /// Makes tenant `id` wait for the GPU from `now`; returns its instance.
@@ -615,6 +776,73 @@ impl Scheduler {
         self.acquire_until(tenant, Instant::now().checked_add(timeout))
     }
 
+    /// Like [`Scheduler::acquire`], but gives up when `cancelled` says so:
+    /// it is asked every `poll` while waiting, without the scheduler's
+    /// lock held. Between two looks the tenant stays queued, so its place
+    /// (its start tag, its arrival) is kept however long it waits. A
+    /// tenant already queued by [`Grant::renew_or_queue`] waits from that
+    /// place. `Ok(None)` when cancelled; the tenant then no longer waits.
+    pub fn acquire_cancellable(
+        &self,
+        id: TenantId,
+        poll: Duration,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Option<Grant>, SchedError> {
+        let mut st = self.shared.lock();
+        // Queued by renew_or_queue, and maybe granted since.
+        let running_arrival = st
+            .running
+            .as_ref()
+            .filter(|r| r.tenant == id)
+            .map(|r| r.arrival);
+        let queued = st.tenants.get(&id).and_then(|t| match t.phase {
+            Phase::Waiting { arrival, .. } => Some((t.instance, arrival)),
+            Phase::Holding => running_arrival.map(|a| (t.instance, a)),
+            Phase::Idle => None,
+        });
+        let (instance, arrival) = match queued {
+            Some(q) => q,
+            None => {
+                let arrival = Instant::now();
+                let instance = st.enter(id, arrival)?;
+                st.dispatch(arrival);
+                (instance, arrival)
+            }
+        };
+        loop {
+            let deadline = Instant::now().checked_add(poll);
+            let (back, result) =
+                wait_for_grant_or(&self.shared, st, id, instance, arrival, deadline, false);
+            match result {
+                Ok(None) => {}
+                done => {
+                    unlock(back);
+                    return done;
+                }
+            }
+            unlock(back);
+            let give_up = cancelled();
+            st = self.shared.lock();
+            if give_up {
+                st.withdraw(id, instance, Instant::now());
+                unlock(st);
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Takes a tenant queued by [`Grant::renew_or_queue`] out of the queue
+    /// (it had no next command after all); if it was granted the GPU
+    /// meanwhile, the GPU is given back uncharged. Nothing happens to a
+    /// tenant that is not queued.
+    pub fn dequeue(&self, id: TenantId) {
+        let mut st = self.shared.lock();
+        if let Some(instance) = st.tenants.get(&id).map(|t| t.instance) {
+            st.withdraw(id, instance, Instant::now());
+        }
+        unlock(st);
+    }
+
     fn acquire_until(
         &self,
         id: TenantId,
@@ -635,11 +863,25 @@ impl Scheduler {
 /// `deadline` passes.
 fn wait_for_grant<'a>(
     shared: &'a Arc<Shared>,
+    st: MutexGuard<'a, State>,
+    id: TenantId,
+    instance: u64,
+    arrival: Instant,
+    deadline: Option<Instant>,
+) -> (MutexGuard<'a, State>, Result<Option<Grant>, SchedError>) {
+    wait_for_grant_or(shared, st, id, instance, arrival, deadline, true)
+}
+
+/// [`wait_for_grant`]; at `deadline` the tenant stops waiting if `leave`,
+/// else it stays queued (the caller comes back for it).
+fn wait_for_grant_or<'a>(
+    shared: &'a Arc<Shared>,
     mut st: MutexGuard<'a, State>,
     id: TenantId,
     instance: u64,
     arrival: Instant,
     deadline: Option<Instant>,
+    leave: bool,
 ) -> (MutexGuard<'a, State>, Result<Option<Grant>, SchedError>) {
     let mut cv: Option<Arc<Condvar>> = None;
     let result = loop {
@@ -656,6 +898,7 @@ fn wait_for_grant<'a>(
                         instance,
                         serial: run.serial,
                         granted_at: run.granted_at,
+                        started: run.granted_at,
                         waited: run.granted_at.saturating_duration_since(arrival),
                         done: false,
                     }))
@@ -666,6 +909,9 @@ fn wait_for_grant<'a>(
             Phase::Waiting { .. } => {}
         }
         let now = Instant::now();
+        if !leave && !st.shutdown && deadline.is_some_and(|d| d <= now) {
+            break Ok(None);
+        }
         if st.shutdown || deadline.is_some_and(|d| d <= now) {
             if let Some(t) = st.tenants.get_mut(&id) {
                 t.phase = Phase::Idle;
@@ -801,6 +1047,8 @@ pub struct Grant {
     instance: u64,
     serial: u64,
     granted_at: Instant,
+    /// When the current command started: the grant, or its last renewal.
+    started: Instant,
     waited: Duration,
     done: bool,
 }
@@ -854,6 +1102,70 @@ impl Grant {
         result.and_then(|g| g.ok_or(SchedError::Removed(id)))
     }
 
+    /// Charges the command that just ran, like [`Grant::finish`], and
+    /// keeps the GPU for the tenant's next command if its turn allows
+    /// ([`SchedConfig::turn`]; the round-robin slice): then it returns
+    /// true, the grant stays valid for one more command and no other
+    /// thread was involved (one uncontended lock). Otherwise the GPU is
+    /// released as by `finish` and it returns false; the grant is then
+    /// spent and the next command needs [`Scheduler::acquire`]. A tenant
+    /// that keeps its turn but has no next command gives the GPU back with
+    /// [`Grant::yield_turn`].
+    ///
+    /// [`SchedConfig::turn`]: crate::SchedConfig::turn
+    pub fn renew(&mut self, device_time: Duration) -> bool {
+        if self.done {
+            return false;
+        }
+        let mut st = self.shared.lock();
+        let now = Instant::now();
+        let keep = st.renew(self.serial, device_time, now, false);
+        unlock(st);
+        if keep {
+            self.started = now;
+        } else {
+            self.done = true;
+        }
+        keep
+    }
+
+    /// Like [`Grant::renew`], for a worker that has its next command: when
+    /// the turn ends, the tenant is queued again in the same step, as if
+    /// it had called [`Scheduler::acquire`] at once, so that a worker
+    /// thread the host deschedules before it asks again does not lose its
+    /// place. It then waits with [`Scheduler::acquire_cancellable`], or
+    /// leaves the queue with [`Scheduler::dequeue`] if it finds it has no
+    /// next command after all. Returns whether the turn goes on.
+    pub fn renew_or_queue(&mut self, device_time: Duration) -> bool {
+        if self.done {
+            return false;
+        }
+        let mut st = self.shared.lock();
+        let now = Instant::now();
+        let keep = st.renew(self.serial, device_time, now, true);
+        unlock(st);
+        if keep {
+            self.started = now;
+        } else {
+            self.done = true;
+        }
+        keep
+    }
+
+    /// Releases the GPU without charging anything (the last command was
+    /// charged by [`Grant::renew`]): for a tenant whose turn goes on but
+    /// that has nothing more to run.
+    pub fn yield_turn(mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let mut st = self.shared.lock();
+        let now = Instant::now();
+        st.close_grant(self.serial, now);
+        st.dispatch(now);
+        unlock(st);
+    }
+
     fn release(&mut self, device_time: Duration) {
         if std::mem::replace(&mut self.done, true) {
             return;
@@ -867,7 +1179,7 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         if !self.done {
-            self.release(self.granted_at.elapsed());
+            self.release(self.started.elapsed());
         }
     }
 }

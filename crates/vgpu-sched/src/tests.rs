@@ -4,6 +4,7 @@
 //! do not depend on how late the sleeps wake. Tolerances absorb the rest
 //! of the scheduling noise of a loaded two-core machine.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -825,4 +826,315 @@ fn finish_and_acquire_reports_removal_and_shutdown() {
     s.shutdown();
     assert_eq!(next.join().unwrap(), Err(SchedError::Shutdown));
     holder.join().unwrap();
+}
+
+/// A worker that keeps the GPU for consecutive commands with
+/// [`crate::Grant::renew`] while its turn lasts; logs grants (turns).
+fn turn_worker(s: &Scheduler, id: TenantId, cmd: Duration, log: Option<Log>) -> JoinHandle<u64> {
+    let s = s.clone();
+    thread::spawn(move || {
+        let mut n = 0;
+        while let Ok(mut g) = s.acquire(id) {
+            if let Some(log) = &log {
+                log.lock().unwrap().push(id);
+            }
+            loop {
+                thread::sleep(cmd);
+                n += 1;
+                if !g.renew(cmd) {
+                    break;
+                }
+            }
+        }
+        n
+    })
+}
+
+fn with_turn(policy: Policy, turn: Duration) -> Scheduler {
+    let mut c = SchedConfig::new(policy);
+    c.turn = turn;
+    Scheduler::new(c).unwrap()
+}
+
+#[test]
+fn turns_keep_weighted_shares() {
+    let s = with_turn(Policy::FairShare, 2 * MS);
+    let ids = [TenantId(1), TenantId(2), TenantId(3)];
+    for (id, w) in ids.iter().zip([1, 2, 4]) {
+        s.add_tenant(*id, weight(w)).unwrap();
+    }
+    let log: Log = Arc::default();
+    let workers = ids
+        .iter()
+        .map(|&id| turn_worker(&s, id, 200 * US, Some(log.clone())))
+        .collect();
+    thread::sleep(Duration::from_millis(1500));
+    let shares = busy_shares(&s, &ids);
+    stop(&s, workers);
+    eprintln!("turns 1:2:4: {shares:?}");
+    for (share, want) in shares.iter().zip([1.0 / 7.0, 2.0 / 7.0, 4.0 / 7.0]) {
+        assert!((share - want).abs() < 0.05, "shares {shares:?}");
+    }
+    // Turns, not single commands: about 2 ms of 200 µs commands each.
+    let log = log.lock().unwrap();
+    let commands = s.stats().gpu.commands;
+    assert!(
+        commands as usize > 4 * log.len(),
+        "{commands} commands in {} turns",
+        log.len()
+    );
+}
+
+#[test]
+fn renew_keeps_the_gpu_while_nobody_waits() {
+    // No turn at all: alone, a tenant still keeps the GPU.
+    let s = with_turn(Policy::FairShare, Duration::ZERO);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    for _ in 0..100 {
+        assert!(g.renew(10 * US));
+    }
+    let st = s.stats();
+    assert_eq!((st.gpu.grants, st.gpu.commands), (1, 100));
+    assert_eq!(st.tenant(a).unwrap().busy, 1000 * US);
+    assert_eq!(st.tenant(a).unwrap().phase, TenantPhase::Holding);
+    // Someone waits: with no turn, the next renewal hands over.
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    assert!(!g.renew(10 * US));
+    other.join().unwrap();
+    // A spent grant stays spent; dropping it charges nothing more.
+    assert!(!g.renew(10 * US));
+    drop(g);
+    let st = s.stats();
+    assert_eq!(st.tenant(a).unwrap().commands, 101);
+    assert_eq!(st.tenant(a).unwrap().busy, 1010 * US);
+}
+
+#[test]
+fn a_turn_ends_after_its_device_time() {
+    let s = with_turn(Policy::FairShare, MS);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    // 1 ms of turn: nine 100 µs commands keep it, the tenth ends it.
+    for i in 0..9 {
+        assert!(g.renew(100 * US), "command {i}");
+    }
+    assert!(!g.renew(100 * US));
+    other.join().unwrap();
+}
+
+#[test]
+fn a_higher_priority_ends_a_turn_at_once() {
+    let s = with_turn(
+        Policy::Priority {
+            aging: Duration::from_secs(10),
+        },
+        Duration::from_secs(1),
+    );
+    let (low, equal, high) = (TenantId(1), TenantId(2), TenantId(3));
+    s.add_tenant(low, prio(0)).unwrap();
+    s.add_tenant(equal, prio(0)).unwrap();
+    s.add_tenant(high, prio(5)).unwrap();
+    let mut g = s.acquire(low).unwrap();
+    let spawn = |id| {
+        let s = s.clone();
+        thread::spawn(move || s.acquire(id).unwrap().finish(US))
+    };
+    // An equal priority waits for the turn to end.
+    let e = spawn(equal);
+    wait_phase(&s, equal, TenantPhase::Waiting);
+    assert!(g.renew(10 * US));
+    // A higher one does not.
+    let h = spawn(high);
+    wait_phase(&s, high, TenantPhase::Waiting);
+    assert!(!g.renew(10 * US));
+    h.join().unwrap();
+    e.join().unwrap();
+    assert_eq!(s.stats().tenant(high).unwrap().commands, 1);
+}
+
+#[test]
+fn a_turn_ends_at_the_cap_and_yield_frees_the_gpu() {
+    let s = with_turn(Policy::FairShare, Duration::from_secs(1));
+    let (capped, other) = (TenantId(1), TenantId(2));
+    s.add_tenant(
+        capped,
+        TenantParams {
+            cap: Some(0.5),
+            ..TenantParams::default()
+        },
+    )
+    .unwrap();
+    s.add_tenant(other, weight(1)).unwrap();
+    // Cap window 100 ms: 50 ms of budget, and even alone it ends there.
+    let mut g = s.acquire(capped).unwrap();
+    let mut kept = 0;
+    while {
+        // Device time is charged as wall time just past.
+        thread::sleep(5 * MS);
+        g.renew(5 * MS)
+    } {
+        kept += 1;
+        assert!(kept < 20, "the cap never ended the turn");
+    }
+    assert!((8..=10).contains(&kept), "{kept} commands kept the turn");
+    // yield_turn releases without a charge.
+    let mut g = s.acquire(other).unwrap();
+    assert!(g.renew(US));
+    let busy = s.stats().tenant(other).unwrap().busy;
+    g.yield_turn();
+    assert_eq!(s.stats().tenant(other).unwrap().busy, busy);
+    assert_eq!(s.stats().tenant(other).unwrap().phase, TenantPhase::Idle);
+    s.acquire(other).unwrap().finish(US);
+}
+
+#[test]
+fn renew_after_remove_or_shutdown_ends_the_turn() {
+    let s = with_turn(Policy::FairShare, Duration::from_secs(1));
+    let a = TenantId(1);
+    s.add_tenant(a, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    s.remove_tenant(a).unwrap();
+    assert!(!g.renew(US));
+    s.add_tenant(a, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    s.shutdown();
+    assert!(!g.renew(US));
+    assert!(s.stats().gpu.commands >= 2);
+}
+
+#[test]
+fn turn_config_is_validated() {
+    let mut c = SchedConfig::new(Policy::FairShare);
+    c.turn = Duration::from_secs(2);
+    assert!(matches!(
+        Scheduler::new(c),
+        Err(SchedError::InvalidConfig(m)) if m.contains("turn")
+    ));
+}
+
+#[test]
+fn acquire_cancellable_keeps_its_place_and_can_be_cancelled() {
+    let s = sched(Policy::FairShare);
+    let (a, b, c) = (TenantId(1), TenantId(2), TenantId(3));
+    for id in [a, b, c] {
+        s.add_tenant(id, weight(1)).unwrap();
+    }
+    let g = s.acquire(a).unwrap();
+    // b queues first and polls its cancellation every millisecond; c
+    // queues later with a plain acquire. Many polls later b still comes
+    // first.
+    let polls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let log: Log = Arc::default();
+    let tb = thread::spawn({
+        let (s, polls, log) = (s.clone(), polls.clone(), log.clone());
+        move || {
+            let check = || {
+                polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                false
+            };
+            let g = s.acquire_cancellable(b, MS, &check).unwrap().unwrap();
+            log.lock().unwrap().push(b);
+            g.finish(US);
+        }
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    let tc = thread::spawn({
+        let (s, log) = (s.clone(), log.clone());
+        move || {
+            let g = s.acquire(c).unwrap();
+            log.lock().unwrap().push(c);
+            g.finish(US);
+        }
+    });
+    wait_phase(&s, c, TenantPhase::Waiting);
+    wait_until("b to poll", || {
+        polls.load(std::sync::atomic::Ordering::Relaxed) >= 20
+    });
+    assert_eq!(s.stats().tenant(b).unwrap().phase, TenantPhase::Waiting);
+    g.finish(US);
+    tb.join().unwrap();
+    tc.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), vec![b, c]);
+
+    // Cancelled while waiting: it leaves the queue and the GPU stays usable.
+    let g = s.acquire(a).unwrap();
+    let flag = Arc::new(AtomicBool::new(false));
+    let tb = thread::spawn({
+        let (s, flag) = (s.clone(), flag.clone());
+        move || s.acquire_cancellable(b, MS, &|| flag.load(std::sync::atomic::Ordering::Relaxed))
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(tb.join().unwrap().unwrap().is_none());
+    assert_eq!(s.stats().tenant(b).unwrap().phase, TenantPhase::Idle);
+    g.finish(US);
+    s.acquire(b).unwrap().finish(US);
+    // Unknown tenants are refused up front.
+    assert!(matches!(
+        s.acquire_cancellable(TenantId(9), MS, &|| false),
+        Err(SchedError::UnknownTenant(_))
+    ));
+}
+
+#[test]
+fn renew_or_queue_keeps_the_tenant_queued() {
+    let s = with_turn(Policy::FairShare, Duration::ZERO);
+    let (a, b) = (TenantId(1), TenantId(2));
+    s.add_tenant(a, weight(1)).unwrap();
+    s.add_tenant(b, weight(1)).unwrap();
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || {
+            let g = s.acquire(b).unwrap();
+            thread::sleep(5 * MS);
+            g.finish(5 * MS);
+        }
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    // The turn ends; a is queued behind b at once, with no thread asking.
+    assert!(!g.renew_or_queue(US));
+    assert_eq!(s.stats().tenant(a).unwrap().phase, TenantPhase::Waiting);
+    // A plain acquire sees it busy.
+    assert!(matches!(s.acquire(a), Err(SchedError::Busy(_))));
+    // b finishes: a is granted the GPU with no thread asking yet, and
+    // acquire_cancellable takes that grant up.
+    other.join().unwrap();
+    assert_eq!(s.stats().tenant(a).unwrap().phase, TenantPhase::Holding);
+    let g = s.acquire_cancellable(a, MS, &|| false).unwrap().unwrap();
+    assert!(g.waited() >= 4 * MS, "waited {:?}", g.waited());
+    g.finish(US);
+    // Queued and then without work: dequeue.
+    let mut g = s.acquire(a).unwrap();
+    let other = thread::spawn({
+        let s = s.clone();
+        move || s.acquire(b).unwrap().finish(US)
+    });
+    wait_phase(&s, b, TenantPhase::Waiting);
+    assert!(!g.renew_or_queue(US));
+    // Queued, or already granted the GPU again (the policy may prefer it
+    // to b): either way dequeue leaves it idle and the GPU free for b,
+    // with nothing charged.
+    let commands = s.stats().tenant(a).unwrap().commands;
+    s.dequeue(a);
+    other.join().unwrap();
+    let st = s.stats();
+    assert_eq!(st.tenant(a).unwrap().phase, TenantPhase::Idle);
+    assert_eq!(st.tenant(a).unwrap().commands, commands);
+    s.acquire(b).unwrap().finish(US);
+    s.dequeue(TenantId(9));
 }

@@ -71,8 +71,19 @@ enum Cmd {
         #[arg(long)]
         queues: Option<u32>,
     },
-    /// Stop a vGPU and free its memory.
+    /// Stop a vGPU if it runs, and free its partition.
     Destroy {
+        /// vGPU name.
+        name: String,
+    },
+    /// Power a vGPU off: its VMM is disconnected, its device memory freed
+    /// and its socket removed; its configuration and reservation stay.
+    Stop {
+        /// vGPU name.
+        name: String,
+    },
+    /// Start a stopped vGPU again on the same socket.
+    Start {
         /// vGPU name.
         name: String,
     },
@@ -149,6 +160,7 @@ struct VgpuConfig {
 struct VgpuStats {
     name: String,
     gpu: String,
+    state: String,
     memory_quota_bytes: u64,
     memory_used_bytes: u64,
     memory_peak_bytes: u64,
@@ -168,6 +180,7 @@ struct VgpuStats {
 struct Vgpu {
     name: String,
     gpu: String,
+    state: String,
     socket_path: String,
     config: VgpuConfig,
     stats: Option<VgpuStats>,
@@ -271,13 +284,14 @@ fn list(api: &Api, json: bool) -> Result<(), String> {
         return Ok(());
     }
     let mut t = Table::new(&[
-        "NAME", "GPU", "MEMORY", "CU", "WEIGHT", "PRIORITY", "CAP", "QUEUES", "SOCKET",
+        "NAME", "GPU", "STATE", "MEMORY", "CU", "WEIGHT", "PRIORITY", "CAP", "QUEUES", "SOCKET",
     ]);
     for v in &vgpus {
         let c = &v.config;
         t.row(vec![
             v.name.clone(),
             v.gpu.clone(),
+            v.state.clone(),
             format::bytes(c.memory),
             c.compute_units.to_string(),
             c.weight.to_string(),
@@ -305,6 +319,7 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
     let mut lines = vec![
         ("name", v.name.clone()),
         ("gpu", v.gpu.clone()),
+        ("state", v.state.clone()),
         ("socket", v.socket_path.clone()),
         ("memory", format::bytes(c.memory)),
         ("compute units", c.compute_units.to_string()),
@@ -410,13 +425,14 @@ fn stats(api: &Api, json: bool) -> Result<(), String> {
     print!("{}", t.render());
     println!();
     let mut t = Table::new(&[
-        "VGPU", "GPU", "MEM USED", "QUOTA", "PEAK", "COMMANDS", "BUSY", "BYTES", "WAIT P50",
-        "WAIT P99", "CAPPED", "FAULTS", "ERRORS", "RESETS",
+        "VGPU", "GPU", "STATE", "MEM USED", "QUOTA", "PEAK", "COMMANDS", "BUSY", "BYTES",
+        "WAIT P50", "WAIT P99", "CAPPED", "FAULTS", "ERRORS", "RESETS",
     ]);
     for v in &s.vgpus {
         t.row(vec![
             v.name.clone(),
             v.gpu.clone(),
+            v.state.clone(),
             format::bytes(v.memory_used_bytes),
             format::bytes(v.memory_quota_bytes),
             format::bytes(v.memory_peak_bytes),
@@ -579,6 +595,22 @@ fn top(api: &Api, once: bool, interval: f64, json: bool) -> Result<(), String> {
     }
 }
 
+/// `vgpuctl stop` and `vgpuctl start`.
+fn power(api: &Api, name: &str, action: &str, json: bool) -> Result<(), String> {
+    let raw = api.call(
+        "POST",
+        &format!("/vgpus/{}/{action}", segment(name)),
+        Some(&json!({})),
+    )?;
+    if json {
+        print_raw(&raw);
+    } else {
+        let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
+        println!("{name}: {}", v.state);
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     let api = Api { path: cli.api };
     let json = cli.json;
@@ -637,6 +669,8 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Stop { name } => power(&api, &name, "stop", json),
+        Cmd::Start { name } => power(&api, &name, "start", json),
         Cmd::Set {
             name,
             weight,

@@ -253,3 +253,54 @@ fn test_top_once() {
         "{json}"
     );
 }
+
+#[test]
+fn test_stop_and_start() {
+    let f = fixture();
+    let socket = f.dir.as_path().join("vgpu0.sock");
+    assert_eq!(ok(&f, &["stop", "vgpu0"]), "vgpu0: stopped\n");
+    assert!(!socket.exists());
+    let list = ok(&f, &["list"]);
+    assert!(list.lines().next().unwrap().contains("STATE"), "{list}");
+    let line = |name: &str| {
+        list.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{list}"))
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(line("vgpu0 "), "stopped");
+    assert_eq!(line("vgpu1 "), "running");
+    assert!(ok(&f, &["show", "vgpu0"]).contains("state:         stopped"));
+    let stats = ok(&f, &["stats"]);
+    assert!(
+        stats
+            .lines()
+            .any(|l| l.starts_with("vgpu0 ") && l.contains(" stopped ")),
+        "{stats}"
+    );
+    let e = fails(&f, &["stop", "vgpu0"]);
+    assert!(
+        e.contains("already stopped") && e.contains("HTTP 409"),
+        "{e}"
+    );
+    let e = fails(&f, &["start", "nope"]);
+    assert!(
+        e.contains("no vGPU named \"nope\"") && e.contains("404"),
+        "{e}"
+    );
+    let json: Value = serde_json::from_str(&ok(&f, &["--json", "start", "vgpu0"])).unwrap();
+    assert_eq!(json["state"], "running");
+    assert!(socket.exists());
+    let e = fails(&f, &["start", "vgpu0"]);
+    assert!(
+        e.contains("already running") && e.contains("HTTP 409"),
+        "{e}"
+    );
+    // The started function works.
+    let mut g = Guest::connect(&socket, GuestOptions::default());
+    g.setup_queue(0, 16, Mode::Interrupt);
+    assert_eq!(g.nop(0).status, vgpu_testkit::abi::STATUS_OK);
+}

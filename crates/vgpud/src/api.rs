@@ -188,6 +188,7 @@ impl From<&VgpuConfig> for VgpuConfigJson {
 struct VgpuStatsJson {
     name: String,
     gpu: String,
+    state: &'static str,
     memory_quota_bytes: u64,
     memory_used_bytes: u64,
     memory_peak_bytes: u64,
@@ -207,6 +208,7 @@ impl From<&InstanceStats> for VgpuStatsJson {
         VgpuStatsJson {
             name: s.name.clone(),
             gpu: s.gpu.clone(),
+            state: s.state.as_str(),
             memory_quota_bytes: s.memory_quota,
             memory_used_bytes: s.memory_used,
             memory_peak_bytes: s.memory_peak,
@@ -227,6 +229,7 @@ impl From<&InstanceStats> for VgpuStatsJson {
 struct VgpuJson {
     name: String,
     gpu: String,
+    state: &'static str,
     socket_path: String,
     config: VgpuConfigJson,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -238,6 +241,7 @@ impl VgpuJson {
         VgpuJson {
             name: i.config.name.clone(),
             gpu: i.config.gpu.clone(),
+            state: i.state.as_str(),
             socket_path: i.socket.to_string_lossy().into_owned(),
             config: (&i.config).into(),
             stats: stats.map(Into::into),
@@ -350,6 +354,7 @@ fn status_of(e: &DaemonError) -> u16 {
         DaemonError::NoInstance(_) => 404,
         DaemonError::NoGpu(_) | DaemonError::Invalid { .. } => 400,
         DaemonError::Exists(_)
+        | DaemonError::State { .. }
         | DaemonError::SocketInUse { .. }
         | DaemonError::DoesNotFit { .. } => 409,
         DaemonError::Backend { .. } | DaemonError::Setup { .. } => 500,
@@ -406,6 +411,10 @@ fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
             },
             "PATCH" => patch(&mut lock(), name, &req.body),
             _ => method_not_allowed(req, "GET, DELETE, PATCH"),
+        },
+        ["vgpus", name, action @ ("start" | "stop")] if !name.is_empty() => match method {
+            "POST" => power(&mut lock(), name, action, &req.body),
+            _ => method_not_allowed(req, "POST"),
         },
         ["stats"] => match method {
             "GET" => {
@@ -474,6 +483,34 @@ fn create(d: &mut Daemon, api_path: &Path, body: &[u8]) -> Response {
         Some(info) => Response::json(201, &VgpuJson::new(&info, None))
             .with_header("Location", format!("{API_PREFIX}/vgpus/{name}")),
         None => Response::error(500, "the vGPU vanished after its creation"),
+    }
+}
+
+/// `POST /api/v1/vgpus/{name}/start` and `.../stop`; the body must be
+/// empty (or `{}`): there is nothing to say.
+fn power(d: &mut Daemon, name: &str, action: &str, body: &[u8]) -> Response {
+    if d.instance(name).is_none() {
+        return daemon_error(DaemonError::NoInstance(name.to_string()));
+    }
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Empty {}
+        if let Err(e) = serde_json::from_slice::<Empty>(body) {
+            return body_error(e);
+        }
+    }
+    let done = if action == "start" {
+        d.start(name)
+    } else {
+        d.stop(name)
+    };
+    if let Err(e) = done {
+        return daemon_error(e);
+    }
+    match d.instance(name) {
+        Some(info) => Response::json(200, &VgpuJson::new(&info, None)),
+        None => daemon_error(DaemonError::NoInstance(name.to_string())),
     }
 }
 

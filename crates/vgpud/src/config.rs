@@ -144,6 +144,10 @@ pub struct DaemonConfig {
     /// switch to it (not read from the file): partition hosts run as it.
     #[serde(skip)]
     pub account: Option<crate::confine::Account>,
+    /// On shutdown, how long commands the guests had submitted may still
+    /// run before what remains is cancelled (milliseconds).
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for DaemonConfig {
@@ -158,6 +162,7 @@ impl Default for DaemonConfig {
             socket_group: None,
             socket_gid: None,
             account: None,
+            shutdown_grace_ms: default_shutdown_grace_ms(),
         }
     }
 }
@@ -167,6 +172,14 @@ pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
 
 fn default_metrics_address() -> String {
     DEFAULT_METRICS_ADDRESS.to_string()
+}
+
+/// Longest accepted `daemon.shutdown_grace_ms`: a stuck shutdown is worse
+/// than cancelled work.
+pub const MAX_SHUTDOWN_GRACE_MS: u64 = 600_000;
+
+fn default_shutdown_grace_ms() -> u64 {
+    5000
 }
 
 fn default_runtime_dir() -> PathBuf {
@@ -481,6 +494,12 @@ impl Config {
         {
             return Err(invalid("daemon.api_socket".into(), "must not be empty"));
         }
+        if self.daemon.shutdown_grace_ms > MAX_SHUTDOWN_GRACE_MS {
+            return Err(invalid(
+                "daemon.shutdown_grace_ms".into(),
+                "must be at most 600000 (10 minutes)",
+            ));
+        }
         let mut gpu_names = HashSet::new();
         for g in &self.gpus {
             let field = |f: &str| format!("gpu {:?}.{f}", g.name);
@@ -510,8 +529,8 @@ impl Config {
                     "guest PTX needs backend \"cuda\" with isolation \"process\"",
                 ));
             }
-            if g.slice_us == 0 {
-                return Err(invalid(field("slice_us"), "must be at least 1"));
+            if g.slice_us == 0 || g.slice_us > 1_000_000 {
+                return Err(invalid(field("slice_us"), "must be 1..=1000000 (1 s)"));
             }
         }
         let mut names = HashSet::new();
@@ -641,6 +660,24 @@ mod tests {
         let e = Config::parse(&text, "x.toml").unwrap_err().to_string();
         assert!(
             e.contains("vgpu \"vgpu1\".socket: this is the API socket"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn test_shutdown_grace() {
+        assert_eq!(Config::builtin().daemon.shutdown_grace_ms, 5000);
+        let c = Config::parse("[daemon]\nshutdown_grace_ms = 0\n", "x.toml").unwrap();
+        assert_eq!(c.daemon.shutdown_grace_ms, 0);
+        let e = Config::parse("[daemon]\nshutdown_grace_ms = 600001\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("x.toml: daemon.shutdown_grace_ms:"), "{e}");
+        let e = Config::parse("[daemon]\nshutdown_grace_ms = -1\n", "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("x.toml:2:") || e.contains("shutdown_grace_ms"),
             "{e}"
         );
     }

@@ -1,23 +1,22 @@
 //! Physical GPUs and the vGPU instances running on them.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use log::{error, info};
+use log::{error, info, warn};
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{Backend, PartitionSpec};
-use vgpu_device::VgpuDevice;
+use vgpu_backend::{
+    Backend, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+};
+use vgpu_device::{CommandGate, DeviceCounters, DrainHandle, VgpuDevice};
 use vmm_sys_util::eventfd::EventFd;
 
-use std::sync::atomic::Ordering;
-use std::sync::Mutex;
-
-use vgpu_device::{CommandGate, DeviceCounters};
 use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
 
 use crate::config::{
@@ -74,6 +73,15 @@ pub enum DaemonError {
         /// Who has it.
         message: String,
     },
+    /// The instance is not in a state that allows the operation (e.g.
+    /// stopping one that is stopped).
+    #[error("vGPU {name:?} {message}")]
+    State {
+        /// The instance.
+        name: String,
+        /// Why not, e.g. `is already stopped`.
+        message: String,
+    },
     /// The device or its socket could not be set up.
     #[error("vGPU {name:?}: {message}")]
     Setup {
@@ -90,43 +98,108 @@ struct Gpu {
     next_tenant: u32,
 }
 
-/// Lets a vGPU's commands onto its GPU when the scheduler says so.
-struct SchedGate {
+/// Lets a vGPU's commands onto its GPU when the scheduler says so: what
+/// the daemon gives every vGPU's device (public for benchmarks that build
+/// vGPUs of their own).
+pub struct SchedGate {
     sched: Scheduler,
     tenant: TenantId,
-    grant: Mutex<Option<Grant>>,
+    grant: Mutex<Slot>,
+}
+
+/// Where a gate's tenant stands between commands.
+enum Slot {
+    /// Not queued and not holding the GPU.
+    Free,
+    /// Within a turn: the GPU is ours for the next command.
+    Holding(Grant),
+    /// The turn ended and the scheduler queued us for the next one.
+    Queued,
+}
+
+impl SchedGate {
+    /// The gate of `tenant`, already added to `sched`.
+    pub fn new(sched: Scheduler, tenant: TenantId) -> Self {
+        SchedGate {
+            sched,
+            tenant,
+            grant: Mutex::new(Slot::Free),
+        }
+    }
 }
 
 impl CommandGate for SchedGate {
     fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
-        loop {
-            // Bounded waits so a reset of this vGPU is not held up by a
-            // cap or by other tenants.
-            match self
-                .sched
-                .acquire_timeout(self.tenant, Duration::from_millis(5))
-            {
-                Ok(Some(g)) => {
-                    *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
-                    return true;
-                }
-                Ok(None) if !cancelled() => continue,
-                _ => return false,
+        let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            // Within a turn the GPU is still ours.
+            Slot::Holding(_) => return true,
+            // Queued since our last turn ended, or not at all: either way
+            // acquire_cancellable waits from our place. A reset of this
+            // vGPU is noticed within 5 ms however long we wait.
+            Slot::Queued | Slot::Free => {}
+        }
+        *slot = Slot::Free;
+        drop(slot);
+        match self
+            .sched
+            .acquire_cancellable(self.tenant, Duration::from_millis(5), cancelled)
+        {
+            Ok(Some(g)) => {
+                *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Slot::Holding(g);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                // Removed or shut down: make sure nothing stays held.
+                log::debug!("vGPU tenant {}: {e}", self.tenant.0);
+                self.sched.dequeue(self.tenant);
+                false
             }
         }
     }
 
     fn leave(&self, device_time: Duration, bytes: u64) {
-        if let Some(g) = self.grant.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            g.finish(device_time);
+        {
+            let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+            // Keeps the GPU for the next command while the turn lasts;
+            // when it ends we are queued for the next turn at once (the
+            // worker calls `idle` if there is no next command).
+            if let Slot::Holding(g) = &mut *slot {
+                if !g.renew_or_queue(device_time) {
+                    *slot = Slot::Queued;
+                }
+            }
         }
         if bytes > 0 {
             let _ = self.sched.record_bytes(self.tenant, bytes);
         }
     }
+
+    fn idle(&self) {
+        let slot = std::mem::replace(
+            &mut *self.grant.lock().unwrap_or_else(|e| e.into_inner()),
+            Slot::Free,
+        );
+        match slot {
+            Slot::Holding(g) => g.yield_turn(),
+            Slot::Queued => self.sched.dequeue(self.tenant),
+            Slot::Free => {}
+        }
+    }
 }
 
+/// The scheduler of a GPU: under every policy a tenant granted the GPU
+/// keeps it for consecutive commands for up to one slice while others
+/// wait (so a hand-over between tenants' threads is paid once per slice,
+/// not once per command).
 fn sched_config(g: &GpuConfig) -> SchedConfig {
+    let mut c = sched_config_policy(g);
+    c.turn = Duration::from_micros(g.slice_us);
+    c
+}
+
+fn sched_config_policy(g: &GpuConfig) -> SchedConfig {
     SchedConfig::new(match g.policy {
         Policy::RoundRobin => SchedPolicy::RoundRobin {
             slice: Duration::from_micros(g.slice_us),
@@ -138,32 +211,255 @@ fn sched_config(g: &GpuConfig) -> SchedConfig {
     })
 }
 
-/// A running vGPU.
+fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Partition calls leave it consistent between calls.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The partition as a device sees it: the instance keeps the partition
+/// itself (its reservation on the GPU) across a stop and a start, and
+/// each start's device works on it through this.
+struct SharedPartition {
+    spec: PartitionSpec,
+    inner: Arc<Mutex<Box<dyn Partition>>>,
+}
+
+impl Partition for SharedPartition {
+    fn spec(&self) -> &PartitionSpec {
+        &self.spec
+    }
+    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+        lock(&self.inner).alloc(size, align)
+    }
+    fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        lock(&self.inner).free(addr)
+    }
+    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+        lock(&self.inner).upload(dst, src)
+    }
+    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+        lock(&self.inner).download(src, dst)
+    }
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        lock(&self.inner).copy(dst, src, size)
+    }
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        lock(&self.inner).fill(addr, size, pattern)
+    }
+    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+        lock(&self.inner).module_load(format, image)
+    }
+    fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+        lock(&self.inner).module_unload(module)
+    }
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        lock(&self.inner).launch(launch)
+    }
+    fn memory_used(&self) -> u64 {
+        lock(&self.inner).memory_used()
+    }
+    fn reset(&mut self) {
+        lock(&self.inner).reset()
+    }
+    // Without this the device would never announce guest memory to the
+    // partition and every copy would take the staging path.
+    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        lock(&self.inner).host_memory()
+    }
+}
+
+/// Whether an instance serves its socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    /// Its socket accepts a VMM.
+    Running,
+    /// Configured, with its partition reserved, but no socket: the
+    /// function is powered off.
+    Stopped,
+}
+
+impl InstanceState {
+    /// `running` or `stopped`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Running => "running",
+            InstanceState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A started instance's device, served on its socket by a thread.
+struct Serving {
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+    drain: DrainHandle,
+}
+
+/// Device counters of functions an instance ran before its latest start,
+/// so that counters an operator watches do not go back.
+#[derive(Clone, Copy, Default)]
+struct Carried {
+    faults: u64,
+    errors: u64,
+    resets: u64,
+    peak: u64,
+}
+
+/// A vGPU: its configuration, partition and scheduler tenant, and while it
+/// runs, its device.
 struct Instance {
     config: VgpuConfig,
     socket: PathBuf,
     tenant: TenantId,
+    partition: Arc<Mutex<Box<dyn Partition>>>,
+    gate: Arc<SchedGate>,
     counters: Arc<DeviceCounters>,
-    stop: EventFd,
-    thread: Option<JoinHandle<()>>,
+    carried: Carried,
+    serving: Option<Serving>,
 }
 
 impl Instance {
-    fn stop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(t) = self.thread.take() {
+    fn state(&self) -> InstanceState {
+        if self.serving.is_some() {
+            InstanceState::Running
+        } else {
+            InstanceState::Stopped
+        }
+    }
+
+    /// Builds a device on the partition and serves it on the socket.
+    /// Builds the device and serves it on the socket: the socket goes to
+    /// `socket_gid` when set, and `hook` runs first in the serving thread
+    /// (it may refuse, and then nothing is served).
+    fn serve(
+        &mut self,
+        socket_gid: Option<u32>,
+        hook: Option<ServingThreadHook>,
+    ) -> Result<(), DaemonError> {
+        let v = &self.config;
+        let setup = |message: String| DaemonError::Setup {
+            name: v.name.clone(),
+            message,
+        };
+        let mut dc = vgpu_device::VgpuConfig::new(v.name.clone());
+        dc.ids = PciIds {
+            vendor: v.pci_vendor.unwrap_or(dc.ids.vendor),
+            device: v.pci_device.unwrap_or(dc.ids.device),
+            ..dc.ids
+        };
+        dc.queues = v.queues;
+        dc.window_size = v.window.0;
+        dc.poll_spin = Duration::from_micros(v.poll_us);
+        dc.gate = Some(self.gate.clone());
+        let partition = SharedPartition {
+            spec: lock(&self.partition).spec().clone(),
+            inner: self.partition.clone(),
+        };
+        let device = VgpuDevice::new(dc, Box::new(partition)).map_err(|e| setup(e.to_string()))?;
+        let counters = device.counters();
+        let drain = device.drain_handle().map_err(|e| setup(e.to_string()))?;
+        if let Some(dir) = self.socket.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| setup(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let endpoint =
+            Endpoint::new(v.name.clone(), &self.socket, Box::new(device)).map_err(|e| {
+                let cause = std::error::Error::source(&e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
+                setup(format!("{e}{cause}"))
+            })?;
+        if let Some(gid) = socket_gid {
+            crate::confine::share_socket(&self.socket, gid).map_err(|e| setup(e.to_string()))?;
+        }
+        let stop = endpoint.stop_handle().map_err(|e| setup(e.to_string()))?;
+        let name = v.name.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("vfio-{name}"))
+            .spawn(move || {
+                let ready = hook.map_or(Ok(()), |h| h());
+                let failed = ready.is_err();
+                let _ = ready_tx.send(ready);
+                if failed {
+                    return;
+                }
+                if let Err(e) = endpoint.run() {
+                    error!("vGPU {name}: {e}");
+                }
+            })
+            .map_err(|e| setup(e.to_string()))?;
+        if let Err(e) = ready_rx.recv().unwrap_or_else(|_| Err("it ended".into())) {
+            let _ = thread.join();
+            return Err(setup(format!("serving thread: {e}")));
+        }
+        self.counters = counters;
+        self.serving = Some(Serving {
+            stop,
+            thread: Some(thread),
+            drain,
+        });
+        Ok(())
+    }
+
+    /// Powers the function off: the client is disconnected, the device
+    /// reset and dropped, its socket removed and its device memory freed.
+    /// The partition (the reservation) stays.
+    fn halt(&mut self) {
+        let Some(mut serving) = self.serving.take() else {
+            return;
+        };
+        let _ = serving.stop.write(1);
+        if let Some(t) = serving.thread.take() {
             if t.join().is_err() {
                 error!("vGPU {}: serving thread panicked", self.config.name);
             }
+        }
+        // The endpoint resets the device when a client leaves; without a
+        // client nothing may have; either way nothing stays allocated.
+        lock(&self.partition).reset();
+        let c = &self.counters;
+        self.carried = Carried {
+            faults: self.carried.faults + c.faults.load(Ordering::Relaxed),
+            errors: self.carried.errors + c.errors.load(Ordering::Relaxed),
+            resets: self.carried.resets + c.resets.load(Ordering::Relaxed),
+            peak: self.carried.peak.max(c.mem_peak.load(Ordering::Relaxed)),
+        };
+        self.counters = Arc::new(DeviceCounters::default());
+    }
+
+    fn info(&self) -> InstanceInfo {
+        InstanceInfo {
+            config: self.config.clone(),
+            socket: self.socket.clone(),
+            state: self.state(),
         }
     }
 }
 
 impl Drop for Instance {
     fn drop(&mut self) {
-        self.stop();
+        self.halt();
     }
 }
+
+/// Whether a socket can be bound at `path`: nothing there, or a socket no
+/// one listens on. Otherwise says what is in the way.
+fn socket_obstacle(path: &Path) -> Option<&'static str> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+            Some("a file that is not a socket is there")
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            Some("another process listens on it")
+        }
+        _ => None,
+    }
+}
+
+/// After the grace, how long a shutdown waits for cancellations: a command
+/// that was running at the deadline must finish first.
+const CANCEL_MARGIN: Duration = Duration::from_secs(2);
 
 /// Summary of one instance.
 #[derive(Clone, Debug)]
@@ -172,6 +468,8 @@ pub struct InstanceInfo {
     pub config: VgpuConfig,
     /// Its socket.
     pub socket: PathBuf,
+    /// Running or stopped.
+    pub state: InstanceState,
 }
 
 /// What an operator sees of one vGPU.
@@ -181,6 +479,8 @@ pub struct InstanceStats {
     pub name: String,
     /// Its GPU.
     pub gpu: String,
+    /// Running or stopped.
+    pub state: InstanceState,
     /// Device memory quota, bytes.
     pub memory_quota: u64,
     /// Device memory in use, bytes.
@@ -427,119 +727,106 @@ impl Daemon {
                 gpu: v.gpu.clone(),
                 message: e.to_string(),
             })?;
-        let setup = |message: String| DaemonError::Setup {
-            name: v.name.clone(),
-            message,
-        };
         let tenant = TenantId(gpu.next_tenant);
         gpu.sched
             .add_tenant(tenant, tenant_params(&v))
-            .map_err(|e| setup(e.to_string()))?;
+            .map_err(|e| DaemonError::Setup {
+                name: v.name.clone(),
+                message: e.to_string(),
+            })?;
         gpu.next_tenant += 1;
         let sched = gpu.sched.clone();
-        let forget = |e: DaemonError| {
-            let _ = sched.remove_tenant(tenant);
-            e
-        };
-        let mut dc = vgpu_device::VgpuConfig::new(v.name.clone());
-        dc.ids = PciIds {
-            vendor: v.pci_vendor.unwrap_or(dc.ids.vendor),
-            device: v.pci_device.unwrap_or(dc.ids.device),
-            ..dc.ids
-        };
-        dc.queues = v.queues;
-        dc.window_size = v.window.0;
-        dc.poll_spin = Duration::from_micros(v.poll_us);
-        dc.gate = Some(Arc::new(SchedGate {
-            sched: sched.clone(),
+        let mut inst = Instance {
+            socket: self.config.socket_path(&v),
             tenant,
-            grant: Mutex::new(None),
-        }));
-        let device = VgpuDevice::new(dc, partition).map_err(|e| forget(setup(e.to_string())))?;
-        let counters = device.counters();
-        let socket = self.config.socket_path(&v);
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| forget(setup(format!("cannot create {}: {e}", dir.display()))))?;
+            partition: Arc::new(Mutex::new(partition)),
+            gate: Arc::new(SchedGate::new(sched.clone(), tenant)),
+            counters: Arc::new(DeviceCounters::default()),
+            carried: Carried::default(),
+            serving: None,
+            config: v,
+        };
+        if let Err(e) = inst.serve(self.config.daemon.socket_gid, self.serving_hook.clone()) {
+            let _ = sched.remove_tenant(tenant);
+            return Err(e);
         }
-        let endpoint = Endpoint::new(v.name.clone(), &socket, Box::new(device)).map_err(|e| {
-            let cause = std::error::Error::source(&e)
-                .map(|s| format!(": {s}"))
-                .unwrap_or_default();
-            forget(setup(format!("{e}{cause}")))
-        })?;
-        if let Some(gid) = self.config.daemon.socket_gid {
-            crate::confine::share_socket(&socket, gid).map_err(|e| forget(setup(e.to_string())))?;
-        }
-        let stop = endpoint
-            .stop_handle()
-            .map_err(|e| forget(setup(e.to_string())))?;
-        let name = v.name.clone();
-        let hook = self.serving_hook.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("vfio-{name}"))
-            .spawn(move || {
-                let ready = hook.map_or(Ok(()), |h| h());
-                let failed = ready.is_err();
-                let _ = ready_tx.send(ready);
-                if failed {
-                    return;
-                }
-                if let Err(e) = endpoint.run() {
-                    error!("vGPU {name}: {e}");
-                }
-            })
-            .map_err(|e| forget(setup(e.to_string())))?;
-        if let Err(e) = ready_rx.recv().unwrap_or_else(|_| Err("it ended".into())) {
-            let _ = thread.join();
-            return Err(forget(setup(format!("serving thread: {e}"))));
-        }
+        let v = &inst.config;
         info!(
             "vGPU {} on GPU {}: {} memory, {} compute units, listening on {}",
             v.name,
             v.gpu,
             v.memory,
             v.compute_units,
-            socket.display()
+            inst.socket.display()
         );
-        self.instances.insert(
-            v.name.clone(),
-            Instance {
-                config: v,
-                socket,
-                tenant,
-                counters,
-                stop,
-                thread: Some(thread),
-            },
+        self.instances.insert(v.name.clone(), inst);
+        Ok(())
+    }
+
+    /// Powers an instance off: its client is disconnected, its device
+    /// reset (device memory freed) and its socket removed; its
+    /// configuration, partition reservation and scheduler figures stay.
+    pub fn stop(&mut self, name: &str) -> Result<(), DaemonError> {
+        let inst = self
+            .instances
+            .get_mut(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        if inst.serving.is_none() {
+            return Err(DaemonError::State {
+                name: name.to_string(),
+                message: "is already stopped".into(),
+            });
+        }
+        inst.halt();
+        info!("vGPU {name}: stopped; {} removed", inst.socket.display());
+        Ok(())
+    }
+
+    /// Starts a stopped instance again, on the same socket and partition.
+    pub fn start(&mut self, name: &str) -> Result<(), DaemonError> {
+        let inst = self
+            .instances
+            .get_mut(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        if inst.serving.is_some() {
+            return Err(DaemonError::State {
+                name: name.to_string(),
+                message: "is already running".into(),
+            });
+        }
+        if let Some(why) = socket_obstacle(&inst.socket) {
+            return Err(DaemonError::SocketInUse {
+                name: name.to_string(),
+                socket: inst.socket.clone(),
+                message: why.into(),
+            });
+        }
+        inst.serve(self.config.daemon.socket_gid, self.serving_hook.clone())?;
+        info!(
+            "vGPU {name}: started, listening on {}",
+            inst.socket.display()
         );
         Ok(())
     }
 
-    /// Stops an instance and frees its memory.
+    /// Stops an instance if it runs, and frees its partition.
     pub fn destroy(&mut self, name: &str) -> Result<(), DaemonError> {
         let mut inst = self
             .instances
             .remove(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        inst.stop();
+        inst.halt();
         if let Some(gpu) = self.gpus.get(&inst.config.gpu) {
             let _ = gpu.sched.remove_tenant(inst.tenant);
         }
+        drop(inst);
         info!("vGPU {name}: destroyed");
         Ok(())
     }
 
-    /// The running instances.
+    /// The instances, running or stopped.
     pub fn list(&self) -> Vec<InstanceInfo> {
-        self.instances
-            .values()
-            .map(|i| InstanceInfo {
-                config: i.config.clone(),
-                socket: i.socket.clone(),
-            })
-            .collect()
+        self.instances.values().map(Instance::info).collect()
     }
 
     /// Per-vGPU and per-GPU figures.
@@ -558,13 +845,15 @@ impl Daemon {
             });
             for inst in self.instances.values().filter(|i| &i.config.gpu == name) {
                 let c = &inst.counters;
+                let k = &inst.carried;
                 let t = s.tenant(inst.tenant);
                 out.push(InstanceStats {
                     name: inst.config.name.clone(),
                     gpu: name.clone(),
+                    state: inst.state(),
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
-                    memory_peak: c.mem_peak.load(Ordering::Relaxed),
+                    memory_peak: k.peak.max(c.mem_peak.load(Ordering::Relaxed)),
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
                     busy: t.map(|t| t.busy).unwrap_or_default(),
@@ -572,9 +861,9 @@ impl Daemon {
                     wait_p50: t.map(|t| t.wait.p50).unwrap_or_default(),
                     wait_p99: t.map(|t| t.wait.p99).unwrap_or_default(),
                     capped: t.map(|t| t.capped).unwrap_or_default(),
-                    faults: c.faults.load(Ordering::Relaxed),
-                    errors: c.errors.load(Ordering::Relaxed),
-                    resets: c.resets.load(Ordering::Relaxed),
+                    faults: k.faults + c.faults.load(Ordering::Relaxed),
+                    errors: k.errors + c.errors.load(Ordering::Relaxed),
+                    resets: k.resets + c.resets.load(Ordering::Relaxed),
                 });
             }
         }
@@ -636,12 +925,9 @@ impl Daemon {
         self.config.socket_path(v)
     }
 
-    /// One running instance.
+    /// One instance, running or stopped.
     pub fn instance(&self, name: &str) -> Option<InstanceInfo> {
-        self.instances.get(name).map(|i| InstanceInfo {
-            config: i.config.clone(),
-            socket: i.socket.clone(),
-        })
+        self.instances.get(name).map(Instance::info)
     }
 
     /// Checks that `v` can be created now, as the configuration file is
@@ -668,22 +954,14 @@ impl Daemon {
             message,
         };
         if let Some(other) = self.instances.values().find(|i| i.socket == socket) {
-            return Err(in_use(format!(
-                "vGPU {:?} listens on it",
-                other.config.name
-            )));
+            return Err(in_use(format!("vGPU {:?} has it", other.config.name)));
         }
         if socket == self.config.api_socket_path() {
             return Err(in_use("this is the API socket".into()));
         }
-        match std::fs::symlink_metadata(&socket) {
-            Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-                Err(in_use("a file that is not a socket is there".into()))
-            }
-            Ok(_) if std::os::unix::net::UnixStream::connect(&socket).is_ok() => {
-                Err(in_use("another process listens on it".into()))
-            }
-            _ => Ok(()),
+        match socket_obstacle(&socket) {
+            Some(why) => Err(in_use(why.into())),
+            None => Ok(()),
         }
     }
 
@@ -765,8 +1043,48 @@ impl Daemon {
         out
     }
 
-    /// Stops every instance.
+    /// Stops every instance cleanly: new VMMs are refused (the sockets
+    /// are removed first), commands the guests had submitted run for up to
+    /// `daemon.shutdown_grace_ms`, what has not run by then and whatever is
+    /// submitted meanwhile completes with `STATUS_CANCELLED`; then every
+    /// client is disconnected and every instance destroyed.
     pub fn shutdown(&mut self) {
+        let grace = Duration::from_millis(self.config.daemon.shutdown_grace_ms);
+        let serving: Vec<(&String, &Instance, &Serving)> = self
+            .instances
+            .iter()
+            .filter_map(|(n, i)| i.serving.as_ref().map(|s| (n, i, s)))
+            .collect();
+        if !serving.is_empty() {
+            info!(
+                "draining {} vGPU(s) for up to {} ms",
+                serving.len(),
+                grace.as_millis()
+            );
+        }
+        for (_, inst, s) in &serving {
+            // Connected VMMs keep their connection; no new one gets in.
+            let _ = std::fs::remove_file(&inst.socket);
+            s.drain.begin(grace);
+        }
+        let deadline = Instant::now() + grace + CANCEL_MARGIN;
+        while !serving.iter().all(|(_, _, s)| s.drain.is_idle()) {
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for (name, _, s) in &serving {
+            let (done, cancelled) = s.drain.counts();
+            if s.drain.is_idle() {
+                info!("vGPU {name}: drained: {done} command(s) completed, {cancelled} of them cancelled");
+            } else {
+                warn!(
+                    "vGPU {name}: still busy after the grace: {done} command(s) completed, \
+                     {cancelled} of them cancelled; the rest is dropped"
+                );
+            }
+        }
         let names: Vec<String> = self.instances.keys().cloned().collect();
         for n in names {
             let _ = self.destroy(&n);
@@ -789,6 +1107,82 @@ mod tests {
         let mut c = Config::builtin();
         c.daemon.runtime_dir = dir.to_path_buf();
         c
+    }
+
+    /// A registry that only says it exists.
+    struct NoteMemory;
+    impl HostMemory for NoteMemory {
+        fn mapped(&self, _: vgpu_backend::HostMapping) {}
+        fn unmapped(&self, _: u64) {}
+    }
+
+    /// A software partition that offers a guest memory registry.
+    struct WithRegistry(Box<dyn Partition>);
+    impl Partition for WithRegistry {
+        fn spec(&self) -> &PartitionSpec {
+            self.0.spec()
+        }
+        fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+            self.0.alloc(size, align)
+        }
+        fn free(&mut self, addr: u64) -> Result<(), OpError> {
+            self.0.free(addr)
+        }
+        fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+            self.0.upload(dst, src)
+        }
+        fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+            self.0.download(src, dst)
+        }
+        fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+            self.0.copy(dst, src, size)
+        }
+        fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+            self.0.fill(addr, size, pattern)
+        }
+        fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+            self.0.module_load(format, image)
+        }
+        fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+            self.0.module_unload(module)
+        }
+        fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+            self.0.launch(launch)
+        }
+        fn memory_used(&self) -> u64 {
+            self.0.memory_used()
+        }
+        fn reset(&mut self) {
+            self.0.reset()
+        }
+        fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+            Some(Arc::new(NoteMemory))
+        }
+    }
+
+    #[test]
+    fn test_shared_partition_offers_the_inner_registry() {
+        let spec = PartitionSpec {
+            name: "p".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let plain = SharedPartition {
+            spec: spec.clone(),
+            inner: Arc::new(Mutex::new(inner)),
+        };
+        assert!(plain.host_memory().is_none());
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let shared = SharedPartition {
+            spec,
+            inner: Arc::new(Mutex::new(Box::new(WithRegistry(inner)))),
+        };
+        assert!(shared.host_memory().is_some());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use log::info;
 
 use crate::api::http::{Request, Response, Server};
-use crate::daemon::{Daemon, GpuInfo, GpuStats, InstanceStats, QueueWaitTotals};
+use crate::daemon::{Daemon, GpuInfo, GpuStats, InstanceState, InstanceStats, QueueWaitTotals};
 
 /// Content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -97,6 +97,12 @@ type GpuInfoValue = fn(&GpuInfo) -> f64;
 
 /// The vGPU families, but the queue wait summary.
 const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
+    (
+        "vgpud_vgpu_up",
+        "gauge",
+        "1 while the vGPU runs (its socket accepts a VMM), 0 while it is stopped.",
+        |s| f64::from(u8::from(s.state == InstanceState::Running)),
+    ),
     (
         "vgpud_vgpu_memory_used_bytes",
         "gauge",
@@ -317,6 +323,11 @@ mod tests {
         let vgpu = |name: &str, busy_ms: u64| InstanceStats {
             name: name.into(),
             gpu: "gpu0".into(),
+            state: if name == "vm1" {
+                InstanceState::Running
+            } else {
+                InstanceState::Stopped
+            },
             memory_quota: 512 << 20,
             memory_used: 4096,
             memory_peak: 8192,
@@ -492,6 +503,12 @@ mod tests {
         assert_eq!(
             find("vgpud_vgpu_queue_wait_seconds_sum", "vm1", None),
             Some(0.002)
+        );
+        assert_eq!(find("vgpud_vgpu_up", "vm1", None), Some(1.0));
+        assert_eq!(
+            find("vgpud_vgpu_up", "we\"ird\\name\n", None),
+            Some(0.0),
+            "a stopped vGPU is down"
         );
         for name in [
             "vgpud_vgpu_memory_used_bytes",

@@ -288,9 +288,9 @@ fn test_create_refusals_change_nothing() {
     put(&vgpu_body("vgpu0", "1MiB"), 409, "exists");
     let mut v: Value = serde_json::from_str(&vgpu_body("x", "1MiB")).unwrap();
     v["socket"] = json!("vgpu1.sock");
-    put(&v.to_string(), 409, "vGPU \"vgpu1\" listens on it");
+    put(&v.to_string(), 409, "vGPU \"vgpu1\" has it");
     v["socket"] = json!(f.path("vgpu1.sock"));
-    put(&v.to_string(), 409, "vGPU \"vgpu1\" listens on it");
+    put(&v.to_string(), 409, "vGPU \"vgpu1\" has it");
     v["socket"] = json!("api.sock");
     put(&v.to_string(), 409, "API socket");
     std::fs::write(f.path("file"), b"data").unwrap();
@@ -787,4 +787,243 @@ fn test_sigterm_stops_api_metrics_and_vgpus() {
     let left: Vec<_> = std::fs::read_dir(dir.as_path()).unwrap().collect();
     assert!(left.is_empty(), "sockets left behind: {left:?}");
     assert!(TcpStream::connect(metrics).is_err());
+}
+
+/// `vgpud_vgpu_up` of `vgpu`, as a scrape shows it.
+fn up(f: &Fixture, vgpu: &str) -> f64 {
+    let text = {
+        let d = f.daemon.lock().unwrap();
+        vgpud::metrics::render(&vgpud::metrics::Snapshot::of(&d))
+    };
+    let prefix = format!("vgpud_vgpu_up{{vgpu=\"{vgpu}\",gpu=\"gpu0\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// A guest on `socket` running FILLs of 256 KiB until `stop`, checking
+/// every completion; returns how many it completed.
+fn busy_guest(
+    socket: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    done: Arc<std::sync::atomic::AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        let mut g = Guest::connect(&socket, GuestOptions::default());
+        g.setup_queue(0, 64, Mode::Interrupt);
+        let buf = g.device_alloc(0, 256 << 10);
+        let mut pattern = 0u32;
+        while !stop.load(Ordering::Relaxed) {
+            pattern = pattern.wrapping_add(1);
+            let c = g.fill(0, buf, 256 << 10, pattern);
+            assert_eq!(c.status, vgpu_testkit::abi::STATUS_OK, "FILL {pattern}");
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+        // The work really happened.
+        assert_eq!(g.download(0, buf + 1024, 4), pattern.to_le_bytes().to_vec());
+    })
+}
+
+#[test]
+fn test_stop_and_start() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let f = fixture();
+    let sock0 = f.path("vgpu0.sock");
+    // vgpu1 works throughout; stopping and starting vgpu0 must not disturb it.
+    let stop_work = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let worker = busy_guest(f.path("vgpu1.sock"), stop_work.clone(), done.clone());
+    let progress = |what: &str| {
+        let before = done.load(Ordering::Relaxed);
+        let until = Instant::now() + Duration::from_secs(10);
+        while done.load(Ordering::Relaxed) < before + 20 {
+            assert!(Instant::now() < until, "vgpu1 stalled {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    progress("before");
+
+    let mut g = Guest::connect(&sock0, GuestOptions::default());
+    g.setup_queue(0, 64, Mode::Interrupt);
+    let buf = g.device_alloc(0, 4 * MIB);
+    let (_, v) = call(&f, "GET", "/api/v1/vgpus/vgpu0", None);
+    assert_eq!(v["state"], "running");
+    assert!(v["stats"]["memory_used_bytes"].as_u64().unwrap() >= 4 * MIB);
+    assert_eq!(up(&f, "vgpu0"), 1.0);
+    let before = state(&f);
+
+    // vgpu0 is stopped in the middle of work (its worker holding the GPU
+    // now and then); its guest just stops hearing back.
+    let fill = vgpu_testkit::Chain::command(&vgpu_testkit::abi::FillCmd {
+        hdr: vgpu_testkit::abi::CmdHeader {
+            opcode: vgpu_testkit::abi::OP_FILL,
+            flags: 0,
+        },
+        addr: buf,
+        size: 4 * MIB,
+        pattern: 1,
+        reserved: 0,
+    })
+    .completion();
+    let busy0 = std::thread::spawn(move || {
+        let mut completed = 0u64;
+        loop {
+            while g.in_flight(0) < 16 {
+                g.post(0, &fill);
+            }
+            g.kick(0);
+            match g.wait_used(0, Duration::from_millis(500)) {
+                Some(_) => completed += 1,
+                None => return completed,
+            }
+        }
+    });
+    let until = Instant::now() + Duration::from_secs(10);
+    while f.daemon.lock().unwrap().stats().1[0].commands < 50 {
+        assert!(Instant::now() < until, "vgpu0 does not work");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (s, v) = call(&f, "POST", "/api/v1/vgpus/vgpu0/stop", Some(""));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "stopped");
+    progress("while vgpu0 stopped");
+    assert!(busy0.join().unwrap() > 0);
+    // Powered off: no socket, so a VMM gets a clear failure; memory freed;
+    // the reservation and the configuration stay.
+    assert!(!sock0.exists());
+    let e = UnixStream::connect(&sock0).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    let (_, v) = call(&f, "GET", "/api/v1/vgpus/vgpu0", None);
+    assert_eq!(v["state"], "stopped");
+    assert_eq!(v["stats"]["memory_used_bytes"], 0);
+    assert_eq!(v["stats"]["state"], "stopped");
+    assert_eq!(v["config"], before["vgpus"][0]["config"]);
+    let (_, gpus) = call(&f, "GET", "/api/v1/gpus", None);
+    assert_eq!(gpus[0]["memory_allocated_bytes"], 768 * MIB);
+    assert_eq!(up(&f, "vgpu0"), 0.0);
+    assert_eq!(up(&f, "vgpu1"), 1.0);
+    let (_, list) = call(&f, "GET", "/api/v1/vgpus", None);
+    assert_eq!(list[0]["state"], "stopped");
+    assert_eq!(list[1]["state"], "running");
+
+    // Refusals change nothing.
+    let stopped = state(&f);
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/stop",
+        Some(""),
+        409,
+        "already stopped",
+    );
+    refused(&f, "POST", "/api/v1/vgpus/nope/stop", Some(""), 404, "nope");
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/nope/start",
+        Some(""),
+        404,
+        "nope",
+    );
+    refused(
+        &f,
+        "GET",
+        "/api/v1/vgpus/vgpu0/start",
+        None,
+        405,
+        "allowed: POST",
+    );
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/start",
+        Some("{\"x\":1}"),
+        400,
+        "unknown field",
+    );
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/start",
+        Some("[1"),
+        400,
+        "invalid request body",
+    );
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/pause",
+        Some(""),
+        404,
+        "no endpoint",
+    );
+    // A stopped vGPU keeps its socket path and its memory.
+    let mut clash: Value = serde_json::from_str(&vgpu_body("other", "64MiB")).unwrap();
+    clash["socket"] = json!("vgpu0.sock");
+    refused(
+        &f,
+        "PUT",
+        "/api/v1/vgpus",
+        Some(&clash.to_string()),
+        409,
+        "vgpu0",
+    );
+    refused(
+        &f,
+        "PUT",
+        "/api/v1/vgpus",
+        Some(&vgpu_body("big", "512MiB")),
+        409,
+        "memory",
+    );
+    // Something else took the path meanwhile: start refuses.
+    std::fs::write(&sock0, b"x").unwrap();
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/start",
+        Some(""),
+        409,
+        "not a socket",
+    );
+    std::fs::remove_file(&sock0).unwrap();
+    assert_eq!(state(&f), stopped);
+
+    // Start: the same socket, a fresh function, the same reservation.
+    let (s, v) = call(&f, "POST", "/api/v1/vgpus/vgpu0/start", Some("{}"));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "running");
+    assert!(sock0.exists());
+    refused(
+        &f,
+        "POST",
+        "/api/v1/vgpus/vgpu0/start",
+        Some(""),
+        409,
+        "already running",
+    );
+    let mut g = Guest::connect(&sock0, GuestOptions::default());
+    g.setup_queue(0, 64, Mode::Interrupt);
+    assert_eq!(g.mem_used(), 0, "a started function is as new");
+    let a = g.device_alloc(0, 200 * MIB);
+    assert_eq!(g.fill(0, a, 4096, 5).status, vgpu_testkit::abi::STATUS_OK);
+    assert_eq!(up(&f, "vgpu0"), 1.0);
+    assert_eq!(state(&f), before);
+    progress("after vgpu0 started");
+
+    // A stopped vGPU can be destroyed, which frees its reservation.
+    drop(g);
+    assert_eq!(
+        call(&f, "POST", "/api/v1/vgpus/vgpu0/stop", Some("")).0,
+        200
+    );
+    assert_eq!(call(&f, "DELETE", "/api/v1/vgpus/vgpu0", None).0, 204);
+    let (_, gpus) = call(&f, "GET", "/api/v1/gpus", None);
+    assert_eq!(gpus[0]["memory_allocated_bytes"], 512 * MIB);
+
+    stop_work.store(true, Ordering::Relaxed);
+    worker.join().expect("vgpu1's guest saw no failure");
 }
