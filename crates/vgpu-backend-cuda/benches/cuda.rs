@@ -23,8 +23,10 @@ use vgpu_backend::{
     PartitionSpec, SliceFn,
 };
 use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
+use vgpu_device::CommandGate;
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
 use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
+use vgpud::daemon::SchedGate;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -766,7 +768,7 @@ struct Tenant {
 fn sgemm_loop(
     p: &Mutex<CudaPartition>,
     dim: u32,
-    gate: Option<(&Scheduler, TenantId)>,
+    gate: Option<&SchedGate>,
     stop: &AtomicBool,
     start: &Barrier,
 ) -> Tenant {
@@ -798,20 +800,11 @@ fn sgemm_loop(
         done: 0,
         device: Duration::ZERO,
     };
+    // As a vGPU's worker: through vgpud's own gate, which keeps the GPU
+    // for a turn of consecutive commands.
+    let cancelled = || stop.load(Ordering::Relaxed);
     while !stop.load(Ordering::Relaxed) {
-        let grant = match gate {
-            Some((s, id)) => loop {
-                // As vgpud's SchedGate: bounded waits.
-                if let Some(g) = s.acquire_timeout(id, Duration::from_millis(5)).unwrap() {
-                    break Some(g);
-                }
-                if stop.load(Ordering::Relaxed) {
-                    break None;
-                }
-            },
-            None => None,
-        };
-        if gate.is_some() && grant.is_none() {
+        if gate.is_some_and(|g| !g.enter(&cancelled)) {
             break;
         }
         let d = {
@@ -819,11 +812,14 @@ fn sgemm_loop(
             p.launch(&l).unwrap();
             p.last_device_time().unwrap()
         };
-        if let Some(g) = grant {
-            g.finish(d);
+        if let Some(g) = gate {
+            g.leave(d, 0);
         }
         t.done += 1;
         t.device += d;
+    }
+    if let Some(g) = gate {
+        g.idle();
     }
     let mut p = p.lock().unwrap();
     for x in [a, b, c] {
@@ -838,16 +834,19 @@ fn sgemm_loop(
 fn run_tenants(
     parts: &[&Mutex<CudaPartition>],
     dim: u32,
-    policy: Option<Policy>,
+    sched: Option<Sched>,
     secs: f64,
 ) -> (Vec<Tenant>, Duration) {
-    let sched = policy.map(|policy| {
-        let s = Scheduler::new(SchedConfig::new(policy)).unwrap();
-        for i in 1..=parts.len() {
-            s.add_tenant(TenantId(i as u32), TenantParams::default())
-                .unwrap();
-        }
-        s
+    let gates: Vec<SchedGate> = sched.map_or_else(Vec::new, |sc| {
+        let mut config = SchedConfig::new(sc.policy);
+        config.turn = sc.turn;
+        let s = Scheduler::new(config).unwrap();
+        (1..=parts.len() as u32)
+            .map(|i| {
+                s.add_tenant(TenantId(i), TenantParams::default()).unwrap();
+                SchedGate::new(s.clone(), TenantId(i))
+            })
+            .collect()
     });
     let stop = AtomicBool::new(false);
     let start = Barrier::new(parts.len() + 1);
@@ -856,7 +855,7 @@ fn run_tenants(
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let gate = sched.as_ref().map(|s| (s, TenantId(i as u32 + 1)));
+                let gate = gates.get(i);
                 let (stop, start) = (&stop, &start);
                 s.spawn(move || sgemm_loop(p, dim, gate, stop, start))
             })
@@ -870,11 +869,22 @@ fn run_tenants(
     })
 }
 
+/// A scheduler as vgpud builds one: a policy, and turns of consecutive
+/// commands (`slice_us`) under fair share and priority.
+#[derive(Clone, Copy)]
+struct Sched {
+    policy: Policy,
+    turn: Duration,
+}
+
 const RUN_SECS: f64 = 2.0;
 
-fn policy_name(p: Policy) -> String {
-    match p {
-        Policy::FairShare => "fair share (vgpud's default)".into(),
+fn policy_name(s: Sched) -> String {
+    match s.policy {
+        Policy::FairShare => format!(
+            "fair share (vgpud's default), {} ms turns",
+            s.turn.as_millis()
+        ),
         Policy::RoundRobin { slice } => format!("round robin, {} ms slices", slice.as_millis()),
         other => format!("{other:?}"),
     }
@@ -902,14 +912,22 @@ fn sharing() {
     let b = part(&iso, "tenant-b", 1);
     println!("| isolated tenants saturating, host scheduler | sgemm | commands/s, one tenant alone | commands/s, two tenants (a + b) | aggregate vs alone | GPU time lost | device busy, two tenants |");
     println!("|---|---|---|---|---|---|---|");
-    let fair = Policy::FairShare;
-    let rr = |ms| Policy::RoundRobin {
-        slice: Duration::from_millis(ms),
+    let fair = |ms| Sched {
+        policy: Policy::FairShare,
+        turn: Duration::from_millis(ms),
     };
-    let rows: [(u32, Policy, bool); 6] = [
-        (4096, fair, false),
-        (1024, fair, false),
-        (1024, fair, true),
+    let rr = |ms| Sched {
+        policy: Policy::RoundRobin {
+            slice: Duration::from_millis(ms),
+        },
+        turn: Duration::from_millis(ms),
+    };
+    let rows: [(u32, Sched, bool); 8] = [
+        (4096, fair(2), false),
+        (1024, fair(2), false),
+        (1024, fair(2), true),
+        (1024, fair(8), false),
+        (4096, fair(8), false),
         (1024, rr(2), false),
         (1024, rr(8), false),
         (4096, rr(8), false),
@@ -939,7 +957,7 @@ fn sharing() {
     }
     // A victim next to a neighbour saturating its own partition.
     let mut victims = Vec::new();
-    for policy in [fair, rr(8)] {
+    for policy in [fair(8), rr(8)] {
         let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), RUN_SECS);
         let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), RUN_SECS);
         victims.push((

@@ -502,25 +502,13 @@ fn partition_host_rules(rules: &mut Rules, driver: bool) {
     #[cfg(not(target_arch = "x86_64"))]
     allow(rules, &[SYS_ppoll]);
     if driver {
-        gpu_driver_rules(rules);
         // The driver's list was traced as what it needed beyond the
-        // daemon's; of the daemon's calls, these reach nothing outside the
-        // process and a driver's helper threads commonly use them (wake-up
-        // fds, event loops, shared memory of its own).
-        allow(
-            rules,
-            &[
-                SYS_eventfd2,
-                SYS_epoll_create1,
-                SYS_epoll_ctl,
-                SYS_memfd_create,
-                SYS_ftruncate,
-            ],
-        );
-        #[cfg(target_arch = "x86_64")]
-        allow(rules, &[SYS_epoll_wait]);
-        #[cfg(not(target_arch = "x86_64"))]
-        allow(rules, &[SYS_epoll_pwait]);
+        // daemon's, in a daemon that made its contexts under the filter;
+        // a host makes its context, compiles the built-in module and pins
+        // guest memory under its own, so it gets that whole verified set
+        // (still no process creation, execve, network or id changes).
+        daemon_rules(rules);
+        gpu_driver_rules(rules);
     }
 }
 
@@ -1291,10 +1279,12 @@ mod tests {
         ] {
             assert_eq!(in_child(host, f), killed, "{name}");
         }
-        // With a driver, the driver's ioctls pass.
+        // With a driver, the driver's ioctls pass; still no process and no
+        // signal to another process.
         let gpu_host = &[(Role::PartitionHost { driver: true }, SeccompMode::Strict)];
         assert_eq!(in_child(gpu_host, &ioctl), (true, End::Exit(0)));
-        assert_eq!(in_child(gpu_host, &unix_socket), killed);
+        assert_eq!(in_child(gpu_host, &fork), killed);
+        assert_eq!(in_child(gpu_host, &kill), killed);
     }
 
     #[test]
@@ -1328,21 +1318,20 @@ mod tests {
             assert!(n.iter().all(|c| daemon.contains(c)), "{narrow:?}");
             assert!(n.len() < daemon.len());
         }
-        // A host may do less than the daemon, and less than a GPU host
-        // when it drives a GPU.
+        // A host may do less than the daemon; driving a GPU, it gets the
+        // GPU host's set (verified with CUDA contexts made under it) and
+        // its channel, and still no process or signal calls.
         let host = allowed_syscalls(Role::PartitionHost { driver: false });
         let gpu_part = allowed_syscalls(Role::PartitionHost { driver: true });
         assert!(host.iter().all(|c| gpu_part.contains(c)));
         assert!(host.len() < daemon.len());
-        assert!(gpu_part.iter().all(|c| gpu.contains(c)));
+        assert!(gpu.iter().chain(&host).all(|c| gpu_part.contains(c)));
+        assert!(gpu_part.iter().all(|c| gpu.contains(c) || host.contains(c)));
         for c in [
-            libc::SYS_socket,
-            libc::SYS_bind,
-            libc::SYS_connect,
-            libc::SYS_accept4,
-            libc::SYS_wait4,
             libc::SYS_execve,
             libc::SYS_kill,
+            libc::SYS_ptrace,
+            libc::SYS_setresuid,
         ] {
             assert!(!gpu_part.contains(&c), "{c}");
         }
