@@ -305,7 +305,7 @@ impl GpuJson {
                 Policy::Priority => "priority",
                 Policy::Fair => "fair",
             },
-            slice_us: g.config.slice_us,
+            slice_us: g.config.slice_us(),
             device: (g.config.backend == BackendKind::Cuda).then_some(g.config.device),
             memory_bytes: g.memory_total,
             memory_allocated_bytes: g.memory_allocated,

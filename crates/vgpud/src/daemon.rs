@@ -195,17 +195,17 @@ impl CommandGate for SchedGate {
 /// not once per command).
 fn sched_config(g: &GpuConfig) -> SchedConfig {
     let mut c = sched_config_policy(g);
-    c.turn = Duration::from_micros(g.slice_us);
+    c.turn = Duration::from_micros(g.slice_us());
     c
 }
 
 fn sched_config_policy(g: &GpuConfig) -> SchedConfig {
     SchedConfig::new(match g.policy {
         Policy::RoundRobin => SchedPolicy::RoundRobin {
-            slice: Duration::from_micros(g.slice_us),
+            slice: Duration::from_micros(g.slice_us()),
         },
         Policy::Priority => SchedPolicy::Priority {
-            aging: Duration::from_micros(g.slice_us * 10),
+            aging: Duration::from_micros(g.slice_us() * 10),
         },
         Policy::Fair => SchedPolicy::FairShare,
     })
