@@ -1029,15 +1029,27 @@ mod tests {
     }
 
     /// Whether `addr` lies in a mapping of this process.
-    fn is_mapped(addr: usize) -> bool {
+    fn ino(m: &Mapped) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        m.file.metadata().unwrap().ino()
+    }
+
+    /// Whether `addr` is mapped from the file with inode `ino`: other
+    /// tests running meanwhile may map something else at a freed address.
+    fn maps_file(addr: usize, ino: u64) -> bool {
         std::fs::read_to_string("/proc/self/maps")
             .unwrap()
             .lines()
-            .filter_map(|l| l.split_whitespace().next()?.split_once('-'))
-            .any(|(a, b)| {
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let (a, b) = f.next()?.split_once('-')?;
+                let inode = f.nth(3)?.parse::<u64>().ok()?;
+                Some((a, b, inode))
+            })
+            .any(|(a, b, inode)| {
                 let a = usize::from_str_radix(a, 16).unwrap();
                 let b = usize::from_str_radix(b, 16).unwrap();
-                (a..b).contains(&addr)
+                inode == ino && (a..b).contains(&addr)
             })
     }
 
@@ -1078,23 +1090,23 @@ mod tests {
             .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
             .unwrap()
             .unwrap();
-        assert!(is_mapped(m.host_addr));
+        assert!(maps_file(m.host_addr, ino(&m)));
         let removed = dma.unmap(0x10000, 0x1000).unwrap();
         assert_eq!(removed.ranges()[0].id, m.id);
         // Out of the table, but still mapped for the model to release.
         assert!(dma.is_empty());
-        assert!(is_mapped(m.host_addr));
+        assert!(maps_file(m.host_addr, ino(&m)));
         drop(removed);
-        assert!(!is_mapped(m.host_addr));
+        assert!(!maps_file(m.host_addr, ino(&m)));
 
         let m = dma
             .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
             .unwrap()
             .unwrap();
         let all = dma.unmap_all();
-        assert!(is_mapped(m.host_addr));
+        assert!(maps_file(m.host_addr, ino(&m)));
         drop(all);
-        assert!(!is_mapped(m.host_addr));
+        assert!(!maps_file(m.host_addr, ino(&m)));
     }
 
     #[test]
