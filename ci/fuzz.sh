@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of vgpud's untrusted inputs with cargo-fuzz
 # (libFuzzer): vfio-user messages, the vGPU rings and registers, the
-# configuration file and the management API's HTTP requests. The targets
+# configuration file, the management API's HTTP requests and the
+# partition-host protocol. The targets
 # live in fuzz/ (see fuzz/README.md).
 #
 # Builds every target, then runs each for SECONDS (default 20) from the
