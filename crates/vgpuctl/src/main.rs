@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Parser, Subcommand};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
+use vgpu_api::{Gpu, GpuStats, Stats, Vgpu, VgpuStats};
 
 use format::Table;
 
@@ -135,88 +136,6 @@ fn parse_interval(s: &str) -> Result<f64, String> {
         Ok(x) if (0.05..=3600.0).contains(&x) => Ok(x),
         _ => Err("give seconds between 0.05 and 3600".into()),
     }
-}
-
-#[derive(Deserialize, Serialize, Default, Clone)]
-#[serde(default)]
-struct VgpuConfig {
-    name: String,
-    gpu: String,
-    socket: String,
-    memory: u64,
-    compute_units: u32,
-    priority: i32,
-    weight: u32,
-    cap: Option<f64>,
-    queues: u32,
-    window: u64,
-    poll_us: u64,
-    pci_vendor: Option<u16>,
-    pci_device: Option<u16>,
-}
-
-#[derive(Deserialize, Default, Clone)]
-#[serde(default)]
-struct VgpuStats {
-    name: String,
-    gpu: String,
-    state: String,
-    memory_quota_bytes: u64,
-    memory_used_bytes: u64,
-    memory_peak_bytes: u64,
-    commands: u64,
-    busy_seconds: f64,
-    bytes: u64,
-    queue_wait_p50_seconds: f64,
-    queue_wait_p99_seconds: f64,
-    capped: u64,
-    faults: u64,
-    errors: u64,
-    resets: u64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Vgpu {
-    name: String,
-    gpu: String,
-    state: String,
-    socket_path: String,
-    config: VgpuConfig,
-    stats: Option<VgpuStats>,
-}
-
-#[derive(Deserialize, Default, Clone)]
-#[serde(default)]
-struct GpuStats {
-    name: String,
-    backend: String,
-    utilization: f64,
-    busy_seconds: f64,
-    switches: u64,
-    commands: u64,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Stats {
-    gpus: Vec<GpuStats>,
-    vgpus: Vec<VgpuStats>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Gpu {
-    name: String,
-    backend: String,
-    policy: String,
-    memory_bytes: u64,
-    memory_allocated_bytes: u64,
-    memory_free_bytes: u64,
-    compute_units: u32,
-    compute_units_allocated: u32,
-    vgpus: Vec<String>,
-    stats: Option<GpuStats>,
 }
 
 struct Api {

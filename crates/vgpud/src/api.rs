@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use log::info;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer};
+use vgpu_api as json;
 
 use crate::config::{BackendKind, Policy, VgpuConfig};
 use crate::daemon::{Daemon, DaemonError, GpuInfo, GpuStats, InstanceInfo, InstanceStats};
@@ -145,179 +146,90 @@ impl Drop for ApiServer {
     }
 }
 
-/// A vGPU's configuration as JSON: the fields of a `[[vgpu]]` table, sizes
-/// in bytes; accepted back by `PUT /api/v1/vgpus`.
-#[derive(Serialize)]
-struct VgpuConfigJson {
-    name: String,
-    gpu: String,
-    socket: String,
-    memory: u64,
-    compute_units: u32,
-    priority: i32,
-    weight: u32,
-    cap: Option<f64>,
-    queues: u32,
-    window: u64,
-    poll_us: u64,
-    pci_vendor: Option<u16>,
-    pci_device: Option<u16>,
-}
-
-impl From<&VgpuConfig> for VgpuConfigJson {
-    fn from(v: &VgpuConfig) -> Self {
-        VgpuConfigJson {
-            name: v.name.clone(),
-            gpu: v.gpu.clone(),
-            socket: v.socket.to_string_lossy().into_owned(),
-            memory: v.memory.0,
-            compute_units: v.compute_units,
-            priority: v.priority,
-            weight: v.weight,
-            cap: v.cap,
-            queues: v.queues,
-            window: v.window.0,
-            poll_us: v.poll_us,
-            pci_vendor: v.pci_vendor,
-            pci_device: v.pci_device,
-        }
+/// The API's documents (`vgpu-api`) from the daemon's state: a vGPU's
+/// configuration (sizes in bytes; accepted back by `PUT /api/v1/vgpus`).
+fn config_json(v: &VgpuConfig) -> json::VgpuConfig {
+    json::VgpuConfig {
+        name: v.name.clone(),
+        gpu: v.gpu.clone(),
+        socket: v.socket.to_string_lossy().into_owned(),
+        memory: v.memory.0,
+        compute_units: v.compute_units,
+        priority: v.priority,
+        weight: v.weight,
+        cap: v.cap,
+        queues: v.queues,
+        window: v.window.0,
+        poll_us: v.poll_us,
+        pci_vendor: v.pci_vendor,
+        pci_device: v.pci_device,
     }
 }
 
-#[derive(Serialize)]
-struct VgpuStatsJson {
-    name: String,
-    gpu: String,
-    state: &'static str,
-    memory_quota_bytes: u64,
-    memory_used_bytes: u64,
-    memory_peak_bytes: u64,
-    commands: u64,
-    busy_seconds: f64,
-    bytes: u64,
-    queue_wait_p50_seconds: f64,
-    queue_wait_p99_seconds: f64,
-    capped: u64,
-    faults: u64,
-    errors: u64,
-    resets: u64,
-}
-
-impl From<&InstanceStats> for VgpuStatsJson {
-    fn from(s: &InstanceStats) -> Self {
-        VgpuStatsJson {
-            name: s.name.clone(),
-            gpu: s.gpu.clone(),
-            state: s.state.as_str(),
-            memory_quota_bytes: s.memory_quota,
-            memory_used_bytes: s.memory_used,
-            memory_peak_bytes: s.memory_peak,
-            commands: s.commands,
-            busy_seconds: s.busy.as_secs_f64(),
-            bytes: s.bytes,
-            queue_wait_p50_seconds: s.wait_p50.as_secs_f64(),
-            queue_wait_p99_seconds: s.wait_p99.as_secs_f64(),
-            capped: s.capped,
-            faults: s.faults,
-            errors: s.errors,
-            resets: s.resets,
-        }
+fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
+    json::VgpuStats {
+        name: s.name.clone(),
+        gpu: s.gpu.clone(),
+        state: s.state.as_str().into(),
+        memory_quota_bytes: s.memory_quota,
+        memory_used_bytes: s.memory_used,
+        memory_peak_bytes: s.memory_peak,
+        commands: s.commands,
+        busy_seconds: s.busy.as_secs_f64(),
+        bytes: s.bytes,
+        queue_wait_p50_seconds: s.wait_p50.as_secs_f64(),
+        queue_wait_p99_seconds: s.wait_p99.as_secs_f64(),
+        capped: s.capped,
+        faults: s.faults,
+        errors: s.errors,
+        resets: s.resets,
     }
 }
 
-#[derive(Serialize)]
-struct VgpuJson {
-    name: String,
-    gpu: String,
-    state: &'static str,
-    socket_path: String,
-    config: VgpuConfigJson,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stats: Option<VgpuStatsJson>,
-}
-
-impl VgpuJson {
-    fn new(i: &InstanceInfo, stats: Option<&InstanceStats>) -> Self {
-        VgpuJson {
-            name: i.config.name.clone(),
-            gpu: i.config.gpu.clone(),
-            state: i.state.as_str(),
-            socket_path: i.socket.to_string_lossy().into_owned(),
-            config: (&i.config).into(),
-            stats: stats.map(Into::into),
-        }
+fn vgpu_json(i: &InstanceInfo, stats: Option<&InstanceStats>) -> json::Vgpu {
+    json::Vgpu {
+        name: i.config.name.clone(),
+        gpu: i.config.gpu.clone(),
+        state: i.state.as_str().into(),
+        socket_path: i.socket.to_string_lossy().into_owned(),
+        config: config_json(&i.config),
+        stats: stats.map(vgpu_stats_json),
     }
 }
 
-#[derive(Serialize)]
-struct GpuStatsJson {
-    name: String,
-    backend: String,
-    utilization: f64,
-    busy_seconds: f64,
-    switches: u64,
-    commands: u64,
-}
-
-impl From<&GpuStats> for GpuStatsJson {
-    fn from(g: &GpuStats) -> Self {
-        GpuStatsJson {
-            name: g.name.clone(),
-            backend: g.backend.clone(),
-            utilization: finite(g.utilization),
-            busy_seconds: g.busy.as_secs_f64(),
-            switches: g.switches,
-            commands: g.commands,
-        }
+fn gpu_stats_json(g: &GpuStats) -> json::GpuStats {
+    json::GpuStats {
+        name: g.name.clone(),
+        backend: g.backend.clone(),
+        utilization: finite(g.utilization),
+        busy_seconds: g.busy.as_secs_f64(),
+        switches: g.switches,
+        commands: g.commands,
     }
 }
 
-#[derive(Serialize)]
-struct StatsJson {
-    gpus: Vec<GpuStatsJson>,
-    vgpus: Vec<VgpuStatsJson>,
-}
-
-#[derive(Serialize)]
-struct GpuJson {
-    name: String,
-    backend: String,
-    policy: &'static str,
-    slice_us: u64,
-    device: Option<u32>,
-    memory_bytes: u64,
-    memory_allocated_bytes: u64,
-    memory_free_bytes: u64,
-    compute_units: u32,
-    compute_units_allocated: u32,
-    compute_units_free: u32,
-    vgpus: Vec<String>,
-    stats: Option<GpuStatsJson>,
-}
-
-impl GpuJson {
-    fn new(g: &GpuInfo, stats: Option<&GpuStats>) -> Self {
-        GpuJson {
-            name: g.config.name.clone(),
-            backend: g.backend.clone(),
-            policy: match g.config.policy {
-                Policy::RoundRobin => "round-robin",
-                Policy::Priority => "priority",
-                Policy::Fair => "fair",
-            },
-            slice_us: g.config.slice_us(),
-            device: (g.config.backend == BackendKind::Cuda).then_some(g.config.device),
-            memory_bytes: g.memory_total,
-            memory_allocated_bytes: g.memory_allocated,
-            memory_free_bytes: g.memory_total.saturating_sub(g.memory_allocated),
-            compute_units: g.compute_units_total,
-            compute_units_allocated: g.compute_units_allocated,
-            compute_units_free: g
-                .compute_units_total
-                .saturating_sub(g.compute_units_allocated),
-            vgpus: g.vgpus.clone(),
-            stats: stats.map(Into::into),
+fn gpu_json(g: &GpuInfo, stats: Option<&GpuStats>) -> json::Gpu {
+    json::Gpu {
+        name: g.config.name.clone(),
+        backend: g.backend.clone(),
+        policy: match g.config.policy {
+            Policy::RoundRobin => "round-robin",
+            Policy::Priority => "priority",
+            Policy::Fair => "fair",
         }
+        .into(),
+        slice_us: g.config.slice_us(),
+        device: (g.config.backend == BackendKind::Cuda).then_some(g.config.device),
+        memory_bytes: g.memory_total,
+        memory_allocated_bytes: g.memory_allocated,
+        memory_free_bytes: g.memory_total.saturating_sub(g.memory_allocated),
+        compute_units: g.compute_units_total,
+        compute_units_allocated: g.compute_units_allocated,
+        compute_units_free: g
+            .compute_units_total
+            .saturating_sub(g.compute_units_allocated),
+        vgpus: g.vgpus.clone(),
+        stats: stats.map(gpu_stats_json),
     }
 }
 
@@ -421,9 +333,9 @@ fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
                 let (gpus, vgpus) = lock().stats();
                 Response::json(
                     200,
-                    &StatsJson {
-                        gpus: gpus.iter().map(Into::into).collect(),
-                        vgpus: vgpus.iter().map(Into::into).collect(),
+                    &json::Stats {
+                        gpus: gpus.iter().map(gpu_stats_json).collect(),
+                        vgpus: vgpus.iter().map(vgpu_stats_json).collect(),
                     },
                 )
             }
@@ -433,10 +345,10 @@ fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
             "GET" => {
                 let d = lock();
                 let (stats, _) = d.stats();
-                let gpus: Vec<GpuJson> = d
+                let gpus: Vec<json::Gpu> = d
                     .gpus()
                     .iter()
-                    .map(|g| GpuJson::new(g, stats.iter().find(|s| s.name == g.config.name)))
+                    .map(|g| gpu_json(g, stats.iter().find(|s| s.name == g.config.name)))
                     .collect();
                 Response::json(200, &gpus)
             }
@@ -447,7 +359,7 @@ fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
 }
 
 fn list(d: &Daemon) -> Response {
-    let all: Vec<VgpuJson> = d.list().iter().map(|i| VgpuJson::new(i, None)).collect();
+    let all: Vec<json::Vgpu> = d.list().iter().map(|i| vgpu_json(i, None)).collect();
     Response::json(200, &all)
 }
 
@@ -458,7 +370,7 @@ fn show(d: &Daemon, name: &str) -> Response {
     let (_, stats) = d.stats();
     Response::json(
         200,
-        &VgpuJson::new(&info, stats.iter().find(|s| s.name == name)),
+        &vgpu_json(&info, stats.iter().find(|s| s.name == name)),
     )
 }
 
@@ -480,7 +392,7 @@ fn create(d: &mut Daemon, api_path: &Path, body: &[u8]) -> Response {
         return daemon_error(e);
     }
     match d.instance(&name) {
-        Some(info) => Response::json(201, &VgpuJson::new(&info, None))
+        Some(info) => Response::json(201, &vgpu_json(&info, None))
             .with_header("Location", format!("{API_PREFIX}/vgpus/{name}")),
         None => Response::error(500, "the vGPU vanished after its creation"),
     }
@@ -509,7 +421,7 @@ fn power(d: &mut Daemon, name: &str, action: &str, body: &[u8]) -> Response {
         return daemon_error(e);
     }
     match d.instance(name) {
-        Some(info) => Response::json(200, &VgpuJson::new(&info, None)),
+        Some(info) => Response::json(200, &vgpu_json(&info, None)),
         None => daemon_error(DaemonError::NoInstance(name.to_string())),
     }
 }
@@ -529,7 +441,7 @@ fn patch(d: &mut Daemon, name: &str, body: &[u8]) -> Response {
         return daemon_error(e);
     }
     match d.instance(name) {
-        Some(info) => Response::json(200, &VgpuJson::new(&info, None)),
+        Some(info) => Response::json(200, &vgpu_json(&info, None)),
         None => daemon_error(DaemonError::NoInstance(name.to_string())),
     }
 }
