@@ -62,6 +62,9 @@ impl IrqError {
 #[derive(Default)]
 struct Vector {
     trigger: Option<EventFd>,
+    /// Signalled by the client to unmask (KVM's INTx resample eventfd,
+    /// written when the guest ends the interrupt).
+    unmask: Option<EventFd>,
     masked: bool,
     pending: bool,
 }
@@ -118,6 +121,36 @@ impl Interrupts {
             .get(index as usize)
             .and_then(|t| t.vectors.get(vector as usize))
             .is_some_and(|v| v.trigger.is_some())
+    }
+
+    /// Duplicates of the unmask eventfds set with UNMASK | DATA_EVENTFD,
+    /// with their type and vector, for an event loop to watch.
+    pub fn unmask_eventfds(&self) -> Vec<(u32, u32, EventFd)> {
+        let mut out = Vec::new();
+        for (index, t) in self.lock().iter().enumerate() {
+            for (vector, v) in t.vectors.iter().enumerate() {
+                if let Some(fd) = v.unmask.as_ref().and_then(|f| f.try_clone().ok()) {
+                    out.push((index as u32, vector as u32, fd));
+                }
+            }
+        }
+        out
+    }
+
+    /// Unmasks vector `vector` of type `index` (its unmask eventfd fired),
+    /// delivering what was left pending while it was masked.
+    pub fn unmask(&self, index: u32, vector: u32) {
+        let mut types = self.lock();
+        let Some(t) = types.get_mut(index as usize) else {
+            return;
+        };
+        let automask = t.info.automasked;
+        if let Some(v) = t.vectors.get_mut(vector as usize) {
+            v.masked = false;
+            if std::mem::take(&mut v.pending) {
+                fire(v, automask);
+            }
+        }
     }
 
     /// Drops every eventfd and clears masks (the client went away).
@@ -190,6 +223,22 @@ impl Interrupts {
                     Ok(())
                 }
                 SET_ACTION_TRIGGER => Err(IrqError::Data),
+                // An eventfd whose signal unmasks the vector (resampling).
+                SET_ACTION_UNMASK if !t.info.maskable => Err(IrqError::Unsupported),
+                SET_ACTION_UNMASK if fds.is_empty() => {
+                    vectors.iter_mut().for_each(|v| v.unmask = None);
+                    Ok(())
+                }
+                SET_ACTION_UNMASK if fds.len() == count as usize => {
+                    for (v, f) in vectors.iter_mut().zip(fds) {
+                        // SAFETY: as for TRIGGER above: an owned fd from
+                        // the peer; reads of a non-eventfd fail and are
+                        // ignored.
+                        v.unmask = Some(unsafe { owned_eventfd(f) });
+                    }
+                    Ok(())
+                }
+                SET_ACTION_UNMASK => Err(IrqError::Data),
                 _ => Err(IrqError::Unsupported),
             };
         }
@@ -416,6 +465,58 @@ mod tests {
         )
         .unwrap();
         assert_eq!(efd.read().unwrap(), 1);
+    }
+
+    #[test]
+    fn test_unmask_eventfd_is_kept_replaced_and_refused_where_unmaskable() {
+        let irqs = irqs();
+        let unmask = SET_DATA_EVENTFD | SET_ACTION_UNMASK;
+        let (_a, fa) = eventfd_pair();
+        irqs.set(IRQ_INTX, unmask, 0, 1, &[], vec![fa]).unwrap();
+        assert_eq!(irqs.unmask_eventfds().len(), 1);
+        assert_eq!(irqs.unmask_eventfds()[0].0, IRQ_INTX);
+        // Two fds for one vector, or any for an unmaskable type: refused.
+        let (_b, fb) = eventfd_pair();
+        let (_c, fc) = eventfd_pair();
+        assert_eq!(
+            irqs.set(IRQ_INTX, unmask, 0, 1, &[], vec![fb, fc]),
+            Err(IrqError::Data)
+        );
+        let (_d, fd) = eventfd_pair();
+        assert_eq!(
+            irqs.set(IRQ_MSIX, unmask, 0, 1, &[], vec![fd]),
+            Err(IrqError::Unsupported)
+        );
+        // No fds removes it; so does the client going away.
+        irqs.set(IRQ_INTX, unmask, 0, 1, &[], vec![]).unwrap();
+        assert!(irqs.unmask_eventfds().is_empty());
+        let (_e, fe) = eventfd_pair();
+        irqs.set(IRQ_INTX, unmask, 0, 1, &[], vec![fe]).unwrap();
+        irqs.clear();
+        assert!(irqs.unmask_eventfds().is_empty());
+    }
+
+    #[test]
+    fn test_unmask_delivers_what_was_pending() {
+        let irqs = irqs();
+        let (efd, file) = eventfd_pair();
+        irqs.set(
+            IRQ_INTX,
+            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
+            0,
+            1,
+            &[],
+            vec![file],
+        )
+        .unwrap();
+        assert!(irqs.trigger(IRQ_INTX, 0));
+        assert!(!irqs.trigger(IRQ_INTX, 0));
+        assert_eq!(efd.read().unwrap(), 1);
+        irqs.unmask(IRQ_INTX, 0);
+        assert_eq!(efd.read().unwrap(), 1);
+        // Out-of-range vectors and types are ignored.
+        irqs.unmask(IRQ_INTX, 7);
+        irqs.unmask(99, 0);
     }
 
     #[test]

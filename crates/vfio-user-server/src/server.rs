@@ -53,6 +53,9 @@ pub enum ServerError {
 const TOKEN_LISTENER: u32 = 1;
 const TOKEN_CLIENT: u32 = 2;
 const TOKEN_STOP: u32 = 3;
+/// Unmask (resample) eventfds: `TOKEN_UNMASK_BASE + i` for the client's
+/// `unmasks[i]`; below the ioeventfds' range.
+const TOKEN_UNMASK_BASE: u32 = 0x800;
 const TOKEN_IOEVENT_BASE: u32 = 0x1000;
 
 // vfio_region_info flags.
@@ -95,6 +98,8 @@ struct Client {
     negotiated: bool,
     caps: PeerCaps,
     ioevents: Vec<IoEvent>,
+    /// Watched unmask eventfds: (interrupt type, vector, eventfd).
+    unmasks: Vec<(u32, u32, EventFd)>,
     /// Close after the current reply (fatal protocol error).
     closing: bool,
 }
@@ -239,6 +244,7 @@ impl Endpoint {
             negotiated: false,
             caps: PeerCaps::default(),
             ioevents: Vec::new(),
+            unmasks: Vec::new(),
             closing: false,
         });
     }
@@ -252,6 +258,9 @@ impl Endpoint {
         let _ = ops.remove(Events::empty_raw(client.link.raw_fd()));
         for ev in &client.ioevents {
             let _ = ops.remove(Events::empty(&ev.efd));
+        }
+        for (_, _, efd) in &client.unmasks {
+            let _ = ops.remove(Events::empty(efd));
         }
         client.link.shutdown();
         let removed = self.ctx.dma.unmap_all();
@@ -380,7 +389,7 @@ impl Endpoint {
             Command::DeviceGetRegionInfo => self.region_info(&payload),
             Command::DeviceGetRegionIoFds => self.region_io_fds(&payload, ops),
             Command::DeviceGetIrqInfo => self.irq_info(&payload),
-            Command::DeviceSetIrqs => self.set_irqs(&payload, fds),
+            Command::DeviceSetIrqs => self.set_irqs(&payload, fds, ops),
             Command::RegionRead => self.region_read(&payload),
             Command::RegionWrite => self.region_write(&payload),
             Command::RegionWriteMulti => self.region_write_multi(&payload),
@@ -683,6 +692,57 @@ impl Endpoint {
         Ok(fd)
     }
 
+    /// Watches the unmask eventfds the interrupt table now holds (any
+    /// SET_IRQS may have set, replaced or dropped some).
+    fn watch_unmasks(&mut self, ops: &mut EventOps) {
+        let wanted = self.ctx.irqs.unmask_eventfds();
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        for (_, _, efd) in client.unmasks.drain(..) {
+            let _ = ops.remove(Events::empty(&efd));
+        }
+        for (index, vector, efd) in wanted {
+            let token = TOKEN_UNMASK_BASE + client.unmasks.len() as u32;
+            if token >= TOKEN_IOEVENT_BASE {
+                break;
+            }
+            match ops.add(Events::with_data(&efd, token, EventSet::IN)) {
+                Ok(()) => client.unmasks.push((index, vector, efd)),
+                Err(e) => warn!("{}: cannot watch an unmask eventfd: {e:?}", self.name),
+            }
+        }
+    }
+
+    fn unmask_fired(&mut self, idx: usize, ops: &mut EventOps) {
+        let Some((index, vector, efd)) = self.client.as_ref().and_then(|c| c.unmasks.get(idx))
+        else {
+            return;
+        };
+        let (index, vector) = (*index, *vector);
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `count`, which outlives the call.
+        let n = unsafe { libc::read(efd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) };
+        if n == 8 {
+            self.ctx.irqs.unmask(index, vector);
+            return;
+        }
+        if n < 0
+            && matches!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            )
+        {
+            return;
+        }
+        // Not an eventfd (a pipe at end of file stays readable): stop
+        // watching it rather than spin on it.
+        let _ = ops.remove(Events::empty(efd));
+        self.warn(format_args!(
+            "unmask fd of interrupt {index}.{vector} is not an eventfd; ignored"
+        ));
+    }
+
     fn ioevent_fired(&mut self, idx: usize) {
         let Some(ev) = self.client.as_ref().and_then(|c| c.ioevents.get(idx)) else {
             return;
@@ -726,7 +786,7 @@ impl Endpoint {
         Ok((w.into_inner(), Vec::new()))
     }
 
-    fn set_irqs(&mut self, payload: &[u8], fds: Vec<File>) -> Outcome {
+    fn set_irqs(&mut self, payload: &[u8], fds: Vec<File>, ops: &mut EventOps) -> Outcome {
         let mut r = Reader::new(payload);
         let fields =
             (|| Ok::<_, proto::Truncated>((r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?)))();
@@ -743,6 +803,7 @@ impl Endpoint {
                     "{}: SET_IRQS index {index} flags {flags:#x} {start}+{count} ({nfds} fds)",
                     self.name
                 );
+                self.watch_unmasks(ops);
                 self.device.irqs_changed(index);
                 Ok((Vec::new(), Vec::new()))
             }
@@ -868,6 +929,7 @@ impl Endpoint {
                 self.stopped.store(true, Ordering::Release);
             }
             t if t >= TOKEN_IOEVENT_BASE => self.ioevent_fired((t - TOKEN_IOEVENT_BASE) as usize),
+            t if t >= TOKEN_UNMASK_BASE => self.unmask_fired((t - TOKEN_UNMASK_BASE) as usize, ops),
             t => warn!("{}: event for unknown token {t}", self.name),
         }
     }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
@@ -434,4 +435,97 @@ fn test_region_info_small_argsz_announces_size_without_caps_flag() {
     );
     let (argsz, flags, cap_offset, len, _) = query(&mut c, 64);
     assert_eq!((argsz, flags & CAPS, cap_offset, len), (64, CAPS, 32, 64));
+}
+
+/// INTx with a resample eventfd, as a VMM with KVM's irqfd sets it up:
+/// the device's INTx masks itself when it fires, a second one waits, and
+/// a write to the unmask eventfd (the guest's end of interrupt) delivers
+/// it. An fd that is not an eventfd is dropped rather than spun on.
+#[test]
+fn test_intx_unmask_eventfd_delivers_the_pending_interrupt() {
+    const IRQ_INTX: u32 = 0;
+    const VFIO_IRQ_SET_ACTION_UNMASK: u32 = 1 << 4;
+    let server = TestServer::sample();
+    let mut c = connect(&server);
+    let trigger = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let resample = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    c.set_irqs(
+        IRQ_INTX,
+        VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+        0,
+        1,
+        &[trigger.as_raw_fd()],
+    )
+    .unwrap();
+    c.set_irqs(
+        IRQ_INTX,
+        VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_UNMASK,
+        0,
+        1,
+        &[resample.as_raw_fd()],
+    )
+    .unwrap();
+    // MSI-X is off: the sample device raises INTx.
+    write32(&mut c, 0, regs::IRQ, 0);
+    assert_eq!(trigger.read().unwrap(), 1);
+    write32(&mut c, 0, regs::IRQ, 0);
+    assert!(trigger.read().is_err(), "INTx is masked until the EOI");
+    resample.write(1).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match trigger.read() {
+            Ok(n) => {
+                assert_eq!(n, 1);
+                break;
+            }
+            Err(_) => {
+                assert!(Instant::now() < deadline, "the pending INTx never came");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
+    // A pipe whose writer is gone is always readable: the engine drops it
+    // and keeps serving.
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two new fds into `fds`.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both fds were just created and are owned here.
+    let (rd, wr) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+    drop(wr);
+    c.set_irqs(
+        IRQ_INTX,
+        VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_UNMASK,
+        0,
+        1,
+        &[rd.as_raw_fd()],
+    )
+    .unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let pipe = format!("pipe:[{}]", rd.metadata().unwrap().ino());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while epoll_watches(&pipe) {
+        assert!(
+            Instant::now() < deadline,
+            "the event loop still watches a dead unmask fd"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Still serving.
+    write32(&mut c, 0, regs::IRQ, 0);
+}
+
+/// Whether an epoll instance of this process watches an fd whose
+/// `/proc/self/fd` link reads `target` (e.g. `pipe:[123]`).
+fn epoll_watches(target: &str) -> bool {
+    let link = |fd: &str| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|fd| link(fd).is_some_and(|l| l.to_string_lossy() == "anon_inode:[eventpoll]"))
+        .filter_map(|fd| std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok())
+        .any(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("tfd:")?.split_whitespace().next())
+                .any(|tfd| link(tfd).is_some_and(|l| l.to_string_lossy() == target))
+        })
 }
