@@ -229,27 +229,10 @@ impl RemoteBackend {
         spec: &PartitionSpec,
     ) -> Result<RemotePartition, BackendError> {
         {
-            let mut pool = lock(&self.pool);
-            let mut short = Vec::new();
-            if spec.memory > pool.memory {
-                short.push(format!(
-                    "{} bytes of memory requested, {} left",
-                    spec.memory, pool.memory
-                ));
-            }
-            if spec.compute_units > pool.compute_units {
-                short.push(format!(
-                    "{} compute units requested, {} left",
-                    spec.compute_units, pool.compute_units
-                ));
-            }
-            if !short.is_empty() {
-                let why = format!("partition {:?}: {}", spec.name, short.join("; "));
+            if let Err(why) = lock(&self.pool).reserve(spec) {
                 warn!("remote backend: {why}");
                 return Err(BackendError::DoesNotFit(why));
             }
-            pool.memory -= spec.memory;
-            pool.compute_units -= spec.compute_units;
         }
         // From here the partition gives it back, even if it fails to start.
         RemotePartition::create(

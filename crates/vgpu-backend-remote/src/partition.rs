@@ -399,9 +399,7 @@ impl RemotePartition {
         let staging = match Staging::create(config.staging_bytes) {
             Ok(s) => s,
             Err(e) => {
-                let mut p = lock(&pool);
-                p.memory += spec.memory;
-                p.compute_units += spec.compute_units;
+                lock(&pool).release(spec);
                 return Err(format!("cannot create the staging area: {e}"));
             }
         };
@@ -804,8 +802,6 @@ impl Drop for RemotePartition {
         // socket goes after it (see `end_link`).
         self.link.take();
         self.registry.detach();
-        let mut pool = lock(&self.pool);
-        pool.memory += self.spec.memory;
-        pool.compute_units += self.spec.compute_units;
+        lock(&self.pool).release(&self.spec);
     }
 }

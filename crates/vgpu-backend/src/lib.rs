@@ -209,6 +209,38 @@ pub struct Capacity {
     pub compute_units: u32,
 }
 
+impl Capacity {
+    /// Takes `spec`'s memory and compute units out of what is left, or
+    /// takes nothing and says what is short.
+    pub fn reserve(&mut self, spec: &PartitionSpec) -> Result<(), String> {
+        let mut short = Vec::new();
+        if spec.memory > self.memory {
+            short.push(format!(
+                "{} bytes of memory requested, {} left",
+                spec.memory, self.memory
+            ));
+        }
+        if spec.compute_units > self.compute_units {
+            short.push(format!(
+                "{} compute units requested, {} left",
+                spec.compute_units, self.compute_units
+            ));
+        }
+        if !short.is_empty() {
+            return Err(format!("partition {:?}: {}", spec.name, short.join("; ")));
+        }
+        self.memory -= spec.memory;
+        self.compute_units -= spec.compute_units;
+        Ok(())
+    }
+
+    /// Gives back what [`Capacity::reserve`] took for `spec`.
+    pub fn release(&mut self, spec: &PartitionSpec) {
+        self.memory = self.memory.saturating_add(spec.memory);
+        self.compute_units = self.compute_units.saturating_add(spec.compute_units);
+    }
+}
+
 /// A physical GPU.
 pub trait Backend: Send + Sync {
     /// Short name ("software", "cuda").
@@ -252,5 +284,33 @@ pub trait Partition: Send {
     /// the partition (see [`HostMemory`]).
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_reserve_takes_all_or_nothing_and_release_gives_back() {
+        let mut pool = Capacity {
+            memory: 100,
+            compute_units: 2,
+        };
+        let spec = |memory, compute_units| PartitionSpec {
+            name: "p".into(),
+            memory,
+            compute_units,
+        };
+        pool.reserve(&spec(60, 1)).unwrap();
+        let why = pool.reserve(&spec(60, 2)).unwrap_err();
+        assert!(
+            why.contains("60 bytes of memory requested, 40 left"),
+            "{why}"
+        );
+        assert!(why.contains("2 compute units requested, 1 left"), "{why}");
+        assert_eq!((pool.memory, pool.compute_units), (40, 1));
+        pool.release(&spec(60, 1));
+        assert_eq!((pool.memory, pool.compute_units), (100, 2));
     }
 }

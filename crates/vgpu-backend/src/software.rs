@@ -47,11 +47,8 @@ pub const MAX_ALLOCATIONS: usize = 1 << 16;
 const DEFAULT_GRAIN: u64 = 1 << 16;
 
 /// What no partition has claimed yet.
-#[derive(Debug)]
-struct Pool {
-    memory: u64,
-    compute_units: u32,
-}
+/// What is left to give to partitions.
+type Pool = Capacity;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -92,26 +89,10 @@ impl SoftwareBackend {
 
     fn create(&self, spec: &PartitionSpec) -> Result<SoftwarePartition, BackendError> {
         let mut pool = lock(&self.pool);
-        let mut short = Vec::new();
-        if spec.memory > pool.memory {
-            short.push(format!(
-                "{} bytes of memory requested, {} left",
-                spec.memory, pool.memory
-            ));
-        }
-        if spec.compute_units > pool.compute_units {
-            short.push(format!(
-                "{} compute units requested, {} left",
-                spec.compute_units, pool.compute_units
-            ));
-        }
-        if !short.is_empty() {
-            let why = format!("partition {:?}: {}", spec.name, short.join("; "));
+        if let Err(why) = pool.reserve(spec) {
             warn!("software backend: {why}");
             return Err(BackendError::DoesNotFit(why));
         }
-        pool.memory -= spec.memory;
-        pool.compute_units -= spec.compute_units;
         info!(
             "software backend: partition {:?} created ({} bytes, {} compute units); {} bytes and {} compute units left",
             spec.name, spec.memory, spec.compute_units, pool.memory, pool.compute_units
@@ -181,9 +162,7 @@ pub struct SoftwarePartition {
 
 impl Drop for SoftwarePartition {
     fn drop(&mut self) {
-        let mut pool = lock(&self.pool);
-        pool.memory += self.spec.memory;
-        pool.compute_units += self.spec.compute_units;
+        lock(&self.pool).release(&self.spec);
         info!(
             "software backend: partition {:?} released ({} bytes, {} compute units)",
             self.spec.name, self.spec.memory, self.spec.compute_units
