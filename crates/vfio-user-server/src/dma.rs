@@ -127,6 +127,24 @@ impl Mapping {
         // Cannot overflow: checked when the mapping was added.
         iova + self.size
     }
+
+    /// Whether the client mapped it for this direction.
+    fn allows(&self, write: bool) -> bool {
+        if write {
+            self.writable
+        } else {
+            self.readable
+        }
+    }
+}
+
+/// The mapping that contains `addr`, with its start.
+fn mapping_at(table: &BTreeMap<u64, Mapping>, addr: u64) -> Option<(u64, &Mapping)> {
+    table
+        .range(..=addr)
+        .next_back()
+        .filter(|(&start, m)| m.end(start) > addr)
+        .map(|(&start, m)| (start, m))
 }
 
 /// A DMA_MAP request, validated by [`DmaSpace::map`].
@@ -490,12 +508,9 @@ impl DmaSpace {
             })?;
             let mut addr = iova;
             while addr < end {
-                let (&start, m) = table
-                    .range(..=addr)
-                    .next_back()
-                    .filter(|(&start, m)| m.end(start) > addr)
-                    .ok_or(DmaError::NotMapped { iova: addr })?;
-                if (write && !m.writable) || (!write && !m.readable) {
+                let (start, m) =
+                    mapping_at(&table, addr).ok_or(DmaError::NotMapped { iova: addr })?;
+                if !m.allows(write) {
                     return Err(DmaError::Permission { iova: addr, write });
                 }
                 let Backing::Mapped(region) = &m.backing else {
@@ -566,12 +581,9 @@ impl DmaSpace {
             let addr = iova + done as u64;
             let (range, client) = {
                 let table = self.read_table();
-                let (&start, m) = table
-                    .range(..=addr)
-                    .next_back()
-                    .filter(|(&start, m)| m.end(start) > addr)
-                    .ok_or(DmaError::NotMapped { iova: addr })?;
-                if (write && !m.writable) || (!write && !m.readable) {
+                let (start, m) =
+                    mapping_at(&table, addr).ok_or(DmaError::NotMapped { iova: addr })?;
+                if !m.allows(write) {
                     return Err(DmaError::Permission { iova: addr, write });
                 }
                 let avail = m.end(start) - addr;
@@ -629,12 +641,7 @@ impl DmaView<'_> {
         access: Permissions,
     ) -> Result<VolatileSlice<'_>, GuestMemoryError> {
         let bad = || GuestMemoryError::InvalidGuestAddress(GuestAddress(addr));
-        let (&start, m) = self
-            .table
-            .range(..=addr)
-            .next_back()
-            .filter(|(&start, m)| m.end(start) > addr)
-            .ok_or_else(bad)?;
+        let (start, m) = mapping_at(&self.table, addr).ok_or_else(bad)?;
         let allowed = match access {
             Permissions::No => true,
             Permissions::Read => m.readable,
