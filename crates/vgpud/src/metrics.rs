@@ -130,7 +130,7 @@ const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
     (
         "vgpud_vgpu_commands_total",
         "counter",
-        "Commands the vGPU completed (restarts from 0 when the function is reset).",
+        "Commands the vGPU completed since it was created (function resets and stops included).",
         |s| s.commands as f64,
     ),
     (
