@@ -262,6 +262,40 @@ fn wait_dead(pid: u32) {
     }
 }
 
+/// Waits until every thread of `pid` is stopped by a signal. A stop
+/// signal stops a process asynchronously: kill(2) returns before the
+/// threads have stopped, and until they have, the host still answers.
+fn wait_stopped(pid: u32) {
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        let mut any = false;
+        for task in tasks {
+            let Ok(task) = task else { return false };
+            let Ok(s) = std::fs::read_to_string(task.path().join("stat")) else {
+                return false;
+            };
+            if !s
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+            {
+                return false;
+            }
+            any = true;
+        }
+        any
+    };
+    let t = Instant::now();
+    while !stopped() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "host {pid} did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn transfers_through_forwarded_memory_match_staging() {
     let b = backend(Duration::from_secs(10));
@@ -436,8 +470,12 @@ fn a_host_that_does_not_answer_an_unmap_is_killed() {
     hm.mapped(ram.mapping(1, 0, 1 << 20, true));
     hm.mapped(ram.mapping(2, 0, 4096, true));
     let pid = p.host_pid().unwrap();
+    let mapped = || host_maps(pid).matches("vgpu-hostmem-d").count();
+    assert_eq!(mapped(), 2, "the host holds both mappings");
     // SAFETY: plain kill(2) of the host this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    wait_stopped(pid);
+    assert_eq!(mapped(), 2, "the host still holds both mappings");
     let t = Instant::now();
     hm.unmapped(1);
     // (Socket timeouts count in scheduler ticks: allow one.)
