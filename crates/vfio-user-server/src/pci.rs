@@ -4,6 +4,12 @@
 
 /// Standard (conventional) configuration space size.
 pub const CONFIG_SPACE_SIZE: usize = 256;
+/// PCI Express configuration space size. A function with a PCI Express
+/// capability offers this much: guests and VMMs (cloud-hypervisor reads
+/// 0x100 when it finds PCI Express and power management capabilities)
+/// read the extended capability list there, and bytes past the
+/// conventional header read as zero: an empty list.
+pub const PCIE_CONFIG_SPACE_SIZE: usize = 4096;
 
 const VENDOR_ID: usize = 0x00;
 const COMMAND: usize = 0x04;
@@ -238,7 +244,8 @@ impl ConfigSpace {
         self.msix_cap.map(|off| self.get16(off + 2))
     }
 
-    /// Reads `data.len()` bytes at `offset`; bytes past the end read as 0.
+    /// Reads `data.len()` bytes at `offset`; bytes past the conventional
+    /// 256 (the extended space, which holds no capabilities) read as 0.
     pub fn read(&self, offset: u64, data: &mut [u8]) {
         for (i, b) in data.iter_mut().enumerate() {
             *b = usize::try_from(offset)
@@ -351,6 +358,12 @@ mod tests {
         let mut b = [9u8; 4];
         c.read(0xfe, &mut b);
         assert_eq!(b, [0, 0, 0, 0]);
+        // The extended space reads as an empty capability list, and
+        // writes there change nothing.
+        c.write(0x100, &[0xff; 4]);
+        c.write(PCIE_CONFIG_SPACE_SIZE as u64 - 4, &[0xff; 4]);
+        assert_eq!(read32(&c, 0x100), 0);
+        assert_eq!(read32(&c, PCIE_CONFIG_SPACE_SIZE as u64 - 4), 0);
         c.write(4, &[0xff, 0xff]);
         assert_eq!(c.command(), COMMAND_WMASK);
     }

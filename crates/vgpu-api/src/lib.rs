@@ -74,6 +74,11 @@ pub struct VgpuStats {
     pub errors: u64,
     /// Function resets.
     pub resets: u64,
+    /// Guest register reads that were not aligned 32/64-bit accesses,
+    /// answered from the registers they overlap.
+    pub odd_reads: u64,
+    /// Guest writes the device dropped (narrow or unaligned register writes).
+    pub dropped_writes: u64,
 }
 
 /// A vGPU: where it listens, its configuration and, on request, figures.

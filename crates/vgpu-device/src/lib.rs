@@ -22,7 +22,7 @@ use vfio_user_server::device::{
     IrqInfo, MmapArea, RegionInfo, RegionMmap, BAR0_REGION, CONFIG_REGION, IRQ_ERR, IRQ_INTX,
     IRQ_MSIX, IRQ_REQ,
 };
-use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, CONFIG_SPACE_SIZE};
+use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFIG_SPACE_SIZE};
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
 use vgpu_backend::{HostMapping, HostMemory, Partition};
@@ -185,6 +185,12 @@ pub struct DeviceCounters {
     pub errors: AtomicU64,
     /// Resets, since creation.
     pub resets: AtomicU64,
+    /// Guest reads of BAR0 that were not aligned 32/64-bit register reads
+    /// (answered from the registers they overlap), since creation.
+    pub odd_reads: AtomicU64,
+    /// Guest writes the device dropped (narrow or unaligned register
+    /// writes), since creation.
+    pub dropped_writes: AtomicU64,
 }
 
 /// Errors creating a device.
@@ -497,29 +503,118 @@ impl VgpuDevice {
         self.wake.try_clone()
     }
 
-    /// The bytes of a trapped access to memory the guest normally maps
-    /// directly (the doorbell page, the window); `None` for registers.
-    fn shared_memory(
-        &self,
-        index: u32,
-        offset: u64,
-        len: usize,
-    ) -> Option<Result<vm_memory::VolatileSlice<'_>, DeviceError>> {
-        let doorbells = abi::DOORBELL_OFFSET..abi::DOORBELL_OFFSET + abi::DOORBELL_SIZE;
-        let window = match index {
-            BAR0_REGION if doorbells.contains(&offset) => false,
-            i if i == abi::BAR_WINDOW => true,
-            _ => return None,
-        };
-        let Some(sh) = self.shared() else {
-            return Some(Err(DeviceError::Busy));
-        };
-        let region = if window { &sh.window } else { &sh.doorbells };
-        Some(
-            region
-                .get_slice(offset as usize, len)
-                .map_err(|_| DeviceError::InvalidAccess("outside the mapped memory")),
-        )
+    /// Whether `[offset, offset + len)` is one aligned 32- or 64-bit
+    /// access to the register block of BAR0.
+    fn is_register_access(offset: u64, len: usize) -> bool {
+        offset.is_multiple_of(4)
+            && (len == 4 || len == 8)
+            && offset + len as u64 <= abi::DOORBELL_OFFSET
+    }
+
+    /// `[offset, offset + len)` inside the doorbell page, as an offset in it.
+    fn doorbell_range(offset: u64, len: usize) -> Option<usize> {
+        let rel = offset.checked_sub(abi::DOORBELL_OFFSET)?;
+        (rel + len as u64 <= abi::DOORBELL_SIZE).then_some(rel as usize)
+    }
+
+    /// Counts and logs (rate-limited) a guest access the device answered
+    /// the way PCI hardware does rather than as the guest meant it.
+    fn odd_access(&self, counter: &AtomicU64, what: std::fmt::Arguments<'_>) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(sh) = self.shared() {
+            lock(&sh.log).warn(&sh.name, what);
+        }
+    }
+
+    /// A read of BAR0. Aligned 32- and 64-bit register reads and reads
+    /// inside the doorbell page are the normal case; any other read gets
+    /// the bytes of the registers it overlaps (holes read as zero) and is
+    /// counted. The MSI-X table is the VMM's; nothing is ever pending.
+    fn bar0_read(&self, offset: u64, data: &mut [u8]) {
+        if Self::is_register_access(offset, data.len()) {
+            for (i, chunk) in data.chunks_mut(4).enumerate() {
+                chunk.copy_from_slice(&self.read_reg(offset + 4 * i as u64).to_le_bytes());
+            }
+            return;
+        }
+        let shared = self.shared();
+        if let (Some(sh), Some(rel)) = (shared, Self::doorbell_range(offset, data.len())) {
+            if let Ok(slice) = sh.doorbells.get_slice(rel, data.len()) {
+                slice.copy_to(data);
+                return;
+            }
+        }
+        if offset >= abi::MSIX_TABLE_OFFSET {
+            data.fill(0);
+            return;
+        }
+        let mut word = None;
+        for (i, b) in data.iter_mut().enumerate() {
+            let o = offset + i as u64;
+            *b = if o < abi::DOORBELL_OFFSET {
+                let reg = o & !3;
+                let v = match word {
+                    Some((r, v)) if r == reg => v,
+                    _ => self.read_reg(reg),
+                };
+                word = Some((reg, v));
+                v.to_le_bytes()[(o & 3) as usize]
+            } else {
+                let mut byte = [0u8];
+                if let (Some(sh), Some(rel)) = (shared, Self::doorbell_range(o, 1)) {
+                    if let Ok(s) = sh.doorbells.get_slice(rel, 1) {
+                        s.copy_to(&mut byte);
+                    }
+                }
+                byte[0]
+            };
+        }
+        self.odd_access(
+            &self.counters.odd_reads,
+            format_args!(
+                "BAR0 read of {} bytes at {offset:#x} is not an aligned 32/64-bit register \
+                 read; answered from the registers it overlaps",
+                data.len()
+            ),
+        );
+    }
+
+    /// A write to BAR0: aligned 32- and 64-bit register writes and writes
+    /// inside the doorbell page take effect; any other write is dropped
+    /// (registers have side effects that a partial write cannot mean) and
+    /// counted. Writes to the MSI-X table and PBA are the VMM's business.
+    fn bar0_write(&mut self, offset: u64, data: &[u8]) {
+        if Self::is_register_access(offset, data.len()) {
+            for (i, chunk) in data.chunks(4).enumerate() {
+                let v = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                self.write_reg(offset + 4 * i as u64, v);
+            }
+            return;
+        }
+        if let (Some(sh), Some(rel)) = (self.shared(), Self::doorbell_range(offset, data.len())) {
+            if let Ok(slice) = sh.doorbells.get_slice(rel, data.len()) {
+                slice.copy_from(data);
+                return;
+            }
+        }
+        if offset >= abi::MSIX_TABLE_OFFSET {
+            return;
+        }
+        self.odd_access(
+            &self.counters.dropped_writes,
+            format_args!(
+                "BAR0 write of {} bytes at {offset:#x} is not an aligned 32/64-bit register \
+                 write; dropped",
+                data.len()
+            ),
+        );
+    }
+
+    /// The window (BAR2) is plain memory: any access the engine let
+    /// through (it checks the range against the region) is served.
+    fn window(&self, offset: u64, len: usize) -> Option<vm_memory::VolatileSlice<'_>> {
+        let sh = self.shared()?;
+        sh.window.get_slice(usize::try_from(offset).ok()?, len).ok()
     }
 
     fn shared(&self) -> Option<&Arc<Shared>> {
@@ -880,7 +975,7 @@ impl PciDevice for VgpuDevice {
                     areas: Vec::new(),
                 }),
             },
-            CONFIG_REGION => RegionInfo::trapped(CONFIG_SPACE_SIZE as u64),
+            CONFIG_REGION => RegionInfo::trapped(PCIE_CONFIG_SPACE_SIZE as u64),
             _ => RegionInfo::default(),
         }
     }
@@ -904,63 +999,35 @@ impl PciDevice for VgpuDevice {
         }
     }
 
+    // A guest's own accesses never fail: a VMM may wait forever for a
+    // reply it cannot use (see docs/guest-abi.md for what each returns).
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
-        if let Some(slice) = self.shared_memory(index, offset, data.len()) {
-            slice?.copy_to(data);
-            return Ok(());
-        }
         match index {
-            BAR0_REGION => {
-                if offset >= abi::MSIX_TABLE_OFFSET {
-                    // The VMM emulates the table; nothing is pending here.
-                    data.fill(0);
-                    return Ok(());
+            BAR0_REGION => self.bar0_read(offset, data),
+            i if i == abi::BAR_WINDOW => match self.window(offset, data.len()) {
+                Some(slice) => {
+                    slice.copy_to(data);
                 }
-                if !offset.is_multiple_of(4) || !(data.len() == 4 || data.len() == 8) {
-                    return Err(DeviceError::InvalidAccess(
-                        "registers take aligned 32/64-bit reads",
-                    ));
-                }
-                for (i, chunk) in data.chunks_mut(4).enumerate() {
-                    chunk.copy_from_slice(&self.read_reg(offset + 4 * i as u64).to_le_bytes());
-                }
-                Ok(())
-            }
-            CONFIG_REGION => {
-                self.pci.read(offset, data);
-                Ok(())
-            }
-            _ => Err(DeviceError::Unsupported),
+                None => data.fill(0),
+            },
+            CONFIG_REGION => self.pci.read(offset, data),
+            _ => return Err(DeviceError::Unsupported),
         }
+        Ok(())
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
-        if let Some(slice) = self.shared_memory(index, offset, data.len()) {
-            slice?.copy_from(data);
-            return Ok(());
-        }
         match index {
-            BAR0_REGION => {
-                if offset >= abi::MSIX_TABLE_OFFSET {
-                    return Ok(());
+            BAR0_REGION => self.bar0_write(offset, data),
+            i if i == abi::BAR_WINDOW => {
+                if let Some(slice) = self.window(offset, data.len()) {
+                    slice.copy_from(data);
                 }
-                if !offset.is_multiple_of(4) || !(data.len() == 4 || data.len() == 8) {
-                    return Err(DeviceError::InvalidAccess(
-                        "registers take aligned 32/64-bit writes",
-                    ));
-                }
-                for (i, chunk) in data.chunks(4).enumerate() {
-                    let v = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                    self.write_reg(offset + 4 * i as u64, v);
-                }
-                Ok(())
             }
-            CONFIG_REGION => {
-                self.pci.write(offset, data);
-                Ok(())
-            }
-            _ => Err(DeviceError::Unsupported),
+            CONFIG_REGION => self.pci.write(offset, data),
+            _ => return Err(DeviceError::Unsupported),
         }
+        Ok(())
     }
 
     fn reset(&mut self) {

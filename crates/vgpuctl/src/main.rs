@@ -277,6 +277,8 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             ("faults", s.faults.to_string()),
             ("errors", s.errors.to_string()),
             ("resets", s.resets.to_string()),
+            ("odd reads", s.odd_reads.to_string()),
+            ("dropped writes", s.dropped_writes.to_string()),
         ]);
     }
     for (k, val) in lines {

@@ -183,6 +183,8 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         faults: s.faults,
         errors: s.errors,
         resets: s.resets,
+        odd_reads: s.odd_reads,
+        dropped_writes: s.dropped_writes,
     }
 }
 

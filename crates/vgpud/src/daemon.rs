@@ -302,6 +302,8 @@ struct Carried {
     faults: u64,
     errors: u64,
     resets: u64,
+    odd_reads: u64,
+    dropped_writes: u64,
     peak: u64,
 }
 
@@ -423,6 +425,8 @@ impl Instance {
             faults: self.carried.faults + c.faults.load(Ordering::Relaxed),
             errors: self.carried.errors + c.errors.load(Ordering::Relaxed),
             resets: self.carried.resets + c.resets.load(Ordering::Relaxed),
+            odd_reads: self.carried.odd_reads + c.odd_reads.load(Ordering::Relaxed),
+            dropped_writes: self.carried.dropped_writes + c.dropped_writes.load(Ordering::Relaxed),
             peak: self.carried.peak.max(c.mem_peak.load(Ordering::Relaxed)),
         };
         self.counters = Arc::new(DeviceCounters::default());
@@ -505,6 +509,10 @@ pub struct InstanceStats {
     pub errors: u64,
     /// Function resets.
     pub resets: u64,
+    /// Guest register reads answered from the registers they overlap.
+    pub odd_reads: u64,
+    /// Guest writes the device dropped.
+    pub dropped_writes: u64,
 }
 
 /// What an operator sees of one GPU.
@@ -864,6 +872,8 @@ impl Daemon {
                     faults: k.faults + c.faults.load(Ordering::Relaxed),
                     errors: k.errors + c.errors.load(Ordering::Relaxed),
                     resets: k.resets + c.resets.load(Ordering::Relaxed),
+                    odd_reads: k.odd_reads + c.odd_reads.load(Ordering::Relaxed),
+                    dropped_writes: k.dropped_writes + c.dropped_writes.load(Ordering::Relaxed),
                 });
             }
         }

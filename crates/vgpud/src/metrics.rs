@@ -163,6 +163,18 @@ const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
         "Resets of the vGPU function.",
         |s| s.resets as f64,
     ),
+    (
+        "vgpud_vgpu_odd_reads_total",
+        "counter",
+        "Guest register reads that were not aligned 32/64-bit accesses (answered from the registers they overlap).",
+        |s| s.odd_reads as f64,
+    ),
+    (
+        "vgpud_vgpu_dropped_writes_total",
+        "counter",
+        "Guest writes the vGPU dropped (narrow or unaligned register writes).",
+        |s| s.dropped_writes as f64,
+    ),
 ];
 
 const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
@@ -340,6 +352,8 @@ mod tests {
             faults: 1,
             errors: 2,
             resets: 0,
+            odd_reads: 4,
+            dropped_writes: 5,
         };
         Snapshot {
             gpus: vec![GpuStats {
@@ -519,6 +533,8 @@ mod tests {
             "vgpud_vgpu_faults_total",
             "vgpud_vgpu_errors_total",
             "vgpud_vgpu_resets_total",
+            "vgpud_vgpu_odd_reads_total",
+            "vgpud_vgpu_dropped_writes_total",
         ] {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }
