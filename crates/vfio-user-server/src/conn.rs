@@ -79,7 +79,17 @@ pub struct ClientLink {
     /// only with `deferred` held, so a reader that checks it under the lock
     /// never strands a request the event loop will not look at.
     loop_busy: AtomicBool,
+    /// A payload buffer handed back after its message was handled, reused
+    /// for the next one so that a steady stream of small requests (INTx
+    /// unmasks after every trapped access) does not allocate.
+    spare: Mutex<Vec<u8>>,
 }
+
+/// Largest payload buffer kept for reuse.
+const SPARE_CAPACITY: usize = 64 << 10;
+
+/// Largest message [`ClientLink::send`] frames on the stack.
+const SMALL_MESSAGE: usize = 128;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -101,6 +111,7 @@ impl ClientLink {
             max_transfer: AtomicUsize::new(crate::proto::MAX_DATA_XFER_SIZE as usize),
             alive: AtomicBool::new(true),
             loop_busy: AtomicBool::new(false),
+            spare: Mutex::new(Vec::new()),
         })
     }
 
@@ -180,7 +191,9 @@ impl ClientLink {
         if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > MAX_MESSAGE_SIZE {
             return Err(ReadError::Size(header.msg_size, header));
         }
-        let mut payload = vec![0u8; header.msg_size as usize - HEADER_SIZE];
+        let mut payload = std::mem::take(&mut *lock(&self.spare));
+        payload.clear();
+        payload.resize(header.msg_size as usize - HEADER_SIZE, 0);
         (&self.stream)
             .read_exact(&mut payload)
             .map_err(ReadError::Io)?;
@@ -192,14 +205,34 @@ impl ClientLink {
         }))
     }
 
+    /// Gives back the payload of a handled message for reuse.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        if buf.capacity() <= SPARE_CAPACITY {
+            let mut spare = lock(&self.spare);
+            if spare.capacity() < buf.capacity() {
+                *spare = buf;
+            }
+        }
+    }
+
     /// Sends a message: header fields are completed from `payload`.
     pub fn send(&self, mut header: Header, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
         let size = HEADER_SIZE + payload.len();
         header.msg_size =
             u32::try_from(size).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let mut buf = Vec::with_capacity(size);
-        buf.extend_from_slice(&header.encode());
-        buf.extend_from_slice(payload);
+        // Replies are mostly small: frame those on the stack.
+        let mut small = [0u8; SMALL_MESSAGE];
+        let mut large = Vec::new();
+        let buf: &[u8] = if size <= SMALL_MESSAGE {
+            small[..HEADER_SIZE].copy_from_slice(&header.encode());
+            small[HEADER_SIZE..size].copy_from_slice(payload);
+            &small[..size]
+        } else {
+            large.reserve_exact(size);
+            large.extend_from_slice(&header.encode());
+            large.extend_from_slice(payload);
+            &large
+        };
         let _guard = lock(&self.write_lock);
         let mut sent = 0;
         if !fds.is_empty() {

@@ -192,6 +192,7 @@ pub trait PciDevice: Send {
     /// built on its host address must be released before this returns.
     fn dma_unmapped(&mut self, _ranges: &[Unmapped]) {}
 
-    /// The client changed the eventfds or masks of interrupt type `index`.
+    /// The client changed the eventfds of interrupt type `index` (or
+    /// raised it itself); MASK and UNMASK requests alone are not reported.
     fn irqs_changed(&mut self, _index: u32) {}
 }

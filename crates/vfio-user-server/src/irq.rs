@@ -245,20 +245,19 @@ impl Interrupts {
         if !fds.is_empty() {
             return Err(IrqError::Data);
         }
-        let selected: Vec<bool> = if data_kind == SET_DATA_BOOL {
-            if data.len() < count as usize {
-                return Err(IrqError::Data);
-            }
-            data[..count as usize].iter().map(|b| *b != 0).collect()
+        // DATA_BOOL selects vectors one byte each; DATA_NONE all of them.
+        // No allocation: an INTx UNMASK may follow every trapped access.
+        let bools = if data_kind == SET_DATA_BOOL {
+            Some(data.get(..count as usize).ok_or(IrqError::Data)?)
         } else {
-            vec![true; count as usize]
+            None
         };
         if matches!(action, SET_ACTION_MASK | SET_ACTION_UNMASK) && !t.info.maskable {
             return Err(IrqError::Unsupported);
         }
         let automask = t.info.automasked;
-        for (v, sel) in t.vectors[range].iter_mut().zip(selected) {
-            if !sel {
+        for (i, v) in t.vectors[range].iter_mut().enumerate() {
+            if bools.is_some_and(|b| b[i] == 0) {
                 continue;
             }
             match action {

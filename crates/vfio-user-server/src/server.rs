@@ -21,7 +21,7 @@ use crate::device::{
     DeviceContext, IoEventSpec, PciDevice, IRQ_MSI, IRQ_MSIX, NUM_IRQ_TYPES, NUM_REGIONS,
 };
 use crate::dma::{ClientDma, DmaSpace, MapRequest};
-use crate::irq::Interrupts;
+use crate::irq::{self, Interrupts};
 use crate::proto::{
     self, Command, Header, PeerCaps, Reader, Writer, DMA_FLAG_READ, DMA_FLAG_WRITE,
     DMA_UNMAP_FLAG_ALL, DMA_UNMAP_FLAG_GET_DIRTY_BITMAP, MAX_DATA_XFER_SIZE,
@@ -115,6 +115,9 @@ pub struct Endpoint {
     stop: EventFd,
     stopped: Arc<AtomicBool>,
     log: LogLimiter,
+    /// The listening socket is in the event set (not while a client is
+    /// served and another waits in the backlog).
+    listening: bool,
 }
 
 /// Removes a stale socket left by a process that died; refuses to touch a
@@ -169,6 +172,7 @@ impl Endpoint {
             stop,
             stopped: Arc::new(AtomicBool::new(false)),
             log: LogLimiter::default(),
+            listening: false,
         })
     }
 
@@ -204,7 +208,35 @@ impl Endpoint {
         self.log.warn(&self.name, msg);
     }
 
+    /// Starts or stops watching the listening socket.
+    fn watch_listener(&mut self, ops: &mut EventOps, on: bool) {
+        if self.listening == on {
+            return;
+        }
+        let res = if on {
+            ops.add(Events::with_data(
+                &self.listener,
+                TOKEN_LISTENER,
+                EventSet::IN,
+            ))
+        } else {
+            ops.remove(Events::empty(&self.listener))
+        };
+        match res {
+            Ok(()) => self.listening = on,
+            Err(e) => self.warn(format_args!("cannot change the listener's watch: {e:?}")),
+        }
+    }
+
     fn accept(&mut self, ops: &mut EventOps) {
+        if self.client.is_some() {
+            // One client per device. A VMM that connects while another is
+            // served (a rebooting VMM's new connection racing the teardown
+            // of its old one) waits in the listen backlog and is accepted
+            // as soon as the session before it is gone.
+            self.watch_listener(ops, false);
+            return;
+        }
         let stream = match self.listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -213,13 +245,6 @@ impl Endpoint {
                 return;
             }
         };
-        if self.client.is_some() {
-            // One client per device; a second VMM is refused by closing.
-            self.warn(format_args!(
-                "refusing a second client while one is connected"
-            ));
-            return;
-        }
         let setup = stream
             .set_nonblocking(false)
             .and_then(|_| ClientLink::new(stream, std::thread::current().id()));
@@ -272,6 +297,8 @@ impl Endpoint {
         self.ctx.irqs.clear();
         self.device.reset();
         info!("{}: client disconnected ({why}); device reset", self.name);
+        // A VMM waiting in the backlog is served next.
+        self.watch_listener(ops, true);
     }
 
     fn client_readable(&mut self, ops: &mut EventOps) {
@@ -339,8 +366,9 @@ impl Endpoint {
             ));
             einval()
         } else {
-            self.dispatch(&header, msg.payload, msg.fds, ops)
+            self.dispatch(&header, &msg.payload, msg.fds, ops)
         };
+        link.recycle(msg.payload);
         if header.no_reply() {
             if let Err(errno) = outcome {
                 debug!(
@@ -363,7 +391,7 @@ impl Endpoint {
     fn dispatch(
         &mut self,
         header: &Header,
-        payload: Vec<u8>,
+        payload: &[u8],
         fds: Vec<File>,
         ops: &mut EventOps,
     ) -> Outcome {
@@ -382,17 +410,17 @@ impl Endpoint {
             return einval();
         }
         let result = match cmd {
-            Command::Version => self.version(&payload),
-            Command::DmaMap => self.dma_map(&payload, fds),
-            Command::DmaUnmap => self.dma_unmap(&payload),
-            Command::DeviceGetInfo => self.device_info(&payload),
-            Command::DeviceGetRegionInfo => self.region_info(&payload),
-            Command::DeviceGetRegionIoFds => self.region_io_fds(&payload, ops),
-            Command::DeviceGetIrqInfo => self.irq_info(&payload),
-            Command::DeviceSetIrqs => self.set_irqs(&payload, fds, ops),
-            Command::RegionRead => self.region_read(&payload),
-            Command::RegionWrite => self.region_write(&payload),
-            Command::RegionWriteMulti => self.region_write_multi(&payload),
+            Command::Version => self.version(payload),
+            Command::DmaMap => self.dma_map(payload, fds),
+            Command::DmaUnmap => self.dma_unmap(payload),
+            Command::DeviceGetInfo => self.device_info(payload),
+            Command::DeviceGetRegionInfo => self.region_info(payload),
+            Command::DeviceGetRegionIoFds => self.region_io_fds(payload, ops),
+            Command::DeviceGetIrqInfo => self.irq_info(payload),
+            Command::DeviceSetIrqs => self.set_irqs(payload, fds, ops),
+            Command::RegionRead => self.region_read(payload),
+            Command::RegionWrite => self.region_write(payload),
+            Command::RegionWriteMulti => self.region_write_multi(payload),
             Command::DeviceReset => {
                 self.device.reset();
                 info!("{}: device reset by client", self.name);
@@ -797,7 +825,13 @@ impl Endpoint {
             return einval();
         }
         let nfds = fds.len();
+        // MASK and UNMASK without eventfds change no eventfd: cloud-hypervisor
+        // sends an INTx UNMASK after every trapped BAR access, so that path
+        // logs nothing and rebuilds nothing.
+        let masking = flags & (irq::SET_ACTION_MASK | irq::SET_ACTION_UNMASK) != 0
+            && flags & irq::SET_DATA_EVENTFD == 0;
         match self.ctx.irqs.set(index, flags, start, count, r.rest(), fds) {
+            Ok(()) if masking => Ok((Vec::new(), Vec::new())),
             Ok(()) => {
                 debug!(
                     "{}: SET_IRQS index {index} flags {flags:#x} {start}+{count} ({nfds} fds)",
@@ -945,13 +979,7 @@ impl MutEventSubscriber for Endpoint {
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::with_data(
-            &self.listener,
-            TOKEN_LISTENER,
-            EventSet::IN,
-        )) {
-            warn!("{}: cannot watch listener: {e:?}", self.name);
-        }
+        self.watch_listener(ops, true);
         if let Err(e) = ops.add(Events::with_data(&self.stop, TOKEN_STOP, EventSet::IN)) {
             warn!("{}: cannot watch stop event: {e:?}", self.name);
         }

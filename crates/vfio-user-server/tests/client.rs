@@ -5,13 +5,14 @@
 mod common;
 
 use std::fs::File;
+use std::io::{ErrorKind, Read};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use common::{guest_ram, le32, RawClient, TestServer};
 use vfio_user::Client;
-use vfio_user_server::proto::{FLAG_NO_REPLY, FLAG_TYPE_COMMAND, FLAG_TYPE_REPLY};
+use vfio_user_server::proto::{Command, FLAG_NO_REPLY, FLAG_TYPE_COMMAND, FLAG_TYPE_REPLY};
 use vfio_user_server::sample::{regs, BAR2_SIZE, SAMPLE_ID};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -31,19 +32,10 @@ fn write32(c: &mut Client, region: u32, off: u64, v: u32) {
     c.region_write(region, off, &v.to_le_bytes()).unwrap();
 }
 
-/// Connects, retrying while the server is still tearing down a previous client.
+/// Connects once, as a VMM does (a client that arrives while the server
+/// tears down the previous one waits in the backlog).
 fn connect(server: &TestServer) -> Client {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match Client::new(&server.path) {
-            Ok(c) => return c,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("cannot connect: {e}"),
-        }
-    }
+    Client::new(&server.path).unwrap_or_else(|e| panic!("cannot connect: {e}"))
 }
 
 fn device_dma(c: &mut Client, cmd: u32, addr: u64, len: u32) -> u32 {
@@ -191,12 +183,43 @@ fn test_client_reconnect_gets_fresh_device() {
 }
 
 #[test]
-fn test_second_client_is_refused_while_first_is_served() {
+fn test_second_client_waits_until_first_leaves() {
     let server = TestServer::sample();
     let mut first = connect(&server);
+    write32(&mut first, 0, regs::SCRATCH, 5);
     let mut second = RawClient::connect(&server.path);
-    assert!(second.closed(), "second client must be closed");
+    let mut version = vec![0, 0, 0, 0];
+    version.extend_from_slice(br#"{"capabilities":{"max_msg_fds":1}}"#);
+    version.push(0);
+    let id = second.send(Command::Version as u16, &version, &[]);
+    // Held, neither answered nor closed, while the first is served.
+    second
+        .stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let held = (&second.stream).read(&mut [0u8; 1]);
+    assert!(
+        matches!(&held, Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)),
+        "the second client must wait: {held:?}"
+    );
     assert_eq!(read32(&mut first, 0, regs::ID), SAMPLE_ID);
+    first.shutdown().unwrap();
+    drop(first);
+    // Served as soon as the first is gone, on a reset device.
+    second
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let reply = second.recv();
+    assert_eq!(reply.header.msg_id, id);
+    assert!(!reply.is_error());
+    let r = second.call(
+        Command::RegionRead as u16,
+        &region_read_payload(0, regs::SCRATCH, 4),
+        &[],
+    );
+    assert!(!r.is_error());
+    assert_eq!(r.payload[16..20], 0u32.to_le_bytes(), "device was reset");
 }
 
 /// Builds a REGION_WRITE payload of a 32-bit register.

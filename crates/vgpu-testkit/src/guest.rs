@@ -101,21 +101,13 @@ pub struct Guest {
     wake_ioeventfd: Option<EventFd>,
 }
 
+/// Connects once, as a VMM does: a server still tearing down a previous
+/// client holds this one in its backlog until it can serve it.
 fn connect(path: &Path) -> Client {
-    // The server may still be tearing down a previous client.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match Client::new(path) {
-            Ok(c) => return c,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("cannot connect to {}: {e}", path.display())
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
+    Client::new(path).unwrap_or_else(|e| panic!("cannot connect to {}: {e}", path.display()))
 }
 
-fn map_shared(file: &File, offset: u64, size: u64) -> MmapRegion {
+pub(crate) fn map_shared(file: &File, offset: u64, size: u64) -> MmapRegion {
     let clone = file.try_clone().expect("dup of a mappable fd");
     MmapRegionBuilder::new(size as usize)
         .with_file_offset(FileOffset::new(clone, offset))
@@ -128,7 +120,7 @@ fn map_shared(file: &File, offset: u64, size: u64) -> MmapRegion {
 /// Guest RAM as QEMU's memfd backend makes it: sealed against shrinking
 /// and growing, so that no process it is shared with can truncate it under
 /// another's mapping.
-fn sealed_ram(size: u64) -> std::io::Result<File> {
+pub(crate) fn sealed_ram(size: u64) -> std::io::Result<File> {
     use std::os::fd::FromRawFd;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: a NUL-terminated name; the result is checked.

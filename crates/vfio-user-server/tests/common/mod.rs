@@ -251,21 +251,14 @@ impl RawClient {
         Ok(())
     }
 
-    /// Connects and negotiates, retrying for up to five seconds while the
-    /// server still holds a previous client (it refuses a second one by
-    /// closing it).
+    /// Connects and negotiates once, as a VMM does: while the server
+    /// still holds a previous client, this one waits in its backlog.
     pub fn connect_negotiated(path: &std::path::Path) -> Self {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            let mut c = RawClient::connect(path);
-            match c.try_negotiate() {
-                Ok(()) => return c,
-                Err(e) if std::time::Instant::now() >= deadline => {
-                    panic!("cannot connect and negotiate: {e}")
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
+        let mut c = RawClient::connect(path);
+        if let Err(e) = c.try_negotiate() {
+            panic!("cannot connect and negotiate: {e}");
         }
+        c
     }
 }
 
