@@ -238,7 +238,7 @@ impl ClientLink {
         if !fds.is_empty() {
             sent = self
                 .stream
-                .send_with_fds(&[&buf[..]], fds)
+                .send_with_fds(&[buf], fds)
                 .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
         }
         (&self.stream).write_all(&buf[sent..])

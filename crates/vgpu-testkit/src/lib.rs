@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod ch;
 mod commands;
 mod guest;
 pub mod ring;
