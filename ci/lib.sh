@@ -46,11 +46,10 @@ KERNEL_MODULES="${KERNEL_ROOT}/lib/modules/${KERNEL_RELEASE}"
 
 BUSYBOX="/bin/busybox"
 
-# Read-only copies of source files, used only when the registry fails.
-# A clone has shared/ beside it; a workstation may have it at /work/shared.
+# Read-only copies of source files, used only when the registry fails:
+# a clone has shared/ beside it.
 VGPUD_FALLBACK_DIRS=(
     "${VGPUD_ROOT}/../shared/cache"
-    "/work/shared/cache"
 )
 
 # --- helpers ---------------------------------------------------------------
