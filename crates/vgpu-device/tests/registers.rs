@@ -116,3 +116,94 @@ fn test_queue_registers_read_back() {
     g.write32(abi::REG_IRQ_MASK, abi::IRQ_CAUSE_ERROR);
     assert_eq!(g.read32(abi::REG_IRQ_MASK), abi::IRQ_CAUSE_ERROR);
 }
+
+#[test]
+fn test_config_space_is_pcie_sized_with_an_empty_extended_list() {
+    let server = TestVgpu::software(test_config("pcie", 1), 16 * MIB, 1);
+    let mut g = server.connect();
+    let c = g.client();
+    assert_eq!(c.region(7).expect("config region").size, 4096);
+    c.region_write(7, 0x100, &[0xff; 4]).unwrap();
+    c.region_write(7, 0xffe, &[0xff; 2]).unwrap();
+    let mut ext = vec![0xa5u8; 0xf00];
+    c.region_read(7, 0x100, &mut ext).unwrap();
+    assert!(
+        ext.iter().all(|b| *b == 0),
+        "extended config space reads zero"
+    );
+}
+
+#[test]
+fn test_odd_bar0_accesses_get_what_hardware_gives() {
+    let server = TestVgpu::software(test_config("odd", 1), 16 * MIB, 1);
+    let mut g = server.connect();
+    let magic = abi::ABI_MAGIC.to_le_bytes();
+    let version = g.read32(abi::REG_VERSION).to_le_bytes();
+    let c = g.client();
+    let mut b = [0u8; 3];
+    c.region_read(abi::BAR_REGS, abi::REG_MAGIC + 1, &mut b)
+        .unwrap();
+    assert_eq!(b, [magic[1], magic[2], magic[3]]);
+    let mut b = [0u8; 8];
+    c.region_read(abi::BAR_REGS, abi::REG_MAGIC + 2, &mut b)
+        .unwrap();
+    assert_eq!(
+        b[..6],
+        [magic[2], magic[3], version[0], version[1], version[2], version[3]]
+    );
+    // A hole in the register block reads as zero at any width.
+    let mut b = [0xffu8; 2];
+    c.region_read(abi::BAR_REGS, 0x3fe, &mut b).unwrap();
+    assert_eq!(b, [0, 0]);
+    // Straddling the last register and the doorbell page: the register's
+    // bytes, then the page's.
+    let mut b = [0xffu8; 8];
+    c.region_read(abi::BAR_REGS, abi::DOORBELL_OFFSET - 4, &mut b)
+        .unwrap();
+    assert_eq!(b, [0; 8]);
+    // Narrow writes to registers are dropped; to the doorbell page they land.
+    c.region_write(abi::BAR_REGS, abi::REG_CONTROL, &[1])
+        .unwrap();
+    c.region_write(
+        abi::BAR_REGS,
+        abi::REG_IRQ_MASK + 2,
+        &[0xff, 0xff, 0xff, 0xff],
+    )
+    .unwrap();
+    c.region_write(abi::BAR_REGS, abi::DOORBELL_OFFSET + 8, &[7, 0])
+        .unwrap();
+    let mut b = [0u8; 2];
+    c.region_read(abi::BAR_REGS, abi::DOORBELL_OFFSET + 8, &mut b)
+        .unwrap();
+    assert_eq!(b, [7, 0]);
+    // The MSI-X table and PBA are the VMM's: zero, writes ignored.
+    c.region_write(abi::BAR_REGS, abi::MSIX_PBA_OFFSET, &[0xff; 4])
+        .unwrap();
+    let mut b = [0xffu8; 4];
+    c.region_read(abi::BAR_REGS, abi::MSIX_PBA_OFFSET, &mut b)
+        .unwrap();
+    assert_eq!(b, [0; 4]);
+    assert_eq!(
+        g.read32(abi::REG_CONTROL),
+        abi::CONTROL_ENABLE,
+        "the byte write was dropped"
+    );
+    assert_eq!(
+        g.read32(abi::REG_IRQ_MASK),
+        0,
+        "the unaligned write was dropped"
+    );
+    let counters = server.counters();
+    assert_eq!(
+        counters
+            .odd_reads
+            .load(std::sync::atomic::Ordering::Relaxed),
+        4
+    );
+    assert_eq!(
+        counters
+            .dropped_writes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}

@@ -25,13 +25,14 @@ mod guest;
 pub mod ring;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vfio_user_server::{Endpoint, ServerError};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{Backend, Partition, PartitionSpec};
-use vgpu_device::{VgpuConfig, VgpuDevice};
+use vgpu_device::{DeviceCounters, VgpuConfig, VgpuDevice};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -51,6 +52,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// own; stopped and joined on drop.
 pub struct TestVgpu {
     path: PathBuf,
+    counters: Arc<DeviceCounters>,
     wake: EventFd,
     stop: EventFd,
     thread: Option<JoinHandle<Result<(), ServerError>>>,
@@ -65,6 +67,7 @@ impl TestVgpu {
         let name = config.name.clone();
         let device = VgpuDevice::new(config, partition).expect("vGPU device");
         let wake = device.wake_eventfd().expect("wake eventfd");
+        let counters = device.counters();
         let endpoint = Endpoint::new(name.clone(), &path, Box::new(device)).expect("endpoint");
         let stop = endpoint.stop_handle().expect("stop handle");
         let thread = std::thread::Builder::new()
@@ -73,6 +76,7 @@ impl TestVgpu {
             .expect("endpoint thread");
         TestVgpu {
             path,
+            counters,
             wake,
             stop,
             thread: Some(thread),
@@ -86,6 +90,11 @@ impl TestVgpu {
         let backend = SoftwareBackend::new(memory, compute_units);
         let partition = software_partition(&backend, &config.name, memory, compute_units);
         TestVgpu::start(config, partition)
+    }
+
+    /// The function's counters.
+    pub fn counters(&self) -> Arc<DeviceCounters> {
+        self.counters.clone()
     }
 
     /// The socket path.
