@@ -258,6 +258,23 @@ case $out in
     ;;
 *) fail smi-json "exit $rc: $(echo "$out" | head -c 200)" ;;
 esac
+
+# --- PCI Express config space: 4 KiB through the VMM, the extended part empty ---
+config_space() {
+    for d in /sys/bus/pci/drivers/vgpu/0000:*; do
+        [ -e "$d/config" ] || continue
+        size=$(stat -c %s "$d/config")
+        nonzero=$(dd if="$d/config" bs=256 skip=1 count=15 2>/dev/null | tr -d '\000' | wc -c)
+        if [ "$size" = 4096 ] && [ "$nonzero" = 0 ]; then
+            pass config-space "${d##*/}: 4096 bytes, no extended capability"
+        else
+            fail config-space "${d##*/}: $size bytes, $nonzero non-zero byte(s) past 0x100"
+        fi
+        return
+    done
+    fail config-space "no function bound to the vgpu driver"
+}
+config_space
 out=$(vgpu-smi -l 0.2 -c 3 2>&1)
 rc=$?
 reports=$(echo "$out" | grep -c 'VGPU-SMI')
