@@ -36,6 +36,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::guest::sealed_ram;
 use crate::ring::Ram;
 
+// Wire values are spelled out here, as cloud-hypervisor takes them from
+// vfio-bindings, rather than borrowed from the server under test.
 /// vfio region index of the config space.
 const CONFIG_REGION: u32 = 7;
 /// vfio region index of the expansion ROM.
