@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer};
 
+mod render;
+
 /// A byte size written as a number or as "512MiB", "4GiB", "64K"...
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Size(pub u64);

@@ -376,9 +376,14 @@ fn main() -> ExitCode {
                 seccomp,
             },
         ),
-        Cmd::CheckConfig { config } => Config::load(&config)
-            .map(|c| println!("{c:#?}"))
-            .map_err(|e| e.to_string()),
+        Cmd::CheckConfig { config } => std::fs::read_to_string(&config)
+            .map_err(|e| format!("cannot read {}: {e}", config.display()))
+            .and_then(|text| {
+                let c = Config::parse(&text, &config.display().to_string())
+                    .map_err(|e| e.to_string())?;
+                print!("{}", c.to_annotated_toml(&text));
+                Ok(())
+            }),
         Cmd::DefaultConfig => {
             print!("{}", config::DEFAULT_CONFIG);
             Ok(())
