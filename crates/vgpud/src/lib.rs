@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
