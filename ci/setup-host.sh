@@ -25,6 +25,8 @@ BASE_PKGS=(
     pciutils        # lspci, copied into guests (busybox has none)
     ca-certificates
     shellcheck      # lints these scripts
+    # the host package's test (ci/package.sh): unit verification, setpriv
+    systemd util-linux
 )
 # Packages taken from bookworm-backports (bookworm's are too old).
 BACKPORTS_PKGS=(

@@ -2,7 +2,8 @@
 # The project's test command: `bash ci/test.sh`.
 #
 # On a fresh Debian 12 machine (root) it installs what it needs, checks
-# formatting and lints, runs the Rust tests, builds QEMU with the
+# formatting and lints, runs the Rust tests, builds the host package and
+# installs, runs and purges it (ci/package.sh --test), builds QEMU with the
 # vfio-user client, fetches the guest kernel, boots a guest against
 # vgpud's test device, then runs the guest driver and test suite in two
 # guests at once, an isolation pair and a guest behind a guest IOMMU. Downloads and builds are cached in
@@ -18,7 +19,7 @@ with_vm=1
 for arg in "$@"; do
     case $arg in
     --no-vm) with_vm=0 ;;
-    -h | --help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,12s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown argument: $arg (see --help)" ;;
     esac
 done
@@ -27,7 +28,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck clippy cargo-test fuzz)
+steps=(setup-host toolchain fmt shellcheck clippy cargo-test fuzz package)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test)
 fi
@@ -95,6 +96,15 @@ step_fuzz() {
     bash ci/fuzz.sh "${FUZZ_SECONDS:-10}"
 }
 
+package_passed=0
+step_package() {
+    local rc=0
+    bash ci/package.sh --test | tee "$LOG_DIR/package.out" || rc=$?
+    package_passed=$(sed -n 's/^package: \([0-9]*\) passed.*/\1/p' "$LOG_DIR/package.out" | tail -n1)
+    package_passed=${package_passed:-0}
+    return "$rc"
+}
+
 step_build_qemu() {
     bash ci/build-qemu.sh >/dev/null
 }
@@ -142,12 +152,12 @@ summary() {
     for t in "${timings[@]}"; do
         printf '    %s\n' "$t" >&2
     done
-    log "total $(elapsed "$t_all"); cargo tests: $cargo_passed passed, $cargo_failed failed, $cargo_skipped skipped; vm checks: $vm_passed passed, $vm_failed failed"
+    log "total $(elapsed "$t_all"); cargo tests: $cargo_passed passed, $cargo_failed failed, $cargo_skipped skipped; package checks: $package_passed passed; vm checks: $vm_passed passed, $vm_failed failed"
     local failed=$((cargo_failed + vm_failed))
     if [[ $status -ne 0 && $failed -eq 0 ]]; then
         failed=1
     fi
-    echo "ci: $((cargo_passed + vm_passed)) passed, $failed failed, $cargo_skipped skipped"
+    echo "ci: $((cargo_passed + package_passed + vm_passed)) passed, $failed failed, $cargo_skipped skipped"
 }
 
 t_all=$SECONDS

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use log::info;
 
 use crate::api::http::{Request, Response, Server};
-use crate::daemon::{Daemon, GpuInfo, GpuStats, InstanceState, InstanceStats, QueueWaitTotals};
+use crate::daemon::{
+    Daemon, GpuInfo, GpuStats, InstanceInfo, InstanceState, InstanceStats, QueueWaitTotals,
+};
 
 /// Content type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -25,6 +27,8 @@ pub struct Snapshot {
     pub vgpus: Vec<InstanceStats>,
     /// Per-vGPU queue wait totals.
     pub waits: Vec<QueueWaitTotals>,
+    /// Per-vGPU configuration (its scheduling parameters).
+    pub instances: Vec<InstanceInfo>,
 }
 
 impl Snapshot {
@@ -36,6 +40,7 @@ impl Snapshot {
             gpu_info: d.gpus(),
             vgpus,
             waits: d.queue_wait_totals(),
+            instances: d.list(),
         }
     }
 }
@@ -232,6 +237,34 @@ pub fn render(s: &Snapshot) -> String {
         w.sample(&format!("{wait}_sum"), &labels, sum);
         w.sample(&format!("{wait}_count"), &labels, count as f64);
     }
+    // What the scheduler was told, beside what it did: a share of GPU time
+    // is read against the weight (or the cap) it should follow.
+    let params: &[(&str, &str, fn(&InstanceInfo) -> Option<f64>)] = &[
+        (
+            "vgpud_vgpu_weight",
+            "Weight of the vGPU under the fair policy.",
+            |i| Some(f64::from(i.config.weight)),
+        ),
+        (
+            "vgpud_vgpu_priority",
+            "Priority of the vGPU under the priority policy.",
+            |i| Some(f64::from(i.config.priority)),
+        ),
+        (
+            "vgpud_vgpu_cap_ratio",
+            "Fixed share of GPU time the vGPU is capped at (only vGPUs with a cap).",
+            |i| i.config.cap,
+        ),
+    ];
+    for (name, help, get) in params {
+        w.family(name, "gauge", help);
+        for i in &s.instances {
+            if let Some(v) = get(i) {
+                let labels = [("vgpu", i.config.name.as_str()), ("gpu", i.config.gpu.as_str())];
+                w.sample(name, &labels, v);
+            }
+        }
+    }
     for (name, kind, help, get) in GPU_FAMILIES {
         w.family(name, kind, help);
         for g in &s.gpus {
@@ -371,6 +404,20 @@ mod tests {
                 count: 4,
                 sum: Duration::from_millis(2),
             }],
+            instances: {
+                let c = crate::config::Config::builtin();
+                c.vgpus
+                    .iter()
+                    .map(|v| InstanceInfo {
+                        config: crate::config::VgpuConfig {
+                            cap: Some(0.5),
+                            ..v.clone()
+                        },
+                        socket: c.socket_path(v),
+                        state: InstanceState::Running,
+                    })
+                    .collect()
+            },
         }
     }
 
@@ -555,4 +602,42 @@ mod tests {
         assert_eq!(value(1e-9), "0.000000001");
         assert_eq!(value(3.0), "3");
     }
+
+    /// Every `vgpud_*` series the shipped Grafana dashboard and alert rules
+    /// query is a family this endpoint exports.
+    #[test]
+    fn test_dashboard_and_alerts_use_only_exported_metrics() {
+        let text = render(&snapshot());
+        let families: HashSet<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        for (file, body) in [
+            (
+                "grafana/vgpud.json",
+                include_str!("../../../resources/grafana/vgpud.json"),
+            ),
+            (
+                "prometheus/vgpud-alerts.yml",
+                include_str!("../../../resources/prometheus/vgpud-alerts.yml"),
+            ),
+        ] {
+            let mut used = 0;
+            for (at, _) in body.match_indices("vgpud_") {
+                let name: String = body[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let family = ["_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(f)))
+                    .unwrap_or(&name);
+                assert!(families.contains(family), "{file} uses {name}, which is not exported");
+                used += 1;
+            }
+            assert!(used > 5, "{file} queries vgpud metrics");
+        }
+    }
+
 }
