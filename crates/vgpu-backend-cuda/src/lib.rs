@@ -111,7 +111,6 @@ mod driver;
 mod hostmem;
 mod kernels;
 mod partition;
-mod plan;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

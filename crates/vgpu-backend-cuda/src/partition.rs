@@ -11,6 +11,9 @@ use std::time::Duration;
 use cudarc::driver::sys;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
+use vgpu_backend::rules::{
+    self, align_up, words, Allocations, Builtin, FloatOperands, KernelLimits, DEFAULT_ALIGN,
+};
 use vgpu_backend::{
     BackendError, HostMemory, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
     PartitionSpec,
@@ -19,7 +22,6 @@ use vgpu_backend::{
 use crate::driver::{self, CuError, Current};
 use crate::hostmem::HostRegistry;
 use crate::kernels::{self, BLOCK, REDUCE_BLOCKS, SGEMM_MAX_GRID_Y, SGEMM_TILE};
-use crate::plan::{self, words, Alloc, Allocations, Builtin, KernelLimits};
 use crate::{lock, Mode, Shared};
 
 /// Bytes of each of the two pinned staging buffers (the chunk of an
@@ -28,13 +30,6 @@ pub const STAGING_BYTES: usize = 8 << 20;
 /// Bytes of the device scratch buffer (overlapping copies, reduction
 /// partial sums).
 pub const SCRATCH_BYTES: usize = 8 << 20;
-/// Alignment of an allocation asked with alignment 0; cuMemAlloc gives at
-/// least this.
-pub const DEFAULT_ALIGN: u64 = 256;
-/// Largest alignment an allocation may ask for.
-pub const MAX_ALIGN: u64 = 1 << 30;
-/// Most live allocations of one partition.
-pub const MAX_ALLOCATIONS: usize = 1 << 16;
 /// Most modules one partition may have loaded.
 pub const MAX_MODULES: usize = 64;
 /// Smallest average piece of a guest transfer copied straight from or to
@@ -97,10 +92,6 @@ fn describe(f: &Fail) -> String {
 /// A pointer to a kernel argument, as cuLaunchKernel wants it.
 fn arg<T>(v: &mut T) -> *mut c_void {
     (v as *mut T).cast()
-}
-
-fn align_up(value: u64, align: u64) -> Option<u64> {
-    Some(value.checked_add(align - 1)? & !(align - 1))
 }
 
 /// Who owns the context.
@@ -461,7 +452,7 @@ impl DeviceState {
 
     /// `size` bytes from `src` to `dst` (checked ranges that may overlap).
     fn memmove(&self, dst: u64, src: u64, size: u64) -> Result<(), Fail> {
-        if !plan::overlaps(dst, size, src, size) {
+        if !rules::overlaps(dst, size, src, size) {
             return driver::memcpy_dtod_async(dst, src, size as usize, self.stream).at("copy");
         }
         // Through the scratch buffer, chunk by chunk, in the order that
@@ -811,7 +802,9 @@ pub struct CudaPartition {
     desc: sys::CUdevResourceDesc,
     /// SMs its kernels run on.
     sms: u32,
-    allocs: Allocations,
+    /// Allocations, each with what cuMemAlloc returned for it (what gets
+    /// freed; the allocation starts at the first aligned address in it).
+    allocs: Allocations<u64>,
     dev: Option<DeviceState>,
     /// Why the partition cannot run commands until reset: its context hit
     /// a sticky error, or could not be created.
@@ -1073,7 +1066,7 @@ impl CudaPartition {
                 if let Ok(_cur) = Current::push(dev.ctx) {
                     let _ = driver::stream_sync(dev.stream);
                     for a in &allocs {
-                        let _ = driver::mem_free(a.base);
+                        let _ = driver::mem_free(a.data);
                     }
                 }
             }
@@ -1120,7 +1113,7 @@ impl CudaPartition {
                     (f, limits)
                 }
             };
-            plan::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
+            rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
             dev.timed(entry, |s| {
                 // SAFETY: the parameter block has the size of the kernel's
                 // parameter list (checked above whenever the driver can
@@ -1160,20 +1153,9 @@ impl Partition for CudaPartition {
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         self.last_device_time = None;
-        if size == 0 {
-            return Err(OpError::Invalid("allocation of 0 bytes".into()));
-        }
-        let align = if align == 0 { DEFAULT_ALIGN } else { align };
-        if !align.is_power_of_two() {
-            return Err(OpError::Invalid(format!(
-                "alignment {align:#x} is not a power of two"
-            )));
-        }
-        if align > MAX_ALIGN {
-            return Err(OpError::Invalid(format!(
-                "alignment {align:#x} is larger than {MAX_ALIGN:#x}"
-            )));
-        }
+        // cuMemAlloc gives DEFAULT_ALIGN: a larger alignment is padding,
+        // charged to the quota.
+        let align = rules::alloc_align(size, align)?;
         let available = self.available();
         let pad = align.saturating_sub(DEFAULT_ALIGN);
         let charged = size.saturating_add(pad);
@@ -1181,13 +1163,13 @@ impl Partition for CudaPartition {
             requested: charged,
             available,
         };
-        if charged > available || self.allocs.len() >= MAX_ALLOCATIONS {
+        if let Err(e) = self.allocs.admit(charged, available) {
             debug!(
                 "cuda backend: partition {:?}: {charged} bytes requested, {available} available, {} allocations",
                 self.spec.name,
                 self.allocs.len()
             );
-            return Err(no_memory);
+            return Err(e);
         }
         let bytes = usize::try_from(charged).map_err(|_| no_memory.clone())?;
         let base = self.run(|dev| {
@@ -1213,14 +1195,7 @@ impl Partition for CudaPartition {
                 "cuMemAlloc returned {base:#x}, not {DEFAULT_ALIGN}-byte aligned"
             )));
         };
-        self.allocs.insert(
-            addr,
-            Alloc {
-                size,
-                base,
-                charged,
-            },
-        );
+        self.allocs.insert(addr, size, charged, base);
         debug!(
             "cuda backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
             self.spec.name,
@@ -1231,10 +1206,7 @@ impl Partition for CudaPartition {
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
         self.last_device_time = None;
-        let a = self
-            .allocs
-            .remove(addr)
-            .ok_or_else(|| OpError::NotFound(format!("no allocation starts at {addr:#x}")))?;
+        let a = self.allocs.free(addr)?;
         debug!(
             "cuda backend: partition {:?}: freed {} bytes at {addr:#x} ({} in use)",
             self.spec.name,
@@ -1247,7 +1219,7 @@ impl Partition for CudaPartition {
         }
         // Every command drains its stream before returning, so no queued
         // work can still use the memory.
-        self.run(|_| driver::mem_free(a.base).at("cuMemFree"))
+        self.run(|_| driver::mem_free(a.data).at("cuMemFree"))
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
@@ -1423,12 +1395,13 @@ impl Partition for CudaPartition {
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.last_device_time = None;
         let t = if launch.module == abi::MODULE_BUILTIN {
-            let call = plan::plan_builtin(
+            let call = rules::plan_builtin(
                 launch.entry,
                 launch.grid,
                 launch.block,
                 launch.params,
                 &self.allocs,
+                FloatOperands::Aligned,
             )?;
             let available = self.available();
             self.run(|dev| dev.run_builtin(call, available))?

@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+pub mod rules;
 pub mod software;
 
 use std::fs::File;

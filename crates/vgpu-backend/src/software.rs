@@ -7,42 +7,29 @@
 //! allocation. Compute units are worker threads: a kernel is split over
 //! at most the partition's `compute_units` threads.
 //!
-//! Each partition has its own device address space (starting at
-//! [`ADDRESS_BASE`]) and its own table of allocations, so an address is
+//! Each partition has its own device address space (an
+//! [`AddressSpace`]) and its own table of allocations, so an address is
 //! meaningful only in the partition that allocated it. Allocations are
-//! separated by at least [`GUARD_GAP`] unmapped bytes, and every device
-//! range must lie inside one allocation, so running off the end of a
-//! buffer is reported instead of landing in a neighbour.
+//! separated by at least [`GUARD_GAP`](crate::rules::GUARD_GAP) unmapped
+//! bytes, and every device range must lie inside one allocation, so
+//! running off the end of a buffer is reported instead of landing in a
+//! neighbour. The rules are [`crate::rules`]'s, as for every backend.
 //!
 //! Only the built-in module runs here: its kernels derive their work split
 //! from their parameters, not from the launch grid.
 
 use std::cell::{Ref, RefCell};
-use std::collections::BTreeMap;
-use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use log::{debug, info, warn};
-use vgpu_abi::{self as abi, ByteValued};
+use vgpu_abi as abi;
 
+use crate::rules::{self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc};
 use crate::{
     Backend, BackendError, Capacity, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec,
 };
 
-/// First device address of a partition's address space.
-pub const ADDRESS_BASE: u64 = 0x0001_0000_0000;
-/// End (exclusive) of a partition's address space.
-pub const ADDRESS_END: u64 = 1 << 48;
-/// Unmapped bytes kept after every allocation.
-pub const GUARD_GAP: u64 = 64 << 10;
-/// Alignment of an allocation asked with alignment 0.
-pub const DEFAULT_ALIGN: u64 = 256;
-/// Largest alignment an allocation may ask for.
-pub const MAX_ALIGN: u64 = 1 << 30;
-/// Most live allocations of one partition; bounds the host memory spent
-/// on bookkeeping, whatever the allocation sizes.
-pub const MAX_ALLOCATIONS: usize = 1 << 16;
 /// Fewest elements of work worth a thread of its own.
 const DEFAULT_GRAIN: u64 = 1 << 16;
 
@@ -101,9 +88,8 @@ impl SoftwareBackend {
         Ok(SoftwarePartition {
             spec: spec.clone(),
             pool: Arc::clone(&self.pool),
-            allocs: BTreeMap::new(),
-            used: 0,
-            cursor: ADDRESS_BASE,
+            allocs: Allocations::default(),
+            space: AddressSpace::default(),
             grain: DEFAULT_GRAIN,
         })
     }
@@ -123,26 +109,6 @@ impl Backend for SoftwareBackend {
     }
 }
 
-/// A device range resolved to its allocation: `len` bytes at byte `off`
-/// of the allocation starting at device address `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Loc {
-    start: u64,
-    off: usize,
-    len: usize,
-}
-
-impl Loc {
-    fn range(&self) -> Range<usize> {
-        self.off..self.off + self.len
-    }
-
-    /// Whether the two ranges share a byte (same allocation assumed).
-    fn overlaps(&self, other: &Loc) -> bool {
-        self.off < other.off + other.len && other.off < self.off + self.len
-    }
-}
-
 /// A partition of a [`SoftwareBackend`]: a memory quota, an address space
 /// of its own and a number of worker threads.
 pub struct SoftwarePartition {
@@ -150,12 +116,9 @@ pub struct SoftwarePartition {
     pool: Arc<Mutex<Pool>>,
     /// Allocations by device address. The cells let a kernel write one
     /// allocation while reading others; calls never overlap (`&mut self`).
-    allocs: BTreeMap<u64, RefCell<DeviceBuf>>,
-    /// Sum of allocation sizes.
-    used: u64,
-    /// Where the search for free address space starts, so freed addresses
-    /// are not handed out again at once.
-    cursor: u64,
+    allocs: Allocations<RefCell<DeviceBuf>>,
+    /// The partition's address space.
+    space: AddressSpace,
     /// Fewest elements of work per thread.
     grain: u64,
 }
@@ -170,32 +133,9 @@ impl Drop for SoftwarePartition {
     }
 }
 
-fn align_up(value: u64, align: u64) -> Option<u64> {
-    Some(value.checked_add(align - 1)? & !(align - 1))
-}
-
-/// Bytes of `n` 32-bit elements; `u64::MAX` (never in range) on overflow.
-fn words(n: u64) -> u64 {
-    n.saturating_mul(4)
-}
-
-/// Reads a kernel parameter block of exactly `size_of::<T>()` bytes.
-fn params<T: ByteValued + Default>(entry: &str, bytes: &[u8]) -> Result<T, OpError> {
-    let mut p = T::default();
-    let size = std::mem::size_of::<T>();
-    if bytes.len() != size {
-        return Err(OpError::Invalid(format!(
-            "{entry}: parameter block is {} bytes, expected {size}",
-            bytes.len()
-        )));
-    }
-    p.as_mut_slice().copy_from_slice(bytes);
-    Ok(p)
-}
-
 impl SoftwarePartition {
     fn available(&self) -> u64 {
-        self.spec.memory.saturating_sub(self.used)
+        self.spec.memory.saturating_sub(self.allocs.used())
     }
 
     fn threads(&self) -> usize {
@@ -219,47 +159,19 @@ impl SoftwarePartition {
         }
     }
 
-    /// The first free, aligned address at or after `from` with room for
-    /// `size` bytes and the guard gaps around them.
-    fn find_from(&self, from: u64, size: u64, align: u64) -> Option<u64> {
-        let mut cand = align_up(from, align)?;
-        let before = self.allocs.range(..cand).next_back();
-        for (&start, buf) in before.into_iter().chain(self.allocs.range(cand..)) {
-            if cand.checked_add(size)?.checked_add(GUARD_GAP)? <= start {
-                return Some(cand);
-            }
-            let end = start + buf.borrow().len() as u64 + GUARD_GAP;
-            if end > cand {
-                cand = align_up(end, align)?;
-            }
-        }
-        (cand.checked_add(size)? <= ADDRESS_END).then_some(cand)
-    }
-
-    fn find_address(&self, size: u64, align: u64) -> Option<u64> {
-        self.find_from(self.cursor, size, align)
-            .or_else(|| self.find_from(ADDRESS_BASE, size, align))
-    }
-
     /// Resolves `len` bytes at `addr`, which must lie inside one allocation.
     fn locate(&self, addr: u64, len: u64) -> Result<Loc, OpError> {
-        let out = OpError::OutOfRange { addr, len };
-        let (&start, buf) = self.allocs.range(..=addr).next_back().ok_or(out.clone())?;
-        let size = buf.borrow().len() as u64;
-        let off = addr - start;
-        if off > size || len > size - off {
-            return Err(out);
-        }
-        Ok(Loc {
-            start,
-            off: off as usize,
-            len: len as usize,
-        })
+        self.allocs.locate(addr, len)
+    }
+
+    /// The bytes of the allocation `loc` lies in.
+    fn buf(&self, loc: &Loc) -> &RefCell<DeviceBuf> {
+        self.allocs.data(loc.start)
     }
 
     /// A copy of `loc`'s bytes, or NoMemory if the host has no room.
     fn copy_out(&self, loc: &Loc) -> Result<Vec<u8>, OpError> {
-        let buf = self.allocs[&loc.start].borrow();
+        let buf = self.buf(&loc).borrow();
         let mut v = Vec::new();
         v.try_reserve_exact(loc.len)
             .map_err(|_| self.no_host_memory(loc.len as u64))?;
@@ -269,7 +181,7 @@ impl SoftwarePartition {
 
     /// The bytes of `loc` as floats, or NoMemory if the host has no room.
     fn floats(&self, loc: &Loc) -> Result<Vec<f32>, OpError> {
-        let buf = self.allocs[&loc.start].borrow();
+        let buf = self.buf(&loc).borrow();
         let mut v = Vec::new();
         v.try_reserve_exact(loc.len / 4)
             .map_err(|_| self.no_host_memory(loc.len as u64))?;
@@ -295,9 +207,9 @@ impl SoftwarePartition {
             }
         }
         let others: [Option<Ref<'_, DeviceBuf>>; N] = std::array::from_fn(|i| {
-            (ins[i].start != out.start).then(|| self.allocs[&ins[i].start].borrow())
+            (ins[i].start != out.start).then(|| self.allocs.data(ins[i].start).borrow())
         });
-        let mut out_buf = self.allocs[&out.start].borrow_mut();
+        let mut out_buf = self.buf(&out).borrow_mut();
         let (lo, rest) = out_buf.split_at_mut(out.off);
         let (dst, hi) = rest.split_at_mut(out.len);
         let (lo, hi): (&[u8], &[u8]) = (lo, hi);
@@ -320,39 +232,51 @@ impl SoftwarePartition {
     }
 
     fn fill_bytes(&self, out: Loc, pattern: u32, threads: usize) {
-        let mut buf = self.allocs[&out.start].borrow_mut();
+        let mut buf = self.buf(&out).borrow_mut();
         par_chunks(threads, 4, &mut buf[out.range()], |_, c| {
             fill_pattern(c, pattern)
         });
     }
 
-    fn kernel_fill(&mut self, p: abi::FillParams) -> Result<(), OpError> {
-        let out = self.locate(p.dst, words(p.count))?;
-        self.fill_bytes(out, p.value, self.threads_for(p.count));
-        Ok(())
-    }
-
-    fn kernel_copy(&mut self, p: abi::CopyParams) -> Result<(), OpError> {
-        let dst = self.locate(p.dst, p.bytes)?;
-        let src = self.locate(p.src, p.bytes)?;
-        if dst.start == src.start && dst.overlaps(&src) {
-            return Err(OpError::Invalid(format!(
-                "copy: source {:#x} and destination {:#x} overlap ({} bytes)",
-                p.src, p.dst, p.bytes
-            )));
-        }
-        self.with_io(dst, [src], |d, [s]| {
-            if let Some(s) = s {
-                d.copy_from_slice(s);
+    /// Runs a built-in call the rules validated: every range in it lies
+    /// inside one allocation.
+    fn run_builtin(&mut self, call: Builtin) -> Result<(), OpError> {
+        match call {
+            Builtin::Nothing => Ok(()),
+            Builtin::Fill { dst, count, value } => {
+                let out = self.locate(dst, words(count))?;
+                self.fill_bytes(out, value, self.threads_for(count));
+                Ok(())
             }
-        })
+            Builtin::Copy { dst, src, bytes } => {
+                let dst = self.locate(dst, bytes)?;
+                let src = self.locate(src, bytes)?;
+                self.with_io(dst, [src], |d, [s]| {
+                    if let Some(s) = s {
+                        d.copy_from_slice(s);
+                    }
+                })
+            }
+            Builtin::Vadd { c, a, b, n, .. } => self.kernel_vadd(c, a, b, n),
+            Builtin::Saxpy { y, x, n, a, .. } => self.kernel_saxpy(y, x, n, a),
+            Builtin::Sgemm { p, .. } => self.kernel_sgemm(p),
+            Builtin::Scale { c, count, beta } => {
+                // C = beta * C; A and B are not read.
+                let c = self.locate(c, words(count))?;
+                let threads = self.threads_for(count);
+                let mut buf = self.buf(&c).borrow_mut();
+                par_chunks(threads, 4, &mut buf[c.range()], |_, c| scale(c, beta));
+                Ok(())
+            }
+            Builtin::Reduce { out, input, n } => self.kernel_reduce_sum(out, input, n),
+        }
     }
 
-    fn kernel_vadd(&mut self, p: abi::VaddParams) -> Result<(), OpError> {
-        let c = self.locate(p.c, words(p.n))?;
-        let a = self.locate(p.a, words(p.n))?;
-        let b = self.locate(p.b, words(p.n))?;
-        let threads = self.threads_for(p.n);
+    fn kernel_vadd(&mut self, c: u64, a: u64, b: u64, n: u64) -> Result<(), OpError> {
+        let c = self.locate(c, words(n))?;
+        let a = self.locate(a, words(n))?;
+        let b = self.locate(b, words(n))?;
+        let threads = self.threads_for(n);
         self.with_io(c, [a, b], |c, [a, b]| {
             par_chunks(threads, 4, c, |off, c| {
                 let a = a.map(|s| &s[off..off + c.len()]);
@@ -362,40 +286,31 @@ impl SoftwarePartition {
         })
     }
 
-    fn kernel_saxpy(&mut self, p: abi::SaxpyParams) -> Result<(), OpError> {
-        let y = self.locate(p.y, words(p.n))?;
-        let x = self.locate(p.x, words(p.n))?;
-        let threads = self.threads_for(p.n);
+    fn kernel_saxpy(&mut self, y: u64, x: u64, n: u64, a: f32) -> Result<(), OpError> {
+        let y = self.locate(y, words(n))?;
+        let x = self.locate(x, words(n))?;
+        let threads = self.threads_for(n);
         self.with_io(y, [x], |y, [x]| {
             par_chunks(threads, 4, y, |off, y| {
-                saxpy(y, x.map(|s| &s[off..off + y.len()]), p.a);
+                saxpy(y, x.map(|s| &s[off..off + y.len()]), a);
             })
         })
     }
 
+    /// `C = alpha * A * B + beta * C` with `m, n, k > 0` and `alpha != 0`.
     fn kernel_sgemm(&mut self, p: abi::SgemmParams) -> Result<(), OpError> {
         let (m, n, k) = (u64::from(p.m), u64::from(p.n), u64::from(p.k));
         let c = self.locate(p.c, words(m * n))?;
         let a = self.locate(p.a, words(m * k))?;
         let b = self.locate(p.b, words(k * n))?;
         let (alpha, beta) = (p.alpha, p.beta);
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 || alpha == 0.0 {
-            // C = beta * C; A and B are not read.
-            let threads = self.threads_for(m * n);
-            let mut buf = self.allocs[&c.start].borrow_mut();
-            par_chunks(threads, 4, &mut buf[c.range()], |_, c| scale(c, beta));
-            return Ok(());
-        }
         // A and B are read into float copies first, so they may share an
         // allocation (and bytes) with C.
         let a = self.floats(&a)?;
         let b = self.floats(&b)?;
         let threads = self.threads_for(m.saturating_mul(n).saturating_mul(k));
         let (n, k) = (n as usize, k as usize);
-        let mut buf = self.allocs[&c.start].borrow_mut();
+        let mut buf = self.buf(&c).borrow_mut();
         par_chunks(threads, n * 4, &mut buf[c.range()], |off, rows| {
             let row0 = off / (n * 4);
             let nrows = rows.len() / (n * 4);
@@ -405,20 +320,20 @@ impl SoftwarePartition {
         Ok(())
     }
 
-    fn kernel_reduce_sum(&mut self, p: abi::ReduceSumParams) -> Result<(), OpError> {
-        let out = self.locate(p.out, 4)?;
-        let input = self.locate(p.input, words(p.n))?;
-        let threads = self.threads_for(p.n);
+    fn kernel_reduce_sum(&mut self, out: u64, input: u64, n: u64) -> Result<(), OpError> {
+        let out = self.locate(out, 4)?;
+        let input = self.locate(input, words(n))?;
+        let threads = self.threads_for(n);
         let sum = {
-            let buf = self.allocs[&input.start].borrow();
+            let buf = self.buf(&input).borrow();
             let bytes = &buf[input.range()];
-            let per = (p.n as usize).div_ceil(threads).max(1) * 4;
+            let per = (n as usize).div_ceil(threads).max(1) * 4;
             let partial = run_parallel(threads, bytes.chunks(per), |c| {
                 c.chunks_exact(4).map(|x| f64::from(get(x))).sum::<f64>()
             });
             partial.into_iter().sum::<f64>()
         };
-        let mut buf = self.allocs[&out.start].borrow_mut();
+        let mut buf = self.buf(&out).borrow_mut();
         buf[out.range()].copy_from_slice(&(sum as f32).to_le_bytes());
         Ok(())
     }
@@ -430,41 +345,24 @@ impl Partition for SoftwarePartition {
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
-        if size == 0 {
-            return Err(OpError::Invalid("allocation of 0 bytes".into()));
-        }
-        let align = if align == 0 { DEFAULT_ALIGN } else { align };
-        if !align.is_power_of_two() {
-            return Err(OpError::Invalid(format!(
-                "alignment {align:#x} is not a power of two"
-            )));
-        }
-        if align > MAX_ALIGN {
-            return Err(OpError::Invalid(format!(
-                "alignment {align:#x} is larger than {MAX_ALIGN:#x}"
-            )));
-        }
+        let align = rules::alloc_align(size, align)?;
         let available = self.available();
+        // What a guest asks for beyond its quota is the guest's business:
+        // logged at debug level only.
+        if let Err(e) = self.allocs.admit(size, available) {
+            debug!(
+                "software backend: partition {:?}: {size} bytes requested, {available} available, {} allocations",
+                self.spec.name,
+                self.allocs.len()
+            );
+            return Err(e);
+        }
         let no_memory = OpError::NoMemory {
             requested: size,
             available,
         };
-        if size > available {
+        let Some(addr) = self.space.place(&self.allocs, size, align) else {
             debug!(
-                "software backend: partition {:?}: {size} bytes requested, {available} available",
-                self.spec.name
-            );
-            return Err(no_memory);
-        }
-        if self.allocs.len() >= MAX_ALLOCATIONS {
-            warn!(
-                "software backend: partition {:?}: {MAX_ALLOCATIONS} allocations already live",
-                self.spec.name
-            );
-            return Err(no_memory);
-        }
-        let Some(addr) = self.find_address(size, align) else {
-            warn!(
                 "software backend: partition {:?}: no address space for {size} bytes aligned to {align:#x}",
                 self.spec.name
             );
@@ -472,39 +370,35 @@ impl Partition for SoftwarePartition {
         };
         let len = usize::try_from(size).map_err(|_| no_memory.clone())?;
         let buf = DeviceBuf::zeroed(len).ok_or_else(|| self.no_host_memory(size))?;
-        self.allocs.insert(addr, RefCell::new(buf));
-        self.used += size;
-        self.cursor = addr + size + GUARD_GAP;
+        self.allocs.insert(addr, size, size, RefCell::new(buf));
+        self.space.placed(addr, size);
         debug!(
             "software backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name, self.used
+            self.spec.name,
+            self.allocs.used()
         );
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
-        let buf = self
-            .allocs
-            .remove(&addr)
-            .ok_or_else(|| OpError::NotFound(format!("no allocation starts at {addr:#x}")))?;
-        let size = buf.into_inner().len() as u64;
-        self.used -= size;
+        let size = self.allocs.free(addr)?.size;
         debug!(
             "software backend: partition {:?}: freed {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name, self.used
+            self.spec.name,
+            self.allocs.used()
         );
         Ok(())
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
         let loc = self.locate(dst, src.len())?;
-        let mut buf = self.allocs[&loc.start].borrow_mut();
+        let mut buf = self.buf(&loc).borrow_mut();
         src.read_at(0, &mut buf[loc.range()])
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
         let loc = self.locate(src, dst.len())?;
-        let buf = self.allocs[&loc.start].borrow();
+        let buf = self.buf(&loc).borrow();
         dst.write_at(0, &buf[loc.range()])
     }
 
@@ -512,7 +406,7 @@ impl Partition for SoftwarePartition {
         let d = self.locate(dst, size)?;
         let s = self.locate(src, size)?;
         if d.start == s.start {
-            let mut buf = self.allocs[&d.start].borrow_mut();
+            let mut buf = self.buf(&d).borrow_mut();
             buf.copy_within(s.range(), d.off);
             return Ok(());
         }
@@ -558,34 +452,21 @@ impl Partition for SoftwarePartition {
         if launch.module != abi::MODULE_BUILTIN {
             return Err(OpError::NotFound(format!("module {:#x}", launch.module)));
         }
-        let entry = launch.entry;
-        if !abi::BUILTIN_ENTRIES.contains(&entry) {
-            return Err(OpError::NotFound(format!(
-                "entry point {entry:?} in the built-in module"
-            )));
-        }
-        if launch.grid.contains(&0) || launch.block.contains(&0) {
-            return Err(OpError::Invalid(format!(
-                "{entry}: grid {:?} / block {:?} has a zero dimension",
-                launch.grid, launch.block
-            )));
-        }
-        let raw = launch.params;
-        match entry {
-            "fill_u32" => self.kernel_fill(params(entry, raw)?),
-            "copy" => self.kernel_copy(params(entry, raw)?),
-            "vadd_f32" => self.kernel_vadd(params(entry, raw)?),
-            "saxpy_f32" => self.kernel_saxpy(params(entry, raw)?),
-            "sgemm_f32" => self.kernel_sgemm(params(entry, raw)?),
-            "reduce_sum_f32" => self.kernel_reduce_sum(params(entry, raw)?),
-            _ => Err(OpError::NotFound(format!(
-                "entry point {entry:?} in the built-in module"
-            ))),
-        }
+        // Floats are read and written byte by byte here: any operand
+        // address will do.
+        let call = rules::plan_builtin(
+            launch.entry,
+            launch.grid,
+            launch.block,
+            launch.params,
+            &self.allocs,
+            FloatOperands::Unaligned,
+        )?;
+        self.run_builtin(call)
     }
 
     fn memory_used(&self) -> u64 {
-        self.used
+        self.allocs.used()
     }
 
     fn reset(&mut self) {
@@ -593,11 +474,10 @@ impl Partition for SoftwarePartition {
             "software backend: partition {:?}: reset, {} allocations ({} bytes) freed",
             self.spec.name,
             self.allocs.len(),
-            self.used
+            self.allocs.used()
         );
-        self.allocs.clear();
-        self.used = 0;
-        self.cursor = ADDRESS_BASE;
+        self.allocs.drain();
+        self.space.reset();
     }
 }
 
@@ -854,6 +734,10 @@ unsafe impl Send for DeviceBuf {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rules::{
+        ADDRESS_BASE, ADDRESS_END, DEFAULT_ALIGN, GUARD_GAP, MAX_ALIGN, MAX_ALLOCATIONS,
+    };
+    use vgpu_abi::ByteValued;
 
     const MIB: u64 = 1 << 20;
 
@@ -981,7 +865,7 @@ mod tests {
     fn snapshot(p: &SoftwarePartition) -> Vec<(u64, Vec<u8>)> {
         p.allocs
             .iter()
-            .map(|(a, b)| (*a, b.borrow().to_vec()))
+            .map(|(a, e)| (a, e.data.borrow().to_vec()))
             .collect()
     }
 
@@ -1131,7 +1015,7 @@ mod tests {
         }
         assert!(matches!(p.alloc(1, 1), Err(OpError::NoMemory { .. })));
         assert_eq!(p.memory_used(), MAX_ALLOCATIONS as u64);
-        let first = *p.allocs.keys().next().unwrap();
+        let first = p.allocs.iter().next().unwrap().0;
         p.free(first).unwrap();
         p.alloc(1, 1).unwrap();
     }
@@ -1164,9 +1048,9 @@ mod tests {
         p.free(a).unwrap();
         // Nothing fits between the cursor and the end: the search wraps
         // and finds the hole in front of `b`, gaps included.
-        p.cursor = ADDRESS_END - 16;
+        p.space.cursor = ADDRESS_END - 16;
         assert_eq!(p.alloc(4096, 0), Ok(a));
-        p.cursor = ADDRESS_END - 16;
+        p.space.cursor = ADDRESS_END - 16;
         let c = p.alloc(4097, 0).unwrap();
         assert!(c > b);
     }
