@@ -179,7 +179,7 @@ impl SoftwarePartition {
 
     /// A copy of `loc`'s bytes, or NoMemory if the host has no room.
     fn copy_out(&self, loc: &Loc) -> Result<Vec<u8>, OpError> {
-        let buf = self.buf(&loc).borrow();
+        let buf = self.buf(loc).borrow();
         let mut v = Vec::new();
         v.try_reserve_exact(loc.len)
             .map_err(|_| self.no_host_memory(loc.len as u64))?;
@@ -189,7 +189,7 @@ impl SoftwarePartition {
 
     /// The bytes of `loc` as floats, or NoMemory if the host has no room.
     fn floats(&self, loc: &Loc) -> Result<Vec<f32>, OpError> {
-        let buf = self.buf(&loc).borrow();
+        let buf = self.buf(loc).borrow();
         let mut v = Vec::new();
         v.try_reserve_exact(loc.len / 4)
             .map_err(|_| self.no_host_memory(loc.len as u64))?;
