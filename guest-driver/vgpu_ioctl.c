@@ -949,6 +949,14 @@ static long vgpu_ioctl_alloc(struct vgpu_file *vf, struct vgpu_alloc __user *arg
 
 	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
+	/*
+	 * The guest's early check, a subset of the device's rules (vgpud's
+	 * vgpu_backend::rules): a size of 0 or an alignment that is not a
+	 * power of two is refused by every backend too. The device's own
+	 * limits, VGPU_ALLOC_MAX_ALIGN and VGPU_MAX_ALLOCATIONS, are left to
+	 * it: it refuses a larger alignment with VGPU_STATUS_INVALID (-EINVAL
+	 * here too) and one allocation too many with VGPU_STATUS_NO_MEMORY.
+	 */
 	if (a.flags || a.pad || !a.size || (a.align & (a.align - 1)))
 		return -EINVAL;
 

@@ -212,6 +212,12 @@ pub const MAX_SG_ENTRIES: u32 = 256;
 pub const MAX_PARAMS_SIZE: u32 = 4096;
 /// Largest module image.
 pub const MAX_MODULE_SIZE: u64 = 16 << 20;
+/// MEM_ALLOC: the alignment of an allocation asked with alignment 0.
+pub const ALLOC_DEFAULT_ALIGN: u64 = 256;
+/// MEM_ALLOC: the largest alignment an allocation may ask for.
+pub const ALLOC_MAX_ALIGN: u64 = 1 << 30;
+/// MEM_ALLOC: most live allocations of one vGPU.
+pub const MAX_ALLOCATIONS: u64 = 1 << 16;
 /// Module format: PTX text.
 pub const MODULE_FORMAT_PTX: u32 = 1;
 /// The built-in module, always loaded.
@@ -703,6 +709,9 @@ pub fn c_header() -> String {
         ("VGPU_MAX_SG_ENTRIES", MAX_SG_ENTRIES.into()),
         ("VGPU_MAX_PARAMS_SIZE", MAX_PARAMS_SIZE.into()),
         ("VGPU_MAX_MODULE_SIZE", MAX_MODULE_SIZE),
+        ("VGPU_ALLOC_DEFAULT_ALIGN", ALLOC_DEFAULT_ALIGN),
+        ("VGPU_ALLOC_MAX_ALIGN", ALLOC_MAX_ALIGN),
+        ("VGPU_MAX_ALLOCATIONS", MAX_ALLOCATIONS),
         ("VGPU_MODULE_FORMAT_PTX", MODULE_FORMAT_PTX.into()),
         ("VGPU_MODULE_BUILTIN", MODULE_BUILTIN),
         ("VGPU_STATUS_OK", STATUS_OK.into()),

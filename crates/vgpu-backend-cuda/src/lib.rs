@@ -107,11 +107,11 @@
 
 #![warn(missing_docs)]
 
+mod device;
 mod driver;
 mod hostmem;
 mod kernels;
 mod partition;
-mod plan;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -121,9 +121,10 @@ use cudarc::driver::sys;
 use log::{error, info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
+pub use device::DIRECT_MIN_SLICE;
 use driver::{device_attribute, ok, CuError};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
-pub use partition::{CudaPartition, DIRECT_MIN_SLICE};
+pub use partition::CudaPartition;
 
 /// CUDA C source of the built-in module.
 pub const BUILTIN_SOURCE: &str = kernels::SOURCE;

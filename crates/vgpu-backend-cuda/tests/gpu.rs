@@ -12,14 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use vgpu_abi::{self as abi, ByteValued};
+use vgpu_abi as abi;
+use vgpu_backend::conformance::{
+    self, download, download_floats, launch, sgemm_reference, spec, upload, upload_floats, Rng,
+    VecSink, VecSource, MIB,
+};
 use vgpu_backend::{
     Backend, BackendError, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError,
     Partition, PartitionSpec, SliceFn,
 };
 use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
-
-const MIB: u64 = 1 << 20;
 
 fn required() -> bool {
     std::env::var_os("VGPU_REQUIRE_GPU").is_some_and(|v| v == "1")
@@ -50,14 +52,6 @@ fn backend(mode: Mode) -> Option<CudaBackend> {
     }
 }
 
-fn spec(name: &str, memory: u64, compute_units: u32) -> PartitionSpec {
-    PartitionSpec {
-        name: name.into(),
-        memory,
-        compute_units,
-    }
-}
-
 /// A partition of `memory` bytes: the whole GPU's SM share (isolated) or
 /// one group of SMs (spatial).
 fn partition(b: &CudaBackend, name: &str, memory: u64) -> CudaPartition {
@@ -66,105 +60,6 @@ fn partition(b: &CudaBackend, name: &str, memory: u64) -> CudaPartition {
         Mode::Spatial => 2 * b.sm_granule(),
     };
     b.create_cuda_partition(&spec(name, memory, cu)).unwrap()
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [-1, 1).
-    fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn floats(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f32()).collect()
-    }
-
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next() >> 32) as u8).collect()
-    }
-}
-
-struct VecSource(Vec<u8>);
-
-impl HostSource for VecSource {
-    fn len(&self) -> u64 {
-        self.0.len() as u64
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
-        let off = offset as usize;
-        let src = self
-            .0
-            .get(off..off + buf.len())
-            .ok_or(OpError::Fault(offset))?;
-        buf.copy_from_slice(src);
-        Ok(())
-    }
-}
-
-struct VecSink(RefCell<Vec<u8>>);
-
-impl HostSink for VecSink {
-    fn len(&self) -> u64 {
-        self.0.borrow().len() as u64
-    }
-
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
-        let off = offset as usize;
-        let mut v = self.0.borrow_mut();
-        let dst = v
-            .get_mut(off..off + buf.len())
-            .ok_or(OpError::Fault(offset))?;
-        dst.copy_from_slice(buf);
-        Ok(())
-    }
-}
-
-fn upload(p: &mut dyn Partition, addr: u64, bytes: &[u8]) {
-    p.upload(addr, &VecSource(bytes.to_vec())).unwrap();
-}
-
-fn download(p: &mut dyn Partition, addr: u64, len: usize) -> Vec<u8> {
-    let sink = VecSink(RefCell::new(vec![0; len]));
-    p.download(addr, &sink).unwrap();
-    sink.0.into_inner()
-}
-
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn to_floats(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn upload_floats(p: &mut dyn Partition, addr: u64, v: &[f32]) {
-    upload(p, addr, &to_bytes(v));
-}
-
-fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
-    to_floats(&download(p, addr, n * 4))
-}
-
-fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
-    p.launch(&Launch {
-        module: abi::MODULE_BUILTIN,
-        entry,
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        shared_mem: 0,
-        params: params.as_slice(),
-    })
 }
 
 fn launch_module(
@@ -212,32 +107,6 @@ fn poke_params(addr: u64, v: u32) -> Vec<u8> {
     let mut p = addr.to_le_bytes().to_vec();
     p.extend_from_slice(&v.to_le_bytes());
     p
-}
-
-/// `alpha * A * B + beta * C` in f64, for an `m` x `n` x `k` shape.
-fn sgemm_reference(
-    (m, n, k): (usize, usize, usize),
-    alpha: f32,
-    a: &[f32],
-    b: &[f32],
-    beta: f32,
-    c: &[f32],
-) -> Vec<f64> {
-    let mut out = vec![0f64; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let dot: f64 = (0..k)
-                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
-                .sum();
-            let old = if beta == 0.0 {
-                0.0
-            } else {
-                f64::from(beta) * f64::from(c[i * n + j])
-            };
-            out[i * n + j] = f64::from(alpha) * dot + old;
-        }
-    }
-    out
 }
 
 #[test]
@@ -420,49 +289,27 @@ fn alloc_quota_alignment_and_free() {
     upload(&mut p, y + 4 * MIB - 4, &[1, 2, 3, 4]);
 }
 
-#[test]
-fn ranges_outside_own_allocations_are_refused() {
+/// The behaviour every backend shares (see `vgpu_backend::conformance`).
+fn conformance_in(mode: Mode) {
     if !gpu() {
         return;
     }
-    for mode in [Mode::Isolated, Mode::Spatial] {
-        let Some(b) = backend(mode) else {
-            return;
-        };
-        let mut pa = partition(&b, "a", 4 * MIB);
-        let mut pb = partition(&b, "b", 4 * MIB);
-        let a = pa.alloc(4096, 0).unwrap();
-        let theirs = pb.alloc(4096, 0).unwrap();
-        upload(&mut pb, theirs, &[0x5a; 4096]);
-        let oor = |r: Result<(), OpError>| matches!(r, Err(OpError::OutOfRange { .. }));
-        assert!(oor(pa.upload(theirs, &VecSource(vec![0; 4]))));
-        let sink = VecSink(RefCell::new(vec![0; 4]));
-        assert!(oor(pa.download(theirs, &sink)));
-        assert!(oor(pa.copy(a, theirs, 4)));
-        assert!(oor(pa.copy(theirs, a, 4)));
-        assert!(oor(pa.fill(theirs, 4, 0)));
-        assert!(oor(pa.upload(a + 4095, &VecSource(vec![0; 2]))));
-        let fill = abi::FillParams {
-            dst: theirs,
-            count: 1,
-            value: 0,
-            reserved: 0,
-        };
-        assert!(oor(launch(&mut pa, "fill_u32", fill)));
-        let copy = abi::CopyParams {
-            dst: a,
-            src: theirs,
-            bytes: 16,
-        };
-        assert!(oor(launch(&mut pa, "copy", copy)));
-        let reduce = abi::ReduceSumParams {
-            out: a,
-            input: theirs,
-            n: 4,
-        };
-        assert!(oor(launch(&mut pa, "reduce_sum_f32", reduce)));
-        assert_eq!(download(&mut pb, theirs, 4096), vec![0x5a; 4096]);
-    }
+    let Some(b) = backend(mode) else {
+        return;
+    };
+    let make =
+        |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name, s.memory)) };
+    conformance::run_all(&make);
+}
+
+#[test]
+fn conformance_isolated() {
+    conformance_in(Mode::Isolated);
+}
+
+#[test]
+fn conformance_spatial() {
+    conformance_in(Mode::Spatial);
 }
 
 fn check_builtins(p: &mut CudaPartition) {

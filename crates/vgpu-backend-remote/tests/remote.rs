@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::conformance;
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{
     Backend, BackendError, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
@@ -318,6 +319,23 @@ fn every_call_matches(remote: RemoteBackend) {
         assert!(want.iter().any(|l| l == line), "{line} not in {want:#?}");
     }
     assert!(rp.failure().is_none());
+}
+
+/// The behaviour every backend shares (see `vgpu_backend::conformance`),
+/// through partition hosts running the software backend.
+fn conformance_through(remote: RemoteBackend) {
+    let make = |s: &PartitionSpec| remote.create_partition(s).unwrap();
+    conformance::run_all(&make);
+}
+
+#[test]
+fn conformance_through_partition_hosts() {
+    conformance_through(backend(MEMORY, 8));
+}
+
+#[test]
+fn conformance_through_partition_hosts_and_the_mailbox() {
+    conformance_through(polling_backend(MEMORY, 8));
 }
 
 #[test]

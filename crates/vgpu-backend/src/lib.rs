@@ -9,6 +9,9 @@
 
 #![warn(missing_docs)]
 
+#[cfg(any(test, feature = "test-utils"))]
+pub mod conformance;
+pub mod rules;
 pub mod software;
 
 use std::fs::File;

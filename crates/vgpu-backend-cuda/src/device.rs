@@ -1,0 +1,816 @@
+//! What a partition holds on the device: its context (or green
+//! context), stream, events, staging and scratch buffers, the built-in
+//! module and the guest's modules, and the device work of every command
+//! on them. [`CudaPartition`](crate::CudaPartition) decides what runs;
+//! this runs it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_void, CString};
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use vgpu_abi as abi;
+use vgpu_backend::rules::{self, words, Builtin, KernelLimits};
+use vgpu_backend::{HostSink, HostSlice, HostSource, OpError};
+
+use crate::driver::{self, CuError, Current};
+use crate::hostmem::HostRegistry;
+use crate::kernels::{self, BLOCK, REDUCE_BLOCKS, SGEMM_MAX_GRID_Y, SGEMM_TILE};
+use crate::{Mode, Shared};
+
+/// Bytes of each of the two pinned staging buffers (the chunk of an
+/// upload or download).
+pub const STAGING_BYTES: usize = 8 << 20;
+/// Bytes of the device scratch buffer (overlapping copies, reduction
+/// partial sums).
+pub const SCRATCH_BYTES: usize = 8 << 20;
+/// Smallest average piece of a guest transfer copied straight from or to
+/// registered guest memory; a list of smaller pieces costs more in copy
+/// calls than the staging path's host copy.
+pub const DIRECT_MIN_SLICE: usize = 16 << 10;
+/// Blocks per SM of the element-wise kernels' grids.
+const BLOCKS_PER_SM: u64 = 8;
+
+/// The built-in kernels, indices into [`kernels::NAMES`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum K {
+    FillU32 = 0,
+    FillPatternU8,
+    CopyBytes,
+    CopyU128,
+    Vadd,
+    Saxpy,
+    Sgemm,
+    Scale,
+    ReducePartial,
+    ReduceFinal,
+}
+
+/// Why an operation failed, before it becomes an [`OpError`].
+pub(crate) enum Fail {
+    /// Already the answer.
+    Op(OpError),
+    /// A driver call failed.
+    Cuda(String, CuError),
+    /// The driver refused what the guest asked for (a loaded kernel's
+    /// launch shape or resources): `Invalid` unless the error is sticky.
+    Refused(String, CuError),
+}
+
+impl From<OpError> for Fail {
+    fn from(e: OpError) -> Fail {
+        Fail::Op(e)
+    }
+}
+
+pub(crate) trait At<T> {
+    /// Names the driver call that failed.
+    fn at(self, what: &str) -> Result<T, Fail>;
+}
+
+impl<T> At<T> for Result<T, CuError> {
+    fn at(self, what: &str) -> Result<T, Fail> {
+        self.map_err(|e| Fail::Cuda(what.to_string(), e))
+    }
+}
+
+pub(crate) fn describe(f: &Fail) -> String {
+    match f {
+        Fail::Op(e) => e.to_string(),
+        Fail::Cuda(what, e) | Fail::Refused(what, e) => format!("{what}: {e}"),
+    }
+}
+
+/// A pointer to a kernel argument, as cuLaunchKernel wants it.
+pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+/// Who owns the context.
+pub(crate) enum Owner {
+    /// Created by cuCtxCreate; destroyed with cuCtxDestroy.
+    Own,
+    /// A green context of the primary context.
+    Green(sys::CUgreenCtx),
+}
+
+/// A loaded guest module and the kernels looked up in it so far.
+pub(crate) struct Module {
+    pub(crate) module: sys::CUmodule,
+    pub(crate) kernels: HashMap<String, (sys::CUfunction, KernelLimits)>,
+}
+
+/// Device temporaries freed on drop (with the context current, after the
+/// work using them completed).
+pub(crate) struct Temps(Vec<u64>);
+
+impl Temps {
+    pub(crate) fn alloc(&mut self, bytes: u64, available: u64) -> Result<u64, Fail> {
+        let no_memory = || {
+            Fail::Op(OpError::NoMemory {
+                requested: bytes,
+                available,
+            })
+        };
+        let size = usize::try_from(bytes.max(1)).map_err(|_| no_memory())?;
+        match driver::mem_alloc(size) {
+            Ok(p) => {
+                self.0.push(p);
+                Ok(p)
+            }
+            Err(e) if e.is_out_of_memory() => Err(no_memory()),
+            Err(e) => Err(Fail::Cuda("allocating a temporary".into(), e)),
+        }
+    }
+}
+
+impl Drop for Temps {
+    fn drop(&mut self) {
+        for &p in &self.0 {
+            let _ = driver::mem_free(p);
+        }
+    }
+}
+
+/// What a partition holds on the device. Dropping it destroys the
+/// context and everything in it.
+pub(crate) struct DeviceState {
+    pub(crate) ctx: sys::CUcontext,
+    pub(crate) owner: Owner,
+    pub(crate) stream: sys::CUstream,
+    pub(crate) start: sys::CUevent,
+    pub(crate) end: sys::CUevent,
+    pub(crate) staged: [sys::CUevent; 2],
+    pub(crate) staging: [*mut u8; 2],
+    pub(crate) scratch: sys::CUdeviceptr,
+    pub(crate) builtin: sys::CUmodule,
+    pub(crate) funcs: [sys::CUfunction; kernels::NAMES.len()],
+    pub(crate) modules: BTreeMap<u64, Module>,
+    pub(crate) next_module: u64,
+    /// SMs the partition's kernels run on (for grid sizes).
+    pub(crate) sms: u32,
+}
+
+impl DeviceState {
+    /// A new context (isolated) or green context (spatial) with its
+    /// stream, events, buffers and the built-in module.
+    pub(crate) fn create(
+        shared: &Shared,
+        desc: sys::CUdevResourceDesc,
+        sms: u32,
+    ) -> Result<Self, Fail> {
+        let (ctx, owner) = match shared.mode {
+            Mode::Isolated => {
+                let mut params = sys::CUctxCreateParams {
+                    execAffinityParams: std::ptr::null_mut(),
+                    numExecAffinityParams: 0,
+                    cigParams: std::ptr::null_mut(),
+                };
+                let mut ctx: sys::CUcontext = std::ptr::null_mut();
+                // SAFETY: valid out pointer and a params struct asking for
+                // nothing special; `device` came from cuDeviceGet.
+                driver::ok(unsafe { sys::cuCtxCreate_v4(&mut ctx, &mut params, 0, shared.device) })
+                    .at("creating a context")?;
+                // cuCtxCreate leaves the new context current: take it off
+                // this thread's stack (ops push it when they need it).
+                let mut popped: sys::CUcontext = std::ptr::null_mut();
+                // SAFETY: pops the context just pushed by cuCtxCreate.
+                let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+                (ctx, Owner::Own)
+            }
+            Mode::Spatial => {
+                let mut g: sys::CUgreenCtx = std::ptr::null_mut();
+                // SAFETY: `desc` was generated from SM groups of this
+                // device; valid out pointer; DEFAULT_STREAM is the flag
+                // the API requires.
+                driver::ok(unsafe {
+                    sys::cuGreenCtxCreate(
+                        &mut g,
+                        desc,
+                        shared.device,
+                        sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+                    )
+                })
+                .at("creating a green context")?;
+                let mut ctx: sys::CUcontext = std::ptr::null_mut();
+                // SAFETY: `g` is the live green context just created.
+                if let Err(e) = driver::ok(unsafe { sys::cuCtxFromGreenCtx(&mut ctx, g) }) {
+                    // SAFETY: destroys what was created above, once.
+                    let _ = unsafe { sys::cuGreenCtxDestroy(g) };
+                    return Err(Fail::Cuda("context of the green context".into(), e));
+                }
+                (ctx, Owner::Green(g))
+            }
+        };
+        let mut st = DeviceState {
+            ctx,
+            owner,
+            stream: std::ptr::null_mut(),
+            start: std::ptr::null_mut(),
+            end: std::ptr::null_mut(),
+            staged: [std::ptr::null_mut(); 2],
+            staging: [std::ptr::null_mut(); 2],
+            scratch: 0,
+            builtin: std::ptr::null_mut(),
+            funcs: [std::ptr::null_mut(); kernels::NAMES.len()],
+            modules: BTreeMap::new(),
+            next_module: abi::MODULE_BUILTIN + 1,
+            sms: sms.max(1),
+        };
+        // On failure `st` is dropped, which releases what was made.
+        let cur = Current::push(ctx).at("making the context current")?;
+        st.init(shared)?;
+        drop(cur);
+        Ok(st)
+    }
+
+    pub(crate) fn init(&mut self, shared: &Shared) -> Result<(), Fail> {
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        match self.owner {
+            // SAFETY: valid out pointer; this context is current.
+            Owner::Own => driver::ok(unsafe { sys::cuStreamCreate(&mut s, flags) }),
+            Owner::Green(g) => {
+                // SAFETY: `g` is this state's live green context; valid
+                // out pointer; NON_BLOCKING is the flag the API requires.
+                driver::ok(unsafe { sys::cuGreenCtxStreamCreate(&mut s, g, flags, 0) })
+            }
+        }
+        .at("creating a stream")?;
+        self.stream = s;
+        self.start = driver::event_create(true).at("creating an event")?;
+        self.end = driver::event_create(true).at("creating an event")?;
+        for i in 0..2 {
+            self.staged[i] = driver::event_create(false).at("creating an event")?;
+            self.staging[i] =
+                driver::mem_alloc_host(STAGING_BYTES).at("allocating pinned staging memory")?;
+        }
+        self.scratch = driver::mem_alloc(SCRATCH_BYTES).at("allocating the scratch buffer")?;
+        self.builtin = driver::module_load_ptx(&shared.ptx)
+            .map_err(|(e, log)| Fail::Cuda(format!("loading the built-in module ({log})"), e))?;
+        for (i, name) in kernels::NAMES.iter().enumerate() {
+            let cname = CString::new(*name).expect("kernel names have no NUL");
+            self.funcs[i] = driver::module_function(self.builtin, &cname)
+                .at("looking up a built-in kernel")?
+                .ok_or_else(|| {
+                    Fail::Op(OpError::Device(format!(
+                        "built-in kernel {name} is missing"
+                    )))
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f`'s device work between the timing events and waits for it;
+    /// returns the time between the events. On failure the stream is
+    /// drained too, so no buffer is still in use when this returns.
+    pub(crate) fn timed(
+        &self,
+        what: &str,
+        f: impl FnOnce(&Self) -> Result<(), Fail>,
+    ) -> Result<Duration, Fail> {
+        driver::event_record(self.start, self.stream).at(what)?;
+        if let Err(e) = f(self) {
+            let _ = driver::stream_sync(self.stream);
+            return Err(e);
+        }
+        driver::event_record(self.end, self.stream).at(what)?;
+        driver::event_sync(self.end).map_err(|e| Fail::Cuda(format!("{what}: device work"), e))?;
+        driver::event_elapsed(self.start, self.end).at(what)
+    }
+
+    pub(crate) fn grid_for(&self, n: u64) -> u32 {
+        n.div_ceil(u64::from(BLOCK))
+            .clamp(1, u64::from(self.sms) * BLOCKS_PER_SM) as u32
+    }
+
+    /// Launches built-in kernel `k` on `grid` blocks of `BLOCK` threads.
+    ///
+    /// # Safety
+    /// `args` must match `k`'s parameter list in [`kernels::SOURCE`], and
+    /// every range the kernel touches must have been checked against the
+    /// partition's allocations (or be its scratch buffer or temporaries).
+    pub(crate) unsafe fn launch(
+        &self,
+        k: K,
+        grid: [u32; 3],
+        args: &mut [*mut c_void],
+    ) -> Result<(), Fail> {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            driver::launch(
+                self.funcs[k as usize],
+                grid,
+                [BLOCK, 1, 1],
+                0,
+                self.stream,
+                args,
+            )
+        }
+        .at(kernels::NAMES[k as usize])
+    }
+
+    pub(crate) fn k_fill_u32(
+        &self,
+        mut dst: u64,
+        mut count: u64,
+        mut value: u32,
+    ) -> Result<(), Fail> {
+        let grid = [self.grid_for(count), 1, 1];
+        // SAFETY: fill_u32(u32*, u64, u32); `count` words at `dst` were
+        // checked by the caller.
+        unsafe {
+            self.launch(
+                K::FillU32,
+                grid,
+                &mut [arg(&mut dst), arg(&mut count), arg(&mut value)],
+            )
+        }
+    }
+
+    pub(crate) fn k_fill_pattern(
+        &self,
+        mut dst: u64,
+        mut bytes: u64,
+        mut pattern: u32,
+    ) -> Result<(), Fail> {
+        let grid = [self.grid_for(bytes), 1, 1];
+        // SAFETY: fill_pattern_u8(u8*, u64, u32); `bytes` at `dst` checked.
+        unsafe {
+            self.launch(
+                K::FillPatternU8,
+                grid,
+                &mut [arg(&mut dst), arg(&mut bytes), arg(&mut pattern)],
+            )
+        }
+    }
+
+    pub(crate) fn k_copy(&self, mut dst: u64, mut src: u64, bytes: u64) -> Result<(), Fail> {
+        if (dst | src | bytes).is_multiple_of(16) {
+            let mut count = bytes / 16;
+            let grid = [self.grid_for(count), 1, 1];
+            // SAFETY: copy_u128(uint4*, const uint4*, u64); both ranges
+            // checked, 16-byte aligned, not overlapping.
+            return unsafe {
+                self.launch(
+                    K::CopyU128,
+                    grid,
+                    &mut [arg(&mut dst), arg(&mut src), arg(&mut count)],
+                )
+            };
+        }
+        let mut bytes = bytes;
+        let grid = [self.grid_for(bytes), 1, 1];
+        // SAFETY: copy_bytes(u8*, const u8*, u64); both ranges checked,
+        // not overlapping.
+        unsafe {
+            self.launch(
+                K::CopyBytes,
+                grid,
+                &mut [arg(&mut dst), arg(&mut src), arg(&mut bytes)],
+            )
+        }
+    }
+
+    pub(crate) fn k_vadd(
+        &self,
+        mut c: u64,
+        mut a: u64,
+        mut b: u64,
+        mut n: u64,
+    ) -> Result<(), Fail> {
+        let grid = [self.grid_for(n), 1, 1];
+        // SAFETY: vadd_f32(float*, const float*, const float*, u64); `n`
+        // floats at each checked (or a temporary of that size).
+        unsafe {
+            self.launch(
+                K::Vadd,
+                grid,
+                &mut [arg(&mut c), arg(&mut a), arg(&mut b), arg(&mut n)],
+            )
+        }
+    }
+
+    pub(crate) fn k_saxpy(
+        &self,
+        mut y: u64,
+        mut x: u64,
+        mut n: u64,
+        mut a: f32,
+    ) -> Result<(), Fail> {
+        let grid = [self.grid_for(n), 1, 1];
+        // SAFETY: saxpy_f32(float*, const float*, u64, float); `n` floats
+        // at each checked (or a temporary).
+        unsafe {
+            self.launch(
+                K::Saxpy,
+                grid,
+                &mut [arg(&mut y), arg(&mut x), arg(&mut n), arg(&mut a)],
+            )
+        }
+    }
+
+    pub(crate) fn k_scale(&self, mut c: u64, mut count: u64, mut beta: f32) -> Result<(), Fail> {
+        let grid = [self.grid_for(count), 1, 1];
+        // SAFETY: scale_f32(float*, u64, float); `count` floats checked.
+        unsafe {
+            self.launch(
+                K::Scale,
+                grid,
+                &mut [arg(&mut c), arg(&mut count), arg(&mut beta)],
+            )
+        }
+    }
+
+    pub(crate) fn k_sgemm(&self, p: abi::SgemmParams, a: u64, b: u64) -> Result<(), Fail> {
+        let grid_x = p.n.div_ceil(SGEMM_TILE);
+        let grid_y = p.m.div_ceil(SGEMM_TILE).min(SGEMM_MAX_GRID_Y);
+        let (mut c, mut a, mut b) = (p.c, a, b);
+        let (mut m, mut n, mut k) = (p.m, p.n, p.k);
+        let (mut alpha, mut beta) = (p.alpha, p.beta);
+        // SAFETY: sgemm_f32(float*, const float*, const float*, u32, u32,
+        // u32, float, float); C (m x n), A (m x k) and B (k x n) checked
+        // (A and B may be temporaries of those sizes); C overlaps neither.
+        unsafe {
+            self.launch(
+                K::Sgemm,
+                [grid_x, grid_y, 1],
+                &mut [
+                    arg(&mut c),
+                    arg(&mut a),
+                    arg(&mut b),
+                    arg(&mut m),
+                    arg(&mut n),
+                    arg(&mut k),
+                    arg(&mut alpha),
+                    arg(&mut beta),
+                ],
+            )
+        }
+    }
+
+    pub(crate) fn k_reduce(&self, mut out: u64, mut input: u64, mut n: u64) -> Result<(), Fail> {
+        let blocks = self.grid_for(n).min(REDUCE_BLOCKS);
+        let mut partials = self.scratch;
+        // SAFETY: reduce_partial_f32(const float*, u64, double*); `n`
+        // floats at `input` checked; `blocks` doubles fit the scratch.
+        unsafe {
+            self.launch(
+                K::ReducePartial,
+                [blocks, 1, 1],
+                &mut [arg(&mut input), arg(&mut n), arg(&mut partials)],
+            )
+        }?;
+        let mut count = blocks;
+        // SAFETY: reduce_final_f32(const double*, u32, float*); reads the
+        // partials just written, writes one checked float at `out`.
+        unsafe {
+            self.launch(
+                K::ReduceFinal,
+                [1, 1, 1],
+                &mut [arg(&mut partials), arg(&mut count), arg(&mut out)],
+            )
+        }
+    }
+
+    /// `size` bytes from `src` to `dst` (checked ranges that may overlap).
+    pub(crate) fn memmove(&self, dst: u64, src: u64, size: u64) -> Result<(), Fail> {
+        if !rules::overlaps(dst, size, src, size) {
+            return driver::memcpy_dtod_async(dst, src, size as usize, self.stream).at("copy");
+        }
+        // Through the scratch buffer, chunk by chunk, in the order that
+        // reads every source byte before it is overwritten.
+        let chunk = SCRATCH_BYTES as u64;
+        let mut offs: Vec<u64> = (0..size).step_by(SCRATCH_BYTES).collect();
+        if dst > src {
+            offs.reverse();
+        }
+        for off in offs {
+            let n = chunk.min(size - off) as usize;
+            driver::memcpy_dtod_async(self.scratch, src + off, n, self.stream).at("copy")?;
+            driver::memcpy_dtod_async(dst + off, self.scratch, n, self.stream).at("copy")?;
+        }
+        Ok(())
+    }
+
+    /// The pinned staging buffer `i`, `len` bytes of it.
+    ///
+    /// # Safety
+    /// No copy may be using the buffer (its `staged` event has completed,
+    /// or nothing was queued on it since the stream was last drained).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn staging(&self, i: usize, len: usize) -> &mut [u8] {
+        debug_assert!(len <= STAGING_BYTES);
+        // SAFETY: STAGING_BYTES of pinned memory owned by this state for
+        // its whole life; the caller guarantees no DMA uses it, and each
+        // call site holds at most one slice of each buffer at a time.
+        unsafe { std::slice::from_raw_parts_mut(self.staging[i], len) }
+    }
+
+    /// Copies between registered guest memory and `dev` piece by piece,
+    /// when `slices` qualify, and waits for the copies before returning
+    /// (the slices are valid only until then). `Ok(false)` when they do not
+    /// qualify; a driver error is left in `failed`.
+    pub(crate) fn direct(
+        &self,
+        dev: u64,
+        slices: &[HostSlice],
+        total: u64,
+        host: &HostRegistry,
+        to_device: bool,
+        failed: &mut Option<Fail>,
+    ) -> bool {
+        let sum = slices
+            .iter()
+            .try_fold(0u64, |a, s| a.checked_add(s.len as u64));
+        if sum != Some(total)
+            || slices.is_empty()
+            || (total / slices.len() as u64) < DIRECT_MIN_SLICE as u64
+            || !host.covers(slices)
+        {
+            return false;
+        }
+        let what = if to_device { "upload" } else { "download" };
+        let mut off = 0u64;
+        let mut r = Ok(());
+        for s in slices {
+            // SAFETY: each slice is host memory registered with the driver
+            // and mapped (and, for downloads, writable) until this function
+            // returns, which it does only after the stream has drained; `s.len`
+            // bytes at `dev + off` lie in the range the caller checked.
+            r = unsafe {
+                if to_device {
+                    driver::memcpy_htod_async(dev + off, s.ptr, s.len, self.stream)
+                } else {
+                    driver::memcpy_dtoh_async(s.ptr, dev + off, s.len, self.stream)
+                }
+            };
+            if r.is_err() {
+                break;
+            }
+            off += s.len as u64;
+        }
+        // Always drain: no copy may outlive the slices.
+        let synced = driver::stream_sync(self.stream);
+        if let Err(e) = r.and(synced) {
+            *failed = Some(Fail::Cuda(what.into(), e));
+        }
+        true
+    }
+
+    /// Host -> device straight from registered guest memory; `Ok(false)`
+    /// when the source does not qualify (nothing was copied).
+    pub(crate) fn upload_direct(
+        &self,
+        dst: u64,
+        src: &dyn HostSource,
+        host: &HostRegistry,
+    ) -> Result<bool, Fail> {
+        let total = src.len();
+        let mut failed = None;
+        let done = src.with_slices(&mut |slices| {
+            Ok(self.direct(dst, slices, total, host, true, &mut failed))
+        })?;
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(done),
+        }
+    }
+
+    /// Device -> host straight into registered guest memory.
+    pub(crate) fn download_direct(
+        &self,
+        src: u64,
+        dst: &dyn HostSink,
+        host: &HostRegistry,
+    ) -> Result<bool, Fail> {
+        let total = dst.len();
+        let mut failed = None;
+        let done = dst.with_slices_mut(&mut |slices| {
+            Ok(self.direct(src, slices, total, host, false, &mut failed))
+        })?;
+        match failed {
+            Some(f) => Err(f),
+            None => Ok(done),
+        }
+    }
+
+    /// Host -> device through the staging buffers: the host fills one
+    /// while the DMA engine drains the other.
+    pub(crate) fn upload(&self, dst: u64, src: &dyn HostSource) -> Result<(), Fail> {
+        let len = src.len();
+        let mut off = 0u64;
+        let mut i = 0usize;
+        while off < len {
+            let n = (len - off).min(STAGING_BYTES as u64) as usize;
+            let b = i % 2;
+            if i >= 2 {
+                // The copy out of this buffer two chunks ago must be done.
+                driver::event_sync(self.staged[b]).at("upload")?;
+            }
+            // SAFETY: buffer `b` is idle (first use, or its event completed).
+            let buf = unsafe { self.staging(b, n) };
+            src.read_at(off, buf)?;
+            // SAFETY: the buffer stays untouched until its event (recorded
+            // next) completes; `n` bytes at `dst + off` were checked.
+            unsafe { driver::memcpy_htod_async(dst + off, buf.as_ptr(), n, self.stream) }
+                .at("upload")?;
+            driver::event_record(self.staged[b], self.stream).at("upload")?;
+            off += n as u64;
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Device -> host through the staging buffers: the DMA engine fills
+    /// one while the host empties the other.
+    pub(crate) fn download(&self, src: u64, dst: &dyn HostSink) -> Result<(), Fail> {
+        let len = dst.len();
+        let mut pending: Option<(usize, u64, usize)> = None;
+        let mut off = 0u64;
+        let mut i = 0usize;
+        let drain = |(b, off, n): (usize, u64, usize)| -> Result<(), Fail> {
+            driver::event_sync(self.staged[b]).at("download")?;
+            // SAFETY: the copy into buffer `b` has completed and nothing
+            // else is queued on it.
+            let buf = unsafe { self.staging(b, n) };
+            dst.write_at(off, buf)?;
+            Ok(())
+        };
+        while off < len {
+            let n = (len - off).min(STAGING_BYTES as u64) as usize;
+            let b = i % 2;
+            // Buffer `b` was emptied by the previous iteration's drain.
+            // SAFETY: no copy uses buffer `b` (see above).
+            let buf = unsafe { self.staging(b, n) };
+            // SAFETY: the buffer is not read until its event completes;
+            // `n` bytes at `src + off` were checked.
+            unsafe { driver::memcpy_dtoh_async(buf.as_mut_ptr(), src + off, n, self.stream) }
+                .at("download")?;
+            driver::event_record(self.staged[b], self.stream).at("download")?;
+            if let Some(p) = pending.take() {
+                drain(p)?;
+            }
+            pending = Some((b, off, n));
+            off += n as u64;
+            i += 1;
+        }
+        if let Some(p) = pending {
+            drain(p)?;
+        }
+        Ok(())
+    }
+
+    /// Runs a validated built-in call; `available` bounds its temporaries.
+    pub(crate) fn run_builtin(&self, call: Builtin, available: u64) -> Result<Duration, Fail> {
+        let mut temps = Temps(Vec::new());
+        match call {
+            Builtin::Nothing => Ok(Duration::ZERO),
+            Builtin::Fill { dst, count, value } => self.timed("fill_u32", |s| {
+                if dst.is_multiple_of(4) {
+                    s.k_fill_u32(dst, count, value)
+                } else {
+                    s.k_fill_pattern(dst, words(count), value)
+                }
+            }),
+            Builtin::Copy { dst, src, bytes } => self.timed("copy", |s| s.k_copy(dst, src, bytes)),
+            Builtin::Vadd {
+                c,
+                a,
+                b,
+                n,
+                a_copy,
+                b_copy,
+            } => {
+                let len = words(n);
+                let shared = a_copy && b_copy && a == b;
+                let need = len * (u64::from(a_copy) + u64::from(b_copy && !shared));
+                if need > available {
+                    return Err(Fail::Op(OpError::NoMemory {
+                        requested: need,
+                        available,
+                    }));
+                }
+                let ta = if a_copy {
+                    temps.alloc(len, available)?
+                } else {
+                    a
+                };
+                let tb = match (b_copy, shared) {
+                    (true, true) => ta,
+                    (true, false) => temps.alloc(len, available)?,
+                    (false, _) => b,
+                };
+                self.timed("vadd_f32", |s| {
+                    if a_copy {
+                        driver::memcpy_dtod_async(ta, a, len as usize, s.stream).at("vadd_f32")?;
+                    }
+                    if b_copy && !shared {
+                        driver::memcpy_dtod_async(tb, b, len as usize, s.stream).at("vadd_f32")?;
+                    }
+                    s.k_vadd(c, ta, tb, n)
+                })
+            }
+            Builtin::Saxpy { y, x, n, a, x_copy } => {
+                let len = words(n);
+                if x_copy && len > available {
+                    return Err(Fail::Op(OpError::NoMemory {
+                        requested: len,
+                        available,
+                    }));
+                }
+                let tx = if x_copy {
+                    temps.alloc(len, available)?
+                } else {
+                    x
+                };
+                self.timed("saxpy_f32", |s| {
+                    if x_copy {
+                        driver::memcpy_dtod_async(tx, x, len as usize, s.stream).at("saxpy_f32")?;
+                    }
+                    s.k_saxpy(y, tx, n, a)
+                })
+            }
+            Builtin::Sgemm { p, a_copy, b_copy } => {
+                let (m, n, k) = (u64::from(p.m), u64::from(p.n), u64::from(p.k));
+                let (alen, blen) = (words(m * k), words(k * n));
+                let shared = a_copy && b_copy && p.a == p.b && alen == blen;
+                let need = u64::from(a_copy) * alen + u64::from(b_copy && !shared) * blen;
+                if need > available {
+                    return Err(Fail::Op(OpError::NoMemory {
+                        requested: need,
+                        available,
+                    }));
+                }
+                let ta = if a_copy {
+                    temps.alloc(alen, available)?
+                } else {
+                    p.a
+                };
+                let tb = match (b_copy, shared) {
+                    (true, true) => ta,
+                    (true, false) => temps.alloc(blen, available)?,
+                    (false, _) => p.b,
+                };
+                self.timed("sgemm_f32", |s| {
+                    if a_copy {
+                        driver::memcpy_dtod_async(ta, p.a, alen as usize, s.stream)
+                            .at("sgemm_f32")?;
+                    }
+                    if b_copy && !shared {
+                        driver::memcpy_dtod_async(tb, p.b, blen as usize, s.stream)
+                            .at("sgemm_f32")?;
+                    }
+                    s.k_sgemm(p, ta, tb)
+                })
+            }
+            Builtin::Scale { c, count, beta } => {
+                self.timed("sgemm_f32", |s| s.k_scale(c, count, beta))
+            }
+            Builtin::Reduce { out, input, n } => {
+                self.timed("reduce_sum_f32", |s| s.k_reduce(out, input, n))
+            }
+        }
+    }
+}
+
+impl Drop for DeviceState {
+    fn drop(&mut self) {
+        if let Ok(_cur) = Current::push(self.ctx) {
+            if !self.stream.is_null() {
+                let _ = driver::stream_sync(self.stream);
+            }
+            for m in self.modules.values() {
+                let _ = driver::module_unload(m.module);
+            }
+            if !self.builtin.is_null() {
+                let _ = driver::module_unload(self.builtin);
+            }
+            if self.scratch != 0 {
+                let _ = driver::mem_free(self.scratch);
+            }
+            for p in self.staging {
+                if !p.is_null() {
+                    let _ = driver::mem_free_host(p);
+                }
+            }
+            for e in [self.start, self.end, self.staged[0], self.staged[1]] {
+                if !e.is_null() {
+                    // SAFETY: an event of this state, destroyed once.
+                    let _ = unsafe { sys::cuEventDestroy_v2(e) };
+                }
+            }
+            if !self.stream.is_null() {
+                // SAFETY: this state's stream, drained above, destroyed once.
+                let _ = unsafe { sys::cuStreamDestroy_v2(self.stream) };
+            }
+        }
+        match self.owner {
+            // SAFETY: the context this state created, destroyed once; it
+            // is no longer current anywhere (ops pop it when they end).
+            Owner::Own => drop(unsafe { sys::cuCtxDestroy_v2(self.ctx) }),
+            // SAFETY: the green context this state created, destroyed once.
+            Owner::Green(g) => drop(unsafe { sys::cuGreenCtxDestroy(g) }),
+        }
+    }
+}

@@ -1,0 +1,953 @@
+//! The behaviour every backend shares, as tests any backend can run: one
+//! public function per behaviour, each given a factory of partitions
+//! (`make`), and [`run_all`] for all of them. The software backend runs
+//! them in its unit tests; the CUDA and remote backends in their
+//! integration tests. Behaviour that only one backend has (its address
+//! layout, its memory accounting, its own limits) stays in its own tests.
+//!
+//! The factory is handed the spec a test wants; it may adjust what the
+//! backend needs (a CUDA partition's SMs, say) and must give a fresh
+//! partition with at least the spec's memory quota, exactly that quota
+//! where a test fills it. The functions panic on the first difference.
+
+use std::cell::RefCell;
+
+use vgpu_abi::{self as abi, ByteValued};
+
+use crate::rules::DEFAULT_ALIGN;
+use crate::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+
+/// Makes a fresh partition for `spec`.
+pub type Make<'a> = &'a dyn Fn(&PartitionSpec) -> Box<dyn Partition>;
+
+/// A mebibyte.
+pub const MIB: u64 = 1 << 20;
+
+/// Runs every behaviour of this module against `make`'s partitions.
+pub fn run_all(make: Make<'_>) {
+    alloc_alignment_and_limits(make);
+    quota_exhaustion_returns_no_memory_and_changes_nothing(make);
+    free_and_double_free(make);
+    upload_download_round_trip(make);
+    copy_within_and_between_allocations(make);
+    fill(make);
+    partitions_cannot_see_each_other(make);
+    reset_frees_everything(make);
+    module_errors(make);
+    launch_validation(make);
+    kernel_fill_u32(make);
+    kernel_copy(make);
+    kernel_vadd(make);
+    kernel_vadd_aliasing(make);
+    kernel_saxpy(make);
+    kernel_sgemm(make);
+    kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe(make);
+    kernel_reduce_sum(make);
+    kernels_reject_out_of_range_pointers_before_writing(make);
+}
+
+/// A deterministic source of test data (xorshift).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 bits.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` floats in [-1, 1).
+    pub fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+
+    /// `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.next() >> 32) as u8).collect()
+    }
+}
+
+/// Host memory to upload from.
+pub struct VecSource(pub Vec<u8>);
+
+impl HostSource for VecSource {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let off = offset as usize;
+        let src = self
+            .0
+            .get(off..off + buf.len())
+            .ok_or(OpError::Fault(offset))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Host memory to download to.
+pub struct VecSink(pub RefCell<Vec<u8>>);
+
+impl VecSink {
+    /// `len` zero bytes.
+    pub fn new(len: usize) -> VecSink {
+        VecSink(RefCell::new(vec![0; len]))
+    }
+}
+
+impl HostSink for VecSink {
+    fn len(&self) -> u64 {
+        self.0.borrow().len() as u64
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        let off = offset as usize;
+        let mut v = self.0.borrow_mut();
+        let dst = v
+            .get_mut(off..off + buf.len())
+            .ok_or(OpError::Fault(offset))?;
+        dst.copy_from_slice(buf);
+        Ok(())
+    }
+}
+
+/// A spec.
+pub fn spec(name: &str, memory: u64, compute_units: u32) -> PartitionSpec {
+    PartitionSpec {
+        name: name.into(),
+        memory,
+        compute_units,
+    }
+}
+
+/// Uploads `bytes` to `addr`; panics on failure.
+pub fn upload(p: &mut dyn Partition, addr: u64, bytes: &[u8]) {
+    p.upload(addr, &VecSource(bytes.to_vec())).unwrap();
+}
+
+/// Downloads `len` bytes from `addr`; panics on failure.
+pub fn download(p: &mut dyn Partition, addr: u64, len: usize) -> Vec<u8> {
+    let sink = VecSink::new(len);
+    p.download(addr, &sink).unwrap();
+    sink.0.into_inner()
+}
+
+/// Little-endian bytes of floats.
+pub fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Floats of little-endian bytes.
+pub fn to_floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Uploads floats to `addr`.
+pub fn upload_floats(p: &mut dyn Partition, addr: u64, v: &[f32]) {
+    upload(p, addr, &to_bytes(v));
+}
+
+/// Downloads `n` floats from `addr`.
+pub fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
+    to_floats(&download(p, addr, n * 4))
+}
+
+/// Launches built-in `entry` with `params` on one block of 64 threads.
+pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
+    p.launch(&Launch {
+        module: abi::MODULE_BUILTIN,
+        entry,
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_mem: 0,
+        params: params.as_slice(),
+    })
+}
+
+/// Size 0 and bad alignments are refused; the default alignment and a
+/// large one are honoured; new memory reads as zero; a range one byte
+/// past an allocation is in none.
+pub fn alloc_alignment_and_limits(make: Make<'_>) {
+    let mut boxed = make(&spec("test", 16 * MIB, 1));
+    let p = &mut *boxed;
+    assert!(matches!(p.alloc(0, 0), Err(OpError::Invalid(_))));
+    assert!(matches!(p.alloc(16, 3), Err(OpError::Invalid(_))));
+    assert!(matches!(p.alloc(16, 48), Err(OpError::Invalid(_))));
+    assert!(matches!(p.alloc(16, 1 << 31), Err(OpError::Invalid(_))));
+    assert_eq!(p.memory_used(), 0);
+
+    let a = p.alloc(100, 0).unwrap();
+    assert_eq!(a % DEFAULT_ALIGN, 0);
+    let b = p.alloc(4096, 0).unwrap();
+    assert_eq!(b % DEFAULT_ALIGN, 0);
+    assert_eq!(p.memory_used(), 100 + 4096);
+    let c = p.alloc(4096, 1 << 20).unwrap();
+    assert_eq!(c % (1 << 20), 0);
+
+    // New memory reads as zero.
+    assert_eq!(download(p, c, 4096), vec![0; 4096]);
+    // One byte past the end is in no allocation.
+    assert_eq!(
+        p.fill(a + 100, 4, 1),
+        Err(OpError::OutOfRange {
+            addr: a + 100,
+            len: 4
+        })
+    );
+    assert!(matches!(
+        p.fill(a + 98, 4, 1),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert!(matches!(p.fill(0, 4, 1), Err(OpError::OutOfRange { .. })));
+    assert_eq!(p.fill(a + 96, 4, 1), Ok(()));
+    for addr in [a, b, c] {
+        p.free(addr).unwrap();
+    }
+    assert_eq!(p.memory_used(), 0);
+}
+
+/// Module calls with nothing to find: an unknown format, the built-in
+/// module (which cannot be unloaded), unknown handles.
+pub fn module_errors(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    assert!(matches!(
+        p.module_load(99, b""),
+        Err(OpError::Unsupported(_))
+    ));
+    assert!(matches!(
+        p.module_unload(abi::MODULE_BUILTIN),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(p.module_unload(1), Err(OpError::NotFound(_))));
+    assert!(matches!(
+        p.module_unload(u64::MAX),
+        Err(OpError::NotFound(_))
+    ));
+}
+
+/// An allocation past the quota is NoMemory with the exact numbers and
+/// changes nothing; the rest of the quota is there to the byte.
+pub fn quota_exhaustion_returns_no_memory_and_changes_nothing(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(MIB / 2, 0).unwrap();
+    p.fill(a, MIB / 2, 0xdead_beef).unwrap();
+    let before = download(p, a, (MIB / 2) as usize);
+    assert_eq!(
+        p.alloc(MIB / 2 + 1, 0),
+        Err(OpError::NoMemory {
+            requested: MIB / 2 + 1,
+            available: MIB / 2
+        })
+    );
+    assert!(matches!(
+        p.alloc(u64::MAX, 0),
+        Err(OpError::NoMemory { .. })
+    ));
+    assert_eq!(p.memory_used(), MIB / 2);
+    assert_eq!(download(p, a, (MIB / 2) as usize), before);
+    // The rest of the quota is still there, to the byte.
+    let b = p.alloc(MIB / 2, 0).unwrap();
+    assert_eq!(p.memory_used(), MIB);
+    assert!(matches!(p.alloc(1, 0), Err(OpError::NoMemory { .. })));
+    p.free(b).unwrap();
+    p.alloc(MIB / 4, 0).unwrap();
+}
+
+/// Only the start of a live allocation can be freed, once; its memory
+/// goes back to the quota and its range to no allocation.
+pub fn free_and_double_free(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(1000, 0).unwrap();
+    let b = p.alloc(2000, 0).unwrap();
+    assert!(matches!(p.free(a + 4), Err(OpError::NotFound(_))));
+    assert!(matches!(p.free(0), Err(OpError::NotFound(_))));
+    p.free(a).unwrap();
+    assert_eq!(p.memory_used(), 2000);
+    assert!(matches!(p.free(a), Err(OpError::NotFound(_))));
+    assert!(matches!(p.fill(a, 4, 0), Err(OpError::OutOfRange { .. })));
+    let c = p.alloc(1000, 0).unwrap();
+    p.free(b).unwrap();
+    p.free(c).unwrap();
+    assert_eq!(p.memory_used(), 0);
+}
+
+/// Bytes go up and come back, whole or in part; ranges past the end are
+/// refused; a host fault comes back as it is.
+pub fn upload_download_round_trip(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 2));
+    let p = &mut *boxed;
+    let a = p.alloc(10_000, 0).unwrap();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    upload(p, a, &data);
+    assert_eq!(download(p, a, 10_000), data);
+    // Into the middle, and back out of it.
+    upload(p, a + 17, &[1, 2, 3]);
+    assert_eq!(download(p, a + 16, 5), vec![data[16], 1, 2, 3, data[20]]);
+    // Past the end.
+    assert!(matches!(
+        p.upload(a + 9_999, &VecSource(vec![0; 2])),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        p.download(a + 1, &VecSink::new(10_000)),
+        Err(OpError::OutOfRange { .. })
+    ));
+    // Host faults come back as they are.
+    struct Faulty;
+    impl HostSource for Faulty {
+        fn len(&self) -> u64 {
+            8
+        }
+        fn read_at(&self, offset: u64, _: &mut [u8]) -> Result<(), OpError> {
+            Err(OpError::Fault(offset))
+        }
+    }
+    assert_eq!(p.upload(a, &Faulty), Err(OpError::Fault(0)));
+}
+
+/// Device copies between and within allocations, overlapping either way.
+pub fn copy_within_and_between_allocations(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 2));
+    let p = &mut *boxed;
+    let a = p.alloc(64, 0).unwrap();
+    let b = p.alloc(64, 0).unwrap();
+    let data: Vec<u8> = (0..64).collect();
+    upload(p, a, &data);
+    p.copy(b, a, 64).unwrap();
+    assert_eq!(download(p, b, 64), data);
+    // Overlapping, forwards and backwards.
+    p.copy(a + 8, a, 32).unwrap();
+    let mut want = data.clone();
+    want.copy_within(0..32, 8);
+    assert_eq!(download(p, a, 64), want);
+    p.copy(a, a + 8, 32).unwrap();
+    want.copy_within(8..40, 0);
+    assert_eq!(download(p, a, 64), want);
+    assert!(matches!(
+        p.copy(b, a + 1, 64),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        p.copy(b + 1, a, 64),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert_eq!(download(p, b, 64), data);
+}
+
+/// Fills: whole words only, the pattern repeated from the first byte.
+pub fn fill(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 3));
+    let p = &mut *boxed;
+    let a = p.alloc(1 << 16, 0).unwrap();
+    assert!(matches!(p.fill(a, 6, 1), Err(OpError::Invalid(_))));
+    p.fill(a + 4, 4 * 1001, 0x0403_0201).unwrap();
+    let got = download(p, a, 4 * 1003);
+    assert_eq!(&got[..4], &[0; 4]);
+    for w in got[4..4 * 1002].chunks_exact(4) {
+        assert_eq!(w, &[1, 2, 3, 4]);
+    }
+    assert_eq!(&got[4 * 1002..], &[0; 4]);
+    p.fill(a, 1 << 16, 0x5555_5555).unwrap();
+    assert!(download(p, a, 1 << 16).iter().all(|&b| b == 0x55));
+}
+
+/// A partition reaches none of another's allocations, by any command.
+pub fn partitions_cannot_see_each_other(make: Make<'_>) {
+    let mut boxed_a = make(&spec("a", 2 * MIB, 1));
+    let mut boxed_b = make(&spec("b", 2 * MIB, 1));
+    let (pa, pb) = (&mut *boxed_a, &mut *boxed_b);
+    let a1 = pa.alloc(4096, 0).unwrap();
+    let a2 = pa.alloc(4096, 0).unwrap();
+    pa.fill(a1, 4096, 0x1111_1111).unwrap();
+    pa.fill(a2, 4096, 0x2222_2222).unwrap();
+    let b1 = pb.alloc(16, 0).unwrap();
+    for addr in [a1 + 16, a2] {
+        assert!(matches!(
+            pb.fill(addr, 4, 7),
+            Err(OpError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            pb.download(addr, &VecSink::new(4)),
+            Err(OpError::OutOfRange { .. })
+        ));
+    }
+    assert!(matches!(pb.free(a2), Err(OpError::NotFound(_))));
+    assert!(matches!(
+        pb.copy(b1, a2, 16),
+        Err(OpError::OutOfRange { .. })
+    ));
+    let oor = |r: Result<(), OpError>| matches!(r, Err(OpError::OutOfRange { .. }));
+    assert!(oor(pb.upload(a2, &VecSource(vec![0; 4]))));
+    assert!(oor(pb.copy(a2, b1, 4)));
+    assert!(oor(pb.upload(b1 + 15, &VecSource(vec![0; 2]))));
+    let fill = abi::FillParams {
+        dst: a2,
+        count: 1,
+        value: 0,
+        reserved: 0,
+    };
+    assert!(oor(launch(pb, "fill_u32", fill)));
+    let copy = abi::CopyParams {
+        dst: b1,
+        src: a2,
+        bytes: 16,
+    };
+    assert!(oor(launch(pb, "copy", copy)));
+    let reduce = abi::ReduceSumParams {
+        out: b1,
+        input: a2,
+        n: 4,
+    };
+    assert!(oor(launch(pb, "reduce_sum_f32", reduce)));
+    // B's writes to its own memory do not show up in A.
+    pb.fill(b1, 16, 0x3333_3333).unwrap();
+    assert!(download(pa, a1, 4096).iter().all(|&b| b == 0x11));
+    assert!(download(pa, a2, 4096).iter().all(|&b| b == 0x22));
+    pb.reset();
+    assert_eq!(pa.memory_used(), 8192);
+}
+
+/// Reset frees every allocation; the whole quota is there again, zeroed.
+pub fn reset_frees_everything(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(1000, 0).unwrap();
+    p.alloc(2000, 0).unwrap();
+    p.reset();
+    assert_eq!(p.memory_used(), 0);
+    assert!(matches!(p.free(a), Err(OpError::NotFound(_))));
+    let b = p.alloc(MIB, 0).unwrap();
+    assert_eq!(download(p, b, 16), vec![0; 16]);
+}
+
+/// A launch names a known module and entry, a shape without a zero
+/// dimension and a parameter block of the entry's size; a refused one
+/// writes nothing.
+pub fn launch_validation(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(64, 0).unwrap();
+    let fill = abi::FillParams {
+        dst: a,
+        count: 16,
+        value: 9,
+        reserved: 0,
+    };
+    let base = Launch {
+        module: abi::MODULE_BUILTIN,
+        entry: "fill_u32",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params: fill.as_slice(),
+    };
+    assert!(matches!(
+        p.launch(&Launch {
+            module: 5,
+            ..base.clone()
+        }),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(matches!(
+        p.launch(&Launch {
+            entry: "nope",
+            ..base.clone()
+        }),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(matches!(
+        p.launch(&Launch {
+            grid: [1, 0, 1],
+            ..base.clone()
+        }),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        p.launch(&Launch {
+            block: [0, 1, 1],
+            ..base.clone()
+        }),
+        Err(OpError::Invalid(_))
+    ));
+    let long = [fill.as_slice(), &[0]].concat();
+    assert!(matches!(
+        p.launch(&Launch {
+            params: &long,
+            ..base.clone()
+        }),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        p.launch(&Launch {
+            params: &fill.as_slice()[1..],
+            ..base.clone()
+        }),
+        Err(OpError::Invalid(_))
+    ));
+    assert_eq!(download(p, a, 64), vec![0; 64]);
+    // Every built-in entry is dispatched (wrong size, not unknown).
+    for entry in abi::BUILTIN_ENTRIES {
+        assert!(
+            matches!(
+                p.launch(&Launch {
+                    entry,
+                    params: &[0; 3],
+                    ..base.clone()
+                }),
+                Err(OpError::Invalid(_))
+            ),
+            "{entry}"
+        );
+    }
+    p.launch(&base).unwrap();
+    assert_eq!(to_floats(&download(p, a, 64)).len(), 16);
+    assert!(download(p, a, 64)
+        .chunks_exact(4)
+        .all(|w| w == [9, 0, 0, 0]));
+}
+
+/// `fill_u32` sets exactly its words.
+pub fn kernel_fill_u32(make: Make<'_>) {
+    for threads in [1, 3, 4] {
+        let mut boxed = make(&spec("test", MIB, threads));
+        let p = &mut *boxed;
+        let a = p.alloc(4 * 1000 + 8, 0).unwrap();
+        let fill = abi::FillParams {
+            dst: a + 4,
+            count: 1000,
+            value: 0xa1b2_c3d4,
+            reserved: 0,
+        };
+        launch(p, "fill_u32", fill).unwrap();
+        let got = download(p, a, 4 * 1002);
+        assert_eq!(&got[..4], &[0; 4]);
+        assert!(got[4..4004]
+            .chunks_exact(4)
+            .all(|w| w == 0xa1b2_c3d4u32.to_le_bytes()));
+        assert_eq!(&got[4004..], &[0; 4]);
+    }
+}
+
+/// `copy` between and within allocations; overlap is refused.
+pub fn kernel_copy(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 2));
+    let p = &mut *boxed;
+    let a = p.alloc(1000, 0).unwrap();
+    let b = p.alloc(1000, 0).unwrap();
+    let data: Vec<u8> = (0..1000).map(|i| (i % 251) as u8).collect();
+    upload(p, a, &data);
+    let copy = |dst, src, bytes| abi::CopyParams { dst, src, bytes };
+    launch(p, "copy", copy(b, a, 1000)).unwrap();
+    assert_eq!(download(p, b, 1000), data);
+    // Disjoint halves of one allocation.
+    launch(p, "copy", copy(a, a + 500, 500)).unwrap();
+    let mut want = data.clone();
+    want.copy_within(500.., 0);
+    assert_eq!(download(p, a, 1000), want);
+    launch(p, "copy", copy(a + 600, a + 100, 400)).unwrap();
+    want.copy_within(100..500, 600);
+    assert_eq!(download(p, a, 1000), want);
+    // Overlapping is refused.
+    assert!(matches!(
+        launch(p, "copy", copy(a + 1, a, 10)),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch(p, "copy", copy(a, a, 10)),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch(p, "copy", copy(b, a + 1, 1000)),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert_eq!(download(p, a, 1000), want);
+    assert_eq!(download(p, b, 1000), data);
+}
+
+/// `vadd_f32` against the host's sums.
+pub fn kernel_vadd(make: Make<'_>) {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    for threads in [1, 3, 4] {
+        for n in [0usize, 1, 7, 1000, 4099] {
+            let mut boxed = make(&spec("test", MIB, threads));
+            let p = &mut *boxed;
+            let a = rng.floats(n);
+            let b = rng.floats(n);
+            let pa = p.alloc(4 * n as u64 + 4, 0).unwrap();
+            let pb = p.alloc(4 * n as u64 + 4, 0).unwrap();
+            let pc = p.alloc(4 * n as u64 + 4, 0).unwrap();
+            upload_floats(p, pa, &a);
+            upload_floats(p, pb, &b);
+            let params = abi::VaddParams {
+                c: pc,
+                a: pa,
+                b: pb,
+                n: n as u64,
+            };
+            launch(p, "vadd_f32", params).unwrap();
+            let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            assert_eq!(download_floats(p, pc, n), want, "n={n} t={threads}");
+            assert_eq!(download_floats(p, pc + 4 * n as u64, 1), [0.0]);
+        }
+    }
+}
+
+/// `vadd_f32` with its operands aliasing or overlapping the output reads
+/// every input as it was before the launch.
+pub fn kernel_vadd_aliasing(make: Make<'_>) {
+    let mut rng = Rng(77);
+    let n = 1001;
+    let mut boxed = make(&spec("test", MIB, 3));
+    let p = &mut *boxed;
+    let buf = p.alloc(4 * 3 * n as u64, 0).unwrap();
+    let at = |i: usize| buf + 4 * i as u64;
+    let data = rng.floats(3 * n);
+    let vadd = |c, a, b| abi::VaddParams {
+        c,
+        a,
+        b,
+        n: n as u64,
+    };
+
+    // In place: c == a, b elsewhere in the same allocation.
+    upload_floats(p, buf, &data);
+    launch(p, "vadd_f32", vadd(at(0), at(0), at(n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[i] + data[n + i]).collect();
+    assert_eq!(download_floats(p, buf, n), want);
+
+    // c == a == b.
+    upload_floats(p, buf, &data);
+    launch(p, "vadd_f32", vadd(at(n), at(n), at(n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[n + i] + data[n + i]).collect();
+    assert_eq!(download_floats(p, at(n), n), want);
+
+    // Partial overlap: inputs read as they were before the launch.
+    upload_floats(p, buf, &data);
+    launch(p, "vadd_f32", vadd(at(1), at(0), at(2 * n))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[i] + data[2 * n + i]).collect();
+    assert_eq!(download_floats(p, at(1), n), want);
+    assert_eq!(download_floats(p, buf, 1), [data[0]]);
+
+    upload_floats(p, buf, &data);
+    launch(p, "vadd_f32", vadd(at(0), at(1), at(n + 5))).unwrap();
+    let want: Vec<f32> = (0..n).map(|i| data[1 + i] + data[n + 5 + i]).collect();
+    assert_eq!(download_floats(p, buf, n), want);
+}
+
+/// `saxpy_f32`, with `x` apart from, equal to and overlapping `y`.
+pub fn kernel_saxpy(make: Make<'_>) {
+    let mut rng = Rng(99);
+    for threads in [1, 2, 3, 5] {
+        for n in [1usize, 13, 1024, 3001] {
+            let mut boxed = make(&spec("test", MIB, threads));
+            let p = &mut *boxed;
+            let x = rng.floats(n);
+            let y = rng.floats(n);
+            let a = rng.f32() * 3.0;
+            // x and y in one allocation, disjoint.
+            let buf = p.alloc(8 * n as u64, 0).unwrap();
+            upload_floats(p, buf, &[x.clone(), y.clone()].concat());
+            let yp = buf + 4 * n as u64;
+            let params = abi::SaxpyParams {
+                y: yp,
+                x: buf,
+                n: n as u64,
+                a,
+                reserved: 0,
+            };
+            launch(p, "saxpy_f32", params).unwrap();
+            let want: Vec<f32> = x.iter().zip(&y).map(|(x, y)| a * x + y).collect();
+            assert_eq!(download_floats(p, yp, n), want);
+            assert_eq!(download_floats(p, buf, n), x);
+            // x == y.
+            let params = abi::SaxpyParams { x: yp, ..params };
+            launch(p, "saxpy_f32", params).unwrap();
+            let want: Vec<f32> = want.iter().map(|y| a * y + y).collect();
+            assert_eq!(download_floats(p, yp, n), want);
+            // x overlaps y partly.
+            if n > 1 {
+                let before = download_floats(p, buf, 2 * n);
+                let params = abi::SaxpyParams {
+                    x: yp - 4,
+                    ..params
+                };
+                launch(p, "saxpy_f32", params).unwrap();
+                let want: Vec<f32> = (0..n)
+                    .map(|i| a * before[n - 1 + i] + before[n + i])
+                    .collect();
+                assert_eq!(download_floats(p, yp, n), want);
+            }
+        }
+    }
+}
+
+/// `alpha * A * B + beta * C` in f64, for an `m` x `n` x `k` shape.
+pub fn sgemm_reference(
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: &[f32],
+    b: &[f32],
+    beta: f32,
+    c: &[f32],
+) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k)
+                .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                .sum();
+            let old = if beta == 0.0 {
+                0.0
+            } else {
+                f64::from(beta) * f64::from(c[i * n + j])
+            };
+            out[i * n + j] = f64::from(alpha) * dot + old;
+        }
+    }
+    out
+}
+
+/// `sgemm_f32` against a double-precision reference, over shapes and scalars.
+pub fn kernel_sgemm(make: Make<'_>) {
+    let mut rng = Rng(0xfeed);
+    let shapes = [
+        (1, 1, 1),
+        (17, 33, 9),
+        (64, 64, 64),
+        (5, 300, 270),
+        (33, 1, 517),
+        (3, 7, 0),
+    ];
+    for threads in [1, 3, 4] {
+        for &(m, n, k) in &shapes {
+            for (alpha, beta) in [(1.5f32, -0.75f32), (1.0, 0.0), (0.0, 2.0), (-0.5, 1.0)] {
+                let mut boxed = make(&spec("test", 16 * MIB, threads));
+                let p = &mut *boxed;
+                let a = rng.floats(m * k);
+                let b = rng.floats(k * n);
+                let c = rng.floats(m * n);
+                let pa = p.alloc(4 * (m * k) as u64 + 1, 0).unwrap();
+                let pb = p.alloc(4 * (k * n) as u64 + 1, 0).unwrap();
+                let pc = p.alloc(4 * (m * n) as u64, 0).unwrap();
+                upload_floats(p, pa, &a);
+                upload_floats(p, pb, &b);
+                upload_floats(p, pc, &c);
+                let params = abi::SgemmParams {
+                    c: pc,
+                    a: pa,
+                    b: pb,
+                    m: m as u32,
+                    n: n as u32,
+                    k: k as u32,
+                    reserved: 0,
+                    alpha,
+                    beta,
+                };
+                launch(p, "sgemm_f32", params).unwrap();
+                let got = download_floats(p, pc, m * n);
+                let want = sgemm_reference((m, n, k), alpha, &a, &b, beta, &c);
+                let tol = 1e-5 * (k as f64 + 1.0) * (f64::from(alpha.abs()) + 1.0)
+                    + 1e-6 * f64::from(beta.abs());
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(*g) - w).abs() <= tol,
+                        "{m}x{n}x{k} alpha={alpha} beta={beta} t={threads} [{i}]: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `sgemm_f32` with `beta == 0` does not read C (NaNs there vanish), and
+/// C may be A and B themselves.
+pub fn kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe(make: Make<'_>) {
+    let (m, n, k) = (9, 11, 13);
+    let mut rng = Rng(5);
+    let mut boxed = make(&spec("test", MIB, 3));
+    let p = &mut *boxed;
+    let a = rng.floats(m * k);
+    let b = rng.floats(k * n);
+    let pc = p.alloc(4 * (m * n) as u64, 0).unwrap();
+    p.fill(pc, 4 * (m * n) as u64, f32::NAN.to_bits()).unwrap();
+    let pa = p.alloc(4 * (m * k) as u64, 0).unwrap();
+    let pb = p.alloc(4 * (k * n) as u64, 0).unwrap();
+    upload_floats(p, pa, &a);
+    upload_floats(p, pb, &b);
+    let params = abi::SgemmParams {
+        c: pc,
+        a: pa,
+        b: pb,
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        reserved: 0,
+        alpha: 2.0,
+        beta: 0.0,
+    };
+    launch(p, "sgemm_f32", params).unwrap();
+    let want = sgemm_reference((m, n, k), 2.0, &a, &b, 0.0, &[]);
+    let got = download_floats(p, pc, m * n);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
+    }
+
+    // C = A * A' with C being A itself (square, in place): inputs are
+    // read before C is written.
+    let s = 8;
+    let x = rng.floats(s * s);
+    let px = p.alloc(4 * (s * s) as u64, 0).unwrap();
+    upload_floats(p, px, &x);
+    let params = abi::SgemmParams {
+        c: px,
+        a: px,
+        b: px,
+        m: s as u32,
+        n: s as u32,
+        k: s as u32,
+        reserved: 0,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    launch(p, "sgemm_f32", params).unwrap();
+    let want = sgemm_reference((s, s, s), 1.0, &x, &x, 1.0, &x);
+    let got = download_floats(p, px, s * s);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
+    }
+}
+
+/// `reduce_sum_f32` against the host's sum; its output may be in its input.
+pub fn kernel_reduce_sum(make: Make<'_>) {
+    let mut rng = Rng(0xabcdef);
+    for threads in [1, 3, 4, 7] {
+        for n in [0usize, 1, 2, 999, 10_007] {
+            let mut boxed = make(&spec("test", MIB, threads));
+            let p = &mut *boxed;
+            let v = rng.floats(n);
+            let buf = p.alloc(4 * n as u64 + 8, 0).unwrap();
+            upload_floats(p, buf, &v);
+            p.fill(buf + 4 * n as u64, 8, 0xffff_ffff).unwrap();
+            let out = buf + 4 * n as u64 + 4;
+            let params = abi::ReduceSumParams {
+                out,
+                input: buf,
+                n: n as u64,
+            };
+            launch(p, "reduce_sum_f32", params).unwrap();
+            let want: f64 = v.iter().map(|&x| f64::from(x)).sum();
+            let got = download_floats(p, out, 1)[0];
+            assert!(
+                (f64::from(got) - want).abs() <= 1e-6 * (n as f64 + 1.0),
+                "n={n} t={threads}: {got} vs {want}"
+            );
+            // The output may be one of the inputs.
+            if n > 0 {
+                let params = abi::ReduceSumParams { out: buf, ..params };
+                launch(p, "reduce_sum_f32", params).unwrap();
+                let got = download_floats(p, buf, 1)[0];
+                assert!((f64::from(got) - want).abs() <= 1e-6 * (n as f64 + 1.0));
+            }
+        }
+    }
+}
+
+/// Every built-in refuses operands outside the allocations (overflowing
+/// sizes included) before it writes anything.
+pub fn kernels_reject_out_of_range_pointers_before_writing(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 2));
+    let p = &mut *boxed;
+    let a = p.alloc(400, 0).unwrap();
+    let b = p.alloc(400, 0).unwrap();
+    let c = p.alloc(400, 0).unwrap();
+    let mut rng = Rng(3);
+    for addr in [a, b, c] {
+        upload_floats(p, addr, &rng.floats(100));
+    }
+    let snapshot = |p: &mut dyn Partition| [a, b, c].map(|addr| download(p, addr, 400));
+    let before = snapshot(p);
+    let huge = u64::MAX / 2; // n * 4 overflows
+    let oor = |r: Result<(), OpError>| matches!(r, Err(OpError::OutOfRange { .. }));
+
+    let fill = |dst, count| abi::FillParams {
+        dst,
+        count,
+        value: 1,
+        reserved: 0,
+    };
+    assert!(oor(launch(p, "fill_u32", fill(a, 101))));
+    assert!(oor(launch(p, "fill_u32", fill(a + 4, 100))));
+    assert!(oor(launch(p, "fill_u32", fill(a, huge))));
+    assert!(oor(launch(p, "fill_u32", fill(a, 1 << 62))));
+    assert!(oor(launch(p, "fill_u32", fill(0, 1))));
+
+    let copy = |dst, src, bytes| abi::CopyParams { dst, src, bytes };
+    assert!(oor(launch(p, "copy", copy(a, b, 401))));
+    assert!(oor(launch(p, "copy", copy(a, b + 1, 400))));
+    assert!(oor(launch(p, "copy", copy(a + 1, b, 400))));
+    assert!(oor(launch(p, "copy", copy(a, b, u64::MAX))));
+
+    let vadd = |c, a, b, n| abi::VaddParams { c, a, b, n };
+    assert!(oor(launch(p, "vadd_f32", vadd(c, a, b, 101))));
+    assert!(oor(launch(p, "vadd_f32", vadd(c, a, b + 4, 100))));
+    assert!(oor(launch(p, "vadd_f32", vadd(c + 4, a, b, 100))));
+    assert!(oor(launch(p, "vadd_f32", vadd(c, a, b, huge))));
+    assert!(oor(launch(p, "vadd_f32", vadd(c, 0, b, 1))));
+
+    let saxpy = |y, x, n| abi::SaxpyParams {
+        y,
+        x,
+        n,
+        a: 2.0,
+        reserved: 0,
+    };
+    assert!(oor(launch(p, "saxpy_f32", saxpy(a, b + 4, 100))));
+    assert!(oor(launch(p, "saxpy_f32", saxpy(a + 400, b, 1))));
+    assert!(oor(launch(p, "saxpy_f32", saxpy(a, b, huge))));
+
+    let sgemm = |c, a, b, m, n, k| abi::SgemmParams {
+        c,
+        a,
+        b,
+        m,
+        n,
+        k,
+        reserved: 0,
+        alpha: 1.0,
+        beta: 1.0,
+    };
+    assert!(oor(launch(p, "sgemm_f32", sgemm(c, a, b, 10, 10, 11))));
+    assert!(oor(launch(p, "sgemm_f32", sgemm(c, a, b, 11, 10, 10))));
+    assert!(oor(launch(p, "sgemm_f32", sgemm(c + 4, a, b, 10, 10, 10))));
+    assert!(oor(launch(
+        p,
+        "sgemm_f32",
+        sgemm(c, a, b, u32::MAX, u32::MAX, 1)
+    )));
+    assert!(oor(launch(p, "sgemm_f32", sgemm(c, a, b, 1, 1, u32::MAX))));
+
+    let reduce = |out, input, n| abi::ReduceSumParams { out, input, n };
+    assert!(oor(launch(p, "reduce_sum_f32", reduce(a + 400, b, 1))));
+    assert!(oor(launch(p, "reduce_sum_f32", reduce(a + 397, b, 1))));
+    assert!(oor(launch(p, "reduce_sum_f32", reduce(a, b, 101))));
+    assert!(oor(launch(p, "reduce_sum_f32", reduce(a, b, huge))));
+
+    assert_eq!(snapshot(p), before);
+    // In range, the same kernels run.
+    launch(p, "sgemm_f32", sgemm(c, a, b, 10, 10, 10)).unwrap();
+    launch(p, "vadd_f32", vadd(c, a, b, 100)).unwrap();
+}

@@ -1,0 +1,490 @@
+//! The `software` backend: a "physical GPU" made of host memory and worker
+//! threads. It runs everywhere and is the default.
+//!
+//! The backend's device memory is a pool of a configured size that
+//! partitions claim quotas from; host memory is only allocated when a
+//! partition allocates device memory, one zeroed host buffer per
+//! allocation. Compute units are worker threads: a kernel is split over
+//! at most the partition's `compute_units` threads.
+//!
+//! Each partition has its own device address space (an
+//! [`AddressSpace`]) and its own table of allocations, so an address is
+//! meaningful only in the partition that allocated it. Allocations are
+//! separated by at least [`GUARD_GAP`](crate::rules::GUARD_GAP) unmapped
+//! bytes, and every device range must lie inside one allocation, so
+//! running off the end of a buffer is reported instead of landing in a
+//! neighbour. The rules are [`crate::rules`]'s, as for every backend.
+//!
+//! Only the built-in module runs here: its kernels derive their work split
+//! from their parameters, not from the launch grid.
+
+use std::cell::{Ref, RefCell};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use log::{debug, info, warn};
+use vgpu_abi as abi;
+
+mod buf;
+mod kernels;
+#[cfg(test)]
+mod tests;
+
+pub use buf::DeviceBuf;
+use kernels::{fill_pattern, get, par_chunks, run_parallel, saxpy, scale, sgemm_rows, vadd};
+
+use crate::rules::{self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc};
+use crate::{
+    Backend, BackendError, Capacity, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec,
+};
+
+/// Fewest elements of work worth a thread of its own.
+const DEFAULT_GRAIN: u64 = 1 << 16;
+
+/// What no partition has claimed yet.
+/// What is left to give to partitions.
+type Pool = Capacity;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A physical GPU made of host memory and threads.
+#[derive(Debug)]
+pub struct SoftwareBackend {
+    capacity: Capacity,
+    pool: Arc<Mutex<Pool>>,
+}
+
+impl SoftwareBackend {
+    /// A backend of `memory` bytes of device memory and `compute_units`
+    /// worker threads, all unclaimed.
+    pub fn new(memory: u64, compute_units: u32) -> SoftwareBackend {
+        info!("software backend: {memory} bytes of device memory, {compute_units} compute units");
+        SoftwareBackend {
+            capacity: Capacity {
+                memory,
+                compute_units,
+            },
+            pool: Arc::new(Mutex::new(Pool {
+                memory,
+                compute_units,
+            })),
+        }
+    }
+
+    /// Memory and compute that no partition holds.
+    pub fn unclaimed(&self) -> Capacity {
+        let pool = lock(&self.pool);
+        Capacity {
+            memory: pool.memory,
+            compute_units: pool.compute_units,
+        }
+    }
+
+    fn create(&self, spec: &PartitionSpec) -> Result<SoftwarePartition, BackendError> {
+        let mut pool = lock(&self.pool);
+        if let Err(why) = pool.reserve(spec) {
+            warn!("software backend: {why}");
+            return Err(BackendError::DoesNotFit(why));
+        }
+        info!(
+            "software backend: partition {:?} created ({} bytes, {} compute units); {} bytes and {} compute units left",
+            spec.name, spec.memory, spec.compute_units, pool.memory, pool.compute_units
+        );
+        drop(pool);
+        Ok(SoftwarePartition {
+            spec: spec.clone(),
+            pool: Arc::clone(&self.pool),
+            allocs: Allocations::default(),
+            space: AddressSpace::default(),
+            grain: DEFAULT_GRAIN,
+        })
+    }
+}
+
+impl Backend for SoftwareBackend {
+    fn name(&self) -> &str {
+        "software"
+    }
+
+    fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
+        Ok(Box::new(self.create(spec)?))
+    }
+}
+
+/// A partition of a [`SoftwareBackend`]: a memory quota, an address space
+/// of its own and a number of worker threads.
+pub struct SoftwarePartition {
+    spec: PartitionSpec,
+    pool: Arc<Mutex<Pool>>,
+    /// Allocations by device address. The cells let a kernel write one
+    /// allocation while reading others; calls never overlap (`&mut self`).
+    allocs: Allocations<RefCell<DeviceBuf>>,
+    /// The partition's address space.
+    space: AddressSpace,
+    /// Fewest elements of work per thread.
+    grain: u64,
+}
+
+impl Drop for SoftwarePartition {
+    fn drop(&mut self) {
+        lock(&self.pool).release(&self.spec);
+        info!(
+            "software backend: partition {:?} released ({} bytes, {} compute units)",
+            self.spec.name, self.spec.memory, self.spec.compute_units
+        );
+    }
+}
+
+impl SoftwarePartition {
+    fn available(&self) -> u64 {
+        self.spec.memory.saturating_sub(self.allocs.used())
+    }
+
+    fn threads(&self) -> usize {
+        self.spec.compute_units.max(1) as usize
+    }
+
+    /// Threads worth using for `work` elements.
+    fn threads_for(&self, work: u64) -> usize {
+        let by_work = (work / self.grain.max(1)).max(1);
+        by_work.min(self.threads() as u64) as usize
+    }
+
+    fn no_host_memory(&self, requested: u64) -> OpError {
+        warn!(
+            "software backend: partition {:?}: host memory exhausted allocating {requested} bytes",
+            self.spec.name
+        );
+        OpError::NoMemory {
+            requested,
+            available: self.available(),
+        }
+    }
+
+    /// Resolves `len` bytes at `addr`, which must lie inside one allocation.
+    fn locate(&self, addr: u64, len: u64) -> Result<Loc, OpError> {
+        self.allocs.locate(addr, len)
+    }
+
+    /// The bytes of the allocation `loc` lies in.
+    fn buf(&self, loc: &Loc) -> &RefCell<DeviceBuf> {
+        self.allocs.data(loc.start)
+    }
+
+    /// A copy of `loc`'s bytes, or NoMemory if the host has no room.
+    fn copy_out(&self, loc: &Loc) -> Result<Vec<u8>, OpError> {
+        let buf = self.buf(loc).borrow();
+        let mut v = Vec::new();
+        v.try_reserve_exact(loc.len)
+            .map_err(|_| self.no_host_memory(loc.len as u64))?;
+        v.extend_from_slice(&buf[loc.range()]);
+        Ok(v)
+    }
+
+    /// The bytes of `loc` as floats, or NoMemory if the host has no room.
+    fn floats(&self, loc: &Loc) -> Result<Vec<f32>, OpError> {
+        let buf = self.buf(loc).borrow();
+        let mut v = Vec::new();
+        v.try_reserve_exact(loc.len / 4)
+            .map_err(|_| self.no_host_memory(loc.len as u64))?;
+        v.extend(buf[loc.range()].chunks_exact(4).map(get));
+        Ok(v)
+    }
+
+    /// Calls `f` with the bytes of `out`, writable, and of each input.
+    /// An input that is exactly the output range is passed as `None` (read
+    /// it from the output); one that partly overlaps the output is copied
+    /// first, so every input reads as it was before the kernel started.
+    fn with_io<const N: usize, R>(
+        &self,
+        out: Loc,
+        ins: [Loc; N],
+        f: impl FnOnce(&mut [u8], [Option<&[u8]>; N]) -> R,
+    ) -> Result<R, OpError> {
+        let same = |l: &Loc| l.off == out.off && l.len == out.len;
+        let mut copies: [Option<Vec<u8>>; N] = std::array::from_fn(|_| None);
+        for (copy, inp) in copies.iter_mut().zip(&ins) {
+            if inp.start == out.start && inp.overlaps(&out) && !same(inp) {
+                *copy = Some(self.copy_out(inp)?);
+            }
+        }
+        let others: [Option<Ref<'_, DeviceBuf>>; N] = std::array::from_fn(|i| {
+            (ins[i].start != out.start).then(|| self.allocs.data(ins[i].start).borrow())
+        });
+        let mut out_buf = self.buf(&out).borrow_mut();
+        let (lo, rest) = out_buf.split_at_mut(out.off);
+        let (dst, hi) = rest.split_at_mut(out.len);
+        let (lo, hi): (&[u8], &[u8]) = (lo, hi);
+        let srcs = std::array::from_fn(|i| {
+            let inp = &ins[i];
+            if let Some(c) = &copies[i] {
+                Some(c.as_slice())
+            } else if let Some(buf) = &others[i] {
+                Some(&buf[inp.range()])
+            } else if same(inp) {
+                None
+            } else if inp.off + inp.len <= out.off {
+                Some(&lo[inp.range()])
+            } else {
+                let s = inp.off - out.off - out.len;
+                Some(&hi[s..s + inp.len])
+            }
+        });
+        Ok(f(dst, srcs))
+    }
+
+    fn fill_bytes(&self, out: Loc, pattern: u32, threads: usize) {
+        let mut buf = self.buf(&out).borrow_mut();
+        par_chunks(threads, 4, &mut buf[out.range()], |_, c| {
+            fill_pattern(c, pattern)
+        });
+    }
+
+    /// Runs a built-in call the rules validated: every range in it lies
+    /// inside one allocation.
+    fn run_builtin(&mut self, call: Builtin) -> Result<(), OpError> {
+        match call {
+            Builtin::Nothing => Ok(()),
+            Builtin::Fill { dst, count, value } => {
+                let out = self.locate(dst, words(count))?;
+                self.fill_bytes(out, value, self.threads_for(count));
+                Ok(())
+            }
+            Builtin::Copy { dst, src, bytes } => {
+                let dst = self.locate(dst, bytes)?;
+                let src = self.locate(src, bytes)?;
+                self.with_io(dst, [src], |d, [s]| {
+                    if let Some(s) = s {
+                        d.copy_from_slice(s);
+                    }
+                })
+            }
+            Builtin::Vadd { c, a, b, n, .. } => self.kernel_vadd(c, a, b, n),
+            Builtin::Saxpy { y, x, n, a, .. } => self.kernel_saxpy(y, x, n, a),
+            Builtin::Sgemm { p, .. } => self.kernel_sgemm(p),
+            Builtin::Scale { c, count, beta } => {
+                // C = beta * C; A and B are not read.
+                let c = self.locate(c, words(count))?;
+                let threads = self.threads_for(count);
+                let mut buf = self.buf(&c).borrow_mut();
+                par_chunks(threads, 4, &mut buf[c.range()], |_, c| scale(c, beta));
+                Ok(())
+            }
+            Builtin::Reduce { out, input, n } => self.kernel_reduce_sum(out, input, n),
+        }
+    }
+
+    fn kernel_vadd(&mut self, c: u64, a: u64, b: u64, n: u64) -> Result<(), OpError> {
+        let c = self.locate(c, words(n))?;
+        let a = self.locate(a, words(n))?;
+        let b = self.locate(b, words(n))?;
+        let threads = self.threads_for(n);
+        self.with_io(c, [a, b], |c, [a, b]| {
+            par_chunks(threads, 4, c, |off, c| {
+                let a = a.map(|s| &s[off..off + c.len()]);
+                let b = b.map(|s| &s[off..off + c.len()]);
+                vadd(c, a, b);
+            })
+        })
+    }
+
+    fn kernel_saxpy(&mut self, y: u64, x: u64, n: u64, a: f32) -> Result<(), OpError> {
+        let y = self.locate(y, words(n))?;
+        let x = self.locate(x, words(n))?;
+        let threads = self.threads_for(n);
+        self.with_io(y, [x], |y, [x]| {
+            par_chunks(threads, 4, y, |off, y| {
+                saxpy(y, x.map(|s| &s[off..off + y.len()]), a);
+            })
+        })
+    }
+
+    /// `C = alpha * A * B + beta * C` with `m, n, k > 0` and `alpha != 0`.
+    fn kernel_sgemm(&mut self, p: abi::SgemmParams) -> Result<(), OpError> {
+        let (m, n, k) = (u64::from(p.m), u64::from(p.n), u64::from(p.k));
+        let c = self.locate(p.c, words(m * n))?;
+        let a = self.locate(p.a, words(m * k))?;
+        let b = self.locate(p.b, words(k * n))?;
+        let (alpha, beta) = (p.alpha, p.beta);
+        // A and B are read into float copies first, so they may share an
+        // allocation (and bytes) with C.
+        let a = self.floats(&a)?;
+        let b = self.floats(&b)?;
+        let threads = self.threads_for(m.saturating_mul(n).saturating_mul(k));
+        let (n, k) = (n as usize, k as usize);
+        let mut buf = self.buf(&c).borrow_mut();
+        par_chunks(threads, n * 4, &mut buf[c.range()], |off, rows| {
+            let row0 = off / (n * 4);
+            let nrows = rows.len() / (n * 4);
+            let a = &a[row0 * k..(row0 + nrows) * k];
+            sgemm_rows(rows, a, &b, n, k, alpha, beta);
+        });
+        Ok(())
+    }
+
+    fn kernel_reduce_sum(&mut self, out: u64, input: u64, n: u64) -> Result<(), OpError> {
+        let out = self.locate(out, 4)?;
+        let input = self.locate(input, words(n))?;
+        let threads = self.threads_for(n);
+        let sum = {
+            let buf = self.buf(&input).borrow();
+            let bytes = &buf[input.range()];
+            let per = (n as usize).div_ceil(threads).max(1) * 4;
+            let partial = run_parallel(threads, bytes.chunks(per), |c| {
+                c.chunks_exact(4).map(|x| f64::from(get(x))).sum::<f64>()
+            });
+            partial.into_iter().sum::<f64>()
+        };
+        let mut buf = self.buf(&out).borrow_mut();
+        buf[out.range()].copy_from_slice(&(sum as f32).to_le_bytes());
+        Ok(())
+    }
+}
+
+impl Partition for SoftwarePartition {
+    fn spec(&self) -> &PartitionSpec {
+        &self.spec
+    }
+
+    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+        let align = rules::alloc_align(size, align)?;
+        let available = self.available();
+        // What a guest asks for beyond its quota is the guest's business:
+        // logged at debug level only.
+        if let Err(e) = self.allocs.admit(size, available) {
+            debug!(
+                "software backend: partition {:?}: {size} bytes requested, {available} available, {} allocations",
+                self.spec.name,
+                self.allocs.len()
+            );
+            return Err(e);
+        }
+        let no_memory = OpError::NoMemory {
+            requested: size,
+            available,
+        };
+        let Some(addr) = self.space.place(&self.allocs, size, align) else {
+            debug!(
+                "software backend: partition {:?}: no address space for {size} bytes aligned to {align:#x}",
+                self.spec.name
+            );
+            return Err(no_memory);
+        };
+        let len = usize::try_from(size).map_err(|_| no_memory.clone())?;
+        let buf = DeviceBuf::zeroed(len).ok_or_else(|| self.no_host_memory(size))?;
+        self.allocs.insert(addr, size, size, RefCell::new(buf));
+        self.space.placed(addr, size);
+        debug!(
+            "software backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
+            self.spec.name,
+            self.allocs.used()
+        );
+        Ok(addr)
+    }
+
+    fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        let size = self.allocs.free(addr)?.size;
+        debug!(
+            "software backend: partition {:?}: freed {size} bytes at {addr:#x} ({} in use)",
+            self.spec.name,
+            self.allocs.used()
+        );
+        Ok(())
+    }
+
+    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+        let loc = self.locate(dst, src.len())?;
+        let mut buf = self.buf(&loc).borrow_mut();
+        src.read_at(0, &mut buf[loc.range()])
+    }
+
+    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+        let loc = self.locate(src, dst.len())?;
+        let buf = self.buf(&loc).borrow();
+        dst.write_at(0, &buf[loc.range()])
+    }
+
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        let d = self.locate(dst, size)?;
+        let s = self.locate(src, size)?;
+        if d.start == s.start {
+            let mut buf = self.buf(&d).borrow_mut();
+            buf.copy_within(s.range(), d.off);
+            return Ok(());
+        }
+        self.with_io(d, [s], |d, [s]| {
+            if let Some(s) = s {
+                d.copy_from_slice(s);
+            }
+        })
+    }
+
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        if !size.is_multiple_of(4) {
+            return Err(OpError::Invalid(format!(
+                "fill of {size} bytes: not a multiple of 4"
+            )));
+        }
+        let loc = self.locate(addr, size)?;
+        self.fill_bytes(loc, pattern, self.threads_for(size / 4));
+        Ok(())
+    }
+
+    fn module_load(&mut self, format: u32, _image: &[u8]) -> Result<u64, OpError> {
+        let format = match format {
+            abi::MODULE_FORMAT_PTX => "PTX".to_string(),
+            other => format!("format {other}"),
+        };
+        Err(OpError::Unsupported(format!(
+            "software backend runs only the built-in module; {format} images are not supported"
+        )))
+    }
+
+    fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+        if module == abi::MODULE_BUILTIN {
+            Err(OpError::Invalid(
+                "the built-in module cannot be unloaded".into(),
+            ))
+        } else {
+            Err(OpError::NotFound(format!("module {module:#x}")))
+        }
+    }
+
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        if launch.module != abi::MODULE_BUILTIN {
+            return Err(OpError::NotFound(format!("module {:#x}", launch.module)));
+        }
+        // Floats are read and written byte by byte here: any operand
+        // address will do.
+        let call = rules::plan_builtin(
+            launch.entry,
+            launch.grid,
+            launch.block,
+            launch.params,
+            &self.allocs,
+            FloatOperands::Unaligned,
+        )?;
+        self.run_builtin(call)
+    }
+
+    fn memory_used(&self) -> u64 {
+        self.allocs.used()
+    }
+
+    fn reset(&mut self) {
+        debug!(
+            "software backend: partition {:?}: reset, {} allocations ({} bytes) freed",
+            self.spec.name,
+            self.allocs.len(),
+            self.allocs.used()
+        );
+        self.allocs.drain();
+        self.space.reset();
+    }
+}
