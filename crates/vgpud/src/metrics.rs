@@ -99,6 +99,8 @@ impl Writer {
 type VgpuValue = fn(&InstanceStats) -> f64;
 type GpuValue = fn(&GpuStats) -> f64;
 type GpuInfoValue = fn(&GpuInfo) -> f64;
+/// A scheduling parameter of a vGPU; `None` when it has none (no cap).
+type ParamValue = fn(&InstanceInfo) -> Option<f64>;
 
 /// The vGPU families, but the queue wait summary.
 const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
@@ -239,7 +241,7 @@ pub fn render(s: &Snapshot) -> String {
     }
     // What the scheduler was told, beside what it did: a share of GPU time
     // is read against the weight (or the cap) it should follow.
-    let params: &[(&str, &str, fn(&InstanceInfo) -> Option<f64>)] = &[
+    let params: &[(&str, &str, ParamValue)] = &[
         (
             "vgpud_vgpu_weight",
             "Weight of the vGPU under the fair policy.",
@@ -260,7 +262,10 @@ pub fn render(s: &Snapshot) -> String {
         w.family(name, "gauge", help);
         for i in &s.instances {
             if let Some(v) = get(i) {
-                let labels = [("vgpu", i.config.name.as_str()), ("gpu", i.config.gpu.as_str())];
+                let labels = [
+                    ("vgpu", i.config.name.as_str()),
+                    ("gpu", i.config.gpu.as_str()),
+                ];
                 w.sample(name, &labels, v);
             }
         }
@@ -633,11 +638,13 @@ mod tests {
                     .iter()
                     .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(f)))
                     .unwrap_or(&name);
-                assert!(families.contains(family), "{file} uses {name}, which is not exported");
+                assert!(
+                    families.contains(family),
+                    "{file} uses {name}, which is not exported"
+                );
                 used += 1;
             }
             assert!(used > 5, "{file} queries vgpud metrics");
         }
     }
-
 }
