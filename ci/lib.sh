@@ -26,6 +26,9 @@ KERNEL_HEADER_PKGS=(
     "linux-headers-${KERNEL_ABI}-common"
     "linux-kbuild-${KERNEL_ABI}"
 )
+# The kernel's source, at the same version, for scripts/checkpatch.pl
+# (the headers packages ship kernel-doc but not checkpatch).
+KERNEL_SOURCE_PKG="linux-source-6.12"
 
 # --- paths -----------------------------------------------------------------
 
@@ -43,6 +46,9 @@ KERNEL_ROOT="${KERNEL_CACHE_DIR}/root"
 KERNEL_IMAGE="${KERNEL_ROOT}/boot/vmlinuz-${KERNEL_RELEASE}"
 KERNEL_HEADERS="${KERNEL_ROOT}/usr/src/linux-headers-${KERNEL_RELEASE}"
 KERNEL_MODULES="${KERNEL_ROOT}/lib/modules/${KERNEL_RELEASE}"
+# checkpatch.pl with the files it reads beside it (ci/fetch-checkpatch.sh).
+KERNEL_CHECKPATCH_DIR="${KERNEL_CACHE_DIR}/checkpatch"
+KERNEL_CHECKPATCH="${KERNEL_CHECKPATCH_DIR}/checkpatch.pl"
 
 BUSYBOX="/bin/busybox"
 

@@ -20,6 +20,7 @@ BASE_PKGS=(
     device-tree-compiler dpkg-dev xz-utils
     # guest kernel module builds (the headers' compiler and kbuild tools)
     gcc-12 make libc6-dev libelf1 libssl3 zlib1g dwarves kmod
+    sparse          # C=2: the kernel's static checks of the guest driver
     # guest initramfs and running guests
     busybox-static cpio gzip coreutils util-linux procps
     pciutils        # lspci, copied into guests (busybox has none)

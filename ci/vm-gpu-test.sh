@@ -4,7 +4,8 @@
 # module and runs the guest test suite, the saxpy and sgemm samples and
 # vgpu-smi. Then one guest runs the suite again behind a guest IOMMU
 # (intel-iommu with caching mode), so DMA maps and unmaps follow the
-# guest's DMA API.
+# guest's DMA API. The module the guests load is built and checked first
+# by ci/check-guest-driver.sh (W=1, sparse, checkpatch --strict, kernel-doc).
 #
 # Pass or fail comes from the marker lines the guests print on their serial
 # consoles (VGPU-TEST PASS/FAIL name, VGPU-TEST DONE); every guest's full
@@ -57,16 +58,8 @@ trap 'exit 143' TERM
 qemu=$(bash ci/build-qemu.sh)
 bash ci/fetch-kernel.sh >/dev/null
 
-log "guest kernel module against $KERNEL_HEADERS"
-make -s -C guest-driver clean KDIR="$KERNEL_HEADERS" >/dev/null 2>&1 || true
-if ! make -C "$KERNEL_HEADERS" M="$VGPUD_ROOT/guest-driver" W=1 modules >"$TMP/module-build.log" 2>&1; then
-    cat "$TMP/module-build.log" >&2
-    die "the kernel module does not build"
-fi
-if grep -q 'warning:' "$TMP/module-build.log"; then
-    cat "$TMP/module-build.log" >&2
-    die "the kernel module builds with warnings"
-fi
+# W=1 and sparse without warnings, checkpatch --strict and kernel-doc clean.
+bash ci/check-guest-driver.sh
 
 log "vgpud"
 cargo build --release -p vgpud

@@ -24,7 +24,7 @@
 #include <linux/string.h>
 #include <linux/uaccess.h>
 
-#include "vgpu.h"
+#include "vgpu_drv.h"
 
 /* The results part of struct vgpu_cmd. */
 struct vgpu_cmd_out {
@@ -45,7 +45,7 @@ static_assert(sizeof(struct vgpu_info) == 104);
 static_assert(sizeof(struct vgpu_usage) == 96);
 static_assert(VGPU_MAX_IMAGE_BYTES == VGPU_MAX_MODULE_SIZE);
 static_assert(VGPU_MAX_PARAMS_BYTES == VGPU_MAX_PARAMS_SIZE);
-static_assert(VGPU_ENTRY_NAME_LEN == sizeof_field(struct vgpu_cmd_launch, entry));
+static_assert(sizeof_field(struct vgpu_cmd_launch, entry) == VGPU_ENTRY_NAME_LEN);
 static_assert(VGPU_CMD_STATUS_OK == VGPU_STATUS_OK);
 static_assert(VGPU_CMD_STATUS_INVALID == VGPU_STATUS_INVALID);
 static_assert(VGPU_CMD_STATUS_FAULT == VGPU_STATUS_FAULT);
@@ -745,7 +745,14 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 
 static bool vgpu_fence_done(struct vgpu_file *vf, u64 seq)
 {
+	/* The fence before the results: pairs with vgpu_batch_complete(). */
 	return seq <= smp_load_acquire(&vf->done_seq);
+}
+
+static bool vgpu_batch_done(struct vgpu_batch *b)
+{
+	/* done before the results: pairs with vgpu_batch_complete(). */
+	return smp_load_acquire(&b->done);
 }
 
 static int vgpu_wait_fence(struct vgpu_file *vf, u64 seq, u64 timeout_ns)
@@ -771,12 +778,15 @@ static int vgpu_wait_fence(struct vgpu_file *vf, u64 seq, u64 timeout_ns)
 	if (!timeout_ns)
 		return -ETIMEDOUT;
 
-	if (timeout_ns == VGPU_TIMEOUT_INFINITE)
+	if (timeout_ns == VGPU_TIMEOUT_INFINITE) {
 		ret = wait_event_interruptible(vf->wq, vgpu_fence_done(vf, seq));
-	else
+	} else {
+		ktime_t limit = ns_to_ktime(min_t(u64, timeout_ns, KTIME_MAX));
+
 		ret = wait_event_interruptible_hrtimeout(vf->wq,
-				vgpu_fence_done(vf, seq),
-				ns_to_ktime(min_t(u64, timeout_ns, KTIME_MAX)));
+							 vgpu_fence_done(vf, seq),
+							 limit);
+	}
 	if (ret == -ETIME)
 		return -ETIMEDOUT;
 	if (ret == -ERESTARTSYS)
@@ -922,7 +932,7 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 /* Waits until a driver-internal batch completed; a fatal signal aborts. */
 static int vgpu_wait_internal(struct vgpu_file *vf, struct vgpu_batch *b)
 {
-	if (wait_event_killable(vf->wq, smp_load_acquire(&b->done)))
+	if (wait_event_killable(vf->wq, vgpu_batch_done(b)))
 		return -EINTR;
 	return 0;
 }
@@ -1409,7 +1419,7 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 		/* Reaping a queue wakes space_wq. */
 		if (wait)
 			wait_event_timeout(vf->q->space_wq,
-					   smp_load_acquire(&last->done),
+					   vgpu_batch_done(last),
 					   VGPU_CLOSE_WAIT);
 		vgpu_batch_put(last);
 	}

@@ -21,7 +21,7 @@
 #include <linux/sched.h>
 #include <linux/slab.h>
 
-#include "vgpu.h"
+#include "vgpu_drv.h"
 
 static unsigned int vgpu_queues = 1;
 module_param_named(queues, vgpu_queues, uint, 0444);

@@ -11,7 +11,7 @@
 #include <linux/mm.h>
 #include <linux/slab.h>
 
-#include "vgpu.h"
+#include "vgpu_drv.h"
 
 static_assert(sizeof(union vgpu_dcmd) <= VGPU_SLOT_CMD_BYTES);
 static_assert(VGPU_INLINE_SG >= 1);
@@ -456,7 +456,7 @@ int vgpu_queue_submit(struct vgpu_queue *q, struct vgpu_batch *b,
 		spin_unlock_irqrestore(&q->lock, flags);
 		if (interruptible) {
 			ret = wait_event_interruptible(q->space_wq,
-				vgpu_queue_can_submit(q, b->ndesc));
+						       vgpu_queue_can_submit(q, b->ndesc));
 			if (ret)
 				return ret;
 		} else {
@@ -505,11 +505,14 @@ static void vgpu_batch_complete(struct vgpu_queue *q, struct vgpu_batch *b)
 		if (!c->error)
 			c->error = vgpu_status_errno(c->status);
 	}
+	/* The results above before done: pairs with vgpu_batch_done(). */
 	smp_store_release(&b->done, true);
 	if (vf) {
 		/* A file's batches complete in order: they share one ring. */
-		if (b->seq > vf->done_seq)
+		if (b->seq > vf->done_seq) {
+			/* The results before the fence: see vgpu_fence_done(). */
 			smp_store_release(&vf->done_seq, b->seq);
+		}
 		vf->inflight--;
 		if (vf->closing && !vf->inflight)
 			queue_work(vgpu_wq, &vf->cleanup_work);
@@ -576,8 +579,12 @@ static bool vgpu_queue_reap_locked(struct vgpu_queue *q)
 		if (used_idx == q->last_used) {
 			/* Ask for an interrupt at the next completion... */
 			WRITE_ONCE(*q->used_event, cpu_to_le16(q->last_used));
+			/*
+			 * ...and look once more for one that raced with it: the
+			 * event index is written before the used index is read
+			 * again, or a completion posted in between is missed.
+			 */
 			virt_mb();
-			/* ...and look once more for one that raced with it. */
 			if (le16_to_cpu(READ_ONCE(q->used->idx)) == q->last_used)
 				break;
 			continue;

@@ -35,9 +35,33 @@
 #define VGPU_INFO_MSIX		(1U << 1)	/* MSI-X interrupts (else INTx) */
 #define VGPU_INFO_WINDOW	(1U << 2)	/* the window can be mmap()ed */
 
+/**
+ * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
+ * @uapi_version: VGPU_UAPI_VERSION
+ * @abi_version: device VERSION register: major << 16 | minor
+ * @vendor_id: PCI vendor ID
+ * @device_id: PCI device ID
+ * @subsystem_vendor_id: PCI subsystem vendor ID
+ * @subsystem_id: PCI subsystem ID
+ * @revision: PCI revision ID
+ * @pci_bus: PCI bus number
+ * @pci_devfn: PCI device and function number
+ * @pad0: zero
+ * @pci_domain: PCI domain number
+ * @features: device FEATURES register
+ * @mem_size: device memory of the partition, bytes
+ * @window_size: host-visible window (BAR2), bytes
+ * @compute_units: compute units of the partition
+ * @max_queues: queues the device offers
+ * @queues: queues the driver uses
+ * @queue_size: ring entries per queue
+ * @flags: VGPU_INFO_*
+ * @minor: N of /dev/vgpuN
+ * @reserved: zero
+ */
 struct vgpu_info {
-	__u32 uapi_version;	/* VGPU_UAPI_VERSION */
-	__u32 abi_version;	/* device VERSION register: major << 16 | minor */
+	__u32 uapi_version;
+	__u32 abi_version;
 	__u16 vendor_id;
 	__u16 device_id;
 	__u16 subsystem_vendor_id;
@@ -47,30 +71,42 @@ struct vgpu_info {
 	__u8 pci_devfn;
 	__u8 pad0;
 	__u32 pci_domain;
-	__u64 features;		/* device FEATURES register */
-	__u64 mem_size;		/* device memory of the partition, bytes */
-	__u64 window_size;	/* host-visible window (BAR2), bytes */
+	__u64 features;
+	__u64 mem_size;
+	__u64 window_size;
 	__u32 compute_units;
-	__u32 max_queues;	/* queues the device offers */
-	__u32 queues;		/* queues the driver uses */
-	__u32 queue_size;	/* ring entries per queue */
-	__u32 flags;		/* VGPU_INFO_* */
-	__u32 minor;		/* N of /dev/vgpuN */
+	__u32 max_queues;
+	__u32 queues;
+	__u32 queue_size;
+	__u32 flags;
+	__u32 minor;
 	__u64 reserved[4];
 };
 
 /* ---- VGPU_IOCTL_ALLOC / VGPU_IOCTL_FREE ---------------------------------- */
 
+/**
+ * struct vgpu_alloc - argument of VGPU_IOCTL_ALLOC
+ * @size: in: bytes, > 0
+ * @align: in: power of two, 0 for the device default
+ * @addr: out: device address
+ * @flags: in: 0
+ * @pad: zero
+ */
 struct vgpu_alloc {
-	__u64 size;		/* in: bytes, > 0 */
-	__u64 align;		/* in: power of two, 0 for the device default */
-	__u64 addr;		/* out: device address */
-	__u32 flags;		/* in: 0 */
+	__u64 size;
+	__u64 align;
+	__u64 addr;
+	__u32 flags;
 	__u32 pad;
 };
 
+/**
+ * struct vgpu_free - argument of VGPU_IOCTL_FREE
+ * @addr: in: address returned by ALLOC
+ */
 struct vgpu_free {
-	__u64 addr;		/* in: address returned by ALLOC */
+	__u64 addr;
 };
 
 /* ---- VGPU_IOCTL_SUBMIT: commands ------------------------------------------ */
@@ -93,44 +129,80 @@ struct vgpu_free {
 #define VGPU_MEM_DEVICE		1	/* device memory: an address from ALLOC */
 #define VGPU_MEM_WINDOW		2	/* window (BAR2): a byte offset */
 
+/**
+ * struct vgpu_copy_args - a VGPU_CMD_COPY
+ * @src_kind: VGPU_MEM_* of @src
+ * @dst_kind: VGPU_MEM_* of @dst
+ * @src: where to copy from, as its kind says
+ * @dst: where to copy to, as its kind says
+ * @size: bytes, > 0
+ */
 struct vgpu_copy_args {
-	__u32 src_kind;		/* VGPU_MEM_* */
-	__u32 dst_kind;		/* VGPU_MEM_* */
+	__u32 src_kind;
+	__u32 dst_kind;
 	__u64 src;
 	__u64 dst;
-	__u64 size;		/* bytes, > 0 */
+	__u64 size;
 };
 
+/**
+ * struct vgpu_fill_args - a VGPU_CMD_FILL
+ * @addr: device address
+ * @size: bytes, a multiple of 4, > 0
+ * @pattern: 32-bit little-endian pattern
+ * @pad: zero
+ */
 struct vgpu_fill_args {
-	__u64 addr;		/* device address */
-	__u64 size;		/* bytes, a multiple of 4, > 0 */
-	__u32 pattern;		/* 32-bit little-endian pattern */
+	__u64 addr;
+	__u64 size;
+	__u32 pattern;
 	__u32 pad;
 };
 
 #define VGPU_MODULE_PTX	1
 
+/**
+ * struct vgpu_module_load_args - a VGPU_CMD_MODULE_LOAD
+ * @format: VGPU_MODULE_PTX
+ * @pad: zero
+ * @image: user pointer to the image
+ * @image_size: bytes, 1..VGPU_MAX_IMAGE_BYTES
+ */
 struct vgpu_module_load_args {
-	__u32 format;		/* VGPU_MODULE_PTX */
+	__u32 format;
 	__u32 pad;
-	__u64 image;		/* user pointer */
-	__u64 image_size;	/* bytes, 1..VGPU_MAX_IMAGE_BYTES */
+	__u64 image;
+	__u64 image_size;
 };
 
 #define VGPU_MODULE_BUILTIN_ID	0
 
+/**
+ * struct vgpu_module_unload_args - a VGPU_CMD_MODULE_UNLOAD
+ * @module: handle from a MODULE_LOAD of this file
+ */
 struct vgpu_module_unload_args {
-	__u64 module;		/* handle from a MODULE_LOAD of this file */
+	__u64 module;
 };
 
+/**
+ * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
+ * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
+ * @grid: blocks in x, y and z
+ * @block: threads per block in x, y and z
+ * @shared_mem: dynamic shared memory, bytes
+ * @params_size: bytes at @params, 0..VGPU_MAX_PARAMS_BYTES
+ * @params: user pointer to the parameter block
+ * @entry: NUL-terminated entry point
+ */
 struct vgpu_launch_args {
-	__u64 module;		/* VGPU_MODULE_BUILTIN_ID or a handle */
+	__u64 module;
 	__u32 grid[3];
 	__u32 block[3];
-	__u32 shared_mem;	/* dynamic shared memory, bytes */
-	__u32 params_size;	/* bytes at params, 0..VGPU_MAX_PARAMS_BYTES */
-	__u64 params;		/* user pointer to the parameter block */
-	char entry[VGPU_ENTRY_NAME_LEN];	/* NUL-terminated entry point */
+	__u32 shared_mem;
+	__u32 params_size;
+	__u64 params;
+	char entry[VGPU_ENTRY_NAME_LEN];
 };
 
 /* Result statuses (the device's completion statuses). */
@@ -144,10 +216,28 @@ struct vgpu_launch_args {
 #define VGPU_CMD_STATUS_OUT_OF_RANGE	7	/* -ERANGE */
 #define VGPU_CMD_STATUS_DEVICE_ERROR	8	/* -EIO */
 
+/**
+ * struct vgpu_cmd - one command of a VGPU_IOCTL_SUBMIT batch
+ * @opcode: in: VGPU_CMD_*
+ * @flags: in: per opcode, see above
+ * @copy: in: arguments of VGPU_CMD_COPY
+ * @fill: in: arguments of VGPU_CMD_FILL
+ * @module_load: in: arguments of VGPU_CMD_MODULE_LOAD
+ * @module_unload: in: arguments of VGPU_CMD_MODULE_UNLOAD
+ * @launch: in: arguments of VGPU_CMD_LAUNCH
+ * @raw: the arguments as words; bytes the opcode does not use must be zero
+ * @status: out: VGPU_CMD_STATUS_*
+ * @error: out: 0 or a negative errno matching @status
+ * @result: out: MODULE_LOAD: the handle; TIMESTAMP: device ns
+ * @device_ns: out: device time the command took
+ * @reserved: zero
+ *
+ * The out fields are written by a waiting SUBMIT or by WAIT.
+ */
 struct vgpu_cmd {
-	__u32 opcode;		/* in: VGPU_CMD_* */
-	__u32 flags;		/* in: per opcode, see above */
-	union {			/* in: by opcode; unused bytes must be zero */
+	__u32 opcode;
+	__u32 flags;
+	union {
 		struct vgpu_copy_args copy;
 		struct vgpu_fill_args fill;
 		struct vgpu_module_load_args module_load;
@@ -155,11 +245,10 @@ struct vgpu_cmd {
 		struct vgpu_launch_args launch;
 		__u64 raw[11];
 	};
-	/* out: written by a waiting SUBMIT or by WAIT */
-	__u32 status;		/* VGPU_CMD_STATUS_* */
-	__s32 error;		/* 0 or a negative errno matching status */
-	__u64 result;		/* MODULE_LOAD: handle; TIMESTAMP: device ns */
-	__u64 device_ns;	/* device time the command took */
+	__u32 status;
+	__s32 error;
+	__u64 result;
+	__u64 device_ns;
 	__u64 reserved;
 };
 
@@ -169,44 +258,81 @@ struct vgpu_cmd {
 
 #define VGPU_NO_INDEX		0xffffffffU
 
+/**
+ * struct vgpu_submit - argument of VGPU_IOCTL_SUBMIT
+ * @cmds: in: user pointer to struct vgpu_cmd[@count]
+ * @count: in: 1..VGPU_MAX_BATCH_CMDS
+ * @flags: in: VGPU_SUBMIT_*
+ * @timeout_ns: in: with VGPU_SUBMIT_WAIT, as in struct vgpu_wait
+ * @fence: out: fence of the batch (1, 2, 3, ...)
+ * @error_index: out: offending or first failed command
+ * @error: out: with VGPU_SUBMIT_WAIT, the batch outcome
+ */
 struct vgpu_submit {
-	__u64 cmds;		/* in: user pointer to struct vgpu_cmd[count] */
-	__u32 count;		/* in: 1..VGPU_MAX_BATCH_CMDS */
-	__u32 flags;		/* in: VGPU_SUBMIT_* */
-	__u64 timeout_ns;	/* in: with VGPU_SUBMIT_WAIT, as in vgpu_wait */
-	__u64 fence;		/* out: fence of the batch (1, 2, 3, ...) */
-	__u32 error_index;	/* out: offending or first failed command */
-	__s32 error;		/* out: with VGPU_SUBMIT_WAIT, the batch outcome */
+	__u64 cmds;
+	__u32 count;
+	__u32 flags;
+	__u64 timeout_ns;
+	__u64 fence;
+	__u32 error_index;
+	__s32 error;
 };
 
 #define VGPU_WAIT_ALL		(1U << 0)	/* also collect earlier fences */
 
+/**
+ * struct vgpu_wait - argument of VGPU_IOCTL_WAIT
+ * @fence: in: the fence to wait for
+ * @timeout_ns: in: 0 polls; VGPU_TIMEOUT_INFINITE
+ * @cmds: in: user pointer for results, or 0
+ * @count: in: entries at @cmds (the batch's count)
+ * @flags: in: VGPU_WAIT_*
+ * @error_fence: out: fence of the first failed command, or 0
+ * @error_index: out: its index, or VGPU_NO_INDEX
+ * @error: out: its errno, or 0
+ */
 struct vgpu_wait {
-	__u64 fence;		/* in */
-	__u64 timeout_ns;	/* in: 0 polls; VGPU_TIMEOUT_INFINITE */
-	__u64 cmds;		/* in: user pointer for results, or 0 */
-	__u32 count;		/* in: entries at cmds (the batch's count) */
-	__u32 flags;		/* in: VGPU_WAIT_* */
-	__u64 error_fence;	/* out: fence of the first failed command, or 0 */
-	__u32 error_index;	/* out: its index, or VGPU_NO_INDEX */
-	__s32 error;		/* out: its errno, or 0 */
+	__u64 fence;
+	__u64 timeout_ns;
+	__u64 cmds;
+	__u32 count;
+	__u32 flags;
+	__u64 error_fence;
+	__u32 error_index;
+	__s32 error;
 };
 
 /* ---- VGPU_IOCTL_USAGE ----------------------------------------------------- */
 
+/**
+ * struct vgpu_usage - what VGPU_IOCTL_USAGE reports
+ * @mem_used: device MEM_USED: all files of the function
+ * @busy_ns: device BUSY_NS
+ * @commands: device COMMANDS
+ * @file_mem_used: bytes allocated through this file
+ * @file_allocs: allocations of this file
+ * @file_modules: modules loaded by this file
+ * @file_inflight: batches of this file on the device
+ * @file_uncollected: fences of this file not yet collected
+ * @open_files: open files of the function
+ * @processes: distinct processes that opened them
+ * @device_errors: device ERROR_COUNT
+ * @recoveries: queue and function resets by the driver
+ * @reserved: zero
+ */
 struct vgpu_usage {
-	__u64 mem_used;		/* device MEM_USED: all files of the function */
-	__u64 busy_ns;		/* device BUSY_NS */
-	__u64 commands;		/* device COMMANDS */
-	__u64 file_mem_used;	/* bytes allocated through this file */
-	__u32 file_allocs;	/* allocations of this file */
-	__u32 file_modules;	/* modules loaded by this file */
-	__u32 file_inflight;	/* batches of this file on the device */
-	__u32 file_uncollected;	/* fences of this file not yet collected */
-	__u32 open_files;	/* open files of the function */
-	__u32 processes;	/* distinct processes that opened them */
-	__u32 device_errors;	/* device ERROR_COUNT */
-	__u32 recoveries;	/* queue and function resets by the driver */
+	__u64 mem_used;
+	__u64 busy_ns;
+	__u64 commands;
+	__u64 file_mem_used;
+	__u32 file_allocs;
+	__u32 file_modules;
+	__u32 file_inflight;
+	__u32 file_uncollected;
+	__u32 open_files;
+	__u32 processes;
+	__u32 device_errors;
+	__u32 recoveries;
 	__u64 reserved[4];
 };
 

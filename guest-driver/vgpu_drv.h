@@ -25,8 +25,8 @@
  * take vgpu_dev.map_lock instead of hw_lock, so an ioctl may touch user
  * memory while it holds hw_lock.
  */
-#ifndef VGPU_H
-#define VGPU_H
+#ifndef VGPU_DRV_H
+#define VGPU_DRV_H
 
 #include <linux/cdev.h>
 #include <linux/interrupt.h>
@@ -129,6 +129,7 @@ struct vgpu_queue {
 	unsigned int vector;		/* MSI-X entry (or the INTx value) */
 	bool polled;
 
+	/* The ring, the shadow state below, done_list, files' inflight. */
 	spinlock_t lock;
 
 	/* Ring: descriptor table, available ring, used ring. */
@@ -250,6 +251,7 @@ struct vgpu_file {
 	/* Validation and insertion of a file's commands are one step. */
 	struct mutex submit_lock;
 
+	/* The file's resources: allocs to res_gen. */
 	spinlock_t res_lock;
 	struct rb_root allocs;
 	struct list_head modules;
@@ -368,4 +370,4 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait);
 void vgpu_file_cleanup_work(struct work_struct *work);
 void vgpu_res_drop_all(struct vgpu_file *vf);
 
-#endif /* VGPU_H */
+#endif /* VGPU_DRV_H */

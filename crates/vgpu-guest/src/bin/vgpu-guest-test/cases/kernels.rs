@@ -1,0 +1,313 @@
+//! The built-in kernels, checked against the CPU, and the checks of their launches.
+
+use vgpu_guest::reference;
+use vgpu_guest::vgpu_abi::{
+    CopyParams, FillParams, ReduceSumParams, SaxpyParams, SgemmParams, VaddParams,
+};
+use vgpu_guest::{sys, ByteValued, Device, Dims, Error};
+
+use crate::{Args, CaseResult};
+
+use super::{download_f32, expect_errno, open, read_back, rng, same, upload_f32, words, Ctx};
+
+pub(super) fn kernel_fill(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let n = 100_003u64;
+    let buf = dev.alloc(n * 4).ctx("alloc")?;
+    let p = FillParams {
+        dst: buf.addr(),
+        count: n - 3,
+        value: 0x1234_5678,
+        reserved: 0,
+    };
+    let r = dev.run_kernel(&p).ctx("fill_u32")?;
+    let back = read_back(&dev, &buf)?;
+    for (i, w) in words(&back).enumerate() {
+        let want = if (i as u64) < n - 3 { 0x1234_5678 } else { 0 };
+        ensure!(w == want, "word {i}: {w:#x}, expected {want:#x}");
+    }
+    Ok(format!("{} words, device {} us", n - 3, r.device_ns / 1000))
+}
+
+pub(super) fn kernel_copy(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let n = 262_147u64;
+    let src = dev.alloc(n).ctx("alloc")?;
+    let dst = dev.alloc(n + 5).ctx("alloc")?;
+    let data = rng(21).bytes(n as usize);
+    dev.copy_to_device(&src, 0, &data).ctx("copy to device")?;
+    let r = dev
+        .run_kernel(&CopyParams {
+            dst: dst.addr(),
+            src: src.addr(),
+            bytes: n,
+        })
+        .ctx("copy")?;
+    let back = read_back(&dev, &dst)?;
+    same(&back[..n as usize], &data, "copied bytes")?;
+    ensure!(
+        back[n as usize..].iter().all(|b| *b == 0),
+        "bytes past the copy changed"
+    );
+    Ok(format!("{n} bytes, device {} us", r.device_ns / 1000))
+}
+
+pub(super) fn kernel_vadd(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let n = 65_537usize;
+    let mut r = rng(22);
+    let (a, b) = (r.f32s(n), r.f32s(n));
+    let da = upload_f32(&dev, &a)?;
+    let db = upload_f32(&dev, &b)?;
+    let dc = dev.alloc(n as u64 * 4).ctx("alloc")?;
+    let res = dev
+        .run_kernel(&VaddParams {
+            c: dc.addr(),
+            a: da.addr(),
+            b: db.addr(),
+            n: n as u64,
+        })
+        .ctx("vadd_f32")?;
+    let got = download_f32(&dev, &dc)?;
+    let want = reference::vadd(&a, &b);
+    let (bad, worst, at) = reference::compare(&got, &want, None, 1e-6, 1e-7);
+    ensure!(bad == 0, "{bad} of {n} differ, worst {worst:e} at {at}");
+    Ok(format!(
+        "n={n}, max error {worst:e}, device {} us",
+        res.device_ns / 1000
+    ))
+}
+
+pub(super) fn kernel_saxpy(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let n = 65_537usize;
+    let mut r = rng(23);
+    let (x, mut y) = (r.f32s(n), r.f32s(n));
+    let a = 1.75f32;
+    let dx = upload_f32(&dev, &x)?;
+    let dy = upload_f32(&dev, &y)?;
+    let res = dev
+        .run_kernel(&SaxpyParams {
+            y: dy.addr(),
+            x: dx.addr(),
+            n: n as u64,
+            a,
+            reserved: 0,
+        })
+        .ctx("saxpy_f32")?;
+    let got = download_f32(&dev, &dy)?;
+    reference::saxpy(a, &x, &mut y);
+    let (bad, worst, at) = reference::compare(&got, &y, None, 1e-6, 1e-6);
+    ensure!(bad == 0, "{bad} of {n} differ, worst {worst:e} at {at}");
+    Ok(format!(
+        "n={n}, max error {worst:e}, device {} us",
+        res.device_ns / 1000
+    ))
+}
+
+fn sgemm_check(
+    dev: &Device,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    beta: f32,
+    tag: u64,
+) -> Result<(f64, u64), String> {
+    let mut r = rng(tag);
+    let (a, b, c) = (r.f32s(m * k), r.f32s(k * n), r.f32s(m * n));
+    let da = upload_f32(dev, &a)?;
+    let db = upload_f32(dev, &b)?;
+    let dc = upload_f32(dev, &c)?;
+    let res = dev
+        .run_kernel(&SgemmParams {
+            c: dc.addr(),
+            a: da.addr(),
+            b: db.addr(),
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            reserved: 0,
+            alpha,
+            beta,
+        })
+        .ctx("sgemm_f32")?;
+    let got = download_f32(dev, &dc)?;
+    let (want, scale) = reference::sgemm(m, n, k, alpha, &a, &b, beta, &c);
+    let (bad, worst, at) =
+        reference::compare(&got, &want, Some(&scale), 1e-5 * (k as f64).max(8.0), 1e-30);
+    ensure!(
+        bad == 0,
+        "{m}x{n}x{k} alpha {alpha} beta {beta}: {bad} of {} differ, worst {worst:e} at ({}, {})",
+        m * n,
+        at / n,
+        at % n
+    );
+    Ok((worst, res.device_ns))
+}
+
+pub(super) fn kernel_sgemm(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let (w1, ns1) = sgemm_check(&dev, 37, 53, 29, 1.5, -0.5, 24)?;
+    let (w2, _) = sgemm_check(&dev, 64, 64, 64, 1.0, 0.0, 25)?;
+    let (w3, _) = sgemm_check(&dev, 1, 1, 1, 2.0, 1.0, 26)?;
+    // beta = 0: C is not read, so NaNs in it do not leak into the result.
+    let (m, n, k) = (8usize, 8usize, 8usize);
+    let a = dev.alloc((m * k * 4) as u64).ctx("alloc")?;
+    let b = dev.alloc((k * n * 4) as u64).ctx("alloc")?;
+    let c = dev.alloc((m * n * 4) as u64).ctx("alloc")?;
+    dev.fill(&a, 0, a.size(), 1.0f32.to_bits()).ctx("fill")?;
+    dev.fill(&b, 0, b.size(), 0.5f32.to_bits()).ctx("fill")?;
+    dev.fill(&c, 0, c.size(), 0x7fc0_0000).ctx("fill NaN")?;
+    dev.run_kernel(&SgemmParams {
+        c: c.addr(),
+        a: a.addr(),
+        b: b.addr(),
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        reserved: 0,
+        alpha: 1.0,
+        beta: 0.0,
+    })
+    .ctx("sgemm_f32 beta 0")?;
+    let got = download_f32(&dev, &c)?;
+    ensure!(
+        got.iter().all(|v| *v == 4.0),
+        "beta 0 over NaN: {:?}",
+        &got[..4]
+    );
+    Ok(format!(
+        "37x53x29, 64^3, 1^3, beta 0 over NaN; max error {:e}; device {} us",
+        w1.max(w2).max(w3),
+        ns1 / 1000
+    ))
+}
+
+pub(super) fn kernel_reduce(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let n = 100_003usize;
+    let v = rng(27).f32s(n);
+    let d = upload_f32(&dev, &v)?;
+    let out = dev.alloc(4).ctx("alloc")?;
+    let res = dev
+        .run_kernel(&ReduceSumParams {
+            out: out.addr(),
+            input: d.addr(),
+            n: n as u64,
+        })
+        .ctx("reduce_sum_f32")?;
+    let got = f64::from(download_f32(&dev, &out)?[0]);
+    let want = reference::reduce_sum(&v);
+    let abs: f64 = v.iter().map(|x| f64::from(x.abs())).sum();
+    let tol = 1e-3 * abs;
+    ensure!(
+        (got - want).abs() <= tol,
+        "sum {got}, expected {want} (tolerance {tol:e})"
+    );
+    Ok(format!(
+        "n={n}, sum {got:.4} vs {want:.4}, error {:e}, device {} us",
+        (got - want).abs(),
+        res.device_ns / 1000
+    ))
+}
+
+/// The driver's and device's checks of built-in launches.
+pub(super) fn kernel_checks(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let x = dev.alloc(4096).ctx("alloc")?;
+    let y = dev.alloc(4096).ctx("alloc")?;
+    let ok = SaxpyParams {
+        y: y.addr(),
+        x: x.addr(),
+        n: 1024,
+        a: 1.0,
+        reserved: 0,
+    };
+    dev.run_kernel(&ok).ctx("valid saxpy")?;
+    expect_errno(
+        dev.launch_builtin("no_such_kernel", &ok),
+        libc::ENOENT,
+        "unknown entry point",
+    )?;
+    expect_errno(
+        dev.launch_builtin_bytes("saxpy_f32", Dims::default(), &ok.as_slice()[..24]),
+        libc::EINVAL,
+        "short parameter block",
+    )?;
+    expect_errno(
+        dev.run_kernel(&SaxpyParams { n: 1025, ..ok }),
+        libc::ERANGE,
+        "saxpy past the end of y",
+    )?;
+    expect_errno(
+        dev.run_kernel(&SaxpyParams { x: 0x10, ..ok }),
+        libc::ENOENT,
+        "saxpy on an address not allocated",
+    )?;
+    let freed = dev.alloc(4096).ctx("alloc")?;
+    let freed_addr = freed.addr();
+    drop(freed);
+    expect_errno(
+        dev.run_kernel(&SaxpyParams {
+            y: freed_addr,
+            ..ok
+        }),
+        libc::ENOENT,
+        "saxpy on freed memory",
+    )?;
+    expect_errno(
+        dev.run_kernel(&SgemmParams {
+            c: y.addr(),
+            a: x.addr(),
+            b: x.addr(),
+            m: 1 << 20,
+            n: 1 << 20,
+            k: 1,
+            ..Default::default()
+        }),
+        libc::ERANGE,
+        "sgemm larger than its buffers",
+    )?;
+    // Launch shapes are checked by the device: the command fails.
+    let bad_shapes = [
+        Dims {
+            grid: [0, 1, 1],
+            ..Dims::default()
+        },
+        Dims {
+            block: [2048, 1, 1],
+            ..Dims::default()
+        },
+        Dims {
+            grid: [1, 70_000, 1],
+            ..Dims::default()
+        },
+    ];
+    for d in bad_shapes {
+        match dev.launch_builtin_dims("saxpy_f32", d, &ok) {
+            Err(Error::Command { status, source, .. }) => ensure!(
+                status == sys::CMD_STATUS_INVALID && source.errno() == libc::EINVAL,
+                "shape {d:?}: status {status}, {source}"
+            ),
+            other => {
+                return Err(format!(
+                    "shape {d:?}: {other:?}, expected a failed command (INVALID)"
+                ))
+            }
+        }
+    }
+    // An entry name without its NUL.
+    let mut args_l = sys::VgpuLaunchArgs {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        ..Default::default()
+    };
+    args_l.entry = [b'a'; 32];
+    let mut cmd = [sys::VgpuCmd::launch(args_l)];
+    // SAFETY: the command has no user pointers (no parameter block).
+    let r = unsafe { dev.run_raw(&mut cmd) };
+    expect_errno(r, libc::EINVAL, "entry name without NUL")?;
+    dev.run_kernel(&ok).ctx("saxpy after the failures")?;
+    Ok("ENOENT entry/address, EINVAL params/name, ERANGE ranges, INVALID shapes".into())
+}

@@ -1,0 +1,131 @@
+//! The scheduler gate: how a vGPU's commands wait for their GPU, and the
+//! scheduler settings that come from the configuration.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use vgpu_device::CommandGate;
+use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
+
+use crate::config::{GpuConfig, Policy, VgpuConfig};
+
+/// Lets a vGPU's commands onto its GPU when the scheduler says so: what
+/// the daemon gives every vGPU's device (public for benchmarks that build
+/// vGPUs of their own).
+pub struct SchedGate {
+    sched: Scheduler,
+    tenant: TenantId,
+    grant: Mutex<Slot>,
+}
+
+/// Where a gate's tenant stands between commands.
+enum Slot {
+    /// Not queued and not holding the GPU.
+    Free,
+    /// Within a turn: the GPU is ours for the next command.
+    Holding(Grant),
+    /// The turn ended and the scheduler queued us for the next one.
+    Queued,
+}
+
+impl SchedGate {
+    /// The gate of `tenant`, already added to `sched`.
+    pub fn new(sched: Scheduler, tenant: TenantId) -> Self {
+        SchedGate {
+            sched,
+            tenant,
+            grant: Mutex::new(Slot::Free),
+        }
+    }
+}
+
+impl CommandGate for SchedGate {
+    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
+        let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            // Within a turn the GPU is still ours.
+            Slot::Holding(_) => return true,
+            // Queued since our last turn ended, or not at all: either way
+            // acquire_cancellable waits from our place. A reset of this
+            // vGPU is noticed within 5 ms however long we wait.
+            Slot::Queued | Slot::Free => {}
+        }
+        *slot = Slot::Free;
+        drop(slot);
+        match self
+            .sched
+            .acquire_cancellable(self.tenant, Duration::from_millis(5), cancelled)
+        {
+            Ok(Some(g)) => {
+                *self.grant.lock().unwrap_or_else(|e| e.into_inner()) = Slot::Holding(g);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                // Removed or shut down: make sure nothing stays held.
+                log::debug!("vGPU tenant {}: {e}", self.tenant.0);
+                self.sched.dequeue(self.tenant);
+                false
+            }
+        }
+    }
+
+    fn leave(&self, device_time: Duration, bytes: u64) {
+        {
+            let mut slot = self.grant.lock().unwrap_or_else(|e| e.into_inner());
+            // Keeps the GPU for the next command while the turn lasts;
+            // when it ends we are queued for the next turn at once (the
+            // worker calls `idle` if there is no next command).
+            if let Slot::Holding(g) = &mut *slot {
+                if !g.renew_or_queue(device_time) {
+                    *slot = Slot::Queued;
+                }
+            }
+        }
+        if bytes > 0 {
+            let _ = self.sched.record_bytes(self.tenant, bytes);
+        }
+    }
+
+    fn idle(&self) {
+        let slot = std::mem::replace(
+            &mut *self.grant.lock().unwrap_or_else(|e| e.into_inner()),
+            Slot::Free,
+        );
+        match slot {
+            Slot::Holding(g) => g.yield_turn(),
+            Slot::Queued => self.sched.dequeue(self.tenant),
+            Slot::Free => {}
+        }
+    }
+}
+
+/// The scheduler of a GPU: under every policy a tenant granted the GPU
+/// keeps it for consecutive commands for up to one slice while others
+/// wait (so a hand-over between tenants' threads is paid once per slice,
+/// not once per command).
+pub(super) fn sched_config(g: &GpuConfig) -> SchedConfig {
+    let mut c = sched_config_policy(g);
+    c.turn = Duration::from_micros(g.slice_us());
+    c
+}
+
+fn sched_config_policy(g: &GpuConfig) -> SchedConfig {
+    SchedConfig::new(match g.policy {
+        Policy::RoundRobin => SchedPolicy::RoundRobin {
+            slice: Duration::from_micros(g.slice_us()),
+        },
+        Policy::Priority => SchedPolicy::Priority {
+            aging: Duration::from_micros(g.slice_us() * 10),
+        },
+        Policy::Fair => SchedPolicy::FairShare,
+    })
+}
+
+pub(super) fn tenant_params(v: &VgpuConfig) -> TenantParams {
+    TenantParams {
+        weight: v.weight,
+        priority: v.priority,
+        cap: v.cap,
+    }
+}
