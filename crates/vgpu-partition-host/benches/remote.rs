@@ -8,7 +8,7 @@
 //! memory forwarded to it), through a vGPU with its partition in process
 //! (guest memory registered), and native cuMemcpy from pinned memory.
 //!
-//! `cargo bench -p vgpu-backend-remote --bench remote [-- --cuda-only | --copies-only]`
+//! `cargo bench -p vgpu-partition-host --bench remote [-- --cuda-only | --copies-only]`
 //!
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
