@@ -37,7 +37,7 @@ if [[ ! -x $deb_root/bin/cargo-deb ]]; then
 fi
 
 log "building the release binaries, manual pages and completions"
-cargo build --release -p vgpud -p vgpuctl -p vgpu-backend-remote --bins
+cargo build --release -p vgpud -p vgpuctl -p vgpu-partition-host
 rm -rf "$target/dist"
 cargo run --release -q -p vgpu-dist -- "$target/dist"
 # CI throws the package away: compress it quickly there.

@@ -22,7 +22,7 @@
 use std::fs::File;
 use std::hint::black_box;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -378,15 +378,7 @@ impl ClientDma for NoClient {
 
 /// A memfd standing in for guest RAM.
 fn guest_ram(size: usize) -> io::Result<File> {
-    // SAFETY: a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"bench-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just created and nothing else owns it.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size as u64)?;
-    Ok(file)
+    vfio_user_server::memfd::create(c"bench-guest-ram", size as u64)
 }
 
 /// A plain read-only shared mapping of a file, for the memcpy baseline.

@@ -4,16 +4,16 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, MutexGuard, TryLockError};
+use std::sync::{mpsc, Mutex, TryLockError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use log::warn;
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+use vgpu_sys::scm::{self, SCM_MAX_FD};
+use vgpu_sys::{lock, poll, warn_limited};
 
 use crate::dma::{ClientDma, DmaError};
 use crate::proto::{
@@ -28,10 +28,6 @@ pub const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a device thread waits for the event loop to route its DMA
 /// reply before checking whether it should read the socket itself.
 const REPLY_POLL: Duration = Duration::from_millis(2);
-
-/// Most fds the kernel passes in one message (SCM_MAX_FD); receiving room
-/// for all of them means excess fds are always seen, counted and closed.
-const SCM_MAX_FD: usize = 253;
 
 /// A complete message with the fds it carried.
 pub struct Message {
@@ -90,10 +86,6 @@ const SPARE_CAPACITY: usize = 64 << 10;
 
 /// Largest message [`ClientLink::send`] frames on the stack.
 const SMALL_MESSAGE: usize = 128;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 impl ClientLink {
     /// Wraps an accepted stream; `loop_thread` is the thread that runs the
@@ -174,11 +166,14 @@ impl ClientLink {
 
     fn read_locked_from(&self, flags: libc::c_int) -> Result<Option<Message>, ReadError> {
         let mut hdr = [0u8; HEADER_SIZE];
-        let (n, fds, truncated) = match recv_with_fds(&self.stream, &mut hdr, flags) {
+        // Room for every fd the kernel passes in one message, so excess
+        // fds are always seen, counted and closed.
+        let got = match scm::recv_with_fds(&self.stream, &mut hdr, SCM_MAX_FD, flags) {
             Ok(r) => r,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && flags != 0 => return Ok(None),
             Err(e) => return Err(ReadError::Io(e)),
         };
+        let n = got.len;
         if n == 0 {
             return Err(ReadError::Closed);
         }
@@ -200,8 +195,8 @@ impl ClientLink {
         Ok(Some(Message {
             header,
             payload,
-            fds,
-            fds_truncated: truncated,
+            fds_truncated: got.fds_truncated(),
+            fds: got.fds.into_iter().map(File::from).collect(),
         }))
     }
 
@@ -236,10 +231,7 @@ impl ClientLink {
         let _guard = lock(&self.write_lock);
         let mut sent = 0;
         if !fds.is_empty() {
-            sent = self
-                .stream
-                .send_with_fds(&[buf], fds)
-                .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+            sent = scm::send_with_fds(&self.stream, &[IoSlice::new(buf)], fds)?;
         }
         (&self.stream).write_all(&buf[sent..])
     }
@@ -309,7 +301,7 @@ impl ClientLink {
                 } else if msg.header.msg_id == id {
                     return Ok(msg);
                 } else if !self.route_reply(msg) {
-                    warn!("dropping a reply nobody asked for");
+                    warn_limited!("dropping a reply nobody asked for");
                 }
             }
         }
@@ -336,7 +328,7 @@ impl ClientLink {
                     return Ok(msg);
                 }
                 if !self.route_reply(msg) {
-                    warn!("dropping a reply nobody asked for");
+                    warn_limited!("dropping a reply nobody asked for");
                 }
             }
         }
@@ -356,7 +348,7 @@ impl ClientLink {
         if !self.loop_busy.load(Ordering::Acquire) {
             return Ok(None);
         }
-        match poll_readable(&self.stream, REPLY_POLL.as_millis() as i32) {
+        match poll::poll_readable(&self.stream, REPLY_POLL.as_millis() as i32) {
             Ok(true) => {}
             Ok(false) => return Ok(None),
             Err(_) => {
@@ -433,127 +425,5 @@ impl ClientDma for ClientLink {
 
     fn max_transfer(&self) -> usize {
         self.max_transfer.load(Ordering::Relaxed)
-    }
-}
-
-/// Whether `stream` has bytes (or a hang-up) to read within `timeout_ms`.
-fn poll_readable(stream: &UnixStream, timeout_ms: i32) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: pfd is one valid pollfd that lives across the call.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if n >= 0 {
-            return Ok(n > 0);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
-}
-
-/// `recvmsg` into `buf` with extra `flags`, collecting every fd passed with it. Returns the
-/// bytes read, the fds (owned) and whether the kernel had to drop some.
-fn recv_with_fds(
-    stream: &UnixStream,
-    buf: &mut [u8],
-    flags: libc::c_int,
-) -> io::Result<(usize, Vec<File>, bool)> {
-    // u64 elements keep the control buffer aligned for cmsghdr.
-    const CMSG_WORDS: usize = (SCM_MAX_FD * 4 + 64) / 8;
-    let mut cmsg_buf = [0u64; CMSG_WORDS];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty value.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
-    let n = loop {
-        // SAFETY: msg points at live buffers (iov -> buf, control ->
-        // cmsg_buf) of the stated lengths for the duration of the call.
-        let n =
-            unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | flags) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    };
-    let mut fds = Vec::new();
-    // SAFETY: msg was filled by recvmsg; CMSG_FIRSTHDR/NXTHDR walk only the
-    // control bytes the kernel reported in msg_controllen.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cmsg.is_null() {
-        // SAFETY: cmsg is non-null and points into cmsg_buf (see above).
-        let hdr = unsafe { &*cmsg };
-        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
-            // SAFETY: CMSG_DATA of a valid header; a zero-length CMSG_LEN(0)
-            // is the size of the header itself.
-            let (data, header_len) = unsafe { (libc::CMSG_DATA(cmsg), libc::CMSG_LEN(0) as usize) };
-            let count = (hdr.cmsg_len as usize).saturating_sub(header_len) / 4;
-            for i in 0..count {
-                // SAFETY: the kernel wrote `count` ints after the header; read
-                // them unaligned because CMSG_DATA's alignment is not promised.
-                let fd = unsafe { std::ptr::read_unaligned(data.cast::<RawFd>().add(i)) };
-                // SAFETY: the kernel just installed this fd for us; we own it.
-                fds.push(unsafe { File::from_raw_fd(fd) });
-            }
-        }
-        // SAFETY: as for CMSG_FIRSTHDR.
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
-    }
-    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
-    Ok((n, fds, truncated))
-}
-
-/// Limits how often one peer can make us log: a hostile client must not
-/// flood the host's logs.
-pub struct LogLimiter {
-    window_start: std::time::Instant,
-    in_window: u32,
-    suppressed: u64,
-}
-
-impl Default for LogLimiter {
-    fn default() -> Self {
-        LogLimiter {
-            window_start: std::time::Instant::now(),
-            in_window: 0,
-            suppressed: 0,
-        }
-    }
-}
-
-impl LogLimiter {
-    /// Lines allowed per second.
-    const PER_SECOND: u32 = 20;
-
-    /// Logs `msg` at warn level unless over the budget.
-    pub fn warn(&mut self, who: &str, msg: std::fmt::Arguments<'_>) {
-        let now = std::time::Instant::now();
-        if now.duration_since(self.window_start) >= Duration::from_secs(1) {
-            if self.suppressed > 0 {
-                warn!("{who}: {} similar messages suppressed", self.suppressed);
-            }
-            self.window_start = now;
-            self.in_window = 0;
-            self.suppressed = 0;
-        }
-        if self.in_window < Self::PER_SECOND {
-            self.in_window += 1;
-            warn!("{who}: {msg}");
-        } else {
-            self.suppressed += 1;
-        }
     }
 }

@@ -6,17 +6,19 @@
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use log::{debug, info, warn};
+use log::{debug, info};
+use vgpu_sys::socket::ClearError;
+use vgpu_sys::{warn_limited, LogLimiter};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::conn::{ClientLink, LogLimiter, Message, ReadError};
+use crate::conn::{ClientLink, Message, ReadError};
 use crate::device::{
     DeviceContext, IoEventSpec, PciDevice, IRQ_MSI, IRQ_MSIX, NUM_IRQ_TYPES, NUM_REGIONS,
 };
@@ -123,19 +125,14 @@ pub struct Endpoint {
 /// Removes a stale socket left by a process that died; refuses to touch a
 /// live one or anything that is not a socket.
 fn clear_stale_socket(path: &Path) -> Result<(), ServerError> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(ServerError::InUse(path.to_path_buf()));
-            }
-            fs::remove_file(path).map_err(|source| ServerError::Listen {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-        Ok(_) => Err(ServerError::NotSocket(path.to_path_buf())),
-        Err(_) => Ok(()),
-    }
+    vgpu_sys::socket::clear_stale(path).map_err(|e| match e {
+        ClearError::InUse => ServerError::InUse(path.to_path_buf()),
+        ClearError::NotSocket => ServerError::NotSocket(path.to_path_buf()),
+        ClearError::Remove(source) => ServerError::Listen {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
 }
 
 impl Endpoint {
@@ -737,7 +734,7 @@ impl Endpoint {
             }
             match ops.add(Events::with_data(&efd, token, EventSet::IN)) {
                 Ok(()) => client.unmasks.push((index, vector, efd)),
-                Err(e) => warn!("{}: cannot watch an unmask eventfd: {e:?}", self.name),
+                Err(e) => warn_limited!("{}: cannot watch an unmask eventfd: {e:?}", self.name),
             }
         }
     }
@@ -964,7 +961,7 @@ impl Endpoint {
             }
             t if t >= TOKEN_IOEVENT_BASE => self.ioevent_fired((t - TOKEN_IOEVENT_BASE) as usize),
             t if t >= TOKEN_UNMASK_BASE => self.unmask_fired((t - TOKEN_UNMASK_BASE) as usize, ops),
-            t => warn!("{}: event for unknown token {t}", self.name),
+            t => warn_limited!("{}: event for unknown token {t}", self.name),
         }
     }
 }
@@ -981,7 +978,7 @@ impl MutEventSubscriber for Endpoint {
     fn init(&mut self, ops: &mut EventOps) {
         self.watch_listener(ops, true);
         if let Err(e) = ops.add(Events::with_data(&self.stop, TOKEN_STOP, EventSet::IN)) {
-            warn!("{}: cannot watch stop event: {e:?}", self.name);
+            warn_limited!("{}: cannot watch stop event: {e:?}", self.name);
         }
     }
 }

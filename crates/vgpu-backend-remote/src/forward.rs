@@ -35,8 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use log::{error, info, warn};
+use log::info;
 use vgpu_backend::{HostMapping, HostMemory, HostSlice};
+use vgpu_sys::{error_limited, poll, warn_limited};
 
 use crate::lock;
 use crate::proto::{Kind, MappedPiece, Reply, Request, Value, MAX_PIECES, MAX_REPLY, REPLY};
@@ -118,20 +119,13 @@ fn kill_and_wait(pidfd: &OwnedFd, timeout: Duration) -> bool {
     };
     let deadline = Instant::now() + timeout;
     loop {
-        let mut p = libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
         let left = deadline.saturating_duration_since(Instant::now());
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd. A pidfd is readable once the process
-        // has exited.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
-        if n > 0 {
+        // A pidfd is readable once the process has exited.
+        let n = poll::poll_readable(pidfd, poll::timeout_ms(left));
+        if n.as_ref().is_ok_and(|&ready| ready) {
             return true;
         }
-        if n == 0 || Instant::now() >= deadline {
+        if matches!(n, Ok(false)) || Instant::now() >= deadline {
             return false;
         }
     }
@@ -174,7 +168,7 @@ impl Control {
                 result: Err(e),
                 memory_used: 0,
             }) if kind == Kind::Map => {
-                warn!("partition host refused guest memory: {e}");
+                warn_limited!("partition host refused guest memory: {e}");
                 Ok(false)
             }
             Ok(r) => Err(format!("memory socket: answer {r:?} to {kind:?}")),
@@ -302,15 +296,16 @@ impl Registry {
     /// Kills the current host after a broken rule on the control socket,
     /// and waits until it is gone.
     fn fail(&self, st: &mut State, why: String) {
-        error!("partition {:?}: partition host: {why}; killed", self.name);
+        error_limited!("partition {:?}: partition host: {why}; killed", self.name);
         if let Some(c) = st.control.take() {
             let _ = c.command.shutdown(std::net::Shutdown::Both);
             let _ = c.stream.shutdown(std::net::Shutdown::Both);
             if let Some(pidfd) = &c.pidfd {
                 if !kill_and_wait(pidfd, self.timeout) {
-                    error!(
+                    error_limited!(
                         "partition {:?}: the killed partition host is still there after {:?}",
-                        self.name, self.timeout
+                        self.name,
+                        self.timeout
                     );
                 }
             }

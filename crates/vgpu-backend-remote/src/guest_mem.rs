@@ -16,12 +16,14 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use log::{debug, warn};
+use log::debug;
 use vgpu_backend::{HostMapping, HostMemory, HostSink, HostSlice, HostSource, OpError, SliceFn};
+use vgpu_sys::mmap::page_size;
+use vgpu_sys::warn_limited;
+use vm_memory::MmapRegion;
 
 use crate::proto::{MappedPiece, Reply, Request, Value, MAX_CONTROL, REPLY};
 use crate::wire::{self, WireError};
@@ -32,27 +34,19 @@ pub(crate) const MAX_MAPPINGS: usize = 4096;
 
 /// One mapping of guest memory in this process.
 pub(crate) struct Region {
-    /// The mmap'ed range (page aligned).
-    map: *mut u8,
-    map_len: usize,
-    /// The mapping's first byte, inside `map`.
-    base: *mut u8,
+    /// The mmap'ed range (page aligned); unmapped when dropped.
+    map: MmapRegion,
+    /// Where the mapping's first byte is in `map`.
+    delta: usize,
     len: usize,
     readable: bool,
     writable: bool,
 }
 
-// SAFETY: the region owns its mapping; the pointers are only dereferenced
-// under the table's lock, while the region is in the table.
-unsafe impl Send for Region {}
-// SAFETY: as above; shared access only reads the fields.
-unsafe impl Sync for Region {}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, no longer in the table, so no transfer
-        // refers to it.
-        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+impl Region {
+    /// The mapping's first byte.
+    fn base(&self) -> *mut u8 {
+        self.map.as_ptr().wrapping_add(self.delta)
     }
 }
 
@@ -73,21 +67,9 @@ impl std::fmt::Debug for Table {
     }
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
-}
-
 impl Table {
     fn read(&self) -> RwLockReadGuard<'_, HashMap<u64, Region>> {
-        self.maps
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        vgpu_sys::sync::read(&self.maps)
     }
 
     /// Maps `len` bytes of `file` from `file_offset`, shared, with the
@@ -95,7 +77,7 @@ impl Table {
     fn map(
         &self,
         id: u64,
-        file: &File,
+        file: &Arc<File>,
         file_offset: u64,
         len: u64,
         readable: bool,
@@ -118,10 +100,7 @@ impl Table {
             .map_err(|_| OpError::Invalid("mapping too large".into()))?;
         let off = libc::off_t::try_from(file_offset - delta)
             .map_err(|_| OpError::Invalid("offset too large".into()))?;
-        let mut maps = self
-            .maps
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut maps = vgpu_sys::sync::write(&self.maps);
         if maps.contains_key(&id) {
             return Err(OpError::Invalid(format!("mapping {id} exists already")));
         }
@@ -133,45 +112,24 @@ impl Table {
         }
         let prot = (if readable { libc::PROT_READ } else { 0 })
             | (if writable { libc::PROT_WRITE } else { 0 });
-        // SAFETY: a new shared mapping of a range the file holds (checked
-        // above); the result is checked.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                prot,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
+        // A range the file holds (checked above).
+        let map = vgpu_sys::mmap::map_shared(Arc::clone(file), off as u64, map_len, prot)
+            .map_err(|e| OpError::Device(format!("cannot map guest memory: {e}")))?;
+        let region = Region {
+            map,
+            delta: delta as usize,
+            len: map_len - delta as usize,
+            readable,
+            writable,
         };
-        if map == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            return Err(OpError::Device(format!("cannot map guest memory: {e}")));
-        }
-        let map = map.cast::<u8>();
-        // SAFETY: `delta` < page size <= map_len, inside the mapping.
-        let base = unsafe { map.add(delta as usize) };
-        maps.insert(
-            id,
-            Region {
-                map,
-                map_len,
-                base,
-                len: map_len - delta as usize,
-                readable,
-                writable,
-            },
-        );
+        let base = region.base();
+        maps.insert(id, region);
         Ok((base as usize, map_len - delta as usize))
     }
 
     /// Takes a mapping out of the table, once no transfer uses it.
     fn remove(&self, id: u64) -> Option<Region> {
-        self.maps
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&id)
+        vgpu_sys::sync::write(&self.maps).remove(&id)
     }
 
     /// Checks every piece against the table and returns the slices, with
@@ -206,7 +164,7 @@ impl Table {
                 .ok_or_else(|| OpError::Invalid("pieces too long".into()))?;
             slices.push(HostSlice {
                 // SAFETY: offset + len lies inside the region (checked).
-                ptr: unsafe { r.base.add(p.offset as usize) },
+                ptr: unsafe { r.base().add(p.offset as usize) },
                 len: p.len as usize,
                 mapping: p.mapping,
             });
@@ -326,23 +284,26 @@ pub(crate) fn serve_control(
                     writable,
                 },
                 Some(file),
-            ) => table
-                .map(id, &file, file_offset, len, readable, writable)
-                .map(|(addr, len)| {
-                    debug!("partition host: guest memory {id} mapped, {len} bytes");
-                    if let Some(hm) = &inner {
-                        hm.mapped(HostMapping {
-                            id,
-                            addr,
-                            len,
-                            readable,
-                            writable,
-                            file: Arc::new(file),
-                            file_offset,
-                        });
-                    }
-                    Value::None
-                }),
+            ) => {
+                let file = Arc::new(file);
+                table
+                    .map(id, &file, file_offset, len, readable, writable)
+                    .map(|(addr, len)| {
+                        debug!("partition host: guest memory {id} mapped, {len} bytes");
+                        if let Some(hm) = &inner {
+                            hm.mapped(HostMapping {
+                                id,
+                                addr,
+                                len,
+                                readable,
+                                writable,
+                                file,
+                                file_offset,
+                            });
+                        }
+                        Value::None
+                    })
+            }
             (Request::Unmap { id }, None) => match table.remove(id) {
                 Some(region) => {
                     // The inner partition lets go first, then the memory.
@@ -355,7 +316,7 @@ pub(crate) fn serve_control(
                 None => Err(OpError::NotFound(format!("mapping {id}"))),
             },
             _ => {
-                warn!("partition host: unexpected frame {kind:?} on the memory socket");
+                warn_limited!("partition host: unexpected frame {kind:?} on the memory socket");
                 return Err(crate::proto::ProtoError::Kind(h.kind).into());
             }
         };
@@ -377,14 +338,8 @@ pub(crate) fn serve_control(
 mod tests {
     use super::*;
 
-    fn memfd(len: u64) -> File {
-        // SAFETY: a NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh fd owned by nothing else.
-        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        f.set_len(len).unwrap();
-        f
+    fn memfd(len: u64) -> Arc<File> {
+        Arc::new(vgpu_sys::memfd::create(c"t", len).unwrap())
     }
 
     #[test]

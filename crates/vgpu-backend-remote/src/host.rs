@@ -383,7 +383,10 @@ impl Host<'_> {
             .name("vgpu-host-memory".into())
             .spawn(move || {
                 if let Err(e) = guest_mem::serve_control(stream, table, inner) {
-                    log::error!("partition host {}: memory socket: {e}", std::process::id());
+                    vgpu_sys::error_limited!(
+                        "partition host {}: memory socket: {e}",
+                        std::process::id()
+                    );
                 }
             })
             .map_err(|e| OpError::Device(format!("memory thread: {e}")))?;

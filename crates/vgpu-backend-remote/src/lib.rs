@@ -92,11 +92,12 @@ use std::fmt;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use log::{info, warn};
+use log::info;
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
+use vgpu_sys::warn_limited;
 
 pub use forward::TransferCounts;
 pub use host_cmd::{HostArgs, HostOptions, InnerBackend, HOST_PROGRAM};
@@ -106,9 +107,7 @@ pub use partition::RemotePartition;
 /// How long (ms) a closed partition host gets to exit before it is killed.
 pub const EXIT_GRACE_MS: u64 = 1000;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use vgpu_sys::lock;
 
 /// Sizes and timeouts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,7 +229,7 @@ impl RemoteBackend {
     ) -> Result<RemotePartition, BackendError> {
         {
             if let Err(why) = lock(&self.pool).reserve(spec) {
-                warn!("remote backend: {why}");
+                warn_limited!("remote backend: {why}");
                 return Err(BackendError::DoesNotFit(why));
             }
         }

@@ -6,10 +6,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{error, info, warn};
+use log::info;
 use vgpu_backend::{
     Capacity, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, SliceFn,
 };
+use vgpu_sys::{error_limited, warn_limited};
 
 use crate::forward::{Registry, TransferCounts};
 use crate::mailbox::{self, Mailbox, Side};
@@ -291,7 +292,7 @@ impl Drop for Link {
                     pause = (pause * 2).min(Duration::from_millis(20));
                 }
                 _ => {
-                    warn!(
+                    warn_limited!(
                         "partition host {} did not exit when closed; killing it",
                         child.id()
                     );
@@ -555,7 +556,7 @@ impl RemotePartition {
 
     /// Ends the host after a broken rule: from now on calls fail.
     fn fail(&mut self, why: String) -> OpError {
-        error!(
+        error_limited!(
             "partition {:?}: partition host {}: {why}; killed",
             self.spec.name,
             self.host_pid().map_or("?".into(), |p| p.to_string())
@@ -771,7 +772,7 @@ impl Partition for RemotePartition {
                     Ok(other) => format!("unexpected answer to reset: {other:?}"),
                     Err(why) => why,
                 };
-                warn!(
+                warn_limited!(
                     "partition {:?}: replacing partition host {}: {why}",
                     self.spec.name,
                     link.pid().map_or("?".into(), |p| p.to_string())
@@ -786,7 +787,7 @@ impl Partition for RemotePartition {
                 self.failed = None;
             }
             Err(why) => {
-                error!(
+                error_limited!(
                     "partition {:?}: cannot restart its partition host: {why}",
                     self.spec.name
                 );

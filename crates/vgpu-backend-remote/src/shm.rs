@@ -6,7 +6,9 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::Arc;
+
+use vm_memory::MmapRegion;
 
 /// Bytes before the data area, for the mailbox.
 pub const CONTROL_BYTES: usize = 20 << 10;
@@ -14,14 +16,10 @@ pub const CONTROL_BYTES: usize = 20 << 10;
 /// A shared mapping of a memfd: the control area, then `len` data bytes.
 #[derive(Debug)]
 pub struct Staging {
-    file: File,
-    ptr: *mut u8,
+    /// The mapping, which holds the memfd.
+    region: MmapRegion,
     len: usize,
 }
-
-// SAFETY: the mapping is owned by this value alone (in this process) and
-// lives as long as it; access goes through `&self`/`&mut self` methods.
-unsafe impl Send for Staging {}
 
 impl Staging {
     /// A new zeroed area of `len` data bytes whose size is sealed, so the
@@ -33,21 +31,8 @@ impl Staging {
             .filter(|_| len > 0)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         const NAME: &CStr = c"vgpu-staging";
-        // SAFETY: NAME is NUL-terminated; the result is checked.
-        let fd = unsafe {
-            libc::memfd_create(NAME.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd owned by nothing else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(total as u64)?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: plain fcntl on an fd we own.
-        if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let file = vgpu_sys::memfd::create_sealed(NAME, total as u64, seals)?;
         Staging::map(file, len)
     }
 
@@ -72,31 +57,17 @@ impl Staging {
     }
 
     fn map(file: File, len: usize) -> io::Result<Staging> {
-        // SAFETY: a new shared mapping of the control area and `len` bytes
-        // of a file at least that long; the result is checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CONTROL_BYTES + len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Staging {
-            file,
-            ptr: ptr.cast(),
-            len,
-        })
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let region = vgpu_sys::mmap::map_shared(Arc::new(file), 0, CONTROL_BYTES + len, prot)?;
+        Ok(Staging { region, len })
     }
 
     /// The memfd, to pass to the other process.
     pub fn file(&self) -> &File {
-        &self.file
+        self.region
+            .file_offset()
+            .expect("a file mapping has its file")
+            .file()
     }
 
     /// Data bytes.
@@ -107,7 +78,7 @@ impl Staging {
     /// The control area's first byte (page-aligned, [`CONTROL_BYTES`]
     /// long, shared with the peer).
     pub fn control(&self) -> *mut u8 {
-        self.ptr
+        self.region.as_ptr()
     }
 
     /// The first `len` bytes (at most the area's length).
@@ -119,7 +90,7 @@ impl Staging {
         // SAFETY: `len` data bytes of our live mapping. The peer process
         // can change them concurrently; u8 has no invalid values and
         // nothing here decides anything from them.
-        unsafe { std::slice::from_raw_parts(self.ptr.add(CONTROL_BYTES), len) }
+        unsafe { std::slice::from_raw_parts(self.control().add(CONTROL_BYTES), len) }
     }
 
     /// The first `len` bytes, to write (at most the area's length).
@@ -127,14 +98,7 @@ impl Staging {
         let len = len.min(self.len);
         // SAFETY: as for `bytes`; `&mut self` keeps this process's other
         // views out while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(CONTROL_BYTES), len) }
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `map` with this length and not unmapped since.
-        unsafe { libc::munmap(self.ptr.cast(), CONTROL_BYTES + self.len) };
+        unsafe { std::slice::from_raw_parts_mut(self.control().add(CONTROL_BYTES), len) }
     }
 }
 

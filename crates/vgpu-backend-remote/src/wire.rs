@@ -2,9 +2,11 @@
 //! (bounded, with fds only where the receiver asks for them).
 
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::{self, IoSlice, Read};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
+
+use vgpu_sys::{poll, scm};
 
 use crate::proto::{Header, ProtoError, HEADER_LEN};
 
@@ -55,57 +57,18 @@ pub fn send(
     let mut sent = 0usize;
     let mut fd = fd;
     while sent < total {
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
+        let head = &header[sent.min(HEADER_LEN)..];
+        let body = &payload[sent.saturating_sub(HEADER_LEN)..];
+        let mut iov = [IoSlice::new(&[]); 2];
         let mut n_iov = 0;
-        if sent < HEADER_LEN {
-            iov[0] = libc::iovec {
-                iov_base: header[sent..].as_ptr() as *mut libc::c_void,
-                iov_len: HEADER_LEN - sent,
-            };
-            n_iov = 1;
-        }
-        let p = sent.saturating_sub(HEADER_LEN);
-        if p < payload.len() {
-            iov[n_iov] = libc::iovec {
-                iov_base: payload[p..].as_ptr() as *mut libc::c_void,
-                iov_len: payload.len() - p,
-            };
-            n_iov += 1;
-        }
-        let mut cmsg_buf = [0u64; 4];
-        // SAFETY: an all-zero msghdr is a valid empty message.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = n_iov;
-        if let Some(raw) = fd.take() {
-            // SAFETY: CMSG_SPACE is a pure size computation.
-            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-            debug_assert!(space <= std::mem::size_of_val(&cmsg_buf));
-            msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-            msg.msg_controllen = space;
-            // SAFETY: msg_control points at `space` zeroed, aligned bytes,
-            // room for one header with one fd.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&msg);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), raw);
+        for part in [head, body] {
+            if !part.is_empty() {
+                iov[n_iov] = IoSlice::new(part);
+                n_iov += 1;
             }
         }
-        // SAFETY: msg points at live iovecs (and control data) of this frame.
-        let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e.into());
-        }
-        sent += n as usize;
+        let fds = fd.take();
+        sent += scm::send_with_fds(stream, &iov[..n_iov], fds.as_slice())?;
     }
     Ok(())
 }
@@ -118,17 +81,8 @@ pub fn spin(stream: &UnixStream, spin: std::time::Duration) {
         return;
     }
     let start = std::time::Instant::now();
-    let mut pfd = libc::pollfd {
-        fd: stream.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: one valid pollfd; a zero timeout never blocks.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        if n != 0 || start.elapsed() >= spin {
-            return;
-        }
+    // A zero timeout never blocks; an error ends the polling too.
+    while matches!(poll::poll_readable(stream, 0), Ok(false)) && start.elapsed() < spin {
         std::hint::spin_loop();
     }
 }
@@ -162,57 +116,26 @@ pub fn recv(
     Ok((h, file))
 }
 
+/// Room for the fds of one frame: one is expected; a few more are
+/// received and refused, and beyond that the kernel cuts them
+/// (`MSG_CTRUNC`), which is refused too.
+const FDS_ROOM: usize = 12;
+
 fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> Result<(usize, Option<File>), WireError> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cmsg_buf = [0u64; 8];
-    // SAFETY: an all-zero msghdr is a valid empty message.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf);
-    let n = loop {
-        // SAFETY: msg points at `buf` and `cmsg_buf`, both live and writable.
-        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e.into());
-        }
-    };
-    let mut files = Vec::new();
-    // SAFETY: walking the control data the kernel just wrote, within
-    // msg_controllen, with the libc macros.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let bytes = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(data.add(i));
-                    files.push(File::from_raw_fd(fd));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    if files.len() > 1 || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+    let mut got = scm::recv_with_fds(stream, buf, FDS_ROOM, 0)?;
+    if got.fds.len() > 1 || got.fds_truncated() {
         return Err(WireError::Io(io::Error::new(
             io::ErrorKind::InvalidData,
             "more than one fd with a frame",
         )));
     }
-    Ok((n, files.pop()))
+    Ok((got.len, got.fds.pop().map(File::from)))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
     use crate::proto::{MAX_REPLY, REPLY};
 

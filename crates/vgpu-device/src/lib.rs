@@ -267,7 +267,7 @@ pub(crate) struct Shared {
     pub(crate) window: MmapRegion,
     pub(crate) wake: EventFd,
     pub(crate) stop: AtomicBool,
-    pub(crate) log: Mutex<vfio_user_server::conn::LogLimiter>,
+    pub(crate) log: Mutex<vgpu_sys::LogLimiter>,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
     /// Bumped by every queue enable/disable (see `QueueRegs::generation`).

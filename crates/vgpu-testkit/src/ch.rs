@@ -728,15 +728,13 @@ impl Drop for ChDevice {
 
 /// Whether `efd` fires within `timeout`; consumes the count.
 pub fn wait_eventfd(efd: &EventFd, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
+    let mut pfd = [libc::pollfd {
         fd: efd.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
-    };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: one valid pollfd that lives across the call.
-    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-    n > 0 && efd.read().is_ok()
+    }];
+    let ms = vgpu_sys::poll::timeout_ms(timeout);
+    vgpu_sys::poll::poll(&mut pfd, ms).is_ok_and(|n| n > 0) && efd.read().is_ok()
 }
 
 /// Reads one byte of the guest's direct mapping.

@@ -121,22 +121,8 @@ pub(crate) fn map_shared(file: &File, offset: u64, size: u64) -> MmapRegion {
 /// and growing, so that no process it is shared with can truncate it under
 /// another's mapping.
 pub(crate) fn sealed_ram(size: u64) -> std::io::Result<File> {
-    use std::os::fd::FromRawFd;
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: a NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"vgpu-testkit-ram".as_ptr(), flags) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor owned by nothing else.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    // SAFETY: fcntl on our own descriptor.
-    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(file)
+    vgpu_sys::memfd::create_sealed(c"vgpu-testkit-ram", size, seals)
 }
 
 impl Guest {

@@ -6,8 +6,8 @@ pub mod http;
 
 use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use log::info;
 use serde::{Deserialize, Deserializer};
 use vgpu_api as json;
+use vgpu_sys::socket::ClearError;
 
 use crate::config::{BackendKind, Policy, VgpuConfig};
 use crate::daemon::{Daemon, DaemonError, GpuInfo, GpuStats, InstanceInfo, InstanceStats};
@@ -39,22 +40,17 @@ fn with_context(e: io::Error, what: String) -> io::Error {
 /// Removes a socket left by a process that died; refuses a live one and
 /// anything that is not a socket.
 fn clear_stale_socket(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is in use (is another vgpud running?)", path.display()),
-                ));
-            }
-            fs::remove_file(path)
-        }
-        Ok(_) => Err(io::Error::new(
+    vgpu_sys::socket::clear_stale(path).map_err(|e| match e {
+        ClearError::InUse => io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("{} is in use (is another vgpud running?)", path.display()),
+        ),
+        ClearError::NotSocket => io::Error::new(
             io::ErrorKind::AlreadyExists,
             format!("{} exists and is not a socket", path.display()),
-        )),
-        Err(_) => Ok(()),
-    }
+        ),
+        ClearError::Remove(e) => e,
+    })
 }
 
 /// Binds `path` with mode 0600 from the start: the socket is bound in a

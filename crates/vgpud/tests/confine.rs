@@ -679,7 +679,7 @@ fn process_isolated(args: &[&str], uid: u32) {
     let host = vgpud.with_file_name("vgpu-partition-host");
     assert!(
         host.is_file(),
-        "{} is missing: build it (cargo build -p vgpu-backend-remote)",
+        "{} is missing: build it (cargo build -p vgpu-partition-host)",
         host.display()
     );
     let gpu = format!(

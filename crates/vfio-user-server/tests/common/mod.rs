@@ -189,13 +189,7 @@ impl RawClient {
 
 /// A memfd of `size` bytes standing in for guest RAM shared by a VMM.
 pub fn guest_ram(size: u64) -> File {
-    // SAFETY: valid NUL-terminated name; result checked.
-    let fd = unsafe { libc::memfd_create(c"guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0);
-    // SAFETY: fd is new and owned by nobody else.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size).unwrap();
-    f
+    vfio_user_server::memfd::create(c"guest-ram", size).unwrap()
 }
 
 /// Number of open fds of this process.

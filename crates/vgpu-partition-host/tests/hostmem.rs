@@ -7,8 +7,8 @@
 
 use std::ffi::CStr;
 use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::{IoSlice, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ fn partition(b: &RemoteBackend) -> RemotePartition {
 /// Guest RAM: a memfd mapped here, as the daemon maps a VMM's.
 struct Ram {
     file: Arc<File>,
-    ptr: *mut u8,
+    map: vm_memory::MmapRegion,
     len: usize,
 }
 
@@ -71,39 +71,17 @@ impl Ram {
     }
 
     fn with_seals(name: &CStr, len: usize, seals: i32) -> Ram {
-        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-        // SAFETY: a NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor owned by nothing else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(len as u64).unwrap();
-        // SAFETY: fcntl on our own descriptor.
-        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
-        // SAFETY: a new shared mapping of the whole file; checked.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        Ram {
-            file: Arc::new(file),
-            ptr: ptr.cast(),
-            len,
-        }
+        let file = Arc::new(vgpu_sys::memfd::create_sealed(name, len as u64, seals).unwrap());
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let map = vgpu_sys::mmap::map_shared(Arc::clone(&file), 0, len, rw).unwrap();
+        Ram { file, map, len }
     }
 
     /// Address of byte `off`, with `len` bytes after it.
     fn at(&self, off: usize, len: usize) -> *mut u8 {
         assert!(off + len <= self.len);
         // SAFETY: in bounds of our live mapping (checked).
-        unsafe { self.ptr.add(off) }
+        unsafe { self.map.as_ptr().add(off) }
     }
 
     fn read(&self, off: usize, len: usize) -> Vec<u8> {
@@ -123,20 +101,13 @@ impl Ram {
         HostMapping {
             id,
             // SAFETY: in bounds (the tests pass ranges of the file).
-            addr: unsafe { self.ptr.add(off) } as usize,
+            addr: unsafe { self.map.as_ptr().add(off) } as usize,
             len,
             readable: true,
             writable,
             file: Arc::clone(&self.file),
             file_offset: off as u64,
         }
-    }
-}
-
-impl Drop for Ram {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, not used any more.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -572,30 +543,7 @@ fn send(s: &UnixStream, kind: Kind, seq: u32, payload: &[u8], fd: Option<i32>) {
     .encode();
     let mut frame = h.to_vec();
     frame.extend_from_slice(payload);
-    let mut iov = libc::iovec {
-        iov_base: frame.as_mut_ptr().cast(),
-        iov_len: frame.len(),
-    };
-    let mut cmsg = [0u64; 4];
-    // SAFETY: an all-zero msghdr is a valid empty message.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        msg.msg_control = cmsg.as_mut_ptr().cast();
-        // SAFETY: pure size computations, and writes into `cmsg`, which
-        // has room for one header with one descriptor.
-        unsafe {
-            msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(4) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
-        }
-    }
-    // SAFETY: msg points at live buffers.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, 0) };
+    let n = vgpu_sys::scm::send_with_fds(s, &[IoSlice::new(&frame)], fd.as_slice()).unwrap();
     assert_eq!(n as usize, frame.len());
 }
 

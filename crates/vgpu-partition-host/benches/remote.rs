@@ -8,7 +8,7 @@
 //! memory forwarded to it), through a vGPU with its partition in process
 //! (guest memory registered), and native cuMemcpy from pinned memory.
 //!
-//! `cargo bench -p vgpu-backend-remote --bench remote [-- --cuda-only | --copies-only]`
+//! `cargo bench -p vgpu-partition-host --bench remote [-- --cuda-only | --copies-only]`
 //!
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
@@ -233,13 +233,7 @@ fn ping_pong(spin: Duration) -> Box<dyn FnMut()> {
     let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
     let poll = move |s: &std::os::unix::net::UnixStream| {
         let t = Instant::now();
-        let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(s),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; zero timeout.
-        while unsafe { libc::poll(&mut pfd, 1, 0) } == 0 && t.elapsed() < spin {}
+        while matches!(vgpu_sys::poll::poll_readable(s, 0), Ok(false)) && t.elapsed() < spin {}
     };
     std::thread::spawn(move || {
         let mut req = [0u8; 24];

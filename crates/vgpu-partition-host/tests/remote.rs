@@ -18,6 +18,7 @@ use vgpu_backend_remote::proto::{self, Header, Kind, Reply, Value, HEADER_LEN, R
 use vgpu_backend_remote::{
     HostLink, HostOptions, InnerBackend, Launcher, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
+use vgpu_sys::rng::Rng;
 
 const MIB: u64 = 1 << 20;
 const MEMORY: u64 = 64 * MIB;
@@ -64,23 +65,11 @@ fn spec(name: &str, memory: u64, compute_units: u32) -> PartitionSpec {
     }
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    fn floats(&mut self, n: usize) -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| (((self.next() >> 40) as f32 / (1u64 << 24) as f32) - 0.5).to_le_bytes())
-            .collect()
-    }
+/// `n` floats in [-0.5, 0.5), as bytes.
+fn floats(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| (((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) - 0.5).to_le_bytes())
+        .collect()
 }
 
 /// Guest memory that faults from `fault_at` on.
@@ -194,8 +183,8 @@ fn script(p: &mut dyn Partition) -> Vec<String> {
     let x = p.alloc(4 * n, 0).unwrap();
     let y = p.alloc(4 * n, 0).unwrap();
     let z = p.alloc(4 * n, 0).unwrap();
-    let fx = rng.floats(n as usize);
-    let fy = rng.floats(n as usize);
+    let fx = floats(&mut rng, n as usize);
+    let fy = floats(&mut rng, n as usize);
     p.upload(
         x,
         &Src {

@@ -1,0 +1,349 @@
+//! The launcher process: answers the daemon, starting, killing and
+//! reaping hosts, until the daemon's end closes.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use vgpu_confine::{Account, SeccompMode};
+use vgpu_sys::{poll, warn_limited};
+
+use super::{
+    mode_name, recv, send, Got, Msg, DONE, EXITED, FAILED, HELLO, KILL, MAX_HOSTS, READY, RELEASE,
+    RUNNING, SPAWN, SPAWNED, STATUS,
+};
+use crate::HOST_PROGRAM;
+
+/// The launcher's command line (after `--launcher`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherArgs {
+    /// Its socket to the daemon.
+    pub fd: RawFd,
+    /// The hosts' filter mode.
+    pub seccomp: SeccompMode,
+    /// Ids to switch to: user, group, supplementary groups.
+    pub ids: Option<(u32, u32, Vec<u32>)>,
+    /// The hosts' arguments.
+    pub host_args: Vec<OsString>,
+}
+
+impl LauncherArgs {
+    /// Parses `--fd N --seccomp MODE [--uid U --gid G --groups A,B] -- HOST ARGS`.
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<LauncherArgs, String> {
+        let mut it = args.into_iter();
+        let (mut fd, mut seccomp, mut uid, mut gid, mut groups) = (None, None, None, None, None);
+        loop {
+            let Some(a) = it.next() else {
+                return Err("-- and the host's arguments are required".into());
+            };
+            let a = a.into_string().map_err(|a| format!("bad argument {a:?}"))?;
+            if a == "--" {
+                break;
+            }
+            let v = it
+                .next()
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| format!("{a} needs a value"))?;
+            let id = |v: &str| v.parse::<u32>().map_err(|_| format!("{a}: bad id {v:?}"));
+            match a.as_str() {
+                "--fd" => {
+                    fd = Some(
+                        v.parse::<RawFd>()
+                            .ok()
+                            .filter(|&f| f > 2)
+                            .ok_or_else(|| format!("--fd: bad descriptor {v:?}"))?,
+                    )
+                }
+                "--seccomp" => seccomp = Some(v.parse::<SeccompMode>()?),
+                "--uid" => uid = Some(id(&v)?),
+                "--gid" => gid = Some(id(&v)?),
+                "--groups" => {
+                    groups = Some(
+                        v.split(',')
+                            .filter(|g| !g.is_empty())
+                            .map(id)
+                            .collect::<Result<Vec<u32>, String>>()?,
+                    )
+                }
+                _ => return Err(format!("unknown argument {a:?}")),
+            }
+        }
+        let ids = match (uid, gid, groups) {
+            (None, None, None) => None,
+            (Some(u), Some(g), gs) => Some((u, g, gs.unwrap_or_default())),
+            _ => return Err("--uid and --gid go together".into()),
+        };
+        Ok(LauncherArgs {
+            fd: fd.ok_or("--fd is required")?,
+            seccomp: seccomp.ok_or("--seccomp is required")?,
+            ids,
+            host_args: it.collect(),
+        })
+    }
+}
+
+/// Why the launcher stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// Its privileges could not be dropped.
+    #[error("{0}")]
+    Confine(#[from] vgpu_confine::ConfineError),
+    /// The daemon's socket failed.
+    #[error("socket to the daemon: {0}")]
+    Socket(io::Error),
+}
+
+/// A host the launcher started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Host {
+    Running,
+    /// Ended with this wait status, not yet reported.
+    Ended(i32),
+    /// Given up by the daemon: reaped without a report.
+    Released,
+}
+
+/// Drops what the hosts must not inherit: root (switching to `ids`),
+/// every capability; sets no new privileges.
+pub fn drop_privileges(ids: Option<&(u32, u32, Vec<u32>)>) -> Result<(), LauncherError> {
+    if let Some((uid, gid, groups)) = ids {
+        let account = Account {
+            name: format!("uid {uid}"),
+            uid: *uid,
+            gid: *gid,
+            groups: groups.clone(),
+        };
+        if vgpu_confine::is_root() {
+            vgpu_confine::drop_privileges(&account)?;
+        } else {
+            // SAFETY: getuid and getgid cannot fail.
+            let (u, g) = unsafe { (libc::getuid(), libc::getgid()) };
+            if (u, g) != (*uid, *gid) {
+                return Err(vgpu_confine::ConfineError::Remains(format!(
+                    "runs as uid {u} gid {g}, not as uid {uid} gid {gid}, and cannot switch"
+                ))
+                .into());
+            }
+        }
+    }
+    vgpu_confine::clear_capabilities()?;
+    vgpu_confine::set_no_new_privs()?;
+    Ok(())
+}
+
+/// The launcher: answers the daemon on `sock` until it closes its end,
+/// then kills and reaps every host and returns. Call after
+/// [`drop_privileges`], in a single-threaded process.
+pub fn serve(sock: OwnedFd, args: &LauncherArgs) -> Result<(), LauncherError> {
+    let fd = sock.as_fd();
+    let mut hosts: BTreeMap<i32, Host> = BTreeMap::new();
+    let r = (|| loop {
+        reap(&mut hosts);
+        // The timeout bounds how long ended hosts stay unreaped while the
+        // daemon asks nothing.
+        match poll::poll_readable(&fd, 200) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => return Err(LauncherError::Socket(e)),
+        }
+        let req = match recv(fd) {
+            Ok(Got::Closed) => return Ok(()),
+            // Descriptors from the daemon are never expected: closed.
+            Ok(Got::Msg(m, _)) => m,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                warn_limited!("partition host launcher: {e}");
+                let failed = Msg {
+                    op: FAILED,
+                    pid: 0,
+                    value: libc::EINVAL,
+                };
+                send(fd, failed, None).map_err(LauncherError::Socket)?;
+                continue;
+            }
+            Err(e) => return Err(LauncherError::Socket(e)),
+        };
+        reap(&mut hosts);
+        let (reply, passed) = answer(req, &mut hosts, args);
+        let r = send(fd, reply, passed.as_ref().map(AsRawFd::as_raw_fd));
+        // Our end of the host's socket goes either way.
+        drop(passed);
+        r.map_err(LauncherError::Socket)?;
+    })();
+    // The daemon is gone (or the link broke): so are its hosts.
+    for (&pid, h) in &hosts {
+        if *h == Host::Running {
+            // SAFETY: kill of a child of ours, not yet reaped (its pid
+            // cannot have been reused).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    for (&pid, h) in &hosts {
+        if matches!(h, Host::Running | Host::Released) {
+            let mut status = 0;
+            // SAFETY: waits for our own child; `status` is a valid pointer.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        }
+    }
+    r
+}
+
+/// Collects every ended child.
+fn reap(hosts: &mut BTreeMap<i32, Host>) {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid pointer; WNOHANG never blocks.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        match hosts.get(&pid) {
+            Some(Host::Running) => {
+                hosts.insert(pid, Host::Ended(status));
+            }
+            Some(Host::Released) => {
+                hosts.remove(&pid);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn answer(
+    req: Msg,
+    hosts: &mut BTreeMap<i32, Host>,
+    args: &LauncherArgs,
+) -> (Msg, Option<OwnedFd>) {
+    let reply = |op, value| Msg {
+        op,
+        pid: req.pid,
+        value,
+    };
+    let failed = |e: i32| reply(FAILED, e);
+    if ![HELLO, SPAWN, KILL, STATUS, RELEASE].contains(&req.op) {
+        return (failed(libc::EINVAL), None);
+    }
+    if req.op != HELLO && req.op != SPAWN && !hosts.contains_key(&req.pid) {
+        // Not one of ours (or already reported): nothing is done to it.
+        return (failed(libc::ESRCH), None);
+    }
+    match req.op {
+        HELLO => (
+            Msg {
+                op: READY,
+                pid: std::process::id() as i32,
+                value: 0,
+            },
+            None,
+        ),
+        SPAWN if hosts.len() >= MAX_HOSTS => (failed(libc::EAGAIN), None),
+        SPAWN => match spawn_host(args) {
+            Ok((pid, ours)) => {
+                hosts.insert(pid, Host::Running);
+                (
+                    Msg {
+                        op: SPAWNED,
+                        pid,
+                        value: 0,
+                    },
+                    Some(ours),
+                )
+            }
+            Err(e) => {
+                warn_limited!("partition host launcher: cannot start a host: {e}");
+                (failed(e.raw_os_error().unwrap_or(libc::EIO)), None)
+            }
+        },
+        KILL | RELEASE => {
+            let h = hosts[&req.pid];
+            if h == Host::Running {
+                // SAFETY: kill of a child of ours, not yet reaped.
+                unsafe { libc::kill(req.pid, libc::SIGKILL) };
+            }
+            if req.op == RELEASE {
+                if matches!(h, Host::Ended(_)) {
+                    hosts.remove(&req.pid);
+                } else {
+                    hosts.insert(req.pid, Host::Released);
+                }
+            }
+            (reply(DONE, 0), None)
+        }
+        STATUS => match hosts[&req.pid] {
+            Host::Running => (reply(RUNNING, 0), None),
+            Host::Ended(s) => {
+                hosts.remove(&req.pid);
+                (reply(EXITED, s), None)
+            }
+            Host::Released => (failed(libc::ESRCH), None),
+        },
+        _ => (failed(libc::EINVAL), None),
+    }
+}
+
+/// Starts one host: this program again, with the hosts' arguments and
+/// one end of a new socket pair; returns its pid and the other end.
+fn spawn_host(args: &LauncherArgs) -> io::Result<(i32, OwnedFd)> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let fd = theirs.as_raw_fd();
+    let parent = std::process::id();
+    // This very program, even if the file was replaced since.
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg0(HOST_PROGRAM)
+        .arg("--seccomp")
+        .arg(mode_name(args.seccomp))
+        .args(&args.host_args)
+        .arg("--fd")
+        .arg(fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    // SAFETY: the closure runs between fork and exec and makes only
+    // async-signal-safe system calls (prctl, getppid, fcntl), allocating
+    // nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Die with the launcher (single-threaded: the thread that
+            // forks is the process).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Keep the host's socket across exec.
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    let child = cmd.spawn()?;
+    drop(theirs);
+    // Reaped through waitpid in `reap`, not through `child`.
+    Ok((child.id() as i32, OwnedFd::from(ours)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_launcher_args() {
+        let parse = |s: &str| LauncherArgs::parse(s.split_whitespace().map(OsString::from));
+        let a = parse("--fd 5 --seccomp log --uid 7 --gid 8 --groups 8,9 -- --backend x").unwrap();
+        assert_eq!(a.fd, 5);
+        assert_eq!(a.seccomp, SeccompMode::Log);
+        assert_eq!(a.ids, Some((7, 8, vec![8, 9])));
+        assert_eq!(a.host_args, vec![OsString::from("--backend"), "x".into()]);
+        assert_eq!(parse("--fd 5 --seccomp strict --").unwrap().ids, None);
+        assert!(parse("--fd 5 --seccomp strict").is_err());
+        assert!(parse("--fd 2 --seccomp strict --").is_err());
+        assert!(parse("--fd 5 --seccomp kill --").is_err());
+        assert!(parse("--fd 5 --seccomp strict --uid 1 --").is_err());
+        assert!(parse("--fd 5 --seccomp strict --groups x --uid 1 --gid 1 --").is_err());
+        assert!(parse("--seccomp strict --").is_err());
+    }
+}
