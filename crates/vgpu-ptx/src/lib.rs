@@ -1,0 +1,88 @@
+//! A PTX front end and a CPU executor: what the software backend needs to
+//! run the CUDA kernels a guest loads.
+//!
+//! - [`fatbin::extract_ptx`] finds the PTX in a module image (a CUDA
+//!   fatbinary, its entries stored plain, LZ4 or Zstd compressed, or PTX
+//!   text). Cubins (machine code) are skipped: a CPU cannot run them.
+//! - [`Module::parse`] decodes PTX text once into a compact instruction
+//!   form (registers as indices, typed operations, resolved labels and
+//!   variables) and reports each kernel's launch metadata
+//!   ([`Module::kernel`]: parameter offsets, sizes and alignments, static
+//!   shared memory, local memory, a register estimate).
+//! - [`exec::launch`] runs a kernel over a grid on `workers` OS threads
+//!   against a [`GlobalMemory`] that checks every device access.
+//!
+//! # Execution model
+//! A warp's 32 lanes execute each instruction together, registers stored
+//! per warp as rows of 32 lanes. Lanes have their own program counters;
+//! the warp runs the lanes at the lowest one, so divergent branches
+//! reconverge where the paths join. `bar.sync` waits for every thread of
+//! the block; threads that have exited count as arrived. Shared memory is
+//! per block (static variables first, then dynamic shared memory where
+//! every `extern .shared` array starts), local memory per thread.
+//!
+//! Generic addresses: device memory is used as is; shared memory appears
+//! at [`ir::SHARED_WINDOW`], the thread's local memory at
+//! [`ir::LOCAL_WINDOW`] and the module's `.global`/`.const` variables at
+//! [`ir::STATIC_WINDOW`] (device allocations must lie below it).
+//!
+//! # Supported
+//! What `nvcc` 12.9/13.x emits for ordinary kernels: `.version`,
+//! `.target`, `.address_size 64`; `.entry`/`.func` (with return values,
+//! `.visible`/`.weak`/`.extern`, performance directives);
+//! `.reg` (with `<N>` ranges), `.shared`, `.global`, `.const`, `.local`
+//! and `.param` variables with alignment, arrays and initialisers;
+//! predicates and `@!p`; labels; `call` of a `.func`; vector operands;
+//! `.pragma`, comments, `.loc`/`.file` (ignored).
+//!
+//! Instructions: `mov` (also packing and unpacking vectors), `ld`/`ldu`/
+//! `st` in every state space (`.nc`, `.v2`/`.v4`, cache and ordering
+//! qualifiers accepted), `cvta`, `add`/`sub` (`.sat` for integers),
+//! `mul` (`.lo/.hi/.wide`), `mad` (`.lo/.hi/.wide`), `fma`, `mul24`/
+//! `mad24`, `div`, `rem`, `min`, `max`, `abs`, `neg`, `and`/`or`/`xor`/
+//! `not`/`cnot`, `shl`/`shr`, `shf`, `setp` (every comparison including
+//! the unordered ones, `.and/.or/.xor`, two destinations), `selp`, `cvt`
+//! between every integer and float type (f16 and bf16 included) with
+//! integer rounding (`.rni .rzi .rmi .rpi`), `.sat` and `.ftz`, `bra`,
+//! `call`, `ret`, `exit`, `trap`, special registers (`%tid`, `%ntid`,
+//! `%ctaid`, `%nctaid`, `%laneid`, `%warpid`, `%nwarpid`, `%lanemask_*`,
+//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...),
+//! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
+//! and 64-bit integers, f32 and f64 add) on global, shared and generic
+//! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate
+//! output), `vote.sync` (all, any, uni, ballot), `activemask`,
+//! `bar.sync`/`barrier.sync`, `membar`/`fence` (no-ops: a block runs on
+//! one thread and device memory is accessed with atomics), `rcp`,
+//! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
+//! `brev`, `bfe`, `bfi`, `prmt` (default mode), `lop3`, `copysign`,
+//! `testp`.
+//!
+//! # Not supported (a parse or launch error, never a wrong answer where
+//! it can be detected)
+//! - Carry arithmetic (`add.cc`, `addc`, `mad.cc`), `brx.idx`, indirect
+//!   calls, recursion (refused at run time), textures and surfaces,
+//!   `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt` modes,
+//!   `mad24.hi`, `dp4a`, `bfind`, `sad`, `vote` without `.sync` other
+//!   than the forms above, `wmma`/`mma`, `cp.async`, clusters.
+//! - Float arithmetic rounds to nearest even: `.rz/.rm/.rp` on `add`,
+//!   `mul`, `fma`, `div` and int-to-float `cvt` are accepted and rounded
+//!   to nearest; `.ftz` is honoured by `cvt` only. The `.approx` math
+//!   functions are computed in double precision and rounded, well within
+//!   their documented error.
+//! - Named barriers with thread counts behave as whole-block barriers.
+//! - `.global` variables of a module live for one launch (initialised
+//!   from the module each time); the static shared memory of a kernel is
+//!   that of all `.shared` variables of the module.
+
+#![warn(missing_docs)]
+
+pub mod exec;
+pub mod fatbin;
+pub mod ir;
+pub mod mem;
+pub mod parse;
+
+pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
+pub use fatbin::{extract_ptx, FatbinError};
+pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory};
+pub use parse::{KernelInfo, Module, ParamInfo, ParseError};
