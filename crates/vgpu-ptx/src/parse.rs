@@ -1365,6 +1365,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
     /// generic address).
     fn var_addr(&self, v: VarLoc, generic: bool) -> u64 {
         match v {
+            VarLoc::Shared(u32::MAX) if generic => SHARED_WINDOW + EXTERN_SHARED as u64,
+            VarLoc::Shared(u32::MAX) => EXTERN_SHARED as u64,
             VarLoc::Shared(o) if generic => SHARED_WINDOW + o as u64,
             VarLoc::Local(o) if generic => LOCAL_WINDOW + o as u64,
             VarLoc::Shared(o) | VarLoc::Local(o) | VarLoc::KParam(o) | VarLoc::Param(o) => o as u64,
@@ -2036,9 +2038,10 @@ impl<'p, 'a> Decoder<'p, 'a> {
     }
 }
 
-/// Marker added to addresses of `extern .shared` arrays: the executor
-/// replaces it with the start of dynamic shared memory.
-pub(crate) const EXTERN_SHARED: i64 = 1 << 40;
+/// Shared-space address of dynamic shared memory (where `extern .shared`
+/// arrays start): the executor maps it after the static variables. It
+/// fits 32 bits, as kernels keep shared addresses in 32-bit registers.
+pub(crate) const EXTERN_SHARED: i64 = 1 << 31;
 
 fn wide(t: Ty) -> Ty {
     match t {

@@ -1,0 +1,620 @@
+//! Kernels compiled by nvcc (see corpus/build.sh) run on the executor and
+//! are checked against references computed here.
+
+use vgpu_ptx::{
+    extract_ptx, launch, ExecError, GlobalMemory, LaunchConfig, Limits, Module, VecMemory,
+};
+
+const BASE: u64 = 0x7000_0000;
+
+fn corpus(name: &str) -> Module {
+    let path = format!("{}/tests/corpus/{name}.ptx", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    Module::parse(&text).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A bump allocator over one flat buffer.
+struct Dev {
+    mem: VecMemory,
+    next: u64,
+}
+
+impl Dev {
+    fn new(bytes: usize) -> Dev {
+        Dev {
+            mem: VecMemory::new(BASE, bytes),
+            next: BASE,
+        }
+    }
+    fn alloc(&mut self, bytes: usize) -> u64 {
+        let a = self.next;
+        self.next += (bytes as u64).div_ceil(256) * 256;
+        assert!(self.next <= BASE + self.mem.len() as u64);
+        a
+    }
+    fn put<T: Copy>(&mut self, v: &[T]) -> u64 {
+        let n = std::mem::size_of_val(v);
+        let a = self.alloc(n);
+        // SAFETY: plain-old-data values (ints and floats) viewed as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, n) };
+        self.mem.write(a, bytes).unwrap();
+        a
+    }
+    fn get<T: Copy + Default>(&self, a: u64, n: usize) -> Vec<T> {
+        let mut v = vec![T::default(); n];
+        let bytes = n * std::mem::size_of::<T>();
+        // SAFETY: as in `put`; every bit pattern is a valid value of T.
+        let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, bytes) };
+        self.mem.read(a, buf).unwrap();
+        v
+    }
+}
+
+/// Packs parameters at the offsets the kernel reports.
+fn params(m: &Module, kernel: &str, vals: &[&[u8]]) -> Vec<u8> {
+    let k = m.kernel(kernel).unwrap();
+    assert_eq!(k.params.len(), vals.len());
+    let mut buf = vec![0u8; k.param_bytes as usize];
+    for (p, v) in k.params.iter().zip(vals) {
+        assert_eq!(p.size as usize, v.len());
+        buf[p.offset as usize..][..v.len()].copy_from_slice(v);
+    }
+    buf
+}
+
+fn cfg(grid: [u32; 3], block: [u32; 3], shared_dyn: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block,
+        shared_dyn,
+        workers: 2,
+    }
+}
+
+fn lcg(seed: &mut u64) -> u32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u32
+}
+
+#[test]
+fn vector_add() {
+    let m = corpus("vector_add");
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
+    let mut d = Dev::new(1 << 20);
+    let (pa, pb, pc) = (d.put(&a), d.put(&b), d.alloc(n * 4));
+    let p = params(
+        &m,
+        "vector_add",
+        &[
+            &pa.to_le_bytes(),
+            &pb.to_le_bytes(),
+            &pc.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    let st = launch(
+        &m,
+        "vector_add",
+        &cfg([4, 1, 1], [256, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(st.blocks, 4);
+    let c: Vec<f32> = d.get(pc, n);
+    for i in 0..n {
+        assert_eq!(c[i], a[i] + b[i]);
+    }
+    // Nothing written past n.
+    assert_eq!(d.get::<u32>(pc + n as u64 * 4, 24), vec![0; 24]);
+}
+
+#[test]
+fn vector_add_from_fatbinaries() {
+    for f in ["plain", "lz4", "zstd"] {
+        let path = format!(
+            "{}/tests/corpus/vector_add.{f}.fatbin",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let img = std::fs::read(path).unwrap();
+        let ptx = extract_ptx(&img).unwrap();
+        assert_eq!(ptx.len(), 1, "{f}");
+        let m = Module::parse(&ptx[0]).unwrap();
+        assert!(m.kernel("vector_add").is_some(), "{f}");
+        let on_disk = std::fs::read_to_string(format!(
+            "{}/tests/corpus/vector_add.ptx",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        assert!(ptx[0].contains(".entry vector_add"), "{f}");
+        assert!(on_disk.contains(".entry vector_add"));
+    }
+    let path = format!(
+        "{}/tests/corpus/vector_add.cubin-only.fatbin",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let img = std::fs::read(path).unwrap();
+    assert_eq!(extract_ptx(&img), Err(vgpu_ptx::FatbinError::NoPtx));
+    // Every truncation is an error, never a panic.
+    let path = format!(
+        "{}/tests/corpus/vector_add.zstd.fatbin",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let img = std::fs::read(path).unwrap();
+    for n in 0..img.len() {
+        let _ = extract_ptx(&img[..n]);
+    }
+}
+
+#[test]
+fn matmul_tiled() {
+    let m = corpus("matmul");
+    assert_eq!(m.kernel("matmul").unwrap().shared_static, 2048);
+    for n in [16usize, 37, 64] {
+        let mut s = 7u64;
+        let a: Vec<f32> = (0..n * n)
+            .map(|_| (lcg(&mut s) % 100) as f32 / 10.0 - 5.0)
+            .collect();
+        let b: Vec<f32> = (0..n * n)
+            .map(|_| (lcg(&mut s) % 100) as f32 / 10.0 - 5.0)
+            .collect();
+        let mut d = Dev::new(1 << 20);
+        let (pa, pb, pc) = (d.put(&a), d.put(&b), d.alloc(n * n * 4));
+        let p = params(
+            &m,
+            "matmul",
+            &[
+                &pa.to_le_bytes(),
+                &pb.to_le_bytes(),
+                &pc.to_le_bytes(),
+                &(n as i32).to_le_bytes(),
+            ],
+        );
+        let g = n.div_ceil(16) as u32;
+        launch(
+            &m,
+            "matmul",
+            &cfg([g, g, 1], [16, 16, 1], 0),
+            &p,
+            &d.mem,
+            &Limits::default(),
+        )
+        .unwrap();
+        let c: Vec<f32> = d.get(pc, n * n);
+        for i in 0..n {
+            for j in 0..n {
+                // Same order of fused operations as the kernel: exact.
+                let mut acc = 0.0f32;
+                for k in 0..n {
+                    acc = a[i * n + k].mul_add(b[k * n + j], acc);
+                }
+                assert_eq!(c[i * n + j], acc, "n={n} ({i},{j})");
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_with_atomics() {
+    let m = corpus("reduce_atomic");
+    let n = 5000usize;
+    let mut s = 1u64;
+    let v: Vec<i32> = (0..n).map(|_| lcg(&mut s) as i32 >> 8).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let psum = d.put(&[0u64]);
+    let pmax = d.put(&[i32::MIN]);
+    let p = params(
+        &m,
+        "reduce_atomic",
+        &[
+            &pin.to_le_bytes(),
+            &psum.to_le_bytes(),
+            &pmax.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    for workers in [1, 2, 4] {
+        d.mem.write(psum, &0u64.to_le_bytes()).unwrap();
+        let c = LaunchConfig {
+            workers,
+            ..cfg([n.div_ceil(256) as u32, 1, 1], [256, 1, 1], 256 * 4)
+        };
+        launch(&m, "reduce_atomic", &c, &p, &d.mem, &Limits::default()).unwrap();
+        let sum: i64 = v.iter().map(|&x| x as i64).sum();
+        assert_eq!(d.get::<u64>(psum, 1)[0] as i64, sum);
+        assert_eq!(d.get::<i32>(pmax, 1)[0], *v.iter().max().unwrap());
+    }
+}
+
+#[test]
+fn reduce_with_shuffles() {
+    let m = corpus("reduce_shfl");
+    let n = 10_000usize;
+    let v: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.25).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pout = d.put(&[0f32]);
+    let p = params(
+        &m,
+        "reduce_shfl",
+        &[
+            &pin.to_le_bytes(),
+            &pout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "reduce_shfl",
+        &cfg([8, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    // Quarters of small integers: every partial sum is exact.
+    let sum: f32 = v.iter().sum();
+    assert_eq!(d.get::<f32>(pout, 1)[0], sum);
+}
+
+#[test]
+fn warp_votes_and_shuffles() {
+    let m = corpus("reduce_shfl");
+    let n = 256usize;
+    let mut s = 3u64;
+    let mut v: Vec<i32> = (0..n).map(|_| (lcg(&mut s) % 21) as i32 - 3).collect();
+    // One warp all positive, one all non-positive.
+    v[32..64].iter_mut().for_each(|x| *x = x.abs() + 1);
+    v[64..96].iter_mut().for_each(|x| *x = -x.abs());
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pb = d.alloc((1024 + n) * 4);
+    let pall = d.alloc(n / 32 * 4);
+    let pany = d.alloc(n / 32 * 4);
+    let p = params(
+        &m,
+        "warp_vote",
+        &[
+            &pin.to_le_bytes(),
+            &pb.to_le_bytes(),
+            &pall.to_le_bytes(),
+            &pany.to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "warp_vote",
+        &cfg([2, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let ballot: Vec<u32> = d.get(pb, 1024 + n);
+    let all: Vec<i32> = d.get(pall, n / 32);
+    let any: Vec<i32> = d.get(pany, n / 32);
+    for w in 0..n / 32 {
+        let lanes = &v[w * 32..w * 32 + 32];
+        let b = lanes
+            .iter()
+            .enumerate()
+            .fold(0u32, |b, (l, &x)| b | ((x > 0) as u32) << l);
+        assert_eq!(ballot[w], b, "warp {w}");
+        assert_eq!(all[w] != 0, lanes.iter().all(|&x| x > 0));
+        assert_eq!(any[w] != 0, lanes.iter().any(|&x| x > 0));
+        for l in 0..32 {
+            let x = lanes[l ^ 1];
+            let u = if l >= 3 { lanes[l - 3] } else { lanes[l] };
+            let ww = lanes[7];
+            assert_eq!(
+                ballot[1024 + w * 32 + l] as i32,
+                x + 3 * u + 7 * ww,
+                "warp {w} lane {l}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scan_blocks() {
+    let m = corpus("scan");
+    let n = 1000usize;
+    let bs = 256usize;
+    let v: Vec<u32> = (0..n as u32).map(|i| i * 7 % 13).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pout = d.alloc(n * 4);
+    let p = params(
+        &m,
+        "scan",
+        &[
+            &pin.to_le_bytes(),
+            &pout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "scan",
+        &cfg(
+            [n.div_ceil(bs) as u32, 1, 1],
+            [bs as u32, 1, 1],
+            2 * bs as u32 * 4,
+        ),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let out: Vec<u32> = d.get(pout, n);
+    for blk in v.chunks(bs).enumerate() {
+        let mut acc = 0;
+        for (i, x) in blk.1.iter().enumerate() {
+            acc += x;
+            assert_eq!(out[blk.0 * bs + i], acc);
+        }
+    }
+}
+
+#[test]
+fn histogram_shared_atomics() {
+    let m = corpus("histogram");
+    let n = 20_000usize;
+    let mut s = 11u64;
+    let data: Vec<u8> = (0..n).map(|_| (lcg(&mut s) % 251) as u8 ^ 0x5a).collect();
+    let mut d = Dev::new(1 << 20);
+    let pd = d.put(&data);
+    let pb = d.put(&[0u32; 256]);
+    let p = params(
+        &m,
+        "histogram",
+        &[
+            &pd.to_le_bytes(),
+            &pb.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    let c = LaunchConfig {
+        workers: 4,
+        ..cfg([16, 1, 1], [192, 1, 1], 0)
+    };
+    launch(&m, "histogram", &c, &p, &d.mem, &Limits::default()).unwrap();
+    let mut want = [0u32; 256];
+    for &x in &data {
+        want[x as usize] += 1;
+    }
+    assert_eq!(d.get::<u32>(pb, 256), want.to_vec());
+}
+
+#[test]
+fn stencil_with_constants() {
+    let m = corpus("stencil");
+    let n = 1000usize;
+    let v: Vec<f64> = (0..n).map(|i| ((i * 37) % 101) as f64 / 7.0).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pout = d.alloc(n * 8);
+    let p = params(
+        &m,
+        "stencil",
+        &[
+            &pin.to_le_bytes(),
+            &pout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "stencil",
+        &cfg([n.div_ceil(128) as u32, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let w: [f64; 7] = [0.05, 0.1, 0.2, 0.3, 0.2, 0.1, 0.05];
+    let out: Vec<f64> = d.get(pout, n);
+    for g in 0..n {
+        let mut acc = 0.0f64;
+        for k in -3i64..=3 {
+            let j = g as i64 + k;
+            let x = if j >= 0 && (j as usize) < n {
+                v[j as usize]
+            } else {
+                0.0
+            };
+            acc = w[(k + 3) as usize].mul_add(x, acc);
+        }
+        assert_eq!(out[g], acc, "{g}");
+    }
+}
+
+#[test]
+fn bitonic_sort() {
+    let m = corpus("bitonic");
+    let blocks = 3usize;
+    let mut s = 5u64;
+    let keys: Vec<i32> = (0..512 * blocks).map(|_| lcg(&mut s) as i32).collect();
+    let mut d = Dev::new(1 << 20);
+    let pk = d.put(&keys);
+    let p = params(&m, "bitonic", &[&pk.to_le_bytes()]);
+    launch(
+        &m,
+        "bitonic",
+        &cfg([blocks as u32, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let out: Vec<i32> = d.get(pk, 512 * blocks);
+    for b in 0..blocks {
+        let mut want = keys[b * 512..(b + 1) * 512].to_vec();
+        want.sort();
+        assert_eq!(&out[b * 512..(b + 1) * 512], &want[..], "block {b}");
+    }
+}
+
+#[test]
+fn divergent_loops_and_calls() {
+    let m = corpus("divergent");
+    let n = 300usize;
+    let v: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % 1000 - 100).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let (ps, pg, pf, pq) = (
+        d.alloc(n * 4),
+        d.alloc(n * 4),
+        d.alloc(n * 4),
+        d.alloc(n * 8),
+    );
+    let p = params(
+        &m,
+        "divergent",
+        &[
+            &pin.to_le_bytes(),
+            &ps.to_le_bytes(),
+            &pg.to_le_bytes(),
+            &pf.to_le_bytes(),
+            &pq.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "divergent",
+        &cfg([3, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let steps: Vec<u32> = d.get(ps, n);
+    let g: Vec<i32> = d.get(pg, n);
+    let f: Vec<f32> = d.get(pf, n);
+    let q: Vec<i64> = d.get(pq, n);
+    for i in 0..n {
+        let x0 = v[i];
+        let mut x = x0.max(1) as u64;
+        let mut st = 0;
+        while x != 1 {
+            x = if x & 1 == 1 { 3 * x + 1 } else { x / 2 };
+            st += 1;
+        }
+        assert_eq!(steps[i], st, "collatz {i}");
+        let (mut a, mut b) = (x0, 36 + (i as i32 % 7) * 6);
+        while b != 0 {
+            let t = a % b;
+            a = b;
+            b = t;
+        }
+        assert_eq!(g[i], a.abs(), "gcd {i}");
+        let fv = if i & 1 == 1 {
+            let mut acc = 0.0f32;
+            for k in 0..(i % 5) {
+                acc += (x0 as f32 + k as f32).sqrt() / (1.0 + k as f32);
+            }
+            acc
+        } else {
+            x0 as f32 * 0.5 - 1.0
+        };
+        let same = f[i] == fv || (f[i].is_nan() && fv.is_nan());
+        assert!(same, "mix {i}: {} vs {fv}", f[i]);
+        let r = if fv.is_nan() {
+            0
+        } else {
+            fv.round_ties_even() as i32
+        };
+        assert_eq!(
+            q[i],
+            x0 as i64 * 1000003 / (i as i64 + 1) - (x0 >> 2) as i64 + r as i64,
+            "q {i}"
+        );
+    }
+}
+
+#[test]
+fn out_of_bounds_is_an_illegal_address() {
+    let m = corpus("vector_add");
+    let mut d = Dev::new(4096);
+    let pa = d.alloc(1024);
+    // n larger than the buffers: the kernel reads past the end.
+    let p = params(
+        &m,
+        "vector_add",
+        &[
+            &pa.to_le_bytes(),
+            &pa.to_le_bytes(),
+            &pa.to_le_bytes(),
+            &100_000i32.to_le_bytes(),
+        ],
+    );
+    let e = launch(
+        &m,
+        "vector_add",
+        &cfg([400, 1, 1], [256, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap_err();
+    match e {
+        ExecError::IllegalAddress { addr, size, .. } => {
+            assert!(addr >= BASE + 4096, "{addr:#x}");
+            assert_eq!(size, 4);
+        }
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
+fn launch_shape_is_checked() {
+    let m = corpus("scan");
+    let d = Dev::new(4096);
+    let p = vec![0u8; 20];
+    let l = Limits {
+        max_shared: 48 << 10,
+        ..Limits::default()
+    };
+    let e = launch(
+        &m,
+        "scan",
+        &cfg([1, 1, 1], [256, 1, 1], 64 << 10),
+        &p,
+        &d.mem,
+        &l,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ExecError::SharedTooLarge {
+                requested: 65536,
+                max: 49152
+            }
+        ),
+        "{e}"
+    );
+    let e = launch(&m, "scan", &cfg([1, 1, 1], [2048, 1, 1], 0), &p, &d.mem, &l).unwrap_err();
+    assert!(matches!(e, ExecError::BadLaunch(_)), "{e}");
+    let e = launch(&m, "scan", &cfg([0, 1, 1], [32, 1, 1], 0), &p, &d.mem, &l).unwrap_err();
+    assert!(matches!(e, ExecError::BadLaunch(_)), "{e}");
+    let e = launch(
+        &m,
+        "scan",
+        &cfg([1, 1, 1], [32, 1, 1], 0),
+        &p[..4],
+        &d.mem,
+        &l,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ExecError::BadLaunch(_)), "{e}");
+    let e = launch(&m, "nope", &cfg([1, 1, 1], [32, 1, 1], 0), &p, &d.mem, &l).unwrap_err();
+    assert_eq!(e, ExecError::NoKernel("nope".into()));
+}
