@@ -1412,16 +1412,6 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     (Space::Param, _) => return self.err(format!("'{n}' is not a parameter")),
                     (s, _) => s,
                 };
-                if matches!(v, VarLoc::Shared(u32::MAX)) {
-                    // Extern shared: the executor adds the static size.
-                    return Ok((
-                        Addr {
-                            base: None,
-                            off: off.wrapping_add(EXTERN_SHARED),
-                        },
-                        space,
-                    ));
-                }
                 let a = self.var_addr(v, space == Space::Generic) as i64;
                 Ok((
                     Addr {
