@@ -824,14 +824,15 @@ impl Launch<'_> {
     /// Resolves a generic address to its space and the address within it.
     #[inline(always)]
     fn classify(addr: u64) -> (Space, u64) {
-        if addr >= STATIC_WINDOW && addr < STATIC_WINDOW + 3 * WINDOW_SIZE {
-            if addr >= SHARED_WINDOW {
+        if addr >= STATIC_WINDOW {
+            let within = |base: u64| addr >= base && addr - base < WINDOW_SIZE;
+            if within(SHARED_WINDOW) {
                 return (Space::Shared, addr - SHARED_WINDOW);
             }
-            if addr >= LOCAL_WINDOW {
+            if within(LOCAL_WINDOW) {
                 return (Space::Local, addr - LOCAL_WINDOW);
             }
-            if addr < STATIC_WINDOW + WINDOW_SIZE {
+            if within(STATIC_WINDOW) {
                 return (Space::Const, addr);
             }
         }
@@ -2003,3 +2004,7 @@ fn sat01(f: f64) -> f64 {
         f.clamp(0.0, 1.0)
     }
 }
+
+#[cfg(test)]
+#[path = "exec_tests.rs"]
+mod tests;
