@@ -256,13 +256,21 @@ fn fput(ty: Ty, v: f64) -> u64 {
     }
 }
 
+struct Scratch {
+    a: [u64; 32],
+    b: [u64; 32],
+    c: [u64; 32],
+    d: [u64; 32],
+    e: [u64; 32],
+}
+
 struct Frame {
     ret_pc: u32,
     func: u32,
 }
 
 struct Warp {
-    regs: Vec<u64>,
+    regs: Vec<[u64; 32]>,
     pcs: [u32; 32],
     live: u32,
     waiting: u32,
@@ -315,17 +323,15 @@ impl Warp {
     }
 
     #[inline(always)]
-    fn row(&self, r: u32) -> &[u64] {
-        let r = r as usize * 32;
-        &self.regs[r..r + 32]
+    fn row(&self, r: u32) -> &[u64; 32] {
+        &self.regs[r as usize]
     }
 
     #[inline(always)]
     fn put(&mut self, d: u32, mask: u32, v: &[u64; 32]) {
-        let r = d as usize * 32;
-        let row = &mut self.regs[r..r + 32];
+        let row = &mut self.regs[d as usize];
         if mask == FULL {
-            row.copy_from_slice(v);
+            *row = *v;
         } else {
             let mut m = mask;
             while m != 0 {
@@ -485,7 +491,7 @@ impl Launch<'_> {
         let nregs = self.m.nregs as usize;
         (0..self.nwarps)
             .map(|w| Warp {
-                regs: vec![0; nregs * 32],
+                regs: vec![[0; 32]; nregs],
                 pcs: [0; 32],
                 live: 0,
                 waiting: 0,
@@ -514,7 +520,7 @@ impl Launch<'_> {
         let threads = bx * by * bz;
         shared.fill(0);
         for w in warps.iter_mut() {
-            w.regs.fill(0);
+            w.regs.fill([0; 32]);
             w.live = 0;
             for l in 0..32u32 {
                 let t = w.wid * 32 + l;
@@ -587,6 +593,13 @@ impl Launch<'_> {
     ) -> Result<Stop, ExecError> {
         let code = &self.m.code;
         let mut since = 0u64;
+        let mut scratch = Scratch {
+            a: [0; 32],
+            b: [0; 32],
+            c: [0; 32],
+            d: [0; 32],
+            e: [0; 32],
+        };
         loop {
             if w.cur == 0 {
                 return Ok(if w.live == 0 {
@@ -727,7 +740,7 @@ impl Launch<'_> {
                 }
                 _ => {
                     if mask != 0 {
-                        self.exec(inst, w, mask, ctaid, shared)?;
+                        self.exec(inst, w, mask, ctaid, shared, &mut scratch)?;
                     }
                     self.advance(w);
                 }
@@ -771,7 +784,7 @@ impl Launch<'_> {
     #[inline(always)]
     fn fetch(&self, w: &Warp, s: Src, ctaid: [u32; 3], out: &mut [u64; 32]) {
         match s {
-            Src::Reg(r) => out.copy_from_slice(w.row(r)),
+            Src::Reg(r) => *out = *w.row(r),
             Src::Imm(v) => *out = [v; 32],
             Src::Sreg(sr) => {
                 for (l, o) in out.iter_mut().enumerate() {
@@ -1003,6 +1016,7 @@ impl Launch<'_> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn exec(
         &self,
         inst: &Inst,
@@ -1010,11 +1024,11 @@ impl Launch<'_> {
         mask: u32,
         ctaid: [u32; 3],
         shared: &mut [u8],
+        s: &mut Scratch,
     ) -> Result<(), ExecError> {
-        let mut a = [0u64; 32];
-        let mut b = [0u64; 32];
-        let mut c = [0u64; 32];
-        let mut d = [0u64; 32];
+        // Operand rows live in the caller's scratch: no per-instruction
+        // zeroing of four arrays.
+        let Scratch { a, b, c, d, e: e_ } = s;
         macro_rules! map1 {
             (|$x:ident| $e:expr) => {
                 for l in 0..32 {
@@ -1049,9 +1063,9 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                un(op, ty, &a, &mut d);
-                w.put(dr, mask, &d);
+                self.fetch(w, sa, ctaid, a);
+                un(op, ty, a, d);
+                w.put(dr, mask, d);
             }
             Op::Bin {
                 op,
@@ -1060,10 +1074,10 @@ impl Launch<'_> {
                 a: sa,
                 b: sb,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                bin(op, ty, &a, &b, &mut d);
-                w.put(dr, mask, &d);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                bin(op, ty, a, b, d);
+                w.put(dr, mask, d);
             }
             Op::MulWide {
                 ty,
@@ -1071,8 +1085,8 @@ impl Launch<'_> {
                 a: sa,
                 b: sb,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
                 let bits = ty.bits();
                 let m2 = mask_of(bits * 2);
                 if ty.signed() {
@@ -1081,7 +1095,7 @@ impl Launch<'_> {
                     let m = mask_of(bits);
                     map2!(|x, y| ((x & m).wrapping_mul(y & m)) & m2);
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Mad {
                 op,
@@ -1091,9 +1105,9 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 let bits = ty.bits();
                 let m = mask_of(bits);
                 match op {
@@ -1118,7 +1132,7 @@ impl Launch<'_> {
                     }
                     MadOp::Mad24Lo => map3!(|x, y, z| mul24(ty, x, y).wrapping_add(z) & m),
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Setp {
                 cmp,
@@ -1129,11 +1143,11 @@ impl Launch<'_> {
                 b: sb,
                 comb,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                setp(cmp, ty, &a, &b, &mut d);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                setp(cmp, ty, a, b, d);
                 if let Some((bop, sc, neg)) = comb {
-                    self.fetch(w, sc, ctaid, &mut c);
+                    self.fetch(w, sc, ctaid, c);
                     let n = neg as u64;
                     let mut d2v = [0u64; 32];
                     for l in 0..32 {
@@ -1159,7 +1173,7 @@ impl Launch<'_> {
                     w.put(r2, mask, &d2v);
                 }
                 if let Some(r) = dr {
-                    w.put(r, mask, &d);
+                    w.put(r, mask, d);
                 }
             }
             Op::Selp {
@@ -1169,12 +1183,12 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 let m = mask_of(ty.bits());
                 map3!(|x, y, p| if p & 1 != 0 { x & m } else { y & m });
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Cvt {
                 dty,
@@ -1186,9 +1200,9 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
+                self.fetch(w, sa, ctaid, a);
                 map1!(|x| cvt(dty, sty, rnd, sat, ftz, dbits, x));
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Cvta {
                 to,
@@ -1196,7 +1210,7 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
+                self.fetch(w, sa, ctaid, a);
                 let win = match space {
                     Space::Shared => SHARED_WINDOW,
                     Space::Local => LOCAL_WINDOW,
@@ -1207,7 +1221,7 @@ impl Launch<'_> {
                 } else {
                     map1!(|x| x.wrapping_add(win));
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Ld {
                 space,
@@ -1219,16 +1233,40 @@ impl Launch<'_> {
             } => {
                 let size = ty.bytes() as usize;
                 match addr.base {
-                    Some(r) => a.copy_from_slice(w.row(r)),
-                    None => a = [0; 32],
+                    Some(r) => *a = *w.row(r),
+                    None => *a = [0; 32],
                 }
                 let ext = ty.signed() && (size as u32 * 8) < dbits;
                 let dm = mask_of(dbits.max(ty.bits()));
                 for k in 0..n as usize {
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
                     let mut m = mask;
-                    if space == Space::Shared && size == 4 {
-                        // The hot path of tiled kernels.
+                    if space == Space::Shared && size == 4 && mask == FULL && !ext {
+                        // The hot path of tiled kernels: a whole warp, and
+                        // one range check per lane.
+                        let lim = (self.m.shared_static as u64).saturating_sub(4);
+                        for l in 0..32 {
+                            let at = a[l].wrapping_add(koff);
+                            let o = if at <= lim {
+                                at as usize
+                            } else {
+                                self.shared_off(at, 4).ok_or(ExecError::IllegalAddress {
+                                    addr: at,
+                                    size: 4,
+                                    line: inst.line,
+                                })?
+                            };
+                            let Some(bytes) = shared.get(o..o + 4) else {
+                                return Err(ExecError::IllegalAddress {
+                                    addr: at,
+                                    size: 4,
+                                    line: inst.line,
+                                });
+                            };
+                            d[l] =
+                                u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as u64;
+                        }
+                    } else if space == Space::Shared && size == 4 {
                         while m != 0 {
                             let l = m.trailing_zeros() as usize;
                             m &= m - 1;
@@ -1261,7 +1299,7 @@ impl Launch<'_> {
                             };
                         }
                     }
-                    w.put(ds[k], mask, &d);
+                    w.put(ds[k], mask, d);
                 }
             }
             Op::St {
@@ -1273,11 +1311,11 @@ impl Launch<'_> {
             } => {
                 let size = ty.bytes() as usize;
                 match addr.base {
-                    Some(r) => a.copy_from_slice(w.row(r)),
-                    None => a = [0; 32],
+                    Some(r) => *a = *w.row(r),
+                    None => *a = [0; 32],
                 }
                 for (k, &sv) in v.iter().enumerate().take(n as usize) {
-                    self.fetch(w, sv, ctaid, &mut b);
+                    self.fetch(w, sv, ctaid, b);
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
                     let mut m = mask;
                     while m != 0 {
@@ -1314,11 +1352,11 @@ impl Launch<'_> {
                 c: sc,
             } => {
                 match addr.base {
-                    Some(r) => a.copy_from_slice(w.row(r)),
-                    None => a = [0; 32],
+                    Some(r) => *a = *w.row(r),
+                    None => *a = [0; 32],
                 }
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 let mut m = mask;
                 while m != 0 {
                     let l = m.trailing_zeros() as usize;
@@ -1327,7 +1365,7 @@ impl Launch<'_> {
                     d[l] = self.atomic(shared, space, at, op, b[l], c[l], inst.line)?;
                 }
                 if let Some(r) = dr {
-                    w.put(r, mask, &d);
+                    w.put(r, mask, d);
                 }
             }
             Op::Shfl {
@@ -1338,9 +1376,9 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 let mut p = [0u64; 32];
                 for l in 0..32i32 {
                     let li = l as usize;
@@ -1362,7 +1400,7 @@ impl Launch<'_> {
                     d[li] = a[j as usize] & 0xffff_ffff;
                     p[li] = ok as u64;
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
                 if let Some(r) = dp {
                     w.put(r, mask, &p);
                 }
@@ -1373,7 +1411,7 @@ impl Launch<'_> {
                 a: sa,
                 neg,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
+                self.fetch(w, sa, ctaid, a);
                 let mut bal = 0u32;
                 for (l, v) in a.iter().enumerate() {
                     bal |= (((*v & 1) as u32) ^ neg as u32) << l;
@@ -1395,12 +1433,12 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 let bits = ty.bits();
                 map3!(|x, p, n| bfe(ty, bits, x, p & 0xff, n & 0xff));
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Bfi {
                 ty,
@@ -1410,11 +1448,10 @@ impl Launch<'_> {
                 c: sc,
                 e,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
-                let mut e_ = [0u64; 32];
-                self.fetch(w, e, ctaid, &mut e_);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
+                self.fetch(w, e, ctaid, e_);
                 let bits = ty.bits() as u64;
                 for l in 0..32 {
                     let pos = c[l] & 0xff;
@@ -1427,7 +1464,7 @@ impl Launch<'_> {
                         ((b[l] & !fm) | ((a[l] << pos) & fm)) & mask_of(bits as u32)
                     };
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Prmt {
                 d: dr,
@@ -1435,9 +1472,9 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 map3!(|x, y, s| {
                     let v = (x & 0xffff_ffff) | ((y & 0xffff_ffff) << 32);
                     let mut r = 0u64;
@@ -1457,7 +1494,7 @@ impl Launch<'_> {
                     }
                     r
                 });
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Lop3 {
                 d: dr,
@@ -1466,9 +1503,9 @@ impl Launch<'_> {
                 c: sc,
                 lut,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 map3!(|x, y, z| {
                     let mut r = 0u64;
                     for i in 0..8 {
@@ -1480,7 +1517,7 @@ impl Launch<'_> {
                     }
                     r & 0xffff_ffff
                 });
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Shf {
                 left,
@@ -1490,9 +1527,9 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
-                self.fetch(w, sb, ctaid, &mut b);
-                self.fetch(w, sc, ctaid, &mut c);
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
                 map3!(|x, y, s| {
                     let n = if wrap {
                         s & 31
@@ -1506,7 +1543,7 @@ impl Launch<'_> {
                         (v >> n) & 0xffff_ffff
                     }
                 });
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Testp {
                 op,
@@ -1514,7 +1551,7 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
+                self.fetch(w, sa, ctaid, a);
                 map1!(|x| {
                     let v = fget(ty, x);
                     let sub = if ty == Ty::F64 {
@@ -1531,7 +1568,7 @@ impl Launch<'_> {
                         TestOp::Subnormal => sub,
                     }) as u64
                 });
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Pack {
                 bits,
@@ -1539,25 +1576,26 @@ impl Launch<'_> {
                 ref parts,
             } => {
                 let pm = mask_of(bits);
+                *d = [0; 32];
                 for (i, &p) in parts.iter().enumerate() {
-                    self.fetch(w, p, ctaid, &mut a);
+                    self.fetch(w, p, ctaid, a);
                     for l in 0..32 {
                         d[l] |= (a[l] & pm) << (i as u32 * bits);
                     }
                 }
-                w.put(dr, mask, &d);
+                w.put(dr, mask, d);
             }
             Op::Unpack {
                 bits,
                 d: ref ds,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, &mut a);
+                self.fetch(w, sa, ctaid, a);
                 let pm = mask_of(bits);
                 for (i, r) in ds.iter().enumerate() {
                     if let Some(r) = r {
                         map1!(|x| (x >> (i as u32 * bits)) & pm);
-                        w.put(*r, mask, &d);
+                        w.put(*r, mask, d);
                     }
                 }
             }
