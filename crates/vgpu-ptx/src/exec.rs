@@ -794,6 +794,24 @@ impl Launch<'_> {
         }
     }
 
+    /// An operand's 32 lanes: a register row in place, or `tmp` filled.
+    #[inline(always)]
+    fn opnd<'x>(
+        &self,
+        w: &'x Warp,
+        s: Src,
+        ctaid: [u32; 3],
+        tmp: &'x mut [u64; 32],
+    ) -> &'x [u64; 32] {
+        match s {
+            Src::Reg(r) => w.row(r),
+            _ => {
+                self.fetch(w, s, ctaid, tmp);
+                tmp
+            }
+        }
+    }
+
     fn sreg(&self, w: &Warp, s: Sreg, l: usize, ctaid: [u32; 3]) -> u64 {
         let lm = |f: fn(u32) -> u32| f(l as u32) as u64;
         match s {
@@ -1029,29 +1047,31 @@ impl Launch<'_> {
         // Operand rows live in the caller's scratch: no per-instruction
         // zeroing of four arrays.
         let Scratch { a, b, c, d, e: e_ } = s;
+        // The rows are passed in: macro hygiene would otherwise bind the
+        // scratch arrays, not an arm's borrowed operands.
         macro_rules! map1 {
-            (|$x:ident| $e:expr) => {
+            ($a:ident, |$x:ident| $e:expr) => {
                 for l in 0..32 {
-                    let $x = a[l];
+                    let $x = $a[l];
                     d[l] = $e;
                 }
             };
         }
         macro_rules! map2 {
-            (|$x:ident, $y:ident| $e:expr) => {
+            ($a:ident, $b:ident, |$x:ident, $y:ident| $e:expr) => {
                 for l in 0..32 {
-                    let $x = a[l];
-                    let $y = b[l];
+                    let $x = $a[l];
+                    let $y = $b[l];
                     d[l] = $e;
                 }
             };
         }
         macro_rules! map3 {
-            (|$x:ident, $y:ident, $z:ident| $e:expr) => {
+            ($a:ident, $b:ident, $c:ident, |$x:ident, $y:ident, $z:ident| $e:expr) => {
                 for l in 0..32 {
-                    let $x = a[l];
-                    let $y = b[l];
-                    let $z = c[l];
+                    let $x = $a[l];
+                    let $y = $b[l];
+                    let $z = $c[l];
                     d[l] = $e;
                 }
             };
@@ -1063,7 +1083,7 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, a);
+                let a = self.opnd(w, sa, ctaid, a);
                 un(op, ty, a, d);
                 w.put(dr, mask, d);
             }
@@ -1074,8 +1094,8 @@ impl Launch<'_> {
                 a: sa,
                 b: sb,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
                 bin(op, ty, a, b, d);
                 w.put(dr, mask, d);
             }
@@ -1085,15 +1105,16 @@ impl Launch<'_> {
                 a: sa,
                 b: sb,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
                 let bits = ty.bits();
                 let m2 = mask_of(bits * 2);
                 if ty.signed() {
-                    map2!(|x, y| (sx(x, bits).wrapping_mul(sx(y, bits)) as u64) & m2);
+                    map2!(a, b, |x, y| (sx(x, bits).wrapping_mul(sx(y, bits)) as u64)
+                        & m2);
                 } else {
                     let m = mask_of(bits);
-                    map2!(|x, y| ((x & m).wrapping_mul(y & m)) & m2);
+                    map2!(a, b, |x, y| ((x & m).wrapping_mul(y & m)) & m2);
                 }
                 w.put(dr, mask, d);
             }
@@ -1105,32 +1126,42 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
+                let c = self.opnd(w, sc, ctaid, c);
                 let bits = ty.bits();
                 let m = mask_of(bits);
                 match op {
                     MadOp::Fma => match ty {
-                        Ty::F32 => map3!(|x, y, z| f32b(f32v(x).mul_add(f32v(y), f32v(z)))),
-                        Ty::F64 => map3!(|x, y, z| f64v(x).mul_add(f64v(y), f64v(z)).to_bits()),
+                        Ty::F32 => {
+                            map3!(a, b, c, |x, y, z| f32b(f32v(x).mul_add(f32v(y), f32v(z))))
+                        }
+                        Ty::F64 => map3!(a, b, c, |x, y, z| f64v(x)
+                            .mul_add(f64v(y), f64v(z))
+                            .to_bits()),
                         _ => {
-                            map3!(|x, y, z| fput(ty, fget(ty, x).mul_add(fget(ty, y), fget(ty, z))))
+                            map3!(a, b, c, |x, y, z| fput(
+                                ty,
+                                fget(ty, x).mul_add(fget(ty, y), fget(ty, z))
+                            ))
                         }
                     },
-                    MadOp::Lo => map3!(|x, y, z| x.wrapping_mul(y).wrapping_add(z) & m),
-                    MadOp::Hi => map3!(|x, y, z| mul_hi(ty, x, y).wrapping_add(z) & m),
+                    MadOp::Lo => map3!(a, b, c, |x, y, z| x.wrapping_mul(y).wrapping_add(z) & m),
+                    MadOp::Hi => map3!(a, b, c, |x, y, z| mul_hi(ty, x, y).wrapping_add(z) & m),
                     MadOp::Wide => {
                         let m2 = mask_of(bits * 2);
                         if ty.signed() {
-                            map3!(|x, y, z| (sx(x, bits).wrapping_mul(sx(y, bits)) as u64)
+                            map3!(a, b, c, |x, y, z| (sx(x, bits).wrapping_mul(sx(y, bits))
+                                as u64)
                                 .wrapping_add(z)
                                 & m2);
                         } else {
-                            map3!(|x, y, z| ((x & m).wrapping_mul(y & m)).wrapping_add(z) & m2);
+                            map3!(a, b, c, |x, y, z| ((x & m).wrapping_mul(y & m))
+                                .wrapping_add(z)
+                                & m2);
                         }
                     }
-                    MadOp::Mad24Lo => map3!(|x, y, z| mul24(ty, x, y).wrapping_add(z) & m),
+                    MadOp::Mad24Lo => map3!(a, b, c, |x, y, z| mul24(ty, x, y).wrapping_add(z) & m),
                 }
                 w.put(dr, mask, d);
             }
@@ -1143,11 +1174,11 @@ impl Launch<'_> {
                 b: sb,
                 comb,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
                 setp(cmp, ty, a, b, d);
                 if let Some((bop, sc, neg)) = comb {
-                    self.fetch(w, sc, ctaid, c);
+                    let c = self.opnd(w, sc, ctaid, c);
                     let n = neg as u64;
                     let mut d2v = [0u64; 32];
                     for l in 0..32 {
@@ -1183,11 +1214,11 @@ impl Launch<'_> {
                 b: sb,
                 c: sc,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
+                let c = self.opnd(w, sc, ctaid, c);
                 let m = mask_of(ty.bits());
-                map3!(|x, y, p| if p & 1 != 0 { x & m } else { y & m });
+                map3!(a, b, c, |x, y, p| if p & 1 != 0 { x & m } else { y & m });
                 w.put(dr, mask, d);
             }
             Op::Cvt {
@@ -1200,8 +1231,8 @@ impl Launch<'_> {
                 d: dr,
                 a: sa,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                map1!(|x| cvt(dty, sty, rnd, sat, ftz, dbits, x));
+                let a = self.opnd(w, sa, ctaid, a);
+                map1!(a, |x| cvt(dty, sty, rnd, sat, ftz, dbits, x));
                 w.put(dr, mask, d);
             }
             Op::Cvta {
@@ -1217,9 +1248,9 @@ impl Launch<'_> {
                     _ => 0,
                 };
                 if to {
-                    map1!(|x| x.wrapping_sub(win));
+                    map1!(a, |x| x.wrapping_sub(win));
                 } else {
-                    map1!(|x| x.wrapping_add(win));
+                    map1!(a, |x| x.wrapping_add(win));
                 }
                 w.put(dr, mask, d);
             }
@@ -1241,7 +1272,18 @@ impl Launch<'_> {
                 for k in 0..n as usize {
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
                     let mut m = mask;
-                    if space == Space::Shared && size == 4 && mask == FULL && !ext {
+                    if addr.base.is_none() && matches!(space, Space::KParam | Space::Const) {
+                        // A uniform address (a parameter, a constant): read once.
+                        let l = mask.trailing_zeros() as usize;
+                        let mut buf = [0u8; 8];
+                        self.read(w, shared, space, l, koff, &mut buf[..size], inst.line)?;
+                        let v = u64::from_le_bytes(buf);
+                        *d = [if ext {
+                            (sx(v, size as u32 * 8) as u64) & dm
+                        } else {
+                            v
+                        }; 32];
+                    } else if space == Space::Shared && size == 4 && mask == FULL && !ext {
                         // The hot path of tiled kernels: a whole warp, and
                         // one range check per lane.
                         let lim = (self.m.shared_static as u64).saturating_sub(4);
@@ -1437,7 +1479,7 @@ impl Launch<'_> {
                 self.fetch(w, sb, ctaid, b);
                 self.fetch(w, sc, ctaid, c);
                 let bits = ty.bits();
-                map3!(|x, p, n| bfe(ty, bits, x, p & 0xff, n & 0xff));
+                map3!(a, b, c, |x, p, n| bfe(ty, bits, x, p & 0xff, n & 0xff));
                 w.put(dr, mask, d);
             }
             Op::Bfi {
@@ -1475,7 +1517,7 @@ impl Launch<'_> {
                 self.fetch(w, sa, ctaid, a);
                 self.fetch(w, sb, ctaid, b);
                 self.fetch(w, sc, ctaid, c);
-                map3!(|x, y, s| {
+                map3!(a, b, c, |x, y, s| {
                     let v = (x & 0xffff_ffff) | ((y & 0xffff_ffff) << 32);
                     let mut r = 0u64;
                     for i in 0..4 {
@@ -1506,7 +1548,7 @@ impl Launch<'_> {
                 self.fetch(w, sa, ctaid, a);
                 self.fetch(w, sb, ctaid, b);
                 self.fetch(w, sc, ctaid, c);
-                map3!(|x, y, z| {
+                map3!(a, b, c, |x, y, z| {
                     let mut r = 0u64;
                     for i in 0..8 {
                         if lut >> i & 1 != 0 {
@@ -1530,7 +1572,7 @@ impl Launch<'_> {
                 self.fetch(w, sa, ctaid, a);
                 self.fetch(w, sb, ctaid, b);
                 self.fetch(w, sc, ctaid, c);
-                map3!(|x, y, s| {
+                map3!(a, b, c, |x, y, s| {
                     let n = if wrap {
                         s & 31
                     } else {
@@ -1552,7 +1594,7 @@ impl Launch<'_> {
                 a: sa,
             } => {
                 self.fetch(w, sa, ctaid, a);
-                map1!(|x| {
+                map1!(a, |x| {
                     let v = fget(ty, x);
                     let sub = if ty == Ty::F64 {
                         v.is_subnormal()
@@ -1594,7 +1636,7 @@ impl Launch<'_> {
                 let pm = mask_of(bits);
                 for (i, r) in ds.iter().enumerate() {
                     if let Some(r) = r {
-                        map1!(|x| (x >> (i as u32 * bits)) & pm);
+                        map1!(a, |x| (x >> (i as u32 * bits)) & pm);
                         w.put(*r, mask, d);
                     }
                 }
