@@ -5,6 +5,9 @@
 //!
 //! usage: cargo bench -p vgpu-ptx [-- WORKERS]
 
+// The native loops index like the kernels they stand for.
+#![allow(clippy::needless_range_loop)]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

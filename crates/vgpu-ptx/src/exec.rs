@@ -989,6 +989,7 @@ impl Launch<'_> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn atomic(
         &self,
         shared: &mut [u8],
@@ -1269,7 +1270,7 @@ impl Launch<'_> {
                 }
                 let ext = ty.signed() && (size as u32 * 8) < dbits;
                 let dm = mask_of(dbits.max(ty.bits()));
-                for k in 0..n as usize {
+                for (k, &dk) in ds.iter().enumerate().take(n as usize) {
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
                     let mut m = mask;
                     if addr.base.is_none() && matches!(space, Space::KParam | Space::Const) {
@@ -1341,7 +1342,7 @@ impl Launch<'_> {
                             };
                         }
                     }
-                    w.put(ds[k], mask, d);
+                    w.put(dk, mask, d);
                 }
             }
             Op::St {

@@ -261,7 +261,7 @@ fn float_and_conversions() {
         16777216f32.to_bits() as u64,
         0x3555,
         0x7c00,
-        (0x3555u32 as f32).to_bits() as u64 * 0 + 0.333_251_95f32.to_bits() as u64,
+        0.333_251_95f32.to_bits() as u64,
         0x3eab,
         1.0f32.to_bits() as u64,
         1.0f32.to_bits() as u64,

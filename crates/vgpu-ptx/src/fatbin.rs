@@ -133,7 +133,7 @@ pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
     while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
         pos = read_fatbin(image, pos, &mut out)?;
         // Consecutive fatbinaries are 8-byte aligned; padding may follow.
-        while pos < image.len() && pos % 8 != 0 && image[pos] == 0 {
+        while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
             pos += 1;
         }
     }

@@ -698,8 +698,8 @@ impl<'a> Parser<'a> {
         let name = self.word()?;
         let mut params = Vec::new();
         let mut kparam_end = 0u32;
-        if self.eat_p(b'(') {
-            if !self.eat_p(b')') {
+        if self.eat_p(b'(') && !self.eat_p(b')') {
+            {
                 loop {
                     let (off, mut p) = self.param_decl(&mut fs, entry)?;
                     if entry {

@@ -1,6 +1,9 @@
 //! Kernels compiled by nvcc (see corpus/build.sh) run on the executor and
 //! are checked against references computed here.
 
+// References index like the kernels they check.
+#![allow(clippy::needless_range_loop)]
+
 use vgpu_ptx::{
     extract_ptx, launch, ExecError, GlobalMemory, LaunchConfig, Limits, Module, VecMemory,
 };
