@@ -415,9 +415,11 @@ pub fn launch(
             max: limits.max_shared,
         });
     }
-    if module.local_size > limits.max_local_per_thread {
+    // Per-thread parameter space of calls is local memory on a GPU too.
+    let local = module.local_size.saturating_add(module.param_size);
+    if local > limits.max_local_per_thread {
         return Err(ExecError::LocalTooLarge {
-            requested: module.local_size,
+            requested: local,
             max: limits.max_local_per_thread,
         });
     }

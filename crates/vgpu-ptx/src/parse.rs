@@ -96,6 +96,7 @@ impl Module {
             globals: HashMap::new(),
             fnames: HashMap::new(),
             call_fix: Vec::new(),
+            depth: 0,
         };
         p.module()?;
         Ok(p.m)
@@ -323,7 +324,13 @@ struct Parser<'a> {
     globals: HashMap<&'a str, VarLoc>,
     fnames: HashMap<&'a str, u32>,
     call_fix: Vec<(usize, &'a str, u32)>,
+    depth: u32,
 }
+
+const MAX_NESTING: u32 = 32;
+/// Registers of a module, all functions together: each costs 256 bytes
+/// per warp at run time.
+const MAX_REGS: u32 = 1 << 17;
 
 fn align_up(x: u32, a: u32) -> u32 {
     let a = a.max(1);
@@ -655,6 +662,25 @@ impl<'a> Parser<'a> {
     }
 
     fn initialiser(&mut self, ty: Ty, out: &mut Vec<u8>) -> Result<(), ParseError> {
+        self.nest(|p| p.initialiser_inner(ty, out))
+    }
+
+    /// Runs `f` one nesting level deeper: bounded, so that `{{{{...` or
+    /// `- - - ...` cannot exhaust the stack.
+    fn nest<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, ParseError>,
+    ) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return self.err("nested too deeply");
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
+    }
+
+    fn initialiser_inner(&mut self, ty: Ty, out: &mut Vec<u8>) -> Result<(), ParseError> {
         if self.eat_p(b'{') {
             loop {
                 self.initialiser(ty, out)?;
@@ -935,7 +961,7 @@ impl<'a> Parser<'a> {
             } else {
                 1
             };
-            if count > 1 << 16 || self.m.nregs > (1 << 20) {
+            if count > MAX_REGS || self.m.nregs.saturating_add(count) > MAX_REGS {
                 return self.err("too many registers");
             }
             if self.is_p(b'<') {
@@ -1012,6 +1038,10 @@ impl<'a> Parser<'a> {
     }
 
     fn operand(&mut self) -> Result<Opnd<'a>, ParseError> {
+        self.nest(|p| p.operand_inner())
+    }
+
+    fn operand_inner(&mut self) -> Result<Opnd<'a>, ParseError> {
         let t = self.next()?;
         match t.k {
             K::P(b'[') => {
@@ -2113,6 +2143,21 @@ mod tests {
         assert!(e.msg.contains("undefined function"), "{e}");
         assert!(Module::parse("/* open").is_err());
         assert!(Module::parse("\u{1F600}").is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let deep = "{".repeat(100_000);
+        let e = parse(&format!(".global .u32 g[1] = {deep}1;\n")).unwrap_err();
+        assert!(e.msg.contains("nested too deeply"), "{e}");
+        let minus = "- ".repeat(100_000);
+        let e = parse(&format!(
+            ".visible .entry k()\n{{\n.reg .b32 %r;\nmov.u32 %r, {minus}1;\n}}\n"
+        ))
+        .unwrap_err();
+        assert!(e.msg.contains("nested too deeply"), "{e}");
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r<999999999>;\n}\n").unwrap_err();
+        assert!(e.msg.contains("too many registers"), "{e}");
     }
 
     #[test]
