@@ -1102,6 +1102,23 @@ impl Launch<'_> {
                 bin(op, ty, a, b, d);
                 w.put(dr, mask, d);
             }
+            Op::Fx {
+                op,
+                ty,
+                rnd,
+                ftz,
+                sat,
+                d: dr,
+                a: sa,
+                b: sb,
+                c: sc,
+            } => {
+                let a = self.opnd(w, sa, ctaid, a);
+                let b = self.opnd(w, sb, ctaid, b);
+                let c = self.opnd(w, sc, ctaid, c);
+                fx(op, ty, rnd, ftz, sat, a, b, c, d);
+                w.put(dr, mask, d);
+            }
             Op::MulWide {
                 ty,
                 d: dr,
@@ -2050,8 +2067,17 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, dbits: u32, x: u64) -> 
             } else {
                 (x & mask_of(sty.bits())) as i128
             };
+            let directed = matches!(rnd, Rnd::Rz | Rnd::Rm | Rnd::Rp);
             let f = match dty {
+                Ty::F64 if directed => {
+                    let r = v as f64;
+                    direct64(r, (r as i128).cmp(&v), v < 0, rnd)
+                }
                 Ty::F64 => v as f64,
+                Ty::F32 if directed => {
+                    let r = v as f32;
+                    direct32(r, (r as i128).cmp(&v), v < 0, rnd) as f64
+                }
                 // Via f32 directly: one rounding from the integer.
                 _ => (v as f32) as f64,
             };
@@ -2071,11 +2097,197 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, dbits: u32, x: u64) -> 
                 _ => f,
             };
             let f = if sat { sat01(f) } else { f };
-            let r = fput(dty, f);
+            let r = if dty == Ty::F32
+                && sty == Ty::F64
+                && matches!(rnd, Rnd::Rz | Rnd::Rm | Rnd::Rp)
+                && f.is_finite()
+            {
+                let r = f as f32;
+                let cmp = (r as f64)
+                    .partial_cmp(&f)
+                    .unwrap_or(std::cmp::Ordering::Equal);
+                f32b(direct32(r, cmp, f < 0.0, rnd))
+            } else {
+                fput(dty, f)
+            };
             if ftz && dty == Ty::F32 && f32v(r).is_subnormal() {
                 return r & 0x8000_0000;
             }
             r
+        }
+    }
+}
+
+/// Moves a nearest-rounded `r` one step when the exact value lies on the
+/// other side of it than the rounding direction allows. `cmp` is how `r`
+/// compares with the exact value, `neg` whether the exact value is
+/// negative.
+fn direct32(r: f32, cmp: std::cmp::Ordering, neg: bool, rnd: Rnd) -> f32 {
+    use std::cmp::Ordering::*;
+    match (rnd, cmp) {
+        (Rnd::Rz | Rnd::Rzi, Greater) if !neg => r.next_down(),
+        (Rnd::Rz | Rnd::Rzi, Less) if neg => r.next_up(),
+        (Rnd::Rm | Rnd::Rmi, Greater) => r.next_down(),
+        (Rnd::Rp | Rnd::Rpi, Less) => r.next_up(),
+        _ => r,
+    }
+}
+
+fn direct64(r: f64, cmp: std::cmp::Ordering, neg: bool, rnd: Rnd) -> f64 {
+    use std::cmp::Ordering::*;
+    match (rnd, cmp) {
+        (Rnd::Rz | Rnd::Rzi, Greater) if !neg => r.next_down(),
+        (Rnd::Rz | Rnd::Rzi, Less) if neg => r.next_up(),
+        (Rnd::Rm | Rnd::Rmi, Greater) => r.next_down(),
+        (Rnd::Rp | Rnd::Rpi, Less) => r.next_up(),
+        _ => r,
+    }
+}
+
+fn sign_of(v: f64) -> std::cmp::Ordering {
+    v.partial_cmp(&0.0).unwrap_or(std::cmp::Ordering::Equal)
+}
+
+/// `a + b` as `s + e` exactly (Knuth's two-sum).
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+/// One directed-rounded operation: the nearest result in the working
+/// precision plus the sign of what it left out, then the step.
+fn directed(op: FxOp, ty: Ty, rnd: Rnd, x: f64, y: f64, z: f64) -> u64 {
+    use std::cmp::Ordering;
+    // (s, sign of the exact value minus s)
+    let (s, e): (f64, Ordering) = match op {
+        FxOp::Bin(BinOp::Add) | FxOp::Bin(BinOp::Sub) => {
+            let y = if op == FxOp::Bin(BinOp::Sub) { -y } else { y };
+            let (s, e) = two_sum(x, y);
+            if s == 0.0 && e == 0.0 && x != 0.0 && rnd == Rnd::Rm {
+                // An exact zero sum of non-zero values is -0 rounding down.
+                return fput(ty, -0.0);
+            }
+            (s, sign_of(e))
+        }
+        FxOp::Bin(BinOp::MulLo) => {
+            let s = x * y;
+            (s, sign_of(x.mul_add(y, -s)))
+        }
+        FxOp::Bin(BinOp::Div) | FxOp::Un(UnOp::Rcp) => {
+            let (x, y) = if op == FxOp::Un(UnOp::Rcp) {
+                (1.0, x)
+            } else {
+                (x, y)
+            };
+            let s = x / y;
+            let rem = (-s).mul_add(y, x);
+            (
+                s,
+                if sign_of(y) == Ordering::Less {
+                    sign_of(rem).reverse()
+                } else {
+                    sign_of(rem)
+                },
+            )
+        }
+        FxOp::Un(UnOp::Sqrt) => {
+            let s = x.sqrt();
+            (s, sign_of((-s).mul_add(s, x)))
+        }
+        // Only f32 gets here: the product is exact in f64.
+        FxOp::Fma => {
+            let (s, e) = two_sum(x * y, z);
+            (s, sign_of(e))
+        }
+        _ => return fput(ty, x),
+    };
+    let inputs_finite = x.is_finite() && y.is_finite() && z.is_finite();
+    if !s.is_finite() || !inputs_finite || s.is_nan() {
+        if s.is_infinite() && inputs_finite {
+            // Overflow: the largest finite value unless rounding away.
+            let away = match rnd {
+                Rnd::Rm => s < 0.0,
+                Rnd::Rp => s > 0.0,
+                _ => false,
+            };
+            if !away {
+                let max = if ty == Ty::F32 {
+                    f32::MAX as f64
+                } else {
+                    f64::MAX
+                };
+                return fput(ty, max.copysign(s));
+            }
+        }
+        return fput(ty, s);
+    }
+    let neg = s < 0.0 || (s == 0.0 && e == Ordering::Less);
+    if ty == Ty::F32 {
+        let r = s as f32;
+        let cmp = match (r as f64).partial_cmp(&s) {
+            Some(Ordering::Equal) | None => e.reverse(),
+            Some(c) => c,
+        };
+        f32b(direct32(r, cmp, neg, rnd))
+    } else {
+        direct64(s, e.reverse(), neg, rnd).to_bits()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fx(
+    op: FxOp,
+    ty: Ty,
+    rnd: Rnd,
+    ftz: bool,
+    sat: bool,
+    a: &[u64; 32],
+    b: &[u64; 32],
+    c: &[u64; 32],
+    d: &mut [u64; 32],
+) {
+    let fl = |v: u64| -> u64 {
+        if ftz && f32v(v).is_subnormal() {
+            v & 0x8000_0000
+        } else {
+            v
+        }
+    };
+    let (mut x, mut y, mut z) = (*a, *b, *c);
+    if ftz {
+        for l in 0..32 {
+            x[l] = fl(x[l]);
+            y[l] = fl(y[l]);
+            z[l] = fl(z[l]);
+        }
+    }
+    if rnd == Rnd::Rn {
+        match op {
+            FxOp::Bin(o) => bin(o, ty, &x, &y, d),
+            FxOp::Un(o) => un(o, ty, &x, d),
+            FxOp::Fma if ty == Ty::F32 => {
+                for l in 0..32 {
+                    d[l] = f32b(f32v(x[l]).mul_add(f32v(y[l]), f32v(z[l])));
+                }
+            }
+            FxOp::Fma => {
+                for l in 0..32 {
+                    d[l] = fput(ty, fget(ty, x[l]).mul_add(fget(ty, y[l]), fget(ty, z[l])));
+                }
+            }
+        }
+    } else {
+        for l in 0..32 {
+            d[l] = directed(op, ty, rnd, fget(ty, x[l]), fget(ty, y[l]), fget(ty, z[l]));
+        }
+    }
+    for v in d.iter_mut() {
+        if sat {
+            *v = fput(ty, sat01(fget(ty, *v)));
+        }
+        if ftz {
+            *v = fl(*v);
         }
     }
 }

@@ -622,3 +622,73 @@ fn special_registers() {
         assert_eq!(lt, (1u32 << (t % 32)) - 1, "{i}");
     }
 }
+
+#[test]
+fn directed_rounding_ftz_and_sat() {
+    let third = "0f3EAAAAAB"; // nearest f32 to 1/3, above it
+    let one = "0f3F800000";
+    let three = "0f40400000";
+    let tiny = "0f00000001"; // smallest subnormal
+    let big = "0f7F7FFFFF";
+    let r = eval(&[
+        (&format!("div.rz.f32 %f2, {one}, {three}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("div.rp.f32 %f2, {one}, {three}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("div.rm.f32 %f2, {one}, {three}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("add.rp.f32 %f2, {one}, {tiny}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("add.rm.f32 %f2, {one}, {tiny}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("sub.rz.f32 %f2, {one}, {tiny}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("mul.rz.f32 %f2, {big}, {three}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("mul.rn.f32 %f2, {big}, {three}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("mov.f32 %f1, {third}; fma.rz.f32 %f2, %f1, {three}, 0fBF800000; mov.b32 %r2, %f2;"), "%r2"),
+        ("sqrt.rp.f32 %f2, 0f40000000; mov.b32 %r2, %f2;", "%r2"),
+        ("sqrt.rm.f32 %f2, 0f40000000; mov.b32 %r2, %f2;", "%r2"),
+        (&format!("add.ftz.f32 %f2, {tiny}, {tiny}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("add.f32 %f2, {tiny}, {tiny}; mov.b32 %r2, %f2;"), "%r2"),
+        (&format!("add.sat.f32 %f2, {one}, {one}; mov.b32 %r2, %f2;"), "%r2"),
+        ("mov.f32 %f1, 0fBF800000; mul.sat.f32 %f2, %f1, %f1; neg.f32 %f2, %f2; max.sat.f32 %f3, %f2, 0fC0000000; mov.b32 %r2, %f3;", "%r2"),
+        ("mov.f64 %fd1, 0d3FF0000000000000; div.rz.f64 %fd2, %fd1, 0d4008000000000000;", "%fd2"),
+        ("mov.f64 %fd1, 0d3FF0000000000000; div.rp.f64 %fd2, %fd1, 0d4008000000000000;", "%fd2"),
+        ("mov.u32 %r1, 16777217; cvt.rp.f32.u32 %f2, %r1; mov.b32 %r2, %f2;", "%r2"),
+        ("mov.u32 %r1, 16777217; cvt.rz.f32.u32 %f2, %r1; mov.b32 %r2, %f2;", "%r2"),
+        ("mov.u32 %r1, -16777217; cvt.rm.f32.s32 %f2, %r1; mov.b32 %r2, %f2;", "%r2"),
+        ("mov.f64 %fd1, 0d3FD5555555555555; cvt.rp.f32.f64 %f2, %fd1; mov.b32 %r2, %f2;", "%r2"),
+        ("mov.f64 %fd1, 0d3FD5555555555555; cvt.rz.f32.f64 %f2, %fd1; mov.b32 %r2, %f2;", "%r2"),
+        ("mov.f64 %fd1, 0d3FD5555555555555; cvt.rn.f32.f64 %f2, %fd1; mov.b32 %r2, %f2;", "%r2"),
+        (&format!("sub.rm.f32 %f2, {one}, {one}; mov.b32 %r2, %f2;"), "%r2"),
+    ]);
+    let t = (1.0f32 / 3.0).to_bits() as u64;
+    let want: Vec<u64> = vec![
+        t - 1,
+        t,
+        t - 1,
+        1.0f32.next_up().to_bits() as u64,
+        1.0f32.to_bits() as u64,
+        1.0f32.next_down().to_bits() as u64,
+        f32::MAX.to_bits() as u64,
+        f32::INFINITY.to_bits() as u64,
+        // 3 * 0x3EAAAAAB = 1 + 2^-25 exactly: minus one is 2^-25.
+        (2.0f32).powi(-25).to_bits() as u64,
+        // The nearest f32 to sqrt(2) lies below it.
+        2f32.sqrt().next_up().to_bits() as u64,
+        2f32.sqrt().to_bits() as u64,
+        0,
+        2,
+        1.0f32.to_bits() as u64,
+        0,
+        // The nearest f64 to 1/3 lies below it (the f32 one above).
+        (1.0f64 / 3.0).to_bits(),
+        (1.0f64 / 3.0).to_bits() + 1,
+        16777218f32.to_bits() as u64,
+        16777216f32.to_bits() as u64,
+        (-16777218f32).to_bits() as u64,
+        t,
+        t - 1,
+        t,
+        (-0.0f32).to_bits() as u64,
+    ];
+    for (i, (g, w)) in r.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "case {i}: {g:#x} != {w:#x}");
+    }
+    let bad = Module::parse(".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .f64 %fd<3>;\nfma.rz.f64 %fd1, %fd1, %fd1, %fd1;\n}\n");
+    assert!(bad.unwrap_err().msg.contains("rounding mode"));
+}

@@ -287,6 +287,16 @@ pub enum TestOp {
     Subnormal,
 }
 
+/// The operation of a float instruction with modifiers that the fast
+/// paths do not handle (directed rounding, `.ftz`, `.sat`).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FxOp {
+    Bin(BinOp),
+    Un(UnOp),
+    Fma,
+}
+
 /// One decoded instruction.
 #[allow(missing_docs)]
 #[derive(Debug, Clone, PartialEq)]
@@ -303,6 +313,20 @@ pub enum Op {
         d: u32,
         a: Src,
         b: Src,
+    },
+    /// A float operation with rounding toward zero, minus or plus
+    /// infinity (`rnd`), flushing of subnormals (`ftz`) or saturation to
+    /// [0, 1] (`sat`).
+    Fx {
+        op: FxOp,
+        ty: Ty,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
     },
     /// `mul.wide`: `ty` is the source type.
     MulWide {

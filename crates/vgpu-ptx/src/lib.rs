@@ -64,11 +64,14 @@
 //!   `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt` modes,
 //!   `mad24.hi`, `dp4a`, `bfind`, `sad`, `vote` without `.sync` other
 //!   than the forms above, `wmma`/`mma`, `cp.async`, clusters.
-//! - Float arithmetic rounds to nearest even: `.rz/.rm/.rp` on `add`,
-//!   `mul`, `fma`, `div` and int-to-float `cvt` are accepted and rounded
-//!   to nearest; `.ftz` is honoured by `cvt` only. The `.approx` math
-//!   functions are computed in double precision and rounded, well within
-//!   their documented error.
+//! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,
+//!   `div`, `sqrt`, `rcp` (f32 and f64), `fma.f32`, int-to-float `cvt` and
+//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, f16/bf16 arithmetic, other
+//!   operations) it is refused when the module is parsed. Float-to-f16
+//!   `cvt` rounds to nearest. `.ftz` and `.sat` are honoured on float
+//!   arithmetic and `cvt`. The `.approx` functions (`ex2`, `lg2`, `sin`,
+//!   `cos`, `rsqrt`, `tanh`) are computed in double precision and rounded,
+//!   well within their documented error.
 //! - Named barriers with thread counts behave as whole-block barriers.
 //! - `.global` variables of a module live for one launch (initialised
 //!   from the module each time); the static shared memory of a kernel is

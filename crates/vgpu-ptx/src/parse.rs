@@ -1558,6 +1558,9 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     ("shr", ..) => BinOp::Shr,
                     _ => BinOp::Copysign,
                 };
+                if let Some(fx) = self.fx(&m, FxOp::Bin(op), t, d, a, b, Src::Imm(0))? {
+                    return Ok(fx);
+                }
                 Op::Bin { op, ty: t, d, a, b }
             }
             "not" | "cnot" | "neg" | "abs" | "popc" | "clz" | "brev" | "rcp" | "sqrt" | "rsqrt"
@@ -1581,12 +1584,11 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     "cos" => UnOp::Cos,
                     _ => UnOp::Tanh,
                 };
-                Op::Un {
-                    op,
-                    ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
+                let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
+                if let Some(fx) = self.fx(&m, FxOp::Un(op), t, d, a, Src::Imm(0), Src::Imm(0))? {
+                    return Ok(fx);
                 }
+                Op::Un { op, ty: t, d, a }
             }
             "mad" | "fma" | "mad24" => {
                 need(4)?;
@@ -1609,13 +1611,24 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     return self.err("carry arithmetic (.cc) is not supported");
                 }
                 let cty = if op == MadOp::Wide { wide(t) } else { t };
+                let (d, a, b, c) = (
+                    self.dst(&o[0])?,
+                    self.src(&o[1], t)?,
+                    self.src(&o[2], t)?,
+                    self.src(&o[3], cty)?,
+                );
+                if op == MadOp::Fma {
+                    if let Some(fx) = self.fx(&m, FxOp::Fma, t, d, a, b, c)? {
+                        return Ok(fx);
+                    }
+                }
                 Op::Mad {
                     op,
                     ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], t)?,
-                    c: self.src(&o[3], cty)?,
+                    d,
+                    a,
+                    b,
+                    c,
                 }
             }
             "setp" => {
@@ -1990,6 +2003,54 @@ impl<'p, 'a> Decoder<'p, 'a> {
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
             _ => return self.err(format!("unsupported instruction '{opcode}'")),
         })
+    }
+
+    /// The slow-path form of a float operation whose modifiers need it.
+    #[allow(clippy::too_many_arguments)]
+    fn fx(
+        &self,
+        m: &Mods<'_>,
+        op: FxOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    ) -> Result<Option<Op>, ParseError> {
+        if !ty.float() {
+            return Ok(None);
+        }
+        let rnd = match m.rnd() {
+            r @ (Rnd::Rz | Rnd::Rm | Rnd::Rp) => r,
+            _ => Rnd::Rn,
+        };
+        let ftz = m.has("ftz") && ty == Ty::F32;
+        let sat = m.has("sat");
+        if rnd == Rnd::Rn && !ftz && !sat {
+            return Ok(None);
+        }
+        if rnd != Rnd::Rn {
+            let directed = matches!(
+                op,
+                FxOp::Bin(BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
+                    | FxOp::Un(UnOp::Sqrt | UnOp::Rcp)
+                    | FxOp::Fma
+            );
+            if !directed || !matches!(ty, Ty::F32 | Ty::F64) || (op == FxOp::Fma && ty == Ty::F64) {
+                return self.err("this rounding mode is not supported for this operation and type");
+            }
+        }
+        Ok(Some(Op::Fx {
+            op,
+            ty,
+            rnd,
+            ftz,
+            sat,
+            d,
+            a,
+            b,
+            c,
+        }))
     }
 
     fn pred_dst(&self, n: &str) -> Result<Option<u32>, ParseError> {
