@@ -350,6 +350,8 @@ struct Launch<'a> {
     mem: &'a dyn GlobalMemory,
     statics: VecMemory,
     dyn_base: u64,
+    /// End of the kernel's static shared variables.
+    static_end: u64,
     shared_len: usize,
     nwarps: u32,
     limits: &'a Limits<'a>,
@@ -407,7 +409,7 @@ pub fn launch(
             info.param_bytes
         )));
     }
-    let dyn_base = (module.shared_static as u64).div_ceil(16) * 16;
+    let dyn_base = (info.shared_static as u64).div_ceil(16) * 16;
     let shared_len = dyn_base + cfg.shared_dyn as u64;
     if shared_len > limits.max_shared as u64 {
         return Err(ExecError::SharedTooLarge {
@@ -430,6 +432,7 @@ pub fn launch(
         mem,
         statics: VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
         dyn_base,
+        static_end: info.shared_static as u64,
         shared_len: shared_len as usize,
         nwarps: threads.div_ceil(32) as u32,
         limits,
@@ -846,7 +849,7 @@ impl Launch<'_> {
     fn shared_off(&self, addr: u64, size: usize) -> Option<usize> {
         let off = if addr >= EXTERN_SHARED as u64 {
             (addr - EXTERN_SHARED as u64).checked_add(self.dyn_base)?
-        } else if addr + size as u64 <= self.m.shared_static as u64 {
+        } else if addr + size as u64 <= self.static_end {
             addr
         } else {
             return None;
@@ -1306,7 +1309,7 @@ impl Launch<'_> {
                     } else if space == Space::Shared && size == 4 && mask == FULL && !ext {
                         // The hot path of tiled kernels: a whole warp, and
                         // one range check per lane.
-                        let lim = (self.m.shared_static as u64).saturating_sub(4);
+                        let lim = self.static_end.saturating_sub(4);
                         for l in 0..32 {
                             let at = a[l].wrapping_add(koff);
                             let o = if at <= lim {

@@ -74,8 +74,10 @@
 //!   well within their documented error.
 //! - Named barriers with thread counts behave as whole-block barriers.
 //! - `.global` variables of a module live for one launch (initialised
-//!   from the module each time); the static shared memory of a kernel is
-//!   that of all `.shared` variables of the module.
+//!   from the module each time). `.shared` variables have one layout for
+//!   the whole module; a kernel's static shared memory ends with the last
+//!   one it (or a function it calls) names, so in a module of several
+//!   kernels it may count variables of others laid out before its own.
 
 #![warn(missing_docs)]
 

@@ -36,7 +36,9 @@ pub struct KernelInfo {
     pub params: Vec<ParamInfo>,
     /// Size of the parameter buffer (end of the last parameter).
     pub param_bytes: u32,
-    /// Static shared memory: every `.shared` variable of the module.
+    /// Static shared memory: the end of the last `.shared` variable the
+    /// kernel or a function it calls names (module variables keep one
+    /// layout for all kernels).
     pub shared_static: u32,
     /// Local memory per thread (all `.local` variables of the module).
     pub local_per_thread: u32,
@@ -59,6 +61,12 @@ pub(crate) struct Func {
     pub regs32: u32,
     pub max_threads: Option<u32>,
     pub line: u32,
+    /// End of the `.shared` variables the function itself names.
+    pub shared_end: u32,
+    /// The same over everything it may call.
+    pub shared_total: u32,
+    /// One past its last instruction.
+    pub end: u32,
 }
 
 /// A parsed and decoded PTX module.
@@ -97,6 +105,7 @@ impl Module {
             fnames: HashMap::new(),
             call_fix: Vec::new(),
             depth: 0,
+            shared_ends: HashMap::new(),
         };
         p.module()?;
         Ok(p.m)
@@ -149,7 +158,7 @@ impl Module {
             name: f.name.clone(),
             params,
             param_bytes,
-            shared_static: self.shared_static,
+            shared_static: f.shared_total,
             local_per_thread: self.local_size,
             registers: f.regs32 + callee,
             max_threads: f.max_threads,
@@ -315,6 +324,7 @@ struct FnScope<'a> {
     fix: Vec<(usize, &'a str, u32)>,
     entry: bool,
     regs32: u32,
+    shared_end: std::cell::Cell<u32>,
 }
 
 struct Parser<'a> {
@@ -325,6 +335,7 @@ struct Parser<'a> {
     fnames: HashMap<&'a str, u32>,
     call_fix: Vec<(usize, &'a str, u32)>,
     depth: u32,
+    shared_ends: HashMap<u32, u32>,
 }
 
 const MAX_NESTING: u32 = 32;
@@ -486,6 +497,25 @@ impl<'a> Parser<'a> {
                 });
             }
         }
+        // Each function's shared memory over what it may call.
+        for i in 0..self.m.funcs.len() {
+            let mut seen = vec![false; self.m.funcs.len()];
+            let mut todo = vec![i];
+            let mut total = 0;
+            while let Some(j) = todo.pop() {
+                if std::mem::replace(&mut seen[j], true) {
+                    continue;
+                }
+                let f = &self.m.funcs[j];
+                total = total.max(f.shared_end);
+                for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
+                    if let Op::Call { func, .. } = inst.op {
+                        todo.push(func as usize);
+                    }
+                }
+            }
+            self.m.funcs[i].shared_total = total;
+        }
         Ok(())
     }
 
@@ -616,6 +646,8 @@ impl<'a> Parser<'a> {
                         .filter(|&s| s <= MAX_STATIC)
                         .ok_or(())
                         .or_else(|_| self.err("shared memory too large"))?;
+                    let e = self.shared_ends.entry(off).or_insert(0);
+                    *e = (*e).max(off + size);
                     VarLoc::Shared(off)
                 }
                 ".local" => {
@@ -713,6 +745,7 @@ impl<'a> Parser<'a> {
             fix: Vec::new(),
             entry,
             regs32: 0,
+            shared_end: std::cell::Cell::new(0),
         };
         let mut ret = None;
         if !entry && self.is_p(b'(') {
@@ -795,6 +828,9 @@ impl<'a> Parser<'a> {
                     regs32: 0,
                     max_threads,
                     line,
+                    shared_end: 0,
+                    shared_total: 0,
+                    end: 0,
                 });
                 i
             }
@@ -840,7 +876,10 @@ impl<'a> Parser<'a> {
             op: Op::Ret,
             line: self.line(),
         });
-        self.m.funcs[idx as usize].regs32 = fs.regs32;
+        let f = &mut self.m.funcs[idx as usize];
+        f.regs32 = fs.regs32;
+        f.shared_end = fs.shared_end.get();
+        f.end = self.m.code.len() as u32;
         Ok(())
     }
 
@@ -1146,6 +1185,7 @@ impl<'a> Parser<'a> {
         let op = {
             let mut d = Decoder {
                 fs,
+                shared_ends: &self.shared_ends,
                 line,
                 globals: &self.globals,
                 call_fix: &mut self.call_fix,
@@ -1272,6 +1312,7 @@ fn sreg(name: &str) -> Option<Sreg> {
 
 struct Decoder<'p, 'a> {
     fs: &'p mut FnScope<'a>,
+    shared_ends: &'p HashMap<u32, u32>,
     line: u32,
     globals: &'p HashMap<&'a str, VarLoc>,
     call_fix: &'p mut Vec<(usize, &'a str, u32)>,
@@ -1391,15 +1432,29 @@ impl<'p, 'a> Decoder<'p, 'a> {
         }
     }
 
+    /// Records that the function names the shared variable at `off`.
+    fn note_shared(&self, off: u32) {
+        let end = self.shared_ends.get(&off).copied().unwrap_or(off);
+        let cur = &self.fs.shared_end;
+        cur.set(cur.get().max(end));
+    }
+
     /// A variable's address in its own space (`generic` asks for the
     /// generic address).
     fn var_addr(&self, v: VarLoc, generic: bool) -> u64 {
         match v {
             VarLoc::Shared(u32::MAX) if generic => SHARED_WINDOW + EXTERN_SHARED as u64,
             VarLoc::Shared(u32::MAX) => EXTERN_SHARED as u64,
-            VarLoc::Shared(o) if generic => SHARED_WINDOW + o as u64,
+            VarLoc::Shared(o) if generic => {
+                self.note_shared(o);
+                SHARED_WINDOW + o as u64
+            }
+            VarLoc::Shared(o) => {
+                self.note_shared(o);
+                o as u64
+            }
             VarLoc::Local(o) if generic => LOCAL_WINDOW + o as u64,
-            VarLoc::Shared(o) | VarLoc::Local(o) | VarLoc::KParam(o) | VarLoc::Param(o) => o as u64,
+            VarLoc::Local(o) | VarLoc::KParam(o) | VarLoc::Param(o) => o as u64,
             VarLoc::Static(o) => STATIC_WINDOW + o as u64,
         }
     }
@@ -2168,11 +2223,22 @@ mod tests {
             "/* multi\nline */ .shared .align 8 .b8 sm[100];\n.const .align 4 .u32 tab[3] = {1, 2, 3};\n.global .f32 g = 0f3F800000;\n\
              .extern .shared .align 16 .b8 dyn[];\n\
              .visible .entry k() .maxntid 128, 1, 1\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<2>;\n.reg .pred %p;\n.local .align 8 .b8 depot[16];\n\
-             .loc 1 2 3\n.pragma \"nounroll\";\nmov.u32 %r1, tab;\n@!%p bra L;\nL:\nret;\n}\n",
+             .loc 1 2 3\n.pragma \"nounroll\";\nmov.u32 %r1, tab;\nmov.u32 %r2, sm;\n@!%p bra L;\nL:\nret;\n}\n",
         )
         .unwrap();
         let k = m.kernel("k").unwrap();
         assert_eq!(k.shared_static, 100);
+        // Per kernel: what it and its callees name.
+        let m2 = parse(
+            ".shared .align 4 .b8 a[64];\n.shared .align 4 .b8 b[32];\n.func f()\n{\n.reg .b32 %r;\nmov.u32 %r, b;\nret;\n}\n\
+             .visible .entry k1()\n{\n.reg .b32 %r;\nmov.u32 %r, a;\nret;\n}\n\
+             .visible .entry k2()\n{\ncall.uni f, ();\nret;\n}\n.visible .entry k3()\n{\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m2.kernel("k1").unwrap().shared_static, 64);
+        assert_eq!(m2.kernel("k2").unwrap().shared_static, 96);
+        assert_eq!(m2.kernel("k3").unwrap().shared_static, 0);
+        assert_eq!(m2.kernels().len(), 3);
         assert_eq!(k.local_per_thread, 16);
         assert_eq!(k.registers, 4 + 4 + 1);
         assert_eq!(k.max_threads, Some(128));
