@@ -684,6 +684,10 @@ impl Launch<'_> {
                     }
                     w.resched();
                 }
+                Op::Call { func, .. } if !self.m.funcs[*func as usize].defined => {
+                    self.external_call(w, inst, mask)?;
+                    self.advance(w);
+                }
                 Op::Call { func, args, .. } => {
                     let f = &self.m.funcs[*func as usize];
                     w.cur_pc += 1;
@@ -759,6 +763,38 @@ impl Launch<'_> {
         if w.cur_pc >= w.other_min {
             w.materialize();
             w.resched();
+        }
+    }
+
+    /// A call of a function the module declares but does not define: the
+    /// few the CUDA runtime provides.
+    fn external_call(&self, w: &mut Warp, inst: &Inst, mask: u32) -> Result<(), ExecError> {
+        let Op::Call { func, ret, .. } = &inst.op else {
+            return Ok(());
+        };
+        match self.m.funcs[*func as usize].name.as_str() {
+            // printf: output is not kept; it returns 0 (what a device
+            // returns when its printf buffer is full).
+            "vprintf" => {
+                if let Some(r) = ret {
+                    let ps = self.m.param_size as usize;
+                    let mut m = mask;
+                    while m != 0 {
+                        let l = m.trailing_zeros() as usize;
+                        m &= m - 1;
+                        let at = l * ps + *r as usize;
+                        if let Some(b) = w.pmem.get_mut(at..at + 4) {
+                            b.fill(0);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            "__assertfail" => Err(ExecError::Trap(inst.line)),
+            _ => Err(ExecError::Unsupported {
+                what: "call of a function the module does not define",
+                line: inst.line,
+            }),
         }
     }
 
@@ -1490,6 +1526,123 @@ impl Launch<'_> {
                 };
                 w.put(dr, mask, &[r; 32]);
             }
+            Op::Carry {
+                op,
+                ty,
+                cin,
+                cout,
+                d: dr,
+                a: sa,
+                b: sb,
+                c: sc,
+            } => {
+                self.fetch(w, sa, ctaid, a);
+                self.fetch(w, sb, ctaid, b);
+                self.fetch(w, sc, ctaid, c);
+                let bits = ty.bits();
+                let m = mask_of(bits) as u128;
+                let cf = *w.row(CARRY_REG);
+                let mut co = [0u64; 32];
+                for l in 0..32 {
+                    let ci = if cin { (cf[l] & 1) as u128 } else { 0 };
+                    let (x, y, z) = (a[l] as u128 & m, b[l] as u128 & m, c[l] as u128 & m);
+                    let (r, carry) = match op {
+                        CarryOp::Add => {
+                            let s = x + y + ci;
+                            (s & m, (s >> bits) & 1)
+                        }
+                        CarryOp::Sub => {
+                            let borrow = (y + ci) > x;
+                            (x.wrapping_sub(y + ci) & m, borrow as u128)
+                        }
+                        CarryOp::MadLo | CarryOp::MadHi => {
+                            let p = x * y;
+                            let p = if op == CarryOp::MadHi {
+                                p >> bits
+                            } else {
+                                p & m
+                            };
+                            let s = p + z + ci;
+                            (s & m, (s >> bits) & 1)
+                        }
+                    };
+                    d[l] = r as u64;
+                    co[l] = carry as u64;
+                }
+                w.put(dr, mask, d);
+                if cout {
+                    w.put(CARRY_REG, mask, &co);
+                }
+            }
+            Op::Redux {
+                op,
+                ty,
+                d: dr,
+                a: sa,
+            } => {
+                self.fetch(w, sa, ctaid, a);
+                let mut lanes = (0..32).filter(|l| mask >> l & 1 != 0);
+                let first = lanes.next().map_or(0, |l| a[l]);
+                let r = lanes.fold(first, |acc, l| int_bin(op, ty, acc, a[l]));
+                w.put(dr, mask, &[r; 32]);
+            }
+            Op::Match {
+                all,
+                bits,
+                d: dr,
+                dp,
+                a: sa,
+            } => {
+                self.fetch(w, sa, ctaid, a);
+                let vm = mask_of(bits);
+                let mut p = [0u64; 32];
+                for l in 0..32 {
+                    let mut same = 0u32;
+                    for k in 0..32 {
+                        if mask >> k & 1 != 0 && a[k] & vm == a[l] & vm {
+                            same |= 1 << k;
+                        }
+                    }
+                    if all {
+                        let ok = same == mask;
+                        d[l] = if ok { mask as u64 } else { 0 };
+                        p[l] = ok as u64;
+                    } else {
+                        d[l] = same as u64;
+                    }
+                }
+                w.put(dr, mask, d);
+                if let Some(r) = dp {
+                    w.put(r, mask, &p);
+                }
+            }
+            Op::Elect { d: dr, dp } => {
+                let leader = mask.trailing_zeros() as usize;
+                w.put(dr, mask, &[leader as u64; 32]);
+                if let Some(r) = dp {
+                    let mut p = [0u64; 32];
+                    p[leader.min(31)] = 1;
+                    w.put(r, mask, &p);
+                }
+            }
+            Op::Isspacep {
+                space,
+                d: dr,
+                a: sa,
+            } => {
+                self.fetch(w, sa, ctaid, a);
+                for l in 0..32 {
+                    let (sp, _) = Self::classify(a[l]);
+                    d[l] = match space {
+                        Space::Global => sp == Space::Global || sp == Space::Const,
+                        Space::Shared => sp == Space::Shared,
+                        Space::Local => sp == Space::Local,
+                        Space::Const => sp == Space::Const,
+                        _ => false,
+                    } as u64;
+                }
+                w.put(dr, mask, d);
+            }
             Op::Activemask { d: dr } => w.put(dr, mask, &[mask as u64; 32]),
             Op::Bfe {
                 ty,
@@ -1705,7 +1858,14 @@ fn un(op: UnOp, ty: Ty, a: &[u64; 32], d: &mut [u64; 32]) {
     if ty.float()
         && !matches!(
             op,
-            UnOp::Mov | UnOp::Not | UnOp::Popc | UnOp::Clz | UnOp::Brev | UnOp::Cnot
+            UnOp::Mov
+                | UnOp::Not
+                | UnOp::Popc
+                | UnOp::Clz
+                | UnOp::Brev
+                | UnOp::Cnot
+                | UnOp::Bfind
+                | UnOp::BfindShift
         )
     {
         if ty == Ty::F32 {
@@ -1734,6 +1894,24 @@ fn un(op: UnOp, ty: Ty, a: &[u64; 32], d: &mut [u64; 32]) {
         UnOp::Popc => map!(|x| (x & m).count_ones() as u64),
         UnOp::Clz => map!(|x| ((x & m).leading_zeros() - (64 - bits)) as u64),
         UnOp::Brev => map!(|x| (x & m).reverse_bits() >> (64 - bits)),
+        UnOp::Bfind | UnOp::BfindShift => map!(|x| {
+            // Signed values: the first bit that differs from the sign.
+            let v = if ty.signed() && sx(x, bits) < 0 {
+                !x & m
+            } else {
+                x & m
+            };
+            if v == 0 {
+                0xffff_ffff
+            } else {
+                let pos = 63 - v.leading_zeros() as u64;
+                if op == UnOp::BfindShift {
+                    bits as u64 - 1 - pos
+                } else {
+                    pos
+                }
+            }
+        }),
         _ => map!(|x| x & m),
     }
 }

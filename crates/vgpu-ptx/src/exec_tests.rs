@@ -692,3 +692,78 @@ fn directed_rounding_ftz_and_sat() {
     let bad = Module::parse(".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .f64 %fd<3>;\nfma.rz.f64 %fd1, %fd1, %fd1, %fd1;\n}\n");
     assert!(bad.unwrap_err().msg.contains("rounding mode"));
 }
+
+#[test]
+fn carry_chains_and_bit_search() {
+    let r = eval(&[
+        // (2^64 - 1) + 1 over two 64-bit words: low 0, high 1.
+        ("mov.u64 %rd4, -1; add.cc.u64 %rd5, %rd4, 1; addc.u64 %rd3, 0, 0; add.u64 %rd3, %rd3, %rd5;", "%rd3"),
+        ("mov.u32 %r1, 0; sub.cc.u32 %r2, %r1, 1; subc.u32 %r3, 5, 0; mov.u32 %r2, %r3;", "%r2"),
+        ("mov.u32 %r1, 0xffffffff; mad.lo.cc.u32 %r2, %r1, %r1, %r1; madc.hi.u32 %r3, %r1, %r1, 0; mov.u32 %r2, %r3;", "%r2"),
+        ("mov.u32 %r1, 0x00012345; bfind.u32 %r2, %r1;", "%r2"),
+        ("mov.u32 %r1, 0; bfind.u32 %r2, %r1;", "%r2"),
+        ("mov.u32 %r1, -2; bfind.s32 %r2, %r1;", "%r2"),
+        ("mov.u32 %r1, 0x00012345; bfind.shiftamt.u32 %r2, %r1;", "%r2"),
+    ]);
+    assert_eq!(r, vec![1, 4, 0xffff_ffff, 16, 0xffff_ffff, 0, 15]);
+}
+
+#[test]
+fn warp_collectives() {
+    // Lanes 0..24 active (the others exit first).
+    let body = "
+        setp.ge.u32 %p1, %r0, 24;
+        @%p1 bra DONE;
+        redux.sync.add.u32 %r1, %r0, 0xffffff;
+        redux.sync.max.s32 %r2, %r0, 0xffffff;
+        and.b32 %r3, %r0, 3;
+        match.any.sync.b32 %r4, %r3, 0xffffff;
+        elect.sync %r5|%p2, 0xffffff;
+        selp.u32 %r6, 1, 0, %p2;
+        mov.u64 %rd5, %rd2;
+        isspacep.global %p3, %rd5;
+        selp.u32 %r7, 2, 0, %p3;
+        or.b32 %r6, %r6, %r7;
+        mov.b64 %rd3, {%r1, %r2};
+        st.global.u64 [%rd2], %rd3;
+        mov.b64 %rd3, {%r4, %r6};
+        st.global.u64 [%rd2+256], %rd3;
+    DONE:";
+    let r = run_on(body, 1, 32, 64).unwrap();
+    for l in 0..24u64 {
+        assert_eq!(r[l as usize], (23 << 32) | (23 * 24 / 2), "lane {l}");
+        let same = (0..24u64)
+            .filter(|k| k & 3 == l & 3)
+            .fold(0, |m, k| m | 1 << k);
+        assert_eq!(
+            r[32 + l as usize],
+            ((2 | (l == 0) as u64) << 32) | same,
+            "lane {l}"
+        );
+    }
+}
+
+#[test]
+fn runtime_functions() {
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .extern .func (.param .b32 func_retval0) vprintf(.param .b64 vprintf_param_0, .param .b64 vprintf_param_1);\n\
+        .extern .func __assertfail(.param .b64 a, .param .b64 b, .param .b32 c, .param .b64 d, .param .b64 e);\n\
+        .global .align 1 .b8 $str[3] = {104, 105, 0};\n\
+        .visible .entry k(.param .u32 fail)\n{\n.reg .b32 %r<3>;\n.reg .b64 %rd<2>;\n.reg .pred %p;\n\
+        mov.u64 %rd1, $str;\n{ .param .b64 p0; st.param.b64 [p0], %rd1; .param .b64 p1; st.param.b64 [p1], 0;\n\
+        .param .b32 rv; call.uni (rv), vprintf, (p0, p1); ld.param.b32 %r1, [rv]; }\n\
+        ld.param.u32 %r2, [fail];\nsetp.eq.s32 %p, %r2, 0;\n@%p bra OK;\n\
+        { .param .b64 a; .param .b64 b; .param .b32 c; .param .b64 d; .param .b64 e;\n\
+        call.uni __assertfail, (a, b, c, d, e); }\nOK:\nret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    let mem = VecMemory::new(OUT, 8);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    launch(&m, "k", &cfg, &0u32.to_le_bytes(), &mem, &Limits::default()).unwrap();
+    let e = launch(&m, "k", &cfg, &1u32.to_le_bytes(), &mem, &Limits::default()).unwrap_err();
+    assert!(matches!(e, ExecError::Trap(_)), "{e}");
+}

@@ -191,7 +191,25 @@ pub enum UnOp {
     Sin,
     Cos,
     Tanh,
+    /// Position of the most significant non-sign bit (all ones if none).
+    Bfind,
+    /// `bfind.shiftamt`: the shift that brings that bit to the top.
+    BfindShift,
 }
+
+/// Operations that read or write the carry flag (`add.cc`, `addc`, ...).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CarryOp {
+    Add,
+    Sub,
+    /// `mad.lo` / `mad.hi` with the carry of the addition.
+    MadLo,
+    MadHi,
+}
+
+/// The register holding each lane's carry flag (`CC.CF`).
+pub const CARRY_REG: u32 = 1;
 
 /// Three-operand multiply-adds.
 #[allow(missing_docs)]
@@ -459,6 +477,43 @@ pub enum Op {
     Unpack {
         bits: u32,
         d: Vec<Option<u32>>,
+        a: Src,
+    },
+    /// `add.cc`, `addc{.cc}`, `sub.cc`, `subc{.cc}`, `mad{c}.lo/hi{.cc}`.
+    Carry {
+        op: CarryOp,
+        ty: Ty,
+        cin: bool,
+        cout: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    /// `redux.sync`: `op` over the active lanes.
+    Redux {
+        op: BinOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+    },
+    /// `match.any.sync` / `match.all.sync`.
+    Match {
+        all: bool,
+        bits: u32,
+        d: u32,
+        dp: Option<u32>,
+        a: Src,
+    },
+    /// `elect.sync`: the lowest active lane.
+    Elect {
+        d: u32,
+        dp: Option<u32>,
+    },
+    /// `isspacep`: whether a generic address is in the space.
+    Isspacep {
+        space: Space,
+        d: u32,
         a: Src,
     },
     Activemask {

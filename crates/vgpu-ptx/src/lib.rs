@@ -38,7 +38,8 @@
 //! Instructions: `mov` (also packing and unpacking vectors), `ld`/`ldu`/
 //! `st` in every state space (`.nc`, `.v2`/`.v4`, cache and ordering
 //! qualifiers accepted), `cvta`, `add`/`sub` (`.sat` for integers),
-//! `mul` (`.lo/.hi/.wide`), `mad` (`.lo/.hi/.wide`), `fma`, `mul24`/
+//! `mul` (`.lo/.hi/.wide`), `mad` (`.lo/.hi/.wide`), carry chains
+//! (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`), `fma`, `mul24`/
 //! `mad24`, `div`, `rem`, `min`, `max`, `abs`, `neg`, `and`/`or`/`xor`/
 //! `not`/`cnot`, `shl`/`shr`, `shf`, `setp` (every comparison including
 //! the unordered ones, `.and/.or/.xor`, two destinations), `selp`, `cvt`
@@ -50,20 +51,22 @@
 //! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
 //! and 64-bit integers, f32 and f64 add) on global, shared and generic
 //! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate
-//! output), `vote.sync` (all, any, uni, ballot), `activemask`,
+//! output), `vote.sync` (all, any, uni, ballot), `redux.sync`,
+//! `match.any/all.sync`, `elect.sync`, `activemask`, `isspacep`,
 //! `bar.sync`/`barrier.sync`, `membar`/`fence` (no-ops: a block runs on
 //! one thread and device memory is accessed with atomics), `rcp`,
 //! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
-//! `brev`, `bfe`, `bfi`, `prmt` (default mode), `lop3`, `copysign`,
-//! `testp`.
+//! `brev`, `bfind`, `bfe`, `bfi`, `prmt` (default mode), `lop3`,
+//! `copysign`, `testp`. Calls of the runtime's `vprintf` return 0 (the
+//! output is dropped); `__assertfail` ends the launch like `trap`.
 //!
 //! # Not supported (a parse or launch error, never a wrong answer where
 //! it can be detected)
-//! - Carry arithmetic (`add.cc`, `addc`, `mad.cc`), `brx.idx`, indirect
-//!   calls, recursion (refused at run time), textures and surfaces,
-//!   `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt` modes,
-//!   `mad24.hi`, `dp4a`, `bfind`, `sad`, `vote` without `.sync` other
-//!   than the forms above, `wmma`/`mma`, `cp.async`, clusters.
+//! - `brx.idx`, indirect calls, recursion and calls of other undefined
+//!   functions such as `malloc` (refused at run time), textures and
+//!   surfaces, `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt`
+//!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
+//!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
 //! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,
 //!   `div`, `sqrt`, `rcp` (f32 and f64), `fma.f32`, int-to-float `cvt` and
 //!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, f16/bf16 arithmetic, other

@@ -93,7 +93,7 @@ impl Module {
             m: Module {
                 code: Vec::new(),
                 funcs: Vec::new(),
-                nregs: 1, // register 0 is the sink `_`
+                nregs: 2, // register 0 is the sink `_`, 1 the carry flag
                 statics: Vec::new(),
                 shared_static: 0,
                 local_size: 0,
@@ -483,18 +483,6 @@ impl<'a> Parser<'a> {
             };
             if let Op::Call { func, .. } = &mut self.m.code[at].op {
                 *func = f;
-            }
-        }
-        for (i, f) in self.m.funcs.iter().enumerate() {
-            let called = self
-                .call_fix
-                .iter()
-                .any(|c| self.fnames.get(c.1) == Some(&(i as u32)));
-            if !f.defined && called {
-                return Err(ParseError {
-                    line: f.line,
-                    msg: format!("function '{}' is declared but never defined", f.name),
-                });
             }
         }
         // Each function's shared memory over what it may call.
@@ -1576,6 +1564,105 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     },
                 }
             }
+            "add" | "sub" | "addc" | "subc" if m.has("cc") || m.base.ends_with('c') => {
+                need(3)?;
+                let t = need_ty()?;
+                if !matches!(t.bits(), 32 | 64) || t.float() {
+                    return self.err("carry arithmetic takes 32- or 64-bit integers");
+                }
+                Op::Carry {
+                    op: if m.base.starts_with("add") {
+                        CarryOp::Add
+                    } else {
+                        CarryOp::Sub
+                    },
+                    ty: t,
+                    cin: m.base.ends_with('c'),
+                    cout: m.has("cc"),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: Src::Imm(0),
+                }
+            }
+            "mad" | "madc" if m.has("cc") || m.base == "madc" => {
+                need(4)?;
+                let t = need_ty()?;
+                if !matches!(t.bits(), 32 | 64) || t.float() {
+                    return self.err("carry arithmetic takes 32- or 64-bit integers");
+                }
+                Op::Carry {
+                    op: if m.has("hi") {
+                        CarryOp::MadHi
+                    } else {
+                        CarryOp::MadLo
+                    },
+                    ty: t,
+                    cin: m.base == "madc",
+                    cout: m.has("cc"),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: self.src(&o[3], t)?,
+                }
+            }
+            "redux" => {
+                need(3)?;
+                let t = need_ty()?;
+                let op = match m
+                    .list
+                    .iter()
+                    .find(|x| matches!(**x, "add" | "min" | "max" | "and" | "or" | "xor"))
+                {
+                    Some(&"add") => BinOp::Add,
+                    Some(&"min") => BinOp::Min,
+                    Some(&"max") => BinOp::Max,
+                    Some(&"and") => BinOp::And,
+                    Some(&"or") => BinOp::Or,
+                    Some(&"xor") => BinOp::Xor,
+                    _ => return self.err("redux: unknown operation"),
+                };
+                if t.float() || t.bits() != 32 {
+                    return self.err("redux takes 32-bit integers");
+                }
+                Op::Redux {
+                    op,
+                    ty: t,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                }
+            }
+            "match" => {
+                need(3)?;
+                let t = need_ty()?;
+                let (d, dp) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
+                    x => (self.dst(x)?, None),
+                };
+                Op::Match {
+                    all: m.has("all"),
+                    bits: t.bits(),
+                    d,
+                    dp,
+                    a: self.src(&o[1], t)?,
+                }
+            }
+            "elect" => {
+                need(2)?;
+                let (d, dp) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
+                    x => (self.dst(x)?, None),
+                };
+                Op::Elect { d, dp }
+            }
+            "isspacep" => {
+                need(2)?;
+                Op::Isspacep {
+                    space: m.space(),
+                    d: self.pred_dst_o(&o[0])?.unwrap_or(self.sink),
+                    a: self.src(&o[1], Ty::U64)?,
+                }
+            }
             "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor"
             | "shl" | "shr" | "copysign" | "mul24" => {
                 need(3)?;
@@ -1587,8 +1674,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     t
                 };
                 let b = self.src(&o[2], b_ty)?;
-                if m.has("cc") || m.base.ends_with('c') && m.base != "rem" {
-                    return self.err("carry arithmetic (.cc, addc) is not supported");
+                if m.has("NaN") || m.has("xorsign") {
+                    return self.err(format!("{opcode}: .NaN and .xorsign are not supported"));
                 }
                 if m.base == "mul" && m.has("wide") {
                     return Ok(Op::MulWide { ty: t, d, a, b });
@@ -1619,7 +1706,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 Op::Bin { op, ty: t, d, a, b }
             }
             "not" | "cnot" | "neg" | "abs" | "popc" | "clz" | "brev" | "rcp" | "sqrt" | "rsqrt"
-            | "ex2" | "lg2" | "sin" | "cos" | "tanh" => {
+            | "ex2" | "lg2" | "sin" | "cos" | "tanh" | "bfind" => {
                 need(2)?;
                 let t = need_ty()?;
                 let op = match m.base {
@@ -1637,6 +1724,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     "lg2" => UnOp::Lg2,
                     "sin" => UnOp::Sin,
                     "cos" => UnOp::Cos,
+                    "bfind" if m.has("shiftamt") => UnOp::BfindShift,
+                    "bfind" => UnOp::Bfind,
                     _ => UnOp::Tanh,
                 };
                 let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
