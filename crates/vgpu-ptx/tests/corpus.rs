@@ -621,3 +621,124 @@ fn launch_shape_is_checked() {
     let e = launch(&m, "nope", &cfg([1, 1, 1], [32, 1, 1], 0), &p, &d.mem, &l).unwrap_err();
     assert_eq!(e, ExecError::NoKernel("nope".into()));
 }
+
+/// Distance in units in the last place (both NaN: 0).
+fn ulps(a: f32, b: f32) -> u32 {
+    if a.is_nan() && b.is_nan() {
+        return 0;
+    }
+    let key = |x: f32| {
+        let i = x.to_bits() as i32;
+        if i < 0 {
+            i32::MIN - i
+        } else {
+            i
+        }
+    };
+    (key(a) as i64 - key(b) as i64)
+        .unsigned_abs()
+        .min(u32::MAX as u64) as u32
+}
+
+#[test]
+fn library_math_and_intrinsics() {
+    let m = corpus("math");
+    let k = m.kernel("math").unwrap();
+    assert_eq!(
+        (k.params[4].offset, k.params[4].size, k.params[4].align),
+        (32, 16, 8)
+    );
+    let mut s = 9u64;
+    let mut x: Vec<f32> = (0..500)
+        .map(|_| (lcg(&mut s) % 40_000) as f32 / 1000.0 - 20.0)
+        .collect();
+    x.extend([
+        0.0, -0.0, 1e-3, -1e-3, 0.5, 1.0, -1.0, 3.0, 1e4, -1e4, 65504.0, 7e-5,
+    ]);
+    let n = x.len();
+    let mut d = Dev::new(1 << 20);
+    let px = d.put(&x);
+    let (pf, pd, pu) = (d.alloc(n * 32), d.alloc(n * 16), d.alloc(n * 16));
+    let (smul, sadd, sdmul) = (2.5f32, 12345i32, 0.25f64);
+    let mut scale = Vec::new();
+    scale.extend_from_slice(&smul.to_le_bytes());
+    scale.extend_from_slice(&sadd.to_le_bytes());
+    scale.extend_from_slice(&sdmul.to_le_bytes());
+    let p = params(
+        &m,
+        "math",
+        &[
+            &px.to_le_bytes(),
+            &pf.to_le_bytes(),
+            &pd.to_le_bytes(),
+            &pu.to_le_bytes(),
+            &scale,
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "math",
+        &cfg([n.div_ceil(128) as u32, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let f: Vec<f32> = d.get(pf, n * 8);
+    let dd: Vec<f64> = d.get(pd, n * 2);
+    let u: Vec<u32> = d.get(pu, n * 4);
+    for (i, &v) in x.iter().enumerate() {
+        // CUDA's documented maximum errors are 1-4 ulp; Rust's libm is
+        // within 1 of the exact value.
+        let refs = [
+            (v.exp(), 4),
+            ((v.abs() + 1.0).ln(), 3),
+            (v.sin(), 3),
+            (v.cos(), 3),
+            (v.abs().powf(1.5), 6),
+            (v.tanh(), 3),
+            ((v * smul) % 3.0, 0),
+        ];
+        for (j, (want, tol)) in refs.iter().enumerate() {
+            let got = f[8 * i + j];
+            assert!(
+                ulps(got, *want) <= *tol,
+                "x={v} fn {j}: {got} vs {want} ({} ulp)",
+                ulps(got, *want)
+            );
+        }
+        // f16 round trip, round to nearest even.
+        let h = f[8 * i + 7];
+        let h_ref = if v.abs() >= 65520.0 {
+            f32::INFINITY.copysign(v)
+        } else {
+            h
+        };
+        assert_eq!(h, h_ref);
+        assert!((h - v).abs() <= v.abs() / 1024.0 + 6e-8, "f16 of {v}: {h}");
+        let e = (v as f64).exp() * sdmul;
+        assert!(
+            dd[2 * i] == e || (dd[2 * i] - e).abs() <= e.abs() * 4e-16,
+            "exp({v}) = {}, want {e}",
+            dd[2 * i]
+        );
+        assert_eq!(dd[2 * i + 1], (v as f64).abs().sqrt());
+        let b = v.to_bits().wrapping_add(sadd as u32);
+        assert_eq!(
+            u[4 * i],
+            b.count_ones().wrapping_add(b.reverse_bits() << 8),
+            "popc/brev {v}"
+        );
+        let ffs = if b == 0 { 0 } else { b.trailing_zeros() + 1 };
+        assert_eq!(u[4 * i + 1], ffs + 64 * b.leading_zeros(), "ffs/clz {v}");
+        let bytes = (b as u64) | (0x0102_0304u64 << 32);
+        let perm = (0..4).fold(0u32, |r, k| {
+            r | ((bytes >> (((0x5140u32 >> (4 * k)) & 7) * 8)) as u32 & 0xff) << (8 * k)
+        });
+        assert_eq!(u[4 * i + 2], perm, "byte_perm {v}");
+        let sh = (i & 31) as u32;
+        let fs = ((((!b as u64) << 32) | b as u64) << sh >> 32) as u32;
+        assert_eq!(u[4 * i + 3], fs, "funnelshift {v}");
+    }
+}
