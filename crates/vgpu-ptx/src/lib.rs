@@ -12,6 +12,42 @@
 //! - [`exec::launch`] runs a kernel over a grid on `workers` OS threads
 //!   against a [`GlobalMemory`] that checks every device access.
 //!
+//! ```
+//! use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, Limits, Module, VecMemory};
+//!
+//! let ptx = r#"
+//! .version 8.5
+//! .target sm_90
+//! .address_size 64
+//! .visible .entry twice(.param .u64 p)
+//! {
+//!     .reg .b32 %r<4>;
+//!     .reg .b64 %rd<4>;
+//!     ld.param.u64 %rd1, [p];
+//!     mov.u32 %r1, %tid.x;
+//!     mul.wide.u32 %rd2, %r1, 4;
+//!     add.s64 %rd3, %rd1, %rd2;
+//!     ld.global.u32 %r2, [%rd3];
+//!     shl.b32 %r3, %r2, 1;
+//!     st.global.u32 [%rd3], %r3;
+//!     ret;
+//! }
+//! "#;
+//! let module = Module::parse(ptx)?;
+//! let info = module.kernel("twice").unwrap();
+//! assert_eq!(info.param_bytes, 8);
+//! let mem = VecMemory::new(0x1000, 64 * 4);
+//! for i in 0..64u32 {
+//!     mem.write(0x1000 + 4 * i as u64, &i.to_le_bytes()).unwrap();
+//! }
+//! let cfg = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_dyn: 0, workers: 1 };
+//! launch(&module, "twice", &cfg, &0x1000u64.to_le_bytes(), &mem, &Limits::default())?;
+//! let mut out = [0u8; 4];
+//! mem.read(0x1000 + 4 * 21, &mut out).unwrap();
+//! assert_eq!(u32::from_le_bytes(out), 42);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Execution model
 //! A warp's 32 lanes execute each instruction together, registers stored
 //! per warp as rows of 32 lanes. Lanes have their own program counters;
