@@ -274,6 +274,12 @@ struct Warp {
     pcs: [u32; 32],
     live: u32,
     waiting: u32,
+    /// Lanes that reached a warp-collective instruction (`shfl.sync`,
+    /// `vote.sync`, ...) and wait for the rest of the warp there.
+    parked: u32,
+    /// The parked lanes were let go without the others: the next
+    /// collective runs with the lanes it has.
+    released: bool,
     cur_pc: u32,
     cur: u32,
     other_min: u32,
@@ -297,7 +303,7 @@ impl Warp {
 
     /// Picks the group at the lowest PC among the lanes that can run.
     fn resched(&mut self) {
-        let run = self.live & !self.waiting;
+        let run = self.live & !self.waiting & !self.parked;
         let mut min = u32::MAX;
         let mut m = run;
         while m != 0 {
@@ -500,6 +506,8 @@ impl Launch<'_> {
                 pcs: [0; 32],
                 live: 0,
                 waiting: 0,
+                parked: 0,
+                released: false,
                 cur_pc: 0,
                 cur: 0,
                 other_min: u32::MAX,
@@ -539,6 +547,8 @@ impl Launch<'_> {
             }
             w.pcs = [start_pc; 32];
             w.waiting = 0;
+            w.parked = 0;
+            w.released = false;
             w.resched();
         }
         loop {
@@ -606,6 +616,13 @@ impl Launch<'_> {
             e: [0; 32],
         };
         loop {
+            if w.cur == 0 && w.parked != 0 {
+                // Nobody else can arrive: let the parked lanes go.
+                w.parked = 0;
+                w.released = true;
+                w.resched();
+                continue;
+            }
             if w.cur == 0 {
                 return Ok(if w.live == 0 {
                     Stop::Done
@@ -741,6 +758,20 @@ impl Launch<'_> {
                         return Ok(Stop::Barrier);
                     }
                 }
+                Op::Shfl { .. }
+                | Op::Vote { .. }
+                | Op::Match { .. }
+                | Op::Redux { .. }
+                | Op::Elect { .. }
+                    if w.cur != w.live & !w.waiting && !w.released =>
+                {
+                    // Lanes of the warp are elsewhere (a call in one arm
+                    // of a branch placed above the other arm's code): wait
+                    // for them here, as the hardware's .sync does.
+                    w.materialize();
+                    w.parked |= w.cur;
+                    w.resched();
+                }
                 Op::Trap => {
                     if mask != 0 {
                         return Err(ExecError::Trap(inst.line));
@@ -748,6 +779,16 @@ impl Launch<'_> {
                     self.advance(w);
                 }
                 _ => {
+                    if matches!(
+                        inst.op,
+                        Op::Shfl { .. }
+                            | Op::Vote { .. }
+                            | Op::Match { .. }
+                            | Op::Redux { .. }
+                            | Op::Elect { .. }
+                    ) {
+                        w.released = false;
+                    }
                     if mask != 0 {
                         self.exec(inst, w, mask, ctaid, shared, &mut scratch)?;
                     }

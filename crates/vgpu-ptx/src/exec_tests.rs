@@ -767,3 +767,37 @@ fn runtime_functions() {
     let e = launch(&m, "k", &cfg, &1u32.to_le_bytes(), &mem, &Limits::default()).unwrap_err();
     assert!(matches!(e, ExecError::Trap(_)), "{e}");
 }
+
+#[test]
+fn collectives_wait_for_lanes_in_calls() {
+    // Odd lanes call g, defined after the kernel (higher PCs than the
+    // shuffle); the shuffle must still see the values g returned.
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .func (.param .b32 r) g(.param .b32 x);\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<8>;\n.reg .b64 %rd<4>;\n.reg .pred %p<2>;\n\
+        ld.param.u64 %rd0, [out];\nmov.u32 %r0, %tid.x;\nmov.u32 %r1, %r0;\nand.b32 %r2, %r0, 1;\nsetp.eq.s32 %p1, %r2, 0;\n@%p1 bra JOIN;\n\
+        { .param .b32 a; st.param.b32 [a], %r0; .param .b32 rv; call.uni (rv), g, (a); ld.param.b32 %r1, [rv]; }\n\
+        JOIN:\nshfl.sync.bfly.b32 %r3, %r1, 1, 31, -1;\nvote.sync.ballot.b32 %r4, %p1, -1;\n\
+        mul.wide.u32 %rd1, %r0, 8;\nadd.s64 %rd2, %rd0, %rd1;\nmov.b64 %rd3, {%r3, %r4};\nst.global.u64 [%rd2], %rd3;\nret;\n}\n\
+        .func (.param .b32 r) g(.param .b32 x)\n{\n.reg .b32 %r<3>;\nld.param.u32 %r1, [x];\nmul.lo.s32 %r2, %r1, 100;\nst.param.b32 [r], %r2;\nret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    let mem = VecMemory::new(OUT, 8 * 32);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &Limits::default()).unwrap();
+    let b = mem.to_bytes();
+    for l in 0..32u64 {
+        let v = u64::from_le_bytes(b[l as usize * 8..][..8].try_into().unwrap());
+        let partner = l ^ 1;
+        let pv = if partner & 1 == 1 {
+            partner * 100
+        } else {
+            partner
+        };
+        assert_eq!(v, (0x5555_5555 << 32) | pv, "lane {l}");
+    }
+}
