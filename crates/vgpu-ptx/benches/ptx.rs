@@ -28,10 +28,8 @@ fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
     (best, out.unwrap_or_else(|| unreachable!()))
 }
 
-fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
-    let n = std::mem::size_of_val(v);
-    // SAFETY: plain-old-data numbers viewed as bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, n) }.to_vec()
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn params(m: &Module, k: &str, vals: &[&[u8]]) -> Vec<u8> {

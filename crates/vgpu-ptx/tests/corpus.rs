@@ -35,23 +35,41 @@ impl Dev {
         assert!(self.next <= BASE + self.mem.len() as u64);
         a
     }
-    fn put<T: Copy>(&mut self, v: &[T]) -> u64 {
-        let n = std::mem::size_of_val(v);
-        let a = self.alloc(n);
-        // SAFETY: plain-old-data values (ints and floats) viewed as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, n) };
-        self.mem.write(a, bytes).unwrap();
+    fn put<T: Num>(&mut self, v: &[T]) -> u64 {
+        let mut bytes = Vec::with_capacity(v.len() * T::SIZE);
+        v.iter().for_each(|x| x.put(&mut bytes));
+        let a = self.alloc(bytes.len());
+        self.mem.write(a, &bytes).unwrap();
         a
     }
-    fn get<T: Copy + Default>(&self, a: u64, n: usize) -> Vec<T> {
-        let mut v = vec![T::default(); n];
-        let bytes = n * std::mem::size_of::<T>();
-        // SAFETY: as in `put`; every bit pattern is a valid value of T.
-        let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, bytes) };
-        self.mem.read(a, buf).unwrap();
-        v
+    fn get<T: Num>(&self, a: u64, n: usize) -> Vec<T> {
+        let mut buf = vec![0u8; n * T::SIZE];
+        self.mem.read(a, &mut buf).unwrap();
+        buf.chunks(T::SIZE).map(T::get).collect()
     }
 }
+
+/// Numbers as their little-endian bytes.
+trait Num: Copy {
+    const SIZE: usize;
+    fn put(self, out: &mut Vec<u8>);
+    fn get(b: &[u8]) -> Self;
+}
+
+macro_rules! num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().unwrap())
+            }
+        }
+    )*};
+}
+num!(u8, i32, u32, u64, i64, f32, f64);
 
 /// Packs parameters at the offsets the kernel reports.
 fn params(m: &Module, kernel: &str, vals: &[&[u8]]) -> Vec<u8> {
