@@ -358,6 +358,8 @@ struct Launch<'a> {
     dyn_base: u64,
     /// End of the kernel's static shared variables.
     static_end: u64,
+    /// The register ranges the kernel may use (sink and carry included).
+    reg_ranges: Vec<(u32, u32)>,
     shared_len: usize,
     nwarps: u32,
     limits: &'a Limits<'a>,
@@ -404,8 +406,9 @@ pub fn launch(
             )));
         }
     }
-    let nblocks = cfg.grid.iter().map(|&g| g as u64).product::<u64>();
-    if nblocks == 0 || cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
+    let [gx, gy, gz] = cfg.grid;
+    let nblocks = gx as u64 * gy as u64 * gz as u64;
+    if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 || nblocks == 0 {
         return Err(ExecError::BadLaunch(format!("grid {:?}", cfg.grid)));
     }
     if (params.len() as u64) < info.param_bytes as u64 {
@@ -439,6 +442,9 @@ pub fn launch(
         statics: VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
         dyn_base,
         static_end: info.shared_static as u64,
+        reg_ranges: std::iter::once((0, 2))
+            .chain(module.funcs[fi].reach_regs.iter().copied())
+            .collect(),
         shared_len: shared_len as usize,
         nwarps: threads.div_ceil(32) as u32,
         limits,
@@ -533,7 +539,14 @@ impl Launch<'_> {
         let threads = bx * by * bz;
         shared.fill(0);
         for w in warps.iter_mut() {
-            w.regs.fill([0; 32]);
+            // Only the kernel's and its callees' registers: the rows of
+            // other kernels of the module are never touched (nor made
+            // resident: the allocation is zeroed pages).
+            for &(lo, hi) in self.reg_ranges.iter() {
+                if let Some(rows) = w.regs.get_mut(lo as usize..hi as usize) {
+                    rows.fill([0; 32]);
+                }
+            }
             w.live = 0;
             for l in 0..32u32 {
                 let t = w.wid * 32 + l;

@@ -42,8 +42,9 @@ pub struct KernelInfo {
     pub shared_static: u32,
     /// Local memory per thread (all `.local` variables of the module).
     pub local_per_thread: u32,
-    /// Registers declared by the kernel and the functions it may call (an
-    /// upper bound on what `ptxas` would allocate, in 32-bit units).
+    /// Registers declared by the kernel and the functions it may call, in
+    /// 32-bit units (PTX virtual registers: an upper bound on what `ptxas`
+    /// would allocate).
     pub registers: u32,
     /// `.reqntid` / `.maxntid`, when given.
     pub max_threads: Option<u32>,
@@ -67,6 +68,12 @@ pub(crate) struct Func {
     pub shared_total: u32,
     /// One past its last instruction.
     pub end: u32,
+    /// Its registers: indices `regs.0..regs.1`.
+    pub regs: (u32, u32),
+    /// The register ranges of the function and all it may call.
+    pub reach_regs: Vec<(u32, u32)>,
+    /// 32-bit register units of the function and all it may call.
+    pub regs32_total: u32,
 }
 
 /// A parsed and decoded PTX module.
@@ -147,20 +154,14 @@ impl Module {
     fn info(&self, f: &Func) -> KernelInfo {
         let params: Vec<ParamInfo> = f.params.iter().map(|p| p.0).collect();
         let param_bytes = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
-        // Callees' registers count too: .func registers are not shared.
-        let callee: u32 = self
-            .funcs
-            .iter()
-            .filter(|g| !g.entry)
-            .map(|g| g.regs32)
-            .sum();
         KernelInfo {
             name: f.name.clone(),
             params,
             param_bytes,
             shared_static: f.shared_total,
             local_per_thread: self.local_size,
-            registers: f.regs32 + callee,
+            // Callees' registers count too: .func registers are not shared.
+            registers: f.regs32_total,
             max_threads: f.max_threads,
         }
     }
@@ -341,7 +342,7 @@ struct Parser<'a> {
 const MAX_NESTING: u32 = 32;
 /// Registers of a module, all functions together: each costs 256 bytes
 /// per warp at run time.
-const MAX_REGS: u32 = 1 << 17;
+const MAX_REGS: u32 = 1 << 16;
 
 fn align_up(x: u32, a: u32) -> u32 {
     let a = a.max(1);
@@ -490,12 +491,16 @@ impl<'a> Parser<'a> {
             let mut seen = vec![false; self.m.funcs.len()];
             let mut todo = vec![i];
             let mut total = 0;
+            let mut regs = Vec::new();
+            let mut units = 0u32;
             while let Some(j) = todo.pop() {
                 if std::mem::replace(&mut seen[j], true) {
                     continue;
                 }
                 let f = &self.m.funcs[j];
                 total = total.max(f.shared_end);
+                regs.push(f.regs);
+                units = units.saturating_add(f.regs32);
                 for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
                     if let Op::Call { func, .. } = inst.op {
                         todo.push(func as usize);
@@ -503,6 +508,8 @@ impl<'a> Parser<'a> {
                 }
             }
             self.m.funcs[i].shared_total = total;
+            self.m.funcs[i].reach_regs = regs;
+            self.m.funcs[i].regs32_total = units;
         }
         Ok(())
     }
@@ -819,6 +826,9 @@ impl<'a> Parser<'a> {
                     shared_end: 0,
                     shared_total: 0,
                     end: 0,
+                    regs: (0, 0),
+                    reach_regs: Vec::new(),
+                    regs32_total: 0,
                 });
                 i
             }
@@ -838,6 +848,7 @@ impl<'a> Parser<'a> {
             return self.err(format!("function '{name}' defined twice"));
         }
         let start = self.m.code.len() as u32;
+        let regs_lo = self.m.nregs;
         {
             let f = &mut self.m.funcs[idx as usize];
             f.params = params;
@@ -868,6 +879,7 @@ impl<'a> Parser<'a> {
         f.regs32 = fs.regs32;
         f.shared_end = fs.shared_end.get();
         f.end = self.m.code.len() as u32;
+        f.regs = (regs_lo, self.m.nregs);
         Ok(())
     }
 

@@ -636,6 +636,16 @@ fn launch_shape_is_checked() {
     )
     .unwrap_err();
     assert!(matches!(e, ExecError::BadLaunch(_)), "{e}");
+    let e = launch(
+        &m,
+        "scan",
+        &cfg([u32::MAX, 65535, 65535], [32, 1, 1], 0),
+        &p,
+        &d.mem,
+        &l,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ExecError::BadLaunch(_)), "{e}");
     let e = launch(&m, "nope", &cfg([1, 1, 1], [32, 1, 1], 0), &p, &d.mem, &l).unwrap_err();
     assert_eq!(e, ExecError::NoKernel("nope".into()));
 }
