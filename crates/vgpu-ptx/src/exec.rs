@@ -104,6 +104,17 @@ pub enum ExecError {
         /// The instruction's source line.
         line: u32,
     },
+    /// An access at an address that is not a multiple of its size (of
+    /// the whole vector for `.v2`/`.v4`), which the hardware refuses.
+    #[error("misaligned address {addr:#x} for a {size}-byte access at PTX line {line}")]
+    MisalignedAddress {
+        /// The address.
+        addr: u64,
+        /// The required alignment.
+        size: u32,
+        /// The instruction's source line.
+        line: u32,
+    },
     /// The step limit or deadline was reached.
     #[error("kernel stopped: time or step limit reached")]
     Timeout,
@@ -1376,6 +1387,7 @@ impl Launch<'_> {
                     Some(r) => *a = *w.row(r),
                     None => *a = [0; 32],
                 }
+                check_align(a, addr.off as u64, mask, size * n as usize, inst.line)?;
                 let ext = ty.signed() && (size as u32 * 8) < dbits;
                 let dm = mask_of(dbits.max(ty.bits()));
                 for (k, &dk) in ds.iter().enumerate().take(n as usize) {
@@ -1465,6 +1477,7 @@ impl Launch<'_> {
                     Some(r) => *a = *w.row(r),
                     None => *a = [0; 32],
                 }
+                check_align(a, addr.off as u64, mask, size * n as usize, inst.line)?;
                 for (k, &sv) in v.iter().enumerate().take(n as usize) {
                     self.fetch(w, sv, ctaid, b);
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
@@ -1508,6 +1521,7 @@ impl Launch<'_> {
                 }
                 self.fetch(w, sb, ctaid, b);
                 self.fetch(w, sc, ctaid, c);
+                check_align(a, addr.off as u64, mask, op.size(), inst.line)?;
                 let mut m = mask;
                 while m != 0 {
                     let l = m.trailing_zeros() as usize;
@@ -1916,6 +1930,37 @@ fn fma_f64_x86(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
     for l in 0..32 {
         d[l] = f64v(a[l]).mul_add(f64v(b[l]), f64v(c[l])).to_bits();
     }
+}
+
+/// Fails on the first active lane whose `base + off` is not a multiple of
+/// `align` (a power of two).
+#[inline(always)]
+fn check_align(
+    base: &[u64; 32],
+    off: u64,
+    mask: u32,
+    align: usize,
+    line: u32,
+) -> Result<(), ExecError> {
+    let low = align as u64 - 1;
+    if low == 0 {
+        return Ok(());
+    }
+    let mut bad = 0u64;
+    for (l, &b) in base.iter().enumerate() {
+        bad |= (b.wrapping_add(off) & low) * ((mask >> l) & 1) as u64;
+    }
+    if bad == 0 {
+        return Ok(());
+    }
+    let lane = (0..32)
+        .find(|&l| mask >> l & 1 != 0 && base[l].wrapping_add(off) & low != 0)
+        .unwrap_or(0);
+    Err(ExecError::MisalignedAddress {
+        addr: base[lane].wrapping_add(off),
+        size: align as u32,
+        line,
+    })
 }
 
 #[inline(always)]

@@ -801,3 +801,32 @@ fn collectives_wait_for_lanes_in_calls() {
         assert_eq!(v, (0x5555_5555 << 32) | pv, "lane {l}");
     }
 }
+
+#[test]
+fn misaligned_accesses_fault() {
+    let r = run_on("add.s64 %rd3, %rd2, 2; ld.global.u32 %r1, [%rd3];", 1, 1, 2);
+    assert_eq!(
+        r,
+        Err(ExecError::MisalignedAddress {
+            addr: OUT + 2,
+            size: 4,
+            line: 17
+        })
+    );
+    let r = run_on("st.global.v2.u32 [%rd2+4], {%r0, %r0};", 1, 1, 2);
+    assert_eq!(
+        r,
+        Err(ExecError::MisalignedAddress {
+            addr: OUT + 4,
+            size: 8,
+            line: 17
+        })
+    );
+    let r = run_on("atom.global.add.u64 %rd3, [%rd2+4], 1;", 1, 1, 2);
+    assert!(
+        matches!(r, Err(ExecError::MisalignedAddress { size: 8, .. })),
+        "{r:?}"
+    );
+    // Bytes need no alignment.
+    assert!(run_on("st.global.u8 [%rd2+3], %r0;", 1, 1, 1).is_ok());
+}
