@@ -892,11 +892,25 @@ impl Launch<'_> {
         match s {
             Src::Reg(r) => *out = *w.row(r),
             Src::Imm(v) => *out = [v; 32],
-            Src::Sreg(sr) => {
-                for (l, o) in out.iter_mut().enumerate() {
-                    *o = self.sreg(w, sr, l, ctaid);
+            Src::Sreg(sr) => match sr {
+                Sreg::Tid(d) => {
+                    for (o, &t) in out.iter_mut().zip(&w.tid[d as usize]) {
+                        *o = t as u64;
+                    }
                 }
-            }
+                Sreg::LaneId
+                | Sreg::LaneMaskEq
+                | Sreg::LaneMaskLt
+                | Sreg::LaneMaskLe
+                | Sreg::LaneMaskGt
+                | Sreg::LaneMaskGe => {
+                    for (l, o) in out.iter_mut().enumerate() {
+                        *o = self.sreg(w, sr, l, ctaid);
+                    }
+                }
+                // The same for every lane: computed once.
+                _ => *out = [self.sreg(w, sr, 0, ctaid); 32],
+            },
         }
     }
 
