@@ -381,6 +381,9 @@ struct Launch<'a> {
 enum Stop {
     Barrier,
     Done,
+    /// Ran for a while: the block's other warps get their turn, so that
+    /// a warp spinning on a flag another warp sets does not starve it.
+    Yield,
 }
 
 /// Runs `kernel` of `module` over the grid, with `params` as its parameter
@@ -657,7 +660,7 @@ impl Launch<'_> {
             since += 1;
             if since >= CHECK_EVERY {
                 self.check_limits(since, abort)?;
-                since = 0;
+                return Ok(Stop::Yield);
             }
             let Some(inst) = code.get(w.cur_pc as usize) else {
                 return Err(ExecError::Unsupported {

@@ -830,3 +830,35 @@ fn misaligned_accesses_fault() {
     // Bytes need no alignment.
     assert!(run_on("st.global.u8 [%rd2+3], %r0;", 1, 1, 1).is_ok());
 }
+
+#[test]
+fn warps_spinning_on_each_other_progress() {
+    // Warp 0 (run first) waits for a flag warp 1 sets after a long loop.
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n.shared .align 4 .b8 flag[4];\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<6>;\n.reg .b64 %rd<4>;\n.reg .pred %p<3>;\n\
+        ld.param.u64 %rd0, [out];\nmov.u32 %r0, %tid.x;\nsetp.lt.u32 %p1, %r0, 32;\n@%p1 bra WAIT;\n\
+        mov.u32 %r1, 0;\nLOOP:\nadd.u32 %r1, %r1, 1;\nsetp.lt.u32 %p2, %r1, 5000;\n@%p2 bra LOOP;\n\
+        st.volatile.shared.u32 [flag], %r1;\nbra END;\n\
+        WAIT:\nld.volatile.shared.u32 %r2, [flag];\nsetp.eq.u32 %p2, %r2, 0;\n@%p2 bra WAIT;\n\
+        mul.wide.u32 %rd1, %r0, 4;\nadd.s64 %rd2, %rd0, %rd1;\nst.global.u32 [%rd2], %r2;\nEND:\nret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    let mem = VecMemory::new(OUT, 64 * 4);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    let l = Limits {
+        max_steps: Some(1_000_000),
+        ..Limits::default()
+    };
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    let b = mem.to_bytes();
+    for t in 0..32 {
+        assert_eq!(
+            u32::from_le_bytes(b[t * 4..t * 4 + 4].try_into().unwrap()),
+            5000
+        );
+    }
+}

@@ -52,8 +52,14 @@
 //! A warp's 32 lanes execute each instruction together, registers stored
 //! per warp as rows of 32 lanes. Lanes have their own program counters;
 //! the warp runs the lanes at the lowest one, so divergent branches
-//! reconverge where the paths join. `bar.sync` waits for every thread of
-//! the block; threads that have exited count as arrived. Shared memory is
+//! reconverge where the paths join; warp-collective instructions
+//! (`shfl.sync`, `vote.sync`, ...) wait for lanes that are elsewhere. A
+//! block's warps take turns at barriers and every few thousand
+//! instructions, so a warp spinning on a flag another warp sets makes
+//! progress (lanes of one warp spinning on each other do not: the lowest
+//! PC keeps running until the step limit or deadline stops it).
+//! `bar.sync` waits for every thread of the block; threads that have
+//! exited count as arrived. Shared memory is
 //! per block (static variables first, then dynamic shared memory where
 //! every `extern .shared` array starts), local memory per thread.
 //!
