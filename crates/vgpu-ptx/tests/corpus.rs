@@ -1,5 +1,6 @@
 //! Kernels compiled by nvcc (see corpus/build.sh) run on the executor and
-//! are checked against references computed here.
+//! are checked against references computed here; some also as compiled
+//! for debugging (`-G`) and with fast math.
 
 // References index like the kernels they check.
 #![allow(clippy::needless_range_loop)]
@@ -174,7 +175,12 @@ fn vector_add_from_fatbinaries() {
 
 #[test]
 fn matmul_tiled() {
-    let m = corpus("matmul");
+    matmul_tiled_in("matmul");
+    matmul_tiled_in("matmul.fast");
+}
+
+fn matmul_tiled_in(file: &str) {
+    let m = corpus(file);
     assert_eq!(m.kernel("matmul").unwrap().shared_static, 2048);
     for n in [16usize, 37, 64] {
         let mut s = 7u64;
@@ -255,7 +261,12 @@ fn reduce_with_atomics() {
 
 #[test]
 fn reduce_with_shuffles() {
-    let m = corpus("reduce_shfl");
+    reduce_with_shuffles_in("reduce_shfl");
+    reduce_with_shuffles_in("reduce_shfl.debug");
+}
+
+fn reduce_with_shuffles_in(file: &str) {
+    let m = corpus(file);
     let n = 10_000usize;
     let v: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.25).collect();
     let mut d = Dev::new(1 << 20);
@@ -286,7 +297,12 @@ fn reduce_with_shuffles() {
 
 #[test]
 fn warp_votes_and_shuffles() {
-    let m = corpus("reduce_shfl");
+    warp_votes_and_shuffles_in("reduce_shfl");
+    warp_votes_and_shuffles_in("reduce_shfl.debug");
+}
+
+fn warp_votes_and_shuffles_in(file: &str) {
+    let m = corpus(file);
     let n = 256usize;
     let mut s = 3u64;
     let mut v: Vec<i32> = (0..n).map(|_| (lcg(&mut s) % 21) as i32 - 3).collect();
@@ -484,7 +500,12 @@ fn bitonic_sort() {
 
 #[test]
 fn divergent_loops_and_calls() {
-    let m = corpus("divergent");
+    divergent_loops_and_calls_in("divergent");
+    divergent_loops_and_calls_in("divergent.debug");
+}
+
+fn divergent_loops_and_calls_in(file: &str) {
+    let m = corpus(file);
     let n = 300usize;
     let v: Vec<i32> = (0..n as i32).map(|i| (i * 7919) % 1000 - 100).collect();
     let mut d = Dev::new(1 << 20);

@@ -17,6 +17,12 @@ nv=(nvcc -ccbin gcc-12 -I"$CUDA13/include")
 for cu in *.cu; do
     "${nv[@]}" -ptx -arch=sm_90 "$cu" -o "${cu%.cu}.ptx"
 done
+# Other code generation of the same sources: debug (-G: no
+# optimisation, debug sections) and fast math for sm_80 (.ftz, approximate
+# division and square roots).
+"${nv[@]}" -ptx -arch=sm_90 -G divergent.cu -o divergent.debug.ptx
+"${nv[@]}" -ptx -arch=sm_90 -G reduce_shfl.cu -o reduce_shfl.debug.ptx
+"${nv[@]}" -ptx -arch=sm_80 --use_fast_math matmul.cu -o matmul.fast.ptx
 # Fatbinaries of the smallest kernel: PTX and cubin, uncompressed and
 # compressed (nvcc's default compression of 13.x is Zstd-based).
 "${nv[@]}" -fatbin -gencode arch=compute_90,code=[sm_90,compute_90] \
