@@ -651,6 +651,8 @@ impl Launch<'_> {
                 continue;
             }
             if w.cur == 0 {
+                // The steps since the last check count toward the limit.
+                self.steps.fetch_add(since, Ordering::Relaxed);
                 return Ok(if w.live == 0 {
                     Stop::Done
                 } else {
