@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of vgpud's untrusted inputs with cargo-fuzz
 # (libFuzzer): vfio-user messages, the vGPU rings and registers, the
-# configuration file, the management API's HTTP requests and the
-# partition-host protocol. The targets
+# configuration file, the management API's HTTP requests, the
+# partition-host protocol, and the CUDA modules a guest loads (PTX text:
+# ptx_parse; fatbinaries: fatbin). The targets
 # live in fuzz/ (see fuzz/README.md).
 #
 # Builds every target, then runs each for SECONDS (default 20) from the
@@ -20,7 +21,7 @@ set -euo pipefail
 seconds=20
 for arg in "$@"; do
     case $arg in
-    -h | --help) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *[!0-9]* | '') die "SECONDS_PER_TARGET must be a number of seconds, not '$arg' (see --help)" ;;
     *) seconds=$arg ;;
     esac

@@ -372,7 +372,7 @@ fn vgpu_rings_seeds() {
 
     // Allocate, fill, copy to guest RAM through a scatter-gather list,
     // fence, free.
-    let dev = vgpu_backend::software::ADDRESS_BASE;
+    let dev = vgpu_backend::rules::ADDRESS_BASE;
     let alloc = abi::MemAllocCmd {
         hdr: hdr(abi::OP_MEM_ALLOC, 0),
         size: 8192,
@@ -642,11 +642,30 @@ fn api_seeds() {
     }
 }
 
+/// The PTX and fatbinary targets start from kernels of the executor's
+/// corpus, as nvcc made them.
+fn ptx_seeds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/vgpu-ptx/tests/corpus");
+    let files = [
+        ("ptx_parse", "vector_add.ptx"),
+        ("ptx_parse", "reduce_shfl.ptx"),
+        ("ptx_parse", "divergent.ptx"),
+        ("ptx_parse", "histogram.ptx"),
+        ("fatbin", "vector_add.lz4.fatbin"),
+        ("fatbin", "vector_add.zstd.fatbin"),
+    ];
+    for (target, name) in files {
+        let data = fs::read(dir.join(name)).expect("corpus file");
+        seed(target, name, &data);
+    }
+}
+
 fn main() {
     vfio_user_seeds();
     vgpu_rings_seeds();
     config_seeds();
     api_seeds();
+    ptx_seeds();
     println!(
         "seeds written under {}",
         Path::new(env!("CARGO_MANIFEST_DIR"))

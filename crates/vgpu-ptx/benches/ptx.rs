@@ -1,0 +1,186 @@
+//! The executor against plain Rust loops doing the same work, one core
+//! each: vector add, a tiled matrix multiply and a shuffle reduction (the
+//! corpus kernels). Prints the time of each, the ratio and the executor's
+//! thread-instructions per second.
+//!
+//! usage: cargo bench -p vgpu-ptx [-- WORKERS]
+
+// The native loops index like the kernels they stand for.
+#![allow(clippy::needless_range_loop)]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, LaunchStats, Limits, Module, VecMemory};
+
+const BASE: u64 = 0x1000_0000;
+
+fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
+    // Best of five: the machine may be shared.
+    let mut best = Duration::MAX;
+    let mut out = None;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let r = f();
+        best = best.min(t.elapsed());
+        out = Some(r);
+    }
+    (best, out.unwrap_or_else(|| unreachable!()))
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn params(m: &Module, k: &str, vals: &[&[u8]]) -> Vec<u8> {
+    let info = m.kernel(k).unwrap_or_else(|| panic!("no kernel {k}"));
+    let mut buf = vec![0u8; info.param_bytes as usize];
+    for (p, v) in info.params.iter().zip(vals) {
+        buf[p.offset as usize..][..v.len()].copy_from_slice(v);
+    }
+    buf
+}
+
+fn report(name: &str, native: Duration, exec: Duration, st: &LaunchStats) {
+    let ratio = exec.as_secs_f64() / native.as_secs_f64();
+    let tips = st.thread_instructions as f64 / exec.as_secs_f64();
+    println!(
+        "{name:<14} native {:>9.3} ms   executor {:>9.3} ms   ratio {ratio:>6.1}x   {:>7.1} M thread-instr/s   ({} thread-instr)",
+        native.as_secs_f64() * 1e3,
+        exec.as_secs_f64() * 1e3,
+        tips / 1e6,
+        st.thread_instructions
+    );
+}
+
+fn main() {
+    let workers: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(1);
+    println!("vgpu-ptx executor vs plain Rust, {workers} worker(s) (native loops on one core)");
+    let lim = Limits::default();
+
+    // Vector add.
+    {
+        let m = Module::parse(include_str!("../tests/corpus/vector_add.ptx")).unwrap();
+        let n = 1 << 20;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| (n - i) as f32).collect();
+        let mem = VecMemory::new(BASE, 3 * n * 4);
+        mem.write(BASE, &bytes(&a)).unwrap();
+        mem.write(BASE + n as u64 * 4, &bytes(&b)).unwrap();
+        let pc = BASE + 2 * n as u64 * 4;
+        let p = params(
+            &m,
+            "vector_add",
+            &[
+                &BASE.to_le_bytes(),
+                &(BASE + n as u64 * 4).to_le_bytes(),
+                &pc.to_le_bytes(),
+                &(n as i32).to_le_bytes(),
+            ],
+        );
+        let cfg = LaunchConfig {
+            grid: [(n / 256) as u32, 1, 1],
+            block: [256, 1, 1],
+            shared_dyn: 0,
+            workers,
+        };
+        let (te, st) = time(|| launch(&m, "vector_add", &cfg, &p, &mem, &lim).unwrap());
+        let (tn, _) = time(|| {
+            let mut c = vec![0f32; n];
+            for i in 0..n {
+                c[i] = black_box(a[i]) + b[i];
+            }
+            black_box(c)
+        });
+        report("vector add", tn, te, &st);
+    }
+
+    // Tiled matrix multiply.
+    {
+        let m = Module::parse(include_str!("../tests/corpus/matmul.ptx")).unwrap();
+        let n = 256usize;
+        let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
+        let mem = VecMemory::new(BASE, 3 * n * n * 4);
+        mem.write(BASE, &bytes(&a)).unwrap();
+        let pb = BASE + (n * n * 4) as u64;
+        let pc = pb + (n * n * 4) as u64;
+        mem.write(pb, &bytes(&b)).unwrap();
+        let p = params(
+            &m,
+            "matmul",
+            &[
+                &BASE.to_le_bytes(),
+                &pb.to_le_bytes(),
+                &pc.to_le_bytes(),
+                &(n as i32).to_le_bytes(),
+            ],
+        );
+        let g = (n / 16) as u32;
+        let cfg = LaunchConfig {
+            grid: [g, g, 1],
+            block: [16, 16, 1],
+            shared_dyn: 0,
+            workers,
+        };
+        let (te, st) = time(|| launch(&m, "matmul", &cfg, &p, &mem, &lim).unwrap());
+        let (tn, c) = time(|| {
+            let mut c = vec![0f32; n * n];
+            for i in 0..n {
+                for j in 0..n {
+                    let mut acc = 0f32;
+                    for k in 0..n {
+                        acc += a[i * n + k] * b[k * n + j];
+                    }
+                    c[i * n + j] = acc;
+                }
+            }
+            black_box(c)
+        });
+        let mut got = vec![0u8; n * n * 4];
+        mem.read(pc, &mut got).unwrap();
+        let ok = got
+            .chunks(4)
+            .zip(&c)
+            .all(|(g, w)| f32::from_le_bytes([g[0], g[1], g[2], g[3]]) == *w);
+        assert!(ok, "matmul result differs");
+        report("matmul 256", tn, te, &st);
+    }
+
+    // Reduction with warp shuffles.
+    {
+        let m = Module::parse(include_str!("../tests/corpus/reduce_shfl.ptx")).unwrap();
+        let n = 1 << 20;
+        let v: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
+        let mem = VecMemory::new(BASE, n * 4 + 256);
+        mem.write(BASE, &bytes(&v)).unwrap();
+        let pout = BASE + n as u64 * 4;
+        let p = params(
+            &m,
+            "reduce_shfl",
+            &[
+                &BASE.to_le_bytes(),
+                &pout.to_le_bytes(),
+                &(n as i32).to_le_bytes(),
+            ],
+        );
+        let cfg = LaunchConfig {
+            grid: [64, 1, 1],
+            block: [256, 1, 1],
+            shared_dyn: 0,
+            workers,
+        };
+        let (te, st) = time(|| launch(&m, "reduce_shfl", &cfg, &p, &mem, &lim).unwrap());
+        let (tn, _) = time(|| {
+            let mut s = 0f32;
+            for x in &v {
+                s += black_box(*x);
+            }
+            black_box(s)
+        });
+        report("reduce shfl", tn, te, &st);
+    }
+}

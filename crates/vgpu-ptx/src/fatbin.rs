@@ -1,0 +1,318 @@
+//! CUDA fatbinaries: finding the PTX a module image carries.
+//!
+//! Layout (as `nvcc -fatbin` writes it, all little endian): a 16-byte
+//! header (u32 magic `0xBA55ED50`, u16 version 1, u16 header size, u64
+//! size of the entries that follow the header), then entries, each a
+//! header followed by its payload:
+//!
+//! | offset | field |
+//! |-------:|-------|
+//! | 0  | u16 kind (1 PTX, 2 ELF cubin) |
+//! | 2  | u16 version (`0x101`) |
+//! | 4  | u32 entry header size |
+//! | 8  | u64 payload size, padded (the next entry follows it) |
+//! | 16 | u32 compressed payload size (0 when stored plain) |
+//! | 28 | u32 SM version |
+//! | 40 | u64 flags (`0x2000` LZ4 block, `0x8000` Zstd frame) |
+//! | 56 | u64 uncompressed payload size |
+//!
+//! Several fatbinaries may follow each other in one image (what the
+//! linker makes of relocatable device code); all are read.
+
+use std::io::Read;
+
+/// The magic number of fatbinary data.
+pub const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+/// Entry kind: PTX text.
+pub const KIND_PTX: u16 = 1;
+/// Entry kind: an ELF cubin.
+pub const KIND_ELF: u16 = 2;
+/// Entry flag: the payload is one LZ4 block.
+pub const FLAG_LZ4: u64 = 0x2000;
+/// Entry flag: the payload is one Zstd frame.
+pub const FLAG_ZSTD: u64 = 0x8000;
+
+/// The largest PTX text one entry may decompress to. A declared size above
+/// this is refused rather than allocated: no real kernel module comes near.
+pub const MAX_PTX_BYTES: u64 = 256 << 20;
+
+const ENTRY_MIN_HEADER: usize = 64;
+
+/// Why a module image gives no PTX.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FatbinError {
+    /// Neither a fatbinary nor PTX text.
+    #[error("not a fatbinary or PTX text")]
+    NotAModule,
+    /// A header or entry does not fit in the image, or declares sizes that
+    /// contradict each other.
+    #[error("malformed fatbinary at offset {offset:#x}: {what}")]
+    Malformed {
+        /// Where in the image.
+        offset: usize,
+        /// What is wrong.
+        what: &'static str,
+    },
+    /// A compressed entry that does not decompress to its declared size.
+    #[error("entry at offset {offset:#x} does not decompress: {what}")]
+    Decompress {
+        /// The entry's offset in the image.
+        offset: usize,
+        /// The decompressor's complaint.
+        what: String,
+    },
+    /// Only cubins (machine code), which a CPU cannot run.
+    #[error("the fatbinary holds no PTX")]
+    NoPtx,
+    /// PTX that is not UTF-8 text.
+    #[error("PTX entry at offset {0:#x} is not text")]
+    NotText(usize),
+}
+
+fn u16_at(d: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(
+        d.get(o..o.checked_add(2)?)?.try_into().ok()?,
+    ))
+}
+fn u32_at(d: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(
+        d.get(o..o.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+fn u64_at(d: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(
+        d.get(o..o.checked_add(8)?)?.try_into().ok()?,
+    ))
+}
+
+/// Whether `image` looks like PTX text: after blank lines and comments its
+/// first word is a PTX directive.
+pub fn is_ptx_text(image: &[u8]) -> bool {
+    let head = &image[..image.len().min(4096)];
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        // The cut may split a character: take what is valid.
+        Err(e) => match std::str::from_utf8(&head[..e.valid_up_to()]) {
+            Ok(t) => t,
+            Err(_) => return false,
+        },
+    };
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if let Some(r) = rest.strip_prefix("//") {
+            rest = r.find('\n').map_or("", |i| &r[i..]);
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            match r.find("*/") {
+                Some(i) => rest = &r[i + 2..],
+                None => return false,
+            }
+        } else {
+            break;
+        }
+    }
+    [".version", ".target", ".address_size"]
+        .iter()
+        .any(|d| rest.starts_with(d))
+}
+
+/// The PTX texts in a module image: every PTX entry of a fatbinary (in
+/// order), or the image itself when it is PTX text (a trailing NUL, as
+/// `cuModuleLoadData` callers pass, is dropped).
+pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
+    if u32_at(image, 0) != Some(FATBIN_MAGIC) {
+        if !is_ptx_text(image) {
+            return Err(FatbinError::NotAModule);
+        }
+        let end = image.iter().position(|&b| b == 0).unwrap_or(image.len());
+        let text = std::str::from_utf8(&image[..end]).map_err(|_| FatbinError::NotText(0))?;
+        return Ok(vec![text.to_owned()]);
+    }
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
+        pos = read_fatbin(image, pos, &mut out)?;
+        // Consecutive fatbinaries are 8-byte aligned; padding may follow.
+        while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
+            pos += 1;
+        }
+    }
+    if out.is_empty() {
+        return Err(FatbinError::NoPtx);
+    }
+    Ok(out)
+}
+
+/// Reads one fatbinary at `start`, returns where it ends.
+fn read_fatbin(image: &[u8], start: usize, out: &mut Vec<String>) -> Result<usize, FatbinError> {
+    let bad = |offset, what| FatbinError::Malformed { offset, what };
+    let header_size = u16_at(image, start + 6).ok_or(bad(start, "truncated header"))? as usize;
+    let size = u64_at(image, start + 8).ok_or(bad(start, "truncated header"))?;
+    if header_size < 16 {
+        return Err(bad(start, "header size below 16"));
+    }
+    let first = start
+        .checked_add(header_size)
+        .ok_or(bad(start, "header size"))?;
+    let end = usize::try_from(size)
+        .ok()
+        .and_then(|s| first.checked_add(s))
+        .filter(|&e| e <= image.len())
+        .ok_or(bad(start, "entries extend past the image"))?;
+    let mut at = first;
+    while at < end {
+        let trunc = bad(at, "truncated entry header");
+        let kind = u16_at(image, at).ok_or(trunc.clone())?;
+        let ehs = u32_at(image, at + 4).ok_or(trunc.clone())? as usize;
+        if ehs < ENTRY_MIN_HEADER || at.checked_add(ehs).is_none_or(|h| h > end) {
+            return Err(bad(at, "entry header size"));
+        }
+        let padded = u64_at(image, at + 8).ok_or(trunc.clone())?;
+        let compressed = u32_at(image, at + 16).ok_or(trunc.clone())? as u64;
+        let flags = u64_at(image, at + 40).ok_or(trunc.clone())?;
+        let uncompressed = u64_at(image, at + 56).ok_or(trunc)?;
+        let body = at + ehs;
+        let body_end = usize::try_from(padded)
+            .ok()
+            .and_then(|p| body.checked_add(p))
+            .filter(|&e| e <= end)
+            .ok_or(bad(at, "payload extends past the fatbinary"))?;
+        let payload = &image[body..body_end];
+        if kind == KIND_PTX {
+            let bytes = decode_payload(at, payload, flags, compressed, uncompressed)?;
+            let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
+            let text = std::str::from_utf8(text).map_err(|_| FatbinError::NotText(at))?;
+            out.push(text.to_owned());
+        }
+        at = body_end;
+    }
+    Ok(end)
+}
+
+fn decode_payload(
+    at: usize,
+    payload: &[u8],
+    flags: u64,
+    compressed: u64,
+    uncompressed: u64,
+) -> Result<Vec<u8>, FatbinError> {
+    let bad = |what| FatbinError::Malformed { offset: at, what };
+    if flags & (FLAG_LZ4 | FLAG_ZSTD) == 0 {
+        return Ok(payload.to_vec());
+    }
+    if uncompressed > MAX_PTX_BYTES {
+        return Err(bad("uncompressed size above the limit"));
+    }
+    let csize = usize::try_from(compressed)
+        .ok()
+        .filter(|&c| c <= payload.len())
+        .ok_or(bad("compressed size exceeds the payload"))?;
+    let input = &payload[..csize];
+    // Bounded by MAX_PTX_BYTES above.
+    let want = uncompressed as usize;
+    let derr = |what: String| FatbinError::Decompress { offset: at, what };
+    if flags & FLAG_LZ4 != 0 {
+        let mut buf = vec![0u8; want];
+        let n =
+            lz4_flex::block::decompress_into(input, &mut buf).map_err(|e| derr(e.to_string()))?;
+        if n != want {
+            return Err(derr(format!("{n} bytes, {want} declared")));
+        }
+        Ok(buf)
+    } else {
+        let mut src = input;
+        let dec =
+            ruzstd::decoding::StreamingDecoder::new(&mut src).map_err(|e| derr(e.to_string()))?;
+        let mut buf = Vec::with_capacity(want.min(input.len().saturating_mul(64)));
+        // One byte more than declared tells an oversized frame apart.
+        dec.take(want as u64 + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| derr(e.to_string()))?;
+        if buf.len() != want {
+            return Err(derr(format!("{} bytes, {want} declared", buf.len())));
+        }
+        Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_text_is_accepted() {
+        let t = b"// c\n/* x */ .version 8.0\n.target sm_90\n\0junk";
+        let v = extract_ptx(t).unwrap();
+        assert_eq!(
+            v,
+            vec!["// c\n/* x */ .version 8.0\n.target sm_90\n".to_string()]
+        );
+        assert_eq!(extract_ptx(b"hello"), Err(FatbinError::NotAModule));
+        assert_eq!(extract_ptx(b""), Err(FatbinError::NotAModule));
+    }
+
+    fn entry(kind: u16, flags: u64, payload: &[u8], compressed: u32, unc: u64) -> Vec<u8> {
+        let mut e = vec![0u8; 64];
+        e[0..2].copy_from_slice(&kind.to_le_bytes());
+        e[2..4].copy_from_slice(&0x101u16.to_le_bytes());
+        e[4..8].copy_from_slice(&64u32.to_le_bytes());
+        e[8..16].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        e[16..20].copy_from_slice(&compressed.to_le_bytes());
+        e[40..48].copy_from_slice(&flags.to_le_bytes());
+        e[56..64].copy_from_slice(&unc.to_le_bytes());
+        e.extend_from_slice(payload);
+        e
+    }
+
+    fn wrap(entries: &[u8]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        d.extend_from_slice(&1u16.to_le_bytes());
+        d.extend_from_slice(&16u16.to_le_bytes());
+        d.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+        d.extend_from_slice(entries);
+        d
+    }
+
+    #[test]
+    fn synthetic_entries() {
+        let ptx = b".version 8.0\n\0\0\0";
+        let mut es = entry(KIND_ELF, 0, b"\x7fELF....", 0, 0);
+        es.extend(entry(KIND_PTX, 0, ptx, 0, 0));
+        let lz = lz4_flex::block::compress(b".version 9.0\n.target sm_90\n");
+        es.extend(entry(KIND_PTX, FLAG_LZ4, &lz, lz.len() as u32, 27));
+        let v = extract_ptx(&wrap(&es)).unwrap();
+        assert_eq!(v, vec![".version 8.0\n", ".version 9.0\n.target sm_90\n"]);
+        let only_elf = wrap(&entry(KIND_ELF, 0, b"\x7fELF", 0, 0));
+        assert_eq!(extract_ptx(&only_elf), Err(FatbinError::NoPtx));
+    }
+
+    #[test]
+    fn lies_are_refused() {
+        let lz = lz4_flex::block::compress(b".version 9.0\n");
+        // Declared larger than it decompresses to.
+        let d = wrap(&entry(KIND_PTX, FLAG_LZ4, &lz, lz.len() as u32, 100));
+        assert!(matches!(
+            extract_ptx(&d),
+            Err(FatbinError::Decompress { .. })
+        ));
+        // A huge declared size allocates nothing.
+        let d = wrap(&entry(KIND_PTX, FLAG_ZSTD, &lz, lz.len() as u32, u64::MAX));
+        assert!(matches!(
+            extract_ptx(&d),
+            Err(FatbinError::Malformed { .. })
+        ));
+        // Compressed size past the payload.
+        let d = wrap(&entry(KIND_PTX, FLAG_LZ4, &lz, 1000, 13));
+        assert!(matches!(
+            extract_ptx(&d),
+            Err(FatbinError::Malformed { .. })
+        ));
+        // Total size past the image, at every truncation.
+        let full = wrap(&entry(KIND_PTX, 0, b".version 1\n", 0, 0));
+        for n in 0..full.len() {
+            assert!(extract_ptx(&full[..n]).is_err(), "{n}");
+        }
+        assert!(extract_ptx(&full).is_ok());
+    }
+}

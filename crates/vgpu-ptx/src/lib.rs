@@ -1,0 +1,138 @@
+//! A PTX front end and a CPU executor: what the software backend needs to
+//! run the CUDA kernels a guest loads.
+//!
+//! - [`fatbin::extract_ptx`] finds the PTX in a module image (a CUDA
+//!   fatbinary, its entries stored plain, LZ4 or Zstd compressed, or PTX
+//!   text). Cubins (machine code) are skipped: a CPU cannot run them.
+//! - [`Module::parse`] decodes PTX text once into a compact instruction
+//!   form (registers as indices, typed operations, resolved labels and
+//!   variables) and reports each kernel's launch metadata
+//!   ([`Module::kernel`]: parameter offsets, sizes and alignments, static
+//!   shared memory, local memory, a register estimate).
+//! - [`exec::launch`] runs a kernel over a grid on `workers` OS threads
+//!   against a [`GlobalMemory`] that checks every device access.
+//!
+//! ```
+//! use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, Limits, Module, VecMemory};
+//!
+//! let ptx = r#"
+//! .version 8.5
+//! .target sm_90
+//! .address_size 64
+//! .visible .entry twice(.param .u64 p)
+//! {
+//!     .reg .b32 %r<4>;
+//!     .reg .b64 %rd<4>;
+//!     ld.param.u64 %rd1, [p];
+//!     mov.u32 %r1, %tid.x;
+//!     mul.wide.u32 %rd2, %r1, 4;
+//!     add.s64 %rd3, %rd1, %rd2;
+//!     ld.global.u32 %r2, [%rd3];
+//!     shl.b32 %r3, %r2, 1;
+//!     st.global.u32 [%rd3], %r3;
+//!     ret;
+//! }
+//! "#;
+//! let module = Module::parse(ptx)?;
+//! let info = module.kernel("twice").unwrap();
+//! assert_eq!(info.param_bytes, 8);
+//! let mem = VecMemory::new(0x1000, 64 * 4);
+//! for i in 0..64u32 {
+//!     mem.write(0x1000 + 4 * i as u64, &i.to_le_bytes()).unwrap();
+//! }
+//! let cfg = LaunchConfig { grid: [1, 1, 1], block: [64, 1, 1], shared_dyn: 0, workers: 1 };
+//! launch(&module, "twice", &cfg, &0x1000u64.to_le_bytes(), &mem, &Limits::default())?;
+//! let mut out = [0u8; 4];
+//! mem.read(0x1000 + 4 * 21, &mut out).unwrap();
+//! assert_eq!(u32::from_le_bytes(out), 42);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Execution model
+//! A warp's 32 lanes execute each instruction together, registers stored
+//! per warp as rows of 32 lanes. Lanes have their own program counters;
+//! the warp runs the lanes at the lowest one, so divergent branches
+//! reconverge where the paths join; warp-collective instructions
+//! (`shfl.sync`, `vote.sync`, ...) wait for lanes that are elsewhere. A
+//! block's warps take turns at barriers and every few thousand
+//! instructions, so a warp spinning on a flag another warp sets makes
+//! progress (lanes of one warp spinning on each other do not: the lowest
+//! PC keeps running until the step limit or deadline stops it).
+//! `bar.sync` waits for every thread of the block; threads that have
+//! exited count as arrived. Shared memory is
+//! per block (static variables first, then dynamic shared memory where
+//! every `extern .shared` array starts), local memory per thread.
+//!
+//! Generic addresses: device memory is used as is; shared memory appears
+//! at [`ir::SHARED_WINDOW`], the thread's local memory at
+//! [`ir::LOCAL_WINDOW`] and the module's `.global`/`.const` variables at
+//! [`ir::STATIC_WINDOW`] (device allocations must lie below it).
+//!
+//! # Supported
+//! What `nvcc` 12.9/13.x emits for ordinary kernels: `.version`,
+//! `.target`, `.address_size 64`; `.entry`/`.func` (with return values,
+//! `.visible`/`.weak`/`.extern`, performance directives);
+//! `.reg` (with `<N>` ranges), `.shared`, `.global`, `.const`, `.local`
+//! and `.param` variables with alignment, arrays and initialisers;
+//! predicates and `@!p`; labels; `call` of a `.func`; vector operands;
+//! `.pragma`, comments, `.loc`/`.file` (ignored).
+//!
+//! Instructions: `mov` (also packing and unpacking vectors), `ld`/`ldu`/
+//! `st` in every state space (`.nc`, `.v2`/`.v4`, cache and ordering
+//! qualifiers accepted), `cvta`, `add`/`sub` (`.sat` for integers),
+//! `mul` (`.lo/.hi/.wide`), `mad` (`.lo/.hi/.wide`), carry chains
+//! (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`), `fma`, `mul24`/
+//! `mad24`, `div`, `rem`, `min`, `max`, `abs`, `neg`, `and`/`or`/`xor`/
+//! `not`/`cnot`, `shl`/`shr`, `shf`, `setp` (every comparison including
+//! the unordered ones, `.and/.or/.xor`, two destinations), `selp`, `cvt`
+//! between every integer and float type (f16 and bf16 included) with
+//! integer rounding (`.rni .rzi .rmi .rpi`), `.sat` and `.ftz`, `bra`,
+//! `call`, `ret`, `exit`, `trap`, special registers (`%tid`, `%ntid`,
+//! `%ctaid`, `%nctaid`, `%laneid`, `%warpid`, `%nwarpid`, `%lanemask_*`,
+//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...),
+//! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
+//! and 64-bit integers, f32 and f64 add) on global, shared and generic
+//! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate
+//! output), `vote.sync` (all, any, uni, ballot), `redux.sync`,
+//! `match.any/all.sync`, `elect.sync`, `activemask`, `isspacep`,
+//! `bar.sync`/`barrier.sync`, `membar`/`fence` (no-ops: a block runs on
+//! one thread and device memory is accessed with atomics), `rcp`,
+//! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
+//! `brev`, `bfind`, `bfe`, `bfi`, `prmt` (default mode), `lop3`,
+//! `copysign`, `testp`. Calls of the runtime's `vprintf` return 0 (the
+//! output is dropped); `__assertfail` ends the launch like `trap`.
+//!
+//! # Not supported (a parse or launch error, never a wrong answer where
+//! it can be detected)
+//! - `brx.idx`, indirect calls, recursion and calls of other undefined
+//!   functions such as `malloc` (refused at run time), textures and
+//!   surfaces, `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt`
+//!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
+//!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
+//! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,
+//!   `div`, `sqrt`, `rcp` (f32 and f64), `fma.f32`, int-to-float `cvt` and
+//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, f16/bf16 arithmetic, other
+//!   operations) it is refused when the module is parsed. Float-to-f16
+//!   `cvt` rounds to nearest. `.ftz` and `.sat` are honoured on float
+//!   arithmetic and `cvt`. The `.approx` functions (`ex2`, `lg2`, `sin`,
+//!   `cos`, `rsqrt`, `tanh`) are computed in double precision and rounded,
+//!   well within their documented error.
+//! - Named barriers with thread counts behave as whole-block barriers.
+//! - `.global` variables of a module live for one launch (initialised
+//!   from the module each time). `.shared` variables have one layout for
+//!   the whole module; a kernel's static shared memory ends with the last
+//!   one it (or a function it calls) names, so in a module of several
+//!   kernels it may count variables of others laid out before its own.
+
+#![warn(missing_docs)]
+
+pub mod exec;
+pub mod fatbin;
+pub mod ir;
+pub mod mem;
+pub mod parse;
+
+pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
+pub use fatbin::{extract_ptx, FatbinError};
+pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory};
+pub use parse::{KernelInfo, Module, ParamInfo, ParseError};

@@ -1,0 +1,2405 @@
+//! PTX text to a [`Module`]: a lexer, a one-pass parser that decodes each
+//! instruction to the executor's form, and the kernels' launch metadata.
+
+use std::collections::HashMap;
+
+use crate::ir::*;
+use crate::mem::{AtomKind, AtomTy, AtomicOp};
+
+/// What is wrong with a PTX text, and on which line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {msg}")]
+pub struct ParseError {
+    /// 1-based source line.
+    pub line: u32,
+    /// What is wrong.
+    pub msg: String,
+}
+
+/// One kernel parameter as `cuFuncGetParamInfo` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Offset in the parameter buffer.
+    pub offset: u32,
+    /// Size in bytes.
+    pub size: u32,
+    /// Alignment in bytes.
+    pub align: u32,
+}
+
+/// Launch metadata of a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The entry's name.
+    pub name: String,
+    /// Its parameters, in order.
+    pub params: Vec<ParamInfo>,
+    /// Size of the parameter buffer (end of the last parameter).
+    pub param_bytes: u32,
+    /// Static shared memory: the end of the last `.shared` variable the
+    /// kernel or a function it calls names (module variables keep one
+    /// layout for all kernels).
+    pub shared_static: u32,
+    /// Local memory per thread (all `.local` variables of the module).
+    pub local_per_thread: u32,
+    /// Registers declared by the kernel and the functions it may call, in
+    /// 32-bit units (PTX virtual registers: an upper bound on what `ptxas`
+    /// would allocate).
+    pub registers: u32,
+    /// `.reqntid` / `.maxntid`, when given.
+    pub max_threads: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Func {
+    pub name: String,
+    pub entry: bool,
+    pub start: u32,
+    pub defined: bool,
+    pub params: Vec<(ParamInfo, u32)>,
+    /// Offset and size of the return value in the per-thread param space.
+    pub ret: Option<(u32, u32)>,
+    pub regs32: u32,
+    pub max_threads: Option<u32>,
+    pub line: u32,
+    /// End of the `.shared` variables the function itself names.
+    pub shared_end: u32,
+    /// The same over everything it may call.
+    pub shared_total: u32,
+    /// One past its last instruction.
+    pub end: u32,
+    /// Its registers: indices `regs.0..regs.1`.
+    pub regs: (u32, u32),
+    /// The register ranges of the function and all it may call.
+    pub reach_regs: Vec<(u32, u32)>,
+    /// 32-bit register units of the function and all it may call.
+    pub regs32_total: u32,
+}
+
+/// A parsed and decoded PTX module.
+#[derive(Debug, Clone)]
+pub struct Module {
+    pub(crate) code: Vec<Inst>,
+    pub(crate) funcs: Vec<Func>,
+    pub(crate) nregs: u32,
+    pub(crate) statics: Vec<u8>,
+    pub(crate) shared_static: u32,
+    pub(crate) local_size: u32,
+    pub(crate) param_size: u32,
+    version: String,
+    target: String,
+}
+
+impl Module {
+    /// Parses and decodes a PTX module.
+    pub fn parse(text: &str) -> Result<Module, ParseError> {
+        let toks = lex(text)?;
+        let mut p = Parser {
+            toks,
+            pos: 0,
+            m: Module {
+                code: Vec::new(),
+                funcs: Vec::new(),
+                nregs: 2, // register 0 is the sink `_`, 1 the carry flag
+                statics: Vec::new(),
+                shared_static: 0,
+                local_size: 0,
+                param_size: 0,
+                version: String::new(),
+                target: String::new(),
+            },
+            globals: HashMap::new(),
+            fnames: HashMap::new(),
+            call_fix: Vec::new(),
+            depth: 0,
+            shared_ends: HashMap::new(),
+        };
+        p.module()?;
+        Ok(p.m)
+    }
+
+    /// The `.version` directive's value.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The `.target` directive's value.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Every kernel (`.entry`) of the module.
+    pub fn kernels(&self) -> Vec<KernelInfo> {
+        self.funcs
+            .iter()
+            .filter(|f| f.entry && f.defined)
+            .map(|f| self.info(f))
+            .collect()
+    }
+
+    /// One kernel by name.
+    pub fn kernel(&self, name: &str) -> Option<KernelInfo> {
+        self.funcs
+            .iter()
+            .find(|f| f.entry && f.defined && f.name == name)
+            .map(|f| self.info(f))
+    }
+
+    pub(crate) fn func_index(&self, name: &str) -> Option<usize> {
+        self.funcs
+            .iter()
+            .position(|f| f.entry && f.defined && f.name == name)
+    }
+
+    fn info(&self, f: &Func) -> KernelInfo {
+        let params: Vec<ParamInfo> = f.params.iter().map(|p| p.0).collect();
+        let param_bytes = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
+        KernelInfo {
+            name: f.name.clone(),
+            params,
+            param_bytes,
+            shared_static: f.shared_total,
+            local_per_thread: self.local_size,
+            // Callees' registers count too: .func registers are not shared.
+            registers: f.regs32_total,
+            max_threads: f.max_threads,
+        }
+    }
+}
+
+// ---------------------------------------------------------------- lexer
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum K {
+    Word,
+    Num,
+    Str,
+    P(u8),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tok<'a> {
+    k: K,
+    s: &'a str,
+    line: u32,
+}
+
+fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut line = 1u32;
+    let word = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$' | b'%' | b'.' | b':');
+    while i < b.len() {
+        let c = b[i];
+        if c == b'\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_ascii_whitespace() {
+            i += 1;
+        } else if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            let start = line;
+            i += 2;
+            loop {
+                if i + 1 >= b.len() {
+                    return Err(ParseError {
+                        line: start,
+                        msg: "unterminated comment".into(),
+                    });
+                }
+                if b[i] == b'*' && b[i + 1] == b'/' {
+                    i += 2;
+                    break;
+                }
+                if b[i] == b'\n' {
+                    line += 1;
+                }
+                i += 1;
+            }
+        } else if c == b'"' {
+            let s = i;
+            i += 1;
+            while i < b.len() && b[i] != b'"' && b[i] != b'\n' {
+                i += 1;
+            }
+            if i >= b.len() || b[i] != b'"' {
+                return Err(ParseError {
+                    line,
+                    msg: "unterminated string".into(),
+                });
+            }
+            i += 1;
+            out.push(Tok {
+                k: K::Str,
+                s: &text[s..i],
+                line,
+            });
+        } else if c.is_ascii_digit() {
+            let s = i;
+            while i < b.len() {
+                let d = b[i];
+                let exp_sign = matches!(d, b'+' | b'-')
+                    && matches!(b[i - 1], b'e' | b'E')
+                    && !text[s..i].starts_with("0x")
+                    && !text[s..i].starts_with("0f")
+                    && !text[s..i].starts_with("0d")
+                    && text[s..i].contains('.');
+                if d.is_ascii_alphanumeric() || d == b'.' || exp_sign {
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            out.push(Tok {
+                k: K::Num,
+                s: &text[s..i],
+                line,
+            });
+        } else if c.is_ascii_alphabetic() || matches!(c, b'_' | b'$' | b'%' | b'.') {
+            let s = i;
+            // `:` belongs to a word only inside (`.shared::cta`), not at the
+            // end (a label).
+            while i < b.len() && word(b[i]) {
+                if b[i] == b':' && b.get(i + 1) != Some(&b':') && (i == s || b[i - 1] != b':') {
+                    break;
+                }
+                i += 1;
+            }
+            out.push(Tok {
+                k: K::Word,
+                s: &text[s..i],
+                line,
+            });
+        } else if b",;{}[]()<>+-=@!|:".contains(&c) {
+            out.push(Tok {
+                k: K::P(c),
+                s: &text[i..i + 1],
+                line,
+            });
+            i += 1;
+        } else {
+            let ch = text[i..].chars().next().unwrap_or('?');
+            return Err(ParseError {
+                line,
+                msg: format!("unexpected character {ch:?}"),
+            });
+        }
+    }
+    Ok(out)
+}
+
+// --------------------------------------------------------------- parser
+
+#[derive(Debug, Clone, Copy)]
+enum VarLoc {
+    Shared(u32),
+    Local(u32),
+    Static(u32),
+    KParam(u32),
+    Param(u32),
+}
+
+#[derive(Debug, Clone)]
+enum Opnd<'a> {
+    Name(&'a str),
+    Not(&'a str),
+    Int(i128),
+    F32(u32),
+    F64(u64),
+    Float(f64),
+    Addr(Option<&'a str>, i64),
+    Vec(Vec<Opnd<'a>>),
+    Pair(&'a str, &'a str),
+    List(Vec<Opnd<'a>>),
+}
+
+struct FnScope<'a> {
+    regs: HashMap<&'a str, (u32, Ty)>,
+    ranges: HashMap<&'a str, (u32, u32, Ty)>,
+    vars: HashMap<&'a str, VarLoc>,
+    labels: HashMap<&'a str, u32>,
+    fix: Vec<(usize, &'a str, u32)>,
+    entry: bool,
+    regs32: u32,
+    shared_end: std::cell::Cell<u32>,
+}
+
+struct Parser<'a> {
+    toks: Vec<Tok<'a>>,
+    pos: usize,
+    m: Module,
+    globals: HashMap<&'a str, VarLoc>,
+    fnames: HashMap<&'a str, u32>,
+    call_fix: Vec<(usize, &'a str, u32)>,
+    depth: u32,
+    shared_ends: HashMap<u32, u32>,
+}
+
+const MAX_NESTING: u32 = 32;
+/// Registers of a module, all functions together: each costs 256 bytes
+/// per warp at run time.
+const MAX_REGS: u32 = 1 << 16;
+
+fn align_up(x: u32, a: u32) -> u32 {
+    let a = a.max(1);
+    x.div_ceil(a).saturating_mul(a)
+}
+
+const MAX_STATIC: u32 = 1 << 30;
+
+impl<'a> Parser<'a> {
+    fn line(&self) -> u32 {
+        self.toks
+            .get(self.pos)
+            .or(self.toks.last())
+            .map_or(1, |t| t.line)
+    }
+    fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError {
+            line: self.line(),
+            msg: msg.into(),
+        })
+    }
+    fn peek(&self) -> Option<Tok<'a>> {
+        self.toks.get(self.pos).copied()
+    }
+    fn next(&mut self) -> Result<Tok<'a>, ParseError> {
+        match self.peek() {
+            Some(t) => {
+                self.pos += 1;
+                Ok(t)
+            }
+            None => self.err("unexpected end of input"),
+        }
+    }
+    fn is_p(&self, c: u8) -> bool {
+        matches!(self.peek(), Some(Tok { k: K::P(x), .. }) if x == c)
+    }
+    fn eat_p(&mut self, c: u8) -> bool {
+        if self.is_p(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn expect_p(&mut self, c: u8) -> Result<(), ParseError> {
+        if self.eat_p(c) {
+            Ok(())
+        } else {
+            let got = self.peek().map_or("end of input", |t| t.s);
+            self.err(format!("expected '{}', found '{got}'", c as char))
+        }
+    }
+    fn word(&mut self) -> Result<&'a str, ParseError> {
+        let t = self.next()?;
+        if t.k != K::Word {
+            self.pos -= 1;
+            return self.err(format!("expected a name, found '{}'", t.s));
+        }
+        Ok(t.s)
+    }
+    fn number(&mut self) -> Result<i128, ParseError> {
+        let neg = self.eat_p(b'-');
+        let t = self.next()?;
+        let v = match (t.k, parse_int(t.s)) {
+            (K::Num, Some(v)) => v,
+            _ => {
+                self.pos -= 1;
+                return self.err(format!("expected a number, found '{}'", t.s));
+            }
+        };
+        Ok(if neg { -v } else { v })
+    }
+    fn u32_num(&mut self) -> Result<u32, ParseError> {
+        let v = self.number()?;
+        u32::try_from(v).or_else(|_| self.err(format!("{v} out of range")))
+    }
+    /// Skips the rest of the current line (`.loc`, `.file` have no `;`).
+    fn skip_line(&mut self) {
+        let l = self.line();
+        while self
+            .peek()
+            .is_some_and(|t| t.line == l && t.k != K::P(b';'))
+        {
+            self.pos += 1;
+        }
+        self.eat_p(b';');
+    }
+    fn skip_to_semi(&mut self) -> Result<(), ParseError> {
+        while !self.eat_p(b';') {
+            self.next()?;
+        }
+        Ok(())
+    }
+
+    fn module(&mut self) -> Result<(), ParseError> {
+        while let Some(t) = self.peek() {
+            match t.s {
+                ".version" => {
+                    self.pos += 1;
+                    self.m.version = self.next()?.s.to_string();
+                }
+                ".target" => {
+                    self.pos += 1;
+                    let mut v = vec![self.word()?];
+                    while self.eat_p(b',') {
+                        v.push(self.word()?);
+                    }
+                    self.m.target = v.join(",");
+                }
+                ".address_size" => {
+                    self.pos += 1;
+                    if self.number()? != 64 {
+                        return self.err("only .address_size 64 is supported");
+                    }
+                }
+                ".loc" | ".file" => self.skip_line(),
+                ".pragma" => {
+                    self.pos += 1;
+                    self.skip_to_semi()?;
+                }
+                ".section" => {
+                    self.pos += 1;
+                    self.skip_block()?;
+                }
+                ".visible" | ".weak" | ".extern" | ".common" => {
+                    self.pos += 1;
+                    let ext = t.s == ".extern";
+                    self.decl(ext)?;
+                }
+                _ => self.decl(false)?,
+            }
+        }
+        for &(at, name, line) in &self.call_fix {
+            let Some(&f) = self.fnames.get(name) else {
+                return Err(ParseError {
+                    line,
+                    msg: format!("call of undefined function '{name}'"),
+                });
+            };
+            if let Op::Call { func, .. } = &mut self.m.code[at].op {
+                *func = f;
+            }
+        }
+        // Each function's shared memory over what it may call.
+        for i in 0..self.m.funcs.len() {
+            let mut seen = vec![false; self.m.funcs.len()];
+            let mut todo = vec![i];
+            let mut total = 0;
+            let mut regs = Vec::new();
+            let mut units = 0u32;
+            while let Some(j) = todo.pop() {
+                if std::mem::replace(&mut seen[j], true) {
+                    continue;
+                }
+                let f = &self.m.funcs[j];
+                total = total.max(f.shared_end);
+                regs.push(f.regs);
+                units = units.saturating_add(f.regs32);
+                for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
+                    if let Op::Call { func, .. } = inst.op {
+                        todo.push(func as usize);
+                    }
+                }
+            }
+            self.m.funcs[i].shared_total = total;
+            self.m.funcs[i].reach_regs = regs;
+            self.m.funcs[i].regs32_total = units;
+        }
+        Ok(())
+    }
+
+    fn skip_block(&mut self) -> Result<(), ParseError> {
+        while !self.is_p(b'{') {
+            self.next()?;
+        }
+        let mut depth = 0;
+        loop {
+            let t = self.next()?;
+            match t.k {
+                K::P(b'{') => depth += 1,
+                K::P(b'}') => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn decl(&mut self, ext: bool) -> Result<(), ParseError> {
+        let t = self.peek().map_or("", |t| t.s);
+        match t {
+            ".entry" | ".func" => self.function(ext),
+            ".global" | ".const" | ".shared" => {
+                self.pos += 1;
+                let loc = self.var_decl(t, ext, None)?;
+                for (name, l) in loc {
+                    self.globals.insert(name, l);
+                }
+                Ok(())
+            }
+            "" => self.err("unexpected end of input"),
+            other => self.err(format!("unexpected '{other}' at module scope")),
+        }
+    }
+
+    /// After the space word: `[.align N] [.vN] .type name[[N]] [= init], ...;`
+    fn var_decl(
+        &mut self,
+        space: &str,
+        ext: bool,
+        mut fs: Option<&mut FnScope<'a>>,
+    ) -> Result<Vec<(&'a str, VarLoc)>, ParseError> {
+        let mut align = 0u32;
+        let mut ty = None;
+        let mut vecn = 1u32;
+        loop {
+            let w = self.word()?;
+            match w {
+                ".align" => align = self.u32_num()?,
+                ".v2" => vecn = 2,
+                ".v4" => vecn = 4,
+                ".ptr" | ".global" | ".shared" | ".const" | ".local" => {}
+                w if w.starts_with('.') => {
+                    ty = Some(
+                        Ty::from_name(&w[1..])
+                            .ok_or(())
+                            .or_else(|_| self.err(format!("unknown type '{w}'")))?,
+                    );
+                    break;
+                }
+                _ => {
+                    self.pos -= 1;
+                    break;
+                }
+            }
+        }
+        let Some(ty) = ty else {
+            return self.err("variable without a type");
+        };
+        let esize = ty.bytes() * vecn;
+        let align = if align == 0 { esize } else { align };
+        if !align.is_power_of_two() {
+            return self.err(format!("alignment {align} is not a power of two"));
+        }
+        let mut out = Vec::new();
+        loop {
+            let name = self.word()?;
+            let mut count = 1u32;
+            let mut unsized_array = false;
+            if self.eat_p(b'<') {
+                return self.err("parameterized variable names are only for .reg");
+            }
+            while self.eat_p(b'[') {
+                if self.eat_p(b']') {
+                    unsized_array = true;
+                    continue;
+                }
+                let n = self.u32_num()?;
+                self.expect_p(b']')?;
+                count = count
+                    .checked_mul(n)
+                    .filter(|&c| c <= MAX_STATIC)
+                    .ok_or(())
+                    .or_else(|_| self.err("array too large"))?;
+            }
+            let size = esize
+                .checked_mul(count)
+                .filter(|&s| s <= MAX_STATIC)
+                .ok_or(())
+                .or_else(|_| self.err("array too large"))?;
+            let mut init = Vec::new();
+            if self.eat_p(b'=') {
+                self.initialiser(ty, &mut init)?;
+                if init.len() as u64 > size as u64 && !unsized_array {
+                    return self.err("initialiser larger than the variable");
+                }
+            }
+            let size = if unsized_array {
+                (init.len() as u32).max(if ext { 0 } else { size })
+            } else {
+                size
+            };
+            let loc = match space {
+                ".shared" if ext || (unsized_array && init.is_empty()) => {
+                    // `extern .shared` arrays all start where the dynamic
+                    // shared memory does: resolved at launch from this marker.
+                    VarLoc::Shared(u32::MAX)
+                }
+                ".shared" => {
+                    let off = align_up(self.m.shared_static, align);
+                    self.m.shared_static = off
+                        .checked_add(size)
+                        .filter(|&s| s <= MAX_STATIC)
+                        .ok_or(())
+                        .or_else(|_| self.err("shared memory too large"))?;
+                    let e = self.shared_ends.entry(off).or_insert(0);
+                    *e = (*e).max(off + size);
+                    VarLoc::Shared(off)
+                }
+                ".local" => {
+                    let off = align_up(self.m.local_size, align);
+                    self.m.local_size = off
+                        .checked_add(size)
+                        .filter(|&s| s <= MAX_STATIC)
+                        .ok_or(())
+                        .or_else(|_| self.err("local memory too large"))?;
+                    VarLoc::Local(off)
+                }
+                ".param" => {
+                    let off = align_up(self.m.param_size, align);
+                    self.m.param_size = off
+                        .checked_add(size)
+                        .filter(|&s| s <= MAX_STATIC)
+                        .ok_or(())
+                        .or_else(|_| self.err("parameters too large"))?;
+                    VarLoc::Param(off)
+                }
+                _ => {
+                    let off = align_up(self.m.statics.len() as u32, align);
+                    let end = off
+                        .checked_add(size)
+                        .filter(|&s| s <= MAX_STATIC)
+                        .ok_or(())
+                        .or_else(|_| self.err("variables too large"))?;
+                    self.m.statics.resize(end as usize, 0);
+                    let n = init.len().min(size as usize);
+                    self.m.statics[off as usize..off as usize + n].copy_from_slice(&init[..n]);
+                    VarLoc::Static(off)
+                }
+            };
+            if let Some(fs) = fs.as_deref_mut() {
+                fs.vars.insert(name, loc);
+            }
+            out.push((name, loc));
+            if !self.eat_p(b',') {
+                break;
+            }
+        }
+        self.expect_p(b';')?;
+        Ok(out)
+    }
+
+    fn initialiser(&mut self, ty: Ty, out: &mut Vec<u8>) -> Result<(), ParseError> {
+        self.nest(|p| p.initialiser_inner(ty, out))
+    }
+
+    /// Runs `f` one nesting level deeper: bounded, so that `{{{{...` or
+    /// `- - - ...` cannot exhaust the stack.
+    fn nest<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, ParseError>,
+    ) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return self.err("nested too deeply");
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
+    }
+
+    fn initialiser_inner(&mut self, ty: Ty, out: &mut Vec<u8>) -> Result<(), ParseError> {
+        if self.eat_p(b'{') {
+            loop {
+                self.initialiser(ty, out)?;
+                if self.eat_p(b'}') {
+                    return Ok(());
+                }
+                self.expect_p(b',')?;
+            }
+        }
+        if out.len() > MAX_STATIC as usize {
+            return self.err("initialiser too large");
+        }
+        let o = self.operand()?;
+        let bits = match imm_bits(&o, ty) {
+            Some(b) => b,
+            None => return self.err("unsupported initialiser (only numbers)"),
+        };
+        out.extend_from_slice(&bits.to_le_bytes()[..ty.bytes() as usize]);
+        Ok(())
+    }
+
+    fn function(&mut self, ext: bool) -> Result<(), ParseError> {
+        let line = self.line();
+        let entry = self.word()? == ".entry";
+        let mut fs = FnScope {
+            regs: HashMap::new(),
+            ranges: HashMap::new(),
+            vars: HashMap::new(),
+            labels: HashMap::new(),
+            fix: Vec::new(),
+            entry,
+            regs32: 0,
+            shared_end: std::cell::Cell::new(0),
+        };
+        let mut ret = None;
+        if !entry && self.is_p(b'(') {
+            self.pos += 1;
+            let (_, p) = self.param_decl(&mut fs, false)?;
+            ret = Some((p.offset, p.size));
+            self.expect_p(b')')?;
+        }
+        let name = self.word()?;
+        let mut params = Vec::new();
+        let mut kparam_end = 0u32;
+        if self.eat_p(b'(') && !self.eat_p(b')') {
+            {
+                loop {
+                    let (off, mut p) = self.param_decl(&mut fs, entry)?;
+                    if entry {
+                        p.offset = align_up(kparam_end, p.align);
+                        kparam_end = p.offset + p.size;
+                        if let Some(VarLoc::KParam(o)) = fs
+                            .vars
+                            .values_mut()
+                            .find(|v| matches!(v, VarLoc::KParam(u32::MAX)))
+                        {
+                            *o = p.offset;
+                        }
+                    }
+                    params.push((p, off));
+                    if self.eat_p(b')') {
+                        break;
+                    }
+                    self.expect_p(b',')?;
+                }
+            }
+        }
+        let mut max_threads = None;
+        while let Some(t) = self.peek() {
+            match t.s {
+                ".maxntid" | ".reqntid" => {
+                    self.pos += 1;
+                    let mut n = self.u32_num()?;
+                    while self.eat_p(b',') {
+                        n = n.saturating_mul(self.u32_num()?);
+                    }
+                    max_threads = Some(n);
+                }
+                ".minnctapersm" | ".maxnreg" | ".maxnctapersm" | ".maxclusterrank" => {
+                    self.pos += 1;
+                    self.u32_num()?;
+                }
+                ".reqnctapercluster" | ".explicitcluster" => {
+                    self.pos += 1;
+                    while self
+                        .peek()
+                        .is_some_and(|t| t.k == K::Num || t.k == K::P(b','))
+                    {
+                        self.pos += 1;
+                    }
+                }
+                ".noreturn" | ".pragma" => {
+                    self.pos += 1;
+                    if t.s == ".pragma" {
+                        self.skip_to_semi()?;
+                    }
+                }
+                _ => break,
+            }
+        }
+        let idx = match self.fnames.get(name) {
+            Some(&i) => i,
+            None => {
+                let i = self.m.funcs.len() as u32;
+                self.fnames.insert(name, i);
+                self.m.funcs.push(Func {
+                    name: name.to_string(),
+                    entry,
+                    start: 0,
+                    defined: false,
+                    params: Vec::new(),
+                    ret: None,
+                    regs32: 0,
+                    max_threads,
+                    line,
+                    shared_end: 0,
+                    shared_total: 0,
+                    end: 0,
+                    regs: (0, 0),
+                    reach_regs: Vec::new(),
+                    regs32_total: 0,
+                });
+                i
+            }
+        };
+        if self.eat_p(b';') || ext {
+            if !self.eat_p(b';') && ext && self.is_p(b'{') {
+                return self.err("an .extern function has no body");
+            }
+            let f = &mut self.m.funcs[idx as usize];
+            if !f.defined {
+                f.params = params;
+                f.ret = ret;
+            }
+            return Ok(());
+        }
+        if self.m.funcs[idx as usize].defined {
+            return self.err(format!("function '{name}' defined twice"));
+        }
+        let start = self.m.code.len() as u32;
+        let regs_lo = self.m.nregs;
+        {
+            let f = &mut self.m.funcs[idx as usize];
+            f.params = params;
+            f.ret = ret;
+            f.start = start;
+            f.defined = true;
+            f.line = line;
+        }
+        self.body(&mut fs)?;
+        for &(at, label, l) in &fs.fix {
+            let Some(&target) = fs.labels.get(label) else {
+                return Err(ParseError {
+                    line: l,
+                    msg: format!("undefined label '{label}'"),
+                });
+            };
+            if let Op::Bra { target: t } = &mut self.m.code[at].op {
+                *t = target;
+            }
+        }
+        // A body that runs off its end returns.
+        self.m.code.push(Inst {
+            guard: None,
+            op: Op::Ret,
+            line: self.line(),
+        });
+        let f = &mut self.m.funcs[idx as usize];
+        f.regs32 = fs.regs32;
+        f.shared_end = fs.shared_end.get();
+        f.end = self.m.code.len() as u32;
+        f.regs = (regs_lo, self.m.nregs);
+        Ok(())
+    }
+
+    /// `.param [.align N] .type [.ptr .space .align N] name[[N]]`.
+    fn param_decl(
+        &mut self,
+        fs: &mut FnScope<'a>,
+        kernel: bool,
+    ) -> Result<(u32, ParamInfo), ParseError> {
+        let t = self.word()?;
+        if t != ".param" && t != ".reg" {
+            self.pos -= 1;
+            return self.err(format!("expected .param, found '{t}'"));
+        }
+        let mut align = 0;
+        let mut ty = None;
+        let mut name = None;
+        while name.is_none() {
+            let w = self.word()?;
+            match w {
+                ".align" => {
+                    let a = self.u32_num()?;
+                    // `.ptr .align N` states the pointee's alignment, not
+                    // the parameter's.
+                    if ty.is_none() {
+                        align = a;
+                    }
+                }
+                ".ptr" | ".global" | ".shared" | ".const" | ".local" => {}
+                w if w.starts_with('.') => {
+                    ty = Some(
+                        Ty::from_name(&w[1..])
+                            .ok_or(())
+                            .or_else(|_| self.err(format!("unknown type '{w}'")))?,
+                    )
+                }
+                w => name = Some(w),
+            }
+        }
+        let (Some(ty), Some(name)) = (ty, name) else {
+            return self.err("parameter without a type");
+        };
+        let mut count = 1u32;
+        while self.eat_p(b'[') {
+            let n = self.u32_num()?;
+            self.expect_p(b']')?;
+            count = count
+                .checked_mul(n)
+                .filter(|&c| c <= 1 << 20)
+                .ok_or(())
+                .or_else(|_| self.err("parameter too large"))?;
+        }
+        let size = ty.bytes() * count;
+        let align = if align == 0 { ty.bytes() } else { align };
+        if !align.is_power_of_two() {
+            return self.err("alignment is not a power of two");
+        }
+        if kernel {
+            fs.vars.insert(name, VarLoc::KParam(u32::MAX));
+            return Ok((
+                0,
+                ParamInfo {
+                    offset: 0,
+                    size,
+                    align,
+                },
+            ));
+        }
+        let off = align_up(self.m.param_size, align.max(8));
+        self.m.param_size = off
+            .checked_add(size)
+            .filter(|&s| s <= MAX_STATIC)
+            .ok_or(())
+            .or_else(|_| self.err("parameters too large"))?;
+        fs.vars.insert(name, VarLoc::Param(off));
+        Ok((
+            off,
+            ParamInfo {
+                offset: off,
+                size,
+                align,
+            },
+        ))
+    }
+
+    fn reg_decl(&mut self, fs: &mut FnScope<'a>) -> Result<(), ParseError> {
+        let mut ty = None;
+        let mut vecn = 1;
+        while self.peek().is_some_and(|t| t.s.starts_with('.')) {
+            let w = self.word()?;
+            match w {
+                ".v2" => vecn = 2,
+                ".v4" => vecn = 4,
+                ".align" => {
+                    self.u32_num()?;
+                }
+                _ => {
+                    ty = Some(
+                        Ty::from_name(&w[1..])
+                            .ok_or(())
+                            .or_else(|_| self.err(format!("unknown register type '{w}'")))?,
+                    )
+                }
+            }
+        }
+        if vecn != 1 {
+            return self.err("vector registers are not supported");
+        }
+        let Some(ty) = ty else {
+            return self.err(".reg without a type");
+        };
+        loop {
+            let name = self.word()?;
+            let count = if self.eat_p(b'<') {
+                let n = self.u32_num()?;
+                self.expect_p(b'>')?;
+                n
+            } else {
+                1
+            };
+            if count > MAX_REGS || self.m.nregs.saturating_add(count) > MAX_REGS {
+                return self.err("too many registers");
+            }
+            if self.is_p(b'<') {
+                return self.err("bad register range");
+            }
+            if self.toks[self.pos - 1].s == ">" {
+                // `%r<N>` declares `%r0`..`%r{N-1}`: kept as a range.
+                fs.ranges.insert(name, (self.m.nregs, count, ty));
+                self.m.nregs += count;
+                fs.regs32 += count * ty.bits().div_ceil(32);
+            } else {
+                fs.regs.insert(name, (self.m.nregs, ty));
+                self.m.nregs += 1;
+                fs.regs32 += ty.bits().div_ceil(32);
+            }
+            if !self.eat_p(b',') {
+                break;
+            }
+        }
+        self.expect_p(b';')
+    }
+
+    fn body(&mut self, fs: &mut FnScope<'a>) -> Result<(), ParseError> {
+        self.expect_p(b'{')?;
+        let mut depth = 0;
+        loop {
+            let Some(t) = self.peek() else {
+                return self.err("function body not closed");
+            };
+            match t.k {
+                K::P(b'}') => {
+                    self.pos += 1;
+                    if depth == 0 {
+                        return Ok(());
+                    }
+                    depth -= 1;
+                }
+                K::P(b'{') => {
+                    self.pos += 1;
+                    depth += 1;
+                }
+                K::Word if t.s == ".reg" => {
+                    self.pos += 1;
+                    self.reg_decl(fs)?;
+                }
+                K::Word
+                    if matches!(t.s, ".local" | ".shared" | ".param" | ".global" | ".const") =>
+                {
+                    self.pos += 1;
+                    self.var_decl(t.s, false, Some(fs))?;
+                }
+                K::Word if t.s == ".loc" || t.s == ".file" => self.skip_line(),
+                K::Word if t.s == ".pragma" => {
+                    self.pos += 1;
+                    self.skip_to_semi()?;
+                }
+                K::Word
+                    if self
+                        .toks
+                        .get(self.pos + 1)
+                        .is_some_and(|n| n.k == K::P(b':')) =>
+                {
+                    self.pos += 2;
+                    if fs.labels.insert(t.s, self.m.code.len() as u32).is_some() {
+                        return Err(ParseError {
+                            line: t.line,
+                            msg: format!("label '{}' defined twice", t.s),
+                        });
+                    }
+                }
+                _ => self.instruction(fs)?,
+            }
+        }
+    }
+
+    fn operand(&mut self) -> Result<Opnd<'a>, ParseError> {
+        self.nest(|p| p.operand_inner())
+    }
+
+    fn operand_inner(&mut self) -> Result<Opnd<'a>, ParseError> {
+        let t = self.next()?;
+        match t.k {
+            K::P(b'[') => {
+                let mut base = None;
+                let mut off: i64 = 0;
+                if self.peek().is_some_and(|t| t.k == K::Word) {
+                    base = Some(self.word()?);
+                } else {
+                    off = i64::try_from(self.number()?)
+                        .or_else(|_| self.err("offset out of range"))?;
+                }
+                while self.is_p(b'+') || self.is_p(b'-') {
+                    let neg = self.next()?.s == "-";
+                    let v = i64::try_from(self.number()?)
+                        .or_else(|_| self.err("offset out of range"))?;
+                    off = off.wrapping_add(if neg { v.wrapping_neg() } else { v });
+                }
+                self.expect_p(b']')?;
+                Ok(Opnd::Addr(base, off))
+            }
+            K::P(b'{') => {
+                let mut v = Vec::new();
+                loop {
+                    v.push(self.operand()?);
+                    if self.eat_p(b'}') {
+                        break;
+                    }
+                    self.expect_p(b',')?;
+                }
+                Ok(Opnd::Vec(v))
+            }
+            K::P(b'(') => {
+                let mut v = Vec::new();
+                if self.eat_p(b')') {
+                    return Ok(Opnd::List(v));
+                }
+                loop {
+                    v.push(self.operand()?);
+                    if self.eat_p(b')') {
+                        break;
+                    }
+                    self.expect_p(b',')?;
+                }
+                Ok(Opnd::List(v))
+            }
+            K::P(b'!') => Ok(Opnd::Not(self.word()?)),
+            K::P(b'-') => match self.operand()? {
+                Opnd::Int(v) => Ok(Opnd::Int(-v)),
+                Opnd::Float(v) => Ok(Opnd::Float(-v)),
+                Opnd::F32(b) => Ok(Opnd::F32(b ^ 0x8000_0000)),
+                Opnd::F64(b) => Ok(Opnd::F64(b ^ (1 << 63))),
+                _ => self.err("'-' before a non-number"),
+            },
+            K::Num => parse_num(t.s).ok_or(()).or_else(|_| {
+                self.pos -= 1;
+                self.err(format!("bad number '{}'", t.s))
+            }),
+            K::Word => {
+                if self.eat_p(b'|') {
+                    return Ok(Opnd::Pair(t.s, self.word()?));
+                }
+                Ok(Opnd::Name(t.s))
+            }
+            _ => {
+                self.pos -= 1;
+                self.err(format!("unexpected '{}'", t.s))
+            }
+        }
+    }
+
+    fn instruction(&mut self, fs: &mut FnScope<'a>) -> Result<(), ParseError> {
+        let line = self.line();
+        let mut guard = None;
+        if self.eat_p(b'@') {
+            let neg = self.eat_p(b'!');
+            let p = self.word()?;
+            let (r, ty) = reg_of(fs, p)
+                .ok_or(())
+                .or_else(|_| self.err(format!("undefined predicate '{p}'")))?;
+            if ty != Ty::Pred {
+                return self.err(format!("'{p}' is not a predicate"));
+            }
+            guard = Some((r, neg));
+        }
+        let opcode = self.word()?;
+        let mut ops = Vec::new();
+        if !self.eat_p(b';') {
+            loop {
+                ops.push(self.operand()?);
+                if self.eat_p(b';') {
+                    break;
+                }
+                if !self.eat_p(b',') {
+                    // `call (r), f, (a)` and plain lists are comma separated;
+                    // anything else is an error.
+                    let got = self.peek().map_or("end of input", |t| t.s);
+                    return self.err(format!("expected ',' or ';', found '{got}'"));
+                }
+            }
+        }
+        let at = self.m.code.len();
+        let op = {
+            let mut d = Decoder {
+                fs,
+                shared_ends: &self.shared_ends,
+                line,
+                globals: &self.globals,
+                call_fix: &mut self.call_fix,
+                at,
+                sink: 0,
+            };
+            d.decode(opcode, &ops)?
+        };
+        self.m.code.push(Inst { guard, op, line });
+        Ok(())
+    }
+}
+
+fn reg_of(fs: &FnScope<'_>, name: &str) -> Option<(u32, Ty)> {
+    if let Some(&r) = fs.regs.get(name) {
+        return Some(r);
+    }
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    let (prefix, num) = name.split_at(name.len() - digits);
+    // `%r01` is not `%r1`.
+    if num.is_empty() || (num.len() > 1 && num.starts_with('0')) {
+        return None;
+    }
+    let (base, count, ty) = *fs.ranges.get(prefix)?;
+    let i: u32 = num.parse().ok()?;
+    (i < count).then_some((base + i, ty))
+}
+
+fn parse_int(s: &str) -> Option<i128> {
+    let s = s.strip_suffix('U').unwrap_or(s);
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return i128::from_str_radix(h, 16).ok();
+    }
+    if let Some(b) = s.strip_prefix("0b").or_else(|| s.strip_prefix("0B")) {
+        return i128::from_str_radix(b, 2).ok();
+    }
+    if s.len() > 1 && s.starts_with('0') && s.bytes().all(|c| c.is_ascii_digit()) {
+        return i128::from_str_radix(&s[1..], 8).ok();
+    }
+    s.parse().ok()
+}
+
+fn parse_num(s: &str) -> Option<Opnd<'static>> {
+    if let Some(h) = s.strip_prefix("0f").or_else(|| s.strip_prefix("0F")) {
+        return (h.len() == 8)
+            .then(|| u32::from_str_radix(h, 16).ok().map(Opnd::F32))
+            .flatten();
+    }
+    if let Some(h) = s.strip_prefix("0d").or_else(|| s.strip_prefix("0D")) {
+        return (h.len() == 16)
+            .then(|| u64::from_str_radix(h, 16).ok().map(Opnd::F64))
+            .flatten();
+    }
+    if let Some(v) = parse_int(s) {
+        return Some(Opnd::Int(v));
+    }
+    if s.bytes()
+        .all(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E' | b'+' | b'-'))
+    {
+        return s.parse::<f64>().ok().map(Opnd::Float);
+    }
+    None
+}
+
+/// The raw bits of a literal as an operand of type `ty`.
+fn imm_bits(o: &Opnd<'_>, ty: Ty) -> Option<u64> {
+    let f = |v: f64| match ty {
+        Ty::F32 => (v as f32).to_bits() as u64,
+        Ty::F16 => crate::exec::f32_to_f16(v as f32) as u64,
+        Ty::Bf16 => crate::exec::f32_to_bf16(v as f32) as u64,
+        _ => v.to_bits(),
+    };
+    Some(match *o {
+        Opnd::Int(v) if ty.float() => f(v as f64),
+        Opnd::Int(v) => v as u64,
+        Opnd::F32(b) if ty == Ty::F32 || !ty.float() => b as u64,
+        Opnd::F32(b) => f(f32::from_bits(b) as f64),
+        Opnd::F64(b) if ty == Ty::F64 || !ty.float() => b,
+        Opnd::F64(b) => f(f64::from_bits(b)),
+        Opnd::Float(v) if ty.float() => f(v),
+        _ => return None,
+    })
+}
+
+fn sreg(name: &str) -> Option<Sreg> {
+    let dim = |s: &str| match s {
+        "x" => Some(0),
+        "y" => Some(1),
+        "z" => Some(2),
+        _ => None,
+    };
+    if let Some((base, d)) = name.split_once('.') {
+        let d = dim(d)?;
+        return Some(match base {
+            "%tid" => Sreg::Tid(d),
+            "%ntid" => Sreg::Ntid(d),
+            "%ctaid" => Sreg::Ctaid(d),
+            "%nctaid" => Sreg::Nctaid(d),
+            _ => return None,
+        });
+    }
+    Some(match name {
+        "%tid" => Sreg::Tid(0),
+        "%ntid" => Sreg::Ntid(0),
+        "%laneid" => Sreg::LaneId,
+        "%warpid" => Sreg::WarpId,
+        "%nwarpid" => Sreg::NWarpId,
+        "%smid" => Sreg::SmId,
+        "%nsmid" => Sreg::NSmId,
+        "%gridid" => Sreg::GridId,
+        "%clock" => Sreg::Clock,
+        "%clock64" => Sreg::Clock64,
+        "%globaltimer" => Sreg::GlobalTimer,
+        "%lanemask_eq" => Sreg::LaneMaskEq,
+        "%lanemask_lt" => Sreg::LaneMaskLt,
+        "%lanemask_le" => Sreg::LaneMaskLe,
+        "%lanemask_gt" => Sreg::LaneMaskGt,
+        "%lanemask_ge" => Sreg::LaneMaskGe,
+        "%dynamic_smem_size" => Sreg::DynSmem,
+        "%total_smem_size" => Sreg::TotalSmem,
+        _ => return None,
+    })
+}
+
+struct Decoder<'p, 'a> {
+    fs: &'p mut FnScope<'a>,
+    shared_ends: &'p HashMap<u32, u32>,
+    line: u32,
+    globals: &'p HashMap<&'a str, VarLoc>,
+    call_fix: &'p mut Vec<(usize, &'a str, u32)>,
+    at: usize,
+    sink: u32,
+}
+
+/// Modifiers of an opcode, split once.
+struct Mods<'a> {
+    base: &'a str,
+    list: Vec<&'a str>,
+}
+
+impl<'a> Mods<'a> {
+    fn has(&self, m: &str) -> bool {
+        self.list.contains(&m)
+    }
+    fn types(&self) -> Vec<Ty> {
+        self.list.iter().filter_map(|m| Ty::from_name(m)).collect()
+    }
+    fn rnd(&self) -> Rnd {
+        for m in &self.list {
+            return match *m {
+                "rn" => Rnd::Rn,
+                "rz" => Rnd::Rz,
+                "rm" => Rnd::Rm,
+                "rp" => Rnd::Rp,
+                "rni" => Rnd::Rni,
+                "rzi" => Rnd::Rzi,
+                "rmi" => Rnd::Rmi,
+                "rpi" => Rnd::Rpi,
+                _ => continue,
+            };
+        }
+        Rnd::Default
+    }
+    fn space(&self) -> Space {
+        for m in &self.list {
+            let m = m.split("::").next().unwrap_or(m);
+            return match m {
+                "global" => Space::Global,
+                "shared" => Space::Shared,
+                "local" => Space::Local,
+                "const" => Space::Const,
+                "param" => Space::Param,
+                _ => continue,
+            };
+        }
+        Space::Generic
+    }
+    fn vec(&self) -> u8 {
+        if self.has("v4") {
+            4
+        } else if self.has("v2") {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+impl<'p, 'a> Decoder<'p, 'a> {
+    fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError {
+            line: self.line,
+            msg: msg.into(),
+        })
+    }
+
+    fn var(&self, name: &str) -> Option<VarLoc> {
+        self.fs
+            .vars
+            .get(name)
+            .or_else(|| self.globals.get(name))
+            .copied()
+    }
+
+    fn dst(&self, o: &Opnd<'a>) -> Result<u32, ParseError> {
+        match o {
+            Opnd::Name("_") => Ok(self.sink),
+            Opnd::Name(n) => match reg_of(self.fs, n) {
+                Some((r, _)) => Ok(r),
+                None => self.err(format!("undefined register '{n}'")),
+            },
+            _ => self.err("destination is not a register"),
+        }
+    }
+
+    fn dst_bits(&self, o: &Opnd<'a>) -> u32 {
+        match o {
+            Opnd::Name(n) => reg_of(self.fs, n).map_or(64, |(_, t)| t.bits()),
+            _ => 64,
+        }
+    }
+
+    fn src(&self, o: &Opnd<'a>, ty: Ty) -> Result<Src, ParseError> {
+        match o {
+            Opnd::Name(n) => {
+                if let Some((r, _)) = reg_of(self.fs, n) {
+                    return Ok(Src::Reg(r));
+                }
+                if let Some(s) = sreg(n) {
+                    return Ok(Src::Sreg(s));
+                }
+                if let Some(v) = self.var(n) {
+                    return Ok(Src::Imm(self.var_addr(v, false)));
+                }
+                if *n == "WARP_SZ" {
+                    return Ok(Src::Imm(32));
+                }
+                self.err(format!("undefined register or variable '{n}'"))
+            }
+            o => match imm_bits(o, ty) {
+                Some(b) => Ok(Src::Imm(b)),
+                None => self.err("bad operand"),
+            },
+        }
+    }
+
+    /// Records that the function names the shared variable at `off`.
+    fn note_shared(&self, off: u32) {
+        let end = self.shared_ends.get(&off).copied().unwrap_or(off);
+        let cur = &self.fs.shared_end;
+        cur.set(cur.get().max(end));
+    }
+
+    /// A variable's address in its own space (`generic` asks for the
+    /// generic address).
+    fn var_addr(&self, v: VarLoc, generic: bool) -> u64 {
+        match v {
+            VarLoc::Shared(u32::MAX) if generic => SHARED_WINDOW + EXTERN_SHARED as u64,
+            VarLoc::Shared(u32::MAX) => EXTERN_SHARED as u64,
+            VarLoc::Shared(o) if generic => {
+                self.note_shared(o);
+                SHARED_WINDOW + o as u64
+            }
+            VarLoc::Shared(o) => {
+                self.note_shared(o);
+                o as u64
+            }
+            VarLoc::Local(o) if generic => LOCAL_WINDOW + o as u64,
+            VarLoc::Local(o) | VarLoc::KParam(o) | VarLoc::Param(o) => o as u64,
+            VarLoc::Static(o) => STATIC_WINDOW + o as u64,
+        }
+    }
+
+    fn addr(&self, o: &Opnd<'a>, space: Space) -> Result<(Addr, Space), ParseError> {
+        let Opnd::Addr(base, off) = o else {
+            return self.err("expected an address [..]");
+        };
+        let kp = |s: Space| {
+            if s == Space::Param && self.fs.entry {
+                Space::KParam
+            } else {
+                s
+            }
+        };
+        match base {
+            None => Ok((
+                Addr {
+                    base: None,
+                    off: *off,
+                },
+                kp(space),
+            )),
+            Some(n) => {
+                if let Some((r, _)) = reg_of(self.fs, n) {
+                    return Ok((
+                        Addr {
+                            base: Some(r),
+                            off: *off,
+                        },
+                        kp(space),
+                    ));
+                }
+                let Some(v) = self.var(n) else {
+                    return self.err(format!("undefined variable or register '{n}'"));
+                };
+                let space = match (space, v) {
+                    (Space::Param, VarLoc::KParam(_)) => Space::KParam,
+                    (Space::Param, VarLoc::Param(_)) => Space::Param,
+                    (Space::Param, _) => return self.err(format!("'{n}' is not a parameter")),
+                    (s, _) => s,
+                };
+                let a = self.var_addr(v, space == Space::Generic) as i64;
+                Ok((
+                    Addr {
+                        base: None,
+                        off: a.wrapping_add(*off),
+                    },
+                    space,
+                ))
+            }
+        }
+    }
+
+    fn decode(&mut self, opcode: &'a str, o: &[Opnd<'a>]) -> Result<Op, ParseError> {
+        let mut parts = opcode.split('.');
+        let base = parts.next().unwrap_or("");
+        let m = Mods {
+            base,
+            list: parts.collect(),
+        };
+        let types = m.types();
+        let ty = types.last().copied();
+        let need = |n: usize| -> Result<(), ParseError> {
+            if o.len() != n {
+                return self.err(format!("{opcode} takes {n} operands, {} given", o.len()));
+            }
+            Ok(())
+        };
+        let need_ty = || {
+            ty.ok_or(())
+                .or_else(|_| self.err(format!("{opcode}: missing type")))
+        };
+        Ok(match m.base {
+            "mov" => {
+                need(2)?;
+                let t = need_ty()?;
+                match (&o[0], &o[1]) {
+                    (Opnd::Vec(_), Opnd::Vec(_)) => return self.err("mov of vector to vector"),
+                    (d, Opnd::Vec(parts)) => {
+                        let parts = parts
+                            .iter()
+                            .map(|p| self.src(p, Ty::B64))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        if parts.is_empty() || t.bits() % parts.len() as u32 != 0 {
+                            return self.err("bad vector pack");
+                        }
+                        Op::Pack {
+                            bits: t.bits() / parts.len() as u32,
+                            d: self.dst(d)?,
+                            parts,
+                        }
+                    }
+                    (Opnd::Vec(ds), a) => {
+                        let d = ds
+                            .iter()
+                            .map(|p| {
+                                if matches!(p, Opnd::Name("_")) {
+                                    Ok(None)
+                                } else {
+                                    self.dst(p).map(Some)
+                                }
+                            })
+                            .collect::<Result<Vec<_>, _>>()?;
+                        if d.is_empty() || t.bits() % d.len() as u32 != 0 {
+                            return self.err("bad vector unpack");
+                        }
+                        Op::Unpack {
+                            bits: t.bits() / d.len() as u32,
+                            d,
+                            a: self.src(a, t)?,
+                        }
+                    }
+                    (d, a) => Op::Un {
+                        op: UnOp::Mov,
+                        ty: t,
+                        d: self.dst(d)?,
+                        a: self.src(a, t)?,
+                    },
+                }
+            }
+            "add" | "sub" | "addc" | "subc" if m.has("cc") || m.base.ends_with('c') => {
+                need(3)?;
+                let t = need_ty()?;
+                if !matches!(t.bits(), 32 | 64) || t.float() {
+                    return self.err("carry arithmetic takes 32- or 64-bit integers");
+                }
+                Op::Carry {
+                    op: if m.base.starts_with("add") {
+                        CarryOp::Add
+                    } else {
+                        CarryOp::Sub
+                    },
+                    ty: t,
+                    cin: m.base.ends_with('c'),
+                    cout: m.has("cc"),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: Src::Imm(0),
+                }
+            }
+            "mad" | "madc" if m.has("cc") || m.base == "madc" => {
+                need(4)?;
+                let t = need_ty()?;
+                if !matches!(t.bits(), 32 | 64) || t.float() {
+                    return self.err("carry arithmetic takes 32- or 64-bit integers");
+                }
+                Op::Carry {
+                    op: if m.has("hi") {
+                        CarryOp::MadHi
+                    } else {
+                        CarryOp::MadLo
+                    },
+                    ty: t,
+                    cin: m.base == "madc",
+                    cout: m.has("cc"),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: self.src(&o[3], t)?,
+                }
+            }
+            "redux" => {
+                need(3)?;
+                let t = need_ty()?;
+                let op = match m
+                    .list
+                    .iter()
+                    .find(|x| matches!(**x, "add" | "min" | "max" | "and" | "or" | "xor"))
+                {
+                    Some(&"add") => BinOp::Add,
+                    Some(&"min") => BinOp::Min,
+                    Some(&"max") => BinOp::Max,
+                    Some(&"and") => BinOp::And,
+                    Some(&"or") => BinOp::Or,
+                    Some(&"xor") => BinOp::Xor,
+                    _ => return self.err("redux: unknown operation"),
+                };
+                if t.float() || t.bits() != 32 {
+                    return self.err("redux takes 32-bit integers");
+                }
+                Op::Redux {
+                    op,
+                    ty: t,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                }
+            }
+            "match" => {
+                need(3)?;
+                let t = need_ty()?;
+                let (d, dp) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
+                    x => (self.dst(x)?, None),
+                };
+                Op::Match {
+                    all: m.has("all"),
+                    bits: t.bits(),
+                    d,
+                    dp,
+                    a: self.src(&o[1], t)?,
+                }
+            }
+            "elect" => {
+                need(2)?;
+                let (d, dp) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
+                    x => (self.dst(x)?, None),
+                };
+                Op::Elect { d, dp }
+            }
+            "isspacep" => {
+                need(2)?;
+                Op::Isspacep {
+                    space: m.space(),
+                    d: self.pred_dst_o(&o[0])?.unwrap_or(self.sink),
+                    a: self.src(&o[1], Ty::U64)?,
+                }
+            }
+            "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor"
+            | "shl" | "shr" | "copysign" | "mul24" => {
+                need(3)?;
+                let t = need_ty()?;
+                let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
+                let b_ty = if matches!(m.base, "shl" | "shr") {
+                    Ty::U32
+                } else {
+                    t
+                };
+                let b = self.src(&o[2], b_ty)?;
+                if m.has("NaN") || m.has("xorsign") {
+                    return self.err(format!("{opcode}: .NaN and .xorsign are not supported"));
+                }
+                if m.base == "mul" && m.has("wide") {
+                    return Ok(Op::MulWide { ty: t, d, a, b });
+                }
+                let op = match (m.base, m.has("hi"), m.has("sat")) {
+                    ("add", _, true) if !t.float() => BinOp::AddSat,
+                    ("sub", _, true) if !t.float() => BinOp::SubSat,
+                    ("add", ..) => BinOp::Add,
+                    ("sub", ..) => BinOp::Sub,
+                    ("mul", true, _) => BinOp::MulHi,
+                    ("mul", ..) => BinOp::MulLo,
+                    ("mul24", true, _) => BinOp::Mul24Hi,
+                    ("mul24", ..) => BinOp::Mul24Lo,
+                    ("div", ..) => BinOp::Div,
+                    ("rem", ..) => BinOp::Rem,
+                    ("min", ..) => BinOp::Min,
+                    ("max", ..) => BinOp::Max,
+                    ("and", ..) => BinOp::And,
+                    ("or", ..) => BinOp::Or,
+                    ("xor", ..) => BinOp::Xor,
+                    ("shl", ..) => BinOp::Shl,
+                    ("shr", ..) => BinOp::Shr,
+                    _ => BinOp::Copysign,
+                };
+                if let Some(fx) = self.fx(&m, FxOp::Bin(op), t, d, a, b, Src::Imm(0))? {
+                    return Ok(fx);
+                }
+                Op::Bin { op, ty: t, d, a, b }
+            }
+            "not" | "cnot" | "neg" | "abs" | "popc" | "clz" | "brev" | "rcp" | "sqrt" | "rsqrt"
+            | "ex2" | "lg2" | "sin" | "cos" | "tanh" | "bfind" => {
+                need(2)?;
+                let t = need_ty()?;
+                let op = match m.base {
+                    "not" => UnOp::Not,
+                    "cnot" => UnOp::Cnot,
+                    "neg" => UnOp::Neg,
+                    "abs" => UnOp::Abs,
+                    "popc" => UnOp::Popc,
+                    "clz" => UnOp::Clz,
+                    "brev" => UnOp::Brev,
+                    "rcp" => UnOp::Rcp,
+                    "sqrt" => UnOp::Sqrt,
+                    "rsqrt" => UnOp::Rsqrt,
+                    "ex2" => UnOp::Ex2,
+                    "lg2" => UnOp::Lg2,
+                    "sin" => UnOp::Sin,
+                    "cos" => UnOp::Cos,
+                    "bfind" if m.has("shiftamt") => UnOp::BfindShift,
+                    "bfind" => UnOp::Bfind,
+                    _ => UnOp::Tanh,
+                };
+                let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
+                if let Some(fx) = self.fx(&m, FxOp::Un(op), t, d, a, Src::Imm(0), Src::Imm(0))? {
+                    return Ok(fx);
+                }
+                Op::Un { op, ty: t, d, a }
+            }
+            "mad" | "fma" | "mad24" => {
+                need(4)?;
+                let t = need_ty()?;
+                let op = if m.base == "mad24" {
+                    if m.has("hi") {
+                        return self.err("mad24.hi is not supported");
+                    }
+                    MadOp::Mad24Lo
+                } else if t.float() {
+                    MadOp::Fma
+                } else if m.has("wide") {
+                    MadOp::Wide
+                } else if m.has("hi") {
+                    MadOp::Hi
+                } else {
+                    MadOp::Lo
+                };
+                if m.has("cc") {
+                    return self.err("carry arithmetic (.cc) is not supported");
+                }
+                let cty = if op == MadOp::Wide { wide(t) } else { t };
+                let (d, a, b, c) = (
+                    self.dst(&o[0])?,
+                    self.src(&o[1], t)?,
+                    self.src(&o[2], t)?,
+                    self.src(&o[3], cty)?,
+                );
+                if op == MadOp::Fma {
+                    if let Some(fx) = self.fx(&m, FxOp::Fma, t, d, a, b, c)? {
+                        return Ok(fx);
+                    }
+                }
+                Op::Mad {
+                    op,
+                    ty: t,
+                    d,
+                    a,
+                    b,
+                    c,
+                }
+            }
+            "setp" => {
+                if o.len() != 3 && o.len() != 4 {
+                    return self.err("setp takes 3 or 4 operands");
+                }
+                let t = need_ty()?;
+                let cmp = match m.list.first().copied().unwrap_or("") {
+                    "eq" => Cmp::Eq,
+                    "ne" => Cmp::Ne,
+                    "lt" => Cmp::Lt,
+                    "le" => Cmp::Le,
+                    "gt" => Cmp::Gt,
+                    "ge" => Cmp::Ge,
+                    "lo" => Cmp::Lo,
+                    "ls" => Cmp::Ls,
+                    "hi" => Cmp::Hi,
+                    "hs" => Cmp::Hs,
+                    "equ" => Cmp::Equ,
+                    "neu" => Cmp::Neu,
+                    "ltu" => Cmp::Ltu,
+                    "leu" => Cmp::Leu,
+                    "gtu" => Cmp::Gtu,
+                    "geu" => Cmp::Geu,
+                    "num" => Cmp::Num,
+                    "nan" => Cmp::Nan,
+                    c => return self.err(format!("unknown comparison '{c}'")),
+                };
+                let (d, d2) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.pred_dst(a)?, self.pred_dst(b)?),
+                    x => (self.pred_dst_o(x)?, None),
+                };
+                let comb = if o.len() == 4 {
+                    let bop = if m.has("and") {
+                        BoolOp::And
+                    } else if m.has("or") {
+                        BoolOp::Or
+                    } else if m.has("xor") {
+                        BoolOp::Xor
+                    } else {
+                        return self.err("setp with 4 operands needs .and/.or/.xor");
+                    };
+                    let (c, neg) = self.pred_src(&o[3])?;
+                    Some((bop, c, neg))
+                } else {
+                    None
+                };
+                Op::Setp {
+                    cmp,
+                    ty: t,
+                    d,
+                    d2,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    comb,
+                }
+            }
+            "selp" => {
+                need(4)?;
+                let t = need_ty()?;
+                Op::Selp {
+                    ty: t,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: self.pred_src(&o[3])?.0,
+                }
+            }
+            "cvt" => {
+                need(2)?;
+                if types.len() != 2 {
+                    return self.err("cvt needs a destination and a source type");
+                }
+                if m.has("f16x2") || m.has("bf16x2") {
+                    return self.err("packed cvt is not supported");
+                }
+                Op::Cvt {
+                    dty: types[0],
+                    sty: types[1],
+                    rnd: m.rnd(),
+                    sat: m.has("sat"),
+                    ftz: m.has("ftz"),
+                    dbits: self.dst_bits(&o[0]),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], types[1])?,
+                }
+            }
+            "cvta" => {
+                need(2)?;
+                let space = m.space();
+                Op::Cvta {
+                    to: m.has("to"),
+                    space,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], Ty::U64)?,
+                }
+            }
+            "ld" | "ldu" => {
+                need(2)?;
+                let t = need_ty()?;
+                let n = m.vec();
+                let (addr, space) = self.addr(&o[1], m.space())?;
+                let mut d = [self.sink; 4];
+                let dbits;
+                match &o[0] {
+                    Opnd::Vec(v) if v.len() == n as usize && n > 1 => {
+                        for (i, x) in v.iter().enumerate() {
+                            d[i] = self.dst(x)?;
+                        }
+                        dbits = self.dst_bits(&v[0]);
+                    }
+                    x if n == 1 => {
+                        d[0] = self.dst(x)?;
+                        dbits = self.dst_bits(x);
+                    }
+                    _ => return self.err("vector width does not match the operands"),
+                }
+                Op::Ld {
+                    space,
+                    ty: t,
+                    n,
+                    d,
+                    dbits,
+                    addr,
+                }
+            }
+            "st" => {
+                need(2)?;
+                let t = need_ty()?;
+                let n = m.vec();
+                let (addr, space) = self.addr(&o[0], m.space())?;
+                if space == Space::KParam {
+                    return self.err("kernel parameters are read-only");
+                }
+                let mut v = [Src::Imm(0); 4];
+                match &o[1] {
+                    Opnd::Vec(x) if x.len() == n as usize && n > 1 => {
+                        for (i, s) in x.iter().enumerate() {
+                            v[i] = self.src(s, t)?;
+                        }
+                    }
+                    x if n == 1 => v[0] = self.src(x, t)?,
+                    _ => return self.err("vector width does not match the operands"),
+                }
+                Op::St {
+                    space,
+                    ty: t,
+                    n,
+                    v,
+                    addr,
+                }
+            }
+            "atom" | "red" => {
+                let t = need_ty()?;
+                let kind = m
+                    .list
+                    .iter()
+                    .find_map(|x| {
+                        Some(match *x {
+                            "add" => AtomKind::Add,
+                            "min" => AtomKind::Min,
+                            "max" => AtomKind::Max,
+                            "exch" => AtomKind::Exch,
+                            "cas" => AtomKind::Cas,
+                            "and" => AtomKind::And,
+                            "or" => AtomKind::Or,
+                            "xor" => AtomKind::Xor,
+                            "inc" => AtomKind::Inc,
+                            "dec" => AtomKind::Dec,
+                            _ => return None,
+                        })
+                    })
+                    .ok_or(())
+                    .or_else(|_| self.err(format!("{opcode}: unknown operation")))?;
+                let aty = match t {
+                    Ty::U32 | Ty::B32 => AtomTy::U32,
+                    Ty::S32 => AtomTy::S32,
+                    Ty::U64 | Ty::B64 => AtomTy::U64,
+                    Ty::S64 => AtomTy::S64,
+                    Ty::F32 => AtomTy::F32,
+                    Ty::F64 => AtomTy::F64,
+                    _ => return self.err(format!("{opcode}: unsupported type")),
+                };
+                let red = m.base == "red";
+                let k = if red { 0 } else { 1 };
+                let nops = k + 2 + usize::from(kind == AtomKind::Cas);
+                need(nops)?;
+                let d = if red { None } else { Some(self.dst(&o[0])?) };
+                let (addr, space) = self.addr(&o[k], m.space())?;
+                if !matches!(space, Space::Global | Space::Shared | Space::Generic) {
+                    return self.err("atomics only on global, shared or generic addresses");
+                }
+                let b = self.src(&o[k + 1], t)?;
+                let c = if kind == AtomKind::Cas {
+                    self.src(&o[k + 2], t)?
+                } else {
+                    Src::Imm(0)
+                };
+                Op::Atom {
+                    space,
+                    op: AtomicOp { kind, ty: aty },
+                    d,
+                    addr,
+                    b,
+                    c,
+                }
+            }
+            "shfl" => {
+                let mode = if m.has("up") {
+                    ShflMode::Up
+                } else if m.has("down") {
+                    ShflMode::Down
+                } else if m.has("bfly") {
+                    ShflMode::Bfly
+                } else if m.has("idx") {
+                    ShflMode::Idx
+                } else {
+                    return self.err("shfl: unknown mode");
+                };
+                let want = if m.has("sync") { 5 } else { 4 };
+                need(want)?;
+                let (d, dp) = match &o[0] {
+                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
+                    x => (self.dst(x)?, None),
+                };
+                Op::Shfl {
+                    mode,
+                    d,
+                    dp,
+                    a: self.src(&o[1], Ty::B32)?,
+                    b: self.src(&o[2], Ty::B32)?,
+                    c: self.src(&o[3], Ty::B32)?,
+                }
+            }
+            "vote" => {
+                let mode = if m.has("all") {
+                    VoteMode::All
+                } else if m.has("any") {
+                    VoteMode::Any
+                } else if m.has("uni") {
+                    VoteMode::Uni
+                } else if m.has("ballot") {
+                    VoteMode::Ballot
+                } else {
+                    return self.err("vote: unknown mode");
+                };
+                let want = if m.has("sync") { 3 } else { 2 };
+                need(want)?;
+                let (a, neg) = self.pred_src(&o[1])?;
+                Op::Vote {
+                    mode,
+                    d: self.dst(&o[0])?,
+                    a,
+                    neg,
+                }
+            }
+            "activemask" => {
+                need(1)?;
+                Op::Activemask {
+                    d: self.dst(&o[0])?,
+                }
+            }
+            "bfe" => {
+                need(4)?;
+                let t = need_ty()?;
+                Op::Bfe {
+                    ty: t,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], Ty::U32)?,
+                    c: self.src(&o[3], Ty::U32)?,
+                }
+            }
+            "bfi" => {
+                need(5)?;
+                let t = need_ty()?;
+                Op::Bfi {
+                    ty: t,
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], t)?,
+                    b: self.src(&o[2], t)?,
+                    c: self.src(&o[3], Ty::U32)?,
+                    e: self.src(&o[4], Ty::U32)?,
+                }
+            }
+            "prmt" => {
+                need(4)?;
+                if m.list
+                    .iter()
+                    .any(|x| matches!(*x, "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
+                {
+                    return self.err("prmt modes are not supported");
+                }
+                Op::Prmt {
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], Ty::B32)?,
+                    b: self.src(&o[2], Ty::B32)?,
+                    c: self.src(&o[3], Ty::B32)?,
+                }
+            }
+            "lop3" => {
+                need(5)?;
+                let lut = match &o[4] {
+                    Opnd::Int(v) if (0..=255).contains(v) => *v as u8,
+                    _ => return self.err("lop3: the table must be a literal 0..255"),
+                };
+                Op::Lop3 {
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], Ty::B32)?,
+                    b: self.src(&o[2], Ty::B32)?,
+                    c: self.src(&o[3], Ty::B32)?,
+                    lut,
+                }
+            }
+            "shf" => {
+                need(4)?;
+                Op::Shf {
+                    left: m.has("l"),
+                    wrap: m.has("wrap"),
+                    d: self.dst(&o[0])?,
+                    a: self.src(&o[1], Ty::B32)?,
+                    b: self.src(&o[2], Ty::B32)?,
+                    c: self.src(&o[3], Ty::U32)?,
+                }
+            }
+            "testp" => {
+                need(2)?;
+                let t = need_ty()?;
+                let op = match m.list.first().copied().unwrap_or("") {
+                    "finite" => TestOp::Finite,
+                    "infinite" => TestOp::Infinite,
+                    "number" => TestOp::Number,
+                    "notanumber" => TestOp::NotANumber,
+                    "normal" => TestOp::Normal,
+                    "subnormal" => TestOp::Subnormal,
+                    x => return self.err(format!("testp: unknown property '{x}'")),
+                };
+                Op::Testp {
+                    op,
+                    ty: t,
+                    d: self.pred_dst_o(&o[0])?.unwrap_or(self.sink),
+                    a: self.src(&o[1], t)?,
+                }
+            }
+            "bra" | "brx" => {
+                if m.base == "brx" {
+                    return self.err("brx.idx is not supported");
+                }
+                need(1)?;
+                let Opnd::Name(l) = o[0] else {
+                    return self.err("bra needs a label");
+                };
+                self.fs.fix.push((self.at, l, self.line));
+                Op::Bra { target: 0 }
+            }
+            "call" => self.call(o)?,
+            "ret" => Op::Ret,
+            "exit" => Op::Exit,
+            "trap" => Op::Trap,
+            "bar" | "barrier" => {
+                if m.has("warp") {
+                    Op::Nop
+                } else if m.has("arrive") || m.has("red") {
+                    return self.err(format!("{opcode} is not supported"));
+                } else {
+                    // bar.sync a{, b}: every barrier is the whole block's
+                    // (named barriers with thread counts are treated alike).
+                    Op::Bar
+                }
+            }
+            "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
+            | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
+            _ => return self.err(format!("unsupported instruction '{opcode}'")),
+        })
+    }
+
+    /// The slow-path form of a float operation whose modifiers need it.
+    #[allow(clippy::too_many_arguments)]
+    fn fx(
+        &self,
+        m: &Mods<'_>,
+        op: FxOp,
+        ty: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    ) -> Result<Option<Op>, ParseError> {
+        if !ty.float() {
+            return Ok(None);
+        }
+        let rnd = match m.rnd() {
+            r @ (Rnd::Rz | Rnd::Rm | Rnd::Rp) => r,
+            _ => Rnd::Rn,
+        };
+        let ftz = m.has("ftz") && ty == Ty::F32;
+        let sat = m.has("sat");
+        if rnd == Rnd::Rn && !ftz && !sat {
+            return Ok(None);
+        }
+        if rnd != Rnd::Rn {
+            let directed = matches!(
+                op,
+                FxOp::Bin(BinOp::Add | BinOp::Sub | BinOp::MulLo | BinOp::Div)
+                    | FxOp::Un(UnOp::Sqrt | UnOp::Rcp)
+                    | FxOp::Fma
+            );
+            if !directed || !matches!(ty, Ty::F32 | Ty::F64) || (op == FxOp::Fma && ty == Ty::F64) {
+                return self.err("this rounding mode is not supported for this operation and type");
+            }
+        }
+        Ok(Some(Op::Fx {
+            op,
+            ty,
+            rnd,
+            ftz,
+            sat,
+            d,
+            a,
+            b,
+            c,
+        }))
+    }
+
+    fn pred_dst(&self, n: &str) -> Result<Option<u32>, ParseError> {
+        if n == "_" {
+            return Ok(None);
+        }
+        match reg_of(self.fs, n) {
+            Some((r, Ty::Pred)) => Ok(Some(r)),
+            Some(_) => self.err(format!("'{n}' is not a predicate")),
+            None => self.err(format!("undefined predicate '{n}'")),
+        }
+    }
+
+    fn pred_dst_o(&self, o: &Opnd<'a>) -> Result<Option<u32>, ParseError> {
+        match o {
+            Opnd::Name(n) => self.pred_dst(n),
+            _ => self.err("expected a predicate"),
+        }
+    }
+
+    fn pred_src(&self, o: &Opnd<'a>) -> Result<(Src, bool), ParseError> {
+        match o {
+            Opnd::Not(n) => Ok((self.src(&Opnd::Name(n), Ty::Pred)?, true)),
+            Opnd::Int(v) => Ok((Src::Imm((*v != 0) as u64), false)),
+            o => Ok((self.src(o, Ty::Pred)?, false)),
+        }
+    }
+
+    /// `call (ret), f, (args)`, `call f, (args)`, `call f`.
+    fn call(&mut self, o: &[Opnd<'a>]) -> Result<Op, ParseError> {
+        let mut it = o.iter().peekable();
+        let mut ret = None;
+        if let Some(Opnd::List(r)) = it.peek() {
+            if r.len() > 1 {
+                return self.err("at most one return value");
+            }
+            if let Some(x) = r.first() {
+                ret = Some(self.param_var(x)?);
+            }
+            it.next();
+        }
+        let Some(Opnd::Name(f)) = it.next() else {
+            return self.err("call needs a function name");
+        };
+        let mut args = Vec::new();
+        if let Some(Opnd::List(a)) = it.next() {
+            for x in a {
+                args.push(self.param_var(x)?);
+            }
+        }
+        if it.next().is_some() {
+            return self.err("indirect calls are not supported");
+        }
+        self.call_fix.push((self.at, f, self.line));
+        Ok(Op::Call { func: 0, args, ret })
+    }
+
+    fn param_var(&self, o: &Opnd<'a>) -> Result<u32, ParseError> {
+        match o {
+            Opnd::Name(n) => match self.var(n) {
+                Some(VarLoc::Param(off)) => Ok(off),
+                _ => self.err(format!("'{n}' is not a .param variable")),
+            },
+            _ => self.err("call arguments must be .param variables"),
+        }
+    }
+}
+
+/// Shared-space address of dynamic shared memory (where `extern .shared`
+/// arrays start): the executor maps it after the static variables. It
+/// fits 32 bits, as kernels keep shared addresses in 32-bit registers.
+pub(crate) const EXTERN_SHARED: i64 = 1 << 31;
+
+fn wide(t: Ty) -> Ty {
+    match t {
+        Ty::S16 => Ty::S32,
+        Ty::U16 => Ty::U32,
+        Ty::S32 => Ty::S64,
+        _ => Ty::U64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = ".version 8.5\n.target sm_90\n.address_size 64\n";
+
+    fn parse(body: &str) -> Result<Module, ParseError> {
+        Module::parse(&format!("{HEAD}{body}"))
+    }
+
+    #[test]
+    fn params_layout() {
+        let m = parse(
+            ".visible .entry k(.param .u8 a, .param .u64 .ptr .global .align 16 b, .param .align 16 .b8 s[24], .param .u32 c)\n{ ret; }\n",
+        )
+        .unwrap();
+        let k = m.kernel("k").unwrap();
+        let offs: Vec<_> = k
+            .params
+            .iter()
+            .map(|p| (p.offset, p.size, p.align))
+            .collect();
+        assert_eq!(offs, vec![(0, 1, 1), (8, 8, 8), (16, 24, 16), (40, 4, 4)]);
+        assert_eq!(k.param_bytes, 44);
+        assert!(m.kernel("nope").is_none());
+        assert_eq!(m.version(), "8.5");
+        assert_eq!(m.target(), "sm_90");
+    }
+
+    #[test]
+    fn declarations_and_counts() {
+        let m = parse(
+            "/* multi\nline */ .shared .align 8 .b8 sm[100];\n.const .align 4 .u32 tab[3] = {1, 2, 3};\n.global .f32 g = 0f3F800000;\n\
+             .extern .shared .align 16 .b8 dyn[];\n\
+             .visible .entry k() .maxntid 128, 1, 1\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<2>;\n.reg .pred %p;\n.local .align 8 .b8 depot[16];\n\
+             .loc 1 2 3\n.pragma \"nounroll\";\nmov.u32 %r1, tab;\nmov.u32 %r2, sm;\n@!%p bra L;\nL:\nret;\n}\n",
+        )
+        .unwrap();
+        let k = m.kernel("k").unwrap();
+        assert_eq!(k.shared_static, 100);
+        // Per kernel: what it and its callees name.
+        let m2 = parse(
+            ".shared .align 4 .b8 a[64];\n.shared .align 4 .b8 b[32];\n.func f()\n{\n.reg .b32 %r;\nmov.u32 %r, b;\nret;\n}\n\
+             .visible .entry k1()\n{\n.reg .b32 %r;\nmov.u32 %r, a;\nret;\n}\n\
+             .visible .entry k2()\n{\ncall.uni f, ();\nret;\n}\n.visible .entry k3()\n{\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m2.kernel("k1").unwrap().shared_static, 64);
+        assert_eq!(m2.kernel("k2").unwrap().shared_static, 96);
+        assert_eq!(m2.kernel("k3").unwrap().shared_static, 0);
+        assert_eq!(m2.kernels().len(), 3);
+        assert_eq!(k.local_per_thread, 16);
+        assert_eq!(k.registers, 4 + 4 + 1);
+        assert_eq!(k.max_threads, Some(128));
+        assert_eq!(&m.statics[..12], &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+        assert_eq!(&m.statics[12..16], &1.0f32.to_le_bytes());
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r<2>;\nadd.s32 %r1, %r1;\nret;\n}\n")
+            .unwrap_err();
+        assert_eq!(e.line, 7);
+        assert!(e.msg.contains("3 operands"), "{e}");
+        let e = parse(".visible .entry k()\n{\nadd.s32 %r1, %r1, 1;\n}\n").unwrap_err();
+        assert_eq!(e.line, 6);
+        assert!(e.msg.contains("undefined register '%r1'"), "{e}");
+        let e = parse(".visible .entry k()\n{\nbra NOWHERE;\n}\n").unwrap_err();
+        assert!(e.msg.contains("undefined label"), "{e}");
+        assert_eq!(e.line, 6);
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n")
+            .unwrap_err();
+        assert!(e.msg.contains("unsupported instruction"), "{e}");
+        let e = parse(".visible .entry k()\n{\nret\n").unwrap_err();
+        assert!(e.line >= 5, "{e}");
+        let e =
+            parse(".visible .entry k()\n{\n.reg .b32 %r;\nmov.u32 %r, 12abc;\n}\n").unwrap_err();
+        assert!(e.msg.contains("bad number"), "{e}");
+        let e = parse(".visible .entry k()\n{\ncall.uni f, ();\nret;\n}\n").unwrap_err();
+        assert!(e.msg.contains("undefined function"), "{e}");
+        assert!(Module::parse("/* open").is_err());
+        assert!(Module::parse("\u{1F600}").is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let deep = "{".repeat(100_000);
+        let e = parse(&format!(".global .u32 g[1] = {deep}1;\n")).unwrap_err();
+        assert!(e.msg.contains("nested too deeply"), "{e}");
+        let minus = "- ".repeat(100_000);
+        let e = parse(&format!(
+            ".visible .entry k()\n{{\n.reg .b32 %r;\nmov.u32 %r, {minus}1;\n}}\n"
+        ))
+        .unwrap_err();
+        assert!(e.msg.contains("nested too deeply"), "{e}");
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r<999999999>;\n}\n").unwrap_err();
+        assert!(e.msg.contains("too many registers"), "{e}");
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let base = format!("{HEAD}.visible .entry k(.param .u64 p)\n{{\n.reg .b32 %r<3>;\n.reg .pred %p;\nld.param.u32 %r1, [p+4];\nsetp.lt.and.s32 %p|%p, %r1, -5, !%p;\nmov.b64 %rd, {{%r1,%r2}};\n@%p bra $L;\n$L:\nret;\n}}\n");
+        for cut in 0..base.len() {
+            let _ = Module::parse(&base[..cut]);
+        }
+        for i in 0..base.len() {
+            let mut b = base.clone().into_bytes();
+            b[i] = b"{}[]();,.@!-|<>0x%"[i % 18];
+            if let Ok(s) = String::from_utf8(b) {
+                let _ = Module::parse(&s);
+            }
+        }
+    }
+}
