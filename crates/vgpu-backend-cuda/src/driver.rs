@@ -1,5 +1,7 @@
-//! Small helpers over the CUDA driver API bindings of `cudarc`: error
-//! codes, the current-context guard and the few calls used everywhere.
+//! The one home of raw CUDA driver calls (the bindings of `cudarc`):
+//! error codes, the current-context guard, device queries, and small
+//! owning types for what the driver creates, each destroying it on drop.
+//! The rest of the crate reaches the driver only through this module.
 //!
 //! Every function here expects the driver library to be loadable: callers
 //! check [`libraries_present`] before the first call (cudarc panics when a
@@ -11,6 +13,10 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use cudarc::driver::sys;
+
+/// Raw handles and enums of the bindings that the rest of the crate
+/// passes around (it never calls the driver with them directly).
+pub use sys::{CUdevResourceDesc, CUdevice, CUdevice_attribute, CUfunction_attribute};
 
 /// Whether libcuda and libnvrtc can be loaded; the error names what is missing.
 pub fn libraries_present() -> Result<(), String> {
@@ -120,6 +126,125 @@ impl Drop for Current {
         // SAFETY: pops the context this guard pushed on this thread.
         let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
+}
+
+/// Initialises the driver (`cuInit(0)`).
+pub fn init() -> Result<(), CuError> {
+    // SAFETY: plain driver initialisation; the library is loadable.
+    ok(unsafe { sys::cuInit(0) })
+}
+
+/// The device of ordinal `ordinal`.
+pub fn device_get(ordinal: i32) -> Result<CUdevice, CuError> {
+    let mut device: sys::CUdevice = 0;
+    // SAFETY: `device` is a valid out pointer.
+    ok(unsafe { sys::cuDeviceGet(&mut device, ordinal) })?;
+    Ok(device)
+}
+
+/// The device's name (`cuDeviceGetName`, through cudarc), if the driver
+/// tells it.
+pub fn device_name(dev: CUdevice) -> Option<String> {
+    cudarc::driver::result::device::get_name(dev).ok()
+}
+
+/// Bytes of memory of the device.
+pub fn device_total_mem(dev: CUdevice) -> Result<usize, CuError> {
+    let mut memory = 0usize;
+    // SAFETY: `dev` came from cuDeviceGet; `memory` is a valid out pointer.
+    ok(unsafe { sys::cuDeviceTotalMem_v2(&mut memory, dev) })?;
+    Ok(memory)
+}
+
+/// An SM resource: all the SMs of a device ([`device_sm_resource`]) or a
+/// group of them ([`sm_split_by_count`]). Only the driver fills one.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct SmResource(sys::CUdevResource);
+
+impl SmResource {
+    fn sm(&self) -> sys::CUdevSmResource {
+        // SAFETY: every SmResource is an SM resource the driver filled
+        // (cuDeviceGetDevResource of type SM, or a split of one), so `sm`
+        // is the live field of the union.
+        unsafe { self.0.__bindgen_anon_1.sm }
+    }
+
+    /// SMs in the resource.
+    pub fn sm_count(&self) -> u32 {
+        self.sm().smCount
+    }
+
+    /// The smallest group a split of it can make.
+    pub fn min_partition_size(&self) -> u32 {
+        self.sm().minSmPartitionSize
+    }
+
+    /// The multiple of SMs a split's groups come in.
+    pub fn coscheduled_alignment(&self) -> u32 {
+        self.sm().smCoscheduledAlignment
+    }
+}
+
+/// All the SMs of the device.
+pub fn device_sm_resource(dev: CUdevice) -> Result<SmResource, CuError> {
+    // SAFETY: CUdevResource is a plain C struct (integers, byte arrays and
+    // a union of such) for which all-zero bytes are a valid value.
+    let mut whole: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: `whole` is a valid out pointer for one resource.
+    ok(unsafe {
+        sys::cuDeviceGetDevResource(
+            dev,
+            &mut whole,
+            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+        )
+    })?;
+    Ok(SmResource(whole))
+}
+
+/// Splits `whole` into at most `count` groups of at least `min_count` SMs
+/// (`cuDevSmResourceSplitByCount`, no flags); returns the groups made and
+/// the SMs left over.
+pub fn sm_split_by_count(
+    whole: &SmResource,
+    count: u32,
+    min_count: u32,
+) -> Result<(Vec<SmResource>, SmResource), CuError> {
+    let mut count = count;
+    // SAFETY: as in `device_sm_resource`, all-zero resources are valid
+    // placeholders.
+    let mut out: Vec<sys::CUdevResource> = vec![unsafe { std::mem::zeroed() }; count as usize];
+    // SAFETY: as above.
+    let mut remaining: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: `out` has room for `count` resources, as `count` says;
+    // `whole` is an SM resource from cuDeviceGetDevResource.
+    ok(unsafe {
+        sys::cuDevSmResourceSplitByCount(
+            out.as_mut_ptr(),
+            &mut count,
+            &whole.0,
+            &mut remaining,
+            0,
+            min_count,
+        )
+    })?;
+    out.truncate(count as usize);
+    Ok((
+        out.into_iter().map(SmResource).collect(),
+        SmResource(remaining),
+    ))
+}
+
+/// The resource descriptor (`cuDevResourceGenerateDesc`) of `groups`, SM
+/// groups of one split of the device, to create a green context from. The
+/// driver has no call to destroy one: it stays valid for the process.
+pub fn resource_desc(groups: &[SmResource]) -> Result<CUdevResourceDesc, CuError> {
+    let mut res: Vec<sys::CUdevResource> = groups.iter().map(|g| g.0).collect();
+    let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+    // SAFETY: `res` holds `res.len()` SM resources, as the count says (the
+    // driver refuses resources that cannot be combined); valid out pointer.
+    ok(unsafe { sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32) })?;
+    Ok(desc)
 }
 
 /// A device attribute.

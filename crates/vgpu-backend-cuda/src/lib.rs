@@ -122,7 +122,7 @@ use log::{error, info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
 pub use device::DIRECT_MIN_SLICE;
-use driver::{device_attribute, ok, CuError};
+use driver::{device_attribute, ok, CuError, SmResource};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
 pub use partition::CudaPartition;
 
@@ -173,7 +173,7 @@ pub enum Mode {
 /// A group of SMs from the backend's one split of the device.
 #[derive(Clone, Copy)]
 pub(crate) struct SmGroup {
-    pub resource: sys::CUdevResource,
+    pub resource: SmResource,
     pub sms: u32,
 }
 
@@ -306,25 +306,19 @@ impl CudaBackend {
         }
         let ordinal = i32::try_from(device_index)
             .map_err(|_| BackendError::Unavailable(format!("no CUDA device {device_index}")))?;
-        // SAFETY: plain driver initialisation; the library is loadable.
-        ok(unsafe { sys::cuInit(0) }).map_err(|e| unavailable("cuInit", e))?;
-        let mut device: sys::CUdevice = 0;
-        // SAFETY: `device` is a valid out pointer.
-        ok(unsafe { sys::cuDeviceGet(&mut device, ordinal) })
+        driver::init().map_err(|e| unavailable("cuInit", e))?;
+        let device = driver::device_get(ordinal)
             .map_err(|e| unavailable(&format!("CUDA device {device_index}"), e))?;
-        let name =
-            cudarc::driver::result::device::get_name(device).unwrap_or_else(|_| "unknown".into());
+        let name = driver::device_name(device).unwrap_or_else(|| "unknown".into());
         let attr = |a| device_attribute(device, a).map_err(|e| unavailable("device attribute", e));
-        use sys::CUdevice_attribute as A;
+        use driver::CUdevice_attribute as A;
         let device_sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let cc = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
-        let mut memory = 0usize;
-        // SAFETY: `device` came from cuDeviceGet; `memory` is a valid out pointer.
-        ok(unsafe { sys::cuDeviceTotalMem_v2(&mut memory, device) })
-            .map_err(|e| unavailable("device memory size", e))?;
+        let memory =
+            driver::device_total_mem(device).map_err(|e| unavailable("device memory size", e))?;
         let ptx = compile_builtin(cc).map_err(BackendError::Unavailable)?;
 
         let mut primary: sys::CUcontext = std::ptr::null_mut();
@@ -448,64 +442,34 @@ impl CudaBackend {
 
 /// Splits the device's SMs into groups of the granule; returns the groups
 /// and the granule.
-fn split_sms(device: sys::CUdevice) -> Result<(Vec<SmGroup>, u32), BackendError> {
-    // SAFETY: CUdevResource is a plain C struct (integers, byte arrays and
-    // a union of such) for which all-zero bytes are a valid value.
-    let mut whole: sys::CUdevResource = unsafe { std::mem::zeroed() };
-    // SAFETY: `whole` is a valid out pointer for one resource.
-    ok(unsafe {
-        sys::cuDeviceGetDevResource(
-            device,
-            &mut whole,
-            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-        )
-    })
-    .map_err(|e| unavailable("SM resource of the device", e))?;
-    // SAFETY: the driver filled an SM resource, so `sm` is the live field.
-    let sm = unsafe { whole.__bindgen_anon_1.sm };
+fn split_sms(device: driver::CUdevice) -> Result<(Vec<SmGroup>, u32), BackendError> {
+    let whole = driver::device_sm_resource(device)
+        .map_err(|e| unavailable("SM resource of the device", e))?;
     let granule = lcm(
-        lcm(DEFAULT_SM_GRANULE, sm.minSmPartitionSize),
-        sm.smCoscheduledAlignment,
+        lcm(DEFAULT_SM_GRANULE, whole.min_partition_size()),
+        whole.coscheduled_alignment(),
     );
-    let mut count = (sm.smCount / granule).max(1);
-    // SAFETY: as above, all-zero resources are valid placeholders.
-    let mut out: Vec<sys::CUdevResource> = vec![unsafe { std::mem::zeroed() }; count as usize];
-    // SAFETY: as above.
-    let mut remaining: sys::CUdevResource = unsafe { std::mem::zeroed() };
-    // SAFETY: `out` has room for `count` resources, as `count` says;
-    // `whole` is an SM resource from cuDeviceGetDevResource.
-    ok(unsafe {
-        sys::cuDevSmResourceSplitByCount(
-            out.as_mut_ptr(),
-            &mut count,
-            &whole,
-            &mut remaining,
-            0,
-            granule,
-        )
-    })
-    .map_err(|e| unavailable(&format!("splitting the SMs into groups of {granule}"), e))?;
-    out.truncate(count as usize);
+    let count = (whole.sm_count() / granule).max(1);
+    let (out, remaining) = driver::sm_split_by_count(&whole, count, granule)
+        .map_err(|e| unavailable(&format!("splitting the SMs into groups of {granule}"), e))?;
     let groups: Vec<SmGroup> = out
         .into_iter()
         .map(|resource| SmGroup {
-            // SAFETY: split results are SM resources.
-            sms: unsafe { resource.__bindgen_anon_1.sm.smCount },
+            sms: resource.sm_count(),
             resource,
         })
         .collect();
-    // SAFETY: as above.
-    let left = unsafe { remaining.__bindgen_anon_1.sm.smCount };
+    let left = remaining.sm_count();
     info!(
         "cuda backend: {} SMs split into {} groups ({:?} SMs each), {left} left over",
-        sm.smCount,
+        whole.sm_count(),
         groups.len(),
         groups.iter().map(|g| g.sms).collect::<BTreeSet<_>>()
     );
     if groups.is_empty() {
         return Err(BackendError::Unavailable(format!(
             "the device's {} SMs give no group of {granule}",
-            sm.smCount
+            whole.sm_count()
         )));
     }
     Ok((groups, granule))

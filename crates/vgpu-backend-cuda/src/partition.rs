@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::sys;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
@@ -20,7 +19,7 @@ use vgpu_backend::{
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
-use crate::driver::{self, Current};
+use crate::driver::{self, Current, SmResource};
 use crate::hostmem::HostRegistry;
 use crate::{lock, Mode, Shared};
 
@@ -34,7 +33,7 @@ pub struct CudaPartition {
     /// SM groups held (spatial mode).
     groups: Vec<usize>,
     /// Their resource descriptor (spatial mode; null otherwise).
-    desc: sys::CUdevResourceDesc,
+    desc: driver::CUdevResourceDesc,
     /// SMs its kernels run on.
     sms: u32,
     /// Allocations, each with what cuMemAlloc returned for it (what gets
@@ -151,22 +150,16 @@ impl CudaPartition {
             last_device_time: None,
         };
         if p.shared.mode == Mode::Spatial {
-            let mut res: Vec<sys::CUdevResource> = p
+            // SM groups of the backend's one split of this device (the
+            // API's condition for combining them).
+            let res: Vec<SmResource> = p
                 .groups
                 .iter()
                 .map(|&i| p.shared.groups[i].resource)
                 .collect();
-            let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
-            // SAFETY: `res` holds `res.len()` SM resources from one split of
-            // this device (the API's condition for combining them); valid
-            // out pointer. The descriptor stays valid for the process.
-            driver::ok(unsafe {
-                sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32)
-            })
-            .map_err(|e| {
+            p.desc = driver::resource_desc(&res).map_err(|e| {
                 BackendError::Unavailable(format!("SM resource descriptor for {sms} SMs: {e}"))
             })?;
-            p.desc = desc;
         }
         let dev = p.create_state().map_err(|f| {
             BackendError::Unavailable(format!("partition {:?}: {}", spec.name, describe(&f)))
@@ -329,7 +322,7 @@ impl CudaPartition {
                                 "entry point {entry:?} in module {module:#x}"
                             )))
                         })?;
-                    use sys::CUfunction_attribute as F;
+                    use driver::CUfunction_attribute as F;
                     let limits = KernelLimits {
                         param_bytes: driver::function_param_bytes(f),
                         max_threads: driver::function_attribute(
