@@ -16,7 +16,7 @@ use cudarc::driver::sys;
 
 /// Raw handles and enums of the bindings that the rest of the crate
 /// passes around (it never calls the driver with them directly).
-pub use sys::{CUdevResourceDesc, CUdevice, CUdevice_attribute, CUfunction_attribute};
+pub use sys::{CUcontext, CUdevResourceDesc, CUdevice, CUdevice_attribute, CUfunction_attribute};
 
 /// Whether libcuda and libnvrtc can be loaded; the error names what is missing.
 pub fn libraries_present() -> Result<(), String> {
@@ -245,6 +245,37 @@ pub fn resource_desc(groups: &[SmResource]) -> Result<CUdevResourceDesc, CuError
     // driver refuses resources that cannot be combined); valid out pointer.
     ok(unsafe { sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32) })?;
     Ok(desc)
+}
+
+/// The device's primary context, retained (`cuDevicePrimaryCtxRetain`)
+/// while this lives and released on drop.
+pub struct PrimaryContext {
+    device: CUdevice,
+    ctx: CUcontext,
+}
+
+impl PrimaryContext {
+    /// Retains the primary context of `device`.
+    pub fn retain(device: CUdevice) -> Result<PrimaryContext, CuError> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; `device` came from cuDeviceGet.
+        ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) })?;
+        Ok(PrimaryContext { device, ctx })
+    }
+
+    /// The context, to make current; valid while this lives.
+    pub fn handle(&self) -> CUcontext {
+        self.ctx
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: retained once in `retain`, released once here. Owners
+        // drop it only after what they made in it (green contexts, host
+        // registrations) is gone.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
 }
 
 /// A device attribute.

@@ -18,7 +18,7 @@ use cudarc::driver::sys;
 use log::{info, warn};
 use vgpu_backend::{HostMapping, HostMemory, HostSlice};
 
-use crate::driver::{self, CuError, Current};
+use crate::driver::{self, CUcontext, CuError, Current, PrimaryContext};
 use crate::Shared;
 
 /// Most mappings one partition keeps registered; more are served by the
@@ -63,7 +63,7 @@ struct State {
     /// A registration thread is running.
     worker: bool,
     /// The primary context, retained on first use.
-    ctx: Option<sys::CUcontext>,
+    ctx: Option<PrimaryContext>,
 }
 
 struct Inner {
@@ -101,19 +101,18 @@ impl Inner {
     }
 
     /// The primary context, retained once per registry.
-    fn context(&self, st: &mut State) -> Result<sys::CUcontext, CuError> {
-        if let Some(c) = st.ctx {
-            return Ok(c);
+    fn context(&self, st: &mut State) -> Result<CUcontext, CuError> {
+        if let Some(c) = &st.ctx {
+            return Ok(c.handle());
         }
-        let mut c: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out pointer; `device` came from cuDeviceGet.
-        driver::ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, self.shared.device) })?;
+        let c = PrimaryContext::retain(self.shared.device)?;
+        let handle = c.handle();
         st.ctx = Some(c);
-        Ok(c)
+        Ok(handle)
     }
 
     /// Registers `len` bytes at `addr`.
-    fn register(&self, ctx: sys::CUcontext, e: (usize, usize, bool)) -> Result<(), CuError> {
+    fn register(&self, ctx: CUcontext, e: (usize, usize, bool)) -> Result<(), CuError> {
         let (addr, len, writable) = e;
         let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
         if !writable {
@@ -127,7 +126,7 @@ impl Inner {
         driver::ok(unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) })
     }
 
-    fn unregister(&self, ctx: sys::CUcontext, addr: usize) -> Result<(), CuError> {
+    fn unregister(&self, ctx: CUcontext, addr: usize) -> Result<(), CuError> {
         let _cur = Current::push(ctx)?;
         // SAFETY: `addr` was registered by `register` and is unregistered
         // once (its entry was removed first); no copy uses it any more.
@@ -195,7 +194,7 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(ctx) = st.ctx else {
+        let Some(primary) = st.ctx.take() else {
             return;
         };
         // Whatever is still registered (a partition dropped with guest
@@ -207,10 +206,10 @@ impl Drop for Inner {
             .map(|e| e.addr)
             .collect();
         for addr in left {
-            let _ = self.unregister(ctx, addr);
+            let _ = self.unregister(primary.handle(), addr);
         }
-        // SAFETY: retained once in `context`; released once here.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.shared.device) };
+        // Released after the registrations made in it.
+        drop(primary);
     }
 }
 
@@ -348,7 +347,8 @@ impl HostMemory for HostRegistry {
                     return;
                 }
                 Some(Status::Registered) => {
-                    let (Some(e), Some(ctx)) = (st.entries.remove(&id), st.ctx) else {
+                    let ctx = st.ctx.as_ref().map(PrimaryContext::handle);
+                    let (Some(e), Some(ctx)) = (st.entries.remove(&id), ctx) else {
                         return;
                     };
                     drop(st);

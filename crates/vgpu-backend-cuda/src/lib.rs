@@ -117,12 +117,11 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use cudarc::driver::sys;
 use log::{error, info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
 pub use device::DIRECT_MIN_SLICE;
-use driver::{device_attribute, ok, CuError, SmResource};
+use driver::{device_attribute, CuError, PrimaryContext, SmResource};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
 pub use partition::CudaPartition;
 
@@ -189,7 +188,7 @@ pub(crate) struct Pool {
 /// State shared by the backend and its partitions.
 pub(crate) struct Shared {
     pub ordinal: i32,
-    pub device: sys::CUdevice,
+    pub device: driver::CUdevice,
     pub name: String,
     pub mode: Mode,
     pub capacity: Capacity,
@@ -199,8 +198,9 @@ pub(crate) struct Shared {
     pub ptx: Vec<u8>,
     pub groups: Vec<SmGroup>,
     /// The device's primary context, retained in spatial mode (the green
-    /// contexts belong to it).
-    pub primary: sys::CUcontext,
+    /// contexts belong to it). Released when the last holder of this goes:
+    /// every partition holds an Arc of it, so no green context remains.
+    pub _primary: Option<PrimaryContext>,
     pub pool: Mutex<Pool>,
     /// Whether guests may load PTX modules.
     pub guest_ptx: AtomicBool,
@@ -214,16 +214,6 @@ pub(crate) struct Shared {
 unsafe impl Send for Shared {}
 // SAFETY: as above; shared references only read the handles.
 unsafe impl Sync for Shared {}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if !self.primary.is_null() {
-            // SAFETY: retained once in `CudaBackend::new`; every partition
-            // (holding an Arc of this) is gone, so no green context remains.
-            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
-        }
-    }
-}
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -321,26 +311,17 @@ impl CudaBackend {
             driver::device_total_mem(device).map_err(|e| unavailable("device memory size", e))?;
         let ptx = compile_builtin(cc).map_err(BackendError::Unavailable)?;
 
-        let mut primary: sys::CUcontext = std::ptr::null_mut();
+        let mut primary = None;
         let mut groups = Vec::new();
         let mut sm_granule = DEFAULT_SM_GRANULE;
         if mode == Mode::Spatial {
-            // SAFETY: `primary` is a valid out pointer; released in Shared's drop.
-            ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut primary, device) })
-                .map_err(|e| unavailable("primary context", e))?;
-            // Nothing owns the retained context yet: release it by hand
-            // if the split fails.
-            match split_sms(device) {
-                Ok((g, granule)) => {
-                    groups = g;
-                    sm_granule = granule;
-                }
-                Err(e) => {
-                    // SAFETY: retained just above.
-                    let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
-                    return Err(e);
-                }
-            }
+            let retained =
+                PrimaryContext::retain(device).map_err(|e| unavailable("primary context", e))?;
+            // If the split fails, dropping `retained` releases it.
+            let (g, granule) = split_sms(device)?;
+            groups = g;
+            sm_granule = granule;
+            primary = Some(retained);
         }
         let compute_units = match mode {
             Mode::Isolated => device_sms,
@@ -370,7 +351,7 @@ impl CudaBackend {
                     free_groups: (0..groups.len()).collect(),
                 }),
                 groups,
-                primary,
+                _primary: primary,
                 guest_ptx: AtomicBool::new(false),
                 max_registered: AtomicU64::new(DEFAULT_MAX_REGISTERED),
             }),
