@@ -278,6 +278,61 @@ impl Drop for PrimaryContext {
     }
 }
 
+/// Host memory registered with the driver (`cuMemHostRegister`) in a
+/// context; unregistered on drop, or by [`HostRegistration::unregister`],
+/// which tells how that went.
+#[derive(Debug)]
+pub struct HostRegistration {
+    ctx: CUcontext,
+    addr: usize,
+}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `addr`, `PORTABLE` (and `READ_ONLY` unless
+    /// `writable`), with `ctx` current for the call.
+    ///
+    /// # Safety
+    /// `len` bytes at `addr` must be a mapping of this process that stays
+    /// mapped until the registration is dropped or unregistered, and `ctx`
+    /// must stay alive until then too.
+    pub unsafe fn register(
+        ctx: CUcontext,
+        addr: usize,
+        len: usize,
+        writable: bool,
+    ) -> Result<HostRegistration, CuError> {
+        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+        if !writable {
+            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        }
+        let _cur = Current::push(ctx)?;
+        // SAFETY: forwarded to the caller.
+        ok(unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) })?;
+        Ok(HostRegistration { ctx, addr })
+    }
+
+    /// Unregisters the memory now.
+    pub fn unregister(self) -> Result<(), CuError> {
+        let r = self.release();
+        // Released above: the drop must not unregister it again.
+        std::mem::forget(self);
+        r
+    }
+
+    fn release(&self) -> Result<(), CuError> {
+        let _cur = Current::push(self.ctx)?;
+        // SAFETY: `addr` was registered by `register` and is unregistered
+        // once: `unregister` consumes the registration without dropping it.
+        ok(unsafe { sys::cuMemHostUnregister(self.addr as *mut _) })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
+}
+
 /// A device attribute.
 pub fn device_attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, CuError> {
     let mut v = 0;
