@@ -6,14 +6,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CString};
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
-use cudarc::driver::sys;
 use vgpu_abi as abi;
 use vgpu_backend::rules::{self, words, Builtin, KernelLimits};
 use vgpu_backend::{HostSink, HostSlice, HostSource, OpError};
 
-use crate::driver::{self, CuError, Current};
+use crate::driver::{
+    self, CUcontext, CUfunction, Context, CuError, Current, DeviceMem, Event, GreenContext,
+    PinnedHost, ResourceDesc, Stream,
+};
 use crate::hostmem::HostRegistry;
 use crate::kernels::{self, BLOCK, REDUCE_BLOCKS, SGEMM_MAX_GRID_Y, SGEMM_TILE};
 use crate::{Mode, Shared};
@@ -86,18 +89,28 @@ pub(crate) fn arg<T>(v: &mut T) -> *mut c_void {
     (v as *mut T).cast()
 }
 
-/// Who owns the context.
+/// The partition's context, destroyed when this is dropped.
 pub(crate) enum Owner {
-    /// Created by cuCtxCreate; destroyed with cuCtxDestroy.
-    Own,
-    /// A green context of the primary context.
-    Green(sys::CUgreenCtx),
+    /// Created by cuCtxCreate.
+    Own(Context),
+    /// A green context of the primary context, and its context's handle.
+    Green(GreenContext, CUcontext),
+}
+
+impl Owner {
+    /// The context, to make current.
+    pub(crate) fn ctx(&self) -> CUcontext {
+        match self {
+            Owner::Own(c) => c.handle(),
+            Owner::Green(_, ctx) => *ctx,
+        }
+    }
 }
 
 /// A loaded guest module and the kernels looked up in it so far.
 pub(crate) struct Module {
-    pub(crate) module: sys::CUmodule,
-    pub(crate) kernels: HashMap<String, (sys::CUfunction, KernelLimits)>,
+    pub(crate) module: driver::Module,
+    pub(crate) kernels: HashMap<String, (CUfunction, KernelLimits)>,
 }
 
 /// Device temporaries freed on drop (with the context current, after the
@@ -135,122 +148,56 @@ impl Drop for Temps {
 /// What a partition holds on the device. Dropping it destroys the
 /// context and everything in it.
 pub(crate) struct DeviceState {
-    pub(crate) ctx: sys::CUcontext,
     pub(crate) owner: Owner,
-    pub(crate) stream: sys::CUstream,
-    pub(crate) start: sys::CUevent,
-    pub(crate) end: sys::CUevent,
-    pub(crate) staged: [sys::CUevent; 2],
-    pub(crate) staging: [*mut u8; 2],
-    pub(crate) scratch: sys::CUdeviceptr,
-    pub(crate) builtin: sys::CUmodule,
-    pub(crate) funcs: [sys::CUfunction; kernels::NAMES.len()],
-    pub(crate) modules: BTreeMap<u64, Module>,
+    /// What was made in the context; dropped (with the context current)
+    /// in `drop`, before `owner` destroys the context.
+    pub(crate) res: ManuallyDrop<InContext>,
     pub(crate) next_module: u64,
     /// SMs the partition's kernels run on (for grid sizes).
     pub(crate) sms: u32,
 }
 
-impl DeviceState {
-    /// A new context (isolated) or green context (spatial) with its
-    /// stream, events, buffers and the built-in module.
-    pub(crate) fn create(
-        shared: &Shared,
-        desc: sys::CUdevResourceDesc,
-        sms: u32,
-    ) -> Result<Self, Fail> {
-        let (ctx, owner) = match shared.mode {
-            Mode::Isolated => {
-                let mut params = sys::CUctxCreateParams {
-                    execAffinityParams: std::ptr::null_mut(),
-                    numExecAffinityParams: 0,
-                    cigParams: std::ptr::null_mut(),
-                };
-                let mut ctx: sys::CUcontext = std::ptr::null_mut();
-                // SAFETY: valid out pointer and a params struct asking for
-                // nothing special; `device` came from cuDeviceGet.
-                driver::ok(unsafe { sys::cuCtxCreate_v4(&mut ctx, &mut params, 0, shared.device) })
-                    .at("creating a context")?;
-                // cuCtxCreate leaves the new context current: take it off
-                // this thread's stack (ops push it when they need it).
-                let mut popped: sys::CUcontext = std::ptr::null_mut();
-                // SAFETY: pops the context just pushed by cuCtxCreate.
-                let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-                (ctx, Owner::Own)
-            }
-            Mode::Spatial => {
-                let mut g: sys::CUgreenCtx = std::ptr::null_mut();
-                // SAFETY: `desc` was generated from SM groups of this
-                // device; valid out pointer; DEFAULT_STREAM is the flag
-                // the API requires.
-                driver::ok(unsafe {
-                    sys::cuGreenCtxCreate(
-                        &mut g,
-                        desc,
-                        shared.device,
-                        sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
-                    )
-                })
-                .at("creating a green context")?;
-                let mut ctx: sys::CUcontext = std::ptr::null_mut();
-                // SAFETY: `g` is the live green context just created.
-                if let Err(e) = driver::ok(unsafe { sys::cuCtxFromGreenCtx(&mut ctx, g) }) {
-                    // SAFETY: destroys what was created above, once.
-                    let _ = unsafe { sys::cuGreenCtxDestroy(g) };
-                    return Err(Fail::Cuda("context of the green context".into(), e));
-                }
-                (ctx, Owner::Green(g))
-            }
-        };
-        let mut st = DeviceState {
-            ctx,
-            owner,
-            stream: std::ptr::null_mut(),
-            start: std::ptr::null_mut(),
-            end: std::ptr::null_mut(),
-            staged: [std::ptr::null_mut(); 2],
-            staging: [std::ptr::null_mut(); 2],
-            scratch: 0,
-            builtin: std::ptr::null_mut(),
-            funcs: [std::ptr::null_mut(); kernels::NAMES.len()],
-            modules: BTreeMap::new(),
-            next_module: abi::MODULE_BUILTIN + 1,
-            sms: sms.max(1),
-        };
-        // On failure `st` is dropped, which releases what was made.
-        let cur = Current::push(ctx).at("making the context current")?;
-        st.init(shared)?;
-        drop(cur);
-        Ok(st)
-    }
+/// What a partition made in its context. Dropping it destroys it all in
+/// the order of the fields (guest modules in handle order, the built-in
+/// module, the scratch buffer, the staging buffers, the events, the
+/// stream), so the context must be current.
+pub(crate) struct InContext {
+    pub(crate) modules: BTreeMap<u64, Module>,
+    /// The built-in module, held for `funcs`.
+    pub(crate) _builtin: driver::Module,
+    /// Kernels of the built-in module, in [`kernels::NAMES`] order.
+    pub(crate) funcs: [CUfunction; kernels::NAMES.len()],
+    pub(crate) scratch: DeviceMem,
+    pub(crate) staging: [PinnedHost; 2],
+    pub(crate) start: Event,
+    pub(crate) end: Event,
+    pub(crate) staged: [Event; 2],
+    pub(crate) stream: Stream,
+}
 
-    pub(crate) fn init(&mut self, shared: &Shared) -> Result<(), Fail> {
-        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        let mut s: sys::CUstream = std::ptr::null_mut();
-        match self.owner {
-            // SAFETY: valid out pointer; this context is current.
-            Owner::Own => driver::ok(unsafe { sys::cuStreamCreate(&mut s, flags) }),
-            Owner::Green(g) => {
-                // SAFETY: `g` is this state's live green context; valid
-                // out pointer; NON_BLOCKING is the flag the API requires.
-                driver::ok(unsafe { sys::cuGreenCtxStreamCreate(&mut s, g, flags, 0) })
-            }
+impl InContext {
+    /// The stream, events, buffers and the built-in module, made in the
+    /// current context (`owner`'s). On failure, what was made is destroyed
+    /// (the context still current).
+    fn create(shared: &Shared, owner: &Owner) -> Result<InContext, Fail> {
+        let stream = match owner {
+            Owner::Own(_) => Stream::create(),
+            Owner::Green(g, _) => Stream::create_in(g),
         }
         .at("creating a stream")?;
-        self.stream = s;
-        self.start = driver::event_create(true).at("creating an event")?;
-        self.end = driver::event_create(true).at("creating an event")?;
-        for i in 0..2 {
-            self.staged[i] = driver::event_create(false).at("creating an event")?;
-            self.staging[i] =
-                driver::mem_alloc_host(STAGING_BYTES).at("allocating pinned staging memory")?;
-        }
-        self.scratch = driver::mem_alloc(SCRATCH_BYTES).at("allocating the scratch buffer")?;
-        self.builtin = driver::module_load_ptx(&shared.ptx)
+        let start = Event::create(true).at("creating an event")?;
+        let end = Event::create(true).at("creating an event")?;
+        let staged0 = Event::create(false).at("creating an event")?;
+        let staging0 = PinnedHost::alloc(STAGING_BYTES).at("allocating pinned staging memory")?;
+        let staged1 = Event::create(false).at("creating an event")?;
+        let staging1 = PinnedHost::alloc(STAGING_BYTES).at("allocating pinned staging memory")?;
+        let scratch = DeviceMem::alloc(SCRATCH_BYTES).at("allocating the scratch buffer")?;
+        let builtin = driver::module_load_ptx(&shared.ptx)
             .map_err(|(e, log)| Fail::Cuda(format!("loading the built-in module ({log})"), e))?;
+        let mut funcs = [std::ptr::null_mut(); kernels::NAMES.len()];
         for (i, name) in kernels::NAMES.iter().enumerate() {
             let cname = CString::new(*name).expect("kernel names have no NUL");
-            self.funcs[i] = driver::module_function(self.builtin, &cname)
+            funcs[i] = driver::module_function(&builtin, &cname)
                 .at("looking up a built-in kernel")?
                 .ok_or_else(|| {
                     Fail::Op(OpError::Device(format!(
@@ -258,7 +205,54 @@ impl DeviceState {
                     )))
                 })?;
         }
-        Ok(())
+        Ok(InContext {
+            modules: BTreeMap::new(),
+            _builtin: builtin,
+            funcs,
+            scratch,
+            staging: [staging0, staging1],
+            start,
+            end,
+            staged: [staged0, staged1],
+            stream,
+        })
+    }
+}
+
+impl DeviceState {
+    /// A new context (isolated) or green context (spatial, from `desc`)
+    /// with its stream, events, buffers and the built-in module.
+    pub(crate) fn create(
+        shared: &Shared,
+        desc: Option<ResourceDesc>,
+        sms: u32,
+    ) -> Result<Self, Fail> {
+        let owner = match shared.mode {
+            Mode::Isolated => Owner::Own(Context::create(shared.device).at("creating a context")?),
+            Mode::Spatial => {
+                // Every spatial partition has its descriptor before its
+                // first context.
+                let desc = desc
+                    .ok_or_else(|| Fail::Op(OpError::Device("no SM resource descriptor".into())))?;
+                let g = GreenContext::create(desc, shared.device).at("creating a green context")?;
+                // On failure `g` is dropped, which destroys it.
+                let ctx = g
+                    .context()
+                    .map_err(|e| Fail::Cuda("context of the green context".into(), e))?;
+                Owner::Green(g, ctx)
+            }
+        };
+        // On failure `owner` is dropped, which destroys the context, after
+        // `cur` (and what was made in it).
+        let cur = Current::push(owner.ctx()).at("making the context current")?;
+        let res = InContext::create(shared, &owner)?;
+        drop(cur);
+        Ok(DeviceState {
+            owner,
+            res: ManuallyDrop::new(res),
+            next_module: abi::MODULE_BUILTIN + 1,
+            sms: sms.max(1),
+        })
     }
 
     /// Runs `f`'s device work between the timing events and waits for it;
@@ -269,14 +263,15 @@ impl DeviceState {
         what: &str,
         f: impl FnOnce(&Self) -> Result<(), Fail>,
     ) -> Result<Duration, Fail> {
-        driver::event_record(self.start, self.stream).at(what)?;
+        let r = &self.res;
+        driver::event_record(&r.start, &r.stream).at(what)?;
         if let Err(e) = f(self) {
-            let _ = driver::stream_sync(self.stream);
+            let _ = driver::stream_sync(&r.stream);
             return Err(e);
         }
-        driver::event_record(self.end, self.stream).at(what)?;
-        driver::event_sync(self.end).map_err(|e| Fail::Cuda(format!("{what}: device work"), e))?;
-        driver::event_elapsed(self.start, self.end).at(what)
+        driver::event_record(&r.end, &r.stream).at(what)?;
+        driver::event_sync(&r.end).map_err(|e| Fail::Cuda(format!("{what}: device work"), e))?;
+        driver::event_elapsed(&r.start, &r.end).at(what)
     }
 
     pub(crate) fn grid_for(&self, n: u64) -> u32 {
@@ -299,11 +294,11 @@ impl DeviceState {
         // SAFETY: forwarded to the caller.
         unsafe {
             driver::launch(
-                self.funcs[k as usize],
+                self.res.funcs[k as usize],
                 grid,
                 [BLOCK, 1, 1],
                 0,
-                self.stream,
+                &self.res.stream,
                 args,
             )
         }
@@ -451,7 +446,7 @@ impl DeviceState {
 
     pub(crate) fn k_reduce(&self, mut out: u64, mut input: u64, mut n: u64) -> Result<(), Fail> {
         let blocks = self.grid_for(n).min(REDUCE_BLOCKS);
-        let mut partials = self.scratch;
+        let mut partials = self.res.scratch.ptr();
         // SAFETY: reduce_partial_f32(const float*, u64, double*); `n`
         // floats at `input` checked; `blocks` doubles fit the scratch.
         unsafe {
@@ -476,7 +471,7 @@ impl DeviceState {
     /// `size` bytes from `src` to `dst` (checked ranges that may overlap).
     pub(crate) fn memmove(&self, dst: u64, src: u64, size: u64) -> Result<(), Fail> {
         if !rules::overlaps(dst, size, src, size) {
-            return driver::memcpy_dtod_async(dst, src, size as usize, self.stream).at("copy");
+            return driver::memcpy_dtod_async(dst, src, size as usize, &self.res.stream).at("copy");
         }
         // Through the scratch buffer, chunk by chunk, in the order that
         // reads every source byte before it is overwritten.
@@ -487,8 +482,9 @@ impl DeviceState {
         }
         for off in offs {
             let n = chunk.min(size - off) as usize;
-            driver::memcpy_dtod_async(self.scratch, src + off, n, self.stream).at("copy")?;
-            driver::memcpy_dtod_async(dst + off, self.scratch, n, self.stream).at("copy")?;
+            let scratch = self.res.scratch.ptr();
+            driver::memcpy_dtod_async(scratch, src + off, n, &self.res.stream).at("copy")?;
+            driver::memcpy_dtod_async(dst + off, scratch, n, &self.res.stream).at("copy")?;
         }
         Ok(())
     }
@@ -504,7 +500,7 @@ impl DeviceState {
         // SAFETY: STAGING_BYTES of pinned memory owned by this state for
         // its whole life; the caller guarantees no DMA uses it, and each
         // call site holds at most one slice of each buffer at a time.
-        unsafe { std::slice::from_raw_parts_mut(self.staging[i], len) }
+        unsafe { std::slice::from_raw_parts_mut(self.res.staging[i].ptr(), len) }
     }
 
     /// Copies between registered guest memory and `dev` piece by piece,
@@ -540,9 +536,9 @@ impl DeviceState {
             // bytes at `dev + off` lie in the range the caller checked.
             r = unsafe {
                 if to_device {
-                    driver::memcpy_htod_async(dev + off, s.ptr, s.len, self.stream)
+                    driver::memcpy_htod_async(dev + off, s.ptr, s.len, &self.res.stream)
                 } else {
-                    driver::memcpy_dtoh_async(s.ptr, dev + off, s.len, self.stream)
+                    driver::memcpy_dtoh_async(s.ptr, dev + off, s.len, &self.res.stream)
                 }
             };
             if r.is_err() {
@@ -551,7 +547,7 @@ impl DeviceState {
             off += s.len as u64;
         }
         // Always drain: no copy may outlive the slices.
-        let synced = driver::stream_sync(self.stream);
+        let synced = driver::stream_sync(&self.res.stream);
         if let Err(e) = r.and(synced) {
             *failed = Some(Fail::Cuda(what.into(), e));
         }
@@ -606,16 +602,16 @@ impl DeviceState {
             let b = i % 2;
             if i >= 2 {
                 // The copy out of this buffer two chunks ago must be done.
-                driver::event_sync(self.staged[b]).at("upload")?;
+                driver::event_sync(&self.res.staged[b]).at("upload")?;
             }
             // SAFETY: buffer `b` is idle (first use, or its event completed).
             let buf = unsafe { self.staging(b, n) };
             src.read_at(off, buf)?;
             // SAFETY: the buffer stays untouched until its event (recorded
             // next) completes; `n` bytes at `dst + off` were checked.
-            unsafe { driver::memcpy_htod_async(dst + off, buf.as_ptr(), n, self.stream) }
+            unsafe { driver::memcpy_htod_async(dst + off, buf.as_ptr(), n, &self.res.stream) }
                 .at("upload")?;
-            driver::event_record(self.staged[b], self.stream).at("upload")?;
+            driver::event_record(&self.res.staged[b], &self.res.stream).at("upload")?;
             off += n as u64;
             i += 1;
         }
@@ -630,7 +626,7 @@ impl DeviceState {
         let mut off = 0u64;
         let mut i = 0usize;
         let drain = |(b, off, n): (usize, u64, usize)| -> Result<(), Fail> {
-            driver::event_sync(self.staged[b]).at("download")?;
+            driver::event_sync(&self.res.staged[b]).at("download")?;
             // SAFETY: the copy into buffer `b` has completed and nothing
             // else is queued on it.
             let buf = unsafe { self.staging(b, n) };
@@ -645,9 +641,9 @@ impl DeviceState {
             let buf = unsafe { self.staging(b, n) };
             // SAFETY: the buffer is not read until its event completes;
             // `n` bytes at `src + off` were checked.
-            unsafe { driver::memcpy_dtoh_async(buf.as_mut_ptr(), src + off, n, self.stream) }
+            unsafe { driver::memcpy_dtoh_async(buf.as_mut_ptr(), src + off, n, &self.res.stream) }
                 .at("download")?;
-            driver::event_record(self.staged[b], self.stream).at("download")?;
+            driver::event_record(&self.res.staged[b], &self.res.stream).at("download")?;
             if let Some(p) = pending.take() {
                 drain(p)?;
             }
@@ -703,10 +699,12 @@ impl DeviceState {
                 };
                 self.timed("vadd_f32", |s| {
                     if a_copy {
-                        driver::memcpy_dtod_async(ta, a, len as usize, s.stream).at("vadd_f32")?;
+                        driver::memcpy_dtod_async(ta, a, len as usize, &s.res.stream)
+                            .at("vadd_f32")?;
                     }
                     if b_copy && !shared {
-                        driver::memcpy_dtod_async(tb, b, len as usize, s.stream).at("vadd_f32")?;
+                        driver::memcpy_dtod_async(tb, b, len as usize, &s.res.stream)
+                            .at("vadd_f32")?;
                     }
                     s.k_vadd(c, ta, tb, n)
                 })
@@ -726,7 +724,8 @@ impl DeviceState {
                 };
                 self.timed("saxpy_f32", |s| {
                     if x_copy {
-                        driver::memcpy_dtod_async(tx, x, len as usize, s.stream).at("saxpy_f32")?;
+                        driver::memcpy_dtod_async(tx, x, len as usize, &s.res.stream)
+                            .at("saxpy_f32")?;
                     }
                     s.k_saxpy(y, tx, n, a)
                 })
@@ -754,11 +753,11 @@ impl DeviceState {
                 };
                 self.timed("sgemm_f32", |s| {
                     if a_copy {
-                        driver::memcpy_dtod_async(ta, p.a, alen as usize, s.stream)
+                        driver::memcpy_dtod_async(ta, p.a, alen as usize, &s.res.stream)
                             .at("sgemm_f32")?;
                     }
                     if b_copy && !shared {
-                        driver::memcpy_dtod_async(tb, p.b, blen as usize, s.stream)
+                        driver::memcpy_dtod_async(tb, p.b, blen as usize, &s.res.stream)
                             .at("sgemm_f32")?;
                     }
                     s.k_sgemm(p, ta, tb)
@@ -776,41 +775,13 @@ impl DeviceState {
 
 impl Drop for DeviceState {
     fn drop(&mut self) {
-        if let Ok(_cur) = Current::push(self.ctx) {
-            if !self.stream.is_null() {
-                let _ = driver::stream_sync(self.stream);
-            }
-            for m in self.modules.values() {
-                let _ = driver::module_unload(m.module);
-            }
-            if !self.builtin.is_null() {
-                let _ = driver::module_unload(self.builtin);
-            }
-            if self.scratch != 0 {
-                let _ = driver::mem_free(self.scratch);
-            }
-            for p in self.staging {
-                if !p.is_null() {
-                    let _ = driver::mem_free_host(p);
-                }
-            }
-            for e in [self.start, self.end, self.staged[0], self.staged[1]] {
-                if !e.is_null() {
-                    // SAFETY: an event of this state, destroyed once.
-                    let _ = unsafe { sys::cuEventDestroy_v2(e) };
-                }
-            }
-            if !self.stream.is_null() {
-                // SAFETY: this state's stream, drained above, destroyed once.
-                let _ = unsafe { sys::cuStreamDestroy_v2(self.stream) };
-            }
+        if let Ok(_cur) = Current::push(self.owner.ctx()) {
+            let _ = driver::stream_sync(&self.res.stream);
+            // SAFETY: `res` is dropped once, here, and not used after.
+            unsafe { ManuallyDrop::drop(&mut self.res) };
         }
-        match self.owner {
-            // SAFETY: the context this state created, destroyed once; it
-            // is no longer current anywhere (ops pop it when they end).
-            Owner::Own => drop(unsafe { sys::cuCtxDestroy_v2(self.ctx) }),
-            // SAFETY: the green context this state created, destroyed once.
-            Owner::Green(g) => drop(unsafe { sys::cuGreenCtxDestroy(g) }),
-        }
+        // Without the context current, what is in it is left to go with
+        // the context, which `owner` (a field, dropped after this)
+        // destroys.
     }
 }

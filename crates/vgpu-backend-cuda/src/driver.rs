@@ -1,5 +1,7 @@
-//! Small helpers over the CUDA driver API bindings of `cudarc`: error
-//! codes, the current-context guard and the few calls used everywhere.
+//! The one home of raw CUDA driver calls (the bindings of `cudarc`):
+//! error codes, the current-context guard, device queries, and small
+//! owning types for what the driver creates, each destroying it on drop.
+//! The rest of the crate reaches the driver only through this module.
 //!
 //! Every function here expects the driver library to be loadable: callers
 //! check [`libraries_present`] before the first call (cudarc panics when a
@@ -11,6 +13,12 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use cudarc::driver::sys;
+
+/// Raw handles and enums of the bindings that the rest of the crate
+/// passes around (it never calls the driver with them directly).
+pub use sys::{
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUfunction, CUfunction_attribute,
+};
 
 /// Whether libcuda and libnvrtc can be loaded; the error names what is missing.
 pub fn libraries_present() -> Result<(), String> {
@@ -122,6 +130,401 @@ impl Drop for Current {
     }
 }
 
+/// Initialises the driver (`cuInit(0)`).
+pub fn init() -> Result<(), CuError> {
+    // SAFETY: plain driver initialisation; the library is loadable.
+    ok(unsafe { sys::cuInit(0) })
+}
+
+/// The device of ordinal `ordinal`.
+pub fn device_get(ordinal: i32) -> Result<CUdevice, CuError> {
+    let mut device: sys::CUdevice = 0;
+    // SAFETY: `device` is a valid out pointer.
+    ok(unsafe { sys::cuDeviceGet(&mut device, ordinal) })?;
+    Ok(device)
+}
+
+/// The device's name (`cuDeviceGetName`, through cudarc), if the driver
+/// tells it.
+pub fn device_name(dev: CUdevice) -> Option<String> {
+    cudarc::driver::result::device::get_name(dev).ok()
+}
+
+/// Bytes of memory of the device.
+pub fn device_total_mem(dev: CUdevice) -> Result<usize, CuError> {
+    let mut memory = 0usize;
+    // SAFETY: `dev` came from cuDeviceGet; `memory` is a valid out pointer.
+    ok(unsafe { sys::cuDeviceTotalMem_v2(&mut memory, dev) })?;
+    Ok(memory)
+}
+
+/// An SM resource: all the SMs of a device ([`device_sm_resource`]) or a
+/// group of them ([`sm_split_by_count`]). Only the driver fills one.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct SmResource(sys::CUdevResource);
+
+impl SmResource {
+    fn sm(&self) -> sys::CUdevSmResource {
+        // SAFETY: every SmResource is an SM resource the driver filled
+        // (cuDeviceGetDevResource of type SM, or a split of one), so `sm`
+        // is the live field of the union.
+        unsafe { self.0.__bindgen_anon_1.sm }
+    }
+
+    /// SMs in the resource.
+    pub fn sm_count(&self) -> u32 {
+        self.sm().smCount
+    }
+
+    /// The smallest group a split of it can make.
+    pub fn min_partition_size(&self) -> u32 {
+        self.sm().minSmPartitionSize
+    }
+
+    /// The multiple of SMs a split's groups come in.
+    pub fn coscheduled_alignment(&self) -> u32 {
+        self.sm().smCoscheduledAlignment
+    }
+}
+
+/// All the SMs of the device.
+pub fn device_sm_resource(dev: CUdevice) -> Result<SmResource, CuError> {
+    // SAFETY: CUdevResource is a plain C struct (integers, byte arrays and
+    // a union of such) for which all-zero bytes are a valid value.
+    let mut whole: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: `whole` is a valid out pointer for one resource.
+    ok(unsafe {
+        sys::cuDeviceGetDevResource(
+            dev,
+            &mut whole,
+            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+        )
+    })?;
+    Ok(SmResource(whole))
+}
+
+/// Splits `whole` into at most `count` groups of at least `min_count` SMs
+/// (`cuDevSmResourceSplitByCount`, no flags); returns the groups made and
+/// the SMs left over.
+pub fn sm_split_by_count(
+    whole: &SmResource,
+    count: u32,
+    min_count: u32,
+) -> Result<(Vec<SmResource>, SmResource), CuError> {
+    let mut count = count;
+    // SAFETY: as in `device_sm_resource`, all-zero resources are valid
+    // placeholders.
+    let mut out: Vec<sys::CUdevResource> = vec![unsafe { std::mem::zeroed() }; count as usize];
+    // SAFETY: as above.
+    let mut remaining: sys::CUdevResource = unsafe { std::mem::zeroed() };
+    // SAFETY: `out` has room for `count` resources, as `count` says;
+    // `whole` is an SM resource from cuDeviceGetDevResource.
+    ok(unsafe {
+        sys::cuDevSmResourceSplitByCount(
+            out.as_mut_ptr(),
+            &mut count,
+            &whole.0,
+            &mut remaining,
+            0,
+            min_count,
+        )
+    })?;
+    out.truncate(count as usize);
+    Ok((
+        out.into_iter().map(SmResource).collect(),
+        SmResource(remaining),
+    ))
+}
+
+/// A resource descriptor (`cuDevResourceGenerateDesc`), to create a green
+/// context from. The driver has no call to destroy one: it stays valid for
+/// the process.
+#[derive(Clone, Copy)]
+pub struct ResourceDesc(sys::CUdevResourceDesc);
+
+/// The resource descriptor of `groups`, SM groups of one split of the
+/// device.
+pub fn resource_desc(groups: &[SmResource]) -> Result<ResourceDesc, CuError> {
+    let mut res: Vec<sys::CUdevResource> = groups.iter().map(|g| g.0).collect();
+    let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+    // SAFETY: `res` holds `res.len()` SM resources, as the count says (the
+    // driver refuses resources that cannot be combined); valid out pointer.
+    ok(unsafe { sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32) })?;
+    Ok(ResourceDesc(desc))
+}
+
+/// A context of its own (`cuCtxCreate`), destroyed on drop.
+pub struct Context(sys::CUcontext);
+
+impl Context {
+    /// Creates a context on `device`, with no special parameters, and
+    /// takes it off this thread's context stack, where cuCtxCreate leaves
+    /// it (users push it when they need it).
+    pub fn create(device: CUdevice) -> Result<Context, CuError> {
+        let mut params = sys::CUctxCreateParams {
+            execAffinityParams: std::ptr::null_mut(),
+            numExecAffinityParams: 0,
+            cigParams: std::ptr::null_mut(),
+        };
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer and a params struct asking for nothing
+        // special; `device` came from cuDeviceGet.
+        ok(unsafe { sys::cuCtxCreate_v4(&mut ctx, &mut params, 0, device) })?;
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context just pushed by cuCtxCreate.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        Ok(Context(ctx))
+    }
+
+    /// The context, to make current; valid while this lives.
+    pub fn handle(&self) -> CUcontext {
+        self.0
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context `create` made, destroyed once; it is no longer
+        // current anywhere (every user pops it when done).
+        let _ = unsafe { sys::cuCtxDestroy_v2(self.0) };
+    }
+}
+
+/// A green context (`cuGreenCtxCreate`) of the device's primary context,
+/// destroyed on drop.
+pub struct GreenContext(sys::CUgreenCtx);
+
+impl GreenContext {
+    /// Creates a green context on `device` from `desc`, with the
+    /// `DEFAULT_STREAM` flag the API requires.
+    pub fn create(desc: ResourceDesc, device: CUdevice) -> Result<GreenContext, CuError> {
+        let mut g: sys::CUgreenCtx = std::ptr::null_mut();
+        // SAFETY: `desc` came from cuDevResourceGenerateDesc (the only way
+        // to make a ResourceDesc) with SM groups of this device; valid out
+        // pointer.
+        ok(unsafe {
+            sys::cuGreenCtxCreate(
+                &mut g,
+                desc.0,
+                device,
+                sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+            )
+        })?;
+        Ok(GreenContext(g))
+    }
+
+    /// Its context (`cuCtxFromGreenCtx`), to make current; valid while
+    /// this lives.
+    pub fn context(&self) -> Result<CUcontext, CuError> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `self.0` is a live green context; valid out pointer.
+        ok(unsafe { sys::cuCtxFromGreenCtx(&mut ctx, self.0) })?;
+        Ok(ctx)
+    }
+}
+
+impl Drop for GreenContext {
+    fn drop(&mut self) {
+        // SAFETY: the green context `create` made, destroyed once.
+        let _ = unsafe { sys::cuGreenCtxDestroy(self.0) };
+    }
+}
+
+/// A non-blocking stream, destroyed on drop (queued work still completes).
+pub struct Stream(sys::CUstream);
+
+impl Stream {
+    /// A stream of the current context (`cuStreamCreate`).
+    pub fn create() -> Result<Stream, CuError> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer; a context is current (callers hold a
+        // `Current`).
+        ok(unsafe {
+            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Stream(s))
+    }
+
+    /// A stream of green context `g` (`cuGreenCtxStreamCreate`, priority 0).
+    pub fn create_in(g: &GreenContext) -> Result<Stream, CuError> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: `g` is a live green context; valid out pointer;
+        // NON_BLOCKING is the flag the API requires.
+        ok(unsafe {
+            sys::cuGreenCtxStreamCreate(
+                &mut s,
+                g.0,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                0,
+            )
+        })?;
+        Ok(Stream(s))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: the stream `create` or `create_in` made, destroyed once;
+        // its owner drops it with the stream's context current.
+        let _ = unsafe { sys::cuStreamDestroy_v2(self.0) };
+    }
+}
+
+/// An event (`cuEventCreate`), destroyed on drop.
+pub struct Event(sys::CUevent);
+
+impl Event {
+    /// A timing event, or one without timing (cheaper to record), in the
+    /// current context.
+    pub fn create(timing: bool) -> Result<Event, CuError> {
+        let flags = if timing {
+            sys::CUevent_flags::CU_EVENT_DEFAULT as u32
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+        };
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out pointer; a context is current.
+        ok(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        Ok(Event(e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event `create` made, destroyed once.
+        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
+    }
+}
+
+/// Device memory (`cuMemAlloc`) freed on drop, with its context current.
+pub struct DeviceMem(sys::CUdeviceptr);
+
+impl DeviceMem {
+    /// Allocates `size` bytes in the current context.
+    pub fn alloc(size: usize) -> Result<DeviceMem, CuError> {
+        mem_alloc(size).map(DeviceMem)
+    }
+
+    /// Its device address.
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.0
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        let _ = mem_free(self.0);
+    }
+}
+
+/// Page-locked host memory (`cuMemAllocHost`) freed on drop.
+pub struct PinnedHost(*mut u8);
+
+impl PinnedHost {
+    /// Allocates `size` bytes in the current context.
+    pub fn alloc(size: usize) -> Result<PinnedHost, CuError> {
+        mem_alloc_host(size).map(PinnedHost)
+    }
+
+    /// Its first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        let _ = mem_free_host(self.0);
+    }
+}
+
+/// The device's primary context, retained (`cuDevicePrimaryCtxRetain`)
+/// while this lives and released on drop.
+pub struct PrimaryContext {
+    device: CUdevice,
+    ctx: CUcontext,
+}
+
+impl PrimaryContext {
+    /// Retains the primary context of `device`.
+    pub fn retain(device: CUdevice) -> Result<PrimaryContext, CuError> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; `device` came from cuDeviceGet.
+        ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) })?;
+        Ok(PrimaryContext { device, ctx })
+    }
+
+    /// The context, to make current; valid while this lives.
+    pub fn handle(&self) -> CUcontext {
+        self.ctx
+    }
+}
+
+impl Drop for PrimaryContext {
+    fn drop(&mut self) {
+        // SAFETY: retained once in `retain`, released once here. Owners
+        // drop it only after what they made in it (green contexts, host
+        // registrations) is gone.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}
+
+/// Host memory registered with the driver (`cuMemHostRegister`) in a
+/// context; unregistered on drop, or by [`HostRegistration::unregister`],
+/// which tells how that went.
+#[derive(Debug)]
+pub struct HostRegistration {
+    ctx: CUcontext,
+    addr: usize,
+}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `addr`, `PORTABLE` (and `READ_ONLY` unless
+    /// `writable`), with `ctx` current for the call.
+    ///
+    /// # Safety
+    /// `len` bytes at `addr` must be a mapping of this process that stays
+    /// mapped until the registration is dropped or unregistered, and `ctx`
+    /// must stay alive until then too.
+    pub unsafe fn register(
+        ctx: CUcontext,
+        addr: usize,
+        len: usize,
+        writable: bool,
+    ) -> Result<HostRegistration, CuError> {
+        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+        if !writable {
+            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        }
+        let _cur = Current::push(ctx)?;
+        // SAFETY: forwarded to the caller.
+        ok(unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) })?;
+        Ok(HostRegistration { ctx, addr })
+    }
+
+    /// Unregisters the memory now.
+    pub fn unregister(self) -> Result<(), CuError> {
+        let r = self.release();
+        // Released above: the drop must not unregister it again.
+        std::mem::forget(self);
+        r
+    }
+
+    fn release(&self) -> Result<(), CuError> {
+        let _cur = Current::push(self.ctx)?;
+        // SAFETY: `addr` was registered by `register` and is unregistered
+        // once: `unregister` consumes the registration without dropping it.
+        ok(unsafe { sys::cuMemHostUnregister(self.addr as *mut _) })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
+}
+
 /// A device attribute.
 pub fn device_attribute(dev: sys::CUdevice, attr: sys::CUdevice_attribute) -> Result<i32, CuError> {
     let mut v = 0;
@@ -160,43 +563,30 @@ pub fn mem_free_host(p: *mut u8) -> Result<(), CuError> {
     ok(unsafe { sys::cuMemFreeHost(p.cast()) })
 }
 
-/// Creates a timing event (or one without timing, cheaper to record).
-pub fn event_create(timing: bool) -> Result<sys::CUevent, CuError> {
-    let flags = if timing {
-        sys::CUevent_flags::CU_EVENT_DEFAULT as u32
-    } else {
-        sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
-    };
-    let mut e: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: `e` is a valid out pointer; a context is current.
-    ok(unsafe { sys::cuEventCreate(&mut e, flags) })?;
-    Ok(e)
-}
-
 /// Records `e` on `s`.
-pub fn event_record(e: sys::CUevent, s: sys::CUstream) -> Result<(), CuError> {
+pub fn event_record(e: &Event, s: &Stream) -> Result<(), CuError> {
     // SAFETY: both handles are live and belong to the current context.
-    ok(unsafe { sys::cuEventRecord(e, s) })
+    ok(unsafe { sys::cuEventRecord(e.0, s.0) })
 }
 
 /// Waits for `e`.
-pub fn event_sync(e: sys::CUevent) -> Result<(), CuError> {
+pub fn event_sync(e: &Event) -> Result<(), CuError> {
     // SAFETY: `e` is a live event.
-    ok(unsafe { sys::cuEventSynchronize(e) })
+    ok(unsafe { sys::cuEventSynchronize(e.0) })
 }
 
 /// Time between two completed timing events.
-pub fn event_elapsed(start: sys::CUevent, end: sys::CUevent) -> Result<Duration, CuError> {
+pub fn event_elapsed(start: &Event, end: &Event) -> Result<Duration, CuError> {
     let mut ms = 0f32;
     // SAFETY: both are live timing events that have completed.
-    ok(unsafe { sys::cuEventElapsedTime_v2(&mut ms, start, end) })?;
+    ok(unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.0, end.0) })?;
     Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
 }
 
 /// Waits for all work on `s`.
-pub fn stream_sync(s: sys::CUstream) -> Result<(), CuError> {
+pub fn stream_sync(s: &Stream) -> Result<(), CuError> {
     // SAFETY: `s` is a live stream.
-    ok(unsafe { sys::cuStreamSynchronize(s) })
+    ok(unsafe { sys::cuStreamSynchronize(s.0) })
 }
 
 /// Copies `len` bytes host -> device, asynchronously on `s`.
@@ -208,10 +598,10 @@ pub unsafe fn memcpy_htod_async(
     dst: sys::CUdeviceptr,
     src: *const u8,
     len: usize,
-    s: sys::CUstream,
+    s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: forwarded to the caller.
-    ok(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, s) })
+    ok(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, s.0) })
 }
 
 /// Copies `len` bytes device -> host, asynchronously on `s`.
@@ -223,10 +613,10 @@ pub unsafe fn memcpy_dtoh_async(
     dst: *mut u8,
     src: sys::CUdeviceptr,
     len: usize,
-    s: sys::CUstream,
+    s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: forwarded to the caller.
-    ok(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, s) })
+    ok(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, s.0) })
 }
 
 /// Copies `len` bytes device -> device, asynchronously on `s`.
@@ -234,12 +624,12 @@ pub fn memcpy_dtod_async(
     dst: sys::CUdeviceptr,
     src: sys::CUdeviceptr,
     len: usize,
-    s: sys::CUstream,
+    s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: device-to-device copies touch only device memory; callers
     // have checked both ranges against their allocation tables (a bad
     // range is reported by the driver, not undefined behaviour here).
-    ok(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, s) })
+    ok(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, s.0) })
 }
 
 /// Sets `count` 32-bit words at `dst` (4-byte aligned) to `value` on `s`.
@@ -247,10 +637,10 @@ pub fn memset_d32_async(
     dst: sys::CUdeviceptr,
     value: u32,
     count: usize,
-    s: sys::CUstream,
+    s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: touches only device memory the caller checked.
-    ok(unsafe { sys::cuMemsetD32Async(dst, value, count, s) })
+    ok(unsafe { sys::cuMemsetD32Async(dst, value, count, s.0) })
 }
 
 /// Sets `count` bytes at `dst` to `value` on `s`.
@@ -258,21 +648,18 @@ pub fn memset_d8_async(
     dst: sys::CUdeviceptr,
     value: u8,
     count: usize,
-    s: sys::CUstream,
+    s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: touches only device memory the caller owns.
-    ok(unsafe { sys::cuMemsetD8Async(dst, value, count, s) })
+    ok(unsafe { sys::cuMemsetD8Async(dst, value, count, s.0) })
 }
 
 /// Looks up a kernel of a loaded module; `None` when it has no such entry.
-pub fn module_function(
-    module: sys::CUmodule,
-    name: &CStr,
-) -> Result<Option<sys::CUfunction>, CuError> {
+pub fn module_function(module: &Module, name: &CStr) -> Result<Option<sys::CUfunction>, CuError> {
     let mut f: sys::CUfunction = std::ptr::null_mut();
     // SAFETY: `module` is a live module of the current context; `name` is
     // NUL-terminated; `f` is a valid out pointer.
-    let r = unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) };
+    let r = unsafe { sys::cuModuleGetFunction(&mut f, module.0, name.as_ptr()) };
     if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
         return Ok(None);
     }
@@ -320,7 +707,7 @@ pub unsafe fn launch(
     grid: [u32; 3],
     block: [u32; 3],
     shared_mem: u32,
-    s: sys::CUstream,
+    s: &Stream,
     args: &mut [*mut c_void],
 ) -> Result<(), CuError> {
     let params = if args.is_empty() {
@@ -339,7 +726,7 @@ pub unsafe fn launch(
             block[1],
             block[2],
             shared_mem,
-            s,
+            s.0,
             params,
             std::ptr::null_mut(),
         )
@@ -358,7 +745,7 @@ pub unsafe fn launch_packed(
     grid: [u32; 3],
     block: [u32; 3],
     shared_mem: u32,
-    s: sys::CUstream,
+    s: &Stream,
     buf: &[u8],
 ) -> Result<(), CuError> {
     if buf.is_empty() {
@@ -392,7 +779,7 @@ pub unsafe fn launch_packed(
             block[1],
             block[2],
             shared_mem,
-            s,
+            s.0,
             std::ptr::null_mut(),
             extra.as_mut_ptr(),
         )
@@ -401,7 +788,7 @@ pub unsafe fn launch_packed(
 
 /// Loads a module image (NUL-terminated PTX) in the current context.
 /// On failure the JIT's error log comes back with the error.
-pub fn module_load_ptx(image: &[u8]) -> Result<sys::CUmodule, (CuError, String)> {
+pub fn module_load_ptx(image: &[u8]) -> Result<Module, (CuError, String)> {
     debug_assert_eq!(image.last(), Some(&0));
     const LOG: usize = 16 << 10;
     let mut error_log = vec![0u8; LOG];
@@ -424,7 +811,7 @@ pub fn module_load_ptx(image: &[u8]) -> Result<sys::CUmodule, (CuError, String)>
         )
     };
     match ok(r) {
-        Ok(()) => Ok(m),
+        Ok(()) => Ok(Module(m)),
         Err(e) => {
             let end = error_log.iter().position(|&b| b == 0).unwrap_or(LOG);
             let log = String::from_utf8_lossy(&error_log[..end])
@@ -435,8 +822,34 @@ pub fn module_load_ptx(image: &[u8]) -> Result<sys::CUmodule, (CuError, String)>
     }
 }
 
-/// Unloads a module.
-pub fn module_unload(m: sys::CUmodule) -> Result<(), CuError> {
-    // SAFETY: `m` is a live module, unloaded once.
-    ok(unsafe { sys::cuModuleUnload(m) })
+/// A loaded module (from [`module_load_ptx`]), unloaded on drop, with
+/// its context current.
+pub struct Module(sys::CUmodule);
+
+impl Module {
+    /// Unloads the module now, telling how that went.
+    pub fn unload(self) -> Result<(), CuError> {
+        let r = self.release();
+        // Unloaded above: the drop must not unload it again.
+        std::mem::forget(self);
+        r
+    }
+
+    /// Forgets the module without unloading it: its context is about to
+    /// be destroyed, which unloads it.
+    pub fn forget(self) {
+        std::mem::forget(self);
+    }
+
+    fn release(&self) -> Result<(), CuError> {
+        // SAFETY: `self.0` is a live module, unloaded once: `unload` and
+        // `forget` consume the module without dropping it.
+        ok(unsafe { sys::cuModuleUnload(self.0) })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
 }

@@ -14,11 +14,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use cudarc::driver::sys;
 use log::{info, warn};
 use vgpu_backend::{HostMapping, HostMemory, HostSlice};
 
-use crate::driver::{self, CuError, Current};
+use crate::driver::{CUcontext, CuError, HostRegistration, PrimaryContext};
 use crate::Shared;
 
 /// Most mappings one partition keeps registered; more are served by the
@@ -54,6 +53,8 @@ struct Entry {
     len: usize,
     writable: bool,
     status: Status,
+    /// The registration, while `status` is `Registered`.
+    reg: Option<HostRegistration>,
 }
 
 #[derive(Default)]
@@ -63,7 +64,7 @@ struct State {
     /// A registration thread is running.
     worker: bool,
     /// The primary context, retained on first use.
-    ctx: Option<sys::CUcontext>,
+    ctx: Option<PrimaryContext>,
 }
 
 struct Inner {
@@ -73,8 +74,10 @@ struct Inner {
     changed: Condvar,
 }
 
-// SAFETY: the only raw handle, the retained primary context, is a
-// process-wide driver object usable from any thread; it is behind the mutex.
+// SAFETY: the raw handles, the retained primary context and the
+// registrations (an address and that context), are process-wide driver
+// objects usable from any thread (every call on them makes the context
+// current on the calling thread first); they are behind the mutex.
 unsafe impl Send for Inner {}
 // SAFETY: as above.
 unsafe impl Sync for Inner {}
@@ -101,37 +104,31 @@ impl Inner {
     }
 
     /// The primary context, retained once per registry.
-    fn context(&self, st: &mut State) -> Result<sys::CUcontext, CuError> {
-        if let Some(c) = st.ctx {
-            return Ok(c);
+    fn context(&self, st: &mut State) -> Result<CUcontext, CuError> {
+        if let Some(c) = &st.ctx {
+            return Ok(c.handle());
         }
-        let mut c: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out pointer; `device` came from cuDeviceGet.
-        driver::ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, self.shared.device) })?;
+        let c = PrimaryContext::retain(self.shared.device)?;
+        let handle = c.handle();
         st.ctx = Some(c);
-        Ok(c)
+        Ok(handle)
     }
 
     /// Registers `len` bytes at `addr`.
-    fn register(&self, ctx: sys::CUcontext, e: (usize, usize, bool)) -> Result<(), CuError> {
+    fn register(
+        &self,
+        ctx: CUcontext,
+        e: (usize, usize, bool),
+    ) -> Result<HostRegistration, CuError> {
         let (addr, len, writable) = e;
-        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
-        if !writable {
-            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
-        }
-        let _cur = Current::push(ctx)?;
         // SAFETY: `len` bytes at `addr` are a mapping of this process that
         // stays mapped until `unmapped` has unregistered it (the engine
         // unmaps only after its notice returns, and `unmapped` waits for
-        // this registration to end).
-        driver::ok(unsafe { sys::cuMemHostRegister_v2(addr as *mut _, len, flags) })
-    }
-
-    fn unregister(&self, ctx: sys::CUcontext, addr: usize) -> Result<(), CuError> {
-        let _cur = Current::push(ctx)?;
-        // SAFETY: `addr` was registered by `register` and is unregistered
-        // once (its entry was removed first); no copy uses it any more.
-        driver::ok(unsafe { sys::cuMemHostUnregister(addr as *mut _) })
+        // this registration to end; it unregisters only after removing the
+        // entry, so no copy uses the memory any more). `ctx` is the
+        // registry's primary context, released only after every
+        // registration is gone.
+        unsafe { HostRegistration::register(ctx, addr, len, writable) }
     }
 
     /// The registration thread: registers queued entries until none is left.
@@ -168,13 +165,28 @@ impl Inner {
             let t = std::time::Instant::now();
             let r = self.register(ctx, job);
             let mut st = self.lock();
-            if let Some(e) = st.entries.get_mut(&id) {
-                e.status = match &r {
-                    Ok(()) => Status::Registered,
-                    Err(_) => Status::Failed,
-                };
-            }
+            // An entry being registered is not removed (`unmapped` waits),
+            // so `orphan` stays None; were it not, the registration would
+            // be undone, after the lock is released.
+            let mut orphan = None;
+            let r = match (r, st.entries.get_mut(&id)) {
+                (Ok(reg), Some(e)) => {
+                    e.status = Status::Registered;
+                    e.reg = Some(reg);
+                    Ok(())
+                }
+                (Ok(reg), None) => {
+                    orphan = Some(reg);
+                    Ok(())
+                }
+                (Err(err), Some(e)) => {
+                    e.status = Status::Failed;
+                    Err(err)
+                }
+                (Err(err), None) => Err(err),
+            };
             drop(st);
+            drop(orphan);
             self.changed.notify_all();
             match r {
                 Ok(()) => info!(
@@ -195,22 +207,18 @@ impl Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        let Some(ctx) = st.ctx else {
+        let Some(primary) = st.ctx.take() else {
             return;
         };
         // Whatever is still registered (a partition dropped with guest
         // memory mapped) is released with the registry.
-        let left: Vec<usize> = st
-            .entries
-            .values()
-            .filter(|e| e.status == Status::Registered)
-            .map(|e| e.addr)
-            .collect();
-        for addr in left {
-            let _ = self.unregister(ctx, addr);
+        for e in st.entries.values_mut() {
+            if let Some(reg) = e.reg.take() {
+                let _ = reg.unregister();
+            }
         }
-        // SAFETY: retained once in `context`; released once here.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.shared.device) };
+        // Released after the registrations made in it.
+        drop(primary);
     }
 }
 
@@ -304,6 +312,7 @@ impl HostMemory for HostRegistry {
                 len: m.len,
                 writable: m.writable,
                 status: Status::Queued,
+                reg: None,
             },
         );
         st.queue.push_back(m.id);
@@ -348,14 +357,19 @@ impl HostMemory for HostRegistry {
                     return;
                 }
                 Some(Status::Registered) => {
-                    let (Some(e), Some(ctx)) = (st.entries.remove(&id), st.ctx) else {
+                    let Some(Entry {
+                        len,
+                        reg: Some(reg),
+                        ..
+                    }) = st.entries.remove(&id)
+                    else {
                         return;
                     };
                     drop(st);
-                    if let Err(err) = self.inner.unregister(ctx, e.addr) {
+                    if let Err(err) = reg.unregister() {
                         warn!(
                             "cuda backend: partition {:?}: unregistering {} bytes of guest memory: {err}",
-                            self.inner.name, e.len
+                            self.inner.name, len
                         );
                     }
                     return;

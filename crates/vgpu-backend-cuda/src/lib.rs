@@ -117,12 +117,11 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use cudarc::driver::sys;
 use log::{error, info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
 
 pub use device::DIRECT_MIN_SLICE;
-use driver::{device_attribute, ok, CuError};
+use driver::{device_attribute, CuError, PrimaryContext, SmResource};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
 pub use partition::CudaPartition;
 
@@ -173,7 +172,7 @@ pub enum Mode {
 /// A group of SMs from the backend's one split of the device.
 #[derive(Clone, Copy)]
 pub(crate) struct SmGroup {
-    pub resource: sys::CUdevResource,
+    pub resource: SmResource,
     pub sms: u32,
 }
 
@@ -189,7 +188,7 @@ pub(crate) struct Pool {
 /// State shared by the backend and its partitions.
 pub(crate) struct Shared {
     pub ordinal: i32,
-    pub device: sys::CUdevice,
+    pub device: driver::CUdevice,
     pub name: String,
     pub mode: Mode,
     pub capacity: Capacity,
@@ -199,8 +198,9 @@ pub(crate) struct Shared {
     pub ptx: Vec<u8>,
     pub groups: Vec<SmGroup>,
     /// The device's primary context, retained in spatial mode (the green
-    /// contexts belong to it).
-    pub primary: sys::CUcontext,
+    /// contexts belong to it). Released when the last holder of this goes:
+    /// every partition holds an Arc of it, so no green context remains.
+    pub _primary: Option<PrimaryContext>,
     pub pool: Mutex<Pool>,
     /// Whether guests may load PTX modules.
     pub guest_ptx: AtomicBool,
@@ -214,16 +214,6 @@ pub(crate) struct Shared {
 unsafe impl Send for Shared {}
 // SAFETY: as above; shared references only read the handles.
 unsafe impl Sync for Shared {}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if !self.primary.is_null() {
-            // SAFETY: retained once in `CudaBackend::new`; every partition
-            // (holding an Arc of this) is gone, so no green context remains.
-            let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
-        }
-    }
-}
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -306,47 +296,32 @@ impl CudaBackend {
         }
         let ordinal = i32::try_from(device_index)
             .map_err(|_| BackendError::Unavailable(format!("no CUDA device {device_index}")))?;
-        // SAFETY: plain driver initialisation; the library is loadable.
-        ok(unsafe { sys::cuInit(0) }).map_err(|e| unavailable("cuInit", e))?;
-        let mut device: sys::CUdevice = 0;
-        // SAFETY: `device` is a valid out pointer.
-        ok(unsafe { sys::cuDeviceGet(&mut device, ordinal) })
+        driver::init().map_err(|e| unavailable("cuInit", e))?;
+        let device = driver::device_get(ordinal)
             .map_err(|e| unavailable(&format!("CUDA device {device_index}"), e))?;
-        let name =
-            cudarc::driver::result::device::get_name(device).unwrap_or_else(|_| "unknown".into());
+        let name = driver::device_name(device).unwrap_or_else(|| "unknown".into());
         let attr = |a| device_attribute(device, a).map_err(|e| unavailable("device attribute", e));
-        use sys::CUdevice_attribute as A;
+        use driver::CUdevice_attribute as A;
         let device_sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let cc = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
-        let mut memory = 0usize;
-        // SAFETY: `device` came from cuDeviceGet; `memory` is a valid out pointer.
-        ok(unsafe { sys::cuDeviceTotalMem_v2(&mut memory, device) })
-            .map_err(|e| unavailable("device memory size", e))?;
+        let memory =
+            driver::device_total_mem(device).map_err(|e| unavailable("device memory size", e))?;
         let ptx = compile_builtin(cc).map_err(BackendError::Unavailable)?;
 
-        let mut primary: sys::CUcontext = std::ptr::null_mut();
+        let mut primary = None;
         let mut groups = Vec::new();
         let mut sm_granule = DEFAULT_SM_GRANULE;
         if mode == Mode::Spatial {
-            // SAFETY: `primary` is a valid out pointer; released in Shared's drop.
-            ok(unsafe { sys::cuDevicePrimaryCtxRetain(&mut primary, device) })
-                .map_err(|e| unavailable("primary context", e))?;
-            // Nothing owns the retained context yet: release it by hand
-            // if the split fails.
-            match split_sms(device) {
-                Ok((g, granule)) => {
-                    groups = g;
-                    sm_granule = granule;
-                }
-                Err(e) => {
-                    // SAFETY: retained just above.
-                    let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(device) };
-                    return Err(e);
-                }
-            }
+            let retained =
+                PrimaryContext::retain(device).map_err(|e| unavailable("primary context", e))?;
+            // If the split fails, dropping `retained` releases it.
+            let (g, granule) = split_sms(device)?;
+            groups = g;
+            sm_granule = granule;
+            primary = Some(retained);
         }
         let compute_units = match mode {
             Mode::Isolated => device_sms,
@@ -376,7 +351,7 @@ impl CudaBackend {
                     free_groups: (0..groups.len()).collect(),
                 }),
                 groups,
-                primary,
+                _primary: primary,
                 guest_ptx: AtomicBool::new(false),
                 max_registered: AtomicU64::new(DEFAULT_MAX_REGISTERED),
             }),
@@ -448,64 +423,34 @@ impl CudaBackend {
 
 /// Splits the device's SMs into groups of the granule; returns the groups
 /// and the granule.
-fn split_sms(device: sys::CUdevice) -> Result<(Vec<SmGroup>, u32), BackendError> {
-    // SAFETY: CUdevResource is a plain C struct (integers, byte arrays and
-    // a union of such) for which all-zero bytes are a valid value.
-    let mut whole: sys::CUdevResource = unsafe { std::mem::zeroed() };
-    // SAFETY: `whole` is a valid out pointer for one resource.
-    ok(unsafe {
-        sys::cuDeviceGetDevResource(
-            device,
-            &mut whole,
-            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
-        )
-    })
-    .map_err(|e| unavailable("SM resource of the device", e))?;
-    // SAFETY: the driver filled an SM resource, so `sm` is the live field.
-    let sm = unsafe { whole.__bindgen_anon_1.sm };
+fn split_sms(device: driver::CUdevice) -> Result<(Vec<SmGroup>, u32), BackendError> {
+    let whole = driver::device_sm_resource(device)
+        .map_err(|e| unavailable("SM resource of the device", e))?;
     let granule = lcm(
-        lcm(DEFAULT_SM_GRANULE, sm.minSmPartitionSize),
-        sm.smCoscheduledAlignment,
+        lcm(DEFAULT_SM_GRANULE, whole.min_partition_size()),
+        whole.coscheduled_alignment(),
     );
-    let mut count = (sm.smCount / granule).max(1);
-    // SAFETY: as above, all-zero resources are valid placeholders.
-    let mut out: Vec<sys::CUdevResource> = vec![unsafe { std::mem::zeroed() }; count as usize];
-    // SAFETY: as above.
-    let mut remaining: sys::CUdevResource = unsafe { std::mem::zeroed() };
-    // SAFETY: `out` has room for `count` resources, as `count` says;
-    // `whole` is an SM resource from cuDeviceGetDevResource.
-    ok(unsafe {
-        sys::cuDevSmResourceSplitByCount(
-            out.as_mut_ptr(),
-            &mut count,
-            &whole,
-            &mut remaining,
-            0,
-            granule,
-        )
-    })
-    .map_err(|e| unavailable(&format!("splitting the SMs into groups of {granule}"), e))?;
-    out.truncate(count as usize);
+    let count = (whole.sm_count() / granule).max(1);
+    let (out, remaining) = driver::sm_split_by_count(&whole, count, granule)
+        .map_err(|e| unavailable(&format!("splitting the SMs into groups of {granule}"), e))?;
     let groups: Vec<SmGroup> = out
         .into_iter()
         .map(|resource| SmGroup {
-            // SAFETY: split results are SM resources.
-            sms: unsafe { resource.__bindgen_anon_1.sm.smCount },
+            sms: resource.sm_count(),
             resource,
         })
         .collect();
-    // SAFETY: as above.
-    let left = unsafe { remaining.__bindgen_anon_1.sm.smCount };
+    let left = remaining.sm_count();
     info!(
         "cuda backend: {} SMs split into {} groups ({:?} SMs each), {left} left over",
-        sm.smCount,
+        whole.sm_count(),
         groups.len(),
         groups.iter().map(|g| g.sms).collect::<BTreeSet<_>>()
     );
     if groups.is_empty() {
         return Err(BackendError::Unavailable(format!(
             "the device's {} SMs give no group of {granule}",
-            sm.smCount
+            whole.sm_count()
         )));
     }
     Ok((groups, granule))

@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::sys;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
@@ -20,7 +19,7 @@ use vgpu_backend::{
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
-use crate::driver::{self, Current};
+use crate::driver::{self, Current, ResourceDesc, SmResource};
 use crate::hostmem::HostRegistry;
 use crate::{lock, Mode, Shared};
 
@@ -33,8 +32,8 @@ pub struct CudaPartition {
     shared: Arc<Shared>,
     /// SM groups held (spatial mode).
     groups: Vec<usize>,
-    /// Their resource descriptor (spatial mode; null otherwise).
-    desc: sys::CUdevResourceDesc,
+    /// Their resource descriptor (spatial mode).
+    desc: Option<ResourceDesc>,
     /// SMs its kernels run on.
     sms: u32,
     /// Allocations, each with what cuMemAlloc returned for it (what gets
@@ -143,7 +142,7 @@ impl CudaPartition {
             last_direct: false,
             shared,
             groups,
-            desc: std::ptr::null_mut(),
+            desc: None,
             sms,
             allocs: Allocations::default(),
             dev: None,
@@ -151,22 +150,17 @@ impl CudaPartition {
             last_device_time: None,
         };
         if p.shared.mode == Mode::Spatial {
-            let mut res: Vec<sys::CUdevResource> = p
+            // SM groups of the backend's one split of this device (the
+            // API's condition for combining them).
+            let res: Vec<SmResource> = p
                 .groups
                 .iter()
                 .map(|&i| p.shared.groups[i].resource)
                 .collect();
-            let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
-            // SAFETY: `res` holds `res.len()` SM resources from one split of
-            // this device (the API's condition for combining them); valid
-            // out pointer. The descriptor stays valid for the process.
-            driver::ok(unsafe {
-                sys::cuDevResourceGenerateDesc(&mut desc, res.as_mut_ptr(), res.len() as u32)
-            })
-            .map_err(|e| {
+            let desc = driver::resource_desc(&res).map_err(|e| {
                 BackendError::Unavailable(format!("SM resource descriptor for {sms} SMs: {e}"))
             })?;
-            p.desc = desc;
+            p.desc = Some(desc);
         }
         let dev = p.create_state().map_err(|f| {
             BackendError::Unavailable(format!("partition {:?}: {}", spec.name, describe(&f)))
@@ -251,7 +245,7 @@ impl CudaPartition {
             }
         }
         let r = match (&self.lost, self.dev.as_mut()) {
-            (None, Some(dev)) => match Current::push(dev.ctx) {
+            (None, Some(dev)) => match Current::push(dev.owner.ctx()) {
                 Ok(cur) => {
                     let r = f(dev);
                     drop(cur);
@@ -297,9 +291,9 @@ impl CudaPartition {
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
             // context's memory belongs to the primary context.
-            if matches!(dev.owner, Owner::Green(_)) {
-                if let Ok(_cur) = Current::push(dev.ctx) {
-                    let _ = driver::stream_sync(dev.stream);
+            if matches!(dev.owner, Owner::Green(..)) {
+                if let Ok(_cur) = Current::push(dev.owner.ctx()) {
+                    let _ = driver::stream_sync(&dev.res.stream);
                     for a in &allocs {
                         let _ = driver::mem_free(a.data);
                     }
@@ -316,20 +310,21 @@ impl CudaPartition {
             .map_err(|_| OpError::Invalid(format!("entry point {entry:?} contains a NUL")))?;
         self.run(|dev| {
             let m = dev
+                .res
                 .modules
                 .get_mut(&module)
                 .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
             let (f, limits) = match m.kernels.get(entry) {
                 Some(&k) => k,
                 None => {
-                    let f = driver::module_function(m.module, &cname)
+                    let f = driver::module_function(&m.module, &cname)
                         .at("looking up a kernel")?
                         .ok_or_else(|| {
                             Fail::Op(OpError::NotFound(format!(
                                 "entry point {entry:?} in module {module:#x}"
                             )))
                         })?;
-                    use sys::CUfunction_attribute as F;
+                    use driver::CUfunction_attribute as F;
                     let limits = KernelLimits {
                         param_bytes: driver::function_param_bytes(f),
                         max_threads: driver::function_attribute(
@@ -357,7 +352,7 @@ impl CudaPartition {
                 // allowed guest PTX (set_guest_ptx), and an unmapped
                 // address faults the GPU context, not this process.
                 unsafe {
-                    driver::launch_packed(f, l.grid, l.block, l.shared_mem, s.stream, l.params)
+                    driver::launch_packed(f, l.grid, l.block, l.shared_mem, &s.res.stream, l.params)
                 }
                 .map_err(|e| Fail::Refused(format!("launching {entry}"), e))
             })
@@ -415,8 +410,8 @@ impl Partition for CudaPartition {
             };
             // Zeroed like the software backend's, so that no tenant reads
             // what a previous owner of the memory left there.
-            let zeroed = driver::memset_d8_async(base, 0, bytes, dev.stream)
-                .and_then(|()| driver::stream_sync(dev.stream));
+            let zeroed = driver::memset_d8_async(base, 0, bytes, &dev.res.stream)
+                .and_then(|()| driver::stream_sync(&dev.res.stream));
             if let Err(e) = zeroed {
                 let _ = driver::mem_free(base);
                 return Err(Fail::Cuda("zeroing new memory".into(), e));
@@ -529,7 +524,7 @@ impl Partition for CudaPartition {
         let t = self.run(|dev| {
             dev.timed("fill", |s| {
                 if addr.is_multiple_of(4) {
-                    driver::memset_d32_async(addr, pattern, (size / 4) as usize, s.stream)
+                    driver::memset_d32_async(addr, pattern, (size / 4) as usize, &s.res.stream)
                         .at("fill")
                 } else {
                     s.k_fill_pattern(addr, size, pattern)
@@ -575,7 +570,7 @@ impl Partition for CudaPartition {
         text.push(0);
         let name = self.spec.name.clone();
         self.run(|dev| {
-            if dev.modules.len() >= MAX_MODULES {
+            if dev.res.modules.len() >= MAX_MODULES {
                 return Err(Fail::Op(OpError::Invalid(format!(
                     "{MAX_MODULES} modules already loaded"
                 ))));
@@ -593,7 +588,7 @@ impl Partition for CudaPartition {
             };
             let handle = dev.next_module;
             dev.next_module += 1;
-            dev.modules.insert(
+            dev.res.modules.insert(
                 handle,
                 Module {
                     module,
@@ -614,16 +609,23 @@ impl Partition for CudaPartition {
         }
         let not_found = || OpError::NotFound(format!("module {module:#x}"));
         if self.lost.is_some() {
-            // The context goes at reset; only forget the handle.
+            // The context goes at reset, and the module with it; only
+            // forget the handle.
             let dev = self.dev.as_mut().ok_or_else(not_found)?;
-            return dev.modules.remove(&module).map(drop).ok_or_else(not_found);
+            return dev
+                .res
+                .modules
+                .remove(&module)
+                .map(|m| m.module.forget())
+                .ok_or_else(not_found);
         }
         self.run(|dev| {
             let m = dev
+                .res
                 .modules
                 .remove(&module)
                 .ok_or_else(|| Fail::Op(not_found()))?;
-            driver::module_unload(m.module).at("cuModuleUnload")
+            m.module.unload().at("cuModuleUnload")
         })
     }
 
