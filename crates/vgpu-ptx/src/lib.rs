@@ -134,5 +134,5 @@ pub mod parse;
 
 pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
 pub use fatbin::{extract_ptx, FatbinError};
-pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory};
+pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
 pub use parse::{KernelInfo, Module, ParamInfo, ParseError};

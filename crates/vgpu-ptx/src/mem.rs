@@ -206,6 +206,63 @@ impl VecMemory {
         v
     }
 
+    /// The buffer as a [`WordMemory`].
+    pub fn view(&self) -> WordMemory<'_> {
+        WordMemory {
+            base: self.base,
+            len: self.len,
+            words: &self.words,
+        }
+    }
+}
+
+impl GlobalMemory for VecMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.view().read(addr, buf)
+    }
+
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), Fault> {
+        self.view().write(addr, buf)
+    }
+
+    fn atomic(&self, addr: u64, op: AtomicOp, b: u64, c: u64) -> Result<u64, Fault> {
+        self.view().atomic(addr, op, b, c)
+    }
+}
+
+/// Device memory held in 64-bit atomic words, borrowed: one allocation
+/// as a backend lends it to a launch. Bytes are little-endian within a
+/// word; relaxed atomics keep racy kernels defined, and partial-word
+/// stores keep the neighbouring bytes other threads write.
+#[derive(Debug, Clone, Copy)]
+pub struct WordMemory<'a> {
+    base: u64,
+    len: u64,
+    words: &'a [AtomicU64],
+}
+
+impl<'a> WordMemory<'a> {
+    /// `len` bytes at `base` kept in `words`; `None` when `words` holds
+    /// fewer than `len` bytes.
+    pub fn new(base: u64, len: u64, words: &'a [AtomicU64]) -> Option<Self> {
+        (len <= (words.len() as u64).saturating_mul(8)).then_some(WordMemory { base, len, words })
+    }
+
+    /// The first address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it holds no byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     fn offset(&self, addr: u64, len: usize) -> Result<usize, Fault> {
         let fault = Fault {
             addr,
@@ -223,7 +280,7 @@ impl VecMemory {
     }
 }
 
-impl GlobalMemory for VecMemory {
+impl GlobalMemory for WordMemory<'_> {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
         let off = self.offset(addr, buf.len())?;
         if buf.len() == 4 && off % 4 == 0 {
