@@ -368,13 +368,19 @@ impl Guest {
     /// Guest memory for an inline buffer that outlives its submission call
     /// only until every queue is idle again.
     pub(crate) fn stage(&mut self, data: &[u8]) -> u64 {
-        let addr = self.stage_len(data.len() as u64);
-        self.ram.write(addr, data);
-        addr
+        self.begin_staging();
+        self.stage_more(data)
     }
 
     /// Like [`Guest::stage`], `len` bytes left as they are.
     pub(crate) fn stage_len(&mut self, len: u64) -> u64 {
+        self.begin_staging();
+        self.take_staging(len)
+    }
+
+    /// Starts the staging of one submission: the area is reused from its
+    /// start once nothing the device may still read from it is in flight.
+    fn begin_staging(&mut self) {
         let idle = self.queues.iter().flatten().all(|q| q.in_flight() == 0);
         if self.staging.is_none() {
             let base = self.alloc(STAGING_SIZE, 4096);
@@ -384,11 +390,20 @@ impl Guest {
                 next: base,
             });
         }
-        let staging = self.staging.as_mut().expect("just created");
-        if idle {
+        if let (true, Some(staging)) = (idle, self.staging.as_mut()) {
             staging.next = staging.base;
         }
-        match staging.take(len.max(1), 64) {
+    }
+
+    /// Stages `data` after what this submission staged already.
+    fn stage_more(&mut self, data: &[u8]) -> u64 {
+        let addr = self.take_staging(data.len() as u64);
+        self.ram.write(addr, data);
+        addr
+    }
+
+    fn take_staging(&mut self, len: u64) -> u64 {
+        match self.staging.as_mut().and_then(|s| s.take(len.max(1), 64)) {
             Some(a) => a,
             None => self.alloc(len, 64),
         }
@@ -695,12 +710,16 @@ impl Guest {
             return None;
         }
         // Inline buffers larger than a descriptor slot are staged first.
-        let mut staged: VecDeque<u64> = chain
+        // Every large piece of one chain in its own part of the area.
+        let large: Vec<&[u8]> = chain
             .inline_buffers()
             .into_iter()
             .filter(|d| d.len() as u64 > SLOT_SIZE)
-            .map(|d| self.stage(d))
             .collect();
+        if !large.is_empty() {
+            self.begin_staging();
+        }
+        let mut staged: VecDeque<u64> = large.into_iter().map(|d| self.stage_more(d)).collect();
         let Guest { queues, ram, .. } = self;
         let dq = queues[q as usize].as_mut().expect("set up");
         dq.add(ram, chain, &mut |_| {
