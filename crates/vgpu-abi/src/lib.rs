@@ -220,6 +220,9 @@ pub const ALLOC_MAX_ALIGN: u64 = 1 << 30;
 pub const MAX_ALLOCATIONS: u64 = 1 << 16;
 /// Module format: PTX text.
 pub const MODULE_FORMAT_PTX: u32 = 1;
+/// Module format: a CUDA fatbinary as `nvcc -fatbin` writes it (magic
+/// 0xBA55ED50); a backend runs its PTX or a cubin it can use.
+pub const MODULE_FORMAT_FATBIN: u32 = 2;
 /// The built-in module, always loaded.
 pub const MODULE_BUILTIN: u64 = 0;
 
@@ -713,6 +716,7 @@ pub fn c_header() -> String {
         ("VGPU_ALLOC_MAX_ALIGN", ALLOC_MAX_ALIGN),
         ("VGPU_MAX_ALLOCATIONS", MAX_ALLOCATIONS),
         ("VGPU_MODULE_FORMAT_PTX", MODULE_FORMAT_PTX.into()),
+        ("VGPU_MODULE_FORMAT_FATBIN", MODULE_FORMAT_FATBIN.into()),
         ("VGPU_MODULE_BUILTIN", MODULE_BUILTIN),
         ("VGPU_STATUS_OK", STATUS_OK.into()),
         ("VGPU_STATUS_INVALID", STATUS_INVALID.into()),
