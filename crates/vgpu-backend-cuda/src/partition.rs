@@ -23,9 +23,6 @@ use crate::driver::{self, Current, ResourceDesc, SmResource};
 use crate::hostmem::HostRegistry;
 use crate::{lock, Mode, Shared};
 
-/// Most modules one partition may have loaded.
-pub const MAX_MODULES: usize = 64;
-
 /// A vGPU's share of a CUDA device.
 pub struct CudaPartition {
     spec: PartitionSpec,
@@ -549,30 +546,16 @@ impl Partition for CudaPartition {
                     .into(),
             ));
         }
-        if image.is_empty() {
-            return Err(OpError::Invalid("empty module image".into()));
-        }
-        if image.len() as u64 > abi::MAX_MODULE_SIZE {
-            return Err(OpError::Invalid(format!(
-                "module image of {} bytes is larger than {}",
-                image.len(),
-                abi::MAX_MODULE_SIZE
-            )));
-        }
-        let text_len = image.len() - image.iter().rev().take_while(|&&b| b == 0).count();
-        if let Some(at) = image[..text_len].iter().position(|&b| b == 0) {
-            return Err(OpError::Invalid(format!(
-                "PTX image has a NUL byte at offset {at}"
-            )));
-        }
-        let mut text = Vec::with_capacity(text_len + 1);
-        text.extend_from_slice(&image[..text_len]);
+        let ptx = rules::ptx_text(image)?;
+        let mut text = Vec::with_capacity(ptx.len() + 1);
+        text.extend_from_slice(ptx);
         text.push(0);
         let name = self.spec.name.clone();
         self.run(|dev| {
-            if dev.res.modules.len() >= MAX_MODULES {
+            if dev.res.modules.len() >= rules::MAX_MODULES {
                 return Err(Fail::Op(OpError::Invalid(format!(
-                    "{MAX_MODULES} modules already loaded"
+                    "{} modules already loaded",
+                    rules::MAX_MODULES
                 ))));
             }
             let module = match driver::module_load_ptx(&text) {

@@ -533,6 +533,38 @@ pub struct KernelLimits {
     pub max_dynamic_shared: u32,
 }
 
+/// Most modules a partition keeps loaded at once.
+pub const MAX_MODULES: usize = 64;
+
+/// Checks a module image's size (every format) and returns it.
+pub fn module_image(image: &[u8]) -> Result<&[u8], OpError> {
+    if image.is_empty() {
+        return Err(OpError::Invalid("empty module image".into()));
+    }
+    if image.len() as u64 > abi::MAX_MODULE_SIZE {
+        return Err(OpError::Invalid(format!(
+            "module image of {} bytes is larger than {}",
+            image.len(),
+            abi::MAX_MODULE_SIZE
+        )));
+    }
+    Ok(image)
+}
+
+/// The text of a [`abi::MODULE_FORMAT_PTX`] image: its bytes before any
+/// trailing NULs, which must hold no other NUL (a driver reads the image
+/// as a C string).
+pub fn ptx_text(image: &[u8]) -> Result<&[u8], OpError> {
+    let image = module_image(image)?;
+    let text_len = image.len() - image.iter().rev().take_while(|&&b| b == 0).count();
+    if let Some(at) = image[..text_len].iter().position(|&b| b == 0) {
+        return Err(OpError::Invalid(format!(
+            "PTX image has a NUL byte at offset {at}"
+        )));
+    }
+    Ok(&image[..text_len])
+}
+
 /// Validates a launch of a loaded kernel against its limits.
 pub fn check_module_launch(
     entry: &str,
