@@ -951,3 +951,287 @@ pub fn kernels_reject_out_of_range_pointers_before_writing(make: Make<'_>) {
     launch(p, "sgemm_f32", sgemm(c, a, b, 10, 10, 10)).unwrap();
     launch(p, "vadd_f32", vadd(c, a, b, 100)).unwrap();
 }
+
+// ---- modules a guest loads ----------------------------------------------
+
+/// Kernels of the PTX corpus (`crates/vgpu-ptx/tests/corpus`, compiled by
+/// nvcc), as the guest would load them.
+pub mod corpus {
+    /// `vector_add(a, b, c, n)`: `c[i] = a[i] + b[i]`.
+    pub const VECTOR_ADD: &str = include_str!("../../vgpu-ptx/tests/corpus/vector_add.ptx");
+    /// `histogram(data, bins, n)`: 256 bins of bytes, shared then global atomics.
+    pub const HISTOGRAM: &str = include_str!("../../vgpu-ptx/tests/corpus/histogram.ptx");
+    /// `matmul(A, B, C, n)`: 16x16 tiles in shared memory.
+    pub const MATMUL: &str = include_str!("../../vgpu-ptx/tests/corpus/matmul.ptx");
+    /// `vector_add` as a fatbinary with an LZ4-compressed PTX entry.
+    pub const VECTOR_ADD_FATBIN_LZ4: &[u8] =
+        include_bytes!("../../vgpu-ptx/tests/corpus/vector_add.lz4.fatbin");
+}
+
+/// A store through the pointer it is given: an illegal address when that
+/// points at nothing.
+pub const POKE_PTX: &str = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<3>;
+    ld.param.u64 %rd1, [p];
+    cvta.to.global.u64 %rd2, %rd1;
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd2], %r1;
+    ret;
+}
+";
+
+/// `ptx` as PTX ISA 8.0: the corpus is compiled by a newer nvcc than some
+/// drivers JIT (CUDA 13.0's takes ISA 9.0 at most), and these kernels use
+/// nothing past 8.0.
+pub fn portable(ptx: &str) -> Vec<u8> {
+    let mut out = String::with_capacity(ptx.len());
+    for line in ptx.lines() {
+        if line.trim_start().starts_with(".version") {
+            out.push_str(".version 8.0");
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+/// A parameter block: each value at its natural alignment, as the CUDA
+/// runtime packs kernel arguments.
+#[derive(Default)]
+pub struct Params(pub Vec<u8>);
+
+impl Params {
+    /// Appends a pointer (or any 64-bit value).
+    pub fn u64(mut self, v: u64) -> Self {
+        while !self.0.len().is_multiple_of(8) {
+            self.0.push(0);
+        }
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    /// Appends a 32-bit value.
+    pub fn u32(mut self, v: u32) -> Self {
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+}
+
+/// Launches `entry` of loaded module `module`.
+pub fn launch_loaded(
+    p: &mut dyn Partition,
+    module: u64,
+    entry: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    params: &Params,
+) -> Result<(), OpError> {
+    p.launch(&Launch {
+        module,
+        entry,
+        grid,
+        block,
+        shared_mem: 0,
+        params: &params.0,
+    })
+}
+
+/// Runs every behaviour of loaded modules against `make`'s partitions
+/// (which must accept guest modules). The illegal-address one comes last:
+/// on a GPU it ends the partition's context.
+pub fn run_loaded_modules(make: Make<'_>) {
+    module_vector_add(make);
+    module_histogram(make);
+    module_matmul(make);
+    module_launch_errors_and_unload(make);
+    module_illegal_address(make);
+}
+
+/// nvcc's vector add over 100,000 floats (a partial last block): exactly
+/// the sums the CPU computes.
+pub fn module_vector_add(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-vadd", 16 * MIB, 2));
+    let p = &mut *boxed;
+    let n = 100_000usize;
+    let mut rng = Rng(0x5eed_0001);
+    let a: Vec<f32> = (0..n).map(|_| (rng.next() % 20_000) as f32 / 7.0).collect();
+    let b: Vec<f32> = (0..n).map(|_| (rng.next() % 20_000) as f32 / 3.0).collect();
+    let (da, db, dc) = (
+        p.alloc(n as u64 * 4, 0).unwrap(),
+        p.alloc(n as u64 * 4, 0).unwrap(),
+        p.alloc(n as u64 * 4, 0).unwrap(),
+    );
+    upload_floats(p, da, &a);
+    upload_floats(p, db, &b);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    let params = Params::default().u64(da).u64(db).u64(dc).u32(n as u32);
+    let grid = [n.div_ceil(256) as u32, 1, 1];
+    launch_loaded(p, m, "vector_add", grid, [256, 1, 1], &params).unwrap();
+    let c = download_floats(p, dc, n);
+    for i in 0..n {
+        assert_eq!(c[i].to_bits(), (a[i] + b[i]).to_bits(), "c[{i}]");
+    }
+}
+
+/// nvcc's histogram (shared-memory atomics per block, then global ones)
+/// over 1 MiB of bytes: exactly the CPU's counts.
+pub fn module_histogram(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-hist", 16 * MIB, 2));
+    let p = &mut *boxed;
+    let n = 1usize << 20;
+    let mut rng = Rng(0x5eed_0002);
+    // Skewed, so that some bins see heavy contention.
+    let data: Vec<u8> = (0..n)
+        .map(|_| {
+            let r = rng.next();
+            if r.is_multiple_of(4) {
+                7
+            } else {
+                (r >> 8) as u8
+            }
+        })
+        .collect();
+    let (dd, dbins) = (p.alloc(n as u64, 0).unwrap(), p.alloc(256 * 4, 0).unwrap());
+    upload(p, dd, &data);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::HISTOGRAM))
+        .unwrap();
+    let params = Params::default().u64(dd).u64(dbins).u32(n as u32);
+    launch_loaded(p, m, "histogram", [64, 1, 1], [256, 1, 1], &params).unwrap();
+    let bins: Vec<u32> = download(p, dbins, 256 * 4)
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut want = [0u32; 256];
+    for &b in &data {
+        want[b as usize] += 1;
+    }
+    assert_eq!(bins, want.to_vec());
+}
+
+/// nvcc's tiled matrix multiply (n = 80: tiles that do not divide it)
+/// against the CPU's, within float rounding of the summation order.
+pub fn module_matmul(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-mm", 16 * MIB, 2));
+    let p = &mut *boxed;
+    let n = 80usize;
+    let mut rng = Rng(0x5eed_0003);
+    let mut rand = || ((rng.next() % 2001) as f32 - 1000.0) / 1000.0;
+    let a: Vec<f32> = (0..n * n).map(|_| rand()).collect();
+    let b: Vec<f32> = (0..n * n).map(|_| rand()).collect();
+    let bytes = (n * n * 4) as u64;
+    let (da, db, dc) = (
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+    );
+    upload_floats(p, da, &a);
+    upload_floats(p, db, &b);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::MATMUL))
+        .unwrap();
+    let params = Params::default().u64(da).u64(db).u64(dc).u32(n as u32);
+    let tiles = n.div_ceil(16) as u32;
+    launch_loaded(p, m, "matmul", [tiles, tiles, 1], [16, 16, 1], &params).unwrap();
+    let c = download_floats(p, dc, n * n);
+    for i in 0..n {
+        for j in 0..n {
+            let want: f64 = (0..n)
+                .map(|k| f64::from(a[i * n + k]) * f64::from(b[k * n + j]))
+                .sum();
+            let got = f64::from(c[i * n + j]);
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "C[{i}][{j}] = {got}, want {want}"
+            );
+        }
+    }
+}
+
+/// A loaded module's launches are checked like any: an unknown entry is
+/// NotFound, a parameter block of the wrong size or a block that is too
+/// large is Invalid; unloading makes the handle unknown, and PTX that
+/// does not parse is Invalid.
+pub fn module_launch_errors_and_unload(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-err", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let d = p.alloc(4096, 0).unwrap();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    assert_ne!(m, abi::MODULE_BUILTIN);
+    let good = Params::default().u64(d).u64(d).u64(d).u32(16);
+    assert!(matches!(
+        launch_loaded(p, m, "no_such_kernel", [1, 1, 1], [16, 1, 1], &good),
+        Err(OpError::NotFound(_))
+    ));
+    let short = Params::default().u64(d).u64(d);
+    assert!(matches!(
+        launch_loaded(p, m, "vector_add", [1, 1, 1], [16, 1, 1], &short),
+        Err(OpError::Invalid(_))
+    ));
+    assert!(matches!(
+        launch_loaded(p, m, "vector_add", [1, 1, 1], [2048, 1, 1], &good),
+        Err(OpError::Invalid(_))
+    ));
+    launch_loaded(p, m, "vector_add", [1, 1, 1], [16, 1, 1], &good).unwrap();
+    p.module_unload(m).unwrap();
+    assert!(matches!(
+        launch_loaded(p, m, "vector_add", [1, 1, 1], [16, 1, 1], &good),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(matches!(p.module_unload(m), Err(OpError::NotFound(_))));
+    assert!(matches!(
+        p.module_load(
+            abi::MODULE_FORMAT_PTX,
+            b".version 8.0\n.target sm_90\nthis is not ptx\n"
+        ),
+        Err(OpError::Invalid(_))
+    ));
+}
+
+/// A kernel that stores through a pointer to nothing fails its launch
+/// with a device error (CUDA_ERROR_ILLEGAL_ADDRESS on a GPU) and writes
+/// none of the partition's memory.
+pub fn module_illegal_address(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-oob", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let d = p.alloc(4096, 0).unwrap();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, POKE_PTX.as_bytes())
+        .unwrap();
+    // In range: the store lands.
+    launch_loaded(
+        p,
+        m,
+        "poke",
+        [1, 1, 1],
+        [1, 1, 1],
+        &Params::default().u64(d),
+    )
+    .unwrap();
+    assert_eq!(download(p, d, 4), 7u32.to_le_bytes());
+    // Far past every allocation.
+    let wild = d + (1 << 40);
+    let r = launch_loaded(
+        p,
+        m,
+        "poke",
+        [1, 1, 1],
+        [1, 1, 1],
+        &Params::default().u64(wild),
+    );
+    assert!(matches!(r, Err(OpError::Device(_))), "{r:?}");
+}

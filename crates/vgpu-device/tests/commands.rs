@@ -4,8 +4,9 @@
 mod common;
 
 use common::{assert_status, vgpu_ready, vgpu_with_memory, Rng, MIB};
+use vgpu_backend::conformance;
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader, CopyCmd, SgEntry};
-use vgpu_testkit::{Chain, Mode};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, launch_cmd, Chain, Mode};
 
 fn copy_cmd(src_kind: u32, dst_kind: u32, src: u64, dst: u64, size: u64, sg_count: u32) -> CopyCmd {
     CopyCmd {
@@ -525,17 +526,14 @@ fn test_fill_failures() {
     );
 }
 
+/// The guest ABI's MODULE_LOAD and LAUNCH run nvcc's PTX on the software
+/// backend: a module image over several descriptors, a grid of blocks,
+/// the result in device memory.
 #[test]
-fn test_module_load_is_unsupported_on_software() {
+fn test_loaded_ptx_runs_through_the_queue_on_software() {
     let (_s, mut g) = vgpu_ready();
-    let image = b".version 8.0\n.target sm_80\n.address_size 64\n".to_vec();
-    assert_status(
-        g.module_load(0, abi::MODULE_FORMAT_PTX, &image),
-        abi::STATUS_UNSUPPORTED,
-    );
-    assert_status(g.module_load(0, 77, &image), abi::STATUS_UNSUPPORTED);
-    // A large image spread over several descriptors reaches the backend too.
-    let big = vec![b'x'; 300_000];
+    let ptx = conformance::portable(conformance::corpus::VECTOR_ADD);
+    // Split over two descriptors, as a large image is.
     let cmd = abi::ModuleLoadCmd {
         hdr: CmdHeader {
             opcode: abi::OP_MODULE_LOAD,
@@ -543,16 +541,57 @@ fn test_module_load_is_unsupported_on_software() {
         },
         format: abi::MODULE_FORMAT_PTX,
         reserved: 0,
-        image_size: big.len() as u64,
+        image_size: ptx.len() as u64,
     };
+    let half = ptx.len() / 2;
     let c = g.run(
         0,
         &Chain::command(&cmd)
-            .bytes(&big[..100_000])
-            .bytes(&big[100_000..])
+            .bytes(&ptx[..half])
+            .bytes(&ptx[half..])
             .completion(),
     );
-    assert_status(c, abi::STATUS_UNSUPPORTED);
+    assert_status(c, abi::STATUS_OK);
+    let module = c.result;
+    assert_ne!(module, abi::MODULE_BUILTIN);
+    let n = 10_000u32;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| (2 * i) as f32 + 0.5).collect();
+    let bytes = u64::from(n) * 4;
+    let (da, db, dc) = (
+        g.device_alloc(0, bytes),
+        g.device_alloc(0, bytes),
+        g.device_alloc(0, bytes),
+    );
+    g.upload(0, da, &f32s_to_bytes(&a));
+    g.upload(0, db, &f32s_to_bytes(&b));
+    let params = conformance::Params::default()
+        .u64(da)
+        .u64(db)
+        .u64(dc)
+        .u32(n);
+    let mut launch = launch_cmd("vector_add", [n.div_ceil(128), 1, 1], [128, 1, 1], 28);
+    launch.module = module;
+    assert_status(g.launch_raw(0, &launch, &params.0), abi::STATUS_OK);
+    let c_out = bytes_to_f32s(&g.download(0, dc, bytes as usize));
+    assert!(c_out.iter().enumerate().all(|(i, &x)| x == a[i] + b[i]));
+    // A store far outside the vGPU's memory fails the launch with a
+    // device error; the vGPU goes on.
+    let poke = g.module_load(0, abi::MODULE_FORMAT_PTX, conformance::POKE_PTX.as_bytes());
+    assert_status(poke, abi::STATUS_OK);
+    let mut launch = launch_cmd("poke", [1, 1, 1], [1, 1, 1], 8);
+    launch.module = poke.result;
+    let wild = conformance::Params::default().u64(dc + (1 << 40));
+    assert_status(g.launch_raw(0, &launch, &wild.0), abi::STATUS_DEVICE_ERROR);
+    assert_status(g.module_unload(0, module), abi::STATUS_OK);
+    assert_status(g.module_unload(0, module), abi::STATUS_NOT_FOUND);
+    // An unknown format is unsupported; an image that is no PTX is invalid.
+    let image = b".version 8.0\n.target sm_80\n.address_size 64\n".to_vec();
+    assert_status(g.module_load(0, 77, &image), abi::STATUS_UNSUPPORTED);
+    assert_status(
+        g.module_load(0, abi::MODULE_FORMAT_PTX, &vec![b'x'; 300_000]),
+        abi::STATUS_INVALID,
+    );
 }
 
 #[test]

@@ -812,7 +812,7 @@ impl<'a> Tenant<'a> {
             5 => (self.g().mem_alloc(q, QUOTA + 1, 0), abi::STATUS_NO_MEMORY),
             _ => (
                 self.g().module_load(q, abi::MODULE_FORMAT_PTX, b"not ptx"),
-                abi::STATUS_UNSUPPORTED,
+                abi::STATUS_INVALID,
             ),
         };
         assert_status(c, want);

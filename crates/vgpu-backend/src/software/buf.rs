@@ -1,6 +1,10 @@
 //! Host memory standing in for device memory.
 
-/// Device memory of one allocation: zeroed, page-aligned host memory.
+use std::sync::atomic::AtomicU64;
+
+/// Device memory of one allocation: zeroed, page-aligned host memory,
+/// rounded up to whole 64-bit words (so that a loaded kernel can see it
+/// as atomic words; the bytes past `len` are never handed out).
 ///
 /// Page alignment matters for speed, not correctness: guest buffers are
 /// page-aligned, and copies between buffers whose addresses differ by a
@@ -9,6 +13,8 @@
 pub struct DeviceBuf {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
+    /// Bytes allocated: `len` rounded up to a multiple of 8.
+    cap: usize,
 }
 
 const DEVICE_BUF_ALIGN: usize = 4096;
@@ -19,10 +25,23 @@ impl DeviceBuf {
         if len == 0 {
             return None;
         }
-        let layout = std::alloc::Layout::from_size_align(len, DEVICE_BUF_ALIGN).ok()?;
+        let cap = len.checked_next_multiple_of(8)?;
+        let layout = std::alloc::Layout::from_size_align(cap, DEVICE_BUF_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size (checked above).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        std::ptr::NonNull::new(ptr).map(|ptr| DeviceBuf { ptr, len })
+        std::ptr::NonNull::new(ptr).map(|ptr| DeviceBuf { ptr, len, cap })
+    }
+
+    /// The memory as 64-bit atomic words, for a loaded kernel whose
+    /// threads read and write it concurrently; `&mut self` keeps every
+    /// other view away meanwhile.
+    pub(super) fn words(&mut self) -> &[AtomicU64] {
+        // SAFETY: ptr is 4096-aligned (more than AtomicU64 needs) and
+        // points to `cap` initialised bytes, a multiple of 8, owned by
+        // self; AtomicU64 has the size and alignment of u64 and any bit
+        // pattern is valid. The exclusive borrow of self means no plain
+        // reference to the bytes exists while the atomic view lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<AtomicU64>(), self.cap / 8) }
     }
 }
 
@@ -49,7 +68,7 @@ impl Drop for DeviceBuf {
         unsafe {
             std::alloc::dealloc(
                 self.ptr.as_ptr(),
-                std::alloc::Layout::from_size_align_unchecked(self.len, DEVICE_BUF_ALIGN),
+                std::alloc::Layout::from_size_align_unchecked(self.cap, DEVICE_BUF_ALIGN),
             )
         }
     }

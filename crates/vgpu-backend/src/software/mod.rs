@@ -15,22 +15,30 @@
 //! running off the end of a buffer is reported instead of landing in a
 //! neighbour. The rules are [`crate::rules`]'s, as for every backend.
 //!
-//! Only the built-in module runs here: its kernels derive their work split
-//! from their parameters, not from the launch grid.
+//! The built-in module's kernels derive their work split from their
+//! parameters, not from the launch grid. Modules a guest loads (PTX, or
+//! the PTX of a fatbinary) run on the PTX executor of `vgpu-ptx`: grids
+//! of blocks spread over the partition's worker threads, every global
+//! access checked against the partition's allocations, a kernel that
+//! runs longer than the kernel watchdog stopped ([`ptx`]).
 
 use std::cell::{Ref, RefCell};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 
 mod buf;
 mod kernels;
+mod ptx;
 #[cfg(test)]
 mod tests;
 
 pub use buf::DeviceBuf;
 use kernels::{fill_pattern, get, par_chunks, run_parallel, saxpy, scale, sgemm_rows, vadd};
+pub use ptx::DEFAULT_KERNEL_TIMEOUT;
 
 use crate::rules::{self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc};
 use crate::{
@@ -54,6 +62,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct SoftwareBackend {
     capacity: Capacity,
     pool: Arc<Mutex<Pool>>,
+    kernel_timeout: Duration,
 }
 
 impl SoftwareBackend {
@@ -70,7 +79,15 @@ impl SoftwareBackend {
                 memory,
                 compute_units,
             })),
+            kernel_timeout: DEFAULT_KERNEL_TIMEOUT,
         }
+    }
+
+    /// Stops a loaded kernel that runs longer than `timeout` (a device
+    /// error for its launch; [`DEFAULT_KERNEL_TIMEOUT`] unless set).
+    pub fn with_kernel_timeout(mut self, timeout: Duration) -> SoftwareBackend {
+        self.kernel_timeout = timeout;
+        self
     }
 
     /// Memory and compute that no partition holds.
@@ -99,6 +116,9 @@ impl SoftwareBackend {
             allocs: Allocations::default(),
             space: AddressSpace::default(),
             grain: DEFAULT_GRAIN,
+            modules: BTreeMap::new(),
+            next_module: FIRST_MODULE,
+            kernel_timeout: self.kernel_timeout,
         })
     }
 }
@@ -129,7 +149,16 @@ pub struct SoftwarePartition {
     space: AddressSpace,
     /// Fewest elements of work per thread.
     grain: u64,
+    /// Modules the guest loaded, by handle.
+    modules: BTreeMap<u64, Arc<vgpu_ptx::Module>>,
+    /// The handle the next module gets.
+    next_module: u64,
+    /// Longest a loaded kernel may run.
+    kernel_timeout: Duration,
 }
+
+/// Handles of loaded modules start here (0 is the built-in module).
+const FIRST_MODULE: u64 = 1;
 
 impl Drop for SoftwarePartition {
     fn drop(&mut self) {
@@ -436,29 +465,54 @@ impl Partition for SoftwarePartition {
         Ok(())
     }
 
-    fn module_load(&mut self, format: u32, _image: &[u8]) -> Result<u64, OpError> {
-        let format = match format {
-            abi::MODULE_FORMAT_PTX => "PTX".to_string(),
-            other => format!("format {other}"),
-        };
-        Err(OpError::Unsupported(format!(
-            "software backend runs only the built-in module; {format} images are not supported"
-        )))
+    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+        if self.modules.len() >= rules::MAX_MODULES {
+            return Err(OpError::Invalid(format!(
+                "{} modules already loaded",
+                rules::MAX_MODULES
+            )));
+        }
+        let module = ptx::load(format, image)?;
+        let handle = self.next_module;
+        self.next_module += 1;
+        debug!(
+            "software backend: partition {:?}: module {handle:#x} loaded ({} kernels)",
+            self.spec.name,
+            module.kernels().len()
+        );
+        self.modules.insert(handle, Arc::new(module));
+        Ok(handle)
     }
 
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
         if module == abi::MODULE_BUILTIN {
-            Err(OpError::Invalid(
+            return Err(OpError::Invalid(
                 "the built-in module cannot be unloaded".into(),
-            ))
-        } else {
-            Err(OpError::NotFound(format!("module {module:#x}")))
+            ));
         }
+        self.modules
+            .remove(&module)
+            .map(drop)
+            .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         if launch.module != abi::MODULE_BUILTIN {
-            return Err(OpError::NotFound(format!("module {:#x}", launch.module)));
+            let module = self
+                .modules
+                .get(&launch.module)
+                .ok_or_else(|| OpError::NotFound(format!("module {:#x}", launch.module)))?;
+            let run = ptx::Run {
+                module,
+                entry: launch.entry,
+                grid: launch.grid,
+                block: launch.block,
+                shared_mem: launch.shared_mem,
+                params: launch.params,
+                workers: self.threads(),
+                timeout: self.kernel_timeout,
+            };
+            return ptx::launch(&run, &self.allocs);
         }
         // Floats are read and written byte by byte here: any operand
         // address will do.
@@ -486,5 +540,7 @@ impl Partition for SoftwarePartition {
         );
         self.allocs.drain();
         self.space.reset();
+        // Handles keep counting: one from before the reset finds nothing.
+        self.modules.clear();
     }
 }

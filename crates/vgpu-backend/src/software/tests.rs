@@ -55,7 +55,102 @@ conformance!(
     kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe,
     kernel_reduce_sum,
     kernels_reject_out_of_range_pointers_before_writing,
+    module_vector_add,
+    module_histogram,
+    module_matmul,
+    module_launch_errors_and_unload,
+    module_illegal_address,
 );
+
+fn load_fatbin(p: &mut SoftwarePartition, image: &[u8]) -> Result<u64, OpError> {
+    p.module_load(abi::MODULE_FORMAT_FATBIN, image)
+}
+
+#[test]
+fn test_fatbinaries_load_their_ptx_and_refuse_cubins_only() {
+    let mut p = partition(4 * MIB, 1);
+    let m = load_fatbin(&mut p, conformance::corpus::VECTOR_ADD_FATBIN_LZ4).unwrap();
+    let d = p.alloc(64, 0).unwrap();
+    conformance::upload(&mut p, d, &[0x3f80_0000u32.to_le_bytes(); 16].concat());
+    let params = conformance::Params::default().u64(d).u64(d).u64(d).u32(16);
+    conformance::launch_loaded(&mut p, m, "vector_add", [1, 1, 1], [16, 1, 1], &params).unwrap();
+    assert_eq!(
+        conformance::download_floats(&mut p, d, 16),
+        vec![2.0f32; 16],
+        "1 + 1 through the fatbinary's PTX"
+    );
+    let cubin_only = include_bytes!("../../../vgpu-ptx/tests/corpus/vector_add.cubin-only.fatbin");
+    assert!(matches!(
+        load_fatbin(&mut p, cubin_only),
+        Err(OpError::Unsupported(_))
+    ));
+    assert!(matches!(
+        load_fatbin(&mut p, b"\x50\xed\x55\xba junk"),
+        Err(OpError::Invalid(_))
+    ));
+    // PTX text is not a PTX image with a NUL inside.
+    assert!(matches!(
+        p.module_load(abi::MODULE_FORMAT_PTX, b".version 8.0\0.target sm_90"),
+        Err(OpError::Invalid(_))
+    ));
+}
+
+#[test]
+fn test_a_kernel_that_never_ends_is_stopped_by_the_watchdog() {
+    let backend = SoftwareBackend::new(MIB, 1).with_kernel_timeout(Duration::from_millis(200));
+    let mut p = backend.create(&spec("spin", MIB, 1)).unwrap();
+    let spin = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry spin()
+{
+$top:
+    bra.uni $top;
+}
+";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, spin.as_bytes())
+        .unwrap();
+    let begun = std::time::Instant::now();
+    let r = conformance::launch_loaded(
+        &mut p,
+        m,
+        "spin",
+        [4, 1, 1],
+        [64, 1, 1],
+        &conformance::Params::default(),
+    );
+    assert!(
+        matches!(&r, Err(OpError::Device(why)) if why.contains("watchdog")),
+        "{r:?}"
+    );
+    assert!(begun.elapsed() >= Duration::from_millis(200));
+    // The partition still works.
+    let d = p.alloc(64, 0).unwrap();
+    p.fill(d, 64, 1).unwrap();
+}
+
+#[test]
+fn test_reset_unloads_modules_and_handles_are_not_reused() {
+    let mut p = partition(MIB, 1);
+    let ptx = conformance::portable(conformance::corpus::VECTOR_ADD);
+    let first = p.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+    p.reset();
+    assert!(matches!(p.module_unload(first), Err(OpError::NotFound(_))));
+    let second = p.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+    assert_ne!(
+        first, second,
+        "a handle from before the reset finds nothing"
+    );
+    for _ in 1..rules::MAX_MODULES {
+        p.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
+    }
+    assert!(matches!(
+        p.module_load(abi::MODULE_FORMAT_PTX, &ptx),
+        Err(OpError::Invalid(_))
+    ));
+}
 
 #[test]
 fn test_freed_addresses_are_not_handed_out_again_at_once() {
@@ -209,10 +304,21 @@ fn test_address_space_is_reused_after_wrapping() {
 #[test]
 fn test_modules() {
     let mut p = partition(MIB, 1);
-    match p.module_load(abi::MODULE_FORMAT_PTX, b".version 7.0") {
-        Err(OpError::Unsupported(why)) => {
-            assert!(why.contains("built-in") && why.contains("PTX"), "{why}")
-        }
+    // A module without kernels loads; nothing in it can be launched.
+    let empty = p
+        .module_load(abi::MODULE_FORMAT_PTX, b".version 7.0\n.target sm_80\n")
+        .unwrap();
+    let params = conformance::Params::default();
+    assert!(matches!(
+        conformance::launch_loaded(&mut p, empty, "k", [1, 1, 1], [1, 1, 1], &params),
+        Err(OpError::NotFound(_))
+    ));
+    // Bad PTX is refused with the line and what is wrong.
+    match p.module_load(
+        abi::MODULE_FORMAT_PTX,
+        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  frobnicate.u32 %r1;\n}\n",
+    ) {
+        Err(OpError::Invalid(why)) => assert!(why.contains('6'), "names line 6: {why}"),
         other => panic!("{other:?}"),
     }
     assert!(matches!(
@@ -223,5 +329,6 @@ fn test_modules() {
         p.module_unload(abi::MODULE_BUILTIN),
         Err(OpError::Invalid(_))
     ));
-    assert!(matches!(p.module_unload(1), Err(OpError::NotFound(_))));
+    p.module_unload(empty).unwrap();
+    assert!(matches!(p.module_unload(empty), Err(OpError::NotFound(_))));
 }

@@ -1,0 +1,182 @@
+//! Modules a guest loads, run on the partition's worker threads by the
+//! PTX executor (`vgpu-ptx`): the PTX of an image, the partition's
+//! allocations as the kernel's global memory, and the executor's errors
+//! as the statuses the CUDA backend reports.
+
+use std::cell::RefMut;
+use std::time::{Duration, Instant};
+
+use vgpu_abi as abi;
+use vgpu_ptx::{ExecError, FatbinError, Fault, GlobalMemory, Module, WordMemory};
+
+use super::DeviceBuf;
+use crate::rules::{self, Allocations};
+use crate::OpError;
+
+/// Shared memory a block may use (static and dynamic), as on an H100.
+pub(super) const MAX_SHARED: u32 = 227 << 10;
+/// Local memory (stack) a thread may use.
+const MAX_LOCAL_PER_THREAD: u32 = 64 << 10;
+/// How long a kernel may run when the operator sets nothing.
+pub const DEFAULT_KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Parses a module image of `format` into a module.
+pub(super) fn load(format: u32, image: &[u8]) -> Result<Module, OpError> {
+    let texts = match format {
+        abi::MODULE_FORMAT_PTX => {
+            let text = std::str::from_utf8(rules::ptx_text(image)?)
+                .map_err(|e| OpError::Invalid(format!("PTX image is not UTF-8: {e}")))?;
+            vec![text.to_string()]
+        }
+        abi::MODULE_FORMAT_FATBIN => {
+            vgpu_ptx::extract_ptx(rules::module_image(image)?).map_err(|e| match e {
+                FatbinError::NoPtx => OpError::Unsupported(
+                    "the fatbinary holds no PTX; the software backend runs PTX, not cubins".into(),
+                ),
+                e => OpError::Invalid(format!("fatbinary: {e}")),
+            })?
+        }
+        other => {
+            return Err(OpError::Unsupported(format!(
+                "module format {other}: the software backend loads PTX ({}) and fatbinaries ({})",
+                abi::MODULE_FORMAT_PTX,
+                abi::MODULE_FORMAT_FATBIN
+            )))
+        }
+    };
+    // A fatbinary may carry PTX for several targets: any of them runs
+    // here, so the first that parses is taken.
+    let mut first_error = None;
+    for text in &texts {
+        match Module::parse(text) {
+            Ok(m) => return Ok(m),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(OpError::Invalid(match first_error {
+        Some(e) => format!("PTX rejected: {e}"),
+        None => "the image holds no PTX".into(),
+    }))
+}
+
+/// The partition's allocations as a kernel's global memory: every access
+/// must fall inside one allocation, as for every other command.
+struct Allocated<'a> {
+    /// By base address.
+    regions: Vec<WordMemory<'a>>,
+}
+
+impl Allocated<'_> {
+    fn region(&self, addr: u64, len: usize) -> Result<&WordMemory<'_>, Fault> {
+        let fault = Fault {
+            addr,
+            len: len as u64,
+        };
+        let i = self.regions.partition_point(|r| r.base() <= addr);
+        let r = i.checked_sub(1).map(|i| &self.regions[i]).ok_or(fault)?;
+        let inside = (addr - r.base())
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= r.len());
+        inside.then_some(r).ok_or(fault)
+    }
+}
+
+impl GlobalMemory for Allocated<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.region(addr, buf.len())?.read(addr, buf)
+    }
+
+    fn write(&self, addr: u64, buf: &[u8]) -> Result<(), Fault> {
+        self.region(addr, buf.len())?.write(addr, buf)
+    }
+
+    fn atomic(&self, addr: u64, op: vgpu_ptx::AtomicOp, b: u64, c: u64) -> Result<u64, Fault> {
+        self.region(addr, op.size())?.atomic(addr, op, b, c)
+    }
+}
+
+/// One launch of a loaded kernel.
+pub(super) struct Run<'a> {
+    pub module: &'a Module,
+    pub entry: &'a str,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub params: &'a [u8],
+    pub workers: usize,
+    pub timeout: Duration,
+}
+
+/// Checks a launch against the kernel and runs it on `allocs`.
+pub(super) fn launch(
+    run: &Run<'_>,
+    allocs: &Allocations<std::cell::RefCell<DeviceBuf>>,
+) -> Result<(), OpError> {
+    let entry = run.entry;
+    let info = run
+        .module
+        .kernel(entry)
+        .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
+    let limits = rules::KernelLimits {
+        param_bytes: Some(info.param_bytes as usize),
+        max_threads: info.max_threads.unwrap_or(1024).min(1024),
+        max_dynamic_shared: MAX_SHARED.saturating_sub(info.shared_static),
+    };
+    rules::check_module_launch(
+        entry,
+        run.grid,
+        run.block,
+        run.shared_mem,
+        run.params,
+        &limits,
+    )?;
+    // Every allocation, borrowed exclusively for the launch.
+    let mut bufs: Vec<(u64, u64, RefMut<'_, DeviceBuf>)> = allocs
+        .iter()
+        .map(|(start, e)| (start, e.size, e.data.borrow_mut()))
+        .collect();
+    let regions = bufs
+        .iter_mut()
+        .filter_map(|(start, size, buf)| WordMemory::new(*start, *size, buf.words()))
+        .collect();
+    let mem = Allocated { regions };
+    let cfg = vgpu_ptx::LaunchConfig {
+        grid: run.grid,
+        block: run.block,
+        shared_dyn: run.shared_mem,
+        workers: run.workers,
+    };
+    let limits = vgpu_ptx::Limits {
+        max_shared: MAX_SHARED,
+        max_local_per_thread: MAX_LOCAL_PER_THREAD,
+        max_steps: None,
+        deadline: Some(Instant::now() + run.timeout),
+        cancel: None,
+    };
+    vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
+        .map(|_| ())
+        .map_err(|e| status(entry, run.timeout, e))
+}
+
+/// The status the CUDA backend gives the same failure: a kernel that
+/// faults or runs too long is a device error (the GPU reports
+/// CUDA_ERROR_ILLEGAL_ADDRESS, or the watchdog ends it); what the driver
+/// refuses before running is an invalid argument.
+fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
+    match e {
+        ExecError::NoKernel(_) => OpError::NotFound(format!("entry point {entry:?}")),
+        ExecError::IllegalAddress { .. } | ExecError::MisalignedAddress { .. } => {
+            OpError::Device(format!("{entry}: {e} (CUDA_ERROR_ILLEGAL_ADDRESS)"))
+        }
+        ExecError::Timeout => OpError::Device(format!(
+            "{entry}: ran longer than the {} ms kernel watchdog",
+            timeout.as_millis()
+        )),
+        ExecError::BadLaunch(_)
+        | ExecError::SharedTooLarge { .. }
+        | ExecError::LocalTooLarge { .. } => OpError::Invalid(format!("{entry}: {e}")),
+        e => OpError::Device(format!("{entry}: {e}")),
+    }
+}
