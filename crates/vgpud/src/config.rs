@@ -244,6 +244,14 @@ pub struct GpuConfig {
     /// configured; see [`GpuConfig::slice_us`].
     #[serde(default, rename = "slice_us")]
     pub slice_us_setting: Option<u64>,
+    /// Software backend: how long a kernel a guest loaded may run before
+    /// its launch is stopped (a device error), milliseconds.
+    #[serde(default = "default_kernel_timeout_ms")]
+    pub kernel_timeout_ms: u64,
+}
+
+fn default_kernel_timeout_ms() -> u64 {
+    vgpu_backend::software::DEFAULT_KERNEL_TIMEOUT.as_millis() as u64
 }
 
 impl GpuConfig {
@@ -548,6 +556,12 @@ impl Config {
             }
             if g.slice_us() == 0 || g.slice_us() > 1_000_000 {
                 return Err(invalid(field("slice_us"), "must be 1..=1000000 (1 s)"));
+            }
+            if g.kernel_timeout_ms == 0 || g.kernel_timeout_ms > 3_600_000 {
+                return Err(invalid(
+                    field("kernel_timeout_ms"),
+                    "must be 1..=3600000 (an hour)",
+                ));
             }
         }
         let mut names = HashSet::new();

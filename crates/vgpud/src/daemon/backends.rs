@@ -20,7 +20,10 @@ pub(super) fn make_backend(
     match g.backend {
         BackendKind::Software => {
             let memory = g.memory.map(|m| m.0).unwrap_or(0);
-            Ok(Arc::new(SoftwareBackend::new(memory, g.compute_units)))
+            let timeout = Duration::from_millis(g.kernel_timeout_ms);
+            Ok(Arc::new(
+                SoftwareBackend::new(memory, g.compute_units).with_kernel_timeout(timeout),
+            ))
         }
         BackendKind::Cuda => {
             let mode = match g.partition_mode {
