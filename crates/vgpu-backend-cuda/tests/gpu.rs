@@ -307,6 +307,37 @@ fn conformance_isolated() {
     conformance_in(Mode::Isolated);
 }
 
+/// Guest modules (nvcc's corpus) on the GPU, checked against the same CPU
+/// references the software backend's PTX executor meets. In process with
+/// guest PTX allowed for the test; the daemon allows guest PTX only with
+/// process isolation, so the illegal-address case (which ends the
+/// process's context) is left to partition hosts.
+fn conformance_loaded_in(mode: Mode) {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(mode) else {
+        return;
+    };
+    b.set_guest_ptx(true);
+    let make =
+        |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name, s.memory)) };
+    conformance::module_vector_add(&make);
+    conformance::module_histogram(&make);
+    conformance::module_matmul(&make);
+    conformance::module_launch_errors_and_unload(&make);
+}
+
+#[test]
+fn conformance_loaded_modules_isolated() {
+    conformance_loaded_in(Mode::Isolated);
+}
+
+#[test]
+fn conformance_loaded_modules_spatial() {
+    conformance_loaded_in(Mode::Spatial);
+}
+
 #[test]
 fn conformance_spatial() {
     conformance_in(Mode::Spatial);

@@ -315,6 +315,9 @@ fn every_call_matches(remote: RemoteBackend) {
 fn conformance_through(remote: RemoteBackend) {
     let make = |s: &PartitionSpec| remote.create_partition(s).unwrap();
     conformance::run_all(&make);
+    // Guest modules: images and parameter blocks through the protocol,
+    // kernels on the host's PTX executor.
+    conformance::run_loaded_modules(&make);
 }
 
 #[test]
