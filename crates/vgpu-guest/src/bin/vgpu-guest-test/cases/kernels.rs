@@ -311,3 +311,70 @@ pub(super) fn kernel_checks(args: &Args) -> CaseResult {
     dev.run_kernel(&ok).ctx("saxpy after the failures")?;
     Ok("ENOENT entry/address, EINVAL params/name, ERANGE ranges, INVALID shapes".into())
 }
+
+/// nvcc's tiled matrix multiply, loaded as PTX (on the software backend
+/// the PTX executor runs it; on a GPU its driver), against the CPU.
+const MATMUL_PTX: &str = include_str!("../../../../../vgpu-ptx/tests/corpus/matmul.ptx");
+
+/// `ptx` declaring PTX ISA 8.0: the corpus comes from a newer nvcc than
+/// some drivers accept, and uses nothing newer.
+fn portable(ptx: &str) -> Vec<u8> {
+    ptx.lines()
+        .map(|l| {
+            if l.trim_start().starts_with(".version") {
+                ".version 8.0"
+            } else {
+                l
+            }
+        })
+        .flat_map(|l| l.bytes().chain(std::iter::once(b'\n')))
+        .collect()
+}
+
+pub(super) fn module_matmul(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let m = match dev.module_load(&portable(MATMUL_PTX)) {
+        Ok(m) => m,
+        Err(e) if e.errno() == libc::EOPNOTSUPP => {
+            return Ok("this backend does not run loaded modules (EOPNOTSUPP)".into())
+        }
+        Err(e) => return Err(format!("MODULE_LOAD of nvcc's matmul: {e}")),
+    };
+    let n = 96usize;
+    let mut r = rng(31);
+    let a = r.f32s(n * n);
+    let b = r.f32s(n * n);
+    let (da, db) = (upload_f32(&dev, &a)?, upload_f32(&dev, &b)?);
+    let dc = dev.alloc((n * n * 4) as u64).ctx("alloc")?;
+    let mut params = Vec::new();
+    for p in [da.addr(), db.addr(), dc.addr()] {
+        params.extend_from_slice(&p.to_le_bytes());
+    }
+    params.extend_from_slice(&(n as u32).to_le_bytes());
+    let tiles = n.div_ceil(16) as u32;
+    let dims = Dims {
+        grid: [tiles, tiles, 1],
+        block: [16, 16, 1],
+        shared_mem: 0,
+    };
+    let res = dev
+        .launch(&m, "matmul", dims, &params)
+        .ctx("launch of matmul")?;
+    let c = download_f32(&dev, &dc)?;
+    for i in 0..n {
+        for j in 0..n {
+            let want: f64 = (0..n)
+                .map(|k| f64::from(a[i * n + k]) * f64::from(b[k * n + j]))
+                .sum();
+            let got = f64::from(c[i * n + j]);
+            ensure!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "C[{i}][{j}] = {got}, expected {want}"
+            );
+        }
+    }
+    Ok(format!(
+        "{n}x{n} from nvcc's PTX, device {} us",
+        res.device_ns / 1000
+    ))
+}

@@ -44,6 +44,7 @@ pub fn all() -> Vec<Case> {
         case!("batch", true, batches::batch),
         case!("batch-errors", false, batches::batch_errors),
         case!("module", false, batches::module),
+        case!("module-matmul", false, kernels::module_matmul),
         case!("window", true, window::window),
         case!("multiprocess", false, processes::multiprocess),
         case!("fault-isolation", false, processes::fault_isolation),
