@@ -225,11 +225,19 @@ impl Registry {
             .set_read_timeout(Some(self.timeout))
             .and_then(|_| stream.set_write_timeout(Some(self.timeout)))
             .map_err(|e| format!("memory socket: {e}"))?;
+        // Guest memory goes only to a host that can be ended: without its
+        // pidfd, an unmap the host does not answer could not be enforced.
+        let pidfd = match pid {
+            Some(p) => Some(pidfd_open(p).ok_or_else(|| {
+                format!("cannot open a pidfd for partition host {p}: guest memory is not forwarded to it")
+            })?),
+            None => None,
+        };
         let mut st = lock(&self.state);
         let mut c = Control {
             stream,
             command,
-            pidfd: pid.and_then(pidfd_open),
+            pidfd,
             seq: 0,
             buf: Vec::new(),
             forwarded: HashSet::new(),
