@@ -328,6 +328,27 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_launch_errors_and_unload(&make);
 }
 
+/// nvcc's corpus leaves the same bytes on the GPU as on the software
+/// backend's PTX executor.
+#[test]
+fn corpus_matches_the_software_executor() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    b.set_guest_ptx(true);
+    let software = vgpu_backend::software::SoftwareBackend::new(1 << 30, 4);
+    let cpu = |s: &PartitionSpec| -> Box<dyn Partition> {
+        use vgpu_backend::Backend;
+        software.create_partition(s).unwrap()
+    };
+    let gpu_make =
+        |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name, s.memory)) };
+    conformance::module_corpus_matches(&cpu, &gpu_make);
+}
+
 #[test]
 fn conformance_loaded_modules_isolated() {
     conformance_loaded_in(Mode::Isolated);

@@ -963,6 +963,19 @@ pub mod corpus {
     pub const HISTOGRAM: &str = include_str!("../../vgpu-ptx/tests/corpus/histogram.ptx");
     /// `matmul(A, B, C, n)`: 16x16 tiles in shared memory.
     pub const MATMUL: &str = include_str!("../../vgpu-ptx/tests/corpus/matmul.ptx");
+    /// `bitonic(keys)`: sorts blocks of 512 ints in shared memory.
+    pub const BITONIC: &str = include_str!("../../vgpu-ptx/tests/corpus/bitonic.ptx");
+    /// `divergent(in, steps, g, f, q, n)`: divergent loops and called functions.
+    pub const DIVERGENT: &str = include_str!("../../vgpu-ptx/tests/corpus/divergent.ptx");
+    /// `reduce_atomic(in, sum, maxv, n)`: a shared-memory tree, then atomics.
+    pub const REDUCE_ATOMIC: &str = include_str!("../../vgpu-ptx/tests/corpus/reduce_atomic.ptx");
+    /// `reduce_shfl(in, out, n)`: warp shuffles, then a float atomic; and
+    /// `warp_vote(in, ballot, all, any)`: votes and shuffles.
+    pub const REDUCE_SHFL: &str = include_str!("../../vgpu-ptx/tests/corpus/reduce_shfl.ptx");
+    /// `scan(in, out, n)`: a block scan in dynamic shared memory.
+    pub const SCAN: &str = include_str!("../../vgpu-ptx/tests/corpus/scan.ptx");
+    /// `stencil(in, out, n)`: doubles, fma, a `__constant__` table.
+    pub const STENCIL: &str = include_str!("../../vgpu-ptx/tests/corpus/stencil.ptx");
     /// `vector_add` as a fatbinary with an LZ4-compressed PTX entry.
     pub const VECTOR_ADD_FATBIN_LZ4: &[u8] =
         include_bytes!("../../vgpu-ptx/tests/corpus/vector_add.lz4.fatbin");
@@ -1036,12 +1049,24 @@ pub fn launch_loaded(
     block: [u32; 3],
     params: &Params,
 ) -> Result<(), OpError> {
+    launch_loaded_shared(p, module, entry, [grid, block], 0, params)
+}
+
+/// [`launch_loaded`] with `shared_mem` bytes of dynamic shared memory.
+pub fn launch_loaded_shared(
+    p: &mut dyn Partition,
+    module: u64,
+    entry: &str,
+    [grid, block]: [[u32; 3]; 2],
+    shared_mem: u32,
+    params: &Params,
+) -> Result<(), OpError> {
     p.launch(&Launch {
         module,
         entry,
         grid,
         block,
-        shared_mem: 0,
+        shared_mem,
         params: &params.0,
     })
 }
@@ -1234,4 +1259,214 @@ pub fn module_illegal_address(make: Make<'_>) {
         &Params::default().u64(wild),
     );
     assert!(matches!(r, Err(OpError::Device(_))), "{r:?}");
+}
+
+/// One buffer of a corpus launch: its initial bytes, and how two
+/// backends' final bytes must agree.
+struct Buf {
+    init: Vec<u8>,
+    /// `None`: bit for bit; `Some(4 | 8)`: floats of that size, within a
+    /// relative 1e-5 (their atomics add in any order).
+    float: Option<usize>,
+}
+
+/// One launch of a corpus kernel.
+struct Case {
+    ptx: &'static str,
+    entry: &'static str,
+    grid: u32,
+    block: u32,
+    shared: u32,
+    bufs: Vec<Buf>,
+    /// 32-bit values after the pointers.
+    scalars: Vec<u32>,
+}
+
+fn ints(rng: &mut Rng, n: usize, lo: i64, hi: i64) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| ((lo + (rng.next() % (hi - lo) as u64) as i64) as i32).to_le_bytes())
+        .collect()
+}
+
+fn exact(init: Vec<u8>) -> Buf {
+    Buf { init, float: None }
+}
+
+fn zeros(bytes: usize) -> Buf {
+    exact(vec![0; bytes])
+}
+
+fn corpus_cases() -> Vec<Case> {
+    let mut rng = Rng(0x5eed_00c0);
+    let n = 100_000usize;
+    let floats: Vec<u8> = (0..n)
+        .flat_map(|_| (((rng.next() % 2001) as f32 - 1000.0) / 64.0).to_le_bytes())
+        .collect();
+    let doubles: Vec<u8> = (0..10_000)
+        .flat_map(|_| ((rng.next() % 100_000) as f64 / 7.0).to_le_bytes())
+        .collect();
+    vec![
+        Case {
+            ptx: corpus::BITONIC,
+            entry: "bitonic",
+            grid: 4,
+            block: 256,
+            shared: 0,
+            bufs: vec![exact(ints(&mut rng, 4 * 512, -1_000_000, 1_000_000))],
+            scalars: vec![],
+        },
+        Case {
+            ptx: corpus::DIVERGENT,
+            entry: "divergent",
+            grid: 8,
+            block: 256,
+            shared: 0,
+            bufs: vec![
+                exact(ints(&mut rng, 2048, -1000, 100_000)),
+                zeros(2048 * 4),
+                zeros(2048 * 4),
+                Buf {
+                    init: vec![0; 2048 * 4],
+                    float: Some(4),
+                },
+                zeros(2048 * 8),
+            ],
+            scalars: vec![2048],
+        },
+        Case {
+            ptx: corpus::REDUCE_ATOMIC,
+            entry: "reduce_atomic",
+            grid: n.div_ceil(256) as u32,
+            block: 256,
+            shared: 256 * 4,
+            bufs: vec![
+                exact(ints(&mut rng, n, -50_000, 50_000)),
+                zeros(8),
+                exact(i32::MIN.to_le_bytes().to_vec()),
+            ],
+            scalars: vec![n as u32],
+        },
+        Case {
+            ptx: corpus::REDUCE_SHFL,
+            entry: "reduce_shfl",
+            grid: 64,
+            block: 256,
+            shared: 0,
+            bufs: vec![
+                exact(floats),
+                Buf {
+                    init: vec![0; 4],
+                    float: Some(4),
+                },
+            ],
+            scalars: vec![n as u32],
+        },
+        Case {
+            ptx: corpus::REDUCE_SHFL,
+            entry: "warp_vote",
+            grid: 4,
+            block: 256,
+            shared: 0,
+            bufs: vec![
+                exact(ints(&mut rng, 1024, -20, 100)),
+                zeros(2048 * 4),
+                zeros(32 * 4),
+                zeros(32 * 4),
+            ],
+            scalars: vec![],
+        },
+        Case {
+            ptx: corpus::SCAN,
+            entry: "scan",
+            grid: 16,
+            block: 256,
+            shared: 2 * 256 * 4,
+            bufs: vec![exact(ints(&mut rng, 4096, 0, 1000)), zeros(4096 * 4)],
+            scalars: vec![4096],
+        },
+        Case {
+            ptx: corpus::STENCIL,
+            entry: "stencil",
+            grid: 10_000u32.div_ceil(128),
+            block: 128,
+            shared: 0,
+            bufs: vec![exact(doubles), zeros(10_000 * 8)],
+            scalars: vec![10_000],
+        },
+    ]
+}
+
+/// Every buffer of `case` after the launch on a fresh partition of `make`.
+fn run_case(make: Make<'_>, case: &Case) -> Vec<Vec<u8>> {
+    let mut boxed = make(&spec(case.entry, 16 * MIB, 2));
+    let p = &mut *boxed;
+    let addrs: Vec<u64> = case
+        .bufs
+        .iter()
+        .map(|b| {
+            let a = p.alloc(b.init.len() as u64, 0).unwrap();
+            upload(p, a, &b.init);
+            a
+        })
+        .collect();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(case.ptx))
+        .unwrap_or_else(|e| panic!("{}: {e}", case.entry));
+    let mut params = Params::default();
+    for &a in &addrs {
+        params = params.u64(a);
+    }
+    for &v in &case.scalars {
+        params = params.u32(v);
+    }
+    let shape = [[case.grid, 1, 1], [case.block, 1, 1]];
+    launch_loaded_shared(p, m, case.entry, shape, case.shared, &params)
+        .unwrap_or_else(|e| panic!("{}: {e}", case.entry));
+    addrs
+        .iter()
+        .zip(&case.bufs)
+        .map(|(&a, b)| download(p, a, b.init.len()))
+        .collect()
+}
+
+/// Equal within a relative 1e-5; two NaNs agree whatever their payload
+/// (a GPU writes its canonical one).
+fn float_close(a: f64, b: f64) -> bool {
+    a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= 1e-5 * a.abs().max(b.abs())
+}
+
+/// nvcc's corpus kernels (sorting, divergent loops and calls, shared and
+/// global atomics, shuffles and votes, a scan in dynamic shared memory, a
+/// double-precision stencil with a constant table) run on partitions of
+/// `reference` and of `other` with the same inputs, and must leave the
+/// same bytes: bit for bit, but for floats that atomics sum in any order.
+/// On a GPU machine `reference` is the software backend's PTX executor and
+/// `other` the GPU.
+pub fn module_corpus_matches(reference: Make<'_>, other: Make<'_>) {
+    for case in corpus_cases() {
+        let want = run_case(reference, &case);
+        let got = run_case(other, &case);
+        for (i, ((w, g), b)) in want.iter().zip(&got).zip(&case.bufs).enumerate() {
+            match b.float {
+                None => assert!(w == g, "{}: buffer {i} differs", case.entry),
+                Some(size) => {
+                    for (k, (x, y)) in w.chunks(size).zip(g.chunks(size)).enumerate() {
+                        let (x, y) = if size == 4 {
+                            let f =
+                                |c: &[u8]| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                            (f(x), f(y))
+                        } else {
+                            let f = |c: &[u8]| f64::from_le_bytes(c.try_into().unwrap());
+                            (f(x), f(y))
+                        };
+                        assert!(
+                            float_close(x, y),
+                            "{}: buffer {i}[{k}]: {x} vs {y}",
+                            case.entry
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -332,3 +332,10 @@ fn test_modules() {
     p.module_unload(empty).unwrap();
     assert!(matches!(p.module_unload(empty), Err(OpError::NotFound(_))));
 }
+
+#[test]
+fn test_corpus_gives_the_same_bytes_on_one_thread_and_on_several() {
+    let one = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 1)) };
+    let four = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 4)) };
+    conformance::module_corpus_matches(&one, &four);
+}
