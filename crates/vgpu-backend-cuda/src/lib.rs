@@ -115,7 +115,7 @@ mod partition;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use log::{error, info, warn};
 use vgpu_backend::{Backend, BackendError, Capacity, Partition, PartitionSpec};
@@ -215,9 +215,8 @@ unsafe impl Send for Shared {}
 // SAFETY: as above; shared references only read the handles.
 unsafe impl Sync for Shared {}
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+// Poison-tolerant: every update leaves the state usable.
+pub(crate) use vgpu_sys::lock;
 
 /// One NVIDIA GPU split into partitions.
 pub struct CudaBackend {

@@ -13,7 +13,7 @@ mod worker;
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -284,10 +284,8 @@ pub(crate) struct Shared {
     pub(crate) num_queues: u32,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // State updates are single assignments; a panic elsewhere leaves it usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+// State updates are single assignments; a panic elsewhere leaves it usable.
+pub(crate) use vgpu_sys::lock;
 
 impl Shared {
     /// Logs a device error, sets the error cause and raises the error vector.

@@ -24,7 +24,7 @@
 
 use std::cell::{Ref, RefCell};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use log::{debug, info, warn};
@@ -53,9 +53,7 @@ const DEFAULT_GRAIN: u64 = 1 << 16;
 /// What is left to give to partitions.
 type Pool = Capacity;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use vgpu_sys::lock;
 
 /// A physical GPU made of host memory and threads.
 #[derive(Debug)]

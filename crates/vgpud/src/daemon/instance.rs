@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -19,10 +19,8 @@ use super::gate::SchedGate;
 use super::{DaemonError, InstanceInfo, ServingThreadHook};
 use crate::config::VgpuConfig;
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Partition calls leave it consistent between calls.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+// Partition calls leave it consistent between calls.
+use vgpu_sys::lock;
 
 /// The partition as a device sees it: the instance keeps the partition
 /// itself (its reservation on the GPU) across a stop and a start, and
