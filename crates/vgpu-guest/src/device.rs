@@ -495,11 +495,30 @@ impl Device {
     /// little-endian 32-bit `pattern`.
     pub fn fill(&self, buf: &Buffer, offset: u64, len: u64, pattern: u32) -> Result<()> {
         let addr = self.check_buffer(buf, offset, len)?;
+        self.fill_addr(addr, len, pattern)
+    }
+
+    /// Fills `len` bytes (a multiple of 4) at device address `addr`, which
+    /// must lie in one allocation of this file.
+    pub fn fill_addr(&self, addr: u64, len: u64, pattern: u32) -> Result<()> {
         self.run_one(VgpuCmd::fill(sys::VgpuFillArgs {
             addr,
             size: len,
             pattern,
             pad: 0,
+        }))
+        .map(drop)
+    }
+
+    /// Copies `len` bytes between device addresses of this file (each
+    /// range inside one allocation).
+    pub fn copy_device_addr(&self, dst: u64, src: u64, len: u64) -> Result<()> {
+        self.run_one(VgpuCmd::copy(sys::VgpuCopyArgs {
+            src_kind: sys::MEM_DEVICE,
+            dst_kind: sys::MEM_DEVICE,
+            src,
+            dst,
+            size: len,
         }))
         .map(drop)
     }
@@ -515,14 +534,7 @@ impl Device {
     ) -> Result<()> {
         let d = self.check_buffer(dst, dst_offset, len)?;
         let s = self.check_buffer(src, src_offset, len)?;
-        self.run_one(VgpuCmd::copy(sys::VgpuCopyArgs {
-            src_kind: sys::MEM_DEVICE,
-            dst_kind: sys::MEM_DEVICE,
-            src: s,
-            dst: d,
-            size: len,
-        }))
-        .map(drop)
+        self.copy_device_addr(d, s, len)
     }
 
     /// Runs a built-in kernel (`fill_u32`, `copy`, `vadd_f32`,
@@ -578,11 +590,17 @@ impl Device {
     /// Loads a module (PTX text). Backends that cannot run loaded modules
     /// answer [`Error::Unsupported`]. The module is unloaded on drop.
     pub fn module_load(&self, image: &[u8]) -> Result<Module> {
+        self.module_load_format(sys::MODULE_PTX, image)
+    }
+
+    /// Loads a module image of `format` (`sys::MODULE_PTX` or
+    /// `sys::MODULE_FATBIN`).
+    pub fn module_load_format(&self, format: u32, image: &[u8]) -> Result<Module> {
         if image.is_empty() {
             return Err(Error::Usage("empty module image".into()));
         }
         let r = self.run_one(VgpuCmd::module_load(sys::VgpuModuleLoadArgs {
-            format: sys::MODULE_PTX,
+            format,
             pad: 0,
             image: image.as_ptr() as u64,
             image_size: image.len() as u64,

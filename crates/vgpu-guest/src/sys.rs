@@ -61,6 +61,8 @@ pub const MEM_WINDOW: u32 = 2;
 
 /// Module format: PTX text.
 pub const MODULE_PTX: u32 = 1;
+/// Module format: a CUDA fatbinary, as `nvcc` embeds it.
+pub const MODULE_FATBIN: u32 = 2;
 /// Module handle of the built-in kernels.
 pub const MODULE_BUILTIN_ID: u64 = 0;
 
@@ -516,6 +518,7 @@ mod tests {
             ("VGPU_MEM_DEVICE", MEM_DEVICE.into()),
             ("VGPU_MEM_WINDOW", MEM_WINDOW.into()),
             ("VGPU_MODULE_PTX", MODULE_PTX.into()),
+            ("VGPU_MODULE_FATBIN", MODULE_FATBIN.into()),
             ("VGPU_MODULE_BUILTIN_ID", MODULE_BUILTIN_ID),
             ("VGPU_CMD_STATUS_OK", CMD_STATUS_OK.into()),
             ("VGPU_CMD_STATUS_INVALID", CMD_STATUS_INVALID.into()),

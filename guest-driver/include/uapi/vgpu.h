@@ -160,10 +160,11 @@ struct vgpu_fill_args {
 };
 
 #define VGPU_MODULE_PTX	1
+#define VGPU_MODULE_FATBIN	2
 
 /**
  * struct vgpu_module_load_args - a VGPU_CMD_MODULE_LOAD
- * @format: VGPU_MODULE_PTX
+ * @format: VGPU_MODULE_PTX or VGPU_MODULE_FATBIN (a CUDA fatbinary)
  * @pad: zero
  * @image: user pointer to the image
  * @image_size: bytes, 1..VGPU_MAX_IMAGE_BYTES
