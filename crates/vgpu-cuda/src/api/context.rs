@@ -1,0 +1,259 @@
+//! Contexts and the per-thread context stack.
+
+use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::ffi::{self, entry, CuResult};
+use crate::state::{driver, Ctx, Driver};
+
+/// The context a call names: `ctx`, or the current one when null.
+fn named_ctx(d: &Driver, ctx: Handle) -> CuResult<usize> {
+    let ctx = if ctx.is_null() {
+        d.current().ok_or(cu::ERROR_INVALID_CONTEXT)?
+    } else {
+        ctx as usize
+    };
+    d.ctx_device(ctx)?;
+    Ok(ctx)
+}
+
+/// Waits for all work of the device behind `ctx`.
+fn synchronize(d: &Driver, ctx: usize) -> CuResult {
+    let g = d.gpu(d.ctx_device(ctx)?)?;
+    crate::state::check(g.dev.synchronize())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
+    entry(|| {
+        let c = driver()?.current().unwrap_or(0);
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pctx, c as Handle) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        if ctx.is_null() {
+            d.set_current(None);
+        } else {
+            d.ctx_device(ctx as usize)?;
+            d.set_current(Some(ctx as usize));
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.ctx_device(ctx as usize)?;
+        d.push_current(ctx as usize);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
+    entry(|| {
+        let c = driver()?.pop_current().ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        if !pctx.is_null() {
+            // SAFETY: the caller's out-parameter.
+            unsafe { ffi::put(pctx, c as Handle) }?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+    entry(|| {
+        let (_, dev) = driver()?.current_ctx()?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(device, dev) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let dev = d.ctx_device(named_ctx(d, ctx)?)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(device, dev) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        synchronize(d, ctx)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        synchronize(d, named_ctx(d, ctx)?)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.gpu(dev)?;
+        let h = {
+            let mut o = d.objects();
+            let h = o.handle();
+            o.ctxs.insert(h, Ctx::new(dev, flags));
+            h
+        };
+        d.push_current(h);
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pctx, h as Handle) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let ctx = ctx as usize;
+        if d.gpus.iter().any(|g| g.primary == ctx) {
+            // Primary contexts are released, not destroyed.
+            return Err(cu::ERROR_INVALID_CONTEXT);
+        }
+        d.objects()
+            .ctxs
+            .remove(&ctx)
+            .ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        if d.current() == Some(ctx) {
+            d.pop_current();
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        let f = d.objects().ctxs.get(&ctx).map_or(0, |c| c.flags);
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(flags, f) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        if let Some(c) = d.objects().ctxs.get_mut(&ctx) {
+            c.flags = flags;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        let v = {
+            let o = d.objects();
+            let c = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+            *c.limits
+                .get(limit as usize)
+                .ok_or(cu::ERROR_INVALID_VALUE)?
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(value, v) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        let mut o = d.objects();
+        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        *c.limits
+            .get_mut(limit as usize)
+            .ok_or(cu::ERROR_INVALID_VALUE)? = value;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        named_ctx(d, ctx)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(version, 3020) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut i32,
+    greatest: *mut i32,
+) -> CUresult {
+    entry(|| {
+        driver()?.current_ctx()?;
+        // SAFETY: the caller's out-parameters, either may be null.
+        unsafe {
+            if !least.is_null() {
+                ffi::put(least, 0)?;
+            }
+            if !greatest.is_null() {
+                ffi::put(greatest, -5)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let c = named_ctx(d, ctx)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(id, c as u64) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut u32) -> CUresult {
+    entry(|| {
+        driver()?.current_ctx()?;
+        // SAFETY: the caller's out-parameter: CU_FUNC_CACHE_PREFER_NONE.
+        unsafe { ffi::put(config, 0) }
+    })
+}
+
+/// A cache preference is a hint; a device without a configurable L1
+/// accepts and ignores it, as CUDA documents.
+#[no_mangle]
+pub extern "C" fn cuCtxSetCacheConfig(_config: u32) -> CUresult {
+    entry(|| driver()?.current_ctx().map(drop))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetSharedMemConfig(config: *mut u32) -> CUresult {
+    entry(|| {
+        driver()?.current_ctx()?;
+        // SAFETY: the caller's out-parameter: 4-byte banks.
+        unsafe { ffi::put(config, 1) }
+    })
+}

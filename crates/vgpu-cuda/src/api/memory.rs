@@ -1,0 +1,509 @@
+//! Device and host memory, copies, memsets and pointer attributes.
+//!
+//! The driver runs each copy to completion, so the `*Async` forms are the
+//! synchronous ones (stream order holds trivially).
+
+use std::alloc::Layout;
+use std::ffi::c_void;
+
+use crate::cu::{self, CUdeviceptr, CUresult, Handle};
+use crate::ffi::{self, entry, CuResult};
+use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
+
+/// Host allocations are page-aligned, as pinned memory is.
+const HOST_ALIGN: usize = 4096;
+
+/// The device holding `[addr, addr + len)`, which must lie in one
+/// allocation this process made.
+fn device_range(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<&Gpu> {
+    let dev = d
+        .objects()
+        .alloc_at(addr, len as u64)
+        .map(|(_, a)| a.device)
+        .ok_or(cu::ERROR_INVALID_VALUE)?;
+    d.gpu(dev)
+}
+
+fn alloc(size: usize) -> CuResult<CUdeviceptr> {
+    let d = driver()?;
+    let (ctx, g) = d.current_gpu()?;
+    if size == 0 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let device = d.ctx_device(ctx)?;
+    let addr = check(g.dev.alloc(size as u64))?.into_raw();
+    d.objects().allocs.insert(
+        addr,
+        Alloc {
+            size: size as u64,
+            device,
+            ctx,
+        },
+    );
+    Ok(addr)
+}
+
+fn free(addr: CUdeviceptr) -> CuResult {
+    let d = driver()?;
+    let a = d
+        .objects()
+        .allocs
+        .remove(&addr)
+        .ok_or(cu::ERROR_INVALID_VALUE)?;
+    check(d.gpu(a.device)?.dev.free_raw(addr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    entry(|| {
+        let a = alloc(size)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(dptr, a) }.inspect_err(|_| {
+            let _ = free(a);
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _stream: Handle,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuMemAlloc_v2(dptr, size) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    entry(|| if dptr == 0 { Ok(()) } else { free(dptr) })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
+    cuMemFree_v2(dptr)
+}
+
+/// Free and total memory of the current device: the partition's quota
+/// and what is left of it.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry(|| {
+        let (_, g) = driver()?.current_gpu()?;
+        let usage = check(g.dev.usage())?;
+        let size = g.info.mem_size;
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            ffi::put(free, size.saturating_sub(usage.mem_used) as usize)?;
+            ffi::put(total, size as usize)
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    entry(|| {
+        let (start, len) = {
+            let o = driver()?.objects();
+            let (s, a) = o.alloc_at(dptr, 0).ok_or(cu::ERROR_NOT_FOUND)?;
+            (s, a.size)
+        };
+        // SAFETY: the caller's out-parameters, either may be null.
+        unsafe {
+            if !base.is_null() {
+                ffi::put(base, start)?;
+            }
+            if !size.is_null() {
+                ffi::put(size, len as usize)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn host_alloc(size: usize) -> CuResult<*mut c_void> {
+    let d = driver()?;
+    let (ctx, _) = d.current_ctx()?;
+    let layout =
+        Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| cu::ERROR_OUT_OF_MEMORY)?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        return Err(cu::ERROR_OUT_OF_MEMORY);
+    }
+    d.objects().host.insert(
+        p as usize,
+        HostMem {
+            size,
+            ctx,
+            owned: true,
+        },
+    );
+    Ok(p.cast())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    _flags: u32,
+) -> CUresult {
+    entry(|| {
+        let p = host_alloc(size)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pp, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuMemHostAlloc(pp, size, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let h = {
+            let mut o = d.objects();
+            match o.host.get(&(p as usize)) {
+                Some(h) if h.owned => o.host.remove(&(p as usize)),
+                _ => None,
+            }
+        }
+        .ok_or(cu::ERROR_INVALID_VALUE)?;
+        let layout = Layout::from_size_align(h.size.max(1), HOST_ALIGN)
+            .map_err(|_| cu::ERROR_INVALID_VALUE)?;
+        // SAFETY: `p` was allocated by `host_alloc` with this layout and
+        // is removed from the table, so it is freed once.
+        unsafe { std::alloc::dealloc(p.cast(), layout) };
+        Ok(())
+    })
+}
+
+/// Registers host memory: recorded so pointer queries know it; copies
+/// from it go through the guest kernel driver as from any memory.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    size: usize,
+    _flags: u32,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (ctx, _) = d.current_ctx()?;
+        if p.is_null() || size == 0 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let mut o = d.objects();
+        if o.host_at(p as usize, 1).is_some() {
+            return Err(cu::ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        o.host.insert(
+            p as usize,
+            HostMem {
+                size,
+                ctx,
+                owned: false,
+            },
+        );
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let mut o = d.objects();
+        match o.host.get(&(p as usize)) {
+            Some(h) if !h.owned => {
+                o.host.remove(&(p as usize));
+                Ok(())
+            }
+            _ => Err(cu::ERROR_HOST_MEMORY_NOT_REGISTERED),
+        }
+    })
+}
+
+/// Where a unified-addressing pointer lives.
+enum Side {
+    Device,
+    Host,
+}
+
+fn side(d: &Driver, p: u64, len: usize) -> Side {
+    if d.objects().alloc_at(p, len as u64).is_some() {
+        Side::Device
+    } else {
+        Side::Host
+    }
+}
+
+fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult {
+    let d = driver()?;
+    let g = device_range(d, dst, n)?;
+    // SAFETY: the caller's source buffer of `n` bytes.
+    let data = unsafe { ffi::bytes(src.cast(), n) }?;
+    check(g.dev.copy_to_device_addr(dst, data))
+}
+
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult {
+    let d = driver()?;
+    let g = device_range(d, src, n)?;
+    // SAFETY: the caller's destination buffer of `n` bytes.
+    let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
+    check(g.dev.copy_from_device_addr(src, out))
+}
+
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult {
+    let d = driver()?;
+    let gd = device_range(d, dst, n)?;
+    let gs = device_range(d, src, n)?;
+    if !std::ptr::eq(gd, gs) {
+        return Err(cu::ERROR_NOT_SUPPORTED);
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    check(gd.dev.copy_device_addr(dst, src, n as u64))
+}
+
+/// `cuMemcpy`: either side may be host or device memory.
+fn copy_any(dst: u64, src: u64, n: usize) -> CuResult {
+    let d = driver()?;
+    match (side(d, dst, n), side(d, src, n)) {
+        (Side::Device, Side::Device) => dtod(dst, src, n),
+        (Side::Device, Side::Host) => htod(dst, src as *const c_void, n),
+        (Side::Host, Side::Device) => dtoh(dst as *mut c_void, src, n),
+        (Side::Host, Side::Host) => {
+            if n > 0 {
+                // SAFETY: both are the caller's host buffers of `n` bytes
+                // (unified addressing says so: neither is device memory);
+                // `copy` allows overlap.
+                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+            }
+            Ok(())
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
+    entry(|| htod(dst, src, n))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    entry(|| htod(dst, src, n))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    entry(|| dtoh(dst, src, n))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    entry(|| dtoh(dst, src, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    entry(|| dtod(dst, src, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    entry(|| dtod(dst, src, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    entry(|| copy_any(dst, src, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    _s: Handle,
+) -> CUresult {
+    entry(|| copy_any(dst, src, n))
+}
+
+/// Sets `count` elements of `width` bytes (1, 2 or 4) at `dst` to
+/// `value`: the 4-byte-aligned middle by the device's FILL, the edges by
+/// small copies.
+fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize) -> CuResult {
+    let d = driver()?;
+    let n = count.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
+    if n == 0 {
+        return Ok(());
+    }
+    if !dst.is_multiple_of(width as u64) {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let g = device_range(d, dst, n)?;
+    let pattern = match width {
+        1 => (value & 0xff) * 0x0101_0101,
+        2 => (value & 0xffff) * 0x0001_0001,
+        _ => value,
+    };
+    let bytes = pattern.to_le_bytes();
+    let end = dst + n as u64;
+    let body_start = dst.next_multiple_of(4).min(end);
+    let body_end = (end & !3).max(body_start);
+    // Edge bytes take the pattern's byte at their address modulo 4, so
+    // the whole range reads as the repeated pattern.
+    let edge = |from: u64, to: u64| -> CuResult {
+        if from < to {
+            let buf: Vec<u8> = (from..to).map(|a| bytes[(a % 4) as usize]).collect();
+            check(g.dev.copy_to_device_addr(from, &buf))?;
+        }
+        Ok(())
+    };
+    edge(dst, body_start)?;
+    if body_end > body_start {
+        check(g.dev.fill_addr(body_start, body_end - body_start, pattern))?;
+    }
+    edge(body_end, end)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    entry(|| memset(dst, v.into(), 1, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
+    entry(|| memset(dst, v.into(), 2, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) -> CUresult {
+    entry(|| memset(dst, v, 4, n))
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, _s: Handle) -> CUresult {
+    cuMemsetD8_v2(dst, v, n)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, _s: Handle) -> CUresult {
+    cuMemsetD16_v2(dst, v, n)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, _s: Handle) -> CUresult {
+    cuMemsetD32_v2(dst, v, n)
+}
+
+/// Writes one pointer attribute of `p` to `data`.
+///
+/// # Safety
+/// `data` is valid for a write of the attribute's type.
+unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) -> CuResult {
+    let o = d.objects();
+    let dev = o.alloc_at(p, 0).map(|(s, a)| (s, a.size, a.ctx, a.device));
+    let host = o
+        .host_at(p as usize, 0)
+        .map(|(s, h)| (s as u64, h.size as u64, h.ctx));
+    drop(o);
+    let (start, size, ctx, mem_type, ordinal) = match (dev, host) {
+        (Some((s, z, c, dv)), _) => (s, z, c, cu::MEMORYTYPE_DEVICE, dv),
+        (None, Some((s, z, c))) => (s, z, c, cu::MEMORYTYPE_HOST, d.ctx_device(c).unwrap_or(0)),
+        // Memory this driver knows nothing of: CUDA answers "invalid
+        // value" for everything but the memory type and context.
+        (None, None) => match attr {
+            cu::POINTER_MEMORY_TYPE => {
+                // SAFETY: a `CUmemorytype` (u32) by the caller's contract;
+                // 0 is "not CUDA memory".
+                return unsafe { ffi::put(data.cast::<u32>(), 0) };
+            }
+            _ => return Err(cu::ERROR_INVALID_VALUE),
+        },
+    };
+    // SAFETY: in every arm, `data` has the attribute's type by the
+    // caller's contract.
+    unsafe {
+        match attr {
+            cu::POINTER_CONTEXT => ffi::put(data.cast::<Handle>(), ctx as Handle),
+            cu::POINTER_MEMORY_TYPE => ffi::put(data.cast::<u32>(), mem_type),
+            cu::POINTER_DEVICE_POINTER | cu::POINTER_HOST_POINTER => {
+                let ok =
+                    (attr == cu::POINTER_DEVICE_POINTER) == (mem_type == cu::MEMORYTYPE_DEVICE);
+                if !ok {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+                ffi::put(data.cast::<u64>(), p)
+            }
+            cu::POINTER_SYNC_MEMOPS => ffi::put(data.cast::<i32>(), 1),
+            cu::POINTER_BUFFER_ID => ffi::put(data.cast::<u64>(), start),
+            cu::POINTER_IS_MANAGED => ffi::put(data.cast::<i32>(), 0),
+            cu::POINTER_DEVICE_ORDINAL => ffi::put(data.cast::<i32>(), ordinal),
+            cu::POINTER_RANGE_START_ADDR => ffi::put(data.cast::<u64>(), start),
+            cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
+            cu::POINTER_MAPPED => ffi::put(data.cast::<i32>(), 1),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attr: i32,
+    p: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: `data` has the attribute's type by the caller's contract.
+    entry(|| unsafe { pointer_attribute(driver()?, attr, data, p) })
+}
+
+/// Like `cuPointerGetAttribute` for several attributes; an attribute that
+/// does not apply leaves its slot alone, as CUDA does.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: u32,
+    attrs: *const i32,
+    data: *mut *mut c_void,
+    p: CUdeviceptr,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        for i in 0..n as usize {
+            // SAFETY: `attrs` and `data` hold `n` entries.
+            let (attr, slot) =
+                unsafe { (ffi::get(attrs.add(i))?, ffi::get(data.add(i).cast_const())?) };
+            // SAFETY: each slot has its attribute's type.
+            let _ = unsafe { pointer_attribute(d, attr, slot, p) };
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,591 @@
+//! Modules, libraries, functions and kernel launches.
+//!
+//! A `CUlibrary` is a module and a `CUkernel` the function of the same
+//! name: the runtime launches kernels through either handle.
+
+use std::ffi::{c_char, c_void};
+
+use vgpu_guest::{sys, Dims};
+
+use crate::cu::{self, CUresult, Handle};
+use crate::ffi::{self, entry, CuResult};
+use crate::state::{driver, log, Driver};
+
+const FATBIN_MAGIC: u32 = 0xba55_ed50;
+const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
+const ELF_MAGIC: u32 = 0x464c_457f;
+
+/// The module image at `p`, whose length the image itself tells: a
+/// fatbinary (or the wrapper the runtime registers around one), an ELF
+/// cubin, or NUL-terminated PTX text. Images over the device's limit are
+/// refused before anything is read past it.
+///
+/// # Safety
+/// `p` is null or points to such an image, alive for `'a`.
+pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
+    let max = sys::MAX_IMAGE_BYTES as usize;
+    // SAFETY: every image starts with at least 4 bytes.
+    let magic = unsafe { ffi::get(p.cast::<u32>()) }?;
+    let len = match magic {
+        FATBIN_WRAPPER_MAGIC => {
+            // SAFETY: a wrapper is {magic, version, data pointer, ...}.
+            let data = unsafe { ffi::get(p.add(8).cast::<*const u8>()) }?;
+            // SAFETY: the wrapper's data is a fatbinary.
+            return unsafe { image_at(data) };
+        }
+        FATBIN_MAGIC => {
+            // SAFETY: a fatbinary header is 16 bytes: magic, u16
+            // version, u16 header size, u64 size of what follows.
+            let (hdr, body) = unsafe {
+                (
+                    ffi::get(p.add(6).cast::<u16>())?,
+                    ffi::get(p.add(8).cast::<u64>())?,
+                )
+            };
+            usize::from(hdr)
+                .checked_add(usize::try_from(body).map_err(|_| cu::ERROR_INVALID_IMAGE)?)
+                .ok_or(cu::ERROR_INVALID_IMAGE)?
+        }
+        ELF_MAGIC => return Err(cu::ERROR_NO_BINARY_FOR_GPU),
+        _ => {
+            // PTX text: up to its NUL, which must come within the limit.
+            let mut n = 0;
+            // SAFETY: NUL-terminated text by the caller's contract; the
+            // scan stops at the NUL.
+            while unsafe { *p.add(n) } != 0 {
+                n += 1;
+                if n > max {
+                    return Err(cu::ERROR_INVALID_IMAGE);
+                }
+            }
+            n
+        }
+    };
+    if len > max {
+        log(&format!(
+            "module image of {len} bytes is over the {max}-byte limit"
+        ));
+        return Err(cu::ERROR_INVALID_IMAGE);
+    }
+    // SAFETY: the image says it is `len` bytes long.
+    unsafe { ffi::bytes(p, len) }
+}
+
+fn load(module: *mut Handle, image: *const c_void) -> CuResult {
+    let d = driver()?;
+    let (_, dev) = d.current_ctx()?;
+    // SAFETY: the caller's image.
+    let image = unsafe { image_at(image.cast()) }?;
+    let h = d.load_module(dev, image)?;
+    // SAFETY: the caller's out-parameter.
+    unsafe { ffi::put(module, h as Handle) }.inspect_err(|_| {
+        let _ = d.unload_module(h);
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
+    entry(|| load(module, image))
+}
+
+/// JIT options are hints to NVIDIA's PTX compiler; the host's driver
+/// compiles with its own.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    _n: u32,
+    _options: *mut c_void,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    entry(|| load(module, image))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    module: *mut Handle,
+    image: *const c_void,
+) -> CUresult {
+    entry(|| load(module, image))
+}
+
+#[no_mangle]
+pub extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
+    entry(|| driver()?.unload_module(module as usize))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut Handle,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { ffi::cstr(name) }?;
+        let h = driver()?.get_function(module as usize, name)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(f, h as Handle) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, module: Handle) -> CUresult {
+    entry(|| {
+        let n = {
+            let o = driver()?.objects();
+            o.modules
+                .get(&(module as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?
+                .kernels
+                .len()
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(count, n as u32) }
+    })
+}
+
+/// Module variables (`__device__` globals) are not reachable through
+/// the device's ABI yet.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    _dptr: *mut u64,
+    _bytes: *mut usize,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { ffi::cstr(name) }?;
+        driver()?
+            .objects()
+            .modules
+            .get(&(module as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        log(&format!(
+            "cuModuleGetGlobal({name}): module variables are not supported"
+        ));
+        Err(cu::ERROR_NOT_FOUND)
+    })
+}
+
+/// `CU_MODULE_EAGER_LOADING`: each module is loaded whole at once.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
+    // SAFETY: the caller's out-parameter.
+    entry(|| unsafe { ffi::put(mode, 2) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut Handle,
+    code: *const c_void,
+    _jit_options: *mut c_void,
+    _jit_values: *mut *mut c_void,
+    _n_jit: u32,
+    _lib_options: *mut c_void,
+    _lib_values: *mut *mut c_void,
+    _n_lib: u32,
+) -> CUresult {
+    entry(|| load(library, code))
+}
+
+#[no_mangle]
+pub extern "C" fn cuLibraryUnload(library: Handle) -> CUresult {
+    cuModuleUnload(library)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    kernel: *mut Handle,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuModuleGetFunction(kernel, library, name) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .modules
+            .get(&(library as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(module, library) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .funcs
+            .get(&(kernel as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(f, kernel) }
+    })
+}
+
+/// The value of function attribute `attr`.
+fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
+    let o = d.objects();
+    let f = o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let i = &f.info;
+    Ok(match attr {
+        cu::FUNC_MAX_THREADS_PER_BLOCK => i.max_threads.map_or(1024, |m| m.min(1024) as i32),
+        cu::FUNC_SHARED_SIZE_BYTES => i.shared_static as i32,
+        cu::FUNC_CONST_SIZE_BYTES => 0,
+        cu::FUNC_LOCAL_SIZE_BYTES => i.local_per_thread as i32,
+        cu::FUNC_NUM_REGS => i.registers.min(255) as i32,
+        cu::FUNC_PTX_VERSION | cu::FUNC_BINARY_VERSION => {
+            crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR
+        }
+        cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => f.max_dynamic_shared,
+        a if (0..cu::FUNC_ATTR_END).contains(&a) => 0,
+        _ => return Err(cu::ERROR_INVALID_VALUE),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut i32, attr: i32, f: Handle) -> CUresult {
+    entry(|| {
+        let v = func_attribute(driver()?, f as usize, attr)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(value, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    value: *mut i32,
+    attr: i32,
+    kernel: Handle,
+    _dev: i32,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuFuncGetAttribute(value, attr, kernel) }
+}
+
+/// Only the dynamic shared memory limit is settable, within what the
+/// device gives a block; other attributes are hints.
+#[no_mangle]
+pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let mut o = d.objects();
+        let func = o
+            .funcs
+            .get_mut(&(f as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        match attr {
+            cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+                let limit = (48 << 10) - func.info.shared_static as i32;
+                if !(0..=limit).contains(&value) {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+                func.max_dynamic_shared = value;
+                Ok(())
+            }
+            cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
+            a if (0..cu::FUNC_ATTR_END).contains(&a) => Err(cu::ERROR_INVALID_VALUE),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuKernelSetAttribute(
+    attr: i32,
+    value: i32,
+    kernel: Handle,
+    _dev: i32,
+) -> CUresult {
+    cuFuncSetAttribute(kernel, attr, value)
+}
+
+/// A cache preference is a hint the device may ignore (CUDA's words).
+#[no_mangle]
+pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .funcs
+            .get(&(f as usize))
+            .map(drop)
+            .ok_or(cu::ERROR_INVALID_HANDLE)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> CUresult {
+    entry(|| {
+        // The CString lives as long as the function handle.
+        let p = {
+            let o = driver()?.objects();
+            o.funcs
+                .get(&(f as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?
+                .cname
+                .as_ptr()
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(name, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    entry(|| {
+        let p = {
+            let o = driver()?.objects();
+            let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            *func.info.params.get(index).ok_or(cu::ERROR_INVALID_VALUE)?
+        };
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            ffi::put(offset, p.offset as usize)?;
+            ffi::put(size, p.size as usize)
+        }
+    })
+}
+
+/// The parameter block of a launch: `params[i]` points at parameter `i`
+/// (placed at its offset in the layout), or `extra` hands a packed buffer
+/// (`CU_LAUNCH_PARAM_BUFFER_POINTER`/`_SIZE`).
+///
+/// # Safety
+/// `params` is null or holds one valid pointer per kernel parameter;
+/// `extra` is null or a `CU_LAUNCH_PARAM_END`-terminated key/value list.
+unsafe fn param_block(
+    d: &Driver,
+    f: usize,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<Vec<u8>> {
+    let info = {
+        let o = d.objects();
+        o.funcs
+            .get(&f)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .info
+            .clone()
+    };
+    let mut block = vec![0u8; info.param_bytes as usize];
+    if !params.is_null() {
+        for (i, p) in info.params.iter().enumerate() {
+            // SAFETY: one pointer per parameter, each to `size` bytes.
+            let src = unsafe {
+                let ptr = ffi::get(params.add(i).cast_const())?;
+                ffi::bytes(ptr.cast::<u8>(), p.size as usize)?
+            };
+            let at = p.offset as usize;
+            block
+                .get_mut(at..at + src.len())
+                .ok_or(cu::ERROR_INVALID_IMAGE)?
+                .copy_from_slice(src);
+        }
+        return Ok(block);
+    }
+    if extra.is_null() {
+        return if info.params.is_empty() {
+            Ok(block)
+        } else {
+            Err(cu::ERROR_INVALID_VALUE)
+        };
+    }
+    let (mut buf, mut len) = (std::ptr::null::<u8>(), None);
+    for i in (0..64).step_by(2) {
+        // SAFETY: a key/value list ending with CU_LAUNCH_PARAM_END, which
+        // the bound of 32 pairs stops a list without one from overrunning
+        // forever.
+        let key = unsafe { ffi::get(extra.add(i).cast_const()) }? as usize;
+        if key == cu::LAUNCH_PARAM_END {
+            break;
+        }
+        // SAFETY: as above; every key but END has a value.
+        let value = unsafe { ffi::get(extra.add(i + 1).cast_const()) }?;
+        match key {
+            cu::LAUNCH_PARAM_BUFFER_POINTER => buf = value.cast(),
+            // SAFETY: the size's value points at a size_t.
+            cu::LAUNCH_PARAM_BUFFER_SIZE => len = Some(unsafe { ffi::get(value.cast::<usize>()) }?),
+            _ => return Err(cu::ERROR_INVALID_VALUE),
+        }
+    }
+    let len = len.ok_or(cu::ERROR_INVALID_VALUE)?;
+    if len < block.len() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's packed buffer of `len` bytes.
+    let src = unsafe { ffi::bytes(buf, len) }?;
+    let n = block.len();
+    block.copy_from_slice(&src[..n]);
+    Ok(block)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: Handle,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        // The stream must be valid; its work runs in order anyway.
+        d.stream_gpu(stream as usize)?;
+        // SAFETY: the caller's parameter pointers.
+        let block = unsafe { param_block(d, f as usize, params, extra) }?;
+        let dims = Dims {
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared_mem: shared,
+        };
+        d.launch(f as usize, dims, &block)
+    })
+}
+
+/// `cuLaunchKernelEx` without launch attributes (clusters, cooperative
+/// launches, priorities) that the device cannot honour.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const cu::CUlaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        if config.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a valid launch configuration by the caller's contract.
+        let c = unsafe { &*config };
+        if c.num_attrs != 0 {
+            log("cuLaunchKernelEx: launch attributes are not supported");
+            return Err(cu::ERROR_NOT_SUPPORTED);
+        }
+        // SAFETY: forwarded arguments.
+        let r = unsafe {
+            cuLaunchKernel(
+                f,
+                c.grid_dim_x,
+                c.grid_dim_y,
+                c.grid_dim_z,
+                c.block_dim_x,
+                c.block_dim_y,
+                c.block_dim_z,
+                c.shared_mem_bytes,
+                c.h_stream,
+                params,
+                extra,
+            )
+        };
+        if r == cu::SUCCESS {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    })
+}
+
+/// Blocks of `block` threads that fit on one SM at once, by threads and
+/// shared memory (registers are PTX's virtual ones: not a limit here).
+fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i32> {
+    if block <= 0 || block > 1024 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let shared = {
+        let o = d.objects();
+        o.funcs
+            .get(&f)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .info
+            .shared_static as usize
+            + dyn_shared
+    };
+    let by_threads = 2048 / block;
+    let by_shared = (228usize << 10).checked_div(shared).unwrap_or(32);
+    Ok(by_threads.min(by_shared as i32).min(32))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut i32,
+    f: Handle,
+    block: i32,
+    dyn_shared: usize,
+) -> CUresult {
+    entry(|| {
+        let v = occupancy(driver()?, f as usize, block, dyn_shared)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(n, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut i32,
+    f: Handle,
+    block: i32,
+    dyn_shared: usize,
+    _flags: u32,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuOccupancyMaxActiveBlocksPerMultiprocessor(n, f, block, dyn_shared) }
+}
+
+/// `size_t (*)(int blockSize)`: dynamic shared memory for a block size.
+pub type B2DSize = Option<extern "C" fn(i32) -> usize>;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    min_grid: *mut i32,
+    block_size: *mut i32,
+    f: Handle,
+    to_dyn: B2DSize,
+    dyn_shared: usize,
+    limit: i32,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (_, g) = d.current_gpu()?;
+        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let max = {
+            let o = d.objects();
+            let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            func.info.max_threads.map_or(1024, |m| m.min(1024) as i32)
+        };
+        let max = if limit > 0 { max.min(limit) } else { max };
+        // The largest multiple of a warp with the most threads resident.
+        let (mut best, mut best_threads) = (32.min(max), 0);
+        for b in (32..=max).rev().step_by(32) {
+            let shared = to_dyn.map_or(dyn_shared, |cb| cb(b));
+            let threads = occupancy(d, f as usize, b, shared)? * b;
+            if threads > best_threads {
+                (best, best_threads) = (b, threads);
+            }
+        }
+        let blocks = (best_threads / best.max(1)).max(1);
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            ffi::put(min_grid, blocks * sms)?;
+            ffi::put(block_size, best)
+        }
+    })
+}

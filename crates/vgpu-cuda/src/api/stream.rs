@@ -1,0 +1,284 @@
+//! Streams and events. Work is complete when its call returns, so a
+//! stream is always idle and an event is complete once recorded; events
+//! carry the device clock read at the point they were recorded.
+
+use crate::cu::{self, CUresult, Handle};
+use crate::ffi::{self, entry, CuResult};
+use crate::state::{check, driver, Driver, Event, Stream};
+
+fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
+    let d = driver()?;
+    let (ctx, _) = d.current_ctx()?;
+    let h = {
+        let mut o = d.objects();
+        let h = o.handle();
+        o.streams.insert(
+            h,
+            Stream {
+                ctx,
+                flags,
+                priority: priority.clamp(-5, 0),
+            },
+        );
+        h
+    };
+    // SAFETY: the caller's out-parameter.
+    unsafe { ffi::put(pstream, h as Handle) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(pstream: *mut Handle, flags: u32) -> CUresult {
+    entry(|| create_stream(pstream, flags, 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    pstream: *mut Handle,
+    flags: u32,
+    priority: i32,
+) -> CUresult {
+    entry(|| create_stream(pstream, flags, priority))
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .streams
+            .remove(&(stream as usize))
+            .map(drop)
+            .ok_or(cu::ERROR_INVALID_HANDLE)
+    })
+}
+
+fn sync_stream(d: &Driver, stream: Handle) -> CuResult {
+    check(d.stream_gpu(stream as usize)?.dev.synchronize())
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
+    entry(|| sync_stream(driver()?, stream))
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
+    entry(|| driver()?.stream_gpu(stream as usize).map(drop))
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.stream_gpu(stream as usize)?;
+        d.objects()
+            .events
+            .get(&(event as usize))
+            .map(drop)
+            .ok_or(cu::ERROR_INVALID_HANDLE)
+    })
+}
+
+/// A stream's field, or the default stream's value for 0, 1 and 2.
+fn stream_field<T>(stream: Handle, default: T, f: impl Fn(&Stream) -> T) -> CuResult<T> {
+    let d = driver()?;
+    if (stream as usize) <= 2 {
+        d.current_ctx()?;
+        return Ok(default);
+    }
+    let o = d.objects();
+    o.streams
+        .get(&(stream as usize))
+        .map(f)
+        .ok_or(cu::ERROR_INVALID_HANDLE)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetFlags(stream: Handle, flags: *mut u32) -> CUresult {
+    entry(|| {
+        let v = stream_field(stream, 0, |s| s.flags)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(flags, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetPriority(stream: Handle, priority: *mut i32) -> CUresult {
+    entry(|| {
+        let v = stream_field(stream, 0, |s| s.priority)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(priority, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: Handle, pctx: *mut Handle) -> CUresult {
+    entry(|| {
+        let current = driver()?.current().unwrap_or(0);
+        let v = stream_field(stream, current, |s| s.ctx)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pctx, v as Handle) }
+    })
+}
+
+/// The CUDA 12.5 form, which also names the stream's green context:
+/// there are none here.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    stream: Handle,
+    pctx: *mut Handle,
+    pgreen: *mut Handle,
+) -> CUresult {
+    entry(|| {
+        let current = driver()?.current().unwrap_or(0);
+        let v = stream_field(stream, current, |s| s.ctx)?;
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            ffi::put(pctx, v as Handle)?;
+            ffi::put(pgreen, std::ptr::null_mut())
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetId(stream: Handle, id: *mut u64) -> CUresult {
+    entry(|| {
+        let v = stream_field(stream, stream as usize, |_| stream as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(id, v as u64) }
+    })
+}
+
+/// `CU_STREAM_CAPTURE_STATUS_NONE`: graphs are not captured by this
+/// driver, and nothing is ever being captured.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut u32) -> CUresult {
+    entry(|| {
+        stream_field(stream, (), |_| ())?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(status, 0) }
+    })
+}
+
+/// Capture modes matter only while capturing, which never happens here;
+/// the exchange itself is per thread.
+#[no_mangle]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
+    thread_local! {
+        static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    entry(|| {
+        // SAFETY: the caller's in/out parameter.
+        let new = unsafe { ffi::get(mode.cast_const()) }?;
+        let old = MODE.with(|m| m.replace(new));
+        // SAFETY: as above.
+        unsafe { ffi::put(mode, old) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.current_ctx()?;
+        let h = {
+            let mut o = d.objects();
+            let h = o.handle();
+            o.events.insert(h, Event { flags, stamp: None });
+            h
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pevent, h as Handle) }
+    })
+}
+
+fn record(event: Handle, stream: Handle) -> CuResult {
+    let d = driver()?;
+    let g = d.stream_gpu(stream as usize)?;
+    let timing = {
+        let o = d.objects();
+        let e = o
+            .events
+            .get(&(event as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        e.flags & cu::EVENT_DISABLE_TIMING == 0
+    };
+    // The device clock after everything before it on the device.
+    let stamp = if timing { check(g.dev.timestamp())? } else { 0 };
+    if let Some(e) = d.objects().events.get_mut(&(event as usize)) {
+        e.stamp = Some(stamp);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
+    entry(|| record(event, stream))
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, _flags: u32) -> CUresult {
+    entry(|| record(event, stream))
+}
+
+fn event_stamp(d: &Driver, event: Handle) -> CuResult<Option<u64>> {
+    let o = d.objects();
+    Ok(o.events
+        .get(&(event as usize))
+        .ok_or(cu::ERROR_INVALID_HANDLE)?
+        .stamp)
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
+    entry(|| event_stamp(driver()?, event).map(drop))
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
+    entry(|| event_stamp(driver()?, event).map(drop))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let timed = |e: Handle| -> CuResult<u64> {
+            let o = d.objects();
+            let ev = o
+                .events
+                .get(&(e as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?;
+            if ev.flags & cu::EVENT_DISABLE_TIMING != 0 {
+                return Err(cu::ERROR_INVALID_HANDLE);
+            }
+            ev.stamp.ok_or(cu::ERROR_INVALID_HANDLE)
+        };
+        let (a, b) = (timed(start)?, timed(end)?);
+        let v = (b as f64 - a as f64) / 1e6;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(ms, v as f32) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuEventElapsedTime_v2(ms, start, end) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .events
+            .remove(&(event as usize))
+            .map(drop)
+            .ok_or(cu::ERROR_INVALID_HANDLE)
+    })
+}

@@ -1,0 +1,311 @@
+//! The C types and constants of the CUDA driver API (`cuda.h`) this
+//! library uses, by value: the ABI is what matters, not the names.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::c_void;
+
+/// `CUresult`.
+pub type CUresult = u32;
+/// `CUdevice`: an ordinal.
+pub type CUdevice = i32;
+/// `CUdeviceptr`.
+pub type CUdeviceptr = u64;
+/// Opaque handles (`CUcontext`, `CUmodule`, `CUfunction`, ...): this
+/// library's handle numbers, never dereferenced by callers.
+pub type Handle = *mut c_void;
+
+pub const SUCCESS: CUresult = 0;
+pub const ERROR_INVALID_VALUE: CUresult = 1;
+pub const ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const ERROR_DEINITIALIZED: CUresult = 4;
+pub const ERROR_NO_DEVICE: CUresult = 100;
+pub const ERROR_INVALID_DEVICE: CUresult = 101;
+pub const ERROR_INVALID_IMAGE: CUresult = 200;
+pub const ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const ERROR_INVALID_SOURCE: CUresult = 300;
+pub const ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const ERROR_INVALID_HANDLE: CUresult = 400;
+pub const ERROR_NOT_FOUND: CUresult = 500;
+pub const ERROR_NOT_READY: CUresult = 600;
+pub const ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+pub const ERROR_LAUNCH_TIMEOUT: CUresult = 702;
+pub const ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
+pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+pub const ERROR_LAUNCH_FAILED: CUresult = 719;
+pub const ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const ERROR_UNKNOWN: CUresult = 999;
+
+/// Every error code this library returns, with its `cuGetErrorName`
+/// name and `cuGetErrorString` text (NUL-terminated for C).
+pub const ERRORS: &[(CUresult, &str, &str)] = &[
+    (SUCCESS, "CUDA_SUCCESS\0", "no error\0"),
+    (
+        ERROR_INVALID_VALUE,
+        "CUDA_ERROR_INVALID_VALUE\0",
+        "invalid argument\0",
+    ),
+    (
+        ERROR_OUT_OF_MEMORY,
+        "CUDA_ERROR_OUT_OF_MEMORY\0",
+        "out of memory\0",
+    ),
+    (
+        ERROR_NOT_INITIALIZED,
+        "CUDA_ERROR_NOT_INITIALIZED\0",
+        "initialization error\0",
+    ),
+    (
+        ERROR_DEINITIALIZED,
+        "CUDA_ERROR_DEINITIALIZED\0",
+        "driver shutting down\0",
+    ),
+    (
+        ERROR_NO_DEVICE,
+        "CUDA_ERROR_NO_DEVICE\0",
+        "no CUDA-capable device is detected\0",
+    ),
+    (
+        ERROR_INVALID_DEVICE,
+        "CUDA_ERROR_INVALID_DEVICE\0",
+        "invalid device ordinal\0",
+    ),
+    (
+        ERROR_INVALID_IMAGE,
+        "CUDA_ERROR_INVALID_IMAGE\0",
+        "device kernel image is invalid\0",
+    ),
+    (
+        ERROR_INVALID_CONTEXT,
+        "CUDA_ERROR_INVALID_CONTEXT\0",
+        "invalid device context\0",
+    ),
+    (
+        ERROR_NO_BINARY_FOR_GPU,
+        "CUDA_ERROR_NO_BINARY_FOR_GPU\0",
+        "no kernel image is available for execution on the device\0",
+    ),
+    (
+        ERROR_PEER_ACCESS_UNSUPPORTED,
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED\0",
+        "peer access is not supported between these two devices\0",
+    ),
+    (
+        ERROR_INVALID_SOURCE,
+        "CUDA_ERROR_INVALID_SOURCE\0",
+        "device kernel image is invalid\0",
+    ),
+    (
+        ERROR_FILE_NOT_FOUND,
+        "CUDA_ERROR_FILE_NOT_FOUND\0",
+        "file not found\0",
+    ),
+    (
+        ERROR_INVALID_HANDLE,
+        "CUDA_ERROR_INVALID_HANDLE\0",
+        "invalid resource handle\0",
+    ),
+    (
+        ERROR_NOT_FOUND,
+        "CUDA_ERROR_NOT_FOUND\0",
+        "named symbol not found\0",
+    ),
+    (
+        ERROR_NOT_READY,
+        "CUDA_ERROR_NOT_READY\0",
+        "device not ready\0",
+    ),
+    (
+        ERROR_ILLEGAL_ADDRESS,
+        "CUDA_ERROR_ILLEGAL_ADDRESS\0",
+        "an illegal memory access was encountered\0",
+    ),
+    (
+        ERROR_LAUNCH_OUT_OF_RESOURCES,
+        "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES\0",
+        "too many resources requested for launch\0",
+    ),
+    (
+        ERROR_LAUNCH_TIMEOUT,
+        "CUDA_ERROR_LAUNCH_TIMEOUT\0",
+        "the launch timed out and was terminated\0",
+    ),
+    (
+        ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+        "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED\0",
+        "part or all of the requested memory range is already mapped\0",
+    ),
+    (
+        ERROR_HOST_MEMORY_NOT_REGISTERED,
+        "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED\0",
+        "pointer does not correspond to a registered memory region\0",
+    ),
+    (
+        ERROR_LAUNCH_FAILED,
+        "CUDA_ERROR_LAUNCH_FAILED\0",
+        "unspecified launch failure\0",
+    ),
+    (
+        ERROR_NOT_SUPPORTED,
+        "CUDA_ERROR_NOT_SUPPORTED\0",
+        "operation not supported\0",
+    ),
+    (ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
+];
+
+/// The driver API version this library implements (`cuDriverGetVersion`):
+/// CUDA 13.0, so runtimes of CUDA 12 and 13.0 accept it.
+pub const DRIVER_VERSION: i32 = 13000;
+
+// CUdevice_attribute values this library answers with more than 0.
+pub const ATTR_MAX_THREADS_PER_BLOCK: i32 = 1;
+pub const ATTR_MAX_BLOCK_DIM_X: i32 = 2;
+pub const ATTR_MAX_BLOCK_DIM_Y: i32 = 3;
+pub const ATTR_MAX_BLOCK_DIM_Z: i32 = 4;
+pub const ATTR_MAX_GRID_DIM_X: i32 = 5;
+pub const ATTR_MAX_GRID_DIM_Y: i32 = 6;
+pub const ATTR_MAX_GRID_DIM_Z: i32 = 7;
+pub const ATTR_MAX_SHARED_MEMORY_PER_BLOCK: i32 = 8;
+pub const ATTR_TOTAL_CONSTANT_MEMORY: i32 = 9;
+pub const ATTR_WARP_SIZE: i32 = 10;
+pub const ATTR_MAX_PITCH: i32 = 11;
+pub const ATTR_MAX_REGISTERS_PER_BLOCK: i32 = 12;
+pub const ATTR_CLOCK_RATE: i32 = 13;
+pub const ATTR_TEXTURE_ALIGNMENT: i32 = 14;
+pub const ATTR_GPU_OVERLAP: i32 = 15;
+pub const ATTR_MULTIPROCESSOR_COUNT: i32 = 16;
+pub const ATTR_CAN_MAP_HOST_MEMORY: i32 = 19;
+pub const ATTR_SURFACE_ALIGNMENT: i32 = 30;
+pub const ATTR_CONCURRENT_KERNELS: i32 = 31;
+pub const ATTR_PCI_BUS_ID: i32 = 33;
+pub const ATTR_PCI_DEVICE_ID: i32 = 34;
+pub const ATTR_MEMORY_CLOCK_RATE: i32 = 36;
+pub const ATTR_GLOBAL_MEMORY_BUS_WIDTH: i32 = 37;
+pub const ATTR_L2_CACHE_SIZE: i32 = 38;
+pub const ATTR_MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
+pub const ATTR_ASYNC_ENGINE_COUNT: i32 = 40;
+pub const ATTR_UNIFIED_ADDRESSING: i32 = 41;
+pub const ATTR_PCI_DOMAIN_ID: i32 = 50;
+pub const ATTR_TEXTURE_PITCH_ALIGNMENT: i32 = 51;
+pub const ATTR_COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+pub const ATTR_COMPUTE_CAPABILITY_MINOR: i32 = 76;
+pub const ATTR_STREAM_PRIORITIES_SUPPORTED: i32 = 78;
+pub const ATTR_GLOBAL_L1_CACHE_SUPPORTED: i32 = 79;
+pub const ATTR_LOCAL_L1_CACHE_SUPPORTED: i32 = 80;
+pub const ATTR_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: i32 = 81;
+pub const ATTR_MAX_REGISTERS_PER_MULTIPROCESSOR: i32 = 82;
+pub const ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: i32 = 87;
+pub const ATTR_COMPUTE_PREEMPTION_SUPPORTED: i32 = 90;
+pub const ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+pub const ATTR_MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
+pub const ATTR_RESERVED_SHARED_MEMORY_PER_BLOCK: i32 = 111;
+pub const ATTR_NUMA_ID: i32 = 131;
+pub const ATTR_HOST_NUMA_ID: i32 = 134;
+pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
+/// One past the last attribute CUDA 13.0 defines.
+pub const ATTR_END: i32 = 148;
+
+// CUfunction_attribute.
+pub const FUNC_MAX_THREADS_PER_BLOCK: i32 = 0;
+pub const FUNC_SHARED_SIZE_BYTES: i32 = 1;
+pub const FUNC_CONST_SIZE_BYTES: i32 = 2;
+pub const FUNC_LOCAL_SIZE_BYTES: i32 = 3;
+pub const FUNC_NUM_REGS: i32 = 4;
+pub const FUNC_PTX_VERSION: i32 = 5;
+pub const FUNC_BINARY_VERSION: i32 = 6;
+pub const FUNC_CACHE_MODE_CA: i32 = 7;
+pub const FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+pub const FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT: i32 = 9;
+/// One past the last function attribute CUDA 13.0 defines.
+pub const FUNC_ATTR_END: i32 = 17;
+
+// CUpointer_attribute.
+pub const POINTER_CONTEXT: i32 = 1;
+pub const POINTER_MEMORY_TYPE: i32 = 2;
+pub const POINTER_DEVICE_POINTER: i32 = 3;
+pub const POINTER_HOST_POINTER: i32 = 4;
+pub const POINTER_SYNC_MEMOPS: i32 = 6;
+pub const POINTER_BUFFER_ID: i32 = 7;
+pub const POINTER_IS_MANAGED: i32 = 8;
+pub const POINTER_DEVICE_ORDINAL: i32 = 9;
+pub const POINTER_RANGE_START_ADDR: i32 = 11;
+pub const POINTER_RANGE_SIZE: i32 = 12;
+pub const POINTER_MAPPED: i32 = 13;
+
+// CUmemorytype.
+pub const MEMORYTYPE_HOST: u32 = 1;
+pub const MEMORYTYPE_DEVICE: u32 = 2;
+
+// CUlimit.
+pub const LIMIT_STACK_SIZE: u32 = 0;
+pub const LIMIT_PRINTF_FIFO_SIZE: u32 = 1;
+pub const LIMIT_MALLOC_HEAP_SIZE: u32 = 2;
+pub const LIMIT_DEV_RUNTIME_SYNC_DEPTH: u32 = 3;
+pub const LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: u32 = 4;
+pub const LIMIT_MAX_L2_FETCH_GRANULARITY: u32 = 5;
+pub const LIMIT_PERSISTING_L2_CACHE_SIZE: u32 = 6;
+
+// `extra` of cuLaunchKernel.
+pub const LAUNCH_PARAM_END: usize = 0;
+pub const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+pub const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+// CUdriverProcAddressQueryResult.
+pub const PROC_SUCCESS: i32 = 0;
+pub const PROC_SYMBOL_NOT_FOUND: i32 = 1;
+pub const PROC_VERSION_NOT_SUFFICIENT: i32 = 2;
+
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUlaunchConfig` (the fields this library reads; attributes are
+/// checked to be none it must honour).
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim_x: u32,
+    pub grid_dim_y: u32,
+    pub grid_dim_z: u32,
+    pub block_dim_x: u32,
+    pub block_dim_y: u32,
+    pub block_dim_z: u32,
+    pub shared_mem_bytes: u32,
+    pub h_stream: Handle,
+    pub attrs: *mut c_void,
+    pub num_attrs: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_table_has_each_code_once_and_nul_terminated_texts() {
+        let mut codes: Vec<_> = ERRORS.iter().map(|e| e.0).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), ERRORS.len());
+        for (_, name, text) in ERRORS {
+            assert!(name.ends_with('\0') && text.ends_with('\0'));
+            assert_eq!(name.matches('\0').count(), 1);
+        }
+    }
+
+    #[test]
+    fn launch_config_has_cuda_h_layout() {
+        // grid[3], block[3], shared: 28 bytes; stream at 32 (aligned).
+        assert_eq!(std::mem::offset_of!(CUlaunchConfig, h_stream), 32);
+        assert_eq!(std::mem::offset_of!(CUlaunchConfig, num_attrs), 48);
+        assert_eq!(std::mem::size_of::<CUlaunchConfig>(), 56);
+    }
+}

@@ -1,0 +1,380 @@
+//! `cuGetExportTable`: the private tables the CUDA runtime (static and
+//! shared) asks its driver for at initialisation. They are undocumented;
+//! what each slot does is what other drivers for the same runtime found
+//! (ZLUDA, LUPINE). Slot 0 of most tables holds the table's size in
+//! bytes; empty slots are null, which the runtime tolerates.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+
+use crate::cu::{self, CUresult, CUuuid, Handle};
+use crate::ffi::{self, entry};
+use crate::state::{self, driver};
+
+/// A table: an array of words, as the runtime reads it.
+#[repr(transparent)]
+pub struct Table<const N: usize>([*const c_void; N]);
+
+// SAFETY: the tables are immutable after compilation; the pointers are
+// function addresses and sizes, never written through.
+unsafe impl<const N: usize> Sync for Table<N> {}
+
+impl<const N: usize> Table<N> {
+    fn ptr(&'static self) -> *const c_void {
+        self.0.as_ptr().cast()
+    }
+}
+
+const fn size_of_table(n: usize) -> *const c_void {
+    (n * std::mem::size_of::<usize>()) as *const c_void
+}
+
+const NULL: *const c_void = std::ptr::null();
+
+/// A context-local-storage destructor: called with the context, the key
+/// and the value when the context is reset.
+pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
+
+const fn uuid(s: [u8; 16]) -> CUuuid {
+    CUuuid { bytes: s }
+}
+
+const CUDART_INTERFACE_ID: CUuuid = uuid([
+    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
+]);
+const TOOLS_TLS_ID: CUuuid = uuid([
+    0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc,
+]);
+const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: CUuuid = uuid([
+    0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66,
+]);
+const CONTEXT_LOCAL_STORAGE_ID: CUuuid = uuid([
+    0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93,
+]);
+const INTEGRITY_CHECK_ID: CUuuid = uuid([
+    0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
+]);
+const CONTEXT_CHECKS_ID: CUuuid = uuid([
+    0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
+]);
+
+static CUDART_INTERFACE: Table<13> = Table([
+    size_of_table(13),
+    get_module_from_cubin as *const c_void,
+    primary_context as *const c_void,
+    NULL,
+    NULL,
+    NULL,
+    get_module_from_cubin_ext1 as *const c_void,
+    cudart_notify as *const c_void,
+    get_module_from_cubin_ext2 as *const c_void,
+    NULL,
+    NULL,
+    NULL,
+    load_compilers as *const c_void,
+]);
+
+static TOOLS_TLS: Table<4> = Table([size_of_table(4), NULL, NULL, NULL]);
+
+static TOOLS_RUNTIME_CALLBACK_HOOKS: Table<7> = Table([
+    size_of_table(7),
+    NULL,
+    callback_buffer_1 as *const c_void,
+    NULL,
+    NULL,
+    NULL,
+    callback_buffer_2 as *const c_void,
+]);
+
+static CONTEXT_LOCAL_STORAGE: Table<4> = Table([
+    cls_put as *const c_void,
+    cls_delete as *const c_void,
+    cls_get as *const c_void,
+    NULL,
+]);
+
+static INTEGRITY_CHECK: Table<3> =
+    Table([size_of_table(3), integrity_check as *const c_void, NULL]);
+
+static CONTEXT_CHECKS: Table<4> = Table([
+    size_of_table(4),
+    NULL,
+    context_check as *const c_void,
+    context_check_3 as *const c_void,
+]);
+
+/// Memory the runtime's tool hooks write into; the driver only hands it
+/// out, so it lives as long as the process.
+struct HookBuffer<const N: usize>(UnsafeCell<[u32; N]>);
+
+// SAFETY: this library never reads or writes the buffer; only the runtime
+// does, through the pointer it was given, under its own locking.
+unsafe impl<const N: usize> Sync for HookBuffer<N> {}
+
+static HOOK_BUFFER_1: HookBuffer<1024> = HookBuffer(UnsafeCell::new([0; 1024]));
+static HOOK_BUFFER_2: HookBuffer<14> = HookBuffer(UnsafeCell::new([0; 14]));
+
+/// The table for `id`, if this driver has it.
+pub fn table(id: &CUuuid) -> Option<*const c_void> {
+    Some(match *id {
+        CUDART_INTERFACE_ID => CUDART_INTERFACE.ptr(),
+        TOOLS_TLS_ID => TOOLS_TLS.ptr(),
+        TOOLS_RUNTIME_CALLBACK_HOOKS_ID => TOOLS_RUNTIME_CALLBACK_HOOKS.ptr(),
+        CONTEXT_LOCAL_STORAGE_ID => CONTEXT_LOCAL_STORAGE.ptr(),
+        INTEGRITY_CHECK_ID => INTEGRITY_CHECK.ptr(),
+        CONTEXT_CHECKS_ID => CONTEXT_CHECKS.ptr(),
+        _ => return None,
+    })
+}
+
+/// `{magic, version, data, filename_or_fatbins}`: what the runtime
+/// registers for each fatbinary a program embeds.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct FatbinWrapper {
+    magic: u32,
+    version: u32,
+    data: *const u8,
+    extra: *const c_void,
+}
+
+const FATBIN_WRAPPER_MAGIC: u32 = 0x466243b1;
+
+/// Loads the fatbinary a wrapper points at into the current context.
+///
+/// # Safety
+/// `wrapper` is null or points to a registered fatbinary wrapper.
+unsafe fn load_wrapper(module: *mut Handle, wrapper: *const FatbinWrapper) -> ffi::CuResult {
+    // SAFETY: forwarded contract.
+    let w = unsafe { ffi::get(wrapper) }?;
+    if w.magic != FATBIN_WRAPPER_MAGIC {
+        return Err(cu::ERROR_INVALID_IMAGE);
+    }
+    // SAFETY: the wrapper's data is the fatbinary, which the runtime keeps
+    // for the life of the program.
+    let image = unsafe { crate::api::module::image_at(w.data) }?;
+    load_image(module, image)
+}
+
+fn load_image(module: *mut Handle, image: &[u8]) -> ffi::CuResult {
+    let d = driver()?;
+    let (_, dev) = d.current_ctx()?;
+    let h = d.load_module(dev, image)?;
+    // SAFETY: `module` is the caller's out-parameter.
+    unsafe { ffi::put(module, h as Handle) }
+}
+
+extern "C" fn get_module_from_cubin(
+    module: *mut Handle,
+    wrapper: *const FatbinWrapper,
+) -> CUresult {
+    // SAFETY: the runtime passes its out-parameter and a wrapper.
+    entry(|| unsafe { load_wrapper(module, wrapper) })
+}
+
+extern "C" fn get_module_from_cubin_ext1(
+    module: *mut Handle,
+    wrapper: *const FatbinWrapper,
+    arg3: *mut c_void,
+    arg4: *mut c_void,
+    arg5: u32,
+) -> CUresult {
+    if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
+        return cu::ERROR_NOT_SUPPORTED;
+    }
+    // SAFETY: as get_module_from_cubin.
+    entry(|| unsafe { load_wrapper(module, wrapper) })
+}
+
+extern "C" fn get_module_from_cubin_ext2(
+    image: *const u8,
+    module: *mut Handle,
+    arg3: *mut c_void,
+    arg4: *mut c_void,
+    arg5: u32,
+) -> CUresult {
+    if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
+        return cu::ERROR_NOT_SUPPORTED;
+    }
+    entry(|| {
+        // SAFETY: `image` is a fatbinary the runtime keeps alive.
+        let image = unsafe { crate::api::module::image_at(image) }?;
+        load_image(module, image)
+    })
+}
+
+/// The primary context of `dev`, without activating it.
+extern "C" fn primary_context(pctx: *mut Handle, dev: i32) -> CUresult {
+    entry(|| {
+        let ctx = driver()?.gpu(dev)?.primary;
+        // SAFETY: the runtime's out-parameter.
+        unsafe { ffi::put(pctx, ctx as Handle) }
+    })
+}
+
+extern "C" fn cudart_notify(_arg: usize) {}
+
+/// Loads the PTX compiler and friends in NVIDIA's driver; PTX goes to the
+/// host here.
+extern "C" fn load_compilers() -> CUresult {
+    cu::SUCCESS
+}
+
+extern "C" fn callback_buffer_1(ptr: *mut *mut c_void, size: *mut usize) {
+    // SAFETY: the runtime's out-parameters; a null one is ignored.
+    unsafe {
+        let _ = ffi::put(ptr, HOOK_BUFFER_1.0.get().cast());
+        let _ = ffi::put(size, 1024);
+    }
+}
+
+extern "C" fn callback_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
+    // SAFETY: as callback_buffer_1.
+    unsafe {
+        let _ = ffi::put(ptr, HOOK_BUFFER_2.0.get().cast());
+        let _ = ffi::put(size, 14);
+    }
+}
+
+/// The context a storage call names: `ctx`, or the current one if null.
+fn cls_ctx(ctx: Handle) -> ffi::CuResult<usize> {
+    let d = driver()?;
+    if ctx.is_null() {
+        d.current().ok_or(cu::ERROR_INVALID_CONTEXT)
+    } else {
+        Ok(ctx as usize)
+    }
+}
+
+extern "C" fn cls_put(
+    ctx: Handle,
+    key: *mut c_void,
+    value: *mut c_void,
+    dtor: Option<ClsDtor>,
+) -> CUresult {
+    entry(|| {
+        let ctx = cls_ctx(ctx)?;
+        let mut o = driver()?.objects();
+        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        c.storage.insert(key as usize, (value as usize, dtor));
+        Ok(())
+    })
+}
+
+extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> CUresult {
+    entry(|| {
+        let ctx = cls_ctx(ctx)?;
+        let mut o = driver()?.objects();
+        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        c.storage.remove(&(key as usize));
+        Ok(())
+    })
+}
+
+extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) -> CUresult {
+    entry(|| {
+        let ctx = cls_ctx(ctx)?;
+        let v = {
+            let o = driver()?.objects();
+            let c = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+            c.storage
+                .get(&(key as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?
+                .0
+        };
+        // SAFETY: the runtime's out-parameter.
+        unsafe { ffi::put(value, v as *mut c_void) }
+    })
+}
+
+extern "C" fn context_check(
+    _ctx: Handle,
+    result: *mut u32,
+    _result2: *mut *const c_void,
+) -> CUresult {
+    // SAFETY: the runtime's out-parameter.
+    entry(|| unsafe { ffi::put(result, 0) })
+}
+
+extern "C" fn context_check_3() -> u32 {
+    0
+}
+
+/// The HMAC key of the runtime's driver check (a constant of the
+/// protocol).
+const INTEGRITY_KEY: [u8; 16] = [
+    0x14, 0x6a, 0xdd, 0xae, 0x53, 0xa9, 0xa7, 0x52, 0xaa, 0x08, 0x41, 0x36, 0x0b, 0xf5, 0x5a, 0x9f,
+];
+
+/// The runtime proves it talks to a driver that knows the process: it
+/// asks for an HMAC-MD2 over the driver version, its own version, the
+/// process and thread, the tables' addresses, the time it passes, and
+/// each device's UUID and PCI location, and compares it with its own.
+extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64; 2]) -> CUresult {
+    entry(|| {
+        let hash = integrity_hash(version, unix_seconds);
+        // SAFETY: the runtime's out-parameter.
+        unsafe { ffi::put(result, hash) }
+    })
+}
+
+fn integrity_hash(version: u32, unix_seconds: u64) -> [u64; 2] {
+    // Old runtimes (versions ending in 0 or 1) expect fixed answers.
+    match version % 10 {
+        0 => return [0x3341181c03cb675c, 0x8ed383aa1f4cd1e8],
+        1 => return [0x1841181c03cb675c, 0x8ed383aa1f4cd1e8],
+        _ => {}
+    }
+    // SAFETY: pthread_self has no preconditions.
+    let thread = unsafe { libc::pthread_self() } as u32;
+    let mut msg = Vec::with_capacity(48 + 28 * 4);
+    msg.extend_from_slice(&(cu::DRIVER_VERSION as u32).to_ne_bytes());
+    msg.extend_from_slice(&version.to_ne_bytes());
+    msg.extend_from_slice(&std::process::id().to_ne_bytes());
+    msg.extend_from_slice(&thread.to_ne_bytes());
+    msg.extend_from_slice(&(CUDART_INTERFACE.ptr() as usize).to_ne_bytes());
+    msg.extend_from_slice(&(INTEGRITY_CHECK.ptr() as usize).to_ne_bytes());
+    msg.extend_from_slice(&(INTEGRITY_CHECK.0[1] as usize).to_ne_bytes());
+    msg.extend_from_slice(&unix_seconds.to_ne_bytes());
+    if let Ok(d) = state::driver() {
+        for g in &d.gpus {
+            msg.extend_from_slice(&g.uuid);
+            msg.extend_from_slice(&(g.info.pci_domain as i32).to_ne_bytes());
+            msg.extend_from_slice(&i32::from(g.info.pci_bus).to_ne_bytes());
+            msg.extend_from_slice(&i32::from(g.info.pci_devfn >> 3).to_ne_bytes());
+        }
+    }
+    let h = crate::md2::hmac_md2(&INTEGRITY_KEY, &[&msg]);
+    [
+        u64::from_ne_bytes(h[..8].try_into().expect("8 bytes")),
+        u64::from_ne_bytes(h[8..].try_into().expect("8 bytes")),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_found_by_id_and_start_with_their_size() {
+        for (id, len) in [
+            (CUDART_INTERFACE_ID, 13),
+            (TOOLS_TLS_ID, 4),
+            (TOOLS_RUNTIME_CALLBACK_HOOKS_ID, 7),
+            (INTEGRITY_CHECK_ID, 3),
+            (CONTEXT_CHECKS_ID, 4),
+        ] {
+            let t = table(&id).unwrap() as *const usize;
+            // SAFETY: every table has at least one word.
+            assert_eq!(unsafe { *t }, len * 8);
+        }
+        assert!(table(&CONTEXT_LOCAL_STORAGE_ID).is_some());
+        assert!(table(&uuid([0; 16])).is_none());
+    }
+
+    #[test]
+    fn integrity_answers_depend_on_the_time_asked() {
+        assert_eq!(integrity_hash(12090, 5)[0], 0x3341181c03cb675c);
+        assert_ne!(integrity_hash(12092, 5), integrity_hash(12092, 6));
+    }
+}

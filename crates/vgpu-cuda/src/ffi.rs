@@ -1,0 +1,149 @@
+//! Reading and writing through the pointers C callers pass, and the
+//! wrapper every exported entry point runs its body in.
+
+use std::ffi::{c_char, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::cu::{self, CUresult};
+
+/// What an entry point's body returns: `Err` carries the CUDA error.
+pub type CuResult<T = ()> = Result<T, CUresult>;
+
+/// Runs an entry point's body, turning its result into a `CUresult`. A
+/// panic (a bug here) must not unwind into C: it becomes
+/// `CUDA_ERROR_UNKNOWN`.
+pub fn entry(f: impl FnOnce() -> CuResult) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => cu::SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => cu::ERROR_UNKNOWN,
+    }
+}
+
+/// Writes `v` to the caller's out-parameter `p`.
+///
+/// # Safety
+/// `p` is null or valid for a write of a `T` (the API contract of every
+/// out-parameter).
+pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult {
+    if p.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract;
+    // `write_unaligned` because C callers may pack structures.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Reads the caller's in-parameter `p`.
+///
+/// # Safety
+/// `p` is null or valid for a read of a `T`.
+pub unsafe fn get<T: Copy>(p: *const T) -> CuResult<T> {
+    if p.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null and readable by the caller's contract.
+    Ok(unsafe { p.read_unaligned() })
+}
+
+/// The NUL-terminated string at `p`.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that outlives `'a`.
+pub unsafe fn cstr<'a>(p: *const c_char) -> CuResult<&'a str> {
+    if p.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a NUL-terminated string by the caller's contract.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str().map_err(|_| cu::ERROR_INVALID_VALUE)
+}
+
+/// `len` bytes of host memory at `p`.
+///
+/// # Safety
+/// `p` is valid for reads of `len` bytes for `'a` (or `len` is 0).
+pub unsafe fn bytes<'a>(p: *const u8, len: usize) -> CuResult<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: readable for `len` bytes by the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// `len` writable bytes of host memory at `p`.
+///
+/// # Safety
+/// `p` is valid for writes of `len` bytes for `'a`, and nothing else
+/// accesses them meanwhile (or `len` is 0).
+pub unsafe fn bytes_mut<'a>(p: *mut u8, len: usize) -> CuResult<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: writable for `len` bytes by the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
+/// Copies `s` into the caller's buffer `out` of `len` bytes, truncated
+/// and always NUL-terminated (as `cuDeviceGetName` does).
+///
+/// # Safety
+/// `out` is null or valid for writes of `len` bytes.
+pub unsafe fn put_str(out: *mut c_char, len: i32, s: &str) -> CuResult {
+    let len = usize::try_from(len).map_err(|_| cu::ERROR_INVALID_VALUE)?;
+    if len == 0 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: forwarded contract.
+    let buf = unsafe { bytes_mut(out.cast(), len) }?;
+    let n = s.len().min(len - 1);
+    buf[..n].copy_from_slice(&s.as_bytes()[..n]);
+    buf[n] = 0;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_pointers_are_invalid_values_not_crashes() {
+        // SAFETY: null is allowed by each helper's contract.
+        unsafe {
+            assert_eq!(
+                put::<u32>(std::ptr::null_mut(), 1),
+                Err(cu::ERROR_INVALID_VALUE)
+            );
+            assert_eq!(get::<u32>(std::ptr::null()), Err(cu::ERROR_INVALID_VALUE));
+            assert_eq!(cstr(std::ptr::null()), Err(cu::ERROR_INVALID_VALUE));
+            assert_eq!(bytes(std::ptr::null(), 4), Err(cu::ERROR_INVALID_VALUE));
+            assert_eq!(bytes(std::ptr::null(), 0), Ok(&[][..]));
+        }
+    }
+
+    #[test]
+    fn put_str_truncates_and_terminates() {
+        let mut buf = [0x55 as c_char; 6];
+        // SAFETY: `buf` is writable for its length.
+        unsafe { put_str(buf.as_mut_ptr(), 6, "vgpud vGPU") }.unwrap();
+        let s: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+        assert_eq!(&s, b"vgpud\0");
+        // SAFETY: as above.
+        let r = unsafe { put_str(buf.as_mut_ptr(), 0, "x") };
+        assert_eq!(r, Err(cu::ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_panicking_body_is_an_error_code() {
+        assert_eq!(entry(|| panic!("bug")), cu::ERROR_UNKNOWN);
+        assert_eq!(entry(|| Err(cu::ERROR_NOT_FOUND)), cu::ERROR_NOT_FOUND);
+        assert_eq!(entry(|| Ok(())), cu::SUCCESS);
+    }
+}

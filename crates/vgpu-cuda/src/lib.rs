@@ -1,0 +1,30 @@
+//! A CUDA driver for vgpud virtual GPU functions: `libcuda.so.1` inside a
+//! guest, over the `vgpu.ko` character devices `/dev/vgpuN`, the way
+//! NVIDIA's libcuda sits over its kernel driver.
+//!
+//! The CUDA runtime (static or shared, CUDA 12 and 13), cuBLAS, CuPy and
+//! PyTorch reach the driver only through `dlopen("libcuda.so.1")`,
+//! [`cuGetProcAddress`](api::init::cuGetProcAddress_v2) and
+//! [`cuGetExportTable`](api::init::cuGetExportTable), so an unmodified
+//! program runs on a vGPU once this library is first in the loader's
+//! path (`LD_LIBRARY_PATH`, or `/etc/ld.so.conf.d`).
+//!
+//! * [`api`]: the exported entry points, by area.
+//! * [`procs`]: the name and version table of `cuGetProcAddress`.
+//! * [`export`]: the runtime's private tables, and [`md2`] for the one
+//!   that checks the driver.
+//! * [`state`]: devices, contexts and every handle a program holds.
+//!
+//! Each device is one vGPU: its memory is the partition's quota, its SM
+//! count the partition's compute units. Modules are fatbinaries or PTX,
+//! loaded as they are on the device (the host's driver, or the software
+//! backend's PTX executor, runs them); their PTX gives each kernel's
+//! parameter layout. Every command completes before its call returns.
+
+pub mod api;
+pub mod cu;
+pub mod export;
+pub mod ffi;
+pub mod md2;
+pub mod procs;
+pub mod state;

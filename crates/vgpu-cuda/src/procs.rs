@@ -1,0 +1,527 @@
+//! `cuGetProcAddress`: how the CUDA runtime, cuBLAS, CuPy and PyTorch
+//! find every driver function. A name has one row per ABI variant, with
+//! the CUDA version that introduced it; a caller built for version `v`
+//! gets the newest variant not newer than `v`. The per-thread default
+//! stream flavour (flags 2) maps onto the same functions: each command
+//! completes before its call returns, so the two stream semantics agree.
+//!
+//! Every name the runtimes ask for at initialisation has a row, because
+//! they resolve their whole table eagerly and fail to start on a missing
+//! one: what is not implemented answers `CUDA_ERROR_NOT_SUPPORTED` when
+//! called, and says so once on stderr.
+
+use std::ffi::c_void;
+
+use crate::api::{context::*, device::*, init::*, memory::*, module::*, stream::*};
+use crate::cu::{self, CUresult};
+
+/// A function address in a table row.
+#[derive(Clone, Copy)]
+pub struct Sym(*const c_void);
+
+// SAFETY: function addresses, never written through.
+unsafe impl Sync for Sym {}
+
+/// One row: a name, the version of this variant, its function.
+pub struct Entry {
+    pub name: &'static str,
+    pub version: i32,
+    pub sym: Sym,
+}
+
+/// The answer to a look-up.
+pub enum Lookup {
+    Found(*mut c_void),
+    /// The name exists, but only in variants newer than the caller.
+    VersionTooLow,
+    Unknown,
+}
+
+/// Resolves `name` for a caller built against CUDA `version`.
+pub fn lookup(name: &str, version: i32) -> Lookup {
+    let mut known = false;
+    let mut best: Option<&Entry> = None;
+    for e in ENTRIES.iter().filter(|e| e.name == name) {
+        known = true;
+        if e.version <= version && best.is_none_or(|b| e.version > b.version) {
+            best = Some(e);
+        }
+    }
+    match best {
+        Some(e) => Lookup::Found(e.sym.0.cast_mut()),
+        None if known => Lookup::VersionTooLow,
+        None => Lookup::Unknown,
+    }
+}
+
+/// What an unimplemented entry point does.
+fn unsupported(name: &'static str) -> CUresult {
+    match crate::state::driver() {
+        Ok(d) => d.not_supported(name),
+        Err(_) => cu::ERROR_NOT_SUPPORTED,
+    }
+}
+
+macro_rules! tables {
+    (
+        implemented { $($name:ident $ver:literal => $sym:ident,)* }
+        unsupported { $($uname:ident $uver:literal,)* }
+    ) => {
+        /// Entry points a caller asks for that this driver does not
+        /// implement. Called with whatever arguments the caller passes,
+        /// which the C calling convention lets them ignore.
+        #[allow(non_snake_case)]
+        mod stubs {
+            $(
+                pub extern "C" fn $uname() -> crate::cu::CUresult {
+                    super::unsupported(stringify!($uname))
+                }
+            )*
+        }
+
+        static ENTRIES: &[Entry] = &[
+            $(Entry { name: stringify!($name), version: $ver, sym: Sym($sym as *const c_void) },)*
+            $(Entry { name: stringify!($uname), version: $uver, sym: Sym(stubs::$uname as *const c_void) },)*
+        ];
+    };
+}
+
+tables! {
+    // Implemented: (name, first CUDA version of this variant, symbol).
+implemented {
+    cuCtxCreate 3020 => cuCtxCreate_v2,
+    cuCtxDestroy 4000 => cuCtxDestroy_v2,
+    cuCtxGetApiVersion 3020 => cuCtxGetApiVersion,
+    cuCtxGetCacheConfig 3020 => cuCtxGetCacheConfig,
+    cuCtxGetCurrent 4000 => cuCtxGetCurrent,
+    cuCtxGetDevice 2000 => cuCtxGetDevice,
+    cuCtxGetDevice 13000 => cuCtxGetDevice_v2,
+    cuCtxGetFlags 7000 => cuCtxGetFlags,
+    cuCtxGetId 12000 => cuCtxGetId,
+    cuCtxGetLimit 3010 => cuCtxGetLimit,
+    cuCtxGetSharedMemConfig 4020 => cuCtxGetSharedMemConfig,
+    cuCtxGetStreamPriorityRange 5050 => cuCtxGetStreamPriorityRange,
+    cuCtxPopCurrent 4000 => cuCtxPopCurrent_v2,
+    cuCtxPushCurrent 4000 => cuCtxPushCurrent_v2,
+    cuCtxSetCacheConfig 3020 => cuCtxSetCacheConfig,
+    cuCtxSetCurrent 4000 => cuCtxSetCurrent,
+    cuCtxSetFlags 12010 => cuCtxSetFlags,
+    cuCtxSetLimit 3010 => cuCtxSetLimit,
+    cuCtxSynchronize 2000 => cuCtxSynchronize,
+    cuCtxSynchronize 13000 => cuCtxSynchronize_v2,
+    cuDeviceCanAccessPeer 4000 => cuDeviceCanAccessPeer,
+    cuDeviceComputeCapability 2000 => cuDeviceComputeCapability,
+    cuDeviceGet 2000 => cuDeviceGet,
+    cuDeviceGetAttribute 2000 => cuDeviceGetAttribute,
+    cuDeviceGetCount 2000 => cuDeviceGetCount,
+    cuDeviceGetName 2000 => cuDeviceGetName,
+    cuDeviceGetPCIBusId 4010 => cuDeviceGetPCIBusId,
+    cuDeviceGetUuid 9020 => cuDeviceGetUuid,
+    cuDeviceGetUuid 11040 => cuDeviceGetUuid_v2,
+    cuDevicePrimaryCtxGetState 7000 => cuDevicePrimaryCtxGetState,
+    cuDevicePrimaryCtxRelease 7000 => cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset 7000 => cuDevicePrimaryCtxReset_v2,
+    cuDevicePrimaryCtxRetain 7000 => cuDevicePrimaryCtxRetain,
+    cuDevicePrimaryCtxSetFlags 11000 => cuDevicePrimaryCtxSetFlags_v2,
+    cuDeviceTotalMem 3020 => cuDeviceTotalMem_v2,
+    cuDriverGetVersion 2020 => cuDriverGetVersion,
+    cuEventCreate 2000 => cuEventCreate,
+    cuEventDestroy 4000 => cuEventDestroy_v2,
+    cuEventElapsedTime 2000 => cuEventElapsedTime,
+    cuEventElapsedTime 12080 => cuEventElapsedTime_v2,
+    cuEventQuery 2000 => cuEventQuery,
+    cuEventRecord 2000 => cuEventRecord,
+    cuEventRecordWithFlags 11010 => cuEventRecordWithFlags,
+    cuEventSynchronize 2000 => cuEventSynchronize,
+    cuFuncGetAttribute 2020 => cuFuncGetAttribute,
+    cuFuncGetName 12030 => cuFuncGetName,
+    cuFuncGetParamInfo 12040 => cuFuncGetParamInfo,
+    cuFuncSetAttribute 9000 => cuFuncSetAttribute,
+    cuFuncSetCacheConfig 3000 => cuFuncSetCacheConfig,
+    cuGetErrorName 6000 => cuGetErrorName,
+    cuGetErrorString 6000 => cuGetErrorString,
+    cuGetExportTable 3000 => cuGetExportTable,
+    cuGetProcAddress 11030 => cuGetProcAddress,
+    cuGetProcAddress 12000 => cuGetProcAddress_v2,
+    cuInit 2000 => cuInit,
+    cuKernelGetAttribute 12000 => cuKernelGetAttribute,
+    cuKernelGetFunction 12000 => cuKernelGetFunction,
+    cuKernelSetAttribute 12000 => cuKernelSetAttribute,
+    cuLaunchKernel 4000 => cuLaunchKernel,
+    cuLaunchKernelEx 11060 => cuLaunchKernelEx,
+    cuLibraryGetKernel 12000 => cuLibraryGetKernel,
+    cuLibraryGetModule 12000 => cuLibraryGetModule,
+    cuLibraryLoadData 12000 => cuLibraryLoadData,
+    cuLibraryUnload 12000 => cuLibraryUnload,
+    cuMemAlloc 3020 => cuMemAlloc_v2,
+    cuMemAllocAsync 11020 => cuMemAllocAsync,
+    cuMemAllocHost 3020 => cuMemAllocHost_v2,
+    cuMemFree 3020 => cuMemFree_v2,
+    cuMemFreeAsync 11020 => cuMemFreeAsync,
+    cuMemFreeHost 2000 => cuMemFreeHost,
+    cuMemGetAddressRange 3020 => cuMemGetAddressRange_v2,
+    cuMemGetInfo 3020 => cuMemGetInfo_v2,
+    cuMemHostAlloc 2020 => cuMemHostAlloc,
+    cuMemHostRegister 6050 => cuMemHostRegister_v2,
+    cuMemHostUnregister 4000 => cuMemHostUnregister,
+    cuMemcpy 4000 => cuMemcpy,
+    cuMemcpyAsync 4000 => cuMemcpyAsync,
+    cuMemcpyDtoD 3020 => cuMemcpyDtoD_v2,
+    cuMemcpyDtoDAsync 3020 => cuMemcpyDtoDAsync_v2,
+    cuMemcpyDtoH 3020 => cuMemcpyDtoH_v2,
+    cuMemcpyDtoHAsync 3020 => cuMemcpyDtoHAsync_v2,
+    cuMemcpyHtoD 3020 => cuMemcpyHtoD_v2,
+    cuMemcpyHtoDAsync 3020 => cuMemcpyHtoDAsync_v2,
+    cuMemsetD16 3020 => cuMemsetD16_v2,
+    cuMemsetD16Async 3020 => cuMemsetD16Async,
+    cuMemsetD32 3020 => cuMemsetD32_v2,
+    cuMemsetD32Async 3020 => cuMemsetD32Async,
+    cuMemsetD8 3020 => cuMemsetD8_v2,
+    cuMemsetD8Async 3020 => cuMemsetD8Async,
+    cuModuleGetFunction 2000 => cuModuleGetFunction,
+    cuModuleGetFunctionCount 12040 => cuModuleGetFunctionCount,
+    cuModuleGetGlobal 3020 => cuModuleGetGlobal_v2,
+    cuModuleGetLoadingMode 11070 => cuModuleGetLoadingMode,
+    cuModuleLoadData 2000 => cuModuleLoadData,
+    cuModuleLoadDataEx 2010 => cuModuleLoadDataEx,
+    cuModuleLoadFatBinary 2000 => cuModuleLoadFatBinary,
+    cuModuleUnload 2000 => cuModuleUnload,
+    cuOccupancyMaxActiveBlocksPerMultiprocessor 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags 7000 => cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    cuOccupancyMaxPotentialBlockSize 6050 => cuOccupancyMaxPotentialBlockSize,
+    cuPointerGetAttribute 4000 => cuPointerGetAttribute,
+    cuPointerGetAttributes 7000 => cuPointerGetAttributes,
+    cuProfilerStart 4000 => cuProfilerStart,
+    cuProfilerStop 4000 => cuProfilerStop,
+    cuStreamCreate 2000 => cuStreamCreate,
+    cuStreamCreateWithPriority 5050 => cuStreamCreateWithPriority,
+    cuStreamDestroy 4000 => cuStreamDestroy_v2,
+    cuStreamGetCtx 9020 => cuStreamGetCtx,
+    cuStreamGetCtx 12050 => cuStreamGetCtx_v2,
+    cuStreamGetFlags 5050 => cuStreamGetFlags,
+    cuStreamGetId 12000 => cuStreamGetId,
+    cuStreamGetPriority 5050 => cuStreamGetPriority,
+    cuStreamIsCapturing 10000 => cuStreamIsCapturing,
+    cuStreamQuery 2000 => cuStreamQuery,
+    cuStreamSynchronize 2000 => cuStreamSynchronize,
+    cuStreamWaitEvent 3020 => cuStreamWaitEvent,
+    cuThreadExchangeStreamCaptureMode 10010 => cuThreadExchangeStreamCaptureMode,
+}
+
+// Asked for by the CUDA 13 runtime (static and shared), cuBLAS, CuPy or
+// PyTorch at initialisation, and not implemented: each answers
+// CUDA_ERROR_NOT_SUPPORTED and says so once. (name, first version asked.)
+unsupported {
+    cuArray3DCreate 3020,
+    cuArray3DGetDescriptor 3020,
+    cuArrayCreate 3020,
+    cuArrayDestroy 2000,
+    cuArrayGetDescriptor 3020,
+    cuArrayGetMemoryRequirements 11060,
+    cuArrayGetPlane 11020,
+    cuArrayGetSparseProperties 11010,
+    cuCtxDetach 2000,
+    cuCtxDisablePeerAccess 4000,
+    cuCtxEnablePeerAccess 4000,
+    cuCtxFromGreenCtx 12040,
+    cuCtxGetDevResource 12040,
+    cuCtxRecordEvent 12050,
+    cuCtxResetPersistingL2Cache 11000,
+    cuCtxSetSharedMemConfig 4020,
+    cuCtxWaitEvent 12050,
+    cuDestroyExternalMemory 10000,
+    cuDestroyExternalSemaphore 10000,
+    cuDevResourceGenerateDesc 12040,
+    cuDevSmResourceSplitByCount 12040,
+    cuDeviceGetByPCIBusId 4010,
+    cuDeviceGetDefaultMemPool 11020,
+    cuDeviceGetDevResource 12040,
+    cuDeviceGetGraphMemAttribute 11040,
+    cuDeviceGetHostAtomicCapabilities 13000,
+    cuDeviceGetMemPool 11020,
+    cuDeviceGetNvSciSyncAttributes 10020,
+    cuDeviceGetP2PAtomicCapabilities 13000,
+    cuDeviceGetP2PAttribute 8000,
+    cuDeviceGetTexture1DLinearMaxWidth 11010,
+    cuDeviceGraphMemTrim 11040,
+    cuDeviceRegisterAsyncNotification 12040,
+    cuDeviceSetGraphMemAttribute 11040,
+    cuDeviceSetMemPool 11020,
+    cuDeviceUnregisterAsyncNotification 12040,
+    cuEGLStreamConsumerAcquireFrame 7000,
+    cuEGLStreamConsumerConnect 7000,
+    cuEGLStreamConsumerConnectWithFlags 8000,
+    cuEGLStreamConsumerDisconnect 7000,
+    cuEGLStreamConsumerReleaseFrame 7000,
+    cuEGLStreamProducerConnect 7000,
+    cuEGLStreamProducerDisconnect 7000,
+    cuEGLStreamProducerPresentFrame 7000,
+    cuEGLStreamProducerReturnFrame 7000,
+    cuExternalMemoryGetMappedBuffer 10000,
+    cuExternalMemoryGetMappedMipmappedArray 10000,
+    cuFlushGPUDirectRDMAWrites 11030,
+    cuFuncSetSharedMemConfig 4020,
+    cuGLCtxCreate 3020,
+    cuGLGetDevices 4010,
+    cuGLInit 2000,
+    cuGLMapBufferObject 3020,
+    cuGLMapBufferObjectAsync 3020,
+    cuGLRegisterBufferObject 2000,
+    cuGLSetBufferObjectMapFlags 2030,
+    cuGLUnmapBufferObject 2000,
+    cuGLUnmapBufferObjectAsync 2030,
+    cuGLUnregisterBufferObject 2000,
+    cuGraphAddChildGraphNode 10000,
+    cuGraphAddDependencies 10000,
+    cuGraphAddEmptyNode 10000,
+    cuGraphAddEventRecordNode 11010,
+    cuGraphAddEventWaitNode 11010,
+    cuGraphAddExternalSemaphoresSignalNode 11020,
+    cuGraphAddExternalSemaphoresWaitNode 11020,
+    cuGraphAddHostNode 10000,
+    cuGraphAddKernelNode 12000,
+    cuGraphAddMemAllocNode 11040,
+    cuGraphAddMemFreeNode 11040,
+    cuGraphAddMemcpyNode 10000,
+    cuGraphAddMemsetNode 10000,
+    cuGraphAddNode 12020,
+    cuGraphChildGraphNodeGetGraph 10000,
+    cuGraphClone 10000,
+    cuGraphConditionalHandleCreate 12030,
+    cuGraphCreate 10000,
+    cuGraphDebugDotPrint 11030,
+    cuGraphDestroy 10000,
+    cuGraphDestroyNode 10000,
+    cuGraphEventRecordNodeGetEvent 11010,
+    cuGraphEventRecordNodeSetEvent 11010,
+    cuGraphEventWaitNodeGetEvent 11010,
+    cuGraphEventWaitNodeSetEvent 11010,
+    cuGraphExecChildGraphNodeSetParams 11010,
+    cuGraphExecDestroy 10000,
+    cuGraphExecEventRecordNodeSetEvent 11010,
+    cuGraphExecEventWaitNodeSetEvent 11010,
+    cuGraphExecExternalSemaphoresSignalNodeSetParams 11020,
+    cuGraphExecExternalSemaphoresWaitNodeSetParams 11020,
+    cuGraphExecGetFlags 12000,
+    cuGraphExecHostNodeSetParams 10020,
+    cuGraphExecKernelNodeSetParams 12000,
+    cuGraphExecMemcpyNodeSetParams 10020,
+    cuGraphExecMemsetNodeSetParams 10020,
+    cuGraphExecNodeSetParams 12020,
+    cuGraphExecUpdate 12000,
+    cuGraphExternalSemaphoresSignalNodeGetParams 11020,
+    cuGraphExternalSemaphoresSignalNodeSetParams 11020,
+    cuGraphExternalSemaphoresWaitNodeGetParams 11020,
+    cuGraphExternalSemaphoresWaitNodeSetParams 11020,
+    cuGraphGetEdges 10000,
+    cuGraphGetNodes 10000,
+    cuGraphGetRootNodes 10000,
+    cuGraphHostNodeGetParams 10000,
+    cuGraphHostNodeSetParams 10000,
+    cuGraphInstantiate 10000,
+    cuGraphInstantiateWithFlags 11040,
+    cuGraphInstantiateWithParams 12000,
+    cuGraphKernelNodeCopyAttributes 11000,
+    cuGraphKernelNodeGetAttribute 11000,
+    cuGraphKernelNodeGetParams 12000,
+    cuGraphKernelNodeSetAttribute 11000,
+    cuGraphKernelNodeSetParams 12000,
+    cuGraphLaunch 10000,
+    cuGraphMemAllocNodeGetParams 11040,
+    cuGraphMemFreeNodeGetParams 11040,
+    cuGraphMemcpyNodeGetParams 10000,
+    cuGraphMemcpyNodeSetParams 10000,
+    cuGraphMemsetNodeGetParams 10000,
+    cuGraphMemsetNodeSetParams 10000,
+    cuGraphNodeFindInClone 10000,
+    cuGraphNodeGetDependencies 10000,
+    cuGraphNodeGetDependentNodes 10000,
+    cuGraphNodeGetEnabled 11060,
+    cuGraphNodeGetType 10000,
+    cuGraphNodeSetEnabled 11060,
+    cuGraphNodeSetParams 12020,
+    cuGraphReleaseUserObject 11030,
+    cuGraphRemoveDependencies 10000,
+    cuGraphRetainUserObject 11030,
+    cuGraphUpload 11010,
+    cuGraphicsEGLRegisterImage 7000,
+    cuGraphicsGLRegisterBuffer 3000,
+    cuGraphicsGLRegisterImage 3000,
+    cuGraphicsMapResources 3000,
+    cuGraphicsResourceGetMappedEglFrame 7000,
+    cuGraphicsResourceGetMappedMipmappedArray 5000,
+    cuGraphicsResourceGetMappedPointer 3020,
+    cuGraphicsResourceSetMapFlags 6050,
+    cuGraphicsSubResourceGetMappedArray 3000,
+    cuGraphicsUnmapResources 3000,
+    cuGraphicsUnregisterResource 3000,
+    cuGraphicsVDPAURegisterOutputSurface 3010,
+    cuGraphicsVDPAURegisterVideoSurface 3010,
+    cuGreenCtxCreate 12040,
+    cuGreenCtxDestroy 12040,
+    cuGreenCtxGetDevResource 12040,
+    cuGreenCtxGetId 12090,
+    cuGreenCtxRecordEvent 12040,
+    cuGreenCtxStreamCreate 12050,
+    cuGreenCtxWaitEvent 12040,
+    cuImportExternalMemory 10000,
+    cuImportExternalSemaphore 10000,
+    cuIpcCloseMemHandle 4010,
+    cuIpcGetEventHandle 4010,
+    cuIpcGetMemHandle 4010,
+    cuIpcOpenEventHandle 4010,
+    cuIpcOpenMemHandle 4010,
+    cuKernelGetName 12030,
+    cuKernelGetParamInfo 12040,
+    cuKernelSetCacheConfig 12000,
+    cuLaunchCooperativeKernel 9000,
+    cuLaunchHostFunc 10000,
+    cuLibraryEnumerateKernels 12040,
+    cuLibraryGetGlobal 12000,
+    cuLibraryGetKernelCount 12040,
+    cuLibraryGetManaged 12000,
+    cuLibraryGetUnifiedFunction 12000,
+    cuLibraryLoadFromFile 12000,
+    cuLinkAddData 5050,
+    cuLinkAddFile 5050,
+    cuLinkComplete 5050,
+    cuLinkCreate 5050,
+    cuLinkDestroy 5050,
+    cuLogsCurrent 12090,
+    cuLogsDumpToFile 12090,
+    cuLogsDumpToMemory 12090,
+    cuLogsRegisterCallback 12090,
+    cuLogsUnregisterCallback 12090,
+    cuMemAdvise 8000,
+    cuMemAllocFromPoolAsync 11020,
+    cuMemAllocManaged 6000,
+    cuMemAllocPitch 3020,
+    cuMemDiscardAndPrefetchBatchAsync 13000,
+    cuMemDiscardBatchAsync 13000,
+    cuMemGetDefaultMemPool 13000,
+    cuMemGetMemPool 13000,
+    cuMemHostGetDevicePointer 3020,
+    cuMemHostGetFlags 2030,
+    cuMemPoolCreate 11020,
+    cuMemPoolDestroy 11020,
+    cuMemPoolExportPointer 11020,
+    cuMemPoolExportToShareableHandle 11020,
+    cuMemPoolGetAccess 11020,
+    cuMemPoolGetAttribute 11020,
+    cuMemPoolImportFromShareableHandle 11020,
+    cuMemPoolImportPointer 11020,
+    cuMemPoolSetAccess 11020,
+    cuMemPoolSetAttribute 11020,
+    cuMemPoolTrimTo 11020,
+    cuMemPrefetchAsync 8000,
+    cuMemPrefetchBatchAsync 13000,
+    cuMemRangeGetAttribute 8000,
+    cuMemRangeGetAttributes 8000,
+    cuMemSetMemPool 13000,
+    cuMemcpy2DAsync 3020,
+    cuMemcpy2DUnaligned 3020,
+    cuMemcpy3D 3020,
+    cuMemcpy3DAsync 3020,
+    cuMemcpy3DBatchAsync 12080,
+    cuMemcpy3DPeer 4000,
+    cuMemcpy3DPeerAsync 4000,
+    cuMemcpyBatchAsync 12080,
+    cuMemcpyPeer 4000,
+    cuMemcpyPeerAsync 4000,
+    cuMemsetD2D8 3020,
+    cuMemsetD2D8Async 3020,
+    cuMipmappedArrayCreate 5000,
+    cuMipmappedArrayDestroy 5000,
+    cuMipmappedArrayGetLevel 5000,
+    cuMipmappedArrayGetMemoryRequirements 11060,
+    cuMipmappedArrayGetSparseProperties 11010,
+    cuModuleGetSurfRef 3000,
+    cuModuleGetTexRef 2000,
+    cuModuleLoad 2000,
+    cuOccupancyAvailableDynamicSMemPerBlock 10020,
+    cuOccupancyMaxActiveClusters 11070,
+    cuOccupancyMaxPotentialClusterSize 11070,
+    cuProfilerInitialize 4000,
+    cuSignalExternalSemaphoresAsync 10000,
+    cuStreamAddCallback 5000,
+    cuStreamAttachMemAsync 6000,
+    cuStreamBatchMemOp 8000,
+    cuStreamBeginCapture 10000,
+    cuStreamBeginCaptureToGraph 12030,
+    cuStreamCopyAttributes 11000,
+    cuStreamEndCapture 10000,
+    cuStreamGetAttribute 11000,
+    cuStreamGetCaptureInfo 10010,
+    cuStreamGetDevice 12080,
+    cuStreamSetAttribute 11000,
+    cuStreamUpdateCaptureDependencies 11030,
+    cuStreamWaitValue32 8000,
+    cuStreamWaitValue64 9000,
+    cuStreamWriteValue32 8000,
+    cuStreamWriteValue64 9000,
+    cuSurfObjectCreate 5000,
+    cuSurfObjectDestroy 5000,
+    cuSurfObjectGetResourceDesc 5000,
+    cuTexObjectCreate 5000,
+    cuTexObjectDestroy 5000,
+    cuTexObjectGetResourceDesc 5000,
+    cuTexObjectGetResourceViewDesc 5000,
+    cuTexObjectGetTextureDesc 5000,
+    cuUserObjectCreate 11030,
+    cuUserObjectRelease 11030,
+    cuUserObjectRetain 11030,
+    cuVDPAUCtxCreate 3020,
+    cuVDPAUGetDevice 3010,
+    cuWaitExternalSemaphoresAsync 10000,
+}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(name: &str, v: i32) -> *mut c_void {
+        match lookup(name, v) {
+            Lookup::Found(f) => f,
+            _ => panic!("{name} {v} not found"),
+        }
+    }
+
+    #[test]
+    fn the_newest_variant_not_newer_than_the_caller_is_chosen() {
+        assert_eq!(
+            found("cuCtxSynchronize", 12090),
+            cuCtxSynchronize as *mut c_void
+        );
+        assert_eq!(
+            found("cuCtxSynchronize", 13000),
+            cuCtxSynchronize_v2 as *mut c_void
+        );
+        assert_eq!(found("cuMemAlloc", 13000), cuMemAlloc_v2 as *mut c_void);
+        assert!(matches!(lookup("cuMemAlloc", 2000), Lookup::VersionTooLow));
+        assert!(matches!(lookup("cuNoSuchThing", 13000), Lookup::Unknown));
+    }
+
+    #[test]
+    fn every_name_appears_once_per_version() {
+        let mut seen = std::collections::HashSet::new();
+        for e in ENTRIES {
+            assert!(
+                seen.insert((e.name, e.version)),
+                "{} {} twice",
+                e.name,
+                e.version
+            );
+            assert!(e.name.starts_with("cu"));
+        }
+        assert!(ENTRIES.len() > 350);
+    }
+
+    #[test]
+    fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
+        let f = found("cuGraphCreate", 13000);
+        // SAFETY: every stub is `extern "C" fn() -> CUresult`.
+        let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
+        assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);
+    }
+}

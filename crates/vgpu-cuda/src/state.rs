@@ -1,0 +1,530 @@
+//! The driver's state: the vGPUs found at `cuInit`, and every object a
+//! program created (contexts, modules, functions, streams, events,
+//! allocations), each behind a handle number this library checks on
+//! every use, so a stale or forged handle is an error, never a crash.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use vgpu_guest::{sys, Device, Dims, Error as GuestError, Module};
+use vgpu_ptx::KernelInfo;
+
+use crate::cu::{self, CUdevice, CUresult};
+use crate::ffi::CuResult;
+
+/// The process's driver. CUDA's C API is process-global (any thread may
+/// call any entry point with handles made by another), so its state is
+/// one value reached from everywhere; it is created once by `cuInit`.
+static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
+
+/// Initialises the driver (idempotent, as `cuInit` is).
+pub fn init() -> CuResult<&'static Driver> {
+    DRIVER.get_or_init(Driver::open).as_ref().map_err(|e| *e)
+}
+
+/// The driver, once `cuInit` succeeded.
+pub fn driver() -> CuResult<&'static Driver> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(e)) => Err(*e),
+        None => Err(cu::ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// Maps the guest library's errors onto CUDA's.
+pub fn cu_error(e: &GuestError) -> CUresult {
+    match e {
+        GuestError::OutOfMemory => cu::ERROR_OUT_OF_MEMORY,
+        GuestError::Invalid | GuestError::Usage(_) | GuestError::Bounds { .. } => {
+            cu::ERROR_INVALID_VALUE
+        }
+        GuestError::Fault => cu::ERROR_INVALID_VALUE,
+        GuestError::NotFound => cu::ERROR_NOT_FOUND,
+        GuestError::OutOfRange => cu::ERROR_INVALID_VALUE,
+        GuestError::TooBig => cu::ERROR_INVALID_VALUE,
+        GuestError::Unsupported => cu::ERROR_NOT_SUPPORTED,
+        GuestError::NoDevice => cu::ERROR_NO_DEVICE,
+        GuestError::TimedOut => cu::ERROR_LAUNCH_TIMEOUT,
+        GuestError::Rejected { source, .. } => cu_error(source),
+        GuestError::Command { status, source, .. } => match *status {
+            sys::CMD_STATUS_NO_MEMORY => cu::ERROR_OUT_OF_MEMORY,
+            sys::CMD_STATUS_INVALID => cu::ERROR_INVALID_VALUE,
+            sys::CMD_STATUS_UNSUPPORTED => cu::ERROR_NOT_SUPPORTED,
+            sys::CMD_STATUS_NOT_FOUND => cu::ERROR_NOT_FOUND,
+            sys::CMD_STATUS_OUT_OF_RANGE | sys::CMD_STATUS_FAULT => cu::ERROR_ILLEGAL_ADDRESS,
+            sys::CMD_STATUS_DEVICE_ERROR | sys::CMD_STATUS_CANCELLED => cu::ERROR_LAUNCH_FAILED,
+            _ => cu_error(source),
+        },
+        _ => cu::ERROR_UNKNOWN,
+    }
+}
+
+/// `?`-friendly form of [`cu_error`].
+pub fn check<T>(r: vgpu_guest::Result<T>) -> CuResult<T> {
+    r.map_err(|e| {
+        log(&format!("device: {e}"));
+        cu_error(&e)
+    })
+}
+
+/// Writes a diagnostic line when `VGPU_CUDA_LOG` is set: a library must
+/// not write to a program's stderr unasked.
+pub fn log(msg: &str) {
+    if std::env::var_os("VGPU_CUDA_LOG").is_some() {
+        eprintln!("vgpu-cuda: {msg}");
+    }
+}
+
+/// One vGPU, `/dev/vgpuN`.
+pub struct Gpu {
+    pub dev: Arc<Device>,
+    pub info: sys::VgpuInfo,
+    pub name: String,
+    pub uuid: [u8; 16],
+    /// The primary context's handle.
+    pub primary: usize,
+}
+
+/// A context: CUDA's per-device address space and state.
+pub struct Ctx {
+    pub device: CUdevice,
+    /// Values stored through the context-local-storage table, with the
+    /// destructor to call when the context is reset.
+    pub storage: HashMap<usize, (usize, Option<crate::export::ClsDtor>)>,
+    /// `CUlimit` values, by limit number.
+    pub limits: [usize; 7],
+    pub flags: u32,
+}
+
+/// CUDA's defaults for `CUlimit` 0..=6: stack, printf FIFO, malloc heap,
+/// sync depth, pending launches, L2 fetch granularity, persisting L2.
+pub const DEFAULT_LIMITS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0];
+
+impl Ctx {
+    pub fn new(device: CUdevice, flags: u32) -> Ctx {
+        Ctx {
+            device,
+            storage: HashMap::new(),
+            limits: DEFAULT_LIMITS,
+            flags,
+        }
+    }
+}
+
+/// A loaded module (or library: CUDA's context-independent module).
+pub struct ModuleObj {
+    pub device: CUdevice,
+    pub module: Arc<Module>,
+    /// The entry points and their parameter layouts, from the module's
+    /// PTX (the device checks them again at launch).
+    pub kernels: HashMap<String, KernelInfo>,
+}
+
+/// A function (or kernel) of a module.
+pub struct Func {
+    pub module: usize,
+    pub device: CUdevice,
+    pub info: KernelInfo,
+    /// The name, NUL-terminated, for `cuFuncGetName`.
+    pub cname: std::ffi::CString,
+    pub max_dynamic_shared: i32,
+}
+
+/// A stream. Work on it runs in order; this driver runs each command to
+/// completion before returning, so a stream is always idle when asked.
+pub struct Stream {
+    pub ctx: usize,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+/// An event: a fence with the device clock at the point it was recorded.
+pub struct Event {
+    pub flags: u32,
+    /// Device nanoseconds when last recorded.
+    pub stamp: Option<u64>,
+}
+
+/// Device memory a program allocated.
+pub struct Alloc {
+    pub size: u64,
+    pub device: CUdevice,
+    pub ctx: usize,
+}
+
+/// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
+pub struct HostMem {
+    pub size: usize,
+    pub ctx: usize,
+    /// Allocated here (freed by `cuMemFreeHost`), or the caller's
+    /// (registered with `cuMemHostRegister`).
+    pub owned: bool,
+}
+
+/// Handle-addressed objects.
+#[derive(Default)]
+pub struct Objects {
+    next: usize,
+    pub ctxs: HashMap<usize, Ctx>,
+    pub modules: HashMap<usize, ModuleObj>,
+    pub funcs: HashMap<usize, Func>,
+    pub streams: HashMap<usize, Stream>,
+    pub events: HashMap<usize, Event>,
+    /// Device allocations by start address.
+    pub allocs: BTreeMap<u64, Alloc>,
+    /// Host allocations by start address.
+    pub host: BTreeMap<usize, HostMem>,
+    /// Primary context reference counts and flags, per device.
+    pub primary_refs: Vec<u32>,
+    pub primary_flags: Vec<u32>,
+}
+
+impl Objects {
+    /// A fresh handle number: non-null, distinct from every live one
+    /// (and from small integers a program might pass by mistake).
+    pub fn handle(&mut self) -> usize {
+        self.next += 0x10;
+        0x10_0000 + self.next
+    }
+
+    /// The allocation containing `[addr, addr + len)`.
+    pub fn alloc_at(&self, addr: u64, len: u64) -> Option<(u64, &Alloc)> {
+        let (&start, a) = self.allocs.range(..=addr).next_back()?;
+        let end = start.checked_add(a.size)?;
+        (addr.checked_add(len)? <= end && addr < end.max(start + 1)).then_some((start, a))
+    }
+
+    /// The host allocation containing `[p, p + len)`.
+    pub fn host_at(&self, p: usize, len: usize) -> Option<(usize, &HostMem)> {
+        let (&start, h) = self.host.range(..=p).next_back()?;
+        (p.checked_add(len)? <= start + h.size && p < start + h.size.max(1)).then_some((start, h))
+    }
+}
+
+/// The driver: the vGPUs and the objects.
+pub struct Driver {
+    pub gpus: Vec<Gpu>,
+    objects: Mutex<Objects>,
+    /// Entry points already reported as not supported.
+    unsupported: Mutex<HashSet<&'static str>>,
+}
+
+thread_local! {
+    /// The calling thread's context stack (top last).
+    static CTX_STACK: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Driver {
+    fn open() -> Result<Driver, CUresult> {
+        let mut gpus = Vec::new();
+        let mut objects = Objects::default();
+        for (n, path) in Device::list() {
+            match Device::open(&path) {
+                Ok(dev) => {
+                    let info = *dev.cached_info();
+                    let primary = objects.handle();
+                    let ordinal = gpus.len() as CUdevice;
+                    objects.ctxs.insert(primary, Ctx::new(ordinal, 0));
+                    gpus.push(Gpu {
+                        dev: Arc::new(dev),
+                        name: format!("vgpud vGPU {n}"),
+                        uuid: uuid_of(&info),
+                        info,
+                        primary,
+                    });
+                }
+                Err(e) => log(&format!("{}: {e}", path.display())),
+            }
+        }
+        if gpus.is_empty() {
+            log("no usable /dev/vgpuN");
+            return Err(cu::ERROR_NO_DEVICE);
+        }
+        objects.primary_refs = vec![0; gpus.len()];
+        objects.primary_flags = vec![0; gpus.len()];
+        Ok(Driver {
+            gpus,
+            objects: Mutex::new(objects),
+            unsupported: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The objects, locked. A panic while holding the lock (a bug) must
+    /// not make every later call fail: the data stays consistent because
+    /// each update is a single insert or remove.
+    pub fn objects(&self) -> MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn gpu(&self, dev: CUdevice) -> CuResult<&Gpu> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|i| self.gpus.get(i))
+            .ok_or(cu::ERROR_INVALID_DEVICE)
+    }
+
+    /// Logs, once per name, that a program called an entry point this
+    /// driver does not implement.
+    pub fn not_supported(&self, name: &'static str) -> CUresult {
+        let mut seen = self.unsupported.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.insert(name) {
+            eprintln!("vgpu-cuda: {name} is not supported by this driver");
+        }
+        cu::ERROR_NOT_SUPPORTED
+    }
+
+    /// The calling thread's current context, if any.
+    pub fn current(&self) -> Option<usize> {
+        CTX_STACK.with(|s| s.borrow().last().copied())
+    }
+
+    /// The current context, or `CUDA_ERROR_INVALID_CONTEXT`.
+    pub fn current_ctx(&self) -> CuResult<(usize, CUdevice)> {
+        let ctx = self.current().ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        let dev = self.ctx_device(ctx)?;
+        Ok((ctx, dev))
+    }
+
+    /// The device of context `ctx`.
+    pub fn ctx_device(&self, ctx: usize) -> CuResult<CUdevice> {
+        self.objects()
+            .ctxs
+            .get(&ctx)
+            .map(|c| c.device)
+            .ok_or(cu::ERROR_INVALID_CONTEXT)
+    }
+
+    /// Replaces the top of the calling thread's stack (`cuCtxSetCurrent`).
+    pub fn set_current(&self, ctx: Option<usize>) {
+        CTX_STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            s.pop();
+            if let Some(c) = ctx {
+                s.push(c);
+            }
+        });
+    }
+
+    pub fn push_current(&self, ctx: usize) {
+        CTX_STACK.with(|s| s.borrow_mut().push(ctx));
+    }
+
+    pub fn pop_current(&self) -> Option<usize> {
+        CTX_STACK.with(|s| s.borrow_mut().pop())
+    }
+
+    /// The device behind the current context.
+    pub fn current_gpu(&self) -> CuResult<(usize, &Gpu)> {
+        let (ctx, dev) = self.current_ctx()?;
+        Ok((ctx, self.gpu(dev)?))
+    }
+
+    /// The device a stream's work runs on: the stream's context's, or for
+    /// the default streams (0, 1 = legacy, 2 = per-thread) the current
+    /// context's.
+    pub fn stream_gpu(&self, stream: usize) -> CuResult<&Gpu> {
+        if stream <= 2 {
+            return Ok(self.current_gpu()?.1);
+        }
+        let ctx = self
+            .objects()
+            .streams
+            .get(&stream)
+            .map(|s| s.ctx)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        self.gpu(self.ctx_device(ctx)?)
+    }
+
+    /// Loads a module image (a fatbinary or PTX text) on `dev` and
+    /// records its entry points.
+    pub fn load_module(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
+        let gpu = self.gpu(dev)?;
+        let (format, ptx) = module_ptx(image)?;
+        let mut kernels = HashMap::new();
+        for text in &ptx {
+            let m = vgpu_ptx::Module::parse(text).map_err(|e| {
+                log(&format!("module PTX: {e}"));
+                cu::ERROR_INVALID_IMAGE
+            })?;
+            for k in m.kernels() {
+                kernels.entry(k.name.clone()).or_insert_with(|| k.clone());
+            }
+        }
+        let module = check(gpu.dev.module_load_format(format, image))?;
+        let mut o = self.objects();
+        let h = o.handle();
+        o.modules.insert(
+            h,
+            ModuleObj {
+                device: dev,
+                module: Arc::new(module),
+                kernels,
+            },
+        );
+        Ok(h)
+    }
+
+    /// The function `name` of module `module`.
+    pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
+        let mut o = self.objects();
+        let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let info = m.kernels.get(name).cloned().ok_or(cu::ERROR_NOT_FOUND)?;
+        if name.len() >= sys::ENTRY_NAME_LEN {
+            log(&format!(
+                "{name}: entry point names are limited to {} bytes",
+                sys::ENTRY_NAME_LEN - 1
+            ));
+            return Err(cu::ERROR_NOT_SUPPORTED);
+        }
+        let device = m.device;
+        // One handle per (module, name), as CUDA returns the same
+        // CUfunction for repeated look-ups.
+        if let Some((&h, _)) = o
+            .funcs
+            .iter()
+            .find(|(_, f)| f.module == module && f.info.name == name)
+        {
+            return Ok(h);
+        }
+        let h = o.handle();
+        o.funcs.insert(
+            h,
+            Func {
+                module,
+                device,
+                cname: std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?,
+                info,
+                max_dynamic_shared: 0,
+            },
+        );
+        Ok(h)
+    }
+
+    /// Unloads a module and forgets its functions.
+    pub fn unload_module(&self, module: usize) -> CuResult {
+        let m = {
+            let mut o = self.objects();
+            let m = o.modules.remove(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            o.funcs.retain(|_, f| f.module != module);
+            m
+        };
+        // The device unloads it when the last user (a launch in flight
+        // on another thread) lets go.
+        drop(m);
+        Ok(())
+    }
+
+    /// Launches `func` with its parameters packed as its layout says.
+    pub fn launch(&self, func: usize, dims: Dims, params: &[u8]) -> CuResult {
+        let (module, device, name) = {
+            let o = self.objects();
+            let f = o.funcs.get(&func).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let m = o.modules.get(&f.module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            (m.module.clone(), f.device, f.info.name.clone())
+        };
+        let gpu = self.gpu(device)?;
+        check(gpu.dev.launch(&module, &name, dims, params)).map(drop)
+    }
+}
+
+/// The module format and the PTX texts of an image: a fatbinary (as
+/// `nvcc` embeds it, starting with its header) or PTX text.
+fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
+    let format = if vgpu_ptx::fatbin::is_ptx_text(image) {
+        sys::MODULE_PTX
+    } else {
+        sys::MODULE_FATBIN
+    };
+    let ptx = vgpu_ptx::extract_ptx(image).map_err(|e| {
+        log(&format!("module image: {e}"));
+        match e {
+            vgpu_ptx::FatbinError::NoPtx => cu::ERROR_NO_BINARY_FOR_GPU,
+            _ => cu::ERROR_INVALID_IMAGE,
+        }
+    })?;
+    Ok((format, ptx))
+}
+
+/// A stable UUID for a vGPU function, from what identifies it: its PCI
+/// location and identity.
+fn uuid_of(info: &sys::VgpuInfo) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    u[..4].copy_from_slice(b"VGPU");
+    u[4..8].copy_from_slice(&info.pci_domain.to_le_bytes());
+    u[8] = info.pci_bus;
+    u[9] = info.pci_devfn;
+    u[10..12].copy_from_slice(&info.vendor_id.to_le_bytes());
+    u[12..14].copy_from_slice(&info.device_id.to_le_bytes());
+    u[14..16].copy_from_slice(&info.subsystem_id.to_le_bytes());
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_lookup_needs_the_whole_range_inside_one_allocation() {
+        let mut o = Objects::default();
+        for (a, s) in [(0x1000u64, 0x100u64), (0x2000, 0x10)] {
+            o.allocs.insert(
+                a,
+                Alloc {
+                    size: s,
+                    device: 0,
+                    ctx: 1,
+                },
+            );
+        }
+        assert_eq!(o.alloc_at(0x1000, 0x100).map(|a| a.0), Some(0x1000));
+        assert_eq!(o.alloc_at(0x10ff, 1).map(|a| a.0), Some(0x1000));
+        assert!(o.alloc_at(0x10ff, 2).is_none());
+        assert!(o.alloc_at(0x1100, 1).is_none());
+        assert!(o.alloc_at(0xfff, 1).is_none());
+        assert!(o.alloc_at(u64::MAX, 2).is_none());
+        assert_eq!(o.alloc_at(0x2008, 0).map(|a| a.0), Some(0x2000));
+    }
+
+    #[test]
+    fn handles_are_distinct_and_never_small() {
+        let mut o = Objects::default();
+        let a = o.handle();
+        let b = o.handle();
+        assert_ne!(a, b);
+        assert!(a > 0x1000 && b > 0x1000);
+    }
+
+    #[test]
+    fn failed_launches_map_to_cuda_errors() {
+        let cmd = |status| GuestError::Command {
+            index: 0,
+            status,
+            source: Box::new(GuestError::Io),
+        };
+        assert_eq!(
+            cu_error(&cmd(sys::CMD_STATUS_NO_MEMORY)),
+            cu::ERROR_OUT_OF_MEMORY
+        );
+        assert_eq!(
+            cu_error(&cmd(sys::CMD_STATUS_OUT_OF_RANGE)),
+            cu::ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(
+            cu_error(&cmd(sys::CMD_STATUS_DEVICE_ERROR)),
+            cu::ERROR_LAUNCH_FAILED
+        );
+        assert_eq!(cu_error(&GuestError::OutOfMemory), cu::ERROR_OUT_OF_MEMORY);
+    }
+
+    #[test]
+    fn images_are_classified_by_content() {
+        let ptx = b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { ret; }\n";
+        let (format, texts) = module_ptx(ptx).unwrap();
+        assert_eq!(format, sys::MODULE_PTX);
+        assert_eq!(texts.len(), 1);
+        assert_eq!(
+            module_ptx(b"\x7fELF....").err(),
+            Some(cu::ERROR_INVALID_IMAGE)
+        );
+    }
+}
