@@ -54,6 +54,18 @@ BUSYBOX="/bin/busybox"
 
 # Read-only copies of source files, used only when the registry fails:
 # a clone has shared/ beside it.
+# The CUDA toolkit that builds the CUDA test programs: NVIDIA's wheels on
+# PyPI (nvcc, its front end and back end, the runtime and headers), the
+# version of the GPU machine's driver (CUDA 13.0).
+CUDA_WHEELS=(
+    "nvidia-cuda-nvcc==13.0.88"
+    "nvidia-nvvm==13.0.88"
+    "nvidia-cuda-crt==13.0.88"
+    "nvidia-cuda-runtime==13.0.96"
+)
+CUDA_CACHE_DIR="${VGPUD_CACHE}/cuda-13.0.88"
+CUDA_ROOT="${CUDA_CACHE_DIR}/root/nvidia/cu13"
+
 VGPUD_FALLBACK_DIRS=(
     "${VGPUD_ROOT}/../shared/cache"
 )

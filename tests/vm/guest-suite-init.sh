@@ -11,7 +11,9 @@
 #
 # The initramfs holds /vgpu.ko and the static programs vgpu-smi,
 # vgpu-guest-test, vgpu-saxpy, vgpu-sgemm and (optional, the C interface)
-# vgpu-saxpy-c, in /usr/bin or anywhere else in the image (found at boot);
+# vgpu-saxpy-c, in /usr/bin or anywhere else in the image (found at boot),
+# and (optional) the CUDA driver /usr/lib/vgpu/libcuda.so.1 with the CUDA
+# programs of tests/cuda in /usr/libexec/vgpu-cuda-tests;
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
@@ -84,6 +86,7 @@ modparams=""
 procs=4
 saxpy_n=1048576
 sgemm="128,128,128"
+expect_mem=""
 magic=0x5a17c0de
 hold=0
 isolation_bytes=""
@@ -94,7 +97,10 @@ for word in $(cat /proc/cmdline); do
     case $word in
     vgpu.mode=*) mode=$value ;;
     vgpu.device=*) device=$value ;;
-    vgpu.expect_mem=*) expect_args="$expect_args --expect-mem $value" ;;
+    vgpu.expect_mem=*)
+        expect_args="$expect_args --expect-mem $value"
+        expect_mem=$value
+        ;;
     vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
     vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
     vgpu.expect_devices=*) expect_args="$expect_args --expect-devices $value" ;;
@@ -310,6 +316,40 @@ if command -v vgpu-saxpy-c >/dev/null 2>&1; then
     sample c-api vgpu-saxpy-c "$device" 100000
 else
     echo "guest: no vgpu-saxpy-c in the image; C interface sample skipped"
+fi
+
+# --- unmodified CUDA programs, through the guest's libcuda.so.1 ----------------------
+# cuda_run LABEL PROGRAM ARGS...: each PASS/FAIL line the program prints
+# becomes a check named cuda-LABEL<name>; a program that fails without
+# saying so fails too.
+cuda_run() {
+    label=$1
+    shift
+    LD_LIBRARY_PATH=/usr/lib/vgpu "$@" >/tmp/cuda.out 2>&1
+    rc=$?
+    sed 's/^/  /' /tmp/cuda.out
+    said=0
+    while read -r word name rest; do
+        case $word in
+        PASS) pass "cuda-$label$name" "$rest"; said=1 ;;
+        FAIL) fail "cuda-$label${name%:}" "$rest"; said=1 ;;
+        esac
+    done </tmp/cuda.out
+    if [ $rc -ne 0 ] && [ $said -eq 0 ]; then
+        fail "cuda-$label$(basename "$1")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
+    fi
+}
+cuda_tests=/usr/libexec/vgpu-cuda-tests
+if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
+    for prog in vector_add matmul_tiled reduce streams; do
+        cuda_run "" $cuda_tests/$prog
+    done
+    cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
+    # A fault ends its own process's work only: the next program runs.
+    cuda_run "" $cuda_tests/illegal_address
+    cuda_run after-fault- $cuda_tests/vector_add
+else
+    echo "guest: no libcuda.so.1 or CUDA programs in the image; CUDA checks skipped"
 fi
 
 vgpu-smi | sed 's/^/  /'

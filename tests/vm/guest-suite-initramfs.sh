@@ -12,11 +12,21 @@
 #                          +crt-static), stripped
 #   /usr/bin/vgpu-saxpy-c  crates/vgpu-guest/examples/c/saxpy.c linked
 #                          statically with libvgpu_guest.a (the C interface)
+#   /usr/lib/vgpu/libcuda.so.1
+#                          crates/vgpu-cuda, the guest's CUDA driver
+#   /usr/libexec/vgpu-cuda-tests/*
+#                          tests/cuda/*.cu built by nvcc (ci/fetch-cuda.sh)
+#                          as NVIDIA's toolkit builds them by default: the
+#                          static CUDA runtime, PTX for compute_80; with
+#                          the glibc libraries they load
 #
 # Environment:
 #   VGPU_KO=PATH           use this vgpu.ko instead of building one
 #   VGPU_GUEST_BIN_DIR=DIR use the binaries and libvgpu_guest.a in DIR
 #                          instead of building them (they must be static)
+#   VGPU_CUDA_LIB=PATH     use this libcuda.so.1 instead of building it
+#   VGPU_CUDA_TESTS=DIR    use the CUDA programs in DIR instead of building
+#                          them
 #
 # The module is built in a temporary copy of guest-driver/, so the source
 # folder gets no build outputs.
@@ -84,5 +94,40 @@ run_logged "$stage/cc.log" gcc -static -O2 -Wall -Werror \
     -lpthread -ldl -lm -o "$stage/vgpu-saxpy-c" ||
     die "the C sample did not build"
 strip -o "$stage/root/usr/bin/vgpu-saxpy-c" "$stage/vgpu-saxpy-c"
+
+# --- the CUDA driver and unmodified CUDA programs -------------------------------------
+if [[ -n ${VGPU_CUDA_LIB:-} ]]; then
+    cudalib=$VGPU_CUDA_LIB
+else
+    # A shared library cannot be built with +crt-static: its own target
+    # folder keeps the static build above from being rebuilt.
+    log "cargo build --release -p vgpu-cuda (libcuda.so.1)"
+    cuda_target="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/guest-cuda"
+    CARGO_TARGET_DIR=$cuda_target cargo build --release -p vgpu-cuda --target "$TARGET"
+    cudalib=$cuda_target/$TARGET/release/libcuda.so
+fi
+[[ -f $cudalib ]] || die "no $cudalib"
+mkdir -p "$stage/root/usr/lib/vgpu" "$stage/root/usr/libexec/vgpu-cuda-tests"
+strip -o "$stage/root/usr/lib/vgpu/libcuda.so.1" "$cudalib"
+if [[ -n ${VGPU_CUDA_TESTS:-} ]]; then
+    cp -a "$VGPU_CUDA_TESTS/." "$stage/root/usr/libexec/vgpu-cuda-tests/"
+else
+    nvcc_root=$(bash ci/fetch-cuda.sh)
+    for src in tests/cuda/*.cu; do
+        name=$(basename "$src" .cu)
+        run_logged "$stage/nvcc-$name.log" "$nvcc_root/bin/nvcc" -O2 \
+            -arch=compute_80 -code=compute_80 -L "$nvcc_root/lib" \
+            -o "$stage/root/usr/libexec/vgpu-cuda-tests/$name" "$src" ||
+            die "nvcc did not build $src"
+    done
+fi
+# The glibc libraries the programs and the driver load, at their paths.
+for f in "$stage"/root/usr/libexec/vgpu-cuda-tests/* "$stage/root/usr/lib/vgpu/libcuda.so.1"; do
+    while read -r lib; do
+        [[ -e $stage/root/$lib ]] && continue
+        mkdir -p "$stage/root/$(dirname "$lib")"
+        cp -L "$lib" "$stage/root/$lib"
+    done < <(ldd "$f" 2>/dev/null | grep -oE '/[^ ]+' | sort -u)
+done
 
 bash ci/mkinitramfs.sh --init tests/vm/guest-suite-init.sh "$out" "$stage/root"
