@@ -192,8 +192,10 @@ impl InContext {
         let staged1 = Event::create(false).at("creating an event")?;
         let staging1 = PinnedHost::alloc(STAGING_BYTES).at("allocating pinned staging memory")?;
         let scratch = DeviceMem::alloc(SCRATCH_BYTES).at("allocating the scratch buffer")?;
-        let builtin = driver::module_load_ptx(&shared.ptx)
-            .map_err(|(e, log)| Fail::Cuda(format!("loading the built-in module ({log})"), e))?;
+        let builtin = driver::module_load(&driver::ModuleImage::ptx(
+            shared.ptx.strip_suffix(&[0]).unwrap_or(&shared.ptx),
+        ))
+        .map_err(|(e, log)| Fail::Cuda(format!("loading the built-in module ({log})"), e))?;
         let mut funcs = [std::ptr::null_mut(); kernels::NAMES.len()];
         for (i, name) in kernels::NAMES.iter().enumerate() {
             let cname = CString::new(*name).expect("kernel names have no NUL");

@@ -786,10 +786,41 @@ pub unsafe fn launch_packed(
     })
 }
 
-/// Loads a module image (NUL-terminated PTX) in the current context.
-/// On failure the JIT's error log comes back with the error.
-pub fn module_load_ptx(image: &[u8]) -> Result<Module, (CuError, String)> {
-    debug_assert_eq!(image.last(), Some(&0));
+/// A module image as the driver reads it from a bare pointer: PTX with
+/// its NUL, or a fatbinary, in 8-byte aligned memory.
+pub struct ModuleImage(Vec<u64>);
+
+impl ModuleImage {
+    /// PTX text (without NUL).
+    pub fn ptx(text: &[u8]) -> ModuleImage {
+        let mut bytes = text.to_vec();
+        bytes.push(0);
+        ModuleImage::aligned(&bytes)
+    }
+
+    /// A fatbinary whose headers were checked to lie inside `image`.
+    pub fn fatbin(image: &[u8]) -> ModuleImage {
+        ModuleImage::aligned(image)
+    }
+
+    fn aligned(bytes: &[u8]) -> ModuleImage {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (w, c) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..c.len()].copy_from_slice(c);
+            *w = u64::from_ne_bytes(b);
+        }
+        ModuleImage(words)
+    }
+
+    fn as_ptr(&self) -> *const c_void {
+        self.0.as_ptr().cast()
+    }
+}
+
+/// Loads a module image in the current context. On failure the JIT's
+/// error log comes back with the error.
+pub fn module_load(image: &ModuleImage) -> Result<Module, (CuError, String)> {
     const LOG: usize = 16 << 10;
     let mut error_log = vec![0u8; LOG];
     let mut opts = [
@@ -798,7 +829,8 @@ pub fn module_load_ptx(image: &[u8]) -> Result<Module, (CuError, String)> {
     ];
     let mut vals: [*mut c_void; 2] = [error_log.as_mut_ptr().cast(), LOG as *mut c_void];
     let mut m: sys::CUmodule = std::ptr::null_mut();
-    // SAFETY: `image` is NUL-terminated and outlives the call; the option
+    // SAFETY: `image` is NUL-terminated PTX or a fatbinary whose headers
+    // were checked to lie inside it, aligned, and outlives the call; the option
     // arrays have the same length, passed as the count; the log buffer is
     // LOG bytes as its size option says.
     let r = unsafe {

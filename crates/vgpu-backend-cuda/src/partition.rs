@@ -534,10 +534,11 @@ impl Partition for CudaPartition {
 
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         self.last_device_time = None;
-        if format != abi::MODULE_FORMAT_PTX {
+        if format != abi::MODULE_FORMAT_PTX && format != abi::MODULE_FORMAT_FATBIN {
             return Err(OpError::Unsupported(format!(
-                "module format {format}: the cuda backend loads PTX (format {})",
-                abi::MODULE_FORMAT_PTX
+                "module format {format}: the cuda backend loads PTX (format {}) and fatbinaries ({})",
+                abi::MODULE_FORMAT_PTX,
+                abi::MODULE_FORMAT_FATBIN
             )));
         }
         if !self.shared.guest_ptx.load(Ordering::Relaxed) {
@@ -546,10 +547,14 @@ impl Partition for CudaPartition {
                     .into(),
             ));
         }
-        let ptx = rules::ptx_text(image)?;
-        let mut text = Vec::with_capacity(ptx.len() + 1);
-        text.extend_from_slice(ptx);
-        text.push(0);
+        // The driver reads PTX to its NUL and a fatbinary as far as its
+        // headers say, from an 8-byte aligned copy.
+        let text = if format == abi::MODULE_FORMAT_PTX {
+            let ptx = rules::ptx_text(image)?;
+            driver::ModuleImage::ptx(ptx)
+        } else {
+            driver::ModuleImage::fatbin(rules::fatbin_image(image)?)
+        };
         let name = self.spec.name.clone();
         self.run(|dev| {
             if dev.res.modules.len() >= rules::MAX_MODULES {
@@ -558,7 +563,7 @@ impl Partition for CudaPartition {
                     rules::MAX_MODULES
                 ))));
             }
-            let module = match driver::module_load_ptx(&text) {
+            let module = match driver::module_load(&text) {
                 Ok(m) => m,
                 Err((e, log)) if e.is_sticky() => {
                     return Err(Fail::Cuda(format!("loading a module ({log})"), e))

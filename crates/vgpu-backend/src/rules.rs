@@ -551,6 +551,16 @@ pub fn module_image(image: &[u8]) -> Result<&[u8], OpError> {
     Ok(image)
 }
 
+/// The fatbinary of a [`abi::MODULE_FORMAT_FATBIN`] image, whole: a
+/// driver given only its address reads as far as its headers say, so
+/// they must hold inside the image.
+pub fn fatbin_image(image: &[u8]) -> Result<&[u8], OpError> {
+    let image = module_image(image)?;
+    let len =
+        vgpu_ptx::fatbin_len(image).map_err(|e| OpError::Invalid(format!("fatbinary: {e}")))?;
+    Ok(&image[..len])
+}
+
 /// The text of a [`abi::MODULE_FORMAT_PTX`] image: its bytes before any
 /// trailing NULs, which must hold no other NUL (a driver reads the image
 /// as a C string).

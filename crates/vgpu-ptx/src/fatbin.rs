@@ -131,7 +131,7 @@ pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
     let mut out = Vec::new();
     let mut pos = 0usize;
     while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
-        pos = read_fatbin(image, pos, &mut out)?;
+        pos = read_fatbin(image, pos, Some(&mut out))?;
         // Consecutive fatbinaries are 8-byte aligned; padding may follow.
         while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
             pos += 1;
@@ -143,8 +143,32 @@ pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
     Ok(out)
 }
 
-/// Reads one fatbinary at `start`, returns where it ends.
-fn read_fatbin(image: &[u8], start: usize, out: &mut Vec<String>) -> Result<usize, FatbinError> {
+/// The length of the fatbinaries at the start of `image` (one, or several
+/// back to back as a linker places them), each checked to hold its
+/// entries whole: what a driver reads when it is handed only a pointer.
+pub fn fatbin_len(image: &[u8]) -> Result<usize, FatbinError> {
+    if u32_at(image, 0) != Some(FATBIN_MAGIC) {
+        return Err(FatbinError::NotAModule);
+    }
+    let mut pos = 0usize;
+    let mut end = 0usize;
+    while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
+        end = read_fatbin(image, pos, None)?;
+        pos = end;
+        while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
+            pos += 1;
+        }
+    }
+    Ok(end)
+}
+
+/// Reads one fatbinary at `start` (collecting its PTX into `out`, if
+/// given), returns where it ends.
+fn read_fatbin(
+    image: &[u8],
+    start: usize,
+    mut out: Option<&mut Vec<String>>,
+) -> Result<usize, FatbinError> {
     let bad = |offset, what| FatbinError::Malformed { offset, what };
     let header_size = u16_at(image, start + 6).ok_or(bad(start, "truncated header"))? as usize;
     let size = u64_at(image, start + 8).ok_or(bad(start, "truncated header"))?;
@@ -178,7 +202,7 @@ fn read_fatbin(image: &[u8], start: usize, out: &mut Vec<String>) -> Result<usiz
             .filter(|&e| e <= end)
             .ok_or(bad(at, "payload extends past the fatbinary"))?;
         let payload = &image[body..body_end];
-        if kind == KIND_PTX {
+        if let (KIND_PTX, Some(out)) = (kind, out.as_deref_mut()) {
             let bytes = decode_payload(at, payload, flags, compressed, uncompressed)?;
             let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
             let text = std::str::from_utf8(text).map_err(|_| FatbinError::NotText(at))?;
@@ -314,5 +338,26 @@ mod tests {
             assert!(extract_ptx(&full[..n]).is_err(), "{n}");
         }
         assert!(extract_ptx(&full).is_ok());
+    }
+
+    #[test]
+    fn fatbin_len_covers_back_to_back_fatbinaries_and_refuses_short_ones() {
+        let one = wrap(&entry(KIND_ELF, 0, b"\x7fELF12345", 0, 0));
+        assert_eq!(fatbin_len(&one), Ok(one.len()));
+        // A cubin-only fatbinary is fine here: the host's driver runs it.
+        let mut two = one.clone();
+        // Padded to the next 8 bytes, as a linker places them.
+        two.extend_from_slice(&[0; 7]);
+        let second = wrap(&entry(KIND_PTX, 0, b".version 8.0\n", 0, 0));
+        two.extend_from_slice(&second);
+        assert_eq!(fatbin_len(&two), Ok(two.len()));
+        // Trailing bytes that are not a fatbinary are not counted.
+        let mut tail = one.clone();
+        tail.extend_from_slice(b"garbage!");
+        assert_eq!(fatbin_len(&tail), Ok(one.len()));
+        for n in 0..one.len() {
+            assert!(fatbin_len(&one[..n]).is_err(), "{n}");
+        }
+        assert_eq!(fatbin_len(b".version 8.0"), Err(FatbinError::NotAModule));
     }
 }

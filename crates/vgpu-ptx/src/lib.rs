@@ -133,6 +133,6 @@ pub mod mem;
 pub mod parse;
 
 pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
-pub use fatbin::{extract_ptx, FatbinError};
+pub use fatbin::{extract_ptx, fatbin_len, FatbinError};
 pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
 pub use parse::{KernelInfo, Module, ParamInfo, ParseError};
