@@ -104,55 +104,12 @@ done
 [[ -S $TMP/run/b.sock ]] || { cat "$TMP/vgpud.log" >&2; die "vgpud did not create its sockets"; }
 log "vgpud serving a.sock and b.sock (pid $vgpud_pid)"
 
-# boot NAME SOCKET EXPECT_MEM [iommu] [EXTRA_APPEND]: starts a guest in the background.
-boot() {
-    local name=$1 sock=$2 mem=$3 iommu=${4:-} extra=${5:-}
-    # shellcheck disable=SC2054  # commas separate QEMU sub-options
-    local machine=(-machine q35,accel=tcg) append="console=ttyS0 quiet panic=-1 vgpu.expect_mem=$mem $extra"
-    if [[ -n $iommu ]]; then
-        # shellcheck disable=SC2054  # commas separate QEMU sub-options
-        machine=(-machine q35,accel=tcg,kernel-irqchip=split -device intel-iommu,caching-mode=on,intremap=on)
-        append+=" intel_iommu=on"
-    fi
-    # shellcheck disable=SC2054
-    local args=(
-        "${machine[@]}" -m "$VM_MEM_MB"
-        -object "memory-backend-memfd,id=mem,size=${VM_MEM_MB}M,share=on" -numa node,memdev=mem
-        -nographic -no-reboot -nodefaults -serial stdio -net none
-        -L /usr/share/qemu -L /usr/share/seabios
-        -kernel "$KERNEL_IMAGE" -initrd "$TMP/initrd.gz" -append "$append"
-        -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}"
-    )
-    timeout -k 10 "$VM_TIMEOUT" "$qemu" "${args[@]}" </dev/null >"$TMP/$name.log" 2>"$TMP/$name.qemu.log" &
-    qemu_pids+=($!)
-}
-
-# verdict NAME: checks one guest's log; prints its checks; returns 1 on failure.
-passed=0
-failed=0
-verdict() {
-    local name=$1 log_text ok=1
-    log_text=$(tr -d '\r' <"$TMP/$name.log")
-    local n_pass n_fail
-    n_pass=$(grep -cE '^VGPU-TEST PASS ' <<<"$log_text" || true)
-    n_fail=$(grep -cE '^VGPU-TEST FAIL ' <<<"$log_text" || true)
-    passed=$((passed + n_pass))
-    failed=$((failed + n_fail))
-    grep -E '^VGPU-TEST (PASS|FAIL)' <<<"$log_text" | sed "s/^VGPU-TEST /  [$name] /" >&2 || true
-    if [[ $n_fail -gt 0 || $n_pass -eq 0 ]]; then
-        ok=0
-    fi
-    if ! grep -qx 'VGPU-TEST DONE' <<<"$log_text"; then
-        log "[$name] the guest did not finish (no VGPU-TEST DONE)"
-        failed=$((failed + 1))
-        ok=0
-    fi
-    if [[ $ok == 0 ]]; then
-        printf '\n----- guest %s serial log -----\n%s\n----- QEMU stderr -----\n' "$name" "$log_text" >&2
-        cat "$TMP/$name.qemu.log" >&2
-        return 1
-    fi
-}
+QEMU=$qemu
+QEMU_FIRMWARE=(-L /usr/share/qemu -L /usr/share/seabios)
+GUEST_KERNEL=$KERNEL_IMAGE
+GUEST_INITRD=$TMP/initrd.gz
+# shellcheck source=vm-guests.sh
+. "$VGPUD_ROOT/ci/vm-guests.sh"
 
 # --- two guests at once, one vGPU each ----------------------------------------------------
 t=$SECONDS

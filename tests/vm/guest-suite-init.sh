@@ -17,7 +17,9 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check   (full)
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench
+#                                   (full)
+#   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
 #   vgpu.expect_cu=N                expected compute units
@@ -43,7 +45,8 @@
 # window_bytes=... hold=..." when it is in place and keeps it allocated for
 # vgpu.hold seconds (another guest starts its check after that line);
 # isolation-check allocates all device memory and checks that it is zeroed
-# and that neither it nor the window holds the pattern.
+# and that neither it nor the window holds the pattern; cuda-bench loads the
+# module and runs the CUDA launch and copy benchmark (BENCH lines).
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -87,6 +90,7 @@ procs=4
 saxpy_n=1048576
 sgemm="128,128,128"
 expect_mem=""
+cuda_bench=200
 magic=0x5a17c0de
 hold=0
 isolation_bytes=""
@@ -101,6 +105,7 @@ for word in $(cat /proc/cmdline); do
         expect_args="$expect_args --expect-mem $value"
         expect_mem=$value
         ;;
+    vgpu.cuda_bench=*) cuda_bench=$value ;;
     vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
     vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
     vgpu.expect_devices=*) expect_args="$expect_args --expect-devices $value" ;;
@@ -187,6 +192,28 @@ sample() {
     fi
 }
 
+# cuda_run LABEL PROGRAM ARGS...: each PASS/FAIL line the program prints
+# becomes a check named cuda-LABEL<name>; a program that fails without
+# saying so fails too.
+cuda_run() {
+    label=$1
+    shift
+    LD_LIBRARY_PATH=/usr/lib/vgpu "$@" >/tmp/cuda.out 2>&1
+    rc=$?
+    sed 's/^/  /' /tmp/cuda.out
+    said=0
+    while read -r word name rest; do
+        case $word in
+        PASS) pass "cuda-$label$name" "$rest"; said=1 ;;
+        FAIL) fail "cuda-$label${name%:}" "$rest"; said=1 ;;
+        esac
+    done </tmp/cuda.out
+    if [ $rc -ne 0 ] && [ $said -eq 0 ]; then
+        fail "cuda-$label$(basename "$1")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
+    fi
+}
+cuda_tests=/usr/libexec/vgpu-cuda-tests
+
 # check_kernel_log NAME: no oops, BUG, warning splat or lockdep report.
 check_kernel_log() {
     bad=$(dmesg | grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace|kernel BUG|lockdep|UBSAN|KASAN|refcount_t:|list_(add|del) corruption' | head -n 5)
@@ -197,6 +224,13 @@ check_kernel_log() {
         pass "$1" "$(dmesg | grep -ci vgpu) vgpu line(s), no splats"
     fi
 }
+
+# --- cuda-bench: the CUDA launch and copy figures -------------------------------------
+if [ "$mode" = cuda-bench ]; then
+    load insmod || finish
+    cuda_run "" $cuda_tests/bench_launch "$cuda_bench"
+    finish
+fi
 
 # --- demo: what a user of a vGPU does ------------------------------------------------
 if [ "$mode" = demo ]; then
@@ -319,27 +353,6 @@ else
 fi
 
 # --- unmodified CUDA programs, through the guest's libcuda.so.1 ----------------------
-# cuda_run LABEL PROGRAM ARGS...: each PASS/FAIL line the program prints
-# becomes a check named cuda-LABEL<name>; a program that fails without
-# saying so fails too.
-cuda_run() {
-    label=$1
-    shift
-    LD_LIBRARY_PATH=/usr/lib/vgpu "$@" >/tmp/cuda.out 2>&1
-    rc=$?
-    sed 's/^/  /' /tmp/cuda.out
-    said=0
-    while read -r word name rest; do
-        case $word in
-        PASS) pass "cuda-$label$name" "$rest"; said=1 ;;
-        FAIL) fail "cuda-$label${name%:}" "$rest"; said=1 ;;
-        esac
-    done </tmp/cuda.out
-    if [ $rc -ne 0 ] && [ $said -eq 0 ]; then
-        fail "cuda-$label$(basename "$1")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
-    fi
-}
-cuda_tests=/usr/libexec/vgpu-cuda-tests
 if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     for prog in vector_add matmul_tiled reduce streams; do
         cuda_run "" $cuda_tests/$prog

@@ -15,10 +15,9 @@
 #   /usr/lib/vgpu/libcuda.so.1
 #                          crates/vgpu-cuda, the guest's CUDA driver
 #   /usr/libexec/vgpu-cuda-tests/*
-#                          tests/cuda/*.cu built by nvcc (ci/fetch-cuda.sh)
-#                          as NVIDIA's toolkit builds them by default: the
-#                          static CUDA runtime, PTX for compute_80; with
-#                          the glibc libraries they load
+#                          tests/cuda/*.cu built by tests/cuda/build.sh
+#                          (nvcc, the static CUDA runtime), with the glibc
+#                          libraries they load
 #
 # Environment:
 #   VGPU_KO=PATH           use this vgpu.ko instead of building one
@@ -112,14 +111,7 @@ strip -o "$stage/root/usr/lib/vgpu/libcuda.so.1" "$cudalib"
 if [[ -n ${VGPU_CUDA_TESTS:-} ]]; then
     cp -a "$VGPU_CUDA_TESTS/." "$stage/root/usr/libexec/vgpu-cuda-tests/"
 else
-    nvcc_root=$(bash ci/fetch-cuda.sh)
-    for src in tests/cuda/*.cu; do
-        name=$(basename "$src" .cu)
-        run_logged "$stage/nvcc-$name.log" "$nvcc_root/bin/nvcc" -O2 \
-            -arch=compute_80 -code=compute_80 -L "$nvcc_root/lib" \
-            -o "$stage/root/usr/libexec/vgpu-cuda-tests/$name" "$src" ||
-            die "nvcc did not build $src"
-    done
+    bash tests/cuda/build.sh "$stage/root/usr/libexec/vgpu-cuda-tests"
 fi
 # The glibc libraries the programs and the driver load, at their paths.
 for f in "$stage"/root/usr/libexec/vgpu-cuda-tests/* "$stage/root/usr/lib/vgpu/libcuda.so.1"; do

@@ -1,0 +1,74 @@
+// Launch and copy figures, printed as "BENCH name value unit" lines, for
+// side-by-side runs of the same binary natively and in a guest:
+//   launch_sync_p50   an empty kernel launched and waited for, wall
+//   launch_device_p50 the device-side part of it (events around it)
+//   async_launches    empty launches queued back to back, then one wait
+//   h2d_16m, d2h_16m  pinned host <-> device copies of 16 MiB
+//   h2d_64m           the same, 64 MiB
+// Usage: bench_launch [ITERATIONS]
+#define TEST_NAME "bench_launch"
+#include "check.h"
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+__global__ void empty() {}
+
+static double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static double p50(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+static double copy_gbs(void *dst, const void *src, size_t n, cudaMemcpyKind k, int reps) {
+  CHECK(cudaMemcpy(dst, src, n, k));  // warm
+  double t = now_us();
+  for (int i = 0; i < reps; i++) CHECK(cudaMemcpy(dst, src, n, k));
+  return (double)n * reps / ((now_us() - t) * 1e3);
+}
+
+int main(int argc, char **argv) {
+  int iters = argc > 1 ? atoi(argv[1]) : 200;
+  cudaStream_t s;
+  CHECK(cudaStreamCreate(&s));
+  empty<<<1, 1, 0, s>>>();
+  CHECK(cudaStreamSynchronize(s));
+  std::vector<double> wall, dev;
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < iters; i++) {
+    double t = now_us();
+    empty<<<1, 1, 0, s>>>();
+    CHECK(cudaStreamSynchronize(s));
+    wall.push_back(now_us() - t);
+    CHECK(cudaEventRecord(a, s));
+    empty<<<1, 1, 0, s>>>();
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    dev.push_back(ms * 1e3);
+  }
+  printf("BENCH launch_sync_p50 %.1f us\n", p50(wall));
+  printf("BENCH launch_device_p50 %.1f us\n", p50(dev));
+  int n = iters * 10;
+  double t = now_us();
+  for (int i = 0; i < n; i++) empty<<<1, 1, 0, s>>>();
+  CHECK(cudaStreamSynchronize(s));
+  printf("BENCH async_launches %.0f per_s\n", n / ((now_us() - t) * 1e-6));
+  size_t big = 64 << 20;
+  void *h, *d;
+  CHECK(cudaMallocHost(&h, big));
+  CHECK(cudaMalloc(&d, big));
+  memset(h, 1, big);
+  printf("BENCH h2d_16m %.2f GB/s\n", copy_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 8));
+  printf("BENCH d2h_16m %.2f GB/s\n", copy_gbs(h, d, 16 << 20, cudaMemcpyDeviceToHost, 8));
+  printf("BENCH h2d_64m %.2f GB/s\n", copy_gbs(d, h, big, cudaMemcpyHostToDevice, 4));
+  printf("PASS %s %d iterations\n", TEST_NAME, iters);
+  return 0;
+}

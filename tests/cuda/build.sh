@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build the CUDA programs of tests/cuda with nvcc as NVIDIA's toolkit
+# builds them by default (the static CUDA runtime), PTX for compute_80 so
+# any device from Ampere on (and the software backend's PTX executor)
+# runs them. The toolkit comes from ci/fetch-cuda.sh.
+#
+# usage: tests/cuda/build.sh OUTDIR
+set -euo pipefail
+# shellcheck source=ci/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
+
+[[ $# -eq 1 ]] || {
+    sed -n '3,8s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+}
+out=$1
+mkdir -p "$out"
+nvcc_root=$(bash "$VGPUD_ROOT/ci/fetch-cuda.sh")
+for src in "$VGPUD_ROOT"/tests/cuda/*.cu; do
+    name=$(basename "$src" .cu)
+    run_logged "$out/.nvcc-$name.log" "$nvcc_root/bin/nvcc" -O2 \
+        -arch=compute_80 -code=compute_80 -L "$nvcc_root/lib" \
+        -o "$out/$name" "$src" || die "nvcc did not build $src"
+    rm -f "$out/.nvcc-$name.log"
+done

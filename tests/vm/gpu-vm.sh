@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: two QEMU guests (TCG) on two vGPUs of
+# the GPU at once, served by vgpud's CUDA backend (process isolation,
+# guest modules allowed), each running the guest suite: the vgpu module,
+# the guest tools, and unmodified CUDA programs through the guest's
+# libcuda.so.1 (tests/cuda: vector add, tiled matmul, reduction,
+# streams, device properties, out of memory at the quota, an illegal
+# address that fails only its own process). Then the launch and copy
+# benchmark (tests/cuda/bench_launch.cu) natively and in one guest alone.
+#
+# usage: tests/vm/gpu-vm.sh BUNDLE.tar.xz     (made by ci/gpu-vm-bundle.sh)
+#
+# Environment:
+#   VM_TIMEOUT=600    seconds before a guest is killed
+#   VM_KEEP=1         keep the folder with the logs
+#   MEM_A, MEM_B      the two vGPUs' memory quotas (4 GiB, 2 GiB)
+#   GPU_DEVICE=0      the CUDA device
+#   GPU_SMS=132       its SM count (an H200's)
+#   GPU_BACKEND=software  a dry run on the software backend (no GPU)
+set -euo pipefail
+# shellcheck source=ci/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
+
+[[ $# -eq 1 && -f $1 ]] || {
+    sed -n '3,15s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+}
+VM_TIMEOUT=${VM_TIMEOUT:-600}
+VM_KEEP=${VM_KEEP:-0}
+VM_MEM_MB=512
+MEM_A=${MEM_A:-$((4 << 30))}
+MEM_B=${MEM_B:-$((2 << 30))}
+TMP=$(mktemp -d /tmp/vgpud-gpu-vm.XXXXXX)
+vgpud_pid=""
+qemu_pids=()
+result=1
+
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+    local pid
+    for pid in "${qemu_pids[@]}" $vgpud_pid; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${qemu_pids[@]}" $vgpud_pid; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ $VM_KEEP == 1 || $result -ne 0 ]]; then
+        log "logs kept in $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+}
+trap cleanup EXIT
+
+t_all=$SECONDS
+tar -C "$TMP" -xJf "$1"
+B=$TMP/gpu-vm
+log "bundle of commit $(cat "$B/commit" 2>/dev/null || echo unknown)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
+
+mkdir -p "$TMP/run"
+if [[ ${GPU_BACKEND:-cuda} == software ]]; then
+    # A dry run of this script on a machine without a GPU.
+    gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "software"\nmemory = "8GiB"\ncompute_units = 2')
+    cus=1
+else
+    # Isolated mode time-shares the whole GPU: each vGPU sees its SMs.
+    cus=${GPU_SMS:-132}
+    gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "cuda"\ndevice = %s\npartition_mode = "isolated"\nisolation = "process"\nguest_ptx = true\npartition_host = "%s"' \
+        "${GPU_DEVICE:-0}" "$B/bin/vgpu-partition-host")
+fi
+cat >"$TMP/vgpud.toml" <<TOML
+[daemon]
+runtime_dir = "$TMP/run"
+metrics_address = ""
+
+$gpu_section
+
+[[vgpu]]
+name = "a"
+gpu = "gpu0"
+socket = "a.sock"
+memory = $MEM_A
+compute_units = $cus
+
+[[vgpu]]
+name = "b"
+gpu = "gpu0"
+socket = "b.sock"
+memory = $MEM_B
+compute_units = $cus
+TOML
+RUST_LOG=${RUST_LOG:-info} "$B/bin/vgpud" run --allow-root --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
+vgpud_pid=$!
+for _ in $(seq 600); do
+    [[ -S $TMP/run/a.sock && -S $TMP/run/b.sock ]] && break
+    kill -0 "$vgpud_pid" 2>/dev/null || { cat "$TMP/vgpud.log" >&2; die "vgpud exited"; }
+    sleep 0.1
+done
+[[ -S $TMP/run/b.sock ]] || { cat "$TMP/vgpud.log" >&2; die "vgpud did not create its sockets"; }
+log "vgpud serving two vGPUs of the GPU (pid $vgpud_pid)"
+
+# QEMU alone gets the libraries it was built with.
+QEMU=$TMP/qemu
+printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$B/lib" "$B/bin/qemu-system-x86_64" >"$QEMU"
+chmod +x "$QEMU"
+QEMU_FIRMWARE=(-L "$B/firmware")
+GUEST_KERNEL=$B/vmlinuz
+GUEST_INITRD=$B/initrd.gz
+# shellcheck source=ci/vm-guests.sh
+. "$VGPUD_ROOT/ci/vm-guests.sh"
+
+boot guest-a "$TMP/run/a.sock" "$MEM_A"
+boot guest-b "$TMP/run/b.sock" "$MEM_B"
+for pid in "${qemu_pids[@]}"; do
+    wait "$pid" || true
+done
+qemu_pids=()
+ok=1
+verdict guest-a || ok=0
+verdict guest-b || ok=0
+# --- the launch and copy benchmark: natively, then in one guest alone ----------------
+if [[ ${GPU_BACKEND:-cuda} != software ]]; then
+    log "bench_launch natively on the GPU"
+    "$B/cuda-tests/bench_launch" 200 | sed 's/^/  [native] /' >&2 || ok=0
+fi
+boot guest-bench "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=cuda-bench vgpu.cuda_bench=200"
+wait "${qemu_pids[0]}" || true
+qemu_pids=()
+grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
+verdict guest-bench || ok=0
+
+if grep -qE 'panicked' "$TMP/vgpud.log"; then
+    log "vgpud panicked"
+    ok=0
+fi
+if [[ $ok == 1 ]]; then
+    result=0
+    log "PASS: $passed guest checks in $(elapsed "$t_all")"
+else
+    printf '\n----- vgpud log -----\n' >&2
+    tail -n 200 "$TMP/vgpud.log" >&2
+    log "FAIL"
+fi
+echo "gpu-vm: $passed passed, $failed failed"
+exit "$result"
