@@ -1,15 +1,19 @@
-// A kernel that writes far outside its allocation: the launch fails with
-// an error for this process only (the next program on the same vGPU
+// A kernel that writes where nothing is mapped (an address handed in at
+// run time, so the compiler cannot drop the store): the launch fails with
+// an error, for this process only (the next program on the same vGPU
 // runs normally).
 #define TEST_NAME "illegal_address"
 #include "check.h"
+#include <cstdint>
 
-__global__ void wild(int *p) { p[1 << 28] = 42; }
+__global__ void wild(int *p) { *p = 42; }
 
 int main() {
   int *d;
   CHECK(cudaMalloc(&d, 4096));
-  wild<<<1, 1>>>(d);
+  // Far above anything a 57-bit GPU or 47-bit user address space maps.
+  int *nowhere = (int *)(uintptr_t)(0x7ff0ull << 44);
+  wild<<<1, 1>>>(nowhere);
   cudaError_t e = cudaDeviceSynchronize();
   if (e == cudaSuccess) e = cudaGetLastError();
   EXPECT(e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure, "the wild write gave %s",

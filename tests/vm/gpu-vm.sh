@@ -64,8 +64,8 @@ if [[ ${GPU_BACKEND:-cuda} == software ]]; then
     gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "software"\nmemory = "8GiB"\ncompute_units = 2')
     cus=1
 else
-    # Isolated mode time-shares the whole GPU: each vGPU sees its SMs.
-    cus=${GPU_SMS:-132}
+    # Isolated mode time-shares the GPU; each vGPU gets half its SMs' time.
+    cus=$((${GPU_SMS:-132} / 2))
     gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "cuda"\ndevice = %s\npartition_mode = "isolated"\nisolation = "process"\nguest_ptx = true\npartition_host = "%s"' \
         "${GPU_DEVICE:-0}" "$B/bin/vgpu-partition-host")
 fi
