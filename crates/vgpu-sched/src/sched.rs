@@ -1114,19 +1114,7 @@ impl Grant {
     ///
     /// [`SchedConfig::turn`]: crate::SchedConfig::turn
     pub fn renew(&mut self, device_time: Duration) -> bool {
-        if self.done {
-            return false;
-        }
-        let mut st = self.shared.lock();
-        let now = Instant::now();
-        let keep = st.renew(self.serial, device_time, now, false);
-        unlock(st);
-        if keep {
-            self.started = now;
-        } else {
-            self.done = true;
-        }
-        keep
+        self.renew_with(device_time, false)
     }
 
     /// Like [`Grant::renew`], for a worker that has its next command: when
@@ -1137,12 +1125,17 @@ impl Grant {
     /// leaves the queue with [`Scheduler::dequeue`] if it finds it has no
     /// next command after all. Returns whether the turn goes on.
     pub fn renew_or_queue(&mut self, device_time: Duration) -> bool {
+        self.renew_with(device_time, true)
+    }
+
+    /// [`Grant::renew`] (`requeue` false) or [`Grant::renew_or_queue`].
+    fn renew_with(&mut self, device_time: Duration, requeue: bool) -> bool {
         if self.done {
             return false;
         }
         let mut st = self.shared.lock();
         let now = Instant::now();
-        let keep = st.renew(self.serial, device_time, now, true);
+        let keep = st.renew(self.serial, device_time, now, requeue);
         unlock(st);
         if keep {
             self.started = now;
