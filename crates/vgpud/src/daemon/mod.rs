@@ -21,6 +21,7 @@ use log::{info, warn};
 use vgpu_backend::{Backend, PartitionSpec};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{Scheduler, TenantId};
+use vgpu_sys::socket::{self, SocketPath};
 
 use crate::config::{Config, GpuConfig, VgpuConfig};
 use backends::make_backend;
@@ -105,14 +106,10 @@ struct Gpu {
 /// Whether a socket can be bound at `path`: nothing there, or a socket no
 /// one listens on. Otherwise says what is in the way.
 fn socket_obstacle(path: &Path) -> Option<&'static str> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-            Some("a file that is not a socket is there")
-        }
-        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            Some("another process listens on it")
-        }
-        _ => None,
+    match socket::probe(path) {
+        SocketPath::NotSocket => Some("a file that is not a socket is there"),
+        SocketPath::Live => Some("another process listens on it"),
+        SocketPath::Absent | SocketPath::Stale => None,
     }
 }
 
