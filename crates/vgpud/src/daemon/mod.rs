@@ -113,6 +113,30 @@ fn socket_obstacle(path: &Path) -> Option<&'static str> {
     }
 }
 
+/// Instance `name` of `instances`, which must be running (`running`) or
+/// stopped, to be switched to the other state.
+fn instance_in_state<'a>(
+    instances: &'a mut BTreeMap<String, Instance>,
+    name: &str,
+    running: bool,
+) -> Result<&'a mut Instance, DaemonError> {
+    let inst = instances
+        .get_mut(name)
+        .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+    if inst.serving.is_some() != running {
+        let message = if running {
+            "is already stopped"
+        } else {
+            "is already running"
+        };
+        return Err(DaemonError::State {
+            name: name.to_string(),
+            message: message.into(),
+        });
+    }
+    Ok(inst)
+}
+
 /// After the grace, how long a shutdown waits for cancellations: a command
 /// that was running at the deadline must finish first.
 const CANCEL_MARGIN: Duration = Duration::from_secs(2);
@@ -337,16 +361,7 @@ impl Daemon {
     /// reset (device memory freed) and its socket removed; its
     /// configuration, partition reservation and scheduler figures stay.
     pub fn stop(&mut self, name: &str) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get_mut(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        if inst.serving.is_none() {
-            return Err(DaemonError::State {
-                name: name.to_string(),
-                message: "is already stopped".into(),
-            });
-        }
+        let inst = instance_in_state(&mut self.instances, name, true)?;
         inst.halt();
         info!("vGPU {name}: stopped; {} removed", inst.socket.display());
         Ok(())
@@ -354,16 +369,7 @@ impl Daemon {
 
     /// Starts a stopped instance again, on the same socket and partition.
     pub fn start(&mut self, name: &str) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get_mut(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        if inst.serving.is_some() {
-            return Err(DaemonError::State {
-                name: name.to_string(),
-                message: "is already running".into(),
-            });
-        }
+        let inst = instance_in_state(&mut self.instances, name, false)?;
         if let Some(why) = socket_obstacle(&inst.socket) {
             return Err(DaemonError::SocketInUse {
                 name: name.to_string(),
