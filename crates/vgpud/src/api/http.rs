@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
+use vgpu_sys::poll;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Longest request line plus headers, with the blank line ending them.
@@ -599,44 +600,31 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// A pollfd waiting for `fd` to be readable.
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 /// Waits until `fd` is readable or `stop` is written; true when stopped.
 fn wait_readable(fd: RawFd, stop: &EventFd) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: stop.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    let mut fds = [pollin(fd), pollin(stop.as_raw_fd())];
     loop {
-        // SAFETY: `fds` is a valid array of two pollfd that outlives the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if rc >= 0 {
-            return fds[1].revents != 0;
-        }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        match poll::poll(&mut fds, -1) {
+            Ok(_) => return fds[1].revents != 0,
             // Should not happen with valid fds; do not spin.
-            std::thread::sleep(Duration::from_millis(100));
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
 
 /// Waits up to `timeout` for `stop`; true when stopped.
 fn wait_stop(stop: &EventFd, timeout: Duration) -> bool {
-    let mut fd = libc::pollfd {
-        fd: stop.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `fd` is a valid pollfd that outlives the call.
-    let rc = unsafe { libc::poll(&mut fd, 1, ms) };
-    rc > 0 && fd.revents != 0
+    let mut fds = [pollin(stop.as_raw_fd())];
+    poll::poll(&mut fds, poll::timeout_ms(timeout)).is_ok_and(|n| n > 0)
 }
 
 fn serve_conn<S: Conn>(mut stream: S, handler: &Handler, stopping: &AtomicBool) {
