@@ -271,23 +271,22 @@ pub trait Conn: Read + Write {
     fn shutdown_write(&mut self) -> io::Result<()>;
 }
 
-impl Conn for UnixStream {
-    fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(timeout))
-    }
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
-    }
+/// [`Conn`] for stream types with the inherent `set_read_timeout` and
+/// `shutdown` of the standard library's sockets.
+macro_rules! impl_conn {
+    ($($stream:ty),*) => {$(
+        impl Conn for $stream {
+            fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
+                self.set_read_timeout(Some(timeout))
+            }
+            fn shutdown_write(&mut self) -> io::Result<()> {
+                self.shutdown(std::net::Shutdown::Write)
+            }
+        }
+    )*};
 }
 
-impl Conn for TcpStream {
-    fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(timeout))
-    }
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
-    }
-}
+impl_conn!(UnixStream, TcpStream);
 
 /// How often a blocked read checks whether it is cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(100);
@@ -341,6 +340,14 @@ fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
         .map(|i| start + i)
 }
 
+fn head_too_large() -> RecvError {
+    HttpError::new(
+        431,
+        format!("the request line and headers may be at most {MAX_HEAD} bytes"),
+    )
+    .into()
+}
+
 /// Reads one request from `c` before `deadline`. Answers
 /// `Expect: 100-continue` itself.
 pub fn read_request<C: Conn>(c: &mut C, deadline: Instant) -> Result<Request, RecvError> {
@@ -370,19 +377,11 @@ pub fn read_request_or_cancel<C: Conn>(
             });
         }
         if buf.len() >= MAX_HEAD {
-            return Err(HttpError::new(
-                431,
-                format!("the request line and headers may be at most {MAX_HEAD} bytes"),
-            )
-            .into());
+            return Err(head_too_large());
         }
     };
     if end + 4 > MAX_HEAD {
-        return Err(HttpError::new(
-            431,
-            format!("the request line and headers may be at most {MAX_HEAD} bytes"),
-        )
-        .into());
+        return Err(head_too_large());
     }
     let head = parse_head(&buf[..end])?;
     let len = head.content_length.unwrap_or(0);
@@ -454,17 +453,22 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 impl Response {
+    /// `body` as `content_type`, without further header fields.
+    fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body,
+        }
+    }
+
     /// A JSON body.
     pub fn json<T: serde::Serialize + ?Sized>(status: u16, value: &T) -> Response {
         match serde_json::to_vec_pretty(value) {
             Ok(mut body) => {
                 body.push(b'\n');
-                Response {
-                    status,
-                    content_type: "application/json",
-                    headers: Vec::new(),
-                    body,
-                }
+                Response::new(status, "application/json", body)
             }
             Err(e) => Response::error(500, format!("cannot encode the response: {e}")),
         }
@@ -481,32 +485,17 @@ impl Response {
         };
         let mut bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
         bytes.push(b'\n');
-        Response {
-            status,
-            content_type: "application/json",
-            headers: Vec::new(),
-            body: bytes,
-        }
+        Response::new(status, "application/json", bytes)
     }
 
     /// No body.
     pub fn empty(status: u16) -> Response {
-        Response {
-            status,
-            content_type: "application/json",
-            headers: Vec::new(),
-            body: Vec::new(),
-        }
+        Response::new(status, "application/json", Vec::new())
     }
 
     /// Plain text.
     pub fn text(status: u16, content_type: &'static str, body: String) -> Response {
-        Response {
-            status,
-            content_type,
-            headers: Vec::new(),
-            body: body.into_bytes(),
-        }
+        Response::new(status, content_type, body.into_bytes())
     }
 
     /// Adds a header field.
