@@ -392,15 +392,19 @@ impl State {
         self.dispatch(now);
     }
 
-    /// Ends grant `serial` that consumed `device_time`: accounting, and the
-    /// hold for the finisher.
-    fn end_grant(&mut self, serial: u64, device_time: Duration, now: Instant) {
-        let Some((tenant, instance)) = self
-            .running
+    /// The tenant and instance grant `serial` was given to, while it is the
+    /// running one.
+    fn grant_holder(&self, serial: u64) -> Option<(TenantId, u64)> {
+        self.running
             .as_ref()
             .filter(|r| r.serial == serial)
             .map(|r| (r.tenant, r.instance))
-        else {
+    }
+
+    /// Ends grant `serial` that consumed `device_time`: accounting, and the
+    /// hold for the finisher.
+    fn end_grant(&mut self, serial: u64, device_time: Duration, now: Instant) {
+        let Some((tenant, instance)) = self.grant_holder(serial) else {
             return;
         };
         self.charge(tenant, instance, device_time, now);
@@ -480,12 +484,7 @@ impl State {
     /// tenant keeps the GPU for its next one (see [`Grant::renew`]). If
     /// not, the grant is closed and the GPU goes where the policy says.
     fn renew(&mut self, serial: u64, device_time: Duration, now: Instant, requeue: bool) -> bool {
-        let Some((tenant, instance)) = self
-            .running
-            .as_ref()
-            .filter(|r| r.serial == serial)
-            .map(|r| (r.tenant, r.instance))
-        else {
+        let Some((tenant, instance)) = self.grant_holder(serial) else {
             return false;
         };
         let keep = match self.charge(tenant, instance, device_time, now) {
