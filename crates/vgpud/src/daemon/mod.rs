@@ -137,6 +137,21 @@ fn instance_in_state<'a>(
     Ok(inst)
 }
 
+/// `config` with the scheduling parameters given (`None`: unchanged).
+fn with_params(
+    config: &VgpuConfig,
+    weight: Option<u32>,
+    priority: Option<i32>,
+    cap: Option<Option<f64>>,
+) -> VgpuConfig {
+    VgpuConfig {
+        weight: weight.unwrap_or(config.weight),
+        priority: priority.unwrap_or(config.priority),
+        cap: cap.unwrap_or(config.cap),
+        ..config.clone()
+    }
+}
+
 /// After the grace, how long a shutdown waits for cancellations: a command
 /// that was running at the deadline must finish first.
 const CANCEL_MARGIN: Duration = Duration::from_secs(2);
@@ -460,16 +475,7 @@ impl Daemon {
             .instances
             .get_mut(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let mut v = inst.config.clone();
-        if let Some(w) = weight {
-            v.weight = w;
-        }
-        if let Some(p) = priority {
-            v.priority = p;
-        }
-        if let Some(c) = cap {
-            v.cap = c;
-        }
+        let v = with_params(&inst.config, weight, priority, cap);
         crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Setup {
             name: name.to_string(),
             message: format!("{field}: {message}"),
@@ -563,10 +569,7 @@ impl Daemon {
             .instances
             .get(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let mut v = inst.config.clone();
-        v.weight = weight.unwrap_or(v.weight);
-        v.priority = priority.unwrap_or(v.priority);
-        v.cap = cap.unwrap_or(v.cap);
+        let v = with_params(&inst.config, weight, priority, cap);
         crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Invalid {
             name: name.to_string(),
             field: field.to_string(),
