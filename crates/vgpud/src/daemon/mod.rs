@@ -137,21 +137,6 @@ fn instance_in_state<'a>(
     Ok(inst)
 }
 
-/// `config` with the scheduling parameters given (`None`: unchanged).
-fn with_params(
-    config: &VgpuConfig,
-    weight: Option<u32>,
-    priority: Option<i32>,
-    cap: Option<Option<f64>>,
-) -> VgpuConfig {
-    VgpuConfig {
-        weight: weight.unwrap_or(config.weight),
-        priority: priority.unwrap_or(config.priority),
-        cap: cap.unwrap_or(config.cap),
-        ..config.clone()
-    }
-}
-
 /// After the grace, how long a shutdown waits for cancellations: a command
 /// that was running at the deadline must finish first.
 const CANCEL_MARGIN: Duration = Duration::from_secs(2);
@@ -471,15 +456,36 @@ impl Daemon {
         priority: Option<i32>,
         cap: Option<Option<f64>>,
     ) -> Result<(), DaemonError> {
+        self.change_params(name, weight, priority, cap, |field, message| {
+            DaemonError::Setup {
+                name: name.to_string(),
+                message: format!("{field}: {message}"),
+            }
+        })
+    }
+
+    /// Changes instance `name`'s scheduling parameters (`None`: unchanged).
+    /// A value out of range changes nothing; the error is what `invalid`
+    /// makes of its field and message.
+    fn change_params(
+        &mut self,
+        name: &str,
+        weight: Option<u32>,
+        priority: Option<i32>,
+        cap: Option<Option<f64>>,
+        invalid: impl FnOnce(&str, &str) -> DaemonError,
+    ) -> Result<(), DaemonError> {
         let inst = self
             .instances
             .get_mut(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let v = with_params(&inst.config, weight, priority, cap);
-        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Setup {
-            name: name.to_string(),
-            message: format!("{field}: {message}"),
-        })?;
+        let v = VgpuConfig {
+            weight: weight.unwrap_or(inst.config.weight),
+            priority: priority.unwrap_or(inst.config.priority),
+            cap: cap.unwrap_or(inst.config.cap),
+            ..inst.config.clone()
+        };
+        crate::config::validate_vgpu(&v).map_err(|(field, message)| invalid(field, message))?;
         let gpu = self
             .gpus
             .get(&v.gpu)
@@ -565,17 +571,13 @@ impl Daemon {
         priority: Option<i32>,
         cap: Option<Option<f64>>,
     ) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let v = with_params(&inst.config, weight, priority, cap);
-        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Invalid {
-            name: name.to_string(),
-            field: field.to_string(),
-            message: message.to_string(),
-        })?;
-        self.set_params(name, weight, priority, cap)
+        self.change_params(name, weight, priority, cap, |field, message| {
+            DaemonError::Invalid {
+                name: name.to_string(),
+                field: field.to_string(),
+                message: message.to_string(),
+            }
+        })
     }
 
     /// The GPUs, in configuration order, with their capacity and what
