@@ -392,15 +392,19 @@ impl State {
         self.dispatch(now);
     }
 
-    /// Ends grant `serial` that consumed `device_time`: accounting, and the
-    /// hold for the finisher.
-    fn end_grant(&mut self, serial: u64, device_time: Duration, now: Instant) {
-        let Some((tenant, instance)) = self
-            .running
+    /// The tenant and instance grant `serial` was given to, while it is the
+    /// running one.
+    fn grant_holder(&self, serial: u64) -> Option<(TenantId, u64)> {
+        self.running
             .as_ref()
             .filter(|r| r.serial == serial)
             .map(|r| (r.tenant, r.instance))
-        else {
+    }
+
+    /// Ends grant `serial` that consumed `device_time`: accounting, and the
+    /// hold for the finisher.
+    fn end_grant(&mut self, serial: u64, device_time: Duration, now: Instant) {
+        let Some((tenant, instance)) = self.grant_holder(serial) else {
             return;
         };
         self.charge(tenant, instance, device_time, now);
@@ -480,12 +484,7 @@ impl State {
     /// tenant keeps the GPU for its next one (see [`Grant::renew`]). If
     /// not, the grant is closed and the GPU goes where the policy says.
     fn renew(&mut self, serial: u64, device_time: Duration, now: Instant, requeue: bool) -> bool {
-        let Some((tenant, instance)) = self
-            .running
-            .as_ref()
-            .filter(|r| r.serial == serial)
-            .map(|r| (r.tenant, r.instance))
-        else {
+        let Some((tenant, instance)) = self.grant_holder(serial) else {
             return false;
         };
         let keep = match self.charge(tenant, instance, device_time, now) {
@@ -1114,19 +1113,7 @@ impl Grant {
     ///
     /// [`SchedConfig::turn`]: crate::SchedConfig::turn
     pub fn renew(&mut self, device_time: Duration) -> bool {
-        if self.done {
-            return false;
-        }
-        let mut st = self.shared.lock();
-        let now = Instant::now();
-        let keep = st.renew(self.serial, device_time, now, false);
-        unlock(st);
-        if keep {
-            self.started = now;
-        } else {
-            self.done = true;
-        }
-        keep
+        self.renew_with(device_time, false)
     }
 
     /// Like [`Grant::renew`], for a worker that has its next command: when
@@ -1137,12 +1124,17 @@ impl Grant {
     /// leaves the queue with [`Scheduler::dequeue`] if it finds it has no
     /// next command after all. Returns whether the turn goes on.
     pub fn renew_or_queue(&mut self, device_time: Duration) -> bool {
+        self.renew_with(device_time, true)
+    }
+
+    /// [`Grant::renew`] (`requeue` false) or [`Grant::renew_or_queue`].
+    fn renew_with(&mut self, device_time: Duration, requeue: bool) -> bool {
         if self.done {
             return false;
         }
         let mut st = self.shared.lock();
         let now = Instant::now();
-        let keep = st.renew(self.serial, device_time, now, true);
+        let keep = st.renew(self.serial, device_time, now, requeue);
         unlock(st);
         if keep {
             self.started = now;

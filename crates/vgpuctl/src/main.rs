@@ -48,6 +48,21 @@ impl Api {
             .map_err(|e| format!("unexpected answer from the daemon: {e}"))?;
         Ok((v, raw))
     }
+
+    /// [`Api::get`] for a command that prints what it got: with `json`
+    /// the answer is printed as sent here and `None` returned.
+    fn get_or_print<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        json: bool,
+    ) -> Result<Option<T>, String> {
+        let (v, raw) = self.get(path)?;
+        if json {
+            print_raw(&raw);
+            return Ok(None);
+        }
+        Ok(Some(v))
+    }
 }
 
 /// A vGPU name as a path segment: anything but letters, digits, '-', '_'
@@ -72,16 +87,32 @@ fn print_raw(raw: &[u8]) {
     }
 }
 
+/// Prints the vGPU an answer describes: as sent with `json`, else the line
+/// `text` makes of it.
+fn print_vgpu(raw: &[u8], json: bool, text: impl FnOnce(&Vgpu) -> String) {
+    if json {
+        print_raw(raw);
+    } else {
+        let v: Vgpu = serde_json::from_slice(raw).unwrap_or_default();
+        println!("{}", text(&v));
+    }
+}
+
+/// Sets `key` of a request body to `value`, if there is one.
+fn insert_some(body: &mut Map<String, Value>, key: &str, value: Option<impl Serialize>) {
+    if let Some(v) = value {
+        body.insert(key.into(), json!(v));
+    }
+}
+
 fn cap_text(cap: Option<f64>) -> String {
     cap.map(|c| format!("{c}")).unwrap_or_else(|| "-".into())
 }
 
 fn list(api: &Api, json: bool) -> Result<(), String> {
-    let (vgpus, raw): (Vec<Vgpu>, _) = api.get("/vgpus")?;
-    if json {
-        print_raw(&raw);
+    let Some(vgpus): Option<Vec<Vgpu>> = api.get_or_print("/vgpus", json)? else {
         return Ok(());
-    }
+    };
     let mut t = Table::new(&[
         "NAME", "GPU", "STATE", "MEMORY", "CU", "WEIGHT", "PRIORITY", "CAP", "QUEUES", "SOCKET",
     ]);
@@ -105,11 +136,10 @@ fn list(api: &Api, json: bool) -> Result<(), String> {
 }
 
 fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
-    let (v, raw): (Vgpu, _) = api.get(&format!("/vgpus/{}", segment(name)))?;
-    if json {
-        print_raw(&raw);
+    let Some(v): Option<Vgpu> = api.get_or_print(&format!("/vgpus/{}", segment(name)), json)?
+    else {
         return Ok(());
-    }
+    };
     let c = &v.config;
     let hex = |x: Option<u16>| {
         x.map(|x| format!("{x:#06x}"))
@@ -168,11 +198,9 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
 }
 
 fn gpus(api: &Api, json: bool) -> Result<(), String> {
-    let (gpus, raw): (Vec<Gpu>, _) = api.get("/gpus")?;
-    if json {
-        print_raw(&raw);
+    let Some(gpus): Option<Vec<Gpu>> = api.get_or_print("/gpus", json)? else {
         return Ok(());
-    }
+    };
     let mut t = Table::new(&[
         "NAME",
         "BACKEND",
@@ -207,11 +235,9 @@ fn gpus(api: &Api, json: bool) -> Result<(), String> {
 }
 
 fn stats(api: &Api, json: bool) -> Result<(), String> {
-    let (s, raw): (Stats, _) = api.get("/stats")?;
-    if json {
-        print_raw(&raw);
+    let Some(s): Option<Stats> = api.get_or_print("/stats", json)? else {
         return Ok(());
-    }
+    };
     let mut t = Table::new(&["GPU", "BACKEND", "UTIL", "BUSY", "SWITCHES", "COMMANDS"]);
     for g in &s.gpus {
         t.row(vec![
@@ -403,12 +429,7 @@ fn power(api: &Api, name: &str, action: &str, json: bool) -> Result<(), String> 
         &format!("/vgpus/{}/{action}", segment(name)),
         Some(&json!({})),
     )?;
-    if json {
-        print_raw(&raw);
-    } else {
-        let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
-        println!("{name}: {}", v.state);
-    }
+    print_vgpu(&raw, json, |v| format!("{name}: {}", v.state));
     Ok(())
 }
 
@@ -442,25 +463,14 @@ fn run(cli: Cli) -> Result<(), String> {
                 Err(_) => body.insert("memory".into(), json!(memory)),
             };
             body.insert("compute_units".into(), json!(compute_units));
-            if let Some(w) = weight {
-                body.insert("weight".into(), json!(w));
-            }
-            if let Some(p) = priority {
-                body.insert("priority".into(), json!(p));
-            }
-            if let Some(c) = cap {
-                body.insert("cap".into(), json!(c));
-            }
-            if let Some(q) = queues {
-                body.insert("queues".into(), json!(q));
-            }
+            insert_some(&mut body, "weight", weight);
+            insert_some(&mut body, "priority", priority);
+            insert_some(&mut body, "cap", cap);
+            insert_some(&mut body, "queues", queues);
             let raw = api.call("PUT", "/vgpus", Some(&Value::Object(body)))?;
-            if json {
-                print_raw(&raw);
-            } else {
-                let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
-                println!("created {name}: listening on {}", v.socket_path);
-            }
+            print_vgpu(&raw, json, |v| {
+                format!("created {name}: listening on {}", v.socket_path)
+            });
             Ok(())
         }
         Cmd::Destroy { name } => {
@@ -479,31 +489,23 @@ fn run(cli: Cli) -> Result<(), String> {
             cap,
         } => {
             let mut body = Map::new();
-            if let Some(w) = weight {
-                body.insert("weight".into(), json!(w));
-            }
-            if let Some(p) = priority {
-                body.insert("priority".into(), json!(p));
-            }
-            if let Some(Cap(c)) = cap {
-                body.insert("cap".into(), json!(c));
-            }
+            insert_some(&mut body, "weight", weight);
+            insert_some(&mut body, "priority", priority);
+            // `--cap none` sends null: the cap is removed.
+            insert_some(&mut body, "cap", cap.map(|Cap(c)| c));
             let raw = api.call(
                 "PATCH",
                 &format!("/vgpus/{}", segment(&name)),
                 Some(&Value::Object(body)),
             )?;
-            if json {
-                print_raw(&raw);
-            } else {
-                let v: Vgpu = serde_json::from_slice(&raw).unwrap_or_default();
-                println!(
+            print_vgpu(&raw, json, |v| {
+                format!(
                     "{name}: weight {}, priority {}, cap {}",
                     v.config.weight,
                     v.config.priority,
                     cap_text(v.config.cap)
-                );
-            }
+                )
+            });
             Ok(())
         }
     }

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::confine::SeccompMode;
 
@@ -29,28 +29,9 @@ pub enum Cmd {
         /// TOML configuration file.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Directory for relative socket paths (overrides the configuration).
-        #[arg(long)]
-        runtime_dir: Option<PathBuf>,
-        /// Management API socket (overrides `daemon.api_socket`).
-        #[arg(long)]
-        api_socket: Option<PathBuf>,
-        /// Prometheus address, "" to disable (overrides `daemon.metrics_address`).
-        #[arg(long)]
-        metrics_address: Option<String>,
-        /// Started as root: switch to this user once the sockets, runtime
-        /// directory and devices are open (overrides `daemon.user`).
-        #[arg(long)]
-        user: Option<String>,
-        /// Started as root without --user: keep running as root (without
-        /// capabilities) instead of refusing.
-        #[arg(long)]
-        allow_root: bool,
-        /// System calls outside the daemon's list: "strict" kills the
-        /// process, "log" lets them through and the kernel logs them, "off"
-        /// installs no filter (overrides `daemon.seccomp`).
-        #[arg(long, value_name = "strict|log|off")]
-        seccomp: Option<SeccompMode>,
+        /// What to take from the command line instead of the configuration.
+        #[command(flatten)]
+        overrides: Overrides,
     },
     /// Check a configuration file and print it as understood.
     CheckConfig {
@@ -65,4 +46,31 @@ pub enum Cmd {
         #[arg(long)]
         socket: PathBuf,
     },
+}
+
+/// Command-line overrides of the configuration's daemon settings.
+#[derive(Args)]
+pub struct Overrides {
+    /// Directory for relative socket paths (overrides the configuration).
+    #[arg(long)]
+    pub runtime_dir: Option<PathBuf>,
+    /// Management API socket (overrides `daemon.api_socket`).
+    #[arg(long)]
+    pub api_socket: Option<PathBuf>,
+    /// Prometheus address, "" to disable (overrides `daemon.metrics_address`).
+    #[arg(long)]
+    pub metrics_address: Option<String>,
+    /// Started as root: switch to this user once the sockets, runtime
+    /// directory and devices are open (overrides `daemon.user`).
+    #[arg(long)]
+    pub user: Option<String>,
+    /// Started as root without --user: keep running as root (without
+    /// capabilities) instead of refusing.
+    #[arg(long)]
+    pub allow_root: bool,
+    /// System calls outside the daemon's list: "strict" kills the
+    /// process, "log" lets them through and the kernel logs them, "off"
+    /// installs no filter (overrides `daemon.seccomp`).
+    #[arg(long, value_name = "strict|log|off")]
+    pub seccomp: Option<SeccompMode>,
 }

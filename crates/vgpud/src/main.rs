@@ -11,21 +11,11 @@ use vfio_user_server::Endpoint;
 use vmm_sys_util::eventfd::EventFd;
 
 use vgpud::api::ApiServer;
-use vgpud::cli::{Cli, Cmd};
+use vgpud::cli::{Cli, Cmd, Overrides};
 use vgpud::config::{self, BackendKind, Config, Isolation};
 use vgpud::confine::{self, Account, Role, SeccompMode};
 use vgpud::daemon::Daemon;
 use vgpud::metrics::MetricsServer;
-
-/// Command-line overrides of the configuration's daemon settings.
-struct Overrides {
-    runtime_dir: Option<PathBuf>,
-    api_socket: Option<PathBuf>,
-    metrics_address: Option<String>,
-    user: Option<String>,
-    allow_root: bool,
-    seccomp: Option<SeccompMode>,
-}
 
 /// Who the daemon runs as: checks the start against `config` and looks
 /// the user up (before any filter: the lookup may read files and talk to
@@ -301,25 +291,7 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let cli = Cli::parse();
     let result = match cli.command {
-        Cmd::Run {
-            config,
-            runtime_dir,
-            api_socket,
-            metrics_address,
-            user,
-            allow_root,
-            seccomp,
-        } => run(
-            config,
-            Overrides {
-                runtime_dir,
-                api_socket,
-                metrics_address,
-                user,
-                allow_root,
-                seccomp,
-            },
-        ),
+        Cmd::Run { config, overrides } => run(config, overrides),
         Cmd::CheckConfig { config } => std::fs::read_to_string(&config)
             .map_err(|e| format!("cannot read {}: {e}", config.display()))
             .and_then(|text| {

@@ -94,16 +94,32 @@ impl Writer {
         }
         let _ = writeln!(self.out, " {}", value(v));
     }
+
+    /// Declares each family of `table` and writes its sample of each of
+    /// `items` that has one, labelled with `labels`.
+    fn families<T, V: Into<Option<f64>>, const N: usize>(
+        &mut self,
+        table: &[Family<T, V>],
+        items: &[T],
+        labels: impl Fn(&T) -> [(&'static str, &str); N],
+    ) {
+        for (name, kind, help, get) in table {
+            self.family(name, kind, help);
+            for item in items {
+                if let Some(v) = get(item).into() {
+                    self.sample(name, &labels(item), v);
+                }
+            }
+        }
+    }
 }
 
-type VgpuValue = fn(&InstanceStats) -> f64;
-type GpuValue = fn(&GpuStats) -> f64;
-type GpuInfoValue = fn(&GpuInfo) -> f64;
-/// A scheduling parameter of a vGPU; `None` when it has none (no cap).
-type ParamValue = fn(&InstanceInfo) -> Option<f64>;
+/// A family with a sample per item: name, type, help and the item's value
+/// (an `Option` for a family that some items have no sample of).
+type Family<T, V = f64> = (&'static str, &'static str, &'static str, fn(&T) -> V);
 
 /// The vGPU families, but the queue wait summary.
-const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
+const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
     (
         "vgpud_vgpu_up",
         "gauge",
@@ -184,7 +200,7 @@ const VGPU_FAMILIES: &[(&str, &str, &str, VgpuValue)] = &[
     ),
 ];
 
-const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
+const GPU_FAMILIES: &[Family<GpuStats>] = &[
     (
         "vgpud_gpu_utilization_ratio",
         "gauge",
@@ -211,15 +227,71 @@ const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
     ),
 ];
 
+/// What the scheduler was told, beside what it did: a share of GPU time
+/// is read against the weight (or the cap) it should follow. A vGPU without
+/// a cap has no sample of it.
+const PARAM_FAMILIES: &[Family<InstanceInfo, Option<f64>>] = &[
+    (
+        "vgpud_vgpu_weight",
+        "gauge",
+        "Weight of the vGPU under the fair policy.",
+        |i| Some(f64::from(i.config.weight)),
+    ),
+    (
+        "vgpud_vgpu_priority",
+        "gauge",
+        "Priority of the vGPU under the priority policy.",
+        |i| Some(f64::from(i.config.priority)),
+    ),
+    (
+        "vgpud_vgpu_cap_ratio",
+        "gauge",
+        "Fixed share of GPU time the vGPU is capped at (only vGPUs with a cap).",
+        |i| i.config.cap,
+    ),
+];
+
+const GPU_INFO_FAMILIES: &[Family<GpuInfo>] = &[
+    (
+        "vgpud_gpu_memory_bytes",
+        "gauge",
+        "Device memory of the GPU.",
+        |g| g.memory_total as f64,
+    ),
+    (
+        "vgpud_gpu_memory_allocated_bytes",
+        "gauge",
+        "Device memory given to the GPU's vGPUs as quotas.",
+        |g| g.memory_allocated as f64,
+    ),
+    (
+        "vgpud_gpu_compute_units",
+        "gauge",
+        "Compute units of the GPU.",
+        |g| f64::from(g.compute_units_total),
+    ),
+    (
+        "vgpud_gpu_compute_units_allocated",
+        "gauge",
+        "Compute units given to the GPU's vGPUs.",
+        |g| f64::from(g.compute_units_allocated),
+    ),
+    (
+        "vgpud_gpu_vgpus",
+        "gauge",
+        "vGPUs running on the GPU.",
+        |g| g.vgpus.len() as f64,
+    ),
+];
+
+fn vgpu_labels(v: &InstanceStats) -> [(&'static str, &str); 2] {
+    [("vgpu", &v.name), ("gpu", &v.gpu)]
+}
+
 /// Renders `s` in the text exposition format.
 pub fn render(s: &Snapshot) -> String {
     let mut w = Writer { out: String::new() };
-    for (name, kind, help, get) in VGPU_FAMILIES {
-        w.family(name, kind, help);
-        for v in &s.vgpus {
-            w.sample(name, &[("vgpu", &v.name), ("gpu", &v.gpu)], get(v));
-        }
-    }
+    w.families(VGPU_FAMILIES, &s.vgpus, vgpu_labels);
     let wait = "vgpud_vgpu_queue_wait_seconds";
     w.family(
         wait,
@@ -227,7 +299,7 @@ pub fn render(s: &Snapshot) -> String {
         "Time the vGPU's commands waited for the GPU.",
     );
     for v in &s.vgpus {
-        let labels = [("vgpu", v.name.as_str()), ("gpu", v.gpu.as_str())];
+        let labels = vgpu_labels(v);
         for (q, d) in [("0.5", v.wait_p50), ("0.99", v.wait_p99)] {
             let mut l = labels.to_vec();
             l.push(("quantile", q));
@@ -239,72 +311,16 @@ pub fn render(s: &Snapshot) -> String {
         w.sample(&format!("{wait}_sum"), &labels, sum);
         w.sample(&format!("{wait}_count"), &labels, count as f64);
     }
-    // What the scheduler was told, beside what it did: a share of GPU time
-    // is read against the weight (or the cap) it should follow.
-    let params: &[(&str, &str, ParamValue)] = &[
-        (
-            "vgpud_vgpu_weight",
-            "Weight of the vGPU under the fair policy.",
-            |i| Some(f64::from(i.config.weight)),
-        ),
-        (
-            "vgpud_vgpu_priority",
-            "Priority of the vGPU under the priority policy.",
-            |i| Some(f64::from(i.config.priority)),
-        ),
-        (
-            "vgpud_vgpu_cap_ratio",
-            "Fixed share of GPU time the vGPU is capped at (only vGPUs with a cap).",
-            |i| i.config.cap,
-        ),
-    ];
-    for (name, help, get) in params {
-        w.family(name, "gauge", help);
-        for i in &s.instances {
-            if let Some(v) = get(i) {
-                let labels = [
-                    ("vgpu", i.config.name.as_str()),
-                    ("gpu", i.config.gpu.as_str()),
-                ];
-                w.sample(name, &labels, v);
-            }
-        }
-    }
-    for (name, kind, help, get) in GPU_FAMILIES {
-        w.family(name, kind, help);
-        for g in &s.gpus {
-            w.sample(name, &[("gpu", &g.name)], get(g));
-        }
-    }
-    let info: &[(&str, &str, GpuInfoValue)] = &[
-        ("vgpud_gpu_memory_bytes", "Device memory of the GPU.", |g| {
-            g.memory_total as f64
-        }),
-        (
-            "vgpud_gpu_memory_allocated_bytes",
-            "Device memory given to the GPU's vGPUs as quotas.",
-            |g| g.memory_allocated as f64,
-        ),
-        (
-            "vgpud_gpu_compute_units",
-            "Compute units of the GPU.",
-            |g| f64::from(g.compute_units_total),
-        ),
-        (
-            "vgpud_gpu_compute_units_allocated",
-            "Compute units given to the GPU's vGPUs.",
-            |g| f64::from(g.compute_units_allocated),
-        ),
-        ("vgpud_gpu_vgpus", "vGPUs running on the GPU.", |g| {
-            g.vgpus.len() as f64
-        }),
-    ];
-    for (name, help, get) in info {
-        w.family(name, "gauge", help);
-        for g in &s.gpu_info {
-            w.sample(name, &[("gpu", &g.config.name)], get(g));
-        }
-    }
+    w.families(PARAM_FAMILIES, &s.instances, |i| {
+        [
+            ("vgpu", i.config.name.as_str()),
+            ("gpu", i.config.gpu.as_str()),
+        ]
+    });
+    w.families(GPU_FAMILIES, &s.gpus, |g| [("gpu", g.name.as_str())]);
+    w.families(GPU_INFO_FAMILIES, &s.gpu_info, |g| {
+        [("gpu", g.config.name.as_str())]
+    });
     w.out
 }
 

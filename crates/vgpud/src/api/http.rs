@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
+use vgpu_sys::poll;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Longest request line plus headers, with the blank line ending them.
@@ -270,23 +271,22 @@ pub trait Conn: Read + Write {
     fn shutdown_write(&mut self) -> io::Result<()>;
 }
 
-impl Conn for UnixStream {
-    fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(timeout))
-    }
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
-    }
+/// [`Conn`] for stream types with the inherent `set_read_timeout` and
+/// `shutdown` of the standard library's sockets.
+macro_rules! impl_conn {
+    ($($stream:ty),*) => {$(
+        impl Conn for $stream {
+            fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
+                self.set_read_timeout(Some(timeout))
+            }
+            fn shutdown_write(&mut self) -> io::Result<()> {
+                self.shutdown(std::net::Shutdown::Write)
+            }
+        }
+    )*};
 }
 
-impl Conn for TcpStream {
-    fn set_read_limit(&mut self, timeout: Duration) -> io::Result<()> {
-        self.set_read_timeout(Some(timeout))
-    }
-    fn shutdown_write(&mut self) -> io::Result<()> {
-        self.shutdown(std::net::Shutdown::Write)
-    }
-}
+impl_conn!(UnixStream, TcpStream);
 
 /// How often a blocked read checks whether it is cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(100);
@@ -340,6 +340,14 @@ fn find_blank_line(buf: &[u8], from: usize) -> Option<usize> {
         .map(|i| start + i)
 }
 
+fn head_too_large() -> RecvError {
+    HttpError::new(
+        431,
+        format!("the request line and headers may be at most {MAX_HEAD} bytes"),
+    )
+    .into()
+}
+
 /// Reads one request from `c` before `deadline`. Answers
 /// `Expect: 100-continue` itself.
 pub fn read_request<C: Conn>(c: &mut C, deadline: Instant) -> Result<Request, RecvError> {
@@ -369,19 +377,11 @@ pub fn read_request_or_cancel<C: Conn>(
             });
         }
         if buf.len() >= MAX_HEAD {
-            return Err(HttpError::new(
-                431,
-                format!("the request line and headers may be at most {MAX_HEAD} bytes"),
-            )
-            .into());
+            return Err(head_too_large());
         }
     };
     if end + 4 > MAX_HEAD {
-        return Err(HttpError::new(
-            431,
-            format!("the request line and headers may be at most {MAX_HEAD} bytes"),
-        )
-        .into());
+        return Err(head_too_large());
     }
     let head = parse_head(&buf[..end])?;
     let len = head.content_length.unwrap_or(0);
@@ -453,17 +453,22 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 impl Response {
+    /// `body` as `content_type`, without further header fields.
+    fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Response {
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body,
+        }
+    }
+
     /// A JSON body.
     pub fn json<T: serde::Serialize + ?Sized>(status: u16, value: &T) -> Response {
         match serde_json::to_vec_pretty(value) {
             Ok(mut body) => {
                 body.push(b'\n');
-                Response {
-                    status,
-                    content_type: "application/json",
-                    headers: Vec::new(),
-                    body,
-                }
+                Response::new(status, "application/json", body)
             }
             Err(e) => Response::error(500, format!("cannot encode the response: {e}")),
         }
@@ -480,32 +485,17 @@ impl Response {
         };
         let mut bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
         bytes.push(b'\n');
-        Response {
-            status,
-            content_type: "application/json",
-            headers: Vec::new(),
-            body: bytes,
-        }
+        Response::new(status, "application/json", bytes)
     }
 
     /// No body.
     pub fn empty(status: u16) -> Response {
-        Response {
-            status,
-            content_type: "application/json",
-            headers: Vec::new(),
-            body: Vec::new(),
-        }
+        Response::new(status, "application/json", Vec::new())
     }
 
     /// Plain text.
     pub fn text(status: u16, content_type: &'static str, body: String) -> Response {
-        Response {
-            status,
-            content_type,
-            headers: Vec::new(),
-            body: body.into_bytes(),
-        }
+        Response::new(status, content_type, body.into_bytes())
     }
 
     /// Adds a header field.
@@ -599,44 +589,31 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// A pollfd waiting for `fd` to be readable.
+fn pollin(fd: RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 /// Waits until `fd` is readable or `stop` is written; true when stopped.
 fn wait_readable(fd: RawFd, stop: &EventFd) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: stop.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
+    let mut fds = [pollin(fd), pollin(stop.as_raw_fd())];
     loop {
-        // SAFETY: `fds` is a valid array of two pollfd that outlives the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if rc >= 0 {
-            return fds[1].revents != 0;
-        }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        match poll::poll(&mut fds, -1) {
+            Ok(_) => return fds[1].revents != 0,
             // Should not happen with valid fds; do not spin.
-            std::thread::sleep(Duration::from_millis(100));
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
 }
 
 /// Waits up to `timeout` for `stop`; true when stopped.
 fn wait_stop(stop: &EventFd, timeout: Duration) -> bool {
-    let mut fd = libc::pollfd {
-        fd: stop.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: `fd` is a valid pollfd that outlives the call.
-    let rc = unsafe { libc::poll(&mut fd, 1, ms) };
-    rc > 0 && fd.revents != 0
+    let mut fds = [pollin(stop.as_raw_fd())];
+    poll::poll(&mut fds, poll::timeout_ms(timeout)).is_ok_and(|n| n > 0)
 }
 
 fn serve_conn<S: Conn>(mut stream: S, handler: &Handler, stopping: &AtomicBool) {

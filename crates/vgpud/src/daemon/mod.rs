@@ -21,6 +21,7 @@ use log::{info, warn};
 use vgpu_backend::{Backend, PartitionSpec};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{Scheduler, TenantId};
+use vgpu_sys::socket::{self, SocketPath};
 
 use crate::config::{Config, GpuConfig, VgpuConfig};
 use backends::make_backend;
@@ -105,15 +106,35 @@ struct Gpu {
 /// Whether a socket can be bound at `path`: nothing there, or a socket no
 /// one listens on. Otherwise says what is in the way.
 fn socket_obstacle(path: &Path) -> Option<&'static str> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
-            Some("a file that is not a socket is there")
-        }
-        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            Some("another process listens on it")
-        }
-        _ => None,
+    match socket::probe(path) {
+        SocketPath::NotSocket => Some("a file that is not a socket is there"),
+        SocketPath::Live => Some("another process listens on it"),
+        SocketPath::Absent | SocketPath::Stale => None,
     }
+}
+
+/// Instance `name` of `instances`, which must be running (`running`) or
+/// stopped, to be switched to the other state.
+fn instance_in_state<'a>(
+    instances: &'a mut BTreeMap<String, Instance>,
+    name: &str,
+    running: bool,
+) -> Result<&'a mut Instance, DaemonError> {
+    let inst = instances
+        .get_mut(name)
+        .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+    if inst.serving.is_some() != running {
+        let message = if running {
+            "is already stopped"
+        } else {
+            "is already running"
+        };
+        return Err(DaemonError::State {
+            name: name.to_string(),
+            message: message.into(),
+        });
+    }
+    Ok(inst)
 }
 
 /// After the grace, how long a shutdown waits for cancellations: a command
@@ -340,16 +361,7 @@ impl Daemon {
     /// reset (device memory freed) and its socket removed; its
     /// configuration, partition reservation and scheduler figures stay.
     pub fn stop(&mut self, name: &str) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get_mut(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        if inst.serving.is_none() {
-            return Err(DaemonError::State {
-                name: name.to_string(),
-                message: "is already stopped".into(),
-            });
-        }
+        let inst = instance_in_state(&mut self.instances, name, true)?;
         inst.halt();
         info!("vGPU {name}: stopped; {} removed", inst.socket.display());
         Ok(())
@@ -357,16 +369,7 @@ impl Daemon {
 
     /// Starts a stopped instance again, on the same socket and partition.
     pub fn start(&mut self, name: &str) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get_mut(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        if inst.serving.is_some() {
-            return Err(DaemonError::State {
-                name: name.to_string(),
-                message: "is already running".into(),
-            });
-        }
+        let inst = instance_in_state(&mut self.instances, name, false)?;
         if let Some(why) = socket_obstacle(&inst.socket) {
             return Err(DaemonError::SocketInUse {
                 name: name.to_string(),
@@ -453,24 +456,36 @@ impl Daemon {
         priority: Option<i32>,
         cap: Option<Option<f64>>,
     ) -> Result<(), DaemonError> {
+        self.change_params(name, weight, priority, cap, |field, message| {
+            DaemonError::Setup {
+                name: name.to_string(),
+                message: format!("{field}: {message}"),
+            }
+        })
+    }
+
+    /// Changes instance `name`'s scheduling parameters (`None`: unchanged).
+    /// A value out of range changes nothing; the error is what `invalid`
+    /// makes of its field and message.
+    fn change_params(
+        &mut self,
+        name: &str,
+        weight: Option<u32>,
+        priority: Option<i32>,
+        cap: Option<Option<f64>>,
+        invalid: impl FnOnce(&str, &str) -> DaemonError,
+    ) -> Result<(), DaemonError> {
         let inst = self
             .instances
             .get_mut(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let mut v = inst.config.clone();
-        if let Some(w) = weight {
-            v.weight = w;
-        }
-        if let Some(p) = priority {
-            v.priority = p;
-        }
-        if let Some(c) = cap {
-            v.cap = c;
-        }
-        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Setup {
-            name: name.to_string(),
-            message: format!("{field}: {message}"),
-        })?;
+        let v = VgpuConfig {
+            weight: weight.unwrap_or(inst.config.weight),
+            priority: priority.unwrap_or(inst.config.priority),
+            cap: cap.unwrap_or(inst.config.cap),
+            ..inst.config.clone()
+        };
+        crate::config::validate_vgpu(&v).map_err(|(field, message)| invalid(field, message))?;
         let gpu = self
             .gpus
             .get(&v.gpu)
@@ -556,20 +571,13 @@ impl Daemon {
         priority: Option<i32>,
         cap: Option<Option<f64>>,
     ) -> Result<(), DaemonError> {
-        let inst = self
-            .instances
-            .get(name)
-            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let mut v = inst.config.clone();
-        v.weight = weight.unwrap_or(v.weight);
-        v.priority = priority.unwrap_or(v.priority);
-        v.cap = cap.unwrap_or(v.cap);
-        crate::config::validate_vgpu(&v).map_err(|(field, message)| DaemonError::Invalid {
-            name: name.to_string(),
-            field: field.to_string(),
-            message: message.to_string(),
-        })?;
-        self.set_params(name, weight, priority, cap)
+        self.change_params(name, weight, priority, cap, |field, message| {
+            DaemonError::Invalid {
+                name: name.to_string(),
+                field: field.to_string(),
+                message: message.to_string(),
+            }
+        })
     }
 
     /// The GPUs, in configuration order, with their capacity and what
