@@ -141,6 +141,22 @@ uapi_struct!(
     }
 );
 
+impl VgpuInfo {
+    /// The interrupts the driver set up: `"MSI-X"` or `"INTx"`.
+    pub fn irq_kind(&self) -> &'static str {
+        if self.flags & INFO_MSIX != 0 {
+            "MSI-X"
+        } else {
+            "INTx"
+        }
+    }
+
+    /// Whether the device polls the queues.
+    pub fn polled(&self) -> bool {
+        self.flags & INFO_POLLED != 0
+    }
+}
+
 uapi_struct!(
     /// VGPU_IOCTL_ALLOC.
     pub struct VgpuAlloc => "vgpu_alloc" {
