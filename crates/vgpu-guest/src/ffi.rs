@@ -429,25 +429,21 @@ mod tests {
                 src.clone()
             };
             std::fs::write(&path, text).unwrap();
-            let out = Command::new("gcc")
-                .args([
-                    "-x",
-                    lang,
-                    std,
-                    "-fsyntax-only",
-                    "-Wall",
-                    "-Wextra",
-                    "-Werror",
-                ])
-                .arg("-I")
-                .arg(include_dir())
-                .arg(&path)
-                .output()
-                .expect("gcc is needed for this test");
-            assert!(
-                out.status.success(),
-                "{lang}: {}",
-                String::from_utf8_lossy(&out.stderr)
+            crate::compile_c(
+                Command::new("gcc")
+                    .args([
+                        "-x",
+                        lang,
+                        std,
+                        "-fsyntax-only",
+                        "-Wall",
+                        "-Wextra",
+                        "-Werror",
+                    ])
+                    .arg("-I")
+                    .arg(include_dir())
+                    .arg(&path),
+                lang,
             );
         }
         let _ = std::fs::remove_dir_all(&dir);

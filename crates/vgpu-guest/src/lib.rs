@@ -40,6 +40,18 @@ pub mod reference;
 pub mod sample;
 pub mod sys;
 
+/// Runs a C compiler command of a test; panics with its messages, after
+/// `what`, unless it succeeds.
+#[cfg(test)]
+fn compile_c(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd.output().expect("gcc is needed for this test");
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
 pub use device::{Buffer, BuiltinKernel, Device, Dims, Module, Window};
 pub use error::{errno_name, Error, Result};

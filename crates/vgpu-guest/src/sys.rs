@@ -594,18 +594,14 @@ mod tests {
         let src = dir.join("layout.c");
         let exe = dir.join("layout");
         std::fs::write(&src, &c).unwrap();
-        let out = Command::new("gcc")
-            .args(["-std=gnu11", "-Wall", "-Werror", "-I"])
-            .arg(uapi_include_dir())
-            .arg("-o")
-            .arg(&exe)
-            .arg(&src)
-            .output()
-            .expect("gcc is needed for this test");
-        assert!(
-            out.status.success(),
-            "gcc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::compile_c(
+            Command::new("gcc")
+                .args(["-std=gnu11", "-Wall", "-Werror", "-I"])
+                .arg(uapi_include_dir())
+                .arg("-o")
+                .arg(&exe)
+                .arg(&src),
+            "gcc failed",
         );
         let run = Command::new(&exe).output().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
