@@ -144,17 +144,23 @@ impl Batch {
         self.cmds.len() - 1
     }
 
+    /// One COPY of `size` bytes between memories of `kinds` (source, destination).
+    fn copy_cmd(&mut self, kinds: (u32, u32), src: u64, dst: u64, size: u64) -> &mut Self {
+        self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
+            src_kind: kinds.0,
+            dst_kind: kinds.1,
+            src,
+            dst,
+            size,
+        }))
+    }
+
+    /// COPYs of `len` bytes, split at the driver's limit for a user side.
     fn copy_cmds(&mut self, kinds: (u32, u32), src: u64, dst: u64, len: u64) -> &mut Self {
         let mut off = 0;
         while off < len {
             let n = (len - off).min(sys::MAX_COPY_BYTES);
-            self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
-                src_kind: kinds.0,
-                dst_kind: kinds.1,
-                src: src + off,
-                dst: dst + off,
-                size: n,
-            }));
+            self.copy_cmd(kinds, src + off, dst + off, n);
             off += n;
         }
         self
@@ -212,13 +218,7 @@ impl Batch {
     /// Copies `len` bytes between device addresses (both must belong to
     /// this file, or the driver refuses the batch).
     pub fn copy_device_addr(&mut self, dst: u64, src: u64, len: u64) -> &mut Self {
-        self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
-            src_kind: sys::MEM_DEVICE,
-            dst_kind: sys::MEM_DEVICE,
-            src,
-            dst,
-            size: len,
-        }))
+        self.copy_cmd((sys::MEM_DEVICE, sys::MEM_DEVICE), src, dst, len)
     }
 
     /// Copies `len` bytes from window offset `window_offset` to `offset`
@@ -231,13 +231,7 @@ impl Batch {
         len: u64,
     ) -> &mut Self {
         match buf.range(offset, len) {
-            Ok(d) => self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
-                src_kind: sys::MEM_WINDOW,
-                dst_kind: sys::MEM_DEVICE,
-                src: window_offset,
-                dst: d,
-                size: len,
-            })),
+            Ok(d) => self.copy_cmd((sys::MEM_WINDOW, sys::MEM_DEVICE), window_offset, d, len),
             Err(e) => self.fail(e),
         }
     }
@@ -252,13 +246,7 @@ impl Batch {
         len: u64,
     ) -> &mut Self {
         match buf.range(offset, len) {
-            Ok(s) => self.push(VgpuCmd::copy(sys::VgpuCopyArgs {
-                src_kind: sys::MEM_DEVICE,
-                dst_kind: sys::MEM_WINDOW,
-                src: s,
-                dst: window_offset,
-                size: len,
-            })),
+            Ok(s) => self.copy_cmd((sys::MEM_DEVICE, sys::MEM_WINDOW), s, window_offset, len),
             Err(e) => self.fail(e),
         }
     }

@@ -60,32 +60,26 @@ pub trait BuiltinKernel: ByteValued {
     fn dims(&self) -> Dims;
 }
 
-impl BuiltinKernel for vgpu_abi::FillParams {
-    const ENTRY: &'static str = "fill_u32";
-    fn dims(&self) -> Dims {
-        Dims::linear(self.count)
-    }
+/// Kernels of one thread per element: parameters => entry point, elements.
+macro_rules! linear_kernels {
+    ($($params:ident => $entry:literal, |$p:ident| $elements:expr;)*) => {$(
+        impl BuiltinKernel for vgpu_abi::$params {
+            const ENTRY: &'static str = $entry;
+            fn dims(&self) -> Dims {
+                let $p = self;
+                Dims::linear($elements)
+            }
+        }
+    )*};
 }
 
-impl BuiltinKernel for vgpu_abi::CopyParams {
-    const ENTRY: &'static str = "copy";
-    fn dims(&self) -> Dims {
-        Dims::linear(self.bytes.div_ceil(4))
-    }
-}
-
-impl BuiltinKernel for vgpu_abi::VaddParams {
-    const ENTRY: &'static str = "vadd_f32";
-    fn dims(&self) -> Dims {
-        Dims::linear(self.n)
-    }
-}
-
-impl BuiltinKernel for vgpu_abi::SaxpyParams {
-    const ENTRY: &'static str = "saxpy_f32";
-    fn dims(&self) -> Dims {
-        Dims::linear(self.n)
-    }
+linear_kernels! {
+    FillParams => "fill_u32", |p| p.count;
+    // One thread per 32-bit word.
+    CopyParams => "copy", |p| p.bytes.div_ceil(4);
+    VaddParams => "vadd_f32", |p| p.n;
+    SaxpyParams => "saxpy_f32", |p| p.n;
+    ReduceSumParams => "reduce_sum_f32", |p| p.n;
 }
 
 impl BuiltinKernel for vgpu_abi::SgemmParams {
@@ -101,13 +95,6 @@ impl BuiltinKernel for vgpu_abi::SgemmParams {
             block: [16, 16, 1],
             shared_mem: 0,
         }
-    }
-}
-
-impl BuiltinKernel for vgpu_abi::ReduceSumParams {
-    const ENTRY: &'static str = "reduce_sum_f32";
-    fn dims(&self) -> Dims {
-        Dims::linear(self.n)
     }
 }
 

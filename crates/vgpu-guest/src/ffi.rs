@@ -7,7 +7,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
+
+use vgpu_sys::lock;
 
 use crate::{Batch, Buffer, Device, Dims, Error, Pending};
 
@@ -53,17 +55,35 @@ struct Launches {
     error: c_int,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn neg(e: &Error) -> c_int {
     -e.errno()
+}
+
+/// 0 or the negative errno of `r`.
+fn status(r: crate::Result<()>) -> c_int {
+    r.map_or_else(|e| neg(&e), |()| 0)
 }
 
 /// Runs `f`; a panic becomes `-EIO`.
 fn guard(f: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(-libc::EIO)
+}
+
+/// Runs `f` on the handle under [`guard`]; a NULL handle is `-EINVAL`.
+fn with_handle(h: Option<&VgpuHandle>, f: impl FnOnce(&VgpuHandle) -> c_int) -> c_int {
+    guard(|| h.map_or(-libc::EINVAL, f))
+}
+
+/// A copy of `size` bytes through the user pointer `user`: nothing to do
+/// for 0 bytes, `-EINVAL` for NULL, else what `copy` returns.
+fn user_copy(user: *const c_void, size: usize, copy: impl FnOnce() -> crate::Result<()>) -> c_int {
+    if size == 0 {
+        return 0;
+    }
+    if user.is_null() {
+        return -libc::EINVAL;
+    }
+    status(copy())
 }
 
 impl Launches {
@@ -161,11 +181,8 @@ pub unsafe extern "C" fn vgpu_close(dev: *mut VgpuHandle) {
 /// `dev` is NULL or a live handle; `info` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vgpu_info(dev: *mut VgpuHandle, info: *mut VgpuDeviceInfo) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
         if info.is_null() {
             return -libc::EINVAL;
         }
@@ -201,11 +218,8 @@ pub unsafe extern "C" fn vgpu_info(dev: *mut VgpuHandle, info: *mut VgpuDeviceIn
 /// `dev` is NULL or a live handle; `addr` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn vgpu_alloc(dev: *mut VgpuHandle, size: u64, addr: *mut u64) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
         if addr.is_null() {
             return -libc::EINVAL;
         }
@@ -229,17 +243,14 @@ pub unsafe extern "C" fn vgpu_alloc(dev: *mut VgpuHandle, size: u64, addr: *mut 
 /// `dev` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn vgpu_free(dev: *mut VgpuHandle, addr: u64) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
         let buf = lock(&h.buffers).remove(&addr);
         let r = match buf {
             Some(b) => b.free(),
             None => h.dev.free_raw(addr),
         };
-        r.map_or_else(|e| neg(&e), |()| 0)
+        status(r)
     })
 }
 
@@ -256,23 +267,14 @@ pub unsafe extern "C" fn vgpu_copy_to_device(
     src: *const c_void,
     size: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
-        if size == 0 {
-            return 0;
-        }
-        if src.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: non-NULL and readable for `size` bytes (caller's
-        // contract), and not written while this call runs.
-        let data = unsafe { std::slice::from_raw_parts(src as *const u8, size) };
-        h.dev
-            .copy_to_device_addr(dst, data)
-            .map_or_else(|e| neg(&e), |()| 0)
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
+        user_copy(src, size, || {
+            // SAFETY: non-NULL and readable for `size` bytes (caller's
+            // contract), and not written while this call runs.
+            let data = unsafe { std::slice::from_raw_parts(src as *const u8, size) };
+            h.dev.copy_to_device_addr(dst, data)
+        })
     })
 }
 
@@ -289,23 +291,14 @@ pub unsafe extern "C" fn vgpu_copy_from_device(
     src: u64,
     size: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
-        if size == 0 {
-            return 0;
-        }
-        if dst.is_null() {
-            return -libc::EINVAL;
-        }
-        // SAFETY: non-NULL and writable for `size` bytes (caller's
-        // contract), and not otherwise accessed while this call runs.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, size) };
-        h.dev
-            .copy_from_device_addr(src, out)
-            .map_or_else(|e| neg(&e), |()| 0)
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
+        user_copy(dst, size, || {
+            // SAFETY: non-NULL and writable for `size` bytes (caller's
+            // contract), and not otherwise accessed while this call runs.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, size) };
+            h.dev.copy_from_device_addr(src, out)
+        })
     })
 }
 
@@ -322,11 +315,8 @@ pub unsafe extern "C" fn vgpu_launch(
     params: *const c_void,
     params_size: usize,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
         if entry.is_null() || (params.is_null() && params_size != 0) {
             return -libc::EINVAL;
         }
@@ -367,11 +357,8 @@ pub unsafe extern "C" fn vgpu_launch(
 /// `dev` is NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn vgpu_synchronize(dev: *mut VgpuHandle) -> c_int {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let Some(h) = (unsafe { handle(dev) }) else {
-            return -libc::EINVAL;
-        };
+    // SAFETY: the caller's contract.
+    with_handle(unsafe { handle(dev) }, |h| {
         let mut l = lock(&h.launches);
         while !l.pending.is_empty() {
             l.collect_one();
@@ -442,25 +429,21 @@ mod tests {
                 src.clone()
             };
             std::fs::write(&path, text).unwrap();
-            let out = Command::new("gcc")
-                .args([
-                    "-x",
-                    lang,
-                    std,
-                    "-fsyntax-only",
-                    "-Wall",
-                    "-Wextra",
-                    "-Werror",
-                ])
-                .arg("-I")
-                .arg(include_dir())
-                .arg(&path)
-                .output()
-                .expect("gcc is needed for this test");
-            assert!(
-                out.status.success(),
-                "{lang}: {}",
-                String::from_utf8_lossy(&out.stderr)
+            crate::compile_c(
+                Command::new("gcc")
+                    .args([
+                        "-x",
+                        lang,
+                        std,
+                        "-fsyntax-only",
+                        "-Wall",
+                        "-Wextra",
+                        "-Werror",
+                    ])
+                    .arg("-I")
+                    .arg(include_dir())
+                    .arg(&path),
+                lang,
             );
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -23,6 +23,8 @@
 //!   at once, waited for later with a timeout.
 //! * [`Window`]: the host-visible window (BAR2) mapped with `mmap`.
 //! * [`ffi`]: the C interface of `include/vgpu_guest.h`.
+//! * [`reference`] and [`sample`]: CPU references and the pieces of the
+//!   sample programs.
 //! * [`sys`]: the driver's ioctl structures, checked against
 //!   `guest-driver/include/uapi/vgpu.h`.
 //!
@@ -35,7 +37,20 @@ mod device;
 mod error;
 pub mod ffi;
 pub mod reference;
+pub mod sample;
 pub mod sys;
+
+/// Runs a C compiler command of a test; panics with its messages, after
+/// `what`, unless it succeeds.
+#[cfg(test)]
+fn compile_c(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd.output().expect("gcc is needed for this test");
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
 
 pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
 pub use device::{Buffer, BuiltinKernel, Device, Dims, Module, Window};

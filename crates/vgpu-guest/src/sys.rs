@@ -143,6 +143,22 @@ uapi_struct!(
     }
 );
 
+impl VgpuInfo {
+    /// The interrupts the driver set up: `"MSI-X"` or `"INTx"`.
+    pub fn irq_kind(&self) -> &'static str {
+        if self.flags & INFO_MSIX != 0 {
+            "MSI-X"
+        } else {
+            "INTx"
+        }
+    }
+
+    /// Whether the device polls the queues.
+    pub fn polled(&self) -> bool {
+        self.flags & INFO_POLLED != 0
+    }
+}
+
 uapi_struct!(
     /// VGPU_IOCTL_ALLOC.
     pub struct VgpuAlloc => "vgpu_alloc" {
@@ -581,18 +597,14 @@ mod tests {
         let src = dir.join("layout.c");
         let exe = dir.join("layout");
         std::fs::write(&src, &c).unwrap();
-        let out = Command::new("gcc")
-            .args(["-std=gnu11", "-Wall", "-Werror", "-I"])
-            .arg(uapi_include_dir())
-            .arg("-o")
-            .arg(&exe)
-            .arg(&src)
-            .output()
-            .expect("gcc is needed for this test");
-        assert!(
-            out.status.success(),
-            "gcc failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        crate::compile_c(
+            Command::new("gcc")
+                .args(["-std=gnu11", "-Wall", "-Werror", "-I"])
+                .arg(uapi_include_dir())
+                .arg("-o")
+                .arg(&exe)
+                .arg(&src),
+            "gcc failed",
         );
         let run = Command::new(&exe).output().unwrap();
         let _ = std::fs::remove_dir_all(&dir);

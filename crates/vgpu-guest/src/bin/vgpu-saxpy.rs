@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference::{self, bytes_f32, f32_bytes, Rng};
+use vgpu_guest::reference::{self, Rng};
+use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SaxpyParams;
 use vgpu_guest::Device;
 
@@ -29,10 +30,6 @@ struct Args {
     seed: Option<u64>,
 }
 
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
 fn run(args: &Args) -> Result<bool, String> {
     let seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let n = args.n.max(1);
@@ -53,15 +50,7 @@ fn run(args: &Args) -> Result<bool, String> {
     let dy = dev.alloc(bytes).map_err(|e| format!("alloc: {e}"))?;
     println!("  alloc            {:9.3} ms  (2 x {} bytes)", ms(t), bytes);
 
-    let t = Instant::now();
-    dev.copy_to_device(&dx, 0, &f32_bytes(&x))
-        .and_then(|_| dev.copy_to_device(&dy, 0, &f32_bytes(&y)))
-        .map_err(|e| format!("copy to device: {e}"))?;
-    let up = ms(t);
-    println!(
-        "  copy to device   {up:9.3} ms  ({:.1} MB/s)",
-        2.0 * bytes as f64 / up / 1e3
-    );
+    sample::upload(&dev, &[(&dx, &x), (&dy, &y)])?;
 
     let p = SaxpyParams {
         y: dy.addr(),
@@ -71,13 +60,7 @@ fn run(args: &Args) -> Result<bool, String> {
         reserved: 0,
     };
     let t = Instant::now();
-    let mut dev_ns = 0;
-    for _ in 0..args.iters {
-        dev_ns += dev
-            .run_kernel(&p)
-            .map_err(|e| format!("saxpy_f32: {e}"))?
-            .device_ns;
-    }
+    let dev_ns = sample::launches(&dev, &p, args.iters)?;
     let k = ms(t);
     let flops = 2.0 * n as f64 * f64::from(args.iters);
     println!(
@@ -86,22 +69,13 @@ fn run(args: &Args) -> Result<bool, String> {
         flops / (dev_ns.max(1) as f64)
     );
 
-    let t = Instant::now();
-    let mut out = vec![0u8; bytes as usize];
-    dev.copy_from_device(&dy, 0, &mut out)
-        .map_err(|e| format!("copy from device: {e}"))?;
-    let down = ms(t);
-    println!(
-        "  copy from device {down:9.3} ms  ({:.1} MB/s)",
-        bytes as f64 / down / 1e3
-    );
+    let got = sample::download(&dev, &dy, n)?;
 
     let t = Instant::now();
     for _ in 0..args.iters {
         reference::saxpy(args.a, &x, &mut y);
     }
     println!("  CPU reference    {:9.3} ms", ms(t));
-    let got = bytes_f32(&out);
     let (rtol, atol) = (1e-6 * f64::from(args.iters.max(1)), 1e-6);
     let (bad, worst, at) = reference::compare(&got, &y, None, rtol, atol);
     println!(
@@ -117,16 +91,5 @@ fn run(args: &Args) -> Result<bool, String> {
 }
 
 fn main() {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(true) => println!("PASS"),
-        Ok(false) => {
-            println!("FAIL");
-            std::process::exit(1);
-        }
-        Err(e) => {
-            println!("FAIL: {e}");
-            std::process::exit(1);
-        }
-    }
+    sample::finish(run(&Args::parse()));
 }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference::{self, bytes_f32, f32_bytes, Rng};
+use vgpu_guest::reference::{self, Rng};
+use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SgemmParams;
 use vgpu_guest::Device;
 
@@ -39,10 +40,6 @@ struct Args {
     seed: Option<u64>,
 }
 
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
 fn run(args: &Args) -> Result<bool, String> {
     let seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let (m, n, k) = (
@@ -65,17 +62,7 @@ fn run(args: &Args) -> Result<bool, String> {
     let (da, db, dc) = (alloc(m * k)?, alloc(k * n)?, alloc(m * n)?);
     println!("  alloc            {:9.3} ms", ms(t));
 
-    let t = Instant::now();
-    for (buf, v) in [(&da, &a), (&db, &b), (&dc, &c)] {
-        dev.copy_to_device(buf, 0, &f32_bytes(v))
-            .map_err(|e| format!("copy to device: {e}"))?;
-    }
-    let up = ms(t);
-    let up_bytes = 4.0 * (m * k + k * n + m * n) as f64;
-    println!(
-        "  copy to device   {up:9.3} ms  ({:.1} MB/s)",
-        up_bytes / up / 1e3
-    );
+    sample::upload(&dev, &[(&da, &a), (&db, &b), (&dc, &c)])?;
 
     let p = SgemmParams {
         c: dc.addr(),
@@ -89,36 +76,22 @@ fn run(args: &Args) -> Result<bool, String> {
         beta: args.beta,
     };
     let t = Instant::now();
-    let first = dev.run_kernel(&p).map_err(|e| format!("sgemm_f32: {e}"))?;
+    let first_ns = sample::launches(&dev, &p, 1)?;
     let k_ms = ms(t);
     let flops = 2.0 * (m * n * k) as f64;
     println!(
         "  sgemm_f32        {k_ms:9.3} ms  wall, {:.3} ms device  ({:.2} GFLOP/s device)",
-        first.device_ns as f64 / 1e6,
-        flops / first.device_ns.max(1) as f64
+        first_ns as f64 / 1e6,
+        flops / first_ns.max(1) as f64
     );
 
-    let t = Instant::now();
-    let mut out = vec![0u8; m * n * 4];
-    dev.copy_from_device(&dc, 0, &mut out)
-        .map_err(|e| format!("copy from device: {e}"))?;
-    let down = ms(t);
-    println!(
-        "  copy from device {down:9.3} ms  ({:.1} MB/s)",
-        out.len() as f64 / down / 1e3
-    );
+    let got = sample::download(&dev, &dc, m * n)?;
 
     if args.iters > 1 {
         // Timing only: beta 0 keeps C from growing.
         let p0 = SgemmParams { beta: 0.0, ..p };
         let t = Instant::now();
-        let mut dev_ns = 0;
-        for _ in 1..args.iters {
-            dev_ns += dev
-                .run_kernel(&p0)
-                .map_err(|e| format!("sgemm_f32: {e}"))?
-                .device_ns;
-        }
+        let dev_ns = sample::launches(&dev, &p0, args.iters - 1)?;
         let it = f64::from(args.iters - 1);
         println!(
             "  {} more launches {:9.3} ms each wall, {:.3} ms device  ({:.2} GFLOP/s)",
@@ -136,7 +109,6 @@ fn run(args: &Args) -> Result<bool, String> {
         "  CPU reference    {cpu:9.3} ms  ({:.2} GFLOP/s, f64 accumulation)",
         flops / cpu / 1e6
     );
-    let got = bytes_f32(&out);
     // Error bound of a k-term f32 dot product, with margin.
     let rtol = 1e-5 * (k as f64).max(8.0);
     let (bad, worst, at) = reference::compare(&got, &want, Some(&scale), rtol, 1e-30);
@@ -158,16 +130,5 @@ fn run(args: &Args) -> Result<bool, String> {
 }
 
 fn main() {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(true) => println!("PASS"),
-        Ok(false) => {
-            println!("FAIL");
-            std::process::exit(1);
-        }
-        Err(e) => {
-            println!("FAIL: {e}");
-            std::process::exit(1);
-        }
-    }
+    sample::finish(run(&Args::parse()));
 }

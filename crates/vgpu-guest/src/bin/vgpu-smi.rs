@@ -191,19 +191,7 @@ fn table(states: &[DevState], errors: &[String], procs: &BTreeMap<(u32, u32), (u
             s.util,
             u.commands
         );
-        let irq = format!(
-            "{}{}",
-            if i.flags & sys::INFO_MSIX != 0 {
-                "MSI-X"
-            } else {
-                "INTx"
-            },
-            if i.flags & sys::INFO_POLLED != 0 {
-                " poll"
-            } else {
-                ""
-            }
-        );
+        let irq = format!("{}{}", i.irq_kind(), if i.polled() { " poll" } else { "" });
         // This process's own open file is not counted.
         println!(
             "| {:>4} {:<10} {:<13} | {:>20} | {:>5} {:>5} {:>8} |",
@@ -267,7 +255,7 @@ fn json_out(states: &[DevState], errors: &[String], procs: &BTreeMap<(u32, u32),
                 "max_queues": i.max_queues,
                 "queue_size": i.queue_size,
                 "msix": i.flags & sys::INFO_MSIX != 0,
-                "polled": i.flags & sys::INFO_POLLED != 0,
+                "polled": i.polled(),
                 "utilization_percent": s.util,
                 "busy_ns": u.busy_ns,
                 "commands": u.commands,

@@ -164,16 +164,8 @@ pub(super) fn info(args: &Args) -> CaseResult {
         mib(i.window_size),
         i.queues,
         i.queue_size,
-        if i.flags & sys::INFO_MSIX != 0 {
-            "MSI-X"
-        } else {
-            "INTx"
-        },
-        if i.flags & sys::INFO_POLLED != 0 {
-            ", polled"
-        } else {
-            ""
-        },
+        i.irq_kind(),
+        if i.polled() { ", polled" } else { "" },
         i.features
     ))
 }

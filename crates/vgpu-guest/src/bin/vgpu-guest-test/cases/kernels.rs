@@ -361,18 +361,18 @@ pub(super) fn module_matmul(args: &Args) -> CaseResult {
         .launch(&m, "matmul", dims, &params)
         .ctx("launch of matmul")?;
     let c = download_f32(&dev, &dc)?;
-    for i in 0..n {
-        for j in 0..n {
-            let want: f64 = (0..n)
-                .map(|k| f64::from(a[i * n + k]) * f64::from(b[k * n + j]))
-                .sum();
-            let got = f64::from(c[i * n + j]);
-            ensure!(
-                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                "C[{i}][{j}] = {got}, expected {want}"
-            );
-        }
-    }
+    // C = A * B: sgemm with alpha 1 and beta 0, within 1e-4 * (1 + |C|).
+    let (want, _) = reference::sgemm(n, n, n, 1.0, &a, &b, 0.0, &vec![0.0; n * n]);
+    let (bad, _, at) = reference::compare(&c, &want, None, 1e-4, 1e-4);
+    ensure!(
+        bad == 0,
+        "{bad} of {} differ, worst C[{}][{}] = {}, expected {}",
+        n * n,
+        at / n,
+        at % n,
+        c[at],
+        want[at]
+    );
     Ok(format!(
         "{n}x{n} from nvcc's PTX, device {} us",
         res.device_ns / 1000
