@@ -12,7 +12,7 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
-    self, align_up, Allocations, FloatOperands, KernelLimits, DEFAULT_ALIGN,
+    self, align_up, Allocations, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
     BackendError, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
@@ -390,14 +390,8 @@ impl Partition for CudaPartition {
             requested: charged,
             available,
         };
-        if let Err(e) = self.allocs.admit(charged, available) {
-            debug!(
-                "cuda backend: partition {:?}: {charged} bytes requested, {available} available, {} allocations",
-                self.spec.name,
-                self.allocs.len()
-            );
-            return Err(e);
-        }
+        self.allocs
+            .admit_logged(PartitionName::of("cuda", &self.spec), charged, available)?;
         let bytes = usize::try_from(charged).map_err(|_| no_memory.clone())?;
         let base = self.run(|dev| {
             let base = match driver::mem_alloc(bytes) {
@@ -422,24 +416,21 @@ impl Partition for CudaPartition {
                 "cuMemAlloc returned {base:#x}, not {DEFAULT_ALIGN}-byte aligned"
             )));
         };
-        self.allocs.insert(addr, size, charged, base);
-        debug!(
-            "cuda backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
+        self.allocs.insert_logged(
+            PartitionName::of("cuda", &self.spec),
+            addr,
+            size,
+            charged,
+            base,
         );
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
         self.last_device_time = None;
-        let a = self.allocs.free(addr)?;
-        debug!(
-            "cuda backend: partition {:?}: freed {} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            a.size,
-            self.allocs.used()
-        );
+        let a = self
+            .allocs
+            .free_logged(PartitionName::of("cuda", &self.spec), addr)?;
         if self.lost.is_some() || self.dev.is_none() {
             // Reset destroys the context, and its memory with it.
             return Ok(());
@@ -615,14 +606,7 @@ impl Partition for CudaPartition {
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.last_device_time = None;
         let t = if launch.module == abi::MODULE_BUILTIN {
-            let call = rules::plan_builtin(
-                launch.entry,
-                launch.grid,
-                launch.block,
-                launch.params,
-                &self.allocs,
-                FloatOperands::Aligned,
-            )?;
+            let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Aligned)?;
             let available = self.available();
             self.run(|dev| dev.run_builtin(call, available))?
         } else {

@@ -40,7 +40,9 @@ pub use buf::DeviceBuf;
 use kernels::{fill_pattern, get, par_chunks, run_parallel, saxpy, scale, sgemm_rows, vadd};
 pub use ptx::DEFAULT_KERNEL_TIMEOUT;
 
-use crate::rules::{self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc};
+use crate::rules::{
+    self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc, PartitionName,
+};
 use crate::{
     Backend, BackendError, Capacity, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec,
@@ -382,16 +384,8 @@ impl Partition for SoftwarePartition {
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         let align = rules::alloc_align(size, align)?;
         let available = self.available();
-        // What a guest asks for beyond its quota is the guest's business:
-        // logged at debug level only.
-        if let Err(e) = self.allocs.admit(size, available) {
-            debug!(
-                "software backend: partition {:?}: {size} bytes requested, {available} available, {} allocations",
-                self.spec.name,
-                self.allocs.len()
-            );
-            return Err(e);
-        }
+        self.allocs
+            .admit_logged(PartitionName::of("software", &self.spec), size, available)?;
         let no_memory = OpError::NoMemory {
             requested: size,
             available,
@@ -405,23 +399,20 @@ impl Partition for SoftwarePartition {
         };
         let len = usize::try_from(size).map_err(|_| no_memory.clone())?;
         let buf = DeviceBuf::zeroed(len).ok_or_else(|| self.no_host_memory(size))?;
-        self.allocs.insert(addr, size, size, RefCell::new(buf));
-        self.space.placed(addr, size);
-        debug!(
-            "software backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
+        self.allocs.insert_logged(
+            PartitionName::of("software", &self.spec),
+            addr,
+            size,
+            size,
+            RefCell::new(buf),
         );
+        self.space.placed(addr, size);
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
-        let size = self.allocs.free(addr)?.size;
-        debug!(
-            "software backend: partition {:?}: freed {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
-        );
+        self.allocs
+            .free_logged(PartitionName::of("software", &self.spec), addr)?;
         Ok(())
     }
 
@@ -514,14 +505,7 @@ impl Partition for SoftwarePartition {
         }
         // Floats are read and written byte by byte here: any operand
         // address will do.
-        let call = rules::plan_builtin(
-            launch.entry,
-            launch.grid,
-            launch.block,
-            launch.params,
-            &self.allocs,
-            FloatOperands::Unaligned,
-        )?;
+        let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
         self.run_builtin(call)
     }
 
