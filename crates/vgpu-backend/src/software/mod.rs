@@ -55,7 +55,7 @@ const DEFAULT_GRAIN: u64 = 1 << 16;
 /// What is left to give to partitions.
 type Pool = Capacity;
 
-use vgpu_sys::lock;
+use vgpu_sys::{lock, warn_limited};
 
 /// A physical GPU made of host memory and threads.
 #[derive(Debug)]
@@ -99,6 +99,8 @@ impl SoftwareBackend {
         }
     }
 
+    // Partitions are made by the host's configuration, not by a guest.
+    #[allow(clippy::disallowed_macros)]
     fn create(&self, spec: &PartitionSpec) -> Result<SoftwarePartition, BackendError> {
         let mut pool = lock(&self.pool);
         if let Err(why) = pool.reserve(spec) {
@@ -186,7 +188,7 @@ impl SoftwarePartition {
     }
 
     fn no_host_memory(&self, requested: u64) -> OpError {
-        warn!(
+        warn_limited!(
             "software backend: partition {:?}: host memory exhausted allocating {requested} bytes",
             self.spec.name
         );
