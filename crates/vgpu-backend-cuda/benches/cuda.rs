@@ -20,8 +20,8 @@ use cudarc::driver::sys;
 use vgpu_abi::{self as abi, ByteValued, SgEntry};
 use vgpu_backend::conformance::{self, builtin_launch};
 use vgpu_backend::{
-    Backend, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
-    PartitionSpec, SliceFn,
+    Backend, HostMapping, HostSink, HostSlice, HostSource, OpError, Partition, PartitionSpec,
+    SliceFn,
 };
 use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
 use vgpu_device::CommandGate;
@@ -342,14 +342,7 @@ fn launches(b: &CudaBackend) {
     let m = p
         .module_load(abi::MODULE_FORMAT_PTX, b.builtin_ptx())
         .unwrap();
-    let nop = Launch {
-        module: m,
-        entry: "nop",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: &[],
-    };
+    let nop = common::nop(m);
     let mut part = time(reps, || p.launch(&nop).unwrap());
     let word = p.alloc(4, 0).unwrap();
     let fill = abi::FillParams {

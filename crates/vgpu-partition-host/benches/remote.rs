@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::conformance::builtin_launch;
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{Backend, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
 use vgpu_backend_remote::{
     default_host_program, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
@@ -499,14 +499,7 @@ mod cuda {
         let lm = lp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
         let rm = rp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
         let pm = pp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
-        let nop = |m: u64| Launch {
-            module: m,
-            entry: "nop",
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_mem: 0,
-            params: &[],
-        };
+        let nop = super::common::nop;
 
         // Native: the same kernel in the device's primary context.
         let native = Native::new();

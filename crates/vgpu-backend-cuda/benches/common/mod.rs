@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vgpu_abi::{self as abi, ByteValued, SgEntry};
+use vgpu_backend::Launch;
 use vgpu_backend_cuda::{cuda_available, CudaBackend, Mode};
 use vgpu_testkit::{Chain, Guest};
 
@@ -88,6 +89,19 @@ pub fn cuda_backend() -> Option<CudaBackend> {
             println!("skipped: no usable CUDA device ({e})");
             None
         }
+    }
+}
+
+/// The `nop` entry of the built-in module's PTX, loaded as `module`: an
+/// empty kernel on one thread.
+pub fn nop(module: u64) -> Launch<'static> {
+    Launch {
+        module,
+        entry: "nop",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params: &[],
     }
 }
 
