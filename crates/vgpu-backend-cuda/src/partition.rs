@@ -355,6 +355,35 @@ impl CudaPartition {
             })
         })
     }
+
+    /// Moves `len` bytes at device address `addr`, timed as `what`:
+    /// `copy` moves them (straight from or to registered guest memory
+    /// where it can) and says whether it went directly.
+    fn transfer(
+        &mut self,
+        what: &str,
+        addr: u64,
+        len: u64,
+        copy: impl FnOnce(&DeviceState, &HostRegistry) -> Result<bool, Fail>,
+    ) -> Result<(), OpError> {
+        self.last_device_time = None;
+        self.allocs.check(addr, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.last_direct = false;
+        let host = self.host.clone();
+        let mut direct = false;
+        let t = self.run(|dev| {
+            dev.timed(what, |s| {
+                direct = copy(s, &host)?;
+                Ok(())
+            })
+        })?;
+        self.last_direct = direct;
+        self.last_device_time = Some(t);
+        Ok(())
+    }
 }
 
 impl Drop for CudaPartition {
@@ -441,49 +470,21 @@ impl Partition for CudaPartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        self.last_device_time = None;
-        self.allocs.check(dst, src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.last_direct = false;
-        let host = self.host.clone();
-        let mut direct = false;
-        let t = self.run(|dev| {
-            dev.timed("upload", |s| {
-                direct = s.upload_direct(dst, src, &host)?;
-                if direct {
-                    return Ok(());
-                }
-                s.upload(dst, src)
-            })
-        })?;
-        self.last_direct = direct;
-        self.last_device_time = Some(t);
-        Ok(())
+        self.transfer("upload", dst, src.len(), |s, host| {
+            if s.upload_direct(dst, src, host)? {
+                return Ok(true);
+            }
+            s.upload(dst, src).map(|()| false)
+        })
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        self.last_device_time = None;
-        self.allocs.check(src, dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.last_direct = false;
-        let host = self.host.clone();
-        let mut direct = false;
-        let t = self.run(|dev| {
-            dev.timed("download", |s| {
-                direct = s.download_direct(src, dst, &host)?;
-                if direct {
-                    return Ok(());
-                }
-                s.download(src, dst)
-            })
-        })?;
-        self.last_direct = direct;
-        self.last_device_time = Some(t);
-        Ok(())
+        self.transfer("download", src, dst.len(), |s, host| {
+            if s.download_direct(src, dst, host)? {
+                return Ok(true);
+            }
+            s.download(src, dst).map(|()| false)
+        })
     }
 
     fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
