@@ -9,7 +9,7 @@
 //! `cargo bench -p vgpu-backend-cuda --bench cuda` (`-- copies`, `--
 //! launches`, `-- sgemm`, `-- sharing` run one part).
 
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,22 +18,23 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use vgpu_abi::{self as abi, ByteValued, SgEntry};
+use vgpu_backend::conformance::{self, builtin_launch};
 use vgpu_backend::{
-    Backend, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
-    PartitionSpec, SliceFn,
+    Backend, HostMapping, HostSink, HostSlice, HostSource, OpError, Partition, PartitionSpec,
+    SliceFn,
 };
-use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
+use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
 use vgpu_device::CommandGate;
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
-use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
+use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
 use vgpud::daemon::SchedGate;
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
+mod common;
 
-fn ck(r: sys::CUresult, what: &str) {
-    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
-}
+use common::{
+    ck, copy_cell, copy_reps, guest_copy, median_of, pct, print_percentiles, size_name, time,
+    Native, NativeBuffers, NativeFunction, KIB, MIB,
+};
 
 /// Page-aligned host memory standing in for guest RAM (not pinned).
 struct HostBuf {
@@ -103,36 +104,7 @@ impl HostSink for Window<'_> {
 }
 
 fn median(v: &mut [Duration]) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn time<F: FnMut()>(reps: usize, mut f: F) -> Vec<Duration> {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect()
-}
-
-fn gbps(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
-}
-
-fn size_name(s: usize) -> String {
-    if s >= MIB {
-        format!("{} MiB", s / MIB)
-    } else {
-        format!("{} KiB", s / KIB)
-    }
+    pct(v, 0.5)
 }
 
 /// Guest RAM as a VMM shares it: a memfd mapped shared.
@@ -231,44 +203,9 @@ impl HostSink for RamRange<'_> {
     }
 }
 
-/// One COPY between guest memory `sg` and device address `dev`, submitted
-/// on polled queue 0 and waited for by spinning on the used ring, as a
-/// polling guest driver does.
-fn guest_copy(g: &mut Guest, to_device: bool, dev: u64, sg: &[SgEntry]) {
-    let (src_kind, dst_kind, src, dst) = if to_device {
-        (abi::COPY_GUEST, abi::COPY_DEVICE, 0, dev)
-    } else {
-        (abi::COPY_DEVICE, abi::COPY_GUEST, dev, 0)
-    };
-    let cmd = abi::CopyCmd {
-        hdr: abi::CmdHeader {
-            opcode: abi::OP_COPY,
-            flags: 0,
-        },
-        src_kind,
-        dst_kind,
-        src,
-        dst,
-        size: sg.iter().map(|e| e.len).sum(),
-        sg_count: sg.len() as u32,
-        reserved: 0,
-    };
-    let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
-    g.post(0, &Chain::command(&cmd).bytes(&list).completion());
-    g.kick(0);
-    let used = loop {
-        if let Some(u) = g.poll_used(0) {
-            break u;
-        }
-        std::hint::spin_loop();
-    };
-    assert_eq!(used.completion().status, abi::STATUS_OK);
-}
-
 /// Median time of `f` over a number of runs suited to `size`.
 fn med(size: usize, f: impl FnMut()) -> Duration {
-    let reps = (1024 * MIB / size).clamp(5, 100);
-    median(&mut time(reps, f))
+    median_of(copy_reps(size), f)
 }
 
 /// Guest memory <-> device copies: through a vGPU (the test kit playing
@@ -333,34 +270,15 @@ fn copies(b: &CudaBackend) {
     let host = HostBuf::new(max);
 
     // The native side: the primary context, pinned memory, one stream.
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    let mut dptr: sys::CUdeviceptr = 0;
-    let mut pinned: *mut c_void = std::ptr::null_mut();
-    let mut stream: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: plain driver setup with valid out pointers; device 0 exists
-    // (the backend opened it).
-    unsafe {
-        ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
-        ck(sys::cuCtxPushCurrent_v2(ctx), "push");
-        ck(sys::cuMemAlloc_v2(&mut dptr, max), "alloc");
-        ck(sys::cuMemAllocHost_v2(&mut pinned, max), "alloc host");
-        ck(
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            ),
-            "stream",
-        );
-    }
+    let native = Native::new();
+    let pinned = NativeBuffers::new(&native, max);
     println!(
         "guest RAM of {} registered in {registered_in:?} (mapped notice to registration complete)\n",
         size_name(max + max / 2)
     );
     println!("| size | direction | vGPU COPY (guest RAM) | partition, registered | native pinned | vGPU / native | partition, staged |");
     println!("|---|---|---|---|---|---|---|");
-    let cell = |size: usize, t: Duration| {
-        format!("{:.1} µs, {:.1} GB/s", t.as_secs_f64() * 1e6, gbps(size, t))
-    };
+    let cell = copy_cell;
     for &size in &sizes {
         let sg = [SgEntry {
             addr: guest_buf,
@@ -379,29 +297,14 @@ fn copies(b: &CudaBackend) {
             p.upload(dev, &r).unwrap();
             assert!(p.last_copy_was_direct());
         });
-        // SAFETY: `pinned` and `dptr` hold `max >= size` bytes; each copy
-        // is waited for before the next.
-        let n_up = med(size, || unsafe {
-            ck(
-                sys::cuMemcpyHtoDAsync_v2(dptr, pinned, size, stream),
-                "htod",
-            );
-            ck(sys::cuStreamSynchronize(stream), "sync");
-        });
+        let n_up = med(size, || pinned.copy(true, size));
         let s_up = med(size, || p.upload(dev, &w).unwrap());
         let v_down = med(size, || guest_copy(&mut g, false, vdev, &sg));
         let p_down = med(size, || {
             p.download(dev, &r).unwrap();
             assert!(p.last_copy_was_direct());
         });
-        // SAFETY: as above.
-        let n_down = med(size, || unsafe {
-            ck(
-                sys::cuMemcpyDtoHAsync_v2(pinned, dptr, size, stream),
-                "dtoh",
-            );
-            ck(sys::cuStreamSynchronize(stream), "sync");
-        });
+        let n_down = med(size, || pinned.copy(false, size));
         let s_down = med(size, || p.download(dev, &w).unwrap());
         for (dir, v, pr, n, st) in [
             ("guest -> device", v_up, p_up, n_up, s_up),
@@ -418,35 +321,11 @@ fn copies(b: &CudaBackend) {
             );
         }
     }
-    // SAFETY: frees what was made above, once, with the context current.
-    unsafe {
-        ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
-        ck(sys::cuMemFreeHost(pinned), "free host");
-        ck(sys::cuMemFree_v2(dptr), "free");
-        let mut popped: sys::CUcontext = std::ptr::null_mut();
-        ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-        ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
-    }
+    drop(pinned);
+    drop(native);
     vgpu_backend::HostMemory::unmapped(&reg, 1);
     drop(g);
     drop(server);
-}
-
-/// A function of the built-in module loaded into the current context.
-fn builtin_function(ptx: &[u8], name: &str) -> (sys::CUmodule, sys::CUfunction) {
-    let mut m: sys::CUmodule = std::ptr::null_mut();
-    let mut f: sys::CUfunction = std::ptr::null_mut();
-    let cname = CString::new(name).unwrap();
-    // SAFETY: `ptx` is NUL-terminated PTX; valid out pointers; a context
-    // is current.
-    unsafe {
-        ck(sys::cuModuleLoadData(&mut m, ptx.as_ptr().cast()), "load");
-        ck(
-            sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()),
-            "function",
-        );
-    }
-    (m, f)
 }
 
 /// An empty kernel: launch + wait, through the partition and directly.
@@ -463,14 +342,7 @@ fn launches(b: &CudaBackend) {
     let m = p
         .module_load(abi::MODULE_FORMAT_PTX, b.builtin_ptx())
         .unwrap();
-    let nop = Launch {
-        module: m,
-        entry: "nop",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: &[],
-    };
+    let nop = common::nop(m);
     let mut part = time(reps, || p.launch(&nop).unwrap());
     let word = p.alloc(4, 0).unwrap();
     let fill = abi::FillParams {
@@ -479,88 +351,31 @@ fn launches(b: &CudaBackend) {
         value: 1,
         reserved: 0,
     };
-    let fill = Launch {
-        module: abi::MODULE_BUILTIN,
-        entry: "fill_u32",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: fill.as_slice(),
-    };
+    let fill = builtin_launch("fill_u32", fill.as_slice());
     let mut builtin = time(reps, || p.launch(&fill).unwrap());
 
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    let mut stream: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: driver setup with valid out pointers.
-    unsafe {
-        ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
-        ck(sys::cuCtxPushCurrent_v2(ctx), "push");
-        ck(
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            ),
-            "stream",
-        );
-    }
-    let (module, f) = builtin_function(b.builtin_ptx(), "nop");
-    // SAFETY: `nop` takes no parameters.
+    let native_ctx = Native::new();
+    let nop_fn = NativeFunction::load(b.builtin_ptx(), "nop");
+    // SAFETY: `nop` takes no parameters; the stream is `native_ctx`'s.
     let mut native = time(reps, || unsafe {
-        ck(
-            sys::cuLaunchKernel(
-                f,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            ),
-            "launch",
-        );
-        ck(sys::cuStreamSynchronize(stream), "sync");
+        nop_fn.run([1; 3], [1; 3], native_ctx.stream, std::ptr::null_mut())
     });
-    // SAFETY: frees what was made above, once.
-    unsafe {
-        ck(sys::cuModuleUnload(module), "unload");
-        ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
-        let mut popped: sys::CUcontext = std::ptr::null_mut();
-        ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-        ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
-    }
+    drop(nop_fn);
+    drop(native_ctx);
     println!("| empty kernel, launch + wait ({reps} runs) | p50 | p99 |");
     println!("|---|---|---|");
-    for (name, v) in [
+    let mut rows = [
         ("partition, loaded PTX `nop`", &mut part),
         ("partition, built-in `fill_u32` of 1 word", &mut builtin),
         ("native cuLaunchKernel + cuStreamSynchronize", &mut native),
-    ] {
-        println!(
-            "| {name} | {:.1} µs | {:.1} µs |",
-            pct(v, 0.5).as_secs_f64() * 1e6,
-            pct(v, 0.99).as_secs_f64() * 1e6
-        );
-    }
+    ];
+    print_percentiles(&mut rows, 0.99, "µs");
 }
 
 const S: u32 = 4096;
 
 fn sgemm_params(c: u64, a: u64, b: u64) -> abi::SgemmParams {
-    abi::SgemmParams {
-        c,
-        a,
-        b,
-        m: S,
-        n: S,
-        k: S,
-        reserved: 0,
-        alpha: 1.0,
-        beta: 0.0,
-    }
+    conformance::sgemm_params((c, a, b), (S, S, S), 1.0, 0.0)
 }
 
 /// sgemm through a partition: median wall time and device time.
@@ -572,14 +387,7 @@ fn partition_sgemm(p: &mut CudaPartition) -> (Duration, Duration) {
     p.fill(a, bytes, 1.0f32.to_bits()).unwrap();
     p.fill(b, bytes, 0.5f32.to_bits()).unwrap();
     let params = sgemm_params(c, a, b);
-    let l = Launch {
-        module: abi::MODULE_BUILTIN,
-        entry: "sgemm_f32",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: params.as_slice(),
-    };
+    let l = builtin_launch("sgemm_f32", params.as_slice());
     let mut dev = Vec::new();
     let mut wall = time(5, || {
         p.launch(&l).unwrap();
@@ -654,7 +462,7 @@ fn native_green_sgemm(ptx: &[u8], sms: u32) -> (u32, Duration) {
             sys::cuMemsetD32_v2(b, 0.5f32.to_bits(), bytes / 4),
             "memset",
         );
-        let (module, f) = builtin_function(ptx, "sgemm_f32");
+        let func = NativeFunction::load(ptx, "sgemm_f32");
         let (mut m, mut n, mut k) = (S, S, S);
         let (mut alpha, mut beta) = (1.0f32, 0.0f32);
         let mut args: [*mut c_void; 8] = [
@@ -669,25 +477,9 @@ fn native_green_sgemm(ptx: &[u8], sms: u32) -> (u32, Duration) {
         ];
         let tiles = S.div_ceil(128);
         let mut wall = time(5, || {
-            ck(
-                sys::cuLaunchKernel(
-                    f,
-                    tiles,
-                    tiles,
-                    1,
-                    256,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
-                "launch",
-            );
-            ck(sys::cuStreamSynchronize(stream), "sync");
+            func.run([tiles, tiles, 1], [256, 1, 1], stream, args.as_mut_ptr())
         });
-        ck(sys::cuModuleUnload(module), "unload");
+        drop(func);
         for p in [a, b, c] {
             ck(sys::cuMemFree_v2(p), "free");
         }
@@ -786,14 +578,7 @@ fn sgemm_loop(
     };
     let mut params = sgemm_params(c, a, b);
     (params.m, params.n, params.k) = (dim, dim, dim);
-    let l = Launch {
-        module: abi::MODULE_BUILTIN,
-        entry: "sgemm_f32",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: params.as_slice(),
-    };
+    let l = builtin_launch("sgemm_f32", params.as_slice());
     p.lock().unwrap().launch(&l).unwrap();
     start.wait();
     let mut t = Tenant {
@@ -1005,16 +790,8 @@ fn sharing() {
 }
 
 fn main() {
-    if let Err(why) = cuda_available() {
-        println!("skipped: no CUDA driver ({why})");
+    let Some(b) = common::cuda_backend() else {
         return;
-    }
-    let b = match CudaBackend::new(0, Mode::Isolated) {
-        Ok(b) => b,
-        Err(e) => {
-            println!("skipped: no usable CUDA device ({e})");
-            return;
-        }
     };
     println!(
         "{} ({} SMs, {} GiB)\n",

@@ -12,7 +12,7 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
-    self, align_up, Allocations, FloatOperands, KernelLimits, DEFAULT_ALIGN,
+    self, align_up, Allocations, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
     BackendError, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
@@ -355,6 +355,35 @@ impl CudaPartition {
             })
         })
     }
+
+    /// Moves `len` bytes at device address `addr`, timed as `what`:
+    /// `copy` moves them (straight from or to registered guest memory
+    /// where it can) and says whether it went directly.
+    fn transfer(
+        &mut self,
+        what: &str,
+        addr: u64,
+        len: u64,
+        copy: impl FnOnce(&DeviceState, &HostRegistry) -> Result<bool, Fail>,
+    ) -> Result<(), OpError> {
+        self.last_device_time = None;
+        self.allocs.check(addr, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.last_direct = false;
+        let host = self.host.clone();
+        let mut direct = false;
+        let t = self.run(|dev| {
+            dev.timed(what, |s| {
+                direct = copy(s, &host)?;
+                Ok(())
+            })
+        })?;
+        self.last_direct = direct;
+        self.last_device_time = Some(t);
+        Ok(())
+    }
 }
 
 impl Drop for CudaPartition {
@@ -390,14 +419,8 @@ impl Partition for CudaPartition {
             requested: charged,
             available,
         };
-        if let Err(e) = self.allocs.admit(charged, available) {
-            debug!(
-                "cuda backend: partition {:?}: {charged} bytes requested, {available} available, {} allocations",
-                self.spec.name,
-                self.allocs.len()
-            );
-            return Err(e);
-        }
+        self.allocs
+            .admit_logged(PartitionName::of("cuda", &self.spec), charged, available)?;
         let bytes = usize::try_from(charged).map_err(|_| no_memory.clone())?;
         let base = self.run(|dev| {
             let base = match driver::mem_alloc(bytes) {
@@ -422,24 +445,21 @@ impl Partition for CudaPartition {
                 "cuMemAlloc returned {base:#x}, not {DEFAULT_ALIGN}-byte aligned"
             )));
         };
-        self.allocs.insert(addr, size, charged, base);
-        debug!(
-            "cuda backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
+        self.allocs.insert_logged(
+            PartitionName::of("cuda", &self.spec),
+            addr,
+            size,
+            charged,
+            base,
         );
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
         self.last_device_time = None;
-        let a = self.allocs.free(addr)?;
-        debug!(
-            "cuda backend: partition {:?}: freed {} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            a.size,
-            self.allocs.used()
-        );
+        let a = self
+            .allocs
+            .free_logged(PartitionName::of("cuda", &self.spec), addr)?;
         if self.lost.is_some() || self.dev.is_none() {
             // Reset destroys the context, and its memory with it.
             return Ok(());
@@ -450,49 +470,21 @@ impl Partition for CudaPartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        self.last_device_time = None;
-        self.allocs.check(dst, src.len())?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.last_direct = false;
-        let host = self.host.clone();
-        let mut direct = false;
-        let t = self.run(|dev| {
-            dev.timed("upload", |s| {
-                direct = s.upload_direct(dst, src, &host)?;
-                if direct {
-                    return Ok(());
-                }
-                s.upload(dst, src)
-            })
-        })?;
-        self.last_direct = direct;
-        self.last_device_time = Some(t);
-        Ok(())
+        self.transfer("upload", dst, src.len(), |s, host| {
+            if s.upload_direct(dst, src, host)? {
+                return Ok(true);
+            }
+            s.upload(dst, src).map(|()| false)
+        })
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        self.last_device_time = None;
-        self.allocs.check(src, dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.last_direct = false;
-        let host = self.host.clone();
-        let mut direct = false;
-        let t = self.run(|dev| {
-            dev.timed("download", |s| {
-                direct = s.download_direct(src, dst, &host)?;
-                if direct {
-                    return Ok(());
-                }
-                s.download(src, dst)
-            })
-        })?;
-        self.last_direct = direct;
-        self.last_device_time = Some(t);
-        Ok(())
+        self.transfer("download", src, dst.len(), |s, host| {
+            if s.download_direct(src, dst, host)? {
+                return Ok(true);
+            }
+            s.download(src, dst).map(|()| false)
+        })
     }
 
     fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
@@ -620,14 +612,7 @@ impl Partition for CudaPartition {
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.last_device_time = None;
         let t = if launch.module == abi::MODULE_BUILTIN {
-            let call = rules::plan_builtin(
-                launch.entry,
-                launch.grid,
-                launch.block,
-                launch.params,
-                &self.allocs,
-                FloatOperands::Aligned,
-            )?;
+            let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Aligned)?;
             let available = self.available();
             self.run(|dev| dev.run_builtin(call, available))?
         } else {

@@ -25,7 +25,7 @@ use vgpu_sys::mmap::page_size;
 use vgpu_sys::warn_limited;
 use vm_memory::MmapRegion;
 
-use crate::proto::{MappedPiece, Reply, Request, Value, MAX_CONTROL, REPLY};
+use crate::proto::{MappedPiece, Reply, Request, Value, MAX_CONTROL};
 use crate::wire::{self, WireError};
 
 /// Most mappings a host keeps at once (a VMM maps guest RAM in a few
@@ -324,13 +324,7 @@ pub(crate) fn serve_control(
             memory_used: 0,
             result,
         };
-        wire::send(
-            &stream,
-            REPLY | kind as u16,
-            h.seq,
-            &reply.encode(kind),
-            None,
-        )?;
+        wire::send_reply(&stream, kind, h.seq, &reply)?;
     }
 }
 

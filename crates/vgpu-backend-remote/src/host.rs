@@ -562,12 +562,6 @@ pub fn refuse(mut stream: UnixStream, why: &str) -> Result<(), HostError> {
         memory_used: 0,
         result: Err(OpError::Device(why.to_string())),
     };
-    wire::send(
-        &stream,
-        REPLY | kind as u16,
-        h.seq,
-        &reply.encode(kind),
-        None,
-    )?;
+    wire::send_reply(&stream, kind, h.seq, &reply)?;
     Ok(())
 }

@@ -341,41 +341,31 @@ mod tests {
             p.recv(&mut a, 4096, &mut buf),
             Err(WireError::Proto(ProtoError::Malformed(_)))
         ));
-        // A header whose length disagrees with the slot's.
-        let head = Header {
-            kind: 1,
-            seq: 1,
-            len: 100,
-        }
-        .encode();
-        // SAFETY: inside the inbox slot of the live control area.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                head.as_ptr(),
-                st.control().add(TO_PARENT_DATA),
-                HEADER_LEN,
-            )
+        // Puts a header saying `len` in the inbox slot, whose length says
+        // `slot_len` bytes follow it.
+        let plant = |len: u32, slot_len: u32| {
+            let head = Header {
+                kind: 1,
+                seq: 1,
+                len,
+            }
+            .encode();
+            // SAFETY: inside the inbox slot of the live control area.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    head.as_ptr(),
+                    st.control().add(TO_PARENT_DATA),
+                    HEADER_LEN,
+                )
+            };
+            w(TO_PARENT_LEN).store(HEADER_LEN as u32 + slot_len, Ordering::SeqCst);
+            w(TO_PARENT_SEQ).fetch_add(1, Ordering::SeqCst);
         };
-        w(TO_PARENT_LEN).store(HEADER_LEN as u32 + 4, Ordering::SeqCst);
-        w(TO_PARENT_SEQ).fetch_add(1, Ordering::SeqCst);
+        // A header whose length disagrees with the slot's.
+        plant(100, 4);
         assert!(p.recv(&mut a, 4096, &mut buf).is_err());
         // Over the receiver's bound.
-        let head = Header {
-            kind: 1,
-            seq: 1,
-            len: 8,
-        }
-        .encode();
-        // SAFETY: as above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                head.as_ptr(),
-                st.control().add(TO_PARENT_DATA),
-                HEADER_LEN,
-            )
-        };
-        w(TO_PARENT_LEN).store(HEADER_LEN as u32 + 8, Ordering::SeqCst);
-        w(TO_PARENT_SEQ).fetch_add(1, Ordering::SeqCst);
+        plant(8, 8);
         assert!(matches!(
             p.recv(&mut a, 4, &mut buf),
             Err(WireError::Proto(ProtoError::TooLong { .. }))

@@ -75,18 +75,18 @@ impl Link {
                 result: Ok(Value::Hello { name, capacity }),
                 ..
             }) => Ok((link, name, capacity)),
-            Ok(Reply { result: Err(e), .. }) => {
-                link.kill();
-                Err(format!("the partition host cannot serve: {e}"))
-            }
-            Ok(other) => {
-                link.kill();
-                Err(format!("unexpected answer to hello: {other:?}"))
-            }
-            Err(why) => {
-                link.kill();
-                Err(why)
-            }
+            r => Err(link.refused(r, "hello", "serve")),
+        }
+    }
+
+    /// Why a host did not give the expected answer `r` to the start-up
+    /// request `req` (a refusal: it cannot `act`); the host is killed.
+    fn refused(self, r: Result<Reply, String>, req: &str, act: &str) -> String {
+        self.kill();
+        match r {
+            Ok(Reply { result: Err(e), .. }) => format!("the partition host cannot {act}: {e}"),
+            Ok(other) => format!("unexpected answer to {req}: {other:?}"),
+            Err(why) => why,
         }
     }
 
@@ -488,18 +488,7 @@ impl RemotePartition {
                 );
                 Ok(link)
             }
-            Ok(Reply { result: Err(e), .. }) => {
-                link.kill();
-                Err(format!("the partition host cannot create it: {e}"))
-            }
-            Ok(other) => {
-                link.kill();
-                Err(format!("unexpected answer to create: {other:?}"))
-            }
-            Err(why) => {
-                link.kill();
-                Err(why)
-            }
+            r => Err(link.refused(r, "create", "create it")),
         }
     }
 
@@ -598,10 +587,20 @@ impl RemotePartition {
     }
 
     fn call_none(&mut self, req: &Request<'_>) -> Result<(), OpError> {
-        match self.call(req, Xfer::None)? {
+        self.call_none_with(req, Xfer::None)
+    }
+
+    fn call_none_with(&mut self, req: &Request<'_>, xfer: Xfer<'_>) -> Result<(), OpError> {
+        match self.call(req, xfer)? {
             Value::None => Ok(()),
             v => Err(self.fail(format!("unexpected result {v:?}"))),
         }
+    }
+
+    /// An upload or download through the staging area, counted as one.
+    fn staged(&mut self, req: &Request<'_>, xfer: Xfer<'_>) -> Result<(), OpError> {
+        self.counts.count(false);
+        self.call_none_with(req, xfer)
     }
 
     fn call_u64(&mut self, req: &Request<'_>) -> Result<u64, OpError> {
@@ -639,10 +638,7 @@ impl RemotePartition {
             } else {
                 Request::UploadMapped { dst: dev, pieces }
             };
-            match self.call(&req, Xfer::None)? {
-                Value::None => Ok(true),
-                v => Err(self.fail(format!("unexpected result {v:?}"))),
-            }
+            self.call_none(&req).map(|()| true)
         })?;
         if done {
             self.counts.count(true);
@@ -668,31 +664,23 @@ impl Partition for RemotePartition {
         if self.direct(dst, false, &mut |f| src.with_slices(f))? {
             return Ok(());
         }
-        self.counts.count(false);
         let req = Request::Upload {
             dst,
             len: src.len(),
             prefilled: 0,
         };
-        match self.call(&req, Xfer::Up(src))? {
-            Value::None => Ok(()),
-            v => Err(self.fail(format!("unexpected result {v:?}"))),
-        }
+        self.staged(&req, Xfer::Up(src))
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
         if self.direct(src, true, &mut |f| dst.with_slices_mut(f))? {
             return Ok(());
         }
-        self.counts.count(false);
         let req = Request::Download {
             src,
             len: dst.len(),
         };
-        match self.call(&req, Xfer::Down(dst))? {
-            Value::None => Ok(()),
-            v => Err(self.fail(format!("unexpected result {v:?}"))),
-        }
+        self.staged(&req, Xfer::Down(dst))
     }
 
     fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {

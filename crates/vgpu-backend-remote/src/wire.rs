@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 
 use vgpu_sys::{poll, scm};
 
-use crate::proto::{Header, ProtoError, HEADER_LEN};
+use crate::proto::{Header, Kind, ProtoError, Reply, HEADER_LEN, REPLY};
 
 /// Why a frame could not be exchanged.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,16 @@ impl From<io::Error> for WireError {
             _ => WireError::Io(e),
         }
     }
+}
+
+/// Sends `reply` to the request of `kind` numbered `seq`.
+pub fn send_reply(
+    stream: &UnixStream,
+    kind: Kind,
+    seq: u32,
+    reply: &Reply,
+) -> Result<(), WireError> {
+    send(stream, REPLY | kind as u16, seq, &reply.encode(kind), None)
 }
 
 /// Sends one frame; `fd` travels with its first byte. `MSG_NOSIGNAL`: a
@@ -137,7 +147,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use super::*;
-    use crate::proto::{MAX_REPLY, REPLY};
+    use crate::proto::MAX_REPLY;
 
     #[test]
     fn test_frames_with_and_without_fd() {

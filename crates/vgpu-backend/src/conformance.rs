@@ -175,6 +175,18 @@ pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> R
     })
 }
 
+/// A launch of built-in `entry` with `params` on one thread.
+pub fn builtin_launch<'a>(entry: &'a str, params: &'a [u8]) -> Launch<'a> {
+    Launch {
+        module: abi::MODULE_BUILTIN,
+        entry,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params,
+    }
+}
+
 /// Size 0 and bad alignments are refused; the default alignment and a
 /// large one are honoured; new memory reads as zero; a range one byte
 /// past an allocation is in none.
@@ -447,14 +459,7 @@ pub fn launch_validation(make: Make<'_>) {
         value: 9,
         reserved: 0,
     };
-    let base = Launch {
-        module: abi::MODULE_BUILTIN,
-        entry: "fill_u32",
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem: 0,
-        params: fill.as_slice(),
-    };
+    let base = builtin_launch("fill_u32", fill.as_slice());
     assert!(matches!(
         p.launch(&Launch {
             module: 5,
@@ -695,6 +700,34 @@ pub fn kernel_saxpy(make: Make<'_>) {
     }
 }
 
+/// The parameters of `C = alpha * A * B + beta * C` for an `m` x `n` x
+/// `k` shape.
+pub fn sgemm_params(
+    (c, a, b): (u64, u64, u64),
+    (m, n, k): (u32, u32, u32),
+    alpha: f32,
+    beta: f32,
+) -> abi::SgemmParams {
+    abi::SgemmParams {
+        c,
+        a,
+        b,
+        m,
+        n,
+        k,
+        reserved: 0,
+        alpha,
+        beta,
+    }
+}
+
+/// Asserts that every float of `got` is within 1e-4 of `want`.
+fn assert_near(got: &[f32], want: &[f64]) {
+    for (g, w) in got.iter().zip(want) {
+        assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
+    }
+}
+
 /// `alpha * A * B + beta * C` in f64, for an `m` x `n` x `k` shape.
 pub fn sgemm_reference(
     (m, n, k): (usize, usize, usize),
@@ -746,17 +779,8 @@ pub fn kernel_sgemm(make: Make<'_>) {
                 upload_floats(p, pa, &a);
                 upload_floats(p, pb, &b);
                 upload_floats(p, pc, &c);
-                let params = abi::SgemmParams {
-                    c: pc,
-                    a: pa,
-                    b: pb,
-                    m: m as u32,
-                    n: n as u32,
-                    k: k as u32,
-                    reserved: 0,
-                    alpha,
-                    beta,
-                };
+                let shape = (m as u32, n as u32, k as u32);
+                let params = sgemm_params((pc, pa, pb), shape, alpha, beta);
                 launch(p, "sgemm_f32", params).unwrap();
                 let got = download_floats(p, pc, m * n);
                 let want = sgemm_reference((m, n, k), alpha, &a, &b, beta, &c);
@@ -788,23 +812,10 @@ pub fn kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe(make: Make<'_>) {
     let pb = p.alloc(4 * (k * n) as u64, 0).unwrap();
     upload_floats(p, pa, &a);
     upload_floats(p, pb, &b);
-    let params = abi::SgemmParams {
-        c: pc,
-        a: pa,
-        b: pb,
-        m: m as u32,
-        n: n as u32,
-        k: k as u32,
-        reserved: 0,
-        alpha: 2.0,
-        beta: 0.0,
-    };
-    launch(p, "sgemm_f32", params).unwrap();
+    let shape = (m as u32, n as u32, k as u32);
+    launch(p, "sgemm_f32", sgemm_params((pc, pa, pb), shape, 2.0, 0.0)).unwrap();
     let want = sgemm_reference((m, n, k), 2.0, &a, &b, 0.0, &[]);
-    let got = download_floats(p, pc, m * n);
-    for (g, w) in got.iter().zip(&want) {
-        assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
-    }
+    assert_near(&download_floats(p, pc, m * n), &want);
 
     // C = A * A' with C being A itself (square, in place): inputs are
     // read before C is written.
@@ -812,23 +823,10 @@ pub fn kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe(make: Make<'_>) {
     let x = rng.floats(s * s);
     let px = p.alloc(4 * (s * s) as u64, 0).unwrap();
     upload_floats(p, px, &x);
-    let params = abi::SgemmParams {
-        c: px,
-        a: px,
-        b: px,
-        m: s as u32,
-        n: s as u32,
-        k: s as u32,
-        reserved: 0,
-        alpha: 1.0,
-        beta: 1.0,
-    };
-    launch(p, "sgemm_f32", params).unwrap();
+    let shape = (s as u32, s as u32, s as u32);
+    launch(p, "sgemm_f32", sgemm_params((px, px, px), shape, 1.0, 1.0)).unwrap();
     let want = sgemm_reference((s, s, s), 1.0, &x, &x, 1.0, &x);
-    let got = download_floats(p, px, s * s);
-    for (g, w) in got.iter().zip(&want) {
-        assert!((f64::from(*g) - w).abs() < 1e-4, "{g} vs {w}");
-    }
+    assert_near(&download_floats(p, px, s * s), &want);
 }
 
 /// `reduce_sum_f32` against the host's sum; its output may be in its input.
@@ -919,17 +917,7 @@ pub fn kernels_reject_out_of_range_pointers_before_writing(make: Make<'_>) {
     assert!(oor(launch(p, "saxpy_f32", saxpy(a + 400, b, 1))));
     assert!(oor(launch(p, "saxpy_f32", saxpy(a, b, huge))));
 
-    let sgemm = |c, a, b, m, n, k| abi::SgemmParams {
-        c,
-        a,
-        b,
-        m,
-        n,
-        k,
-        reserved: 0,
-        alpha: 1.0,
-        beta: 1.0,
-    };
+    let sgemm = |c, a, b, m, n, k| sgemm_params((c, a, b), (m, n, k), 1.0, 1.0);
     assert!(oor(launch(p, "sgemm_f32", sgemm(c, a, b, 10, 10, 11))));
     assert!(oor(launch(p, "sgemm_f32", sgemm(c, a, b, 11, 10, 10))));
     assert!(oor(launch(p, "sgemm_f32", sgemm(c + 4, a, b, 10, 10, 10))));

@@ -9,11 +9,13 @@
 //! allocations, checked here before any device work.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::ops::Range;
 
+use log::debug;
 use vgpu_abi::{self as abi, ByteValued};
 
-use crate::OpError;
+use crate::{Launch, OpError, PartitionSpec};
 
 /// Alignment of an allocation asked with alignment 0.
 pub const DEFAULT_ALIGN: u64 = abi::ALLOC_DEFAULT_ALIGN;
@@ -93,6 +95,32 @@ impl Loc {
     }
 }
 
+/// Names a partition in the debug lines of its allocation table:
+/// `<backend> backend: partition "<name>"`.
+#[derive(Debug, Clone, Copy)]
+pub struct PartitionName<'a> {
+    /// The backend, e.g. `"cuda"`.
+    pub backend: &'static str,
+    /// The partition's name.
+    pub name: &'a str,
+}
+
+impl<'a> PartitionName<'a> {
+    /// The partition of `spec` on `backend`.
+    pub fn of(backend: &'static str, spec: &'a PartitionSpec) -> Self {
+        PartitionName {
+            backend,
+            name: &spec.name,
+        }
+    }
+}
+
+impl fmt::Display for PartitionName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} backend: partition {:?}", self.backend, self.name)
+    }
+}
+
 /// A partition's allocations by device address, and the bytes they
 /// charge to its quota.
 #[derive(Debug)]
@@ -139,6 +167,23 @@ impl<T> Allocations<T> {
         Ok(())
     }
 
+    /// [`admit`](Self::admit), a refusal logged for `owner` at debug
+    /// level only: what a guest asks for beyond its quota is the guest's
+    /// business.
+    pub fn admit_logged(
+        &self,
+        owner: PartitionName<'_>,
+        requested: u64,
+        available: u64,
+    ) -> Result<(), OpError> {
+        self.admit(requested, available).inspect_err(|_| {
+            debug!(
+                "{owner}: {requested} bytes requested, {available} available, {} allocations",
+                self.len()
+            );
+        })
+    }
+
     /// Records an allocation of `size` bytes (charging `charged`) at
     /// `addr`. `size` must fit a `usize` (ranges are resolved to byte
     /// offsets).
@@ -155,6 +200,22 @@ impl<T> Allocations<T> {
         );
     }
 
+    /// [`insert`](Self::insert), logged for `owner` at debug level.
+    pub fn insert_logged(
+        &mut self,
+        owner: PartitionName<'_>,
+        addr: u64,
+        size: u64,
+        charged: u64,
+        data: T,
+    ) {
+        self.insert(addr, size, charged, data);
+        debug!(
+            "{owner}: allocated {size} bytes at {addr:#x} ({} in use)",
+            self.used
+        );
+    }
+
     /// Removes the allocation that starts at `addr`; `NotFound` if none does.
     pub fn free(&mut self, addr: u64) -> Result<Entry<T>, OpError> {
         let e = self
@@ -162,6 +223,20 @@ impl<T> Allocations<T> {
             .remove(&addr)
             .ok_or_else(|| OpError::NotFound(format!("no allocation starts at {addr:#x}")))?;
         self.used -= e.charged;
+        Ok(e)
+    }
+
+    /// [`free`](Self::free), logged for `owner` at debug level.
+    pub fn free_logged(
+        &mut self,
+        owner: PartitionName<'_>,
+        addr: u64,
+    ) -> Result<Entry<T>, OpError> {
+        let e = self.free(addr)?;
+        debug!(
+            "{owner}: freed {} bytes at {addr:#x} ({} in use)",
+            e.size, self.used
+        );
         Ok(e)
     }
 
@@ -394,6 +469,23 @@ pub enum Builtin {
     Nothing,
 }
 
+/// [`plan_builtin`] for `launch`, a launch of the built-in module (its
+/// shared memory is not the built-ins' concern).
+pub fn plan_builtin_launch<T>(
+    launch: &Launch<'_>,
+    allocs: &Allocations<T>,
+    floats: FloatOperands,
+) -> Result<Builtin, OpError> {
+    plan_builtin(
+        launch.entry,
+        launch.grid,
+        launch.block,
+        launch.params,
+        allocs,
+        floats,
+    )
+}
+
 /// Validates a launch of the built-in module's `entry`: the entry exists,
 /// the shape has no zero dimension, the parameter block has the right size
 /// and every operand lies inside one allocation of `allocs` (and, with
@@ -416,7 +508,18 @@ pub fn plan_builtin<T>(
             "{entry}: grid {grid:?} / block {block:?} has a zero dimension"
         )));
     }
-    let aligned = |what, addr| aligned(floats, entry, what, addr);
+    // Float operands `(name, address, bytes)`: all must be in range
+    // before any is checked for alignment, so that an operand outside the
+    // allocations is reported as such first.
+    let float_operands = |ops: &[(&str, u64, u64)]| -> Result<(), OpError> {
+        for &(_, addr, len) in ops {
+            allocs.check(addr, len)?;
+        }
+        for &(what, addr, _) in ops {
+            aligned(floats, entry, what, addr)?;
+        }
+        Ok(())
+    };
     match entry {
         "fill_u32" => {
             let p: abi::FillParams = params(entry, raw)?;
@@ -446,12 +549,7 @@ pub fn plan_builtin<T>(
         "vadd_f32" => {
             let p: abi::VaddParams = params(entry, raw)?;
             let len = words(p.n);
-            allocs.check(p.c, len)?;
-            allocs.check(p.a, len)?;
-            allocs.check(p.b, len)?;
-            aligned("c", p.c)?;
-            aligned("a", p.a)?;
-            aligned("b", p.b)?;
+            float_operands(&[("c", p.c, len), ("a", p.a, len), ("b", p.b, len)])?;
             Ok(Builtin::Vadd {
                 c: p.c,
                 a: p.a,
@@ -464,10 +562,7 @@ pub fn plan_builtin<T>(
         "saxpy_f32" => {
             let p: abi::SaxpyParams = params(entry, raw)?;
             let len = words(p.n);
-            allocs.check(p.y, len)?;
-            allocs.check(p.x, len)?;
-            aligned("y", p.y)?;
-            aligned("x", p.x)?;
+            float_operands(&[("y", p.y, len), ("x", p.x, len)])?;
             Ok(Builtin::Saxpy {
                 y: p.y,
                 x: p.x,
@@ -480,12 +575,7 @@ pub fn plan_builtin<T>(
             let p: abi::SgemmParams = params(entry, raw)?;
             let (m, n, k) = (u64::from(p.m), u64::from(p.n), u64::from(p.k));
             let (clen, alen, blen) = (words(m * n), words(m * k), words(k * n));
-            allocs.check(p.c, clen)?;
-            allocs.check(p.a, alen)?;
-            allocs.check(p.b, blen)?;
-            aligned("c", p.c)?;
-            aligned("a", p.a)?;
-            aligned("b", p.b)?;
+            float_operands(&[("c", p.c, clen), ("a", p.a, alen), ("b", p.b, blen)])?;
             if m == 0 || n == 0 {
                 return Ok(Builtin::Nothing);
             }
@@ -506,10 +596,7 @@ pub fn plan_builtin<T>(
         }
         "reduce_sum_f32" => {
             let p: abi::ReduceSumParams = params(entry, raw)?;
-            allocs.check(p.out, 4)?;
-            allocs.check(p.input, words(p.n))?;
-            aligned("out", p.out)?;
-            aligned("input", p.input)?;
+            float_operands(&[("out", p.out, 4), ("input", p.input, words(p.n))])?;
             Ok(Builtin::Reduce {
                 out: p.out,
                 input: p.input,

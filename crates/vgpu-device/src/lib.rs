@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::info;
 use vfio_user_server::device::{
     IrqInfo, MmapArea, RegionInfo, RegionMmap, BAR0_REGION, CONFIG_REGION, IRQ_ERR, IRQ_INTX,
     IRQ_MSIX, IRQ_REQ,
@@ -26,6 +26,7 @@ use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFI
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
 use vgpu_backend::{HostMapping, HostMemory, Partition};
+use vgpu_sys::warn_limited;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemory, MmapRegion, Permissions, VolatileMemory};
@@ -920,7 +921,7 @@ impl PciDevice for VgpuDevice {
             wake: match self.wake.try_clone() {
                 Ok(e) => e,
                 Err(e) => {
-                    warn!("{}: cannot create wake event: {e}", self.config.name);
+                    warn_limited!("{}: cannot create wake event: {e}", self.config.name);
                     return;
                 }
             },
@@ -943,7 +944,7 @@ impl PciDevice for VgpuDevice {
             .spawn(move || worker::run(worker_shared))
         {
             Ok(h) => self.worker = Some(h),
-            Err(e) => warn!("{}: cannot start worker: {e}", self.config.name),
+            Err(e) => warn_limited!("{}: cannot start worker: {e}", self.config.name),
         }
         self.shared = Some(shared);
     }

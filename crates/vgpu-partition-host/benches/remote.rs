@@ -13,19 +13,22 @@
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
 
-use std::ffi::CString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::conformance::builtin_launch;
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{Backend, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
 use vgpu_backend_remote::{
     default_host_program, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
+// The CUDA bench's fixtures: timing, guest COPYs, the native baseline.
+#[path = "../../vgpu-backend-cuda/benches/common/mod.rs"]
+mod common;
+
+use common::{pct, size_name, KIB, MIB};
 
 struct Buf(Vec<u8>);
 
@@ -53,11 +56,6 @@ impl HostSink for Sink {
         unsafe { (&mut *self.0.get())[o..o + data.len()].copy_from_slice(data) };
         Ok(())
     }
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn us(d: Duration) -> f64 {
@@ -175,23 +173,12 @@ fn cases<'a>(parts: Vec<(&'static str, &'a mut dyn Partition)>, sizes: &[usize])
                 value: 1,
                 reserved: 0,
             };
-            p.launch(&Launch {
-                module: abi::MODULE_BUILTIN,
-                entry: "fill_u32",
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem: 0,
-                params: params.as_slice(),
-            })
-            .unwrap()
+            p.launch(&builtin_launch("fill_u32", params.as_slice()))
+                .unwrap()
         }),
     );
     for &s in sizes {
-        let name = if s >= MIB {
-            format!("{} MiB", s / MIB)
-        } else {
-            format!("{} KiB", s / KIB)
-        };
+        let name = size_name(s);
         let src = std::rc::Rc::new(Buf(vec![0x5a; s]));
         case(
             format!("upload {name}"),
@@ -298,15 +285,14 @@ fn software() {
 }
 
 mod cuda {
+    use super::common::{
+        copy_cell, copy_reps, cuda_backend, guest_copy, median_of, print_percentiles, Native,
+        NativeBuffers, NativeFunction,
+    };
     use super::*;
-    use cudarc::driver::sys;
     use vgpu_abi::SgEntry;
-    use vgpu_backend_cuda::{CudaBackend, Mode};
-    use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
-
-    fn ck(r: sys::CUresult, what: &str) {
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
-    }
+    use vgpu_backend_cuda::CudaBackend;
+    use vgpu_testkit::{test_config, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
 
     /// Partition host start (context, built-in module) and an in-place
     /// reset, timed.
@@ -334,70 +320,19 @@ mod cuda {
         }
         println!("| partition host lifecycle (5 runs) | p50 | max |");
         println!("|---|---|---|");
-        for (name, v) in [
+        let mut rows = [
             (
                 "start (process, CUDA context, built-in module)",
                 &mut starts,
             ),
             ("reset in place (healthy host)", &mut resets),
             ("reset of a dead host (new process)", &mut respawns),
-        ] {
-            println!(
-                "| {name} | {:.1} ms | {:.1} ms |",
-                pct(v, 0.5).as_secs_f64() * 1e3,
-                pct(v, 1.0).as_secs_f64() * 1e3
-            );
-        }
+        ];
+        print_percentiles(&mut rows, 1.0, "ms");
     }
 
     fn ms(d: Duration) -> f64 {
         d.as_secs_f64() * 1e3
-    }
-
-    fn median_of(reps: usize, mut f: impl FnMut()) -> Duration {
-        f();
-        let mut v: Vec<Duration> = (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect();
-        pct(&mut v, 0.5)
-    }
-
-    /// One COPY between guest memory `sg` and device address `dev` on
-    /// polled queue 0, waited for by spinning on the used ring, as a
-    /// polling guest driver does.
-    fn guest_copy(g: &mut Guest, to_device: bool, dev: u64, sg: &[SgEntry]) {
-        let (src_kind, dst_kind, src, dst) = if to_device {
-            (abi::COPY_GUEST, abi::COPY_DEVICE, 0, dev)
-        } else {
-            (abi::COPY_DEVICE, abi::COPY_GUEST, dev, 0)
-        };
-        let cmd = abi::CopyCmd {
-            hdr: abi::CmdHeader {
-                opcode: abi::OP_COPY,
-                flags: 0,
-            },
-            src_kind,
-            dst_kind,
-            src,
-            dst,
-            size: sg.iter().map(|e| e.len).sum(),
-            sg_count: sg.len() as u32,
-            reserved: 0,
-        };
-        let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
-        g.post(0, &Chain::command(&cmd).bytes(&list).completion());
-        g.kick(0);
-        let used = loop {
-            if let Some(u) = g.poll_used(0) {
-                break u;
-            }
-            std::hint::spin_loop();
-        };
-        assert_eq!(used.completion().status, abi::STATUS_OK);
     }
 
     /// A vGPU on `p` with guest RAM of `ram` bytes, polled queue 0, a
@@ -462,25 +397,8 @@ mod cuda {
             hosts.push((server, rg, rdev, rbuf, counts, reached));
         }
 
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        let mut dptr: sys::CUdeviceptr = 0;
-        let mut pinned: *mut std::ffi::c_void = std::ptr::null_mut();
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: plain driver setup with valid out pointers; device 0
-        // exists (the backend opened it).
-        unsafe {
-            ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
-            ck(sys::cuCtxPushCurrent_v2(ctx), "push");
-            ck(sys::cuMemAlloc_v2(&mut dptr, max), "alloc");
-            ck(sys::cuMemAllocHost_v2(&mut pinned, max), "alloc host");
-            ck(
-                sys::cuStreamCreate(
-                    &mut stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                ),
-                "stream",
-            );
-        }
+        let native = Native::new();
+        let pinned = NativeBuffers::new(&native, max);
         let when = |r: Option<Duration>| {
             r.map_or("not within 30 s".into(), |d| format!("{:.0} ms", ms(d)))
         };
@@ -499,15 +417,9 @@ mod cuda {
              polling host / in process |"
         );
         println!("|---|---|---|---|---|---|---|---|---|");
-        let cell = |size: usize, t: Duration| {
-            format!(
-                "{:.1} µs, {:.1} GB/s",
-                us(t),
-                size as f64 / t.as_secs_f64() / 1e9
-            )
-        };
+        let cell = copy_cell;
         for &size in &sizes {
-            let reps = (1024 * MIB / size).clamp(5, 100);
+            let reps = copy_reps(size);
             let sg = |buf: u64| {
                 [SgEntry {
                     addr: buf,
@@ -523,32 +435,13 @@ mod cuda {
                         t[i].push(median_of(reps, || guest_copy(g, up, dev, &sg(buf))));
                     }
                     t[2].push(median_of(reps, || guest_copy(&mut lg, up, ldev, &sg(lbuf))));
-                    // SAFETY: `pinned` and `dptr` hold `max >= size`
-                    // bytes; each copy is waited for before the next.
-                    t[3].push(median_of(reps, || unsafe {
-                        if up {
-                            ck(
-                                sys::cuMemcpyHtoDAsync_v2(dptr, pinned, size, stream),
-                                "htod",
-                            );
-                        } else {
-                            ck(
-                                sys::cuMemcpyDtoHAsync_v2(pinned, dptr, size, stream),
-                                "dtoh",
-                            );
-                        }
-                        ck(sys::cuStreamSynchronize(stream), "sync");
-                    }));
+                    t[3].push(median_of(reps, || pinned.copy(up, size)));
                 }
                 let [r, q, l, n] = t.map(|mut v| pct(&mut v, 0.5));
                 let ratio = |a: Duration, b: Duration| 100.0 * a.as_secs_f64() / b.as_secs_f64();
                 println!(
                     "| {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% | {:.0}% |",
-                    if size >= MIB {
-                        format!("{} MiB", size / MIB)
-                    } else {
-                        format!("{} KiB", size / KIB)
-                    },
+                    size_name(size),
                     if up {
                         "guest -> device"
                     } else {
@@ -574,28 +467,13 @@ mod cuda {
                 h.4.staged()
             );
         }
-        // SAFETY: frees what was made above, once, with the context current.
-        unsafe {
-            ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
-            ck(sys::cuMemFreeHost(pinned), "free host");
-            ck(sys::cuMemFree_v2(dptr), "free");
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
-            ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-            ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
-        }
+        drop(pinned);
+        drop(native);
     }
 
     pub fn run(copies_only: bool) {
-        if let Err(why) = vgpu_backend_cuda::cuda_available() {
-            println!("skipped: no CUDA driver ({why})");
+        let Some(b) = cuda_backend() else {
             return;
-        }
-        let b = match CudaBackend::new(0, Mode::Isolated) {
-            Ok(b) => b,
-            Err(e) => {
-                println!("skipped: no usable CUDA device ({e})");
-                return;
-            }
         };
         b.set_guest_ptx(true);
         println!("{} ({} SMs)\n", b.device_name(), b.device_sms());
@@ -621,67 +499,18 @@ mod cuda {
         let lm = lp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
         let rm = rp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
         let pm = pp.module_load(abi::MODULE_FORMAT_PTX, &ptx).unwrap();
-        let nop = |m: u64| Launch {
-            module: m,
-            entry: "nop",
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_mem: 0,
-            params: &[],
-        };
+        let nop = super::common::nop;
 
         // Native: the same kernel in the device's primary context.
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        let mut f: sys::CUfunction = std::ptr::null_mut();
-        let cname = CString::new("nop").unwrap();
-        // SAFETY: driver setup with valid out pointers; `ptx` is
-        // NUL-terminated PTX.
-        unsafe {
-            ck(sys::cuDevicePrimaryCtxRetain(&mut ctx, 0), "retain");
-            ck(sys::cuCtxPushCurrent_v2(ctx), "push");
-            ck(
-                sys::cuStreamCreate(
-                    &mut stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                ),
-                "stream",
-            );
-            ck(
-                sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()),
-                "load",
-            );
-            ck(
-                sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()),
-                "function",
-            );
-        }
+        let native = Native::new();
+        let nop_fn = NativeFunction::load(&ptx, "nop");
         {
             let mut l = || lp.launch(&nop(lm)).unwrap();
             let mut r = || rp.launch(&nop(rm)).unwrap();
             let mut q = || pp.launch(&nop(pm)).unwrap();
-            // SAFETY: `nop` takes no parameters; the stream and function
-            // live until after this case.
-            let mut n = || unsafe {
-                ck(
-                    sys::cuLaunchKernel(
-                        f,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        0,
-                        stream,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    ),
-                    "launch",
-                );
-                ck(sys::cuStreamSynchronize(stream), "sync");
-            };
+            // SAFETY: `nop` takes no parameters; the stream is `native`'s.
+            let mut n =
+                || unsafe { nop_fn.run([1; 3], [1; 3], native.stream, std::ptr::null_mut()) };
             let mut case = [Case {
                 name: "empty kernel, launch + wait".into(),
                 variants: vec![
@@ -693,14 +522,8 @@ mod cuda {
             }];
             run_cases("CUDA, per call", &mut case, 10, 500);
         }
-        // SAFETY: frees what was made above, once.
-        unsafe {
-            ck(sys::cuModuleUnload(module), "unload");
-            ck(sys::cuStreamDestroy_v2(stream), "stream destroy");
-            let mut popped: sys::CUcontext = std::ptr::null_mut();
-            ck(sys::cuCtxPopCurrent_v2(&mut popped), "pop");
-            ck(sys::cuDevicePrimaryCtxRelease_v2(0), "release");
-        }
+        drop(nop_fn);
+        drop(native);
         println!();
         let parts: Vec<(&'static str, &mut dyn Partition)> = vec![
             ("in process", &mut *lp),

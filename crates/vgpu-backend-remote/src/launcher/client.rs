@@ -49,6 +49,19 @@ pub(super) struct ClientState {
 }
 
 impl Client {
+    /// A usable link over `sock` to the launcher `pid` (its process when
+    /// the daemon started it).
+    pub(super) fn new(sock: OwnedFd, process: Option<Child>, pid: u32) -> Client {
+        Client {
+            state: Mutex::new(ClientState {
+                sock: Some(sock),
+                process,
+                broken: None,
+            }),
+            pid,
+        }
+    }
+
     /// One request, one checked reply. Any failure (timeout, a record
     /// that breaks the rules, the launcher gone) ends the launcher's use.
     pub(super) fn call(&self, req: Msg, accept: &[u32]) -> io::Result<(Msg, Option<OwnedFd>)> {
@@ -293,14 +306,7 @@ impl ProcessLauncher {
         drop(theirs);
         let pid = child.id();
         set_timeouts(ours.as_raw_fd(), REPLY_TIMEOUT)?;
-        let client = Arc::new(Client {
-            state: Mutex::new(ClientState {
-                sock: Some(ours),
-                process: Some(child),
-                broken: None,
-            }),
-            pid,
-        });
+        let client = Arc::new(Client::new(ours, Some(child), pid));
         // It answers once it has dropped what it must not pass on.
         let hello = Msg {
             op: HELLO,
@@ -419,14 +425,7 @@ mod tests {
         for (bad, with_fd) in cases {
             let (ours, theirs) = seqpacket_pair().unwrap();
             set_timeouts(ours.as_raw_fd(), Duration::from_secs(2)).unwrap();
-            let client = Client {
-                state: Mutex::new(ClientState {
-                    sock: Some(ours),
-                    process: None,
-                    broken: None,
-                }),
-                pid: 1,
-            };
+            let client = Client::new(ours, None, 1);
             let peer = std::thread::spawn(move || {
                 let Ok(Got::Msg(_, _)) = recv(theirs.as_fd()) else {
                     panic!("no request");
@@ -452,14 +451,7 @@ mod tests {
     fn test_silence_times_out() {
         let (ours, _theirs) = seqpacket_pair().unwrap();
         set_timeouts(ours.as_raw_fd(), Duration::from_millis(100)).unwrap();
-        let client = Client {
-            state: Mutex::new(ClientState {
-                sock: Some(ours),
-                process: None,
-                broken: None,
-            }),
-            pid: 1,
-        };
+        let client = Client::new(ours, None, 1);
         let req = Msg {
             op: STATUS,
             pid: 7,

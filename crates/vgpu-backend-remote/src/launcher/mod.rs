@@ -189,9 +189,9 @@ fn mode_name(m: SeccompMode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsRawFd;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
-    use super::client::{Client, ClientState};
+    use super::client::Client;
     use super::*;
 
     #[test]
@@ -219,14 +219,7 @@ mod tests {
             host_args: Vec::new(),
         };
         let server = std::thread::spawn(move || serve(theirs, &args));
-        let client = Arc::new(Client {
-            state: Mutex::new(ClientState {
-                sock: Some(ours),
-                process: None,
-                broken: None,
-            }),
-            pid: std::process::id(),
-        });
+        let client = Arc::new(Client::new(ours, None, std::process::id()));
         let hello = Msg {
             op: HELLO,
             pid: 0,

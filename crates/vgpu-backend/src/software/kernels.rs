@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use log::warn;
+use vgpu_sys::warn_limited;
 
 use super::lock;
 
@@ -34,7 +34,7 @@ pub(super) fn run_parallel<T: Send, R: Send>(
             {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    warn!("software backend: cannot start a worker thread: {e}");
+                    warn_limited!("software backend: cannot start a worker thread: {e}");
                     break;
                 }
             }

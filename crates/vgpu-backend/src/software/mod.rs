@@ -40,7 +40,9 @@ pub use buf::DeviceBuf;
 use kernels::{fill_pattern, get, par_chunks, run_parallel, saxpy, scale, sgemm_rows, vadd};
 pub use ptx::DEFAULT_KERNEL_TIMEOUT;
 
-use crate::rules::{self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc};
+use crate::rules::{
+    self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc, PartitionName,
+};
 use crate::{
     Backend, BackendError, Capacity, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec,
@@ -53,7 +55,7 @@ const DEFAULT_GRAIN: u64 = 1 << 16;
 /// What is left to give to partitions.
 type Pool = Capacity;
 
-use vgpu_sys::lock;
+use vgpu_sys::{lock, warn_limited};
 
 /// A physical GPU made of host memory and threads.
 #[derive(Debug)]
@@ -97,6 +99,8 @@ impl SoftwareBackend {
         }
     }
 
+    // Partitions are made by the host's configuration, not by a guest.
+    #[allow(clippy::disallowed_macros)]
     fn create(&self, spec: &PartitionSpec) -> Result<SoftwarePartition, BackendError> {
         let mut pool = lock(&self.pool);
         if let Err(why) = pool.reserve(spec) {
@@ -184,7 +188,7 @@ impl SoftwarePartition {
     }
 
     fn no_host_memory(&self, requested: u64) -> OpError {
-        warn!(
+        warn_limited!(
             "software backend: partition {:?}: host memory exhausted allocating {requested} bytes",
             self.spec.name
         );
@@ -382,16 +386,8 @@ impl Partition for SoftwarePartition {
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         let align = rules::alloc_align(size, align)?;
         let available = self.available();
-        // What a guest asks for beyond its quota is the guest's business:
-        // logged at debug level only.
-        if let Err(e) = self.allocs.admit(size, available) {
-            debug!(
-                "software backend: partition {:?}: {size} bytes requested, {available} available, {} allocations",
-                self.spec.name,
-                self.allocs.len()
-            );
-            return Err(e);
-        }
+        self.allocs
+            .admit_logged(PartitionName::of("software", &self.spec), size, available)?;
         let no_memory = OpError::NoMemory {
             requested: size,
             available,
@@ -405,23 +401,20 @@ impl Partition for SoftwarePartition {
         };
         let len = usize::try_from(size).map_err(|_| no_memory.clone())?;
         let buf = DeviceBuf::zeroed(len).ok_or_else(|| self.no_host_memory(size))?;
-        self.allocs.insert(addr, size, size, RefCell::new(buf));
-        self.space.placed(addr, size);
-        debug!(
-            "software backend: partition {:?}: allocated {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
+        self.allocs.insert_logged(
+            PartitionName::of("software", &self.spec),
+            addr,
+            size,
+            size,
+            RefCell::new(buf),
         );
+        self.space.placed(addr, size);
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
-        let size = self.allocs.free(addr)?.size;
-        debug!(
-            "software backend: partition {:?}: freed {size} bytes at {addr:#x} ({} in use)",
-            self.spec.name,
-            self.allocs.used()
-        );
+        self.allocs
+            .free_logged(PartitionName::of("software", &self.spec), addr)?;
         Ok(())
     }
 
@@ -514,14 +507,7 @@ impl Partition for SoftwarePartition {
         }
         // Floats are read and written byte by byte here: any operand
         // address will do.
-        let call = rules::plan_builtin(
-            launch.entry,
-            launch.grid,
-            launch.block,
-            launch.params,
-            &self.allocs,
-            FloatOperands::Unaligned,
-        )?;
+        let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
         self.run_builtin(call)
     }
 
