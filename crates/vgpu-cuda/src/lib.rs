@@ -13,18 +13,22 @@
 //! * [`procs`]: the name and version table of `cuGetProcAddress`.
 //! * [`export`]: the runtime's private tables, and [`md2`] for the one
 //!   that checks the driver.
-//! * [`state`]: devices, contexts and every handle a program holds.
+//! * [`state`]: devices, contexts and every handle a program holds;
+//!   [`inflight`]: the work each device has queued.
 //!
 //! Each device is one vGPU: its memory is the partition's quota, its SM
 //! count the partition's compute units. Modules are fatbinaries or PTX,
 //! loaded as they are on the device (the host's driver, or the software
 //! backend's PTX executor, runs them); their PTX gives each kernel's
-//! parameter layout. Every command completes before its call returns.
+//! parameter layout. Launches, memsets, device copies and event records
+//! are queued and return at once ([`inflight`]); what reads or writes
+//! host memory waits for the work before it.
 
 pub mod api;
 pub mod cu;
 pub mod export;
 pub mod ffi;
+pub mod inflight;
 pub mod md2;
 pub mod procs;
 pub mod state;

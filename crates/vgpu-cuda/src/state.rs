@@ -6,11 +6,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use vgpu_guest::{sys, Device, Dims, Error as GuestError, Module};
+use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Module};
 use vgpu_ptx::KernelInfo;
 
 use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
+use crate::inflight::{EventMark, Inflight};
 
 /// The process's driver. CUDA's C API is process-global (any thread may
 /// call any entry point with handles made by another), so its state is
@@ -83,6 +84,25 @@ pub struct Gpu {
     pub uuid: [u8; 16],
     /// The primary context's handle.
     pub primary: usize,
+    inflight: Mutex<Inflight>,
+}
+
+impl Gpu {
+    /// The device's queued work, locked (see [`Driver::objects`] on
+    /// poisoning).
+    pub fn inflight(&self) -> MutexGuard<'_, Inflight> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `batch` without waiting for it.
+    pub fn submit(&self, batch: Batch, mark: Option<EventMark>) -> CuResult {
+        self.inflight().submit(&self.dev, batch, mark)
+    }
+
+    /// Waits for the device's queued work; the first failure in it.
+    pub fn sync(&self) -> CuResult {
+        self.inflight().sync()
+    }
 }
 
 /// A context: CUDA's per-device address space and state.
@@ -130,19 +150,21 @@ pub struct Func {
     pub max_dynamic_shared: i32,
 }
 
-/// A stream. Work on it runs in order; this driver runs each command to
-/// completion before returning, so a stream is always idle when asked.
+/// A stream. Its work runs in order on its device's queue
+/// ([`crate::inflight`]).
 pub struct Stream {
     pub ctx: usize,
     pub flags: u32,
     pub priority: i32,
 }
 
-/// An event: a fence with the device clock at the point it was recorded.
+/// An event: a marker in the device's queue that reads the device clock
+/// when the work before it is done.
 pub struct Event {
     pub flags: u32,
-    /// Device nanoseconds when last recorded.
-    pub stamp: Option<u64>,
+    /// Records so far (0: never recorded), and the device of the last.
+    pub records: u64,
+    pub device: CUdevice,
 }
 
 /// Device memory a program allocated.
@@ -231,6 +253,7 @@ impl Driver {
                         uuid: uuid_of(&info),
                         info,
                         primary,
+                        inflight: Mutex::new(Inflight::default()),
                     });
                 }
                 Err(e) => log(&format!("{}: {e}", path.display())),
@@ -423,7 +446,9 @@ impl Driver {
             (m.module.clone(), f.device, f.info.name.clone())
         };
         let gpu = self.gpu(device)?;
-        check(gpu.dev.launch(&module, &name, dims, params)).map(drop)
+        let mut batch = Batch::new();
+        batch.launch(&module, &name, dims, params);
+        gpu.submit(batch, None)
     }
 }
 

@@ -168,10 +168,15 @@ impl Batch {
 
     /// Copies `data` (copied into the batch now) to `offset` in `buf`.
     pub fn copy_to_device(&mut self, buf: &Buffer, offset: u64, data: &[u8]) -> &mut Self {
-        let dst = match buf.range(offset, data.len() as u64) {
-            Ok(a) => a,
-            Err(e) => return self.fail(e),
-        };
+        match buf.range(offset, data.len() as u64) {
+            Ok(dst) => self.copy_to_device_addr(dst, data),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Copies `data` (copied into the batch now) to device address `dst`,
+    /// which must lie in an allocation of this file.
+    pub fn copy_to_device_addr(&mut self, dst: u64, data: &[u8]) -> &mut Self {
         if data.is_empty() {
             return self;
         }

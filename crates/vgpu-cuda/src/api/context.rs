@@ -17,8 +17,7 @@ fn named_ctx(d: &Driver, ctx: Handle) -> CuResult<usize> {
 
 /// Waits for all work of the device behind `ctx`.
 fn synchronize(d: &Driver, ctx: usize) -> CuResult {
-    let g = d.gpu(d.ctx_device(ctx)?)?;
-    crate::state::check(g.dev.synchronize())
+    d.gpu(d.ctx_device(ctx)?)?.sync()
 }
 
 #[no_mangle]

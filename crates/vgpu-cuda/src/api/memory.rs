@@ -1,13 +1,17 @@
 //! Device and host memory, copies, memsets and pointer attributes.
 //!
-//! The driver runs each copy to completion, so the `*Async` forms are the
-//! synchronous ones (stream order holds trivially).
+//! Memsets and device-to-device copies are queued ([`crate::inflight`]);
+//! copies with a host side wait for the work before them and complete
+//! before they return (the `*Async` forms too: host memory is the
+//! caller's again when the call returns, which CUDA allows).
 
 use std::alloc::Layout;
 use std::ffi::c_void;
 
 use crate::cu::{self, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
+use vgpu_guest::Batch;
+
 use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
 
 /// Host allocations are page-aligned, as pinned memory is.
@@ -45,12 +49,17 @@ fn alloc(size: usize) -> CuResult<CUdeviceptr> {
 
 fn free(addr: CUdeviceptr) -> CuResult {
     let d = driver()?;
-    let a = d
+    let device = d
         .objects()
         .allocs
-        .remove(&addr)
+        .get(&addr)
+        .map(|a| a.device)
         .ok_or(cu::ERROR_INVALID_VALUE)?;
-    check(d.gpu(a.device)?.dev.free_raw(addr))
+    let g = d.gpu(device)?;
+    // cuMemFree waits for work that may still use the memory.
+    g.sync()?;
+    d.objects().allocs.remove(&addr);
+    check(g.dev.free_raw(addr))
 }
 
 #[no_mangle]
@@ -250,6 +259,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult {
     let g = device_range(d, dst, n)?;
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
+    g.sync()?;
     check(g.dev.copy_to_device_addr(dst, data))
 }
 
@@ -258,6 +268,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult {
     let g = device_range(d, src, n)?;
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
+    g.sync()?;
     check(g.dev.copy_from_device_addr(src, out))
 }
 
@@ -271,7 +282,9 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult {
     if n == 0 {
         return Ok(());
     }
-    check(gd.dev.copy_device_addr(dst, src, n as u64))
+    let mut batch = Batch::new();
+    batch.copy_device_addr(dst, src, n as u64);
+    gd.submit(batch, None)
 }
 
 /// `cuMemcpy`: either side may be host or device memory.
@@ -358,8 +371,10 @@ pub extern "C" fn cuMemcpyAsync(
 }
 
 /// Sets `count` elements of `width` bytes (1, 2 or 4) at `dst` to
-/// `value`: the 4-byte-aligned middle by the device's FILL, the edges by
-/// small copies.
+/// `value`, queued: the device's FILL for whole 32-bit words, a small
+/// copy for the 1 to 3 bytes after them. The pattern repeats every
+/// element and `dst` is element-aligned, so its phase is the same at any
+/// element.
 fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize) -> CuResult {
     let d = driver()?;
     let n = count.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
@@ -375,24 +390,15 @@ fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize) -> CuResult 
         2 => (value & 0xffff) * 0x0001_0001,
         _ => value,
     };
-    let bytes = pattern.to_le_bytes();
-    let end = dst + n as u64;
-    let body_start = dst.next_multiple_of(4).min(end);
-    let body_end = (end & !3).max(body_start);
-    // Edge bytes take the pattern's byte at their address modulo 4, so
-    // the whole range reads as the repeated pattern.
-    let edge = |from: u64, to: u64| -> CuResult {
-        if from < to {
-            let buf: Vec<u8> = (from..to).map(|a| bytes[(a % 4) as usize]).collect();
-            check(g.dev.copy_to_device_addr(from, &buf))?;
-        }
-        Ok(())
-    };
-    edge(dst, body_start)?;
-    if body_end > body_start {
-        check(g.dev.fill_addr(body_start, body_end - body_start, pattern))?;
+    let body = n & !3;
+    let mut batch = Batch::new();
+    if body > 0 {
+        batch.fill_addr(dst, body as u64, pattern);
     }
-    edge(body_end, end)
+    if body < n {
+        batch.copy_to_device_addr(dst + body as u64, &pattern.to_le_bytes()[..n - body]);
+    }
+    g.submit(batch, None)
 }
 
 #[no_mangle]

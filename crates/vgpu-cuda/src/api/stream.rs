@@ -1,10 +1,12 @@
-//! Streams and events. Work is complete when its call returns, so a
-//! stream is always idle and an event is complete once recorded; events
-//! carry the device clock read at the point they were recorded.
+//! Streams and events. A stream's work goes to its device's queue
+//! ([`crate::inflight`]); an event is a TIMESTAMP in that queue, so its
+//! time is the device clock when the work before it finished.
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::state::{check, driver, Driver, Event, Stream};
+use vgpu_guest::Batch;
+
+use crate::state::{driver, Driver, Event, Stream};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
@@ -53,7 +55,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
 }
 
 fn sync_stream(d: &Driver, stream: Handle) -> CuResult {
-    check(d.stream_gpu(stream as usize)?.dev.synchronize())
+    d.stream_gpu(stream as usize)?.sync()
 }
 
 #[no_mangle]
@@ -63,7 +65,13 @@ pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
-    entry(|| driver()?.stream_gpu(stream as usize).map(drop))
+    entry(|| {
+        if driver()?.stream_gpu(stream as usize)?.inflight().poll() {
+            Ok(())
+        } else {
+            Err(cu::ERROR_NOT_READY)
+        }
+    })
 }
 
 #[no_mangle]
@@ -184,7 +192,14 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
         let h = {
             let mut o = d.objects();
             let h = o.handle();
-            o.events.insert(h, Event { flags, stamp: None });
+            o.events.insert(
+                h,
+                Event {
+                    flags,
+                    records: 0,
+                    device: 0,
+                },
+            );
             h
         };
         // SAFETY: the caller's out-parameter.
@@ -195,20 +210,24 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
 fn record(event: Handle, stream: Handle) -> CuResult {
     let d = driver()?;
     let g = d.stream_gpu(stream as usize)?;
-    let timing = {
-        let o = d.objects();
+    let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
+    let (record, timing) = {
+        let mut o = d.objects();
         let e = o
             .events
-            .get(&(event as usize))
+            .get_mut(&(event as usize))
             .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        e.flags & cu::EVENT_DISABLE_TIMING == 0
+        e.records += 1;
+        e.device = device;
+        (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)
     };
-    // The device clock after everything before it on the device.
-    let stamp = if timing { check(g.dev.timestamp())? } else { 0 };
-    if let Some(e) = d.objects().events.get_mut(&(event as usize)) {
-        e.stamp = Some(stamp);
+    let mut batch = Batch::new();
+    if timing {
+        batch.timestamp();
+    } else {
+        batch.nop();
     }
-    Ok(())
+    g.submit(batch, Some((event as usize, record)))
 }
 
 #[no_mangle]
@@ -221,22 +240,42 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, _flags: 
     entry(|| record(event, stream))
 }
 
-fn event_stamp(d: &Driver, event: Handle) -> CuResult<Option<u64>> {
+/// The event's last record and device (record 0: never recorded).
+fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, u32)> {
     let o = d.objects();
-    Ok(o.events
+    let e = o
+        .events
         .get(&(event as usize))
-        .ok_or(cu::ERROR_INVALID_HANDLE)?
-        .stamp)
+        .ok_or(cu::ERROR_INVALID_HANDLE)?;
+    Ok((e.records, e.device, e.flags))
+}
+
+/// Whether the event's last record has completed, waiting with `wait`.
+fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
+    let d = driver()?;
+    let (record, device, _) = event_record(d, event)?;
+    if record == 0 {
+        return Ok(true);
+    }
+    Ok(d.gpu(device)?
+        .inflight()
+        .event_done(event as usize, record, wait))
 }
 
 #[no_mangle]
 pub extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
-    entry(|| event_stamp(driver()?, event).map(drop))
+    entry(|| event_done(event, true).map(drop))
 }
 
 #[no_mangle]
 pub extern "C" fn cuEventQuery(event: Handle) -> CUresult {
-    entry(|| event_stamp(driver()?, event).map(drop))
+    entry(|| {
+        if event_done(event, false)? {
+            Ok(())
+        } else {
+            Err(cu::ERROR_NOT_READY)
+        }
+    })
 }
 
 #[no_mangle]
@@ -247,18 +286,18 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let timed = |e: Handle| -> CuResult<u64> {
-            let o = d.objects();
-            let ev = o
-                .events
-                .get(&(e as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?;
-            if ev.flags & cu::EVENT_DISABLE_TIMING != 0 {
+        let stamp = |e: Handle| -> CuResult<u64> {
+            let (record, device, flags) = event_record(d, e)?;
+            if record == 0 || flags & cu::EVENT_DISABLE_TIMING != 0 {
                 return Err(cu::ERROR_INVALID_HANDLE);
             }
-            ev.stamp.ok_or(cu::ERROR_INVALID_HANDLE)
+            let mut f = d.gpu(device)?.inflight();
+            if !f.event_done(e as usize, record, false) {
+                return Err(cu::ERROR_NOT_READY);
+            }
+            f.stamp(e as usize, record).ok_or(cu::ERROR_INVALID_HANDLE)
         };
-        let (a, b) = (timed(start)?, timed(end)?);
+        let (a, b) = (stamp(start)?, stamp(end)?);
         let v = (b as f64 - a as f64) / 1e6;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(ms, v as f32) }
@@ -274,11 +313,13 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
     entry(|| {
-        driver()?
+        let d = driver()?;
+        let e = d
             .objects()
             .events
             .remove(&(event as usize))
-            .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        d.gpu(e.device)?.inflight().forget(event as usize);
+        Ok(())
     })
 }
