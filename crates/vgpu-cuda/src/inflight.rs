@@ -1,8 +1,15 @@
 //! Work a program queued on a device and has not waited for: kernel
 //! launches, memsets, device-to-device copies and event records return
-//! once submitted, as on a GPU. Every submission of a process goes to its
-//! open file's one device queue, which runs in order, so CUDA's stream
-//! order holds across all streams (more strictly than CUDA requires).
+//! once queued, as on a GPU.
+//!
+//! Queued commands gather in an open batch that goes to the device in one
+//! submission (one doorbell) when a call must wait for it, or when it
+//! holds [`FLUSH_AT`] commands: a guest system call costs far more than a
+//! command on the device, so a launch loop costs one call per batch, and
+//! an event pair around a kernel measures the device, not the guest.
+//! Every submission of a process goes to its open file's one device
+//! queue, which runs in order, so CUDA's stream order holds across all
+//! streams (more strictly than CUDA requires).
 //!
 //! A failure of queued work is reported by the next call that waits
 //! (`cuCtxSynchronize`, `cuStreamSynchronize`, a synchronous copy), as
@@ -17,18 +24,27 @@ use crate::cu::CUresult;
 use crate::ffi::CuResult;
 use crate::state::{check, cu_error, log};
 
+/// Commands gathered before the open batch is submitted.
+pub const FLUSH_AT: usize = 64;
+
 /// Batches in flight per device before a submission waits for the
 /// oldest: the guest driver allows 1024 uncollected per open file, and
 /// the bound keeps a runaway loop of launches from queueing without end.
-pub const MAX_INFLIGHT: usize = 512;
+pub const MAX_INFLIGHT: usize = 256;
 
 /// An event record: which event, and which of its records.
 pub type EventMark = (usize, u64);
 
-/// The device's queued work, oldest first.
+/// Event records of a batch: the index of each one's command.
+type Marks = Vec<(usize, EventMark)>;
+
+/// The device's queued work: the open batch, then what was submitted,
+/// oldest first.
 #[derive(Default)]
 pub struct Inflight {
-    queue: VecDeque<(Pending, Option<EventMark>)>,
+    open: Batch,
+    open_marks: Marks,
+    queue: VecDeque<(Pending, Marks)>,
     /// The first failure of queued work not yet reported.
     error: Option<CUresult>,
     /// Device clocks of completed event records: event → (record, ns).
@@ -36,18 +52,40 @@ pub struct Inflight {
 }
 
 impl Inflight {
-    /// Queues `batch`; `mark` names the event the batch records.
-    pub fn submit(&mut self, dev: &Device, batch: Batch, mark: Option<EventMark>) -> CuResult {
+    /// Queues `batch`; `mark` names the event its first command records.
+    /// A batch that cannot be built is refused here, alone.
+    pub fn enqueue(&mut self, dev: &Device, batch: Batch, mark: Option<EventMark>) -> CuResult {
+        if self.open.len() + batch.len() > FLUSH_AT {
+            self.flush(dev)?;
+        }
+        let at = self.open.len();
+        check(self.open.append(batch))?;
+        if let Some(m) = mark {
+            self.open_marks.push((at, m));
+        }
+        if self.open.len() >= FLUSH_AT {
+            self.flush(dev)?;
+        }
+        Ok(())
+    }
+
+    /// Submits the open batch.
+    pub fn flush(&mut self, dev: &Device) -> CuResult {
+        if self.open.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.open);
+        let marks = std::mem::take(&mut self.open_marks);
         let pending = check(dev.submit(batch))?;
-        self.queue.push_back((pending, mark));
+        self.queue.push_back((pending, marks));
         while self.queue.len() > MAX_INFLIGHT {
             self.collect_front(None);
         }
         Ok(())
     }
 
-    /// Collects the oldest batch, waiting up to `timeout` (`None`: until
-    /// it completes). False if it is still running.
+    /// Collects the oldest submitted batch, waiting up to `timeout`
+    /// (`None`: until it completes). False if it is still running.
     fn collect_front(&mut self, timeout: Option<Duration>) -> bool {
         let Some((pending, _)) = self.queue.front_mut() else {
             return false;
@@ -59,12 +97,17 @@ impl Inflight {
                 r => break r,
             }
         };
-        let (_, mark) = self.queue.pop_front().expect("front exists");
-        match done.and_then(|d| d.check().map(|()| d)) {
+        let (_, marks) = self.queue.pop_front().expect("front exists");
+        match done {
             Ok(d) => {
-                if let Some((event, record)) = mark {
-                    let ns = d.result(0).map_or(0, |r| r.result);
-                    self.stamps.insert(event, (record, ns));
+                for (at, (event, record)) in marks {
+                    if let Some(r) = d.result(at).filter(|r| r.check(at).is_ok()) {
+                        self.stamps.insert(event, (record, r.result));
+                    }
+                }
+                if let Err(e) = d.check() {
+                    log(&format!("queued work failed: {e}"));
+                    self.error.get_or_insert(cu_error(&e));
                 }
             }
             Err(e) => {
@@ -76,37 +119,48 @@ impl Inflight {
     }
 
     /// Waits for everything queued and reports the first failure.
-    pub fn sync(&mut self) -> CuResult {
+    pub fn sync(&mut self, dev: &Device) -> CuResult {
+        self.flush(dev)?;
         while !self.queue.is_empty() {
             self.collect_front(None);
         }
         self.error.take().map_or(Ok(()), Err)
     }
 
-    /// Collects what has completed without waiting; true if nothing is
-    /// left in flight.
-    pub fn poll(&mut self) -> bool {
+    /// Submits what is open and collects what has completed without
+    /// waiting; true if nothing is left in flight.
+    pub fn poll(&mut self, dev: &Device) -> CuResult<bool> {
+        self.flush(dev)?;
         while self.collect_front(Some(Duration::ZERO)) {}
-        self.queue.is_empty()
+        Ok(self.queue.is_empty())
     }
 
     /// Whether record `record` of `event` has completed, collecting what
     /// is done (and, with `wait`, waiting for it).
-    pub fn event_done(&mut self, event: usize, record: u64, wait: bool) -> bool {
+    pub fn event_done(
+        &mut self,
+        dev: &Device,
+        event: usize,
+        record: u64,
+        wait: bool,
+    ) -> CuResult<bool> {
+        if self.open_marks.iter().any(|(_, m)| m.0 == event) {
+            self.flush(dev)?;
+        }
         loop {
             if self.stamps.get(&event).is_some_and(|s| s.0 >= record) {
-                return true;
+                return Ok(true);
             }
-            let pending = self
+            let queued = self
                 .queue
                 .iter()
-                .any(|(_, m)| m.is_some_and(|m| m.0 == event));
-            if !pending {
-                // Dropped with a failed batch: complete, with no stamp.
-                return true;
+                .any(|(_, marks)| marks.iter().any(|(_, m)| m.0 == event));
+            if !queued {
+                // Its batch failed: complete, with no time.
+                return Ok(true);
             }
             if !self.collect_front(if wait { None } else { Some(Duration::ZERO) }) {
-                return false;
+                return Ok(false);
             }
         }
     }
@@ -119,14 +173,13 @@ impl Inflight {
             .map(|s| s.1)
     }
 
-    /// Forgets a destroyed event: its stamp, and the marks of its records
+    /// Forgets a destroyed event: its time, and the marks of its records
     /// still queued (so nothing is kept for it later).
     pub fn forget(&mut self, event: usize) {
         self.stamps.remove(&event);
-        for (_, mark) in &mut self.queue {
-            if mark.is_some_and(|m| m.0 == event) {
-                *mark = None;
-            }
+        self.open_marks.retain(|(_, m)| m.0 != event);
+        for (_, marks) in &mut self.queue {
+            marks.retain(|(_, m)| m.0 != event);
         }
     }
 }

@@ -96,12 +96,23 @@ impl Gpu {
 
     /// Queues `batch` without waiting for it.
     pub fn submit(&self, batch: Batch, mark: Option<EventMark>) -> CuResult {
-        self.inflight().submit(&self.dev, batch, mark)
+        self.inflight().enqueue(&self.dev, batch, mark)
     }
 
     /// Waits for the device's queued work; the first failure in it.
     pub fn sync(&self) -> CuResult {
-        self.inflight().sync()
+        self.inflight().sync(&self.dev)
+    }
+
+    /// Whether the device's queued work is done, without waiting.
+    pub fn idle(&self) -> CuResult<bool> {
+        self.inflight().poll(&self.dev)
+    }
+
+    /// Whether record `record` of `event` is done (with `wait`, after
+    /// waiting for it).
+    pub fn event_done(&self, event: usize, record: u64, wait: bool) -> CuResult<bool> {
+        self.inflight().event_done(&self.dev, event, record, wait)
     }
 }
 

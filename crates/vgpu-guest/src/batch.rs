@@ -325,6 +325,25 @@ impl Batch {
         self.push(cmd)
     }
 
+    /// Moves the commands of `other` (and the host memory they use) to
+    /// the end of this batch. A batch that failed to build is refused
+    /// whole with its error, as is one that would make this batch too
+    /// long; this batch is then unchanged.
+    pub fn append(&mut self, mut other: Batch) -> Result<()> {
+        if let Some(e) = other.error.take() {
+            return Err(e);
+        }
+        if self.cmds.len() + other.cmds.len() > sys::MAX_BATCH_CMDS as usize {
+            return Err(Error::Usage(format!(
+                "a batch holds at most {} commands",
+                sys::MAX_BATCH_CMDS
+            )));
+        }
+        self.cmds.append(&mut other.cmds);
+        self.host.append(&mut other.host);
+        Ok(())
+    }
+
     pub(crate) fn take_error(&mut self) -> Result<()> {
         match self.error.take() {
             Some(e) => Err(e),
@@ -532,5 +551,29 @@ mod tests {
         assert_eq!(l.params, b.host[0].as_ptr() as u64);
         assert_eq!(l.params_size, 24);
         assert_eq!(&b.host[0][..8], &0x100u64.to_le_bytes());
+    }
+
+    #[test]
+    fn test_append_moves_commands_and_their_memory_or_nothing() {
+        let mut a = Batch::new();
+        a.nop();
+        let mut b = Batch::new();
+        b.copy_to_device_addr(0x1000, &[1, 2, 3, 4]).timestamp();
+        let data = b.host[0].as_ptr() as u64;
+        a.append(b).unwrap();
+        assert_eq!(a.len(), 3);
+        // The copy still points at its data, now owned by `a`.
+        // SAFETY: built as a copy.
+        assert_eq!(unsafe { a.cmds[1].args.copy }.src, data);
+        assert_eq!(a.host.len(), 1);
+        let mut bad = Batch::new();
+        bad.launch_builtin("no\0such", &0u64);
+        assert!(matches!(a.append(bad), Err(Error::Usage(_))));
+        let mut full = Batch::new();
+        for _ in 0..sys::MAX_BATCH_CMDS {
+            full.nop();
+        }
+        assert!(a.append(full).is_err());
+        assert_eq!(a.len(), 3);
     }
 }

@@ -432,6 +432,29 @@ unsafe fn param_block(
     Ok(block)
 }
 
+/// CUDA's launch limits, checked before the launch is queued: the device
+/// would refuse it too, but together with the work queued beside it.
+fn check_shape(d: &Dims, params: usize) -> CuResult {
+    let [bx, by, bz] = d.block.map(u64::from);
+    let ok = !d.grid.contains(&0)
+        && !d.block.contains(&0)
+        && bx * by * bz <= 1024
+        && bz <= 64
+        && d.grid[1] <= 65535
+        && d.grid[2] <= 65535
+        && d.grid[0] <= i32::MAX as u32
+        && d.shared_mem <= 48 << 10
+        && params <= sys::MAX_PARAMS_BYTES as usize;
+    if ok {
+        Ok(())
+    } else {
+        log(&format!(
+            "launch shape {d:?} with {params} parameter bytes is outside CUDA's limits"
+        ));
+        Err(cu::ERROR_INVALID_VALUE)
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: Handle,
@@ -457,6 +480,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             block: [bx, by, bz],
             shared_mem: shared,
         };
+        check_shape(&dims, block.len())?;
         d.launch(f as usize, dims, &block)
     })
 }

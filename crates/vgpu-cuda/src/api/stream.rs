@@ -66,7 +66,7 @@ pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     entry(|| {
-        if driver()?.stream_gpu(stream as usize)?.inflight().poll() {
+        if driver()?.stream_gpu(stream as usize)?.idle()? {
             Ok(())
         } else {
             Err(cu::ERROR_NOT_READY)
@@ -257,9 +257,7 @@ fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
     if record == 0 {
         return Ok(true);
     }
-    Ok(d.gpu(device)?
-        .inflight()
-        .event_done(event as usize, record, wait))
+    d.gpu(device)?.event_done(event as usize, record, wait)
 }
 
 #[no_mangle]
@@ -291,11 +289,13 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
             if record == 0 || flags & cu::EVENT_DISABLE_TIMING != 0 {
                 return Err(cu::ERROR_INVALID_HANDLE);
             }
-            let mut f = d.gpu(device)?.inflight();
-            if !f.event_done(e as usize, record, false) {
+            let g = d.gpu(device)?;
+            if !g.event_done(e as usize, record, false)? {
                 return Err(cu::ERROR_NOT_READY);
             }
-            f.stamp(e as usize, record).ok_or(cu::ERROR_INVALID_HANDLE)
+            g.inflight()
+                .stamp(e as usize, record)
+                .ok_or(cu::ERROR_INVALID_HANDLE)
         };
         let (a, b) = (stamp(start)?, stamp(end)?);
         let v = (b as f64 - a as f64) / 1e6;
