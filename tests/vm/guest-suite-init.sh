@@ -357,6 +357,7 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     for prog in vector_add matmul_tiled reduce streams; do
         cuda_run "" $cuda_tests/$prog
     done
+    cuda_run shared- $cuda_tests/vector_add_shared
     cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
     # A fault ends its own process's work only: the next program runs.
     cuda_run "" $cuda_tests/illegal_address

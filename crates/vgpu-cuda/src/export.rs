@@ -35,28 +35,19 @@ const NULL: *const c_void = std::ptr::null();
 /// and the value when the context is reset.
 pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
 
-const fn uuid(s: [u8; 16]) -> CUuuid {
-    CUuuid { bytes: s }
+/// A table id, written as the runtime's UUID reads byte by byte.
+const fn uuid(id: u128) -> CUuuid {
+    CUuuid {
+        bytes: id.to_be_bytes(),
+    }
 }
 
-const CUDART_INTERFACE_ID: CUuuid = uuid([
-    0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9,
-]);
-const TOOLS_TLS_ID: CUuuid = uuid([
-    0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc,
-]);
-const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: CUuuid = uuid([
-    0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66,
-]);
-const CONTEXT_LOCAL_STORAGE_ID: CUuuid = uuid([
-    0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93,
-]);
-const INTEGRITY_CHECK_ID: CUuuid = uuid([
-    0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2,
-]);
-const CONTEXT_CHECKS_ID: CUuuid = uuid([
-    0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e,
-]);
+const CUDART_INTERFACE_ID: CUuuid = uuid(0x6bd5fb6c5bf4e74a8987d93912fd9df9);
+const TOOLS_TLS_ID: CUuuid = uuid(0x42d85a8123f6cb478298f6e78a3aecdc);
+const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: CUuuid = uuid(0xa094798c2e742e7493f20800200c0a66);
+const CONTEXT_LOCAL_STORAGE_ID: CUuuid = uuid(0xc693336e1121df11a8c368f355d89593);
+const INTEGRITY_CHECK_ID: CUuuid = uuid(0xd4082055bde6704b8d34ba123c66e1f2);
+const CONTEXT_CHECKS_ID: CUuuid = uuid(0x263e88607cd2614392f6bbd5006dfa7e);
 
 static CUDART_INTERFACE: Table<13> = Table([
     size_of_table(13),
@@ -369,7 +360,7 @@ mod tests {
             assert_eq!(unsafe { *t }, len * 8);
         }
         assert!(table(&CONTEXT_LOCAL_STORAGE_ID).is_some());
-        assert!(table(&uuid([0; 16])).is_none());
+        assert!(table(&uuid(0)).is_none());
     }
 
     #[test]

@@ -220,6 +220,13 @@ impl Objects {
         0x10_0000 + self.next
     }
 
+    /// Files `value` under a fresh handle in the table `table` picks.
+    pub fn add<T>(&mut self, table: fn(&mut Objects) -> &mut HashMap<usize, T>, value: T) -> usize {
+        let h = self.handle();
+        table(self).insert(h, value);
+        h
+    }
+
     /// The allocation containing `[addr, addr + len)`.
     pub fn alloc_at(&self, addr: u64, len: u64) -> Option<(u64, &Alloc)> {
         let (&start, a) = self.allocs.range(..=addr).next_back()?;
@@ -385,17 +392,12 @@ impl Driver {
             }
         }
         let module = check(gpu.dev.module_load_format(format, image))?;
-        let mut o = self.objects();
-        let h = o.handle();
-        o.modules.insert(
-            h,
-            ModuleObj {
-                device: dev,
-                module: Arc::new(module),
-                kernels,
-            },
-        );
-        Ok(h)
+        let m = ModuleObj {
+            device: dev,
+            module: Arc::new(module),
+            kernels,
+        };
+        Ok(self.objects().add(|o| &mut o.modules, m))
     }
 
     /// The function `name` of module `module`.

@@ -106,12 +106,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        let h = {
-            let mut o = d.objects();
-            let h = o.handle();
-            o.ctxs.insert(h, Ctx::new(dev, flags));
-            h
-        };
+        let h = d.objects().add(|o| &mut o.ctxs, Ctx::new(dev, flags));
         d.push_current(h);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pctx, h as Handle) }

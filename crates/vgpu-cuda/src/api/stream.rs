@@ -11,19 +11,12 @@ use crate::state::{driver, Driver, Event, Stream};
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
     let (ctx, _) = d.current_ctx()?;
-    let h = {
-        let mut o = d.objects();
-        let h = o.handle();
-        o.streams.insert(
-            h,
-            Stream {
-                ctx,
-                flags,
-                priority: priority.clamp(-5, 0),
-            },
-        );
-        h
+    let stream = Stream {
+        ctx,
+        flags,
+        priority: priority.clamp(-5, 0),
     };
+    let h = d.objects().add(|o| &mut o.streams, stream);
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(pstream, h as Handle) }
 }
@@ -189,19 +182,12 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
     entry(|| {
         let d = driver()?;
         d.current_ctx()?;
-        let h = {
-            let mut o = d.objects();
-            let h = o.handle();
-            o.events.insert(
-                h,
-                Event {
-                    flags,
-                    records: 0,
-                    device: 0,
-                },
-            );
-            h
+        let event = Event {
+            flags,
+            records: 0,
+            device: 0,
         };
+        let h = d.objects().add(|o| &mut o.events, event);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pevent, h as Handle) }
     })
