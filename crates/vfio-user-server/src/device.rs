@@ -89,6 +89,30 @@ pub struct IrqInfo {
     pub automasked: bool,
 }
 
+impl IrqInfo {
+    /// Interrupt type `index` of the usual PCI function: a maskable INTx
+    /// line that masks itself when it fires, `msix` MSI-X vectors, no MSI,
+    /// and the error and request notifications.
+    pub fn pci_function(index: u32, msix: u32) -> Self {
+        match index {
+            IRQ_INTX => IrqInfo {
+                count: 1,
+                maskable: true,
+                automasked: true,
+            },
+            IRQ_MSIX => IrqInfo {
+                count: msix,
+                ..Default::default()
+            },
+            IRQ_ERR | IRQ_REQ => IrqInfo {
+                count: 1,
+                ..Default::default()
+            },
+            _ => IrqInfo::default(),
+        }
+    }
+}
+
 /// A part of a region the device wants signalled through an ioeventfd
 /// rather than a REGION_WRITE message (a doorbell).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

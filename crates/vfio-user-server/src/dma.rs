@@ -279,18 +279,18 @@ impl DmaSpace {
     fn read_table(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Mapping>> {
         // A panic while holding the lock cannot leave the map inconsistent
         // (every update is a single insert/remove), so poisoning is ignored.
-        self.table.read().unwrap_or_else(|e| e.into_inner())
+        vgpu_sys::sync::read(&self.table)
     }
 
     fn write_table(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Mapping>> {
-        self.table.write().unwrap_or_else(|e| e.into_inner())
+        vgpu_sys::sync::write(&self.table)
     }
 
     /// The shared handle of `file`, reusing an open one for the same file.
     fn shared_file(&self, file: File, meta: &std::fs::Metadata) -> Arc<File> {
         use std::os::unix::fs::MetadataExt;
         let key = (meta.dev(), meta.ino());
-        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut files = vgpu_sys::lock(&self.files);
         files.retain(|(_, w)| w.strong_count() > 0);
         if let Some(existing) = files
             .iter()
@@ -307,7 +307,7 @@ impl DmaSpace {
 
     /// Sets the most mappings the table holds (the negotiated `max_dma_maps`).
     pub fn set_max_maps(&self, max: usize) {
-        *self.max_maps.write().unwrap_or_else(|e| e.into_inner()) = max;
+        *vgpu_sys::sync::write(&self.max_maps) = max;
     }
 
     fn check_new(
@@ -352,7 +352,7 @@ impl DmaSpace {
         fd: Option<File>,
         client: Arc<dyn ClientDma>,
     ) -> Result<Option<Mapped>, MapError> {
-        let max_maps = *self.max_maps.read().unwrap_or_else(|e| e.into_inner());
+        let max_maps = *vgpu_sys::sync::read(&self.max_maps);
         // Validate before the (possibly slow) mmap, then again under the write lock.
         Self::check_new(&self.read_table(), max_maps, req)?;
         let backing = match fd {
@@ -802,6 +802,23 @@ mod tests {
         f
     }
 
+    /// A read-write page at `iova`, backed by a fresh file.
+    fn map_page(dma: &DmaSpace, iova: u64) -> Mapped {
+        let m = dma.map(&req(iova, 0x1000), Some(file_of(0x1000)), nobody());
+        m.unwrap().unwrap()
+    }
+
+    /// Pages 0x1000 and 0x2000 read-write and 0x3000 read-only, backed by
+    /// files, and 0x4000 the client's: the first two's descriptions.
+    fn mixed_pages(dma: &DmaSpace) -> (Mapped, Mapped) {
+        let (a, b) = (map_page(dma, 0x1000), map_page(dma, 0x2000));
+        let mut ro = req(0x3000, 0x1000);
+        ro.writable = false;
+        dma.map(&ro, Some(file_of(0x1000)), nobody()).unwrap();
+        dma.map(&req(0x4000, 0x1000), None, nobody()).unwrap();
+        (a, b)
+    }
+
     #[test]
     fn test_map_rejects_bad_ranges() {
         let dma = DmaSpace::new();
@@ -945,8 +962,7 @@ mod tests {
             base: 0x1000,
             mem: Mutex::new(vec![7u8; 0x1000]),
         });
-        dma.map(&req(0, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap();
+        map_page(&dma, 0);
         dma.map(&req(0x1000, 0x1000), None, client.clone()).unwrap();
         let data: Vec<u8> = (0..0x400u32).map(|i| i as u8).collect();
         dma.write(0xe00, &data).unwrap();
@@ -960,14 +976,7 @@ mod tests {
     fn test_view_enforces_bounds_and_permissions() {
         use vm_memory::Bytes;
         let dma = DmaSpace::new();
-        dma.map(&req(0x1000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap();
-        dma.map(&req(0x2000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap();
-        let mut ro = req(0x3000, 0x1000);
-        ro.writable = false;
-        dma.map(&ro, Some(file_of(0x1000)), nobody()).unwrap();
-        dma.map(&req(0x4000, 0x1000), None, nobody()).unwrap();
+        mixed_pages(&dma);
         let view = dma.view();
         // Spanning two adjacent mappings works.
         view.write_obj(0x1234_5678_u64, GuestAddress(0x1ffc))
@@ -1083,20 +1092,13 @@ mod tests {
             .map(&req(0x20000, 0x1000), None, nobody())
             .unwrap()
             .is_none());
-        let m2 = dma
-            .map(&req(0x30000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap()
-            .unwrap();
-        assert_ne!(m.id, m2.id);
+        assert_ne!(m.id, map_page(&dma, 0x30000).id);
     }
 
     #[test]
     fn test_removed_memory_stays_mapped_until_dropped() {
         let dma = DmaSpace::new();
-        let m = dma
-            .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap()
-            .unwrap();
+        let m = map_page(&dma, 0x10000);
         assert!(maps_file(m.host_addr, ino(&m)));
         let removed = dma.unmap(0x10000, 0x1000).unwrap();
         assert_eq!(removed.ranges()[0].id, m.id);
@@ -1106,10 +1108,7 @@ mod tests {
         drop(removed);
         assert!(!maps_file(m.host_addr, ino(&m)));
 
-        let m = dma
-            .map(&req(0x10000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap()
-            .unwrap();
+        let m = map_page(&dma, 0x10000);
         let all = dma.unmap_all();
         assert!(maps_file(m.host_addr, ino(&m)));
         drop(all);
@@ -1119,18 +1118,7 @@ mod tests {
     #[test]
     fn test_host_slices_checked_like_accesses() {
         let dma = DmaSpace::new();
-        let a = dma
-            .map(&req(0x1000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap()
-            .unwrap();
-        let b = dma
-            .map(&req(0x2000, 0x1000), Some(file_of(0x1000)), nobody())
-            .unwrap()
-            .unwrap();
-        let mut ro = req(0x3000, 0x1000);
-        ro.writable = false;
-        dma.map(&ro, Some(file_of(0x1000)), nobody()).unwrap();
-        dma.map(&req(0x4000, 0x1000), None, nobody()).unwrap();
+        let (a, b) = mixed_pages(&dma);
 
         // One range across two mappings, and a second range: three slices.
         let got = dma

@@ -5,6 +5,7 @@
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use vgpu_sys::lock;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::device::{IrqInfo, NUM_IRQ_TYPES};
@@ -98,21 +99,27 @@ impl Interrupts {
 
     fn lock(&self) -> MutexGuard<'_, Vec<IrqType>> {
         // Every update leaves the table consistent; ignore poisoning.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
+    }
+
+    /// `f` of vector `vector` of type `index` and the type's automask bit;
+    /// `None` where there is no such vector.
+    fn with_vector<R>(
+        &self,
+        index: u32,
+        vector: u32,
+        f: impl FnOnce(&mut Vector, bool) -> R,
+    ) -> Option<R> {
+        let mut types = self.lock();
+        let t = types.get_mut(index as usize)?;
+        let automask = t.info.automasked;
+        t.vectors.get_mut(vector as usize).map(|v| f(v, automask))
     }
 
     /// Signals vector `vector` of type `index`. Returns whether an eventfd
     /// was signalled; a masked vector is left pending instead.
     pub fn trigger(&self, index: u32, vector: u32) -> bool {
-        let mut types = self.lock();
-        let Some(t) = types.get_mut(index as usize) else {
-            return false;
-        };
-        let automask = t.info.automasked;
-        let Some(v) = t.vectors.get_mut(vector as usize) else {
-            return false;
-        };
-        fire(v, automask)
+        self.with_vector(index, vector, fire).unwrap_or(false)
     }
 
     /// Whether vector `vector` of type `index` has an eventfd.
@@ -140,17 +147,7 @@ impl Interrupts {
     /// Unmasks vector `vector` of type `index` (its unmask eventfd fired),
     /// delivering what was left pending while it was masked.
     pub fn unmask(&self, index: u32, vector: u32) {
-        let mut types = self.lock();
-        let Some(t) = types.get_mut(index as usize) else {
-            return;
-        };
-        let automask = t.info.automasked;
-        if let Some(v) = t.vectors.get_mut(vector as usize) {
-            v.masked = false;
-            if std::mem::take(&mut v.pending) {
-                fire(v, automask);
-            }
-        }
+        self.with_vector(index, vector, unmask);
     }
 
     /// Drops every eventfd and clears masks (the client went away).
@@ -207,40 +204,28 @@ impl Interrupts {
         let range = start as usize..end as usize;
 
         if data_kind == SET_DATA_EVENTFD {
-            let vectors = &mut t.vectors[range];
-            return match action {
-                SET_ACTION_TRIGGER if fds.is_empty() => {
-                    vectors.iter_mut().for_each(|v| v.trigger = None);
-                    Ok(())
-                }
-                SET_ACTION_TRIGGER if fds.len() == count as usize => {
-                    for (v, f) in vectors.iter_mut().zip(fds) {
-                        // SAFETY: `f` is an owned fd received from the peer;
-                        // EventFd takes ownership of it. If it is not really
-                        // an eventfd, writes to it fail and are ignored.
-                        v.trigger = Some(unsafe { owned_eventfd(f) });
-                    }
-                    Ok(())
-                }
-                SET_ACTION_TRIGGER => Err(IrqError::Data),
+            let slot: fn(&mut Vector) -> &mut Option<EventFd> = match action {
+                SET_ACTION_TRIGGER => |v| &mut v.trigger,
                 // An eventfd whose signal unmasks the vector (resampling).
-                SET_ACTION_UNMASK if !t.info.maskable => Err(IrqError::Unsupported),
-                SET_ACTION_UNMASK if fds.is_empty() => {
-                    vectors.iter_mut().for_each(|v| v.unmask = None);
-                    Ok(())
-                }
-                SET_ACTION_UNMASK if fds.len() == count as usize => {
-                    for (v, f) in vectors.iter_mut().zip(fds) {
-                        // SAFETY: as for TRIGGER above: an owned fd from
-                        // the peer; reads of a non-eventfd fail and are
-                        // ignored.
-                        v.unmask = Some(unsafe { owned_eventfd(f) });
-                    }
-                    Ok(())
-                }
-                SET_ACTION_UNMASK => Err(IrqError::Data),
-                _ => Err(IrqError::Unsupported),
+                SET_ACTION_UNMASK if t.info.maskable => |v| &mut v.unmask,
+                _ => return Err(IrqError::Unsupported),
             };
+            let vectors = &mut t.vectors[range];
+            if fds.is_empty() {
+                vectors.iter_mut().for_each(|v| *slot(v) = None);
+                return Ok(());
+            }
+            if fds.len() != count as usize {
+                return Err(IrqError::Data);
+            }
+            for (v, f) in vectors.iter_mut().zip(fds) {
+                // SAFETY: `f` is an owned fd received from the peer;
+                // EventFd takes ownership of it. If it is not really an
+                // eventfd, writes (TRIGGER) or reads (UNMASK) of it fail
+                // and are ignored.
+                *slot(v) = Some(unsafe { owned_eventfd(f) });
+            }
+            return Ok(());
         }
         if !fds.is_empty() {
             return Err(IrqError::Data);
@@ -262,12 +247,7 @@ impl Interrupts {
             }
             match action {
                 SET_ACTION_MASK => v.masked = true,
-                SET_ACTION_UNMASK => {
-                    v.masked = false;
-                    if std::mem::take(&mut v.pending) {
-                        fire(v, automask);
-                    }
-                }
+                SET_ACTION_UNMASK => unmask(v, automask),
                 _ => {
                     // The client raises the interrupt itself (loopback).
                     fire(v, automask);
@@ -275,6 +255,14 @@ impl Interrupts {
             }
         }
         Ok(())
+    }
+}
+
+/// Clears the mask, delivering what was left pending while it was set.
+fn unmask(v: &mut Vector, automask: bool) {
+    v.masked = false;
+    if std::mem::take(&mut v.pending) {
+        fire(v, automask);
     }
 }
 
@@ -322,6 +310,9 @@ mod tests {
         Interrupts::new(infos)
     }
 
+    const EVENTFD_TRIGGER: u32 = SET_DATA_EVENTFD | SET_ACTION_TRIGGER;
+    const TRIGGER: u32 = SET_DATA_NONE | SET_ACTION_TRIGGER;
+
     fn eventfd_pair() -> (EventFd, File) {
         let efd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
         let dup = efd.try_clone().unwrap();
@@ -330,32 +321,24 @@ mod tests {
         (efd, file)
     }
 
+    /// A fresh eventfd as the trigger of vector `vector` of type `index`.
+    fn trigger_eventfd(irqs: &Interrupts, index: u32, vector: u32) -> EventFd {
+        let (efd, file) = eventfd_pair();
+        irqs.set(index, EVENTFD_TRIGGER, vector, 1, &[], vec![file])
+            .unwrap();
+        efd
+    }
+
     #[test]
     fn test_msix_eventfd_trigger_and_deassign() {
         let irqs = irqs();
-        let (efd, file) = eventfd_pair();
-        irqs.set(
-            IRQ_MSIX,
-            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-            2,
-            1,
-            &[],
-            vec![file],
-        )
-        .unwrap();
+        let efd = trigger_eventfd(&irqs, IRQ_MSIX, 2);
         assert!(irqs.trigger(IRQ_MSIX, 2));
         assert_eq!(efd.read().unwrap(), 1);
         assert!(!irqs.trigger(IRQ_MSIX, 1));
         assert!(!irqs.trigger(IRQ_MSIX, 99));
-        irqs.set(
-            IRQ_MSIX,
-            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-            2,
-            1,
-            &[],
-            vec![],
-        )
-        .unwrap();
+        irqs.set(IRQ_MSIX, EVENTFD_TRIGGER, 2, 1, &[], vec![])
+            .unwrap();
         assert!(!irqs.trigger(IRQ_MSIX, 2));
     }
 
@@ -376,48 +359,27 @@ mod tests {
             ))
         );
         assert_eq!(
-            irqs.set(
-                IRQ_MSIX,
-                SET_DATA_NONE | SET_ACTION_TRIGGER,
-                3,
-                2,
-                &[],
-                vec![]
-            ),
+            irqs.set(IRQ_MSIX, TRIGGER, 3, 2, &[], vec![]),
             Err(IrqError::Range { start: 3, count: 2 })
         );
         assert_eq!(
-            irqs.set(
-                IRQ_MSIX,
-                SET_DATA_NONE | SET_ACTION_TRIGGER,
-                u32::MAX,
-                2,
-                &[],
-                vec![]
-            ),
+            irqs.set(IRQ_MSIX, TRIGGER, u32::MAX, 2, &[], vec![]),
             Err(IrqError::Range {
                 start: u32::MAX,
                 count: 2
             })
         );
         assert_eq!(
-            irqs.set(1, SET_DATA_NONE | SET_ACTION_TRIGGER, 0, 1, &[], vec![]),
+            irqs.set(1, TRIGGER, 0, 1, &[], vec![]),
             Err(IrqError::Index(1))
         );
         assert_eq!(
-            irqs.set(9, SET_DATA_NONE | SET_ACTION_TRIGGER, 0, 1, &[], vec![]),
+            irqs.set(9, TRIGGER, 0, 1, &[], vec![]),
             Err(IrqError::Index(9))
         );
         let (_e, f) = eventfd_pair();
         assert_eq!(
-            irqs.set(
-                IRQ_MSIX,
-                SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-                0,
-                2,
-                &[],
-                vec![f]
-            ),
+            irqs.set(IRQ_MSIX, EVENTFD_TRIGGER, 0, 2, &[], vec![f]),
             Err(IrqError::Data)
         );
         assert_eq!(
@@ -435,35 +397,6 @@ mod tests {
             irqs.set(IRQ_MSIX, SET_DATA_NONE | SET_ACTION_MASK, 0, 1, &[], vec![]),
             Err(IrqError::Unsupported)
         );
-    }
-
-    #[test]
-    fn test_intx_automask_pending_unmask() {
-        let irqs = irqs();
-        let (efd, file) = eventfd_pair();
-        irqs.set(
-            IRQ_INTX,
-            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-            0,
-            1,
-            &[],
-            vec![file],
-        )
-        .unwrap();
-        assert!(irqs.trigger(IRQ_INTX, 0));
-        // Automasked now: the next one stays pending.
-        assert!(!irqs.trigger(IRQ_INTX, 0));
-        assert_eq!(efd.read().unwrap(), 1);
-        irqs.set(
-            IRQ_INTX,
-            SET_DATA_NONE | SET_ACTION_UNMASK,
-            0,
-            1,
-            &[],
-            vec![],
-        )
-        .unwrap();
-        assert_eq!(efd.read().unwrap(), 1);
     }
 
     #[test]
@@ -496,41 +429,34 @@ mod tests {
     }
 
     #[test]
-    fn test_unmask_delivers_what_was_pending() {
-        let irqs = irqs();
-        let (efd, file) = eventfd_pair();
-        irqs.set(
-            IRQ_INTX,
-            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-            0,
-            1,
-            &[],
-            vec![file],
-        )
-        .unwrap();
-        assert!(irqs.trigger(IRQ_INTX, 0));
-        assert!(!irqs.trigger(IRQ_INTX, 0));
-        assert_eq!(efd.read().unwrap(), 1);
-        irqs.unmask(IRQ_INTX, 0);
-        assert_eq!(efd.read().unwrap(), 1);
-        // Out-of-range vectors and types are ignored.
-        irqs.unmask(IRQ_INTX, 7);
-        irqs.unmask(99, 0);
+    fn test_intx_automask_pending_unmask() {
+        // SET_IRQS UNMASK and the unmask eventfd (`unmask`) alike deliver
+        // what was left pending.
+        let by_set_irqs = |irqs: &Interrupts| {
+            let flags = SET_DATA_NONE | SET_ACTION_UNMASK;
+            irqs.set(IRQ_INTX, flags, 0, 1, &[], vec![]).unwrap()
+        };
+        let by_eventfd = |irqs: &Interrupts| irqs.unmask(IRQ_INTX, 0);
+        let unmasks: [&dyn Fn(&Interrupts); 2] = [&by_set_irqs, &by_eventfd];
+        for unmask in unmasks {
+            let irqs = irqs();
+            let efd = trigger_eventfd(&irqs, IRQ_INTX, 0);
+            assert!(irqs.trigger(IRQ_INTX, 0));
+            // Automasked now: the next one stays pending.
+            assert!(!irqs.trigger(IRQ_INTX, 0));
+            assert_eq!(efd.read().unwrap(), 1);
+            unmask(&irqs);
+            assert_eq!(efd.read().unwrap(), 1);
+            // Out-of-range vectors and types are ignored.
+            irqs.unmask(IRQ_INTX, 7);
+            irqs.unmask(99, 0);
+        }
     }
 
     #[test]
     fn test_disable_all_and_bool_trigger() {
         let irqs = irqs();
-        let (efd, f1) = eventfd_pair();
-        irqs.set(
-            IRQ_MSIX,
-            SET_DATA_EVENTFD | SET_ACTION_TRIGGER,
-            1,
-            1,
-            &[],
-            vec![f1],
-        )
-        .unwrap();
+        let efd = trigger_eventfd(&irqs, IRQ_MSIX, 1);
         irqs.set(
             IRQ_MSIX,
             SET_DATA_BOOL | SET_ACTION_TRIGGER,
@@ -541,15 +467,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(efd.read().unwrap(), 1);
-        irqs.set(
-            IRQ_MSIX,
-            SET_DATA_NONE | SET_ACTION_TRIGGER,
-            0,
-            0,
-            &[],
-            vec![],
-        )
-        .unwrap();
+        irqs.set(IRQ_MSIX, TRIGGER, 0, 0, &[], vec![]).unwrap();
         assert!(!irqs.is_enabled(IRQ_MSIX, 1));
     }
 }

@@ -47,10 +47,30 @@ pub const DMA_UNMAP_FLAG_GET_DIRTY_BITMAP: u32 = 1 << 0;
 /// DMA_UNMAP flag removing every mapping (Linux `VFIO_DMA_UNMAP_FLAG_ALL`).
 pub const DMA_UNMAP_FLAG_ALL: u32 = 1 << 1;
 
-/// Commands of protocol version 0.x.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum Command {
+/// Declares [`Command`] and its decoder from one list of numbers.
+macro_rules! commands {
+    ($($(#[$doc:meta])* $name:ident = $num:literal,)*) => {
+        /// Commands of protocol version 0.x.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u16)]
+        pub enum Command {
+            $($(#[$doc])* $name = $num,)*
+        }
+
+        impl Command {
+            /// Decodes a command number; `None` for numbers the protocol
+            /// does not define.
+            pub fn from_u16(value: u16) -> Option<Self> {
+                match value {
+                    $($num => Some(Self::$name),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+commands! {
     /// Version and capability negotiation.
     Version = 1,
     /// Add a DMA region.
@@ -85,32 +105,6 @@ pub enum Command {
     MigDataRead = 17,
     /// Migration data; not offered.
     MigDataWrite = 18,
-}
-
-impl Command {
-    /// Decodes a command number; `None` for numbers the protocol does not define.
-    pub fn from_u16(value: u16) -> Option<Self> {
-        Some(match value {
-            1 => Self::Version,
-            2 => Self::DmaMap,
-            3 => Self::DmaUnmap,
-            4 => Self::DeviceGetInfo,
-            5 => Self::DeviceGetRegionInfo,
-            6 => Self::DeviceGetRegionIoFds,
-            7 => Self::DeviceGetIrqInfo,
-            8 => Self::DeviceSetIrqs,
-            9 => Self::RegionRead,
-            10 => Self::RegionWrite,
-            11 => Self::DmaRead,
-            12 => Self::DmaWrite,
-            13 => Self::DeviceReset,
-            15 => Self::RegionWriteMulti,
-            16 => Self::DeviceFeature,
-            17 => Self::MigDataRead,
-            18 => Self::MigDataWrite,
-            _ => return None,
-        })
-    }
 }
 
 /// The 16-byte message header.

@@ -28,11 +28,11 @@ use std::sync::Arc;
 
 use log::info;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{FileOffset, MmapRegion, VolatileMemory};
+use vm_memory::{FileOffset, MmapRegion, VolatileMemory, VolatileSlice};
 
 use crate::device::{
     DeviceContext, DeviceError, IoEventSpec, IrqInfo, MmapArea, PciDevice, RegionInfo, RegionMmap,
-    BAR0_REGION, CONFIG_REGION, IRQ_ERR, IRQ_INTX, IRQ_MSIX, IRQ_REQ,
+    BAR0_REGION, CONFIG_REGION, IRQ_INTX, IRQ_MSIX,
 };
 use crate::pci::{BarKind, ConfigSpace, PciIds, CONFIG_SPACE_SIZE, MSIX_ENABLE};
 
@@ -147,6 +147,13 @@ impl SampleDevice {
             .fold(0u32, |a, b| a.wrapping_add(b))
     }
 
+    /// `len` bytes of BAR2 at `offset`.
+    fn bar2(&self, offset: u64, len: usize) -> Result<VolatileSlice<'_>, DeviceError> {
+        self.mem
+            .get_slice(offset as usize, len)
+            .map_err(|_| DeviceError::InvalidAccess("outside BAR2"))
+    }
+
     fn raise(&self, vector: u32) {
         let Some(ctx) = &self.ctx else { return };
         let msix_on = self
@@ -252,84 +259,47 @@ impl PciDevice for SampleDevice {
     }
 
     fn irq_info(&self, index: u32) -> IrqInfo {
-        match index {
-            IRQ_INTX => IrqInfo {
-                count: 1,
-                maskable: true,
-                automasked: true,
-            },
-            IRQ_MSIX => IrqInfo {
-                count: u32::from(MSIX_VECTORS),
-                ..Default::default()
-            },
-            IRQ_ERR | IRQ_REQ => IrqInfo {
-                count: 1,
-                ..Default::default()
-            },
-            _ => IrqInfo::default(),
-        }
+        IrqInfo::pci_function(index, u32::from(MSIX_VECTORS))
     }
 
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), DeviceError> {
         match index {
+            // The client emulates the MSI-X table; nothing pending here.
+            BAR0_REGION if offset >= regs::MSIX_TABLE => data.fill(0),
             BAR0_REGION => {
-                if offset >= regs::MSIX_TABLE {
-                    // The client emulates the MSI-X table; nothing pending here.
-                    data.fill(0);
-                    return Ok(());
-                }
                 let value = self.bar0_read(offset & !3).to_le_bytes();
                 let shift = (offset & 3) as usize;
                 for (i, b) in data.iter_mut().enumerate() {
                     *b = value.get(shift + i).copied().unwrap_or(0);
                 }
-                Ok(())
             }
             2 => {
-                let s = self
-                    .mem
-                    .get_slice(offset as usize, data.len())
-                    .map_err(|_| DeviceError::InvalidAccess("outside BAR2"))?;
-                s.copy_to(data);
-                Ok(())
+                self.bar2(offset, data.len())?.copy_to(data);
             }
-            CONFIG_REGION => {
-                self.config.read(offset, data);
-                Ok(())
-            }
-            _ => Err(DeviceError::Unsupported),
+            CONFIG_REGION => self.config.read(offset, data),
+            _ => return Err(DeviceError::Unsupported),
         }
+        Ok(())
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), DeviceError> {
         match index {
-            BAR0_REGION => {
-                if offset >= regs::MSIX_TABLE {
-                    return Ok(());
-                }
-                if data.len() != 4 || !offset.is_multiple_of(4) {
+            BAR0_REGION if offset >= regs::MSIX_TABLE => {}
+            BAR0_REGION => match <[u8; 4]>::try_from(data) {
+                Ok(v) if offset.is_multiple_of(4) => self.bar0_write(offset, u32::from_le_bytes(v)),
+                _ => {
                     return Err(DeviceError::InvalidAccess(
                         "BAR0 registers take aligned 32-bit writes",
-                    ));
+                    ))
                 }
-                let value = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-                self.bar0_write(offset, value);
-                Ok(())
-            }
+            },
             2 => {
-                let s = self
-                    .mem
-                    .get_slice(offset as usize, data.len())
-                    .map_err(|_| DeviceError::InvalidAccess("outside BAR2"))?;
-                s.copy_from(data);
-                Ok(())
+                self.bar2(offset, data.len())?.copy_from(data);
             }
-            CONFIG_REGION => {
-                self.config.write(offset, data);
-                Ok(())
-            }
-            _ => Err(DeviceError::Unsupported),
+            CONFIG_REGION => self.config.write(offset, data),
+            _ => return Err(DeviceError::Unsupported),
         }
+        Ok(())
     }
 
     fn reset(&mut self) {

@@ -25,33 +25,10 @@ pub struct Account {
 /// Looks `name` up in the user database (before any filter: this may
 /// read files and talk to NSS services).
 pub fn lookup_user(name: &str) -> Result<Account, ConfineError> {
-    let err = |message: String| ConfineError::User {
-        name: name.to_string(),
-        message,
-    };
+    let err = account_error(name);
     let cname = CString::new(name).map_err(|_| err("contains a NUL byte".into()))?;
-    let mut buf = vec![0 as libc::c_char; 16 << 10];
-    // SAFETY: passwd is plain data that getpwnam_r fills in.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `buf` outlives the use
-    // of the strings in `pw`, which point into it.
-    let rc = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut pw,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    if rc != 0 {
-        return Err(err(io::Error::from_raw_os_error(rc).to_string()));
-    }
-    if found.is_null() {
-        return Err(err("no such user".into()));
-    }
-    let (uid, gid) = (pw.pw_uid, pw.pw_gid);
+    let ids = |pw: &libc::passwd| (pw.pw_uid, pw.pw_gid);
+    let (uid, gid) = lookup(&cname, "user", libc::getpwnam_r, ids).map_err(&err)?;
     let mut groups = vec![0 as libc::gid_t; 64];
     loop {
         let mut n = groups.len() as libc::c_int;
@@ -129,33 +106,58 @@ pub fn prepare_runtime_dir(dir: &Path, account: &Account) -> Result<(), ConfineE
 
 /// Looks a group up by name (before any filter, as [`lookup_user`]).
 pub fn lookup_group(name: &str) -> Result<u32, ConfineError> {
-    let err = |message: String| ConfineError::User {
+    let err = account_error(name);
+    let cname = CString::new(name).map_err(|_| err("contains a NUL byte".into()))?;
+    lookup(&cname, "group", libc::getgrnam_r, |gr| gr.gr_gid).map_err(err)
+}
+
+/// The error about account `name` that a message makes.
+fn account_error(name: &str) -> impl Fn(String) -> ConfineError + '_ {
+    move |message| ConfineError::User {
         name: name.to_string(),
         message,
-    };
-    let cname = CString::new(name).map_err(|_| err("contains a NUL byte".into()))?;
-    let mut buf = vec![0 as libc::c_char; 64 << 10];
-    // SAFETY: group is plain data that getgrnam_r fills in.
-    let mut gr: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; `buf` holds the strings
-    // `gr` points to and outlives the call.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            cname.as_ptr(),
-            &mut gr,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    if rc != 0 {
-        return Err(err(io::Error::from_raw_os_error(rc).to_string()));
     }
-    if found.is_null() {
-        return Err(err("no such group".into()));
+}
+
+/// The `getpwnam_r` / `getgrnam_r` shape of call.
+type LookupFn<T> = unsafe extern "C" fn(
+    *const libc::c_char,
+    *mut T,
+    *mut libc::c_char,
+    libc::size_t,
+    *mut *mut T,
+) -> libc::c_int;
+
+/// Looks `name` up with `call` (`getpwnam_r` for a `passwd`, `getgrnam_r`
+/// for a `group`: `T` must be one of these plain C structs), giving the
+/// call a larger buffer for the entry's strings while it asks for one;
+/// `read` takes what is wanted from the entry. `what` names the kind of
+/// entry in the error for a missing one.
+fn lookup<T, R>(
+    name: &CStr,
+    what: &str,
+    call: LookupFn<T>,
+    read: impl FnOnce(&T) -> R,
+) -> Result<R, String> {
+    // Group entries list their members: a large group needs room.
+    const MAX_BUF: usize = 16 << 20;
+    let mut len = 16 << 10;
+    loop {
+        let mut buf = vec![0 as libc::c_char; len];
+        // SAFETY: `T` is `passwd` or `group`, plain data for which all
+        // zeros is a valid value; the call fills it in.
+        let mut entry: T = unsafe { std::mem::zeroed() };
+        let mut found: *mut T = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; `buf` holds the
+        // strings `entry` points to and outlives every use of them.
+        let rc = unsafe { call(name.as_ptr(), &mut entry, buf.as_mut_ptr(), len, &mut found) };
+        match rc {
+            0 if found.is_null() => return Err(format!("no such {what}")),
+            0 => return Ok(read(&entry)),
+            libc::ERANGE if len < MAX_BUF => len *= 4,
+            rc => return Err(io::Error::from_raw_os_error(rc).to_string()),
+        }
     }
-    Ok(gr.gr_gid)
 }
 
 /// Whether the process may give files to group `gid` (it is one of its
@@ -238,5 +240,13 @@ mod tests {
         let e = lookup_user("no-such-user-vgpud").unwrap_err().to_string();
         assert!(e.contains("no such user"), "{e}");
         assert!(lookup_user("a\0b").is_err());
+    }
+
+    #[test]
+    fn test_lookup_group() {
+        assert_eq!(lookup_group("root").unwrap(), 0);
+        let e = lookup_group("no-such-group-vgpud").unwrap_err().to_string();
+        assert!(e.contains("no such group"), "{e}");
+        assert!(lookup_group("a\0b").is_err());
     }
 }

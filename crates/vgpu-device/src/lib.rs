@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use log::info;
 use vfio_user_server::device::{
-    IrqInfo, MmapArea, RegionInfo, RegionMmap, BAR0_REGION, CONFIG_REGION, IRQ_ERR, IRQ_INTX,
-    IRQ_MSIX, IRQ_REQ,
+    IrqInfo, MmapArea, RegionInfo, RegionMmap, BAR0_REGION, CONFIG_REGION, IRQ_INTX, IRQ_MSIX,
 };
 use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFIG_SPACE_SIZE};
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
@@ -980,22 +979,7 @@ impl PciDevice for VgpuDevice {
     }
 
     fn irq_info(&self, index: u32) -> IrqInfo {
-        match index {
-            IRQ_INTX => IrqInfo {
-                count: 1,
-                maskable: true,
-                automasked: true,
-            },
-            IRQ_MSIX => IrqInfo {
-                count: abi::MSIX_VECTORS,
-                ..Default::default()
-            },
-            IRQ_ERR | IRQ_REQ => IrqInfo {
-                count: 1,
-                ..Default::default()
-            },
-            _ => IrqInfo::default(),
-        }
+        IrqInfo::pci_function(index, abi::MSIX_VECTORS)
     }
 
     // A guest's own accesses never fail: a VMM may wait forever for a

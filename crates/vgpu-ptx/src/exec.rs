@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 use crate::ir::*;
-use crate::mem::{AtomicOp, Fault, GlobalMemory, VecMemory};
+use crate::mem::{AtomicOp, GlobalMemory, VecMemory};
 use crate::parse::{Module, EXTERN_SHARED};
 
 /// The shape of a launch.
@@ -146,6 +146,80 @@ fn copy_row(dst: &mut [u64; 32], src: &[u64; 32]) {
     let (d0, d1) = dst.split_at_mut(16);
     d0.copy_from_slice(&src[..16]);
     d1.copy_from_slice(&src[16..]);
+}
+
+/// The lanes set in `mask`, lowest first.
+#[inline(always)]
+fn lanes(mask: u32) -> impl Iterator<Item = usize> {
+    let mut m = mask;
+    std::iter::from_fn(move || {
+        (m != 0).then(|| {
+            let l = m.trailing_zeros() as usize;
+            m &= m - 1;
+            l
+        })
+    })
+}
+
+/// `d[l] = f(a[l])` for the 32 lanes.
+#[inline(always)]
+fn map1(d: &mut [u64; 32], a: &[u64; 32], f: impl Fn(u64) -> u64) {
+    for (o, &x) in d.iter_mut().zip(a) {
+        *o = f(x);
+    }
+}
+
+/// `d[l] = f(a[l], b[l])` for the 32 lanes.
+#[inline(always)]
+fn map2(d: &mut [u64; 32], a: &[u64; 32], b: &[u64; 32], f: impl Fn(u64, u64) -> u64) {
+    for (o, (&x, &y)) in d.iter_mut().zip(a.iter().zip(b)) {
+        *o = f(x, y);
+    }
+}
+
+/// `d[l] = f(a[l], b[l], c[l])` for the 32 lanes.
+#[inline(always)]
+fn map3(
+    d: &mut [u64; 32],
+    a: &[u64; 32],
+    b: &[u64; 32],
+    c: &[u64; 32],
+    f: impl Fn(u64, u64, u64) -> u64,
+) {
+    for (o, ((&x, &y), &z)) in d.iter_mut().zip(a.iter().zip(b).zip(c)) {
+        *o = f(x, y, z);
+    }
+}
+
+/// The lanes whose predicate (bit 0 of `row`) is set, or clear if `neg`.
+#[inline(always)]
+fn ballot(row: &[u64; 32], neg: bool) -> u32 {
+    let mut bits = 0u32;
+    for (l, v) in row.iter().enumerate() {
+        bits |= (((*v & 1) as u32) ^ neg as u32) << l;
+    }
+    bits
+}
+
+/// The error of an access to `addr` outside mapped memory.
+#[inline(always)]
+fn illegal(addr: u64, size: u32, line: u32) -> ExecError {
+    ExecError::IllegalAddress { addr, size, line }
+}
+
+/// Whether `addr` is in the window of the module's variables.
+#[inline(always)]
+fn in_statics(addr: u64) -> bool {
+    (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&addr)
+}
+
+/// The bytes `[a, a + n)` of slot `i` of `size` bytes (a lane's local or
+/// parameter memory), if they lie within it.
+#[inline(always)]
+fn slot(i: usize, size: usize, a: u64, n: usize) -> Option<std::ops::Range<usize>> {
+    let e = a.checked_add(n as u64)?;
+    let base = i * size;
+    (e <= size as u64).then_some(base + a as usize..base + e as usize)
 }
 
 #[inline(always)]
@@ -313,35 +387,23 @@ struct Warp {
 impl Warp {
     /// Gives every lane of the current group its PC explicitly.
     fn materialize(&mut self) {
-        let mut m = self.cur;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
+        for l in lanes(self.cur) {
             self.pcs[l] = self.cur_pc;
-            m &= m - 1;
         }
     }
 
     /// Picks the group at the lowest PC among the lanes that can run.
     fn resched(&mut self) {
         let run = self.live & !self.waiting & !self.parked;
-        let mut min = u32::MAX;
-        let mut m = run;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
-            min = min.min(self.pcs[l]);
-            m &= m - 1;
-        }
+        let min = lanes(run).map(|l| self.pcs[l]).min().unwrap_or(u32::MAX);
         let mut cur = 0;
         let mut other = u32::MAX;
-        let mut m = run;
-        while m != 0 {
-            let l = m.trailing_zeros() as usize;
+        for l in lanes(run) {
             if self.pcs[l] == min {
                 cur |= 1 << l;
             } else {
                 other = other.min(self.pcs[l]);
             }
-            m &= m - 1;
         }
         self.cur = cur;
         self.cur_pc = min;
@@ -359,11 +421,8 @@ impl Warp {
         if mask == FULL {
             copy_row(row, v);
         } else {
-            let mut m = mask;
-            while m != 0 {
-                let l = m.trailing_zeros() as usize;
+            for l in lanes(mask) {
                 row[l] = v[l];
-                m &= m - 1;
             }
         }
     }
@@ -681,12 +740,7 @@ impl Launch<'_> {
             };
             let mut mask = w.cur;
             if let Some((p, neg)) = inst.guard {
-                let row = w.row(p);
-                let mut pm = 0u32;
-                for (l, v) in row.iter().enumerate() {
-                    pm |= (((*v & 1) as u32) ^ neg as u32) << l;
-                }
-                mask &= pm;
+                mask &= ballot(w.row(p), neg);
             }
             stats.warp_instructions += 1;
             stats.thread_instructions += mask.count_ones() as u64;
@@ -703,11 +757,8 @@ impl Launch<'_> {
                     } else {
                         w.cur_pc += 1;
                         w.materialize();
-                        let mut m = mask;
-                        while m != 0 {
-                            let l = m.trailing_zeros() as usize;
+                        for l in lanes(mask) {
                             w.pcs[l] = *target;
-                            m &= m - 1;
                         }
                         w.resched();
                     }
@@ -715,10 +766,7 @@ impl Launch<'_> {
                 Op::Exit | Op::Ret => {
                     w.cur_pc += 1;
                     w.materialize();
-                    let mut m = mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
+                    for l in lanes(mask) {
                         let frame = if matches!(inst.op, Op::Ret) {
                             w.stacks[l].pop()
                         } else {
@@ -747,10 +795,7 @@ impl Launch<'_> {
                     let f = &self.m.funcs[*func as usize];
                     w.cur_pc += 1;
                     w.materialize();
-                    let mut m = mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
+                    for l in lanes(mask) {
                         if w.stacks[l].len() >= MAX_CALL_DEPTH
                             || w.stacks[l].iter().any(|fr| fr.func == *func)
                         {
@@ -770,11 +815,7 @@ impl Launch<'_> {
                         for (&src, (p, dst)) in args.iter().zip(&f.params) {
                             let (s, d, n) = (src as usize, *dst as usize, p.size as usize);
                             if s + n > ps || d + n > ps {
-                                return Err(ExecError::IllegalAddress {
-                                    addr: src as u64,
-                                    size: p.size,
-                                    line: inst.line,
-                                });
+                                return Err(illegal(src as u64, p.size, inst.line));
                             }
                             lane.copy_within(s..s + n, d);
                         }
@@ -857,10 +898,7 @@ impl Launch<'_> {
             "vprintf" => {
                 if let Some(r) = ret {
                     let ps = self.m.param_size as usize;
-                    let mut m = mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
+                    for l in lanes(mask) {
                         let at = l * ps + *r as usize;
                         if let Some(b) = w.pmem.get_mut(at..at + 4) {
                             b.fill(0);
@@ -890,11 +928,7 @@ impl Launch<'_> {
             let ps = self.m.param_size as usize;
             let (s, d, n) = (src as usize, *dst as usize, size as usize);
             if s + n > ps || d + n > ps {
-                return Err(ExecError::IllegalAddress {
-                    addr: s as u64,
-                    size,
-                    line,
-                });
+                return Err(illegal(s as u64, size, line));
             }
             w.pmem[l * ps..(l + 1) * ps].copy_within(s..s + n, d);
         }
@@ -997,11 +1031,25 @@ impl Launch<'_> {
             if within(LOCAL_WINDOW) {
                 return (Space::Local, addr - LOCAL_WINDOW);
             }
-            if within(STATIC_WINDOW) {
+            if in_statics(addr) {
                 return (Space::Const, addr);
             }
         }
         (Space::Global, addr)
+    }
+
+    /// Where an access of `size` bytes at `addr` in `space` goes: the
+    /// space (a generic address resolved), the address within it and the
+    /// error the access fails with.
+    #[inline(always)]
+    fn target(space: Space, addr: u64, size: usize, line: u32) -> (Space, u64, ExecError) {
+        let ill = illegal(addr, size as u32, line);
+        let (space, a) = if space == Space::Generic {
+            Self::classify(addr)
+        } else {
+            (space, addr)
+        };
+        (space, a, ill)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1016,56 +1064,18 @@ impl Launch<'_> {
         line: u32,
     ) -> Result<(), ExecError> {
         let n = buf.len();
-        let ill = ExecError::IllegalAddress {
-            addr,
-            size: n as u32,
-            line,
+        let (space, a, ill) = Self::target(space, addr, n, line);
+        let (ls, ps) = (self.m.local_size as usize, self.m.param_size as usize);
+        let src = match space {
+            Space::Shared => self.shared_off(a, n).and_then(|o| shared.get(o..o + n)),
+            Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get(r)),
+            Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get(r)),
+            Space::KParam => slot(0, self.params.len(), a, n).and_then(|r| self.params.get(r)),
+            _ if in_statics(a) => return self.statics.read(a, buf).map_err(|_| ill),
+            Space::Const => None,
+            _ => return self.mem.read(a, buf).map_err(|_| ill),
         };
-        let (space, a) = if space == Space::Generic {
-            Self::classify(addr)
-        } else {
-            (space, addr)
-        };
-        let slice_of =
-            |mem: &[u8], base: usize, len: usize, a: u64| -> Option<std::ops::Range<usize>> {
-                let e = a.checked_add(n as u64)?;
-                (e <= len as u64)
-                    .then_some(base + a as usize..base + e as usize)
-                    .filter(|r| r.end <= mem.len())
-            };
-        match space {
-            Space::Shared => {
-                let o = self.shared_off(a, n).ok_or(ill)?;
-                buf.copy_from_slice(&shared[o..o + n]);
-            }
-            Space::Local => {
-                let ls = self.m.local_size as usize;
-                let r = slice_of(&w.local, l * ls, ls, a).ok_or(ill)?;
-                buf.copy_from_slice(&w.local[r]);
-            }
-            Space::Param => {
-                let ps = self.m.param_size as usize;
-                let r = slice_of(&w.pmem, l * ps, ps, a).ok_or(ill)?;
-                buf.copy_from_slice(&w.pmem[r]);
-            }
-            Space::KParam => {
-                let r = slice_of(self.params, 0, self.params.len(), a).ok_or(ill)?;
-                buf.copy_from_slice(&self.params[r]);
-            }
-            Space::Const | Space::Global | Space::Generic => {
-                let r = if (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&a) {
-                    self.statics.read(a, buf)
-                } else if space == Space::Const {
-                    Err(Fault {
-                        addr: a,
-                        len: n as u64,
-                    })
-                } else {
-                    self.mem.read(a, buf)
-                };
-                r.map_err(|_| ill)?;
-            }
-        }
+        buf.copy_from_slice(src.ok_or(ill)?);
         Ok(())
     }
 
@@ -1081,45 +1091,17 @@ impl Launch<'_> {
         line: u32,
     ) -> Result<(), ExecError> {
         let n = buf.len();
-        let ill = ExecError::IllegalAddress {
-            addr,
-            size: n as u32,
-            line,
+        let (space, a, ill) = Self::target(space, addr, n, line);
+        let (ls, ps) = (self.m.local_size as usize, self.m.param_size as usize);
+        let dst = match space {
+            Space::Shared => self.shared_off(a, n).and_then(|o| shared.get_mut(o..o + n)),
+            Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get_mut(r)),
+            Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get_mut(r)),
+            Space::KParam | Space::Const => None,
+            _ if in_statics(a) => return self.statics.write(a, buf).map_err(|_| ill),
+            _ => return self.mem.write(a, buf).map_err(|_| ill),
         };
-        let (space, a) = if space == Space::Generic {
-            Self::classify(addr)
-        } else {
-            (space, addr)
-        };
-        let range = |base: usize, len: usize| -> Option<std::ops::Range<usize>> {
-            let e = a.checked_add(n as u64)?;
-            (e <= len as u64).then_some(base + a as usize..base + e as usize)
-        };
-        match space {
-            Space::Shared => {
-                let o = self.shared_off(a, n).ok_or(ill)?;
-                shared[o..o + n].copy_from_slice(buf);
-            }
-            Space::Local => {
-                let ls = self.m.local_size as usize;
-                let r = range(l * ls, ls).ok_or(ill)?;
-                w.local[r].copy_from_slice(buf);
-            }
-            Space::Param => {
-                let ps = self.m.param_size as usize;
-                let r = range(l * ps, ps).ok_or(ill)?;
-                w.pmem[r].copy_from_slice(buf);
-            }
-            Space::KParam | Space::Const => return Err(ill),
-            Space::Global | Space::Generic => {
-                let r = if (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&a) {
-                    self.statics.write(a, buf)
-                } else {
-                    self.mem.write(a, buf)
-                };
-                r.map_err(|_| ill)?;
-            }
-        }
+        dst.ok_or(ill)?.copy_from_slice(buf);
         Ok(())
     }
 
@@ -1135,16 +1117,7 @@ impl Launch<'_> {
         line: u32,
     ) -> Result<u64, ExecError> {
         let n = op.size();
-        let ill = ExecError::IllegalAddress {
-            addr,
-            size: n as u32,
-            line,
-        };
-        let (space, a) = if space == Space::Generic {
-            Self::classify(addr)
-        } else {
-            (space, addr)
-        };
+        let (space, a, ill) = Self::target(space, addr, n, line);
         match space {
             Space::Shared => {
                 let o = self.shared_off(a, n).filter(|o| o % n == 0).ok_or(ill)?;
@@ -1155,18 +1128,60 @@ impl Launch<'_> {
                 shared[o..o + n].copy_from_slice(&new.to_le_bytes()[..n]);
                 Ok(old)
             }
-            Space::Global | Space::Const => {
-                if (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&a) {
-                    self.statics.atomic(a, op, b, c).map_err(|_| ill)
-                } else {
-                    self.mem.atomic(a, op, b, c).map_err(|_| ill)
-                }
+            Space::Global | Space::Const if in_statics(a) => {
+                self.statics.atomic(a, op, b, c).map_err(|_| ill)
             }
+            Space::Global | Space::Const => self.mem.atomic(a, op, b, c).map_err(|_| ill),
             _ => Err(ExecError::Unsupported {
                 what: "atomics on local or parameter memory",
                 line,
             }),
         }
+    }
+
+    /// A whole warp's 4-byte shared loads at `a[l] + koff`, the hot path
+    /// of tiled kernels: one range check per lane; the address of the
+    /// first one outside shared memory is the error. Not inlined: in
+    /// `exec` the loop would share the registers of every other arm.
+    #[inline(never)]
+    #[allow(clippy::needless_range_loop)]
+    fn ld_shared_warp(
+        &self,
+        shared: &[u8],
+        a: &[u64; 32],
+        koff: u64,
+        out: &mut [u64; 32],
+    ) -> Result<(), u64> {
+        let lim = self.static_end.saturating_sub(4);
+        for l in 0..32 {
+            let at = a[l].wrapping_add(koff);
+            let off = if at <= lim {
+                at as usize
+            } else {
+                self.shared_off(at, 4).ok_or(at)?
+            };
+            let bytes = shared.get(off..off + 4).ok_or(at)?;
+            out[l] = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as u64;
+        }
+        Ok(())
+    }
+
+    /// Each lane's base address of `addr` (its register, or zero) into
+    /// `out`, failing on a lane whose address is not a multiple of `align`.
+    #[inline(always)]
+    fn bases(
+        w: &Warp,
+        addr: Addr,
+        mask: u32,
+        align: usize,
+        line: u32,
+        out: &mut [u64; 32],
+    ) -> Result<(), ExecError> {
+        match addr.base {
+            Some(r) => copy_row(out, w.row(r)),
+            None => *out = [0; 32],
+        }
+        check_align(out, addr.off as u64, mask, align, line)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1179,60 +1194,32 @@ impl Launch<'_> {
         shared: &mut [u8],
         s: &mut Scratch,
     ) -> Result<(), ExecError> {
-        // Operand rows live in the caller's scratch: no per-instruction
-        // zeroing of four arrays.
-        let Scratch { a, b, c, d, e: e_ } = s;
-        // The rows are passed in: macro hygiene would otherwise bind the
-        // scratch arrays, not an arm's borrowed operands.
-        macro_rules! map1 {
-            ($a:ident, |$x:ident| $e:expr) => {
-                for l in 0..32 {
-                    let $x = $a[l];
-                    d[l] = $e;
-                }
-            };
-        }
-        macro_rules! map2 {
-            ($a:ident, $b:ident, |$x:ident, $y:ident| $e:expr) => {
-                for l in 0..32 {
-                    let $x = $a[l];
-                    let $y = $b[l];
-                    d[l] = $e;
-                }
-            };
-        }
-        macro_rules! map3 {
-            ($a:ident, $b:ident, $c:ident, |$x:ident, $y:ident, $z:ident| $e:expr) => {
-                for l in 0..32 {
-                    let $x = $a[l];
-                    let $y = $b[l];
-                    let $z = $c[l];
-                    d[l] = $e;
-                }
+        // Operands that are not registers, and results, live in the
+        // caller's scratch rows: no per-instruction zeroing of five arrays.
+        let Scratch {
+            a: ta,
+            b: tb,
+            c: tc,
+            d: out,
+            e: te,
+        } = s;
+        let line = inst.line;
+        // Operands' rows, as `opnd` gives them: `opnds!(a => ta, ...)`.
+        macro_rules! opnds {
+            ($($src:ident => $tmp:ident),+) => {
+                [$(self.opnd(w, $src, ctaid, $tmp)),+]
             };
         }
         match inst.op {
-            Op::Un {
-                op,
-                ty,
-                d: dr,
-                a: sa,
-            } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                un(op, ty, a, d);
-                w.put(dr, mask, d);
+            Op::Un { op, ty, d, a } => {
+                let a = self.opnd(w, a, ctaid, ta);
+                un(op, ty, a, out);
+                w.put(d, mask, out);
             }
-            Op::Bin {
-                op,
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-            } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
-                bin(op, ty, a, b, d);
-                w.put(dr, mask, d);
+            Op::Bin { op, ty, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                bin(op, ty, a, b, out);
+                w.put(d, mask, out);
             }
             Op::Fx {
                 op,
@@ -1240,105 +1227,88 @@ impl Launch<'_> {
                 rnd,
                 ftz,
                 sat,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
+                d,
+                a,
+                b,
+                c,
             } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
-                let c = self.opnd(w, sc, ctaid, c);
-                fx(op, ty, rnd, ftz, sat, a, b, c, d);
-                w.put(dr, mask, d);
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                fx(op, ty, rnd, ftz, sat, a, b, c, out);
+                w.put(d, mask, out);
             }
-            Op::MulWide {
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-            } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
+            Op::MulWide { ty, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
                 let bits = ty.bits();
                 let m2 = mask_of(bits * 2);
                 if ty.signed() {
-                    map2!(a, b, |x, y| (sx(x, bits).wrapping_mul(sx(y, bits)) as u64)
-                        & m2);
+                    map2(out, a, b, |x, y| {
+                        (sx(x, bits).wrapping_mul(sx(y, bits)) as u64) & m2
+                    });
                 } else {
                     let m = mask_of(bits);
-                    map2!(a, b, |x, y| ((x & m).wrapping_mul(y & m)) & m2);
+                    map2(out, a, b, |x, y| ((x & m).wrapping_mul(y & m)) & m2);
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Mad {
-                op,
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-            } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
-                let c = self.opnd(w, sc, ctaid, c);
+            Op::Mad { op, ty, d, a, b, c } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
                 let bits = ty.bits();
                 let m = mask_of(bits);
                 match op {
                     MadOp::Fma => match ty {
-                        Ty::F32 => fma_f32(a, b, c, d),
-                        Ty::F64 => fma_f64(a, b, c, d),
-                        _ => {
-                            map3!(a, b, c, |x, y, z| fput(
-                                ty,
-                                fget(ty, x).mul_add(fget(ty, y), fget(ty, z))
-                            ))
-                        }
+                        Ty::F32 => fma_f32(a, b, c, out),
+                        Ty::F64 => fma_f64(a, b, c, out),
+                        _ => map3(out, a, b, c, |x, y, z| {
+                            fput(ty, fget(ty, x).mul_add(fget(ty, y), fget(ty, z)))
+                        }),
                     },
-                    MadOp::Lo => map3!(a, b, c, |x, y, z| x.wrapping_mul(y).wrapping_add(z) & m),
-                    MadOp::Hi => map3!(a, b, c, |x, y, z| mul_hi(ty, x, y).wrapping_add(z) & m),
+                    MadOp::Lo => map3(out, a, b, c, |x, y, z| {
+                        x.wrapping_mul(y).wrapping_add(z) & m
+                    }),
+                    MadOp::Hi => map3(out, a, b, c, |x, y, z| mul_hi(ty, x, y).wrapping_add(z) & m),
                     MadOp::Wide => {
                         let m2 = mask_of(bits * 2);
                         if ty.signed() {
-                            map3!(a, b, c, |x, y, z| (sx(x, bits).wrapping_mul(sx(y, bits))
-                                as u64)
-                                .wrapping_add(z)
-                                & m2);
+                            map3(out, a, b, c, |x, y, z| {
+                                (sx(x, bits).wrapping_mul(sx(y, bits)) as u64).wrapping_add(z) & m2
+                            });
                         } else {
-                            map3!(a, b, c, |x, y, z| ((x & m).wrapping_mul(y & m))
-                                .wrapping_add(z)
-                                & m2);
+                            map3(out, a, b, c, |x, y, z| {
+                                ((x & m).wrapping_mul(y & m)).wrapping_add(z) & m2
+                            });
                         }
                     }
-                    MadOp::Mad24Lo => map3!(a, b, c, |x, y, z| mul24(ty, x, y).wrapping_add(z) & m),
+                    MadOp::Mad24Lo => {
+                        map3(out, a, b, c, |x, y, z| mul24(ty, x, y).wrapping_add(z) & m)
+                    }
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
             Op::Setp {
                 cmp,
                 ty,
-                d: dr,
+                d,
                 d2,
-                a: sa,
-                b: sb,
+                a,
+                b,
                 comb,
             } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
-                setp(cmp, ty, a, b, d);
-                if let Some((bop, sc, neg)) = comb {
-                    let c = self.opnd(w, sc, ctaid, c);
+                let [a, b] = opnds!(a => ta, b => tb);
+                setp(cmp, ty, a, b, out);
+                if let Some((bop, c, neg)) = comb {
+                    let c = self.opnd(w, c, ctaid, tc);
                     let n = neg as u64;
                     let mut d2v = [0u64; 32];
                     for l in 0..32 {
                         let p = (c[l] & 1) ^ n;
-                        let r = d[l];
+                        let r = out[l];
                         let nr = r ^ 1;
                         let f = |v: u64| match bop {
                             BoolOp::And => v & p,
                             BoolOp::Or => v | p,
                             BoolOp::Xor => v ^ p,
                         };
-                        d[l] = f(r);
+                        out[l] = f(r);
                         d2v[l] = f(nr);
                     }
                     if let Some(r2) = d2 {
@@ -1346,28 +1316,24 @@ impl Launch<'_> {
                     }
                 } else if let Some(r2) = d2 {
                     let mut d2v = [0u64; 32];
-                    for l in 0..32 {
-                        d2v[l] = d[l] ^ 1;
-                    }
+                    map1(&mut d2v, out, |x| x ^ 1);
                     w.put(r2, mask, &d2v);
                 }
-                if let Some(r) = dr {
-                    w.put(r, mask, d);
+                if let Some(r) = d {
+                    w.put(r, mask, out);
                 }
             }
-            Op::Selp {
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-            } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                let b = self.opnd(w, sb, ctaid, b);
-                let c = self.opnd(w, sc, ctaid, c);
+            Op::Selp { ty, d, a, b, c } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
                 let m = mask_of(ty.bits());
-                map3!(a, b, c, |x, y, p| if p & 1 != 0 { x & m } else { y & m });
-                w.put(dr, mask, d);
+                map3(
+                    out,
+                    a,
+                    b,
+                    c,
+                    |x, y, p| if p & 1 != 0 { x & m } else { y & m },
+                );
+                w.put(d, mask, out);
             }
             Op::Cvt {
                 dty,
@@ -1376,121 +1342,74 @@ impl Launch<'_> {
                 sat,
                 ftz,
                 dbits,
-                d: dr,
-                a: sa,
+                d,
+                a,
             } => {
-                let a = self.opnd(w, sa, ctaid, a);
-                map1!(a, |x| cvt(dty, sty, rnd, sat, ftz, dbits, x));
-                w.put(dr, mask, d);
+                let a = self.opnd(w, a, ctaid, ta);
+                map1(out, a, |x| cvt(dty, sty, rnd, sat, ftz, dbits, x));
+                w.put(d, mask, out);
             }
-            Op::Cvta {
-                to,
-                space,
-                d: dr,
-                a: sa,
-            } => {
-                self.fetch(w, sa, ctaid, a);
+            Op::Cvta { to, space, d, a } => {
+                let a = self.opnd(w, a, ctaid, ta);
                 let win = match space {
                     Space::Shared => SHARED_WINDOW,
                     Space::Local => LOCAL_WINDOW,
                     _ => 0,
                 };
                 if to {
-                    map1!(a, |x| x.wrapping_sub(win));
+                    map1(out, a, |x| x.wrapping_sub(win));
                 } else {
-                    map1!(a, |x| x.wrapping_add(win));
+                    map1(out, a, |x| x.wrapping_add(win));
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
             Op::Ld {
                 space,
                 ty,
                 n,
-                d: ds,
+                d,
                 dbits,
                 addr,
             } => {
                 let size = ty.bytes() as usize;
-                match addr.base {
-                    Some(r) => copy_row(a, w.row(r)),
-                    None => *a = [0; 32],
-                }
-                check_align(a, addr.off as u64, mask, size * n as usize, inst.line)?;
-                let ext = ty.signed() && (size as u32 * 8) < dbits;
-                let dm = mask_of(dbits.max(ty.bits()));
-                for (k, &dk) in ds.iter().enumerate().take(n as usize) {
+                // A copy: a loaded register may be the address's base.
+                Self::bases(w, addr, mask, size * n as usize, line, ta)?;
+                let a = &*ta;
+                for (k, &dk) in d.iter().enumerate().take(n as usize) {
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
-                    let mut m = mask;
                     if addr.base.is_none() && matches!(space, Space::KParam | Space::Const) {
                         // A uniform address (a parameter, a constant): read once.
                         let l = mask.trailing_zeros() as usize;
                         let mut buf = [0u8; 8];
-                        self.read(w, shared, space, l, koff, &mut buf[..size], inst.line)?;
-                        let v = u64::from_le_bytes(buf);
-                        *d = [if ext {
-                            (sx(v, size as u32 * 8) as u64) & dm
-                        } else {
-                            v
-                        }; 32];
-                    } else if space == Space::Shared && size == 4 && mask == FULL && !ext {
-                        // The hot path of tiled kernels: a whole warp, and
-                        // one range check per lane.
-                        let lim = self.static_end.saturating_sub(4);
-                        for l in 0..32 {
-                            let at = a[l].wrapping_add(koff);
-                            let o = if at <= lim {
-                                at as usize
-                            } else {
-                                self.shared_off(at, 4).ok_or(ExecError::IllegalAddress {
-                                    addr: at,
-                                    size: 4,
-                                    line: inst.line,
-                                })?
-                            };
-                            let Some(bytes) = shared.get(o..o + 4) else {
-                                return Err(ExecError::IllegalAddress {
-                                    addr: at,
-                                    size: 4,
-                                    line: inst.line,
-                                });
-                            };
-                            d[l] =
-                                u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as u64;
-                        }
+                        self.read(w, shared, space, l, koff, &mut buf[..size], line)?;
+                        *out = [u64::from_le_bytes(buf); 32];
+                    } else if space == Space::Shared && size == 4 && mask == FULL {
+                        self.ld_shared_warp(shared, a, koff, out)
+                            .map_err(|at| illegal(at, 4, line))?;
                     } else if space == Space::Shared && size == 4 {
-                        while m != 0 {
-                            let l = m.trailing_zeros() as usize;
-                            m &= m - 1;
+                        for l in lanes(mask) {
                             let at = a[l].wrapping_add(koff);
-                            let o = self.shared_off(at, 4).ok_or(ExecError::IllegalAddress {
-                                addr: at,
-                                size: 4,
-                                line: inst.line,
-                            })?;
-                            let v = u32::from_le_bytes([
-                                shared[o],
-                                shared[o + 1],
-                                shared[o + 2],
-                                shared[o + 3],
-                            ]) as u64;
-                            d[l] = if ext { (sx(v, 32) as u64) & dm } else { v };
+                            let o = self.shared_off(at, 4).ok_or_else(|| illegal(at, 4, line))?;
+                            let b = [shared[o], shared[o + 1], shared[o + 2], shared[o + 3]];
+                            out[l] = u32::from_le_bytes(b) as u64;
                         }
                     } else {
-                        while m != 0 {
-                            let l = m.trailing_zeros() as usize;
-                            m &= m - 1;
+                        for l in lanes(mask) {
                             let at = a[l].wrapping_add(koff);
                             let mut buf = [0u8; 8];
-                            self.read(w, shared, space, l, at, &mut buf[..size], inst.line)?;
-                            let v = u64::from_le_bytes(buf);
-                            d[l] = if ext {
-                                (sx(v, size as u32 * 8) as u64) & dm
-                            } else {
-                                v
-                            };
+                            self.read(w, shared, space, l, at, &mut buf[..size], line)?;
+                            out[l] = u64::from_le_bytes(buf);
                         }
                     }
-                    w.put(dk, mask, d);
+                    let bits = size as u32 * 8;
+                    if ty.signed() && bits < dbits {
+                        // A narrow signed load sign-extends to the registers.
+                        let dm = mask_of(dbits);
+                        for l in lanes(mask) {
+                            out[l] = (sx(out[l], bits) as u64) & dm;
+                        }
+                    }
+                    w.put(dk, mask, out);
                 }
             }
             Op::St {
@@ -1501,36 +1420,19 @@ impl Launch<'_> {
                 addr,
             } => {
                 let size = ty.bytes() as usize;
-                match addr.base {
-                    Some(r) => copy_row(a, w.row(r)),
-                    None => *a = [0; 32],
-                }
-                check_align(a, addr.off as u64, mask, size * n as usize, inst.line)?;
+                Self::bases(w, addr, mask, size * n as usize, line, ta)?;
                 for (k, &sv) in v.iter().enumerate().take(n as usize) {
-                    self.fetch(w, sv, ctaid, b);
+                    // A copy: the writes need the warp.
+                    self.fetch(w, sv, ctaid, tb);
                     let koff = addr.off.wrapping_add((k * size) as i64) as u64;
-                    let mut m = mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        let at = a[l].wrapping_add(koff);
+                    for l in lanes(mask) {
+                        let at = ta[l].wrapping_add(koff);
                         if space == Space::Shared && size == 4 {
-                            let o = self.shared_off(at, 4).ok_or(ExecError::IllegalAddress {
-                                addr: at,
-                                size: 4,
-                                line: inst.line,
-                            })?;
-                            shared[o..o + 4].copy_from_slice(&(b[l] as u32).to_le_bytes());
+                            let o = self.shared_off(at, 4).ok_or_else(|| illegal(at, 4, line))?;
+                            shared[o..o + 4].copy_from_slice(&(tb[l] as u32).to_le_bytes());
                         } else {
-                            self.write(
-                                w,
-                                shared,
-                                space,
-                                l,
-                                at,
-                                &b[l].to_le_bytes()[..size],
-                                inst.line,
-                            )?;
+                            let bytes = &tb[l].to_le_bytes()[..size];
+                            self.write(w, shared, space, l, at, bytes, line)?;
                         }
                     }
                 }
@@ -1538,40 +1440,30 @@ impl Launch<'_> {
             Op::Atom {
                 space,
                 op,
-                d: dr,
+                d,
                 addr,
-                b: sb,
-                c: sc,
+                b,
+                c,
             } => {
-                match addr.base {
-                    Some(r) => copy_row(a, w.row(r)),
-                    None => *a = [0; 32],
+                Self::bases(w, addr, mask, op.size(), line, ta)?;
+                let [b, c] = opnds!(b => tb, c => tc);
+                for l in lanes(mask) {
+                    let at = ta[l].wrapping_add(addr.off as u64);
+                    out[l] = self.atomic(shared, space, at, op, b[l], c[l], line)?;
                 }
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
-                check_align(a, addr.off as u64, mask, op.size(), inst.line)?;
-                let mut m = mask;
-                while m != 0 {
-                    let l = m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    let at = a[l].wrapping_add(addr.off as u64);
-                    d[l] = self.atomic(shared, space, at, op, b[l], c[l], inst.line)?;
-                }
-                if let Some(r) = dr {
-                    w.put(r, mask, d);
+                if let Some(r) = d {
+                    w.put(r, mask, out);
                 }
             }
             Op::Shfl {
                 mode,
-                d: dr,
+                d,
                 dp,
-                a: sa,
-                b: sb,
-                c: sc,
+                a,
+                b,
+                c,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
                 let mut p = [0u64; 32];
                 for l in 0..32i32 {
                     let li = l as usize;
@@ -1590,50 +1482,38 @@ impl Launch<'_> {
                         }
                     };
                     let j = if ok && (0..32).contains(&j) { j } else { l };
-                    d[li] = a[j as usize] & 0xffff_ffff;
+                    out[li] = a[j as usize] & 0xffff_ffff;
                     p[li] = ok as u64;
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
                 if let Some(r) = dp {
                     w.put(r, mask, &p);
                 }
             }
-            Op::Vote {
-                mode,
-                d: dr,
-                a: sa,
-                neg,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                let mut bal = 0u32;
-                for (l, v) in a.iter().enumerate() {
-                    bal |= (((*v & 1) as u32) ^ neg as u32) << l;
-                }
-                bal &= mask;
+            Op::Vote { mode, d, a, neg } => {
+                let bal = ballot(self.opnd(w, a, ctaid, ta), neg) & mask;
                 let r = match mode {
                     VoteMode::Ballot => bal as u64,
                     VoteMode::All => (bal == mask) as u64,
                     VoteMode::Any => (bal != 0) as u64,
                     VoteMode::Uni => (bal == mask || bal == 0) as u64,
                 };
-                w.put(dr, mask, &[r; 32]);
+                w.put(d, mask, &[r; 32]);
             }
             Op::Carry {
                 op,
                 ty,
                 cin,
                 cout,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
+                d,
+                a,
+                b,
+                c,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
                 let bits = ty.bits();
                 let m = mask_of(bits) as u128;
-                let cf = *w.row(CARRY_REG);
+                let cf = w.row(CARRY_REG);
                 let mut co = [0u64; 32];
                 for l in 0..32 {
                     let ci = if cin { (cf[l] & 1) as u128 } else { 0 };
@@ -1658,115 +1538,85 @@ impl Launch<'_> {
                             (s & m, (s >> bits) & 1)
                         }
                     };
-                    d[l] = r as u64;
+                    out[l] = r as u64;
                     co[l] = carry as u64;
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
                 if cout {
                     w.put(CARRY_REG, mask, &co);
                 }
             }
-            Op::Redux {
-                op,
-                ty,
-                d: dr,
-                a: sa,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                let mut lanes = (0..32).filter(|l| mask >> l & 1 != 0);
-                let first = lanes.next().map_or(0, |l| a[l]);
-                let r = lanes.fold(first, |acc, l| int_bin(op, ty, acc, a[l]));
-                w.put(dr, mask, &[r; 32]);
+            Op::Redux { op, ty, d, a } => {
+                let a = self.opnd(w, a, ctaid, ta);
+                let mut active = lanes(mask);
+                let first = active.next().map_or(0, |l| a[l]);
+                let r = active.fold(first, |acc, l| int_bin(op, ty, acc, a[l]));
+                w.put(d, mask, &[r; 32]);
             }
             Op::Match {
                 all,
                 bits,
-                d: dr,
+                d,
                 dp,
-                a: sa,
+                a,
             } => {
-                self.fetch(w, sa, ctaid, a);
+                let a = self.opnd(w, a, ctaid, ta);
                 let vm = mask_of(bits);
                 let mut p = [0u64; 32];
                 for l in 0..32 {
-                    let mut same = 0u32;
-                    for k in 0..32 {
-                        if mask >> k & 1 != 0 && a[k] & vm == a[l] & vm {
-                            same |= 1 << k;
-                        }
-                    }
+                    let same = lanes(mask)
+                        .filter(|&k| a[k] & vm == a[l] & vm)
+                        .fold(0u32, |s, k| s | 1 << k);
                     if all {
                         let ok = same == mask;
-                        d[l] = if ok { mask as u64 } else { 0 };
+                        out[l] = if ok { mask as u64 } else { 0 };
                         p[l] = ok as u64;
                     } else {
-                        d[l] = same as u64;
+                        out[l] = same as u64;
                     }
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
                 if let Some(r) = dp {
                     w.put(r, mask, &p);
                 }
             }
-            Op::Elect { d: dr, dp } => {
+            Op::Elect { d, dp } => {
                 let leader = mask.trailing_zeros() as usize;
-                w.put(dr, mask, &[leader as u64; 32]);
+                w.put(d, mask, &[leader as u64; 32]);
                 if let Some(r) = dp {
                     let mut p = [0u64; 32];
                     p[leader.min(31)] = 1;
                     w.put(r, mask, &p);
                 }
             }
-            Op::Isspacep {
-                space,
-                d: dr,
-                a: sa,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                for l in 0..32 {
-                    let (sp, _) = Self::classify(a[l]);
-                    d[l] = match space {
+            Op::Isspacep { space, d, a } => {
+                let a = self.opnd(w, a, ctaid, ta);
+                map1(out, a, |x| {
+                    let (sp, _) = Self::classify(x);
+                    (match space {
                         Space::Global => sp == Space::Global || sp == Space::Const,
                         Space::Shared => sp == Space::Shared,
                         Space::Local => sp == Space::Local,
                         Space::Const => sp == Space::Const,
                         _ => false,
-                    } as u64;
-                }
-                w.put(dr, mask, d);
+                    }) as u64
+                });
+                w.put(d, mask, out);
             }
-            Op::Activemask { d: dr } => w.put(dr, mask, &[mask as u64; 32]),
-            Op::Bfe {
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
+            Op::Activemask { d } => w.put(d, mask, &[mask as u64; 32]),
+            Op::Bfe { ty, d, a, b, c } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
                 let bits = ty.bits();
-                map3!(a, b, c, |x, p, n| bfe(ty, bits, x, p & 0xff, n & 0xff));
-                w.put(dr, mask, d);
+                map3(out, a, b, c, |x, p, n| bfe(ty, bits, x, p & 0xff, n & 0xff));
+                w.put(d, mask, out);
             }
-            Op::Bfi {
-                ty,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-                e,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
-                self.fetch(w, e, ctaid, e_);
+            Op::Bfi { ty, d, a, b, c, e } => {
+                let [a, b, c, e] = opnds!(a => ta, b => tb, c => tc, e => te);
                 let bits = ty.bits() as u64;
                 for l in 0..32 {
                     let pos = c[l] & 0xff;
-                    let len = e_[l] & 0xff;
-                    d[l] = if len == 0 || pos >= bits {
+                    let len = e[l] & 0xff;
+                    out[l] = if len == 0 || pos >= bits {
                         b[l]
                     } else {
                         let len = len.min(bits - pos);
@@ -1774,18 +1624,11 @@ impl Launch<'_> {
                         ((b[l] & !fm) | ((a[l] << pos) & fm)) & mask_of(bits as u32)
                     };
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Prmt {
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
-                map3!(a, b, c, |x, y, s| {
+            Op::Prmt { d, a, b, c } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                map3(out, a, b, c, |x, y, s| {
                     let v = (x & 0xffff_ffff) | ((y & 0xffff_ffff) << 32);
                     let mut r = 0u64;
                     for i in 0..4 {
@@ -1804,19 +1647,11 @@ impl Launch<'_> {
                     }
                     r
                 });
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Lop3 {
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
-                lut,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
-                map3!(a, b, c, |x, y, z| {
+            Op::Lop3 { d, a, b, c, lut } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                map3(out, a, b, c, |x, y, z| {
                     let mut r = 0u64;
                     for i in 0..8 {
                         if lut >> i & 1 != 0 {
@@ -1827,20 +1662,18 @@ impl Launch<'_> {
                     }
                     r & 0xffff_ffff
                 });
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
             Op::Shf {
                 left,
                 wrap,
-                d: dr,
-                a: sa,
-                b: sb,
-                c: sc,
+                d,
+                a,
+                b,
+                c,
             } => {
-                self.fetch(w, sa, ctaid, a);
-                self.fetch(w, sb, ctaid, b);
-                self.fetch(w, sc, ctaid, c);
-                map3!(a, b, c, |x, y, s| {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                map3(out, a, b, c, |x, y, s| {
                     let n = if wrap {
                         s & 31
                     } else {
@@ -1853,16 +1686,11 @@ impl Launch<'_> {
                         (v >> n) & 0xffff_ffff
                     }
                 });
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Testp {
-                op,
-                ty,
-                d: dr,
-                a: sa,
-            } => {
-                self.fetch(w, sa, ctaid, a);
-                map1!(a, |x| {
+            Op::Testp { op, ty, d, a } => {
+                let a = self.opnd(w, a, ctaid, ta);
+                map1(out, a, |x| {
                     let v = fget(ty, x);
                     let sub = if ty == Ty::F64 {
                         v.is_subnormal()
@@ -1878,34 +1706,27 @@ impl Launch<'_> {
                         TestOp::Subnormal => sub,
                     }) as u64
                 });
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Pack {
-                bits,
-                d: dr,
-                ref parts,
-            } => {
+            Op::Pack { bits, d, ref parts } => {
                 let pm = mask_of(bits);
-                *d = [0; 32];
+                *out = [0; 32];
                 for (i, &p) in parts.iter().enumerate() {
-                    self.fetch(w, p, ctaid, a);
-                    for l in 0..32 {
-                        d[l] |= (a[l] & pm) << (i as u32 * bits);
+                    let p = self.opnd(w, p, ctaid, ta);
+                    for (o, &x) in out.iter_mut().zip(p) {
+                        *o |= (x & pm) << (i as u32 * bits);
                     }
                 }
-                w.put(dr, mask, d);
+                w.put(d, mask, out);
             }
-            Op::Unpack {
-                bits,
-                d: ref ds,
-                a: sa,
-            } => {
-                self.fetch(w, sa, ctaid, a);
+            Op::Unpack { bits, ref d, a } => {
+                // A copy: the parts' registers are written one by one.
+                self.fetch(w, a, ctaid, ta);
                 let pm = mask_of(bits);
-                for (i, r) in ds.iter().enumerate() {
+                for (i, r) in d.iter().enumerate() {
                     if let Some(r) = r {
-                        map1!(a, |x| (x >> (i as u32 * bits)) & pm);
-                        w.put(*r, mask, d);
+                        map1(out, ta, |x| (x >> (i as u32 * bits)) & pm);
+                        w.put(*r, mask, out);
                     }
                 }
             }
@@ -1916,48 +1737,51 @@ impl Launch<'_> {
     }
 }
 
-/// Fused multiply-adds of 32 lanes. Without the CPU's FMA instructions
-/// `mul_add` is a library call per lane; with them, a few vector
-/// instructions: worth a run-time check.
-fn fma_f32(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
+/// Fused multiply-adds of 32 lanes, `lane` being one lane's. Without the
+/// CPU's FMA instructions `mul_add` is a library call per lane; with them,
+/// a few vector instructions: worth a run-time check.
+#[inline(always)]
+fn fma_rows(
+    a: &[u64; 32],
+    b: &[u64; 32],
+    c: &[u64; 32],
+    d: &mut [u64; 32],
+    lane: impl Fn(u64, u64, u64) -> u64,
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the only requirement of `fma_f32_x86` is the FMA
+        // SAFETY: the only requirement of `fma_rows_x86` is the FMA
         // extension, which the CPU was just found to have.
-        unsafe { fma_f32_x86(a, b, c, d) };
+        unsafe { fma_rows_x86(a, b, c, d, lane) };
         return;
     }
-    for l in 0..32 {
-        d[l] = f32b(f32v(a[l]).mul_add(f32v(b[l]), f32v(c[l])));
-    }
+    map3(d, a, b, c, lane);
 }
 
+/// [`map3`] compiled for the FMA extension: `lane`, inlined here, gets
+/// the fused instructions.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-fn fma_f32_x86(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
-    for l in 0..32 {
-        d[l] = f32b(f32v(a[l]).mul_add(f32v(b[l]), f32v(c[l])));
-    }
+fn fma_rows_x86(
+    a: &[u64; 32],
+    b: &[u64; 32],
+    c: &[u64; 32],
+    d: &mut [u64; 32],
+    lane: impl Fn(u64, u64, u64) -> u64,
+) {
+    map3(d, a, b, c, lane);
+}
+
+fn fma_f32(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
+    fma_rows(a, b, c, d, |x, y, z| {
+        f32b(f32v(x).mul_add(f32v(y), f32v(z)))
+    });
 }
 
 fn fma_f64(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: as in `fma_f32`.
-        unsafe { fma_f64_x86(a, b, c, d) };
-        return;
-    }
-    for l in 0..32 {
-        d[l] = f64v(a[l]).mul_add(f64v(b[l]), f64v(c[l])).to_bits();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-fn fma_f64_x86(a: &[u64; 32], b: &[u64; 32], c: &[u64; 32], d: &mut [u64; 32]) {
-    for l in 0..32 {
-        d[l] = f64v(a[l]).mul_add(f64v(b[l]), f64v(c[l])).to_bits();
-    }
+    fma_rows(a, b, c, d, |x, y, z| {
+        f64v(x).mul_add(f64v(y), f64v(z)).to_bits()
+    });
 }
 
 /// Fails on the first active lane whose `base + off` is not a multiple of
@@ -2014,14 +1838,6 @@ fn mul24(ty: Ty, x: u64, y: u64) -> u64 {
 fn un(op: UnOp, ty: Ty, a: &[u64; 32], d: &mut [u64; 32]) {
     let bits = ty.bits();
     let m = mask_of(bits);
-    macro_rules! map {
-        (|$x:ident| $e:expr) => {
-            for l in 0..32 {
-                let $x = a[l];
-                d[l] = $e;
-            }
-        };
-    }
     if ty.float()
         && !matches!(
             op,
@@ -2037,31 +1853,31 @@ fn un(op: UnOp, ty: Ty, a: &[u64; 32], d: &mut [u64; 32]) {
     {
         if ty == Ty::F32 {
             match op {
-                UnOp::Neg => map!(|x| x ^ 0x8000_0000),
-                UnOp::Abs => map!(|x| x & 0x7fff_ffff),
-                UnOp::Sqrt => map!(|x| f32b(f32v(x).sqrt())),
-                UnOp::Rcp => map!(|x| f32b(1.0 / f32v(x))),
-                _ => map!(|x| fput(ty, fun(op, fget(ty, x)))),
+                UnOp::Neg => map1(d, a, |x| x ^ 0x8000_0000),
+                UnOp::Abs => map1(d, a, |x| x & 0x7fff_ffff),
+                UnOp::Sqrt => map1(d, a, |x| f32b(f32v(x).sqrt())),
+                UnOp::Rcp => map1(d, a, |x| f32b(1.0 / f32v(x))),
+                _ => map1(d, a, |x| fput(ty, fun(op, fget(ty, x)))),
             }
         } else {
             match op {
-                UnOp::Neg => map!(|x| (x ^ (1 << (bits - 1))) & m),
-                UnOp::Abs => map!(|x| x & (m >> 1)),
-                _ => map!(|x| fput(ty, fun(op, fget(ty, x)))),
+                UnOp::Neg => map1(d, a, |x| (x ^ (1 << (bits - 1))) & m),
+                UnOp::Abs => map1(d, a, |x| x & (m >> 1)),
+                _ => map1(d, a, |x| fput(ty, fun(op, fget(ty, x)))),
             }
         }
         return;
     }
     match op {
-        UnOp::Mov => map!(|x| x & m),
-        UnOp::Not => map!(|x| !x & m),
-        UnOp::Cnot => map!(|x| (x & m == 0) as u64),
-        UnOp::Neg => map!(|x| x.wrapping_neg() & m),
-        UnOp::Abs => map!(|x| (sx(x, bits).wrapping_abs() as u64) & m),
-        UnOp::Popc => map!(|x| (x & m).count_ones() as u64),
-        UnOp::Clz => map!(|x| ((x & m).leading_zeros() - (64 - bits)) as u64),
-        UnOp::Brev => map!(|x| (x & m).reverse_bits() >> (64 - bits)),
-        UnOp::Bfind | UnOp::BfindShift => map!(|x| {
+        UnOp::Mov => map1(d, a, |x| x & m),
+        UnOp::Not => map1(d, a, |x| !x & m),
+        UnOp::Cnot => map1(d, a, |x| (x & m == 0) as u64),
+        UnOp::Neg => map1(d, a, |x| x.wrapping_neg() & m),
+        UnOp::Abs => map1(d, a, |x| (sx(x, bits).wrapping_abs() as u64) & m),
+        UnOp::Popc => map1(d, a, |x| (x & m).count_ones() as u64),
+        UnOp::Clz => map1(d, a, |x| ((x & m).leading_zeros() - (64 - bits)) as u64),
+        UnOp::Brev => map1(d, a, |x| (x & m).reverse_bits() >> (64 - bits)),
+        UnOp::Bfind | UnOp::BfindShift => map1(d, a, |x| {
             // Signed values: the first bit that differs from the sign.
             let v = if ty.signed() && sx(x, bits) < 0 {
                 !x & m
@@ -2079,7 +1895,7 @@ fn un(op: UnOp, ty: Ty, a: &[u64; 32], d: &mut [u64; 32]) {
                 }
             }
         }),
-        _ => map!(|x| x & m),
+        _ => map1(d, a, |x| x & m),
     }
 }
 
@@ -2102,25 +1918,16 @@ fn fun(op: UnOp, v: f64) -> f64 {
 }
 
 fn bin(op: BinOp, ty: Ty, a: &[u64; 32], b: &[u64; 32], d: &mut [u64; 32]) {
-    macro_rules! map {
-        (|$x:ident, $y:ident| $e:expr) => {
-            for l in 0..32 {
-                let $x = a[l];
-                let $y = b[l];
-                d[l] = $e;
-            }
-        };
-    }
     if ty == Ty::F32 {
         match op {
-            BinOp::Add => map!(|x, y| f32b(f32v(x) + f32v(y))),
-            BinOp::Sub => map!(|x, y| f32b(f32v(x) - f32v(y))),
-            BinOp::MulLo => map!(|x, y| f32b(f32v(x) * f32v(y))),
-            BinOp::Div => map!(|x, y| f32b(f32v(x) / f32v(y))),
-            BinOp::Min => map!(|x, y| f32b(f32v(x).min(f32v(y)))),
-            BinOp::Max => map!(|x, y| f32b(f32v(x).max(f32v(y)))),
-            BinOp::Copysign => map!(|x, y| f32b(f32v(y).copysign(f32v(x)))),
-            _ => map!(|x, y| int_bin(op, Ty::B32, x, y)),
+            BinOp::Add => map2(d, a, b, |x, y| f32b(f32v(x) + f32v(y))),
+            BinOp::Sub => map2(d, a, b, |x, y| f32b(f32v(x) - f32v(y))),
+            BinOp::MulLo => map2(d, a, b, |x, y| f32b(f32v(x) * f32v(y))),
+            BinOp::Div => map2(d, a, b, |x, y| f32b(f32v(x) / f32v(y))),
+            BinOp::Min => map2(d, a, b, |x, y| f32b(f32v(x).min(f32v(y)))),
+            BinOp::Max => map2(d, a, b, |x, y| f32b(f32v(x).max(f32v(y)))),
+            BinOp::Copysign => map2(d, a, b, |x, y| f32b(f32v(y).copysign(f32v(x)))),
+            _ => map2(d, a, b, |x, y| int_bin(op, Ty::B32, x, y)),
         }
         return;
     }
@@ -2129,10 +1936,12 @@ fn bin(op: BinOp, ty: Ty, a: &[u64; 32], b: &[u64; 32], d: &mut [u64; 32]) {
             op,
             BinOp::And | BinOp::Or | BinOp::Xor | BinOp::Shl | BinOp::Shr
         ) {
-            map!(|x, y| int_bin(op, Ty::B64, x, y) & mask_of(ty.bits()));
+            map2(d, a, b, |x, y| {
+                int_bin(op, Ty::B64, x, y) & mask_of(ty.bits())
+            });
             return;
         }
-        map!(|x, y| {
+        map2(d, a, b, |x, y| {
             let (u, v) = (fget(ty, x), fget(ty, y));
             let r = match op {
                 BinOp::Add => u + v,
@@ -2151,18 +1960,20 @@ fn bin(op: BinOp, ty: Ty, a: &[u64; 32], b: &[u64; 32], d: &mut [u64; 32]) {
     let bits = ty.bits();
     let m = mask_of(bits);
     match op {
-        BinOp::Add => map!(|x, y| x.wrapping_add(y) & m),
-        BinOp::Sub => map!(|x, y| x.wrapping_sub(y) & m),
-        BinOp::MulLo => map!(|x, y| x.wrapping_mul(y) & m),
-        BinOp::And => map!(|x, y| x & y & m),
-        BinOp::Or => map!(|x, y| (x | y) & m),
-        BinOp::Xor => map!(|x, y| (x ^ y) & m),
-        BinOp::Shl => map!(|x, y| if (y & 0xffff_ffff) >= bits as u64 {
-            0
-        } else {
-            (x << y) & m
+        BinOp::Add => map2(d, a, b, |x, y| x.wrapping_add(y) & m),
+        BinOp::Sub => map2(d, a, b, |x, y| x.wrapping_sub(y) & m),
+        BinOp::MulLo => map2(d, a, b, |x, y| x.wrapping_mul(y) & m),
+        BinOp::And => map2(d, a, b, |x, y| x & y & m),
+        BinOp::Or => map2(d, a, b, |x, y| (x | y) & m),
+        BinOp::Xor => map2(d, a, b, |x, y| (x ^ y) & m),
+        BinOp::Shl => map2(d, a, b, |x, y| {
+            if (y & 0xffff_ffff) >= bits as u64 {
+                0
+            } else {
+                (x << y) & m
+            }
         }),
-        _ => map!(|x, y| int_bin(op, ty, x, y)),
+        _ => map2(d, a, b, |x, y| int_bin(op, ty, x, y)),
     }
 }
 
@@ -2261,17 +2072,13 @@ fn int_bin(op: BinOp, ty: Ty, x: u64, y: u64) -> u64 {
 }
 
 fn setp(cmp: Cmp, ty: Ty, a: &[u64; 32], b: &[u64; 32], d: &mut [u64; 32]) {
-    macro_rules! map {
-        (|$x:ident, $y:ident| $e:expr) => {
-            for l in 0..32 {
-                let $x = a[l];
-                let $y = b[l];
-                d[l] = ($e) as u64;
-            }
-        };
+    // A comparison of each lane, as 0 or 1.
+    #[inline(always)]
+    fn map(d: &mut [u64; 32], a: &[u64; 32], b: &[u64; 32], f: impl Fn(u64, u64) -> bool) {
+        map2(d, a, b, |x, y| f(x, y) as u64);
     }
     if ty.float() {
-        map!(|x, y| {
+        map(d, a, b, |x, y| {
             let (u, v) = (fget(ty, x), fget(ty, y));
             let nan = u.is_nan() || v.is_nan();
             match cmp {
@@ -2297,14 +2104,14 @@ fn setp(cmp: Cmp, ty: Ty, a: &[u64; 32], b: &[u64; 32], d: &mut [u64; 32]) {
     let m = mask_of(bits);
     if ty.signed() {
         match cmp {
-            Cmp::Lt => map!(|x, y| sx(x, bits) < sx(y, bits)),
-            Cmp::Le => map!(|x, y| sx(x, bits) <= sx(y, bits)),
-            Cmp::Gt => map!(|x, y| sx(x, bits) > sx(y, bits)),
-            Cmp::Ge => map!(|x, y| sx(x, bits) >= sx(y, bits)),
-            _ => map!(|x, y| int_cmp(cmp, x & m, y & m)),
+            Cmp::Lt => map(d, a, b, |x, y| sx(x, bits) < sx(y, bits)),
+            Cmp::Le => map(d, a, b, |x, y| sx(x, bits) <= sx(y, bits)),
+            Cmp::Gt => map(d, a, b, |x, y| sx(x, bits) > sx(y, bits)),
+            Cmp::Ge => map(d, a, b, |x, y| sx(x, bits) >= sx(y, bits)),
+            _ => map(d, a, b, |x, y| int_cmp(cmp, x & m, y & m)),
         }
     } else {
-        map!(|x, y| int_cmp(cmp, x & m, y & m));
+        map(d, a, b, |x, y| int_cmp(cmp, x & m, y & m));
     }
 }
 
@@ -2419,12 +2226,12 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, dbits: u32, x: u64) -> 
             let f = match dty {
                 Ty::F64 if directed => {
                     let r = v as f64;
-                    direct64(r, (r as i128).cmp(&v), v < 0, rnd)
+                    direct(r, (r as i128).cmp(&v), v < 0, rnd)
                 }
                 Ty::F64 => v as f64,
                 Ty::F32 if directed => {
                     let r = v as f32;
-                    direct32(r, (r as i128).cmp(&v), v < 0, rnd) as f64
+                    direct(r, (r as i128).cmp(&v), v < 0, rnd) as f64
                 }
                 // Via f32 directly: one rounding from the integer.
                 _ => (v as f32) as f64,
@@ -2454,7 +2261,7 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, dbits: u32, x: u64) -> 
                 let cmp = (r as f64)
                     .partial_cmp(&f)
                     .unwrap_or(std::cmp::Ordering::Equal);
-                f32b(direct32(r, cmp, f < 0.0, rnd))
+                f32b(direct(r, cmp, f < 0.0, rnd))
             } else {
                 fput(dty, f)
             };
@@ -2470,27 +2277,36 @@ fn cvt(dty: Ty, sty: Ty, rnd: Rnd, sat: bool, ftz: bool, dbits: u32, x: u64) -> 
 /// other side of it than the rounding direction allows. `cmp` is how `r`
 /// compares with the exact value, `neg` whether the exact value is
 /// negative.
-fn direct32(r: f32, cmp: std::cmp::Ordering, neg: bool, rnd: Rnd) -> f32 {
+fn direct<F: Neighbours>(r: F, cmp: std::cmp::Ordering, neg: bool, rnd: Rnd) -> F {
     use std::cmp::Ordering::*;
     match (rnd, cmp) {
-        (Rnd::Rz | Rnd::Rzi, Greater) if !neg => r.next_down(),
-        (Rnd::Rz | Rnd::Rzi, Less) if neg => r.next_up(),
-        (Rnd::Rm | Rnd::Rmi, Greater) => r.next_down(),
-        (Rnd::Rp | Rnd::Rpi, Less) => r.next_up(),
+        (Rnd::Rz | Rnd::Rzi, Greater) if !neg => r.down(),
+        (Rnd::Rz | Rnd::Rzi, Less) if neg => r.up(),
+        (Rnd::Rm | Rnd::Rmi, Greater) => r.down(),
+        (Rnd::Rp | Rnd::Rpi, Less) => r.up(),
         _ => r,
     }
 }
 
-fn direct64(r: f64, cmp: std::cmp::Ordering, neg: bool, rnd: Rnd) -> f64 {
-    use std::cmp::Ordering::*;
-    match (rnd, cmp) {
-        (Rnd::Rz | Rnd::Rzi, Greater) if !neg => r.next_down(),
-        (Rnd::Rz | Rnd::Rzi, Less) if neg => r.next_up(),
-        (Rnd::Rm | Rnd::Rmi, Greater) => r.next_down(),
-        (Rnd::Rp | Rnd::Rpi, Less) => r.next_up(),
-        _ => r,
-    }
+/// A float's neighbours, for [`direct`].
+trait Neighbours: Copy {
+    fn up(self) -> Self;
+    fn down(self) -> Self;
 }
+
+macro_rules! neighbours {
+    ($($t:ty),*) => {$(
+        impl Neighbours for $t {
+            fn up(self) -> Self {
+                self.next_up()
+            }
+            fn down(self) -> Self {
+                self.next_down()
+            }
+        }
+    )*};
+}
+neighbours!(f32, f64);
 
 fn sign_of(v: f64) -> std::cmp::Ordering {
     v.partial_cmp(&0.0).unwrap_or(std::cmp::Ordering::Equal)
@@ -2577,9 +2393,9 @@ fn directed(op: FxOp, ty: Ty, rnd: Rnd, x: f64, y: f64, z: f64) -> u64 {
             Some(Ordering::Equal) | None => e.reverse(),
             Some(c) => c,
         };
-        f32b(direct32(r, cmp, neg, rnd))
+        f32b(direct(r, cmp, neg, rnd))
     } else {
-        direct64(s, e.reverse(), neg, rnd).to_bits()
+        direct(s, e.reverse(), neg, rnd).to_bits()
     }
 }
 

@@ -351,6 +351,27 @@ fn align_up(x: u32, a: u32) -> u32 {
 
 const MAX_STATIC: u32 = 1 << 30;
 
+/// `v` if it is at most [`MAX_STATIC`] (a size or an end in a space).
+fn bounded(v: Option<u32>) -> Option<u32> {
+    v.filter(|&v| v <= MAX_STATIC)
+}
+
+/// Places `size` bytes aligned to `align` at `*end` in a space: their
+/// offset, `*end` moved past them (`None` past [`MAX_STATIC`]).
+fn place(end: &mut u32, align: u32, size: u32) -> Option<u32> {
+    let off = align_up(*end, align);
+    *end = bounded(off.checked_add(size))?;
+    Some(off)
+}
+
+/// The error `msg` at `line`.
+fn fail<T>(line: u32, msg: impl Into<String>) -> Result<T, ParseError> {
+    Err(ParseError {
+        line,
+        msg: msg.into(),
+    })
+}
+
 impl<'a> Parser<'a> {
     fn line(&self) -> u32 {
         self.toks
@@ -359,10 +380,15 @@ impl<'a> Parser<'a> {
             .map_or(1, |t| t.line)
     }
     fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
-        Err(ParseError {
-            line: self.line(),
-            msg: msg.into(),
-        })
+        fail(self.line(), msg)
+    }
+    /// `v`, or the error `msg` where there is none.
+    fn require<T>(&self, v: Option<T>, msg: impl Into<String>) -> Result<T, ParseError> {
+        v.map_or_else(|| self.err(msg), Ok)
+    }
+    /// The type a `.type` word names (`what` says what it types).
+    fn ty_named(&self, w: &str, what: &str) -> Result<Ty, ParseError> {
+        self.require(Ty::from_name(&w[1..]), format!("unknown {what} '{w}'"))
     }
     fn peek(&self) -> Option<Tok<'a>> {
         self.toks.get(self.pos).copied()
@@ -569,11 +595,7 @@ impl<'a> Parser<'a> {
                 ".v4" => vecn = 4,
                 ".ptr" | ".global" | ".shared" | ".const" | ".local" => {}
                 w if w.starts_with('.') => {
-                    ty = Some(
-                        Ty::from_name(&w[1..])
-                            .ok_or(())
-                            .or_else(|_| self.err(format!("unknown type '{w}'")))?,
-                    );
+                    ty = Some(self.ty_named(w, "type")?);
                     break;
                 }
                 _ => {
@@ -605,17 +627,9 @@ impl<'a> Parser<'a> {
                 }
                 let n = self.u32_num()?;
                 self.expect_p(b']')?;
-                count = count
-                    .checked_mul(n)
-                    .filter(|&c| c <= MAX_STATIC)
-                    .ok_or(())
-                    .or_else(|_| self.err("array too large"))?;
+                count = self.require(bounded(count.checked_mul(n)), "array too large")?;
             }
-            let size = esize
-                .checked_mul(count)
-                .filter(|&s| s <= MAX_STATIC)
-                .ok_or(())
-                .or_else(|_| self.err("array too large"))?;
+            let size = self.require(bounded(esize.checked_mul(count)), "array too large")?;
             let mut init = Vec::new();
             if self.eat_p(b'=') {
                 self.initialiser(ty, &mut init)?;
@@ -635,41 +649,23 @@ impl<'a> Parser<'a> {
                     VarLoc::Shared(u32::MAX)
                 }
                 ".shared" => {
-                    let off = align_up(self.m.shared_static, align);
-                    self.m.shared_static = off
-                        .checked_add(size)
-                        .filter(|&s| s <= MAX_STATIC)
-                        .ok_or(())
-                        .or_else(|_| self.err("shared memory too large"))?;
+                    let off = place(&mut self.m.shared_static, align, size);
+                    let off = self.require(off, "shared memory too large")?;
                     let e = self.shared_ends.entry(off).or_insert(0);
                     *e = (*e).max(off + size);
                     VarLoc::Shared(off)
                 }
                 ".local" => {
-                    let off = align_up(self.m.local_size, align);
-                    self.m.local_size = off
-                        .checked_add(size)
-                        .filter(|&s| s <= MAX_STATIC)
-                        .ok_or(())
-                        .or_else(|_| self.err("local memory too large"))?;
-                    VarLoc::Local(off)
+                    let off = place(&mut self.m.local_size, align, size);
+                    VarLoc::Local(self.require(off, "local memory too large")?)
                 }
                 ".param" => {
-                    let off = align_up(self.m.param_size, align);
-                    self.m.param_size = off
-                        .checked_add(size)
-                        .filter(|&s| s <= MAX_STATIC)
-                        .ok_or(())
-                        .or_else(|_| self.err("parameters too large"))?;
-                    VarLoc::Param(off)
+                    let off = place(&mut self.m.param_size, align, size);
+                    VarLoc::Param(self.require(off, "parameters too large")?)
                 }
                 _ => {
-                    let off = align_up(self.m.statics.len() as u32, align);
-                    let end = off
-                        .checked_add(size)
-                        .filter(|&s| s <= MAX_STATIC)
-                        .ok_or(())
-                        .or_else(|_| self.err("variables too large"))?;
+                    let mut end = self.m.statics.len() as u32;
+                    let off = self.require(place(&mut end, align, size), "variables too large")?;
                     self.m.statics.resize(end as usize, 0);
                     let n = init.len().min(size as usize);
                     self.m.statics[off as usize..off as usize + n].copy_from_slice(&init[..n]);
@@ -860,10 +856,7 @@ impl<'a> Parser<'a> {
         self.body(&mut fs)?;
         for &(at, label, l) in &fs.fix {
             let Some(&target) = fs.labels.get(label) else {
-                return Err(ParseError {
-                    line: l,
-                    msg: format!("undefined label '{label}'"),
-                });
+                return fail(l, format!("undefined label '{label}'"));
             };
             if let Op::Bra { target: t } = &mut self.m.code[at].op {
                 *t = target;
@@ -909,13 +902,7 @@ impl<'a> Parser<'a> {
                     }
                 }
                 ".ptr" | ".global" | ".shared" | ".const" | ".local" => {}
-                w if w.starts_with('.') => {
-                    ty = Some(
-                        Ty::from_name(&w[1..])
-                            .ok_or(())
-                            .or_else(|_| self.err(format!("unknown type '{w}'")))?,
-                    )
-                }
+                w if w.starts_with('.') => ty = Some(self.ty_named(w, "type")?),
                 w => name = Some(w),
             }
         }
@@ -926,11 +913,8 @@ impl<'a> Parser<'a> {
         while self.eat_p(b'[') {
             let n = self.u32_num()?;
             self.expect_p(b']')?;
-            count = count
-                .checked_mul(n)
-                .filter(|&c| c <= 1 << 20)
-                .ok_or(())
-                .or_else(|_| self.err("parameter too large"))?;
+            let c = count.checked_mul(n).filter(|&c| c <= 1 << 20);
+            count = self.require(c, "parameter too large")?;
         }
         let size = ty.bytes() * count;
         let align = if align == 0 { ty.bytes() } else { align };
@@ -948,12 +932,8 @@ impl<'a> Parser<'a> {
                 },
             ));
         }
-        let off = align_up(self.m.param_size, align.max(8));
-        self.m.param_size = off
-            .checked_add(size)
-            .filter(|&s| s <= MAX_STATIC)
-            .ok_or(())
-            .or_else(|_| self.err("parameters too large"))?;
+        let off = place(&mut self.m.param_size, align.max(8), size);
+        let off = self.require(off, "parameters too large")?;
         fs.vars.insert(name, VarLoc::Param(off));
         Ok((
             off,
@@ -976,13 +956,7 @@ impl<'a> Parser<'a> {
                 ".align" => {
                     self.u32_num()?;
                 }
-                _ => {
-                    ty = Some(
-                        Ty::from_name(&w[1..])
-                            .ok_or(())
-                            .or_else(|_| self.err(format!("unknown register type '{w}'")))?,
-                    )
-                }
+                _ => ty = Some(self.ty_named(w, "register type")?),
             }
         }
         if vecn != 1 {
@@ -1065,10 +1039,7 @@ impl<'a> Parser<'a> {
                 {
                     self.pos += 2;
                     if fs.labels.insert(t.s, self.m.code.len() as u32).is_some() {
-                        return Err(ParseError {
-                            line: t.line,
-                            msg: format!("label '{}' defined twice", t.s),
-                        });
+                        return fail(t.line, format!("label '{}' defined twice", t.s));
                     }
                 }
                 _ => self.instruction(fs)?,
@@ -1078,6 +1049,18 @@ impl<'a> Parser<'a> {
 
     fn operand(&mut self) -> Result<Opnd<'a>, ParseError> {
         self.nest(|p| p.operand_inner())
+    }
+
+    /// Comma-separated operands up to and with `close` (at least one).
+    fn operands_to(&mut self, close: u8) -> Result<Vec<Opnd<'a>>, ParseError> {
+        let mut v = Vec::new();
+        loop {
+            v.push(self.operand()?);
+            if self.eat_p(close) {
+                return Ok(v);
+            }
+            self.expect_p(b',')?;
+        }
     }
 
     fn operand_inner(&mut self) -> Result<Opnd<'a>, ParseError> {
@@ -1101,31 +1084,9 @@ impl<'a> Parser<'a> {
                 self.expect_p(b']')?;
                 Ok(Opnd::Addr(base, off))
             }
-            K::P(b'{') => {
-                let mut v = Vec::new();
-                loop {
-                    v.push(self.operand()?);
-                    if self.eat_p(b'}') {
-                        break;
-                    }
-                    self.expect_p(b',')?;
-                }
-                Ok(Opnd::Vec(v))
-            }
-            K::P(b'(') => {
-                let mut v = Vec::new();
-                if self.eat_p(b')') {
-                    return Ok(Opnd::List(v));
-                }
-                loop {
-                    v.push(self.operand()?);
-                    if self.eat_p(b')') {
-                        break;
-                    }
-                    self.expect_p(b',')?;
-                }
-                Ok(Opnd::List(v))
-            }
+            K::P(b'{') => Ok(Opnd::Vec(self.operands_to(b'}')?)),
+            K::P(b'(') if self.eat_p(b')') => Ok(Opnd::List(Vec::new())),
+            K::P(b'(') => Ok(Opnd::List(self.operands_to(b')')?)),
             K::P(b'!') => Ok(Opnd::Not(self.word()?)),
             K::P(b'-') => match self.operand()? {
                 Opnd::Int(v) => Ok(Opnd::Int(-v)),
@@ -1134,10 +1095,13 @@ impl<'a> Parser<'a> {
                 Opnd::F64(b) => Ok(Opnd::F64(b ^ (1 << 63))),
                 _ => self.err("'-' before a non-number"),
             },
-            K::Num => parse_num(t.s).ok_or(()).or_else(|_| {
-                self.pos -= 1;
-                self.err(format!("bad number '{}'", t.s))
-            }),
+            K::Num => match parse_num(t.s) {
+                Some(v) => Ok(v),
+                None => {
+                    self.pos -= 1;
+                    self.err(format!("bad number '{}'", t.s))
+                }
+            },
             K::Word => {
                 if self.eat_p(b'|') {
                     return Ok(Opnd::Pair(t.s, self.word()?));
@@ -1157,9 +1121,7 @@ impl<'a> Parser<'a> {
         if self.eat_p(b'@') {
             let neg = self.eat_p(b'!');
             let p = self.word()?;
-            let (r, ty) = reg_of(fs, p)
-                .ok_or(())
-                .or_else(|_| self.err(format!("undefined predicate '{p}'")))?;
+            let (r, ty) = self.require(reg_of(fs, p), format!("undefined predicate '{p}'"))?;
             if ty != Ty::Pred {
                 return self.err(format!("'{p}' is not a predicate"));
             }
@@ -1330,24 +1292,33 @@ impl<'a> Mods<'a> {
     fn has(&self, m: &str) -> bool {
         self.list.contains(&m)
     }
+    /// The value of the first entry of `table` whose modifier the opcode
+    /// has.
+    fn pick<T: Copy>(&self, table: &[(&str, T)]) -> Option<T> {
+        table.iter().find(|(m, _)| self.has(m)).map(|&(_, v)| v)
+    }
+    /// The value `table` gives the first of the opcode's modifiers it
+    /// names.
+    fn find<T: Copy>(&self, table: &[(&str, T)]) -> Option<T> {
+        self.list
+            .iter()
+            .find_map(|x| table.iter().find(|(m, _)| m == x).map(|&(_, v)| v))
+    }
     fn types(&self) -> Vec<Ty> {
         self.list.iter().filter_map(|m| Ty::from_name(m)).collect()
     }
     fn rnd(&self) -> Rnd {
-        for m in &self.list {
-            return match *m {
-                "rn" => Rnd::Rn,
-                "rz" => Rnd::Rz,
-                "rm" => Rnd::Rm,
-                "rp" => Rnd::Rp,
-                "rni" => Rnd::Rni,
-                "rzi" => Rnd::Rzi,
-                "rmi" => Rnd::Rmi,
-                "rpi" => Rnd::Rpi,
-                _ => continue,
-            };
-        }
-        Rnd::Default
+        self.find(&[
+            ("rn", Rnd::Rn),
+            ("rz", Rnd::Rz),
+            ("rm", Rnd::Rm),
+            ("rp", Rnd::Rp),
+            ("rni", Rnd::Rni),
+            ("rzi", Rnd::Rzi),
+            ("rmi", Rnd::Rmi),
+            ("rpi", Rnd::Rpi),
+        ])
+        .unwrap_or(Rnd::Default)
     }
     fn space(&self) -> Space {
         for m in &self.list {
@@ -1376,10 +1347,7 @@ impl<'a> Mods<'a> {
 
 impl<'p, 'a> Decoder<'p, 'a> {
     fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
-        Err(ParseError {
-            line: self.line,
-            msg: msg.into(),
-        })
+        fail(self.line, msg)
     }
 
     fn var(&self, name: &str) -> Option<VarLoc> {
@@ -1399,6 +1367,32 @@ impl<'p, 'a> Decoder<'p, 'a> {
             },
             _ => self.err("destination is not a register"),
         }
+    }
+
+    /// A destination that may carry a predicate too (`r|p`).
+    fn dst_pred(&self, o: &Opnd<'a>) -> Result<(u32, Option<u32>), ParseError> {
+        match o {
+            Opnd::Pair(a, b) => Ok((self.dst(&Opnd::Name(a))?, self.pred_dst(b)?)),
+            x => Ok((self.dst(x)?, None)),
+        }
+    }
+
+    /// `o[..N]` as sources of the types `tys`.
+    fn srcs<const N: usize>(&self, o: &[Opnd<'a>], tys: [Ty; N]) -> Result<[Src; N], ParseError> {
+        let mut out = [Src::Imm(0); N];
+        for ((s, x), ty) in out.iter_mut().zip(o).zip(tys) {
+            *s = self.src(x, ty)?;
+        }
+        Ok(out)
+    }
+
+    /// The usual operands: the destination `o[0]`, then `N` sources.
+    fn dst_srcs<const N: usize>(
+        &self,
+        o: &[Opnd<'a>],
+        tys: [Ty; N],
+    ) -> Result<(u32, [Src; N]), ParseError> {
+        Ok((self.dst(&o[0])?, self.srcs(&o[1..], tys)?))
     }
 
     fn dst_bits(&self, o: &Opnd<'a>) -> u32 {
@@ -1524,10 +1518,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             Ok(())
         };
-        let need_ty = || {
-            ty.ok_or(())
-                .or_else(|_| self.err(format!("{opcode}: missing type")))
-        };
+        let need_ty = || ty.map_or_else(|| self.err(format!("{opcode}: missing type")), Ok);
         Ok(match m.base {
             "mov" => {
                 need(2)?;
@@ -1576,81 +1567,61 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     },
                 }
             }
-            "add" | "sub" | "addc" | "subc" if m.has("cc") || m.base.ends_with('c') => {
-                need(3)?;
+            "add" | "sub" | "mad" | "addc" | "subc" | "madc"
+                if m.has("cc") || m.base.ends_with('c') =>
+            {
+                let mad = m.base.starts_with("mad");
+                need(if mad { 4 } else { 3 })?;
                 let t = need_ty()?;
                 if !matches!(t.bits(), 32 | 64) || t.float() {
                     return self.err("carry arithmetic takes 32- or 64-bit integers");
                 }
+                let op = match (&m.base[..3], m.has("hi")) {
+                    ("add", _) => CarryOp::Add,
+                    ("sub", _) => CarryOp::Sub,
+                    (_, true) => CarryOp::MadHi,
+                    (_, false) => CarryOp::MadLo,
+                };
+                let (d, [a, b]) = self.dst_srcs(o, [t, t])?;
+                let c = if mad {
+                    self.src(&o[3], t)?
+                } else {
+                    Src::Imm(0)
+                };
                 Op::Carry {
-                    op: if m.base.starts_with("add") {
-                        CarryOp::Add
-                    } else {
-                        CarryOp::Sub
-                    },
+                    op,
                     ty: t,
                     cin: m.base.ends_with('c'),
                     cout: m.has("cc"),
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], t)?,
-                    c: Src::Imm(0),
-                }
-            }
-            "mad" | "madc" if m.has("cc") || m.base == "madc" => {
-                need(4)?;
-                let t = need_ty()?;
-                if !matches!(t.bits(), 32 | 64) || t.float() {
-                    return self.err("carry arithmetic takes 32- or 64-bit integers");
-                }
-                Op::Carry {
-                    op: if m.has("hi") {
-                        CarryOp::MadHi
-                    } else {
-                        CarryOp::MadLo
-                    },
-                    ty: t,
-                    cin: m.base == "madc",
-                    cout: m.has("cc"),
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], t)?,
-                    c: self.src(&o[3], t)?,
+                    d,
+                    a,
+                    b,
+                    c,
                 }
             }
             "redux" => {
                 need(3)?;
                 let t = need_ty()?;
-                let op = match m
-                    .list
-                    .iter()
-                    .find(|x| matches!(**x, "add" | "min" | "max" | "and" | "or" | "xor"))
-                {
-                    Some(&"add") => BinOp::Add,
-                    Some(&"min") => BinOp::Min,
-                    Some(&"max") => BinOp::Max,
-                    Some(&"and") => BinOp::And,
-                    Some(&"or") => BinOp::Or,
-                    Some(&"xor") => BinOp::Xor,
-                    _ => return self.err("redux: unknown operation"),
+                let Some(op) = m.find(&[
+                    ("add", BinOp::Add),
+                    ("min", BinOp::Min),
+                    ("max", BinOp::Max),
+                    ("and", BinOp::And),
+                    ("or", BinOp::Or),
+                    ("xor", BinOp::Xor),
+                ]) else {
+                    return self.err("redux: unknown operation");
                 };
                 if t.float() || t.bits() != 32 {
                     return self.err("redux takes 32-bit integers");
                 }
-                Op::Redux {
-                    op,
-                    ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                }
+                let (d, [a]) = self.dst_srcs(o, [t])?;
+                Op::Redux { op, ty: t, d, a }
             }
             "match" => {
                 need(3)?;
                 let t = need_ty()?;
-                let (d, dp) = match &o[0] {
-                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
-                    x => (self.dst(x)?, None),
-                };
+                let (d, dp) = self.dst_pred(&o[0])?;
                 Op::Match {
                     all: m.has("all"),
                     bits: t.bits(),
@@ -1661,10 +1632,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "elect" => {
                 need(2)?;
-                let (d, dp) = match &o[0] {
-                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
-                    x => (self.dst(x)?, None),
-                };
+                let (d, dp) = self.dst_pred(&o[0])?;
                 Op::Elect { d, dp }
             }
             "isspacep" => {
@@ -1679,13 +1647,12 @@ impl<'p, 'a> Decoder<'p, 'a> {
             | "shl" | "shr" | "copysign" | "mul24" => {
                 need(3)?;
                 let t = need_ty()?;
-                let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
                 let b_ty = if matches!(m.base, "shl" | "shr") {
                     Ty::U32
                 } else {
                     t
                 };
-                let b = self.src(&o[2], b_ty)?;
+                let (d, [a, b]) = self.dst_srcs(o, [t, b_ty])?;
                 if m.has("NaN") || m.has("xorsign") {
                     return self.err(format!("{opcode}: .NaN and .xorsign are not supported"));
                 }
@@ -1740,7 +1707,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     "bfind" => UnOp::Bfind,
                     _ => UnOp::Tanh,
                 };
-                let (d, a) = (self.dst(&o[0])?, self.src(&o[1], t)?);
+                let (d, [a]) = self.dst_srcs(o, [t])?;
                 if let Some(fx) = self.fx(&m, FxOp::Un(op), t, d, a, Src::Imm(0), Src::Imm(0))? {
                     return Ok(fx);
                 }
@@ -1756,23 +1723,15 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     MadOp::Mad24Lo
                 } else if t.float() {
                     MadOp::Fma
-                } else if m.has("wide") {
-                    MadOp::Wide
-                } else if m.has("hi") {
-                    MadOp::Hi
                 } else {
-                    MadOp::Lo
+                    m.pick(&[("wide", MadOp::Wide), ("hi", MadOp::Hi)])
+                        .unwrap_or(MadOp::Lo)
                 };
                 if m.has("cc") {
                     return self.err("carry arithmetic (.cc) is not supported");
                 }
                 let cty = if op == MadOp::Wide { wide(t) } else { t };
-                let (d, a, b, c) = (
-                    self.dst(&o[0])?,
-                    self.src(&o[1], t)?,
-                    self.src(&o[2], t)?,
-                    self.src(&o[3], cty)?,
-                );
+                let (d, [a, b, c]) = self.dst_srcs(o, [t, t, cty])?;
                 if op == MadOp::Fma {
                     if let Some(fx) = self.fx(&m, FxOp::Fma, t, d, a, b, c)? {
                         return Ok(fx);
@@ -1818,13 +1777,12 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     x => (self.pred_dst_o(x)?, None),
                 };
                 let comb = if o.len() == 4 {
-                    let bop = if m.has("and") {
-                        BoolOp::And
-                    } else if m.has("or") {
-                        BoolOp::Or
-                    } else if m.has("xor") {
-                        BoolOp::Xor
-                    } else {
+                    let bops = [
+                        ("and", BoolOp::And),
+                        ("or", BoolOp::Or),
+                        ("xor", BoolOp::Xor),
+                    ];
+                    let Some(bop) = m.pick(&bops) else {
                         return self.err("setp with 4 operands needs .and/.or/.xor");
                     };
                     let (c, neg) = self.pred_src(&o[3])?;
@@ -1845,13 +1803,9 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "selp" => {
                 need(4)?;
                 let t = need_ty()?;
-                Op::Selp {
-                    ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], t)?,
-                    c: self.pred_src(&o[3])?.0,
-                }
+                let (d, [a, b]) = self.dst_srcs(o, [t, t])?;
+                let c = self.pred_src(&o[3])?.0;
+                Op::Selp { ty: t, d, a, b, c }
             }
             "cvt" => {
                 need(2)?;
@@ -1939,26 +1893,20 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "atom" | "red" => {
                 let t = need_ty()?;
-                let kind = m
-                    .list
-                    .iter()
-                    .find_map(|x| {
-                        Some(match *x {
-                            "add" => AtomKind::Add,
-                            "min" => AtomKind::Min,
-                            "max" => AtomKind::Max,
-                            "exch" => AtomKind::Exch,
-                            "cas" => AtomKind::Cas,
-                            "and" => AtomKind::And,
-                            "or" => AtomKind::Or,
-                            "xor" => AtomKind::Xor,
-                            "inc" => AtomKind::Inc,
-                            "dec" => AtomKind::Dec,
-                            _ => return None,
-                        })
-                    })
-                    .ok_or(())
-                    .or_else(|_| self.err(format!("{opcode}: unknown operation")))?;
+                let Some(kind) = m.find(&[
+                    ("add", AtomKind::Add),
+                    ("min", AtomKind::Min),
+                    ("max", AtomKind::Max),
+                    ("exch", AtomKind::Exch),
+                    ("cas", AtomKind::Cas),
+                    ("and", AtomKind::And),
+                    ("or", AtomKind::Or),
+                    ("xor", AtomKind::Xor),
+                    ("inc", AtomKind::Inc),
+                    ("dec", AtomKind::Dec),
+                ]) else {
+                    return self.err(format!("{opcode}: unknown operation"));
+                };
                 let aty = match t {
                     Ty::U32 | Ty::B32 => AtomTy::U32,
                     Ty::S32 => AtomTy::S32,
@@ -1993,42 +1941,34 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 }
             }
             "shfl" => {
-                let mode = if m.has("up") {
-                    ShflMode::Up
-                } else if m.has("down") {
-                    ShflMode::Down
-                } else if m.has("bfly") {
-                    ShflMode::Bfly
-                } else if m.has("idx") {
-                    ShflMode::Idx
-                } else {
+                let Some(mode) = m.pick(&[
+                    ("up", ShflMode::Up),
+                    ("down", ShflMode::Down),
+                    ("bfly", ShflMode::Bfly),
+                    ("idx", ShflMode::Idx),
+                ]) else {
                     return self.err("shfl: unknown mode");
                 };
                 let want = if m.has("sync") { 5 } else { 4 };
                 need(want)?;
-                let (d, dp) = match &o[0] {
-                    Opnd::Pair(a, b) => (self.dst(&Opnd::Name(a))?, self.pred_dst(b)?),
-                    x => (self.dst(x)?, None),
-                };
+                let (d, dp) = self.dst_pred(&o[0])?;
+                let [a, b, c] = self.srcs(&o[1..], [Ty::B32; 3])?;
                 Op::Shfl {
                     mode,
                     d,
                     dp,
-                    a: self.src(&o[1], Ty::B32)?,
-                    b: self.src(&o[2], Ty::B32)?,
-                    c: self.src(&o[3], Ty::B32)?,
+                    a,
+                    b,
+                    c,
                 }
             }
             "vote" => {
-                let mode = if m.has("all") {
-                    VoteMode::All
-                } else if m.has("any") {
-                    VoteMode::Any
-                } else if m.has("uni") {
-                    VoteMode::Uni
-                } else if m.has("ballot") {
-                    VoteMode::Ballot
-                } else {
+                let Some(mode) = m.pick(&[
+                    ("all", VoteMode::All),
+                    ("any", VoteMode::Any),
+                    ("uni", VoteMode::Uni),
+                    ("ballot", VoteMode::Ballot),
+                ]) else {
                     return self.err("vote: unknown mode");
                 };
                 let want = if m.has("sync") { 3 } else { 2 };
@@ -2050,24 +1990,20 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "bfe" => {
                 need(4)?;
                 let t = need_ty()?;
-                Op::Bfe {
-                    ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], Ty::U32)?,
-                    c: self.src(&o[3], Ty::U32)?,
-                }
+                let (d, [a, b, c]) = self.dst_srcs(o, [t, Ty::U32, Ty::U32])?;
+                Op::Bfe { ty: t, d, a, b, c }
             }
             "bfi" => {
                 need(5)?;
                 let t = need_ty()?;
+                let (d, [a, b, c, e]) = self.dst_srcs(o, [t, t, Ty::U32, Ty::U32])?;
                 Op::Bfi {
                     ty: t,
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], t)?,
-                    b: self.src(&o[2], t)?,
-                    c: self.src(&o[3], Ty::U32)?,
-                    e: self.src(&o[4], Ty::U32)?,
+                    d,
+                    a,
+                    b,
+                    c,
+                    e,
                 }
             }
             "prmt" => {
@@ -2078,12 +2014,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 {
                     return self.err("prmt modes are not supported");
                 }
-                Op::Prmt {
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], Ty::B32)?,
-                    b: self.src(&o[2], Ty::B32)?,
-                    c: self.src(&o[3], Ty::B32)?,
-                }
+                let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
+                Op::Prmt { d, a, b, c }
             }
             "lop3" => {
                 need(5)?;
@@ -2091,23 +2023,19 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     Opnd::Int(v) if (0..=255).contains(v) => *v as u8,
                     _ => return self.err("lop3: the table must be a literal 0..255"),
                 };
-                Op::Lop3 {
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], Ty::B32)?,
-                    b: self.src(&o[2], Ty::B32)?,
-                    c: self.src(&o[3], Ty::B32)?,
-                    lut,
-                }
+                let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
+                Op::Lop3 { d, a, b, c, lut }
             }
             "shf" => {
                 need(4)?;
+                let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32, Ty::B32, Ty::U32])?;
                 Op::Shf {
                     left: m.has("l"),
                     wrap: m.has("wrap"),
-                    d: self.dst(&o[0])?,
-                    a: self.src(&o[1], Ty::B32)?,
-                    b: self.src(&o[2], Ty::B32)?,
-                    c: self.src(&o[3], Ty::U32)?,
+                    d,
+                    a,
+                    b,
+                    c,
                 }
             }
             "testp" => {

@@ -118,24 +118,29 @@ impl SiteLimiter {
 /// count is logged with the next line after the second ends.
 #[macro_export]
 macro_rules! warn_limited {
-    ($($arg:tt)+) => {{
-        static SITE: $crate::log::SiteLimiter = $crate::log::SiteLimiter::new();
-        SITE.log(
-            $crate::__log::Level::Warn,
-            ::core::module_path!(),
-            ::core::format_args!($($arg)+),
-        )
-    }};
+    ($($arg:tt)+) => {
+        $crate::__log_limited!(Warn, $($arg)+)
+    };
 }
 
 /// `log::error!` with a budget per call site, as
 /// [`warn_limited!`](crate::warn_limited).
 #[macro_export]
 macro_rules! error_limited {
-    ($($arg:tt)+) => {{
+    ($($arg:tt)+) => {
+        $crate::__log_limited!(Error, $($arg)+)
+    };
+}
+
+/// The two macros above at `level`: a [`SiteLimiter`] of the call site's
+/// own.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __log_limited {
+    ($level:ident, $($arg:tt)+) => {{
         static SITE: $crate::log::SiteLimiter = $crate::log::SiteLimiter::new();
         SITE.log(
-            $crate::__log::Level::Error,
+            $crate::__log::Level::$level,
             ::core::module_path!(),
             ::core::format_args!($($arg)+),
         )

@@ -23,6 +23,28 @@ pub fn launch_cmd(entry: &str, grid: [u32; 3], block: [u32; 3], params_size: u32
     }
 }
 
+/// A COPY of `size` bytes from `src` (a place of kind `src_kind`) to `dst`
+/// (of kind `dst_kind`), with a guest side's list of `sg_count` entries.
+pub fn copy_cmd(
+    src_kind: u32,
+    dst_kind: u32,
+    src: u64,
+    dst: u64,
+    size: u64,
+    sg_count: u32,
+) -> CopyCmd {
+    CopyCmd {
+        hdr: hdr(abi::OP_COPY, 0),
+        src_kind,
+        dst_kind,
+        src,
+        dst,
+        size,
+        sg_count,
+        reserved: 0,
+    }
+}
+
 /// Little-endian bytes of `v`.
 pub fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -113,52 +135,28 @@ impl Guest {
         self.run(q, &chain.completion())
     }
 
-    fn copy_cmd(
-        src_kind: u32,
-        dst_kind: u32,
-        src: u64,
-        dst: u64,
-        size: u64,
-        sg_count: u32,
-    ) -> CopyCmd {
-        CopyCmd {
-            hdr: hdr(abi::OP_COPY, 0),
-            src_kind,
-            dst_kind,
-            src,
-            dst,
-            size,
-            sg_count,
-            reserved: 0,
-        }
+    /// COPY between device address `dev` and the guest buffers of `sg`:
+    /// into the device when `to_device`, out of it otherwise.
+    fn copy_guest(&mut self, q: u32, to_device: bool, dev: u64, sg: &[SgEntry]) -> Completion {
+        let size = sg.iter().map(|e| e.len).sum();
+        let (guest, device) = ((abi::COPY_GUEST, 0), (abi::COPY_DEVICE, dev));
+        let (src, dst) = if to_device {
+            (guest, device)
+        } else {
+            (device, guest)
+        };
+        let cmd = copy_cmd(src.0, dst.0, src.1, dst.1, size, sg.len() as u32);
+        self.copy(q, &cmd, Some(sg))
     }
 
     /// COPY guest -> device of the bytes of `sg` to device address `dst`.
     pub fn copy_to_device(&mut self, q: u32, dst: u64, sg: &[SgEntry]) -> Completion {
-        let size = sg.iter().map(|e| e.len).sum();
-        let cmd = Self::copy_cmd(
-            abi::COPY_GUEST,
-            abi::COPY_DEVICE,
-            0,
-            dst,
-            size,
-            sg.len() as u32,
-        );
-        self.copy(q, &cmd, Some(sg))
+        self.copy_guest(q, true, dst, sg)
     }
 
     /// COPY device -> guest from device address `src` into `sg`.
     pub fn copy_from_device(&mut self, q: u32, src: u64, sg: &[SgEntry]) -> Completion {
-        let size = sg.iter().map(|e| e.len).sum();
-        let cmd = Self::copy_cmd(
-            abi::COPY_DEVICE,
-            abi::COPY_GUEST,
-            src,
-            0,
-            size,
-            sg.len() as u32,
-        );
-        self.copy(q, &cmd, Some(sg))
+        self.copy_guest(q, false, src, sg)
     }
 
     /// COPY window -> device.
@@ -169,7 +167,7 @@ impl Guest {
         dst: u64,
         size: u64,
     ) -> Completion {
-        let cmd = Self::copy_cmd(abi::COPY_WINDOW, abi::COPY_DEVICE, window_off, dst, size, 0);
+        let cmd = copy_cmd(abi::COPY_WINDOW, abi::COPY_DEVICE, window_off, dst, size, 0);
         self.copy(q, &cmd, None)
     }
 
@@ -181,13 +179,13 @@ impl Guest {
         window_off: u64,
         size: u64,
     ) -> Completion {
-        let cmd = Self::copy_cmd(abi::COPY_DEVICE, abi::COPY_WINDOW, src, window_off, size, 0);
+        let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_WINDOW, src, window_off, size, 0);
         self.copy(q, &cmd, None)
     }
 
     /// COPY device -> device.
     pub fn copy_device_to_device(&mut self, q: u32, dst: u64, src: u64, size: u64) -> Completion {
-        let cmd = Self::copy_cmd(abi::COPY_DEVICE, abi::COPY_DEVICE, src, dst, size, 0);
+        let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_DEVICE, src, dst, size, 0);
         self.copy(q, &cmd, None)
     }
 

@@ -411,22 +411,23 @@ impl Guest {
 
     // ---- registers ----
 
-    /// Reads a 32-bit register of BAR0.
-    pub fn read32(&mut self, off: u64) -> u32 {
-        let mut b = [0u8; 4];
+    /// Reads `N` bytes of BAR0 with one access.
+    fn read_bar0<const N: usize>(&mut self, off: u64) -> [u8; N] {
+        let mut b = [0u8; N];
         self.client
             .region_read(abi::BAR_REGS, off, &mut b)
             .expect("BAR0 read");
-        u32::from_le_bytes(b)
+        b
+    }
+
+    /// Reads a 32-bit register of BAR0.
+    pub fn read32(&mut self, off: u64) -> u32 {
+        u32::from_le_bytes(self.read_bar0(off))
     }
 
     /// Reads a 64-bit register of BAR0 with one 8-byte access.
     pub fn read64(&mut self, off: u64) -> u64 {
-        let mut b = [0u8; 8];
-        self.client
-            .region_read(abi::BAR_REGS, off, &mut b)
-            .expect("BAR0 read");
-        u64::from_le_bytes(b)
+        u64::from_le_bytes(self.read_bar0(off))
     }
 
     /// Writes a 32-bit register of BAR0.

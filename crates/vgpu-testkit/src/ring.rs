@@ -326,6 +326,17 @@ pub struct RingLayout {
     pub slots: u64,
 }
 
+/// Size of an available ring entry (a descriptor index).
+const AVAIL_ENTRY: u64 = 2;
+/// Size of a used ring entry (an id and a length).
+const USED_ENTRY: u64 = 8;
+
+/// Address of slot `i` of the ring at `ring` (`flags`, `idx`, then the
+/// entries of `entry` bytes; slot `size` is the event field after them).
+fn ring_slot(ring: u64, entry: u64, i: u16) -> u64 {
+    ring + 4 + entry * u64::from(i)
+}
+
 impl RingLayout {
     /// Address of the available ring's `idx`.
     pub fn avail_idx(&self) -> u64 {
@@ -334,12 +345,12 @@ impl RingLayout {
 
     /// Address of available ring entry `i` (modulo the size).
     pub fn avail_entry(&self, i: u16) -> u64 {
-        self.avail + 4 + 2 * u64::from(i % self.size)
+        ring_slot(self.avail, AVAIL_ENTRY, i % self.size)
     }
 
     /// Address of `used_event` (after the available ring).
     pub fn used_event(&self) -> u64 {
-        self.avail + 4 + 2 * u64::from(self.size)
+        ring_slot(self.avail, AVAIL_ENTRY, self.size)
     }
 
     /// Address of the used ring's `idx`.
@@ -349,12 +360,12 @@ impl RingLayout {
 
     /// Address of used ring entry `i` (modulo the size).
     pub fn used_entry(&self, i: u16) -> u64 {
-        self.used + 4 + 8 * u64::from(i % self.size)
+        ring_slot(self.used, USED_ENTRY, i % self.size)
     }
 
     /// Address of `avail_event` (after the used ring).
     pub fn avail_event(&self) -> u64 {
-        self.used + 4 + 8 * u64::from(self.size)
+        ring_slot(self.used, USED_ENTRY, self.size)
     }
 
     /// Address of descriptor `i`.

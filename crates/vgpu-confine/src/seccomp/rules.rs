@@ -120,6 +120,14 @@ fn socket_option(level: libc::c_int, name: libc::c_int) -> SeccompRule {
     .expect("two conditions")
 }
 
+/// Waiting on fds: `poll` (`ppoll` where the architecture has no `poll`).
+fn poll_rules(rules: &mut Rules) {
+    #[cfg(target_arch = "x86_64")]
+    allow(rules, &[libc::SYS_poll]);
+    #[cfg(not(target_arch = "x86_64"))]
+    allow(rules, &[libc::SYS_ppoll]);
+}
+
 /// What both HTTP servers (API, metrics) and the vfio-user engine do with
 /// their sockets once bound: accept, read and write, time out, wait.
 fn serving_rules(rules: &mut Rules) {
@@ -135,10 +143,7 @@ fn serving_rules(rules: &mut Rules) {
             SYS_getsockname,
         ],
     );
-    #[cfg(target_arch = "x86_64")]
-    allow(rules, &[SYS_poll]);
-    #[cfg(not(target_arch = "x86_64"))]
-    allow(rules, &[SYS_ppoll]);
+    poll_rules(rules);
     rules.insert(
         SYS_setsockopt,
         vec![
@@ -169,32 +174,57 @@ fn host_driver_rules(rules: &mut Rules) {
     rules.insert(SYS_pidfd_send_signal, any_of(1, &[SIGKILL as u64]));
 }
 
-/// The fcntl commands of the serving threads plus reading the seals of a
-/// guest RAM file (only files sealed against shrinking go to a host).
-fn fcntl_commands(extra: &[u64]) -> Vec<SeccompRule> {
-    use libc::*;
-    let mut cmds = vec![F_GETFD as u64, F_DUPFD_CLOEXEC as u64, F_GET_SEALS as u64];
-    cmds.extend_from_slice(extra);
-    any_of(1, &cmds)
-}
-
-/// The rest of the daemon: the vfio-user engine, devices, the management
-/// API creating and removing vGPUs, and shutdown.
-fn daemon_rules(rules: &mut Rules) {
+/// Serving a vGPU over vfio-user, in the daemon or on the vGPU's own
+/// threads: messages with fds (guest memory, interrupts), the event loop,
+/// the size of a guest memory file before it is mapped; and replacing a
+/// failed partition host on a reset.
+fn vfio_user_rules(rules: &mut Rules) {
     use libc::*;
     common_rules(rules);
     serving_rules(rules);
     allow(
         rules,
         &[
-            // vfio-user: messages with fds (guest memory, interrupts),
-            // the event loop.
             SYS_recvmsg,
             SYS_sendmsg,
             SYS_epoll_create1,
             SYS_epoll_ctl,
-            // The size of a guest memory file before it is mapped.
             SYS_statx,
+        ],
+    );
+    #[cfg(target_arch = "x86_64")]
+    allow(rules, &[SYS_epoll_wait]);
+    #[cfg(not(target_arch = "x86_64"))]
+    allow(rules, &[SYS_epoll_pwait]);
+    // As the serving threads, plus reading the seals of a guest RAM file
+    // (only files sealed against shrinking go to a host) and sealing the
+    // size of a partition host's staging area (a memfd) before the host
+    // maps it.
+    rules.insert(
+        SYS_fcntl,
+        any_of(
+            1,
+            &[
+                F_GETFD as u64,
+                F_DUPFD_CLOEXEC as u64,
+                F_GET_SEALS as u64,
+                F_ADD_SEALS as u64,
+            ],
+        ),
+    );
+    // A replacement host's memory socket is made on the thread that
+    // resets.
+    host_driver_rules(rules);
+}
+
+/// The rest of the daemon: the vfio-user engine, devices, the management
+/// API creating and removing vGPUs, and shutdown.
+fn daemon_rules(rules: &mut Rules) {
+    use libc::*;
+    vfio_user_rules(rules);
+    allow(
+        rules,
+        &[
             // Doorbell page and window shared with the VMM.
             SYS_memfd_create,
             SYS_ftruncate,
@@ -217,26 +247,12 @@ fn daemon_rules(rules: &mut Rules) {
     #[cfg(target_arch = "x86_64")]
     allow(
         rules,
-        &[
-            SYS_epoll_wait,
-            SYS_mkdir,
-            SYS_unlink,
-            SYS_rmdir,
-            SYS_chmod,
-            SYS_lchown,
-        ],
+        &[SYS_mkdir, SYS_unlink, SYS_rmdir, SYS_chmod, SYS_lchown],
     );
     #[cfg(not(target_arch = "x86_64"))]
-    allow(
-        rules,
-        &[SYS_epoll_pwait, SYS_mkdirat, SYS_unlinkat, SYS_fchmodat],
-    );
+    allow(rules, &[SYS_mkdirat, SYS_unlinkat, SYS_fchmodat]);
     // UNIX sockets only: no network.
     rules.insert(SYS_socket, any_of(0, &[AF_UNIX as u64]));
-    // As the serving threads, and sealing the size of a partition host's
-    // staging area (a memfd) before the host maps it.
-    rules.insert(SYS_fcntl, fcntl_commands(&[F_ADD_SEALS as u64]));
-    host_driver_rules(rules);
 }
 
 /// The daemon driving a GPU in its own process (the CUDA backend): its
@@ -294,30 +310,14 @@ fn gpu_driver_rules(rules: &mut Rules) {
     allow(rules, &[SYS_open, SYS_stat, SYS_readlink, SYS_access]);
 }
 
-/// A vGPU's serving threads: messages with fds, the event loop, guest
-/// memory checks; the socket's removal when the vGPU goes.
+/// A vGPU's serving threads: vfio-user, and the socket's removal when the
+/// vGPU goes.
 fn vgpu_rules(rules: &mut Rules, driver: bool) {
-    use libc::*;
-    common_rules(rules);
-    serving_rules(rules);
-    allow(
-        rules,
-        &[
-            SYS_recvmsg,
-            SYS_sendmsg,
-            SYS_epoll_create1,
-            SYS_epoll_ctl,
-            SYS_statx,
-        ],
-    );
+    vfio_user_rules(rules);
     #[cfg(target_arch = "x86_64")]
-    allow(rules, &[SYS_epoll_wait, SYS_unlink]);
+    allow(rules, &[libc::SYS_unlink]);
     #[cfg(not(target_arch = "x86_64"))]
-    allow(rules, &[SYS_epoll_pwait, SYS_unlinkat]);
-    // A reset replaces a failed partition host: its staging area is
-    // sealed and its memory socket made on this thread.
-    rules.insert(SYS_fcntl, fcntl_commands(&[F_ADD_SEALS as u64]));
-    host_driver_rules(rules);
+    allow(rules, &[libc::SYS_unlinkat]);
     if driver {
         gpu_driver_rules(rules);
     }
@@ -341,10 +341,7 @@ fn partition_host_rules(rules: &mut Rules, driver: bool) {
             SYS_statx,
         ],
     );
-    #[cfg(target_arch = "x86_64")]
-    allow(rules, &[SYS_poll]);
-    #[cfg(not(target_arch = "x86_64"))]
-    allow(rules, &[SYS_ppoll]);
+    poll_rules(rules);
     if driver {
         // The driver's list was traced as what it needed beyond the
         // daemon's, in a daemon that made its contexts under the filter;
