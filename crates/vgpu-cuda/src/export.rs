@@ -170,11 +170,21 @@ extern "C" fn get_module_from_cubin_ext1(
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
-    if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
-        return cu::ERROR_NOT_SUPPORTED;
+    entry(|| {
+        no_options(arg3, arg4, arg5)?;
+        // SAFETY: as get_module_from_cubin.
+        unsafe { load_wrapper(module, wrapper) }
+    })
+}
+
+/// The extended loaders' options (what they are is not known): only
+/// none is understood.
+fn no_options(arg3: *mut c_void, arg4: *mut c_void, arg5: u32) -> ffi::CuResult {
+    if arg3.is_null() && arg4.is_null() && arg5 == 0 {
+        Ok(())
+    } else {
+        Err(cu::ERROR_NOT_SUPPORTED)
     }
-    // SAFETY: as get_module_from_cubin.
-    entry(|| unsafe { load_wrapper(module, wrapper) })
 }
 
 extern "C" fn get_module_from_cubin_ext2(
@@ -184,10 +194,8 @@ extern "C" fn get_module_from_cubin_ext2(
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
-    if !arg3.is_null() || !arg4.is_null() || arg5 != 0 {
-        return cu::ERROR_NOT_SUPPORTED;
-    }
     entry(|| {
+        no_options(arg3, arg4, arg5)?;
         // SAFETY: `image` is a fatbinary the runtime keeps alive.
         let image = unsafe { crate::api::module::image_at(image) }?;
         load_image(module, image)
