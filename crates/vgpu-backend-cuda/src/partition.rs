@@ -213,7 +213,7 @@ impl CudaPartition {
     /// A new context for this partition.
     fn create_state(&self) -> Result<DeviceState, Fail> {
         if let Some(why) = crate::cuda_lost() {
-            return Err(Fail::Op(OpError::Device(crate::lost_message(why))));
+            return Err(Fail::Op(OpError::Lost(crate::lost_message(why))));
         }
         DeviceState::create(&self.shared, self.desc, self.sms)
     }
@@ -225,7 +225,7 @@ impl CudaPartition {
         f: impl FnOnce(&mut DeviceState) -> Result<T, Fail>,
     ) -> Result<T, OpError> {
         if let Some(why) = crate::cuda_lost() {
-            return Err(OpError::Device(format!(
+            return Err(OpError::Lost(format!(
                 "partition {:?}: {}",
                 self.spec.name,
                 crate::lost_message(why)
@@ -251,7 +251,7 @@ impl CudaPartition {
                 Err(e) => Err(Fail::Cuda("making the context current".into(), e)),
             },
             (Some(why), _) => {
-                return Err(OpError::Device(format!(
+                return Err(OpError::Lost(format!(
                     "partition {:?}: {why}; reset required",
                     self.spec.name
                 )))
@@ -275,7 +275,7 @@ impl CudaPartition {
                 let why = format!("partition {:?}: {what}: {e}", self.spec.name);
                 crate::mark_lost(&why);
                 self.lost = Some(why.clone());
-                OpError::Device(crate::lost_message(&why))
+                OpError::Lost(crate::lost_message(&why))
             }
             Fail::Cuda(what, e) => OpError::Device(format!("{what}: {e}")),
             Fail::Refused(what, e) => OpError::Invalid(format!("{what}: {e}")),
@@ -624,6 +624,10 @@ impl Partition for CudaPartition {
 
     fn memory_used(&self) -> u64 {
         self.allocs.used()
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.is_some() || crate::cuda_lost().is_some()
     }
 
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {

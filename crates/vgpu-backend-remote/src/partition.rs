@@ -372,6 +372,8 @@ pub struct RemotePartition {
     link: Option<Link>,
     staging: Staging,
     failed: Option<String>,
+    /// The host's backend lost its device state: a reset replaces it.
+    lost: bool,
     memory_used: u64,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
@@ -413,6 +415,7 @@ impl RemotePartition {
             staging,
             link: None,
             failed: None,
+            lost: false,
             memory_used: 0,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
@@ -580,6 +583,9 @@ impl RemotePartition {
         ) {
             Ok(reply) => {
                 self.memory_used = reply.memory_used;
+                if matches!(reply.result, Err(OpError::Lost(_))) {
+                    self.lost = true;
+                }
                 reply.result
             }
             Err(why) => Err(self.fail(why)),
@@ -734,7 +740,12 @@ impl Partition for RemotePartition {
     /// Resets in place when the host is healthy; otherwise (it failed, or
     /// its backend cannot recover in its process) replaces it with a fresh
     /// host.
+    fn is_lost(&self) -> bool {
+        self.lost || self.failed.is_some()
+    }
+
     fn reset(&mut self) {
+        self.lost = false;
         if self.failed.is_none() {
             if let Some(link) = self.link.as_mut() {
                 let r = link.exchange(

@@ -738,6 +738,7 @@ const ERR_NOT_FOUND: u8 = 4;
 const ERR_OUT_OF_RANGE: u8 = 5;
 const ERR_FAULT: u8 = 6;
 const ERR_DEVICE: u8 = 7;
+const ERR_LOST: u8 = 8;
 
 impl Reply {
     /// The payload of this reply to a request of `kind`.
@@ -753,6 +754,7 @@ impl Reply {
                 OpError::OutOfRange { .. } => ERR_OUT_OF_RANGE,
                 OpError::Fault(_) => ERR_FAULT,
                 OpError::Device(_) => ERR_DEVICE,
+                OpError::Lost(_) => ERR_LOST,
             },
         };
         w.u8(status).u64(self.memory_used);
@@ -778,7 +780,8 @@ impl Reply {
                 OpError::Invalid(s)
                 | OpError::Unsupported(s)
                 | OpError::NotFound(s)
-                | OpError::Device(s) => {
+                | OpError::Device(s)
+                | OpError::Lost(s) => {
                     w.text(s, MAX_TEXT);
                 }
                 OpError::NoMemory {
@@ -838,6 +841,7 @@ impl Reply {
             ERR_UNSUPPORTED => Err(OpError::Unsupported(text(&mut r)?)),
             ERR_NOT_FOUND => Err(OpError::NotFound(text(&mut r)?)),
             ERR_DEVICE => Err(OpError::Device(text(&mut r)?)),
+            ERR_LOST => Err(OpError::Lost(text(&mut r)?)),
             ERR_NO_MEMORY => Err(OpError::NoMemory {
                 requested: r.u64()?,
                 available: r.u64()?,
@@ -1120,7 +1124,8 @@ mod tests {
             (Kind::Free, Err(OpError::NotFound("x".into()))),
             (Kind::Copy, Err(OpError::OutOfRange { addr: 1, len: 2 })),
             (Kind::Upload, Err(OpError::Fault(3))),
-            (Kind::Launch, Err(OpError::Device("lost".into()))),
+            (Kind::Launch, Err(OpError::Device("failed".into()))),
+            (Kind::Launch, Err(OpError::Lost("context gone".into()))),
         ];
         for (kind, result) in cases {
             let reply = Reply {

@@ -53,6 +53,10 @@ pub enum OpError {
     /// The device failed.
     #[error("device error: {0}")]
     Device(String),
+    /// The partition lost its device state (a kernel fault on a GPU ends
+    /// its context): every later command fails until a reset.
+    #[error("device state lost: {0}")]
+    Lost(String),
 }
 
 impl OpError {
@@ -65,7 +69,7 @@ impl OpError {
             OpError::NotFound(_) => abi::STATUS_NOT_FOUND,
             OpError::OutOfRange { .. } => abi::STATUS_OUT_OF_RANGE,
             OpError::Fault(_) => abi::STATUS_FAULT,
-            OpError::Device(_) => abi::STATUS_DEVICE_ERROR,
+            OpError::Device(_) | OpError::Lost(_) => abi::STATUS_DEVICE_ERROR,
         }
     }
 }
@@ -281,6 +285,12 @@ pub trait Partition: Send {
     fn memory_used(&self) -> u64;
     /// Frees all memory and modules: the partition is as new.
     fn reset(&mut self);
+    /// Whether the partition lost its device state ([`OpError::Lost`])
+    /// and fails everything until [`Partition::reset`]. A partition whose
+    /// state cannot be lost keeps the default.
+    fn is_lost(&self) -> bool {
+        false
+    }
     /// The registry to which guest memory mapped into this process is
     /// announced, if the partition can use such memory directly. Asked
     /// once, when the partition is put to use; the handle is used without

@@ -288,6 +288,20 @@ pub(crate) struct Shared {
 pub(crate) use vgpu_sys::lock;
 
 impl Shared {
+    /// The partition lost its state (a kernel fault ended its GPU
+    /// context): STATUS.FATAL tells the driver to reset the function,
+    /// which gives it a new one. Logged once until that reset.
+    pub(crate) fn function_lost(&self, queue: u32) {
+        {
+            let mut st = lock(&self.state);
+            if st.status & abi::STATUS_FATAL != 0 {
+                return;
+            }
+            st.status |= abi::STATUS_FATAL;
+        }
+        self.log_error(abi::ERR_BACKEND, queue, 0);
+    }
+
     /// Logs a device error, sets the error cause and raises the error vector.
     pub(crate) fn log_error(&self, code: u32, queue: u32, detail: u64) {
         {

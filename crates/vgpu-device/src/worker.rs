@@ -384,6 +384,11 @@ fn run_chains(
             let used = part.memory_used();
             sh.counters.mem_used.store(used, Ordering::Relaxed);
             sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
+            let lost = part.is_lost();
+            drop(part);
+            if lost {
+                sh.function_lost(q);
+            }
             out
         };
         if sh.drain.requested() {
