@@ -429,6 +429,25 @@ static int vgpu_setup_irqs(struct vgpu_dev *vdev)
 
 /* ---- character device --------------------------------------------------------- */
 
+/*
+ * A function whose partition lost its state (STATUS.FATAL: a kernel fault
+ * ended its GPU context) is reset by the error worker. A new user waits
+ * for that, and for any recovery in progress, so the reset never happens
+ * under its first commands.
+ */
+static void vgpu_settle(struct vgpu_dev *vdev)
+{
+	u32 status = 0;
+
+	down_read(&vdev->hw_lock);
+	if (!vdev->dead)
+		status = readl(vdev->regs + VGPU_REG_STATUS);
+	up_read(&vdev->hw_lock);
+	if (status != U32_MAX && (status & VGPU_STATUS_FATAL))
+		vgpu_schedule_recovery(vdev);
+	flush_work(&vdev->err_work);
+}
+
 static int vgpu_open(struct inode *inode, struct file *filp)
 {
 	struct vgpu_dev *vdev;
@@ -441,6 +460,7 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 	mutex_unlock(&vgpu_minor_lock);
 	if (!vdev)
 		return -ENODEV;
+	vgpu_settle(vdev);
 
 	vf = kzalloc(sizeof(*vf), GFP_KERNEL);
 	if (!vf) {

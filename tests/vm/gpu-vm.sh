@@ -17,6 +17,8 @@
 #   GPU_DEVICE=0      the CUDA device
 #   GPU_SMS=132       its SM count (an H200's)
 #   GPU_BACKEND=software  a dry run on the software backend (no GPU)
+#   GUEST_APPEND=...  more kernel command line for the suite's guests
+#                     (e.g. loglevel=7 to see the driver's messages)
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
@@ -110,8 +112,8 @@ GUEST_INITRD=$B/initrd.gz
 # shellcheck source=ci/vm-guests.sh
 . "$VGPUD_ROOT/ci/vm-guests.sh"
 
-boot guest-a "$TMP/run/a.sock" "$MEM_A"
-boot guest-b "$TMP/run/b.sock" "$MEM_B"
+boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
+boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
 for pid in "${qemu_pids[@]}"; do
     wait "$pid" || true
 done

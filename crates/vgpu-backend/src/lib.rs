@@ -286,11 +286,9 @@ pub trait Partition: Send {
     /// Frees all memory and modules: the partition is as new.
     fn reset(&mut self);
     /// Whether the partition lost its device state ([`OpError::Lost`])
-    /// and fails everything until [`Partition::reset`]. A partition whose
-    /// state cannot be lost keeps the default.
-    fn is_lost(&self) -> bool {
-        false
-    }
+    /// and fails everything until [`Partition::reset`]. No default: a
+    /// wrapper that forgot to forward it would hide the loss.
+    fn is_lost(&self) -> bool;
     /// The registry to which guest memory mapped into this process is
     /// announced, if the partition can use such memory directly. Asked
     /// once, when the partition is put to use; the handle is used without

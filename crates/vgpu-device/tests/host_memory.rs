@@ -177,6 +177,9 @@ impl Partition for Recording {
     fn reset(&mut self) {
         self.inner.reset()
     }
+    fn is_lost(&self) -> bool {
+        self.inner.is_lost()
+    }
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
         Some(self.registry.clone())
     }

@@ -67,6 +67,9 @@ impl Partition for SharedPartition {
     fn reset(&mut self) {
         lock(&self.inner).reset()
     }
+    fn is_lost(&self) -> bool {
+        lock(&self.inner).is_lost()
+    }
     // Without this the device would never announce guest memory to the
     // partition and every copy would take the staging path.
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
@@ -304,6 +307,9 @@ mod tests {
         }
         fn reset(&mut self) {
             self.0.reset()
+        }
+        fn is_lost(&self) -> bool {
+            self.0.is_lost()
         }
         fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
             Some(Arc::new(NoteMemory))
