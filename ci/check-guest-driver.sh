@@ -4,8 +4,9 @@
 #   - the build at W=1 with C=2, so sparse checks every file: no compiler
 #     or sparse warning;
 #   - checkpatch.pl --strict on the tracked *.c and *.h of guest-driver/,
-#     include/uapi/vgpu.h among them (include/vgpu_abi.h is generated
-#     from crates/vgpu-abi and not checked): no error, warning or check;
+#     include/uapi/vgpu.h among them, and on include/vgpu_abi.h (generated
+#     from crates/vgpu-abi; CAMELCASE ignored for C11's _Static_assert):
+#     no error, warning or check;
 #   - scripts/kernel-doc -none on include/uapi/vgpu.h: every documented
 #     structure fully described, warnings fatal.
 #
@@ -43,6 +44,13 @@ if ! perl "$checkpatch" --no-tree --strict --terse --show-types --color=never \
     -f "${sources[@]}" >"$TMP/checkpatch.log" 2>&1; then
     cat "$TMP/checkpatch.log" >&2
     die "checkpatch.pl --strict reports problems"
+fi
+# The generated ABI header too; C11's _Static_assert is its one mixed-case
+# word.
+if ! perl "$checkpatch" --no-tree --strict --terse --show-types --color=never \
+    --ignore CAMELCASE -f include/vgpu_abi.h >"$TMP/checkpatch-abi.log" 2>&1; then
+    cat "$TMP/checkpatch-abi.log" >&2
+    die "checkpatch.pl --strict reports problems in the generated include/vgpu_abi.h"
 fi
 
 log "kernel-doc include/uapi/vgpu.h"

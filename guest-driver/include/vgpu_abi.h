@@ -122,12 +122,14 @@ struct vgpu_error_entry {
 	__u32 queue; /* offset 4 */
 	__u64 detail; /* offset 8 */
 };
+
 _Static_assert(sizeof(struct vgpu_error_entry) == 16, "vgpu_error_entry layout");
 
 struct vgpu_cmd_hdr {
 	__u32 opcode; /* offset 0 */
 	__u32 flags; /* offset 4 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_hdr) == 8, "vgpu_cmd_hdr layout");
 
 struct vgpu_cmd_fence {
@@ -135,6 +137,7 @@ struct vgpu_cmd_fence {
 	__u64 addr; /* offset 8 */
 	__u64 value; /* offset 16 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_fence) == 24, "vgpu_cmd_fence layout");
 
 struct vgpu_cmd_mem_alloc {
@@ -142,12 +145,14 @@ struct vgpu_cmd_mem_alloc {
 	__u64 size; /* offset 8 */
 	__u64 align; /* offset 16 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_mem_alloc) == 24, "vgpu_cmd_mem_alloc layout");
 
 struct vgpu_cmd_mem_free {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */
 	__u64 addr; /* offset 8 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_mem_free) == 16, "vgpu_cmd_mem_free layout");
 
 struct vgpu_cmd_copy {
@@ -160,12 +165,14 @@ struct vgpu_cmd_copy {
 	__u32 sg_count; /* offset 40 */
 	__u32 reserved; /* offset 44 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_copy) == 48, "vgpu_cmd_copy layout");
 
 struct vgpu_sg_entry {
 	__u64 addr; /* offset 0 */
 	__u64 len; /* offset 8 */
 };
+
 _Static_assert(sizeof(struct vgpu_sg_entry) == 16, "vgpu_sg_entry layout");
 
 struct vgpu_cmd_fill {
@@ -175,6 +182,7 @@ struct vgpu_cmd_fill {
 	__u32 pattern; /* offset 24 */
 	__u32 reserved; /* offset 28 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_fill) == 32, "vgpu_cmd_fill layout");
 
 struct vgpu_cmd_module_load {
@@ -183,12 +191,14 @@ struct vgpu_cmd_module_load {
 	__u32 reserved; /* offset 12 */
 	__u64 image_size; /* offset 16 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_module_load) == 24, "vgpu_cmd_module_load layout");
 
 struct vgpu_cmd_module_unload {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */
 	__u64 module; /* offset 8 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_module_unload) == 16, "vgpu_cmd_module_unload layout");
 
 struct vgpu_cmd_launch {
@@ -200,6 +210,7 @@ struct vgpu_cmd_launch {
 	__u32 params_size; /* offset 44 */
 	char entry[32]; /* offset 48 */
 };
+
 _Static_assert(sizeof(struct vgpu_cmd_launch) == 80, "vgpu_cmd_launch layout");
 
 struct vgpu_completion {
@@ -209,6 +220,7 @@ struct vgpu_completion {
 	__u64 device_ns; /* offset 16 */
 	__u64 reserved2; /* offset 24 */
 };
+
 _Static_assert(sizeof(struct vgpu_completion) == 32, "vgpu_completion layout");
 
 #ifndef __KERNEL__
@@ -218,6 +230,7 @@ struct vgpu_fill_params {
 	__u32 value; /* offset 16 */
 	__u32 reserved; /* offset 20 */
 };
+
 _Static_assert(sizeof(struct vgpu_fill_params) == 24, "vgpu_fill_params layout");
 #endif
 
@@ -227,6 +240,7 @@ struct vgpu_copy_params {
 	__u64 src; /* offset 8 */
 	__u64 bytes; /* offset 16 */
 };
+
 _Static_assert(sizeof(struct vgpu_copy_params) == 24, "vgpu_copy_params layout");
 #endif
 
@@ -237,6 +251,7 @@ struct vgpu_vadd_params {
 	__u64 b; /* offset 16 */
 	__u64 n; /* offset 24 */
 };
+
 _Static_assert(sizeof(struct vgpu_vadd_params) == 32, "vgpu_vadd_params layout");
 #endif
 
@@ -248,6 +263,7 @@ struct vgpu_saxpy_params {
 	float a; /* offset 24 */
 	__u32 reserved; /* offset 28 */
 };
+
 _Static_assert(sizeof(struct vgpu_saxpy_params) == 32, "vgpu_saxpy_params layout");
 #endif
 
@@ -263,6 +279,7 @@ struct vgpu_sgemm_params {
 	float alpha; /* offset 40 */
 	float beta; /* offset 44 */
 };
+
 _Static_assert(sizeof(struct vgpu_sgemm_params) == 48, "vgpu_sgemm_params layout");
 #endif
 
@@ -272,6 +289,7 @@ struct vgpu_reduce_sum_params {
 	__u64 input; /* offset 8 */
 	__u64 n; /* offset 16 */
 };
+
 _Static_assert(sizeof(struct vgpu_reduce_sum_params) == 24, "vgpu_reduce_sum_params layout");
 #endif
 

@@ -591,7 +591,7 @@ fn c_struct<T: CStruct>(out: &mut String, kernel_visible: bool) {
         let decl = f.ctype.replace("{}", f.name);
         let _ = writeln!(out, "\t{decl}; /* offset {} */", f.offset);
     }
-    out.push_str("};\n");
+    out.push_str("};\n\n");
     let _ = writeln!(
         out,
         "_Static_assert(sizeof(struct {}) == {}, \"{} layout\");",
