@@ -4,8 +4,9 @@
 # No GPU and no driver are needed to compile; the programs run against the
 # guest's libcuda.so.1 (crates/vgpu-cuda).
 #
-# Prints the toolkit root (bin/nvcc, include/, lib/) on stdout. Skips
-# everything when cached.
+# Prints the toolkit root (bin/nvcc, include/, lib/) on stdout; the CUDA
+# 12.9 runtime is in $CUDA12_RUNTIME (ci/lib.sh). Skips everything when
+# cached.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -56,15 +56,18 @@ BUSYBOX="/bin/busybox"
 # a clone has shared/ beside it.
 # The CUDA toolkit that builds the CUDA test programs: NVIDIA's wheels on
 # PyPI (nvcc, its front end and back end, the runtime and headers), the
-# version of the GPU machine's driver (CUDA 13.0).
+# version of the GPU machine's driver (CUDA 13.0); and the CUDA 12.9
+# runtime, static and shared, which programs may also be linked with.
 CUDA_WHEELS=(
     "nvidia-cuda-nvcc==13.0.88"
     "nvidia-nvvm==13.0.88"
     "nvidia-cuda-crt==13.0.88"
     "nvidia-cuda-runtime==13.0.96"
+    "nvidia-cuda-runtime-cu12==12.9.79"
 )
-CUDA_CACHE_DIR="${VGPUD_CACHE}/cuda-13.0.88"
+CUDA_CACHE_DIR="${VGPUD_CACHE}/cuda-13.0.88+12.9.79"
 CUDA_ROOT="${CUDA_CACHE_DIR}/root/nvidia/cu13"
+CUDA12_RUNTIME="${CUDA_CACHE_DIR}/root/nvidia/cuda_runtime"
 
 VGPUD_FALLBACK_DIRS=(
     "${VGPUD_ROOT}/../shared/cache"

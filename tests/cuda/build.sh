@@ -2,8 +2,8 @@
 # Build the CUDA programs of tests/cuda with nvcc as NVIDIA's toolkit
 # builds them by default (the static CUDA runtime), PTX for compute_80 so
 # any device from Ampere on (and the software backend's PTX executor)
-# runs them; and vector_add_shared, on the shared runtime. The toolkit
-# comes from ci/fetch-cuda.sh.
+# runs them; and vector add again on the shared runtime and on the CUDA
+# 12.9 runtime, static and shared. The toolkit comes from ci/fetch-cuda.sh.
 #
 # usage: tests/cuda/build.sh OUTDIR
 set -euo pipefail
@@ -35,3 +35,20 @@ run_logged "$out/.nvcc-shared.log" "$nvcc_root/bin/nvcc" -O2 -cudart shared \
     -o "$out/vector_add_shared" "$VGPUD_ROOT/tests/cuda/vector_add.cu" ||
     die "nvcc did not build vector_add_shared"
 rm -f "$out/.nvcc-shared.log"
+# And on the CUDA 12.9 runtime, static and shared: the driver serves both
+# generations of the runtime.
+cp -L "$CUDA12_RUNTIME/lib/libcudart.so.12" "$out/"
+mkdir -p "$out/.cuda12"
+cp -L "$CUDA12_RUNTIME/lib/libcudart_static.a" "$CUDA12_RUNTIME/lib/libculibos.a" "$out/.cuda12/"
+ln -sf ../libcudart.so.12 "$out/.cuda12/libcudart.so"
+for kind in static shared; do
+    name=vector_add_cuda12
+    [[ $kind == shared ]] && name+=_shared
+    run_logged "$out/.nvcc-$name.log" "$nvcc_root/bin/nvcc" -O2 -cudart "$kind" \
+        -arch=compute_80 -code=compute_80 -I "$CUDA12_RUNTIME/include" \
+        -L "$out/.cuda12" -L "$nvcc_root/lib" -Xlinker -rpath -Xlinker "\$ORIGIN" \
+        -o "$out/$name" "$VGPUD_ROOT/tests/cuda/vector_add.cu" ||
+        die "nvcc did not build $name"
+    rm -f "$out/.nvcc-$name.log"
+done
+rm -rf "$out/.cuda12"

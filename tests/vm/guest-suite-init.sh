@@ -358,6 +358,8 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
         cuda_run "" $cuda_tests/$prog
     done
     cuda_run shared- $cuda_tests/vector_add_shared
+    cuda_run cuda12- $cuda_tests/vector_add_cuda12
+    cuda_run cuda12-shared- $cuda_tests/vector_add_cuda12_shared
     cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
     # A fault ends its own process's work only: the next program runs.
     cuda_run "" $cuda_tests/illegal_address

@@ -5,7 +5,8 @@
 //! stream flavour (flags 2) maps onto the same functions: each command
 //! completes before its call returns, so the two stream semantics agree.
 //!
-//! Every name the runtimes ask for at initialisation has a row, because
+//! Every name the runtimes ask for at initialisation (CUDA 13's, and the
+//! one more CUDA 12's asks for) has a row, because
 //! they resolve their whole table eagerly and fail to start on a missing
 //! one: what is not implemented answers `CUDA_ERROR_NOT_SUPPORTED` when
 //! called, and says so once on stderr.
@@ -375,6 +376,8 @@ unsupported {
     cuKernelGetParamInfo 12040,
     cuKernelSetCacheConfig 12000,
     cuLaunchCooperativeKernel 9000,
+    // Asked for by the CUDA 12 runtime only (gone from CUDA 13).
+    cuLaunchCooperativeKernelMultiDevice 9000,
     cuLaunchHostFunc 10000,
     cuLibraryEnumerateKernels 12040,
     cuLibraryGetGlobal 12000,
