@@ -626,8 +626,12 @@ impl Partition for CudaPartition {
         self.allocs.used()
     }
 
+    /// This partition's own loss only: when another partition of this
+    /// process faulted, CUDA is gone for all of them, and a reset here
+    /// cannot bring it back (a partition host is replaced instead, which
+    /// its daemon side decides from the errors it gets).
     fn is_lost(&self) -> bool {
-        self.lost.is_some() || crate::cuda_lost().is_some()
+        self.lost.is_some()
     }
 
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
