@@ -7,6 +7,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 
+use crate::api::module::load;
 use crate::cu::{self, CUresult, CUuuid, Handle};
 use crate::ffi::{self, entry};
 use crate::state::{self, driver};
@@ -118,62 +119,22 @@ pub fn table(id: &CUuuid) -> Option<*const c_void> {
     })
 }
 
-/// `{magic, version, data, filename_or_fatbins}`: what the runtime
-/// registers for each fatbinary a program embeds.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FatbinWrapper {
-    magic: u32,
-    version: u32,
-    data: *const u8,
-    extra: *const c_void,
-}
-
-const FATBIN_WRAPPER_MAGIC: u32 = 0x466243b1;
-
-/// Loads the fatbinary a wrapper points at into the current context.
-///
-/// # Safety
-/// `wrapper` is null or points to a registered fatbinary wrapper.
-unsafe fn load_wrapper(module: *mut Handle, wrapper: *const FatbinWrapper) -> ffi::CuResult {
-    // SAFETY: forwarded contract.
-    let w = unsafe { ffi::get(wrapper) }?;
-    if w.magic != FATBIN_WRAPPER_MAGIC {
-        return Err(cu::ERROR_INVALID_IMAGE);
-    }
-    // SAFETY: the wrapper's data is the fatbinary, which the runtime keeps
-    // for the life of the program.
-    let image = unsafe { crate::api::module::image_at(w.data) }?;
-    load_image(module, image)
-}
-
-fn load_image(module: *mut Handle, image: &[u8]) -> ffi::CuResult {
-    let d = driver()?;
-    let (_, dev) = d.current_ctx()?;
-    let h = d.load_module(dev, image)?;
-    // SAFETY: `module` is the caller's out-parameter.
-    unsafe { ffi::put(module, h as Handle) }
-}
-
-extern "C" fn get_module_from_cubin(
-    module: *mut Handle,
-    wrapper: *const FatbinWrapper,
-) -> CUresult {
-    // SAFETY: the runtime passes its out-parameter and a wrapper.
-    entry(|| unsafe { load_wrapper(module, wrapper) })
+/// Loads the fatbinary of a registered wrapper
+/// (`{magic, version, data, ...}`) into the current context.
+extern "C" fn get_module_from_cubin(module: *mut Handle, wrapper: *const c_void) -> CUresult {
+    entry(|| load(module, wrapper))
 }
 
 extern "C" fn get_module_from_cubin_ext1(
     module: *mut Handle,
-    wrapper: *const FatbinWrapper,
+    wrapper: *const c_void,
     arg3: *mut c_void,
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
     entry(|| {
         no_options(arg3, arg4, arg5)?;
-        // SAFETY: as get_module_from_cubin.
-        unsafe { load_wrapper(module, wrapper) }
+        load(module, wrapper)
     })
 }
 
@@ -188,7 +149,7 @@ fn no_options(arg3: *mut c_void, arg4: *mut c_void, arg5: u32) -> ffi::CuResult 
 }
 
 extern "C" fn get_module_from_cubin_ext2(
-    image: *const u8,
+    image: *const c_void,
     module: *mut Handle,
     arg3: *mut c_void,
     arg4: *mut c_void,
@@ -196,9 +157,7 @@ extern "C" fn get_module_from_cubin_ext2(
 ) -> CUresult {
     entry(|| {
         no_options(arg3, arg4, arg5)?;
-        // SAFETY: `image` is a fatbinary the runtime keeps alive.
-        let image = unsafe { crate::api::module::image_at(image) }?;
-        load_image(module, image)
+        load(module, image)
     })
 }
 

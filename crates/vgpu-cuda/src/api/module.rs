@@ -71,7 +71,9 @@ pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
     unsafe { ffi::bytes(p, len) }
 }
 
-fn load(module: *mut Handle, image: *const c_void) -> CuResult {
+/// Loads the image at `image` (see [`image_at`]: the runtime's registered
+/// wrappers too) into the current context; its handle goes to `module`.
+pub(crate) fn load(module: *mut Handle, image: *const c_void) -> CuResult {
     let d = driver()?;
     let (_, dev) = d.current_ctx()?;
     // SAFETY: the caller's image.
