@@ -652,8 +652,10 @@ fn test_unmapping_guest_ram_under_a_running_queue_stops_it() {
     let (s, mut g) = vgpu(1);
     g.setup_queue(0, 16, Mode::Interrupt);
     assert_status(g.nop(0), abi::STATUS_OK);
-    g.unmap_ram();
+    // Cleared first: the unmap itself may already stop the queue and
+    // raise the error.
     g.clear_irqs();
+    g.unmap_ram();
     g.write32(abi::REG_WAKE, 0);
     assert_ne!(wait_queue_error(&mut g, 0), abi::ERR_NONE);
     assert!(g.wait_irq(abi::MSIX_ERROR_VECTOR, Duration::from_secs(5)));
