@@ -18,7 +18,7 @@
 #define VGPU_PCI_REVISION 0x1ULL
 #define VGPU_ABI_MAGIC 0x55504756ULL
 #define VGPU_ABI_VERSION_MAJOR 0x1ULL
-#define VGPU_ABI_VERSION_MINOR 0x0ULL
+#define VGPU_ABI_VERSION_MINOR 0x1ULL
 #define VGPU_BAR_REGS 0x0ULL
 #define VGPU_BAR_WINDOW 0x2ULL
 #define VGPU_BAR0_SIZE 0x4000ULL
@@ -68,6 +68,7 @@
 #define VGPU_FEATURE_POLLED 0x2ULL
 #define VGPU_FEATURE_WINDOW 0x4ULL
 #define VGPU_FEATURE_TIMESTAMP 0x8ULL
+#define VGPU_FEATURE_FUNC_INFO 0x10ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -94,7 +95,12 @@
 #define VGPU_OP_MODULE_UNLOAD 0x7ULL
 #define VGPU_OP_LAUNCH 0x8ULL
 #define VGPU_OP_TIMESTAMP 0x9ULL
+#define VGPU_OP_FUNC_INFO 0xaULL
 #define VGPU_FENCE_FLAG_IRQ 0x1ULL
+#define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
+#define VGPU_MAX_ENTRY_NAME 0x1000ULL
+#define VGPU_MAX_FUNC_PARAMS 0x400ULL
+#define VGPU_MAX_FUNCTIONS 0x10000ULL
 #define VGPU_COPY_GUEST 0x0ULL
 #define VGPU_COPY_DEVICE 0x1ULL
 #define VGPU_COPY_WINDOW 0x2ULL
@@ -212,6 +218,39 @@ struct vgpu_cmd_launch {
 };
 
 _Static_assert(sizeof(struct vgpu_cmd_launch) == 80, "vgpu_cmd_launch layout");
+
+struct vgpu_cmd_func_info {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 module; /* offset 8 */
+	__u64 out; /* offset 16 */
+	__u32 out_size; /* offset 24 */
+	__u32 name_len; /* offset 28 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_func_info) == 32, "vgpu_cmd_func_info layout");
+
+struct vgpu_func_info {
+	__u32 param_count; /* offset 0 */
+	__u32 params_size; /* offset 4 */
+	__u32 max_threads; /* offset 8 */
+	__u32 shared_static; /* offset 12 */
+	__u32 max_dynamic_shared; /* offset 16 */
+	__u32 const_bytes; /* offset 20 */
+	__u32 local_bytes; /* offset 24 */
+	__u32 num_regs; /* offset 28 */
+	__u32 ptx_version; /* offset 32 */
+	__u32 binary_version; /* offset 36 */
+	__u32 reserved[6]; /* offset 40 */
+};
+
+_Static_assert(sizeof(struct vgpu_func_info) == 64, "vgpu_func_info layout");
+
+struct vgpu_func_param {
+	__u32 offset; /* offset 0 */
+	__u32 size; /* offset 4 */
+};
+
+_Static_assert(sizeof(struct vgpu_func_param) == 8, "vgpu_func_param layout");
 
 struct vgpu_completion {
 	__u32 status; /* offset 0 */

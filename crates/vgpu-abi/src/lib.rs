@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 0;
+pub const ABI_VERSION_MINOR: u32 = 1;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -141,6 +141,9 @@ pub const FEATURE_POLLED: u64 = 1 << 1;
 pub const FEATURE_WINDOW: u64 = 1 << 2;
 /// Feature: the TIMESTAMP command.
 pub const FEATURE_TIMESTAMP: u64 = 1 << 3;
+/// Feature: the FUNC_INFO command and launches by function handle
+/// ([`LAUNCH_FLAG_FUNCTION`]); ABI minor version 1.
+pub const FEATURE_FUNC_INFO: u64 = 1 << 4;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -197,9 +200,23 @@ pub const OP_MODULE_UNLOAD: u32 = 7;
 pub const OP_LAUNCH: u32 = 8;
 /// Command: read the device clock.
 pub const OP_TIMESTAMP: u32 = 9;
+/// Command: look up an entry point of a loaded module: its parameter
+/// layout and attributes, and a function handle to launch it by.
+pub const OP_FUNC_INFO: u32 = 10;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
+/// LAUNCH flag: [`LaunchCmd::entry`] holds no name but, in its first 8
+/// bytes (little-endian, the other 24 zero), a function handle that
+/// FUNC_INFO returned for [`LaunchCmd::module`].
+pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
+/// Longest entry point name FUNC_INFO takes (C++ kernels have long
+/// mangled names).
+pub const MAX_ENTRY_NAME: u32 = 4096;
+/// Most parameters FUNC_INFO describes: a kernel with more is refused.
+pub const MAX_FUNC_PARAMS: u32 = 1024;
+/// Most function handles one vGPU keeps (they end with their module).
+pub const MAX_FUNCTIONS: u32 = 1 << 16;
 /// COPY endpoint: guest memory, as a scatter-gather list.
 pub const COPY_GUEST: u32 = 0;
 /// COPY endpoint: device memory address.
@@ -427,7 +444,7 @@ abi_struct!(
 
 abi_struct!(
     /// LAUNCH: the parameter block (`params_size` bytes) follows in the
-    /// next device-readable descriptor.
+    /// next device-readable descriptor. Flags: [`LAUNCH_FLAG_FUNCTION`].
     LaunchCmd => "vgpu_cmd_launch" {
         /// Header.
         hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
@@ -441,10 +458,77 @@ abi_struct!(
         shared_mem: u32 => "__u32 {}",
         /// Bytes of the parameter block.
         params_size: u32 => "__u32 {}",
-        /// Entry point name, NUL-padded.
+        /// Entry point name, NUL-padded; a function handle under
+        /// [`LAUNCH_FLAG_FUNCTION`].
         entry: [u8; 32] => "char {}[32]",
     }
 );
+
+abi_struct!(
+    /// FUNC_INFO: the entry point's name (`name_len` bytes, no NUL) follows
+    /// in the next device-readable descriptor(s). The device writes a
+    /// [`FuncInfo`] and then [`FuncParam`] x `param_count` to device memory
+    /// at `out` (as many as `out_size` bytes hold; the header says how many
+    /// there are). Result: a non-zero function handle for
+    /// [`LAUNCH_FLAG_FUNCTION`], the same for the same module and name,
+    /// valid until the module is unloaded or the function reset.
+    FuncInfoCmd => "vgpu_cmd_func_info" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Module handle.
+        module: u64 => "__u64 {}",
+        /// Device address of the result.
+        out: u64 => "__u64 {}",
+        /// Bytes at `out` (at least the size of [`FuncInfo`]).
+        out_size: u32 => "__u32 {}",
+        /// Bytes of the name, 1..=[`MAX_ENTRY_NAME`].
+        name_len: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// What FUNC_INFO writes first: the kernel as the backend's driver
+    /// describes it (`cuFuncGetAttribute`, `cuFuncGetParamInfo`).
+    FuncInfo => "vgpu_func_info" {
+        /// Parameters ([`FuncParam`] entries after this header).
+        param_count: u32 => "__u32 {}",
+        /// Bytes of the parameter block (end of the last parameter).
+        params_size: u32 => "__u32 {}",
+        /// Most threads per block.
+        max_threads: u32 => "__u32 {}",
+        /// Static shared memory, bytes.
+        shared_static: u32 => "__u32 {}",
+        /// Most dynamic shared memory per block a launch may ask for.
+        max_dynamic_shared: u32 => "__u32 {}",
+        /// Constant memory, bytes.
+        const_bytes: u32 => "__u32 {}",
+        /// Local memory per thread, bytes.
+        local_bytes: u32 => "__u32 {}",
+        /// Registers per thread.
+        num_regs: u32 => "__u32 {}",
+        /// PTX version the kernel was compiled for (major * 10 + minor).
+        ptx_version: u32 => "__u32 {}",
+        /// Binary architecture (major * 10 + minor).
+        binary_version: u32 => "__u32 {}",
+        /// Zero.
+        reserved: [u32; 6] => "__u32 {}[6]",
+    }
+);
+
+// Integers only: equality is total.
+impl Eq for FuncInfo {}
+
+abi_struct!(
+    /// One parameter of a [`FuncInfo`].
+    FuncParam => "vgpu_func_param" {
+        /// Offset in the parameter block.
+        offset: u32 => "__u32 {}",
+        /// Bytes.
+        size: u32 => "__u32 {}",
+    }
+);
+
+impl Eq for FuncParam {}
 
 abi_struct!(
     /// Written by the device to the last (device-writable) descriptor.
@@ -576,6 +660,22 @@ pub fn entry_name(name: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// Encodes a function handle for [`LaunchCmd::entry`] under
+/// [`LAUNCH_FLAG_FUNCTION`].
+pub fn entry_function(handle: u64) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..8].copy_from_slice(&handle.to_le_bytes());
+    out
+}
+
+/// Decodes [`LaunchCmd::entry`] under [`LAUNCH_FLAG_FUNCTION`]; `None`
+/// for a zero handle or non-zero padding.
+pub fn parse_entry_function(raw: &[u8; 32]) -> Option<u64> {
+    let (handle, rest) = raw.split_at(8);
+    let handle = u64::from_le_bytes(handle.try_into().ok()?);
+    (handle != 0 && rest.iter().all(|&b| b == 0)).then_some(handle)
+}
+
 /// Decodes [`LaunchCmd::entry`]; `None` unless NUL-terminated UTF-8.
 pub fn parse_entry_name(raw: &[u8; 32]) -> Option<&str> {
     let end = raw.iter().position(|b| *b == 0)?;
@@ -679,6 +779,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_POLLED", FEATURE_POLLED),
         ("VGPU_FEATURE_WINDOW", FEATURE_WINDOW),
         ("VGPU_FEATURE_TIMESTAMP", FEATURE_TIMESTAMP),
+        ("VGPU_FEATURE_FUNC_INFO", FEATURE_FUNC_INFO),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -705,7 +806,12 @@ pub fn c_header() -> String {
         ("VGPU_OP_MODULE_UNLOAD", OP_MODULE_UNLOAD.into()),
         ("VGPU_OP_LAUNCH", OP_LAUNCH.into()),
         ("VGPU_OP_TIMESTAMP", OP_TIMESTAMP.into()),
+        ("VGPU_OP_FUNC_INFO", OP_FUNC_INFO.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
+        ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
+        ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
+        ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
+        ("VGPU_MAX_FUNCTIONS", MAX_FUNCTIONS.into()),
         ("VGPU_COPY_GUEST", COPY_GUEST.into()),
         ("VGPU_COPY_DEVICE", COPY_DEVICE.into()),
         ("VGPU_COPY_WINDOW", COPY_WINDOW.into()),
@@ -743,6 +849,9 @@ pub fn c_header() -> String {
     c_struct::<ModuleLoadCmd>(&mut o, true);
     c_struct::<ModuleUnloadCmd>(&mut o, true);
     c_struct::<LaunchCmd>(&mut o, true);
+    c_struct::<FuncInfoCmd>(&mut o, true);
+    c_struct::<FuncInfo>(&mut o, true);
+    c_struct::<FuncParam>(&mut o, true);
     c_struct::<Completion>(&mut o, true);
     // Float parameter blocks are for user space only.
     c_struct::<FillParams>(&mut o, false);
@@ -853,5 +962,14 @@ mod tests {
         assert_eq!(parse_entry_name(&raw), Some("saxpy_f32"));
         assert!(entry_name(&"x".repeat(32)).is_none());
         assert!(parse_entry_name(&[b'a'; 32]).is_none());
+    }
+
+    #[test]
+    fn test_entry_function_handles() {
+        assert_eq!(parse_entry_function(&entry_function(7)), Some(7));
+        assert_eq!(parse_entry_function(&entry_function(0)), None);
+        let mut raw = entry_function(7);
+        raw[31] = 1;
+        assert_eq!(parse_entry_function(&raw), None);
     }
 }

@@ -10,8 +10,8 @@ use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use vgpu_abi as abi;
-use vgpu_backend::rules::{self, words, Builtin, KernelLimits};
-use vgpu_backend::{HostSink, HostSlice, HostSource, OpError};
+use vgpu_backend::rules::{self, words, Builtin};
+use vgpu_backend::{FunctionInfo, HostSink, HostSlice, HostSource, OpError};
 
 use crate::driver::{
     self, CUcontext, CUfunction, Context, CuError, Current, DeviceMem, Event, GreenContext,
@@ -110,7 +110,79 @@ impl Owner {
 /// A loaded guest module and the kernels looked up in it so far.
 pub(crate) struct Module {
     pub(crate) module: driver::Module,
-    pub(crate) kernels: HashMap<String, (CUfunction, KernelLimits)>,
+    pub(crate) kernels: HashMap<String, Kernel>,
+}
+
+/// A kernel of a loaded module, looked up once.
+#[derive(Debug, Clone)]
+pub(crate) struct Kernel {
+    pub(crate) f: CUfunction,
+    pub(crate) info: FunctionInfo,
+    /// The dynamic shared memory its launches may use now (the driver's
+    /// attribute, raised on demand up to `info`'s limit).
+    pub(crate) dynamic_shared: u32,
+}
+
+impl Module {
+    /// Kernel `entry`, described by the driver the first time.
+    pub(crate) fn kernel(
+        &mut self,
+        entry: &str,
+        max_shared_optin: u32,
+    ) -> Result<&mut Kernel, Fail> {
+        if !self.kernels.contains_key(entry) {
+            let name = CString::new(entry)
+                .map_err(|_| OpError::Invalid(format!("entry point {entry:?} contains a NUL")))?;
+            let f = driver::module_function(&self.module, &name)
+                .at("looking up a kernel")?
+                .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
+            let k = describe_kernel(entry, f, max_shared_optin)?;
+            if self.kernels.len() >= abi::MAX_FUNCTIONS as usize {
+                return Err(Fail::Op(OpError::Invalid(format!(
+                    "{} kernels of one module looked up",
+                    abi::MAX_FUNCTIONS
+                ))));
+            }
+            self.kernels.insert(entry.to_string(), k);
+        }
+        self.kernels
+            .get_mut(entry)
+            .ok_or_else(|| Fail::Op(OpError::NotFound(format!("entry point {entry:?}"))))
+    }
+}
+
+/// What the driver says of kernel `f`.
+fn describe_kernel(entry: &str, f: CUfunction, max_shared_optin: u32) -> Result<Kernel, Fail> {
+    use driver::CUfunction_attribute as F;
+    let attr = |a| {
+        driver::function_attribute(f, a)
+            .at("kernel attributes")
+            .map(|v| v.max(0) as u32)
+    };
+    let params = driver::function_params(f, abi::MAX_FUNC_PARAMS as usize).ok_or_else(|| {
+        OpError::Unsupported(format!(
+            "{entry}: the driver does not describe the kernel's parameters (cuFuncGetParamInfo needs CUDA 12.4)"
+        ))
+    })?;
+    let shared_static = attr(F::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+    let attrs = abi::FuncInfo {
+        max_threads: attr(F::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        shared_static,
+        max_dynamic_shared: max_shared_optin.saturating_sub(shared_static),
+        const_bytes: attr(F::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES)?,
+        local_bytes: attr(F::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+        num_regs: attr(F::CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+        ptx_version: attr(F::CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+        binary_version: attr(F::CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+        ..Default::default()
+    };
+    let params = params.into_iter().map(|(o, s)| (o as u32, s as u32));
+    let info = rules::checked_function_info(entry, FunctionInfo::new(params, attrs))?;
+    Ok(Kernel {
+        f,
+        info,
+        dynamic_shared: attr(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
+    })
 }
 
 /// Device temporaries freed on drop (with the context current, after the

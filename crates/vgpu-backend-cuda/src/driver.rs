@@ -678,18 +678,29 @@ pub fn function_attribute(
     Ok(v)
 }
 
-/// Bytes of `f`'s parameter list (the end of its last parameter), or
-/// `None` if the driver cannot tell.
-pub fn function_param_bytes(f: sys::CUfunction) -> Option<usize> {
-    let mut end = 0usize;
-    for index in 0..4096usize {
+/// Sets a function attribute (the dynamic shared memory a launch may
+/// use, above the default 48 KiB).
+pub fn set_function_attribute(
+    f: sys::CUfunction,
+    attr: sys::CUfunction_attribute,
+    value: i32,
+) -> Result<(), CuError> {
+    // SAFETY: `f` is a live function handle.
+    ok(unsafe { sys::cuFuncSetAttribute(f, attr, value) })
+}
+
+/// `f`'s parameters in order, (offset, size) each, or `None` if the
+/// driver cannot tell (`cuFuncGetParamInfo` needs a 12.4 driver).
+pub fn function_params(f: sys::CUfunction, max: usize) -> Option<Vec<(usize, usize)>> {
+    let mut out = Vec::new();
+    for index in 0..=max {
         let (mut off, mut size) = (0usize, 0usize);
         // SAFETY: `f` is a live function handle; both out pointers are valid.
         let r = unsafe { sys::cuFuncGetParamInfo(f, index, &mut off, &mut size) };
         match r {
-            sys::CUresult::CUDA_SUCCESS => end = end.max(off + size),
+            sys::CUresult::CUDA_SUCCESS if index < max => out.push((off, size)),
             // Past the last parameter.
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(end),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => return Some(out),
             _ => return None,
         }
     }

@@ -194,6 +194,8 @@ pub(crate) struct Shared {
     pub capacity: Capacity,
     pub device_sms: u32,
     pub sm_granule: u32,
+    /// Shared memory a block may use when its kernel opts in.
+    pub max_shared_optin: u32,
     /// The built-in module, NUL-terminated PTX.
     pub ptx: Vec<u8>,
     pub groups: Vec<SmGroup>,
@@ -302,6 +304,8 @@ impl CudaBackend {
         let attr = |a| device_attribute(device, a).map_err(|e| unavailable("device attribute", e));
         use driver::CUdevice_attribute as A;
         let device_sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let max_shared_optin =
+            attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         let cc = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -343,6 +347,7 @@ impl CudaBackend {
                 capacity,
                 device_sms,
                 sm_granule,
+                max_shared_optin,
                 ptx,
                 pool: Mutex::new(Pool {
                     memory: memory as u64,

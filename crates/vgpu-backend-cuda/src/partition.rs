@@ -4,7 +4,6 @@
 //! [`DeviceState`] does.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +14,8 @@ use vgpu_backend::rules::{
     self, align_up, Allocations, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
-    BackendError, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+    BackendError, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -303,51 +303,36 @@ impl CudaPartition {
     fn launch_loaded(&mut self, l: &Launch<'_>) -> Result<Duration, OpError> {
         let module = l.module;
         let entry = l.entry;
-        let cname = CString::new(entry)
-            .map_err(|_| OpError::Invalid(format!("entry point {entry:?} contains a NUL")))?;
+        let optin = self.shared.max_shared_optin;
         self.run(|dev| {
             let m = dev
                 .res
                 .modules
                 .get_mut(&module)
                 .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
-            let (f, limits) = match m.kernels.get(entry) {
-                Some(&k) => k,
-                None => {
-                    let f = driver::module_function(&m.module, &cname)
-                        .at("looking up a kernel")?
-                        .ok_or_else(|| {
-                            Fail::Op(OpError::NotFound(format!(
-                                "entry point {entry:?} in module {module:#x}"
-                            )))
-                        })?;
-                    use driver::CUfunction_attribute as F;
-                    let limits = KernelLimits {
-                        param_bytes: driver::function_param_bytes(f),
-                        max_threads: driver::function_attribute(
-                            f,
-                            F::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-                        )
-                        .at("kernel attributes")? as u32,
-                        max_dynamic_shared: driver::function_attribute(
-                            f,
-                            F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        )
-                        .at("kernel attributes")?
-                            as u32,
-                    };
-                    m.kernels.insert(entry.to_string(), (f, limits));
-                    (f, limits)
-                }
-            };
+            let k = m.kernel(entry, optin)?;
+            let limits = KernelLimits::of(&k.info);
             rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
+            if l.shared_mem > k.dynamic_shared {
+                // Kernels that need more than the default 48 KiB opt in
+                // (cudaFuncSetAttribute in the guest); the check above
+                // keeps it within what the device allows.
+                driver::set_function_attribute(
+                    k.f,
+                    driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    l.shared_mem as i32,
+                )
+                .at("raising a kernel's dynamic shared memory")?;
+                k.dynamic_shared = l.shared_mem;
+            }
+            let f = k.f;
             dev.timed(entry, |s| {
                 // SAFETY: the parameter block has the size of the kernel's
-                // parameter list (checked above whenever the driver can
-                // tell). Pointers in it are the guest's and are used on the
-                // GPU only: loaded modules exist only where the operator
-                // allowed guest PTX (set_guest_ptx), and an unmapped
-                // address faults the GPU context, not this process.
+                // parameter list (checked above). Pointers in it are the
+                // guest's and are used on the GPU only: loaded modules
+                // exist only where the operator allowed guest PTX
+                // (set_guest_ptx), and an unmapped address faults the GPU
+                // context, not this process.
                 unsafe {
                     driver::launch_packed(f, l.grid, l.block, l.shared_mem, &s.res.stream, l.params)
                 }
@@ -620,6 +605,22 @@ impl Partition for CudaPartition {
         };
         self.last_device_time = Some(t);
         Ok(())
+    }
+
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        self.last_device_time = None;
+        if module == abi::MODULE_BUILTIN {
+            return rules::builtin_function_info(entry);
+        }
+        let optin = self.shared.max_shared_optin;
+        self.run(|dev| {
+            let m = dev
+                .res
+                .modules
+                .get_mut(&module)
+                .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
+            Ok(m.kernel(entry, optin)?.info.clone())
+        })
     }
 
     fn memory_used(&self) -> u64 {

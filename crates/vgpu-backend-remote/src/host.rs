@@ -463,6 +463,9 @@ impl Host<'_> {
             } => p.fill(addr, size, pattern).map(|_| Value::None),
             Request::ModuleLoad { format, image } => p.module_load(format, image).map(Value::U64),
             Request::ModuleUnload { module } => p.module_unload(module).map(|_| Value::None),
+            Request::FunctionInfo { module, entry } => {
+                p.function_info(module, entry).map(Value::Function)
+            }
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }

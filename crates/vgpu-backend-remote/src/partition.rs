@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use log::info;
 use vgpu_backend::{
-    Capacity, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, SliceFn,
+    Capacity, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec, SliceFn,
 };
 use vgpu_sys::{error_limited, warn_limited};
 
@@ -727,6 +728,19 @@ impl Partition for RemotePartition {
             )));
         }
         self.call_none(&Request::Launch(launch.clone()))
+    }
+
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        if entry.len() > proto::MAX_ENTRY {
+            return Err(OpError::Invalid(format!(
+                "entry name of {} bytes is too long",
+                entry.len()
+            )));
+        }
+        match self.call(&Request::FunctionInfo { module, entry }, Xfer::None)? {
+            Value::Function(f) => Ok(f),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
     }
 
     fn memory_used(&self) -> u64 {

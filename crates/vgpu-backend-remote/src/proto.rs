@@ -41,7 +41,7 @@
 //! and move no bytes through the staging area.
 
 use vgpu_abi as abi;
-use vgpu_backend::{Capacity, Launch, OpError};
+use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError};
 
 /// `"VGPH"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
@@ -53,7 +53,7 @@ pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
 pub const REPLY: u16 = 0x8000;
 /// Longest entry point name.
-pub const MAX_ENTRY: usize = 64;
+pub const MAX_ENTRY: usize = abi::MAX_ENTRY_NAME as usize;
 /// Longest partition or backend name.
 pub const MAX_NAME: usize = 256;
 /// Longest error text carried in a reply (longer text is cut).
@@ -61,8 +61,9 @@ pub const MAX_TEXT: usize = 1024;
 /// Largest request payload: a module image of the ABI's largest size plus
 /// its fixed fields.
 pub const MAX_REQUEST: u32 = abi::MAX_MODULE_SIZE as u32 + 64;
-/// Largest payload the host may send (replies and callbacks are small).
-pub const MAX_REPLY: u32 = 2048;
+/// Largest payload the host may send (replies and callbacks are small;
+/// the largest is a kernel's description).
+pub const MAX_REPLY: u32 = 64 + abi::MAX_FUNC_PARAMS * 8 + MAX_TEXT as u32;
 /// Most pieces of one transfer through forwarded mappings; more take the
 /// staging area. A request of this many fits a mailbox slot.
 pub const MAX_PIECES: usize = 256;
@@ -107,6 +108,8 @@ pub enum Kind {
     UploadMapped = 16,
     /// `Partition::download` into forwarded mappings.
     DownloadMapped = 17,
+    /// `Partition::function_info`.
+    FunctionInfo = 18,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -137,6 +140,7 @@ impl Kind {
             15 => Control,
             16 => UploadMapped,
             17 => DownloadMapped,
+            18 => FunctionInfo,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -409,6 +413,13 @@ pub enum Request<'a> {
     },
     /// [`Kind::Launch`].
     Launch(Launch<'a>),
+    /// [`Kind::FunctionInfo`].
+    FunctionInfo {
+        /// Module handle.
+        module: u64,
+        /// Entry point.
+        entry: &'a str,
+    },
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
@@ -496,6 +507,7 @@ impl Request<'_> {
             Request::ModuleLoad { .. } => Kind::ModuleLoad,
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
+            Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::Reset => Kind::Reset,
             Request::Map { .. } => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
@@ -575,6 +587,9 @@ impl Request<'_> {
             }
             Request::ModuleUnload { module } => {
                 w.u64(*module);
+            }
+            Request::FunctionInfo { module, entry } => {
+                w.u64(*module).text(entry, MAX_ENTRY);
             }
             Request::Launch(l) => {
                 w.u64(l.module);
@@ -666,6 +681,10 @@ impl Request<'_> {
                 image: r.blob(abi::MAX_MODULE_SIZE as usize)?,
             },
             Kind::ModuleUnload => Request::ModuleUnload { module: r.u64()? },
+            Kind::FunctionInfo => Request::FunctionInfo {
+                module: r.u64()?,
+                entry: r.text(MAX_ENTRY)?,
+            },
             Kind::Launch => {
                 let module = r.u64()?;
                 let mut dims = [0u32; 6];
@@ -705,6 +724,8 @@ pub enum Value {
         /// Its capacity.
         capacity: Capacity,
     },
+    /// [`Kind::FunctionInfo`].
+    Function(FunctionInfo),
     /// [`Kind::Reset`]: whether the host cannot recover in place and must
     /// be replaced by a fresh process.
     Reset {
@@ -771,6 +792,26 @@ impl Reply {
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
                 }
+                (Kind::FunctionInfo, Value::Function(f)) => {
+                    // The count is implied by the parameter entries.
+                    let a = &f.attrs;
+                    for v in [
+                        a.max_threads,
+                        a.shared_static,
+                        a.max_dynamic_shared,
+                        a.const_bytes,
+                        a.local_bytes,
+                        a.num_regs,
+                        a.ptx_version,
+                        a.binary_version,
+                    ] {
+                        w.u32(v);
+                    }
+                    w.u32(f.params.len() as u32);
+                    for p in &f.params {
+                        w.u32(p.offset).u32(p.size);
+                    }
+                }
                 (Kind::Download, Value::Download { offset, len, at }) => {
                     w.u64(*offset).u64(*len).u64(*at);
                 }
@@ -834,6 +875,32 @@ impl Reply {
                     len: r.u64()?,
                     at: r.u64()?,
                 },
+                Kind::FunctionInfo => {
+                    let mut v = [0u32; 8];
+                    for x in &mut v {
+                        *x = r.u32()?;
+                    }
+                    let attrs = abi::FuncInfo {
+                        max_threads: v[0],
+                        shared_static: v[1],
+                        max_dynamic_shared: v[2],
+                        const_bytes: v[3],
+                        local_bytes: v[4],
+                        num_regs: v[5],
+                        ptx_version: v[6],
+                        binary_version: v[7],
+                        ..Default::default()
+                    };
+                    let n = r.u32()?;
+                    if n > abi::MAX_FUNC_PARAMS {
+                        return Err(ProtoError::Malformed("too many parameters"));
+                    }
+                    let mut params = Vec::with_capacity(n as usize);
+                    for _ in 0..n {
+                        params.push((r.u32()?, r.u32()?));
+                    }
+                    Value::Function(FunctionInfo::new(params, attrs))
+                }
                 Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind as u16)),
                 _ => Value::None,
             }),
@@ -995,6 +1062,10 @@ mod tests {
                 image: &image,
             },
             Request::ModuleUnload { module: 9 },
+            Request::FunctionInfo {
+                module: 9,
+                entry: "_ZN8cublasLt19splitKreduce_kernelILi32ELi16EiffffLb1ELb0EEEvNS_18cublasSplitKParamsIT4_EE",
+            },
             Request::Launch(Launch {
                 module: abi::MODULE_BUILTIN,
                 entry: "saxpy_f32",
@@ -1081,6 +1152,18 @@ mod tests {
                 Err(ProtoError::Malformed("piece count"))
             );
         }
+        // A kernel description with more parameters than the ABI allows
+        // is refused before they are read.
+        let mut w = Writer::default();
+        w.u8(0).u64(0);
+        for _ in 0..8 {
+            w.u32(0);
+        }
+        w.u32(abi::MAX_FUNC_PARAMS + 1);
+        assert_eq!(
+            Reply::decode(Kind::FunctionInfo, &w.0),
+            Err(ProtoError::Malformed("too many parameters"))
+        );
         // Protection bits beyond read and write.
         let mut w = Writer::default();
         w.u64(1).u64(0).u64(4096).u8(4);
@@ -1111,6 +1194,23 @@ mod tests {
                     len: 4,
                     at: 16,
                 }),
+            ),
+            (
+                Kind::FunctionInfo,
+                Ok(Value::Function(FunctionInfo::new(
+                    [(0, 8), (8, 4), (16, 96)],
+                    abi::FuncInfo {
+                        max_threads: 1024,
+                        shared_static: 512,
+                        max_dynamic_shared: 100_000,
+                        const_bytes: 4,
+                        local_bytes: 16,
+                        num_regs: 40,
+                        ptx_version: 80,
+                        binary_version: 90,
+                        ..Default::default()
+                    },
+                ))),
             ),
             (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
             (

@@ -84,13 +84,7 @@ impl HostSource for VecSource {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
-        let off = offset as usize;
-        let src = self
-            .0
-            .get(off..off + buf.len())
-            .ok_or(OpError::Fault(offset))?;
-        buf.copy_from_slice(src);
-        Ok(())
+        self.0.read_at(offset, buf)
     }
 }
 
@@ -1067,6 +1061,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_histogram(make);
     module_matmul(make);
     module_launch_errors_and_unload(make);
+    module_function_info(make);
     module_illegal_address(make);
 }
 
@@ -1212,6 +1207,46 @@ pub fn module_launch_errors_and_unload(make: Make<'_>) {
             b".version 8.0\n.target sm_90\nthis is not ptx\n"
         ),
         Err(OpError::Invalid(_))
+    ));
+}
+
+/// FUNC_INFO's view of a kernel: the parameter layout nvcc's vector add
+/// declares (three pointers and an int), limits a launch can use, and
+/// the built-in module's one parameter structure.
+pub fn module_function_info(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-info", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    let info = p.function_info(m, "vector_add").unwrap();
+    let layout: Vec<(u32, u32)> = info.params.iter().map(|q| (q.offset, q.size)).collect();
+    assert_eq!(layout, [(0, 8), (8, 8), (16, 8), (24, 4)]);
+    assert_eq!(info.attrs.param_count, 4);
+    assert_eq!(info.attrs.params_size, 28);
+    assert!(
+        (256..=1024).contains(&info.attrs.max_threads),
+        "{:?}",
+        info.attrs
+    );
+    assert!(matches!(
+        p.function_info(m, "no_such_kernel"),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(matches!(
+        p.function_info(m + 1000, "vector_add"),
+        Err(OpError::NotFound(_))
+    ));
+    let fill = p.function_info(abi::MODULE_BUILTIN, "fill_u32").unwrap();
+    assert_eq!(fill.params.len(), 1);
+    assert_eq!(
+        fill.attrs.params_size as usize,
+        std::mem::size_of::<abi::FillParams>()
+    );
+    p.module_unload(m).unwrap();
+    assert!(matches!(
+        p.function_info(m, "vector_add"),
+        Err(OpError::NotFound(_))
     ));
 }
 

@@ -123,6 +123,22 @@ pub trait HostSource {
     }
 }
 
+/// Bytes in this process's own memory.
+impl HostSource for Vec<u8> {
+    fn len(&self) -> u64 {
+        self.as_slice().len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|off| self.get(off..off.checked_add(buf.len())?))
+            .ok_or(OpError::Fault(offset))?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
 /// Bytes the backend writes to host-side memory.
 pub trait HostSink {
     /// Total bytes.
@@ -194,6 +210,41 @@ pub struct Launch<'a> {
     pub shared_mem: u32,
     /// Parameter block.
     pub params: &'a [u8],
+}
+
+/// A kernel of a loaded module as its backend describes it: what
+/// FUNC_INFO reports to the guest, whose CUDA library packs launch
+/// parameters by it instead of guessing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// Attributes; `param_count` and `params_size` agree with `params`.
+    pub attrs: abi::FuncInfo,
+    /// Parameters in order.
+    pub params: Vec<abi::FuncParam>,
+}
+
+impl FunctionInfo {
+    /// Info for `params` (offset, size) in order; fills in the count and
+    /// the size of the parameter block.
+    pub fn new(params: impl IntoIterator<Item = (u32, u32)>, attrs: abi::FuncInfo) -> Self {
+        let params: Vec<abi::FuncParam> = params
+            .into_iter()
+            .map(|(offset, size)| abi::FuncParam { offset, size })
+            .collect();
+        let end = params
+            .iter()
+            .map(|p| p.offset.saturating_add(p.size))
+            .max()
+            .unwrap_or(0);
+        FunctionInfo {
+            attrs: abi::FuncInfo {
+                param_count: params.len() as u32,
+                params_size: end,
+                ..attrs
+            },
+            params,
+        }
+    }
 }
 
 /// What a partition is given.
@@ -281,6 +332,9 @@ pub trait Partition: Send {
     fn module_unload(&mut self, module: u64) -> Result<(), OpError>;
     /// Runs a kernel to completion.
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
+    /// Describes entry point `entry` of `module` (parameter layout and
+    /// attributes), as the backend's driver knows it.
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;
     /// Device memory in use, bytes.
     fn memory_used(&self) -> u64;
     /// Frees all memory and modules: the partition is as new.

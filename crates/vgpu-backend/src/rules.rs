@@ -15,7 +15,7 @@ use std::ops::Range;
 use log::debug;
 use vgpu_abi::{self as abi, ByteValued};
 
-use crate::{Launch, OpError, PartitionSpec};
+use crate::{FunctionInfo, Launch, OpError, PartitionSpec};
 
 /// Alignment of an allocation asked with alignment 0.
 pub const DEFAULT_ALIGN: u64 = abi::ALLOC_DEFAULT_ALIGN;
@@ -618,6 +618,54 @@ pub struct KernelLimits {
     pub max_threads: u32,
     /// Most dynamic shared memory per block, bytes.
     pub max_dynamic_shared: u32,
+}
+
+impl KernelLimits {
+    /// The limits a kernel's [`FunctionInfo`] sets.
+    pub fn of(info: &FunctionInfo) -> KernelLimits {
+        KernelLimits {
+            param_bytes: Some(info.attrs.params_size as usize),
+            max_threads: info.attrs.max_threads,
+            max_dynamic_shared: info.attrs.max_dynamic_shared,
+        }
+    }
+}
+
+/// The built-in module's `entry` as FUNC_INFO describes it: one
+/// parameter, its parameter structure.
+pub fn builtin_function_info(entry: &str) -> Result<FunctionInfo, OpError> {
+    let size = match entry {
+        "fill_u32" => std::mem::size_of::<abi::FillParams>(),
+        "copy" => std::mem::size_of::<abi::CopyParams>(),
+        "vadd_f32" => std::mem::size_of::<abi::VaddParams>(),
+        "saxpy_f32" => std::mem::size_of::<abi::SaxpyParams>(),
+        "sgemm_f32" => std::mem::size_of::<abi::SgemmParams>(),
+        "reduce_sum_f32" => std::mem::size_of::<abi::ReduceSumParams>(),
+        _ => {
+            return Err(OpError::NotFound(format!(
+                "entry point {entry:?} in the built-in module"
+            )))
+        }
+    };
+    Ok(FunctionInfo::new(
+        [(0, size as u32)],
+        abi::FuncInfo {
+            max_threads: 1024,
+            ..Default::default()
+        },
+    ))
+}
+
+/// Checks what a backend says of a kernel before it reaches a guest.
+pub fn checked_function_info(entry: &str, info: FunctionInfo) -> Result<FunctionInfo, OpError> {
+    if info.params.len() > abi::MAX_FUNC_PARAMS as usize {
+        return Err(OpError::Unsupported(format!(
+            "{entry}: {} parameters, more than {}",
+            info.params.len(),
+            abi::MAX_FUNC_PARAMS
+        )));
+    }
+    Ok(info)
 }
 
 /// Most modules a partition keeps loaded at once.

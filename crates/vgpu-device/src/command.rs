@@ -3,6 +3,7 @@
 //! checked before use, and a bad one becomes a completion status, never a
 //! panic or an unbounded allocation.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use vfio_user_server::DmaSpace;
@@ -45,12 +46,61 @@ impl Outcome {
     }
 }
 
+/// The function handles FUNC_INFO handed out, each naming an entry point
+/// of a loaded module; bounded, and gone with their module or a reset.
+#[derive(Debug, Default)]
+pub struct Functions {
+    by_handle: HashMap<u64, (u64, Box<str>)>,
+    by_name: HashMap<(u64, Box<str>), u64>,
+    /// Never reused: a handle from before an unload or reset finds nothing.
+    last: u64,
+}
+
+impl Functions {
+    /// The handle of `entry` of `module`, made on first use.
+    fn handle(&mut self, module: u64, entry: &str) -> Result<u64> {
+        let key = (module, Box::<str>::from(entry));
+        if let Some(&h) = self.by_name.get(&key) {
+            return Ok(h);
+        }
+        if self.by_handle.len() >= abi::MAX_FUNCTIONS as usize {
+            return Err(abi::STATUS_NO_MEMORY);
+        }
+        self.last += 1;
+        self.by_handle.insert(self.last, key.clone());
+        self.by_name.insert(key, self.last);
+        Ok(self.last)
+    }
+
+    /// The entry point `handle` names, if it belongs to `module`.
+    fn entry(&self, module: u64, handle: u64) -> Option<&str> {
+        match self.by_handle.get(&handle) {
+            Some((m, name)) if *m == module => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Forgets the handles of an unloaded module.
+    fn unloaded(&mut self, module: u64) {
+        self.by_handle.retain(|_, (m, _)| *m != module);
+        self.by_name.retain(|(m, _), _| *m != module);
+    }
+
+    /// Forgets every handle (the partition was reset).
+    pub fn clear(&mut self) {
+        self.by_handle.clear();
+        self.by_name.clear();
+    }
+}
+
 /// Everything a command may touch.
 pub struct Ctx<'a> {
     /// Guest memory, through the DMA map table.
     pub dma: &'a DmaSpace,
     /// The partition doing the work.
     pub partition: &'a mut dyn Partition,
+    /// Function handles of the partition's modules.
+    pub functions: &'a mut Functions,
     /// The host-visible window (BAR2).
     pub window: &'a MmapRegion,
     /// Start of device time.
@@ -321,7 +371,19 @@ fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
 }
 
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
-    let entry = abi::parse_entry_name(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
+    let by_handle = match cmd.hdr.flags {
+        0 => false,
+        abi::LAUNCH_FLAG_FUNCTION => true,
+        _ => return Err(abi::STATUS_INVALID),
+    };
+    let entry = if by_handle {
+        let handle = abi::parse_entry_function(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
+        ctx.functions
+            .entry(cmd.module, handle)
+            .ok_or(abi::STATUS_NOT_FOUND)?
+    } else {
+        abi::parse_entry_name(&cmd.entry).ok_or(abi::STATUS_INVALID)?
+    };
     if !valid_shape(cmd.grid, cmd.block) || cmd.params_size > abi::MAX_PARAMS_SIZE {
         return Err(abi::STATUS_INVALID);
     }
@@ -341,6 +403,39 @@ fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64
         })
         .map_err(op_status)?;
     Ok(0)
+}
+
+/// FUNC_INFO: describes a kernel into device memory and returns its handle.
+fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Result<u64> {
+    let header = std::mem::size_of::<abi::FuncInfo>();
+    if cmd.hdr.flags != 0
+        || cmd.name_len == 0
+        || cmd.name_len > abi::MAX_ENTRY_NAME
+        || (cmd.out_size as usize) < header
+    {
+        return Err(abi::STATUS_INVALID);
+    }
+    let name = read_bytes(
+        ctx.dma,
+        reads.get(1..).unwrap_or_default(),
+        cmd.name_len as usize,
+    )?;
+    let name = std::str::from_utf8(&name).map_err(|_| abi::STATUS_INVALID)?;
+    if name.contains('\0') {
+        return Err(abi::STATUS_INVALID);
+    }
+    let info = ctx
+        .partition
+        .function_info(cmd.module, name)
+        .map_err(op_status)?;
+    // The header says how many parameters there are; as many as fit follow.
+    let room = (cmd.out_size as usize - header) / std::mem::size_of::<abi::FuncParam>();
+    let mut out = info.attrs.as_slice().to_vec();
+    for p in info.params.iter().take(room) {
+        out.extend_from_slice(p.as_slice());
+    }
+    ctx.partition.upload(cmd.out, &out).map_err(op_status)?;
+    ctx.functions.handle(cmd.module, name)
 }
 
 /// Runs the command in `descs` (readable descriptors first, then writable).
@@ -419,10 +514,13 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         }
         abi::OP_MODULE_UNLOAD => {
             let c: abi::ModuleUnloadCmd = parse(raw)?;
-            ctx.partition
-                .module_unload(c.module)
-                .map_err(op_status)
-                .map(|_| 0)
+            ctx.partition.module_unload(c.module).map_err(op_status)?;
+            ctx.functions.unloaded(c.module);
+            Ok(0)
+        }
+        abi::OP_FUNC_INFO => {
+            let c: abi::FuncInfoCmd = parse(raw)?;
+            func_info(ctx, &c, &reads)
         }
         abi::OP_LAUNCH => {
             let c: abi::LaunchCmd = parse(raw)?;

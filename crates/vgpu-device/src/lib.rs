@@ -263,6 +263,8 @@ pub(crate) struct Shared {
     pub(crate) ctx: DeviceContext,
     pub(crate) state: Mutex<State>,
     pub(crate) partition: Mutex<Box<dyn Partition>>,
+    /// Locked after `partition`, only with it held.
+    pub(crate) functions: Mutex<command::Functions>,
     pub(crate) doorbells: MmapRegion,
     pub(crate) window: MmapRegion,
     pub(crate) wake: EventFd,
@@ -645,7 +647,8 @@ impl VgpuDevice {
         let features = abi::FEATURE_EVENT_IDX
             | abi::FEATURE_POLLED
             | abi::FEATURE_WINDOW
-            | abi::FEATURE_TIMESTAMP;
+            | abi::FEATURE_TIMESTAMP
+            | abi::FEATURE_FUNC_INFO;
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,
@@ -865,7 +868,11 @@ impl VgpuDevice {
         let _busy = lock(&sh.busy);
         *lock(&sh.state) = State::new(self.config.queues);
         sh.any_polled.store(false, Ordering::Relaxed);
-        lock(&sh.partition).reset();
+        {
+            let mut part = lock(&sh.partition);
+            part.reset();
+            lock(&sh.functions).clear();
+        }
         sh.counters.mem_used.store(0, Ordering::Relaxed);
         sh.counters.busy_ns.store(0, Ordering::Relaxed);
         sh.counters.commands.store(0, Ordering::Relaxed);
@@ -929,6 +936,7 @@ impl PciDevice for VgpuDevice {
             ctx,
             state: Mutex::new(State::new(self.config.queues)),
             partition: Mutex::new(partition),
+            functions: Mutex::new(command::Functions::default()),
             doorbells,
             window,
             wake: match self.wake.try_clone() {

@@ -374,9 +374,11 @@ fn run_chains(
             }
         } else {
             let mut part = lock(&sh.partition);
+            let mut functions = lock(&sh.functions);
             let mut ctx = command::Ctx {
                 dma: &sh.ctx.dma,
                 partition: &mut **part,
+                functions: &mut functions,
                 window: &sh.window,
                 epoch: sh.epoch,
             };

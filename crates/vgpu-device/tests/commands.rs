@@ -594,6 +594,111 @@ fn test_loaded_ptx_runs_through_the_queue_on_software() {
     );
 }
 
+/// FUNC_INFO describes a loaded kernel into device memory, and its handle
+/// launches the kernel; handles belong to their module and end with it.
+#[test]
+fn test_func_info_describes_and_launches_by_handle() {
+    let (_s, mut g) = vgpu_ready();
+    let ptx = conformance::portable(conformance::corpus::VECTOR_ADD);
+    let module = g.module_load(0, abi::MODULE_FORMAT_PTX, &ptx);
+    assert_status(module, abi::STATUS_OK);
+    let module = module.result;
+    let out = g.device_alloc(0, 4096);
+    let c = g.func_info(0, module, "vector_add", out, 4096);
+    assert_status(c, abi::STATUS_OK);
+    let handle = c.result;
+    assert_ne!(handle, 0);
+    let raw = g.download(0, out, 64 + 4 * 8);
+    let info = abi::FuncInfo::from_slice(&raw[..64]).copied().unwrap();
+    assert_eq!((info.param_count, info.params_size), (4, 28));
+    let params: Vec<(u32, u32)> = raw[64..]
+        .chunks(8)
+        .map(|p| abi::FuncParam::from_slice(p).copied().unwrap())
+        .map(|p| (p.offset, p.size))
+        .collect();
+    assert_eq!(params, [(0, 8), (8, 8), (16, 8), (24, 4)]);
+    // The same name gives the same handle; a room for the header alone
+    // still says how many parameters there are.
+    let again = g.func_info(0, module, "vector_add", out + 1024, 64);
+    assert_eq!((again.status, again.result), (abi::STATUS_OK, handle));
+    let short = g.download(0, out + 1024, 64);
+    assert_eq!(abi::FuncInfo::from_slice(&short).unwrap().param_count, 4);
+
+    let n = 1000u32;
+    let bytes = u64::from(n) * 4;
+    let (da, db, dc) = (
+        g.device_alloc(0, bytes),
+        g.device_alloc(0, bytes),
+        g.device_alloc(0, bytes),
+    );
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    g.upload(0, da, &f32s_to_bytes(&a));
+    g.upload(0, db, &f32s_to_bytes(&a));
+    let p = conformance::Params::default()
+        .u64(da)
+        .u64(db)
+        .u64(dc)
+        .u32(n);
+    let mut launch = launch_cmd("", [n.div_ceil(128), 1, 1], [128, 1, 1], 28);
+    launch.module = module;
+    launch.hdr.flags = abi::LAUNCH_FLAG_FUNCTION;
+    launch.entry = abi::entry_function(handle);
+    assert_status(g.launch_raw(0, &launch, &p.0), abi::STATUS_OK);
+    let c_out = bytes_to_f32s(&g.download(0, dc, bytes as usize));
+    assert!(c_out.iter().enumerate().all(|(i, &x)| x == 2.0 * a[i]));
+
+    // A handle of another module, an unknown handle, a bad flag.
+    let mut other = launch;
+    other.module = abi::MODULE_BUILTIN;
+    assert_status(g.launch_raw(0, &other, &p.0), abi::STATUS_NOT_FOUND);
+    let mut unknown = launch;
+    unknown.entry = abi::entry_function(handle + 100);
+    assert_status(g.launch_raw(0, &unknown, &p.0), abi::STATUS_NOT_FOUND);
+    let mut flag = launch;
+    flag.hdr.flags = 2;
+    assert_status(g.launch_raw(0, &flag, &p.0), abi::STATUS_INVALID);
+
+    // Malformed lookups.
+    assert_status(
+        g.func_info(0, module, "no_such_kernel", out, 4096),
+        abi::STATUS_NOT_FOUND,
+    );
+    assert_status(
+        g.func_info(0, module, "vector_add", out, 63),
+        abi::STATUS_INVALID,
+    );
+    assert_status(
+        g.func_info(0, module, "vector_add", out + 4050, 4096),
+        abi::STATUS_OUT_OF_RANGE,
+    );
+    assert_status(g.func_info(0, module, "", out, 4096), abi::STATUS_INVALID);
+    let long = "x".repeat(abi::MAX_ENTRY_NAME as usize + 1);
+    assert_status(
+        g.func_info(0, module, &long, out, 4096),
+        abi::STATUS_INVALID,
+    );
+    assert_status(
+        g.func_info(0, module, "vec\0add", out, 4096),
+        abi::STATUS_INVALID,
+    );
+    let cmd = abi::FuncInfoCmd {
+        hdr: CmdHeader {
+            opcode: abi::OP_FUNC_INFO,
+            flags: 0,
+        },
+        module,
+        out,
+        out_size: 4096,
+        name_len: 100,
+    };
+    let c = g.run(0, &Chain::command(&cmd).bytes(b"vector_add").completion());
+    assert_status(c, abi::STATUS_INVALID);
+
+    // Unloading the module ends its handles.
+    assert_status(g.module_unload(0, module), abi::STATUS_OK);
+    assert_status(g.launch_raw(0, &launch, &p.0), abi::STATUS_NOT_FOUND);
+}
+
 #[test]
 fn test_module_load_malformed_is_invalid() {
     let (_s, mut g) = vgpu_ready();

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use common::{assert_status, MIB};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{
-    HostMapping, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+    FunctionInfo, HostMapping, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec,
 };
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{launch_cmd, test_config, Chain, Mode, TestVgpu};
@@ -161,6 +162,10 @@ impl Partition for Recording {
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
         self.inner.module_unload(module)
     }
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        self.inner.function_info(module, entry)
+    }
+
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         let slow = launch.entry == "fill_u32"
             && abi::FillParams::from_slice(launch.params).is_some_and(|p| p.count == SLOW_WORDS);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{assert_status, MIB};
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{launch_cmd, test_config, Chain, Guest, Mode, TestVgpu};
 
@@ -71,6 +71,11 @@ impl Partition for Faulting {
         self.check()?;
         self.inner.module_unload(module)
     }
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        self.check()?;
+        self.inner.function_info(module, entry)
+    }
+
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.check()?;
         let poisoned = launch.entry == "fill_u32"

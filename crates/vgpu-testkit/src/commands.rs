@@ -271,6 +271,30 @@ impl Guest {
         self.launch_raw(q, &cmd, params.as_slice())
     }
 
+    /// FUNC_INFO of `entry` in `module`, the description written to
+    /// device memory at `out` (`out_size` bytes); the result is the
+    /// function handle.
+    pub fn func_info(
+        &mut self,
+        q: u32,
+        module: u64,
+        entry: &str,
+        out: u64,
+        out_size: u32,
+    ) -> Completion {
+        let cmd = abi::FuncInfoCmd {
+            hdr: hdr(abi::OP_FUNC_INFO, 0),
+            module,
+            out,
+            out_size,
+            name_len: entry.len() as u32,
+        };
+        self.run(
+            q,
+            &Chain::command(&cmd).bytes(entry.as_bytes()).completion(),
+        )
+    }
+
     /// LAUNCH `cmd` with `params` as the parameter descriptor (sent as
     /// given, whatever `cmd.params_size` says).
     pub fn launch_raw(&mut self, q: u32, cmd: &LaunchCmd, params: &[u8]) -> Completion {

@@ -44,8 +44,8 @@ use crate::rules::{
     self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc, PartitionName,
 };
 use crate::{
-    Backend, BackendError, Capacity, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec,
+    Backend, BackendError, Capacity, FunctionInfo, HostSink, HostSource, Launch, OpError,
+    Partition, PartitionSpec,
 };
 
 /// Fewest elements of work worth a thread of its own.
@@ -509,6 +509,17 @@ impl Partition for SoftwarePartition {
         // address will do.
         let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
         self.run_builtin(call)
+    }
+
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        if module == abi::MODULE_BUILTIN {
+            return rules::builtin_function_info(entry);
+        }
+        let m = self
+            .modules
+            .get(&module)
+            .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))?;
+        ptx::function_info(m, entry)
     }
 
     fn memory_used(&self) -> u64 {

@@ -11,7 +11,7 @@ use vgpu_ptx::{ExecError, FatbinError, Fault, GlobalMemory, Module, WordMemory};
 
 use super::DeviceBuf;
 use crate::rules::{self, Allocations};
-use crate::OpError;
+use crate::{FunctionInfo, OpError};
 
 /// Shared memory a block may use (static and dynamic), as on an H100.
 pub(super) const MAX_SHARED: u32 = 227 << 10;
@@ -109,21 +109,37 @@ pub(super) struct Run<'a> {
     pub timeout: Duration,
 }
 
+/// Kernel `entry` of `module` as FUNC_INFO describes it: the layout the
+/// PTX declares, the limits this executor sets.
+pub(super) fn function_info(module: &Module, entry: &str) -> Result<FunctionInfo, OpError> {
+    let info = module
+        .kernel(entry)
+        .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
+    let ptx_version = module
+        .version()
+        .split_once('.')
+        .and_then(|(a, b)| Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?))
+        .unwrap_or(0);
+    let attrs = abi::FuncInfo {
+        max_threads: info.max_threads.unwrap_or(1024).min(1024),
+        shared_static: info.shared_static,
+        max_dynamic_shared: MAX_SHARED.saturating_sub(info.shared_static),
+        local_bytes: info.local_per_thread,
+        num_regs: info.registers,
+        ptx_version,
+        ..Default::default()
+    };
+    let params = info.params.iter().map(|p| (p.offset, p.size));
+    rules::checked_function_info(entry, FunctionInfo::new(params, attrs))
+}
+
 /// Checks a launch against the kernel and runs it on `allocs`.
 pub(super) fn launch(
     run: &Run<'_>,
     allocs: &Allocations<std::cell::RefCell<DeviceBuf>>,
 ) -> Result<(), OpError> {
     let entry = run.entry;
-    let info = run
-        .module
-        .kernel(entry)
-        .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
-    let limits = rules::KernelLimits {
-        param_bytes: Some(info.param_bytes as usize),
-        max_threads: info.max_threads.unwrap_or(1024).min(1024),
-        max_dynamic_shared: MAX_SHARED.saturating_sub(info.shared_static),
-    };
+    let limits = rules::KernelLimits::of(&function_info(run.module, entry)?);
     rules::check_module_launch(
         entry,
         run.grid,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use log::error;
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
-use vgpu_backend::{HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+};
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
 use vgpu_sched::TenantId;
 use vmm_sys_util::eventfd::EventFd;
@@ -60,6 +62,9 @@ impl Partition for SharedPartition {
     }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         lock(&self.inner).launch(launch)
+    }
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        lock(&self.inner).function_info(module, entry)
     }
     fn memory_used(&self) -> u64 {
         lock(&self.inner).memory_used()
@@ -301,6 +306,9 @@ mod tests {
         }
         fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
             self.0.launch(launch)
+        }
+        fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+            self.0.function_info(module, entry)
         }
         fn memory_used(&self) -> u64 {
             self.0.memory_used()
