@@ -65,6 +65,9 @@ static_assert(VGPU_CMD_MODULE_LOAD == VGPU_OP_MODULE_LOAD);
 static_assert(VGPU_CMD_MODULE_UNLOAD == VGPU_OP_MODULE_UNLOAD);
 static_assert(VGPU_CMD_LAUNCH == VGPU_OP_LAUNCH);
 static_assert(VGPU_CMD_TIMESTAMP == VGPU_OP_TIMESTAMP);
+static_assert(VGPU_CMD_FUNC_INFO == VGPU_OP_FUNC_INFO);
+static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
+static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
 
 /*
  * Parameter blocks of the built-in module, whose device pointers the
@@ -462,18 +465,60 @@ static int vgpu_prep_copy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return 0;
 }
 
+/*
+ * Stages @len bytes from user memory as one data descriptor: inline in
+ * the slot when they fit, else in a coherent buffer.
+ */
+static int vgpu_stage_small(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			    const void __user *src, u32 len)
+{
+	int ret;
+
+	c->ndesc++;
+	if (len <= VGPU_SLOT_DATA_BYTES) {
+		if (copy_from_user(c->inl, src, len))
+			return -EFAULT;
+		c->inl_len = len;
+		return 0;
+	}
+	ret = vgpu_stage_alloc(vdev, c, len, 1);
+	if (ret)
+		return ret;
+	return vgpu_stage_copy_in(c, src);
+}
+
+/* A function handle in its first 8 bytes, the rest zero. */
+static bool vgpu_entry_is_function(const char *entry)
+{
+	u64 handle;
+	size_t i;
+
+	memcpy(&handle, entry, sizeof(handle));
+	for (i = sizeof(handle); i < VGPU_ENTRY_NAME_LEN; i++)
+		if (entry[i])
+			return false;
+	return le64_to_cpu((__force __le64)handle) != 0;
+}
+
 static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 			    const struct vgpu_cmd *u, struct vgpu_budget *bud)
 {
 	const struct vgpu_launch_args *a = &u->launch;
 	struct vgpu_cmd_launch *d = &c->dcmd.launch;
-	const void __user *params = u64_to_user_ptr(a->params);
-	int ret;
 
-	if (u->flags || !vgpu_args_tail_zero(u, sizeof(*a)))
+	if ((u->flags & ~VGPU_CMD_LAUNCH_FUNCTION) ||
+	    !vgpu_args_tail_zero(u, sizeof(*a)))
 		return -EINVAL;
-	if (!a->entry[0] || !memchr(a->entry, 0, sizeof(a->entry)))
+	if (u->flags & VGPU_CMD_LAUNCH_FUNCTION) {
+		if (!(vdev->features & VGPU_FEATURE_FUNC_INFO))
+			return -EOPNOTSUPP;
+		/* The built-in kernels' blocks are checked by name. */
+		if (a->module == VGPU_MODULE_BUILTIN_ID ||
+		    !vgpu_entry_is_function(a->entry))
+			return -EINVAL;
+	} else if (!a->entry[0] || !memchr(a->entry, 0, sizeof(a->entry))) {
 		return -EINVAL;
+	}
 	if (a->params_size > VGPU_MAX_PARAMS_BYTES)
 		return -E2BIG;
 	if (a->params_size > VGPU_MAX_BATCH_STAGED_BYTES - bud->staged)
@@ -481,6 +526,7 @@ static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	bud->staged += a->params_size;
 
 	d->hdr.opcode = VGPU_OP_LAUNCH;
+	d->hdr.flags = u->flags & VGPU_CMD_LAUNCH_FUNCTION;
 	d->module = a->module;
 	memcpy(d->grid, a->grid, sizeof(d->grid));
 	memcpy(d->block, a->block, sizeof(d->block));
@@ -493,17 +539,39 @@ static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 
 	if (!a->params_size)
 		return 0;
-	c->ndesc++;
-	if (a->params_size <= VGPU_SLOT_DATA_BYTES) {
-		if (copy_from_user(c->inl, params, a->params_size))
-			return -EFAULT;
-		c->inl_len = a->params_size;
-		return 0;
-	}
-	ret = vgpu_stage_alloc(vdev, c, a->params_size, 1);
-	if (ret)
-		return ret;
-	return vgpu_stage_copy_in(c, params);
+	return vgpu_stage_small(vdev, c, u64_to_user_ptr(a->params),
+				a->params_size);
+}
+
+static int vgpu_prep_func_info(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			       const struct vgpu_cmd *u,
+			       struct vgpu_budget *bud)
+{
+	const struct vgpu_func_info_args *a = &u->func_info;
+	struct vgpu_cmd_func_info *d = &c->dcmd.func_info;
+
+	if (u->flags || !vgpu_args_tail_zero(u, sizeof(*a)))
+		return -EINVAL;
+	if (!(vdev->features & VGPU_FEATURE_FUNC_INFO))
+		return -EOPNOTSUPP;
+	if (a->module == VGPU_MODULE_BUILTIN_ID || !a->name_len ||
+	    a->out_size < sizeof(struct vgpu_func_info))
+		return -EINVAL;
+	if (a->name_len > VGPU_MAX_FUNC_NAME_BYTES)
+		return -E2BIG;
+	if (a->name_len > VGPU_MAX_BATCH_STAGED_BYTES - bud->staged)
+		return -E2BIG;
+	bud->staged += a->name_len;
+
+	d->hdr.opcode = VGPU_OP_FUNC_INFO;
+	d->module = a->module;
+	d->out = a->out;
+	d->out_size = a->out_size;
+	d->name_len = a->name_len;
+	c->dlen = sizeof(*d);
+	c->npieces = 1;
+	c->ndesc = 2;
+	return vgpu_stage_small(vdev, c, u64_to_user_ptr(a->name), a->name_len);
 }
 
 static int vgpu_prep_module_load(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
@@ -595,6 +663,8 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 		return 0;
 	case VGPU_CMD_LAUNCH:
 		return vgpu_prep_launch(vdev, c, u, bud);
+	case VGPU_CMD_FUNC_INFO:
+		return vgpu_prep_func_info(vdev, c, u, bud);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;
@@ -726,6 +796,14 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 			m->dying = true;
 		spin_unlock_irqrestore(&vf->res_lock, flags);
 		return m ? 0 : -ENOENT;
+	case VGPU_CMD_FUNC_INFO:
+		spin_lock_irqsave(&vf->res_lock, flags);
+		m = vgpu_module_find(vf, u->func_info.module);
+		spin_unlock_irqrestore(&vf->res_lock, flags);
+		if (!m)
+			return -ENOENT;
+		return vgpu_check_dev_range(vf, u->func_info.out,
+					    u->func_info.out_size);
 	case VGPU_CMD_LAUNCH:
 		if (l->module != VGPU_MODULE_BUILTIN_ID) {
 			spin_lock_irqsave(&vf->res_lock, flags);
@@ -926,6 +1004,8 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		i.flags |= VGPU_INFO_MSIX;
 	if (vdev->win_size)
 		i.flags |= VGPU_INFO_WINDOW;
+	if (vdev->features & VGPU_FEATURE_FUNC_INFO)
+		i.flags |= VGPU_INFO_FUNC_INFO;
 	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
 }
 

@@ -6,8 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Module};
-use vgpu_ptx::KernelInfo;
+use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Function, Module};
 
 use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
@@ -146,20 +145,26 @@ impl Ctx {
 pub struct ModuleObj {
     pub device: CUdevice,
     pub module: Arc<Module>,
-    /// The entry points and their parameter layouts, from the module's
-    /// PTX (the device checks them again at launch).
-    pub kernels: HashMap<String, KernelInfo>,
+    /// The entry points its PTX names, if it has PTX (a fatbinary of
+    /// cubins alone names none here; the device still finds them).
+    pub kernels: HashSet<String>,
 }
 
 /// A function (or kernel) of a module.
 pub struct Func {
     pub module: usize,
     pub device: CUdevice,
-    pub info: KernelInfo,
+    /// The device's description and handle of it.
+    pub function: Function,
     /// The name, NUL-terminated, for `cuFuncGetName`.
     pub cname: std::ffi::CString,
-    pub max_dynamic_shared: i32,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: what a launch
+    /// may use, raised by `cuFuncSetAttribute`.
+    pub max_dynamic_shared: u32,
 }
+
+/// Dynamic shared memory a kernel may use until it opts in to more.
+pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
 
 /// A stream. Its work runs in order on its device's queue
 /// ([`crate::inflight`]).
@@ -381,14 +386,11 @@ impl Driver {
     pub fn load_module(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
         let gpu = self.gpu(dev)?;
         let (format, ptx) = module_ptx(image)?;
-        let mut kernels = HashMap::new();
+        let mut kernels = HashSet::new();
         for text in &ptx {
-            let m = vgpu_ptx::Module::parse(text).map_err(|e| {
-                log(&format!("module PTX: {e}"));
-                cu::ERROR_INVALID_IMAGE
-            })?;
-            for k in m.kernels() {
-                kernels.entry(k.name.clone()).or_insert_with(|| k.clone());
+            // The names only; the device's driver compiles the module.
+            if let Ok(m) = vgpu_ptx::Module::parse(text) {
+                kernels.extend(m.kernels().into_iter().map(|k| k.name));
             }
         }
         let module = check(gpu.dev.module_load_format(format, image))?;
@@ -400,27 +402,35 @@ impl Driver {
         Ok(self.objects().add(|o| &mut o.modules, m))
     }
 
-    /// The function `name` of module `module`.
+    /// The function `name` of module `module`, as the device describes it.
     pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
+        let (m, device) = {
+            let o = self.objects();
+            let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            // One handle per (module, name), as CUDA returns the same
+            // CUfunction for repeated look-ups.
+            if let Some((&h, _)) = o
+                .funcs
+                .iter()
+                .find(|(_, f)| f.module == module && f.cname.as_bytes() == name.as_bytes())
+            {
+                return Ok(h);
+            }
+            (m.module.clone(), m.device)
+        };
+        let gpu = self.gpu(device)?;
+        let function = match gpu.dev.function(&m, name) {
+            Err(GuestError::NotFound) => return Err(cu::ERROR_NOT_FOUND),
+            r => check(r)?,
+        };
+        let max_dynamic_shared = DEFAULT_DYNAMIC_SHARED
+            .saturating_sub(function.info.shared_static)
+            .min(function.info.max_dynamic_shared);
+        let cname = std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?;
         let mut o = self.objects();
-        let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let info = m.kernels.get(name).cloned().ok_or(cu::ERROR_NOT_FOUND)?;
-        if name.len() >= sys::ENTRY_NAME_LEN {
-            log(&format!(
-                "{name}: entry point names are limited to {} bytes",
-                sys::ENTRY_NAME_LEN - 1
-            ));
-            return Err(cu::ERROR_NOT_SUPPORTED);
-        }
-        let device = m.device;
-        // One handle per (module, name), as CUDA returns the same
-        // CUfunction for repeated look-ups.
-        if let Some((&h, _)) = o
-            .funcs
-            .iter()
-            .find(|(_, f)| f.module == module && f.info.name == name)
-        {
-            return Ok(h);
+        if !o.modules.contains_key(&module) {
+            // Unloaded by another thread meanwhile.
+            return Err(cu::ERROR_INVALID_HANDLE);
         }
         let h = o.handle();
         o.funcs.insert(
@@ -428,9 +438,9 @@ impl Driver {
             Func {
                 module,
                 device,
-                cname: std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?,
-                info,
-                max_dynamic_shared: 0,
+                function,
+                cname,
+                max_dynamic_shared,
             },
         );
         Ok(h)
@@ -452,15 +462,21 @@ impl Driver {
 
     /// Launches `func` with its parameters packed as its layout says.
     pub fn launch(&self, func: usize, dims: Dims, params: &[u8]) -> CuResult {
-        let (module, device, name) = {
+        let (function, device) = {
             let o = self.objects();
             let f = o.funcs.get(&func).ok_or(cu::ERROR_INVALID_HANDLE)?;
-            let m = o.modules.get(&f.module).ok_or(cu::ERROR_INVALID_HANDLE)?;
-            (m.module.clone(), f.device, f.info.name.clone())
+            if dims.shared_mem > f.max_dynamic_shared {
+                log(&format!(
+                    "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",
+                    f.cname, dims.shared_mem, f.max_dynamic_shared
+                ));
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            (f.function.clone(), f.device)
         };
         let gpu = self.gpu(device)?;
         let mut batch = Batch::new();
-        batch.launch(&module, &name, dims, params);
+        batch.launch_function(&function, dims, params);
         gpu.submit(batch, None)
     }
 }
@@ -473,13 +489,16 @@ fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
     } else {
         sys::MODULE_FATBIN
     };
-    let ptx = vgpu_ptx::extract_ptx(image).map_err(|e| {
-        log(&format!("module image: {e}"));
-        match e {
-            vgpu_ptx::FatbinError::NoPtx => cu::ERROR_NO_BINARY_FOR_GPU,
-            _ => cu::ERROR_INVALID_IMAGE,
+    // A fatbinary of cubins alone has no PTX: the device's driver picks
+    // the cubin for its GPU.
+    let ptx = match vgpu_ptx::extract_ptx(image) {
+        Ok(ptx) => ptx,
+        Err(vgpu_ptx::FatbinError::NoPtx) => Vec::new(),
+        Err(e) => {
+            log(&format!("module image: {e}"));
+            return Err(cu::ERROR_INVALID_IMAGE);
         }
-    })?;
+    };
     Ok((format, ptx))
 }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use vgpu_abi::ByteValued;
 
-use crate::device::{launch_cmd, BuiltinKernel, Dims, Inner, Module};
+use crate::device::{
+    launch_cmd, launch_function_cmd, BuiltinKernel, Dims, Function, Inner, Module,
+};
 use crate::error::{Error, Result};
 use crate::sys::{self, VgpuCmd};
 use crate::Buffer;
@@ -302,6 +304,17 @@ impl Batch {
     /// Runs entry point `entry` of a loaded module.
     pub fn launch(&mut self, module: &Module, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
         self.launch_raw(module.handle(), entry, dims, params)
+    }
+
+    /// Runs `f` (from [`Device::function`](crate::Device::function)).
+    pub fn launch_function(&mut self, f: &Function, dims: Dims, params: &[u8]) -> &mut Self {
+        let kept: Box<[u8]> = params.into();
+        let cmd = match launch_function_cmd(f, dims, &kept) {
+            Ok(c) => c,
+            Err(e) => return self.fail(e),
+        };
+        self.keep(kept);
+        self.push(cmd)
     }
 
     fn launch_raw(&mut self, module: u64, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use vgpu_abi::ByteValued;
+use vgpu_abi::{self as abi, ByteValued};
 
 use crate::batch::{Batch, CmdResult, Completed, Pending};
 use crate::error::{Error, Result};
@@ -574,6 +574,63 @@ impl Device {
         self.run_one(cmd)
     }
 
+    /// Looks up entry point `entry` of `module`: the device describes its
+    /// parameters and attributes (as the host's driver knows them) and
+    /// gives a handle to launch it by, whatever the length of its name.
+    pub fn function(&self, module: &Module, entry: &str) -> Result<Function> {
+        if self.inner.info.flags & sys::INFO_FUNC_INFO == 0 {
+            return Err(Error::Unsupported);
+        }
+        if entry.is_empty()
+            || entry.len() > sys::MAX_FUNC_NAME_BYTES as usize
+            || entry.contains('\0')
+        {
+            return Err(Error::Usage(format!("bad entry point name {entry:?}")));
+        }
+        let header = size_of::<abi::FuncInfo>();
+        let room = header + abi::MAX_FUNC_PARAMS as usize * size_of::<abi::FuncParam>();
+        let scratch = self.alloc(room as u64)?;
+        let mut out = vec![0u8; room];
+        let mut cmds = [
+            VgpuCmd::func_info(sys::VgpuFuncInfoArgs {
+                module: module.handle,
+                out: scratch.addr(),
+                out_size: room as u32,
+                name_len: entry.len() as u32,
+                name: entry.as_ptr() as u64,
+            }),
+            VgpuCmd::copy(sys::VgpuCopyArgs {
+                src_kind: sys::MEM_DEVICE,
+                dst_kind: sys::MEM_USER,
+                src: scratch.addr(),
+                dst: out.as_mut_ptr() as u64,
+                size: room as u64,
+            }),
+        ];
+        // SAFETY: the name and `out` outlive this call, which returns
+        // once the device is done with both; nothing else uses `out`.
+        unsafe { self.inner.run(&mut cmds) }?;
+        let info = abi::FuncInfo::from_slice(&out[..header])
+            .copied()
+            .ok_or(Error::Io)?;
+        let n = (info.param_count as usize).min(abi::MAX_FUNC_PARAMS as usize);
+        let params = out[header..header + n * size_of::<abi::FuncParam>()]
+            .chunks_exact(size_of::<abi::FuncParam>())
+            .filter_map(|p| abi::FuncParam::from_slice(p).copied())
+            .collect();
+        Ok(Function {
+            module: module.handle,
+            handle: cmds[0].result,
+            info,
+            params,
+        })
+    }
+
+    /// Runs `f` (from [`Device::function`]).
+    pub fn launch_function(&self, f: &Function, dims: Dims, params: &[u8]) -> Result<CmdResult> {
+        self.run_one(launch_function_cmd(f, dims, params)?)
+    }
+
     /// Loads a module (PTX text). Backends that cannot run loaded modules
     /// answer [`Error::Unsupported`]. The module is unloaded on drop.
     pub fn module_load(&self, image: &[u8]) -> Result<Module> {
@@ -726,6 +783,22 @@ impl AsRawFd for Device {
 pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
     let name = sys::entry_name(entry)
         .ok_or_else(|| Error::Usage(format!("bad entry point name {entry:?}")))?;
+    launch_entry_cmd(module, name, dims, params)
+}
+
+/// A LAUNCH command of a function handle.
+pub(crate) fn launch_function_cmd(f: &Function, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
+    let mut cmd = launch_entry_cmd(f.module, abi::entry_function(f.handle), dims, params)?;
+    cmd.flags = sys::CMD_LAUNCH_FUNCTION;
+    Ok(cmd)
+}
+
+fn launch_entry_cmd(
+    module: u64,
+    name: [u8; sys::ENTRY_NAME_LEN],
+    dims: Dims,
+    params: &[u8],
+) -> Result<VgpuCmd> {
     if params.len() > sys::MAX_PARAMS_BYTES as usize {
         return Err(Error::TooBig);
     }
@@ -742,6 +815,20 @@ pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) ->
         },
         entry: name,
     }))
+}
+
+/// An entry point of a loaded module, as the device describes it
+/// ([`Device::function`]). Valid while its module is loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function {
+    /// The module's handle.
+    pub module: u64,
+    /// The device's function handle.
+    pub handle: u64,
+    /// Its attributes.
+    pub info: abi::FuncInfo,
+    /// Its parameters in order (offset, size).
+    pub params: Vec<abi::FuncParam>,
 }
 
 /// Device memory allocated by [`Device::alloc`]; freed on drop.

@@ -53,6 +53,6 @@ fn compile_c(cmd: &mut std::process::Command, what: &str) {
 }
 
 pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
-pub use device::{Buffer, BuiltinKernel, Device, Dims, Module, Window};
+pub use device::{Buffer, BuiltinKernel, Device, Dims, Function, Module, Window};
 pub use error::{errno_name, Error, Result};
 pub use vgpu_abi::{self, ByteValued};

@@ -29,6 +29,8 @@ pub const MAX_BATCH_STAGED_BYTES: u64 = 32 << 20;
 pub const MAX_UNCOLLECTED: u32 = 1024;
 /// Bytes of a LAUNCH entry name, NUL included.
 pub const ENTRY_NAME_LEN: usize = 32;
+/// Longest entry point name of a FUNC_INFO.
+pub const MAX_FUNC_NAME_BYTES: u32 = 4096;
 
 /// `timeout_ns` that never expires.
 pub const TIMEOUT_INFINITE: u64 = !0;
@@ -39,6 +41,8 @@ pub const INFO_POLLED: u32 = 1 << 0;
 pub const INFO_MSIX: u32 = 1 << 1;
 /// `vgpu_info.flags`: the window can be mmap()ed.
 pub const INFO_WINDOW: u32 = 1 << 2;
+/// `vgpu_info.flags`: FUNC_INFO and launches by function handle.
+pub const INFO_FUNC_INFO: u32 = 1 << 3;
 
 pub const CMD_NOP: u32 = 0;
 pub const CMD_FENCE: u32 = 1;
@@ -48,9 +52,12 @@ pub const CMD_MODULE_LOAD: u32 = 6;
 pub const CMD_MODULE_UNLOAD: u32 = 7;
 pub const CMD_LAUNCH: u32 = 8;
 pub const CMD_TIMESTAMP: u32 = 9;
+pub const CMD_FUNC_INFO: u32 = 10;
 
 /// `vgpu_cmd.flags` of a FENCE: raise the queue's interrupt.
 pub const CMD_FENCE_IRQ: u32 = 1 << 0;
+/// `vgpu_cmd.flags` of a LAUNCH: `entry` holds a function handle.
+pub const CMD_LAUNCH_FUNCTION: u32 = 1 << 0;
 
 /// COPY side: memory of the calling process (a user address).
 pub const MEM_USER: u32 = 0;
@@ -228,6 +235,19 @@ uapi_struct!(
     }
 );
 
+uapi_struct!(
+    /// Arguments of a FUNC_INFO.
+    pub struct VgpuFuncInfoArgs => "vgpu_func_info_args" {
+        pub module: u64,
+        /// Device address the description goes to.
+        pub out: u64,
+        pub out_size: u32,
+        pub name_len: u32,
+        /// User pointer to the name.
+        pub name: u64,
+    }
+);
+
 /// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
 /// write one member, so the bytes past that member stay zero as the driver
 /// requires.
@@ -239,6 +259,7 @@ pub union VgpuCmdArgs {
     pub module_load: VgpuModuleLoadArgs,
     pub module_unload: VgpuModuleUnloadArgs,
     pub launch: VgpuLaunchArgs,
+    pub func_info: VgpuFuncInfoArgs,
     pub raw: [u64; 11],
 }
 
@@ -299,6 +320,7 @@ impl VgpuCmd {
             ("module_load", args, size_of::<VgpuModuleLoadArgs>()),
             ("module_unload", args, size_of::<VgpuModuleUnloadArgs>()),
             ("launch", args, size_of::<VgpuLaunchArgs>()),
+            ("func_info", args, size_of::<VgpuFuncInfoArgs>()),
             ("raw", args, 88),
             ("status", offset_of!(VgpuCmd, status), 4),
             ("error", offset_of!(VgpuCmd, error), 4),
@@ -468,6 +490,13 @@ impl VgpuCmd {
         c.args.launch = args;
         c
     }
+
+    /// A FUNC_INFO.
+    pub fn func_info(args: VgpuFuncInfoArgs) -> Self {
+        let mut c = Self::bare(CMD_FUNC_INFO, 0);
+        c.args.func_info = args;
+        c
+    }
 }
 
 #[cfg(test)]
@@ -499,6 +528,7 @@ mod tests {
             VgpuModuleLoadArgs,
             VgpuModuleUnloadArgs,
             VgpuLaunchArgs,
+            VgpuFuncInfoArgs,
             VgpuCmd,
             VgpuSubmit,
             VgpuWait,
@@ -517,10 +547,12 @@ mod tests {
             ("VGPU_MAX_BATCH_STAGED_BYTES", MAX_BATCH_STAGED_BYTES),
             ("VGPU_MAX_UNCOLLECTED", MAX_UNCOLLECTED.into()),
             ("VGPU_ENTRY_NAME_LEN", ENTRY_NAME_LEN as u64),
+            ("VGPU_MAX_FUNC_NAME_BYTES", MAX_FUNC_NAME_BYTES.into()),
             ("VGPU_TIMEOUT_INFINITE", TIMEOUT_INFINITE),
             ("VGPU_INFO_POLLED", INFO_POLLED.into()),
             ("VGPU_INFO_MSIX", INFO_MSIX.into()),
             ("VGPU_INFO_WINDOW", INFO_WINDOW.into()),
+            ("VGPU_INFO_FUNC_INFO", INFO_FUNC_INFO.into()),
             ("VGPU_CMD_NOP", CMD_NOP.into()),
             ("VGPU_CMD_FENCE", CMD_FENCE.into()),
             ("VGPU_CMD_COPY", CMD_COPY.into()),
@@ -528,6 +560,8 @@ mod tests {
             ("VGPU_CMD_MODULE_LOAD", CMD_MODULE_LOAD.into()),
             ("VGPU_CMD_MODULE_UNLOAD", CMD_MODULE_UNLOAD.into()),
             ("VGPU_CMD_LAUNCH", CMD_LAUNCH.into()),
+            ("VGPU_CMD_FUNC_INFO", CMD_FUNC_INFO.into()),
+            ("VGPU_CMD_LAUNCH_FUNCTION", CMD_LAUNCH_FUNCTION.into()),
             ("VGPU_CMD_TIMESTAMP", CMD_TIMESTAMP.into()),
             ("VGPU_CMD_FENCE_IRQ", CMD_FENCE_IRQ.into()),
             ("VGPU_MEM_USER", MEM_USER.into()),

@@ -26,6 +26,7 @@
 #define VGPU_MAX_BATCH_STAGED_BYTES	(32ULL << 20)	/* images + params per SUBMIT */
 #define VGPU_MAX_UNCOLLECTED		1024		/* uncollected fences per file */
 #define VGPU_ENTRY_NAME_LEN		32
+#define VGPU_MAX_FUNC_NAME_BYTES	4096		/* FUNC_INFO entry name */
 
 #define VGPU_TIMEOUT_INFINITE		(~0ULL)
 
@@ -34,6 +35,7 @@
 #define VGPU_INFO_POLLED	(1U << 0)	/* queues are polled by the device */
 #define VGPU_INFO_MSIX		(1U << 1)	/* MSI-X interrupts (else INTx) */
 #define VGPU_INFO_WINDOW	(1U << 2)	/* the window can be mmap()ed */
+#define VGPU_INFO_FUNC_INFO	(1U << 3)	/* VGPU_CMD_FUNC_INFO, launch by function */
 
 /**
  * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
@@ -120,9 +122,11 @@ struct vgpu_free {
 #define VGPU_CMD_MODULE_UNLOAD	7
 #define VGPU_CMD_LAUNCH		8
 #define VGPU_CMD_TIMESTAMP	9
+#define VGPU_CMD_FUNC_INFO	10
 
-/* vgpu_cmd.flags of VGPU_CMD_FENCE; every other opcode takes 0. */
+/* vgpu_cmd.flags of VGPU_CMD_FENCE and VGPU_CMD_LAUNCH; others take 0. */
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
+#define VGPU_CMD_LAUNCH_FUNCTION	(1U << 0)	/* launch by function handle */
 
 /* Memory kinds of a COPY side. */
 #define VGPU_MEM_USER		0	/* this process's memory: a user address */
@@ -187,6 +191,26 @@ struct vgpu_module_unload_args {
 };
 
 /**
+ * struct vgpu_func_info_args - a VGPU_CMD_FUNC_INFO
+ * @module: a handle from a MODULE_LOAD of this file
+ * @out: device address (of this file's memory) the description goes to:
+ *	a struct vgpu_func_info, then struct vgpu_func_param entries, as
+ *	many as @out_size holds (the header gives their number)
+ * @out_size: bytes at @out, at least sizeof(struct vgpu_func_info)
+ * @name_len: bytes at @name, 1..VGPU_MAX_FUNC_NAME_BYTES, no NUL
+ * @name: user pointer to the entry point's name
+ *
+ * @result is the function handle a VGPU_CMD_LAUNCH_FUNCTION launch takes.
+ */
+struct vgpu_func_info_args {
+	__u64 module;
+	__u64 out;
+	__u32 out_size;
+	__u32 name_len;
+	__u64 name;
+};
+
+/**
  * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
  * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
  * @grid: blocks in x, y and z
@@ -194,7 +218,9 @@ struct vgpu_module_unload_args {
  * @shared_mem: dynamic shared memory, bytes
  * @params_size: bytes at @params, 0..VGPU_MAX_PARAMS_BYTES
  * @params: user pointer to the parameter block
- * @entry: NUL-terminated entry point
+ * @entry: NUL-terminated entry point; with VGPU_CMD_LAUNCH_FUNCTION, a
+ *	function handle from VGPU_CMD_FUNC_INFO of @module in its first 8
+ *	bytes (little-endian), the rest zero
  */
 struct vgpu_launch_args {
 	__u64 module;
@@ -226,10 +252,12 @@ struct vgpu_launch_args {
  * @module_load: in: arguments of VGPU_CMD_MODULE_LOAD
  * @module_unload: in: arguments of VGPU_CMD_MODULE_UNLOAD
  * @launch: in: arguments of VGPU_CMD_LAUNCH
+ * @func_info: in: arguments of VGPU_CMD_FUNC_INFO
  * @raw: the arguments as words; bytes the opcode does not use must be zero
  * @status: out: VGPU_CMD_STATUS_*
  * @error: out: 0 or a negative errno matching @status
- * @result: out: MODULE_LOAD: the handle; TIMESTAMP: device ns
+ * @result: out: MODULE_LOAD: the handle; FUNC_INFO: the function handle;
+ *	TIMESTAMP: device ns
  * @device_ns: out: device time the command took
  * @reserved: zero
  *
@@ -244,6 +272,7 @@ struct vgpu_cmd {
 		struct vgpu_module_load_args module_load;
 		struct vgpu_module_unload_args module_unload;
 		struct vgpu_launch_args launch;
+		struct vgpu_func_info_args func_info;
 		__u64 raw[11];
 	};
 	__u32 status;

@@ -171,7 +171,8 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     })
 }
 
-/// `CU_MODULE_EAGER_LOADING`: each module is loaded whole at once.
+/// `CU_MODULE_LAZY_LOADING` (2): the runtime loads a registered module
+/// when a kernel of it first runs, not all of a library's at start.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
     // SAFETY: the caller's out-parameter.
@@ -237,17 +238,20 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
 fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
     let f = o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?;
-    let i = &f.info;
+    let i = &f.function.info;
+    let cc = crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR;
+    let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
     Ok(match attr {
-        cu::FUNC_MAX_THREADS_PER_BLOCK => i.max_threads.map_or(1024, |m| m.min(1024) as i32),
-        cu::FUNC_SHARED_SIZE_BYTES => i.shared_static as i32,
-        cu::FUNC_CONST_SIZE_BYTES => 0,
-        cu::FUNC_LOCAL_SIZE_BYTES => i.local_per_thread as i32,
-        cu::FUNC_NUM_REGS => i.registers.min(255) as i32,
-        cu::FUNC_PTX_VERSION | cu::FUNC_BINARY_VERSION => {
-            crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR
-        }
-        cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => f.max_dynamic_shared,
+        cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(1024)),
+        cu::FUNC_SHARED_SIZE_BYTES => int(i.shared_static),
+        cu::FUNC_CONST_SIZE_BYTES => int(i.const_bytes),
+        cu::FUNC_LOCAL_SIZE_BYTES => int(i.local_bytes),
+        cu::FUNC_NUM_REGS => int(i.num_regs.min(255)),
+        // The backend's own when it says (a GPU's driver does).
+        cu::FUNC_PTX_VERSION if i.ptx_version != 0 => int(i.ptx_version),
+        cu::FUNC_BINARY_VERSION if i.binary_version != 0 => int(i.binary_version),
+        cu::FUNC_PTX_VERSION | cu::FUNC_BINARY_VERSION => cc,
+        cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => int(f.max_dynamic_shared),
         a if (0..cu::FUNC_ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),
     })
@@ -274,7 +278,7 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
 }
 
 /// Only the dynamic shared memory limit is settable, within what the
-/// device gives a block; other attributes are hints.
+/// device gives a block of this kernel; other attributes are hints.
 #[no_mangle]
 pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresult {
     entry(|| {
@@ -286,12 +290,14 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
             .ok_or(cu::ERROR_INVALID_HANDLE)?;
         match attr {
             cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
-                let limit = (48 << 10) - func.info.shared_static as i32;
-                if !(0..=limit).contains(&value) {
-                    return Err(cu::ERROR_INVALID_VALUE);
+                let limit = func.function.info.max_dynamic_shared;
+                match u32::try_from(value) {
+                    Ok(v) if v <= limit => {
+                        func.max_dynamic_shared = v;
+                        Ok(())
+                    }
+                    _ => Err(cu::ERROR_INVALID_VALUE),
                 }
-                func.max_dynamic_shared = value;
-                Ok(())
             }
             cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
             a if (0..cu::FUNC_ATTR_END).contains(&a) => Err(cu::ERROR_INVALID_VALUE),
@@ -351,7 +357,11 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
         let p = {
             let o = driver()?.objects();
             let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
-            *func.info.params.get(index).ok_or(cu::ERROR_INVALID_VALUE)?
+            *func
+                .function
+                .params
+                .get(index)
+                .ok_or(cu::ERROR_INVALID_VALUE)?
         };
         // SAFETY: the caller's out-parameters.
         unsafe {
@@ -374,17 +384,14 @@ unsafe fn param_block(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CuResult<Vec<u8>> {
-    let info = {
+    let (size, layout) = {
         let o = d.objects();
-        o.funcs
-            .get(&f)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?
-            .info
-            .clone()
+        let f = &o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?.function;
+        (f.info.params_size, f.params.clone())
     };
-    let mut block = vec![0u8; info.param_bytes as usize];
+    let mut block = vec![0u8; size as usize];
     if !params.is_null() {
-        for (i, p) in info.params.iter().enumerate() {
+        for (i, p) in layout.iter().enumerate() {
             // SAFETY: one pointer per parameter, each to `size` bytes.
             let src = unsafe {
                 let ptr = ffi::get(params.add(i).cast_const())?;
@@ -399,7 +406,7 @@ unsafe fn param_block(
         return Ok(block);
     }
     if extra.is_null() {
-        return if info.params.is_empty() {
+        return if layout.is_empty() {
             Ok(block)
         } else {
             Err(cu::ERROR_INVALID_VALUE)
@@ -445,7 +452,6 @@ fn check_shape(d: &Dims, params: usize) -> CuResult {
         && d.grid[1] <= 65535
         && d.grid[2] <= 65535
         && d.grid[0] <= i32::MAX as u32
-        && d.shared_mem <= 48 << 10
         && params <= sys::MAX_PARAMS_BYTES as usize;
     if ok {
         Ok(())
@@ -530,24 +536,29 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     })
 }
 
-/// Blocks of `block` threads that fit on one SM at once, by threads and
-/// shared memory (registers are PTX's virtual ones: not a limit here).
+/// Blocks of `block` threads that fit on one SM of a Hopper-class GPU
+/// at once, by threads, shared memory and registers (each warp's
+/// registers allocated in units of 256).
 fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i32> {
     if block <= 0 || block > 1024 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    let shared = {
+    let (shared, regs) = {
         let o = d.objects();
-        o.funcs
+        let i = &o
+            .funcs
             .get(&f)
             .ok_or(cu::ERROR_INVALID_HANDLE)?
-            .info
-            .shared_static as usize
-            + dyn_shared
+            .function
+            .info;
+        (i.shared_static as usize + dyn_shared, i.num_regs as usize)
     };
     let by_threads = 2048 / block;
     let by_shared = (228usize << 10).checked_div(shared).unwrap_or(32);
-    Ok(by_threads.min(by_shared as i32).min(32))
+    let warps = (block as usize).div_ceil(32);
+    let per_block = (regs * 32).div_ceil(256) * 256 * warps;
+    let by_regs = 65536usize.checked_div(per_block).unwrap_or(32);
+    Ok(by_threads.min(by_shared as i32).min(by_regs as i32).min(32))
 }
 
 #[no_mangle]
@@ -595,7 +606,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let max = {
             let o = d.objects();
             let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
-            func.info.max_threads.map_or(1024, |m| m.min(1024) as i32)
+            func.function.info.max_threads.clamp(1, 1024) as i32
         };
         let max = if limit > 0 { max.min(limit) } else { max };
         // The largest multiple of a warp with the most threads resident.

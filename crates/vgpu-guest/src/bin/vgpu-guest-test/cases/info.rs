@@ -150,10 +150,14 @@ pub(super) fn info(args: &Args) -> CaseResult {
         i.pad0 == 0 && i.reserved == [0; 4],
         "reserved fields not zero"
     );
+    let known = sys::INFO_POLLED | sys::INFO_MSIX | sys::INFO_WINDOW | sys::INFO_FUNC_INFO;
+    ensure!(i.flags & !known == 0, "unknown flags {:#x}", i.flags);
+    // The driver says FUNC_INFO exactly when the device does.
     ensure!(
-        i.flags & !(sys::INFO_POLLED | sys::INFO_MSIX | sys::INFO_WINDOW) == 0,
-        "unknown flags {:#x}",
-        i.flags
+        (i.flags & sys::INFO_FUNC_INFO != 0) == (i.features & vgpu_abi::FEATURE_FUNC_INFO != 0),
+        "INFO_FUNC_INFO {:#x} against device features {:#x}",
+        i.flags,
+        i.features
     );
     Ok(format!(
         "ABI {}.{}, {} memory, {} CU, window {}, {} queue(s) x {}, {}{}, features {:#x}",

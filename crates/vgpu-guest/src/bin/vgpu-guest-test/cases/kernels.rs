@@ -331,20 +331,29 @@ fn portable(ptx: &str) -> Vec<u8> {
         .collect()
 }
 
-pub(super) fn module_matmul(args: &Args) -> CaseResult {
-    let dev = open(args)?;
-    let m = match dev.module_load(&portable(MATMUL_PTX)) {
-        Ok(m) => m,
-        Err(e) if e.errno() == libc::EOPNOTSUPP => {
-            return Ok("this backend does not run loaded modules (EOPNOTSUPP)".into())
-        }
-        Err(e) => return Err(format!("MODULE_LOAD of nvcc's matmul: {e}")),
-    };
+/// Loads `ptx` (nvcc's matmul, perhaps renamed), or says why this
+/// backend does not run loaded modules.
+fn load_matmul(dev: &Device, ptx: &[u8]) -> Result<Result<vgpu_guest::Module, String>, String> {
+    match dev.module_load(ptx) {
+        Ok(m) => Ok(Ok(m)),
+        Err(e) if e.errno() == libc::EOPNOTSUPP => Ok(Err(
+            "this backend does not run loaded modules (EOPNOTSUPP)".into(),
+        )),
+        Err(e) => Err(format!("MODULE_LOAD of nvcc's matmul: {e}")),
+    }
+}
+
+/// Runs a 96x96 matmul through `launch` and checks it against the CPU;
+/// returns the device time.
+fn run_matmul(
+    dev: &Device,
+    launch: impl FnOnce(Dims, &[u8]) -> vgpu_guest::Result<vgpu_guest::CmdResult>,
+) -> Result<u64, String> {
     let n = 96usize;
     let mut r = rng(31);
     let a = r.f32s(n * n);
     let b = r.f32s(n * n);
-    let (da, db) = (upload_f32(&dev, &a)?, upload_f32(&dev, &b)?);
+    let (da, db) = (upload_f32(dev, &a)?, upload_f32(dev, &b)?);
     let dc = dev.alloc((n * n * 4) as u64).ctx("alloc")?;
     let mut params = Vec::new();
     for p in [da.addr(), db.addr(), dc.addr()] {
@@ -357,10 +366,8 @@ pub(super) fn module_matmul(args: &Args) -> CaseResult {
         block: [16, 16, 1],
         shared_mem: 0,
     };
-    let res = dev
-        .launch(&m, "matmul", dims, &params)
-        .ctx("launch of matmul")?;
-    let c = download_f32(&dev, &dc)?;
+    let res = launch(dims, &params).ctx("launch of matmul")?;
+    let c = download_f32(dev, &dc)?;
     // C = A * B: sgemm with alpha 1 and beta 0, within 1e-4 * (1 + |C|).
     let (want, _) = reference::sgemm(n, n, n, 1.0, &a, &b, 0.0, &vec![0.0; n * n]);
     let (bad, _, at) = reference::compare(&c, &want, None, 1e-4, 1e-4);
@@ -373,8 +380,93 @@ pub(super) fn module_matmul(args: &Args) -> CaseResult {
         c[at],
         want[at]
     );
+    Ok(res.device_ns)
+}
+
+pub(super) fn module_matmul(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let m = match load_matmul(&dev, &portable(MATMUL_PTX))? {
+        Ok(m) => m,
+        Err(why) => return Ok(why),
+    };
+    let ns = run_matmul(&dev, |dims, params| dev.launch(&m, "matmul", dims, params))?;
+    Ok(format!("96x96 from nvcc's PTX, device {} us", ns / 1000))
+}
+
+/// A C++ kernel's mangled name: longer than a LAUNCH's name field.
+const LONG_NAME: &str =
+    "_ZN4vgpu5tests41a_kernel_whose_name_is_longer_than_a_launchILi16EEEvPKfS3_Pfi";
+
+/// FUNC_INFO: the device describes a kernel of the process's module (the
+/// layout nvcc's matmul declares, its static shared memory), and its
+/// handle launches it whatever the length of its name; the driver refuses
+/// what is not the process's own.
+pub(super) fn module_function(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    if dev.cached_info().flags & sys::INFO_FUNC_INFO == 0 {
+        return Ok("the device has no FUNC_INFO".into());
+    }
+    let ptx = String::from_utf8(portable(MATMUL_PTX))
+        .map_err(|e| e.to_string())?
+        .replace("matmul", LONG_NAME);
+    let m = match load_matmul(&dev, ptx.as_bytes())? {
+        Ok(m) => m,
+        Err(why) => return Ok(why),
+    };
+    let f = dev.function(&m, LONG_NAME).ctx("FUNC_INFO")?;
+    let layout: Vec<(u32, u32)> = f.params.iter().map(|p| (p.offset, p.size)).collect();
+    ensure!(
+        layout == [(0, 8), (8, 8), (16, 8), (24, 4)] && f.info.params_size == 28,
+        "parameters {layout:?} ({} bytes)",
+        f.info.params_size
+    );
+    // Two 16x16 tiles of floats.
+    ensure!(
+        f.info.shared_static >= 2048 && f.info.max_threads >= 256,
+        "attributes {:?}",
+        f.info
+    );
+    let again = dev.function(&m, LONG_NAME).ctx("FUNC_INFO again")?;
+    ensure!(
+        again.handle == f.handle,
+        "a second look-up gave another handle"
+    );
+    expect_errno(
+        dev.function(&m, "no_such_kernel"),
+        libc::ENOENT,
+        "unknown entry",
+    )?;
+    let ns = run_matmul(&dev, |dims, params| dev.launch_function(&f, dims, params))?;
+
+    // Another process's module, the built-in module, a forged handle.
+    let forged = vgpu_guest::Function {
+        handle: f.handle + 1000,
+        ..f.clone()
+    };
+    expect_errno(
+        dev.launch_function(&forged, Dims::default(), &[0; 28]),
+        libc::ENOENT,
+        "launch of a forged function handle",
+    )?;
+    let builtin = vgpu_guest::Function {
+        module: sys::MODULE_BUILTIN_ID,
+        ..f.clone()
+    };
+    expect_errno(
+        dev.launch_function(&builtin, Dims::default(), &[0; 28]),
+        libc::EINVAL,
+        "launch by handle in the built-in module",
+    )?;
+    let other = open(args)?;
+    expect_errno(
+        other.launch_function(&f, Dims::default(), &[0; 28]),
+        libc::ENOENT,
+        "launch of another file's function",
+    )?;
     Ok(format!(
-        "{n}x{n} from nvcc's PTX, device {} us",
-        res.device_ns / 1000
+        "{}-byte name, 4 parameters, {} bytes static shared; device {} us",
+        LONG_NAME.len(),
+        f.info.shared_static,
+        ns / 1000
     ))
 }

@@ -45,6 +45,7 @@ pub fn all() -> Vec<Case> {
         case!("batch-errors", false, batches::batch_errors),
         case!("module", false, batches::module),
         case!("module-matmul", false, kernels::module_matmul),
+        case!("module-function", false, kernels::module_function),
         case!("window", true, window::window),
         case!("multiprocess", false, processes::multiprocess),
         case!("fault-isolation", false, processes::fault_isolation),
