@@ -1065,6 +1065,33 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_illegal_address(make);
 }
 
+/// Loads corpus module `ptx` and runs `entry(a, b, c, n)` over device
+/// copies of `a` and `b` on `[grid, block]`; returns `c`, as many floats
+/// as `a`.
+fn run_float_pair(
+    p: &mut dyn Partition,
+    ptx: &str,
+    entry: &str,
+    (a, b): (&[f32], &[f32]),
+    n: usize,
+    [grid, block]: [[u32; 3]; 2],
+) -> Vec<f32> {
+    let bytes = a.len() as u64 * 4;
+    let (da, db, dc) = (
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+        p.alloc(bytes, 0).unwrap(),
+    );
+    upload_floats(p, da, a);
+    upload_floats(p, db, b);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(ptx))
+        .unwrap();
+    let params = Params::default().u64(da).u64(db).u64(dc).u32(n as u32);
+    launch_loaded(p, m, entry, grid, block, &params).unwrap();
+    download_floats(p, dc, a.len())
+}
+
 /// nvcc's vector add over 100,000 floats (a partial last block): exactly
 /// the sums the CPU computes.
 pub fn module_vector_add(make: Make<'_>) {
@@ -1074,20 +1101,15 @@ pub fn module_vector_add(make: Make<'_>) {
     let mut rng = Rng(0x5eed_0001);
     let a: Vec<f32> = (0..n).map(|_| (rng.next() % 20_000) as f32 / 7.0).collect();
     let b: Vec<f32> = (0..n).map(|_| (rng.next() % 20_000) as f32 / 3.0).collect();
-    let (da, db, dc) = (
-        p.alloc(n as u64 * 4, 0).unwrap(),
-        p.alloc(n as u64 * 4, 0).unwrap(),
-        p.alloc(n as u64 * 4, 0).unwrap(),
-    );
-    upload_floats(p, da, &a);
-    upload_floats(p, db, &b);
-    let m = p
-        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
-        .unwrap();
-    let params = Params::default().u64(da).u64(db).u64(dc).u32(n as u32);
     let grid = [n.div_ceil(256) as u32, 1, 1];
-    launch_loaded(p, m, "vector_add", grid, [256, 1, 1], &params).unwrap();
-    let c = download_floats(p, dc, n);
+    let c = run_float_pair(
+        p,
+        corpus::VECTOR_ADD,
+        "vector_add",
+        (&a, &b),
+        n,
+        [grid, [256, 1, 1]],
+    );
     for i in 0..n {
         assert_eq!(c[i].to_bits(), (a[i] + b[i]).to_bits(), "c[{i}]");
     }
@@ -1139,21 +1161,15 @@ pub fn module_matmul(make: Make<'_>) {
     let mut rand = || ((rng.next() % 2001) as f32 - 1000.0) / 1000.0;
     let a: Vec<f32> = (0..n * n).map(|_| rand()).collect();
     let b: Vec<f32> = (0..n * n).map(|_| rand()).collect();
-    let bytes = (n * n * 4) as u64;
-    let (da, db, dc) = (
-        p.alloc(bytes, 0).unwrap(),
-        p.alloc(bytes, 0).unwrap(),
-        p.alloc(bytes, 0).unwrap(),
-    );
-    upload_floats(p, da, &a);
-    upload_floats(p, db, &b);
-    let m = p
-        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::MATMUL))
-        .unwrap();
-    let params = Params::default().u64(da).u64(db).u64(dc).u32(n as u32);
     let tiles = n.div_ceil(16) as u32;
-    launch_loaded(p, m, "matmul", [tiles, tiles, 1], [16, 16, 1], &params).unwrap();
-    let c = download_floats(p, dc, n * n);
+    let c = run_float_pair(
+        p,
+        corpus::MATMUL,
+        "matmul",
+        (&a, &b),
+        n,
+        [[tiles, tiles, 1], [16, 16, 1]],
+    );
     for i in 0..n {
         for j in 0..n {
             let want: f64 = (0..n)
