@@ -103,6 +103,16 @@ struct Gpu {
     next_tenant: u32,
 }
 
+/// [`crate::config::validate_vgpu`], a value out of range being an
+/// [`DaemonError::Invalid`].
+fn validate(v: &VgpuConfig) -> Result<(), DaemonError> {
+    crate::config::validate_vgpu(v).map_err(|(field, message)| DaemonError::Invalid {
+        name: v.name.clone(),
+        field: field.to_string(),
+        message: message.to_string(),
+    })
+}
+
 /// Whether a socket can be bound at `path`: nothing there, or a socket no
 /// one listens on. Otherwise says what is in the way.
 fn socket_obstacle(path: &Path) -> Option<&'static str> {
@@ -448,32 +458,15 @@ impl Daemon {
         (gpus, out)
     }
 
-    /// Changes a running instance's weight, priority and cap.
-    pub fn set_params(
-        &mut self,
-        name: &str,
-        weight: Option<u32>,
-        priority: Option<i32>,
-        cap: Option<Option<f64>>,
-    ) -> Result<(), DaemonError> {
-        self.change_params(name, weight, priority, cap, |field, message| {
-            DaemonError::Setup {
-                name: name.to_string(),
-                message: format!("{field}: {message}"),
-            }
-        })
-    }
-
     /// Changes instance `name`'s scheduling parameters (`None`: unchanged).
-    /// A value out of range changes nothing; the error is what `invalid`
-    /// makes of its field and message.
-    fn change_params(
+    /// A value out of range is an [`DaemonError::Invalid`] and changes
+    /// nothing.
+    pub fn update_params(
         &mut self,
         name: &str,
         weight: Option<u32>,
         priority: Option<i32>,
         cap: Option<Option<f64>>,
-        invalid: impl FnOnce(&str, &str) -> DaemonError,
     ) -> Result<(), DaemonError> {
         let inst = self
             .instances
@@ -485,7 +478,7 @@ impl Daemon {
             cap: cap.unwrap_or(inst.config.cap),
             ..inst.config.clone()
         };
-        crate::config::validate_vgpu(&v).map_err(|(field, message)| invalid(field, message))?;
+        validate(&v)?;
         let gpu = self
             .gpus
             .get(&v.gpu)
@@ -526,11 +519,7 @@ impl Daemon {
     /// socket path must be free, or a stale socket). Whether its partition
     /// fits is known only when it is created.
     pub fn check_new(&self, v: &VgpuConfig) -> Result<(), DaemonError> {
-        crate::config::validate_vgpu(v).map_err(|(field, message)| DaemonError::Invalid {
-            name: v.name.clone(),
-            field: field.to_string(),
-            message: message.to_string(),
-        })?;
+        validate(v)?;
         if self.instances.contains_key(&v.name) {
             return Err(DaemonError::Exists(v.name.clone()));
         }
@@ -560,24 +549,6 @@ impl Daemon {
     pub fn create_checked(&mut self, v: VgpuConfig) -> Result<(), DaemonError> {
         self.check_new(&v)?;
         self.create(v)
-    }
-
-    /// [`Daemon::set_params`] with the new values checked first: a value
-    /// out of range is an [`DaemonError::Invalid`] and changes nothing.
-    pub fn update_params(
-        &mut self,
-        name: &str,
-        weight: Option<u32>,
-        priority: Option<i32>,
-        cap: Option<Option<f64>>,
-    ) -> Result<(), DaemonError> {
-        self.change_params(name, weight, priority, cap, |field, message| {
-            DaemonError::Invalid {
-                name: name.to_string(),
-                field: field.to_string(),
-                message: message.to_string(),
-            }
-        })
     }
 
     /// The GPUs, in configuration order, with their capacity and what
@@ -725,17 +696,19 @@ mod tests {
         assert_eq!(insts.len(), 2);
         assert_eq!(insts[0].memory_quota, 512 << 20);
         assert_eq!(insts[0].memory_used, 0);
-        d.set_params("vgpu0", Some(4), Some(2), Some(Some(0.5)))
+        d.update_params("vgpu0", Some(4), Some(2), Some(Some(0.5)))
             .unwrap();
         assert_eq!(d.list()[0].config.weight, 4);
-        assert!(d.set_params("vgpu0", Some(0), None, None).is_err());
-        assert!(d.set_params("vgpu0", None, None, Some(Some(2.0))).is_err());
+        assert!(d.update_params("vgpu0", Some(0), None, None).is_err());
+        assert!(d
+            .update_params("vgpu0", None, None, Some(Some(2.0)))
+            .is_err());
         assert_eq!(
             d.list()[0].config.weight,
             4,
             "a refused change changes nothing"
         );
-        assert!(d.set_params("nope", Some(1), None, None).is_err());
+        assert!(d.update_params("nope", Some(1), None, None).is_err());
     }
 
     #[test]
