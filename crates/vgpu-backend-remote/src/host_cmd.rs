@@ -196,16 +196,20 @@ mod tests {
                 })
             );
         }
-        assert!(parse("--backend software --memory 1 --compute-units 1").is_err());
-        assert!(parse("--backend software --memory 1 --fd 4").is_err());
-        assert!(parse("--backend software --memory x --compute-units 1 --fd 4").is_err());
-        assert!(parse("--backend cuda --fd 2").is_err());
-        assert!(parse("--backend cuda --fd -1").is_err());
-        assert!(parse("--backend other --fd 4").is_err());
-        assert!(parse("--backend cuda --fd").is_err());
-        assert!(parse("--backend cuda --what 1 --fd 4").is_err());
-        assert!(parse("--fd 4").is_err());
-        assert!(parse("--backend cuda --spin-us 1000001 --fd 4").is_err());
+        for bad in [
+            "--backend software --memory 1 --compute-units 1",
+            "--backend software --memory 1 --fd 4",
+            "--backend software --memory x --compute-units 1 --fd 4",
+            "--backend cuda --fd 2",
+            "--backend cuda --fd -1",
+            "--backend other --fd 4",
+            "--backend cuda --fd",
+            "--backend cuda --what 1 --fd 4",
+            "--fd 4",
+            "--backend cuda --spin-us 1000001 --fd 4",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
         assert_eq!(parse("--backend cuda --fd 4").unwrap().spin, Duration::ZERO);
     }
 }

@@ -339,11 +339,15 @@ mod tests {
         assert_eq!(a.ids, Some((7, 8, vec![8, 9])));
         assert_eq!(a.host_args, vec![OsString::from("--backend"), "x".into()]);
         assert_eq!(parse("--fd 5 --seccomp strict --").unwrap().ids, None);
-        assert!(parse("--fd 5 --seccomp strict").is_err());
-        assert!(parse("--fd 2 --seccomp strict --").is_err());
-        assert!(parse("--fd 5 --seccomp kill --").is_err());
-        assert!(parse("--fd 5 --seccomp strict --uid 1 --").is_err());
-        assert!(parse("--fd 5 --seccomp strict --groups x --uid 1 --gid 1 --").is_err());
-        assert!(parse("--seccomp strict --").is_err());
+        for bad in [
+            "--fd 5 --seccomp strict",
+            "--fd 2 --seccomp strict --",
+            "--fd 5 --seccomp kill --",
+            "--fd 5 --seccomp strict --uid 1 --",
+            "--fd 5 --seccomp strict --groups x --uid 1 --gid 1 --",
+            "--seccomp strict --",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 }
