@@ -30,15 +30,33 @@ pub const WAKE: u16 = 0x7f;
 /// Wake frames with nothing behind them tolerated per frame received.
 const MAX_SPURIOUS_WAKES: u32 = 64;
 
-const TO_HOST_SEQ: usize = 0;
-const TO_HOST_LEN: usize = 4;
-const TO_PARENT_SEQ: usize = 64;
-const TO_PARENT_LEN: usize = 68;
-const HOST_ASLEEP: usize = 128;
-const PARENT_ASLEEP: usize = 192;
-const TO_HOST_DATA: usize = 4096;
-const TO_PARENT_DATA: usize = TO_HOST_DATA + SLOT_BYTES;
-const _: () = assert!(TO_PARENT_DATA + SLOT_BYTES <= CONTROL_BYTES);
+/// Offsets in the control area of what carries frames to one side: the
+/// sequence and length words the sender writes, the word the receiver sets
+/// while it sleeps on the socket, and the slot.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    seq: usize,
+    len: usize,
+    asleep: usize,
+    data: usize,
+}
+
+impl Lane {
+    /// Lane `i`: its words on cache lines apart from the other lane's, its
+    /// slot after the first page.
+    const fn nth(i: usize) -> Lane {
+        Lane {
+            seq: 64 * i,
+            len: 64 * i + 4,
+            asleep: 128 + 64 * i,
+            data: 4096 + SLOT_BYTES * i,
+        }
+    }
+}
+
+const TO_HOST: Lane = Lane::nth(0);
+const TO_PARENT: Lane = Lane::nth(1);
+const _: () = assert!(TO_PARENT.data + SLOT_BYTES <= CONTROL_BYTES);
 
 /// Which end this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +94,7 @@ impl Mailbox {
             seen: 0,
             spin,
         };
-        m.seen = m.word(m.inbox().0).load(Ordering::SeqCst);
+        m.seen = m.word(m.inbox().seq).load(Ordering::SeqCst);
         m
     }
 
@@ -87,26 +105,17 @@ impl Mailbox {
         unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
     }
 
-    /// (sequence, length, data) offsets of the slot this end reads.
-    fn inbox(&self) -> (usize, usize, usize) {
-        match self.side {
-            Side::Parent => (TO_PARENT_SEQ, TO_PARENT_LEN, TO_PARENT_DATA),
-            Side::Host => (TO_HOST_SEQ, TO_HOST_LEN, TO_HOST_DATA),
-        }
+    /// The lane this end reads.
+    fn inbox(&self) -> Lane {
+        lane_to(self.side)
     }
 
-    fn outbox(&self) -> (usize, usize, usize) {
-        match self.side {
-            Side::Parent => (TO_HOST_SEQ, TO_HOST_LEN, TO_HOST_DATA),
-            Side::Host => (TO_PARENT_SEQ, TO_PARENT_LEN, TO_PARENT_DATA),
-        }
+    fn outbox(&self) -> Lane {
+        lane_to(self.peer())
     }
 
     fn asleep(&self, side: Side) -> &AtomicU32 {
-        self.word(match side {
-            Side::Parent => PARENT_ASLEEP,
-            Side::Host => HOST_ASLEEP,
-        })
+        self.word(lane_to(side).asleep)
     }
 
     fn peer(&self) -> Side {
@@ -128,22 +137,22 @@ impl Mailbox {
         if total > SLOT_BYTES {
             return wire::send(stream, kind, seq, payload, None);
         }
-        let (seq_off, len_off, data) = self.outbox();
+        let lane = self.outbox();
         let header = Header {
             kind,
             seq,
             len: payload.len() as u32,
         }
         .encode();
-        // SAFETY: `total` bytes at `data` lie inside this end's outbox in
+        // SAFETY: `total` bytes at `lane.data` lie inside this end's outbox in
         // the live control area; the peer does not write it.
         unsafe {
-            let dst = self.base.add(data);
+            let dst = self.base.add(lane.data);
             std::ptr::copy_nonoverlapping(header.as_ptr(), dst, HEADER_LEN);
             std::ptr::copy_nonoverlapping(payload.as_ptr(), dst.add(HEADER_LEN), payload.len());
         }
-        self.word(len_off).store(total as u32, Ordering::Relaxed);
-        self.word(seq_off).fetch_add(1, Ordering::SeqCst);
+        self.word(lane.len).store(total as u32, Ordering::Relaxed);
+        self.word(lane.seq).fetch_add(1, Ordering::SeqCst);
         if self.asleep(self.peer()).load(Ordering::SeqCst) != 0 {
             wire::send(stream, WAKE, seq, &[], None)?;
         }
@@ -152,24 +161,24 @@ impl Mailbox {
 
     /// Takes a new frame from the inbox, if there is one.
     fn take(&mut self, max: u32, buf: &mut Vec<u8>) -> Result<Option<Header>, WireError> {
-        let (seq_off, len_off, data) = self.inbox();
-        let s = self.word(seq_off).load(Ordering::SeqCst);
+        let lane = self.inbox();
+        let s = self.word(lane.seq).load(Ordering::SeqCst);
         if s == self.seen {
             return Ok(None);
         }
         self.seen = s;
-        let total = self.word(len_off).load(Ordering::Relaxed) as usize;
+        let total = self.word(lane.len).load(Ordering::Relaxed) as usize;
         if !(HEADER_LEN..=SLOT_BYTES).contains(&total) {
             return Err(ProtoError::Malformed("mailbox frame length").into());
         }
         let mut head = [0u8; HEADER_LEN];
         buf.clear();
         buf.resize(total - HEADER_LEN, 0);
-        // SAFETY: `total` bytes at `data` lie inside the inbox slot of the
+        // SAFETY: `total` bytes at `lane.data` lie inside the inbox slot of the
         // live control area. The peer may be writing them (it is less
         // trusted): they are copied out once and checked as copied.
         unsafe {
-            let src = self.base.add(data);
+            let src = self.base.add(lane.data);
             std::ptr::copy_nonoverlapping(src, head.as_mut_ptr(), HEADER_LEN);
             std::ptr::copy_nonoverlapping(src.add(HEADER_LEN), buf.as_mut_ptr(), buf.len());
         }
@@ -258,20 +267,24 @@ impl Conn {
     }
 }
 
+/// The lane of the frames to `side`.
+fn lane_to(side: Side) -> Lane {
+    match side {
+        Side::Parent => TO_PARENT,
+        Side::Host => TO_HOST,
+    }
+}
+
 /// Zeroes the mailbox words of a control area before a new pair of ends
 /// uses it, so nothing a previous host left there is read.
 ///
 /// # Safety
 /// As for [`Mailbox::new`]; no end may be in use.
 pub unsafe fn clear(base: *mut u8) {
-    for off in [
-        TO_HOST_SEQ,
-        TO_HOST_LEN,
-        TO_PARENT_SEQ,
-        TO_PARENT_LEN,
-        HOST_ASLEEP,
-        PARENT_ASLEEP,
-    ] {
+    for off in [TO_HOST, TO_PARENT]
+        .iter()
+        .flat_map(|l| [l.seq, l.len, l.asleep])
+    {
         // SAFETY: an aligned word of the live control area (the caller's
         // promise), accessed atomically.
         unsafe { AtomicU32::from_ptr(base.add(off).cast()) }.store(0, Ordering::SeqCst);
@@ -334,8 +347,8 @@ mod tests {
             // SAFETY: a word of the live control area.
             unsafe { AtomicU32::from_ptr(st.control().add(off).cast()) }
         };
-        w(TO_PARENT_LEN).store(SLOT_BYTES as u32 + 1, Ordering::SeqCst);
-        w(TO_PARENT_SEQ).fetch_add(1, Ordering::SeqCst);
+        w(TO_PARENT.len).store(SLOT_BYTES as u32 + 1, Ordering::SeqCst);
+        w(TO_PARENT.seq).fetch_add(1, Ordering::SeqCst);
         let mut buf = Vec::new();
         assert!(matches!(
             p.recv(&mut a, 4096, &mut buf),
@@ -354,12 +367,12 @@ mod tests {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     head.as_ptr(),
-                    st.control().add(TO_PARENT_DATA),
+                    st.control().add(TO_PARENT.data),
                     HEADER_LEN,
                 )
             };
-            w(TO_PARENT_LEN).store(HEADER_LEN as u32 + slot_len, Ordering::SeqCst);
-            w(TO_PARENT_SEQ).fetch_add(1, Ordering::SeqCst);
+            w(TO_PARENT.len).store(HEADER_LEN as u32 + slot_len, Ordering::SeqCst);
+            w(TO_PARENT.seq).fetch_add(1, Ordering::SeqCst);
         };
         // A header whose length disagrees with the slot's.
         plant(100, 4);
