@@ -68,6 +68,16 @@ pub struct VgpuStats {
     pub queue_wait_p99_seconds: f64,
     /// Times its cap delayed it.
     pub capped: u64,
+    /// What went wrong on its device.
+    #[serde(flatten)]
+    pub device: DeviceEvents,
+}
+
+/// What went wrong on a vGPU's device since the vGPU was created: function
+/// resets and restarts do not clear these counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceEvents {
     /// Guest memory faults (bad DMA addresses).
     pub faults: u64,
     /// Device errors logged.

@@ -184,11 +184,11 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
                 ),
             ),
             ("capped", s.capped.to_string()),
-            ("faults", s.faults.to_string()),
-            ("errors", s.errors.to_string()),
-            ("resets", s.resets.to_string()),
-            ("odd reads", s.odd_reads.to_string()),
-            ("dropped writes", s.dropped_writes.to_string()),
+            ("faults", s.device.faults.to_string()),
+            ("errors", s.device.errors.to_string()),
+            ("resets", s.device.resets.to_string()),
+            ("odd reads", s.device.odd_reads.to_string()),
+            ("dropped writes", s.device.dropped_writes.to_string()),
         ]);
     }
     for (k, val) in lines {
@@ -269,9 +269,9 @@ fn stats(api: &Api, json: bool) -> Result<(), String> {
             format::secs(v.queue_wait_p50_seconds),
             format::secs(v.queue_wait_p99_seconds),
             v.capped.to_string(),
-            v.faults.to_string(),
-            v.errors.to_string(),
-            v.resets.to_string(),
+            v.device.faults.to_string(),
+            v.device.errors.to_string(),
+            v.device.resets.to_string(),
         ]);
     }
     print!("{}", t.render());

@@ -176,11 +176,7 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         queue_wait_p50_seconds: s.wait_p50.as_secs_f64(),
         queue_wait_p99_seconds: s.wait_p99.as_secs_f64(),
         capped: s.capped,
-        faults: s.faults,
-        errors: s.errors,
-        resets: s.resets,
-        odd_reads: s.odd_reads,
-        dropped_writes: s.dropped_writes,
+        device: s.device,
     }
 }
 

@@ -172,31 +172,31 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         "vgpud_vgpu_faults_total",
         "counter",
         "Guest memory faults of the vGPU.",
-        |s| s.faults as f64,
+        |s| s.device.faults as f64,
     ),
     (
         "vgpud_vgpu_errors_total",
         "counter",
         "Device errors the vGPU logged.",
-        |s| s.errors as f64,
+        |s| s.device.errors as f64,
     ),
     (
         "vgpud_vgpu_resets_total",
         "counter",
         "Resets of the vGPU function.",
-        |s| s.resets as f64,
+        |s| s.device.resets as f64,
     ),
     (
         "vgpud_vgpu_odd_reads_total",
         "counter",
         "Guest register reads that were not aligned 32/64-bit accesses (answered from the registers they overlap).",
-        |s| s.odd_reads as f64,
+        |s| s.device.odd_reads as f64,
     ),
     (
         "vgpud_vgpu_dropped_writes_total",
         "counter",
         "Guest writes the vGPU dropped (narrow or unaligned register writes).",
-        |s| s.dropped_writes as f64,
+        |s| s.device.dropped_writes as f64,
     ),
 ];
 
@@ -384,6 +384,7 @@ mod tests {
     use super::*;
     use std::collections::{HashMap, HashSet};
     use std::time::Duration;
+    use vgpu_api::DeviceEvents;
 
     fn snapshot() -> Snapshot {
         let vgpu = |name: &str, busy_ms: u64| InstanceStats {
@@ -403,11 +404,13 @@ mod tests {
             wait_p50: Duration::from_micros(20),
             wait_p99: Duration::from_micros(900),
             capped: 3,
-            faults: 1,
-            errors: 2,
-            resets: 0,
-            odd_reads: 4,
-            dropped_writes: 5,
+            device: DeviceEvents {
+                faults: 1,
+                errors: 2,
+                resets: 0,
+                odd_reads: 4,
+                dropped_writes: 5,
+            },
         };
         Snapshot {
             gpus: vec![GpuStats {

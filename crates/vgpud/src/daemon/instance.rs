@@ -2,7 +2,7 @@
 //! while it runs, the device served on its socket.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use log::error;
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
+use vgpu_api::DeviceEvents;
 use vgpu_backend::{
     FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
 };
@@ -113,12 +114,26 @@ pub(super) struct Serving {
 /// so that counters an operator watches do not go back.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Carried {
-    pub(super) faults: u64,
-    pub(super) errors: u64,
-    pub(super) resets: u64,
-    pub(super) odd_reads: u64,
-    pub(super) dropped_writes: u64,
+    pub(super) device: DeviceEvents,
     pub(super) peak: u64,
+}
+
+impl Carried {
+    /// These counts with those of function counters `c` added.
+    pub(super) fn with(&self, c: &DeviceCounters) -> Carried {
+        let now = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let d = &self.device;
+        Carried {
+            device: DeviceEvents {
+                faults: d.faults + now(&c.faults),
+                errors: d.errors + now(&c.errors),
+                resets: d.resets + now(&c.resets),
+                odd_reads: d.odd_reads + now(&c.odd_reads),
+                dropped_writes: d.dropped_writes + now(&c.dropped_writes),
+            },
+            peak: self.peak.max(now(&c.mem_peak)),
+        }
+    }
 }
 
 /// A vGPU: its configuration, partition and scheduler tenant, and while it
@@ -234,15 +249,7 @@ impl Instance {
         // The endpoint resets the device when a client leaves; without a
         // client nothing may have; either way nothing stays allocated.
         lock(&self.partition).reset();
-        let c = &self.counters;
-        self.carried = Carried {
-            faults: self.carried.faults + c.faults.load(Ordering::Relaxed),
-            errors: self.carried.errors + c.errors.load(Ordering::Relaxed),
-            resets: self.carried.resets + c.resets.load(Ordering::Relaxed),
-            odd_reads: self.carried.odd_reads + c.odd_reads.load(Ordering::Relaxed),
-            dropped_writes: self.carried.dropped_writes + c.dropped_writes.load(Ordering::Relaxed),
-            peak: self.carried.peak.max(c.mem_peak.load(Ordering::Relaxed)),
-        };
+        self.carried = self.carried.with(&self.counters);
         self.counters = Arc::new(DeviceCounters::default());
     }
 

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
+use vgpu_api::DeviceEvents;
 use vgpu_backend::{Backend, PartitionSpec};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{Scheduler, TenantId};
@@ -189,16 +190,9 @@ pub struct InstanceStats {
     pub wait_p99: Duration,
     /// Times the fixed-share cap delayed it.
     pub capped: u64,
-    /// Guest memory faults.
-    pub faults: u64,
-    /// Device errors logged.
-    pub errors: u64,
-    /// Function resets.
-    pub resets: u64,
-    /// Guest register reads answered from the registers they overlap.
-    pub odd_reads: u64,
-    /// Guest writes the device dropped.
-    pub dropped_writes: u64,
+    /// What went wrong on its device, in its current function and those
+    /// before.
+    pub device: DeviceEvents,
 }
 
 /// What an operator sees of one GPU.
@@ -431,7 +425,7 @@ impl Daemon {
             });
             for inst in self.instances.values().filter(|i| &i.config.gpu == name) {
                 let c = &inst.counters;
-                let k = &inst.carried;
+                let k = inst.carried.with(c);
                 let t = s.tenant(inst.tenant);
                 out.push(InstanceStats {
                     name: inst.config.name.clone(),
@@ -439,7 +433,7 @@ impl Daemon {
                     state: inst.state(),
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
-                    memory_peak: k.peak.max(c.mem_peak.load(Ordering::Relaxed)),
+                    memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
                     busy: t.map(|t| t.busy).unwrap_or_default(),
@@ -447,11 +441,7 @@ impl Daemon {
                     wait_p50: t.map(|t| t.wait.p50).unwrap_or_default(),
                     wait_p99: t.map(|t| t.wait.p99).unwrap_or_default(),
                     capped: t.map(|t| t.capped).unwrap_or_default(),
-                    faults: k.faults + c.faults.load(Ordering::Relaxed),
-                    errors: k.errors + c.errors.load(Ordering::Relaxed),
-                    resets: k.resets + c.resets.load(Ordering::Relaxed),
-                    odd_reads: k.odd_reads + c.odd_reads.load(Ordering::Relaxed),
-                    dropped_writes: k.dropped_writes + c.dropped_writes.load(Ordering::Relaxed),
+                    device: k.device,
                 });
             }
         }
