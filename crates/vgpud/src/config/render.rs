@@ -3,6 +3,7 @@
 //! and unset optional ones as comments. `vgpud check-config` prints it.
 
 use std::fmt::Write;
+use std::path::Path;
 
 use toml::{Table, Value};
 
@@ -33,9 +34,14 @@ fn big(v: u64) -> Value {
         .unwrap_or_else(|_| s(v.to_string()))
 }
 
-fn opt<T>(key: &'static str, v: &Option<T>, f: impl Fn(&T) -> Value, why: &'static str) -> Entry {
+fn path(p: impl AsRef<Path>) -> Value {
+    s(p.as_ref().display().to_string())
+}
+
+/// `key` set to `v`, or commented out with `why` it is not set.
+fn opt(key: &'static str, v: Option<Value>, why: &'static str) -> Entry {
     match v {
-        Some(v) => Entry::Set(key, f(v)),
+        Some(v) => Entry::Set(key, v),
         None => Entry::Unset(key, why),
     }
 }
@@ -50,26 +56,23 @@ fn seccomp(m: SeccompMode) -> &'static str {
 
 fn daemon_entries(d: &DaemonConfig) -> Vec<Entry> {
     vec![
-        Entry::Set("runtime_dir", s(d.runtime_dir.display().to_string())),
+        Entry::Set("runtime_dir", path(&d.runtime_dir)),
         opt(
             "api_socket",
-            &d.api_socket,
-            |p| s(p.display().to_string()),
+            d.api_socket.as_ref().map(path),
             "the API socket is <runtime_dir>/api.sock",
         ),
         Entry::Set("metrics_address", s(d.metrics_address.clone())),
         opt(
             "user",
-            &d.user,
-            |u| s(u.clone()),
+            d.user.clone().map(s),
             "vgpud keeps the user it was started as",
         ),
         Entry::Set("allow_root", Value::Boolean(d.allow_root)),
         Entry::Set("seccomp", s(seccomp(d.seccomp))),
         opt(
             "socket_group",
-            &d.socket_group,
-            |g| s(g.clone()),
+            d.socket_group.clone().map(s),
             "vGPU sockets are 0600",
         ),
         Entry::Set("shutdown_grace_ms", big(d.shutdown_grace_ms)),
@@ -99,8 +102,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("backend", s(backend)),
         opt(
             "memory",
-            &g.memory,
-            |m| s(m.to_string()),
+            g.memory.map(|m| s(m.to_string())),
             "the whole device",
         ),
         Entry::Set("compute_units", n(g.compute_units)),
@@ -110,8 +112,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("guest_ptx", Value::Boolean(g.guest_ptx)),
         opt(
             "partition_host",
-            &g.partition_host,
-            |p| s(p.display().to_string()),
+            g.partition_host.as_ref().map(path),
             "vgpu-partition-host next to vgpud",
         ),
         Entry::Set("policy", s(policy)),
@@ -124,25 +125,23 @@ fn vgpu_entries(v: &VgpuConfig) -> Vec<Entry> {
     vec![
         Entry::Set("name", s(v.name.clone())),
         Entry::Set("gpu", s(v.gpu.clone())),
-        Entry::Set("socket", s(v.socket.display().to_string())),
+        Entry::Set("socket", path(&v.socket)),
         Entry::Set("memory", s(v.memory.to_string())),
         Entry::Set("compute_units", n(v.compute_units)),
         Entry::Set("priority", n(v.priority)),
         Entry::Set("weight", n(v.weight)),
-        opt("cap", &v.cap, |c| Value::Float(*c), "no fixed share"),
+        opt("cap", v.cap.map(Value::Float), "no fixed share"),
         Entry::Set("queues", n(v.queues)),
         Entry::Set("window", s(v.window.to_string())),
         Entry::Set("poll_us", big(v.poll_us)),
         opt(
             "pci_vendor",
-            &v.pci_vendor,
-            |id| n(*id),
+            v.pci_vendor.map(n),
             "the vGPU ABI's vendor id",
         ),
         opt(
             "pci_device",
-            &v.pci_device,
-            |id| n(*id),
+            v.pci_device.map(n),
             "the vGPU ABI's device id",
         ),
     ]
