@@ -108,16 +108,8 @@ impl Request {
 /// A request line and headers, before the body is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
-    /// See [`Request::method`].
-    pub method: String,
-    /// See [`Request::path`].
-    pub path: String,
-    /// See [`Request::query`].
-    pub query: Option<String>,
-    /// See [`Request::minor_version`].
-    pub minor_version: u8,
-    /// See [`Request::headers`].
-    pub headers: Vec<(String, String)>,
+    /// The request, its body still empty.
+    pub request: Request,
     /// The body's length, from Content-Length.
     pub content_length: Option<usize>,
     /// The client sent `Expect: 100-continue`.
@@ -253,11 +245,14 @@ pub fn parse_head(head: &[u8]) -> Result<Head, HttpError> {
         ));
     }
     Ok(Head {
-        method: method.to_string(),
-        path,
-        query,
-        minor_version,
-        headers,
+        request: Request {
+            method: method.to_string(),
+            path,
+            query,
+            minor_version,
+            headers,
+            body: Vec::new(),
+        },
         content_length,
         expect_continue,
     })
@@ -406,12 +401,8 @@ pub fn read_request_or_cancel<C: Conn>(
         }
     }
     Ok(Request {
-        method: head.method,
-        path: head.path,
-        query: head.query,
-        minor_version: head.minor_version,
-        headers: head.headers,
         body,
+        ..head.request
     })
 }
 
