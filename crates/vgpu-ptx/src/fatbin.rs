@@ -129,14 +129,7 @@ pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
         return Ok(vec![text.to_owned()]);
     }
     let mut out = Vec::new();
-    let mut pos = 0usize;
-    while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
-        pos = read_fatbin(image, pos, Some(&mut out))?;
-        // Consecutive fatbinaries are 8-byte aligned; padding may follow.
-        while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
-            pos += 1;
-        }
-    }
+    read_fatbins(image, Some(&mut out))?;
     if out.is_empty() {
         return Err(FatbinError::NoPtx);
     }
@@ -150,11 +143,18 @@ pub fn fatbin_len(image: &[u8]) -> Result<usize, FatbinError> {
     if u32_at(image, 0) != Some(FATBIN_MAGIC) {
         return Err(FatbinError::NotAModule);
     }
+    read_fatbins(image, None)
+}
+
+/// Reads the fatbinaries back to back at the start of `image` (collecting
+/// their PTX into `out`, if given), returns where the last one ends.
+fn read_fatbins(image: &[u8], mut out: Option<&mut Vec<String>>) -> Result<usize, FatbinError> {
     let mut pos = 0usize;
     let mut end = 0usize;
     while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
-        end = read_fatbin(image, pos, None)?;
+        end = read_fatbin(image, pos, out.as_deref_mut())?;
         pos = end;
+        // Consecutive fatbinaries are 8-byte aligned; padding may follow.
         while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
             pos += 1;
         }
