@@ -58,7 +58,7 @@ step_fmt() {
 }
 
 step_shellcheck() {
-    shellcheck -x ci/*.sh .ci/run tests/vm/*.sh
+    shellcheck -x ci/*.sh .ci/run tests/vm/*.sh tests/cuda/*.sh tests/cuda/libs/*.sh
 }
 
 step_clippy() {

@@ -4,7 +4,9 @@
 #
 # The caller sets: QEMU (the binary), QEMU_FIRMWARE (an array of -L
 # options), GUEST_KERNEL, GUEST_INITRD, VM_MEM_MB, VM_TIMEOUT, TMP (where
-# the logs go), and an array qemu_pids (boot appends to it).
+# the logs go), and an array qemu_pids (boot appends to it); optionally
+# BOOT_MEM_MB (this guest's RAM instead of VM_MEM_MB) and an array
+# BOOT_QEMU_EXTRA (more QEMU options).
 # shellcheck shell=bash
 # shellcheck disable=SC2034  # passed, failed are the caller's counters
 
@@ -18,14 +20,16 @@ boot() {
         machine=(-machine q35,accel=tcg,kernel-irqchip=split -device intel-iommu,caching-mode=on,intremap=on)
         append+=" intel_iommu=on"
     fi
+    local mem_mb=${BOOT_MEM_MB:-$VM_MEM_MB}
     # shellcheck disable=SC2054
     local args=(
-        "${machine[@]}" -m "$VM_MEM_MB"
-        -object "memory-backend-memfd,id=mem,size=${VM_MEM_MB}M,share=on" -numa node,memdev=mem
+        "${machine[@]}" -m "$mem_mb"
+        -object "memory-backend-memfd,id=mem,size=${mem_mb}M,share=on" -numa node,memdev=mem
         -nographic -no-reboot -nodefaults -serial stdio -net none
         "${QEMU_FIRMWARE[@]}"
         -kernel "$GUEST_KERNEL" -initrd "$GUEST_INITRD" -append "$append"
         -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}"
+        ${BOOT_QEMU_EXTRA[@]+"${BOOT_QEMU_EXTRA[@]}"}
     )
     timeout -k 10 "$VM_TIMEOUT" "$QEMU" "${args[@]}" </dev/null >"$TMP/$name.log" 2>"$TMP/$name.qemu.log" &
     qemu_pids+=($!)

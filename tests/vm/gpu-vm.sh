@@ -7,6 +7,10 @@
 # streams, device properties, out of memory at the quota, an illegal
 # address that fails only its own process). Then the launch and copy
 # benchmark (tests/cuda/bench_launch.cu) natively and in one guest alone.
+# Then, where the machine has a CUDA toolkit with cuBLAS and cuFFT
+# (CUDA_HOME, /usr/local/cuda), the programs of tests/cuda/libs built with
+# it, natively and in both guests at once, each guest using the machine's
+# own userland (its CUDA libraries) through 9p.
 #
 # usage: tests/vm/gpu-vm.sh BUNDLE.tar.xz     (made by ci/gpu-vm-bundle.sh)
 #
@@ -19,12 +23,15 @@
 #   GPU_BACKEND=software  a dry run on the software backend (no GPU)
 #   GUEST_APPEND=...  more kernel command line for the suite's guests
 #                     (e.g. loglevel=7 to see the driver's messages)
+#   CUDA_HOME=/usr/local/cuda  the toolkit of the library programs
+#   LIB_RUN=cublas_gemm,cufft  library programs to run (":" before arguments)
+#   LIB_MEM_MB=4096   RAM of a library guest
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,15s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,19s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
@@ -131,6 +138,45 @@ wait "${qemu_pids[0]}" || true
 qemu_pids=()
 grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
 verdict guest-bench || ok=0
+
+# --- CUDA libraries of the machine's userland: natively, then in both guests -------
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+lib_run=${LIB_RUN:-cublas_gemm,cufft}
+if [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
+    log "building tests/cuda/libs with $cuda_home"
+    if bash "$VGPUD_ROOT/tests/cuda/libs/build.sh" "$TMP/libtests" "$cuda_home" >"$TMP/libs-build.log" 2>&1; then
+        for item in ${lib_run//,/ }; do
+            prog=${item%%:*}
+            args=()
+            [[ $prog != "$item" ]] && IFS=: read -ra args <<<"${item#*:}"
+            log "$prog natively"
+            LD_LIBRARY_PATH=$cuda_home/lib64 "$TMP/libtests/$prog" "${args[@]}" 2>&1 |
+                sed 's/^/  [native] /' >&2 || ok=0
+        done
+        BOOT_MEM_MB=${LIB_MEM_MB:-4096}
+        # shellcheck disable=SC2054  # commas separate QEMU sub-options
+        BOOT_QEMU_EXTRA=(-cpu max -smp 4
+            -fsdev local,id=hostroot,path=/,security_model=none,readonly=on
+            -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot)
+        libs="vgpu.mode=host-cuda vgpu.host_dir=$TMP/libtests vgpu.host_run=$lib_run ${GUEST_APPEND:-}"
+        boot guest-libs-a "$TMP/run/a.sock" "$MEM_A" "" "$libs"
+        boot guest-libs-b "$TMP/run/b.sock" "$MEM_B" "" "$libs"
+        for pid in "${qemu_pids[@]}"; do
+            wait "$pid" || true
+        done
+        qemu_pids=()
+        unset BOOT_MEM_MB BOOT_QEMU_EXTRA
+        verdict guest-libs-a || ok=0
+        verdict guest-libs-b || ok=0
+        grep -hE 'BENCH' "$TMP/guest-libs-a.log" "$TMP/guest-libs-b.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
+    else
+        cat "$TMP/libs-build.log" >&2
+        log "the library programs did not build"
+        ok=0
+    fi
+else
+    log "no CUDA toolkit at $cuda_home: cuBLAS and cuFFT skipped"
+fi
 
 if grep -qE 'panicked' "$TMP/vgpud.log"; then
     log "vgpud panicked"

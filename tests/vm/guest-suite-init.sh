@@ -17,9 +17,13 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
+#   vgpu.host_dir=DIR               host-cuda: the host folder of the programs
+#   vgpu.host_run=a,b:ARG,c         host-cuda: programs in it to run, in order
+#                                   (':' separates a program's arguments)
+#   vgpu.cuda_log=1                 libcuda.so.1 says what it refuses (VGPU_CUDA_LOG)
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
 #   vgpu.expect_cu=N                expected compute units
@@ -46,7 +50,11 @@
 # vgpu.hold seconds (another guest starts its check after that line);
 # isolation-check allocates all device memory and checks that it is zeroed
 # and that neither it nor the window holds the pattern; cuda-bench loads the
-# module and runs the CUDA launch and copy benchmark (BENCH lines).
+# module and runs the CUDA launch and copy benchmark (BENCH lines);
+# host-cuda loads the module, mounts the host's root through 9p (QEMU's
+# -fsdev ... mount_tag=hostroot) and runs programs of the host's userland
+# in it (chroot), through this image's libcuda.so.1 before the host's CUDA
+# libraries: CUDA libraries such as cuBLAS that no image could hold.
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -91,6 +99,8 @@ saxpy_n=1048576
 sgemm="128,128,128"
 expect_mem=""
 cuda_bench=200
+host_dir=""
+host_run=""
 magic=0x5a17c0de
 hold=0
 isolation_bytes=""
@@ -106,6 +116,9 @@ for word in $(cat /proc/cmdline); do
         expect_mem=$value
         ;;
     vgpu.cuda_bench=*) cuda_bench=$value ;;
+    vgpu.host_dir=*) host_dir=$value ;;
+    vgpu.host_run=*) host_run=$value ;;
+    vgpu.cuda_log=*) export VGPU_CUDA_LOG="$value" ;;
     vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
     vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
     vgpu.expect_devices=*) expect_args="$expect_args --expect-devices $value" ;;
@@ -195,10 +208,13 @@ sample() {
 # cuda_run LABEL PROGRAM ARGS...: each PASS/FAIL line the program prints
 # becomes a check named cuda-LABEL<name>; a program that fails without
 # saying so fails too.
+cuda_lib=/usr/lib/vgpu
+cuda_exec=""
 cuda_run() {
     label=$1
     shift
-    LD_LIBRARY_PATH=/usr/lib/vgpu "$@" >/tmp/cuda.out 2>&1
+    # shellcheck disable=SC2086  # cuda_exec is a command prefix
+    $cuda_exec env LD_LIBRARY_PATH=$cuda_lib "$@" >/tmp/cuda.out 2>&1
     rc=$?
     sed 's/^/  /' /tmp/cuda.out
     said=0
@@ -229,6 +245,38 @@ check_kernel_log() {
 if [ "$mode" = cuda-bench ]; then
     load insmod || finish
     cuda_run "" $cuda_tests/bench_launch "$cuda_bench"
+    finish
+fi
+
+# --- host-cuda: programs and CUDA libraries of the host's userland --------------------
+if [ "$mode" = host-cuda ]; then
+    load insmod || finish
+    for m in netfs 9pnet 9pnet_virtio 9p; do
+        insmod /lib/modules-9p/$m.ko || { fail 9p "insmod $m.ko"; finish; }
+    done
+    mkdir -p /host
+    if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=1048576,cache=loose hostroot /host; then
+        fail 9p "mount of the host's root"
+        finish
+    fi
+    # The programs' folder moves to /mnt before the host's /tmp is covered.
+    mount -o bind "/host$host_dir" /host/mnt || { fail 9p "no $host_dir on the host"; finish; }
+    mount -t proc proc /host/proc
+    mount -t sysfs sysfs /host/sys
+    mount -t devtmpfs devtmpfs /host/dev
+    mount -t tmpfs tmpfs /host/tmp
+    mkdir -p /host/tmp/vgpu
+    cp /usr/lib/vgpu/* /host/tmp/vgpu/
+    pass 9p "the host's userland at /host, programs of $host_dir"
+    cuda_exec="chroot /host"
+    cuda_lib=/tmp/vgpu:/usr/local/cuda/lib64
+    for item in $(echo "$host_run" | tr ',' ' '); do
+        prog=${item%%:*}
+        args=""
+        [ "$prog" != "$item" ] && args=$(echo "${item#*:}" | tr ':' ' ')
+        # shellcheck disable=SC2086  # separate arguments
+        HOME=/tmp cuda_run "" /mnt/$prog $args
+    done
     finish
 fi
 

@@ -18,6 +18,8 @@
 #                          tests/cuda/*.cu built by tests/cuda/build.sh
 #                          (nvcc, the static CUDA runtime), with the glibc
 #                          libraries they load
+#   /lib/modules-9p/*.ko   the guest kernel's 9p modules, so that mode
+#                          host-cuda can use the host's userland
 #
 # Environment:
 #   VGPU_KO=PATH           use this vgpu.ko instead of building one
@@ -120,6 +122,14 @@ for f in "$stage"/root/usr/libexec/vgpu-cuda-tests/* "$stage/root/usr/lib/vgpu/l
         mkdir -p "$stage/root/$(dirname "$lib")"
         cp -L "$lib" "$stage/root/$lib"
     done < <(ldd "$f" 2>/dev/null | grep -oE '/[^ ]+' | sort -u)
+done
+
+# The 9p client (virtio-pci is built in), uncompressed for busybox insmod.
+mods=$KERNEL_CACHE_DIR/root/lib/modules/$KERNEL_RELEASE/kernel
+mkdir -p "$stage/root/lib/modules-9p"
+for m in fs/netfs/netfs net/9p/9pnet net/9p/9pnet_virtio fs/9p/9p; do
+    xz -dc "$mods/$m.ko.xz" >"$stage/root/lib/modules-9p/$(basename "$m").ko" ||
+        die "no $mods/$m.ko.xz"
 done
 
 bash ci/mkinitramfs.sh --init tests/vm/guest-suite-init.sh "$out" "$stage/root"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Build the programs of tests/cuda/libs (cuBLAS, cuFFT) with a CUDA
+# toolkit that has those libraries (NVIDIA's /usr/local/cuda on a GPU
+# machine; the toolkit wheels CI uses have no cuBLAS headers). They link
+# the libraries dynamically, as applications do, and take them from that
+# toolkit's lib64 at run time.
+#
+# usage: tests/cuda/libs/build.sh OUTDIR [CUDA_HOME]   (/usr/local/cuda)
+set -euo pipefail
+
+[[ $# -ge 1 && $# -le 2 ]] || {
+    sed -n '2,8s/^# \{0,1\}//p' "$0" >&2
+    exit 2
+}
+out=$1
+cuda=${2:-/usr/local/cuda}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+mkdir -p "$out"
+[[ -x $cuda/bin/nvcc ]] || { echo "no nvcc in $cuda/bin" >&2; exit 1; }
+build() {
+    local name=$1
+    shift
+    "$cuda/bin/nvcc" -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 \
+        -gencode arch=compute_80,code=compute_80 -o "$out/$name" "$here/$name.cu" "$@"
+}
+build cublas_gemm -lcublas
+build cufft -lcufft
