@@ -26,12 +26,13 @@
 #   CUDA_HOME=/usr/local/cuda  the toolkit of the library programs
 #   LIB_RUN=cublas_gemm,cufft  library programs to run (":" before arguments)
 #   LIB_MEM_MB=4096   RAM of a library guest
+#   ONLY_LIBS=1       only the library programs
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,19s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,20s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
@@ -119,25 +120,27 @@ GUEST_INITRD=$B/initrd.gz
 # shellcheck source=ci/vm-guests.sh
 . "$VGPUD_ROOT/ci/vm-guests.sh"
 
-boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
-boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
-for pid in "${qemu_pids[@]}"; do
-    wait "$pid" || true
-done
-qemu_pids=()
 ok=1
-verdict guest-a || ok=0
-verdict guest-b || ok=0
-# --- the launch and copy benchmark: natively, then in one guest alone ----------------
-if [[ ${GPU_BACKEND:-cuda} != software ]]; then
-    log "bench_launch natively on the GPU"
-    "$B/cuda-tests/bench_launch" 200 | sed 's/^/  [native] /' >&2 || ok=0
+if [[ ${ONLY_LIBS:-0} != 1 ]]; then
+    boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
+    boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
+    for pid in "${qemu_pids[@]}"; do
+        wait "$pid" || true
+    done
+    qemu_pids=()
+    verdict guest-a || ok=0
+    verdict guest-b || ok=0
+    # --- the launch and copy benchmark: natively, then in one guest alone ------------
+    if [[ ${GPU_BACKEND:-cuda} != software ]]; then
+        log "bench_launch natively on the GPU"
+        "$B/cuda-tests/bench_launch" 200 | sed 's/^/  [native] /' >&2 || ok=0
+    fi
+    boot guest-bench "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=cuda-bench vgpu.cuda_bench=200"
+    wait "${qemu_pids[0]}" || true
+    qemu_pids=()
+    grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
+    verdict guest-bench || ok=0
 fi
-boot guest-bench "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=cuda-bench vgpu.cuda_bench=200"
-wait "${qemu_pids[0]}" || true
-qemu_pids=()
-grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
-verdict guest-bench || ok=0
 
 # --- CUDA libraries of the machine's userland: natively, then in both guests -------
 cuda_home=${CUDA_HOME:-/usr/local/cuda}

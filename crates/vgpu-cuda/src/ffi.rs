@@ -11,13 +11,18 @@ pub type CuResult<T = ()> = Result<T, CUresult>;
 
 /// Runs an entry point's body, turning its result into a `CUresult`. A
 /// panic (a bug here) must not unwind into C: it becomes
-/// `CUDA_ERROR_UNKNOWN`.
+/// `CUDA_ERROR_UNKNOWN`. Failures are traced (with `VGPU_CUDA_LOG`, once
+/// per entry point and error) by the entry point's source location.
+#[track_caller]
 pub fn entry(f: impl FnOnce() -> CuResult) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => cu::SUCCESS,
+    let at = std::panic::Location::caller();
+    let r = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return cu::SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => cu::ERROR_UNKNOWN,
-    }
+    };
+    crate::state::trace_failure(at, r);
+    r
 }
 
 /// Writes `v` to the caller's out-parameter `p`.

@@ -252,6 +252,29 @@ pub struct Driver {
     objects: Mutex<Objects>,
     /// Entry points already reported as not supported.
     unsupported: Mutex<HashSet<&'static str>>,
+    /// Whether `VGPU_CUDA_LOG` asks for diagnostics.
+    logging: bool,
+    /// Failures already traced: (entry point's source line, error).
+    traced: Mutex<HashSet<(&'static str, u32, CUresult)>>,
+}
+
+/// Traces a failed call (see [`crate::ffi::entry`]): which entry point
+/// and what it returned, the first time, when diagnostics are on.
+pub fn trace_failure(at: &'static std::panic::Location<'static>, r: CUresult) {
+    let Some(Ok(d)) = DRIVER.get() else {
+        return;
+    };
+    if !d.logging {
+        return;
+    }
+    let first =
+        d.traced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((at.file(), at.line(), r));
+    if first {
+        eprintln!("vgpu-cuda: {}:{} returned {r}", at.file(), at.line());
+    }
 }
 
 thread_local! {
@@ -292,6 +315,8 @@ impl Driver {
             gpus,
             objects: Mutex::new(objects),
             unsupported: Mutex::new(HashSet::new()),
+            logging: std::env::var_os("VGPU_CUDA_LOG").is_some(),
+            traced: Mutex::new(HashSet::new()),
         })
     }
 

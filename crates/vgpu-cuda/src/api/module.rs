@@ -536,6 +536,11 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     })
 }
 
+/// Shared memory of one SM of a Hopper-class GPU, and what the hardware
+/// keeps of it for each resident block.
+const SM_SHARED: usize = 228 << 10;
+const BLOCK_RESERVED_SHARED: usize = 1 << 10;
+
 /// Blocks of `block` threads that fit on one SM of a Hopper-class GPU
 /// at once, by threads, shared memory and registers (each warp's
 /// registers allocated in units of 256).
@@ -554,11 +559,49 @@ fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i3
         (i.shared_static as usize + dyn_shared, i.num_regs as usize)
     };
     let by_threads = 2048 / block;
-    let by_shared = (228usize << 10).checked_div(shared).unwrap_or(32);
+    let by_shared = SM_SHARED / (shared + BLOCK_RESERVED_SHARED);
     let warps = (block as usize).div_ceil(32);
     let per_block = (regs * 32).div_ceil(256) * 256 * warps;
     let by_regs = 65536usize.checked_div(per_block).unwrap_or(32);
     Ok(by_threads.min(by_shared as i32).min(by_regs as i32).min(32))
+}
+
+/// The most dynamic shared memory a block of `f` may ask for with
+/// `blocks` blocks of `block` threads resident on one SM.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    size: *mut usize,
+    f: Handle,
+    blocks: i32,
+    block: i32,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (static_shared, limit) = {
+            let o = d.objects();
+            let i = &o
+                .funcs
+                .get(&(f as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?
+                .function
+                .info;
+            (i.shared_static as usize, i.max_dynamic_shared as usize)
+        };
+        let wanted = usize::try_from(blocks)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or(cu::ERROR_INVALID_VALUE)?;
+        // Blocks that cannot be resident for their threads get none.
+        let v = if (occupancy(d, f as usize, block, 0)? as usize) < wanted {
+            0
+        } else {
+            (SM_SHARED / wanted)
+                .saturating_sub(BLOCK_RESERVED_SHARED + static_shared)
+                .min(limit)
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(size, v) }
+    })
 }
 
 #[no_mangle]
