@@ -24,7 +24,9 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_MAX_GRID_DIM_X => i32::MAX,
         cu::ATTR_MAX_GRID_DIM_Y | cu::ATTR_MAX_GRID_DIM_Z => 65535,
         cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
-        cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 48 << 10,
+        // What a kernel may opt in to (cuFuncSetAttribute), as on a
+        // Hopper GPU; the host's driver enforces its own limit again.
+        cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 227 << 10,
         cu::ATTR_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
         cu::ATTR_RESERVED_SHARED_MEMORY_PER_BLOCK => 1 << 10,
         cu::ATTR_TOTAL_CONSTANT_MEMORY => 64 << 10,

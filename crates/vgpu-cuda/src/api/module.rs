@@ -296,12 +296,23 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                         func.max_dynamic_shared = v;
                         Ok(())
                     }
-                    _ => Err(cu::ERROR_INVALID_VALUE),
+                    _ => {
+                        crate::state::log(&format!(
+                            "cuFuncSetAttribute({:?}): {value} bytes of dynamic shared memory, the kernel allows {limit}",
+                            func.cname
+                        ));
+                        Err(cu::ERROR_INVALID_VALUE)
+                    }
                 }
             }
             cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
-            a if (0..cu::FUNC_ATTR_END).contains(&a) => Err(cu::ERROR_INVALID_VALUE),
-            _ => Err(cu::ERROR_INVALID_VALUE),
+            _ => {
+                crate::state::log(&format!(
+                    "cuFuncSetAttribute({:?}, {attr}, {value}): not settable here",
+                    func.cname
+                ));
+                Err(cu::ERROR_INVALID_VALUE)
+            }
         }
     })
 }
