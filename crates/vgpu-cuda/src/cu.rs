@@ -220,6 +220,8 @@ pub const FUNC_BINARY_VERSION: i32 = 6;
 pub const FUNC_CACHE_MODE_CA: i32 = 7;
 pub const FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
 pub const FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT: i32 = 9;
+pub const FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
+pub const FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE: i32 = 15;
 /// One past the last function attribute CUDA 13.0 defines.
 pub const FUNC_ATTR_END: i32 = 17;
 

@@ -11,17 +11,17 @@ pub type CuResult<T = ()> = Result<T, CUresult>;
 
 /// Runs an entry point's body, turning its result into a `CUresult`. A
 /// panic (a bug here) must not unwind into C: it becomes
-/// `CUDA_ERROR_UNKNOWN`. Failures are traced (with `VGPU_CUDA_LOG`, once
-/// per entry point and error) by the entry point's source location.
+/// `CUDA_ERROR_UNKNOWN`. Calls are traced (with `VGPU_CUDA_LOG`, once
+/// per entry point and result) by the entry point's source location.
 #[track_caller]
 pub fn entry(f: impl FnOnce() -> CuResult) -> CUresult {
     let at = std::panic::Location::caller();
     let r = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => return cu::SUCCESS,
+        Ok(Ok(())) => cu::SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => cu::ERROR_UNKNOWN,
     };
-    crate::state::trace_failure(at, r);
+    crate::state::trace_call(at, r);
     r
 }
 

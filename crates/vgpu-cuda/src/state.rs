@@ -161,6 +161,8 @@ pub struct Func {
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: what a launch
     /// may use, raised by `cuFuncSetAttribute`.
     pub max_dynamic_shared: u32,
+    /// Attributes set as hints (`cuFuncSetAttribute`), read back as set.
+    pub hints: HashMap<i32, i32>,
 }
 
 /// Dynamic shared memory a kernel may use until it opts in to more.
@@ -252,19 +254,21 @@ pub struct Driver {
     objects: Mutex<Objects>,
     /// Entry points already reported as not supported.
     unsupported: Mutex<HashSet<&'static str>>,
-    /// Whether `VGPU_CUDA_LOG` asks for diagnostics.
-    logging: bool,
+    /// What `VGPU_CUDA_LOG` asks for: 0 nothing, 1 failures, 2 also
+    /// every entry point called.
+    logging: u32,
     /// Failures already traced: (entry point's source line, error).
     traced: Mutex<HashSet<(&'static str, u32, CUresult)>>,
 }
 
-/// Traces a failed call (see [`crate::ffi::entry`]): which entry point
-/// and what it returned, the first time, when diagnostics are on.
-pub fn trace_failure(at: &'static std::panic::Location<'static>, r: CUresult) {
+/// Traces a call (see [`crate::ffi::entry`]) that returned `r`: which
+/// entry point and what it returned, the first time, when diagnostics
+/// ask for failures (and, at level 2, for every entry point called).
+pub fn trace_call(at: &'static std::panic::Location<'static>, r: CUresult) {
     let Some(Ok(d)) = DRIVER.get() else {
         return;
     };
-    if !d.logging {
+    if d.logging == 0 || (r == cu::SUCCESS && d.logging < 2) {
         return;
     }
     let first =
@@ -315,7 +319,10 @@ impl Driver {
             gpus,
             objects: Mutex::new(objects),
             unsupported: Mutex::new(HashSet::new()),
-            logging: std::env::var_os("VGPU_CUDA_LOG").is_some(),
+            logging: match std::env::var("VGPU_CUDA_LOG") {
+                Ok(v) => v.parse().unwrap_or(1),
+                Err(_) => 0,
+            },
             traced: Mutex::new(HashSet::new()),
         })
     }
@@ -466,6 +473,7 @@ impl Driver {
                 function,
                 cname,
                 max_dynamic_shared,
+                hints: HashMap::new(),
             },
         );
         Ok(h)

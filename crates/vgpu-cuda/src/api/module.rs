@@ -252,6 +252,7 @@ fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
         cu::FUNC_BINARY_VERSION if i.binary_version != 0 => int(i.binary_version),
         cu::FUNC_PTX_VERSION | cu::FUNC_BINARY_VERSION => cc,
         cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => int(f.max_dynamic_shared),
+        a if f.hints.contains_key(&a) => f.hints[&a],
         a if (0..cu::FUNC_ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),
     })
@@ -305,7 +306,16 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                     }
                 }
             }
-            cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
+            // Hints the device may ignore, kept so that reading them back
+            // gives what was set: the shared memory carveout, and the
+            // cluster settings of kernels that are never launched in
+            // clusters here (the device reports no cluster launch).
+            cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT
+            | cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+            | cu::FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+                func.hints.insert(attr, value);
+                Ok(())
+            }
             _ => {
                 crate::state::log(&format!(
                     "cuFuncSetAttribute({:?}, {attr}, {value}): not settable here",
