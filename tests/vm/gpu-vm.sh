@@ -25,6 +25,9 @@
 #                     (e.g. loglevel=7 to see the driver's messages)
 #   CUDA_HOME=/usr/local/cuda  the toolkit of the library programs
 #   LIB_RUN=cublas_gemm,cufft  library programs to run (":" before arguments)
+#   LIB_RUN_B, LIB_APPEND_B    what the second library guest runs instead,
+#                     and more kernel command line for it (to diagnose two
+#                     programs in one call)
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   ONLY_LIBS=1       only the library programs
 set -euo pipefail
@@ -32,7 +35,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,20s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,23s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
@@ -161,9 +164,10 @@ if [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
         BOOT_QEMU_EXTRA=(-cpu max -smp 4
             -fsdev local,id=hostroot,path=/,security_model=none,readonly=on
             -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot)
-        libs="vgpu.mode=host-cuda vgpu.host_dir=$TMP/libtests vgpu.host_run=$lib_run ${GUEST_APPEND:-}"
-        boot guest-libs-a "$TMP/run/a.sock" "$MEM_A" "" "$libs"
-        boot guest-libs-b "$TMP/run/b.sock" "$MEM_B" "" "$libs"
+        libs="vgpu.mode=host-cuda vgpu.host_dir=$TMP/libtests ${GUEST_APPEND:-}"
+        boot guest-libs-a "$TMP/run/a.sock" "$MEM_A" "" "$libs vgpu.host_run=$lib_run"
+        boot guest-libs-b "$TMP/run/b.sock" "$MEM_B" "" \
+            "$libs vgpu.host_run=${LIB_RUN_B:-$lib_run} ${LIB_APPEND_B:-}"
         for pid in "${qemu_pids[@]}"; do
             wait "$pid" || true
         done

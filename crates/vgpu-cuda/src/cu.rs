@@ -287,6 +287,23 @@ pub struct CUlaunchConfig {
     pub num_attrs: u32,
 }
 
+/// `CUlaunchAttribute`: an id and a 64-byte value union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUlaunchAttribute {
+    pub id: u32,
+    pub pad: [u8; 4],
+    pub value: [u32; 16],
+}
+
+pub const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+pub const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+pub const LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+pub const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
+pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
+pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,5 +326,6 @@ mod tests {
         assert_eq!(std::mem::offset_of!(CUlaunchConfig, h_stream), 32);
         assert_eq!(std::mem::offset_of!(CUlaunchConfig, num_attrs), 48);
         assert_eq!(std::mem::size_of::<CUlaunchConfig>(), 56);
+        assert_eq!(std::mem::size_of::<CUlaunchAttribute>(), 72);
     }
 }

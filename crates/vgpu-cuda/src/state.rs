@@ -255,7 +255,7 @@ pub struct Driver {
     /// Entry points already reported as not supported.
     unsupported: Mutex<HashSet<&'static str>>,
     /// What `VGPU_CUDA_LOG` asks for: 0 nothing, 1 failures, 2 also
-    /// every entry point called.
+    /// every entry point called, 3 every call.
     logging: u32,
     /// Failures already traced: (entry point's source line, error).
     traced: Mutex<HashSet<(&'static str, u32, CUresult)>>,
@@ -269,6 +269,10 @@ pub fn trace_call(at: &'static std::panic::Location<'static>, r: CUresult) {
         return;
     };
     if d.logging == 0 || (r == cu::SUCCESS && d.logging < 2) {
+        return;
+    }
+    if d.logging >= 3 {
+        eprintln!("vgpu-cuda: {}:{} returned {r}", at.file(), at.line());
         return;
     }
     let first =

@@ -529,8 +529,12 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         }
         // SAFETY: a valid launch configuration by the caller's contract.
         let c = unsafe { &*config };
-        if c.num_attrs != 0 {
-            log("cuLaunchKernelEx: launch attributes are not supported");
+        // SAFETY: as above: its attribute array.
+        let cluster = unsafe { cluster_of(c) }?;
+        if cluster != [1, 1, 1] {
+            log(&format!(
+                "cuLaunchKernelEx: clusters of {cluster:?} blocks are not supported"
+            ));
             return Err(cu::ERROR_NOT_SUPPORTED);
         }
         // SAFETY: forwarded arguments.
@@ -554,6 +558,95 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         } else {
             Err(r)
         }
+    })
+}
+
+/// The cluster shape a launch configuration asks for ([1, 1, 1]: none),
+/// after checking that every other attribute is one the device may
+/// honour by ignoring it (stricter ordering, a priority hint).
+///
+/// # Safety
+/// `c.attrs` holds `c.num_attrs` attributes (or is null with none).
+unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
+    let mut cluster = [1, 1, 1];
+    if c.num_attrs == 0 {
+        return Ok(cluster);
+    }
+    if c.attrs.is_null() || c.num_attrs > 64 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    for i in 0..c.num_attrs as usize {
+        // SAFETY: within the caller's array.
+        let a = unsafe { ffi::get(c.attrs.cast::<cu::CUlaunchAttribute>().add(i)) }?;
+        match a.id {
+            cu::LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
+                cluster = [a.value[0], a.value[1], a.value[2]].map(|d| d.max(1));
+            }
+            // Programmatic dependent launch only allows overlap; running
+            // each kernel after the previous one is always correct.
+            cu::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            | cu::LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            | cu::LAUNCH_ATTRIBUTE_PRIORITY
+            | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+            | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {}
+            cu::LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] == 0 => {}
+            id => {
+                log(&format!("launch attribute {id} is not supported"));
+                return Err(cu::ERROR_NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(cluster)
+}
+
+/// Clusters of `f` that can be resident at once for a launch of `config`:
+/// blocks alone (clusters of one) fill every SM; the device launches no
+/// larger clusters, so none of those fit.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    n: *mut i32,
+    f: Handle,
+    config: *const cu::CUlaunchConfig,
+) -> CUresult {
+    entry(|| {
+        if config.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: a valid launch configuration by the caller's contract.
+        let c = unsafe { &*config };
+        // SAFETY: as above.
+        let cluster = unsafe { cluster_of(c) }?;
+        let d = driver()?;
+        let v = if cluster == [1, 1, 1] {
+            let (_, g) = d.current_gpu()?;
+            let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+            let block =
+                (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
+                    .min(1 << 20) as i32;
+            occupancy(d, f as usize, block, c.shared_mem_bytes as usize)? * sms
+        } else {
+            0
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(n, v) }
+    })
+}
+
+/// The device launches clusters of one block only.
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
+    size: *mut i32,
+    f: Handle,
+    _config: *const cu::CUlaunchConfig,
+) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .funcs
+            .get(&(f as usize))
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(size, 1) }
     })
 }
 
