@@ -98,6 +98,7 @@
 #define VGPU_OP_FUNC_INFO 0xaULL
 #define VGPU_FENCE_FLAG_IRQ 0x1ULL
 #define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
+#define VGPU_FUNC_INFO_FLAG_GLOBAL 0x1ULL
 #define VGPU_MAX_ENTRY_NAME 0x1000ULL
 #define VGPU_MAX_FUNC_PARAMS 0x400ULL
 #define VGPU_MAX_FUNCTIONS 0x10000ULL
@@ -252,12 +253,19 @@ struct vgpu_func_param {
 
 _Static_assert(sizeof(struct vgpu_func_param) == 8, "vgpu_func_param layout");
 
+struct vgpu_global_info {
+	__u64 addr; /* offset 0 */
+	__u64 size; /* offset 8 */
+};
+
+_Static_assert(sizeof(struct vgpu_global_info) == 16, "vgpu_global_info layout");
+
 struct vgpu_completion {
 	__u32 status; /* offset 0 */
 	__u32 reserved; /* offset 4 */
 	__u64 result; /* offset 8 */
 	__u64 device_ns; /* offset 16 */
-	__u64 reserved2; /* offset 24 */
+	__u64 result2; /* offset 24 */
 };
 
 _Static_assert(sizeof(struct vgpu_completion) == 32, "vgpu_completion layout");

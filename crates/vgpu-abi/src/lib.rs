@@ -210,6 +210,12 @@ pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
 /// bytes (little-endian, the other 24 zero), a function handle that
 /// FUNC_INFO returned for [`LaunchCmd::module`].
 pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
+/// FUNC_INFO flag: describe the module global `name` instead of a kernel:
+/// the device writes a [`GlobalInfo`] at `out`, the result is its device
+/// address and [`Completion::result2`] its size. The global is then one
+/// of the partition's allocations (COPY and FILL reach it, MEM_FREE does
+/// not free it) until its module is unloaded.
+pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
 /// Longest entry point name FUNC_INFO takes (C++ kernels have long
 /// mangled names).
 pub const MAX_ENTRY_NAME: u32 = 4096;
@@ -519,6 +525,16 @@ abi_struct!(
 impl Eq for FuncInfo {}
 
 abi_struct!(
+    /// What FUNC_INFO of a global ([`FUNC_INFO_FLAG_GLOBAL`]) writes.
+    GlobalInfo => "vgpu_global_info" {
+        /// Device address.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
     /// One parameter of a [`FuncInfo`].
     FuncParam => "vgpu_func_param" {
         /// Offset in the parameter block.
@@ -541,8 +557,8 @@ abi_struct!(
         result: u64 => "__u64 {}",
         /// Device time the command consumed, nanoseconds.
         device_ns: u64 => "__u64 {}",
-        /// Zero.
-        reserved2: u64 => "__u64 {}",
+        /// A second result (FUNC_INFO of a global: its size); else zero.
+        result2: u64 => "__u64 {}",
     }
 );
 
@@ -809,6 +825,7 @@ pub fn c_header() -> String {
         ("VGPU_OP_FUNC_INFO", OP_FUNC_INFO.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
+        ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
         ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
         ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
         ("VGPU_MAX_FUNCTIONS", MAX_FUNCTIONS.into()),
@@ -852,6 +869,7 @@ pub fn c_header() -> String {
     c_struct::<FuncInfoCmd>(&mut o, true);
     c_struct::<FuncInfo>(&mut o, true);
     c_struct::<FuncParam>(&mut o, true);
+    c_struct::<GlobalInfo>(&mut o, true);
     c_struct::<Completion>(&mut o, true);
     // Float parameter blocks are for user space only.
     c_struct::<FillParams>(&mut o, false);

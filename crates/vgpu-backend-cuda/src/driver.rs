@@ -667,6 +667,20 @@ pub fn module_function(module: &Module, name: &CStr) -> Result<Option<sys::CUfun
     Ok(Some(f))
 }
 
+/// The device address and size of global `name` of `module`, or `None`
+/// if it has none of that name.
+pub fn module_global(module: &Module, name: &CStr) -> Result<Option<(u64, usize)>, CuError> {
+    let (mut dptr, mut bytes) = (0, 0usize);
+    // SAFETY: `module` is a live module of the current context; `name` is
+    // NUL-terminated; both out pointers are valid.
+    let r = unsafe { sys::cuModuleGetGlobal_v2(&mut dptr, &mut bytes, module.0, name.as_ptr()) };
+    if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+        return Ok(None);
+    }
+    ok(r)?;
+    Ok(Some((dptr, bytes)))
+}
+
 /// A function attribute.
 pub fn function_attribute(
     f: sys::CUfunction,

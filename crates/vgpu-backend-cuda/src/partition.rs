@@ -4,6 +4,7 @@
 //! [`DeviceState`] does.
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +36,7 @@ pub struct CudaPartition {
     sms: u32,
     /// Allocations, each with what cuMemAlloc returned for it (what gets
     /// freed; the allocation starts at the first aligned address in it).
-    allocs: Allocations<u64>,
+    allocs: Allocations<Backing>,
     dev: Option<DeviceState>,
     /// Why the partition cannot run commands until reset: its context hit
     /// a sticky error, or could not be created.
@@ -292,7 +293,9 @@ impl CudaPartition {
                 if let Ok(_cur) = Current::push(dev.owner.ctx()) {
                     let _ = driver::stream_sync(&dev.res.stream);
                     for a in &allocs {
-                        let _ = driver::mem_free(a.data);
+                        if let Backing::Alloc(base) = a.data {
+                            let _ = driver::mem_free(base);
+                        }
                     }
                 }
             }
@@ -387,6 +390,15 @@ impl Drop for CudaPartition {
     }
 }
 
+/// What stands behind an entry of the allocation table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// Memory of `cuMemAlloc` from this base (aligned up for the guest).
+    Alloc(u64),
+    /// A global of this module, which owns its memory.
+    Global(u64),
+}
+
 impl Partition for CudaPartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
@@ -435,23 +447,33 @@ impl Partition for CudaPartition {
             addr,
             size,
             charged,
-            base,
+            Backing::Alloc(base),
         );
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
         self.last_device_time = None;
+        if let Some(e) = self.allocs.get(addr) {
+            if let Backing::Global(module) = e.data {
+                return Err(OpError::Invalid(format!(
+                    "{addr:#x} is a global of module {module:#x}, not an allocation"
+                )));
+            }
+        }
         let a = self
             .allocs
             .free_logged(PartitionName::of("cuda", &self.spec), addr)?;
+        let Backing::Alloc(base) = a.data else {
+            return Ok(());
+        };
         if self.lost.is_some() || self.dev.is_none() {
             // Reset destroys the context, and its memory with it.
             return Ok(());
         }
         // Every command drains its stream before returning, so no queued
         // work can still use the memory.
-        self.run(|_| driver::mem_free(a.data).at("cuMemFree"))
+        self.run(|_| driver::mem_free(base).at("cuMemFree"))
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
@@ -573,6 +595,8 @@ impl Partition for CudaPartition {
             ));
         }
         let not_found = || OpError::NotFound(format!("module {module:#x}"));
+        // Its globals go with it, whatever the unload's outcome.
+        self.allocs.remove_where(|b| *b == Backing::Global(module));
         if self.lost.is_some() {
             // The context goes at reset, and the module with it; only
             // forget the handle.
@@ -621,6 +645,46 @@ impl Partition for CudaPartition {
                 .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
             Ok(m.kernel(entry, optin)?.info.clone())
         })
+    }
+
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        self.last_device_time = None;
+        let cname = CString::new(name)
+            .map_err(|_| OpError::Invalid(format!("global {name:?} contains a NUL")))?;
+        let (addr, size) = self.run(|dev| {
+            let m = dev
+                .res
+                .modules
+                .get(&module)
+                .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
+            driver::module_global(&m.module, &cname)
+                .at("cuModuleGetGlobal")?
+                .ok_or_else(|| {
+                    Fail::Op(OpError::NotFound(format!(
+                        "global {name:?} in module {module:#x}"
+                    )))
+                })
+        })?;
+        let size = size as u64;
+        match self.allocs.get(addr) {
+            Some(e) if e.data == Backing::Global(module) && e.size == size => {}
+            Some(_) => {
+                return Err(OpError::Device(format!(
+                    "global {name:?} at {addr:#x} overlaps an allocation"
+                )))
+            }
+            None => {
+                if self.allocs.check(addr, size.max(1)).is_ok() {
+                    return Err(OpError::Device(format!(
+                        "global {name:?} at {addr:#x} overlaps an allocation"
+                    )));
+                }
+                // The module's memory is the driver's, charged to nobody.
+                self.allocs.admit(0, self.available())?;
+                self.allocs.insert(addr, size, 0, Backing::Global(module));
+            }
+        }
+        Ok((addr, size))
     }
 
     fn memory_used(&self) -> u64 {

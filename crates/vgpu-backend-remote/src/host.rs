@@ -466,6 +466,9 @@ impl Host<'_> {
             Request::FunctionInfo { module, entry } => {
                 p.function_info(module, entry).map(Value::Function)
             }
+            Request::GlobalInfo { module, name } => p
+                .global_info(module, name)
+                .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }

@@ -743,6 +743,19 @@ impl Partition for RemotePartition {
         }
     }
 
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        if name.len() > proto::MAX_ENTRY {
+            return Err(OpError::Invalid(format!(
+                "global name of {} bytes is too long",
+                name.len()
+            )));
+        }
+        match self.call(&Request::GlobalInfo { module, name }, Xfer::None)? {
+            Value::Global(addr, size) => Ok((addr, size)),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+
     fn memory_used(&self) -> u64 {
         self.memory_used
     }

@@ -110,6 +110,8 @@ pub enum Kind {
     DownloadMapped = 17,
     /// `Partition::function_info`.
     FunctionInfo = 18,
+    /// `Partition::global_info`.
+    GlobalInfo = 19,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -141,6 +143,7 @@ impl Kind {
             16 => UploadMapped,
             17 => DownloadMapped,
             18 => FunctionInfo,
+            19 => GlobalInfo,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -420,6 +423,13 @@ pub enum Request<'a> {
         /// Entry point.
         entry: &'a str,
     },
+    /// [`Kind::GlobalInfo`].
+    GlobalInfo {
+        /// Module handle.
+        module: u64,
+        /// The global's name.
+        name: &'a str,
+    },
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
@@ -508,6 +518,7 @@ impl Request<'_> {
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
+            Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Reset => Kind::Reset,
             Request::Map { .. } => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
@@ -588,8 +599,12 @@ impl Request<'_> {
             Request::ModuleUnload { module } => {
                 w.u64(*module);
             }
-            Request::FunctionInfo { module, entry } => {
-                w.u64(*module).text(entry, MAX_ENTRY);
+            Request::FunctionInfo {
+                module,
+                entry: name,
+            }
+            | Request::GlobalInfo { module, name } => {
+                w.u64(*module).text(name, MAX_ENTRY);
             }
             Request::Launch(l) => {
                 w.u64(l.module);
@@ -685,6 +700,10 @@ impl Request<'_> {
                 module: r.u64()?,
                 entry: r.text(MAX_ENTRY)?,
             },
+            Kind::GlobalInfo => Request::GlobalInfo {
+                module: r.u64()?,
+                name: r.text(MAX_ENTRY)?,
+            },
             Kind::Launch => {
                 let module = r.u64()?;
                 let mut dims = [0u32; 6];
@@ -726,6 +745,8 @@ pub enum Value {
     },
     /// [`Kind::FunctionInfo`].
     Function(FunctionInfo),
+    /// [`Kind::GlobalInfo`]: address and size.
+    Global(u64, u64),
     /// [`Kind::Reset`]: whether the host cannot recover in place and must
     /// be replaced by a fresh process.
     Reset {
@@ -791,6 +812,9 @@ impl Reply {
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
+                }
+                (Kind::GlobalInfo, Value::Global(addr, size)) => {
+                    w.u64(*addr).u64(*size);
                 }
                 (Kind::FunctionInfo, Value::Function(f)) => {
                     // The count is implied by the parameter entries.
@@ -875,6 +899,7 @@ impl Reply {
                     len: r.u64()?,
                     at: r.u64()?,
                 },
+                Kind::GlobalInfo => Value::Global(r.u64()?, r.u64()?),
                 Kind::FunctionInfo => {
                     let mut v = [0u32; 8];
                     for x in &mut v {
@@ -1066,6 +1091,10 @@ mod tests {
                 module: 9,
                 entry: "_ZN8cublasLt19splitKreduce_kernelILi32ELi16EiffffLb1ELb0EEEvNS_18cublasSplitKParamsIT4_EE",
             },
+            Request::GlobalInfo {
+                module: 9,
+                name: "_ZN6cublas8internal10gemvTablesE",
+            },
             Request::Launch(Launch {
                 module: abi::MODULE_BUILTIN,
                 entry: "saxpy_f32",
@@ -1212,6 +1241,7 @@ mod tests {
                     },
                 ))),
             ),
+            (Kind::GlobalInfo, Ok(Value::Global(0x7f00_0000_1000, 4096))),
             (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
             (
                 Kind::Alloc,

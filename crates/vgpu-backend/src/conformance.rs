@@ -1062,6 +1062,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_matmul(make);
     module_launch_errors_and_unload(make);
     module_function_info(make);
+    module_global(make);
     module_illegal_address(make);
 }
 
@@ -1263,6 +1264,49 @@ pub fn module_function_info(make: Make<'_>) {
     assert!(matches!(
         p.function_info(m, "vector_add"),
         Err(OpError::NotFound(_))
+    ));
+}
+
+/// A module with a global array (what `__device__` variables compile to).
+pub const GLOBAL_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .global .align 4 .b8 table[64];
+.visible .entry nop()
+{
+    ret;
+}
+";
+
+/// A module global, where the backend places globals in device memory:
+/// its address and size, copies to and from it (cudaMemcpyToSymbol),
+/// `free` refusing it, and its range gone with the module. A backend
+/// that does not place them says so.
+pub fn module_global(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-global", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, GLOBAL_PTX.as_bytes())
+        .unwrap();
+    let (addr, size) = match p.global_info(m, "table") {
+        Err(OpError::Unsupported(_)) => return,
+        r => r.unwrap(),
+    };
+    assert_eq!(size, 64);
+    assert_eq!(p.global_info(m, "table").unwrap(), (addr, size));
+    let data: Vec<u8> = (0..64).collect();
+    upload(p, addr, &data);
+    assert_eq!(download(p, addr, 64), data);
+    assert!(matches!(p.free(addr), Err(OpError::Invalid(_))));
+    assert!(matches!(
+        p.global_info(m, "no_such_global"),
+        Err(OpError::NotFound(_))
+    ));
+    p.module_unload(m).unwrap();
+    assert!(matches!(
+        p.upload(addr, &VecSource(data)),
+        Err(OpError::OutOfRange { .. })
     ));
 }
 

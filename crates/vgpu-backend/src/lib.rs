@@ -335,6 +335,11 @@ pub trait Partition: Send {
     /// Describes entry point `entry` of `module` (parameter layout and
     /// attributes), as the backend's driver knows it.
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;
+    /// The device address and size of global variable `name` of
+    /// `module`, made one of the partition's allocations (copies and
+    /// fills reach it, [`Partition::free`] refuses it) until the module is
+    /// unloaded.
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError>;
     /// Device memory in use, bytes.
     fn memory_used(&self) -> u64;
     /// Frees all memory and modules: the partition is as new.

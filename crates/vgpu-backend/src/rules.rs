@@ -240,6 +240,22 @@ impl<T> Allocations<T> {
         Ok(e)
     }
 
+    /// The allocation that starts at `addr`.
+    pub fn get(&self, addr: u64) -> Option<&Entry<T>> {
+        self.map.get(&addr)
+    }
+
+    /// Removes the allocations `drop` says to, returning them.
+    pub fn remove_where(&mut self, mut drop: impl FnMut(&T) -> bool) -> Vec<Entry<T>> {
+        let gone: Vec<u64> = self
+            .map
+            .iter()
+            .filter(|(_, e)| drop(&e.data))
+            .map(|(&a, _)| a)
+            .collect();
+        gone.into_iter().filter_map(|a| self.free(a).ok()).collect()
+    }
+
     /// Removes everything, returning what was there.
     pub fn drain(&mut self) -> Vec<Entry<T>> {
         self.used = 0;

@@ -29,6 +29,8 @@ pub struct Outcome {
     pub status: u32,
     /// Command result.
     pub result: u64,
+    /// Second result (the size of a global FUNC_INFO described).
+    pub result2: u64,
     /// Device time consumed.
     pub device_ns: u64,
     /// The command asks for an interrupt regardless of suppression.
@@ -405,14 +407,21 @@ fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64
     Ok(0)
 }
 
-/// FUNC_INFO: describes a kernel into device memory and returns its handle.
-fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Result<u64> {
-    let header = std::mem::size_of::<abi::FuncInfo>();
-    if cmd.hdr.flags != 0
-        || cmd.name_len == 0
-        || cmd.name_len > abi::MAX_ENTRY_NAME
-        || (cmd.out_size as usize) < header
-    {
+/// FUNC_INFO: describes a kernel (or, with [`abi::FUNC_INFO_FLAG_GLOBAL`],
+/// a global) into device memory; returns the kernel's handle (the
+/// global's address and size).
+fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Result<(u64, u64)> {
+    let global = match cmd.hdr.flags {
+        0 => false,
+        abi::FUNC_INFO_FLAG_GLOBAL => true,
+        _ => return Err(abi::STATUS_INVALID),
+    };
+    let header = if global {
+        std::mem::size_of::<abi::GlobalInfo>()
+    } else {
+        std::mem::size_of::<abi::FuncInfo>()
+    };
+    if cmd.name_len == 0 || cmd.name_len > abi::MAX_ENTRY_NAME || (cmd.out_size as usize) < header {
         return Err(abi::STATUS_INVALID);
     }
     let name = read_bytes(
@@ -423,6 +432,15 @@ fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Resul
     let name = std::str::from_utf8(&name).map_err(|_| abi::STATUS_INVALID)?;
     if name.contains('\0') {
         return Err(abi::STATUS_INVALID);
+    }
+    if global {
+        let (addr, size) = ctx
+            .partition
+            .global_info(cmd.module, name)
+            .map_err(op_status)?;
+        let out = abi::GlobalInfo { addr, size }.as_slice().to_vec();
+        ctx.partition.upload(cmd.out, &out).map_err(op_status)?;
+        return Ok((addr, size));
     }
     let info = ctx
         .partition
@@ -435,7 +453,7 @@ fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Resul
         out.extend_from_slice(p.as_slice());
     }
     ctx.partition.upload(cmd.out, &out).map_err(op_status)?;
-    ctx.functions.handle(cmd.module, name)
+    Ok((ctx.functions.handle(cmd.module, name)?, 0))
 }
 
 /// Runs the command in `descs` (readable descriptors first, then writable).
@@ -458,6 +476,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let start = Instant::now();
     let mut force_irq = false;
     let mut bytes = 0;
+    let mut result2 = 0;
     let result: Result<u64> = (|| match hdr.opcode {
         abi::OP_NOP => Ok(0),
         abi::OP_TIMESTAMP => Ok(ctx.epoch.elapsed().as_nanos() as u64),
@@ -520,7 +539,9 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         }
         abi::OP_FUNC_INFO => {
             let c: abi::FuncInfoCmd = parse(raw)?;
-            func_info(ctx, &c, &reads)
+            let (value, second) = func_info(ctx, &c, &reads)?;
+            result2 = second;
+            Ok(value)
         }
         abi::OP_LAUNCH => {
             let c: abi::LaunchCmd = parse(raw)?;
@@ -533,6 +554,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         Ok(value) => Outcome {
             status: abi::STATUS_OK,
             result: value,
+            result2,
             device_ns,
             force_irq,
             bytes,
@@ -540,6 +562,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         Err(status) => Outcome {
             status,
             result: 0,
+            result2: 0,
             device_ns,
             force_irq,
             bytes: 0,

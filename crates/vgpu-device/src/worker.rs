@@ -422,7 +422,7 @@ fn run_chains(
             reserved: 0,
             result: outcome.result,
             device_ns: outcome.device_ns,
-            reserved2: 0,
+            result2: outcome.result2,
         };
         let size = std::mem::size_of::<abi::Completion>();
         let written = descs

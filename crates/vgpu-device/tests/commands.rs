@@ -31,7 +31,7 @@ fn test_nop_completes_with_a_full_completion() {
     assert_eq!(used.len, 32, "the device reports the completion bytes");
     let c = used.completion();
     assert_status(c, abi::STATUS_OK);
-    assert_eq!((c.result, c.reserved, c.reserved2), (0, 0, 0));
+    assert_eq!((c.result, c.reserved, c.result2), (0, 0, 0));
     assert_eq!(g.commands(), 1);
 }
 
@@ -809,7 +809,7 @@ fn test_missing_or_unusable_completion_buffer_is_skipped() {
     assert_eq!(used.len, 32);
     let c: abi::Completion = g.read_obj(big);
     assert_status(c, abi::STATUS_OK);
-    assert_eq!((c.reserved, c.result, c.reserved2), (0, 0, 0));
+    assert_eq!((c.reserved, c.result, c.result2), (0, 0, 0));
     assert_eq!(g.read(big + 32, 32), vec![0xee; 32]);
     // The queue is still healthy.
     assert_status(g.nop(0), abi::STATUS_OK);

@@ -162,6 +162,10 @@ impl Partition for Recording {
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
         self.inner.module_unload(module)
     }
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        self.inner.global_info(module, name)
+    }
+
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         self.inner.function_info(module, entry)
     }

@@ -71,6 +71,11 @@ impl Partition for Faulting {
         self.check()?;
         self.inner.module_unload(module)
     }
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        self.check()?;
+        self.inner.global_info(module, name)
+    }
+
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         self.check()?;
         self.inner.function_info(module, entry)

@@ -472,7 +472,7 @@ impl DriverQueue {
                         reserved: u32::MAX,
                         result: u64::MAX,
                         device_ns: u64::MAX,
-                        reserved2: u64::MAX,
+                        result2: u64::MAX,
                     };
                     ram.write_obj(slot, &poison);
                     completion = Some(slot);

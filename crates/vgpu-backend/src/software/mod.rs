@@ -522,6 +522,17 @@ impl Partition for SoftwarePartition {
         ptx::function_info(m, entry)
     }
 
+    /// The PTX executor keeps a module's variables apart from the
+    /// partition's memory, where no copy reaches them.
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        self.modules
+            .get(&module)
+            .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))?;
+        Err(OpError::Unsupported(format!(
+            "module global {name:?}: the software backend does not place module variables in device memory"
+        )))
+    }
+
     fn memory_used(&self) -> u64 {
         self.allocs.used()
     }

@@ -67,6 +67,9 @@ impl Partition for SharedPartition {
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         lock(&self.inner).function_info(module, entry)
     }
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        lock(&self.inner).global_info(module, name)
+    }
     fn memory_used(&self) -> u64 {
         lock(&self.inner).memory_used()
     }
@@ -316,6 +319,9 @@ mod tests {
         }
         fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
             self.0.function_info(module, entry)
+        }
+        fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+            self.0.global_info(module, name)
         }
         fn memory_used(&self) -> u64 {
             self.0.memory_used()
