@@ -237,7 +237,9 @@ struct vgpu_res {
 	struct list_head link;		/* module: vgpu_file.modules */
 	u64 addr;			/* device address or module handle */
 	u64 size;
+	u64 owner;			/* global: its module's handle */
 	bool module;
+	bool global;			/* a module's global, in allocs */
 	bool dying;			/* unload checked, not yet on the ring */
 };
 
@@ -312,6 +314,7 @@ struct vgpu_bcmd {
 	u32 status;
 	s32 error;
 	u64 result;
+	u64 result2;
 	u64 device_ns;
 };
 

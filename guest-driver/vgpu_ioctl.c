@@ -32,7 +32,7 @@ struct vgpu_cmd_out {
 	__s32 error;
 	__u64 result;
 	__u64 device_ns;
-	__u64 reserved;
+	__u64 result2;
 };
 
 static_assert(sizeof(struct vgpu_cmd) == 128);
@@ -68,6 +68,7 @@ static_assert(VGPU_CMD_TIMESTAMP == VGPU_OP_TIMESTAMP);
 static_assert(VGPU_CMD_FUNC_INFO == VGPU_OP_FUNC_INFO);
 static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
 static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
+static_assert(VGPU_CMD_FUNC_INFO_GLOBAL == VGPU_FUNC_INFO_FLAG_GLOBAL);
 
 /*
  * Parameter blocks of the built-in module, whose device pointers the
@@ -193,6 +194,19 @@ void vgpu_res_record(struct vgpu_file *vf, struct vgpu_res *res, u64 gen,
 	if (res->module) {
 		list_add_tail(&res->link, &vf->modules);
 		vf->nmodules++;
+	} else if (res->global) {
+		struct vgpu_res *r = vgpu_alloc_find(vf, value);
+
+		/* A global looked up again is already the file's. */
+		if (r && r->global && r->addr == value && r->size == res->size &&
+		    r->owner == res->owner)
+			kfree(res);
+		else if (!vgpu_alloc_insert(vf, res)) {
+			dev_warn_ratelimited(&vf->vdev->pdev->dev,
+					     "device returned an unusable global %#llx+%#llx\n",
+					     value, res->size);
+			kfree(res);
+		}
 	} else if (vgpu_alloc_insert(vf, res)) {
 		vf->mem_bytes += res->size;
 		vf->nallocs++;
@@ -230,6 +244,22 @@ static int vgpu_check_dev_range(struct vgpu_file *vf, u64 addr, u64 len)
  * so later commands of the same batch cannot name it; the mark becomes a
  * removal once the batch is on the ring, or is undone.
  */
+/* Forgets the globals of module @handle. res_lock held. */
+static void vgpu_globals_drop_locked(struct vgpu_file *vf, u64 handle)
+{
+	struct rb_node *n = rb_first(&vf->allocs);
+
+	while (n) {
+		struct vgpu_res *r = rb_entry(n, struct vgpu_res, node);
+
+		n = rb_next(n);
+		if (r->global && r->owner == handle) {
+			rb_erase(&r->node, &vf->allocs);
+			kfree(r);
+		}
+	}
+}
+
 static void vgpu_modules_settle(struct vgpu_file *vf, bool commit)
 {
 	struct vgpu_res *r, *tmp;
@@ -240,6 +270,7 @@ static void vgpu_modules_settle(struct vgpu_file *vf, bool commit)
 		if (!r->dying)
 			continue;
 		if (commit) {
+			vgpu_globals_drop_locked(vf, r->addr);
 			list_del(&r->link);
 			vf->nmodules--;
 			kfree(r);
@@ -549,13 +580,16 @@ static int vgpu_prep_func_info(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 {
 	const struct vgpu_func_info_args *a = &u->func_info;
 	struct vgpu_cmd_func_info *d = &c->dcmd.func_info;
+	bool global = u->flags & VGPU_CMD_FUNC_INFO_GLOBAL;
 
-	if (u->flags || !vgpu_args_tail_zero(u, sizeof(*a)))
+	if ((u->flags & ~VGPU_CMD_FUNC_INFO_GLOBAL) ||
+	    !vgpu_args_tail_zero(u, sizeof(*a)))
 		return -EINVAL;
 	if (!(vdev->features & VGPU_FEATURE_FUNC_INFO))
 		return -EOPNOTSUPP;
 	if (a->module == VGPU_MODULE_BUILTIN_ID || !a->name_len ||
-	    a->out_size < sizeof(struct vgpu_func_info))
+	    a->out_size < (global ? sizeof(struct vgpu_global_info) :
+				    sizeof(struct vgpu_func_info)))
 		return -EINVAL;
 	if (a->name_len > VGPU_MAX_FUNC_NAME_BYTES)
 		return -E2BIG;
@@ -563,7 +597,16 @@ static int vgpu_prep_func_info(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 		return -E2BIG;
 	bud->staged += a->name_len;
 
+	if (global) {
+		/* The global becomes memory of the file when it completes. */
+		c->res = kzalloc(sizeof(*c->res), GFP_KERNEL);
+		if (!c->res)
+			return -ENOMEM;
+		c->res->global = true;
+		c->res->owner = a->module;
+	}
 	d->hdr.opcode = VGPU_OP_FUNC_INFO;
+	d->hdr.flags = global ? VGPU_FUNC_INFO_FLAG_GLOBAL : 0;
 	d->module = a->module;
 	d->out = a->out;
 	d->out_size = a->out_size;
@@ -884,6 +927,7 @@ static int vgpu_copy_results(struct vgpu_cmd __user *ucmds,
 			.error = c->error,
 			.result = c->result,
 			.device_ns = c->device_ns,
+			.result2 = c->result2,
 		};
 
 		if (copy_to_user(&ucmds[i].status, &o, sizeof(o)))
@@ -1136,11 +1180,10 @@ static long vgpu_ioctl_free(struct vgpu_file *vf, struct vgpu_free __user *arg)
 	spin_lock_irqsave(&vf->res_lock, flags);
 	r = vgpu_alloc_find(vf, f.addr);
 	found = r && r->addr == f.addr;
+	ret = found && r->global ? -EINVAL : found ? 0 : -ENOENT;
 	spin_unlock_irqrestore(&vf->res_lock, flags);
-	if (!found) {
-		ret = -ENOENT;
+	if (ret)
 		goto unlock;
-	}
 
 	/*
 	 * Commands of the file already on the ring run before the MEM_FREE;
@@ -1429,13 +1472,17 @@ static struct vgpu_batch *vgpu_free_res_on_device(struct vgpu_file *vf,
 
 		if (!b)
 			break;
-		for (; n < per && node; n++, node = rb_next(node)) {
+		for (; n < per && node; node = rb_next(node)) {
 			struct vgpu_res *r = rb_entry(node, struct vgpu_res, node);
 			struct vgpu_bcmd *c = &b->cmds[n];
 
+			/* A global goes with its module's unload below. */
+			if (r->global)
+				continue;
 			c->dcmd.mem_free.hdr.opcode = VGPU_OP_MEM_FREE;
 			c->dcmd.mem_free.addr = r->addr;
 			c->dlen = sizeof(c->dcmd.mem_free);
+			n++;
 		}
 		for (; n < per && m; n++) {
 			struct vgpu_bcmd *c = &b->cmds[n];
@@ -1445,6 +1492,11 @@ static struct vgpu_batch *vgpu_free_res_on_device(struct vgpu_file *vf,
 			c->dlen = sizeof(c->dcmd.module_unload);
 			m = list_is_last(&m->link, modules) ? NULL :
 			    list_next_entry(m, link);
+		}
+		if (!n) {
+			/* Only globals were left: nothing to free. */
+			vgpu_batch_put(b);
+			break;
 		}
 		b->ncmds = n;
 		for (n = 0; n < b->ncmds; n++) {

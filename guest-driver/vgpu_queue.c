@@ -524,7 +524,7 @@ static void vgpu_batch_complete(struct vgpu_queue *q, struct vgpu_batch *b)
 
 /* Accounts one finished chain; err != 0 when the driver fails it. */
 static void vgpu_complete_slot(struct vgpu_queue *q, u16 id, u32 status,
-			       u64 result, u64 ns, int err)
+			       u64 result, u64 result2, u64 ns, int err)
 {
 	struct vgpu_slot *s = &q->slots[id];
 	struct vgpu_batch *b = s->batch;
@@ -539,9 +539,13 @@ static void vgpu_complete_slot(struct vgpu_queue *q, u16 id, u32 status,
 			c->status = status;
 		}
 	}
-	if (!err && c->npieces == 1)
+	if (!err && c->npieces == 1) {
 		c->result = result;
+		c->result2 = result2;
+	}
 	if (c->res && !err && status == VGPU_STATUS_OK && b->vf) {
+		if (c->res->global)
+			c->res->size = result2;
 		vgpu_res_record(b->vf, c->res, b->gen, result);
 		c->res = NULL;
 	}
@@ -603,7 +607,7 @@ static bool vgpu_queue_reap_locked(struct vgpu_queue *q)
 			u32 id = le32_to_cpu(READ_ONCE(e->id));
 			u32 len = le32_to_cpu(READ_ONCE(e->len));
 			u32 status = VGPU_STATUS_DEVICE_ERROR;
-			u64 result = 0, ns = 0;
+			u64 result = 0, result2 = 0, ns = 0;
 
 			/* Commands of a queue complete in order. */
 			if (id != q->heads[pos] || !q->slots[id].batch) {
@@ -616,10 +620,11 @@ static bool vgpu_queue_reap_locked(struct vgpu_queue *q)
 
 				status = READ_ONCE(cp->status);
 				result = READ_ONCE(cp->result);
+				result2 = READ_ONCE(cp->result2);
 				ns = READ_ONCE(cp->device_ns);
 			}
 			q->last_used++;
-			vgpu_complete_slot(q, id, status, result, ns, 0);
+			vgpu_complete_slot(q, id, status, result, result2, ns, 0);
 			progress = true;
 		}
 	}
@@ -677,7 +682,7 @@ void vgpu_queue_fail_and_reset(struct vgpu_queue *q, int err)
 
 		q->last_used++;
 		if (q->slots[id].batch)
-			vgpu_complete_slot(q, id, VGPU_STATUS_CANCELLED, 0, 0,
+			vgpu_complete_slot(q, id, VGPU_STATUS_CANCELLED, 0, 0, 0,
 					   err);
 	}
 	if (!q->dead)

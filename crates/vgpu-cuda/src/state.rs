@@ -148,6 +148,8 @@ pub struct ModuleObj {
     /// The entry points its PTX names, if it has PTX (a fatbinary of
     /// cubins alone names none here; the device still finds them).
     pub kernels: HashSet<String>,
+    /// Globals looked up: address and size.
+    pub globals: HashMap<String, (u64, u64)>,
 }
 
 /// A function (or kernel) of a module.
@@ -434,8 +436,29 @@ impl Driver {
             device: dev,
             module: Arc::new(module),
             kernels,
+            globals: HashMap::new(),
         };
         Ok(self.objects().add(|o| &mut o.modules, m))
+    }
+
+    /// Global `name` of module `module`: its device address and size.
+    pub fn get_global(&self, module: usize, name: &str) -> CuResult<(u64, u64)> {
+        let (m, device) = {
+            let o = self.objects();
+            let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            if let Some(&g) = m.globals.get(name) {
+                return Ok(g);
+            }
+            (m.module.clone(), m.device)
+        };
+        let g = match self.gpu(device)?.dev.global(&m, name) {
+            Err(GuestError::NotFound) => return Err(cu::ERROR_NOT_FOUND),
+            r => check(r)?,
+        };
+        if let Some(m) = self.objects().modules.get_mut(&module) {
+            m.globals.insert(name.to_string(), g);
+        }
+        Ok(g)
     }
 
     /// The function `name` of module `module`, as the device describes it.

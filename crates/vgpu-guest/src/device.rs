@@ -626,6 +626,32 @@ impl Device {
         })
     }
 
+    /// The device address and size of global variable `name` of
+    /// `module` (a `__device__` variable), which this file may then copy
+    /// to and from until the module is unloaded.
+    pub fn global(&self, module: &Module, name: &str) -> Result<(u64, u64)> {
+        if self.inner.info.flags & sys::INFO_FUNC_INFO == 0 {
+            return Err(Error::Unsupported);
+        }
+        if name.is_empty() || name.len() > sys::MAX_FUNC_NAME_BYTES as usize || name.contains('\0')
+        {
+            return Err(Error::Usage(format!("bad global name {name:?}")));
+        }
+        let scratch = self.alloc(size_of::<abi::GlobalInfo>() as u64)?;
+        let mut cmd = [VgpuCmd::func_info(sys::VgpuFuncInfoArgs {
+            module: module.handle,
+            out: scratch.addr(),
+            out_size: size_of::<abi::GlobalInfo>() as u32,
+            name_len: name.len() as u32,
+            name: name.as_ptr() as u64,
+        })];
+        cmd[0].flags = sys::CMD_FUNC_INFO_GLOBAL;
+        // SAFETY: the name outlives this call, which returns once the
+        // device is done with it.
+        unsafe { self.inner.run(&mut cmd) }?;
+        Ok((cmd[0].result, cmd[0].result2))
+    }
+
     /// Runs `f` (from [`Device::function`]).
     pub fn launch_function(&self, f: &Function, dims: Dims, params: &[u8]) -> Result<CmdResult> {
         self.run_one(launch_function_cmd(f, dims, params)?)

@@ -58,6 +58,8 @@ pub const CMD_FUNC_INFO: u32 = 10;
 pub const CMD_FENCE_IRQ: u32 = 1 << 0;
 /// `vgpu_cmd.flags` of a LAUNCH: `entry` holds a function handle.
 pub const CMD_LAUNCH_FUNCTION: u32 = 1 << 0;
+/// `vgpu_cmd.flags` of a FUNC_INFO: the name is a global variable's.
+pub const CMD_FUNC_INFO_GLOBAL: u32 = 1 << 0;
 
 /// COPY side: memory of the calling process (a user address).
 pub const MEM_USER: u32 = 0;
@@ -298,7 +300,8 @@ pub struct VgpuCmd {
     pub error: i32,
     pub result: u64,
     pub device_ns: u64,
-    pub reserved: u64,
+    /// FUNC_INFO of a global: its size.
+    pub result2: u64,
 }
 
 const _: () = assert!(size_of::<VgpuCmdArgs>() == 88);
@@ -326,7 +329,7 @@ impl VgpuCmd {
             ("error", offset_of!(VgpuCmd, error), 4),
             ("result", offset_of!(VgpuCmd, result), 8),
             ("device_ns", offset_of!(VgpuCmd, device_ns), 8),
-            ("reserved", offset_of!(VgpuCmd, reserved), 8),
+            ("result2", offset_of!(VgpuCmd, result2), 8),
         ]
     }
 }
@@ -562,6 +565,7 @@ mod tests {
             ("VGPU_CMD_LAUNCH", CMD_LAUNCH.into()),
             ("VGPU_CMD_FUNC_INFO", CMD_FUNC_INFO.into()),
             ("VGPU_CMD_LAUNCH_FUNCTION", CMD_LAUNCH_FUNCTION.into()),
+            ("VGPU_CMD_FUNC_INFO_GLOBAL", CMD_FUNC_INFO_GLOBAL.into()),
             ("VGPU_CMD_TIMESTAMP", CMD_TIMESTAMP.into()),
             ("VGPU_CMD_FENCE_IRQ", CMD_FENCE_IRQ.into()),
             ("VGPU_MEM_USER", MEM_USER.into()),

@@ -124,9 +124,10 @@ struct vgpu_free {
 #define VGPU_CMD_TIMESTAMP	9
 #define VGPU_CMD_FUNC_INFO	10
 
-/* vgpu_cmd.flags of VGPU_CMD_FENCE and VGPU_CMD_LAUNCH; others take 0. */
+/* vgpu_cmd.flags of FENCE, LAUNCH and FUNC_INFO; others take 0. */
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
 #define VGPU_CMD_LAUNCH_FUNCTION	(1U << 0)	/* launch by function handle */
+#define VGPU_CMD_FUNC_INFO_GLOBAL	(1U << 0)	/* FUNC_INFO of a global */
 
 /* Memory kinds of a COPY side. */
 #define VGPU_MEM_USER		0	/* this process's memory: a user address */
@@ -201,6 +202,10 @@ struct vgpu_module_unload_args {
  * @name: user pointer to the entry point's name
  *
  * @result is the function handle a VGPU_CMD_LAUNCH_FUNCTION launch takes.
+ * With VGPU_CMD_FUNC_INFO_GLOBAL, @name is a global variable of the
+ * module: a struct vgpu_global_info goes to @out, @result is its device
+ * address and @result2 its size, and the global is memory of the file
+ * (COPY and FILL reach it, FREE refuses it) until its module is unloaded.
  */
 struct vgpu_func_info_args {
 	__u64 module;
@@ -259,7 +264,7 @@ struct vgpu_launch_args {
  * @result: out: MODULE_LOAD: the handle; FUNC_INFO: the function handle;
  *	TIMESTAMP: device ns
  * @device_ns: out: device time the command took
- * @reserved: zero
+ * @result2: out: FUNC_INFO of a global: its size; else zero
  *
  * The out fields are written by a waiting SUBMIT or by WAIT.
  */
@@ -279,7 +284,7 @@ struct vgpu_cmd {
 	__s32 error;
 	__u64 result;
 	__u64 device_ns;
-	__u64 reserved;
+	__u64 result2;
 };
 
 /* ---- VGPU_IOCTL_SUBMIT / VGPU_IOCTL_WAIT -------------------------------- */

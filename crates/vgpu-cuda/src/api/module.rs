@@ -147,28 +147,41 @@ pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, module: Handl
     })
 }
 
-/// Module variables (`__device__` globals) are not reachable through
-/// the device's ABI yet.
+/// A module variable (`__device__` global): its device address and size,
+/// which copies then reach.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleGetGlobal_v2(
-    _dptr: *mut u64,
-    _bytes: *mut usize,
+    dptr: *mut u64,
+    bytes: *mut usize,
     module: Handle,
     name: *const c_char,
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's NUL-terminated name.
         let name = unsafe { ffi::cstr(name) }?;
-        driver()?
-            .objects()
-            .modules
-            .get(&(module as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        log(&format!(
-            "cuModuleGetGlobal({name}): module variables are not supported"
-        ));
-        Err(cu::ERROR_NOT_FOUND)
+        let (addr, size) = driver()?.get_global(module as usize, name)?;
+        // SAFETY: the caller's out-parameters, each of which may be null.
+        unsafe {
+            if !dptr.is_null() {
+                ffi::put(dptr, addr)?;
+            }
+            if !bytes.is_null() {
+                ffi::put(bytes, size as usize)?;
+            }
+        }
+        Ok(())
     })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut u64,
+    bytes: *mut usize,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuModuleGetGlobal_v2(dptr, bytes, library, name) }
 }
 
 /// `CU_MODULE_LAZY_LOADING` (2): the runtime loads a registered module

@@ -470,3 +470,60 @@ pub(super) fn module_function(args: &Args) -> CaseResult {
         ns / 1000
     ))
 }
+
+/// A module with a `__device__` array, as nvcc writes it.
+const GLOBAL_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .global .align 4 .b8 table[64];
+.visible .entry nop()
+{
+    ret;
+}
+";
+
+/// FUNC_INFO of a global: where the backend placed a module variable;
+/// the file may copy to and from it (cudaMemcpyToSymbol) but not free
+/// it, and it goes with its module. Backends that keep module variables
+/// out of device memory refuse the look-up.
+pub(super) fn module_global(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    if dev.cached_info().flags & sys::INFO_FUNC_INFO == 0 {
+        return Ok("the device has no FUNC_INFO".into());
+    }
+    let m = match load_matmul(&dev, GLOBAL_PTX.as_bytes())? {
+        Ok(m) => m,
+        Err(why) => return Ok(why),
+    };
+    let (addr, size) = match dev.global(&m, "table") {
+        Err(e) if e.errno() == libc::EOPNOTSUPP => {
+            expect_errno(dev.global(&m, "x"), libc::EOPNOTSUPP, "another global")?;
+            return Ok(
+                "this backend keeps module variables out of device memory (EOPNOTSUPP)".into(),
+            );
+        }
+        r => r.ctx("FUNC_INFO of a global")?,
+    };
+    ensure!(size == 64, "table is {size} bytes");
+    let data: Vec<u8> = (0..64).collect();
+    dev.copy_to_device_addr(addr, &data)
+        .ctx("copy to the global")?;
+    let mut back = vec![0u8; 64];
+    dev.copy_from_device_addr(addr, &mut back)
+        .ctx("copy from the global")?;
+    ensure!(back == data, "the global reads back {back:?}");
+    expect_errno(dev.free_raw(addr), libc::EINVAL, "FREE of a global")?;
+    expect_errno(
+        dev.global(&m, "no_such_global"),
+        libc::ENOENT,
+        "unknown global",
+    )?;
+    drop(m);
+    expect_errno(
+        dev.copy_to_device_addr(addr, &data),
+        libc::ENOENT,
+        "copy to the global of an unloaded module",
+    )?;
+    Ok(format!("{size} bytes at {addr:#x}, copied both ways"))
+}

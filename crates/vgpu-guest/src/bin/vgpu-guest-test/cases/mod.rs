@@ -46,6 +46,7 @@ pub fn all() -> Vec<Case> {
         case!("module", false, batches::module),
         case!("module-matmul", false, kernels::module_matmul),
         case!("module-function", false, kernels::module_function),
+        case!("module-global", false, kernels::module_global),
         case!("window", true, window::window),
         case!("multiprocess", false, processes::multiprocess),
         case!("fault-isolation", false, processes::fault_isolation),
