@@ -518,14 +518,17 @@ static int vgpu_stage_small(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return vgpu_stage_copy_in(c, src);
 }
 
-/* A function handle in its first 8 bytes, the rest zero. */
+/*
+ * A function handle in its first 8 bytes, the cluster shape in the next
+ * 12 (the device checks it), the rest zero.
+ */
 static bool vgpu_entry_is_function(const char *entry)
 {
 	u64 handle;
 	size_t i;
 
 	memcpy(&handle, entry, sizeof(handle));
-	for (i = sizeof(handle); i < VGPU_ENTRY_NAME_LEN; i++)
+	for (i = sizeof(handle) + 3 * sizeof(u32); i < VGPU_ENTRY_NAME_LEN; i++)
 		if (entry[i])
 			return false;
 	return le64_to_cpu((__force __le64)handle) != 0;

@@ -206,9 +206,10 @@ pub const OP_FUNC_INFO: u32 = 10;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
-/// LAUNCH flag: [`LaunchCmd::entry`] holds no name but, in its first 8
-/// bytes (little-endian, the other 24 zero), a function handle that
-/// FUNC_INFO returned for [`LaunchCmd::module`].
+/// LAUNCH flag: [`LaunchCmd::entry`] holds no name but, little-endian, a
+/// function handle that FUNC_INFO returned for [`LaunchCmd::module`] (8
+/// bytes), the blocks per thread block cluster in x, y and z (3 x 4
+/// bytes; zeros: no clusters), then 12 zero bytes.
 pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
 /// FUNC_INFO flag: describe the module global `name` instead of a kernel:
 /// the device writes a [`GlobalInfo`] at `out`, the result is its device
@@ -221,6 +222,9 @@ pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
 pub const MAX_ENTRY_NAME: u32 = 4096;
 /// Most parameters FUNC_INFO describes: a kernel with more is refused.
 pub const MAX_FUNC_PARAMS: u32 = 1024;
+/// Most blocks of one thread block cluster (a Hopper GPU's, with
+/// non-portable sizes allowed).
+pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 /// Most function handles one vGPU keeps (they end with their module).
 pub const MAX_FUNCTIONS: u32 = 1 << 16;
 /// COPY endpoint: guest memory, as a scatter-gather list.
@@ -676,20 +680,25 @@ pub fn entry_name(name: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// Encodes a function handle for [`LaunchCmd::entry`] under
-/// [`LAUNCH_FLAG_FUNCTION`].
-pub fn entry_function(handle: u64) -> [u8; 32] {
+/// Encodes a function handle and cluster shape ([0; 3] or [1, 1, 1]:
+/// none) for [`LaunchCmd::entry`] under [`LAUNCH_FLAG_FUNCTION`].
+pub fn entry_function(handle: u64, cluster: [u32; 3]) -> [u8; 32] {
     let mut out = [0u8; 32];
     out[..8].copy_from_slice(&handle.to_le_bytes());
+    for (i, d) in cluster.iter().enumerate() {
+        out[8 + 4 * i..12 + 4 * i].copy_from_slice(&d.to_le_bytes());
+    }
     out
 }
 
-/// Decodes [`LaunchCmd::entry`] under [`LAUNCH_FLAG_FUNCTION`]; `None`
-/// for a zero handle or non-zero padding.
-pub fn parse_entry_function(raw: &[u8; 32]) -> Option<u64> {
-    let (handle, rest) = raw.split_at(8);
-    let handle = u64::from_le_bytes(handle.try_into().ok()?);
-    (handle != 0 && rest.iter().all(|&b| b == 0)).then_some(handle)
+/// Decodes [`LaunchCmd::entry`] under [`LAUNCH_FLAG_FUNCTION`]: the
+/// handle and the cluster shape (each dimension at least 1); `None` for a
+/// zero handle or non-zero padding.
+pub fn parse_entry_function(raw: &[u8; 32]) -> Option<(u64, [u32; 3])> {
+    let word = |at: usize| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+    let handle = u64::from_le_bytes(raw[..8].try_into().ok()?);
+    let cluster = [word(8), word(12), word(16)].map(|d| d.max(1));
+    (handle != 0 && raw[20..].iter().all(|&b| b == 0)).then_some((handle, cluster))
 }
 
 /// Decodes [`LaunchCmd::entry`]; `None` unless NUL-terminated UTF-8.
@@ -829,6 +838,7 @@ pub fn c_header() -> String {
         ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
         ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
         ("VGPU_MAX_FUNCTIONS", MAX_FUNCTIONS.into()),
+        ("VGPU_MAX_CLUSTER_BLOCKS", MAX_CLUSTER_BLOCKS.into()),
         ("VGPU_COPY_GUEST", COPY_GUEST.into()),
         ("VGPU_COPY_DEVICE", COPY_DEVICE.into()),
         ("VGPU_COPY_WINDOW", COPY_WINDOW.into()),
@@ -984,9 +994,16 @@ mod tests {
 
     #[test]
     fn test_entry_function_handles() {
-        assert_eq!(parse_entry_function(&entry_function(7)), Some(7));
-        assert_eq!(parse_entry_function(&entry_function(0)), None);
-        let mut raw = entry_function(7);
+        assert_eq!(
+            parse_entry_function(&entry_function(7, [0; 3])),
+            Some((7, [1, 1, 1]))
+        );
+        assert_eq!(
+            parse_entry_function(&entry_function(7, [2, 1, 4])),
+            Some((7, [2, 1, 4]))
+        );
+        assert_eq!(parse_entry_function(&entry_function(0, [1; 3])), None);
+        let mut raw = entry_function(7, [1; 3]);
         raw[31] = 1;
         assert_eq!(parse_entry_function(&raw), None);
     }

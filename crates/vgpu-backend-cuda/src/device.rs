@@ -121,6 +121,8 @@ pub(crate) struct Kernel {
     /// The dynamic shared memory its launches may use now (the driver's
     /// attribute, raised on demand up to `info`'s limit).
     pub(crate) dynamic_shared: u32,
+    /// Whether clusters past 8 blocks were allowed.
+    pub(crate) non_portable_clusters: bool,
 }
 
 impl Module {
@@ -182,6 +184,7 @@ fn describe_kernel(entry: &str, f: CUfunction, max_shared_optin: u32) -> Result<
         f,
         info,
         dynamic_shared: attr(F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
+        non_portable_clusters: false,
     })
 }
 

@@ -758,8 +758,9 @@ pub unsafe fn launch(
     })
 }
 
-/// Launches `f` with its parameters packed in one buffer
-/// (`CU_LAUNCH_PARAM_BUFFER_POINTER`).
+/// Launches `f` with its parameter block packed in `buf` (as a guest
+/// hands it over), in clusters of `cluster` blocks unless that is
+/// [1, 1, 1].
 ///
 /// # Safety
 /// `buf` must hold `f`'s parameters in its parameter layout; any device
@@ -767,18 +768,14 @@ pub unsafe fn launch(
 /// is what confines it).
 pub unsafe fn launch_packed(
     f: sys::CUfunction,
-    grid: [u32; 3],
-    block: [u32; 3],
+    [grid, block]: [[u32; 3]; 2],
+    cluster: [u32; 3],
     shared_mem: u32,
     s: &Stream,
     buf: &[u8],
 ) -> Result<(), CuError> {
-    if buf.is_empty() {
-        // SAFETY: forwarded to the caller (a kernel without parameters).
-        return unsafe { launch(f, grid, block, shared_mem, s, &mut []) };
-    }
     // The driver reads the buffer during the call; keep it 8-byte aligned.
-    let mut aligned = vec![0u64; buf.len().div_ceil(8)];
+    let mut aligned = vec![0u64; buf.len().div_ceil(8).max(1)];
     // SAFETY: `aligned` has at least `buf.len()` bytes; u64 has no invalid
     // bit patterns.
     unsafe {
@@ -792,23 +789,59 @@ pub unsafe fn launch_packed(
         (&mut size as *mut usize).cast(),
         sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
     ];
-    // SAFETY: `extra` is the documented END-terminated list; the buffer and
-    // its size outlive the call; the rest is forwarded to the caller.
-    ok(unsafe {
-        sys::cuLaunchKernel(
-            f,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            shared_mem,
-            s.0,
-            std::ptr::null_mut(),
-            extra.as_mut_ptr(),
-        )
-    })
+    // A kernel without parameters takes no buffer.
+    let extra_ptr = if buf.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        extra.as_mut_ptr()
+    };
+    if cluster == [1, 1, 1] {
+        // SAFETY: `extra` is the documented END-terminated list; the
+        // buffer and its size outlive the call; the rest is forwarded to
+        // the caller.
+        return ok(unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_mem,
+                s.0,
+                std::ptr::null_mut(),
+                extra_ptr,
+            )
+        });
+    }
+    // SAFETY: the value union holds plain integers only; all zeros is
+    // valid for each member.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: cluster[0],
+        y: cluster[1],
+        z: cluster[2],
+    };
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid[0],
+        gridDimY: grid[1],
+        gridDimZ: grid[2],
+        blockDimX: block[0],
+        blockDimY: block[1],
+        blockDimZ: block[2],
+        sharedMemBytes: shared_mem,
+        hStream: s.0,
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: as above; `config` and its one attribute outlive the call.
+    ok(unsafe { sys::cuLaunchKernelEx(&config, f, std::ptr::null_mut(), extra_ptr) })
 }
 
 /// A module image as the driver reads it from a bare pointer: PTX with

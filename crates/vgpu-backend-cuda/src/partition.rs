@@ -328,6 +328,18 @@ impl CudaPartition {
                 .at("raising a kernel's dynamic shared memory")?;
                 k.dynamic_shared = l.shared_mem;
             }
+            let blocks: u32 = l.cluster.iter().product();
+            if blocks > 8 && !k.non_portable_clusters {
+                // Clusters past the portable 8 blocks need the kernel's
+                // consent (cudaFuncSetAttribute in the guest).
+                driver::set_function_attribute(
+                    k.f,
+                    driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+                .at("allowing non-portable cluster sizes")?;
+                k.non_portable_clusters = true;
+            }
             let f = k.f;
             dev.timed(entry, |s| {
                 // SAFETY: the parameter block has the size of the kernel's
@@ -337,7 +349,14 @@ impl CudaPartition {
                 // (set_guest_ptx), and an unmapped address faults the GPU
                 // context, not this process.
                 unsafe {
-                    driver::launch_packed(f, l.grid, l.block, l.shared_mem, &s.res.stream, l.params)
+                    driver::launch_packed(
+                        f,
+                        [l.grid, l.block],
+                        l.cluster,
+                        l.shared_mem,
+                        &s.res.stream,
+                        l.params,
+                    )
                 }
                 .map_err(|e| Fail::Refused(format!("launching {entry}"), e))
             })

@@ -71,6 +71,7 @@ fn launch_module(
     params: &[u8],
 ) -> Result<(), OpError> {
     p.launch(&Launch {
+        cluster: [1, 1, 1],
         module,
         entry,
         grid: [grid, 1, 1],

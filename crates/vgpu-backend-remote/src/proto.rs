@@ -47,7 +47,7 @@ use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError};
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
@@ -611,7 +611,11 @@ impl Request<'_> {
                 for v in l.grid.iter().chain(&l.block) {
                     w.u32(*v);
                 }
-                w.u32(l.shared_mem).text(l.entry, MAX_ENTRY).blob(l.params);
+                w.u32(l.shared_mem);
+                for v in &l.cluster {
+                    w.u32(*v);
+                }
+                w.text(l.entry, MAX_ENTRY).blob(l.params);
             }
         }
         w.0
@@ -711,9 +715,11 @@ impl Request<'_> {
                     *d = r.u32()?;
                 }
                 let shared_mem = r.u32()?;
+                let cluster = [r.u32()?, r.u32()?, r.u32()?];
                 let entry = r.text(MAX_ENTRY)?;
                 let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
                 Request::Launch(Launch {
+                    cluster,
                     module,
                     entry,
                     grid: [dims[0], dims[1], dims[2]],
@@ -1101,6 +1107,7 @@ mod tests {
                 grid: [1, 2, 3],
                 block: [4, 5, 6],
                 shared_mem: 128,
+                cluster: [2, 1, 1],
                 params: &params,
             }),
             Request::Reset,
@@ -1158,7 +1165,7 @@ mod tests {
         // A launch whose parameter block claims more than the ABI allows.
         let mut w = Writer::default();
         w.u64(0);
-        for _ in 0..7 {
+        for _ in 0..10 {
             w.u32(1);
         }
         w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE + 1);

@@ -160,6 +160,7 @@ pub fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
 /// Launches built-in `entry` with `params` on one block of 64 threads.
 pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
     p.launch(&Launch {
+        cluster: [1, 1, 1],
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -172,6 +173,7 @@ pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> R
 /// A launch of built-in `entry` with `params` on one thread.
 pub fn builtin_launch<'a>(entry: &'a str, params: &'a [u8]) -> Launch<'a> {
     Launch {
+        cluster: [1, 1, 1],
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -456,6 +458,7 @@ pub fn launch_validation(make: Make<'_>) {
     let base = builtin_launch("fill_u32", fill.as_slice());
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             module: 5,
             ..base.clone()
         }),
@@ -463,6 +466,7 @@ pub fn launch_validation(make: Make<'_>) {
     ));
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             entry: "nope",
             ..base.clone()
         }),
@@ -470,6 +474,7 @@ pub fn launch_validation(make: Make<'_>) {
     ));
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             grid: [1, 0, 1],
             ..base.clone()
         }),
@@ -477,6 +482,7 @@ pub fn launch_validation(make: Make<'_>) {
     ));
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             block: [0, 1, 1],
             ..base.clone()
         }),
@@ -485,6 +491,7 @@ pub fn launch_validation(make: Make<'_>) {
     let long = [fill.as_slice(), &[0]].concat();
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             params: &long,
             ..base.clone()
         }),
@@ -492,6 +499,7 @@ pub fn launch_validation(make: Make<'_>) {
     ));
     assert!(matches!(
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             params: &fill.as_slice()[1..],
             ..base.clone()
         }),
@@ -503,6 +511,7 @@ pub fn launch_validation(make: Make<'_>) {
         assert!(
             matches!(
                 p.launch(&Launch {
+                    cluster: [1, 1, 1],
                     entry,
                     params: &[0; 3],
                     ..base.clone()
@@ -1044,6 +1053,7 @@ pub fn launch_loaded_shared(
     params: &Params,
 ) -> Result<(), OpError> {
     p.launch(&Launch {
+        cluster: [1, 1, 1],
         module,
         entry,
         grid,

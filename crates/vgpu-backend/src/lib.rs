@@ -208,6 +208,9 @@ pub struct Launch<'a> {
     pub block: [u32; 3],
     /// Dynamic shared memory, bytes.
     pub shared_mem: u32,
+    /// Blocks per thread block cluster in each dimension ([1, 1, 1]: no
+    /// clusters); they divide the grid's.
+    pub cluster: [u32; 3],
     /// Parameter block.
     pub params: &'a [u8],
 }

@@ -492,6 +492,12 @@ pub fn plan_builtin_launch<T>(
     allocs: &Allocations<T>,
     floats: FloatOperands,
 ) -> Result<Builtin, OpError> {
+    if launch.cluster != [1, 1, 1] {
+        return Err(OpError::Invalid(format!(
+            "{}: the built-in kernels run without clusters",
+            launch.entry
+        )));
+    }
     plan_builtin(
         launch.entry,
         launch.grid,

@@ -7,6 +7,7 @@ use std::ffi::c_void;
 
 /// `CUresult`.
 pub type CUresult = u32;
+pub const ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
 /// `CUdevice`: an ordinal.
 pub type CUdevice = i32;
 /// `CUdeviceptr`.
@@ -208,6 +209,7 @@ pub const ATTR_HOST_NUMA_ID: i32 = 134;
 pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
 /// One past the last attribute CUDA 13.0 defines.
 pub const ATTR_END: i32 = 148;
+pub const ATTR_CLUSTER_LAUNCH: i32 = 120;
 
 // CUfunction_attribute.
 pub const FUNC_MAX_THREADS_PER_BLOCK: i32 = 0;

@@ -521,7 +521,7 @@ impl Driver {
     }
 
     /// Launches `func` with its parameters packed as its layout says.
-    pub fn launch(&self, func: usize, dims: Dims, params: &[u8]) -> CuResult {
+    pub fn launch(&self, func: usize, dims: Dims, cluster: [u32; 3], params: &[u8]) -> CuResult {
         let (function, device) = {
             let o = self.objects();
             let f = o.funcs.get(&func).ok_or(cu::ERROR_INVALID_HANDLE)?;
@@ -536,7 +536,7 @@ impl Driver {
         };
         let gpu = self.gpu(device)?;
         let mut batch = Batch::new();
-        batch.launch_function(&function, dims, params);
+        batch.launch_function_in_clusters(&function, dims, cluster, params);
         gpu.submit(batch, None)
     }
 }

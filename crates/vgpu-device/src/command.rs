@@ -372,21 +372,38 @@ fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
         && threads <= 1024
 }
 
+/// Checks a cluster shape: at most [`abi::MAX_CLUSTER_BLOCKS`] blocks,
+/// each dimension dividing the grid's.
+fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
+    let blocks = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
+    blocks <= u64::from(abi::MAX_CLUSTER_BLOCKS)
+        && grid
+            .iter()
+            .zip(cluster)
+            .all(|(&g, c)| c > 0 && g.is_multiple_of(c))
+}
+
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
     let by_handle = match cmd.hdr.flags {
         0 => false,
         abi::LAUNCH_FLAG_FUNCTION => true,
         _ => return Err(abi::STATUS_INVALID),
     };
-    let entry = if by_handle {
-        let handle = abi::parse_entry_function(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
-        ctx.functions
+    let (entry, cluster) = if by_handle {
+        let (handle, cluster) = abi::parse_entry_function(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
+        let entry = ctx
+            .functions
             .entry(cmd.module, handle)
-            .ok_or(abi::STATUS_NOT_FOUND)?
+            .ok_or(abi::STATUS_NOT_FOUND)?;
+        (entry, cluster)
     } else {
-        abi::parse_entry_name(&cmd.entry).ok_or(abi::STATUS_INVALID)?
+        let entry = abi::parse_entry_name(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
+        (entry, [1, 1, 1])
     };
-    if !valid_shape(cmd.grid, cmd.block) || cmd.params_size > abi::MAX_PARAMS_SIZE {
+    if !valid_shape(cmd.grid, cmd.block)
+        || !valid_cluster(cmd.grid, cluster)
+        || cmd.params_size > abi::MAX_PARAMS_SIZE
+    {
         return Err(abi::STATUS_INVALID);
     }
     let params = read_bytes(
@@ -396,6 +413,7 @@ fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64
     )?;
     ctx.partition
         .launch(&Launch {
+            cluster,
             module: cmd.module,
             entry,
             grid: cmd.grid,
@@ -582,6 +600,16 @@ mod tests {
         assert!(!valid_shape([1, 1, 1], [1024, 2, 1]));
         assert!(!valid_shape([1, 65536, 1], [1, 1, 1]));
         assert!(!valid_shape([u32::MAX, 1, 1], [1, 1, 1]));
+    }
+
+    #[test]
+    fn test_cluster_shape_limits() {
+        assert!(valid_cluster([8, 2, 1], [1, 1, 1]));
+        assert!(valid_cluster([8, 2, 1], [4, 2, 1]));
+        assert!(valid_cluster([16, 1, 1], [16, 1, 1]));
+        assert!(!valid_cluster([32, 1, 1], [32, 1, 1]));
+        assert!(!valid_cluster([6, 1, 1], [4, 1, 1]));
+        assert!(!valid_cluster([8, 8, 1], [4, 4, 2]));
     }
 
     #[test]

@@ -642,7 +642,7 @@ fn test_func_info_describes_and_launches_by_handle() {
     let mut launch = launch_cmd("", [n.div_ceil(128), 1, 1], [128, 1, 1], 28);
     launch.module = module;
     launch.hdr.flags = abi::LAUNCH_FLAG_FUNCTION;
-    launch.entry = abi::entry_function(handle);
+    launch.entry = abi::entry_function(handle, [0; 3]);
     assert_status(g.launch_raw(0, &launch, &p.0), abi::STATUS_OK);
     let c_out = bytes_to_f32s(&g.download(0, dc, bytes as usize));
     assert!(c_out.iter().enumerate().all(|(i, &x)| x == 2.0 * a[i]));
@@ -652,11 +652,21 @@ fn test_func_info_describes_and_launches_by_handle() {
     other.module = abi::MODULE_BUILTIN;
     assert_status(g.launch_raw(0, &other, &p.0), abi::STATUS_NOT_FOUND);
     let mut unknown = launch;
-    unknown.entry = abi::entry_function(handle + 100);
+    unknown.entry = abi::entry_function(handle + 100, [0; 3]);
     assert_status(g.launch_raw(0, &unknown, &p.0), abi::STATUS_NOT_FOUND);
     let mut flag = launch;
     flag.hdr.flags = 2;
     assert_status(g.launch_raw(0, &flag, &p.0), abi::STATUS_INVALID);
+    // Clusters: the grid must divide into them, 16 blocks at most; the
+    // software backend runs blocks alone.
+    let mut clustered = launch;
+    clustered.entry = abi::entry_function(handle, [3, 1, 1]);
+    assert_status(g.launch_raw(0, &clustered, &p.0), abi::STATUS_INVALID);
+    clustered.grid = [32, 1, 1];
+    clustered.entry = abi::entry_function(handle, [32, 1, 1]);
+    assert_status(g.launch_raw(0, &clustered, &p.0), abi::STATUS_INVALID);
+    clustered.entry = abi::entry_function(handle, [2, 1, 1]);
+    assert_status(g.launch_raw(0, &clustered, &p.0), abi::STATUS_UNSUPPORTED);
 
     // Malformed lookups.
     assert_status(

@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use vgpu_abi::ByteValued;
 
-use crate::device::{
-    launch_cmd, launch_function_cmd, BuiltinKernel, Dims, Function, Inner, Module,
-};
+use crate::device::{launch_cluster_cmd, launch_cmd, BuiltinKernel, Dims, Function, Inner, Module};
 use crate::error::{Error, Result};
 use crate::sys::{self, VgpuCmd};
 use crate::Buffer;
@@ -308,8 +306,19 @@ impl Batch {
 
     /// Runs `f` (from [`Device::function`](crate::Device::function)).
     pub fn launch_function(&mut self, f: &Function, dims: Dims, params: &[u8]) -> &mut Self {
+        self.launch_function_in_clusters(f, dims, [1, 1, 1], params)
+    }
+
+    /// Runs `f` in thread block clusters of `cluster` blocks.
+    pub fn launch_function_in_clusters(
+        &mut self,
+        f: &Function,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> &mut Self {
         let kept: Box<[u8]> = params.into();
-        let cmd = match launch_function_cmd(f, dims, &kept) {
+        let cmd = match launch_cluster_cmd(f, dims, cluster, &kept) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };

@@ -814,7 +814,18 @@ pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) ->
 
 /// A LAUNCH command of a function handle.
 pub(crate) fn launch_function_cmd(f: &Function, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
-    let mut cmd = launch_entry_cmd(f.module, abi::entry_function(f.handle), dims, params)?;
+    launch_cluster_cmd(f, dims, [1, 1, 1], params)
+}
+
+/// A LAUNCH command of a function handle in clusters of `cluster` blocks.
+pub(crate) fn launch_cluster_cmd(
+    f: &Function,
+    dims: Dims,
+    cluster: [u32; 3],
+    params: &[u8],
+) -> Result<VgpuCmd> {
+    let entry = abi::entry_function(f.handle, cluster);
+    let mut cmd = launch_entry_cmd(f.module, entry, dims, params)?;
     cmd.flags = sys::CMD_LAUNCH_FUNCTION;
     Ok(cmd)
 }

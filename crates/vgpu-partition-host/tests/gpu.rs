@@ -169,6 +169,7 @@ impl Sgemm {
         p.fill(self.c, 4 * (self.n * self.n) as u64, 0)
             .map_err(|e| e.to_string())?;
         p.launch(&Launch {
+            cluster: [1, 1, 1],
             module: abi::MODULE_BUILTIN,
             entry: "sgemm_f32",
             grid: [1, 1, 1],
@@ -197,6 +198,7 @@ fn poke(p: &mut dyn Partition, module: u64, addr: u64, v: u32) -> Result<(), OpE
     let mut params = addr.to_le_bytes().to_vec();
     params.extend_from_slice(&v.to_le_bytes());
     p.launch(&Launch {
+        cluster: [1, 1, 1],
         module,
         entry: "poke",
         grid: [1, 1, 1],

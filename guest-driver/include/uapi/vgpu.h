@@ -224,8 +224,9 @@ struct vgpu_func_info_args {
  * @params_size: bytes at @params, 0..VGPU_MAX_PARAMS_BYTES
  * @params: user pointer to the parameter block
  * @entry: NUL-terminated entry point; with VGPU_CMD_LAUNCH_FUNCTION, a
- *	function handle from VGPU_CMD_FUNC_INFO of @module in its first 8
- *	bytes (little-endian), the rest zero
+ *	function handle from VGPU_CMD_FUNC_INFO of @module (8 bytes), the
+ *	blocks per thread block cluster in x, y and z (3 x __u32; zeros: no
+ *	clusters), the rest zero; all little-endian
  */
 struct vgpu_launch_args {
 	__u64 module;

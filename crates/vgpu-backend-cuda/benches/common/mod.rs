@@ -96,6 +96,7 @@ pub fn cuda_backend() -> Option<CudaBackend> {
 /// empty kernel on one thread.
 pub fn nop(module: u64) -> Launch<'static> {
     Launch {
+        cluster: [1, 1, 1],
         module,
         entry: "nop",
         grid: [1, 1, 1],

@@ -488,6 +488,12 @@ impl Partition for SoftwarePartition {
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        if launch.cluster != [1, 1, 1] {
+            return Err(OpError::Unsupported(format!(
+                "{}: thread block clusters of {:?}: the PTX executor runs blocks alone",
+                launch.entry, launch.cluster
+            )));
+        }
         if launch.module != abi::MODULE_BUILTIN {
             let module = self
                 .modules

@@ -58,6 +58,7 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_GLOBAL_L1_CACHE_SUPPORTED | cu::ATTR_LOCAL_L1_CACHE_SUPPORTED => 1,
         cu::ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
         cu::ATTR_COMPUTE_PREEMPTION_SUPPORTED => 1,
+        cu::ATTR_CLUSTER_LAUNCH => 1,
         cu::ATTR_NUMA_ID | cu::ATTR_HOST_NUMA_ID => -1,
         a if (1..cu::ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),

@@ -319,10 +319,9 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                     }
                 }
             }
-            // Hints the device may ignore, kept so that reading them back
-            // gives what was set: the shared memory carveout, and the
-            // cluster settings of kernels that are never launched in
-            // clusters here (the device reports no cluster launch).
+            // Kept so that reading them back gives what was set: the
+            // shared memory carveout (a hint), and the cluster settings
+            // (the host's driver is told when a launch needs them).
             cu::FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT
             | cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             | cu::FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
@@ -497,6 +496,28 @@ fn check_shape(d: &Dims, params: usize) -> CuResult {
     }
 }
 
+/// Queues a launch of `f` in clusters of `cluster` blocks ([1, 1, 1]:
+/// none) on `stream`.
+///
+/// # Safety
+/// `params` and `extra` as `cuLaunchKernel` takes them.
+unsafe fn launch(
+    f: Handle,
+    dims: Dims,
+    cluster: [u32; 3],
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult {
+    let d = driver()?;
+    // The stream must be valid; its work runs in order anyway.
+    d.stream_gpu(stream as usize)?;
+    // SAFETY: the caller's parameter pointers.
+    let block = unsafe { param_block(d, f as usize, params, extra) }?;
+    check_shape(&dims, block.len())?;
+    d.launch(f as usize, dims, cluster, &block)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
     f: Handle,
@@ -511,24 +532,17 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| {
-        let d = driver()?;
-        // The stream must be valid; its work runs in order anyway.
-        d.stream_gpu(stream as usize)?;
-        // SAFETY: the caller's parameter pointers.
-        let block = unsafe { param_block(d, f as usize, params, extra) }?;
-        let dims = Dims {
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shared_mem: shared,
-        };
-        check_shape(&dims, block.len())?;
-        d.launch(f as usize, dims, &block)
-    })
+    let dims = Dims {
+        grid: [gx, gy, gz],
+        block: [bx, by, bz],
+        shared_mem: shared,
+    };
+    // SAFETY: the caller's parameter pointers.
+    entry(|| unsafe { launch(f, dims, [1, 1, 1], stream, params, extra) })
 }
 
-/// `cuLaunchKernelEx` without launch attributes (clusters, cooperative
-/// launches, priorities) that the device cannot honour.
+/// `cuLaunchKernelEx`: thread block clusters, and attributes the device
+/// honours by ignoring them.
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernelEx(
     config: *const cu::CUlaunchConfig,
@@ -544,33 +558,13 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         let c = unsafe { &*config };
         // SAFETY: as above: its attribute array.
         let cluster = unsafe { cluster_of(c) }?;
-        if cluster != [1, 1, 1] {
-            log(&format!(
-                "cuLaunchKernelEx: clusters of {cluster:?} blocks are not supported"
-            ));
-            return Err(cu::ERROR_NOT_SUPPORTED);
-        }
-        // SAFETY: forwarded arguments.
-        let r = unsafe {
-            cuLaunchKernel(
-                f,
-                c.grid_dim_x,
-                c.grid_dim_y,
-                c.grid_dim_z,
-                c.block_dim_x,
-                c.block_dim_y,
-                c.block_dim_z,
-                c.shared_mem_bytes,
-                c.h_stream,
-                params,
-                extra,
-            )
+        let dims = Dims {
+            grid: [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
+            block: [c.block_dim_x, c.block_dim_y, c.block_dim_z],
+            shared_mem: c.shared_mem_bytes,
         };
-        if r == cu::SUCCESS {
-            Ok(())
-        } else {
-            Err(r)
-        }
+        // SAFETY: forwarded arguments.
+        unsafe { launch(f, dims, cluster, c.h_stream, params, extra) }
     })
 }
 
@@ -612,9 +606,21 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
     Ok(cluster)
 }
 
-/// Clusters of `f` that can be resident at once for a launch of `config`:
-/// blocks alone (clusters of one) fill every SM; the device launches no
-/// larger clusters, so none of those fit.
+/// The most blocks one cluster of `f` may have: Hopper's portable 8, or
+/// 16 where the kernel allowed non-portable sizes.
+fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
+    let o = d.objects();
+    let func = o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let non_portable = func
+        .hints
+        .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
+        .is_some_and(|&v| v != 0);
+    Ok(if non_portable { 16 } else { 8 })
+}
+
+/// Clusters of `f` that can be resident at once for a launch of
+/// `config`: the SMs' room for its blocks, in whole clusters (an upper
+/// bound of what the GPU's SM groups allow).
 #[no_mangle]
 pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     n: *mut i32,
@@ -630,22 +636,21 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         // SAFETY: as above.
         let cluster = unsafe { cluster_of(c) }?;
         let d = driver()?;
-        let v = if cluster == [1, 1, 1] {
-            let (_, g) = d.current_gpu()?;
-            let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
-            let block =
-                (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
-                    .min(1 << 20) as i32;
-            occupancy(d, f as usize, block, c.shared_mem_bytes as usize)? * sms
-        } else {
-            0
-        };
+        let size = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
+        if size > u64::from(max_cluster_blocks(d, f as usize)?) {
+            return Err(cu::ERROR_INVALID_CLUSTER_SIZE);
+        }
+        let (_, g) = d.current_gpu()?;
+        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let block = (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
+            .min(1 << 20) as i32;
+        let v = occupancy(d, f as usize, block, c.shared_mem_bytes as usize)? * sms / size as i32;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(n, v) }
     })
 }
 
-/// The device launches clusters of one block only.
+/// The largest cluster `f` may be launched in.
 #[no_mangle]
 pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
     size: *mut i32,
@@ -653,13 +658,9 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialClusterSize(
     _config: *const cu::CUlaunchConfig,
 ) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .funcs
-            .get(&(f as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let v = max_cluster_blocks(driver()?, f as usize)?;
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(size, 1) }
+        unsafe { ffi::put(size, v as i32) }
     })
 }
 
