@@ -24,6 +24,7 @@
 #   vgpu.host_run=a,b:ARG,c         host-cuda: programs in it to run, in order
 #                                   (':' separates a program's arguments)
 #   vgpu.cuda_log=1                 libcuda.so.1 says what it refuses (VGPU_CUDA_LOG)
+#   vgpu.host_env=K=V,K=V           host-cuda: more environment for the programs
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
 #   vgpu.expect_cu=N                expected compute units
@@ -101,6 +102,7 @@ expect_mem=""
 cuda_bench=200
 host_dir=""
 host_run=""
+host_env=""
 magic=0x5a17c0de
 hold=0
 isolation_bytes=""
@@ -118,6 +120,7 @@ for word in $(cat /proc/cmdline); do
     vgpu.cuda_bench=*) cuda_bench=$value ;;
     vgpu.host_dir=*) host_dir=$value ;;
     vgpu.host_run=*) host_run=$value ;;
+    vgpu.host_env=*) host_env=$(echo "$value" | tr ',' ' ') ;;
     vgpu.cuda_log=*) export VGPU_CUDA_LOG="$value" ;;
     vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
     vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
@@ -213,8 +216,8 @@ cuda_exec=""
 cuda_run() {
     label=$1
     shift
-    # shellcheck disable=SC2086  # cuda_exec is a command prefix
-    $cuda_exec env LD_LIBRARY_PATH=$cuda_lib "$@" >/tmp/cuda.out 2>&1
+    # shellcheck disable=SC2086  # cuda_exec is a command prefix, host_env words
+    $cuda_exec env LD_LIBRARY_PATH=$cuda_lib $host_env "$@" >/tmp/cuda.out 2>&1
     rc=$?
     sed 's/^/  /' /tmp/cuda.out
     said=0
