@@ -7,7 +7,6 @@ use std::ffi::c_void;
 
 /// `CUresult`.
 pub type CUresult = u32;
-pub const ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
 /// `CUdevice`: an ordinal.
 pub type CUdevice = i32;
 /// `CUdeviceptr`.

@@ -53,7 +53,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         }
         if f.is_null() {
             state::log(&format!(
-                "cuGetProcAddress: no {name} for version {version}"
+                "cuGetProcAddress: no {name:?} for version {version}"
             ));
             Err(cu::ERROR_NOT_FOUND)
         } else {

@@ -638,7 +638,9 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let d = driver()?;
         let size = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
         if size > u64::from(max_cluster_blocks(d, f as usize)?) {
-            return Err(cu::ERROR_INVALID_CLUSTER_SIZE);
+            // Libraries probe sizes upwards until none fits.
+            // SAFETY: the caller's out-parameter.
+            return unsafe { ffi::put(n, 0) };
         }
         let (_, g) = d.current_gpu()?;
         let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
