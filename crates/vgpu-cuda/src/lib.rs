@@ -32,3 +32,4 @@ pub mod inflight;
 pub mod md2;
 pub mod procs;
 pub mod state;
+pub mod symbols;

@@ -56,7 +56,7 @@ pub fn lookup(name: &str, version: i32) -> Lookup {
 }
 
 /// What an unimplemented entry point does.
-fn unsupported(name: &'static str) -> CUresult {
+pub(crate) fn unsupported(name: &'static str) -> CUresult {
     match crate::state::driver() {
         Ok(d) => d.not_supported(name),
         Err(_) => cu::ERROR_NOT_SUPPORTED,
