@@ -327,6 +327,8 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_histogram(&make);
     conformance::module_matmul(&make);
     conformance::module_launch_errors_and_unload(&make);
+    conformance::module_function_info(&make);
+    conformance::module_global(&make);
 }
 
 /// nvcc's corpus leaves the same bytes on the GPU as on the software
@@ -754,7 +756,7 @@ fn ptx_module_load_and_launch() {
     launch_module(&mut p, m, "scale_u32", 1, 32, &params).unwrap();
 
     assert!(matches!(
-        p.module_load(2, &image),
+        p.module_load(77, &image),
         Err(OpError::Unsupported(_))
     ));
     assert!(matches!(
@@ -1007,7 +1009,8 @@ fn fault_child(mode: Mode) {
     // A wild address.
     let r = launch_module(&mut pa, m, "poke", 1, 1, &poke_params(0x1000, 1));
     println!("probe: {mode:?}: a loaded kernel writing a wild address: {r:?}");
-    assert!(matches!(r, Err(OpError::Device(_))), "{r:?}");
+    // Its own fault: the partition lost its state (the device resets it).
+    assert!(matches!(r, Err(OpError::Lost(_))), "{r:?}");
     assert!(pa.lost().is_some());
     assert!(vgpu_backend_cuda::cuda_lost().is_some());
     // Every partition of the process fails from now on, cleanly.
@@ -1015,7 +1018,8 @@ fn fault_child(mode: Mode) {
     let rb = pb.download(theirs, &sink);
     println!("probe: {mode:?}: the bystander's next download: {rb:?}");
     assert!(matches!(rb, Err(OpError::Device(_))), "{rb:?}");
-    assert!(matches!(pa.alloc(16, 0), Err(OpError::Device(_))));
+    let ra = pa.alloc(16, 0);
+    assert!(matches!(ra, Err(OpError::Lost(_))), "{ra:?}");
     pa.reset();
     println!(
         "probe: {mode:?}: the faulty partition after reset: {:?}",
