@@ -306,7 +306,7 @@ impl Driver {
                     gpus.push(Gpu {
                         dev: Arc::new(dev),
                         name: format!("vgpud vGPU {n}"),
-                        uuid: uuid_of(&info),
+                        uuid: info.uuid(),
                         info,
                         primary,
                         inflight: Mutex::new(Inflight::default()),
@@ -560,20 +560,6 @@ fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
         }
     };
     Ok((format, ptx))
-}
-
-/// A stable UUID for a vGPU function, from what identifies it: its PCI
-/// location and identity.
-fn uuid_of(info: &sys::VgpuInfo) -> [u8; 16] {
-    let mut u = [0u8; 16];
-    u[..4].copy_from_slice(b"VGPU");
-    u[4..8].copy_from_slice(&info.pci_domain.to_le_bytes());
-    u[8] = info.pci_bus;
-    u[9] = info.pci_devfn;
-    u[10..12].copy_from_slice(&info.vendor_id.to_le_bytes());
-    u[12..14].copy_from_slice(&info.device_id.to_le_bytes());
-    u[14..16].copy_from_slice(&info.subsystem_id.to_le_bytes());
-    u
 }
 
 #[cfg(test)]

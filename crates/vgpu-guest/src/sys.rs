@@ -166,6 +166,21 @@ impl VgpuInfo {
     pub fn polled(&self) -> bool {
         self.flags & INFO_POLLED != 0
     }
+
+    /// A stable UUID for the function, from what identifies it: its PCI
+    /// location and identity. CUDA (`cuDeviceGetUuid`) and NVML
+    /// (`nvmlDeviceGetUUID`) report these same bytes.
+    pub fn uuid(&self) -> [u8; 16] {
+        let mut u = [0u8; 16];
+        u[..4].copy_from_slice(b"VGPU");
+        u[4..8].copy_from_slice(&self.pci_domain.to_le_bytes());
+        u[8] = self.pci_bus;
+        u[9] = self.pci_devfn;
+        u[10..12].copy_from_slice(&self.vendor_id.to_le_bytes());
+        u[12..14].copy_from_slice(&self.device_id.to_le_bytes());
+        u[14..16].copy_from_slice(&self.subsystem_id.to_le_bytes());
+        u
+    }
 }
 
 uapi_struct!(
@@ -508,6 +523,26 @@ mod tests {
     use std::collections::BTreeMap;
     use std::path::PathBuf;
     use std::process::Command;
+
+    #[test]
+    fn the_uuid_is_the_functions_pci_identity() {
+        let info = VgpuInfo {
+            pci_domain: 0x0001_0002,
+            pci_bus: 0x03,
+            pci_devfn: 0x20,
+            vendor_id: 0x1af4,
+            device_id: 0x10f0,
+            subsystem_id: 0x0007,
+            ..Default::default()
+        };
+        assert_eq!(
+            info.uuid(),
+            [
+                b'V', b'G', b'P', b'U', 0x02, 0x00, 0x01, 0x00, 0x03, 0x20, 0xf4, 0x1a, 0xf0, 0x10,
+                0x07, 0x00
+            ]
+        );
+    }
 
     fn uapi_include_dir() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../guest-driver/include")
