@@ -6,7 +6,9 @@
 # installs, runs and purges it (ci/package.sh --test), builds QEMU with the
 # vfio-user client, fetches the guest kernel, boots a guest against
 # vgpud's test device, then runs the guest driver and test suite in two
-# guests at once, an isolation pair and a guest behind a guest IOMMU. Downloads and builds are cached in
+# guests at once, an isolation pair and a guest behind a guest IOMMU, and
+# last installs the guest package in a Debian guest (DKMS, udev, NVML;
+# ci/vm-guest-package.sh). Downloads and builds are cached in
 # ${VGPUD_CACHE:-/var/cache/vgpud}, so later runs skip them.
 #
 # usage: ci/test.sh [--no-vm]
@@ -30,7 +32,7 @@ mkdir -p "$LOG_DIR"
 
 steps=(setup-host toolchain fmt shellcheck clippy cargo-test fuzz package)
 if [[ $with_vm == 1 ]]; then
-    steps+=(build-qemu fetch-kernel vm-test vm-gpu-test)
+    steps+=(build-qemu fetch-kernel vm-test vm-gpu-test vm-guest-package)
 fi
 
 # --- the steps ---------------------------------------------------------------------
@@ -58,7 +60,8 @@ step_fmt() {
 }
 
 step_shellcheck() {
-    shellcheck -x ci/*.sh .ci/run tests/vm/*.sh tests/cuda/*.sh tests/cuda/libs/*.sh
+    shellcheck -x ci/*.sh .ci/run tests/vm/*.sh tests/cuda/*.sh tests/cuda/libs/*.sh \
+        resources/guest/debian/post* resources/guest/debian/prerm
 }
 
 step_clippy() {
@@ -140,6 +143,22 @@ step_vm_gpu_test() {
     gpu_vm_failed=${gpu_vm_failed:-0}
     vm_passed=$((vm_passed + gpu_vm_passed))
     vm_failed=$((vm_failed + gpu_vm_failed))
+    return "$rc"
+}
+
+guest_pkg_passed=0
+guest_pkg_failed=0
+step_vm_guest_package() {
+    local rc=0
+    bash ci/vm-guest-package.sh | tee "$LOG_DIR/vm-guest-package.out" || rc=$?
+    read -r guest_pkg_passed guest_pkg_failed < <(
+        sed -n 's/^guest-package: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' \
+            "$LOG_DIR/vm-guest-package.out" | tail -n1
+    )
+    guest_pkg_passed=${guest_pkg_passed:-0}
+    guest_pkg_failed=${guest_pkg_failed:-0}
+    vm_passed=$((vm_passed + guest_pkg_passed))
+    vm_failed=$((vm_failed + guest_pkg_failed))
     return "$rc"
 }
 
