@@ -705,6 +705,15 @@ mod tests {
     }
 
     #[test]
+    fn versions_and_capability_are_libcuda_s() {
+        assert_eq!(CUDA_DRIVER_VERSION, cuda::cu::DRIVER_VERSION);
+        assert_eq!(
+            CC,
+            (cuda::api::device::CC_MAJOR, cuda::api::device::CC_MINOR)
+        );
+    }
+
+    #[test]
     fn error_strings_are_static_c_strings() {
         // SAFETY: nvmlErrorString returns NUL-terminated static strings.
         let s = unsafe { std::ffi::CStr::from_ptr(nvmlErrorString(ERROR_NOT_SUPPORTED)) };
