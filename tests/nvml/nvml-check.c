@@ -6,10 +6,13 @@
  * exits 1 if any failed.
  *
  * usage: nvml-check COUNT MEMORY BUS_ID [LIBDIR]
+ *        nvml-check no-access
  *   COUNT    the number of vGPUs the guest has
  *   MEMORY   the first vGPU's memory quota, bytes
  *   BUS_ID   the first vGPU's PCI address as sysfs names it (0000:00:03.0)
  *   LIBDIR   where the library must come from (/usr/lib/vgpu)
+ * The second form is for a user who may not open the devices: NVML's
+ * initialisation must say so (NVML_ERROR_NO_PERMISSION).
  *
  * A child process allocates device memory through the CUDA driver
  * (libcuda.so.1, cuMemAlloc) so that NVML has memory in use and a
@@ -62,6 +65,7 @@ typedef struct {
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NO_PERMISSION 4
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | 2u << 24))
 
@@ -199,6 +203,19 @@ int main(int argc, char **argv)
 	char status;
 	pid_t child;
 
+	if (argc == 2 && !strcmp(argv[1], "no-access")) {
+		lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+		if (!lib) {
+			fail("no-access", "%s", dlerror());
+			return 1;
+		}
+		rc = NVML(nvmlInit_v2, void)();
+		if (rc == NVML_ERROR_NO_PERMISSION)
+			pass("no-access", "nvmlInit_v2 = %u outside the vgpu group", rc);
+		else
+			fail("no-access", "nvmlInit_v2 = %u outside the vgpu group", rc);
+		return failures ? 1 : 0;
+	}
 	if (argc < 4) {
 		fprintf(stderr, "usage: %s COUNT MEMORY BUS_ID [LIBDIR]\n", argv[0]);
 		return 2;
@@ -287,10 +304,15 @@ int main(int argc, char **argv)
 		fail("pci", "rc %u, \"%s\", sysfs %s", rc, rc ? "" : pci.busId, argv[3]);
 	other = NULL;
 	rc = NVML(nvmlDeviceGetHandleByPciBusId_v2, const char *, nvmlDevice_t *)(argv[3], &other);
+	if (!rc && other == dev) {
+		other = NULL;
+		rc = NVML(nvmlDeviceGetHandleByPciBusId_v2, const char *,
+			  nvmlDevice_t *)(pci.busId, &other);
+	}
 	if (!rc && other == dev)
-		pass("handle-by-pci", "%s", argv[3]);
+		pass("handle-by-pci", "%s and %s", argv[3], pci.busId);
 	else
-		fail("handle-by-pci", "rc %u for %s", rc, argv[3]);
+		fail("handle-by-pci", "rc %u for %s or %s", rc, argv[3], pci.busId);
 
 	rc = NVML(nvmlDeviceGetCudaComputeCapability, nvmlDevice_t, int *, int *)(dev, &major, &minor);
 	if (!rc && major == 9 && minor == 0)
