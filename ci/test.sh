@@ -188,12 +188,12 @@ for s in "${steps[@]}"; do
     rc=0
     "step_${s//-/_}" || rc=$?
     if [[ $rc -ne 0 ]]; then
-        timings+=("$(printf '%-13s FAILED after %s' "$s" "$(elapsed "$t")")")
+        timings+=("$(printf '%-16s FAILED after %s' "$s" "$(elapsed "$t")")")
         log "<== $s FAILED (exit $rc) after $(elapsed "$t")"
         summary 1
         exit 1
     fi
-    timings+=("$(printf '%-13s ok %s' "$s" "$(elapsed "$t")")")
+    timings+=("$(printf '%-16s ok %s' "$s" "$(elapsed "$t")")")
     log "<== $s ok ($(elapsed "$t"))"
 done
 summary 0
