@@ -56,7 +56,20 @@ if modprobe vgpu; then
 else
     fail modprobe "modprobe vgpu failed"
 fi
-udevadm trigger --action=add --subsystem-match=vgpu
+# Without it, udev loads the module for the PCI function by its alias
+# (no modules-load.d entry is needed).
+if modprobe -r vgpu; then
+    udevadm trigger --action=add --subsystem-match=pci
+    udevadm settle --timeout=60
+    if [ -d /sys/module/vgpu ]; then
+        pass autoload "udev loaded vgpu for the PCI function"
+    else
+        fail autoload "udev did not load vgpu for the PCI function"
+        modprobe vgpu
+    fi
+else
+    fail autoload "modprobe -r vgpu failed"
+fi
 udevadm settle --timeout=60
 
 i=0
