@@ -188,6 +188,15 @@ else
     check_fail "dkms-build: no vgpu.ko for $KERNEL_RELEASE under /lib/modules/$KERNEL_RELEASE/updates/dkms"
     cat "$TMP/dpkg-install.log" >&2
 fi
+# Configuring again (dpkg-reconfigure, or after installing headers) keeps
+# what is there.
+if run_logged "$TMP/postinst-again.log" chroot "$root" \
+    /var/lib/dpkg/info/vgpu-guest.postinst configure &&
+    [[ $(chroot "$root" dkms status -m vgpu -k "$KERNEL_RELEASE") == *installed* ]]; then
+    check_pass "postinst-again: configuring twice keeps the module installed"
+else
+    check_fail "postinst-again: a second configure failed or lost the module"
+fi
 # A member of the vgpu group runs the NVML checks.
 chroot "$root" useradd --create-home --groups vgpu vgpuci
 install -m 0755 "$TMP/nvml-check" "$root/usr/local/bin/nvml-check"
