@@ -273,6 +273,7 @@ if [ "$mode" = host-cuda ]; then
     pass 9p "the host's userland at /host, programs of $host_dir"
     cuda_exec="chroot /host"
     cuda_lib=/tmp/vgpu:/usr/local/cuda/lib64
+    host_env="$host_env VGPU_EXPECT_MEM=$expect_mem"
     for item in $(echo "$host_run" | tr ',' ' '); do
         prog=${item%%:*}
         args=""

@@ -12,8 +12,9 @@
 #                          +crt-static), stripped
 #   /usr/bin/vgpu-saxpy-c  crates/vgpu-guest/examples/c/saxpy.c linked
 #                          statically with libvgpu_guest.a (the C interface)
-#   /usr/lib/vgpu/libcuda.so.1
-#                          crates/vgpu-cuda, the guest's CUDA driver
+#   /usr/lib/vgpu/libcuda.so.1, /usr/lib/vgpu/libnvidia-ml.so.1
+#                          crates/vgpu-cuda and crates/vgpu-nvml, the
+#                          guest's CUDA driver and NVML
 #   /usr/libexec/vgpu-cuda-tests/*
 #                          tests/cuda/*.cu built by tests/cuda/build.sh
 #                          (nvcc, the static CUDA runtime), with the glibc
@@ -102,14 +103,18 @@ if [[ -n ${VGPU_CUDA_LIB:-} ]]; then
 else
     # A shared library cannot be built with +crt-static: its own target
     # folder keeps the static build above from being rebuilt.
-    log "cargo build --release -p vgpu-cuda (libcuda.so.1)"
+    log "cargo build --release -p vgpu-cuda -p vgpu-nvml (libcuda.so.1, libnvidia-ml.so.1)"
     cuda_target="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/guest-cuda"
-    CARGO_TARGET_DIR=$cuda_target cargo build --release -p vgpu-cuda --target "$TARGET"
+    CARGO_TARGET_DIR=$cuda_target cargo build --release -p vgpu-cuda -p vgpu-nvml --target "$TARGET"
     cudalib=$cuda_target/$TARGET/release/libcuda.so
+    nvmllib=$cuda_target/$TARGET/release/libnvidia_ml.so
 fi
 [[ -f $cudalib ]] || die "no $cudalib"
 mkdir -p "$stage/root/usr/lib/vgpu" "$stage/root/usr/libexec/vgpu-cuda-tests"
 strip -o "$stage/root/usr/lib/vgpu/libcuda.so.1" "$cudalib"
+if [[ -f ${nvmllib:-} ]]; then
+    strip -o "$stage/root/usr/lib/vgpu/libnvidia-ml.so.1" "$nvmllib"
+fi
 if [[ -n ${VGPU_CUDA_TESTS:-} ]]; then
     cp -a "$VGPU_CUDA_TESTS/." "$stage/root/usr/libexec/vgpu-cuda-tests/"
 else

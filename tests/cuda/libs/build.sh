@@ -25,3 +25,4 @@ build() {
 }
 build cublas_gemm -lcublas
 build cufft -lcufft
+install -m 0755 "$here/nvidia-smi-check.sh" "$out/"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# NVIDIA's own nvidia-smi, through the guest's libnvidia-ml.so.1 (first
+# in LD_LIBRARY_PATH): it must list one GPU, the vGPU, by its name, with
+# the vGPU's quota as its memory (VGPU_EXPECT_MEM bytes, when set).
+# Prints PASS/FAIL lines as the CUDA programs do.
+set -uo pipefail
+smi=${NVIDIA_SMI:-nvidia-smi}
+if ! out=$("$smi" --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits 2>&1); then
+    echo "FAIL nvidia-smi: $smi exited with $?: $out"
+    exit 1
+fi
+echo "  $out"
+IFS=, read -r name total used <<<"$(head -n 1 <<<"$out")"
+total=${total// /}
+used=${used// /}
+if [[ $name != "vgpud vGPU"* ]]; then
+    echo "FAIL nvidia-smi-name: '$name' is not a vGPU"
+    exit 1
+fi
+if [[ -n ${VGPU_EXPECT_MEM:-} && $total != "$((VGPU_EXPECT_MEM >> 20))" ]]; then
+    echo "FAIL nvidia-smi-memory: $total MiB, the quota is $((VGPU_EXPECT_MEM >> 20)) MiB"
+    exit 1
+fi
+echo "PASS nvidia-smi $name, $total MiB total, $used MiB used"
+"$smi" 2>&1 | sed 's/^/  /'
