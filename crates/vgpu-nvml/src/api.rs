@@ -27,6 +27,22 @@ pub const CC: (c_int, c_int) = (9, 0);
 pub const DRIVER_VERSION: &str = concat!("580.0.0+vgpud.", env!("CARGO_PKG_VERSION"));
 /// NVML's version: the CUDA major version, then the driver's.
 pub const NVML_VERSION: &str = "13.580.0";
+/// Overrides the driver version reported: NVIDIA's `nvidia-smi` runs only
+/// beside the NVML of its own driver release, so a guest image that
+/// ships it names that release (e.g. `580.159.04`) here.
+pub const DRIVER_VERSION_ENV: &str = "VGPU_NVML_DRIVER_VERSION";
+
+/// The driver and NVML versions reported: [`DRIVER_VERSION_ENV`]'s
+/// release if set (printable ASCII, 32 bytes at most), else ours.
+fn versions() -> (String, String) {
+    match std::env::var(DRIVER_VERSION_ENV) {
+        Ok(v) if !v.is_empty() && v.len() <= 32 && v.bytes().all(|b| b.is_ascii_graphic()) => {
+            let nvml = format!("13.{v}");
+            (v, nvml)
+        }
+        _ => (DRIVER_VERSION.to_string(), NVML_VERSION.to_string()),
+    }
+}
 
 /// Runs `f` on the device behind `device`.
 fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&Gpu) -> Result) -> nvmlReturn_t {
@@ -90,7 +106,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     entry(|| {
         state::gpus()?;
         // SAFETY: `version` is writable for `length` bytes.
-        unsafe { put_str(version, length, DRIVER_VERSION) }
+        unsafe { put_str(version, length, &versions().0) }
     })
 }
 
@@ -102,7 +118,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     entry(|| {
         state::gpus()?;
         // SAFETY: `version` is writable for `length` bytes.
-        unsafe { put_str(version, length, NVML_VERSION) }
+        unsafe { put_str(version, length, &versions().1) }
     })
 }
 

@@ -5,8 +5,17 @@
 # Prints PASS/FAIL lines as the CUDA programs do.
 set -uo pipefail
 smi=${NVIDIA_SMI:-nvidia-smi}
-if ! out=$("$smi" --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits 2>&1); then
-    echo "FAIL nvidia-smi: $smi exited with $?: $out"
+# nvidia-smi runs only beside its own release's NVML: the guest library
+# names the release of the NVIDIA userland it finds (its libnvidia-ml).
+if [[ -z ${VGPU_NVML_DRIVER_VERSION:-} ]]; then
+    for lib in /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.* /usr/lib64/libnvidia-ml.so.*.*; do
+        [[ -e $lib ]] && export VGPU_NVML_DRIVER_VERSION=${lib##*libnvidia-ml.so.} && break
+    done
+fi
+out=$("$smi" --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits 2>&1)
+rc=$?
+if [[ $rc -ne 0 || $out == *Mismatch* ]]; then
+    echo "FAIL nvidia-smi: $smi (release ${VGPU_NVML_DRIVER_VERSION:-?}) exited with $rc: ${out//$'\n'/ }"
     exit 1
 fi
 echo "  $out"
