@@ -251,6 +251,13 @@ pub(crate) struct InContext {
 }
 
 impl InContext {
+    /// Loaded module `module`.
+    pub(crate) fn module_mut(&mut self, module: u64) -> Result<&mut Module, Fail> {
+        self.modules
+            .get_mut(&module)
+            .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))
+    }
+
     /// The stream, events, buffers and the built-in module, made in the
     /// current context (`owner`'s). On failure, what was made is destroyed
     /// (the context still current).

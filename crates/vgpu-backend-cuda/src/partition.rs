@@ -308,11 +308,7 @@ impl CudaPartition {
         let entry = l.entry;
         let optin = self.shared.max_shared_optin;
         self.run(|dev| {
-            let m = dev
-                .res
-                .modules
-                .get_mut(&module)
-                .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
+            let m = dev.res.module_mut(module)?;
             let k = m.kernel(entry, optin)?;
             let limits = KernelLimits::of(&k.info);
             rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
@@ -657,11 +653,7 @@ impl Partition for CudaPartition {
         }
         let optin = self.shared.max_shared_optin;
         self.run(|dev| {
-            let m = dev
-                .res
-                .modules
-                .get_mut(&module)
-                .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
+            let m = dev.res.module_mut(module)?;
             Ok(m.kernel(entry, optin)?.info.clone())
         })
     }
@@ -671,11 +663,7 @@ impl Partition for CudaPartition {
         let cname = CString::new(name)
             .map_err(|_| OpError::Invalid(format!("global {name:?} contains a NUL")))?;
         let (addr, size) = self.run(|dev| {
-            let m = dev
-                .res
-                .modules
-                .get(&module)
-                .ok_or_else(|| Fail::Op(OpError::NotFound(format!("module {module:#x}"))))?;
+            let m = dev.res.module_mut(module)?;
             driver::module_global(&m.module, &cname)
                 .at("cuModuleGetGlobal")?
                 .ok_or_else(|| {

@@ -1278,16 +1278,7 @@ pub fn module_function_info(make: Make<'_>) {
 }
 
 /// A module with a global array (what `__device__` variables compile to).
-pub const GLOBAL_PTX: &str = "\
-.version 8.0
-.target sm_80
-.address_size 64
-.visible .global .align 4 .b8 table[64];
-.visible .entry nop()
-{
-    ret;
-}
-";
+pub const GLOBAL_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/global.ptx");
 
 /// A module global, where the backend places globals in device memory:
 /// its address and size, copies to and from it (cudaMemcpyToSymbol),

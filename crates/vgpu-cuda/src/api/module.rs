@@ -551,13 +551,8 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
     extra: *mut *mut c_void,
 ) -> CUresult {
     entry(|| {
-        if config.is_null() {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        // SAFETY: a valid launch configuration by the caller's contract.
-        let c = unsafe { &*config };
-        // SAFETY: as above: its attribute array.
-        let cluster = unsafe { cluster_of(c) }?;
+        // SAFETY: the caller's launch configuration.
+        let (c, cluster) = unsafe { config_of(config) }?;
         let dims = Dims {
             grid: [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
             block: [c.block_dim_x, c.block_dim_y, c.block_dim_z],
@@ -566,6 +561,24 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
         // SAFETY: forwarded arguments.
         unsafe { launch(f, dims, cluster, c.h_stream, params, extra) }
     })
+}
+
+/// The launch configuration at `config` and the cluster shape it asks
+/// for (see [`cluster_of`]).
+///
+/// # Safety
+/// `config` is null or a valid configuration that outlives `'a`.
+unsafe fn config_of<'a>(
+    config: *const cu::CUlaunchConfig,
+) -> CuResult<(&'a cu::CUlaunchConfig, [u32; 3])> {
+    if config.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and valid by the caller's contract.
+    let c = unsafe { &*config };
+    // SAFETY: as above: its attribute array.
+    let cluster = unsafe { cluster_of(c) }?;
+    Ok((c, cluster))
 }
 
 /// The cluster shape a launch configuration asks for ([1, 1, 1]: none),
@@ -628,13 +641,8 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     config: *const cu::CUlaunchConfig,
 ) -> CUresult {
     entry(|| {
-        if config.is_null() {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        // SAFETY: a valid launch configuration by the caller's contract.
-        let c = unsafe { &*config };
-        // SAFETY: as above.
-        let cluster = unsafe { cluster_of(c) }?;
+        // SAFETY: the caller's launch configuration.
+        let (c, cluster) = unsafe { config_of(config) }?;
         let d = driver()?;
         let size = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
         if size > u64::from(max_cluster_blocks(d, f as usize)?) {

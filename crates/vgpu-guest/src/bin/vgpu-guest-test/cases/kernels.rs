@@ -472,16 +472,7 @@ pub(super) fn module_function(args: &Args) -> CaseResult {
 }
 
 /// A module with a `__device__` array, as nvcc writes it.
-const GLOBAL_PTX: &str = "\
-.version 8.0
-.target sm_80
-.address_size 64
-.visible .global .align 4 .b8 table[64];
-.visible .entry nop()
-{
-    ret;
-}
-";
+const GLOBAL_PTX: &str = include_str!("../../../../../vgpu-ptx/tests/corpus/global.ptx");
 
 /// FUNC_INFO of a global: where the backend placed a module variable;
 /// the file may copy to and from it (cudaMemcpyToSymbol) but not free
