@@ -108,6 +108,8 @@ else
     CARGO_TARGET_DIR=$cuda_target cargo build --release -p vgpu-cuda -p vgpu-nvml --target "$TARGET"
     cudalib=$cuda_target/$TARGET/release/libcuda.so
     nvmllib=$cuda_target/$TARGET/release/libnvidia_ml.so
+    bash tests/cuda/check-exports.sh "$cudalib" "$(bash ci/fetch-cuda.sh)/include" >&2 ||
+        die "libcuda.so.1 does not export what NVIDIA's does"
 fi
 [[ -f $cudalib ]] || die "no $cudalib"
 mkdir -p "$stage/root/usr/lib/vgpu" "$stage/root/usr/libexec/vgpu-cuda-tests"

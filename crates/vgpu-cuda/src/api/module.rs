@@ -807,3 +807,72 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(id: u32, value: [u32; 3]) -> cu::CUlaunchAttribute {
+        let mut v = [0u32; 16];
+        v[..3].copy_from_slice(&value);
+        cu::CUlaunchAttribute {
+            id,
+            pad: [0; 4],
+            value: v,
+        }
+    }
+
+    fn config(attrs: &mut [cu::CUlaunchAttribute]) -> cu::CUlaunchConfig {
+        cu::CUlaunchConfig {
+            grid_dim_x: 8,
+            grid_dim_y: 1,
+            grid_dim_z: 1,
+            block_dim_x: 128,
+            block_dim_y: 1,
+            block_dim_z: 1,
+            shared_mem_bytes: 0,
+            h_stream: std::ptr::null_mut(),
+            attrs: attrs.as_mut_ptr().cast(),
+            num_attrs: attrs.len() as u32,
+        }
+    }
+
+    fn cluster(attrs: &mut [cu::CUlaunchAttribute]) -> CuResult<[u32; 3]> {
+        let c = config(attrs);
+        // SAFETY: `c.attrs` holds `c.num_attrs` attributes.
+        unsafe { config_of(&c) }.map(|(_, cluster)| cluster)
+    }
+
+    #[test]
+    fn test_launch_attributes() {
+        assert_eq!(cluster(&mut []), Ok([1, 1, 1]));
+        let dims = attr(cu::LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, [4, 2, 0]);
+        assert_eq!(cluster(&mut [dims]), Ok([4, 2, 1]));
+        // Attributes that only allow overlap or give hints are honoured by
+        // running in stream order.
+        let pdl = attr(
+            cu::LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            [1, 0, 0],
+        );
+        let prio = attr(cu::LAUNCH_ATTRIBUTE_PRIORITY, [3, 0, 0]);
+        assert_eq!(cluster(&mut [pdl, dims, prio]), Ok([4, 2, 1]));
+        // A cooperative launch needs grid-wide synchronisation.
+        let coop = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [1, 0, 0]);
+        assert_eq!(cluster(&mut [coop]), Err(cu::ERROR_NOT_SUPPORTED));
+        let off = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [0, 0, 0]);
+        assert_eq!(cluster(&mut [off]), Ok([1, 1, 1]));
+        assert_eq!(
+            cluster(&mut [attr(999, [0; 3])]),
+            Err(cu::ERROR_NOT_SUPPORTED)
+        );
+        // A count without an array, and no configuration at all.
+        let mut c = config(&mut []);
+        c.attrs = std::ptr::null_mut();
+        c.num_attrs = 2;
+        // SAFETY: the array is null; the count is what is refused.
+        let r = unsafe { config_of(&c) };
+        assert_eq!(r.map(|(_, k)| k), Err(cu::ERROR_INVALID_VALUE));
+        // SAFETY: a null configuration is refused before any read.
+        assert!(unsafe { config_of(std::ptr::null()) }.is_err());
+    }
+}
