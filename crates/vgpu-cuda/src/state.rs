@@ -156,8 +156,9 @@ pub struct ModuleObj {
 pub struct Func {
     pub module: usize,
     pub device: CUdevice,
-    /// The device's description and handle of it.
-    pub function: Function,
+    /// The device's description and handle of it, shared with the
+    /// launches that use it (a launch takes no copy of the layout).
+    pub function: Arc<Function>,
     /// The name, NUL-terminated, for `cuFuncGetName`.
     pub cname: std::ffi::CString,
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: what a launch
@@ -497,7 +498,7 @@ impl Driver {
             Func {
                 module,
                 device,
-                function,
+                function: Arc::new(function),
                 cname,
                 max_dynamic_shared,
                 hints: HashMap::new(),
@@ -532,7 +533,7 @@ impl Driver {
                 ));
                 return Err(cu::ERROR_INVALID_VALUE);
             }
-            (f.function.clone(), f.device)
+            (Arc::clone(&f.function), f.device)
         };
         let gpu = self.gpu(device)?;
         let mut batch = Batch::new();

@@ -4,6 +4,7 @@
 //! name: the runtime launches kernels through either handle.
 
 use std::ffi::{c_char, c_void};
+use std::sync::Arc;
 
 use vgpu_guest::{sys, Dims};
 
@@ -417,12 +418,12 @@ unsafe fn param_block(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CuResult<Vec<u8>> {
-    let (size, layout) = {
+    let function = {
         let o = d.objects();
-        let f = &o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?.function;
-        (f.info.params_size, f.params.clone())
+        Arc::clone(&o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?.function)
     };
-    let mut block = vec![0u8; size as usize];
+    let layout = &function.params;
+    let mut block = vec![0u8; function.info.params_size as usize];
     if !params.is_null() {
         for (i, p) in layout.iter().enumerate() {
             // SAFETY: one pointer per parameter, each to `size` bytes.
