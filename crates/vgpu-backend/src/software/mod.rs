@@ -488,13 +488,14 @@ impl Partition for SoftwarePartition {
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        if launch.cluster != [1, 1, 1] {
-            return Err(OpError::Unsupported(format!(
-                "{}: thread block clusters of {:?}: the PTX executor runs blocks alone",
-                launch.entry, launch.cluster
-            )));
-        }
         if launch.module != abi::MODULE_BUILTIN {
+            // The built-in kernels refuse clusters in the shared plan.
+            if launch.cluster != [1, 1, 1] {
+                return Err(OpError::Unsupported(format!(
+                    "{}: thread block clusters of {:?}: the PTX executor runs blocks alone",
+                    launch.entry, launch.cluster
+                )));
+            }
             let module = self
                 .modules
                 .get(&launch.module)
