@@ -69,11 +69,13 @@ macro_rules! tables {
         unsupported { $($uname:ident $uver:literal,)* }
     ) => {
         /// Entry points a caller asks for that this driver does not
-        /// implement. Called with whatever arguments the caller passes,
-        /// which the C calling convention lets them ignore.
+        /// implement, exported by name too (as NVIDIA's are). Called with
+        /// whatever arguments the caller passes, which the C calling
+        /// convention lets them ignore.
         #[allow(non_snake_case)]
         mod stubs {
             $(
+                #[no_mangle]
                 pub extern "C" fn $uname() -> crate::cu::CUresult {
                     super::unsupported(stringify!($uname))
                 }
