@@ -19,18 +19,12 @@ pub const MAX_BATCH_CMDS: u32 = 256;
 pub const MAX_COPY_BYTES: u64 = 64 << 20;
 /// User memory pinned per SUBMIT.
 pub const MAX_BATCH_PIN_BYTES: u64 = 256 << 20;
-/// Largest MODULE_LOAD image.
-pub const MAX_IMAGE_BYTES: u64 = 16 << 20;
-/// Largest LAUNCH parameter block.
-pub const MAX_PARAMS_BYTES: u32 = 4096;
 /// Images and parameters staged per SUBMIT.
 pub const MAX_BATCH_STAGED_BYTES: u64 = 32 << 20;
 /// Uncollected fences per open file.
 pub const MAX_UNCOLLECTED: u32 = 1024;
 /// Bytes of a LAUNCH entry name, NUL included.
 pub const ENTRY_NAME_LEN: usize = 32;
-/// Longest entry point name of a FUNC_INFO.
-pub const MAX_FUNC_NAME_BYTES: u32 = 4096;
 
 /// `timeout_ns` that never expires.
 pub const TIMEOUT_INFINITE: u64 = !0;
@@ -44,22 +38,29 @@ pub const INFO_WINDOW: u32 = 1 << 2;
 /// `vgpu_info.flags`: FUNC_INFO and launches by function handle.
 pub const INFO_FUNC_INFO: u32 = 1 << 3;
 
-pub const CMD_NOP: u32 = 0;
-pub const CMD_FENCE: u32 = 1;
-pub const CMD_COPY: u32 = 4;
-pub const CMD_FILL: u32 = 5;
-pub const CMD_MODULE_LOAD: u32 = 6;
-pub const CMD_MODULE_UNLOAD: u32 = 7;
-pub const CMD_LAUNCH: u32 = 8;
-pub const CMD_TIMESTAMP: u32 = 9;
-pub const CMD_FUNC_INFO: u32 = 10;
+// Opcodes, the flags of LAUNCH and FUNC_INFO, the module format PTX, the
+// built-in module and the result statuses are the device's: the driver
+// passes them through (it asserts each equality), so they are vgpu-abi's.
+pub use vgpu_abi::{
+    FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
+    MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_PTX as MODULE_PTX, OP_COPY as CMD_COPY,
+    OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL, OP_FUNC_INFO as CMD_FUNC_INFO,
+    OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
+    OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_TIMESTAMP as CMD_TIMESTAMP,
+    STATUS_CANCELLED as CMD_STATUS_CANCELLED, STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR,
+    STATUS_FAULT as CMD_STATUS_FAULT, STATUS_INVALID as CMD_STATUS_INVALID,
+    STATUS_NOT_FOUND as CMD_STATUS_NOT_FOUND, STATUS_NO_MEMORY as CMD_STATUS_NO_MEMORY,
+    STATUS_OK as CMD_STATUS_OK, STATUS_OUT_OF_RANGE as CMD_STATUS_OUT_OF_RANGE,
+    STATUS_UNSUPPORTED as CMD_STATUS_UNSUPPORTED,
+};
+// The limits the driver asserts equal to the device's.
+pub use vgpu_abi::{
+    MAX_ENTRY_NAME as MAX_FUNC_NAME_BYTES, MAX_MODULE_SIZE as MAX_IMAGE_BYTES,
+    MAX_PARAMS_SIZE as MAX_PARAMS_BYTES,
+};
 
 /// `vgpu_cmd.flags` of a FENCE: raise the queue's interrupt.
 pub const CMD_FENCE_IRQ: u32 = 1 << 0;
-/// `vgpu_cmd.flags` of a LAUNCH: `entry` holds a function handle.
-pub const CMD_LAUNCH_FUNCTION: u32 = 1 << 0;
-/// `vgpu_cmd.flags` of a FUNC_INFO: the name is a global variable's.
-pub const CMD_FUNC_INFO_GLOBAL: u32 = 1 << 0;
 
 /// COPY side: memory of the calling process (a user address).
 pub const MEM_USER: u32 = 0;
@@ -68,22 +69,8 @@ pub const MEM_DEVICE: u32 = 1;
 /// COPY side: the window (a byte offset).
 pub const MEM_WINDOW: u32 = 2;
 
-/// Module format: PTX text.
-pub const MODULE_PTX: u32 = 1;
 /// Module format: a CUDA fatbinary, as `nvcc` embeds it.
 pub const MODULE_FATBIN: u32 = 2;
-/// Module handle of the built-in kernels.
-pub const MODULE_BUILTIN_ID: u64 = 0;
-
-pub const CMD_STATUS_OK: u32 = 0;
-pub const CMD_STATUS_INVALID: u32 = 1;
-pub const CMD_STATUS_FAULT: u32 = 2;
-pub const CMD_STATUS_NO_MEMORY: u32 = 3;
-pub const CMD_STATUS_UNSUPPORTED: u32 = 4;
-pub const CMD_STATUS_NOT_FOUND: u32 = 5;
-pub const CMD_STATUS_CANCELLED: u32 = 6;
-pub const CMD_STATUS_OUT_OF_RANGE: u32 = 7;
-pub const CMD_STATUS_DEVICE_ERROR: u32 = 8;
 
 /// SUBMIT flag: wait for the batch, write the results and collect it.
 pub const SUBMIT_WAIT: u32 = 1 << 0;
