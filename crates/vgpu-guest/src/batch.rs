@@ -317,18 +317,22 @@ impl Batch {
         cluster: [u32; 3],
         params: &[u8],
     ) -> &mut Self {
-        let kept: Box<[u8]> = params.into();
-        let cmd = match launch_cluster_cmd(f, dims, cluster, &kept) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
-        };
-        self.keep(kept);
-        self.push(cmd)
+        self.push_launch(params, |kept| launch_cluster_cmd(f, dims, cluster, kept))
     }
 
     fn launch_raw(&mut self, module: u64, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
+        self.push_launch(params, |kept| launch_cmd(module, entry, dims, kept))
+    }
+
+    /// Pushes the LAUNCH `build` makes of a copy of `params` that the batch
+    /// keeps alive until it completes (the command points into it).
+    fn push_launch(
+        &mut self,
+        params: &[u8],
+        build: impl FnOnce(&[u8]) -> Result<VgpuCmd>,
+    ) -> &mut Self {
         let kept: Box<[u8]> = params.into();
-        let cmd = match launch_cmd(module, entry, dims, &kept) {
+        let cmd = match build(&kept) {
             Ok(c) => c,
             Err(e) => return self.fail(e),
         };
