@@ -451,6 +451,21 @@ pub fn entry_name(name: &str) -> Option<[u8; ENTRY_NAME_LEN]> {
     Some(out)
 }
 
+/// Builders of the commands whose argument is the union member named
+/// like the builder.
+macro_rules! cmd_builders {
+    ($( $(#[$m:meta])* $name:ident($ty:ty) => $op:ident ),* $(,)?) => {
+        $(
+            $(#[$m])*
+            pub fn $name(args: $ty) -> Self {
+                let mut c = Self::bare($op, 0);
+                c.args.$name = args;
+                c
+            }
+        )*
+    };
+}
+
 impl VgpuCmd {
     /// A command with only an opcode and flags (NOP, FENCE, TIMESTAMP).
     pub fn bare(opcode: u32, flags: u32) -> Self {
@@ -461,45 +476,23 @@ impl VgpuCmd {
         }
     }
 
-    /// A COPY.
-    pub fn copy(args: VgpuCopyArgs) -> Self {
-        let mut c = Self::bare(CMD_COPY, 0);
-        c.args.copy = args;
-        c
-    }
-
-    /// A FILL.
-    pub fn fill(args: VgpuFillArgs) -> Self {
-        let mut c = Self::bare(CMD_FILL, 0);
-        c.args.fill = args;
-        c
-    }
-
-    /// A MODULE_LOAD.
-    pub fn module_load(args: VgpuModuleLoadArgs) -> Self {
-        let mut c = Self::bare(CMD_MODULE_LOAD, 0);
-        c.args.module_load = args;
-        c
-    }
+    cmd_builders!(
+        /// A COPY.
+        copy(VgpuCopyArgs) => CMD_COPY,
+        /// A FILL.
+        fill(VgpuFillArgs) => CMD_FILL,
+        /// A MODULE_LOAD.
+        module_load(VgpuModuleLoadArgs) => CMD_MODULE_LOAD,
+        /// A LAUNCH.
+        launch(VgpuLaunchArgs) => CMD_LAUNCH,
+        /// A FUNC_INFO.
+        func_info(VgpuFuncInfoArgs) => CMD_FUNC_INFO,
+    );
 
     /// A MODULE_UNLOAD.
     pub fn module_unload(module: u64) -> Self {
         let mut c = Self::bare(CMD_MODULE_UNLOAD, 0);
         c.args.module_unload = VgpuModuleUnloadArgs { module };
-        c
-    }
-
-    /// A LAUNCH.
-    pub fn launch(args: VgpuLaunchArgs) -> Self {
-        let mut c = Self::bare(CMD_LAUNCH, 0);
-        c.args.launch = args;
-        c
-    }
-
-    /// A FUNC_INFO.
-    pub fn func_info(args: VgpuFuncInfoArgs) -> Self {
-        let mut c = Self::bare(CMD_FUNC_INFO, 0);
-        c.args.func_info = args;
         c
     }
 }
