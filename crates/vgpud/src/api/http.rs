@@ -853,6 +853,13 @@ mod tests {
         }
     }
 
+    /// Each request, in one chunk, is refused with its status.
+    fn assert_statuses(cases: &[(&[u8], u16)]) {
+        for (req, want) in cases {
+            assert_eq!(status(&[req]), *want, "{}", String::from_utf8_lossy(req));
+        }
+    }
+
     const GET: &[u8] = b"GET /api/v1/vgpus HTTP/1.1\r\nHost: localhost\r\n\r\n";
 
     #[test]
@@ -981,9 +988,7 @@ mod tests {
             (b"GET /\xff HTTP/1.1\r\nHost: h\r\n\r\n", 400),
             (b"GET / HTTP/1.1\nHost: h\r\n\r\n", 400),
         ];
-        for (req, want) in cases {
-            assert_eq!(status(&[req]), *want, "{}", String::from_utf8_lossy(req));
-        }
+        assert_statuses(cases);
     }
 
     #[test]
@@ -1000,9 +1005,7 @@ mod tests {
             (b"GET / HTTP/1.1\r\nHost: \xe9\r\n\r\n", 400),
             (b"GET / HTTP/1.1\r\nHost: h\r\nExpect: magic\r\n\r\n", 417),
         ];
-        for (req, want) in cases {
-            assert_eq!(status(&[req]), *want, "{}", String::from_utf8_lossy(req));
-        }
+        assert_statuses(cases);
     }
 
     #[test]
