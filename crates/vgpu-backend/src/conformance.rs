@@ -456,55 +456,66 @@ pub fn launch_validation(make: Make<'_>) {
         reserved: 0,
     };
     let base = builtin_launch("fill_u32", fill.as_slice());
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            module: 5,
-            ..base.clone()
-        }),
-        Err(OpError::NotFound(_))
-    ));
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            entry: "nope",
-            ..base.clone()
-        }),
-        Err(OpError::NotFound(_))
-    ));
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            grid: [1, 0, 1],
-            ..base.clone()
-        }),
-        Err(OpError::Invalid(_))
-    ));
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            block: [0, 1, 1],
-            ..base.clone()
-        }),
-        Err(OpError::Invalid(_))
-    ));
     let long = [fill.as_slice(), &[0]].concat();
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            params: &long,
-            ..base.clone()
-        }),
-        Err(OpError::Invalid(_))
-    ));
-    assert!(matches!(
-        p.launch(&Launch {
-            cluster: [1, 1, 1],
-            params: &fill.as_slice()[1..],
-            ..base.clone()
-        }),
-        Err(OpError::Invalid(_))
-    ));
+    // (what, the launch, whether it is refused as not found, else invalid)
+    let refused = [
+        (
+            "unknown module",
+            Launch {
+                module: 5,
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "unknown entry",
+            Launch {
+                entry: "nope",
+                ..base.clone()
+            },
+            true,
+        ),
+        (
+            "empty grid",
+            Launch {
+                grid: [1, 0, 1],
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "empty block",
+            Launch {
+                block: [0, 1, 1],
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "long parameters",
+            Launch {
+                params: &long,
+                ..base.clone()
+            },
+            false,
+        ),
+        (
+            "short parameters",
+            Launch {
+                params: &fill.as_slice()[1..],
+                ..base.clone()
+            },
+            false,
+        ),
+    ];
+    for (what, launch, not_found) in refused {
+        let r = p.launch(&launch);
+        if not_found {
+            assert!(matches!(r, Err(OpError::NotFound(_))), "{what}: {r:?}");
+        } else {
+            assert!(matches!(r, Err(OpError::Invalid(_))), "{what}: {r:?}");
+        }
+    }
     assert_eq!(download(p, a, 64), vec![0; 64]);
     // Every built-in entry is dispatched (wrong size, not unknown).
     for entry in abi::BUILTIN_ENTRIES {
