@@ -5,11 +5,15 @@
 # the libraries dynamically, as applications do, and take them from that
 # toolkit's lib64 at run time.
 #
+# With the machine's own libcuda.so.1 it also builds cuda-trace
+# (trace/libcuda.so.1, run with cuda-trace.sh), which traces a program's
+# driver calls natively or in a guest.
+#
 # usage: tests/cuda/libs/build.sh OUTDIR [CUDA_HOME]   (/usr/local/cuda)
 set -euo pipefail
 
 [[ $# -ge 1 && $# -le 2 ]] || {
-    sed -n '2,8s/^# \{0,1\}//p' "$0" >&2
+    sed -n '2,12s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 out=$1
@@ -25,4 +29,13 @@ build() {
 }
 build cublas_gemm -lcublas
 build cufft -lcufft
-install -m 0755 "$here/nvidia-smi-check.sh" "$out/"
+install -m 0755 "$here/nvidia-smi-check.sh" "$here/cuda-trace.sh" \
+    "$here/torch-check.sh" "$out/"
+# cuda-trace: a libcuda.so.1 with the machine's driver's exported names.
+real=$(ldconfig -p | awk '$1 == "libcuda.so.1" { print $NF; exit }')
+if [[ -n $real ]]; then
+    mkdir -p "$out/trace"
+    bash "$here/gen-trace-stubs.sh" "$real" >"$out/trace/stubs.c"
+    gcc -O2 -shared -fPIC -Wall -o "$out/trace/libcuda.so.1" "$here/cuda-trace.c" \
+        "$out/trace/stubs.c" -ldl -lpthread
+fi
