@@ -226,8 +226,10 @@ static const void *wrap_table(const unsigned char *id, const void *real) {
     n = 4; // context-local storage: no size word
     first = 0;
   }
+  if (ntables >= 32)
+    return real;
   void **copy = malloc(n * sizeof *copy);
-  if (!copy || ntables >= 32)
+  if (!copy)
     return real;
   for (unsigned i = 0; i < n; i++) {
     copy[i] = (void *)(uintptr_t)t[i];

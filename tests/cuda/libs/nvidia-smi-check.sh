@@ -8,9 +8,12 @@ smi=${NVIDIA_SMI:-nvidia-smi}
 # nvidia-smi runs only beside its own release's NVML: the guest library
 # names the release of the NVIDIA userland it finds (its libnvidia-ml).
 if [[ -z ${VGPU_NVML_DRIVER_VERSION:-} ]]; then
-    for lib in /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.* /usr/lib64/libnvidia-ml.so.*.*; do
-        [[ -e $lib ]] && export VGPU_NVML_DRIVER_VERSION=${lib##*libnvidia-ml.so.} && break
-    done
+    # Where the loader's cache has it (not always a standard folder), the
+    # file its link names carries the release.
+    lib=$(ldconfig -p | awk '$1 == "libnvidia-ml.so.1" { print $NF; exit }')
+    lib=$(readlink -f "$lib" 2>/dev/null || true)
+    release=${lib##*libnvidia-ml.so.}
+    [[ -n $lib && $release != "$lib" && $release == *.* ]] && export VGPU_NVML_DRIVER_VERSION=$release
 fi
 out=$("$smi" --query-gpu=name,memory.total,memory.used --format=csv,noheader,nounits 2>&1)
 rc=$?
