@@ -209,6 +209,7 @@ pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
 /// One past the last attribute CUDA 13.0 defines.
 pub const ATTR_END: i32 = 148;
 pub const ATTR_CLUSTER_LAUNCH: i32 = 120;
+pub const ATTR_HOST_REGISTER_SUPPORTED: i32 = 99;
 
 // CUfunction_attribute.
 pub const FUNC_MAX_THREADS_PER_BLOCK: i32 = 0;

@@ -49,6 +49,8 @@ const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: CUuuid = uuid(0xa094798c2e742e7493f208002
 const CONTEXT_LOCAL_STORAGE_ID: CUuuid = uuid(0xc693336e1121df11a8c368f355d89593);
 const INTEGRITY_CHECK_ID: CUuuid = uuid(0xd4082055bde6704b8d34ba123c66e1f2);
 const CONTEXT_CHECKS_ID: CUuuid = uuid(0x263e88607cd2614392f6bbd5006dfa7e);
+/// Asked for by cuBLAS and cuFFT at their start; only slot 4 is called.
+const CONTEXT_QUERY_ID: CUuuid = uuid(0x21318c60971432488ca641ff7324c8f2);
 
 static CUDART_INTERFACE: Table<13> = Table([
     size_of_table(13),
@@ -66,7 +68,21 @@ static CUDART_INTERFACE: Table<13> = Table([
     load_compilers as *const c_void,
 ]);
 
-static TOOLS_TLS: Table<4> = Table([size_of_table(4), NULL, NULL, NULL]);
+/// NVIDIA's driver answers with three words; cuBLAS calls slot 2.
+static TOOLS_TLS: Table<3> = Table([
+    size_of_table(3),
+    NULL,
+    tools_current_context as *const c_void,
+]);
+
+/// 93 words in NVIDIA's driver. cuBLAS and cuFFT call only slot 4, and
+/// stop (`CUFFT_INTERNAL_ERROR`) when the table is missing.
+static CONTEXT_QUERY: Table<93> = {
+    let mut t = [NULL; 93];
+    t[0] = size_of_table(93);
+    t[4] = context_query_4 as *const c_void;
+    Table(t)
+};
 
 static TOOLS_RUNTIME_CALLBACK_HOOKS: Table<7> = Table([
     size_of_table(7),
@@ -115,6 +131,7 @@ pub fn table(id: &CUuuid) -> Option<*const c_void> {
         CONTEXT_LOCAL_STORAGE_ID => CONTEXT_LOCAL_STORAGE.ptr(),
         INTEGRITY_CHECK_ID => INTEGRITY_CHECK.ptr(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.ptr(),
+        CONTEXT_QUERY_ID => CONTEXT_QUERY.ptr(),
         _ => return None,
     })
 }
@@ -258,6 +275,31 @@ extern "C" fn context_check_3() -> u32 {
     0
 }
 
+/// The calling thread's current context (null if none), as NVIDIA's
+/// driver writes it; the other two arguments are not read.
+extern "C" fn tools_current_context(
+    pctx: *mut Handle,
+    _arg2: *mut c_void,
+    _arg3: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let ctx = driver()?.current().unwrap_or(0);
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pctx, ctx as Handle) }
+    })
+}
+
+/// What this asks of the context is not known; NVIDIA's driver answers
+/// every context with the 64-bit value 1, and so does this one, for a
+/// context that exists.
+extern "C" fn context_query_4(ctx: Handle, out: *mut u64, _arg3: *mut c_void) -> CUresult {
+    entry(|| {
+        driver()?.ctx_device(cls_ctx(ctx)?)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, 1) }
+    })
+}
+
 /// The HMAC key of the runtime's driver check (a constant of the
 /// protocol).
 const INTEGRITY_KEY: [u8; 16] = [
@@ -317,7 +359,8 @@ mod tests {
     fn tables_are_found_by_id_and_start_with_their_size() {
         for (id, len) in [
             (CUDART_INTERFACE_ID, 13),
-            (TOOLS_TLS_ID, 4),
+            (TOOLS_TLS_ID, 3),
+            (CONTEXT_QUERY_ID, 93),
             (TOOLS_RUNTIME_CALLBACK_HOOKS_ID, 7),
             (INTEGRITY_CHECK_ID, 3),
             (CONTEXT_CHECKS_ID, 4),
@@ -328,6 +371,28 @@ mod tests {
         }
         assert!(table(&CONTEXT_LOCAL_STORAGE_ID).is_some());
         assert!(table(&uuid(0)).is_none());
+    }
+
+    #[test]
+    fn the_slots_libraries_call_are_filled() {
+        assert!(!TOOLS_TLS.0[2].is_null());
+        assert!(!CONTEXT_QUERY.0[4].is_null());
+        assert_eq!(CONTEXT_QUERY.0.iter().filter(|p| !p.is_null()).count(), 2);
+    }
+
+    #[test]
+    fn context_answers_need_an_initialised_driver() {
+        let mut ctx = 7 as Handle;
+        let mut v = 7u64;
+        assert_eq!(
+            tools_current_context(&mut ctx, NULL.cast_mut(), NULL.cast_mut()),
+            cu::ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(
+            context_query_4(std::ptr::null_mut(), &mut v, NULL.cast_mut()),
+            cu::ERROR_NOT_INITIALIZED
+        );
+        assert_eq!((ctx as usize, v), (7, 7));
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
         cu::ATTR_COMPUTE_PREEMPTION_SUPPORTED => 1,
         cu::ATTR_CLUSTER_LAUNCH => 1,
+        // cuMemHostRegister works on any host range (copies read it in
+        // place).
+        cu::ATTR_HOST_REGISTER_SUPPORTED => 1,
         cu::ATTR_NUMA_ID | cu::ATTR_HOST_NUMA_ID => -1,
         a if (1..cu::ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),

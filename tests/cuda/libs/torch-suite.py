@@ -1,0 +1,308 @@
+"""PyTorch on the GPU it is given, checked against the same work on the CPU.
+
+Each check prints one PASS or FAIL line (and goes on after a failure); the
+benchmarks print BENCH lines with the figures, to be compared with the
+same script run natively on the same GPU.
+
+usage: python3 torch-suite.py [CHECK...]   (default: every check, then the
+       benchmarks when TORCH_BENCH=1)
+Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
+             TORCH_STEPS (200): training steps of the loss check.
+"""
+
+import os
+import sys
+import time
+import traceback
+
+t0 = time.monotonic()
+import torch  # noqa: E402
+
+print(f"  torch {torch.__version__} imported in {time.monotonic() - t0:.1f} s", flush=True)
+
+EXPECT = int(os.environ.get("VGPU_EXPECT_MEM") or 0)
+STEPS = int(os.environ.get("TORCH_STEPS") or 200)
+dev = torch.device("cuda")
+failed = 0
+
+
+def close(a, b, tol):
+    """Worst relative difference of a GPU result to the CPU's, and its verdict."""
+    a = a.detach().float().cpu()
+    b = b.detach().float().cpu()
+    err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    return err <= tol, err
+
+
+def check_device():
+    n = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0)
+    p = torch.cuda.get_device_properties(0)
+    if EXPECT and p.total_memory != EXPECT:
+        return False, f"{p.total_memory} bytes, the quota is {EXPECT}"
+    return n >= 1, (f"{n} device(s): {name!r}, cc {p.major}.{p.minor}, "
+                    f"{p.multi_processor_count} SMs, {p.total_memory >> 20} MiB")
+
+
+def check_mem_get_info():
+    free, total = torch.cuda.mem_get_info()
+    if EXPECT and total != EXPECT:
+        return False, f"{total} bytes total, the quota is {EXPECT}"
+    return 0 < free <= total, f"{free >> 20} MiB free of {total >> 20} MiB"
+
+
+def check_tensor_ops():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1 << 16, generator=g)
+    y = torch.randn(1 << 16, generator=g)
+    want = [(x * 2 + y).sum(), torch.sin(x).abs().max(), (x > y).sum().float(),
+            torch.cumsum(x, 0)[-1], torch.sort(x).values[100]]
+    xd, yd = x.to(dev), y.to(dev)
+    got = [(xd * 2 + yd).sum(), torch.sin(xd).abs().max(), (xd > yd).sum().float(),
+           torch.cumsum(xd, 0)[-1], torch.sort(xd).values[100]]
+    worst = max(close(a, b, 1e-4)[1] for a, b in zip(got, want))
+    return worst <= 1e-4, f"add/sum/sin/max/compare/cumsum/sort, worst {worst:.2g}"
+
+
+def check_matmul(dtype, tol):
+    def run():
+        g = torch.Generator().manual_seed(2)
+        a = torch.randn(256, 384, generator=g)
+        b = torch.randn(384, 128, generator=g)
+        want = a @ b
+        got = a.to(dev, dtype) @ b.to(dev, dtype)
+        ok, err = close(got, want, tol)
+        return ok, f"256x384x128 {dtype}, worst {err:.2g}"
+    return run
+
+
+def check_conv2d():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 8, 32, 32, generator=g)
+    w = torch.randn(16, 8, 3, 3, generator=g)
+    want = torch.nn.functional.conv2d(x, w, padding=1)
+    got = torch.nn.functional.conv2d(x.to(dev), w.to(dev), padding=1)
+    ok, err = close(got, want, 1e-3)
+    return ok and torch.backends.cudnn.is_available(), (
+        f"cuDNN {torch.backends.cudnn.version()}, worst {err:.2g}")
+
+
+def check_autograd():
+    g = torch.Generator().manual_seed(4)
+    w0 = torch.randn(64, 32, generator=g)
+    x = torch.randn(16, 64, generator=g)
+    grads = []
+    for d in ("cpu", dev):
+        w = w0.to(d).requires_grad_()
+        (torch.tanh(x.to(d) @ w) ** 2).sum().backward()
+        grads.append(w.grad)
+    ok, err = close(grads[1], grads[0], 1e-4)
+    return ok, f"tanh(x @ w)^2 gradient, worst {err:.2g}"
+
+
+def train(d, steps):
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 1)).to(d)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(256, 32, generator=g)
+    y = (x[:, :4].sum(1, keepdim=True)).sin()
+    x, y = x.to(d), y.to(d)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses).cpu()
+
+
+def check_training():
+    t = time.monotonic()
+    gpu = train(dev, STEPS)
+    took = time.monotonic() - t
+    cpu = train("cpu", STEPS)
+    err = (gpu[-1] - cpu[-1]).abs().item() / cpu[-1].abs().item()
+    ok = err <= 2e-2 and gpu[-1] < gpu[0] / 2
+    return ok, (f"{STEPS} steps in {took:.1f} s, loss {gpu[0]:.4f} -> {gpu[-1]:.5f} "
+                f"(CPU {cpu[-1]:.5f}, {err:.2g} apart)")
+
+
+def check_events():
+    a = torch.randn(1024, 1024, device=dev)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        a = a @ a / 1024
+    end.record()
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    torch.cuda.synchronize()
+    return end.query() and ms > 0, f"10 matmuls 1024 in {ms:.3f} ms by events"
+
+
+def check_streams():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(512, 512, generator=g)
+    xd = x.to(dev)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(s1):
+        a = xd @ xd
+    with torch.cuda.stream(s2):
+        b = xd.t() @ xd
+    torch.cuda.current_stream().wait_stream(s1)
+    torch.cuda.current_stream().wait_stream(s2)
+    got = a + b
+    ok, err = close(got, x @ x + x.t() @ x, 1e-3)
+    return ok, f"two streams joined, worst {err:.2g}"
+
+
+def check_graphs():
+    x = torch.zeros(1024, device=dev)
+    w = torch.full((1024,), 2.0, device=dev)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * w + 1
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * w + 1
+    sums = []
+    for v in (1.0, 3.0):
+        x.fill_(v)
+        graph.replay()
+        sums.append(y.sum().item())
+    return sums == [3072.0, 7168.0], f"replayed with new inputs: {sums}"
+
+
+def check_oom():
+    free, total = torch.cuda.mem_get_info()
+    chunk = 64 << 20
+    held = []
+    try:
+        for _ in range(total // chunk + 2):
+            held.append(torch.empty(chunk, dtype=torch.uint8, device=dev))
+        return False, f"{len(held) * chunk >> 20} MiB allocated past a {total >> 20} MiB quota"
+    except torch.cuda.OutOfMemoryError:
+        got = len(held) * chunk
+    del held
+    torch.cuda.empty_cache()
+    again = torch.ones(1 << 20, device=dev).sum().item()
+    ok = got <= total and again == float(1 << 20)
+    return ok, (f"OutOfMemoryError after {got >> 20} MiB of {total >> 20} MiB; "
+                f"after freeing, a sum gives {again:.0f}")
+
+
+CHECKS = {
+    "device": check_device,
+    "mem_get_info": check_mem_get_info,
+    "tensor-ops": check_tensor_ops,
+    "matmul-fp32": check_matmul(torch.float32, 1e-3),
+    "matmul-bf16": check_matmul(torch.bfloat16, 3e-2),
+    "conv2d": check_conv2d,
+    "autograd": check_autograd,
+    "training": check_training,
+    "events": check_events,
+    "streams": check_streams,
+    "graphs": check_graphs,
+    "oom": check_oom,
+}
+
+
+def bench_matmul():
+    n = 8192
+    for dtype in (torch.bfloat16, torch.float32):
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        a @ b
+        torch.cuda.synchronize()
+        iters = 20 if dtype == torch.bfloat16 else 5
+        t = time.monotonic()
+        for _ in range(iters):
+            a @ b
+        torch.cuda.synchronize()
+        tf = 2 * n ** 3 * iters / (time.monotonic() - t) / 1e12
+        print(f"BENCH torch-matmul n={n} dtype={str(dtype)[6:]} tflops={tf:.1f}", flush=True)
+        del a, b
+    torch.cuda.empty_cache()
+
+
+def bench_mlp():
+    width, batch, layers = 8192, 8192, 4
+    need = 6 * layers * width * width * 2
+    if torch.cuda.mem_get_info()[1] < need:
+        print(f"  bench mlp skipped: needs {need >> 20} MiB", flush=True)
+        return
+    torch.manual_seed(8)
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    net = net.to(dev, torch.bfloat16)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    x = torch.randn(batch, width, device=dev, dtype=torch.bfloat16)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        net(x).float().square().mean().backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    iters = 20
+    t = time.monotonic()
+    for _ in range(iters):
+        step()
+    torch.cuda.synchronize()
+    dt = (time.monotonic() - t) / iters
+    print(f"BENCH torch-mlp-train width={width} batch={batch} layers={layers} bf16 "
+          f"steps_per_s={1 / dt:.2f} ms_per_step={dt * 1e3:.2f}", flush=True)
+    del net, opt, x
+    torch.cuda.empty_cache()
+
+
+def bench_small():
+    torch.manual_seed(9)
+    net = torch.nn.Sequential(*[m for _ in range(8)
+                                for m in (torch.nn.Linear(256, 256), torch.nn.GELU())]).to(dev)
+    x = torch.randn(1, 256, device=dev)
+    with torch.no_grad():
+        for _ in range(5):
+            net(x)
+        torch.cuda.synchronize()
+        iters = 100
+        t = time.monotonic()
+        for _ in range(iters):
+            net(x)
+        torch.cuda.synchronize()
+    dt = (time.monotonic() - t) / iters
+    print(f"BENCH torch-small-batch1 kernels_per_step=16 ms_per_step={dt * 1e3:.3f}", flush=True)
+
+
+def main():
+    global failed
+    names = sys.argv[1:] or list(CHECKS)
+    for name in names:
+        t = time.monotonic()
+        try:
+            ok, what = CHECKS[name]()
+        except Exception as e:  # a failing check is reported, the rest still run
+            ok, what = False, f"{type(e).__name__}: {e}"
+            traceback.print_exc(limit=3)
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'} torch-{name} {what} ({time.monotonic() - t:.1f} s)",
+              flush=True)
+    if os.environ.get("TORCH_BENCH") == "1":
+        for b in (bench_matmul, bench_mlp, bench_small):
+            try:
+                b()
+            except Exception as e:
+                failed += 1
+                print(f"FAIL torch-{b.__name__} {type(e).__name__}: {e}", flush=True)
+    return 1 if failed else 0
+
+
+sys.exit(main())
