@@ -250,6 +250,9 @@ pub const MODULE_FORMAT_PTX: u32 = 1;
 /// Module format: a CUDA fatbinary as `nvcc -fatbin` writes it (magic
 /// 0xBA55ED50); a backend runs its PTX or a cubin it can use.
 pub const MODULE_FORMAT_FATBIN: u32 = 2;
+/// Module format: a cubin, the ELF image of one GPU architecture (what
+/// cuBLAS and cuFFT load); only a backend whose GPU runs it loads it.
+pub const MODULE_FORMAT_CUBIN: u32 = 3;
 /// The built-in module, always loaded.
 pub const MODULE_BUILTIN: u64 = 0;
 
@@ -850,6 +853,7 @@ pub fn c_header() -> String {
         ("VGPU_MAX_ALLOCATIONS", MAX_ALLOCATIONS),
         ("VGPU_MODULE_FORMAT_PTX", MODULE_FORMAT_PTX.into()),
         ("VGPU_MODULE_FORMAT_FATBIN", MODULE_FORMAT_FATBIN.into()),
+        ("VGPU_MODULE_FORMAT_CUBIN", MODULE_FORMAT_CUBIN.into()),
         ("VGPU_MODULE_BUILTIN", MODULE_BUILTIN),
         ("VGPU_STATUS_OK", STATUS_OK.into()),
         ("VGPU_STATUS_INVALID", STATUS_INVALID.into()),

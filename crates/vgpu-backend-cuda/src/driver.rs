@@ -856,8 +856,9 @@ impl ModuleImage {
         ModuleImage::aligned(&bytes)
     }
 
-    /// A fatbinary whose headers were checked to lie inside `image`.
-    pub fn fatbin(image: &[u8]) -> ModuleImage {
+    /// A fatbinary or cubin whose headers were checked to lie inside
+    /// `image`.
+    pub fn binary(image: &[u8]) -> ModuleImage {
         ModuleImage::aligned(image)
     }
 

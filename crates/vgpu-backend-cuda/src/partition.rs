@@ -548,11 +548,18 @@ impl Partition for CudaPartition {
 
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         self.last_device_time = None;
-        if format != abi::MODULE_FORMAT_PTX && format != abi::MODULE_FORMAT_FATBIN {
+        if ![
+            abi::MODULE_FORMAT_PTX,
+            abi::MODULE_FORMAT_FATBIN,
+            abi::MODULE_FORMAT_CUBIN,
+        ]
+        .contains(&format)
+        {
             return Err(OpError::Unsupported(format!(
-                "module format {format}: the cuda backend loads PTX (format {}) and fatbinaries ({})",
+                "module format {format}: the cuda backend loads PTX (format {}), fatbinaries ({}) and cubins ({})",
                 abi::MODULE_FORMAT_PTX,
-                abi::MODULE_FORMAT_FATBIN
+                abi::MODULE_FORMAT_FATBIN,
+                abi::MODULE_FORMAT_CUBIN
             )));
         }
         if !self.shared.guest_ptx.load(Ordering::Relaxed) {
@@ -563,11 +570,10 @@ impl Partition for CudaPartition {
         }
         // The driver reads PTX to its NUL and a fatbinary as far as its
         // headers say, from an 8-byte aligned copy.
-        let text = if format == abi::MODULE_FORMAT_PTX {
-            let ptx = rules::ptx_text(image)?;
-            driver::ModuleImage::ptx(ptx)
-        } else {
-            driver::ModuleImage::fatbin(rules::fatbin_image(image)?)
+        let text = match format {
+            abi::MODULE_FORMAT_PTX => driver::ModuleImage::ptx(rules::ptx_text(image)?),
+            abi::MODULE_FORMAT_CUBIN => driver::ModuleImage::binary(rules::cubin_image(image)?),
+            _ => driver::ModuleImage::binary(rules::fatbin_image(image)?),
         };
         let name = self.spec.name.clone();
         self.run(|dev| {

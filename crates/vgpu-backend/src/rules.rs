@@ -718,6 +718,21 @@ pub fn fatbin_image(image: &[u8]) -> Result<&[u8], OpError> {
     Ok(&image[..len])
 }
 
+/// The cubin of a [`abi::MODULE_FORMAT_CUBIN`] image, whole: its header
+/// tables, sections and segments must lie inside the image, since the
+/// driver reads as far as they say.
+pub fn cubin_image(image: &[u8]) -> Result<&[u8], OpError> {
+    let image = module_image(image)?;
+    let len = vgpu_ptx::cubin_len(image).map_err(|e| OpError::Invalid(format!("cubin: {e}")))?;
+    if len > image.len() {
+        return Err(OpError::Invalid(format!(
+            "cubin: its headers reach byte {len}, past the {}-byte image",
+            image.len()
+        )));
+    }
+    Ok(&image[..len])
+}
+
 /// The text of a [`abi::MODULE_FORMAT_PTX`] image: its bytes before any
 /// trailing NULs, which must hold no other NUL (a driver reads the image
 /// as a C string).

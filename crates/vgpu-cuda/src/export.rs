@@ -49,8 +49,10 @@ const TOOLS_RUNTIME_CALLBACK_HOOKS_ID: CUuuid = uuid(0xa094798c2e742e7493f208002
 const CONTEXT_LOCAL_STORAGE_ID: CUuuid = uuid(0xc693336e1121df11a8c368f355d89593);
 const INTEGRITY_CHECK_ID: CUuuid = uuid(0xd4082055bde6704b8d34ba123c66e1f2);
 const CONTEXT_CHECKS_ID: CUuuid = uuid(0x263e88607cd2614392f6bbd5006dfa7e);
-/// Asked for by cuBLAS and cuFFT at their start; only slot 4 is called.
+/// Asked for by cuBLAS and cuFFT at their start.
 const CONTEXT_QUERY_ID: CUuuid = uuid(0x21318c60971432488ca641ff7324c8f2);
+/// Asked for by cuFFT after it loads its modules.
+const MODULE_QUERY_ID: CUuuid = uuid(0x6e163fbeb958444d835ce182aff1991e);
 
 static CUDART_INTERFACE: Table<13> = Table([
     size_of_table(13),
@@ -75,12 +77,23 @@ static TOOLS_TLS: Table<3> = Table([
     tools_current_context as *const c_void,
 ]);
 
-/// 93 words in NVIDIA's driver. cuBLAS and cuFFT call only slot 4, and
-/// stop (`CUFFT_INTERNAL_ERROR`) when the table is missing.
+/// 93 words in NVIDIA's driver. cuBLAS calls slots 4, 39 and 51, cuFFT
+/// slot 4; cuFFT stops (`CUFFT_INTERNAL_ERROR`) when the table is missing.
 static CONTEXT_QUERY: Table<93> = {
     let mut t = [NULL; 93];
     t[0] = size_of_table(93);
     t[4] = context_query_4 as *const c_void;
+    t[39] = stream_key_id as *const c_void;
+    t[51] = stream_key as *const c_void;
+    Table(t)
+};
+
+/// cuFFT calls slot 7 after loading a module, and goes on when it fails
+/// (NVIDIA's driver answers 1 there too, for modules of its own).
+static MODULE_QUERY: Table<8> = {
+    let mut t = [NULL; 8];
+    t[0] = size_of_table(8);
+    t[7] = module_query_7 as *const c_void;
     Table(t)
 };
 
@@ -132,6 +145,7 @@ pub fn table(id: &CUuuid) -> Option<*const c_void> {
         INTEGRITY_CHECK_ID => INTEGRITY_CHECK.ptr(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.ptr(),
         CONTEXT_QUERY_ID => CONTEXT_QUERY.ptr(),
+        MODULE_QUERY_ID => MODULE_QUERY.ptr(),
         _ => return None,
     })
 }
@@ -300,6 +314,43 @@ extern "C" fn context_query_4(ctx: Handle, out: *mut u64, _arg3: *mut c_void) ->
     })
 }
 
+/// A key for a stream of `ctx` (null: its legacy stream), which cuBLAS
+/// hands back to slot 39: the stream's handle, or the context's for the
+/// legacy stream (handles never repeat across kinds).
+extern "C" fn stream_key(ctx: Handle, stream: Handle, out: *mut usize) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let ctx = cls_ctx(ctx)?;
+        d.ctx_device(ctx)?;
+        let key = if stream.is_null() {
+            ctx
+        } else {
+            crate::api::stream::stream_id(stream)? as usize
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, key) }
+    })
+}
+
+/// The id of the stream `key` names (as `cuStreamGetId` gives it).
+extern "C" fn stream_key_id(ctx: Handle, key: usize, out: *mut u64) -> CUresult {
+    entry(|| {
+        let ctx = cls_ctx(ctx)?;
+        driver()?.ctx_device(ctx)?;
+        let id = if key == ctx {
+            0
+        } else {
+            crate::api::stream::stream_id(key as Handle)?
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, id) }
+    })
+}
+
+extern "C" fn module_query_7() -> CUresult {
+    cu::ERROR_NOT_SUPPORTED
+}
+
 /// The HMAC key of the runtime's driver check (a constant of the
 /// protocol).
 const INTEGRITY_KEY: [u8; 16] = [
@@ -377,7 +428,8 @@ mod tests {
     fn the_slots_libraries_call_are_filled() {
         assert!(!TOOLS_TLS.0[2].is_null());
         assert!(!CONTEXT_QUERY.0[4].is_null());
-        assert_eq!(CONTEXT_QUERY.0.iter().filter(|p| !p.is_null()).count(), 2);
+        assert_eq!(CONTEXT_QUERY.0.iter().filter(|p| !p.is_null()).count(), 4);
+        assert!(table(&MODULE_QUERY_ID).is_some());
     }
 
     #[test]

@@ -547,6 +547,9 @@ impl Driver {
 fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
     let format = if vgpu_ptx::fatbin::is_ptx_text(image) {
         sys::MODULE_PTX
+    } else if vgpu_ptx::is_cubin(image) {
+        // Machine code for one GPU, no PTX: the device's driver runs it.
+        return Ok((sys::MODULE_CUBIN, Vec::new()));
     } else {
         sys::MODULE_FATBIN
     };
@@ -630,5 +633,9 @@ mod tests {
             module_ptx(b"\x7fELF....").err(),
             Some(cu::ERROR_INVALID_IMAGE)
         );
+        let mut cubin = b"\x7fELF\x02\x01".to_vec();
+        cubin.resize(64, 0);
+        cubin[18] = 190;
+        assert_eq!(module_ptx(&cubin), Ok((sys::MODULE_CUBIN, Vec::new())));
     }
 }

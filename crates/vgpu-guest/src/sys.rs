@@ -71,6 +71,8 @@ pub const MEM_WINDOW: u32 = 2;
 
 /// Module format: a CUDA fatbinary, as `nvcc` embeds it.
 pub const MODULE_FATBIN: u32 = 2;
+/// Module format: a cubin (an ELF image for one GPU architecture).
+pub const MODULE_CUBIN: u32 = 3;
 
 /// SUBMIT flag: wait for the batch, write the results and collect it.
 pub const SUBMIT_WAIT: u32 = 1 << 0;
@@ -588,6 +590,7 @@ mod tests {
             ("VGPU_MEM_WINDOW", MEM_WINDOW.into()),
             ("VGPU_MODULE_PTX", MODULE_PTX.into()),
             ("VGPU_MODULE_FATBIN", MODULE_FATBIN.into()),
+            ("VGPU_MODULE_CUBIN", MODULE_CUBIN.into()),
             ("VGPU_MODULE_BUILTIN_ID", MODULE_BUILTIN_ID),
             ("VGPU_CMD_STATUS_OK", CMD_STATUS_OK.into()),
             ("VGPU_CMD_STATUS_INVALID", CMD_STATUS_INVALID.into()),

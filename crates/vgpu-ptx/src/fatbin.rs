@@ -146,6 +146,86 @@ pub fn fatbin_len(image: &[u8]) -> Result<usize, FatbinError> {
     read_fatbins(image, None)
 }
 
+/// `e_machine` of a CUDA ELF image (a cubin).
+const EM_CUDA: u16 = 190;
+/// Section type without bytes in the file.
+const SHT_NOBITS: u32 = 8;
+/// Size of a 64-bit ELF header.
+const ELF_HEADER: usize = 64;
+
+/// Is `image` a CUDA cubin (a 64-bit little-endian ELF for `EM_CUDA`)?
+/// Only the first 20 bytes are read.
+pub fn is_cubin(image: &[u8]) -> bool {
+    image.len() >= 20
+        && image[..4] == *b"\x7fELF"
+        && image[4] == 2
+        && image[5] == 1
+        && u16_at(image, 18) == Some(EM_CUDA)
+}
+
+/// How many bytes of the cubin at the start of `image` a driver reads: to
+/// the end of its header tables and of every section and segment with
+/// bytes in the file. When `image` is shorter than the tables its header
+/// names, the answer is how much must be read to learn more (more than
+/// `image.len()`), so a caller holding only a pointer reads in steps.
+pub fn cubin_len(image: &[u8]) -> Result<usize, FatbinError> {
+    let bad = |offset, what| FatbinError::Malformed { offset, what };
+    if image.len() < ELF_HEADER {
+        return Ok(ELF_HEADER);
+    }
+    if !is_cubin(image) {
+        return Err(FatbinError::NotAModule);
+    }
+    let field = |o| u64_at(image, o).and_then(|v| usize::try_from(v).ok());
+    let table = |off: usize, size: usize, count: usize| {
+        size.checked_mul(count)
+            .and_then(|n| n.checked_add(off))
+            .ok_or(bad(off, "header table size"))
+    };
+    let phoff = field(0x20).ok_or(bad(0x20, "program header offset"))?;
+    let shoff = field(0x28).ok_or(bad(0x28, "section header offset"))?;
+    let (phsize, phnum) = (u16_at(image, 0x36), u16_at(image, 0x38));
+    let (shsize, shnum) = (u16_at(image, 0x3a), u16_at(image, 0x3c));
+    let (phsize, phnum, shsize, shnum) = (
+        usize::from(phsize.unwrap_or(0)),
+        usize::from(phnum.unwrap_or(0)),
+        usize::from(shsize.unwrap_or(0)),
+        usize::from(shnum.unwrap_or(0)),
+    );
+    if (phnum > 0 && phsize < 0x38) || (shnum > 0 && shsize < 0x40) {
+        return Err(bad(0x36, "header entry size"));
+    }
+    let ph_end = if phnum > 0 {
+        table(phoff, phsize, phnum)?
+    } else {
+        0
+    };
+    let sh_end = if shnum > 0 {
+        table(shoff, shsize, shnum)?
+    } else {
+        0
+    };
+    let mut end = ELF_HEADER.max(ph_end).max(sh_end);
+    if end > image.len() {
+        return Ok(end);
+    }
+    let extent = |at: usize, off_field: usize, size_field: usize| {
+        let off = field(at + off_field).ok_or(bad(at, "offset"))?;
+        let size = field(at + size_field).ok_or(bad(at, "size"))?;
+        off.checked_add(size).ok_or(bad(at, "extent"))
+    };
+    for i in 0..shnum {
+        let at = shoff + i * shsize;
+        if u32_at(image, at + 4) != Some(SHT_NOBITS) {
+            end = end.max(extent(at, 0x18, 0x20)?);
+        }
+    }
+    for i in 0..phnum {
+        end = end.max(extent(phoff + i * phsize, 0x08, 0x20)?);
+    }
+    Ok(end)
+}
+
 /// Reads the fatbinaries back to back at the start of `image` (collecting
 /// their PTX into `out`, if given), returns where the last one ends.
 fn read_fatbins(image: &[u8], mut out: Option<&mut Vec<String>>) -> Result<usize, FatbinError> {
@@ -338,6 +418,51 @@ mod tests {
             assert!(extract_ptx(&full[..n]).is_err(), "{n}");
         }
         assert!(extract_ptx(&full).is_ok());
+    }
+
+    /// A cubin header: `shnum` sections of 64 bytes at `shoff`.
+    fn cubin(shoff: u64, shnum: u16) -> Vec<u8> {
+        let mut e = vec![0u8; 64];
+        e[..4].copy_from_slice(b"\x7fELF");
+        e[4] = 2;
+        e[5] = 1;
+        e[18..20].copy_from_slice(&EM_CUDA.to_le_bytes());
+        e[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        e[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        e[0x3c..0x3e].copy_from_slice(&shnum.to_le_bytes());
+        e
+    }
+
+    fn section(e: &mut Vec<u8>, ty: u32, off: u64, size: u64) {
+        let mut s = vec![0u8; 64];
+        s[4..8].copy_from_slice(&ty.to_le_bytes());
+        s[0x18..0x20].copy_from_slice(&off.to_le_bytes());
+        s[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+        e.extend_from_slice(&s);
+    }
+
+    #[test]
+    fn cubin_len_reaches_the_last_section_and_asks_for_unread_tables() {
+        let mut e = cubin(64, 3);
+        section(&mut e, 0, 0, 0);
+        section(&mut e, 1, 256, 100);
+        // A NOBITS section (.bss) has no bytes in the file.
+        section(&mut e, SHT_NOBITS, 356, 1 << 30);
+        e.resize(356, 0xee);
+        assert!(is_cubin(&e));
+        assert_eq!(cubin_len(&e), Ok(356));
+        // Read in steps from a pointer: the header, then the table.
+        assert_eq!(cubin_len(&e[..10]), Ok(64));
+        assert_eq!(cubin_len(&e[..64]), Ok(64 + 3 * 64));
+        assert_eq!(cubin_len(&e[..256]), Ok(356));
+        // A section past the end of memory, or a table size that wraps.
+        let mut wrap = cubin(64, 1);
+        section(&mut wrap, 1, u64::MAX, 2);
+        assert!(cubin_len(&wrap).is_err());
+        assert!(cubin_len(&cubin(u64::MAX - 8, 2)).is_err());
+        let mut not_cuda = e.clone();
+        not_cuda[18] = 62;
+        assert_eq!(cubin_len(&not_cuda), Err(FatbinError::NotAModule));
     }
 
     #[test]

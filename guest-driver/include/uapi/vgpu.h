@@ -166,10 +166,12 @@ struct vgpu_fill_args {
 
 #define VGPU_MODULE_PTX	1
 #define VGPU_MODULE_FATBIN	2
+#define VGPU_MODULE_CUBIN	3
 
 /**
  * struct vgpu_module_load_args - a VGPU_CMD_MODULE_LOAD
- * @format: VGPU_MODULE_PTX or VGPU_MODULE_FATBIN (a CUDA fatbinary)
+ * @format: VGPU_MODULE_PTX, VGPU_MODULE_FATBIN (a CUDA fatbinary) or
+ *          VGPU_MODULE_CUBIN (an ELF cubin)
  * @pad: zero
  * @image: user pointer to the image
  * @image_size: bytes, 1..VGPU_MAX_IMAGE_BYTES

@@ -399,3 +399,25 @@ fn test_unaligned_float_operands_are_allowed_where_the_backend_says_so() {
     ));
     assert!(run(FloatOperands::Unaligned).is_ok());
 }
+
+#[test]
+fn a_cubin_must_hold_what_its_headers_name() {
+    // An ELF header for EM_CUDA with one 64-byte section header at 64,
+    // naming 16 bytes at offset 128.
+    let mut e = vec![0u8; 128];
+    e[..6].copy_from_slice(b"\x7fELF\x02\x01");
+    e[18] = 190;
+    e[0x28] = 64;
+    e[0x3a] = 64;
+    e[0x3c] = 1;
+    e[64 + 4] = 1;
+    e[64 + 0x18] = 128;
+    e[64 + 0x20] = 16;
+    assert!(matches!(cubin_image(&e), Err(OpError::Invalid(_))));
+    e.resize(150, 0);
+    assert_eq!(cubin_image(&e).map(<[u8]>::len), Ok(144));
+    assert!(matches!(
+        cubin_image(b"not an ELF"),
+        Err(OpError::Invalid(_))
+    ));
+}

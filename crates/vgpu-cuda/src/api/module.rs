@@ -47,7 +47,32 @@ pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
                 .checked_add(usize::try_from(body).map_err(|_| cu::ERROR_INVALID_IMAGE)?)
                 .ok_or(cu::ERROR_INVALID_IMAGE)?
         }
-        ELF_MAGIC => return Err(cu::ERROR_NO_BINARY_FOR_GPU),
+        ELF_MAGIC => {
+            // A cubin: read in steps, each as far as the headers already
+            // read say, until they are all inside what was read.
+            let mut n = 0;
+            loop {
+                // SAFETY: an ELF image holds what its headers name.
+                let have = unsafe { ffi::bytes(p, n) }?;
+                match vgpu_ptx::cubin_len(have) {
+                    Ok(need) if need <= n => break need,
+                    Ok(need) if need <= max => n = need,
+                    Ok(need) => {
+                        log(&format!(
+                            "cubin of {need} bytes is over the {max}-byte limit"
+                        ));
+                        return Err(cu::ERROR_INVALID_IMAGE);
+                    }
+                    Err(vgpu_ptx::FatbinError::NotAModule) => {
+                        return Err(cu::ERROR_NO_BINARY_FOR_GPU)
+                    }
+                    Err(e) => {
+                        log(&format!("module image: {e}"));
+                        return Err(cu::ERROR_INVALID_IMAGE);
+                    }
+                }
+            }
+        }
         _ => {
             // PTX text: up to its NUL, which must come within the limit.
             let mut n = 0;

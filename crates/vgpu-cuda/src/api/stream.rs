@@ -2,6 +2,8 @@
 //! ([`crate::inflight`]); an event is a TIMESTAMP in that queue, so its
 //! time is the device clock when the work before it finished.
 
+use std::ffi::c_void;
+
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use vgpu_guest::Batch;
@@ -141,12 +143,17 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     })
 }
 
+/// The id of `stream` (0 for the legacy stream), if it exists.
+pub(crate) fn stream_id(stream: Handle) -> CuResult<u64> {
+    stream_field(stream, stream as u64, |_| stream as u64)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(stream: Handle, id: *mut u64) -> CUresult {
     entry(|| {
-        let v = stream_field(stream, stream as usize, |_| stream as usize)?;
+        let v = stream_id(stream)?;
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(id, v as u64) }
+        unsafe { ffi::put(id, v) }
     })
 }
 
@@ -159,6 +166,84 @@ pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut u32) -
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(status, 0) }
     })
+}
+
+/// Nothing is ever being captured here: the status is NONE and the
+/// optional outputs (capture id, graph, dependencies) are zero.
+///
+/// # Safety
+/// Each pointer is null or writable.
+unsafe fn no_capture(
+    stream: Handle,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const Handle,
+    edges: *mut *const c_void,
+    ndeps: *mut usize,
+) -> CUresult {
+    entry(|| {
+        stream_field(stream, (), |_| ())?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(status, 0) }?;
+        // SAFETY: optional out-parameters, null when not wanted.
+        unsafe {
+            let _ = ffi::put(id, 0);
+            let _ = ffi::put(graph, std::ptr::null_mut());
+            let _ = ffi::put(deps, std::ptr::null());
+            let _ = ffi::put(edges, std::ptr::null());
+            let _ = ffi::put(ndeps, 0);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    stream: Handle,
+    status: *mut u32,
+    id: *mut u64,
+) -> CUresult {
+    let none = std::ptr::null_mut();
+    // SAFETY: the caller's pointers.
+    unsafe {
+        no_capture(
+            stream,
+            status,
+            id,
+            none,
+            none.cast(),
+            none.cast(),
+            none.cast(),
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    stream: Handle,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const Handle,
+    ndeps: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's pointers.
+    unsafe { no_capture(stream, status, id, graph, deps, std::ptr::null_mut(), ndeps) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    stream: Handle,
+    status: *mut u32,
+    id: *mut u64,
+    graph: *mut Handle,
+    deps: *mut *const Handle,
+    edges: *mut *const c_void,
+    ndeps: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's pointers.
+    unsafe { no_capture(stream, status, id, graph, deps, edges, ndeps) }
 }
 
 /// Capture modes matter only while capturing, which never happens here;
