@@ -40,6 +40,18 @@ pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult {
     Ok(())
 }
 
+/// [`put`] for an out-parameter the caller may pass as null, to skip it.
+///
+/// # Safety
+/// As for [`put`].
+pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult {
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded to the caller.
+    unsafe { put(p, v) }
+}
+
 /// Reads the caller's in-parameter `p`.
 ///
 /// # Safety
