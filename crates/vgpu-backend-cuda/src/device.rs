@@ -358,6 +358,15 @@ impl DeviceState {
         driver::event_elapsed(&r.start, &r.end).at(what)
     }
 
+    /// [`Self::launch`] on enough blocks for `n` items, one a thread.
+    ///
+    /// # Safety
+    /// As for [`Self::launch`].
+    unsafe fn launch_n(&self, k: K, n: u64, args: &mut [*mut c_void]) -> Result<(), Fail> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch(k, [self.grid_for(n), 1, 1], args) }
+    }
+
     pub(crate) fn grid_for(&self, n: u64) -> u32 {
         n.div_ceil(u64::from(BLOCK))
             .clamp(1, u64::from(self.sms) * BLOCKS_PER_SM) as u32
@@ -395,13 +404,12 @@ impl DeviceState {
         mut count: u64,
         mut value: u32,
     ) -> Result<(), Fail> {
-        let grid = [self.grid_for(count), 1, 1];
         // SAFETY: fill_u32(u32*, u64, u32); `count` words at `dst` were
         // checked by the caller.
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::FillU32,
-                grid,
+                count,
                 &mut [arg(&mut dst), arg(&mut count), arg(&mut value)],
             )
         }
@@ -413,12 +421,11 @@ impl DeviceState {
         mut bytes: u64,
         mut pattern: u32,
     ) -> Result<(), Fail> {
-        let grid = [self.grid_for(bytes), 1, 1];
         // SAFETY: fill_pattern_u8(u8*, u64, u32); `bytes` at `dst` checked.
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::FillPatternU8,
-                grid,
+                bytes,
                 &mut [arg(&mut dst), arg(&mut bytes), arg(&mut pattern)],
             )
         }
@@ -427,25 +434,23 @@ impl DeviceState {
     pub(crate) fn k_copy(&self, mut dst: u64, mut src: u64, bytes: u64) -> Result<(), Fail> {
         if (dst | src | bytes).is_multiple_of(16) {
             let mut count = bytes / 16;
-            let grid = [self.grid_for(count), 1, 1];
             // SAFETY: copy_u128(uint4*, const uint4*, u64); both ranges
             // checked, 16-byte aligned, not overlapping.
             return unsafe {
-                self.launch(
+                self.launch_n(
                     K::CopyU128,
-                    grid,
+                    count,
                     &mut [arg(&mut dst), arg(&mut src), arg(&mut count)],
                 )
             };
         }
         let mut bytes = bytes;
-        let grid = [self.grid_for(bytes), 1, 1];
         // SAFETY: copy_bytes(u8*, const u8*, u64); both ranges checked,
         // not overlapping.
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::CopyBytes,
-                grid,
+                bytes,
                 &mut [arg(&mut dst), arg(&mut src), arg(&mut bytes)],
             )
         }
@@ -458,13 +463,12 @@ impl DeviceState {
         mut b: u64,
         mut n: u64,
     ) -> Result<(), Fail> {
-        let grid = [self.grid_for(n), 1, 1];
         // SAFETY: vadd_f32(float*, const float*, const float*, u64); `n`
         // floats at each checked (or a temporary of that size).
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::Vadd,
-                grid,
+                n,
                 &mut [arg(&mut c), arg(&mut a), arg(&mut b), arg(&mut n)],
             )
         }
@@ -477,25 +481,23 @@ impl DeviceState {
         mut n: u64,
         mut a: f32,
     ) -> Result<(), Fail> {
-        let grid = [self.grid_for(n), 1, 1];
         // SAFETY: saxpy_f32(float*, const float*, u64, float); `n` floats
         // at each checked (or a temporary).
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::Saxpy,
-                grid,
+                n,
                 &mut [arg(&mut y), arg(&mut x), arg(&mut n), arg(&mut a)],
             )
         }
     }
 
     pub(crate) fn k_scale(&self, mut c: u64, mut count: u64, mut beta: f32) -> Result<(), Fail> {
-        let grid = [self.grid_for(count), 1, 1];
         // SAFETY: scale_f32(float*, u64, float); `count` floats checked.
         unsafe {
-            self.launch(
+            self.launch_n(
                 K::Scale,
-                grid,
+                count,
                 &mut [arg(&mut c), arg(&mut count), arg(&mut beta)],
             )
         }

@@ -254,8 +254,29 @@ pub fn resource_desc(groups: &[SmResource]) -> Result<ResourceDesc, CuError> {
     Ok(ResourceDesc(desc))
 }
 
-/// A context of its own (`cuCtxCreate`), destroyed on drop.
-pub struct Context(sys::CUcontext);
+/// Declares `$name`, owning a raw driver handle that `$destroy` destroys
+/// on drop; the conditions that destroy call needs are in the type's doc.
+macro_rules! owned_handle {
+    ($(#[$doc:meta])* $name:ident($raw:ty), $destroy:path) => {
+        $(#[$doc])*
+        pub struct $name($raw);
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: `self.0` is the live handle this type's constructor
+                // made; only this drop destroys it, once, as its doc says.
+                let _ = unsafe { $destroy(self.0) };
+            }
+        }
+    };
+}
+
+owned_handle! {
+    /// A context of its own (`cuCtxCreate`), destroyed on drop, when it is
+    /// current nowhere (every user pops it when done).
+    Context(sys::CUcontext),
+    sys::cuCtxDestroy_v2
+}
 
 impl Context {
     /// Creates a context on `device`, with no special parameters, and
@@ -283,17 +304,12 @@ impl Context {
     }
 }
 
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: the context `create` made, destroyed once; it is no longer
-        // current anywhere (every user pops it when done).
-        let _ = unsafe { sys::cuCtxDestroy_v2(self.0) };
-    }
+owned_handle! {
+    /// A green context (`cuGreenCtxCreate`) of the device's primary context,
+    /// destroyed on drop.
+    GreenContext(sys::CUgreenCtx),
+    sys::cuGreenCtxDestroy
 }
-
-/// A green context (`cuGreenCtxCreate`) of the device's primary context,
-/// destroyed on drop.
-pub struct GreenContext(sys::CUgreenCtx);
 
 impl GreenContext {
     /// Creates a green context on `device` from `desc`, with the
@@ -324,15 +340,12 @@ impl GreenContext {
     }
 }
 
-impl Drop for GreenContext {
-    fn drop(&mut self) {
-        // SAFETY: the green context `create` made, destroyed once.
-        let _ = unsafe { sys::cuGreenCtxDestroy(self.0) };
-    }
+owned_handle! {
+    /// A non-blocking stream, destroyed on drop (queued work still
+    /// completes); its owner drops it with the stream's context current.
+    Stream(sys::CUstream),
+    sys::cuStreamDestroy_v2
 }
-
-/// A non-blocking stream, destroyed on drop (queued work still completes).
-pub struct Stream(sys::CUstream);
 
 impl Stream {
     /// A stream of the current context (`cuStreamCreate`).
@@ -363,16 +376,11 @@ impl Stream {
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // SAFETY: the stream `create` or `create_in` made, destroyed once;
-        // its owner drops it with the stream's context current.
-        let _ = unsafe { sys::cuStreamDestroy_v2(self.0) };
-    }
+owned_handle! {
+    /// An event (`cuEventCreate`), destroyed on drop.
+    Event(sys::CUevent),
+    sys::cuEventDestroy_v2
 }
-
-/// An event (`cuEventCreate`), destroyed on drop.
-pub struct Event(sys::CUevent);
 
 impl Event {
     /// A timing event, or one without timing (cheaper to record), in the
@@ -387,13 +395,6 @@ impl Event {
         // SAFETY: `e` is a valid out pointer; a context is current.
         ok(unsafe { sys::cuEventCreate(&mut e, flags) })?;
         Ok(Event(e))
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: the event `create` made, destroyed once.
-        let _ = unsafe { sys::cuEventDestroy_v2(self.0) };
     }
 }
 

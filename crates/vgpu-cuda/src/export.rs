@@ -186,10 +186,8 @@ extern "C" fn get_module_from_cubin_ext2(
     arg4: *mut c_void,
     arg5: u32,
 ) -> CUresult {
-    entry(|| {
-        no_options(arg3, arg4, arg5)?;
-        load(module, image)
-    })
+    // The first loader with its first two arguments swapped.
+    get_module_from_cubin_ext1(module, image, arg3, arg4, arg5)
 }
 
 /// The primary context of `dev`, without activating it.

@@ -1,7 +1,7 @@
 //! Reading and writing through the pointers C callers pass, and the
 //! wrapper every exported entry point runs its body in.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::cu::{self, CUresult};
@@ -25,44 +25,18 @@ pub fn entry(f: impl FnOnce() -> CuResult) -> CUresult {
     r
 }
 
-/// Writes `v` to the caller's out-parameter `p`.
-///
-/// # Safety
-/// `p` is null or valid for a write of a `T` (the API contract of every
-/// out-parameter).
-pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult {
-    if p.is_null() {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-null, and valid for writes by the caller's contract;
-    // `write_unaligned` because C callers may pack structures.
-    unsafe { p.write_unaligned(v) };
-    Ok(())
-}
+vgpu_guest::c_arg_access!(CuResult, cu::ERROR_INVALID_VALUE);
 
-/// Reads the caller's in-parameter `p`.
+/// [`put`] for an out-parameter the caller may pass as null, to skip it.
 ///
 /// # Safety
-/// `p` is null or valid for a read of a `T`.
-pub unsafe fn get<T: Copy>(p: *const T) -> CuResult<T> {
+/// As for [`put`].
+pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult {
     if p.is_null() {
-        return Err(cu::ERROR_INVALID_VALUE);
+        return Ok(());
     }
-    // SAFETY: non-null and readable by the caller's contract.
-    Ok(unsafe { p.read_unaligned() })
-}
-
-/// The NUL-terminated string at `p`.
-///
-/// # Safety
-/// `p` is null or points to a NUL-terminated string that outlives `'a`.
-pub unsafe fn cstr<'a>(p: *const c_char) -> CuResult<&'a str> {
-    if p.is_null() {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    // SAFETY: a NUL-terminated string by the caller's contract.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str().map_err(|_| cu::ERROR_INVALID_VALUE)
+    // SAFETY: forwarded to the caller.
+    unsafe { put(p, v) }
 }
 
 /// `len` bytes of host memory at `p`.

@@ -59,6 +59,12 @@ pub fn cu_error(e: &GuestError) -> CUresult {
     }
 }
 
+/// The object filed under handle `h` in `table`; CUDA calls an unknown
+/// one an invalid handle.
+pub fn by_handle<T>(table: &HashMap<usize, T>, h: usize) -> CuResult<&T> {
+    table.get(&h).ok_or(cu::ERROR_INVALID_HANDLE)
+}
+
 /// `?`-friendly form of [`cu_error`].
 pub fn check<T>(r: vgpu_guest::Result<T>) -> CuResult<T> {
     r.map_err(|e| {
@@ -411,12 +417,7 @@ impl Driver {
         if stream <= 2 {
             return Ok(self.current_gpu()?.1);
         }
-        let ctx = self
-            .objects()
-            .streams
-            .get(&stream)
-            .map(|s| s.ctx)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let ctx = by_handle(&self.objects().streams, stream)?.ctx;
         self.gpu(self.ctx_device(ctx)?)
     }
 
@@ -446,7 +447,7 @@ impl Driver {
     pub fn get_global(&self, module: usize, name: &str) -> CuResult<(u64, u64)> {
         let (m, device) = {
             let o = self.objects();
-            let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let m = by_handle(&o.modules, module)?;
             if let Some(&g) = m.globals.get(name) {
                 return Ok(g);
             }
@@ -466,7 +467,7 @@ impl Driver {
     pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
         let (m, device) = {
             let o = self.objects();
-            let m = o.modules.get(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let m = by_handle(&o.modules, module)?;
             // One handle per (module, name), as CUDA returns the same
             // CUfunction for repeated look-ups.
             if let Some((&h, _)) = o
@@ -525,7 +526,7 @@ impl Driver {
     pub fn launch(&self, func: usize, dims: Dims, cluster: [u32; 3], params: &[u8]) -> CuResult {
         let (function, device) = {
             let o = self.objects();
-            let f = o.funcs.get(&func).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let f = by_handle(&o.funcs, func)?;
             if dims.shared_mem > f.max_dynamic_shared {
                 log(&format!(
                     "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",

@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+mod c_args;
 mod device;
 mod error;
 pub mod ffi;

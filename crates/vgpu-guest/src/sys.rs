@@ -419,27 +419,17 @@ pub const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u64 {
         | ((size as u32) << IOC_SIZESHIFT)) as u64
 }
 
-pub const IOCTL_INFO: u64 = ioc(IOC_READ, IOCTL_MAGIC, 0xa0, size_of::<VgpuInfo>());
-pub const IOCTL_ALLOC: u64 = ioc(
-    IOC_READ | IOC_WRITE,
-    IOCTL_MAGIC,
-    0xa1,
-    size_of::<VgpuAlloc>(),
-);
-pub const IOCTL_FREE: u64 = ioc(IOC_WRITE, IOCTL_MAGIC, 0xa2, size_of::<VgpuFree>());
-pub const IOCTL_SUBMIT: u64 = ioc(
-    IOC_READ | IOC_WRITE,
-    IOCTL_MAGIC,
-    0xa3,
-    size_of::<VgpuSubmit>(),
-);
-pub const IOCTL_WAIT: u64 = ioc(
-    IOC_READ | IOC_WRITE,
-    IOCTL_MAGIC,
-    0xa4,
-    size_of::<VgpuWait>(),
-);
-pub const IOCTL_USAGE: u64 = ioc(IOC_READ, IOCTL_MAGIC, 0xa5, size_of::<VgpuUsage>());
+/// The driver's request `nr` passing a `T`, in direction `dir`.
+const fn vgpu_ioc<T>(dir: u32, nr: u8) -> u64 {
+    ioc(dir, IOCTL_MAGIC, nr, size_of::<T>())
+}
+
+pub const IOCTL_INFO: u64 = vgpu_ioc::<VgpuInfo>(IOC_READ, 0xa0);
+pub const IOCTL_ALLOC: u64 = vgpu_ioc::<VgpuAlloc>(IOC_READ | IOC_WRITE, 0xa1);
+pub const IOCTL_FREE: u64 = vgpu_ioc::<VgpuFree>(IOC_WRITE, 0xa2);
+pub const IOCTL_SUBMIT: u64 = vgpu_ioc::<VgpuSubmit>(IOC_READ | IOC_WRITE, 0xa3);
+pub const IOCTL_WAIT: u64 = vgpu_ioc::<VgpuWait>(IOC_READ | IOC_WRITE, 0xa4);
+pub const IOCTL_USAGE: u64 = vgpu_ioc::<VgpuUsage>(IOC_READ, 0xa5);
 
 /// Encodes an entry point name: `None` if empty, too long (31 bytes at
 /// most) or containing a NUL.

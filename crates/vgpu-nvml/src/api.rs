@@ -189,6 +189,33 @@ unsafe fn find(
     })
 }
 
+/// [`find`] by a key parsed from the caller's string `text`: a null or
+/// unparsable one is an invalid argument (once NVML is initialized).
+///
+/// # Safety
+/// `text` is null or a NUL-terminated string; `device` as for [`find`].
+unsafe fn find_by<K>(
+    text: *const c_char,
+    device: *mut nvmlDevice_t,
+    parse: impl FnOnce(&str) -> Option<K>,
+    matches: impl Fn(&Gpu, &K) -> bool,
+) -> nvmlReturn_t {
+    let key = if text.is_null() {
+        None
+    } else {
+        // SAFETY: a NUL-terminated string by the caller's contract.
+        unsafe { ffi::cstr(text) }.ok().and_then(parse)
+    };
+    let Some(key) = key else {
+        return entry(|| {
+            state::gpus()?;
+            Err(Error::InvalidArgument)
+        });
+    };
+    // SAFETY: the caller's out-parameter.
+    unsafe { find(device, Error::NotFound, |g| matches(g, &key)) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
@@ -212,23 +239,14 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    let text = if uuid.is_null() {
-        None
-    } else {
-        // SAFETY: a NUL-terminated string by the caller's contract.
-        unsafe { ffi::cstr(uuid) }.ok().map(str::to_owned)
-    };
-    let Some(text) = text else {
-        return entry(|| {
-            state::gpus()?;
-            Err(Error::InvalidArgument)
-        });
-    };
-    // SAFETY: the caller's out-parameter.
+    // SAFETY: the caller's string and out-parameter.
     unsafe {
-        find(device, Error::NotFound, |g| {
-            g.uuid.eq_ignore_ascii_case(&text)
-        })
+        find_by(
+            uuid,
+            device,
+            |s| Some(s.to_owned()),
+            |g, text| g.uuid.eq_ignore_ascii_case(text),
+        )
     }
 }
 
@@ -237,20 +255,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus_id: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    let addr = if bus_id.is_null() {
-        None
-    } else {
-        // SAFETY: a NUL-terminated string by the caller's contract.
-        unsafe { ffi::cstr(bus_id) }.ok().and_then(PciAddr::parse)
-    };
-    let Some(addr) = addr else {
-        return entry(|| {
-            state::gpus()?;
-            Err(Error::InvalidArgument)
-        });
-    };
-    // SAFETY: the caller's out-parameter.
-    unsafe { find(device, Error::NotFound, |g| g.pci == addr) }
+    // SAFETY: the caller's string and out-parameter.
+    unsafe { find_by(bus_id, device, PciAddr::parse, |g, addr| g.pci == *addr) }
 }
 
 #[no_mangle]

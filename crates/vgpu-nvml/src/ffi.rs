@@ -1,7 +1,7 @@
 //! Reading and writing through the pointers C callers pass, and the
 //! wrapper every exported entry point runs its body in.
 
-use std::ffi::{c_char, c_uint, CStr};
+use std::ffi::{c_char, c_uint};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::error::{Error, Result};
@@ -21,45 +21,7 @@ pub fn entry(f: impl FnOnce() -> Result) -> nvmlReturn_t {
     }
 }
 
-/// Writes `v` to the caller's out-parameter `p`.
-///
-/// # Safety
-/// `p` is null or valid for a write of a `T` (the API contract of every
-/// out-parameter).
-pub unsafe fn put<T>(p: *mut T, v: T) -> Result {
-    if p.is_null() {
-        return Err(Error::InvalidArgument);
-    }
-    // SAFETY: non-null, and valid for writes by the caller's contract;
-    // `write_unaligned` because C callers may pack structures.
-    unsafe { p.write_unaligned(v) };
-    Ok(())
-}
-
-/// Reads the caller's in-parameter `p`.
-///
-/// # Safety
-/// `p` is null or valid for a read of a `T`.
-pub unsafe fn get<T: Copy>(p: *const T) -> Result<T> {
-    if p.is_null() {
-        return Err(Error::InvalidArgument);
-    }
-    // SAFETY: non-null and readable by the caller's contract.
-    Ok(unsafe { p.read_unaligned() })
-}
-
-/// The NUL-terminated string at `p`.
-///
-/// # Safety
-/// `p` is null or points to a NUL-terminated string that outlives `'a`.
-pub unsafe fn cstr<'a>(p: *const c_char) -> Result<&'a str> {
-    if p.is_null() {
-        return Err(Error::InvalidArgument);
-    }
-    // SAFETY: a NUL-terminated string by the caller's contract.
-    let s = unsafe { CStr::from_ptr(p) };
-    s.to_str().map_err(|_| Error::InvalidArgument)
-}
+vgpu_guest::c_arg_access!(Result, Error::InvalidArgument);
 
 /// Copies `s` and its NUL into the caller's buffer `out` of `len` bytes;
 /// `NVML_ERROR_INSUFFICIENT_SIZE` (and nothing written) when it does not

@@ -167,8 +167,13 @@ impl Guest {
         dst: u64,
         size: u64,
     ) -> Completion {
-        let cmd = copy_cmd(abi::COPY_WINDOW, abi::COPY_DEVICE, window_off, dst, size, 0);
-        self.copy(q, &cmd, None)
+        self.copy_kinds(
+            q,
+            (abi::COPY_WINDOW, abi::COPY_DEVICE),
+            window_off,
+            dst,
+            size,
+        )
     }
 
     /// COPY device -> window.
@@ -179,13 +184,31 @@ impl Guest {
         window_off: u64,
         size: u64,
     ) -> Completion {
-        let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_WINDOW, src, window_off, size, 0);
-        self.copy(q, &cmd, None)
+        self.copy_kinds(
+            q,
+            (abi::COPY_DEVICE, abi::COPY_WINDOW),
+            src,
+            window_off,
+            size,
+        )
     }
 
     /// COPY device -> device.
     pub fn copy_device_to_device(&mut self, q: u32, dst: u64, src: u64, size: u64) -> Completion {
-        let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_DEVICE, src, dst, size, 0);
+        self.copy_kinds(q, (abi::COPY_DEVICE, abi::COPY_DEVICE), src, dst, size)
+    }
+
+    /// A COPY without guest memory, between the (source, destination)
+    /// memory kinds `kinds`.
+    fn copy_kinds(
+        &mut self,
+        q: u32,
+        kinds: (u32, u32),
+        src: u64,
+        dst: u64,
+        size: u64,
+    ) -> Completion {
+        let cmd = copy_cmd(kinds.0, kinds.1, src, dst, size, 0);
         self.copy(q, &cmd, None)
     }
 

@@ -206,12 +206,8 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         driver()?.current_ctx()?;
         // SAFETY: the caller's out-parameters, either may be null.
         unsafe {
-            if !least.is_null() {
-                ffi::put(least, 0)?;
-            }
-            if !greatest.is_null() {
-                ffi::put(greatest, -5)?;
-            }
+            ffi::put_opt(least, 0)?;
+            ffi::put_opt(greatest, -5)?;
         }
         Ok(())
     })

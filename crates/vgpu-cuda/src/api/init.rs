@@ -47,9 +47,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
         // SAFETY: the caller's out-parameters (`status` may be null).
         unsafe {
             ffi::put(pfn, f)?;
-            if !status.is_null() {
-                ffi::put(status, st)?;
-            }
+            ffi::put_opt(status, st)?;
         }
         if f.is_null() {
             state::log(&format!(

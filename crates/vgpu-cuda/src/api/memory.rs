@@ -123,12 +123,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         };
         // SAFETY: the caller's out-parameters, either may be null.
         unsafe {
-            if !base.is_null() {
-                ffi::put(base, start)?;
-            }
-            if !size.is_null() {
-                ffi::put(size, len as usize)?;
-            }
+            ffi::put_opt(base, start)?;
+            ffi::put_opt(size, len as usize)?;
         }
         Ok(())
     })

@@ -10,7 +10,7 @@ use vgpu_guest::{sys, Dims};
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::state::{driver, log, Driver};
+use crate::state::{by_handle, driver, log, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
@@ -162,11 +162,7 @@ pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, module: Handl
     entry(|| {
         let n = {
             let o = driver()?.objects();
-            o.modules
-                .get(&(module as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?
-                .kernels
-                .len()
+            by_handle(&o.modules, module as usize)?.kernels.len()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(count, n as u32) }
@@ -188,12 +184,8 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
         let (addr, size) = driver()?.get_global(module as usize, name)?;
         // SAFETY: the caller's out-parameters, each of which may be null.
         unsafe {
-            if !dptr.is_null() {
-                ffi::put(dptr, addr)?;
-            }
-            if !bytes.is_null() {
-                ffi::put(bytes, size as usize)?;
-            }
+            ffi::put_opt(dptr, addr)?;
+            ffi::put_opt(bytes, size as usize)?;
         }
         Ok(())
     })
@@ -250,11 +242,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .modules
-            .get(&(library as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        by_handle(&driver()?.objects().modules, library as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, library) }
     })
@@ -263,11 +251,7 @@ pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .funcs
-            .get(&(kernel as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        by_handle(&driver()?.objects().funcs, kernel as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(f, kernel) }
     })
@@ -276,7 +260,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
 /// The value of function attribute `attr`.
 fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
-    let f = o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let f = by_handle(&o.funcs, f)?;
     let i = &f.function.info;
     let cc = crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
@@ -378,14 +362,7 @@ pub extern "C" fn cuKernelSetAttribute(
 /// A cache preference is a hint the device may ignore (CUDA's words).
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
-    entry(|| {
-        driver()?
-            .objects()
-            .funcs
-            .get(&(f as usize))
-            .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
-    })
+    entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
 }
 
 #[no_mangle]
@@ -394,11 +371,7 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> C
         // The CString lives as long as the function handle.
         let p = {
             let o = driver()?.objects();
-            o.funcs
-                .get(&(f as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?
-                .cname
-                .as_ptr()
+            by_handle(&o.funcs, f as usize)?.cname.as_ptr()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(name, p) }
@@ -415,7 +388,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     entry(|| {
         let p = {
             let o = driver()?.objects();
-            let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let func = by_handle(&o.funcs, f as usize)?;
             *func
                 .function
                 .params
@@ -445,7 +418,7 @@ unsafe fn param_block(
 ) -> CuResult<Vec<u8>> {
     let function = {
         let o = d.objects();
-        Arc::clone(&o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?.function)
+        Arc::clone(&by_handle(&o.funcs, f)?.function)
     };
     let layout = &function.params;
     let mut block = vec![0u8; function.info.params_size as usize];
@@ -649,7 +622,7 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
 /// 16 where the kernel allowed non-portable sizes.
 fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
     let o = d.objects();
-    let func = o.funcs.get(&f).ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let func = by_handle(&o.funcs, f)?;
     let non_portable = func
         .hints
         .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
@@ -714,12 +687,7 @@ fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i3
     }
     let (shared, regs) = {
         let o = d.objects();
-        let i = &o
-            .funcs
-            .get(&f)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?
-            .function
-            .info;
+        let i = &by_handle(&o.funcs, f)?.function.info;
         (i.shared_static as usize + dyn_shared, i.num_regs as usize)
     };
     let by_threads = 2048 / block;
@@ -743,12 +711,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
         let d = driver()?;
         let (static_shared, limit) = {
             let o = d.objects();
-            let i = &o
-                .funcs
-                .get(&(f as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?
-                .function
-                .info;
+            let i = &by_handle(&o.funcs, f as usize)?.function.info;
             (i.shared_static as usize, i.max_dynamic_shared as usize)
         };
         let wanted = usize::try_from(blocks)
@@ -812,7 +775,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let max = {
             let o = d.objects();
-            let func = o.funcs.get(&(f as usize)).ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let func = by_handle(&o.funcs, f as usize)?;
             func.function.info.max_threads.clamp(1, 1024) as i32
         };
         let max = if limit > 0 { max.min(limit) } else { max };

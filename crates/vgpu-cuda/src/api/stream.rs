@@ -8,7 +8,7 @@ use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use vgpu_guest::Batch;
 
-use crate::state::{driver, Driver, Event, Stream};
+use crate::state::{by_handle, driver, Driver, Event, Stream};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
@@ -74,11 +74,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: u32) 
     entry(|| {
         let d = driver()?;
         d.stream_gpu(stream as usize)?;
-        d.objects()
-            .events
-            .get(&(event as usize))
-            .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
+        by_handle(&d.objects().events, event as usize).map(drop)
     })
 }
 
@@ -314,10 +310,7 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, _flags: 
 /// The event's last record and device (record 0: never recorded).
 fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, u32)> {
     let o = d.objects();
-    let e = o
-        .events
-        .get(&(event as usize))
-        .ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let e = by_handle(&o.events, event as usize)?;
     Ok((e.records, e.device, e.flags))
 }
 
