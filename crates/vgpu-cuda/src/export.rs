@@ -53,6 +53,8 @@ const CONTEXT_CHECKS_ID: CUuuid = uuid(0x263e88607cd2614392f6bbd5006dfa7e);
 const CONTEXT_QUERY_ID: CUuuid = uuid(0x21318c60971432488ca641ff7324c8f2);
 /// Asked for by cuFFT after it loads its modules.
 const MODULE_QUERY_ID: CUuuid = uuid(0x6e163fbeb958444d835ce182aff1991e);
+/// Asked for by cuBLASLt before it loads its `nvjet` GEMM kernels.
+const KERNEL_SESSION_ID: CUuuid = uuid(0x1734dc26800d47458726c0f1e7dd8bca);
 
 static CUDART_INTERFACE: Table<13> = Table([
     size_of_table(13),
@@ -94,6 +96,19 @@ static MODULE_QUERY: Table<8> = {
     let mut t = [NULL; 8];
     t[0] = size_of_table(8);
     t[7] = module_query_7 as *const c_void;
+    Table(t)
+};
+
+/// cuBLASLt calls slot 4 `(out0, out1, _)`, which NVIDIA's driver answers
+/// with two host buffers, then slot 13 `(buf0, buf1, 64, 7, ..)`, which
+/// fills them with values only that driver can make; a missing table makes
+/// cuBLASLt crash. This driver has no such values: both slots fail, so
+/// cuBLASLt is told the kernels that need them are not available.
+static KERNEL_SESSION: Table<16> = {
+    let mut t = [NULL; 16];
+    t[0] = size_of_table(16);
+    t[4] = kernel_session_open as *const c_void;
+    t[13] = kernel_session_fill as *const c_void;
     Table(t)
 };
 
@@ -146,6 +161,7 @@ pub fn table(id: &CUuuid) -> Option<*const c_void> {
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.ptr(),
         CONTEXT_QUERY_ID => CONTEXT_QUERY.ptr(),
         MODULE_QUERY_ID => MODULE_QUERY.ptr(),
+        KERNEL_SESSION_ID => KERNEL_SESSION.ptr(),
         _ => return None,
     })
 }
@@ -349,6 +365,14 @@ extern "C" fn module_query_7() -> CUresult {
     cu::ERROR_NOT_SUPPORTED
 }
 
+extern "C" fn kernel_session_open() -> CUresult {
+    crate::procs::unsupported("export table 1734dc26 slot 4")
+}
+
+extern "C" fn kernel_session_fill() -> CUresult {
+    crate::procs::unsupported("export table 1734dc26 slot 13")
+}
+
 /// The HMAC key of the runtime's driver check (a constant of the
 /// protocol).
 const INTEGRITY_KEY: [u8; 16] = [
@@ -413,6 +437,8 @@ mod tests {
             (TOOLS_RUNTIME_CALLBACK_HOOKS_ID, 7),
             (INTEGRITY_CHECK_ID, 3),
             (CONTEXT_CHECKS_ID, 4),
+            (MODULE_QUERY_ID, 8),
+            (KERNEL_SESSION_ID, 16),
         ] {
             let t = table(&id).unwrap() as *const usize;
             // SAFETY: every table has at least one word.
@@ -427,7 +453,11 @@ mod tests {
         assert!(!TOOLS_TLS.0[2].is_null());
         assert!(!CONTEXT_QUERY.0[4].is_null());
         assert_eq!(CONTEXT_QUERY.0.iter().filter(|p| !p.is_null()).count(), 4);
-        assert!(table(&MODULE_QUERY_ID).is_some());
+        assert!(!MODULE_QUERY.0[7].is_null());
+        assert!(!KERNEL_SESSION.0[4].is_null() && !KERNEL_SESSION.0[13].is_null());
+        // Without a driver the session slots still answer, never crash.
+        assert_eq!(kernel_session_open(), cu::ERROR_NOT_SUPPORTED);
+        assert_eq!(kernel_session_fill(), cu::ERROR_NOT_SUPPORTED);
     }
 
     #[test]

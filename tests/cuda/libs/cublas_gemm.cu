@@ -95,6 +95,8 @@ static void spot_check(const char *name, int n, bool bf16, double rel, F out) {
 }
 
 int main(int argc, char **argv) {
+  // Each result line reaches the log even if a later call crashes.
+  setvbuf(stdout, NULL, _IOLBF, 0);
   int n = argc > 1 ? atoi(argv[1]) : 8192;
   int iters = argc > 2 ? atoi(argv[2]) : 10;
   size_t elems = (size_t)n * n;

@@ -21,6 +21,8 @@
   } while (0)
 
 int main(int argc, char **argv) {
+  // Each result line reaches the log even if a later call crashes.
+  setvbuf(stdout, NULL, _IOLBF, 0);
   int n = argc > 1 ? atoi(argv[1]) : 4096;
   int batch = argc > 2 ? atoi(argv[2]) : 64;
   size_t elems = (size_t)n * batch;
