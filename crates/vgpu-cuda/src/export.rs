@@ -90,8 +90,10 @@ static CONTEXT_QUERY: Table<93> = {
     Table(t)
 };
 
-/// cuFFT calls slot 7 after loading a module, and goes on when it fails
-/// (NVIDIA's driver answers 1 there too, for modules of its own).
+/// cuFFT calls slot 7 `(ctx, module, key, out, ..)` right after loading
+/// each of its modules, for the kernel it launches next: NVIDIA's driver
+/// writes that kernel's `CUfunction` to `out` and returns 1, and cuFFT
+/// unloads a module whose answer is anything else.
 static MODULE_QUERY: Table<8> = {
     let mut t = [NULL; 8];
     t[0] = size_of_table(8);
@@ -361,8 +363,86 @@ extern "C" fn stream_key_id(ctx: Handle, key: usize, out: *mut u64) -> CUresult 
     })
 }
 
-extern "C" fn module_query_7() -> CUresult {
-    cu::ERROR_NOT_SUPPORTED
+/// Slot 7 of the module query table: the function `key` names in
+/// `module`. The key is the kernel's name, or a pointer to it; what else
+/// it could be is logged, once, and answered as not supported.
+extern "C" fn module_query_7(
+    _ctx: Handle,
+    module: Handle,
+    key: usize,
+    out: *mut Handle,
+) -> CUresult {
+    let r = ffi::entry(|| {
+        let name = key_name(key).ok_or_else(|| {
+            let mut head = [0u8; 32];
+            let shown = if peek(key, &mut head) {
+                head.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            } else {
+                "unreadable".into()
+            };
+            crate::procs::unsupported_with(
+                "export table 6e163fbe slot 7",
+                &format!("key {key:#x}: {shown}"),
+            )
+        })?;
+        let f = driver()?.get_function(module as usize, &name)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, f as Handle) }
+    });
+    if r == cu::SUCCESS {
+        MODULE_QUERY_FOUND
+    } else {
+        r
+    }
+}
+
+/// What NVIDIA's driver returns from module query slot 7 when it found
+/// the function.
+const MODULE_QUERY_FOUND: CUresult = 1;
+
+/// The kernel name at `key`, or at the pointer stored there.
+fn key_name(key: usize) -> Option<String> {
+    let name_at = |p: usize| {
+        let mut buf = [0u8; 512];
+        if !peek(p, &mut buf) {
+            // The string may end near the end of its mapping.
+            buf = [0u8; 512];
+            if !peek(p, &mut buf[..64]) {
+                return None;
+            }
+        }
+        let len = buf.iter().position(|&b| b == 0)?;
+        let s = std::str::from_utf8(&buf[..len]).ok()?;
+        let ident = |c: char| c.is_ascii_alphanumeric() || "_$.".contains(c);
+        (len > 0 && s.chars().all(ident)).then(|| s.to_owned())
+    };
+    name_at(key).or_else(|| {
+        let mut ptr = [0u8; 8];
+        peek(key, &mut ptr).then_some(())?;
+        name_at(usize::from_ne_bytes(ptr))
+    })
+}
+
+/// Copies `buf.len()` bytes at `addr` of this process into `buf`; false,
+/// not a fault, where they are not all mapped (the caller's pointer is
+/// not known to point at what is read here).
+fn peek(addr: usize, buf: &mut [u8]) -> bool {
+    if addr == 0 {
+        return false;
+    }
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: reads this process's memory into `buf`, which the local
+    // iovec describes; the kernel checks the remote range and fails with
+    // EFAULT instead of faulting.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
 }
 
 extern "C" fn kernel_session_open() -> CUresult {
@@ -458,6 +538,22 @@ mod tests {
         // Without a driver the session slots still answer, never crash.
         assert_eq!(kernel_session_open(), cu::ERROR_NOT_SUPPORTED);
         assert_eq!(kernel_session_fill(), cu::ERROR_NOT_SUPPORTED);
+    }
+
+    #[test]
+    fn module_query_keys_name_kernels_directly_or_by_pointer() {
+        static NAME: &[u8] = b"_Z6kernelPf\0";
+        let direct = NAME.as_ptr() as usize;
+        assert_eq!(key_name(direct).as_deref(), Some("_Z6kernelPf"));
+        let by_pointer = [direct];
+        assert_eq!(
+            key_name(by_pointer.as_ptr() as usize).as_deref(),
+            Some("_Z6kernelPf")
+        );
+        assert_eq!(key_name(0), None);
+        assert_eq!(key_name(8), None);
+        let not_a_name = [0x0102_0304_0506_0708usize];
+        assert_eq!(key_name(not_a_name.as_ptr() as usize), None);
     }
 
     #[test]

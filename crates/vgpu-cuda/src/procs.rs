@@ -57,8 +57,13 @@ pub fn lookup(name: &str, version: i32) -> Lookup {
 
 /// What an unimplemented entry point does.
 pub(crate) fn unsupported(name: &'static str) -> CUresult {
+    unsupported_with(name, "")
+}
+
+/// [`unsupported`], with what about the call is not supported.
+pub(crate) fn unsupported_with(name: &'static str, detail: &str) -> CUresult {
     match crate::state::driver() {
-        Ok(d) => d.not_supported(name),
+        Ok(d) => d.not_supported_because(name, detail),
         Err(_) => cu::ERROR_NOT_SUPPORTED,
     }
 }
@@ -221,6 +226,9 @@ implemented {
 // Asked for by the CUDA 13 runtime (static and shared), cuBLAS, CuPy or
 // PyTorch at initialisation, and not implemented: each answers
 // CUDA_ERROR_NOT_SUPPORTED and says so once. (name, first version asked.)
+// PyTorch's driver table needs the virtual memory functions (cuMem*
+// address, map and handle calls) to be found before it reports an
+// out-of-memory error, though it calls them only for expandable segments.
 unsupported {
     cuArray3DCreate 3020,
     cuArray3DGetDescriptor 3020,
@@ -417,6 +425,16 @@ unsupported {
     cuMemPoolDestroy 11020,
     cuMemPoolExportPointer 11020,
     cuMemPoolExportToShareableHandle 11020,
+    cuMemAddressFree 10020,
+    cuMemAddressReserve 10020,
+    cuMemCreate 10020,
+    cuMemExportToShareableHandle 10020,
+    cuMemGetAllocationGranularity 10020,
+    cuMemImportFromShareableHandle 10020,
+    cuMemMap 10020,
+    cuMemRelease 10020,
+    cuMemSetAccess 10020,
+    cuMemUnmap 10020,
     cuMemPoolGetAccess 11020,
     cuMemPoolGetAttribute 11020,
     cuMemPoolImportFromShareableHandle 11020,

@@ -357,9 +357,15 @@ impl Driver {
     /// Logs, once per name, that a program called an entry point this
     /// driver does not implement.
     pub fn not_supported(&self, name: &'static str) -> CUresult {
+        self.not_supported_because(name, "")
+    }
+
+    /// [`Driver::not_supported`], saying what about the call was not.
+    pub fn not_supported_because(&self, name: &'static str, detail: &str) -> CUresult {
         let mut seen = self.unsupported.lock().unwrap_or_else(|p| p.into_inner());
         if seen.insert(name) {
-            eprintln!("vgpu-cuda: {name} is not supported by this driver");
+            let sep = if detail.is_empty() { "" } else { ": " };
+            eprintln!("vgpu-cuda: {name} is not supported by this driver{sep}{detail}");
         }
         cu::ERROR_NOT_SUPPORTED
     }

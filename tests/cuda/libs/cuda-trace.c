@@ -346,10 +346,18 @@ __attribute__((visibility("hidden"))) void *trace_leave(uint64_t rc64) {
     snprintf(extra, sizeof extra, " -> \"%.100s\"", (const char *)(uintptr_t)a[0]);
   for (int i = 0; i < 4; i++) {
     unsigned char after[32];
-    if (!(f->readable & (1u << i)) || !peek(a[i], after) ||
-        memcmp(after, f->mem[i], 32) == 0)
+    if (!(f->readable & (1u << i)) || !peek(a[i], after))
       continue;
     char h0[65], h1[65];
+    if (memcmp(after, f->mem[i], 32) == 0) {
+      // What a private table's caller passes in tells what the slot is for.
+      if (strncmp(name, "table-", 6) == 0) {
+        hex32(after, h0);
+        say("cuda-trace: %*s  arg %d at %#" PRIx64 ": %s", 2 * depth, "", i,
+            a[i], h0);
+      }
+      continue;
+    }
     hex32(f->mem[i], h0);
     hex32(after, h1);
     say("cuda-trace: %*s  arg %d at %#" PRIx64 ": %s -> %s", 2 * depth, "", i,
