@@ -13,7 +13,7 @@
 
 use std::ffi::c_void;
 
-use crate::api::{context::*, device::*, init::*, memory::*, module::*, stream::*};
+use crate::api::{context::*, device::*, graph::*, init::*, memory::*, module::*, stream::*};
 use crate::cu::{self, CUresult};
 
 /// A function address in a table row.
@@ -141,6 +141,18 @@ implemented {
     cuFuncGetParamInfo 12040 => cuFuncGetParamInfo,
     cuFuncSetAttribute 9000 => cuFuncSetAttribute,
     cuFuncSetCacheConfig 3000 => cuFuncSetCacheConfig,
+    cuGraphCreate 10000 => cuGraphCreate,
+    cuGraphDestroy 10000 => cuGraphDestroy,
+    cuGraphExecDestroy 10000 => cuGraphExecDestroy,
+    cuGraphGetNodes 10000 => cuGraphGetNodes,
+    cuGraphInstantiate 10000 => cuGraphInstantiate,
+    cuGraphInstantiate 11000 => cuGraphInstantiate_v2,
+    // CUDA 12's cuda.h maps cuGraphInstantiate onto WithFlags.
+    cuGraphInstantiate 12000 => cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithFlags 11040 => cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams 12000 => cuGraphInstantiateWithParams,
+    cuGraphLaunch 10000 => cuGraphLaunch,
+    cuGraphUpload 11010 => cuGraphUpload,
     cuGetErrorName 6000 => cuGetErrorName,
     cuGetErrorString 6000 => cuGetErrorString,
     cuGetExportTable 3000 => cuGetExportTable,
@@ -200,9 +212,12 @@ implemented {
     cuPointerGetAttributes 7000 => cuPointerGetAttributes,
     cuProfilerStart 4000 => cuProfilerStart,
     cuProfilerStop 4000 => cuProfilerStop,
+    cuStreamBeginCapture 10000 => cuStreamBeginCapture,
+    cuStreamBeginCapture 10010 => cuStreamBeginCapture_v2,
     cuStreamCreate 2000 => cuStreamCreate,
     cuStreamCreateWithPriority 5050 => cuStreamCreateWithPriority,
     cuStreamDestroy 4000 => cuStreamDestroy_v2,
+    cuStreamEndCapture 10000 => cuStreamEndCapture,
     cuStreamGetCtx 9020 => cuStreamGetCtx,
     cuStreamGetCtx 12050 => cuStreamGetCtx_v2,
     cuStreamGetFlags 5050 => cuStreamGetFlags,
@@ -298,16 +313,13 @@ unsupported {
     cuGraphChildGraphNodeGetGraph 10000,
     cuGraphClone 10000,
     cuGraphConditionalHandleCreate 12030,
-    cuGraphCreate 10000,
     cuGraphDebugDotPrint 11030,
-    cuGraphDestroy 10000,
     cuGraphDestroyNode 10000,
     cuGraphEventRecordNodeGetEvent 11010,
     cuGraphEventRecordNodeSetEvent 11010,
     cuGraphEventWaitNodeGetEvent 11010,
     cuGraphEventWaitNodeSetEvent 11010,
     cuGraphExecChildGraphNodeSetParams 11010,
-    cuGraphExecDestroy 10000,
     cuGraphExecEventRecordNodeSetEvent 11010,
     cuGraphExecEventWaitNodeSetEvent 11010,
     cuGraphExecExternalSemaphoresSignalNodeSetParams 11020,
@@ -324,19 +336,14 @@ unsupported {
     cuGraphExternalSemaphoresWaitNodeGetParams 11020,
     cuGraphExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphGetEdges 10000,
-    cuGraphGetNodes 10000,
     cuGraphGetRootNodes 10000,
     cuGraphHostNodeGetParams 10000,
     cuGraphHostNodeSetParams 10000,
-    cuGraphInstantiate 10000,
-    cuGraphInstantiateWithFlags 11040,
-    cuGraphInstantiateWithParams 12000,
     cuGraphKernelNodeCopyAttributes 11000,
     cuGraphKernelNodeGetAttribute 11000,
     cuGraphKernelNodeGetParams 12000,
     cuGraphKernelNodeSetAttribute 11000,
     cuGraphKernelNodeSetParams 12000,
-    cuGraphLaunch 10000,
     cuGraphMemAllocNodeGetParams 11040,
     cuGraphMemFreeNodeGetParams 11040,
     cuGraphMemcpyNodeGetParams 10000,
@@ -353,7 +360,6 @@ unsupported {
     cuGraphReleaseUserObject 11030,
     cuGraphRemoveDependencies 10000,
     cuGraphRetainUserObject 11030,
-    cuGraphUpload 11010,
     cuGraphicsEGLRegisterImage 7000,
     cuGraphicsGLRegisterBuffer 3000,
     cuGraphicsGLRegisterImage 3000,
@@ -454,10 +460,8 @@ unsupported {
     cuStreamAddCallback 5000,
     cuStreamAttachMemAsync 6000,
     cuStreamBatchMemOp 8000,
-    cuStreamBeginCapture 10000,
     cuStreamBeginCaptureToGraph 12030,
     cuStreamCopyAttributes 11000,
-    cuStreamEndCapture 10000,
     cuStreamGetAttribute 11000,
     cuStreamGetDevice 12080,
     cuStreamSetAttribute 11000,
@@ -526,7 +530,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphCreate", 13000);
+        let f = found("cuGraphAddKernelNode", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);
