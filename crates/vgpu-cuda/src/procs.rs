@@ -514,6 +514,37 @@ mod tests {
     }
 
     #[test]
+    fn capture_and_graph_names_resolve_to_each_versions_form() {
+        assert_eq!(
+            found("cuStreamBeginCapture", 10000),
+            cuStreamBeginCapture as *mut c_void
+        );
+        assert_eq!(
+            found("cuStreamBeginCapture", 13000),
+            cuStreamBeginCapture_v2 as *mut c_void
+        );
+        // cuGraphInstantiate: the CUDA 10 and 11 forms take an error node
+        // and a log; CUDA 12's cuda.h names WithFlags so.
+        assert_eq!(
+            found("cuGraphInstantiate", 10020),
+            cuGraphInstantiate as *mut c_void
+        );
+        assert_eq!(
+            found("cuGraphInstantiate", 11080),
+            cuGraphInstantiate_v2 as *mut c_void
+        );
+        assert_eq!(
+            found("cuGraphInstantiate", 12000),
+            cuGraphInstantiateWithFlags as *mut c_void
+        );
+        assert_eq!(found("cuGraphLaunch", 13000), cuGraphLaunch as *mut c_void);
+        assert_eq!(
+            found("cuStreamEndCapture", 13000),
+            cuStreamEndCapture as *mut c_void
+        );
+    }
+
+    #[test]
     fn every_name_appears_once_per_version() {
         let mut seen = std::collections::HashSet::new();
         for e in ENTRIES {
