@@ -4,9 +4,10 @@
 # guest modules allowed), each running the guest suite: the vgpu module,
 # the guest tools, and unmodified CUDA programs through the guest's
 # libcuda.so.1 (tests/cuda: vector add, tiled matmul, reduction,
-# streams, device properties, out of memory at the quota, an illegal
-# address that fails only its own process). Then the launch and copy
-# benchmark (tests/cuda/bench_launch.cu) natively and in one guest alone.
+# streams, graphs from stream capture, device properties, out of memory
+# at the quota, an illegal address that fails only its own process).
+# Then the launch and copy benchmark (tests/cuda/bench_launch.cu)
+# natively and in one guest alone.
 # Then, where the machine has a CUDA toolkit with cuBLAS and cuFFT
 # (CUDA_HOME, /usr/local/cuda), the programs of tests/cuda/libs built with
 # it, natively and in both guests at once, each guest using the machine's

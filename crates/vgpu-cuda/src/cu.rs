@@ -28,6 +28,7 @@ pub const ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const ERROR_INVALID_SOURCE: CUresult = 300;
 pub const ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const ERROR_INVALID_HANDLE: CUresult = 400;
+pub const ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const ERROR_NOT_FOUND: CUresult = 500;
 pub const ERROR_NOT_READY: CUresult = 600;
 pub const ERROR_ILLEGAL_ADDRESS: CUresult = 700;
@@ -38,6 +39,9 @@ pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
 pub const ERROR_LAUNCH_FAILED: CUresult = 719;
 pub const ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub const ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const ERROR_UNKNOWN: CUresult = 999;
 
 /// Every error code this library returns, with its `cuGetErrorName`
@@ -110,6 +114,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         "invalid resource handle\0",
     ),
     (
+        ERROR_ILLEGAL_STATE,
+        "CUDA_ERROR_ILLEGAL_STATE\0",
+        "the operation cannot be performed in the present state\0",
+    ),
+    (
         ERROR_NOT_FOUND,
         "CUDA_ERROR_NOT_FOUND\0",
         "named symbol not found\0",
@@ -153,6 +162,21 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_NOT_SUPPORTED,
         "CUDA_ERROR_NOT_SUPPORTED\0",
         "operation not supported\0",
+    ),
+    (
+        ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED\0",
+        "operation not permitted when stream is capturing\0",
+    ),
+    (
+        ERROR_STREAM_CAPTURE_INVALIDATED,
+        "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED\0",
+        "operation failed due to a previous error during capture\0",
+    ),
+    (
+        ERROR_STREAM_CAPTURE_UNMATCHED,
+        "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED\0",
+        "capture was not initiated in this stream\0",
     ),
     (ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
 ];

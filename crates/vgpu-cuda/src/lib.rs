@@ -14,7 +14,8 @@
 //! * [`export`]: the runtime's private tables, and [`md2`] for the one
 //!   that checks the driver.
 //! * [`state`]: devices, contexts and every handle a program holds;
-//!   [`inflight`]: the work each device has queued.
+//!   [`inflight`]: the work each device has queued; [`graph`]: stream
+//!   capture, and the graphs it records.
 //!
 //! Each device is one vGPU: its memory is the partition's quota, its SM
 //! count the partition's compute units. Modules are fatbinaries or PTX,
@@ -28,6 +29,7 @@ pub mod api;
 pub mod cu;
 pub mod export;
 pub mod ffi;
+pub mod graph;
 pub mod inflight;
 pub mod md2;
 pub mod procs;

@@ -13,7 +13,7 @@
 
 use std::ffi::c_void;
 
-use crate::api::{context::*, device::*, init::*, memory::*, module::*, stream::*};
+use crate::api::{context::*, device::*, graph::*, init::*, memory::*, module::*, stream::*};
 use crate::cu::{self, CUresult};
 
 /// A function address in a table row.
@@ -146,6 +146,18 @@ implemented {
     cuFuncGetParamInfo 12040 => cuFuncGetParamInfo,
     cuFuncSetAttribute 9000 => cuFuncSetAttribute,
     cuFuncSetCacheConfig 3000 => cuFuncSetCacheConfig,
+    cuGraphCreate 10000 => cuGraphCreate,
+    cuGraphDestroy 10000 => cuGraphDestroy,
+    cuGraphExecDestroy 10000 => cuGraphExecDestroy,
+    cuGraphGetNodes 10000 => cuGraphGetNodes,
+    cuGraphInstantiate 10000 => cuGraphInstantiate,
+    cuGraphInstantiate 11000 => cuGraphInstantiate_v2,
+    // CUDA 12's cuda.h maps cuGraphInstantiate onto WithFlags.
+    cuGraphInstantiate 12000 => cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithFlags 11040 => cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams 12000 => cuGraphInstantiateWithParams,
+    cuGraphLaunch 10000 => cuGraphLaunch,
+    cuGraphUpload 11010 => cuGraphUpload,
     cuGetErrorName 6000 => cuGetErrorName,
     cuGetErrorString 6000 => cuGetErrorString,
     cuGetExportTable 3000 => cuGetExportTable,
@@ -205,9 +217,12 @@ implemented {
     cuPointerGetAttributes 7000 => cuPointerGetAttributes,
     cuProfilerStart 4000 => cuProfilerStart,
     cuProfilerStop 4000 => cuProfilerStop,
+    cuStreamBeginCapture 10000 => cuStreamBeginCapture,
+    cuStreamBeginCapture 10010 => cuStreamBeginCapture_v2,
     cuStreamCreate 2000 => cuStreamCreate,
     cuStreamCreateWithPriority 5050 => cuStreamCreateWithPriority,
     cuStreamDestroy 4000 => cuStreamDestroy_v2,
+    cuStreamEndCapture 10000 => cuStreamEndCapture,
     cuStreamGetCtx 9020 => cuStreamGetCtx,
     cuStreamGetCtx 12050 => cuStreamGetCtx_v2,
     cuStreamGetFlags 5050 => cuStreamGetFlags,
@@ -306,16 +321,13 @@ unsupported {
     cuGraphChildGraphNodeGetGraph 10000,
     cuGraphClone 10000,
     cuGraphConditionalHandleCreate 12030,
-    cuGraphCreate 10000,
     cuGraphDebugDotPrint 11030,
-    cuGraphDestroy 10000,
     cuGraphDestroyNode 10000,
     cuGraphEventRecordNodeGetEvent 11010,
     cuGraphEventRecordNodeSetEvent 11010,
     cuGraphEventWaitNodeGetEvent 11010,
     cuGraphEventWaitNodeSetEvent 11010,
     cuGraphExecChildGraphNodeSetParams 11010,
-    cuGraphExecDestroy 10000,
     cuGraphExecEventRecordNodeSetEvent 11010,
     cuGraphExecEventWaitNodeSetEvent 11010,
     cuGraphExecExternalSemaphoresSignalNodeSetParams 11020,
@@ -332,19 +344,14 @@ unsupported {
     cuGraphExternalSemaphoresWaitNodeGetParams 11020,
     cuGraphExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphGetEdges 10000,
-    cuGraphGetNodes 10000,
     cuGraphGetRootNodes 10000,
     cuGraphHostNodeGetParams 10000,
     cuGraphHostNodeSetParams 10000,
-    cuGraphInstantiate 10000,
-    cuGraphInstantiateWithFlags 11040,
-    cuGraphInstantiateWithParams 12000,
     cuGraphKernelNodeCopyAttributes 11000,
     cuGraphKernelNodeGetAttribute 11000,
     cuGraphKernelNodeGetParams 12000,
     cuGraphKernelNodeSetAttribute 11000,
     cuGraphKernelNodeSetParams 12000,
-    cuGraphLaunch 10000,
     cuGraphMemAllocNodeGetParams 11040,
     cuGraphMemFreeNodeGetParams 11040,
     cuGraphMemcpyNodeGetParams 10000,
@@ -361,7 +368,6 @@ unsupported {
     cuGraphReleaseUserObject 11030,
     cuGraphRemoveDependencies 10000,
     cuGraphRetainUserObject 11030,
-    cuGraphUpload 11010,
     cuGraphicsEGLRegisterImage 7000,
     cuGraphicsGLRegisterBuffer 3000,
     cuGraphicsGLRegisterImage 3000,
@@ -472,10 +478,8 @@ unsupported {
     cuStreamAddCallback 5000,
     cuStreamAttachMemAsync 6000,
     cuStreamBatchMemOp 8000,
-    cuStreamBeginCapture 10000,
     cuStreamBeginCaptureToGraph 12030,
     cuStreamCopyAttributes 11000,
-    cuStreamEndCapture 10000,
     cuStreamGetAttribute 11000,
     cuStreamGetDevice 12080,
     cuStreamSetAttribute 11000,
@@ -528,6 +532,37 @@ mod tests {
     }
 
     #[test]
+    fn capture_and_graph_names_resolve_to_each_versions_form() {
+        assert_eq!(
+            found("cuStreamBeginCapture", 10000),
+            cuStreamBeginCapture as *mut c_void
+        );
+        assert_eq!(
+            found("cuStreamBeginCapture", 13000),
+            cuStreamBeginCapture_v2 as *mut c_void
+        );
+        // cuGraphInstantiate: the CUDA 10 and 11 forms take an error node
+        // and a log; CUDA 12's cuda.h names WithFlags so.
+        assert_eq!(
+            found("cuGraphInstantiate", 10020),
+            cuGraphInstantiate as *mut c_void
+        );
+        assert_eq!(
+            found("cuGraphInstantiate", 11080),
+            cuGraphInstantiate_v2 as *mut c_void
+        );
+        assert_eq!(
+            found("cuGraphInstantiate", 12000),
+            cuGraphInstantiateWithFlags as *mut c_void
+        );
+        assert_eq!(found("cuGraphLaunch", 13000), cuGraphLaunch as *mut c_void);
+        assert_eq!(
+            found("cuStreamEndCapture", 13000),
+            cuStreamEndCapture as *mut c_void
+        );
+    }
+
+    #[test]
     fn every_name_appears_once_per_version() {
         let mut seen = std::collections::HashSet::new();
         for e in ENTRIES {
@@ -544,7 +579,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphCreate", 13000);
+        let f = found("cuGraphAddKernelNode", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);

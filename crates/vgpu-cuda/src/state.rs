@@ -10,6 +10,7 @@ use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Function, Module
 
 use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
+use crate::graph::{self, Graph, GraphExec, Unsafe, Work};
 use crate::inflight::{EventMark, Inflight};
 
 /// The process's driver. CUDA's C API is process-global (any thread may
@@ -192,6 +193,9 @@ pub struct Event {
     /// Records so far (0: never recorded), and the device of the last.
     pub records: u64,
     pub device: CUdevice,
+    /// The graph whose capture made the last record, if one did: a
+    /// stream that waits on the event joins that capture.
+    pub captured: Option<usize>,
 }
 
 /// Device memory a program allocated.
@@ -226,6 +230,12 @@ pub struct Objects {
     /// Primary context reference counts and flags, per device.
     pub primary_refs: Vec<u32>,
     pub primary_flags: Vec<u32>,
+    /// Streams being captured, and the graph each one's capture fills.
+    pub capturing: HashMap<usize, usize>,
+    pub graphs: HashMap<usize, Graph>,
+    pub execs: HashMap<usize, GraphExec>,
+    /// The last capture id given out (ids start at 1).
+    pub capture_ids: u64,
 }
 
 impl Objects {
@@ -420,11 +430,35 @@ impl Driver {
     /// the default streams (0, 1 = legacy, 2 = per-thread) the current
     /// context's.
     pub fn stream_gpu(&self, stream: usize) -> CuResult<&Gpu> {
+        self.gpu(self.stream_device(stream)?)
+    }
+
+    /// The ordinal of [`Driver::stream_gpu`]'s device.
+    pub fn stream_device(&self, stream: usize) -> CuResult<CUdevice> {
         if stream <= 2 {
-            return Ok(self.current_gpu()?.1);
+            return Ok(self.current_ctx()?.1);
         }
         let ctx = by_handle(&self.objects().streams, stream)?.ctx;
-        self.gpu(self.ctx_device(ctx)?)
+        self.ctx_device(ctx)
+    }
+
+    /// Queues `work` for `device` on `stream`: into the stream's capture
+    /// if it is being captured, else on the device's queue in batches of
+    /// at most [`crate::inflight::FLUSH_AT`] commands.
+    pub fn queue(&self, stream: usize, device: CUdevice, work: &[Work]) -> CuResult {
+        let gpu = self.gpu(device)?;
+        let captured = self.objects().capture_work(stream, device, work)?;
+        if captured {
+            return Ok(());
+        }
+        graph::in_batches(work, |batch| gpu.submit(batch, None))
+    }
+
+    /// Refuses a call that a capture in progress cannot record,
+    /// invalidating the capture (see [`Objects::refuse_in_capture`]).
+    pub fn refuse_in_capture(&self, call: Unsafe) -> CuResult {
+        let relaxed = graph::thread_relaxed();
+        self.objects().refuse_in_capture(call, relaxed)
     }
 
     /// Loads a module image (a fatbinary or PTX text) on `dev` and
@@ -528,8 +562,16 @@ impl Driver {
         Ok(())
     }
 
-    /// Launches `func` with its parameters packed as its layout says.
-    pub fn launch(&self, func: usize, dims: Dims, cluster: [u32; 3], params: &[u8]) -> CuResult {
+    /// Launches `func` on `stream` with its parameters packed as its
+    /// layout says.
+    pub fn launch(
+        &self,
+        func: usize,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+        stream: usize,
+    ) -> CuResult {
         let (function, device) = {
             let o = self.objects();
             let f = by_handle(&o.funcs, func)?;
@@ -542,10 +584,13 @@ impl Driver {
             }
             (Arc::clone(&f.function), f.device)
         };
-        let gpu = self.gpu(device)?;
-        let mut batch = Batch::new();
-        batch.launch_function_in_clusters(&function, dims, cluster, params);
-        gpu.submit(batch, None)
+        let work = Work::Launch {
+            function,
+            dims,
+            cluster,
+            params: params.into(),
+        };
+        self.queue(stream, device, &[work])
     }
 }
 

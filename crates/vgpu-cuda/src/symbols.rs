@@ -41,7 +41,7 @@ macro_rules! unsupported {
     };
 }
 
-use crate::api::{context::*, device::*, memory::*, module::*, stream::*};
+use crate::api::{context::*, device::*, graph::*, memory::*, module::*, stream::*};
 
 aliases! {
     cuCtxDestroy => cuCtxDestroy_v2,
@@ -53,6 +53,9 @@ aliases! {
     cuEventDestroy => cuEventDestroy_v2,
     cuEventRecordWithFlags_ptsz => cuEventRecordWithFlags,
     cuEventRecord_ptsz => cuEventRecord,
+    cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams,
+    cuGraphLaunch_ptsz => cuGraphLaunch,
+    cuGraphUpload_ptsz => cuGraphUpload,
     cuLaunchKernelEx_ptsz => cuLaunchKernelEx,
     cuLaunchKernel_ptsz => cuLaunchKernel,
     cuMemAllocAsync_ptsz => cuMemAllocAsync,
@@ -71,7 +74,10 @@ aliases! {
     cuMemsetD32_v2_ptds => cuMemsetD32_v2,
     cuMemsetD8Async_ptsz => cuMemsetD8Async,
     cuMemsetD8_v2_ptds => cuMemsetD8_v2,
+    cuStreamBeginCapture_ptsz => cuStreamBeginCapture,
+    cuStreamBeginCapture_v2_ptsz => cuStreamBeginCapture_v2,
     cuStreamDestroy => cuStreamDestroy_v2,
+    cuStreamEndCapture_ptsz => cuStreamEndCapture,
     cuStreamGetCtx_ptsz => cuStreamGetCtx,
     cuStreamGetCtx_v2_ptsz => cuStreamGetCtx_v2,
     cuStreamGetFlags_ptsz => cuStreamGetFlags,
@@ -125,15 +131,11 @@ unsupported! {
     cuGraphExecKernelNodeSetParams_v2,
     cuGraphExecUpdate_v2,
     cuGraphGetEdges_v2,
-    cuGraphInstantiateWithParams_ptsz,
-    cuGraphInstantiate_v2,
     cuGraphKernelNodeGetParams_v2,
     cuGraphKernelNodeSetParams_v2,
-    cuGraphLaunch_ptsz,
     cuGraphNodeGetDependencies_v2,
     cuGraphNodeGetDependentNodes_v2,
     cuGraphRemoveDependencies_v2,
-    cuGraphUpload_ptsz,
     cuGraphicsMapResources_ptsz,
     cuGraphicsResourceGetMappedPointer_v2,
     cuGraphicsResourceSetMapFlags_v2,
@@ -258,11 +260,7 @@ unsupported! {
     cuStreamBatchMemOp_v2,
     cuStreamBatchMemOp_v2_ptsz,
     cuStreamBeginCaptureToGraph_ptsz,
-    cuStreamBeginCapture_ptsz,
-    cuStreamBeginCapture_v2,
-    cuStreamBeginCapture_v2_ptsz,
     cuStreamCopyAttributes_ptsz,
-    cuStreamEndCapture_ptsz,
     cuStreamGetAttribute_ptsz,
     cuStreamGetDevice_ptsz,
     cuStreamGetGreenCtx,

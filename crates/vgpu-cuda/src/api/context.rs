@@ -2,6 +2,7 @@
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
+use crate::graph::Unsafe;
 use crate::state::{driver, Ctx, Driver};
 
 /// The context a call names: `ctx`, or the current one when null.
@@ -15,9 +16,13 @@ fn named_ctx(d: &Driver, ctx: Handle) -> CuResult<usize> {
     Ok(ctx)
 }
 
-/// Waits for all work of the device behind `ctx`.
+/// Waits for all work of the device behind `ctx`: refused while a
+/// global-mode capture on it is in progress, which it would break.
 fn synchronize(d: &Driver, ctx: usize) -> CuResult {
-    d.gpu(d.ctx_device(ctx)?)?.sync()
+    let device = d.ctx_device(ctx)?;
+    let g = d.gpu(device)?;
+    d.refuse_in_capture(Unsafe::Device(device))?;
+    g.sync()
 }
 
 #[no_mangle]

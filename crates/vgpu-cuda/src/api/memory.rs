@@ -1,16 +1,20 @@
 //! Device and host memory, copies, memsets and pointer attributes.
 //!
-//! Memsets and device-to-device copies are queued ([`crate::inflight`]);
-//! copies with a host side wait for the work before them and complete
-//! before they return (the `*Async` forms too: host memory is the
-//! caller's again when the call returns, which CUDA allows).
+//! Memsets and device-to-device copies are queued ([`crate::inflight`])
+//! or, on a stream being captured, recorded ([`crate::graph`]); copies
+//! with a host side wait for the work before them and complete before
+//! they return (the `*Async` forms too: host memory is the caller's again
+//! when the call returns, which CUDA allows), so a capture cannot record
+//! them.
 
 use std::alloc::Layout;
 use std::ffi::c_void;
 
-use crate::cu::{self, CUdeviceptr, CUresult, Handle};
+use std::sync::Arc;
+
+use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use vgpu_guest::Batch;
+use crate::graph::{Unsafe, Work};
 
 use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
 
@@ -20,12 +24,15 @@ const HOST_ALIGN: usize = 4096;
 /// The device holding `[addr, addr + len)`, which must lie in one
 /// allocation this process made.
 fn device_range(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<&Gpu> {
-    let dev = d
-        .objects()
+    d.gpu(range_device(d, addr, len)?)
+}
+
+/// The ordinal of [`device_range`]'s device.
+fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
+    d.objects()
         .alloc_at(addr, len as u64)
         .map(|(_, a)| a.device)
-        .ok_or(cu::ERROR_INVALID_VALUE)?;
-    d.gpu(dev)
+        .ok_or(cu::ERROR_INVALID_VALUE)
 }
 
 fn alloc(size: usize) -> CuResult<CUdeviceptr> {
@@ -88,9 +95,18 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry(|| if dptr == 0 { Ok(()) } else { free(dptr) })
 }
 
+/// Frees at once (after the work queued before it): during a capture
+/// that would free memory the graph uses, so it is refused there.
 #[no_mangle]
-pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, _stream: Handle) -> CUresult {
-    cuMemFree_v2(dptr)
+pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    entry(|| {
+        driver()?.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+        if dptr == 0 {
+            Ok(())
+        } else {
+            free(dptr)
+        }
+    })
 }
 
 /// Free and total memory of the current device: the partition's quota
@@ -250,8 +266,9 @@ fn side(d: &Driver, p: u64, len: usize) -> Side {
     }
 }
 
-fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult {
+fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CuResult {
     let d = driver()?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let g = device_range(d, dst, n)?;
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
@@ -259,8 +276,9 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult {
     check(g.dev.copy_to_device_addr(dst, data))
 }
 
-fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult {
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CuResult {
     let d = driver()?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let g = device_range(d, src, n)?;
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
@@ -268,29 +286,32 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult {
     check(g.dev.copy_from_device_addr(src, out))
 }
 
-fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult {
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CuResult {
     let d = driver()?;
-    let gd = device_range(d, dst, n)?;
-    let gs = device_range(d, src, n)?;
-    if !std::ptr::eq(gd, gs) {
+    let device = range_device(d, dst, n)?;
+    if range_device(d, src, n)? != device {
         return Err(cu::ERROR_NOT_SUPPORTED);
     }
     if n == 0 {
         return Ok(());
     }
-    let mut batch = Batch::new();
-    batch.copy_device_addr(dst, src, n as u64);
-    gd.submit(batch, None)
+    let work = Work::Copy {
+        dst,
+        src,
+        len: n as u64,
+    };
+    d.queue(stream as usize, device, &[work])
 }
 
 /// `cuMemcpy`: either side may be host or device memory.
-fn copy_any(dst: u64, src: u64, n: usize) -> CuResult {
+fn copy_any(dst: u64, src: u64, n: usize, stream: Handle) -> CuResult {
     let d = driver()?;
     match (side(d, dst, n), side(d, src, n)) {
-        (Side::Device, Side::Device) => dtod(dst, src, n),
-        (Side::Device, Side::Host) => htod(dst, src as *const c_void, n),
-        (Side::Host, Side::Device) => dtoh(dst as *mut c_void, src, n),
+        (Side::Device, Side::Device) => dtod(dst, src, n, stream),
+        (Side::Device, Side::Host) => htod(dst, src as *const c_void, n, stream),
+        (Side::Host, Side::Device) => dtoh(dst as *mut c_void, src, n, stream),
         (Side::Host, Side::Host) => {
+            d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
             if n > 0 {
                 // SAFETY: both are the caller's host buffers of `n` bytes
                 // (unified addressing says so: neither is device memory);
@@ -308,7 +329,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    entry(|| htod(dst, src, n))
+    entry(|| htod(dst, src, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
@@ -316,14 +337,14 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: CUdeviceptr,
     src: *const c_void,
     n: usize,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    entry(|| htod(dst, src, n))
+    entry(|| htod(dst, src, n, s))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| dtoh(dst, src, n))
+    entry(|| dtoh(dst, src, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
@@ -331,14 +352,14 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
     src: CUdeviceptr,
     n: usize,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    entry(|| dtoh(dst, src, n))
+    entry(|| dtoh(dst, src, n, s))
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| dtod(dst, src, n))
+    entry(|| dtod(dst, src, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
@@ -346,14 +367,14 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
     dst: CUdeviceptr,
     src: CUdeviceptr,
     n: usize,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    entry(|| dtod(dst, src, n))
+    entry(|| dtod(dst, src, n, s))
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_any(dst, src, n))
+    entry(|| copy_any(dst, src, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
@@ -361,9 +382,9 @@ pub extern "C" fn cuMemcpyAsync(
     dst: CUdeviceptr,
     src: CUdeviceptr,
     n: usize,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    entry(|| copy_any(dst, src, n))
+    entry(|| copy_any(dst, src, n, s))
 }
 
 /// Sets `count` elements of `width` bytes (1, 2 or 4) at `dst` to
@@ -371,7 +392,7 @@ pub extern "C" fn cuMemcpyAsync(
 /// copy for the 1 to 3 bytes after them. The pattern repeats every
 /// element and `dst` is element-aligned, so its phase is the same at any
 /// element.
-fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize) -> CuResult {
+fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize, stream: Handle) -> CuResult {
     let d = driver()?;
     let n = count.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
     if n == 0 {
@@ -380,51 +401,58 @@ fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize) -> CuResult 
     if !dst.is_multiple_of(width as u64) {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    let g = device_range(d, dst, n)?;
+    let device = range_device(d, dst, n)?;
     let pattern = match width {
         1 => (value & 0xff) * 0x0101_0101,
         2 => (value & 0xffff) * 0x0001_0001,
         _ => value,
     };
     let body = n & !3;
-    let mut batch = Batch::new();
+    let mut work = Vec::with_capacity(2);
     if body > 0 {
-        batch.fill_addr(dst, body as u64, pattern);
+        work.push(Work::Fill {
+            addr: dst,
+            len: body as u64,
+            pattern,
+        });
     }
     if body < n {
-        batch.copy_to_device_addr(dst + body as u64, &pattern.to_le_bytes()[..n - body]);
+        work.push(Work::Write {
+            addr: dst + body as u64,
+            bytes: Arc::from(&pattern.to_le_bytes()[..n - body]),
+        });
     }
-    g.submit(batch, None)
+    d.queue(stream as usize, device, &work)
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
-    entry(|| memset(dst, v.into(), 1, n))
+    entry(|| memset(dst, v.into(), 1, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemsetD16_v2(dst: CUdeviceptr, v: u16, n: usize) -> CUresult {
-    entry(|| memset(dst, v.into(), 2, n))
+    entry(|| memset(dst, v.into(), 2, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, v: u32, n: usize) -> CUresult {
-    entry(|| memset(dst, v, 4, n))
+    entry(|| memset(dst, v, 4, n, std::ptr::null_mut()))
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, _s: Handle) -> CUresult {
-    cuMemsetD8_v2(dst, v, n)
+pub extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, v: u8, n: usize, s: Handle) -> CUresult {
+    entry(|| memset(dst, v.into(), 1, n, s))
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, _s: Handle) -> CUresult {
-    cuMemsetD16_v2(dst, v, n)
+pub extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, v: u16, n: usize, s: Handle) -> CUresult {
+    entry(|| memset(dst, v.into(), 2, n, s))
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, _s: Handle) -> CUresult {
-    cuMemsetD32_v2(dst, v, n)
+pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: Handle) -> CUresult {
+    entry(|| memset(dst, v, 4, n, s))
 }
 
 /// Writes one pointer attribute of `p` to `data`.

@@ -15,6 +15,7 @@
 
 pub mod context;
 pub mod device;
+pub mod graph;
 pub mod init;
 pub mod memory;
 pub mod module;

@@ -509,12 +509,13 @@ unsafe fn launch(
     extra: *mut *mut c_void,
 ) -> CuResult {
     let d = driver()?;
-    // The stream must be valid; its work runs in order anyway.
+    // The stream must be valid; its work runs in order anyway (or is
+    // recorded, if it is being captured).
     d.stream_gpu(stream as usize)?;
     // SAFETY: the caller's parameter pointers.
     let block = unsafe { param_block(d, f as usize, params, extra) }?;
     check_shape(&dims, block.len())?;
-    d.launch(f as usize, dims, cluster, &block)
+    d.launch(f as usize, dims, cluster, &block, stream as usize)
 }
 
 #[no_mangle]

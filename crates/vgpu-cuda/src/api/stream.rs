@@ -1,11 +1,13 @@
-//! Streams and events. A stream's work goes to its device's queue
-//! ([`crate::inflight`]); an event is a TIMESTAMP in that queue, so its
-//! time is the device clock when the work before it finished.
+//! Streams, stream capture and events. A stream's work goes to its
+//! device's queue ([`crate::inflight`]), or into its capture's graph
+//! ([`crate::graph`]); an event is a TIMESTAMP in that queue, so its time
+//! is the device clock when the work before it finished.
 
 use std::ffi::c_void;
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
+use crate::graph::{self, Unsafe};
 use vgpu_guest::Batch;
 
 use crate::state::{by_handle, driver, Driver, Event, Stream};
@@ -40,17 +42,20 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 #[no_mangle]
 pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .streams
+        let d = driver()?;
+        let mut o = d.objects();
+        o.streams
             .remove(&(stream as usize))
-            .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        o.forget_stream_capture(stream as usize);
+        Ok(())
     })
 }
 
 fn sync_stream(d: &Driver, stream: Handle) -> CuResult {
-    d.stream_gpu(stream as usize)?.sync()
+    let g = d.stream_gpu(stream as usize)?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+    g.sync()
 }
 
 #[no_mangle]
@@ -61,7 +66,10 @@ pub extern "C" fn cuStreamSynchronize(stream: Handle) -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     entry(|| {
-        if driver()?.stream_gpu(stream as usize)?.idle()? {
+        let d = driver()?;
+        let g = d.stream_gpu(stream as usize)?;
+        d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+        if g.idle()? {
             Ok(())
         } else {
             Err(cu::ERROR_NOT_READY)
@@ -69,12 +77,14 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     })
 }
 
+/// The wait itself holds by the device queue's order; a stream that waits
+/// on an event recorded in a capture joins that capture.
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         d.stream_gpu(stream as usize)?;
-        by_handle(&d.objects().events, event as usize).map(drop)
+        d.objects().wait_event(stream as usize, event as usize)
     })
 }
 
@@ -153,23 +163,68 @@ pub unsafe extern "C" fn cuStreamGetId(stream: Handle, id: *mut u64) -> CUresult
     })
 }
 
-/// `CU_STREAM_CAPTURE_STATUS_NONE`: graphs are not captured by this
-/// driver, and nothing is ever being captured.
+/// Starts capturing `stream` in `mode` (`CUstreamCaptureMode`).
+fn begin_capture(stream: Handle, mode: u32) -> CuResult {
+    let d = driver()?;
+    let device = d.stream_device(stream as usize)?;
+    d.objects()
+        .begin_capture(stream as usize, device, mode)
+        .map(drop)
+}
+
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut u32) -> CUresult {
+pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: u32) -> CUresult {
+    entry(|| begin_capture(stream, mode))
+}
+
+/// The CUDA 10.0 form, before capture modes: global mode.
+#[no_mangle]
+pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
+    entry(|| begin_capture(stream, graph::MODE_GLOBAL))
+}
+
+/// Ends the capture `stream` began; its graph, or null (and
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`) if the capture was broken.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, pgraph: *mut Handle) -> CUresult {
     entry(|| {
-        stream_field(stream, (), |_| ())?;
-        // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(status, 0) }
+        let d = driver()?;
+        d.stream_gpu(stream as usize)?;
+        if pgraph.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let r = d.objects().end_capture(stream as usize);
+        match r {
+            // SAFETY: the caller's out-parameter, checked non-null.
+            Ok(g) => unsafe { ffi::put(pgraph, g as Handle) },
+            Err(e @ cu::ERROR_STREAM_CAPTURE_INVALIDATED) => {
+                // SAFETY: as above.
+                unsafe { ffi::put(pgraph, std::ptr::null_mut()) }?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     })
 }
 
-/// Nothing is ever being captured here: the status is NONE and the
-/// optional outputs (capture id, graph, dependencies) are zero.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        stream_field(stream, (), |_| ())?;
+        let (s, _, _) = d.objects().capture_info(stream as usize);
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(status, s) }
+    })
+}
+
+/// The stream's capture status, and the optional outputs: the capture
+/// id and graph; no dependencies are reported (a graph here has no
+/// edges: its work replays in the order it was recorded).
 ///
 /// # Safety
 /// Each pointer is null or writable.
-unsafe fn no_capture(
+unsafe fn capture_info(
     stream: Handle,
     status: *mut u32,
     id: *mut u64,
@@ -179,16 +234,18 @@ unsafe fn no_capture(
     ndeps: *mut usize,
 ) -> CUresult {
     entry(|| {
+        let d = driver()?;
         stream_field(stream, (), |_| ())?;
+        let (s, capture, g) = d.objects().capture_info(stream as usize);
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(status, 0) }?;
+        unsafe { ffi::put(status, s) }?;
         // SAFETY: optional out-parameters, null when not wanted.
         unsafe {
-            let _ = ffi::put(id, 0);
-            let _ = ffi::put(graph, std::ptr::null_mut());
-            let _ = ffi::put(deps, std::ptr::null());
-            let _ = ffi::put(edges, std::ptr::null());
-            let _ = ffi::put(ndeps, 0);
+            ffi::put_opt(id, capture)?;
+            ffi::put_opt(graph, g as Handle)?;
+            ffi::put_opt(deps, std::ptr::null())?;
+            ffi::put_opt(edges, std::ptr::null())?;
+            ffi::put_opt(ndeps, 0)?;
         }
         Ok(())
     })
@@ -203,7 +260,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     let none = std::ptr::null_mut();
     // SAFETY: the caller's pointers.
     unsafe {
-        no_capture(
+        capture_info(
             stream,
             status,
             id,
@@ -225,7 +282,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     ndeps: *mut usize,
 ) -> CUresult {
     // SAFETY: the caller's pointers.
-    unsafe { no_capture(stream, status, id, graph, deps, std::ptr::null_mut(), ndeps) }
+    unsafe { capture_info(stream, status, id, graph, deps, std::ptr::null_mut(), ndeps) }
 }
 
 #[no_mangle]
@@ -239,20 +296,17 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     ndeps: *mut usize,
 ) -> CUresult {
     // SAFETY: the caller's pointers.
-    unsafe { no_capture(stream, status, id, graph, deps, edges, ndeps) }
+    unsafe { capture_info(stream, status, id, graph, deps, edges, ndeps) }
 }
 
-/// Capture modes matter only while capturing, which never happens here;
-/// the exchange itself is per thread.
+/// The calling thread's capture mode, which decides whether it may
+/// synchronise a context while another stream is captured.
 #[no_mangle]
 pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
-    thread_local! {
-        static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
     entry(|| {
         // SAFETY: the caller's in/out parameter.
         let new = unsafe { ffi::get(mode.cast_const()) }?;
-        let old = MODE.with(|m| m.replace(new));
+        let old = graph::exchange_thread_mode(new);
         // SAFETY: as above.
         unsafe { ffi::put(mode, old) }
     })
@@ -267,6 +321,7 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
             flags,
             records: 0,
             device: 0,
+            captured: None,
         };
         let h = d.objects().add(|o| &mut o.events, event);
         // SAFETY: the caller's out-parameter.
@@ -280,10 +335,18 @@ fn record(event: Handle, stream: Handle) -> CuResult {
     let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
     let (record, timing) = {
         let mut o = d.objects();
+        let captured = o.capturing.get(&(stream as usize)).copied();
         let e = o
             .events
             .get_mut(&(event as usize))
             .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        e.captured = captured;
+        if captured.is_some() {
+            // In a capture a record only marks a point other streams
+            // may join at, as in CUDA: no command, and what waiting on
+            // the event waits for is unchanged.
+            return Ok(());
+        }
         e.records += 1;
         e.device = device;
         (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)

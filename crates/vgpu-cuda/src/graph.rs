@@ -1,0 +1,573 @@
+//! Stream capture and graphs. Work queued on a stream being captured is
+//! recorded as the library would have queued it (launches, fills, small
+//! writes, device copies), not run; launching the graph's executable
+//! queues the recorded work again, in the recorded order. The device's
+//! one in-order queue ([`crate::inflight`]) then keeps every dependency
+//! the capture saw, the forks and joins of other streams through events
+//! included, so a graph needs no edges.
+//!
+//! A capture starts on one stream (its origin); another stream joins it
+//! by waiting on an event recorded in it, as CUDA's cross-stream capture
+//! does, and the origin ends it for all of them.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use vgpu_guest::{Batch, Dims, Function};
+
+use crate::cu::{self, CUdevice};
+use crate::ffi::CuResult;
+use crate::inflight::FLUSH_AT;
+use crate::state::{check, log, Objects};
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
+pub const MODE_GLOBAL: u32 = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const MODE_RELAXED: u32 = 2;
+
+/// `CUstreamCaptureStatus`.
+pub const STATUS_NONE: u32 = 0;
+pub const STATUS_ACTIVE: u32 = 1;
+pub const STATUS_INVALIDATED: u32 = 2;
+
+/// Device work as queued: what a capture records and a graph replays.
+#[derive(Clone)]
+pub enum Work {
+    Launch {
+        function: Arc<Function>,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: Arc<[u8]>,
+    },
+    Fill {
+        addr: u64,
+        len: u64,
+        pattern: u32,
+    },
+    /// Bytes written to the device (the 1 to 3 bytes after a memset's
+    /// whole words).
+    Write {
+        addr: u64,
+        bytes: Arc<[u8]>,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+}
+
+impl Work {
+    /// Adds the work's commands to `batch`.
+    pub fn add_to(&self, batch: &mut Batch) {
+        match self {
+            Work::Launch {
+                function,
+                dims,
+                cluster,
+                params,
+            } => {
+                batch.launch_function_in_clusters(function, *dims, *cluster, params);
+            }
+            Work::Fill { addr, len, pattern } => {
+                batch.fill_addr(*addr, *len, *pattern);
+            }
+            Work::Write { addr, bytes } => {
+                batch.copy_to_device_addr(*addr, bytes);
+            }
+            Work::Copy { dst, src, len } => {
+                batch.copy_device_addr(*dst, *src, *len);
+            }
+        }
+    }
+
+    /// Refuses work the device would refuse to build (the error queueing
+    /// it would return), so a capture fails where the call is, not at a
+    /// replay.
+    fn check(&self) -> CuResult {
+        let mut one = Batch::new();
+        self.add_to(&mut one);
+        check(Batch::new().append(one))
+    }
+}
+
+/// Hands `work` to `submit` in batches of at most [`FLUSH_AT`] commands,
+/// in order; one item's commands stay in one batch (so one call's work,
+/// such as a memset's fill and tail, is one batch, as it always was).
+pub fn in_batches(work: &[Work], mut submit: impl FnMut(Batch) -> CuResult) -> CuResult {
+    let mut open = Batch::new();
+    for w in work {
+        let mut one = Batch::new();
+        w.add_to(&mut one);
+        if !open.is_empty() && open.len() + one.len() > FLUSH_AT {
+            submit(std::mem::take(&mut open))?;
+        }
+        check(open.append(one))?;
+    }
+    if open.is_empty() {
+        return Ok(());
+    }
+    submit(open)
+}
+
+/// A capture in progress.
+pub struct Capture {
+    /// The stream it began on, the one that ends it.
+    pub origin: usize,
+    pub mode: u32,
+    pub id: u64,
+    /// A call it could not record was made: ending it fails.
+    pub invalidated: bool,
+}
+
+/// A graph: the work recorded, in order, and the capture filling it.
+pub struct Graph {
+    pub device: CUdevice,
+    pub nodes: Vec<Work>,
+    pub capture: Option<Capture>,
+}
+
+/// An instantiated graph, sharing its work with every launch of it.
+pub struct GraphExec {
+    pub device: CUdevice,
+    pub nodes: Arc<[Work]>,
+}
+
+/// Calls that wait for a stream's work or need the host side of it,
+/// which a capture cannot record.
+pub enum Unsafe {
+    /// Of one stream: a synchronisation, a query, a copy with a host side.
+    Stream(usize),
+    /// Of a whole device: a context synchronisation.
+    Device(CUdevice),
+}
+
+thread_local! {
+    /// The calling thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
+    static THREAD_MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
+}
+
+/// Sets the calling thread's capture mode; the previous one.
+pub fn exchange_thread_mode(mode: u32) -> u32 {
+    THREAD_MODE.with(|m| m.replace(mode))
+}
+
+/// Whether the calling thread asked for relaxed capture rules.
+pub fn thread_relaxed() -> bool {
+    THREAD_MODE.with(|m| m.get()) == MODE_RELAXED
+}
+
+impl Objects {
+    /// Starts capturing `stream` (on `device`) into a new graph; the
+    /// graph's handle.
+    pub fn begin_capture(&mut self, stream: usize, device: CUdevice, mode: u32) -> CuResult<usize> {
+        if mode > MODE_RELAXED {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // The legacy stream synchronises with every other: CUDA cannot
+        // capture it. The per-thread one (2) can.
+        if stream <= 1 {
+            return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if stream > 2 && !self.streams.contains_key(&stream) {
+            return Err(cu::ERROR_INVALID_HANDLE);
+        }
+        if self.capturing.contains_key(&stream) {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        self.capture_ids += 1;
+        let graph = Graph {
+            device,
+            nodes: Vec::new(),
+            capture: Some(Capture {
+                origin: stream,
+                mode,
+                id: self.capture_ids,
+                invalidated: false,
+            }),
+        };
+        let g = self.add(|o| &mut o.graphs, graph);
+        self.capturing.insert(stream, g);
+        Ok(g)
+    }
+
+    /// The capture `stream` is in, with its graph.
+    fn capture_of(&self, stream: usize) -> Option<(usize, &Capture)> {
+        let &g = self.capturing.get(&stream)?;
+        Some((g, self.graphs.get(&g)?.capture.as_ref()?))
+    }
+
+    /// `stream`'s capture status, capture id and graph (0 when none).
+    pub fn capture_info(&self, stream: usize) -> (u32, u64, usize) {
+        match self.capture_of(stream) {
+            None => (STATUS_NONE, 0, 0),
+            Some((g, c)) if c.invalidated => (STATUS_INVALIDATED, c.id, g),
+            Some((g, c)) => (STATUS_ACTIVE, c.id, g),
+        }
+    }
+
+    /// Ends the capture `stream` began, for every stream in it; the graph.
+    /// An invalidated capture's graph is destroyed.
+    pub fn end_capture(&mut self, stream: usize) -> CuResult<usize> {
+        let (g, c) = self.capture_of(stream).ok_or(cu::ERROR_ILLEGAL_STATE)?;
+        if c.origin != stream {
+            return Err(cu::ERROR_STREAM_CAPTURE_UNMATCHED);
+        }
+        let invalidated = c.invalidated;
+        self.capturing.retain(|_, v| *v != g);
+        if invalidated {
+            self.graphs.remove(&g);
+            return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        if let Some(graph) = self.graphs.get_mut(&g) {
+            graph.capture = None;
+        }
+        Ok(g)
+    }
+
+    /// Records `work` for `device` in `stream`'s capture; false if the
+    /// stream is not capturing (the work is the caller's to queue).
+    pub fn capture_work(
+        &mut self,
+        stream: usize,
+        device: CUdevice,
+        work: &[Work],
+    ) -> CuResult<bool> {
+        let Some(&g) = self.capturing.get(&stream) else {
+            return Ok(false);
+        };
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_ILLEGAL_STATE)?;
+        let Some(c) = graph.capture.as_mut() else {
+            return Ok(false);
+        };
+        if c.invalidated {
+            return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        if graph.device != device {
+            // A graph replays on the one device it was captured on.
+            log("work for another device in a capture");
+            c.invalidated = true;
+            return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        for w in work {
+            w.check()?;
+        }
+        graph.nodes.extend_from_slice(work);
+        Ok(true)
+    }
+
+    /// Refuses a call a capture cannot record (see [`Unsafe`]), and
+    /// invalidates the capture it would have broken: a stream's own, or,
+    /// for a device, each global-mode capture on it unless the calling
+    /// thread is relaxed (`thread_relaxed`).
+    pub fn refuse_in_capture(&mut self, call: Unsafe, thread_relaxed: bool) -> CuResult {
+        let mut refused = false;
+        match call {
+            Unsafe::Stream(s) => {
+                if let Some(&g) = self.capturing.get(&s) {
+                    if let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) {
+                        c.invalidated = true;
+                        refused = true;
+                    }
+                }
+            }
+            Unsafe::Device(dev) if !thread_relaxed => {
+                for graph in self.graphs.values_mut().filter(|g| g.device == dev) {
+                    if let Some(c) = graph.capture.as_mut().filter(|c| c.mode == MODE_GLOBAL) {
+                        c.invalidated = true;
+                        refused = true;
+                    }
+                }
+            }
+            Unsafe::Device(_) => {}
+        }
+        if refused {
+            Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `cuStreamWaitEvent`: a stream not capturing that waits on an event
+    /// last recorded in a capture still in progress joins that capture.
+    pub fn wait_event(&mut self, stream: usize, event: usize) -> CuResult {
+        let captured = crate::state::by_handle(&self.events, event)?.captured;
+        let Some(g) = captured else {
+            return Ok(());
+        };
+        let active = self.graphs.get(&g).is_some_and(|g| g.capture.is_some());
+        if active && stream > 1 && !self.capturing.contains_key(&stream) {
+            self.capturing.insert(stream, g);
+        }
+        Ok(())
+    }
+
+    /// A stream is destroyed: it leaves its capture, which it leaves
+    /// invalidated; without its origin no one can end it, so it goes.
+    pub fn forget_stream_capture(&mut self, stream: usize) {
+        let Some(g) = self.capturing.remove(&stream) else {
+            return;
+        };
+        let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) else {
+            return;
+        };
+        c.invalidated = true;
+        if c.origin == stream {
+            self.capturing.retain(|_, v| *v != g);
+            self.graphs.remove(&g);
+        }
+    }
+
+    /// Instantiates graph `g`; the executable's handle.
+    pub fn instantiate(&mut self, g: usize) -> CuResult<usize> {
+        let graph = crate::state::by_handle(&self.graphs, g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let exec = GraphExec {
+            device: graph.device,
+            nodes: graph.nodes.as_slice().into(),
+        };
+        Ok(self.add(|o| &mut o.execs, exec))
+    }
+
+    /// Destroys graph `g`, unless a capture is filling it.
+    pub fn destroy_graph(&mut self, g: usize) -> CuResult {
+        let graph = crate::state::by_handle(&self.graphs, g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        self.graphs.remove(&g);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Event, Stream};
+
+    fn fill(n: u64) -> Work {
+        Work::Fill {
+            addr: 0x1000 * n,
+            len: 4,
+            pattern: n as u32,
+        }
+    }
+
+    fn objects_with_streams(n: usize) -> (Objects, Vec<usize>) {
+        let mut o = Objects::default();
+        let streams = (0..n)
+            .map(|_| {
+                o.add(
+                    |o| &mut o.streams,
+                    Stream {
+                        ctx: 1,
+                        flags: 1,
+                        priority: 0,
+                    },
+                )
+            })
+            .collect();
+        (o, streams)
+    }
+
+    fn event(o: &mut Objects) -> usize {
+        o.add(
+            |o| &mut o.events,
+            Event {
+                flags: 0,
+                records: 0,
+                device: 0,
+                captured: None,
+            },
+        )
+    }
+
+    #[test]
+    fn work_goes_in_batches_of_at_most_flush_at_commands_in_order() {
+        let work: Vec<Work> = (0..FLUSH_AT as u64 * 2 + 5).map(fill).collect();
+        let mut sizes = Vec::new();
+        in_batches(&work, |b| {
+            sizes.push(b.len());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(sizes, [FLUSH_AT, FLUSH_AT, 5]);
+        // A memset's tail write counts as one command like the rest.
+        let tail = Work::Write {
+            addr: 0x10,
+            bytes: Arc::from(&[1u8, 2][..]),
+        };
+        let mut work: Vec<Work> = (0..FLUSH_AT as u64 - 1).map(fill).collect();
+        work.push(tail);
+        work.push(fill(99));
+        let mut sizes = Vec::new();
+        in_batches(&work, |b| {
+            sizes.push(b.len());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(sizes, [FLUSH_AT, 1]);
+        let mut calls = 0;
+        in_batches(&[], |_| {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(calls, 0);
+    }
+
+    #[test]
+    fn a_failed_submission_stops_the_rest() {
+        let work: Vec<Work> = (0..FLUSH_AT as u64 * 3).map(fill).collect();
+        let mut calls = 0;
+        let r = in_batches(&work, |_| {
+            calls += 1;
+            Err(cu::ERROR_LAUNCH_FAILED)
+        });
+        assert_eq!(r, Err(cu::ERROR_LAUNCH_FAILED));
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn capture_records_work_until_its_origin_ends_it() {
+        let (mut o, s) = objects_with_streams(2);
+        assert_eq!(o.capture_info(s[0]), (STATUS_NONE, 0, 0));
+        assert_eq!(o.capture_work(s[0], 0, &[fill(1)]), Ok(false));
+        let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        let (status, id, graph) = o.capture_info(s[0]);
+        assert_eq!((status, graph), (STATUS_ACTIVE, g));
+        assert_ne!(id, 0);
+        assert_eq!(
+            o.begin_capture(s[0], 0, MODE_GLOBAL),
+            Err(cu::ERROR_ILLEGAL_STATE)
+        );
+        assert_eq!(o.capture_work(s[0], 0, &[fill(1), fill(2)]), Ok(true));
+        // Another stream's work is not captured.
+        assert_eq!(o.capture_work(s[1], 0, &[fill(3)]), Ok(false));
+        // A graph being captured is neither instantiated nor destroyed.
+        assert_eq!(o.instantiate(g), Err(cu::ERROR_ILLEGAL_STATE));
+        assert_eq!(o.destroy_graph(g), Err(cu::ERROR_ILLEGAL_STATE));
+        assert_eq!(o.end_capture(s[1]), Err(cu::ERROR_ILLEGAL_STATE));
+        assert_eq!(o.end_capture(s[0]), Ok(g));
+        assert_eq!(o.capture_info(s[0]), (STATUS_NONE, 0, 0));
+        assert_eq!(o.graphs[&g].nodes.len(), 2);
+        let e = o.instantiate(g).unwrap();
+        assert_eq!(o.execs[&e].nodes.len(), 2);
+        o.destroy_graph(g).unwrap();
+        assert_eq!(o.execs[&e].nodes.len(), 2);
+        // The next capture has another id.
+        o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        assert_ne!(o.capture_info(s[0]).1, id);
+    }
+
+    #[test]
+    fn legacy_and_unknown_streams_are_not_captured() {
+        let (mut o, _) = objects_with_streams(0);
+        for s in [0, 1] {
+            assert_eq!(
+                o.begin_capture(s, 0, MODE_GLOBAL),
+                Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+            );
+        }
+        assert_eq!(
+            o.begin_capture(0x1234_5678, 0, MODE_GLOBAL),
+            Err(cu::ERROR_INVALID_HANDLE)
+        );
+        assert_eq!(o.begin_capture(2, 0, 3), Err(cu::ERROR_INVALID_VALUE));
+        assert!(o.begin_capture(2, 0, MODE_RELAXED).is_ok());
+    }
+
+    #[test]
+    fn a_stream_joins_through_an_event_recorded_in_the_capture() {
+        let (mut o, s) = objects_with_streams(3);
+        let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        let e = event(&mut o);
+        // Recorded outside the capture: waiting joins nothing.
+        o.wait_event(s[1], e).unwrap();
+        assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
+        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.wait_event(s[1], e).unwrap();
+        assert_eq!(o.capture_info(s[1]), o.capture_info(s[0]));
+        assert_eq!(o.capture_work(s[1], 0, &[fill(1)]), Ok(true));
+        // Only the origin ends it, and then for every stream in it.
+        assert_eq!(o.end_capture(s[1]), Err(cu::ERROR_STREAM_CAPTURE_UNMATCHED));
+        assert_eq!(o.end_capture(s[0]), Ok(g));
+        assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
+        // The event's capture is over: waiting on it joins nothing.
+        o.wait_event(s[2], e).unwrap();
+        assert_eq!(o.capture_info(s[2]).0, STATUS_NONE);
+        assert_eq!(o.wait_event(s[2], 0x999), Err(cu::ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn an_unrecordable_call_invalidates_the_capture() {
+        let (mut o, s) = objects_with_streams(2);
+        o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        assert_eq!(o.refuse_in_capture(Unsafe::Stream(s[1]), false), Ok(()));
+        assert_eq!(
+            o.refuse_in_capture(Unsafe::Stream(s[0]), false),
+            Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(o.capture_info(s[0]).0, STATUS_INVALIDATED);
+        assert_eq!(
+            o.capture_work(s[0], 0, &[fill(1)]),
+            Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
+        );
+        let before = o.graphs.len();
+        assert_eq!(
+            o.end_capture(s[0]),
+            Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
+        );
+        assert_eq!(o.graphs.len(), before - 1);
+        assert_eq!(o.capture_info(s[0]).0, STATUS_NONE);
+    }
+
+    #[test]
+    fn a_context_synchronisation_breaks_only_global_captures_of_its_device() {
+        let (mut o, s) = objects_with_streams(3);
+        o.begin_capture(s[0], 0, MODE_RELAXED).unwrap();
+        o.begin_capture(s[1], 1, MODE_GLOBAL).unwrap();
+        assert_eq!(o.refuse_in_capture(Unsafe::Device(0), false), Ok(()));
+        // A relaxed thread may synchronise.
+        assert_eq!(o.refuse_in_capture(Unsafe::Device(1), true), Ok(()));
+        assert_eq!(o.capture_info(s[1]).0, STATUS_ACTIVE);
+        o.begin_capture(s[2], 0, MODE_GLOBAL).unwrap();
+        assert_eq!(
+            o.refuse_in_capture(Unsafe::Device(0), false),
+            Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(o.capture_info(s[0]).0, STATUS_ACTIVE);
+        assert_eq!(o.capture_info(s[1]).0, STATUS_ACTIVE);
+        assert_eq!(o.capture_info(s[2]).0, STATUS_INVALIDATED);
+    }
+
+    #[test]
+    fn work_for_another_device_invalidates_the_capture() {
+        let (mut o, s) = objects_with_streams(1);
+        o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        assert_eq!(
+            o.capture_work(s[0], 1, &[fill(1)]),
+            Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(o.capture_info(s[0]).0, STATUS_INVALIDATED);
+    }
+
+    #[test]
+    fn destroying_a_capturing_stream_ends_its_capture() {
+        let (mut o, s) = objects_with_streams(2);
+        let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        let e = event(&mut o);
+        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.wait_event(s[1], e).unwrap();
+        // A joined stream leaves the capture invalidated.
+        o.forget_stream_capture(s[1]);
+        assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
+        assert_eq!(o.capture_info(s[0]).0, STATUS_INVALIDATED);
+        // The origin takes the capture and its graph with it.
+        o.forget_stream_capture(s[0]);
+        assert!(o.capturing.is_empty());
+        assert!(!o.graphs.contains_key(&g));
+    }
+}
