@@ -19,6 +19,7 @@
 //! Several fatbinaries may follow each other in one image (what the
 //! linker makes of relocatable device code); all are read.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 
 /// The magic number of fatbinary data.
@@ -129,7 +130,7 @@ pub fn extract_ptx(image: &[u8]) -> Result<Vec<String>, FatbinError> {
         return Ok(vec![text.to_owned()]);
     }
     let mut out = Vec::new();
-    read_fatbins(image, Some(&mut out))?;
+    read_fatbins(image, Some(&mut out), None)?;
     if out.is_empty() {
         return Err(FatbinError::NoPtx);
     }
@@ -143,7 +144,7 @@ pub fn fatbin_len(image: &[u8]) -> Result<usize, FatbinError> {
     if u32_at(image, 0) != Some(FATBIN_MAGIC) {
         return Err(FatbinError::NotAModule);
     }
-    read_fatbins(image, None)
+    read_fatbins(image, None, None)
 }
 
 /// `e_machine` of a CUDA ELF image (a cubin).
@@ -226,13 +227,88 @@ pub fn cubin_len(image: &[u8]) -> Result<usize, FatbinError> {
     Ok(end)
 }
 
+/// The functions a cubin holds code for: the names of its `.text.NAME`
+/// sections (its kernels, and device functions compiled apart from them).
+pub fn cubin_function_names(cubin: &[u8]) -> Result<Vec<String>, FatbinError> {
+    let bad = |offset, what| FatbinError::Malformed { offset, what };
+    if !is_cubin(cubin) || cubin.len() < ELF_HEADER {
+        return Err(FatbinError::NotAModule);
+    }
+    let shoff = u64_at(cubin, 0x28)
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or(bad(0x28, "section header offset"))?;
+    let shsize = usize::from(u16_at(cubin, 0x3a).unwrap_or(0));
+    let shnum = usize::from(u16_at(cubin, 0x3c).unwrap_or(0));
+    let strndx = usize::from(u16_at(cubin, 0x3e).unwrap_or(0));
+    if shnum == 0 {
+        return Ok(Vec::new());
+    }
+    if shsize < 0x40 || strndx >= shnum {
+        return Err(bad(0x3a, "section headers"));
+    }
+    let header = |i: usize| {
+        let at = i
+            .checked_mul(shsize)
+            .and_then(|o| o.checked_add(shoff))
+            .filter(|&a| a.checked_add(0x40).is_some_and(|e| e <= cubin.len()))
+            .ok_or(bad(shoff, "section header past the image"))?;
+        Ok::<_, FatbinError>(at)
+    };
+    let strtab = header(strndx)?;
+    let range = |at: usize| {
+        let off = u64_at(cubin, at + 0x18).and_then(|v| usize::try_from(v).ok());
+        let size = u64_at(cubin, at + 0x20).and_then(|v| usize::try_from(v).ok());
+        off.zip(size)
+            .and_then(|(o, n)| Some(o..o.checked_add(n)?))
+            .filter(|r| r.end <= cubin.len())
+            .ok_or(bad(at, "section past the image"))
+    };
+    let strings = &cubin[range(strtab)?];
+    let mut names = Vec::new();
+    for i in 0..shnum {
+        let at = header(i)?;
+        let name_at = u32_at(cubin, at).unwrap_or(0) as usize;
+        let Some(tail) = strings.get(name_at..) else {
+            return Err(bad(at, "section name past the string table"));
+        };
+        let name = tail.split(|&b| b == 0).next().unwrap_or(&[]);
+        if let Some(f) = name.strip_prefix(b".text.") {
+            let f = std::str::from_utf8(f).map_err(|_| FatbinError::NotText(at))?;
+            names.push(f.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// The functions of a module image, a cubin or a fatbinary (from every
+/// cubin stored in it uncompressed and whole), each named once.
+pub fn function_names(image: &[u8]) -> Result<Vec<String>, FatbinError> {
+    if is_cubin(image) {
+        let mut names = cubin_function_names(image)?;
+        names.sort();
+        names.dedup();
+        return Ok(names);
+    }
+    if u32_at(image, 0) != Some(FATBIN_MAGIC) {
+        return Err(FatbinError::NotAModule);
+    }
+    let mut names = BTreeSet::new();
+    read_fatbins(image, None, Some(&mut names))?;
+    Ok(names.into_iter().collect())
+}
+
 /// Reads the fatbinaries back to back at the start of `image` (collecting
-/// their PTX into `out`, if given), returns where the last one ends.
-fn read_fatbins(image: &[u8], mut out: Option<&mut Vec<String>>) -> Result<usize, FatbinError> {
+/// their PTX into `out` and their cubins' function names into `names`, if
+/// given), returns where the last one ends.
+fn read_fatbins(
+    image: &[u8],
+    mut out: Option<&mut Vec<String>>,
+    mut names: Option<&mut BTreeSet<String>>,
+) -> Result<usize, FatbinError> {
     let mut pos = 0usize;
     let mut end = 0usize;
     while pos < image.len() && u32_at(image, pos) == Some(FATBIN_MAGIC) {
-        end = read_fatbin(image, pos, out.as_deref_mut())?;
+        end = read_fatbin(image, pos, out.as_deref_mut(), names.as_deref_mut())?;
         pos = end;
         // Consecutive fatbinaries are 8-byte aligned; padding may follow.
         while pos < image.len() && !pos.is_multiple_of(8) && image[pos] == 0 {
@@ -242,12 +318,13 @@ fn read_fatbins(image: &[u8], mut out: Option<&mut Vec<String>>) -> Result<usize
     Ok(end)
 }
 
-/// Reads one fatbinary at `start` (collecting its PTX into `out`, if
-/// given), returns where it ends.
+/// Reads one fatbinary at `start` (collecting as [`read_fatbins`] does),
+/// returns where it ends.
 fn read_fatbin(
     image: &[u8],
     start: usize,
     mut out: Option<&mut Vec<String>>,
+    mut names: Option<&mut BTreeSet<String>>,
 ) -> Result<usize, FatbinError> {
     let bad = |offset, what| FatbinError::Malformed { offset, what };
     let header_size = u16_at(image, start + 6).ok_or(bad(start, "truncated header"))? as usize;
@@ -287,6 +364,13 @@ fn read_fatbin(
             let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
             let text = std::str::from_utf8(text).map_err(|_| FatbinError::NotText(at))?;
             out.push(text.to_owned());
+        }
+        // Names only of cubins stored plain: a caller loading a large
+        // library should not pay for decompressing every one of them.
+        if let (KIND_ELF, Some(names)) = (kind, names.as_deref_mut()) {
+            if flags & (FLAG_LZ4 | FLAG_ZSTD) == 0 {
+                names.extend(cubin_function_names(payload).unwrap_or_default());
+            }
         }
         at = body_end;
     }
@@ -353,6 +437,59 @@ mod tests {
         );
         assert_eq!(extract_ptx(b"hello"), Err(FatbinError::NotAModule));
         assert_eq!(extract_ptx(b""), Err(FatbinError::NotAModule));
+    }
+
+    /// A cubin of section headers only: the null section, the names, and
+    /// one empty section per name given.
+    fn cubin_with_sections(sections: &[&str]) -> Vec<u8> {
+        let mut strings = b"\0.shstrtab\0".to_vec();
+        let mut name_at = Vec::new();
+        for s in sections {
+            name_at.push(strings.len() as u32);
+            strings.extend_from_slice(s.as_bytes());
+            strings.push(0);
+        }
+        let shnum = sections.len() + 2;
+        let strings_at = 64;
+        let shoff = (strings_at + strings.len()).next_multiple_of(8);
+        let mut img = vec![0u8; shoff + shnum * 64];
+        img[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        img[18..20].copy_from_slice(&190u16.to_le_bytes());
+        img[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        img[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        img[0x3c..0x3e].copy_from_slice(&(shnum as u16).to_le_bytes());
+        img[0x3e..0x40].copy_from_slice(&1u16.to_le_bytes());
+        img[strings_at..strings_at + strings.len()].copy_from_slice(&strings);
+        let sh = |i: usize| shoff + i * 64;
+        img[sh(1)..sh(1) + 4].copy_from_slice(&1u32.to_le_bytes());
+        img[sh(1) + 0x18..sh(1) + 0x20].copy_from_slice(&(strings_at as u64).to_le_bytes());
+        img[sh(1) + 0x20..sh(1) + 0x28].copy_from_slice(&(strings.len() as u64).to_le_bytes());
+        for (i, at) in name_at.iter().enumerate() {
+            img[sh(i + 2)..sh(i + 2) + 4].copy_from_slice(&at.to_le_bytes());
+        }
+        img
+    }
+
+    #[test]
+    fn a_cubin_names_the_functions_it_has_code_for() {
+        let cubin = cubin_with_sections(&[
+            ".text._Z4scanPf",
+            ".nv.info._Z4scanPf",
+            ".text.lut",
+            ".nv.constant0",
+        ]);
+        assert_eq!(
+            cubin_function_names(&cubin).unwrap(),
+            vec!["_Z4scanPf".to_string(), "lut".to_string()]
+        );
+        assert_eq!(
+            function_names(&wrap(&entry(KIND_ELF, 0, &cubin, 0, 0))).unwrap(),
+            vec!["_Z4scanPf".to_string(), "lut".to_string()]
+        );
+        let mut cut = cubin.clone();
+        cut.truncate(cubin.len() - 10);
+        assert!(cubin_function_names(&cut).is_err());
+        assert!(function_names(b"not a module").is_err());
     }
 
     fn entry(kind: u16, flags: u64, payload: &[u8], compressed: u32, unc: u64) -> Vec<u8> {

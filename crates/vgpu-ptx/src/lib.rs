@@ -133,6 +133,8 @@ pub mod mem;
 pub mod parse;
 
 pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
-pub use fatbin::{cubin_len, extract_ptx, fatbin_len, is_cubin, FatbinError};
+pub use fatbin::{
+    cubin_function_names, cubin_len, extract_ptx, fatbin_len, function_names, is_cubin, FatbinError,
+};
 pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
 pub use parse::{KernelInfo, Module, ParamInfo, ParseError};
