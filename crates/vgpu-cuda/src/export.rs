@@ -90,10 +90,11 @@ static CONTEXT_QUERY: Table<93> = {
     Table(t)
 };
 
-/// cuFFT calls slot 7 `(ctx, module, key, out, ..)` right after loading
-/// each of its modules, for the kernel it launches next: NVIDIA's driver
-/// writes that kernel's `CUfunction` to `out` and returns 1, and cuFFT
-/// unloads a module whose answer is anything else.
+/// cuFFT calls slot 7 `(ctx, module, visit, user)` right after loading
+/// each of its modules, with a `visit` that stores the function it is
+/// given at `user`: NVIDIA's driver calls it for the module's one kernel
+/// and returns 1, and cuFFT unloads a module whose answer is anything
+/// else.
 static MODULE_QUERY: Table<8> = {
     let mut t = [NULL; 8];
     t[0] = size_of_table(8);
@@ -363,86 +364,47 @@ extern "C" fn stream_key_id(ctx: Handle, key: usize, out: *mut u64) -> CUresult 
     })
 }
 
-/// Slot 7 of the module query table: the function `key` names in
-/// `module`. The key is the kernel's name, or a pointer to it; what else
-/// it could be is logged, once, and answered as not supported.
+/// A function slot 7 of the module query table calls back with each of a
+/// module's functions: `(user, function)`.
+type FunctionVisitor = extern "C" fn(user: *mut c_void, function: Handle);
+
+/// Slot 7 of the module query table: calls `visit(user, f)` for each
+/// function `f` of `module` and returns how many there were (cuFFT's
+/// visitor stores the function; its modules hold one kernel each).
 extern "C" fn module_query_7(
     _ctx: Handle,
     module: Handle,
-    key: usize,
-    out: *mut Handle,
+    visit: Option<FunctionVisitor>,
+    user: *mut c_void,
 ) -> CUresult {
-    let r = ffi::entry(|| {
-        let name = key_name(key).ok_or_else(|| {
-            let mut head = [0u8; 32];
-            let shown = if peek(key, &mut head) {
-                head.iter().map(|b| format!("{b:02x}")).collect::<String>()
-            } else {
-                "unreadable".into()
-            };
-            crate::procs::unsupported_with(
-                "export table 6e163fbe slot 7",
-                &format!("key {key:#x}: {shown}"),
-            )
-        })?;
-        let f = driver()?.get_function(module as usize, &name)?;
-        // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(out, f as Handle) }
+    let mut count = 0;
+    let r = entry(|| {
+        let visit = visit.ok_or(cu::ERROR_INVALID_VALUE)?;
+        let d = driver()?;
+        let mut names: Vec<String> = {
+            let o = d.objects();
+            let m = state::by_handle(&o.modules, module as usize)?;
+            m.kernels.iter().cloned().collect()
+        };
+        names.sort();
+        for name in names {
+            // Device functions have code but are not entry points.
+            match d.get_function(module as usize, &name) {
+                Ok(f) => {
+                    visit(user, f as Handle);
+                    count += 1;
+                }
+                Err(cu::ERROR_NOT_FOUND) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     });
     if r == cu::SUCCESS {
-        MODULE_QUERY_FOUND
+        count
     } else {
         r
     }
-}
-
-/// What NVIDIA's driver returns from module query slot 7 when it found
-/// the function.
-const MODULE_QUERY_FOUND: CUresult = 1;
-
-/// The kernel name at `key`, or at the pointer stored there.
-fn key_name(key: usize) -> Option<String> {
-    let name_at = |p: usize| {
-        let mut buf = [0u8; 512];
-        if !peek(p, &mut buf) {
-            // The string may end near the end of its mapping.
-            buf = [0u8; 512];
-            if !peek(p, &mut buf[..64]) {
-                return None;
-            }
-        }
-        let len = buf.iter().position(|&b| b == 0)?;
-        let s = std::str::from_utf8(&buf[..len]).ok()?;
-        let ident = |c: char| c.is_ascii_alphanumeric() || "_$.".contains(c);
-        (len > 0 && s.chars().all(ident)).then(|| s.to_owned())
-    };
-    name_at(key).or_else(|| {
-        let mut ptr = [0u8; 8];
-        peek(key, &mut ptr).then_some(())?;
-        name_at(usize::from_ne_bytes(ptr))
-    })
-}
-
-/// Copies `buf.len()` bytes at `addr` of this process into `buf`; false,
-/// not a fault, where they are not all mapped (the caller's pointer is
-/// not known to point at what is read here).
-fn peek(addr: usize, buf: &mut [u8]) -> bool {
-    if addr == 0 {
-        return false;
-    }
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: reads this process's memory into `buf`, which the local
-    // iovec describes; the kernel checks the remote range and fails with
-    // EFAULT instead of faulting.
-    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
-    n == buf.len() as isize
 }
 
 extern "C" fn kernel_session_open() -> CUresult {
@@ -541,19 +503,22 @@ mod tests {
     }
 
     #[test]
-    fn module_query_keys_name_kernels_directly_or_by_pointer() {
-        static NAME: &[u8] = b"_Z6kernelPf\0";
-        let direct = NAME.as_ptr() as usize;
-        assert_eq!(key_name(direct).as_deref(), Some("_Z6kernelPf"));
-        let by_pointer = [direct];
+    fn the_module_query_needs_a_visitor_and_a_driver() {
+        extern "C" fn keep(user: *mut c_void, f: Handle) {
+            // SAFETY: the test passes a pointer to a Handle.
+            unsafe { *user.cast::<Handle>() = f };
+        }
+        let mut out = 7 as Handle;
+        let user = (&mut out as *mut Handle).cast();
         assert_eq!(
-            key_name(by_pointer.as_ptr() as usize).as_deref(),
-            Some("_Z6kernelPf")
+            module_query_7(NULL.cast_mut(), NULL.cast_mut(), None, user),
+            cu::ERROR_INVALID_VALUE
         );
-        assert_eq!(key_name(0), None);
-        assert_eq!(key_name(8), None);
-        let not_a_name = [0x0102_0304_0506_0708usize];
-        assert_eq!(key_name(not_a_name.as_ptr() as usize), None);
+        assert_eq!(
+            module_query_7(NULL.cast_mut(), NULL.cast_mut(), Some(keep), user),
+            cu::ERROR_NOT_INITIALIZED
+        );
+        assert_eq!(out as usize, 7);
     }
 
     #[test]

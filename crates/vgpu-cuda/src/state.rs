@@ -152,8 +152,9 @@ impl Ctx {
 pub struct ModuleObj {
     pub device: CUdevice,
     pub module: Arc<Module>,
-    /// The entry points its PTX names, if it has PTX (a fatbinary of
-    /// cubins alone names none here; the device still finds them).
+    /// The entry points its PTX names and the functions its cubins have
+    /// code for (device functions among them, which the device does not
+    /// find as entry points).
     pub kernels: HashSet<String>,
     /// Globals looked up: address and size.
     pub globals: HashMap<String, (u64, u64)>,
@@ -472,6 +473,11 @@ impl Driver {
             if let Ok(m) = vgpu_ptx::Module::parse(text) {
                 kernels.extend(m.kernels().into_iter().map(|k| k.name));
             }
+        }
+        // Cubins name their functions in section names; a library that
+        // asks the driver to enumerate a module's functions needs them.
+        if format != sys::MODULE_PTX {
+            kernels.extend(vgpu_ptx::function_names(image).unwrap_or_default());
         }
         let module = check(gpu.dev.module_load_format(format, image))?;
         let m = ModuleObj {
