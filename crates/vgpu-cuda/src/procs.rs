@@ -242,8 +242,9 @@ implemented {
 // PyTorch at initialisation, and not implemented: each answers
 // CUDA_ERROR_NOT_SUPPORTED and says so once. (name, first version asked.)
 // PyTorch's driver table needs the virtual memory functions (cuMem*
-// address, map and handle calls) to be found before it reports an
-// out-of-memory error, though it calls them only for expandable segments.
+// address, map and handle calls: the whole family is listed) to be found
+// before it reports an out-of-memory error, though it calls them only for
+// expandable segments.
 unsupported {
     cuArray3DCreate 3020,
     cuArray3DGetDescriptor 3020,
@@ -436,6 +437,11 @@ unsupported {
     cuMemCreate 10020,
     cuMemExportToShareableHandle 10020,
     cuMemGetAllocationGranularity 10020,
+    cuMemGetAccess 10020,
+    cuMemGetAllocationPropertiesFromHandle 10020,
+    cuMemGetHandleForAddressRange 11070,
+    cuMemMapArrayAsync 11010,
+    cuMemRetainAllocationHandle 11000,
     cuMemImportFromShareableHandle 10020,
     cuMemMap 10020,
     cuMemRelease 10020,
