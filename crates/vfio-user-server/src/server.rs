@@ -14,6 +14,12 @@ use std::sync::Arc;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use log::{debug, info};
+use vfio_bindings::bindings::vfio::{
+    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_AUTOMASKED,
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_MASKABLE, VFIO_IRQ_INFO_NORESIZE,
+    VFIO_REGION_INFO_CAP_SPARSE_MMAP, VFIO_REGION_INFO_FLAG_CAPS, VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+};
 use vgpu_sys::socket::ClearError;
 use vgpu_sys::{warn_limited, LogLimiter};
 use vmm_sys_util::eventfd::EventFd;
@@ -60,21 +66,7 @@ const TOKEN_STOP: u32 = 3;
 const TOKEN_UNMASK_BASE: u32 = 0x800;
 const TOKEN_IOEVENT_BASE: u32 = 0x1000;
 
-// vfio_region_info flags.
-const REGION_FLAG_READ: u32 = 1 << 0;
-const REGION_FLAG_WRITE: u32 = 1 << 1;
-const REGION_FLAG_MMAP: u32 = 1 << 2;
-const REGION_FLAG_CAPS: u32 = 1 << 3;
-const REGION_INFO_CAP_SPARSE_MMAP: u16 = 1;
 const REGION_INFO_SIZE: u32 = 32;
-// vfio_device_info flags.
-const DEVICE_FLAGS_RESET: u32 = 1 << 0;
-const DEVICE_FLAGS_PCI: u32 = 1 << 1;
-// vfio_irq_info flags.
-const IRQ_INFO_EVENTFD: u32 = 1 << 0;
-const IRQ_INFO_MASKABLE: u32 = 1 << 1;
-const IRQ_INFO_AUTOMASKED: u32 = 1 << 2;
-const IRQ_INFO_NORESIZE: u32 = 1 << 3;
 // Sub-region IO FD info.
 const IO_FD_TYPE_IOEVENTFD: u32 = 0;
 const IO_FD_ENTRY_SIZE: u32 = 40;
@@ -582,7 +574,7 @@ impl Endpoint {
         }
         let mut w = Writer::with_capacity(16);
         w.u32(16)
-            .u32(DEVICE_FLAGS_RESET | DEVICE_FLAGS_PCI)
+            .u32(VFIO_DEVICE_FLAGS_RESET | VFIO_DEVICE_FLAGS_PCI)
             .u32(NUM_REGIONS)
             .u32(NUM_IRQ_TYPES);
         Ok((w.into_inner(), Vec::new()))
@@ -602,20 +594,20 @@ impl Endpoint {
         let info = self.device.region_info(index);
         let mut flags = 0;
         if info.readable {
-            flags |= REGION_FLAG_READ;
+            flags |= VFIO_REGION_INFO_FLAG_READ;
         }
         if info.writable {
-            flags |= REGION_FLAG_WRITE;
+            flags |= VFIO_REGION_INFO_FLAG_WRITE;
         }
         let mut cap = Writer::default();
         let mut fds = Vec::new();
         let mut file_offset = 0;
         if let Some(mmap) = &info.mmap {
-            flags |= REGION_FLAG_MMAP;
+            flags |= VFIO_REGION_INFO_FLAG_MMAP;
             file_offset = mmap.file_offset;
             fds.push(mmap.file.as_raw_fd());
             if !mmap.areas.is_empty() {
-                cap.u16(REGION_INFO_CAP_SPARSE_MMAP)
+                cap.u16(VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16)
                     .u16(1)
                     .u32(0)
                     .u32(mmap.areas.len() as u32)
@@ -632,7 +624,7 @@ impl Endpoint {
         // reply that sets the flag with cap_offset 0, even though it then
         // asks again with the size `needed` announces.
         if fits {
-            flags |= REGION_FLAG_CAPS;
+            flags |= VFIO_REGION_INFO_FLAG_CAPS;
         }
         let mut w = Writer::with_capacity(needed as usize);
         w.u32(needed)
@@ -796,15 +788,15 @@ impl Endpoint {
             return einval();
         }
         let info = self.device.irq_info(index);
-        let mut flags = IRQ_INFO_EVENTFD;
+        let mut flags = VFIO_IRQ_INFO_EVENTFD;
         if info.maskable {
-            flags |= IRQ_INFO_MASKABLE;
+            flags |= VFIO_IRQ_INFO_MASKABLE;
         }
         if info.automasked {
-            flags |= IRQ_INFO_AUTOMASKED;
+            flags |= VFIO_IRQ_INFO_AUTOMASKED;
         }
         if index == IRQ_MSI || index == IRQ_MSIX {
-            flags |= IRQ_INFO_NORESIZE;
+            flags |= VFIO_IRQ_INFO_NORESIZE;
         }
         let mut w = Writer::with_capacity(16);
         w.u32(16).u32(flags).u32(index).u32(info.count);

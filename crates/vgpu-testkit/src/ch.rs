@@ -36,22 +36,17 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::guest::sealed_ram;
 use crate::ring::Ram;
 
-// Wire values are spelled out here, as cloud-hypervisor takes them from
-// vfio-bindings, rather than borrowed from the server under test.
-/// vfio region index of the config space.
-const CONFIG_REGION: u32 = 7;
-/// vfio region index of the expansion ROM.
-const ROM_REGION: u32 = 6;
-const IRQ_INTX: u32 = 0;
-const IRQ_MSI: u32 = 1;
-const IRQ_MSIX: u32 = 2;
-const SET_DATA_NONE: u32 = 1 << 0;
-const SET_DATA_EVENTFD: u32 = 1 << 2;
-const SET_ACTION_UNMASK: u32 = 1 << 4;
-const SET_ACTION_TRIGGER: u32 = 1 << 5;
-const REGION_FLAG_READ: u32 = 1 << 0;
-const REGION_FLAG_WRITE: u32 = 1 << 1;
-const REGION_FLAG_MMAP: u32 = 1 << 2;
+// Wire values come from vfio-bindings, as cloud-hypervisor takes them,
+// rather than from the server under test.
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_TRIGGER as SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_ACTION_UNMASK as SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD as SET_DATA_EVENTFD,
+    VFIO_IRQ_SET_DATA_NONE as SET_DATA_NONE, VFIO_PCI_CONFIG_REGION_INDEX as CONFIG_REGION,
+    VFIO_PCI_INTX_IRQ_INDEX as IRQ_INTX, VFIO_PCI_MSIX_IRQ_INDEX as IRQ_MSIX,
+    VFIO_PCI_MSI_IRQ_INDEX as IRQ_MSI, VFIO_PCI_ROM_REGION_INDEX as ROM_REGION,
+    VFIO_REGION_INFO_FLAG_MMAP as REGION_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ as REGION_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE as REGION_FLAG_WRITE,
+};
 const CAP_PTR_MASK: u8 = 0xfc;
 const CAP_ID_PM: u8 = 0x01;
 const CAP_ID_MSI: u8 = 0x05;

@@ -17,12 +17,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::ring::{vring_need_event, Chain, Doorbells, DriverQueue, Mode, Ram, RingLayout, Used};
 use crate::ring::{DESC_SIZE, SLOT_SIZE};
 
-/// vfio IRQ index of MSI-X.
-pub const IRQ_MSIX: u32 = 2;
-/// SET_IRQS data: eventfds.
-pub const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
-/// SET_IRQS action: trigger.
-pub const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+pub use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX as IRQ_MSIX;
+use vfio_bindings::bindings::vfio::{VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD};
 /// Most fds the engine takes with one message.
 const FDS_PER_MESSAGE: usize = 16;
 /// Staging area for inline buffers larger than a descriptor slot.
