@@ -150,8 +150,7 @@ implemented {
     cuGraphDestroy 10000 => cuGraphDestroy,
     cuGraphExecDestroy 10000 => cuGraphExecDestroy,
     cuGraphGetNodes 10000 => cuGraphGetNodes,
-    cuGraphInstantiate 10000 => cuGraphInstantiate,
-    cuGraphInstantiate 11000 => cuGraphInstantiate_v2,
+    cuGraphInstantiate 10000 => cuGraphInstantiate_v2,
     // CUDA 12's cuda.h maps cuGraphInstantiate onto WithFlags.
     cuGraphInstantiate 12000 => cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithFlags 11040 => cuGraphInstantiateWithFlags,
@@ -551,7 +550,7 @@ mod tests {
         // and a log; CUDA 12's cuda.h names WithFlags so.
         assert_eq!(
             found("cuGraphInstantiate", 10020),
-            cuGraphInstantiate as *mut c_void
+            cuGraphInstantiate_v2 as *mut c_void
         );
         assert_eq!(
             found("cuGraphInstantiate", 11080),

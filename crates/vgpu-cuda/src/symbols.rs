@@ -45,6 +45,7 @@ use crate::api::{context::*, device::*, graph::*, memory::*, module::*, stream::
 
 aliases! {
     cuCtxDestroy => cuCtxDestroy_v2,
+    cuGraphInstantiate => cuGraphInstantiate_v2,
     cuCtxPopCurrent => cuCtxPopCurrent_v2,
     cuCtxPushCurrent => cuCtxPushCurrent_v2,
     cuDevicePrimaryCtxRelease => cuDevicePrimaryCtxRelease_v2,

@@ -105,8 +105,8 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     entry(|| unsafe { instantiate(pexec, graph, flags) })
 }
 
-/// The CUDA 11 form: no node fails to instantiate, and there is nothing
-/// to log.
+/// The CUDA 10 and 11 form (`cuGraphInstantiate` is the same): no node
+/// fails to instantiate, and there is nothing to log.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphInstantiate_v2(
     pexec: *mut Handle,
@@ -125,19 +125,6 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
             instantiate(pexec, graph, 0)
         }
     })
-}
-
-/// The CUDA 10 form, the same arguments.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiate(
-    pexec: *mut Handle,
-    graph: Handle,
-    err_node: *mut Handle,
-    log: *mut c_char,
-    log_size: usize,
-) -> CUresult {
-    // SAFETY: forwarded arguments.
-    unsafe { cuGraphInstantiate_v2(pexec, graph, err_node, log, log_size) }
 }
 
 #[no_mangle]

@@ -221,10 +221,8 @@ pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, status: *mut u32) -
 /// The stream's capture status, and the optional outputs: the capture
 /// id and graph; no dependencies are reported (a graph here has no
 /// edges: its work replays in the order it was recorded).
-///
-/// # Safety
-/// Each pointer is null or writable.
-unsafe fn capture_info(
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
     stream: Handle,
     status: *mut u32,
     id: *mut u64,
@@ -260,7 +258,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo(
     let none = std::ptr::null_mut();
     // SAFETY: the caller's pointers.
     unsafe {
-        capture_info(
+        cuStreamGetCaptureInfo_v3(
             stream,
             status,
             id,
@@ -282,21 +280,9 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     ndeps: *mut usize,
 ) -> CUresult {
     // SAFETY: the caller's pointers.
-    unsafe { capture_info(stream, status, id, graph, deps, std::ptr::null_mut(), ndeps) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    stream: Handle,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut Handle,
-    deps: *mut *const Handle,
-    edges: *mut *const c_void,
-    ndeps: *mut usize,
-) -> CUresult {
-    // SAFETY: the caller's pointers.
-    unsafe { capture_info(stream, status, id, graph, deps, edges, ndeps) }
+    unsafe {
+        cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, std::ptr::null_mut(), ndeps)
+    }
 }
 
 /// The calling thread's capture mode, which decides whether it may
