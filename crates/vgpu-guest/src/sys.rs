@@ -38,12 +38,13 @@ pub const INFO_WINDOW: u32 = 1 << 2;
 /// `vgpu_info.flags`: FUNC_INFO and launches by function handle.
 pub const INFO_FUNC_INFO: u32 = 1 << 3;
 
-// Opcodes, the flags of LAUNCH and FUNC_INFO, the module format PTX, the
+// Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
 // passes them through (it asserts each equality), so they are vgpu-abi's.
 pub use vgpu_abi::{
     FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
-    MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_PTX as MODULE_PTX, OP_COPY as CMD_COPY,
+    MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_CUBIN as MODULE_CUBIN,
+    MODULE_FORMAT_FATBIN as MODULE_FATBIN, MODULE_FORMAT_PTX as MODULE_PTX, OP_COPY as CMD_COPY,
     OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL, OP_FUNC_INFO as CMD_FUNC_INFO,
     OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
     OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_TIMESTAMP as CMD_TIMESTAMP,
@@ -68,11 +69,6 @@ pub const MEM_USER: u32 = 0;
 pub const MEM_DEVICE: u32 = 1;
 /// COPY side: the window (a byte offset).
 pub const MEM_WINDOW: u32 = 2;
-
-/// Module format: a CUDA fatbinary, as `nvcc` embeds it.
-pub const MODULE_FATBIN: u32 = 2;
-/// Module format: a cubin (an ELF image for one GPU architecture).
-pub const MODULE_CUBIN: u32 = 3;
 
 /// SUBMIT flag: wait for the batch, write the results and collect it.
 pub const SUBMIT_WAIT: u32 = 1 << 0;
