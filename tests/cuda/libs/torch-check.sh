@@ -5,7 +5,7 @@
 # CUDA graphs and out-of-memory at the quota; with TORCH_BENCH=1 the
 # benchmarks too. Prints PASS/FAIL lines as the CUDA programs do.
 #
-# usage: torch-check.sh [CHECK...]   (TORCH_PYTHON: /opt/torch/.venv/bin/python3)
+# usage: torch-check.sh [CHECK...] [bench]   (TORCH_PYTHON: /opt/torch/.venv/bin/python3)
 set -uo pipefail
 py=${TORCH_PYTHON:-/opt/torch/.venv/bin/python3}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -4,8 +4,8 @@ Each check prints one PASS or FAIL line (and goes on after a failure); the
 benchmarks print BENCH lines with the figures, to be compared with the
 same script run natively on the same GPU.
 
-usage: python3 torch-suite.py [CHECK...]   (default: every check, then the
-       benchmarks when TORCH_BENCH=1)
+usage: python3 torch-suite.py [CHECK...] [bench]   (default: every check,
+       then the benchmarks when TORCH_BENCH=1; "bench" alone: only them)
 Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
              TORCH_STEPS (200): training steps of the loss check.
 """
@@ -285,6 +285,9 @@ def bench_small():
 def main():
     global failed
     names = sys.argv[1:] or list(CHECKS)
+    # "bench" among the names runs the benchmarks, whatever TORCH_BENCH says.
+    bench = os.environ.get("TORCH_BENCH") == "1" or "bench" in names
+    names = [n for n in names if n != "bench"]
     for name in names:
         t = time.monotonic()
         try:
@@ -295,7 +298,7 @@ def main():
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'} torch-{name} {what} ({time.monotonic() - t:.1f} s)",
               flush=True)
-    if os.environ.get("TORCH_BENCH") == "1":
+    if bench:
         for b in (bench_matmul, bench_mlp, bench_small):
             try:
                 b()
