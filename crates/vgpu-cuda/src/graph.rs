@@ -91,18 +91,19 @@ impl Work {
     }
 }
 
-/// Hands `work` to `submit` in batches of at most [`FLUSH_AT`] commands,
-/// in order; one item's commands stay in one batch (so one call's work,
-/// such as a memset's fill and tail, is one batch, as it always was).
+/// Hands `work` to `submit` in order, in batches that reach [`FLUSH_AT`]
+/// commands at the most by their last item (an item is one command, a
+/// copy one per 64 MiB), so one call's work, such as a memset's fill and
+/// tail, is one batch, as it always was. Each item is built straight into
+/// the batch: this is every launch's path. A batch that fails to build is
+/// refused whole by `submit`.
 pub fn in_batches(work: &[Work], mut submit: impl FnMut(Batch) -> CuResult) -> CuResult {
     let mut open = Batch::new();
     for w in work {
-        let mut one = Batch::new();
-        w.add_to(&mut one);
-        if !open.is_empty() && open.len() + one.len() > FLUSH_AT {
+        if open.len() >= FLUSH_AT {
             submit(std::mem::take(&mut open))?;
         }
-        check(open.append(one))?;
+        w.add_to(&mut open);
     }
     if open.is_empty() {
         return Ok(());
