@@ -384,9 +384,14 @@ extern "C" fn module_query_7(
         let mut names: Vec<String> = {
             let o = d.objects();
             let m = state::by_handle(&o.modules, module as usize)?;
-            m.kernels.iter().cloned().collect()
+            m.kernels
+                .iter()
+                .chain(&m.cubin_functions)
+                .cloned()
+                .collect()
         };
         names.sort();
+        names.dedup();
         for name in names {
             // Device functions have code but are not entry points.
             match d.get_function(module as usize, &name) {

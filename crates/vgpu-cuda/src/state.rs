@@ -152,10 +152,11 @@ impl Ctx {
 pub struct ModuleObj {
     pub device: CUdevice,
     pub module: Arc<Module>,
-    /// The entry points its PTX names and the functions its cubins have
-    /// code for (device functions among them, which the device does not
-    /// find as entry points).
+    /// The entry points its PTX names.
     pub kernels: HashSet<String>,
+    /// The functions its cubins have code for: entry points and device
+    /// functions alike, which only the device tells apart.
+    pub cubin_functions: Vec<String>,
     /// Globals looked up: address and size.
     pub globals: HashMap<String, (u64, u64)>,
 }
@@ -476,14 +477,17 @@ impl Driver {
         }
         // Cubins name their functions in section names; a library that
         // asks the driver to enumerate a module's functions needs them.
-        if format != sys::MODULE_PTX {
-            kernels.extend(vgpu_ptx::function_names(image).unwrap_or_default());
-        }
+        let cubin_functions = if format == sys::MODULE_PTX {
+            Vec::new()
+        } else {
+            vgpu_ptx::function_names(image).unwrap_or_default()
+        };
         let module = check(gpu.dev.module_load_format(format, image))?;
         let m = ModuleObj {
             device: dev,
             module: Arc::new(module),
             kernels,
+            cubin_functions,
             globals: HashMap::new(),
         };
         Ok(self.objects().add(|o| &mut o.modules, m))
