@@ -292,6 +292,9 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     entry(|| {
         // SAFETY: the caller's in/out parameter.
         let new = unsafe { ffi::get(mode.cast_const()) }?;
+        if new > graph::MODE_RELAXED {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         let old = graph::exchange_thread_mode(new);
         // SAFETY: as above.
         unsafe { ffi::put(mode, old) }
