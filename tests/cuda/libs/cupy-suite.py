@@ -9,7 +9,8 @@ Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report.
 import os
 import sys
 import time
-import traceback
+
+from suite import run_checks
 
 t0 = time.monotonic()
 import numpy as np  # noqa: E402
@@ -137,18 +138,7 @@ CHECKS = {
 
 
 def main():
-    failed = 0
-    for name in sys.argv[1:] or list(CHECKS):
-        t = time.monotonic()
-        try:
-            ok, what = CHECKS[name]()
-        except Exception as e:  # a failing check is reported, the rest still run
-            ok, what = False, f"{type(e).__name__}: {e}"
-            traceback.print_exc(limit=3)
-        failed += not ok
-        print(f"{'PASS' if ok else 'FAIL'} cupy-{name} {what} ({time.monotonic() - t:.1f} s)",
-              flush=True)
-    return 1 if failed else 0
+    return 1 if run_checks("cupy", CHECKS, sys.argv[1:] or list(CHECKS)) else 0
 
 
 sys.exit(main())

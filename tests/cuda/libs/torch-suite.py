@@ -13,7 +13,8 @@ Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
 import os
 import sys
 import time
-import traceback
+
+from suite import run_checks
 
 t0 = time.monotonic()
 import torch  # noqa: E402
@@ -288,16 +289,7 @@ def main():
     # "bench" among the names runs the benchmarks, whatever TORCH_BENCH says.
     bench = os.environ.get("TORCH_BENCH") == "1" or "bench" in names
     names = [n for n in names if n != "bench"]
-    for name in names:
-        t = time.monotonic()
-        try:
-            ok, what = CHECKS[name]()
-        except Exception as e:  # a failing check is reported, the rest still run
-            ok, what = False, f"{type(e).__name__}: {e}"
-            traceback.print_exc(limit=3)
-        failed += not ok
-        print(f"{'PASS' if ok else 'FAIL'} torch-{name} {what} ({time.monotonic() - t:.1f} s)",
-              flush=True)
+    failed += run_checks("torch", CHECKS, names)
     if bench:
         for b in (bench_matmul, bench_mlp, bench_small):
             try:
