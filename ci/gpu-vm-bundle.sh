@@ -3,7 +3,7 @@
 # built or installed: QEMU (this machine's build) with the shared
 # libraries it loads and its firmware, the guest kernel, the guest suite's
 # initramfs (the vgpu module, the guest tools, libcuda.so.1 and the CUDA
-# programs of tests/cuda), vgpud and vgpu-partition-host.
+# programs of tests/cuda), vgpud, vgpuctl and vgpu-partition-host.
 #
 # usage: ci/gpu-vm-bundle.sh [OUT.tar.xz]     (default .devbin/gpu-vm.tar.xz)
 #
@@ -42,8 +42,8 @@ VGPU_KO="$VGPUD_ROOT/guest-driver/vgpu.ko" VGPU_CUDA_TESTS="$b/cuda-tests" \
     bash tests/vm/guest-suite-initramfs.sh "$b/initrd.gz"
 make -s -C "$KERNEL_HEADERS" M="$VGPUD_ROOT/guest-driver" clean >/dev/null 2>&1 || true
 
-cargo build --release -p vgpud -p vgpu-partition-host
-for p in vgpud vgpu-partition-host; do
+cargo build --release -p vgpud -p vgpuctl -p vgpu-partition-host
+for p in vgpud vgpuctl vgpu-partition-host; do
     strip -o "$b/bin/$p" "${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/release/$p"
 done
 git rev-parse HEAD >"$b/commit" 2>/dev/null || true

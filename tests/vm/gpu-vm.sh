@@ -31,12 +31,18 @@
 #                     programs in one call)
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   ONLY_LIBS=1       only the library programs
+#   WEIGHT_A, WEIGHT_B  the two vGPUs' weights under the fair policy (1, 1)
+#   SHARES=1          sample the scheduler's accounting while the library
+#                     guests run and check each 1 s window in which both
+#                     vGPUs kept the GPU busy against WEIGHT_A:WEIGHT_B
+#                     (tests/vm/shares.py; give both a load, e.g.
+#                     LIB_RUN=cublas_gemm:8192:10:60)
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,23s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,38s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
@@ -96,6 +102,7 @@ gpu = "gpu0"
 socket = "a.sock"
 memory = $MEM_A
 compute_units = $cus
+weight = ${WEIGHT_A:-1}
 
 [[vgpu]]
 name = "b"
@@ -103,6 +110,7 @@ gpu = "gpu0"
 socket = "b.sock"
 memory = $MEM_B
 compute_units = $cus
+weight = ${WEIGHT_B:-1}
 TOML
 RUST_LOG=${RUST_LOG:-info} "$B/bin/vgpud" run --allow-root --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
 vgpud_pid=$!
@@ -113,6 +121,16 @@ for _ in $(seq 600); do
 done
 [[ -S $TMP/run/b.sock ]] || { cat "$TMP/vgpud.log" >&2; die "vgpud did not create its sockets"; }
 log "vgpud serving two vGPUs of the GPU (pid $vgpud_pid)"
+
+# sample_stats: the scheduler's accounting every 0.1 s, one line each:
+# the time, then the daemon's JSON.
+sample_stats() {
+    while sleep 0.1; do
+        printf '%s ' "$(date +%s.%N)"
+        "$B/bin/vgpuctl" --api "$TMP/run/api.sock" --json stats | tr -d '\n'
+        echo
+    done
+}
 
 # QEMU alone gets the libraries it was built with.
 QEMU=$TMP/qemu
@@ -169,10 +187,27 @@ if [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
         boot guest-libs-a "$TMP/run/a.sock" "$MEM_A" "" "$libs vgpu.host_run=$lib_run"
         boot guest-libs-b "$TMP/run/b.sock" "$MEM_B" "" \
             "$libs vgpu.host_run=${LIB_RUN_B:-$lib_run} ${LIB_APPEND_B:-}"
+        sampler=""
+        if [[ ${SHARES:-0} == 1 ]]; then
+            sample_stats >"$TMP/stats.jsonl" &
+            sampler=$!
+        fi
         for pid in "${qemu_pids[@]}"; do
             wait "$pid" || true
         done
         qemu_pids=()
+        if [[ -n $sampler ]]; then
+            kill "$sampler" 2>/dev/null || true
+            wait "$sampler" 2>/dev/null || true
+            log "shares of GPU time, weights ${WEIGHT_A:-1}:${WEIGHT_B:-1}"
+            if python3 "$VGPUD_ROOT/tests/vm/shares.py" "$TMP/stats.jsonl" a="${WEIGHT_A:-1}" b="${WEIGHT_B:-1}" >"$TMP/shares.txt"; then
+                passed=$((passed + 1))
+            else
+                failed=$((failed + 1))
+                ok=0
+            fi
+            sed 's/^/  [shares] /' "$TMP/shares.txt" >&2
+        fi
         unset BOOT_MEM_MB BOOT_QEMU_EXTRA
         verdict guest-libs-a || ok=0
         verdict guest-libs-b || ok=0

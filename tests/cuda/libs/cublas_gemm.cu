@@ -2,13 +2,17 @@
 // in, bf16 out, fp32 compute) of N x N matrices (8192 unless given),
 // each checked on 256 entries against the CPU, and timed over ITERS
 // calls between events: one PASS line per GEMM with its TFLOP/s, and a
-// BENCH line to compare runs side by side.
+// BENCH line to compare runs side by side. With LOAD_SECONDS, it then
+// keeps the GPU busy with bf16 GEMMs for that long (a saturating tenant
+// for the scheduler's shares), printing a LOAD line each second, and
+// checks the result again.
 //
-// usage: cublas_gemm [N] [ITERS]
+// usage: cublas_gemm [N] [ITERS] [LOAD_SECONDS]
 #define TEST_NAME "cublas"
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -94,11 +98,54 @@ static void spot_check(const char *name, int n, bool bf16, double rel, F out) {
          worst);
 }
 
+static double now_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// GEMMs for `seconds` of wall time, DEPTH of them queued at any moment
+// (an event after each), so the GPU never waits for this process.
+template <typename F> static void load(int n, double seconds, F gemm) {
+  enum { DEPTH = 16 };
+  cudaEvent_t done[DEPTH];
+  for (auto &e : done)
+    CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  double flops = 2.0 * n * (double)n * n;
+  double start = now_s(), mark = start;
+  long total = 0, since_mark = 0;
+  for (long i = 0;; i++) {
+    cudaEvent_t &e = done[i % DEPTH];
+    if (i >= DEPTH)
+      CHECK(cudaEventSynchronize(e));
+    double t = now_s();
+    if (t - mark >= 1.0) {
+      printf("LOAD cublas t=%.0f gemms=%ld tflops=%.1f\n", t - start,
+             since_mark, since_mark * flops / (t - mark) / 1e12);
+      mark = t;
+      since_mark = 0;
+    }
+    if (t - start >= seconds)
+      break;
+    gemm();
+    CHECK(cudaEventRecord(e));
+    total++;
+    since_mark++;
+  }
+  CHECK(cudaDeviceSynchronize());
+  double wall = now_s() - start;
+  printf("BENCH cublas-load n=%d seconds=%.1f gemms=%ld bf16_tflops=%.2f\n", n,
+         wall, total, total * flops / wall / 1e12);
+  for (auto &e : done)
+    CHECK(cudaEventDestroy(e));
+}
+
 int main(int argc, char **argv) {
   // Each result line reaches the log even if a later call crashes.
   setvbuf(stdout, NULL, _IOLBF, 0);
   int n = argc > 1 ? atoi(argv[1]) : 8192;
   int iters = argc > 2 ? atoi(argv[2]) : 10;
+  double load_seconds = argc > 3 ? atof(argv[3]) : 0;
   size_t elems = (size_t)n * n;
   cublasHandle_t h;
   CHECK_BLAS(cublasCreate(&h));
@@ -170,6 +217,15 @@ int main(int argc, char **argv) {
   printf("PASS cublas-gemmex-bf16 %d^3 bf16, %.1f TFLOP/s\n", n, bf16_tflops);
   printf("BENCH cublas n=%d sgemm_tflops=%.2f bf16_tflops=%.2f\n", n,
          sgemm_tflops, bf16_tflops);
+  if (load_seconds > 0) {
+    load(n, load_seconds, gemm16);
+    CHECK(cudaMemcpy(hc16, c16, elems * 2, cudaMemcpyDeviceToHost));
+    spot_check("gemmEx-bf16-after-load", n, true, 1e-2, [&](int i, int j) {
+      return (double)bf16_to_float(hc16[i + (size_t)j * n]);
+    });
+    printf("PASS cublas-load-result unchanged after %.0f s of load\n",
+           load_seconds);
+  }
   free(hc);
   CHECK(cudaFree(a16));
   CHECK(cudaFree(b16));

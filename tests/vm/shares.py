@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Shares of GPU time between vGPUs, from samples of `vgpuctl --json stats`.
+
+usage: shares.py SAMPLES NAME=WEIGHT NAME=WEIGHT [...]
+
+SAMPLES has one line per sample: the time in seconds, a space, then the
+daemon's stats JSON. Each vGPU's share of a window is its GPU time (what
+the scheduler charged) over that of all the named vGPUs. Only the 1 s
+windows in which every named vGPU was charged time in each 0.1 s step,
+and the GPU was busy for at least 90% of the window, are judged: that is
+when all of them were saturating it. Passes when every such window is
+within 2 points of the weights' shares and there are at least MIN_WINDOWS
+(20) of them, sliding by one sample.
+"""
+
+import json
+import os
+import sys
+
+WINDOW_S = 1.0
+TOLERANCE_PP = 2.0
+MIN_WINDOWS = int(os.environ.get("MIN_WINDOWS", "20"))
+
+
+def load(path, names):
+    """(time, {name: busy seconds}) for every readable sample."""
+    samples = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            t, _, doc = line.partition(" ")
+            try:
+                stats = json.loads(doc)
+                busy = {v["name"]: float(v["busy_seconds"]) for v in stats["vgpus"]}
+                samples.append((float(t), {n: busy[n] for n in names}))
+            except (ValueError, KeyError, TypeError):
+                continue  # the daemon's socket was not up, or a cut line
+    return samples
+
+
+def main(argv):
+    if len(argv) < 4:
+        sys.exit(__doc__)
+    weights = {}
+    for arg in argv[2:]:
+        name, _, w = arg.partition("=")
+        weights[name] = float(w)
+    names = list(weights)
+    total_w = sum(weights.values())
+    target = {n: 100.0 * weights[n] / total_w for n in names}
+    samples = load(argv[1], names)
+    judged = []
+    for i, (t0, b0) in enumerate(samples):
+        j = i
+        steps_ok = True
+        while j + 1 < len(samples) and samples[j + 1][0] - t0 <= WINDOW_S + 0.05:
+            prev, cur = samples[j][1], samples[j + 1][1]
+            if any(cur[n] <= prev[n] for n in names):
+                steps_ok = False
+            j += 1
+        t1, b1 = samples[j]
+        if not steps_ok or t1 - t0 < WINDOW_S - 0.05:
+            continue
+        used = {n: b1[n] - b0[n] for n in names}
+        total = sum(used.values())
+        if total < 0.9 * (t1 - t0):
+            continue
+        judged.append((t0, {n: 100.0 * used[n] / total for n in names}, total / (t1 - t0)))
+    print(f"{len(samples)} samples, {len(judged)} windows of {WINDOW_S:.0f} s with every vGPU saturating")
+    if not judged:
+        print("FAIL shares: no window in which every vGPU kept the GPU busy")
+        return 1
+    worst = 0.0
+    for n in names:
+        got = [s[n] for _, s, _ in judged]
+        dev = max(abs(g - target[n]) for g in got)
+        worst = max(worst, dev)
+        print(
+            f"  {n}: weight {weights[n]:g}, target {target[n]:.2f}%, "
+            f"mean {sum(got) / len(got):.2f}%, min {min(got):.2f}%, max {max(got):.2f}%, "
+            f"worst {dev:.2f} pp"
+        )
+    busy = [b for _, _, b in judged]
+    print(f"  GPU busy in those windows: mean {100 * sum(busy) / len(busy):.1f}%, "
+          f"over {judged[-1][0] - judged[0][0] + WINDOW_S:.1f} s")
+    verdict = "PASS" if worst <= TOLERANCE_PP and len(judged) >= MIN_WINDOWS else "FAIL"
+    print(f"{verdict} shares: worst deviation {worst:.2f} pp (target {TOLERANCE_PP:g} pp), "
+          f"{len(judged)} windows (at least {MIN_WINDOWS})")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
