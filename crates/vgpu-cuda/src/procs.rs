@@ -20,6 +20,12 @@ use crate::cu::{self, CUresult};
 #[derive(Clone, Copy)]
 pub struct Sym(*const c_void);
 
+impl Sym {
+    pub(crate) const fn of(f: *const c_void) -> Self {
+        Sym(f)
+    }
+}
+
 // SAFETY: function addresses, never written through.
 unsafe impl Sync for Sym {}
 
@@ -51,7 +57,10 @@ pub fn lookup(name: &str, version: i32) -> Lookup {
     match best {
         Some(e) => Lookup::Found(e.sym.0.cast_mut()),
         None if known => Lookup::VersionTooLow,
-        None => Lookup::Unknown,
+        None => match crate::symbols::UNSUPPORTED.iter().find(|(n, _)| *n == name) {
+            Some((_, sym)) => Lookup::Found(sym.0.cast_mut()),
+            None => Lookup::Unknown,
+        },
     }
 }
 
@@ -534,6 +543,26 @@ mod tests {
         assert_eq!(found("cuMemAlloc", 13000), cuMemAlloc_v2 as *mut c_void);
         assert!(matches!(lookup("cuMemAlloc", 2000), Lookup::VersionTooLow));
         assert!(matches!(lookup("cuNoSuchThing", 13000), Lookup::Unknown));
+    }
+
+    #[test]
+    fn every_exported_name_is_found_too() {
+        // Optional functions PyTorch resolves (multicast, tensor maps):
+        // exported by name, so findable by cuGetProcAddress as well.
+        for name in [
+            "cuMulticastCreate",
+            "cuMulticastBindMem",
+            "cuTensorMapEncodeTiled",
+        ] {
+            assert_eq!(
+                found(name, 12030),
+                crate::symbols::UNSUPPORTED
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, s)| s.0.cast_mut())
+                    .unwrap()
+            );
+        }
     }
 
     #[test]

@@ -28,7 +28,8 @@ macro_rules! aliases {
 }
 
 /// Exported names this driver does not implement; callers may pass any
-/// arguments, which the C calling convention lets a callee ignore.
+/// arguments, which the C calling convention lets a callee ignore. They
+/// are in [`UNSUPPORTED`] too, for `cuGetProcAddress`.
 macro_rules! unsupported {
     ($($name:ident,)*) => {
         $(
@@ -38,6 +39,16 @@ macro_rules! unsupported {
                 crate::procs::unsupported(stringify!($name))
             }
         )*
+
+        /// Each unimplemented exported name and its stub: a caller that
+        /// asks `cuGetProcAddress` for one gets what `dlsym` would give
+        /// it, as with NVIDIA's driver, where every exported name can be
+        /// found both ways (PyTorch asks for optional ones, such as the
+        /// multicast functions, and a name not found is an error the
+        /// runtime keeps for the next call to report).
+        pub(crate) static UNSUPPORTED: &[(&str, crate::procs::Sym)] = &[
+            $((stringify!($name), crate::procs::Sym::of($name as *const std::ffi::c_void)),)*
+        ];
     };
 }
 

@@ -7,13 +7,14 @@
 #
 # With the machine's own libcuda.so.1 it also builds cuda-trace
 # (trace/libcuda.so.1, run with cuda-trace.sh), which traces a program's
-# driver calls natively or in a guest.
+# driver calls natively or in a guest, and nvml-trace
+# (nvml-trace/libnvidia-ml.so.1), which traces NVML's the same way.
 #
 # usage: tests/cuda/libs/build.sh OUTDIR [CUDA_HOME]   (/usr/local/cuda)
 set -euo pipefail
 
 [[ $# -ge 1 && $# -le 2 ]] || {
-    sed -n '2,12s/^# \{0,1\}//p' "$0" >&2
+    sed -n '2,13s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 out=$1
@@ -39,4 +40,12 @@ if [[ -n $real ]]; then
     bash "$here/gen-trace-stubs.sh" "$real" >"$out/trace/stubs.c"
     gcc -O2 -shared -fPIC -Wall -o "$out/trace/libcuda.so.1" "$here/cuda-trace.c" \
         "$out/trace/stubs.c" -ldl -lpthread
+fi
+# nvml-trace: the same for NVIDIA's NVML (nvml-trace/libnvidia-ml.so.1).
+real=$(ldconfig -p | awk '$1 == "libnvidia-ml.so.1" { print $NF; exit }')
+if [[ -n $real ]]; then
+    mkdir -p "$out/nvml-trace"
+    bash "$here/gen-trace-stubs.sh" "$real" nvml >"$out/nvml-trace/stubs.c"
+    gcc -O2 -shared -fPIC -Wall -o "$out/nvml-trace/libnvidia-ml.so.1" "$here/cuda-trace.c" \
+        "$out/nvml-trace/stubs.c" -ldl -lpthread
 fi

@@ -4,8 +4,8 @@
 // calls between events: one PASS line per GEMM with its TFLOP/s, and a
 // BENCH line to compare runs side by side. With LOAD_SECONDS, it then
 // keeps the GPU busy with bf16 GEMMs for that long (a saturating tenant
-// for the scheduler's shares), printing a LOAD line each second, and
-// checks the result again.
+// for the scheduler's shares), replayed as CUDA graphs, printing a LOAD
+// line each second, and checks the result again.
 //
 // usage: cublas_gemm [N] [ITERS] [LOAD_SECONDS]
 #define TEST_NAME "cublas"
@@ -104,10 +104,20 @@ static double now_s() {
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// GEMMs for `seconds` of wall time, DEPTH of them queued at any moment
-// (an event after each), so the GPU never waits for this process.
-template <typename F> static void load(int n, double seconds, F gemm) {
-  enum { DEPTH = 16 };
+// GEMMs for `seconds` of wall time on stream `s` (the handle's), DEPTH
+// launches queued at any moment (an event after each), so the GPU never
+// waits for this process: GRAPH GEMMs are captured into one CUDA graph,
+// launched as one, so that even a slow CPU keeps a whole GPU busy.
+template <typename F>
+static void load(int n, double seconds, cudaStream_t s, F gemm) {
+  enum { DEPTH = 8, GRAPH = 8 };
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < GRAPH; i++)
+    gemm();
+  CHECK(cudaStreamEndCapture(s, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t done[DEPTH];
   for (auto &e : done)
     CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -127,17 +137,19 @@ template <typename F> static void load(int n, double seconds, F gemm) {
     }
     if (t - start >= seconds)
       break;
-    gemm();
-    CHECK(cudaEventRecord(e));
-    total++;
-    since_mark++;
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaEventRecord(e, s));
+    total += GRAPH;
+    since_mark += GRAPH;
   }
-  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaStreamSynchronize(s));
   double wall = now_s() - start;
   printf("BENCH cublas-load n=%d seconds=%.1f gemms=%ld bf16_tflops=%.2f\n", n,
          wall, total, total * flops / wall / 1e12);
   for (auto &e : done)
     CHECK(cudaEventDestroy(e));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
 }
 
 int main(int argc, char **argv) {
@@ -218,7 +230,12 @@ int main(int argc, char **argv) {
   printf("BENCH cublas n=%d sgemm_tflops=%.2f bf16_tflops=%.2f\n", n,
          sgemm_tflops, bf16_tflops);
   if (load_seconds > 0) {
-    load(n, load_seconds, gemm16);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_BLAS(cublasSetStream(h, s));
+    load(n, load_seconds, s, gemm16);
+    CHECK_BLAS(cublasSetStream(h, 0));
+    CHECK(cudaStreamDestroy(s));
     CHECK(cudaMemcpy(hc16, c16, elems * 2, cudaMemcpyDeviceToHost));
     spot_check("gemmEx-bf16-after-load", n, true, 1e-2, [&](int i, int j) {
       return (double)bf16_to_float(hc16[i + (size_t)j * n]);

@@ -12,7 +12,8 @@
 //   CUDA_TRACE=summary                   counts and times only
 //
 // The exported names are generated from the real driver's (build.sh), each
-// a two-instruction stub into trace_common (x86-64 only).
+// a two-instruction stub into trace_common (x86-64 only). Built with
+// NVML's names instead, it traces libnvidia-ml.so.1 the same way.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -298,7 +299,10 @@ __attribute__((visibility("hidden"))) void *trace_leave(uint64_t rc64) {
       *pfn = thunk(n, *pfn);
     }
   }
-  if (is(name, "cuGetExportTable") && rc == 0 && a[0] && a[1])
+  // NVML hands out private tables the same way.
+  int export_table =
+      is(name, "cuGetExportTable") || is(name, "nvmlInternalGetExportTable");
+  if (export_table && rc == 0 && a[0] && a[1])
     *(const void **)(uintptr_t)a[0] =
         wrap_table((const unsigned char *)(uintptr_t)a[1],
                    *(const void **)(uintptr_t)a[0]);
@@ -309,7 +313,7 @@ __attribute__((visibility("hidden"))) void *trace_leave(uint64_t rc64) {
     snprintf(extra, sizeof extra, " \"%s\" v%d flags %" PRIu64 "%s",
              (const char *)(uintptr_t)a[0], (int)a[2], a[3],
              a[1] && !*(void **)(uintptr_t)a[1] ? " -> null" : "");
-  else if (is(name, "cuGetExportTable") && a[1]) {
+  else if (export_table && a[1]) {
     const unsigned char *u = (const unsigned char *)(uintptr_t)a[1];
     snprintf(extra, sizeof extra,
              " %02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
