@@ -6,9 +6,10 @@ usage: shares.py SAMPLES NAME=WEIGHT NAME=WEIGHT [...]
 SAMPLES has one line per sample: the time in seconds, a space, then the
 daemon's stats JSON. Each vGPU's share of a window is its GPU time (what
 the scheduler charged) over that of all the named vGPUs. Only the 1 s
-windows in which every named vGPU was charged time in each 0.1 s step,
-and the GPU was busy for at least 90% of the window, are judged: that is
-when all of them were saturating it. Passes when every such window is
+windows inside a stretch in which every named vGPU was charged time in
+each 0.1 s step, at least 1 s from its ends (where a load starts or
+stops), and in which the GPU was busy for at least 90% of the time, are
+judged: that is when all of them were saturating it. Passes when every such window is
 within 2 points of the weights' shares and there are at least MIN_WINDOWS
 (20) of them, sliding by one sample.
 """
@@ -20,6 +21,7 @@ import sys
 WINDOW_S = 1.0
 TOLERANCE_PP = 2.0
 MIN_WINDOWS = int(os.environ.get("MIN_WINDOWS", "20"))
+MARGIN_S = 1.0
 
 
 def load(path, names):
@@ -48,23 +50,38 @@ def main(argv):
     total_w = sum(weights.values())
     target = {n: 100.0 * weights[n] / total_w for n in names}
     samples = load(argv[1], names)
+    # Runs of consecutive 0.1 s steps in which every vGPU was charged time:
+    # the stretches in which all of them were loading the GPU.
+    active = [
+        all(samples[k + 1][1][n] > samples[k][1][n] for n in names)
+        for k in range(len(samples) - 1)
+    ]
     judged = []
-    for i, (t0, b0) in enumerate(samples):
-        j = i
-        steps_ok = True
-        while j + 1 < len(samples) and samples[j + 1][0] - t0 <= WINDOW_S + 0.05:
-            prev, cur = samples[j][1], samples[j + 1][1]
-            if any(cur[n] <= prev[n] for n in names):
-                steps_ok = False
-            j += 1
-        t1, b1 = samples[j]
-        if not steps_ok or t1 - t0 < WINDOW_S - 0.05:
+    k = 0
+    while k < len(active):
+        if not active[k]:
+            k += 1
             continue
-        used = {n: b1[n] - b0[n] for n in names}
-        total = sum(used.values())
-        if total < 0.9 * (t1 - t0):
-            continue
-        judged.append((t0, {n: 100.0 * used[n] / total for n in names}, total / (t1 - t0)))
+        end = k
+        while end < len(active) and active[end]:
+            end += 1
+        # Samples k..end; the first and last MARGIN_S of a run are the
+        # loads starting and stopping (a queue filling or draining).
+        first, last = samples[k][0] + MARGIN_S, samples[end][0] - MARGIN_S
+        for i in range(k, end + 1):
+            t0, b0 = samples[i]
+            j = i
+            while j < end and samples[j + 1][0] - t0 <= WINDOW_S + 0.05:
+                j += 1
+            t1, b1 = samples[j]
+            if t0 < first or t1 > last or t1 - t0 < WINDOW_S - 0.05:
+                continue
+            used = {n: b1[n] - b0[n] for n in names}
+            total = sum(used.values())
+            if total < 0.9 * (t1 - t0):
+                continue
+            judged.append((t0, {n: 100.0 * used[n] / total for n in names}, total / (t1 - t0)))
+        k = end
     print(f"{len(samples)} samples, {len(judged)} windows of {WINDOW_S:.0f} s with every vGPU saturating")
     if not judged:
         print("FAIL shares: no window in which every vGPU kept the GPU busy")

@@ -205,6 +205,10 @@ pub struct Alloc {
     pub size: u64,
     pub device: CUdevice,
     pub ctx: usize,
+    /// The module whose global this is (copies reach it, `cuMemFree`
+    /// does not free it, it goes with its module); `None` for memory of
+    /// `cuMemAlloc`.
+    pub module: Option<usize>,
 }
 
 /// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
@@ -507,8 +511,23 @@ impl Driver {
             Err(GuestError::NotFound) => return Err(cu::ERROR_NOT_FOUND),
             r => check(r)?,
         };
-        if let Some(m) = self.objects().modules.get_mut(&module) {
+        let ctx = self.current().unwrap_or(0);
+        let mut o = self.objects();
+        if let Some(m) = o.modules.get_mut(&module) {
             m.globals.insert(name.to_string(), g);
+            // Device memory like any other to copies and pointer queries
+            // (cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave).
+            if g.1 > 0 {
+                o.allocs.insert(
+                    g.0,
+                    Alloc {
+                        size: g.1,
+                        device,
+                        ctx,
+                        module: Some(module),
+                    },
+                );
+            }
         }
         Ok(g)
     }
@@ -564,6 +583,7 @@ impl Driver {
             let mut o = self.objects();
             let m = o.modules.remove(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
             o.funcs.retain(|_, f| f.module != module);
+            o.allocs.retain(|_, a| a.module != Some(module));
             m
         };
         // The device unloads it when the last user (a launch in flight
@@ -642,6 +662,7 @@ mod tests {
                     size: s,
                     device: 0,
                     ctx: 1,
+                    module: None,
                 },
             );
         }

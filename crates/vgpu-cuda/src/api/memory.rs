@@ -49,6 +49,7 @@ fn alloc(size: usize) -> CuResult<CUdeviceptr> {
             size: size as u64,
             device,
             ctx,
+            module: None,
         },
     );
     Ok(addr)
@@ -60,6 +61,7 @@ fn free(addr: CUdeviceptr) -> CuResult {
         .objects()
         .allocs
         .get(&addr)
+        .filter(|a| a.module.is_none())
         .map(|a| a.device)
         .ok_or(cu::ERROR_INVALID_VALUE)?;
     let g = d.gpu(device)?;

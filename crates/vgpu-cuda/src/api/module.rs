@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use vgpu_guest::{sys, Dims};
 
-use crate::cu::{self, CUresult, Handle};
+use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::state::{by_handle, driver, log, Driver};
 
@@ -102,6 +102,12 @@ pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
 pub(crate) fn load(module: *mut Handle, image: *const c_void) -> CuResult {
     let d = driver()?;
     let (_, dev) = d.current_ctx()?;
+    load_on(module, image, dev)
+}
+
+/// Loads `image` for device `dev`.
+fn load_on(module: *mut Handle, image: *const c_void, dev: CUdevice) -> CuResult {
+    let d = driver()?;
     // SAFETY: the caller's image.
     let image = unsafe { image_at(image.cast()) }?;
     let h = d.load_module(dev, image)?;
@@ -221,7 +227,14 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_values: *mut *mut c_void,
     _n_lib: u32,
 ) -> CUresult {
-    entry(|| load(library, code))
+    // A library belongs to no context: a thread with none current (such
+    // as PyTorch's autograd thread, whose first kernel loads its library
+    // lazily) may load one. It goes to the current context's device, else
+    // to the first device.
+    entry(|| {
+        let dev = driver()?.current_ctx().map_or(0, |(_, dev)| dev);
+        load_on(library, code, dev)
+    })
 }
 
 #[no_mangle]
