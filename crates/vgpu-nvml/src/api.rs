@@ -81,18 +81,25 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
     error::describe(result).as_ptr()
 }
 
-/// NVIDIA's tools reach private tables through this; a vGPU has none.
+/// NVIDIA's tools reach private tables through this (see [`crate::export`]).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInternalGetExportTable(
     table: *mut *const c_void,
-    _id: *const c_void,
+    id: *const c_void,
 ) -> nvmlReturn_t {
     entry(|| {
-        if !table.is_null() {
-            // SAFETY: a non-null out-parameter of the caller's.
-            unsafe { put(table, std::ptr::null())? };
+        if table.is_null() || id.is_null() {
+            return Err(crate::Error::InvalidArgument);
         }
-        state::not_supported("nvmlInternalGetExportTable")
+        // SAFETY: the caller's 16-byte table id.
+        let id = unsafe { *id.cast::<[u8; 16]>() };
+        let found = crate::export::table(&id);
+        // SAFETY: a non-null out-parameter of the caller's.
+        unsafe { put(table, found.unwrap_or(std::ptr::null()))? };
+        match found {
+            Some(_) => Ok(()),
+            None => state::not_supported("nvmlInternalGetExportTable"),
+        }
     })
 }
 

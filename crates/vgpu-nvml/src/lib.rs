@@ -8,7 +8,8 @@
 //!   system and driver versions, device look-up, identity, PCI
 //!   information, memory, utilisation, processes, modes.
 //! * [`unsupported`]: every other NVML entry point, exported as
-//!   `NVML_ERROR_NOT_SUPPORTED`.
+//!   `NVML_ERROR_NOT_SUPPORTED`; [`export`]: the private table NVIDIA's
+//!   tools ask for.
 //! * [`state`]: the reference-counted initialisation and the device
 //!   table behind the handles; [`procs`]: which processes have a device
 //!   open; [`format`]: UUIDs and bus ids as text; [`nvml`]: the C types.
@@ -19,6 +20,7 @@
 
 pub mod api;
 pub mod error;
+pub mod export;
 pub mod ffi;
 pub mod format;
 pub mod nvml;
