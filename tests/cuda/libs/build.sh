@@ -31,8 +31,8 @@ build() {
 build cublas_gemm -lcublas
 build cufft -lcufft
 install -m 0755 "$here/nvidia-smi-check.sh" "$here/cuda-trace.sh" \
-    "$here/torch-check.sh" "$here/cupy-check.sh" "$out/"
-install -m 0644 "$here/torch-suite.py" "$here/cupy-suite.py" "$here/suite.py" "$out/"
+    "$here/torch-check.sh" "$here/cupy-check.sh" "$here/jax-check.sh" "$out/"
+install -m 0644 "$here/torch-suite.py" "$here/cupy-suite.py" "$here/jax-suite.py" "$here/suite.py" "$out/"
 # cuda-trace: a libcuda.so.1 with the machine's driver's exported names.
 real=$(ldconfig -p | awk '$1 == "libcuda.so.1" { print $NF; exit }')
 if [[ -n $real ]]; then

@@ -1,0 +1,43 @@
+"""JAX on the GPU it is given, checked against NumPy on the CPU.
+
+Each check prints one PASS or FAIL line (and goes on after a failure).
+
+usage: python3 jax-suite.py [CHECK...]   (default: every check)
+"""
+
+import sys
+import time
+
+t = time.monotonic()
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from suite import run_checks  # noqa: E402
+
+print(f"  jax {jax.__version__} imported in {time.monotonic() - t:.1f} s", flush=True)
+
+
+def check_devices():
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        return False, f"no GPU among {jax.devices()}"
+    return True, f"{len(gpus)} GPU(s): {gpus[0].device_kind!r}"
+
+
+def check_matmul():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((256, 384), dtype=np.float32)
+    b = rng.standard_normal((384, 128), dtype=np.float32)
+    f = jax.jit(lambda x, y: jnp.tanh(x @ y))
+    got = np.asarray(f(jax.device_put(a, jax.devices("gpu")[0]), b))
+    want = np.tanh(a.astype(np.float64) @ b.astype(np.float64))
+    worst = float(np.max(np.abs(got - want)))
+    return worst < 1e-3, f"jitted tanh(a @ b) 256x384x128 float32, worst {worst:.2g}"
+
+
+CHECKS = {"devices": check_devices, "matmul": check_matmul}
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(CHECKS)
+    sys.exit(1 if run_checks("jax", CHECKS, names) else 0)
