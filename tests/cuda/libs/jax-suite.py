@@ -29,7 +29,8 @@ def check_matmul():
     rng = np.random.default_rng(5)
     a = rng.standard_normal((256, 384), dtype=np.float32)
     b = rng.standard_normal((384, 128), dtype=np.float32)
-    f = jax.jit(lambda x, y: jnp.tanh(x @ y))
+    # float32 in full: on a GPU JAX's default lets matmuls round to TF32.
+    f = jax.jit(lambda x, y: jnp.tanh(jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST)))
     got = np.asarray(f(jax.device_put(a, jax.devices("gpu")[0]), b))
     want = np.tanh(a.astype(np.float64) @ b.astype(np.float64))
     worst = float(np.max(np.abs(got - want)))
