@@ -259,6 +259,45 @@ impl Objects {
         h
     }
 
+    /// Files global `addr` (`size` bytes) of `module` among the device
+    /// allocations: copies and pointer queries reach it, `cuMemFree`
+    /// does not ([`Objects::freeable`]), and it goes with its module.
+    pub fn add_global(
+        &mut self,
+        module: usize,
+        addr: u64,
+        size: u64,
+        device: CUdevice,
+        ctx: usize,
+    ) {
+        if size > 0 {
+            let a = Alloc {
+                size,
+                device,
+                ctx,
+                module: Some(module),
+            };
+            self.allocs.insert(addr, a);
+        }
+    }
+
+    /// Forgets module `module` with its functions and globals; the
+    /// module, if it was filed.
+    pub fn remove_module(&mut self, module: usize) -> Option<ModuleObj> {
+        self.funcs.retain(|_, f| f.module != module);
+        self.allocs.retain(|_, a| a.module != Some(module));
+        self.modules.remove(&module)
+    }
+
+    /// The device of the `cuMemAlloc` memory starting at `addr`, which
+    /// `cuMemFree` may free (not a module's global).
+    pub fn freeable(&self, addr: u64) -> Option<CUdevice> {
+        self.allocs
+            .get(&addr)
+            .filter(|a| a.module.is_none())
+            .map(|a| a.device)
+    }
+
     /// The allocation containing `[addr, addr + len)`.
     pub fn alloc_at(&self, addr: u64, len: u64) -> Option<(u64, &Alloc)> {
         let (&start, a) = self.allocs.range(..=addr).next_back()?;
@@ -515,19 +554,8 @@ impl Driver {
         let mut o = self.objects();
         if let Some(m) = o.modules.get_mut(&module) {
             m.globals.insert(name.to_string(), g);
-            // Device memory like any other to copies and pointer queries
-            // (cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave).
-            if g.1 > 0 {
-                o.allocs.insert(
-                    g.0,
-                    Alloc {
-                        size: g.1,
-                        device,
-                        ctx,
-                        module: Some(module),
-                    },
-                );
-            }
+            // cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave.
+            o.add_global(module, g.0, g.1, device, ctx);
         }
         Ok(g)
     }
@@ -581,10 +609,7 @@ impl Driver {
     pub fn unload_module(&self, module: usize) -> CuResult {
         let m = {
             let mut o = self.objects();
-            let m = o.modules.remove(&module).ok_or(cu::ERROR_INVALID_HANDLE)?;
-            o.funcs.retain(|_, f| f.module != module);
-            o.allocs.retain(|_, a| a.module != Some(module));
-            m
+            o.remove_module(module).ok_or(cu::ERROR_INVALID_HANDLE)?
         };
         // The device unloads it when the last user (a launch in flight
         // on another thread) lets go.
@@ -673,6 +698,35 @@ mod tests {
         assert!(o.alloc_at(0xfff, 1).is_none());
         assert!(o.alloc_at(u64::MAX, 2).is_none());
         assert_eq!(o.alloc_at(0x2008, 0).map(|a| a.0), Some(0x2000));
+    }
+
+    #[test]
+    fn a_global_is_device_memory_until_its_module_goes_but_never_freeable() {
+        let mut o = Objects::default();
+        o.allocs.insert(
+            0x1000,
+            Alloc {
+                size: 0x100,
+                device: 0,
+                ctx: 1,
+                module: None,
+            },
+        );
+        o.add_global(7, 0x8000, 64, 0, 1);
+        o.add_global(7, 0x9000, 0, 0, 1);
+        assert_eq!(o.alloc_at(0x8010, 16).map(|a| a.0), Some(0x8000));
+        assert!(o.alloc_at(0x8030, 32).is_none(), "past the global's end");
+        assert!(
+            o.alloc_at(0x9000, 1).is_none(),
+            "an empty global is no memory"
+        );
+        assert_eq!(o.freeable(0x8000), None);
+        assert_eq!(o.freeable(0x1000), Some(0));
+        o.add_global(8, 0xa000, 64, 0, 1);
+        o.remove_module(7);
+        assert!(o.alloc_at(0x8000, 1).is_none(), "gone with its module");
+        assert!(o.alloc_at(0xa000, 1).is_some(), "another module's stays");
+        assert!(o.alloc_at(0x1000, 1).is_some(), "cuMemAlloc memory stays");
     }
 
     #[test]

@@ -57,13 +57,7 @@ fn alloc(size: usize) -> CuResult<CUdeviceptr> {
 
 fn free(addr: CUdeviceptr) -> CuResult {
     let d = driver()?;
-    let device = d
-        .objects()
-        .allocs
-        .get(&addr)
-        .filter(|a| a.module.is_none())
-        .map(|a| a.device)
-        .ok_or(cu::ERROR_INVALID_VALUE)?;
+    let device = d.objects().freeable(addr).ok_or(cu::ERROR_INVALID_VALUE)?;
     let g = d.gpu(device)?;
     // cuMemFree waits for work that may still use the memory.
     g.sync()?;
