@@ -19,6 +19,8 @@ trap 'rm -rf "$stage"' EXIT
 b=$stage/gpu-vm
 mkdir -p "$b/bin" "$b/lib" "$b/firmware"
 
+# The packages QEMU's build and the guest image need (a no-op when there).
+bash ci/setup-host.sh >&2
 qemu=$(bash ci/build-qemu.sh)
 bash ci/fetch-kernel.sh >/dev/null
 cp -L "$qemu" "$b/bin/qemu-system-x86_64"
