@@ -34,6 +34,7 @@ pub const ERROR_NOT_READY: CUresult = 600;
 pub const ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 pub const ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
 pub const ERROR_LAUNCH_TIMEOUT: CUresult = 702;
+pub const ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
 pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
@@ -82,6 +83,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_INVALID_IMAGE,
         "CUDA_ERROR_INVALID_IMAGE\0",
         "device kernel image is invalid\0",
+    ),
+    (
+        ERROR_UNSUPPORTED_LIMIT,
+        "CUDA_ERROR_UNSUPPORTED_LIMIT\0",
+        "limit is not supported on this architecture\0",
     ),
     (
         ERROR_INVALID_CONTEXT,

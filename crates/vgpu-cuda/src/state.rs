@@ -129,13 +129,18 @@ pub struct Ctx {
     /// destructor to call when the context is reset.
     pub storage: HashMap<usize, (usize, Option<crate::export::ClsDtor>)>,
     /// `CUlimit` values, by limit number.
-    pub limits: [usize; 7],
+    pub limits: [usize; 10],
     pub flags: u32,
 }
 
-/// CUDA's defaults for `CUlimit` 0..=6: stack, printf FIFO, malloc heap,
-/// sync depth, pending launches, L2 fetch granularity, persisting L2.
-pub const DEFAULT_LIMITS: [usize; 7] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0];
+/// CUDA's defaults for `CUlimit` 0..=9: stack, printf FIFO, malloc heap,
+/// sync depth, pending launches, L2 fetch granularity, persisting L2,
+/// then the three of contexts shared with graphics (CIG), which a vGPU's
+/// never are: shared memory, enabled, fallback.
+pub const DEFAULT_LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0, 0, 0, 0];
+
+/// `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` can only be queried.
+pub const READ_ONLY_LIMITS: [u32; 2] = [7, 8];
 
 impl Ctx {
     pub fn new(device: CUdevice, flags: u32) -> Ctx {

@@ -183,6 +183,9 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
+        if crate::state::READ_ONLY_LIMITS.contains(&limit) {
+            return Err(cu::ERROR_UNSUPPORTED_LIMIT);
+        }
         let mut o = d.objects();
         let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
         *c.limits

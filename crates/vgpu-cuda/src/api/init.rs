@@ -49,12 +49,14 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
             ffi::put(pfn, f)?;
             ffi::put_opt(status, st)?;
         }
-        if f.is_null() {
+        if f.is_null() && !name.is_empty() {
             state::log(&format!(
                 "cuGetProcAddress: no {name:?} for version {version}"
             ));
             Err(cu::ERROR_NOT_FOUND)
         } else {
+            // The runtime probes with an empty name at start; NVIDIA's
+            // driver answers that with success and no function.
             Ok(())
         }
     })
@@ -124,4 +126,35 @@ pub extern "C" fn cuProfilerStart() -> CUresult {
 #[no_mangle]
 pub extern "C" fn cuProfilerStop() -> CUresult {
     cu::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(name: &std::ffi::CStr) -> (CUresult, *mut c_void, i32) {
+        let (mut f, mut st) = (std::ptr::dangling_mut::<c_void>(), -1);
+        // SAFETY: a NUL-terminated name and live out-parameters.
+        let r = unsafe { cuGetProcAddress_v2(name.as_ptr(), &mut f, 13000, 0, &mut st) };
+        (r, f, st)
+    }
+
+    #[test]
+    fn an_empty_name_succeeds_with_no_function_and_an_unknown_one_fails() {
+        assert_eq!(
+            get(c""),
+            (cu::SUCCESS, std::ptr::null_mut(), cu::PROC_SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            get(c"cuNoSuchThing"),
+            (
+                cu::ERROR_NOT_FOUND,
+                std::ptr::null_mut(),
+                cu::PROC_SYMBOL_NOT_FOUND
+            )
+        );
+        let (r, f, st) = get(c"cuMemAlloc");
+        assert_eq!((r, st), (cu::SUCCESS, cu::PROC_SUCCESS));
+        assert!(!f.is_null());
+    }
 }
