@@ -5,9 +5,13 @@ Each check prints one PASS or FAIL line (and goes on after a failure).
 usage: python3 jax-suite.py [CHECK...]   (default: every check)
 """
 
+import logging
 import sys
 import time
 
+# JAX's CUDA plugin says why it gives up (a failed version check, say)
+# only through `logging`, which prints nothing unless configured.
+logging.basicConfig(level=logging.WARNING, format="  %(name)s: %(message)s")
 t = time.monotonic()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
