@@ -36,7 +36,7 @@
 #                     guests run and check each 1 s window in which both
 #                     vGPUs kept the GPU busy against WEIGHT_A:WEIGHT_B
 #                     (tests/vm/shares.py; give both a load, e.g.
-#                     LIB_RUN=cublas_gemm:8192:10:60)
+#                     LIB_RUN=cublas_gemm:8192:10:60 or torch-check.sh:train_load)
 set -euo pipefail
 # shellcheck source=ci/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
