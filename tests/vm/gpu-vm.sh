@@ -42,7 +42,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,38s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,39s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
