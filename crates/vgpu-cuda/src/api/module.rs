@@ -102,12 +102,11 @@ pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
 pub(crate) fn load(module: *mut Handle, image: *const c_void) -> CuResult {
     let d = driver()?;
     let (_, dev) = d.current_ctx()?;
-    load_on(module, image, dev)
+    load_on(d, module, image, dev)
 }
 
 /// Loads `image` for device `dev`.
-fn load_on(module: *mut Handle, image: *const c_void, dev: CUdevice) -> CuResult {
-    let d = driver()?;
+fn load_on(d: &Driver, module: *mut Handle, image: *const c_void, dev: CUdevice) -> CuResult {
     // SAFETY: the caller's image.
     let image = unsafe { image_at(image.cast()) }?;
     let h = d.load_module(dev, image)?;
@@ -232,8 +231,9 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     // lazily) may load one. It goes to the current context's device, else
     // to the first device.
     entry(|| {
-        let dev = driver()?.current_ctx().map_or(0, |(_, dev)| dev);
-        load_on(library, code, dev)
+        let d = driver()?;
+        let dev = d.current_ctx().map_or(0, |(_, dev)| dev);
+        load_on(d, library, code, dev)
     })
 }
 
