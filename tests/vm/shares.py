@@ -9,9 +9,9 @@ the scheduler charged) over that of all the named vGPUs. Only the 1 s
 windows inside a stretch in which every named vGPU was charged time in
 each 0.1 s step, at least 1 s from its ends (where a load starts or
 stops), and in which the GPU was busy for at least 90% of the time, are
-judged: that is when all of them were saturating it. Passes when every such window is
-within 2 points of the weights' shares and there are at least MIN_WINDOWS
-(20) of them, sliding by one sample.
+judged: that is when all of them were saturating it. Passes when every
+such window (sliding by one sample) is within 2 points of the weights'
+shares and there are at least MIN_WINDOWS (20) of them.
 """
 
 import json
