@@ -2,7 +2,8 @@
 
 Each check prints one PASS or FAIL line and the rest still run.
 
-usage: python3 cupy-suite.py [CHECK...]   (default: every check)
+usage: python3 cupy-suite.py [CHECK...]   (default: every check but
+       illegal_address, which ends its process's context)
 Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report.
 """
 
@@ -125,6 +126,25 @@ def check_oom():
                 f"after freeing, a sum gives {again:.0f}")
 
 
+def check_illegal_address():
+    """A kernel storing through a wild pointer: the launch's process gets
+    CUDA's illegal-address error (its context is gone afterwards, so this
+    check runs last, alone in its process, and is not among the defaults)."""
+    k = cp.RawKernel(r'''
+    extern "C" __global__ void poke(unsigned long long p) { *(volatile int*)p = 1; }
+    ''', "poke")
+    t = time.time()
+    try:
+        k((1,), (1,), (np.uint64(0x10),))
+        cp.cuda.runtime.deviceSynchronize()
+    except cp.cuda.runtime.CUDARuntimeError as e:
+        return "IllegalAddress" in str(e) or "illegal" in str(e).lower(), \
+            f"{e} (at {t:.1f})"
+    except cp.cuda.driver.CUDADriverError as e:
+        return "ILLEGAL_ADDRESS" in str(e), f"{e} (at {t:.1f})"
+    return False, "a store to address 0x10 completed"
+
+
 CHECKS = {
     "device": check_device,
     "mem_get_info": check_mem_get_info,
@@ -134,11 +154,13 @@ CHECKS = {
     "elementwise": check_elementwise,
     "raw-kernel": check_raw_kernel,
     "oom": check_oom,
+    "illegal_address": check_illegal_address,
 }
 
 
 def main():
-    return 1 if run_checks("cupy", CHECKS, sys.argv[1:] or list(CHECKS)) else 0
+    names = sys.argv[1:] or [n for n in CHECKS if n != "illegal_address"]
+    return 1 if run_checks("cupy", CHECKS, names) else 0
 
 
 sys.exit(main())

@@ -11,7 +11,10 @@ import time
 
 # JAX's CUDA plugin says why it gives up (a failed version check, say)
 # only through `logging`, which prints nothing unless configured.
+# JAX logs a backend that failed to start at INFO.
 logging.basicConfig(level=logging.WARNING, format="  %(name)s: %(message)s")
+logging.getLogger("jax").setLevel(logging.INFO)
+logging.getLogger("jax_plugins").setLevel(logging.INFO)
 t = time.monotonic()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -25,7 +28,10 @@ print(f"  jax {jax.__version__} imported in {time.monotonic() - t:.1f} s", flush
 def check_devices():
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:
-        return False, f"no GPU among {jax.devices()}"
+        # Why each backend did not start (what JAX keeps for this message).
+        from jax._src import xla_bridge
+        why = getattr(xla_bridge, "_backend_errors", {})
+        return False, f"no GPU among {jax.devices()}; backends that failed: {why}"
     return True, f"{len(gpus)} GPU(s): {gpus[0].device_kind!r}"
 
 

@@ -187,6 +187,7 @@ def check_graphs():
 
 
 def check_oom():
+    started = time.time()
     free, total = torch.cuda.mem_get_info()
     chunk = 64 << 20
     held = []
@@ -201,7 +202,7 @@ def check_oom():
     again = torch.ones(1 << 20, device=dev).sum().item()
     ok = got <= total and again == float(1 << 20)
     return ok, (f"OutOfMemoryError after {got >> 20} MiB of {total >> 20} MiB; "
-                f"after freeing, a sum gives {again:.0f}")
+                f"after freeing, a sum gives {again:.0f} (at {started:.1f}-{time.time():.1f})")
 
 
 def check_train_load():
@@ -256,6 +257,7 @@ def check_train_load():
     queued = collections.deque()
     t0 = mark = time.monotonic()
     n = since = 0
+    per_s = []
     while time.monotonic() - t0 < seconds:
         if len(queued) == 8:
             queued.popleft().synchronize()
@@ -267,8 +269,11 @@ def check_train_load():
         since += 1
         now = time.monotonic()
         if now - mark >= 1.0:
-            print(f"LOAD torch t={now - t0:.0f} steps={since} "
+            # The wall clock too, to line this tenant's seconds up with
+            # what another guest did meanwhile.
+            print(f"LOAD torch t={now - t0:.0f} at={time.time():.1f} steps={since} "
                   f"ms_per_step={(now - mark) * 1e3 / since:.2f}", flush=True)
+            per_s.append(since / (now - mark))
             mark, since = now, 0
     torch.cuda.synchronize()
     wall = time.monotonic() - t0
@@ -276,7 +281,12 @@ def check_train_load():
     after = run(20)
     same = torch.equal(before, after)
     ok = same and math.isfinite(final) and final < before[0]
-    return ok, (f"{n} graph-replayed steps in {wall:.1f} s ({n / wall:.1f}/s), loss {final:.5f}; "
+    # Its slowest second against its median one: a stall (another
+    # tenant's fault reaching this one) shows here.
+    per_s.sort()
+    spread = (f"; slowest second {per_s[0]:.1f} steps/s, median {per_s[len(per_s) // 2]:.1f}"
+              if per_s else "")
+    return ok, (f"{n} graph-replayed steps in {wall:.1f} s ({n / wall:.1f}/s){spread}, loss {final:.5f}; "
                 f"20 steps from the start {'identical' if same else 'DIFFERENT'} before and after "
                 f"({before[0]:.5f} -> {before[-1]:.5f})")
 
