@@ -31,6 +31,7 @@
 #                     programs in one call)
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   ONLY_LIBS=1       only the library programs
+#   ONLY_BENCH=1      only the launch and copy benchmark
 #   WEIGHT_A, WEIGHT_B  the two vGPUs' weights under the fair policy (1, 1)
 #   SHARES=1          sample the scheduler's accounting while the library
 #                     guests run and check each 1 s window in which both
@@ -42,7 +43,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../../ci/lib.sh"
 
 [[ $# -eq 1 && -f $1 ]] || {
-    sed -n '3,39s/^# \{0,1\}//p' "$0" >&2
+    sed -n '3,40s/^# \{0,1\}//p' "$0" >&2
     exit 2
 }
 VM_TIMEOUT=${VM_TIMEOUT:-600}
@@ -144,14 +145,16 @@ GUEST_INITRD=$B/initrd.gz
 
 ok=1
 if [[ ${ONLY_LIBS:-0} != 1 ]]; then
-    boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
-    boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
-    for pid in "${qemu_pids[@]}"; do
-        wait "$pid" || true
-    done
-    qemu_pids=()
-    verdict guest-a || ok=0
-    verdict guest-b || ok=0
+    if [[ ${ONLY_BENCH:-0} != 1 ]]; then
+        boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
+        boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
+        for pid in "${qemu_pids[@]}"; do
+            wait "$pid" || true
+        done
+        qemu_pids=()
+        verdict guest-a || ok=0
+        verdict guest-b || ok=0
+    fi
     # --- the launch and copy benchmark: natively, then in one guest alone ------------
     if [[ ${GPU_BACKEND:-cuda} != software ]]; then
         log "bench_launch natively on the GPU"
@@ -167,7 +170,9 @@ fi
 # --- CUDA libraries of the machine's userland: natively, then in both guests -------
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 lib_run=${LIB_RUN:-cublas_gemm,cufft}
-if [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
+if [[ ${ONLY_BENCH:-0} == 1 ]]; then
+    :
+elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
     log "building tests/cuda/libs with $cuda_home"
     if bash "$VGPUD_ROOT/tests/cuda/libs/build.sh" "$TMP/libtests" "$cuda_home" >"$TMP/libs-build.log" 2>&1; then
         for item in ${lib_run//,/ }; do

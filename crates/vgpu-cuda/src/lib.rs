@@ -30,6 +30,7 @@ pub mod cu;
 pub mod export;
 pub mod ffi;
 pub mod graph;
+pub mod host_pages;
 pub mod inflight;
 pub mod md2;
 pub mod procs;

@@ -7,7 +7,6 @@
 //! when the call returns, which CUDA allows), so a capture cannot record
 //! them.
 
-use std::alloc::Layout;
 use std::ffi::c_void;
 
 use std::sync::Arc;
@@ -16,10 +15,8 @@ use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
+use crate::host_pages;
 use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
-
-/// Host allocations are page-aligned, as pinned memory is.
-const HOST_ALIGN: usize = 4096;
 
 /// The device holding `[addr, addr + len)`, which must lie in one
 /// allocation this process made.
@@ -145,13 +142,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 fn host_alloc(size: usize) -> CuResult<*mut c_void> {
     let d = driver()?;
     let (ctx, _) = d.current_ctx()?;
-    let layout =
-        Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| cu::ERROR_OUT_OF_MEMORY)?;
-    // SAFETY: the layout has a non-zero size.
-    let p = unsafe { std::alloc::alloc(layout) };
-    if p.is_null() {
-        return Err(cu::ERROR_OUT_OF_MEMORY);
-    }
+    let p = host_pages::alloc(size).ok_or(cu::ERROR_OUT_OF_MEMORY)?;
     d.objects().host.insert(
         p as usize,
         HostMem {
@@ -194,11 +185,9 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
             }
         }
         .ok_or(cu::ERROR_INVALID_VALUE)?;
-        let layout = Layout::from_size_align(h.size.max(1), HOST_ALIGN)
-            .map_err(|_| cu::ERROR_INVALID_VALUE)?;
-        // SAFETY: `p` was allocated by `host_alloc` with this layout and
-        // is removed from the table, so it is freed once.
-        unsafe { std::alloc::dealloc(p.cast(), layout) };
+        // SAFETY: `p` was allocated by `host_pages::alloc` with this size
+        // and is removed from the table, so it is freed once.
+        unsafe { host_pages::free(p.cast(), h.size) };
         Ok(())
     })
 }
