@@ -205,7 +205,8 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
             kill "$sampler" 2>/dev/null || true
             wait "$sampler" 2>/dev/null || true
             log "shares of GPU time, weights ${WEIGHT_A:-1}:${WEIGHT_B:-1}"
-            if python3 "$VGPUD_ROOT/tests/vm/shares.py" "$TMP/stats.jsonl" a="${WEIGHT_A:-1}" b="${WEIGHT_B:-1}" >"$TMP/shares.txt"; then
+            if python3 "$VGPUD_ROOT/tests/vm/shares.py" "$TMP/stats.jsonl" \
+                a="${WEIGHT_A:-1}:$TMP/guest-libs-a.log" b="${WEIGHT_B:-1}:$TMP/guest-libs-b.log" >"$TMP/shares.txt"; then
                 passed=$((passed + 1))
             else
                 failed=$((failed + 1))

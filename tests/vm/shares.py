@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Shares of GPU time between vGPUs, from samples of `vgpuctl --json stats`.
 
-usage: shares.py SAMPLES NAME=WEIGHT NAME=WEIGHT [...]
+usage: shares.py SAMPLES NAME=WEIGHT[:LOG] NAME=WEIGHT[:LOG] [...]
 
 SAMPLES has one line per sample: the time in seconds, a space, then the
 daemon's stats JSON. Each vGPU's share of a window is its GPU time (what
@@ -12,10 +12,18 @@ stops), and in which the GPU was busy for at least 90% of the time, are
 judged: that is when all of them were saturating it. Passes when every
 such window (sliding by one sample) is within 2 points of the weights'
 shares and there are at least MIN_WINDOWS (20) of them.
+
+A LOG is a vGPU's guest console: where it has LOAD lines stamped with
+the wall clock (`at=SECONDS`, one per second of a load loop), its
+windows must also lie inside such a loop, at least 1 s from its ends.
+Being charged is not yet saturating: a tenant setting up its load (its
+allocations, a graph capture) is charged time but leaves the GPU to the
+other, and would be judged as getting less than its share.
 """
 
 import json
 import os
+import re
 import sys
 
 WINDOW_S = 1.0
@@ -39,13 +47,38 @@ def load(path, names):
     return samples
 
 
+def load_loops(path):
+    """The (start, end) wall-clock times of the load loops a guest's
+    console reports: runs of LOAD lines at most 3 s apart, each line
+    printed one second into the time it counts."""
+    stamps = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = re.search(r"\bLOAD\b.*\bat=([0-9.]+)", line)
+            if m:
+                stamps.append(float(m.group(1)))
+    loops = []
+    for t in stamps:
+        if loops and t - loops[-1][1] <= 3.0:
+            loops[-1][1] = t
+        else:
+            loops.append([t - 1.0, t])
+    return [tuple(x) for x in loops]
+
+
 def main(argv):
     if len(argv) < 4:
         sys.exit(__doc__)
     weights = {}
+    loops = {}
     for arg in argv[2:]:
-        name, _, w = arg.partition("=")
+        name, _, spec = arg.partition("=")
+        w, _, log = spec.partition(":")
         weights[name] = float(w)
+        if log:
+            found = load_loops(log)
+            if found:
+                loops[name] = found
     names = list(weights)
     total_w = sum(weights.values())
     target = {n: 100.0 * weights[n] / total_w for n in names}
@@ -76,12 +109,17 @@ def main(argv):
             t1, b1 = samples[j]
             if t0 < first or t1 > last or t1 - t0 < WINDOW_S - 0.05:
                 continue
+            if not all(any(a + MARGIN_S <= t0 and t1 <= b - MARGIN_S for a, b in loops[n])
+                       for n in loops):
+                continue
             used = {n: b1[n] - b0[n] for n in names}
             total = sum(used.values())
             if total < 0.9 * (t1 - t0):
                 continue
             judged.append((t0, {n: 100.0 * used[n] / total for n in names}, total / (t1 - t0)))
         k = end
+    for n, found in loops.items():
+        print(f"  {n}: load loops " + ", ".join(f"{b - a:.0f} s" for a, b in found))
     print(f"{len(samples)} samples, {len(judged)} windows of {WINDOW_S:.0f} s with every vGPU saturating")
     if not judged:
         print("FAIL shares: no window in which every vGPU kept the GPU busy")

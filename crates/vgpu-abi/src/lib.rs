@@ -278,6 +278,11 @@ pub const STATUS_CANCELLED: u32 = 6;
 pub const STATUS_OUT_OF_RANGE: u32 = 7;
 /// Completion status: the device failed.
 pub const STATUS_DEVICE_ERROR: u32 = 8;
+/// Completion status: a kernel of this command accessed device memory
+/// it may not (an illegal address). The function's device state is lost,
+/// as after DEVICE_ERROR with STATUS.FATAL: later commands fail until a
+/// reset.
+pub const STATUS_KERNEL_FAULT: u32 = 9;
 
 /// Layout of one field, for the C header.
 #[derive(Debug, Clone, Copy)]
@@ -864,6 +869,7 @@ pub fn c_header() -> String {
         ("VGPU_STATUS_CANCELLED", STATUS_CANCELLED.into()),
         ("VGPU_STATUS_OUT_OF_RANGE", STATUS_OUT_OF_RANGE.into()),
         ("VGPU_STATUS_DEVICE_ERROR", STATUS_DEVICE_ERROR.into()),
+        ("VGPU_STATUS_KERNEL_FAULT", STATUS_KERNEL_FAULT.into()),
     ];
     for (name, value) in defs {
         let _ = writeln!(o, "#define {name} 0x{value:x}ULL");

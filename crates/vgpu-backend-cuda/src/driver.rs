@@ -57,6 +57,12 @@ impl CuError {
         unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
     }
 
+    /// A kernel's memory access faulted: an illegal address, a
+    /// misaligned one, or one in the wrong address space (all sticky).
+    pub fn is_memory_fault(self) -> bool {
+        matches!(self.code(), 700 | 716 | 717)
+    }
+
     /// Whether the error leaves the context unusable ("sticky" errors: a
     /// kernel faulted). Every later call in that context fails the same
     /// way until the context is destroyed.

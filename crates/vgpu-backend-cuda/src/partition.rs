@@ -276,7 +276,11 @@ impl CudaPartition {
                 let why = format!("partition {:?}: {what}: {e}", self.spec.name);
                 crate::mark_lost(&why);
                 self.lost = Some(why.clone());
-                OpError::Lost(crate::lost_message(&why))
+                if e.is_memory_fault() {
+                    OpError::KernelFault(crate::lost_message(&why))
+                } else {
+                    OpError::Lost(crate::lost_message(&why))
+                }
             }
             Fail::Cuda(what, e) => OpError::Device(format!("{what}: {e}")),
             Fail::Refused(what, e) => OpError::Invalid(format!("{what}: {e}")),

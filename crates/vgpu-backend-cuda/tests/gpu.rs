@@ -1010,7 +1010,7 @@ fn fault_child(mode: Mode) {
     let r = launch_module(&mut pa, m, "poke", 1, 1, &poke_params(0x1000, 1));
     println!("probe: {mode:?}: a loaded kernel writing a wild address: {r:?}");
     // Its own fault: the partition lost its state (the device resets it).
-    assert!(matches!(r, Err(OpError::Lost(_))), "{r:?}");
+    assert!(matches!(r, Err(OpError::KernelFault(_))), "{r:?}");
     assert!(pa.lost().is_some());
     assert!(vgpu_backend_cuda::cuda_lost().is_some());
     // Every partition of the process fails from now on, cleanly.

@@ -584,7 +584,7 @@ impl RemotePartition {
         ) {
             Ok(reply) => {
                 self.memory_used = reply.memory_used;
-                if matches!(reply.result, Err(OpError::Lost(_))) {
+                if reply.result.as_ref().is_err_and(OpError::is_lost) {
                     self.lost = true;
                 }
                 reply.result

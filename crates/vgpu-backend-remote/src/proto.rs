@@ -787,6 +787,7 @@ const ERR_OUT_OF_RANGE: u8 = 5;
 const ERR_FAULT: u8 = 6;
 const ERR_DEVICE: u8 = 7;
 const ERR_LOST: u8 = 8;
+const ERR_KERNEL_FAULT: u8 = 9;
 
 impl Reply {
     /// The payload of this reply to a request of `kind`.
@@ -803,6 +804,7 @@ impl Reply {
                 OpError::Fault(_) => ERR_FAULT,
                 OpError::Device(_) => ERR_DEVICE,
                 OpError::Lost(_) => ERR_LOST,
+                OpError::KernelFault(_) => ERR_KERNEL_FAULT,
             },
         };
         w.u8(status).u64(self.memory_used);
@@ -852,7 +854,8 @@ impl Reply {
                 | OpError::Unsupported(s)
                 | OpError::NotFound(s)
                 | OpError::Device(s)
-                | OpError::Lost(s) => {
+                | OpError::Lost(s)
+                | OpError::KernelFault(s) => {
                     w.text(s, MAX_TEXT);
                 }
                 OpError::NoMemory {
@@ -940,6 +943,7 @@ impl Reply {
             ERR_NOT_FOUND => Err(OpError::NotFound(text(&mut r)?)),
             ERR_DEVICE => Err(OpError::Device(text(&mut r)?)),
             ERR_LOST => Err(OpError::Lost(text(&mut r)?)),
+            ERR_KERNEL_FAULT => Err(OpError::KernelFault(text(&mut r)?)),
             ERR_NO_MEMORY => Err(OpError::NoMemory {
                 requested: r.u64()?,
                 available: r.u64()?,
@@ -1263,6 +1267,10 @@ mod tests {
             (Kind::Upload, Err(OpError::Fault(3))),
             (Kind::Launch, Err(OpError::Device("failed".into()))),
             (Kind::Launch, Err(OpError::Lost("context gone".into()))),
+            (
+                Kind::Launch,
+                Err(OpError::KernelFault("illegal address".into())),
+            ),
         ];
         for (kind, result) in cases {
             let reply = Reply {

@@ -57,6 +57,11 @@ pub enum OpError {
     /// its context): every later command fails until a reset.
     #[error("device state lost: {0}")]
     Lost(String),
+    /// A kernel's memory access faulted on the device (an illegal
+    /// address). As with [`OpError::Lost`], the partition's device state is
+    /// gone; only the status the guest sees differs.
+    #[error("kernel memory fault (device state lost): {0}")]
+    KernelFault(String),
 }
 
 impl OpError {
@@ -70,7 +75,14 @@ impl OpError {
             OpError::OutOfRange { .. } => abi::STATUS_OUT_OF_RANGE,
             OpError::Fault(_) => abi::STATUS_FAULT,
             OpError::Device(_) | OpError::Lost(_) => abi::STATUS_DEVICE_ERROR,
+            OpError::KernelFault(_) => abi::STATUS_KERNEL_FAULT,
         }
+    }
+
+    /// Whether the partition lost its device state with this error (every
+    /// later command fails until a reset).
+    pub fn is_lost(&self) -> bool {
+        matches!(self, OpError::Lost(_) | OpError::KernelFault(_))
     }
 }
 

@@ -52,7 +52,9 @@ pub fn cu_error(e: &GuestError) -> CUresult {
             sys::CMD_STATUS_INVALID => cu::ERROR_INVALID_VALUE,
             sys::CMD_STATUS_UNSUPPORTED => cu::ERROR_NOT_SUPPORTED,
             sys::CMD_STATUS_NOT_FOUND => cu::ERROR_NOT_FOUND,
-            sys::CMD_STATUS_OUT_OF_RANGE | sys::CMD_STATUS_FAULT => cu::ERROR_ILLEGAL_ADDRESS,
+            sys::CMD_STATUS_OUT_OF_RANGE | sys::CMD_STATUS_FAULT | sys::CMD_STATUS_KERNEL_FAULT => {
+                cu::ERROR_ILLEGAL_ADDRESS
+            }
             sys::CMD_STATUS_DEVICE_ERROR | sys::CMD_STATUS_CANCELLED => cu::ERROR_LAUNCH_FAILED,
             _ => cu_error(source),
         },
@@ -756,6 +758,10 @@ mod tests {
         );
         assert_eq!(
             cu_error(&cmd(sys::CMD_STATUS_OUT_OF_RANGE)),
+            cu::ERROR_ILLEGAL_ADDRESS
+        );
+        assert_eq!(
+            cu_error(&cmd(sys::CMD_STATUS_KERNEL_FAULT)),
             cu::ERROR_ILLEGAL_ADDRESS
         );
         assert_eq!(

@@ -87,7 +87,7 @@ impl Partition for Faulting {
             && abi::FillParams::from_slice(launch.params).is_some_and(|p| p.count == POISON);
         if poisoned {
             self.lost = true;
-            return Err(OpError::Lost("illegal address".into()));
+            return Err(OpError::KernelFault("illegal address".into()));
         }
         self.inner.launch(launch)
     }
@@ -136,7 +136,8 @@ fn a_lost_partition_sets_fatal_once_and_a_reset_recovers_it() {
     let resets_before = resets.load(Ordering::SeqCst);
     g.clear_irqs();
 
-    assert_status(fill(&mut g, buf, POISON), abi::STATUS_DEVICE_ERROR);
+    // The faulting launch says what happened; the state is lost all the same.
+    assert_status(fill(&mut g, buf, POISON), abi::STATUS_KERNEL_FAULT);
     assert_ne!(
         g.read32(abi::REG_STATUS) & abi::STATUS_FATAL,
         0,

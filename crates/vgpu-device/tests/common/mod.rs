@@ -56,6 +56,7 @@ pub fn status_name(s: u32) -> &'static str {
         abi::STATUS_CANCELLED => "CANCELLED",
         abi::STATUS_OUT_OF_RANGE => "OUT_OF_RANGE",
         abi::STATUS_DEVICE_ERROR => "DEVICE_ERROR",
+        abi::STATUS_KERNEL_FAULT => "KERNEL_FAULT",
         _ => "?",
     }
 }
