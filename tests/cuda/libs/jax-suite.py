@@ -30,8 +30,17 @@ def check_devices():
     if not gpus:
         # Why each backend did not start (what JAX keeps for this message).
         from jax._src import xla_bridge
-        why = getattr(xla_bridge, "_backend_errors", {})
-        return False, f"no GPU among {jax.devices()}; backends that failed: {why}"
+        why = dict(getattr(xla_bridge, "_backend_errors", {}))
+        if "cuda" not in why:
+            # Not tried, or given up on quietly: start it here to see why.
+            try:
+                xla_bridge._init_backend("cuda")
+                why["cuda"] = "starts when asked directly"
+            except Exception as e:  # what JAX would have logged
+                why["cuda"] = f"{type(e).__name__}: {e}"
+        factories = sorted(getattr(xla_bridge, "_backend_factories", {}))
+        return False, (f"no GPU among {jax.devices()}; backends that failed: {why}; "
+                       f"registered: {factories}")
     return True, f"{len(gpus)} GPU(s): {gpus[0].device_kind!r}"
 
 
