@@ -639,26 +639,30 @@ pub fn memcpy_dtod_async(
     ok(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, s.0) })
 }
 
-/// Sets `count` 32-bit words at `dst` (4-byte aligned) to `value` on `s`.
-pub fn memset_d32_async(
+/// What [`memset_async`] repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// A byte.
+    Byte(u8),
+    /// A 32-bit word; the destination is 4-byte aligned.
+    Word(u32),
+}
+
+/// Sets `count` bytes or words (as `fill` says) at `dst` to the value of
+/// `fill`, on `s`.
+pub fn memset_async(
     dst: sys::CUdeviceptr,
-    value: u32,
+    fill: Fill,
     count: usize,
     s: &Stream,
 ) -> Result<(), CuError> {
     // SAFETY: touches only device memory the caller checked.
-    ok(unsafe { sys::cuMemsetD32Async(dst, value, count, s.0) })
-}
-
-/// Sets `count` bytes at `dst` to `value` on `s`.
-pub fn memset_d8_async(
-    dst: sys::CUdeviceptr,
-    value: u8,
-    count: usize,
-    s: &Stream,
-) -> Result<(), CuError> {
-    // SAFETY: touches only device memory the caller owns.
-    ok(unsafe { sys::cuMemsetD8Async(dst, value, count, s.0) })
+    ok(unsafe {
+        match fill {
+            Fill::Byte(v) => sys::cuMemsetD8Async(dst, v, count, s.0),
+            Fill::Word(v) => sys::cuMemsetD32Async(dst, v, count, s.0),
+        }
+    })
 }
 
 /// Looks up a kernel of a loaded module; `None` when it has no such entry.
@@ -748,19 +752,39 @@ pub unsafe fn launch(
         args.as_mut_ptr()
     };
     // SAFETY: forwarded to the caller.
-    ok(unsafe {
-        sys::cuLaunchKernel(
+    unsafe {
+        launch_kernel(
             f,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
+            [grid, block],
             shared_mem,
-            s.0,
+            s,
             params,
             std::ptr::null_mut(),
+        )
+    }
+}
+
+/// `cuLaunchKernel` of `f` on `s`, its parameters given one of the two
+/// ways the driver takes them: `params`, an array of pointers to each, or
+/// `extra`, the END-terminated list naming one packed buffer. The other
+/// is null (both are for a kernel without parameters).
+///
+/// # Safety
+/// As [`launch`] for `params`, as [`launch_packed`] for `extra`; what
+/// either points to outlives the call.
+unsafe fn launch_kernel(
+    f: sys::CUfunction,
+    [grid, block]: [[u32; 3]; 2],
+    shared_mem: u32,
+    s: &Stream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<(), CuError> {
+    // SAFETY: forwarded to the caller.
+    ok(unsafe {
+        sys::cuLaunchKernel(
+            f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, s.0, params,
+            extra,
         )
     })
 }
@@ -806,21 +830,16 @@ pub unsafe fn launch_packed(
         // SAFETY: `extra` is the documented END-terminated list; the
         // buffer and its size outlive the call; the rest is forwarded to
         // the caller.
-        return ok(unsafe {
-            sys::cuLaunchKernel(
+        return unsafe {
+            launch_kernel(
                 f,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
+                [grid, block],
                 shared_mem,
-                s.0,
+                s,
                 std::ptr::null_mut(),
                 extra_ptr,
             )
-        });
+        };
     }
     // SAFETY: the value union holds plain integers only; all zeros is
     // valid for each member.

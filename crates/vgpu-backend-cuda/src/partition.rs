@@ -446,7 +446,7 @@ impl Partition for CudaPartition {
             };
             // Zeroed like the software backend's, so that no tenant reads
             // what a previous owner of the memory left there.
-            let zeroed = driver::memset_d8_async(base, 0, bytes, &dev.res.stream)
+            let zeroed = driver::memset_async(base, driver::Fill::Byte(0), bytes, &dev.res.stream)
                 .and_then(|()| driver::stream_sync(&dev.res.stream));
             if let Err(e) = zeroed {
                 let _ = driver::mem_free(base);
@@ -539,8 +539,13 @@ impl Partition for CudaPartition {
         let t = self.run(|dev| {
             dev.timed("fill", |s| {
                 if addr.is_multiple_of(4) {
-                    driver::memset_d32_async(addr, pattern, (size / 4) as usize, &s.res.stream)
-                        .at("fill")
+                    driver::memset_async(
+                        addr,
+                        driver::Fill::Word(pattern),
+                        (size / 4) as usize,
+                        &s.res.stream,
+                    )
+                    .at("fill")
                 } else {
                     s.k_fill_pattern(addr, size, pattern)
                 }
