@@ -35,7 +35,16 @@ struct Chan<'a> {
     broken: Option<WireError>,
 }
 
-impl Chan<'_> {
+impl<'a> Chan<'a> {
+    fn new(conn: &'a mut Conn, seq: u32) -> Chan<'a> {
+        Chan {
+            conn,
+            seq,
+            buf: Vec::new(),
+            broken: None,
+        }
+    }
+
     fn fail(&mut self, e: WireError) -> OpError {
         let msg = format!("link to the parent failed: {e}");
         self.broken = Some(e);
@@ -340,9 +349,15 @@ pub fn serve(
                 dst,
                 len,
                 prefilled,
-            } => host.upload(&mut conn, h.seq, dst, len, prefilled, &mut broken),
+            } => host.upload(
+                Chan::new(&mut conn, h.seq),
+                dst,
+                len,
+                prefilled,
+                &mut broken,
+            ),
             Request::Download { src, len } => {
-                host.download(&mut conn, h.seq, src, len, &mut broken)
+                host.download(Chan::new(&mut conn, h.seq), src, len, &mut broken)
             }
             other => host.simple(other),
         };
@@ -474,18 +489,23 @@ impl Host<'_> {
         }
     }
 
+    /// The partition and the staging area a staged transfer goes through.
+    fn staged_parts(&mut self) -> Result<(&mut Box<dyn Partition>, &mut Staging), OpError> {
+        match (self.partition.as_mut(), self.staging.as_mut()) {
+            (Some(p), Some(staging)) => Ok((p, staging)),
+            _ => Err(no_partition()),
+        }
+    }
+
     fn upload(
         &mut self,
-        conn: &mut Conn,
-        seq: u32,
+        chan: Chan<'_>,
         dst: u64,
         len: u64,
         prefilled: u64,
         broken: &mut Option<WireError>,
     ) -> Result<Value, OpError> {
-        let (Some(p), Some(staging)) = (self.partition.as_mut(), self.staging.as_ref()) else {
-            return Err(no_partition());
-        };
+        let (p, staging) = self.staged_parts()?;
         let half = (staging.len() / 2) as u64;
         if prefilled > len || prefilled > half {
             return Err(OpError::Invalid(format!(
@@ -501,12 +521,7 @@ impl Host<'_> {
                 at: 0,
             }),
             ahead: Cell::new(None),
-            chan: RefCell::new(Chan {
-                conn,
-                seq,
-                buf: Vec::new(),
-                broken: None,
-            }),
+            chan: RefCell::new(chan),
         };
         let r = p.upload(dst, &src).map(|_| Value::None);
         src.finish();
@@ -516,26 +531,18 @@ impl Host<'_> {
 
     fn download(
         &mut self,
-        conn: &mut Conn,
-        seq: u32,
+        chan: Chan<'_>,
         src: u64,
         len: u64,
         broken: &mut Option<WireError>,
     ) -> Result<Value, OpError> {
-        let (Some(p), Some(staging)) = (self.partition.as_mut(), self.staging.as_mut()) else {
-            return Err(no_partition());
-        };
+        let (p, staging) = self.staged_parts()?;
         let sink = Sink {
             len,
             staging: RefCell::new(staging),
             staged: Cell::new(None),
             sent: Cell::new(None),
-            chan: RefCell::new(Chan {
-                conn,
-                seq,
-                buf: Vec::new(),
-                broken: None,
-            }),
+            chan: RefCell::new(chan),
         };
         let r = p.download(src, &sink);
         // The answer for the piece in flight comes before the reply.
