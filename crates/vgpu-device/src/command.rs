@@ -127,8 +127,10 @@ fn parse<T: ByteValued + Default>(raw: &[u8]) -> Result<T> {
     Ok(v)
 }
 
-/// Reads `len` bytes spread over consecutive readable descriptors.
-fn read_bytes(dma: &DmaSpace, descs: &[Desc], len: usize) -> Result<Vec<u8>> {
+/// Reads the `len` bytes of a command's payload, spread over the readable
+/// descriptors after the command's own (the first of `reads`).
+fn read_payload(dma: &DmaSpace, reads: &[Desc], len: usize) -> Result<Vec<u8>> {
+    let descs = reads.get(1..).unwrap_or_default();
     let available: u64 = descs.iter().map(|d| u64::from(d.len)).sum();
     if (len as u64) > available {
         return Err(abi::STATUS_INVALID);
@@ -406,11 +408,7 @@ fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64
     {
         return Err(abi::STATUS_INVALID);
     }
-    let params = read_bytes(
-        ctx.dma,
-        reads.get(1..).unwrap_or_default(),
-        cmd.params_size as usize,
-    )?;
+    let params = read_payload(ctx.dma, reads, cmd.params_size as usize)?;
     ctx.partition
         .launch(&Launch {
             cluster,
@@ -442,11 +440,7 @@ fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Resul
     if cmd.name_len == 0 || cmd.name_len > abi::MAX_ENTRY_NAME || (cmd.out_size as usize) < header {
         return Err(abi::STATUS_INVALID);
     }
-    let name = read_bytes(
-        ctx.dma,
-        reads.get(1..).unwrap_or_default(),
-        cmd.name_len as usize,
-    )?;
+    let name = read_payload(ctx.dma, reads, cmd.name_len as usize)?;
     let name = std::str::from_utf8(&name).map_err(|_| abi::STATUS_INVALID)?;
     if name.contains('\0') {
         return Err(abi::STATUS_INVALID);
@@ -544,7 +538,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             if c.image_size == 0 || c.image_size > abi::MAX_MODULE_SIZE {
                 return Err(abi::STATUS_INVALID);
             }
-            let image = read_bytes(ctx.dma, &reads[1..], c.image_size as usize)?;
+            let image = read_payload(ctx.dma, &reads, c.image_size as usize)?;
             ctx.partition
                 .module_load(c.format, &image)
                 .map_err(op_status)
