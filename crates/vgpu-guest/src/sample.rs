@@ -1,10 +1,35 @@
 //! What the sample programs (`vgpu-saxpy`, `vgpu-sgemm`) share: timed
 //! copies and launches that print their figures, and the verdict.
 
+use std::fmt;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::reference::{bytes_f32, f32_bytes};
+use crate::reference::{bytes_f32, f32_bytes, Rng};
 use crate::{Buffer, BuiltinKernel, Device};
+
+/// The options of every sample beside its own.
+#[derive(clap::Args, Debug)]
+pub struct Common {
+    /// Device file.
+    #[arg(long, default_value = "/dev/vgpu0")]
+    pub device: PathBuf,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl Common {
+    /// Prints the heading of the run of `name` (the device, `what` and
+    /// the seed, so that a run can be repeated) and opens the device;
+    /// returns it with the run's random numbers.
+    pub fn start(&self, name: &str, what: fmt::Arguments<'_>) -> Result<(Device, Rng), String> {
+        let seed = self.seed.unwrap_or_else(Rng::seed_from_time);
+        println!("{name}: {}, {what}, seed {seed}", self.device.display());
+        let dev = Device::open(&self.device).map_err(|e| e.to_string())?;
+        Ok((dev, Rng::new(seed)))
+    }
+}
 
 /// Milliseconds since `t`.
 pub fn ms(t: Instant) -> f64 {

@@ -1,21 +1,18 @@
 //! vgpu-saxpy: `y = a * x + y` on a vgpu device, checked against the CPU.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference::{self, Rng};
+use vgpu_guest::reference;
 use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SaxpyParams;
-use vgpu_guest::Device;
 
 /// Runs saxpy_f32 on random vectors and compares with a CPU reference.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Device file.
-    #[arg(long, default_value = "/dev/vgpu0")]
-    device: PathBuf,
+    #[command(flatten)]
+    common: sample::Common,
     /// Elements.
     #[arg(short, long, default_value_t = 1 << 20)]
     n: usize,
@@ -25,26 +22,18 @@ struct Args {
     /// Launches (y accumulates: y + iters * a * x).
     #[arg(long, default_value_t = 1)]
     iters: u32,
-    /// Random seed (default: from the clock).
-    #[arg(long)]
-    seed: Option<u64>,
 }
 
 fn run(args: &Args) -> Result<bool, String> {
-    let seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let n = args.n.max(1);
     let bytes = n as u64 * 4;
-    println!(
-        "vgpu-saxpy: {}, n = {n}, a = {}, {} launch(es), seed {seed}",
-        args.device.display(),
-        args.a,
-        args.iters
-    );
-    let mut rng = Rng::new(seed);
+    let (dev, mut rng) = args.common.start(
+        "vgpu-saxpy",
+        format_args!("n = {n}, a = {}, {} launch(es)", args.a, args.iters),
+    )?;
     let x = rng.f32s(n);
     let mut y = rng.f32s(n);
 
-    let dev = Device::open(&args.device).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let dx = dev.alloc(bytes).map_err(|e| format!("alloc: {e}"))?;
     let dy = dev.alloc(bytes).map_err(|e| format!("alloc: {e}"))?;

@@ -1,22 +1,19 @@
 //! vgpu-sgemm: `C = alpha * A * B + beta * C` on a vgpu device, checked
 //! against the CPU.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference::{self, Rng};
+use vgpu_guest::reference;
 use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SgemmParams;
-use vgpu_guest::Device;
 
 /// Runs sgemm_f32 on random matrices and compares with a CPU reference.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Device file.
-    #[arg(long, default_value = "/dev/vgpu0")]
-    device: PathBuf,
+    #[command(flatten)]
+    common: sample::Common,
     /// Rows of A and C.
     #[arg(short, default_value_t = 256)]
     m: u32,
@@ -35,28 +32,23 @@ struct Args {
     /// Launches for the timing (the check uses the first).
     #[arg(long, default_value_t = 1)]
     iters: u32,
-    /// Random seed (default: from the clock).
-    #[arg(long)]
-    seed: Option<u64>,
 }
 
 fn run(args: &Args) -> Result<bool, String> {
-    let seed = args.seed.unwrap_or_else(Rng::seed_from_time);
     let (m, n, k) = (
         args.m.max(1) as usize,
         args.n.max(1) as usize,
         args.k.max(1) as usize,
     );
-    println!(
-        "vgpu-sgemm: {}, {m} x {n} x {k}, alpha = {}, beta = {}, seed {seed}",
-        args.device.display(),
-        args.alpha,
-        args.beta
-    );
-    let mut rng = Rng::new(seed);
+    let (dev, mut rng) = args.common.start(
+        "vgpu-sgemm",
+        format_args!(
+            "{m} x {n} x {k}, alpha = {}, beta = {}",
+            args.alpha, args.beta
+        ),
+    )?;
     let (a, b, c) = (rng.f32s(m * k), rng.f32s(k * n), rng.f32s(m * n));
 
-    let dev = Device::open(&args.device).map_err(|e| e.to_string())?;
     let t = Instant::now();
     let alloc = |len: usize| dev.alloc(len as u64 * 4).map_err(|e| format!("alloc: {e}"));
     let (da, db, dc) = (alloc(m * k)?, alloc(k * n)?, alloc(m * n)?);
