@@ -109,6 +109,21 @@ impl Batch {
         self
     }
 
+    /// `then` with the device address of the `len` bytes at `offset` in
+    /// `buf`; where they do not lie in it, the batch fails instead.
+    fn in_buffer(
+        &mut self,
+        buf: &Buffer,
+        offset: u64,
+        len: u64,
+        then: impl FnOnce(&mut Self, u64) -> &mut Self,
+    ) -> &mut Self {
+        match buf.range(offset, len) {
+            Ok(addr) => then(self, addr),
+            Err(e) => self.fail(e),
+        }
+    }
+
     fn push(&mut self, cmd: VgpuCmd) -> &mut Self {
         if self.cmds.len() >= sys::MAX_BATCH_CMDS as usize {
             return self.fail(Error::Usage(format!(
@@ -168,10 +183,9 @@ impl Batch {
 
     /// Copies `data` (copied into the batch now) to `offset` in `buf`.
     pub fn copy_to_device(&mut self, buf: &Buffer, offset: u64, data: &[u8]) -> &mut Self {
-        match buf.range(offset, data.len() as u64) {
-            Ok(dst) => self.copy_to_device_addr(dst, data),
-            Err(e) => self.fail(e),
-        }
+        self.in_buffer(buf, offset, data.len() as u64, |b, dst| {
+            b.copy_to_device_addr(dst, data)
+        })
     }
 
     /// Copies `data` (copied into the batch now) to device address `dst`,
@@ -194,14 +208,9 @@ impl Batch {
     pub fn copy_from_device(&mut self, buf: &Buffer, offset: u64, len: usize) -> ReadSlot {
         let slot = ReadSlot(self.host.len());
         let dst = self.keep(vec![0u8; len].into_boxed_slice());
-        match buf.range(offset, len as u64) {
-            Ok(src) => {
-                self.copy_cmds((sys::MEM_DEVICE, sys::MEM_USER), src, dst, len as u64);
-            }
-            Err(e) => {
-                self.fail(e);
-            }
-        }
+        self.in_buffer(buf, offset, len as u64, |b, src| {
+            b.copy_cmds((sys::MEM_DEVICE, sys::MEM_USER), src, dst, len as u64)
+        });
         slot
     }
 
@@ -235,10 +244,9 @@ impl Batch {
         window_offset: u64,
         len: u64,
     ) -> &mut Self {
-        match buf.range(offset, len) {
-            Ok(d) => self.copy_cmd((sys::MEM_WINDOW, sys::MEM_DEVICE), window_offset, d, len),
-            Err(e) => self.fail(e),
-        }
+        self.in_buffer(buf, offset, len, |b, d| {
+            b.copy_cmd((sys::MEM_WINDOW, sys::MEM_DEVICE), window_offset, d, len)
+        })
     }
 
     /// Copies `len` bytes from `offset` in `buf` to window offset
@@ -250,18 +258,14 @@ impl Batch {
         offset: u64,
         len: u64,
     ) -> &mut Self {
-        match buf.range(offset, len) {
-            Ok(s) => self.copy_cmd((sys::MEM_DEVICE, sys::MEM_WINDOW), s, window_offset, len),
-            Err(e) => self.fail(e),
-        }
+        self.in_buffer(buf, offset, len, |b, s| {
+            b.copy_cmd((sys::MEM_DEVICE, sys::MEM_WINDOW), s, window_offset, len)
+        })
     }
 
     /// Fills `len` bytes (a multiple of 4) at `offset` in `buf`.
     pub fn fill(&mut self, buf: &Buffer, offset: u64, len: u64, pattern: u32) -> &mut Self {
-        match buf.range(offset, len) {
-            Ok(a) => self.fill_addr(a, len, pattern),
-            Err(e) => self.fail(e),
-        }
+        self.in_buffer(buf, offset, len, |b, a| b.fill_addr(a, len, pattern))
     }
 
     /// Fills `len` bytes at device address `addr`.
