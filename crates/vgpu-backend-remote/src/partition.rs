@@ -435,13 +435,13 @@ impl RemotePartition {
         // SAFETY: the staging area's control area; no host uses it now
         // (any previous one was killed and reaped).
         unsafe { mailbox::clear(self.staging.control()) };
-        let req = Request::Create {
+        let req = Request::Create(proto::Create {
             name: &self.spec.name,
             memory: self.spec.memory,
             compute_units: self.spec.compute_units,
             staging_len: self.staging.len() as u64,
             mailbox,
-        };
+        });
         // The memory control socket goes first: frames with an fd travel
         // on the socket, and after `Create` frames may use the mailbox.
         let control = match self.hand_control(&mut link) {
@@ -604,12 +604,6 @@ impl RemotePartition {
         }
     }
 
-    /// An upload or download through the staging area, counted as one.
-    fn staged(&mut self, req: &Request<'_>, xfer: Xfer<'_>) -> Result<(), OpError> {
-        self.counts.count(false);
-        self.call_none_with(req, xfer)
-    }
-
     fn call_u64(&mut self, req: &Request<'_>) -> Result<u64, OpError> {
         match self.call(req, Xfer::None)? {
             Value::U64(x) => Ok(x),
@@ -652,6 +646,24 @@ impl RemotePartition {
         }
         Ok(done)
     }
+
+    /// Moves an upload or download (`xfer`) between device memory at
+    /// `dev` and guest memory: through forwarded mappings if it can (see
+    /// [`RemotePartition::direct`]), else as `req` through the staging
+    /// area.
+    fn transfer(
+        &mut self,
+        dev: u64,
+        with: &mut WithSlices<'_>,
+        req: &Request<'_>,
+        xfer: Xfer<'_>,
+    ) -> Result<(), OpError> {
+        if self.direct(dev, matches!(xfer, Xfer::Down(_)), with)? {
+            return Ok(());
+        }
+        self.counts.count(false);
+        self.call_none_with(req, xfer)
+    }
 }
 
 impl Partition for RemotePartition {
@@ -668,26 +680,20 @@ impl Partition for RemotePartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        if self.direct(dst, false, &mut |f| src.with_slices(f))? {
-            return Ok(());
-        }
         let req = Request::Upload {
             dst,
             len: src.len(),
             prefilled: 0,
         };
-        self.staged(&req, Xfer::Up(src))
+        self.transfer(dst, &mut |f| src.with_slices(f), &req, Xfer::Up(src))
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        if self.direct(src, true, &mut |f| dst.with_slices_mut(f))? {
-            return Ok(());
-        }
         let req = Request::Download {
             src,
             len: dst.len(),
         };
-        self.staged(&req, Xfer::Down(dst))
+        self.transfer(src, &mut |f| dst.with_slices_mut(f), &req, Xfer::Down(dst))
     }
 
     fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
