@@ -40,7 +40,7 @@ use vgpu_backend::{HostMapping, HostMemory, HostSlice};
 use vgpu_sys::{error_limited, poll, warn_limited};
 
 use crate::lock;
-use crate::proto::{Kind, MappedPiece, Reply, Request, Value, MAX_PIECES, MAX_REPLY, REPLY};
+use crate::proto::{self, Kind, MappedPiece, Reply, Request, Value, MAX_PIECES, MAX_REPLY, REPLY};
 use crate::wire;
 
 /// Transfers of a partition by path, for tests and statistics.
@@ -187,13 +187,13 @@ impl Control {
             );
             return Ok(false);
         }
-        let req = Request::Map {
+        let req = Request::Map(proto::Map {
             id: m.id,
             file_offset: m.file_offset,
             len: m.len as u64,
             readable: m.readable,
             writable: m.writable,
-        };
+        });
         let took = self.exchange(&req, Some(m.file.as_raw_fd()))?;
         if took {
             self.forwarded.insert(m.id);

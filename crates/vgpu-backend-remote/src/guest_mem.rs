@@ -275,30 +275,21 @@ pub(crate) fn serve_control(
         let req = Request::decode(h.kind, &buf)?;
         let kind = req.kind();
         let result = match (req, fd) {
-            (
-                Request::Map {
-                    id,
-                    file_offset,
-                    len,
-                    readable,
-                    writable,
-                },
-                Some(file),
-            ) => {
+            (Request::Map(m), Some(file)) => {
                 let file = Arc::new(file);
                 table
-                    .map(id, &file, file_offset, len, readable, writable)
+                    .map(m.id, &file, m.file_offset, m.len, m.readable, m.writable)
                     .map(|(addr, len)| {
-                        debug!("partition host: guest memory {id} mapped, {len} bytes");
+                        debug!("partition host: guest memory {} mapped, {len} bytes", m.id);
                         if let Some(hm) = &inner {
                             hm.mapped(HostMapping {
-                                id,
+                                id: m.id,
                                 addr,
                                 len,
-                                readable,
-                                writable,
+                                readable: m.readable,
+                                writable: m.writable,
                                 file,
-                                file_offset,
+                                file_offset: m.file_offset,
                             });
                         }
                         Value::None

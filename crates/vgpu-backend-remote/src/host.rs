@@ -301,18 +301,12 @@ pub fn serve(
                 name: backend.name().to_string(),
                 capacity: backend.capacity(),
             }),
-            Request::Create {
-                name,
-                memory,
-                compute_units,
-                staging_len,
-                mailbox,
-            } => {
+            Request::Create(c) => {
                 let Some(file) = fd else {
                     return Err(HostError::Unexpected("create without a staging area"));
                 };
-                let r = host.create(name, memory, compute_units, file, staging_len);
-                if let (Ok(_), true, Some(st)) = (&r, mailbox, host.staging.as_ref()) {
+                let r = host.create(&c, file);
+                if let (Ok(_), true, Some(st)) = (&r, c.mailbox, host.staging.as_ref()) {
                     // Set up before the reply (so no frame can come first),
                     // used after it (the reply itself goes on the socket).
                     // SAFETY: the control area of the staging mapping, which
@@ -329,7 +323,7 @@ pub fn serve(
                 host.control(file)
             }
             _ if fd.is_some() => return Err(HostError::Unexpected("an fd with this request")),
-            Request::Map { .. } | Request::Unmap { .. } => {
+            Request::Map(_) | Request::Unmap { .. } => {
                 return Err(HostError::Unexpected(
                     "a memory notice on the command socket",
                 ))
@@ -429,26 +423,19 @@ impl Host<'_> {
         r.map(|_| Value::None)
     }
 
-    fn create(
-        &mut self,
-        name: &str,
-        memory: u64,
-        compute_units: u32,
-        file: std::fs::File,
-        staging_len: u64,
-    ) -> Result<Value, OpError> {
+    fn create(&mut self, c: &proto::Create<'_>, file: std::fs::File) -> Result<Value, OpError> {
         if self.partition.is_some() {
             return Err(OpError::Invalid("a partition exists already".into()));
         }
-        if staging_len < 2 {
+        if c.staging_len < 2 {
             return Err(OpError::Invalid("a staging area of two halves".into()));
         }
-        let staging = Staging::open(file, staging_len)
+        let staging = Staging::open(file, c.staging_len)
             .map_err(|e| OpError::Device(format!("staging area: {e}")))?;
         let spec = PartitionSpec {
-            name: name.to_string(),
-            memory,
-            compute_units,
+            name: c.name.to_string(),
+            memory: c.memory,
+            compute_units: c.compute_units,
         };
         let p = self
             .backend
@@ -456,8 +443,11 @@ impl Host<'_> {
             .map_err(|e| OpError::Device(e.to_string()))?;
         self.start_control(&*p)?;
         info!(
-            "partition host {}: partition {name:?} ({memory} bytes, {compute_units} compute units) on the {} backend",
+            "partition host {}: partition {:?} ({} bytes, {} compute units) on the {} backend",
             std::process::id(),
+            c.name,
+            c.memory,
+            c.compute_units,
             self.backend.name()
         );
         self.partition = Some(p);

@@ -343,18 +343,7 @@ pub enum Request<'a> {
     /// [`Kind::Hello`].
     Hello,
     /// [`Kind::Create`] (the staging memfd travels beside it).
-    Create {
-        /// Partition name.
-        name: &'a str,
-        /// Memory quota.
-        memory: u64,
-        /// Compute units.
-        compute_units: u32,
-        /// Bytes of the staging area.
-        staging_len: u64,
-        /// Whether frames after this one go through the mailbox.
-        mailbox: bool,
-    },
+    Create(Create<'a>),
     /// [`Kind::Alloc`].
     Alloc {
         /// Bytes.
@@ -433,18 +422,7 @@ pub enum Request<'a> {
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
-    Map {
-        /// The mapping's id.
-        id: u64,
-        /// Offset of its first byte in the file.
-        file_offset: u64,
-        /// Bytes.
-        len: u64,
-        /// The device may read it.
-        readable: bool,
-        /// The device may write it.
-        writable: bool,
-    },
+    Map(Map),
     /// [`Kind::Unmap`].
     Unmap {
         /// The mapping's id.
@@ -466,6 +444,36 @@ pub enum Request<'a> {
         /// Guest memory.
         pieces: Vec<MappedPiece>,
     },
+}
+
+/// The partition a [`Request::Create`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Create<'a> {
+    /// Partition name.
+    pub name: &'a str,
+    /// Memory quota.
+    pub memory: u64,
+    /// Compute units.
+    pub compute_units: u32,
+    /// Bytes of the staging area.
+    pub staging_len: u64,
+    /// Whether frames after this one go through the mailbox.
+    pub mailbox: bool,
+}
+
+/// A mapping of guest memory a [`Request::Map`] forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Map {
+    /// The mapping's id.
+    pub id: u64,
+    /// Offset of its first byte in the file.
+    pub file_offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The device may read it.
+    pub readable: bool,
+    /// The device may write it.
+    pub writable: bool,
 }
 
 /// Part of a transfer in a forwarded mapping.
@@ -507,7 +515,7 @@ impl Request<'_> {
     pub fn kind(&self) -> Kind {
         match self {
             Request::Hello => Kind::Hello,
-            Request::Create { .. } => Kind::Create,
+            Request::Create(_) => Kind::Create,
             Request::Alloc { .. } => Kind::Alloc,
             Request::Free { .. } => Kind::Free,
             Request::Upload { .. } => Kind::Upload,
@@ -520,7 +528,7 @@ impl Request<'_> {
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Reset => Kind::Reset,
-            Request::Map { .. } => Kind::Map,
+            Request::Map(_) => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
             Request::Control => Kind::Control,
             Request::UploadMapped { .. } => Kind::UploadMapped,
@@ -534,17 +542,11 @@ impl Request<'_> {
         let mut w = Writer::default();
         match self {
             Request::Hello | Request::Reset | Request::Control => {}
-            Request::Map {
-                id,
-                file_offset,
-                len,
-                readable,
-                writable,
-            } => {
-                w.u64(*id)
-                    .u64(*file_offset)
-                    .u64(*len)
-                    .u8(*readable as u8 | (*writable as u8) << 1);
+            Request::Map(m) => {
+                w.u64(m.id)
+                    .u64(m.file_offset)
+                    .u64(m.len)
+                    .u8(m.readable as u8 | (m.writable as u8) << 1);
             }
             Request::Unmap { id } => {
                 w.u64(*id);
@@ -554,18 +556,12 @@ impl Request<'_> {
                 w.u64(*a);
                 encode_pieces(&mut w, pieces);
             }
-            Request::Create {
-                name,
-                memory,
-                compute_units,
-                staging_len,
-                mailbox,
-            } => {
-                w.u64(*memory)
-                    .u32(*compute_units)
-                    .u64(*staging_len)
-                    .u8(*mailbox as u8)
-                    .text(name, MAX_NAME);
+            Request::Create(c) => {
+                w.u64(c.memory)
+                    .u32(c.compute_units)
+                    .u64(c.staging_len)
+                    .u8(c.mailbox as u8)
+                    .text(c.name, MAX_NAME);
             }
             Request::Alloc { size, align } => {
                 w.u64(*size).u64(*align);
@@ -637,13 +633,13 @@ impl Request<'_> {
                 if prot > 3 {
                     return Err(ProtoError::Malformed("bad flag"));
                 }
-                Request::Map {
+                Request::Map(Map {
                     id,
                     file_offset,
                     len,
                     readable: prot & 1 != 0,
                     writable: prot & 2 != 0,
-                }
+                })
             }
             Kind::Unmap => Request::Unmap { id: r.u64()? },
             Kind::UploadMapped => Request::UploadMapped {
@@ -663,13 +659,13 @@ impl Request<'_> {
                     1 => true,
                     _ => return Err(ProtoError::Malformed("bad flag")),
                 };
-                Request::Create {
+                Request::Create(Create {
                     memory,
                     compute_units,
                     staging_len,
                     mailbox,
                     name: r.text(MAX_NAME)?,
-                }
+                })
             }
             Kind::Alloc => Request::Alloc {
                 size: r.u64()?,
@@ -1064,13 +1060,13 @@ mod tests {
         let image = b"// PTX".to_vec();
         let reqs = [
             Request::Hello,
-            Request::Create {
+            Request::Create(Create {
                 name: "tenant-a",
                 memory: 1 << 30,
                 compute_units: 3,
                 staging_len: 1 << 20,
                 mailbox: true,
-            },
+            }),
             Request::Alloc {
                 size: 4096,
                 align: 256,
@@ -1116,13 +1112,13 @@ mod tests {
             }),
             Request::Reset,
             Request::Control,
-            Request::Map {
+            Request::Map(Map {
                 id: 3,
                 file_offset: 1 << 20,
                 len: 1 << 30,
                 readable: true,
                 writable: false,
-            },
+            }),
             Request::Unmap { id: 3 },
             Request::UploadMapped {
                 dst: 8,

@@ -19,7 +19,7 @@ use vgpu_backend::{
     HostMapping, HostSink, HostSlice, HostSource, OpError, Partition, PartitionSpec, SliceFn,
 };
 use vgpu_backend_remote::proto::{
-    Header, Kind, MappedPiece, Reply, Request, Value, HEADER_LEN, MAX_REQUEST, REPLY,
+    Create, Header, Kind, Map, MappedPiece, Reply, Request, Value, HEADER_LEN, MAX_REQUEST, REPLY,
 };
 use vgpu_backend_remote::{
     host, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
@@ -579,22 +579,24 @@ fn a_host_refuses_pieces_outside_its_mappings() {
     call(&mut cmd, 2, &Request::Control, Some(ctl_theirs.as_raw_fd())).unwrap();
     drop(ctl_theirs);
     let staging = Ram::new(c"staging", 1 << 20);
-    let create = Request::Create {
+    let create = Request::Create(Create {
         name: "t",
         memory: 8 * MIB,
         compute_units: 1,
         staging_len: 64 * 1024,
         mailbox: false,
-    };
+    });
     call(&mut cmd, 3, &create, Some(staging.file.as_raw_fd())).unwrap();
     let ram = Ram::new(c"guest", 1 << 20);
     let fd = Some(ram.file.as_raw_fd());
-    let map = |id, file_offset, len, writable| Request::Map {
-        id,
-        file_offset,
-        len,
-        readable: true,
-        writable,
+    let map = |id, file_offset, len, writable| {
+        Request::Map(Map {
+            id,
+            file_offset,
+            len,
+            readable: true,
+            writable,
+        })
     };
     // Mappings the file cannot hold are refused; the host goes on.
     assert!(call(&mut ctl, 1, &map(1, 4096, 1 << 20, true), fd).is_err());
