@@ -752,22 +752,14 @@ mod tests {
             status,
             source: Box::new(GuestError::Io),
         };
-        assert_eq!(
-            cu_error(&cmd(sys::CMD_STATUS_NO_MEMORY)),
-            cu::ERROR_OUT_OF_MEMORY
-        );
-        assert_eq!(
-            cu_error(&cmd(sys::CMD_STATUS_OUT_OF_RANGE)),
-            cu::ERROR_ILLEGAL_ADDRESS
-        );
-        assert_eq!(
-            cu_error(&cmd(sys::CMD_STATUS_KERNEL_FAULT)),
-            cu::ERROR_ILLEGAL_ADDRESS
-        );
-        assert_eq!(
-            cu_error(&cmd(sys::CMD_STATUS_DEVICE_ERROR)),
-            cu::ERROR_LAUNCH_FAILED
-        );
+        for (status, want) in [
+            (sys::CMD_STATUS_NO_MEMORY, cu::ERROR_OUT_OF_MEMORY),
+            (sys::CMD_STATUS_OUT_OF_RANGE, cu::ERROR_ILLEGAL_ADDRESS),
+            (sys::CMD_STATUS_KERNEL_FAULT, cu::ERROR_ILLEGAL_ADDRESS),
+            (sys::CMD_STATUS_DEVICE_ERROR, cu::ERROR_LAUNCH_FAILED),
+        ] {
+            assert_eq!(cu_error(&cmd(status)), want, "status {status}");
+        }
         assert_eq!(cu_error(&GuestError::OutOfMemory), cu::ERROR_OUT_OF_MEMORY);
     }
 
