@@ -30,7 +30,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck clippy cargo-test fuzz package)
+steps=(setup-host toolchain fmt shellcheck scripts clippy cargo-test fuzz package)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test vm-guest-package)
 fi
@@ -62,6 +62,11 @@ step_fmt() {
 step_shellcheck() {
     shellcheck -x ci/*.sh .ci/run tests/vm/*.sh tests/cuda/*.sh tests/cuda/libs/*.sh \
         resources/guest/debian/post* resources/guest/debian/prerm
+}
+
+step_scripts() {
+    # The test tools' own tests (the GPU runs' judges).
+    python3 -B -m unittest discover -s tests/vm -p '*_test.py'
 }
 
 step_clippy() {
