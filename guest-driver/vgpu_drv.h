@@ -243,6 +243,19 @@ struct vgpu_res {
 	bool dying;			/* unload checked, not yet on the ring */
 };
 
+/* User memory pinned and mapped for the device once (VGPU_IOCTL_PIN). */
+struct vgpu_pinned {
+	struct kref ref;		/* the file's list, copies using it */
+	struct vgpu_dev *vdev;		/* referenced */
+	struct list_head link;		/* vgpu_file.pinned */
+	u64 uaddr;
+	u64 size;
+	struct page **pages;
+	long npages;
+	struct sg_table sgt;		/* mapped DMA_BIDIRECTIONAL */
+	bool need_sync;			/* not DMA-coherent: sync around copies */
+};
+
 struct vgpu_file {
 	struct kref ref;
 	struct vgpu_dev *vdev;
@@ -262,6 +275,12 @@ struct vgpu_file {
 	u32 nallocs;
 	u32 nmodules;
 	u64 res_gen;			/* vgpu_dev.gen the resources belong to */
+
+	/* Pinned ranges, sorted by nothing: few, looked up per COPY. */
+	struct mutex pin_lock;
+	struct list_head pinned;
+	u32 npinned;
+	long pinned_pages;
 
 	struct xarray batches;		/* fence -> uncollected batch */
 	atomic_t nrecords;
@@ -306,6 +325,7 @@ struct vgpu_bcmd {
 	u32 nents;
 	u64 *piece_len;			/* when npieces > 1 */
 	u64 size;
+	struct vgpu_pinned *pinned;	/* the COPY's range was pinned (ref) */
 
 	/* MEM_ALLOC / MODULE_LOAD: the record to keep on success. */
 	struct vgpu_res *res;
@@ -367,6 +387,8 @@ void vgpu_batch_put(struct vgpu_batch *b);
 
 /* vgpu_ioctl.c */
 long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg);
+void vgpu_pinned_put(struct vgpu_pinned *p);
+void vgpu_unpin_all(struct vgpu_file *vf);
 void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen);
 void vgpu_res_record(struct vgpu_file *vf, struct vgpu_res *res, u64 gen,
 		     u64 value);

@@ -287,6 +287,7 @@ static void vgpu_modules_settle(struct vgpu_file *vf, bool commit)
 /* ---- command preparation ---------------------------------------------------- */
 
 struct vgpu_budget {
+	struct vgpu_file *vf;
 	u64 pinned;
 	u64 staged;
 };
@@ -358,19 +359,79 @@ static int vgpu_stage_copy_in(struct vgpu_bcmd *c, const void __user *src)
 }
 
 /*
- * Pins the user side of a COPY, maps it for DMA and turns the mapping
- * into the device's scatter-gather list: inline in the command slot when
- * short, else in a coherent buffer split into pieces of at most
+ * Turns bytes [@skip, @skip + @size) of a DMA-mapped table into the
+ * device's scatter-gather list: inline in the command slot when short,
+ * else in a coherent buffer split into pieces of at most
  * VGPU_MAX_SG_ENTRIES entries (one device command each).
  */
+static int vgpu_sg_entries(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			   struct sg_table *sgt, u64 skip, u64 size)
+{
+	u64 end = skip + size, pos = 0;
+	struct vgpu_sg_entry *ents;
+	struct scatterlist *sg;
+	unsigned int i, n = 0;
+	int ret;
+
+	for_each_sgtable_dma_sg(sgt, sg, i) {
+		u64 start = pos;
+
+		pos += sg_dma_len(sg);
+		if (pos <= skip)
+			continue;
+		if (start >= end)
+			break;
+		n++;
+	}
+	if (!n)
+		return -EFAULT;
+	c->nents = n;
+	c->size = size;
+	c->npieces = DIV_ROUND_UP(n, VGPU_MAX_SG_ENTRIES);
+
+	if (n <= VGPU_INLINE_SG) {
+		ents = (struct vgpu_sg_entry *)c->inl;
+		c->inl_len = n * sizeof(*ents);
+	} else {
+		ret = vgpu_stage_alloc(vdev, c, (u64)n * sizeof(*ents), 1);
+		if (ret)
+			return ret;
+		ents = c->bufs[0].cpu;
+		if (c->npieces > 1) {
+			c->piece_len = kcalloc(c->npieces, sizeof(u64),
+					       GFP_KERNEL);
+			if (!c->piece_len)
+				return -ENOMEM;
+		}
+	}
+	n = 0;
+	pos = 0;
+	for_each_sgtable_dma_sg(sgt, sg, i) {
+		u64 start = pos, from, to;
+
+		pos += sg_dma_len(sg);
+		if (pos <= skip)
+			continue;
+		if (start >= end)
+			break;
+		from = max(start, skip);
+		to = min(pos, end);
+		ents[n].addr = sg_dma_address(sg) + (from - start);
+		ents[n].len = to - from;
+		if (c->piece_len)
+			c->piece_len[n / VGPU_MAX_SG_ENTRIES] += to - from;
+		n++;
+	}
+	c->ndesc = c->npieces * 3;
+	return 0;
+}
+
+/* Pins the user side of a COPY and maps it for DMA, for this copy alone. */
 static int vgpu_prep_user_side(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 			       u64 uaddr, u64 size, bool to_device)
 {
 	struct device *dev = &vdev->pdev->dev;
 	unsigned int off = offset_in_page(uaddr);
-	struct vgpu_sg_entry *ents;
-	struct scatterlist *sg;
-	unsigned int i;
 	long npages, pinned;
 	u64 end;
 	int ret;
@@ -405,33 +466,180 @@ static int vgpu_prep_user_side(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	if (ret)
 		return ret;
 	c->mapped = true;
-	c->nents = c->sgt.nents;
-	c->size = size;
-	c->npieces = DIV_ROUND_UP(c->nents, VGPU_MAX_SG_ENTRIES);
+	return vgpu_sg_entries(vdev, c, &c->sgt, 0, size);
+}
 
-	if (c->nents <= VGPU_INLINE_SG) {
-		ents = (struct vgpu_sg_entry *)c->inl;
-		c->inl_len = c->nents * sizeof(*ents);
-	} else {
-		ret = vgpu_stage_alloc(vdev, c, (u64)c->nents * sizeof(*ents), 1);
-		if (ret)
-			return ret;
-		ents = c->bufs[0].cpu;
-		if (c->npieces > 1) {
-			c->piece_len = kcalloc(c->npieces, sizeof(u64),
-					       GFP_KERNEL);
-			if (!c->piece_len)
-				return -ENOMEM;
+/* ---- pinned ranges -------------------------------------------------------- */
+
+static void vgpu_pinned_release(struct kref *ref)
+{
+	struct vgpu_pinned *p = container_of(ref, struct vgpu_pinned, ref);
+
+	dma_unmap_sgtable(&p->vdev->pdev->dev, &p->sgt, DMA_BIDIRECTIONAL, 0);
+	sg_free_table(&p->sgt);
+	/* The device may have written any of it. */
+	unpin_user_pages_dirty_lock(p->pages, p->npages, true);
+	kvfree(p->pages);
+	vgpu_dev_put(p->vdev);
+	kfree(p);
+}
+
+/* Process context: the last reference unpins pages. */
+void vgpu_pinned_put(struct vgpu_pinned *p)
+{
+	kref_put(&p->ref, vgpu_pinned_release);
+}
+
+/* The file's pinned range holding [@uaddr, @uaddr + @size), referenced. */
+static struct vgpu_pinned *vgpu_pinned_find(struct vgpu_file *vf, u64 uaddr,
+					    u64 size)
+{
+	struct vgpu_pinned *p, *found = NULL;
+
+	mutex_lock(&vf->pin_lock);
+	list_for_each_entry(p, &vf->pinned, link) {
+		if (uaddr >= p->uaddr && uaddr - p->uaddr <= p->size &&
+		    size <= p->size - (uaddr - p->uaddr)) {
+			kref_get(&p->ref);
+			found = p;
+			break;
 		}
 	}
-	for_each_sgtable_dma_sg(&c->sgt, sg, i) {
-		ents[i].addr = sg_dma_address(sg);
-		ents[i].len = sg_dma_len(sg);
-		if (c->piece_len)
-			c->piece_len[i / VGPU_MAX_SG_ENTRIES] += sg_dma_len(sg);
+	mutex_unlock(&vf->pin_lock);
+	return found;
+}
+
+static long vgpu_ioctl_pin(struct vgpu_file *vf, void __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct device *dev = &vdev->pdev->dev;
+	struct vgpu_pinned *p, *q;
+	struct vgpu_pin a;
+	long npages, got;
+	u64 end;
+	int ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (!a.size || !PAGE_ALIGNED(a.addr) || !PAGE_ALIGNED(a.size))
+		return -EINVAL;
+	if (check_add_overflow(a.addr, a.size, &end) ||
+	    !access_ok(u64_to_user_ptr(a.addr), a.size))
+		return -EFAULT;
+	npages = a.size >> PAGE_SHIFT;
+	if (npages > totalram_pages() / 2)
+		return -ENOMEM;
+
+	p = kzalloc(sizeof(*p), GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+	kref_init(&p->ref);
+	p->uaddr = a.addr;
+	p->size = a.size;
+	p->pages = kvmalloc_array(npages, sizeof(*p->pages), GFP_KERNEL);
+	if (!p->pages) {
+		kfree(p);
+		return -ENOMEM;
 	}
-	c->ndesc = c->npieces * 3;
+
+	mutex_lock(&vf->pin_lock);
+	ret = -ENOSPC;
+	if (vf->npinned >= VGPU_MAX_PINNED_RANGES)
+		goto unlock;
+	ret = -ENOMEM;
+	if (vf->pinned_pages + npages > totalram_pages() / 2)
+		goto unlock;
+	ret = -EEXIST;
+	list_for_each_entry(q, &vf->pinned, link)
+		if (a.addr < q->uaddr + q->size && q->uaddr < end)
+			goto unlock;
+
+	got = pin_user_pages_fast(a.addr, npages, FOLL_WRITE | FOLL_LONGTERM,
+				  p->pages);
+	if (got != npages) {
+		if (got > 0)
+			unpin_user_pages(p->pages, got);
+		ret = got < 0 ? got : -EFAULT;
+		goto unlock;
+	}
+	ret = sg_alloc_table_from_pages_segment(&p->sgt, p->pages, npages, 0,
+						a.size,
+						ALIGN_DOWN(dma_get_max_seg_size(dev), PAGE_SIZE),
+						GFP_KERNEL);
+	if (ret)
+		goto unpin;
+	ret = dma_map_sgtable(dev, &p->sgt, DMA_BIDIRECTIONAL, 0);
+	if (ret)
+		goto free_sgt;
+	p->npages = npages;
+	p->need_sync = dma_need_sync(dev, sg_dma_address(p->sgt.sgl));
+	kref_get(&vdev->ref);
+	p->vdev = vdev;
+	list_add(&p->link, &vf->pinned);
+	vf->npinned++;
+	vf->pinned_pages += npages;
+	mutex_unlock(&vf->pin_lock);
 	return 0;
+
+free_sgt:
+	sg_free_table(&p->sgt);
+unpin:
+	unpin_user_pages(p->pages, npages);
+unlock:
+	mutex_unlock(&vf->pin_lock);
+	kvfree(p->pages);
+	kfree(p);
+	return ret;
+}
+
+static void vgpu_unpin_locked(struct vgpu_file *vf, struct vgpu_pinned *p)
+{
+	list_del(&p->link);
+	vf->npinned--;
+	vf->pinned_pages -= p->npages;
+}
+
+static long vgpu_ioctl_unpin(struct vgpu_file *vf, void __user *arg)
+{
+	struct vgpu_pinned *p, *found = NULL;
+	struct vgpu_pin a;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (a.size)
+		return -EINVAL;
+	mutex_lock(&vf->pin_lock);
+	list_for_each_entry(p, &vf->pinned, link) {
+		if (p->uaddr == a.addr) {
+			vgpu_unpin_locked(vf, p);
+			found = p;
+			break;
+		}
+	}
+	mutex_unlock(&vf->pin_lock);
+	if (!found)
+		return -ENOENT;
+	/* Copies still using it hold their own references. */
+	vgpu_pinned_put(found);
+	return 0;
+}
+
+/* Close: the file's ranges go once no copy uses them. */
+void vgpu_unpin_all(struct vgpu_file *vf)
+{
+	struct vgpu_pinned *p, *tmp;
+	LIST_HEAD(gone);
+
+	mutex_lock(&vf->pin_lock);
+	list_for_each_entry_safe(p, tmp, &vf->pinned, link) {
+		vgpu_unpin_locked(vf, p);
+		list_add(&p->link, &gone);
+	}
+	mutex_unlock(&vf->pin_lock);
+	list_for_each_entry_safe(p, tmp, &gone, link) {
+		list_del(&p->link);
+		vgpu_pinned_put(p);
+	}
 }
 
 static u32 vgpu_copy_kind(u32 kind)
@@ -480,15 +688,31 @@ static int vgpu_prep_copy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	c->dlen = sizeof(*d);
 
 	if (sk == VGPU_MEM_USER || dk == VGPU_MEM_USER) {
+		u64 uaddr = sk == VGPU_MEM_USER ? a->src : a->dst;
+		bool to_device = sk == VGPU_MEM_USER;
+		struct vgpu_pinned *p;
 		int ret;
 
-		if (a->size > VGPU_MAX_COPY_BYTES ||
-		    a->size > VGPU_MAX_BATCH_PIN_BYTES - bud->pinned)
+		if (a->size > VGPU_MAX_COPY_BYTES)
 			return -E2BIG;
-		bud->pinned += a->size;
-		ret = vgpu_prep_user_side(vdev, c,
-					  sk == VGPU_MEM_USER ? a->src : a->dst,
-					  a->size, sk == VGPU_MEM_USER);
+		p = vgpu_pinned_find(bud->vf, uaddr, a->size);
+		if (p) {
+			/* Released with the batch, which then syncs for the CPU. */
+			c->pinned = p;
+			c->dirty = !to_device;
+			if (p->need_sync)
+				dma_sync_sgtable_for_device(&vdev->pdev->dev,
+							    &p->sgt,
+							    DMA_BIDIRECTIONAL);
+			ret = vgpu_sg_entries(vdev, c, &p->sgt,
+					      uaddr - p->uaddr, a->size);
+		} else {
+			if (a->size > VGPU_MAX_BATCH_PIN_BYTES - bud->pinned)
+				return -E2BIG;
+			bud->pinned += a->size;
+			ret = vgpu_prep_user_side(vdev, c, uaddr, a->size,
+						  to_device);
+		}
 		if (ret)
 			return ret;
 		d->sg_count = c->nents;
@@ -1225,7 +1449,7 @@ static long vgpu_ioctl_submit(struct vgpu_file *vf,
 			      struct vgpu_submit __user *arg)
 {
 	struct vgpu_dev *vdev = vf->vdev;
-	struct vgpu_budget bud = {};
+	struct vgpu_budget bud = { .vf = vf };
 	struct vgpu_submit s;
 	struct vgpu_cmd *kc;
 	struct vgpu_batch *b;
@@ -1444,11 +1668,15 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return vgpu_ioctl_wait(vf, uarg);
 	case VGPU_IOCTL_USAGE:
 		return vgpu_ioctl_usage(vf, uarg);
+	case VGPU_IOCTL_PIN:
+		return vgpu_ioctl_pin(vf, uarg);
+	case VGPU_IOCTL_UNPIN:
+		return vgpu_ioctl_unpin(vf, uarg);
 	}
 	/* One of ours with the wrong size or direction. */
 	if (_IOC_TYPE(cmd) == VGPU_IOCTL_MAGIC &&
 	    _IOC_NR(cmd) >= _IOC_NR(VGPU_IOCTL_INFO) &&
-	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_USAGE))
+	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_UNPIN))
 		return -EINVAL;
 	return -ENOTTY;
 }

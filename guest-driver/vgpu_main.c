@@ -475,6 +475,8 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 	spin_lock_init(&vf->res_lock);
 	vf->allocs = RB_ROOT;
 	INIT_LIST_HEAD(&vf->modules);
+	mutex_init(&vf->pin_lock);
+	INIT_LIST_HEAD(&vf->pinned);
 	xa_init(&vf->batches);
 	atomic_set(&vf->nrecords, 0);
 	vf->next_seq = 1;
@@ -521,6 +523,7 @@ static int vgpu_release(struct inode *inode, struct file *filp)
 		vgpu_batch_put(b);
 	}
 	atomic_set(&vf->nrecords, 0);
+	vgpu_unpin_all(vf);
 
 	spin_lock_irqsave(&vf->q->lock, flags);
 	vf->closing = true;

@@ -225,6 +225,13 @@ void vgpu_batch_release_resources(struct vgpu_batch *b)
 			kvfree(c->pages);
 			c->pages = NULL;
 		}
+		if (c->pinned) {
+			if (c->dirty && c->pinned->need_sync)
+				dma_sync_sgtable_for_cpu(dev, &c->pinned->sgt,
+							 DMA_BIDIRECTIONAL);
+			vgpu_pinned_put(c->pinned);
+			c->pinned = NULL;
+		}
 		for (j = 0; j < c->nbufs; j++)
 			dma_free_coherent(dev, c->bufs[j].size, c->bufs[j].cpu,
 					  c->bufs[j].dma);

@@ -225,6 +225,9 @@ pub struct HostMem {
     /// Allocated here (freed by `cuMemFreeHost`), or the caller's
     /// (registered with `cuMemHostRegister`).
     pub owned: bool,
+    /// The whole pages of it pinned for copies by this device's kernel
+    /// driver (VGPU_IOCTL_PIN): (device, first page).
+    pub pinned: Option<(CUdevice, usize)>,
 }
 
 /// Handle-addressed objects.

@@ -380,6 +380,33 @@ impl Device {
         Ok(u)
     }
 
+    /// Pins `len` bytes at `addr` (page-aligned) and maps them for the
+    /// device once (VGPU_IOCTL_PIN): later copies inside the range skip
+    /// pinning their pages. The range must stay mapped until [`unpin`]
+    /// or until this device is closed. A driver without the call answers
+    /// [`Error::NotVgpu`] (ENOTTY).
+    ///
+    /// [`unpin`]: Self::unpin
+    pub fn pin(&self, addr: *const u8, len: usize) -> Result<()> {
+        let mut a = sys::VgpuPin {
+            addr: addr as u64,
+            size: len as u64,
+        };
+        // SAFETY: IOCTL_PIN reads one `VgpuPin`; the driver checks the
+        // range itself (it pins only the caller's own mapped memory).
+        unsafe { self.inner.ioctl(sys::IOCTL_PIN, &mut a) }
+    }
+
+    /// Ends a range [`pin`](Self::pin) made (VGPU_IOCTL_UNPIN).
+    pub fn unpin(&self, addr: *const u8) -> Result<()> {
+        let mut a = sys::VgpuPin {
+            addr: addr as u64,
+            size: 0,
+        };
+        // SAFETY: IOCTL_UNPIN reads one `VgpuPin`.
+        unsafe { self.inner.ioctl(sys::IOCTL_UNPIN, &mut a) }
+    }
+
     /// Allocates `size` bytes of device memory (default alignment, 256).
     /// Quota exhaustion is [`Error::OutOfMemory`]. Device memory starts
     /// zeroed.

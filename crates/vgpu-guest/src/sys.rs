@@ -25,6 +25,8 @@ pub const MAX_BATCH_STAGED_BYTES: u64 = 32 << 20;
 pub const MAX_UNCOLLECTED: u32 = 1024;
 /// Bytes of a LAUNCH entry name, NUL included.
 pub const ENTRY_NAME_LEN: usize = 32;
+/// PIN ranges per open file.
+pub const MAX_PINNED_RANGES: u32 = 256;
 
 /// `timeout_ns` that never expires.
 pub const TIMEOUT_INFINITE: u64 = !0;
@@ -391,6 +393,16 @@ uapi_struct!(
     }
 );
 
+uapi_struct!(
+    /// VGPU_IOCTL_PIN and VGPU_IOCTL_UNPIN.
+    pub struct VgpuPin => "vgpu_pin" {
+        /// Start of the range, page-aligned.
+        pub addr: u64,
+        /// Bytes, a multiple of the page size (0 for UNPIN).
+        pub size: u64,
+    }
+);
+
 // <asm-generic/ioctl.h>, the encoding x86-64 uses.
 const IOC_NRBITS: u32 = 8;
 const IOC_TYPEBITS: u32 = 8;
@@ -426,6 +438,8 @@ pub const IOCTL_FREE: u64 = vgpu_ioc::<VgpuFree>(IOC_WRITE, 0xa2);
 pub const IOCTL_SUBMIT: u64 = vgpu_ioc::<VgpuSubmit>(IOC_READ | IOC_WRITE, 0xa3);
 pub const IOCTL_WAIT: u64 = vgpu_ioc::<VgpuWait>(IOC_READ | IOC_WRITE, 0xa4);
 pub const IOCTL_USAGE: u64 = vgpu_ioc::<VgpuUsage>(IOC_READ, 0xa5);
+pub const IOCTL_PIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa6);
+pub const IOCTL_UNPIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa7);
 
 /// Encodes an entry point name: `None` if empty, too long (31 bytes at
 /// most) or containing a NUL.
@@ -538,7 +552,8 @@ mod tests {
             VgpuCmd,
             VgpuSubmit,
             VgpuWait,
-            VgpuUsage
+            VgpuUsage,
+            VgpuPin
         )
     }
 
@@ -561,6 +576,7 @@ mod tests {
             MAX_UNCOLLECTED,
             ENTRY_NAME_LEN,
             MAX_FUNC_NAME_BYTES,
+            MAX_PINNED_RANGES,
             TIMEOUT_INFINITE,
             INFO_POLLED,
             INFO_MSIX,
@@ -604,7 +620,9 @@ mod tests {
             IOCTL_FREE,
             IOCTL_SUBMIT,
             IOCTL_WAIT,
-            IOCTL_USAGE
+            IOCTL_USAGE,
+            IOCTL_PIN,
+            IOCTL_UNPIN
         )
     }
 

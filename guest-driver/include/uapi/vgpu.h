@@ -27,6 +27,7 @@
 #define VGPU_MAX_UNCOLLECTED		1024		/* uncollected fences per file */
 #define VGPU_ENTRY_NAME_LEN		32
 #define VGPU_MAX_FUNC_NAME_BYTES	4096		/* FUNC_INFO entry name */
+#define VGPU_MAX_PINNED_RANGES		256		/* PIN ranges per file */
 
 #define VGPU_TIMEOUT_INFINITE		(~0ULL)
 
@@ -375,6 +376,25 @@ struct vgpu_usage {
 	__u64 reserved[4];
 };
 
+/* ---- VGPU_IOCTL_PIN / VGPU_IOCTL_UNPIN ----------------------------------- */
+
+/**
+ * struct vgpu_pin - argument of VGPU_IOCTL_PIN and VGPU_IOCTL_UNPIN
+ * @addr: in: start of the range, page-aligned (UNPIN: as given to PIN)
+ * @size: in: bytes, a multiple of the page size (UNPIN: 0)
+ *
+ * PIN pins a range of the caller's memory and maps it for the device
+ * once; a later COPY whose user side lies inside it uses that mapping
+ * instead of pinning its pages itself. The range must stay mapped until
+ * UNPIN (or close): copies of a range unmapped meanwhile reach the pages
+ * that were pinned, not what is mapped there now. Ranges of a file do not
+ * overlap; at most VGPU_MAX_PINNED_RANGES, and at most half the memory.
+ */
+struct vgpu_pin {
+	__u64 addr;
+	__u64 size;
+};
+
 /* ---- ioctl numbers -------------------------------------------------------- */
 
 #define VGPU_IOCTL_MAGIC	'V'
@@ -385,5 +405,7 @@ struct vgpu_usage {
 #define VGPU_IOCTL_SUBMIT	_IOWR(VGPU_IOCTL_MAGIC, 0xa3, struct vgpu_submit)
 #define VGPU_IOCTL_WAIT		_IOWR(VGPU_IOCTL_MAGIC, 0xa4, struct vgpu_wait)
 #define VGPU_IOCTL_USAGE	_IOR(VGPU_IOCTL_MAGIC, 0xa5, struct vgpu_usage)
+#define VGPU_IOCTL_PIN		_IOW(VGPU_IOCTL_MAGIC, 0xa6, struct vgpu_pin)
+#define VGPU_IOCTL_UNPIN	_IOW(VGPU_IOCTL_MAGIC, 0xa7, struct vgpu_pin)
 
 #endif /* _UAPI_VGPU_H */

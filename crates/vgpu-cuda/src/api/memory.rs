@@ -139,16 +139,53 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     })
 }
 
+/// Smallest host range worth pinning once for the device: below it the
+/// driver's per-copy pinning costs little.
+const PIN_MIN: usize = 64 << 10;
+const PAGE: usize = 4096;
+
+/// Pins the whole pages of `[p, p + size)` with the current device's
+/// kernel driver, so its copies skip pinning them each time; `None` when
+/// too small or refused (copies then pin as they go, as before).
+fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
+    let first = p.checked_add(PAGE - 1)? & !(PAGE - 1);
+    let end = p.checked_add(size)? & !(PAGE - 1);
+    if end <= first || end - first < PIN_MIN {
+        return None;
+    }
+    let (_, dev) = d.current_ctx().ok()?;
+    let g = d.gpu(dev).ok()?;
+    match g.dev.pin(first as *const u8, end - first) {
+        Ok(()) => Some((dev, first)),
+        Err(e) => {
+            crate::state::log(&format!(
+                "host memory at {p:#x} not pinned for the device: {e}"
+            ));
+            None
+        }
+    }
+}
+
+fn unpin_pages(d: &Driver, h: &HostMem) {
+    if let Some((dev, first)) = h.pinned {
+        if let Ok(g) = d.gpu(dev) {
+            let _ = g.dev.unpin(first as *const u8);
+        }
+    }
+}
+
 fn host_alloc(size: usize) -> CuResult<*mut c_void> {
     let d = driver()?;
     let (ctx, _) = d.current_ctx()?;
     let p = host_pages::alloc(size).ok_or(cu::ERROR_OUT_OF_MEMORY)?;
+    let pinned = pin_pages(d, p as usize, size);
     d.objects().host.insert(
         p as usize,
         HostMem {
             size,
             ctx,
             owned: true,
+            pinned,
         },
     );
     Ok(p.cast())
@@ -185,6 +222,8 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
             }
         }
         .ok_or(cu::ERROR_INVALID_VALUE)?;
+        // Unpinned before it is unmapped: a pinned range must stay mapped.
+        unpin_pages(d, &h);
         // SAFETY: `p` was allocated by `host_pages::alloc` with this size
         // and is removed from the table, so it is freed once.
         unsafe { host_pages::free(p.cast(), h.size) };
@@ -192,8 +231,9 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     })
 }
 
-/// Registers host memory: recorded so pointer queries know it; copies
-/// from it go through the guest kernel driver as from any memory.
+/// Registers host memory: recorded so pointer queries know it, and its
+/// whole pages pinned for the current device's copies (as allocations
+/// are) until it is unregistered.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemHostRegister_v2(
     p: *mut c_void,
@@ -206,16 +246,17 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
         if p.is_null() || size == 0 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        let mut o = d.objects();
-        if o.host_at(p as usize, 1).is_some() {
+        if d.objects().host_at(p as usize, 1).is_some() {
             return Err(cu::ERROR_HOST_MEMORY_ALREADY_REGISTERED);
         }
-        o.host.insert(
+        let pinned = pin_pages(d, p as usize, size);
+        d.objects().host.insert(
             p as usize,
             HostMem {
                 size,
                 ctx,
                 owned: false,
+                pinned,
             },
         );
         Ok(())
@@ -226,14 +267,16 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let mut o = d.objects();
-        match o.host.get(&(p as usize)) {
-            Some(h) if !h.owned => {
-                o.host.remove(&(p as usize));
-                Ok(())
+        let h = {
+            let mut o = d.objects();
+            match o.host.get(&(p as usize)) {
+                Some(h) if !h.owned => o.host.remove(&(p as usize)),
+                _ => None,
             }
-            _ => Err(cu::ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
+        .ok_or(cu::ERROR_HOST_MEMORY_NOT_REGISTERED)?;
+        unpin_pages(d, &h);
+        Ok(())
     })
 }
 

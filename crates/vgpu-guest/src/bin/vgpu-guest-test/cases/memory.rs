@@ -299,3 +299,116 @@ pub(super) fn fill(args: &Args) -> CaseResult {
     expect_errno(dev.fill(&buf, 0, 6, 0), libc::EINVAL, "FILL of 6 bytes")?;
     Ok("1 MiB, partial, size not a multiple of 4 refused".into())
 }
+
+/// An anonymous mapping of `len` bytes, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Result<Mapping, String> {
+        // SAFETY: a fresh private anonymous mapping; nothing existing is
+        // touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        ensure!(p != libc::MAP_FAILED, "mmap of {len} bytes failed");
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, readable and writable, and
+        // borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// VGPU_IOCTL_PIN: copies inside a pinned range use its mapping (both
+/// directions, at offsets inside it), copies reaching past it pin their
+/// own pages; bad ranges, overlaps and unknown unpins are refused; after
+/// UNPIN the memory still copies (pinned per copy again).
+pub(super) fn pinned(args: &Args) -> CaseResult {
+    let dev = open(args)?;
+    let len = 4 * MIB as usize;
+    let mut host = Mapping::new(len + 2 * 4096)?;
+    let base = host.ptr;
+    rng(16).fill_bytes(host.bytes());
+    let buf = dev.alloc(len as u64).ctx("alloc")?;
+
+    expect_errno(dev.pin(base, 0), libc::EINVAL, "pin of 0 bytes")?;
+    expect_errno(
+        dev.pin(base.wrapping_add(1), 4096),
+        libc::EINVAL,
+        "pin of an unaligned address",
+    )?;
+    expect_errno(dev.pin(base, 4095), libc::EINVAL, "pin of a partial page")?;
+    expect_errno(
+        dev.pin(std::ptr::null(), 4096),
+        libc::EFAULT,
+        "pin of unmapped memory",
+    )?;
+    dev.pin(base, len).ctx("pin")?;
+    expect_errno(
+        dev.pin(base.wrapping_add(len - 4096), 8192),
+        libc::EEXIST,
+        "pin overlapping a pinned range",
+    )?;
+
+    // Inside the range, at odd offsets both ways.
+    for (off, n) in [(0usize, len), (4096 + 3, 123_457), (len - 10, 10)] {
+        let what = format!("pinned copy of {n} bytes at +{off}");
+        let src = host.bytes()[off..off + n].to_vec();
+        dev.copy_to_device(&buf, 0, &host.bytes()[off..off + n])
+            .ctx(&what)?;
+        host.bytes()[off..off + n].fill(0);
+        dev.copy_from_device(&buf, 0, &mut host.bytes()[off..off + n])
+            .ctx(&what)?;
+        same(&host.bytes()[off..off + n], &src, &what)?;
+    }
+    // Reaching past the pinned range: pinned for the copy alone.
+    let tail = 8192 + 100;
+    let src = host.bytes()[len - 100..len - 100 + tail].to_vec();
+    dev.copy_to_device(&buf, 0, &src)
+        .ctx("copy past the range")?;
+    let mut back = vec![0u8; tail];
+    dev.copy_from_device(&buf, 0, &mut back)
+        .ctx("copy past the range")?;
+    same(&back, &src, "copy past the range")?;
+
+    expect_errno(
+        dev.unpin(base.wrapping_add(4096)),
+        libc::ENOENT,
+        "unpin of an address PIN was not given",
+    )?;
+    dev.unpin(base).ctx("unpin")?;
+    expect_errno(dev.unpin(base), libc::ENOENT, "second unpin")?;
+    let src = host.bytes()[..MIB as usize].to_vec();
+    dev.copy_to_device(&buf, 0, &src).ctx("copy after unpin")?;
+    let mut back = vec![0u8; MIB as usize];
+    dev.copy_from_device(&buf, 0, &mut back)
+        .ctx("copy after unpin")?;
+    same(&back, &src, "copy after unpin")?;
+
+    // Left pinned at close: the driver releases it with the file.
+    dev.pin(base, len).ctx("pin again")?;
+    drop(dev);
+    Ok(format!(
+        "{} MiB pinned once, copies in and past it",
+        len >> 20
+    ))
+}

@@ -33,6 +33,7 @@ pub fn all() -> Vec<Case> {
         case!("copy-unaligned", true, memory::copy_unaligned),
         case!("copy-large", false, memory::copy_large),
         case!("copy-device", false, memory::copy_device),
+        case!("copy-pinned", true, memory::pinned),
         case!("fill", false, memory::fill),
         case!("kernel-fill_u32", false, kernels::kernel_fill),
         case!("kernel-copy", false, kernels::kernel_copy),
