@@ -628,18 +628,13 @@ static long vgpu_ioctl_unpin(struct vgpu_file *vf, void __user *arg)
 void vgpu_unpin_all(struct vgpu_file *vf)
 {
 	struct vgpu_pinned *p, *tmp;
-	LIST_HEAD(gone);
 
 	mutex_lock(&vf->pin_lock);
 	list_for_each_entry_safe(p, tmp, &vf->pinned, link) {
 		vgpu_unpin_locked(vf, p);
-		list_add(&p->link, &gone);
-	}
-	mutex_unlock(&vf->pin_lock);
-	list_for_each_entry_safe(p, tmp, &gone, link) {
-		list_del(&p->link);
 		vgpu_pinned_put(p);
 	}
+	mutex_unlock(&vf->pin_lock);
 }
 
 static u32 vgpu_copy_kind(u32 kind)

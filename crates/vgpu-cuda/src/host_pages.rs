@@ -22,7 +22,8 @@ const HUGE_PAGE: usize = 2 << 20;
 /// (as few pieces either way), page-aligned as pinned memory is.
 const OWN_MAPPING_MIN: usize = HUGE_PAGE;
 
-const PAGE: usize = 4096;
+/// The page size, the unit the kernel driver pins.
+pub(crate) const PAGE: usize = 4096;
 
 fn heap_layout(size: usize) -> Option<std::alloc::Layout> {
     std::alloc::Layout::from_size_align(size.max(1), PAGE).ok()

@@ -142,12 +142,12 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 /// Smallest host range worth pinning once for the device: below it the
 /// driver's per-copy pinning costs little.
 const PIN_MIN: usize = 64 << 10;
-const PAGE: usize = 4096;
 
 /// Pins the whole pages of `[p, p + size)` with the current device's
 /// kernel driver, so its copies skip pinning them each time; `None` when
 /// too small or refused (copies then pin as they go, as before).
 fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
+    const PAGE: usize = host_pages::PAGE;
     let first = p.checked_add(PAGE - 1)? & !(PAGE - 1);
     let end = p.checked_add(size)? & !(PAGE - 1);
     if end <= first || end - first < PIN_MIN {
@@ -166,8 +166,9 @@ fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
     }
 }
 
-fn unpin_pages(d: &Driver, h: &HostMem) {
-    if let Some((dev, first)) = h.pinned {
+/// Undoes what [`pin_pages`] gave.
+fn unpin_pages(d: &Driver, pinned: Option<(CUdevice, usize)>) {
+    if let Some((dev, first)) = pinned {
         if let Ok(g) = d.gpu(dev) {
             let _ = g.dev.unpin(first as *const u8);
         }
@@ -223,7 +224,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         }
         .ok_or(cu::ERROR_INVALID_VALUE)?;
         // Unpinned before it is unmapped: a pinned range must stay mapped.
-        unpin_pages(d, &h);
+        unpin_pages(d, h.pinned);
         // SAFETY: `p` was allocated by `host_pages::alloc` with this size
         // and is removed from the table, so it is freed once.
         unsafe { host_pages::free(p.cast(), h.size) };
@@ -246,19 +247,34 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
         if p.is_null() || size == 0 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        if d.objects().host_at(p as usize, 1).is_some() {
-            return Err(cu::ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        {
+            let mut o = d.objects();
+            if o.host_at(p as usize, 1).is_some() {
+                return Err(cu::ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+            }
+            o.host.insert(
+                p as usize,
+                HostMem {
+                    size,
+                    ctx,
+                    owned: false,
+                    pinned: None,
+                },
+            );
         }
+        // Pinned outside the table's lock (it may take long); recorded
+        // only if the registration is still there, else undone.
         let pinned = pin_pages(d, p as usize, size);
-        d.objects().host.insert(
-            p as usize,
-            HostMem {
-                size,
-                ctx,
-                owned: false,
-                pinned,
-            },
-        );
+        if pinned.is_some() {
+            let mut o = d.objects();
+            match o.host.get_mut(&(p as usize)) {
+                Some(h) if !h.owned && h.pinned.is_none() => h.pinned = pinned,
+                _ => {
+                    drop(o);
+                    unpin_pages(d, pinned);
+                }
+            }
+        }
         Ok(())
     })
 }
@@ -275,7 +291,7 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
             }
         }
         .ok_or(cu::ERROR_HOST_MEMORY_NOT_REGISTERED)?;
-        unpin_pages(d, &h);
+        unpin_pages(d, h.pinned);
         Ok(())
     })
 }
