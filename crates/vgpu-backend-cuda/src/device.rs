@@ -247,6 +247,8 @@ pub(crate) struct InContext {
     pub(crate) start: Event,
     pub(crate) end: Event,
     pub(crate) staged: [Event; 2],
+    /// Timing events of queued steps, made as runs need them.
+    pub(crate) marks: Vec<Event>,
     pub(crate) stream: Stream,
 }
 
@@ -298,6 +300,7 @@ impl InContext {
             start,
             end,
             staged: [staged0, staged1],
+            marks: Vec::new(),
             stream,
         })
     }

@@ -12,11 +12,11 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
-    self, align_up, Allocations, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
+    self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
     BackendError, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec,
+    PartitionSpec, Queued, QueuedDone, MAX_QUEUED_STEPS,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -308,59 +308,75 @@ impl CudaPartition {
     }
 
     fn launch_loaded(&mut self, l: &Launch<'_>) -> Result<Duration, OpError> {
-        let module = l.module;
-        let entry = l.entry;
         let optin = self.shared.max_shared_optin;
         self.run(|dev| {
-            let m = dev.res.module_mut(module)?;
-            let k = m.kernel(entry, optin)?;
-            let limits = KernelLimits::of(&k.info);
-            rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
-            if l.shared_mem > k.dynamic_shared {
-                // Kernels that need more than the default 48 KiB opt in
-                // (cudaFuncSetAttribute in the guest); the check above
-                // keeps it within what the device allows.
-                driver::set_function_attribute(
-                    k.f,
-                    driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    l.shared_mem as i32,
-                )
-                .at("raising a kernel's dynamic shared memory")?;
-                k.dynamic_shared = l.shared_mem;
-            }
-            let blocks: u32 = l.cluster.iter().product();
-            if blocks > 8 && !k.non_portable_clusters {
-                // Clusters past the portable 8 blocks need the kernel's
-                // consent (cudaFuncSetAttribute in the guest).
-                driver::set_function_attribute(
-                    k.f,
-                    driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                    1,
-                )
-                .at("allowing non-portable cluster sizes")?;
-                k.non_portable_clusters = true;
-            }
-            let f = k.f;
-            dev.timed(entry, |s| {
-                // SAFETY: the parameter block has the size of the kernel's
-                // parameter list (checked above). Pointers in it are the
-                // guest's and are used on the GPU only: loaded modules
-                // exist only where the operator allowed guest PTX
-                // (set_guest_ptx), and an unmapped address faults the GPU
-                // context, not this process.
-                unsafe {
-                    driver::launch_packed(
-                        f,
-                        [l.grid, l.block],
-                        l.cluster,
-                        l.shared_mem,
-                        &s.res.stream,
-                        l.params,
-                    )
-                }
-                .map_err(|e| Fail::Refused(format!("launching {entry}"), e))
-            })
+            let f = prepare_loaded(dev, l, optin)?;
+            dev.timed(l.entry, |s| enqueue_loaded(s, f, l))
         })
+    }
+
+    /// [`Partition::run_queued`]: the steps go onto the stream back to
+    /// back, an event after each, and one wait for the last; the events
+    /// give each step's end on the device's clock.
+    fn queue_steps(&mut self, steps: &[Queued<'_>]) -> Result<Vec<QueuedDone>, OpError> {
+        // Built-in launches are planned against the allocation table
+        // before the context is entered.
+        let mut plans: Vec<Option<Result<Builtin, OpError>>> = steps
+            .iter()
+            .map(|s| match s {
+                Queued::Launch(l) if l.module == abi::MODULE_BUILTIN => Some(
+                    rules::plan_builtin_launch(l, &self.allocs, FloatOperands::Aligned),
+                ),
+                _ => None,
+            })
+            .collect();
+        let available = self.available();
+        let optin = self.shared.max_shared_optin;
+        let (ran, ends) = self.run(|dev| {
+            while dev.res.marks.len() <= steps.len() {
+                let e = driver::Event::create(true).at("creating an event")?;
+                dev.res.marks.push(e);
+            }
+            driver::event_record(&dev.res.marks[0], &dev.res.stream).at("queued work")?;
+            let mut ran = Vec::with_capacity(steps.len());
+            for (i, (s, plan)) in steps.iter().zip(&mut plans).enumerate() {
+                let r = match (s, plan.take()) {
+                    (Queued::Timestamp, _) => Ok(()),
+                    (Queued::Launch(_), Some(Ok(call))) => {
+                        dev.run_builtin(call, available).map(|_| ())
+                    }
+                    (Queued::Launch(_), Some(Err(e))) => Err(Fail::Op(e)),
+                    (Queued::Launch(l), None) => {
+                        prepare_loaded(dev, l, optin).and_then(|f| enqueue_loaded(dev, f, l))
+                    }
+                };
+                ran.push(r);
+                driver::event_record(&dev.res.marks[i + 1], &dev.res.stream).at("queued work")?;
+            }
+            let marks = &dev.res.marks;
+            driver::event_sync(&marks[steps.len()])
+                .map_err(|e| Fail::Cuda("queued work: device work".into(), e))?;
+            let ends = (1..=steps.len())
+                .map(|i| driver::event_elapsed(&marks[0], &marks[i]))
+                .collect::<Result<Vec<_>, _>>()
+                .at("timing queued work")?;
+            Ok((ran, ends))
+        })?;
+        self.last_device_time = ends.last().copied();
+        let mut end_ns = 0;
+        Ok(ran
+            .into_iter()
+            .zip(ends)
+            .map(|(r, end)| {
+                // Events of one stream complete in order; the clamp only
+                // guards against the timer's rounding.
+                end_ns = (end.as_nanos() as u64).max(end_ns);
+                QueuedDone {
+                    result: r.map_err(|f| self.failed(f)),
+                    end_ns,
+                }
+            })
+            .collect())
     }
 
     /// Moves `len` bytes at device address `addr`, timed as `what`:
@@ -391,6 +407,66 @@ impl CudaPartition {
         self.last_device_time = Some(t);
         Ok(())
     }
+}
+
+/// Looks up `l`'s kernel, checks the launch against it and raises the
+/// kernel's attributes as the launch needs; returns the kernel.
+fn prepare_loaded(
+    dev: &mut DeviceState,
+    l: &Launch<'_>,
+    optin: u32,
+) -> Result<driver::CUfunction, Fail> {
+    let entry = l.entry;
+    let m = dev.res.module_mut(l.module)?;
+    let k = m.kernel(entry, optin)?;
+    let limits = KernelLimits::of(&k.info);
+    rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
+    if l.shared_mem > k.dynamic_shared {
+        // Kernels that need more than the default 48 KiB opt in
+        // (cudaFuncSetAttribute in the guest); the check above keeps it
+        // within what the device allows.
+        driver::set_function_attribute(
+            k.f,
+            driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            l.shared_mem as i32,
+        )
+        .at("raising a kernel's dynamic shared memory")?;
+        k.dynamic_shared = l.shared_mem;
+    }
+    let blocks: u32 = l.cluster.iter().product();
+    if blocks > 8 && !k.non_portable_clusters {
+        // Clusters past the portable 8 blocks need the kernel's consent
+        // (cudaFuncSetAttribute in the guest).
+        driver::set_function_attribute(
+            k.f,
+            driver::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+            1,
+        )
+        .at("allowing non-portable cluster sizes")?;
+        k.non_portable_clusters = true;
+    }
+    Ok(k.f)
+}
+
+/// Queues launch `l` of kernel `f` (from [`prepare_loaded`]) on the
+/// partition's stream.
+fn enqueue_loaded(dev: &DeviceState, f: driver::CUfunction, l: &Launch<'_>) -> Result<(), Fail> {
+    // SAFETY: `prepare_loaded` checked that the parameter block has the
+    // size of the kernel's parameter list. Pointers in it are the guest's
+    // and are used on the GPU only: loaded modules exist only where the
+    // operator allowed guest PTX (set_guest_ptx), and an unmapped address
+    // faults the GPU context, not this process.
+    unsafe {
+        driver::launch_packed(
+            f,
+            [l.grid, l.block],
+            l.cluster,
+            l.shared_mem,
+            &dev.res.stream,
+            l.params,
+        )
+    }
+    .map_err(|e| Fail::Refused(format!("launching {}", l.entry), e))
 }
 
 impl Drop for CudaPartition {
@@ -646,6 +722,25 @@ impl Partition for CudaPartition {
                 .ok_or_else(|| Fail::Op(not_found()))?;
             m.module.unload().at("cuModuleUnload")
         })
+    }
+
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        self.last_device_time = None;
+        let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
+        let mut done = if now.is_empty() {
+            Vec::new()
+        } else {
+            self.queue_steps(now).unwrap_or_else(|e| {
+                now.iter()
+                    .map(|_| QueuedDone {
+                        result: Err(e.clone()),
+                        end_ns: 0,
+                    })
+                    .collect()
+            })
+        };
+        vgpu_backend::refuse_past_limit(&mut done, steps.len());
+        done
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

@@ -475,6 +475,7 @@ impl Host<'_> {
                 .global_info(module, name)
                 .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
+            Request::Queued(steps) => Ok(Value::Queued(p.run_queued(&steps))),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }
     }

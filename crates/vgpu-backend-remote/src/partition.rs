@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use log::info;
 use vgpu_backend::{
     Capacity, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, SliceFn,
+    PartitionSpec, Queued, QueuedDone, SliceFn, MAX_QUEUED_STEPS,
 };
 use vgpu_sys::{error_limited, warn_limited};
 
@@ -604,6 +604,26 @@ impl RemotePartition {
         }
     }
 
+    /// Runs `steps` on the host; checks that it answered each, in
+    /// order of completion.
+    fn call_queued(&mut self, steps: Vec<Queued<'_>>) -> Result<Vec<QueuedDone>, OpError> {
+        let n = steps.len();
+        match self.call(&Request::Queued(steps), Xfer::None)? {
+            Value::Queued(done)
+                if done.len() == n && done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns) =>
+            {
+                if done
+                    .iter()
+                    .any(|d| d.result.as_ref().is_err_and(OpError::is_lost))
+                {
+                    self.lost = true;
+                }
+                Ok(done)
+            }
+            v => Err(self.fail(format!("unexpected result of {n} queued steps: {v:?}"))),
+        }
+    }
+
     fn call_u64(&mut self, req: &Request<'_>) -> Result<u64, OpError> {
         match self.call(req, Xfer::None)? {
             Value::U64(x) => Ok(x),
@@ -666,6 +686,20 @@ impl RemotePartition {
     }
 }
 
+/// Refuses a launch the protocol cannot carry.
+fn check_launch(launch: &Launch<'_>) -> Result<(), OpError> {
+    if launch.params.len() > vgpu_abi::MAX_PARAMS_SIZE as usize
+        || launch.entry.len() > proto::MAX_ENTRY
+    {
+        return Err(OpError::Invalid(format!(
+            "{}: parameter block of {} bytes or entry name too long",
+            launch.entry,
+            launch.params.len()
+        )));
+    }
+    Ok(())
+}
+
 impl Partition for RemotePartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
@@ -724,16 +758,49 @@ impl Partition for RemotePartition {
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        if launch.params.len() > vgpu_abi::MAX_PARAMS_SIZE as usize
-            || launch.entry.len() > proto::MAX_ENTRY
-        {
-            return Err(OpError::Invalid(format!(
-                "{}: parameter block of {} bytes or entry name too long",
-                launch.entry,
-                launch.params.len()
-            )));
-        }
+        check_launch(launch)?;
         self.call_none(&Request::Launch(launch.clone()))
+    }
+
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        // Steps the protocol cannot carry fail here; the others go to the
+        // host in one request, so its device sees them back to back.
+        let mut local: Vec<Option<OpError>> = Vec::with_capacity(steps.len());
+        let mut sent = Vec::with_capacity(steps.len());
+        for s in steps.iter().take(MAX_QUEUED_STEPS) {
+            let refused = match s {
+                Queued::Launch(l) => check_launch(l).err(),
+                Queued::Timestamp => None,
+            };
+            if refused.is_none() {
+                sent.push(s.clone());
+            }
+            local.push(refused);
+        }
+        let mut remote = if sent.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.call_queued(sent)
+        };
+        let mut out = Vec::with_capacity(steps.len());
+        let mut end_ns = 0;
+        let mut from_host = remote.as_mut().map(|v| v.drain(..));
+        for refused in local {
+            let result = match (refused, &mut from_host) {
+                (Some(e), _) => Err(e),
+                (None, Ok(done)) => match done.next() {
+                    Some(d) => {
+                        end_ns = d.end_ns;
+                        d.result
+                    }
+                    None => Err(OpError::Device("missing step result".into())),
+                },
+                (None, Err(e)) => Err(e.clone()),
+            };
+            out.push(QueuedDone { result, end_ns });
+        }
+        vgpu_backend::refuse_past_limit(&mut out, steps.len());
+        out
     }
 
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {

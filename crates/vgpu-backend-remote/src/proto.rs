@@ -41,7 +41,7 @@
 //! and move no bytes through the staging area.
 
 use vgpu_abi as abi;
-use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError};
+use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError, Queued, QueuedDone, MAX_QUEUED_STEPS};
 
 /// `"VGPH"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
@@ -61,9 +61,18 @@ pub const MAX_TEXT: usize = 1024;
 /// Largest request payload: a module image of the ABI's largest size plus
 /// its fixed fields.
 pub const MAX_REQUEST: u32 = abi::MAX_MODULE_SIZE as u32 + 64;
-/// Largest payload the host may send (replies and callbacks are small;
-/// the largest is a kernel's description).
-pub const MAX_REPLY: u32 = 64 + abi::MAX_FUNC_PARAMS * 8 + MAX_TEXT as u32;
+/// Largest payload the host may send: replies and callbacks are small,
+/// the largest being a kernel's description or the results of queued
+/// steps that all failed with a message.
+pub const MAX_REPLY: u32 = {
+    let function = 64 + abi::MAX_FUNC_PARAMS * 8 + MAX_TEXT as u32;
+    let queued = 16 + MAX_QUEUED_STEPS as u32 * (11 + MAX_TEXT as u32);
+    if function > queued {
+        function
+    } else {
+        queued
+    }
+};
 /// Most pieces of one transfer through forwarded mappings; more take the
 /// staging area. A request of this many fits a mailbox slot.
 pub const MAX_PIECES: usize = 256;
@@ -112,6 +121,8 @@ pub enum Kind {
     FunctionInfo = 18,
     /// `Partition::global_info`.
     GlobalInfo = 19,
+    /// `Partition::run_queued`, launch parameters inline.
+    Queued = 20,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -144,6 +155,7 @@ impl Kind {
             17 => DownloadMapped,
             18 => FunctionInfo,
             19 => GlobalInfo,
+            20 => Queued,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -405,6 +417,8 @@ pub enum Request<'a> {
     },
     /// [`Kind::Launch`].
     Launch(Launch<'a>),
+    /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
+    Queued(Vec<Queued<'a>>),
     /// [`Kind::FunctionInfo`].
     FunctionInfo {
         /// Module handle.
@@ -510,6 +524,42 @@ fn decode_pieces(r: &mut Reader<'_>) -> Result<Vec<MappedPiece>, ProtoError> {
     Ok(v)
 }
 
+const STEP_TIMESTAMP: u8 = 0;
+const STEP_LAUNCH: u8 = 1;
+
+fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
+    w.u64(l.module);
+    for v in l.grid.iter().chain(&l.block) {
+        w.u32(*v);
+    }
+    w.u32(l.shared_mem);
+    for v in &l.cluster {
+        w.u32(*v);
+    }
+    w.text(l.entry, MAX_ENTRY).blob(l.params);
+}
+
+fn decode_launch<'a>(r: &mut Reader<'a>) -> Result<Launch<'a>, ProtoError> {
+    let module = r.u64()?;
+    let mut dims = [0u32; 6];
+    for d in &mut dims {
+        *d = r.u32()?;
+    }
+    let shared_mem = r.u32()?;
+    let cluster = [r.u32()?, r.u32()?, r.u32()?];
+    let entry = r.text(MAX_ENTRY)?;
+    let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
+    Ok(Launch {
+        cluster,
+        module,
+        entry,
+        grid: [dims[0], dims[1], dims[2]],
+        block: [dims[3], dims[4], dims[5]],
+        shared_mem,
+        params,
+    })
+}
+
 impl Request<'_> {
     /// Its kind.
     pub fn kind(&self) -> Kind {
@@ -525,6 +575,7 @@ impl Request<'_> {
             Request::ModuleLoad { .. } => Kind::ModuleLoad,
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
+            Request::Queued(_) => Kind::Queued,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Reset => Kind::Reset,
@@ -602,16 +653,20 @@ impl Request<'_> {
             | Request::GlobalInfo { module, name } => {
                 w.u64(*module).text(name, MAX_ENTRY);
             }
-            Request::Launch(l) => {
-                w.u64(l.module);
-                for v in l.grid.iter().chain(&l.block) {
-                    w.u32(*v);
+            Request::Launch(l) => encode_launch(&mut w, l),
+            Request::Queued(steps) => {
+                w.u32(steps.len() as u32);
+                for s in steps {
+                    match s {
+                        Queued::Timestamp => {
+                            w.u8(STEP_TIMESTAMP);
+                        }
+                        Queued::Launch(l) => {
+                            w.u8(STEP_LAUNCH);
+                            encode_launch(&mut w, l);
+                        }
+                    }
                 }
-                w.u32(l.shared_mem);
-                for v in &l.cluster {
-                    w.u32(*v);
-                }
-                w.text(l.entry, MAX_ENTRY).blob(l.params);
             }
         }
         w.0
@@ -704,25 +759,21 @@ impl Request<'_> {
                 module: r.u64()?,
                 name: r.text(MAX_ENTRY)?,
             },
-            Kind::Launch => {
-                let module = r.u64()?;
-                let mut dims = [0u32; 6];
-                for d in &mut dims {
-                    *d = r.u32()?;
+            Kind::Launch => Request::Launch(decode_launch(&mut r)?),
+            Kind::Queued => {
+                let n = r.u32()? as usize;
+                if n == 0 || n > MAX_QUEUED_STEPS {
+                    return Err(ProtoError::Malformed("step count"));
                 }
-                let shared_mem = r.u32()?;
-                let cluster = [r.u32()?, r.u32()?, r.u32()?];
-                let entry = r.text(MAX_ENTRY)?;
-                let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
-                Request::Launch(Launch {
-                    cluster,
-                    module,
-                    entry,
-                    grid: [dims[0], dims[1], dims[2]],
-                    block: [dims[3], dims[4], dims[5]],
-                    shared_mem,
-                    params,
-                })
+                let mut steps = Vec::with_capacity(n);
+                for _ in 0..n {
+                    steps.push(match r.u8()? {
+                        STEP_TIMESTAMP => Queued::Timestamp,
+                        STEP_LAUNCH => Queued::Launch(decode_launch(&mut r)?),
+                        _ => return Err(ProtoError::Malformed("step kind")),
+                    });
+                }
+                Request::Queued(steps)
             }
             Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind)),
         };
@@ -755,6 +806,8 @@ pub enum Value {
         /// Replace the host.
         respawn: bool,
     },
+    /// [`Kind::Queued`]: one result per step.
+    Queued(Vec<QueuedDone>),
     /// [`Kind::Download`]: the last piece left in the staging area.
     Download {
         /// Offset in the transfer.
@@ -785,24 +838,74 @@ const ERR_DEVICE: u8 = 7;
 const ERR_LOST: u8 = 8;
 const ERR_KERNEL_FAULT: u8 = 9;
 
+fn error_status(e: &OpError) -> u8 {
+    match e {
+        OpError::Invalid(_) => ERR_INVALID,
+        OpError::NoMemory { .. } => ERR_NO_MEMORY,
+        OpError::Unsupported(_) => ERR_UNSUPPORTED,
+        OpError::NotFound(_) => ERR_NOT_FOUND,
+        OpError::OutOfRange { .. } => ERR_OUT_OF_RANGE,
+        OpError::Fault(_) => ERR_FAULT,
+        OpError::Device(_) => ERR_DEVICE,
+        OpError::Lost(_) => ERR_LOST,
+        OpError::KernelFault(_) => ERR_KERNEL_FAULT,
+    }
+}
+
+/// The fields of `e` after its status byte.
+fn encode_error(w: &mut Writer, e: &OpError) {
+    match e {
+        OpError::Invalid(s)
+        | OpError::Unsupported(s)
+        | OpError::NotFound(s)
+        | OpError::Device(s)
+        | OpError::Lost(s)
+        | OpError::KernelFault(s) => {
+            w.text(s, MAX_TEXT);
+        }
+        OpError::NoMemory {
+            requested,
+            available,
+        } => {
+            w.u64(*requested).u64(*available);
+        }
+        OpError::OutOfRange { addr, len } => {
+            w.u64(*addr).u64(*len);
+        }
+        OpError::Fault(off) => {
+            w.u64(*off);
+        }
+    }
+}
+
+/// The error of (non-zero) `status`, its fields read from `r`.
+fn decode_error(status: u8, r: &mut Reader<'_>) -> Result<OpError, ProtoError> {
+    let text = |r: &mut Reader<'_>| r.text(MAX_TEXT).map(str::to_string);
+    Ok(match status {
+        ERR_INVALID => OpError::Invalid(text(r)?),
+        ERR_UNSUPPORTED => OpError::Unsupported(text(r)?),
+        ERR_NOT_FOUND => OpError::NotFound(text(r)?),
+        ERR_DEVICE => OpError::Device(text(r)?),
+        ERR_LOST => OpError::Lost(text(r)?),
+        ERR_KERNEL_FAULT => OpError::KernelFault(text(r)?),
+        ERR_NO_MEMORY => OpError::NoMemory {
+            requested: r.u64()?,
+            available: r.u64()?,
+        },
+        ERR_OUT_OF_RANGE => OpError::OutOfRange {
+            addr: r.u64()?,
+            len: r.u64()?,
+        },
+        ERR_FAULT => OpError::Fault(r.u64()?),
+        _ => return Err(ProtoError::Malformed("unknown status")),
+    })
+}
+
 impl Reply {
     /// The payload of this reply to a request of `kind`.
     pub fn encode(&self, kind: Kind) -> Vec<u8> {
         let mut w = Writer::default();
-        let status = match &self.result {
-            Ok(_) => 0,
-            Err(e) => match e {
-                OpError::Invalid(_) => ERR_INVALID,
-                OpError::NoMemory { .. } => ERR_NO_MEMORY,
-                OpError::Unsupported(_) => ERR_UNSUPPORTED,
-                OpError::NotFound(_) => ERR_NOT_FOUND,
-                OpError::OutOfRange { .. } => ERR_OUT_OF_RANGE,
-                OpError::Fault(_) => ERR_FAULT,
-                OpError::Device(_) => ERR_DEVICE,
-                OpError::Lost(_) => ERR_LOST,
-                OpError::KernelFault(_) => ERR_KERNEL_FAULT,
-            },
-        };
+        let status = self.result.as_ref().err().map_or(0, error_status);
         w.u8(status).u64(self.memory_used);
         match &self.result {
             Ok(v) => match (kind, v) {
@@ -843,30 +946,19 @@ impl Reply {
                 (Kind::Download, Value::Download { offset, len, at }) => {
                     w.u64(*offset).u64(*len).u64(*at);
                 }
+                (Kind::Queued, Value::Queued(done)) => {
+                    w.u32(done.len() as u32);
+                    for d in done {
+                        w.u8(d.result.as_ref().err().map_or(0, error_status))
+                            .u64(d.end_ns);
+                        if let Err(e) = &d.result {
+                            encode_error(&mut w, e);
+                        }
+                    }
+                }
                 _ => {}
             },
-            Err(e) => match e {
-                OpError::Invalid(s)
-                | OpError::Unsupported(s)
-                | OpError::NotFound(s)
-                | OpError::Device(s)
-                | OpError::Lost(s)
-                | OpError::KernelFault(s) => {
-                    w.text(s, MAX_TEXT);
-                }
-                OpError::NoMemory {
-                    requested,
-                    available,
-                } => {
-                    w.u64(*requested).u64(*available);
-                }
-                OpError::OutOfRange { addr, len } => {
-                    w.u64(*addr).u64(*len);
-                }
-                OpError::Fault(off) => {
-                    w.u64(*off);
-                }
-            },
+            Err(e) => encode_error(&mut w, e),
         }
         w.0
     }
@@ -877,7 +969,6 @@ impl Reply {
         let mut r = Reader::new(payload);
         let status = r.u8()?;
         let memory_used = r.u64()?;
-        let text = |r: &mut Reader<'_>| r.text(MAX_TEXT).map(str::to_string);
         let result = match status {
             0 => Ok(match kind {
                 Kind::Hello => {
@@ -905,6 +996,23 @@ impl Reply {
                     at: r.u64()?,
                 },
                 Kind::GlobalInfo => Value::Global(r.u64()?, r.u64()?),
+                Kind::Queued => {
+                    let n = r.u32()? as usize;
+                    if n > MAX_QUEUED_STEPS {
+                        return Err(ProtoError::Malformed("step count"));
+                    }
+                    let mut done = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let status = r.u8()?;
+                        let end_ns = r.u64()?;
+                        let result = match status {
+                            0 => Ok(()),
+                            s => Err(decode_error(s, &mut r)?),
+                        };
+                        done.push(QueuedDone { result, end_ns });
+                    }
+                    Value::Queued(done)
+                }
                 Kind::FunctionInfo => {
                     let mut v = [0u32; 8];
                     for x in &mut v {
@@ -934,22 +1042,7 @@ impl Reply {
                 Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind as u16)),
                 _ => Value::None,
             }),
-            ERR_INVALID => Err(OpError::Invalid(text(&mut r)?)),
-            ERR_UNSUPPORTED => Err(OpError::Unsupported(text(&mut r)?)),
-            ERR_NOT_FOUND => Err(OpError::NotFound(text(&mut r)?)),
-            ERR_DEVICE => Err(OpError::Device(text(&mut r)?)),
-            ERR_LOST => Err(OpError::Lost(text(&mut r)?)),
-            ERR_KERNEL_FAULT => Err(OpError::KernelFault(text(&mut r)?)),
-            ERR_NO_MEMORY => Err(OpError::NoMemory {
-                requested: r.u64()?,
-                available: r.u64()?,
-            }),
-            ERR_OUT_OF_RANGE => Err(OpError::OutOfRange {
-                addr: r.u64()?,
-                len: r.u64()?,
-            }),
-            ERR_FAULT => Err(OpError::Fault(r.u64()?)),
-            _ => return Err(ProtoError::Malformed("unknown status")),
+            s => Err(decode_error(s, &mut r)?),
         };
         r.finish()?;
         Ok(Reply {
@@ -1110,6 +1203,19 @@ mod tests {
                 cluster: [2, 1, 1],
                 params: &params,
             }),
+            Request::Queued(vec![
+                Queued::Timestamp,
+                Queued::Launch(Launch {
+                    module: 3,
+                    entry: "vector_add",
+                    grid: [9, 1, 1],
+                    block: [256, 1, 1],
+                    shared_mem: 0,
+                    cluster: [1, 1, 1],
+                    params: &params,
+                }),
+                Queued::Timestamp,
+            ]),
             Request::Reset,
             Request::Control,
             Request::Map(Map {
@@ -1200,6 +1306,28 @@ mod tests {
             Reply::decode(Kind::FunctionInfo, &w.0),
             Err(ProtoError::Malformed("too many parameters"))
         );
+        // Queued runs of no steps, of more than allowed (refused before
+        // reading them), or with a step of no known kind.
+        for n in [0, MAX_QUEUED_STEPS as u32 + 1, u32::MAX] {
+            let mut w = Writer::default();
+            w.u32(n);
+            assert_eq!(
+                Request::decode(Kind::Queued as u16, &w.0),
+                Err(ProtoError::Malformed("step count"))
+            );
+        }
+        let mut w = Writer::default();
+        w.u32(1).u8(7);
+        assert_eq!(
+            Request::decode(Kind::Queued as u16, &w.0),
+            Err(ProtoError::Malformed("step kind"))
+        );
+        let mut w = Writer::default();
+        w.u8(0).u64(0).u32(MAX_QUEUED_STEPS as u32 + 1);
+        assert_eq!(
+            Reply::decode(Kind::Queued, &w.0),
+            Err(ProtoError::Malformed("step count"))
+        );
         // Protection bits beyond read and write.
         let mut w = Writer::default();
         w.u64(1).u64(0).u64(4096).u8(4);
@@ -1249,6 +1377,24 @@ mod tests {
                 ))),
             ),
             (Kind::GlobalInfo, Ok(Value::Global(0x7f00_0000_1000, 4096))),
+            (
+                Kind::Queued,
+                Ok(Value::Queued(vec![
+                    QueuedDone {
+                        result: Ok(()),
+                        end_ns: 1_500,
+                    },
+                    QueuedDone {
+                        result: Err(OpError::OutOfRange { addr: 1, len: 2 }),
+                        end_ns: 1_500,
+                    },
+                    QueuedDone {
+                        result: Err(OpError::KernelFault("illegal address".into())),
+                        end_ns: 9_000,
+                    },
+                ])),
+            ),
+            (Kind::Queued, Ok(Value::Queued(Vec::new()))),
             (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
             (
                 Kind::Alloc,

@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use vgpu_abi::{self as abi, ByteValued};
 
 use crate::rules::DEFAULT_ALIGN;
-use crate::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use crate::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued};
 
 /// Makes a fresh partition for `spec`.
 pub type Make<'a> = &'a dyn Fn(&PartitionSpec) -> Box<dyn Partition>;
@@ -44,6 +44,7 @@ pub fn run_all(make: Make<'_>) {
     kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe(make);
     kernel_reduce_sum(make);
     kernels_reject_out_of_range_pointers_before_writing(make);
+    queued_steps_run_in_order(make);
 }
 
 /// A deterministic source of test data (xorshift).
@@ -537,6 +538,73 @@ pub fn launch_validation(make: Make<'_>) {
     assert!(download(p, a, 64)
         .chunks_exact(4)
         .all(|w| w == [9, 0, 0, 0]));
+}
+
+/// A queued run: launches take effect in order (a copy sees the fill
+/// before it), a refused launch fails alone, timestamps and ends never
+/// go back, and a run past [`crate::MAX_QUEUED_STEPS`] refuses only the
+/// steps beyond it.
+pub fn queued_steps_run_in_order(make: Make<'_>) {
+    let mut boxed = make(&spec("queued", MIB, 2));
+    let p = &mut *boxed;
+    assert!(p.run_queued(&[]).is_empty());
+    let (a, b, c) = (
+        p.alloc(4096, 0).unwrap(),
+        p.alloc(4096, 0).unwrap(),
+        p.alloc(4096, 0).unwrap(),
+    );
+    let fill = |dst, value| abi::FillParams {
+        dst,
+        count: 1024,
+        value,
+        reserved: 0,
+    };
+    let fill_a = fill(a, 0x1357_9bdf);
+    let fill_c = fill(c, 0x2468_ace0);
+    let copy_ab = abi::CopyParams {
+        dst: b,
+        src: a,
+        bytes: 4096,
+    };
+    let overlap = abi::CopyParams {
+        dst: a + 4,
+        src: a,
+        bytes: 64,
+    };
+    let steps = [
+        Queued::Timestamp,
+        Queued::Launch(builtin_launch("fill_u32", fill_a.as_slice())),
+        Queued::Launch(builtin_launch("copy", copy_ab.as_slice())),
+        Queued::Timestamp,
+        Queued::Launch(builtin_launch("copy", overlap.as_slice())),
+        Queued::Launch(builtin_launch("fill_u32", fill_c.as_slice())),
+        Queued::Timestamp,
+    ];
+    let done = p.run_queued(&steps);
+    assert_eq!(done.len(), steps.len());
+    for (i, d) in done.iter().enumerate() {
+        if i == 4 {
+            assert!(matches!(d.result, Err(OpError::Invalid(_))), "{d:?}");
+        } else {
+            assert_eq!(d.result, Ok(()), "step {i}");
+        }
+    }
+    assert!(
+        done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns),
+        "{done:?}"
+    );
+    let words = |v: u32| v.to_le_bytes().repeat(1024);
+    assert_eq!(download(p, b, 4096), words(0x1357_9bdf));
+    assert_eq!(download(p, c, 4096), words(0x2468_ace0));
+    let many = vec![Queued::Timestamp; crate::MAX_QUEUED_STEPS + 2];
+    let done = p.run_queued(&many);
+    assert_eq!(done.len(), many.len());
+    assert!(done[..crate::MAX_QUEUED_STEPS]
+        .iter()
+        .all(|d| d.result.is_ok()));
+    assert!(done[crate::MAX_QUEUED_STEPS..]
+        .iter()
+        .all(|d| matches!(d.result, Err(OpError::Invalid(_)))));
 }
 
 /// `fill_u32` sets exactly its words.
@@ -1084,6 +1152,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_launch_errors_and_unload(make);
     module_function_info(make);
     module_global(make);
+    module_queued_launches_depend_in_order(make);
     module_illegal_address(make);
 }
 
@@ -1134,6 +1203,53 @@ pub fn module_vector_add(make: Make<'_>) {
     );
     for i in 0..n {
         assert_eq!(c[i].to_bits(), (a[i] + b[i]).to_bits(), "c[{i}]");
+    }
+}
+
+/// Queued launches of a loaded kernel, each reading what the one before
+/// wrote: c = a + b, then d = c + b, then c = d + d, in one run.
+pub fn module_queued_launches_depend_in_order(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-queued", 16 * MIB, 2));
+    let p = &mut *boxed;
+    let n = 50_000usize;
+    let mut rng = Rng(0x5eed_0007);
+    let a: Vec<f32> = (0..n).map(|_| (rng.next() % 1000) as f32).collect();
+    let b: Vec<f32> = (0..n).map(|_| (rng.next() % 1000) as f32).collect();
+    let bytes = n as u64 * 4;
+    let [da, db, dc, dd] = [0; 4].map(|_| p.alloc(bytes, 0).unwrap());
+    upload_floats(p, da, &a);
+    upload_floats(p, db, &b);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    let add = |x: u64, y: u64, out: u64| Params::default().u64(x).u64(y).u64(out).u32(n as u32);
+    let params = [add(da, db, dc), add(dc, db, dd), add(dd, dd, dc)];
+    let grid = [n.div_ceil(256) as u32, 1, 1];
+    let steps: Vec<Queued<'_>> = params
+        .iter()
+        .flat_map(|p| {
+            let l = Launch {
+                cluster: [1, 1, 1],
+                module: m,
+                entry: "vector_add",
+                grid,
+                block: [256, 1, 1],
+                shared_mem: 0,
+                params: &p.0,
+            };
+            [Queued::Launch(l), Queued::Timestamp]
+        })
+        .collect();
+    let done = p.run_queued(&steps);
+    assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
+    assert!(
+        done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns),
+        "{done:?}"
+    );
+    let c = download_floats(p, dc, n);
+    for i in 0..n {
+        let d = (a[i] + b[i]) + b[i];
+        assert_eq!(c[i].to_bits(), (d + d).to_bits(), "c[{i}]");
     }
 }
 

@@ -227,6 +227,67 @@ pub struct Launch<'a> {
     pub params: &'a [u8],
 }
 
+/// Most steps of one [`Partition::run_queued`] call.
+pub const MAX_QUEUED_STEPS: usize = 64;
+
+/// One step of device work queued in order (see [`Partition::run_queued`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Queued<'a> {
+    /// A kernel launch.
+    Launch(Launch<'a>),
+    /// A point whose device time is wanted (an event record).
+    Timestamp,
+}
+
+/// What one queued step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedDone {
+    /// Its result.
+    pub result: Result<(), OpError>,
+    /// When it completed, in nanoseconds of device time after the run
+    /// began; never before the previous step's.
+    pub end_ns: u64,
+}
+
+/// [`Partition::run_queued`] one step after the other with the
+/// partition's synchronous calls, timed by the host's clock: for
+/// partitions whose launches complete when they return.
+pub fn run_queued_in_order<P: Partition + ?Sized>(
+    p: &mut P,
+    steps: &[Queued<'_>],
+) -> Vec<QueuedDone> {
+    let start = std::time::Instant::now();
+    let mut done: Vec<QueuedDone> = steps
+        .iter()
+        .take(MAX_QUEUED_STEPS)
+        .map(|s| {
+            let result = match s {
+                Queued::Launch(l) => p.launch(l),
+                Queued::Timestamp => Ok(()),
+            };
+            QueuedDone {
+                result,
+                end_ns: start.elapsed().as_nanos() as u64,
+            }
+        })
+        .collect();
+    refuse_past_limit(&mut done, steps.len());
+    done
+}
+
+/// Completes `done`, the results of the first [`MAX_QUEUED_STEPS`] of
+/// `count` steps, with a refusal for each step past the limit.
+pub fn refuse_past_limit(done: &mut Vec<QueuedDone>, count: usize) {
+    let end_ns = done.last().map_or(0, |d| d.end_ns);
+    let past = count.saturating_sub(done.len());
+    done.extend((0..past).map(|_| QueuedDone {
+        result: Err(OpError::Invalid(format!(
+            "more than {MAX_QUEUED_STEPS} queued steps"
+        ))),
+        end_ns,
+    }));
+}
+
 /// A kernel of a loaded module as its backend describes it: what
 /// FUNC_INFO reports to the guest, whose CUDA library packs launch
 /// parameters by it instead of guessing.
@@ -347,6 +408,15 @@ pub trait Partition: Send {
     fn module_unload(&mut self, module: u64) -> Result<(), OpError>;
     /// Runs a kernel to completion.
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
+    /// Runs `steps` (at most [`MAX_QUEUED_STEPS`]) in order and waits for
+    /// the last; returns one result per step. A device may keep the steps
+    /// in flight together and time them with its own clock, so a
+    /// timestamp between two launches says when the device got there. A
+    /// step that fails leaves the later ones to run, unless the
+    /// partition's device state is lost. No default: a wrapper that forgot
+    /// to forward it would run its inner partition's steps one by one
+    /// ([`run_queued_in_order`]).
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone>;
     /// Describes entry point `entry` of `module` (parameter layout and
     /// attributes), as the backend's driver knows it.
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;

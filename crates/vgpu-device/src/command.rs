@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
-use vgpu_backend::{HostSink, HostSlice, HostSource, Launch, OpError, Partition, SliceFn};
+use vgpu_backend::{HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued, SliceFn};
 use vm_memory::{MmapRegion, VolatileMemory};
 
 /// One descriptor of a chain, as popped from the ring.
@@ -40,7 +40,8 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn status(status: u32) -> Self {
+    /// Completes with `status` and nothing else.
+    pub fn status(status: u32) -> Self {
         Outcome {
             status,
             ..Default::default()
@@ -111,7 +112,8 @@ pub struct Ctx<'a> {
 
 type Result<T> = std::result::Result<T, u32>;
 
-fn op_status(e: OpError) -> u32 {
+/// The completion status of `e`.
+pub fn op_status(e: OpError) -> u32 {
     e.status()
 }
 
@@ -385,7 +387,100 @@ fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
             .all(|(&g, c)| c > 0 && g.is_multiple_of(c))
 }
 
+/// A launch or timestamp command, decoded and checked: a step of queued
+/// device work ([`Partition::run_queued`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// OP_TIMESTAMP.
+    Timestamp,
+    /// OP_LAUNCH.
+    Launch(OwnedLaunch),
+}
+
+impl Step {
+    /// What the partition runs.
+    pub fn queued(&self) -> Queued<'_> {
+        match self {
+            Step::Timestamp => Queued::Timestamp,
+            Step::Launch(l) => Queued::Launch(l.launch()),
+        }
+    }
+}
+
+/// A launch's values, read out of guest memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedLaunch {
+    module: u64,
+    entry: Box<str>,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    cluster: [u32; 3],
+    params: Vec<u8>,
+}
+
+impl OwnedLaunch {
+    fn launch(&self) -> Launch<'_> {
+        Launch {
+            cluster: self.cluster,
+            module: self.module,
+            entry: &self.entry,
+            grid: self.grid,
+            block: self.block,
+            shared_mem: self.shared_mem,
+            params: &self.params,
+        }
+    }
+}
+
+/// Whether commands of `opcode` run as steps of queued device work.
+pub fn is_step(opcode: u32) -> bool {
+    matches!(opcode, abi::OP_LAUNCH | abi::OP_TIMESTAMP)
+}
+
+/// The opcode of the command in `descs`, if its header can be read.
+pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
+    let first = descs.iter().find(|d| !d.writable)?;
+    let mut buf = [0u8; std::mem::size_of::<abi::CmdHeader>()];
+    if (first.len as usize) < buf.len() || dma.read(first.addr, &mut buf).is_err() {
+        return None;
+    }
+    parse::<abi::CmdHeader>(&buf).ok().map(|h| h.opcode)
+}
+
+/// Decodes the launch or timestamp command in `descs` into its step, or
+/// the status it completes with.
+pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
+    let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
+    let mut buf = [0u8; MAX_CMD];
+    let raw = command_bytes(ctx.dma, &reads, &mut buf)?;
+    let hdr: abi::CmdHeader = parse(raw)?;
+    match hdr.opcode {
+        abi::OP_TIMESTAMP => Ok(Step::Timestamp),
+        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(Step::Launch),
+        _ => Err(abi::STATUS_INVALID),
+    }
+}
+
+/// Reads the command descriptor (the first of `reads`) into `buf`.
+fn command_bytes<'b>(
+    dma: &DmaSpace,
+    reads: &[Desc],
+    buf: &'b mut [u8; MAX_CMD],
+) -> Result<&'b [u8]> {
+    let first = reads.first().ok_or(abi::STATUS_INVALID)?;
+    let raw = &mut buf[..(first.len as usize).min(MAX_CMD)];
+    dma.read(first.addr, raw).map_err(|_| abi::STATUS_FAULT)?;
+    Ok(raw)
+}
+
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
+    let l = decode_launch(ctx, cmd, reads)?;
+    ctx.partition.launch(&l.launch()).map_err(op_status)?;
+    Ok(0)
+}
+
+fn decode_launch(ctx: &Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<OwnedLaunch> {
     let by_handle = match cmd.hdr.flags {
         0 => false,
         abi::LAUNCH_FLAG_FUNCTION => true,
@@ -409,18 +504,15 @@ fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64
         return Err(abi::STATUS_INVALID);
     }
     let params = read_payload(ctx.dma, reads, cmd.params_size as usize)?;
-    ctx.partition
-        .launch(&Launch {
-            cluster,
-            module: cmd.module,
-            entry,
-            grid: cmd.grid,
-            block: cmd.block,
-            shared_mem: cmd.shared_mem,
-            params: &params,
-        })
-        .map_err(op_status)?;
-    Ok(0)
+    Ok(OwnedLaunch {
+        module: cmd.module,
+        entry: entry.into(),
+        grid: cmd.grid,
+        block: cmd.block,
+        shared_mem: cmd.shared_mem,
+        cluster,
+        params,
+    })
 }
 
 /// FUNC_INFO: describes a kernel (or, with [`abi::FUNC_INFO_FLAG_GLOBAL`],
@@ -471,16 +563,12 @@ fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Resul
 /// Runs the command in `descs` (readable descriptors first, then writable).
 pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
-    let Some(first) = reads.first() else {
-        return Outcome::status(abi::STATUS_INVALID);
-    };
     // One read of the command descriptor serves the header and the body.
     let mut buf = [0u8; MAX_CMD];
-    let raw = &mut buf[..(first.len as usize).min(MAX_CMD)];
-    if ctx.dma.read(first.addr, raw).is_err() {
-        return Outcome::status(abi::STATUS_FAULT);
-    }
-    let raw = &*raw;
+    let raw = match command_bytes(ctx.dma, &reads, &mut buf) {
+        Ok(raw) => raw,
+        Err(s) => return Outcome::status(s),
+    };
     let hdr: abi::CmdHeader = match parse(raw) {
         Ok(h) => h,
         Err(s) => return Outcome::status(s),

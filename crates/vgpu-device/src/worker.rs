@@ -323,6 +323,9 @@ fn walk_chain(view: &DmaView<'_>, table: u64, size: u16, head: u16) -> Result<Ve
 }
 
 /// Runs popped chains in order and completes them. Returns whether any ran.
+/// Consecutive launches and timestamps run as one queued run of the
+/// partition, so the device has them in flight together; every other
+/// command runs alone.
 fn run_chains(
     sh: &Shared,
     q: u32,
@@ -343,7 +346,8 @@ fn run_chains(
             || (sh.config_gen.load(Ordering::SeqCst) != config_gen
                 && sh.queue_generation(q) != Some(generation))
     };
-    for (i, (head, descs)) in chains.iter().enumerate() {
+    let mut i = 0;
+    while i < chains.len() {
         if stale() {
             // Reset or queue reconfiguration: queued work is dropped and
             // nothing more is written to the old ring.
@@ -351,11 +355,17 @@ fn run_chains(
         }
         // While draining, work the guest submitted after the drain began is
         // refused, and what is still waiting at the deadline is cancelled;
-        // either way the guest gets a completion.
+        // either way the guest gets a completion. Commands then run one
+        // at a time, so each is judged on its own.
         let position = first.wrapping_add(i as u16);
         // (A batch popped before the worker saw the drain is all in flight.)
         let mut cancel = sh.drain.expired()
             || drain.is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
+        let steps = if cancel || drain.is_some() || sh.drain.requested() {
+            0
+        } else {
+            step_run_len(sh, &chains[i..])
+        };
         if !cancel {
             if let Some(gate) = &sh.gate {
                 let give_up = || stale() || sh.drain.expired();
@@ -367,92 +377,190 @@ fn run_chains(
                 }
             }
         }
-        let outcome = if cancel {
-            command::Outcome {
-                status: abi::STATUS_CANCELLED,
-                ..Default::default()
-            }
+        let group = &chains[i..i + steps.max(1)];
+        let outcomes = if cancel {
+            vec![command::Outcome::status(abi::STATUS_CANCELLED)]
         } else {
-            let mut part = lock(&sh.partition);
-            let mut functions = lock(&sh.functions);
-            let mut ctx = command::Ctx {
-                dma: &sh.ctx.dma,
-                partition: &mut **part,
-                functions: &mut functions,
-                window: &sh.window,
-                epoch: sh.epoch,
-            };
-            let out = command::execute(&mut ctx, descs);
-            let used = part.memory_used();
-            sh.counters.mem_used.store(used, Ordering::Relaxed);
-            sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
-            let lost = part.is_lost();
-            drop(part);
-            if lost {
-                sh.function_lost(q);
-            }
-            out
+            run_group(sh, q, group, steps > 0)
         };
-        if sh.drain.requested() {
-            sh.drain.completed.fetch_add(1, Ordering::Relaxed);
-            if cancel {
-                sh.drain.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         if !cancel {
             if let Some(gate) = &sh.gate {
-                gate.leave(
-                    std::time::Duration::from_nanos(outcome.device_ns),
-                    outcome.bytes,
-                );
+                let device_ns = outcomes.iter().map(|o| o.device_ns).sum();
+                let bytes = outcomes.iter().map(|o| o.bytes).sum();
+                gate.leave(std::time::Duration::from_nanos(device_ns), bytes);
             }
         }
-        let c = &sh.counters;
-        c.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
-        if !cancel {
-            c.commands.fetch_add(1, Ordering::Relaxed);
-        }
-        if outcome.status == abi::STATUS_FAULT {
-            c.faults.fetch_add(1, Ordering::Relaxed);
-        }
-        notify |= outcome.force_irq;
-
-        let completion = abi::Completion {
-            status: outcome.status,
-            reserved: 0,
-            result: outcome.result,
-            device_ns: outcome.device_ns,
-            result2: outcome.result2,
-        };
-        let size = std::mem::size_of::<abi::Completion>();
-        let written = descs
-            .iter()
-            .rev()
-            .find(|d| d.writable)
-            .filter(|d| d.len as usize >= size)
-            .is_some_and(|d| sh.ctx.dma.write(d.addr, completion.as_slice()).is_ok());
-        if !written {
-            debug!(
-                "{}: queue {q}: command {head} has no usable completion buffer",
-                sh.name
-            );
-        }
-        let view = sh.ctx.dma.view();
-        if ring
-            .add_used(&view, *head, if written { size as u32 } else { 0 })
-            .is_err()
-        {
-            drop(view);
-            sh.queue_error(q, abi::ERR_RING_ADDRESS, 0);
-            return true;
-        }
-        if i + 1 == chains.len() {
-            // Same view: one lock for the last completion and the check.
-            notify |= ring.needs_notification(&view).unwrap_or(true);
+        for ((head, descs), outcome) in group.iter().zip(outcomes) {
+            if stale() {
+                // The queue went away while its group ran on the device:
+                // nothing more is written to the old ring.
+                return true;
+            }
+            i += 1;
+            match complete(sh, q, ring, (*head, descs), outcome, cancel) {
+                Ok(irq) => notify |= irq,
+                Err(()) => return true,
+            }
+            if i == chains.len() {
+                let view = sh.ctx.dma.view();
+                notify |= ring.needs_notification(&view).unwrap_or(true);
+            }
         }
     }
     if notify {
         sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
     }
     true
+}
+
+/// How many chains from the start of `chains` are launches and
+/// timestamps (at most one queued run's worth).
+fn step_run_len(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> usize {
+    chains
+        .iter()
+        .take(vgpu_backend::MAX_QUEUED_STEPS)
+        .take_while(|(_, descs)| command::opcode(&sh.ctx.dma, descs).is_some_and(command::is_step))
+        .count()
+}
+
+/// Runs `group` on the partition: one command, or with `steps` a queued
+/// run of launches and timestamps. Returns each command's outcome.
+fn run_group(
+    sh: &Shared,
+    q: u32,
+    group: &[(u16, Vec<Desc>)],
+    steps: bool,
+) -> Vec<command::Outcome> {
+    let mut part = lock(&sh.partition);
+    let mut functions = lock(&sh.functions);
+    let mut ctx = command::Ctx {
+        dma: &sh.ctx.dma,
+        partition: &mut **part,
+        functions: &mut functions,
+        window: &sh.window,
+        epoch: sh.epoch,
+    };
+    let out = if steps {
+        run_steps(&mut ctx, group)
+    } else {
+        group
+            .iter()
+            .map(|(_, descs)| command::execute(&mut ctx, descs))
+            .collect()
+    };
+    let used = part.memory_used();
+    sh.counters.mem_used.store(used, Ordering::Relaxed);
+    sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
+    let lost = part.is_lost();
+    drop(part);
+    if lost {
+        sh.function_lost(q);
+    }
+    out
+}
+
+/// Decodes the launches and timestamps of `group` and runs them as one
+/// queued run. A timestamp's result is its step's end on the device's
+/// clock, counted from the device epoch; each command is charged the
+/// device time since the previous step ended.
+fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+    let decoded: Vec<Result<command::Step, u32>> = group
+        .iter()
+        .map(|(_, descs)| command::step(ctx, descs))
+        .collect();
+    let queued: Vec<_> = decoded
+        .iter()
+        .filter_map(|d| d.as_ref().ok().map(command::Step::queued))
+        .collect();
+    let start = ctx.epoch.elapsed().as_nanos() as u64;
+    let mut done = ctx.partition.run_queued(&queued).into_iter();
+    drop(queued);
+    let mut last_end = 0;
+    decoded
+        .into_iter()
+        .map(|d| {
+            let step = match d {
+                Ok(step) => step,
+                Err(status) => return command::Outcome::status(status),
+            };
+            let Some(r) = done.next() else {
+                return command::Outcome::status(abi::STATUS_DEVICE_ERROR);
+            };
+            let end = r.end_ns.max(last_end);
+            let device_ns = end - last_end;
+            last_end = end;
+            match r.result {
+                Ok(()) => command::Outcome {
+                    status: abi::STATUS_OK,
+                    result: match step {
+                        command::Step::Timestamp => start.saturating_add(end),
+                        command::Step::Launch(_) => 0,
+                    },
+                    device_ns,
+                    ..Default::default()
+                },
+                Err(e) => command::Outcome {
+                    device_ns,
+                    ..command::Outcome::status(command::op_status(e))
+                },
+            }
+        })
+        .collect()
+}
+
+/// Counts and completes one command: its completion record, its used
+/// entry. Returns whether it asks for an interrupt; Err when the ring
+/// broke (the queue is stopped).
+fn complete(
+    sh: &Shared,
+    q: u32,
+    ring: &mut Queue,
+    (head, descs): (u16, &[Desc]),
+    outcome: command::Outcome,
+    cancel: bool,
+) -> Result<bool, ()> {
+    if sh.drain.requested() {
+        sh.drain.completed.fetch_add(1, Ordering::Relaxed);
+        if cancel {
+            sh.drain.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let c = &sh.counters;
+    c.busy_ns.fetch_add(outcome.device_ns, Ordering::Relaxed);
+    if !cancel {
+        c.commands.fetch_add(1, Ordering::Relaxed);
+    }
+    if outcome.status == abi::STATUS_FAULT {
+        c.faults.fetch_add(1, Ordering::Relaxed);
+    }
+    let completion = abi::Completion {
+        status: outcome.status,
+        reserved: 0,
+        result: outcome.result,
+        device_ns: outcome.device_ns,
+        result2: outcome.result2,
+    };
+    let size = std::mem::size_of::<abi::Completion>();
+    let written = descs
+        .iter()
+        .rev()
+        .find(|d| d.writable)
+        .filter(|d| d.len as usize >= size)
+        .is_some_and(|d| sh.ctx.dma.write(d.addr, completion.as_slice()).is_ok());
+    if !written {
+        debug!(
+            "{}: queue {q}: command {head} has no usable completion buffer",
+            sh.name
+        );
+    }
+    let view = sh.ctx.dma.view();
+    if ring
+        .add_used(&view, head, if written { size as u32 } else { 0 })
+        .is_err()
+    {
+        drop(view);
+        sh.queue_error(q, abi::ERR_RING_ADDRESS, 0);
+        return Err(());
+    }
+    Ok(outcome.force_irq)
 }

@@ -112,6 +112,72 @@ fn test_timestamp_is_monotonic() {
     assert!(later >= last + 5_000_000, "5 ms passed: {last} -> {later}");
 }
 
+/// Launches and timestamps submitted together run as one queued run:
+/// in order (the copy sees the fill), a refused launch fails alone, and
+/// the timestamps around the work are at least its device time apart.
+#[test]
+fn test_launches_and_timestamps_of_one_submission_complete_in_order() {
+    let (_s, mut g) = vgpu_ready();
+    let a = g.device_alloc(0, 64 << 10);
+    let b = g.device_alloc(0, 64 << 10);
+    let words = 16 << 10;
+    let fill = abi::FillParams {
+        dst: a,
+        count: words,
+        value: 0x5a5a_0001,
+        reserved: 0,
+    };
+    let copy = |dst, src, bytes| abi::CopyParams { dst, src, bytes };
+    let launch = |entry: &str, params: &[u8]| {
+        let cmd = launch_cmd(entry, [1, 1, 1], [256, 1, 1], params.len() as u32);
+        Chain::command(&cmd).bytes(params).completion()
+    };
+    let stamp = || {
+        Chain::command(&CmdHeader {
+            opcode: abi::OP_TIMESTAMP,
+            flags: 0,
+        })
+        .completion()
+    };
+    let chains = [
+        stamp(),
+        launch("fill_u32", fill.as_slice()),
+        launch("copy", copy(b, a, words * 4).as_slice()),
+        launch("copy", copy(a + 4, a, 64).as_slice()),
+        stamp(),
+        launch("no_such_kernel", fill.as_slice()),
+        stamp(),
+    ];
+    let done: Vec<_> = g
+        .submit_batch(0, &chains)
+        .iter()
+        .map(|u| u.completion())
+        .collect();
+    let statuses: Vec<u32> = done.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            abi::STATUS_OK,
+            abi::STATUS_OK,
+            abi::STATUS_OK,
+            abi::STATUS_INVALID,
+            abi::STATUS_OK,
+            abi::STATUS_NOT_FOUND,
+            abi::STATUS_OK,
+        ]
+    );
+    let (t0, t1, t2) = (done[0].result, done[4].result, done[6].result);
+    assert!(t0 <= t1 && t1 <= t2, "timestamps went back: {t0} {t1} {t2}");
+    let work: u64 = done[1..4].iter().map(|c| c.device_ns).sum();
+    assert!(
+        t1 - t0 >= work,
+        "{} ns between the stamps, {work} ns of work between them",
+        t1 - t0
+    );
+    let want = 0x5a5a_0001u32.to_le_bytes().repeat(words as usize);
+    assert_eq!(g.download(0, b, want.len()), want);
+}
+
 #[test]
 fn test_mem_alloc_and_free() {
     let (_s, mut g) = vgpu_ready();

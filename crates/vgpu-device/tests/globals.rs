@@ -8,7 +8,10 @@ mod common;
 use common::{assert_status, vgpu_ready, MIB};
 use vgpu_backend::conformance;
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued,
+    QueuedDone,
+};
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader};
 use vgpu_testkit::{test_config, Chain, Guest, Mode, TestVgpu};
 
@@ -51,6 +54,9 @@ impl Partition for WithGlobals {
     }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.inner.launch(launch)
+    }
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        self.inner.run_queued(steps)
     }
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         self.inner.function_info(module, entry)

@@ -16,7 +16,7 @@ use common::{assert_status, MIB};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{
     FunctionInfo, HostMapping, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec,
+    PartitionSpec, Queued, QueuedDone,
 };
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{launch_cmd, test_config, Chain, Mode, TestVgpu};
@@ -170,6 +170,9 @@ impl Partition for Recording {
         self.inner.function_info(module, entry)
     }
 
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        vgpu_backend::run_queued_in_order(self, steps)
+    }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         let slow = launch.entry == "fill_u32"
             && abi::FillParams::from_slice(launch.params).is_some_and(|p| p.count == SLOW_WORDS);

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use common::{assert_status, MIB};
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued,
+    QueuedDone,
+};
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{launch_cmd, test_config, Chain, Guest, Mode, TestVgpu};
 
@@ -81,6 +84,9 @@ impl Partition for Faulting {
         self.inner.function_info(module, entry)
     }
 
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        vgpu_backend::run_queued_in_order(self, steps)
+    }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.check()?;
         let poisoned = launch.entry == "fill_u32"

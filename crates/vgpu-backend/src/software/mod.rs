@@ -45,7 +45,7 @@ use crate::rules::{
 };
 use crate::{
     Backend, BackendError, Capacity, FunctionInfo, HostSink, HostSource, Launch, OpError,
-    Partition, PartitionSpec,
+    Partition, PartitionSpec, Queued, QueuedDone,
 };
 
 /// Fewest elements of work worth a thread of its own.
@@ -485,6 +485,11 @@ impl Partition for SoftwarePartition {
             .remove(&module)
             .map(drop)
             .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))
+    }
+
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        // Launches run on the CPU and complete when they return.
+        crate::run_queued_in_order(self, steps)
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

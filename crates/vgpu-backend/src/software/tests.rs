@@ -55,10 +55,12 @@ conformance!(
     kernel_sgemm_beta_zero_ignores_c_and_aliasing_is_safe,
     kernel_reduce_sum,
     kernels_reject_out_of_range_pointers_before_writing,
+    queued_steps_run_in_order,
     module_vector_add,
     module_histogram,
     module_matmul,
     module_launch_errors_and_unload,
+    module_queued_launches_depend_in_order,
     module_illegal_address,
 );
 

@@ -13,6 +13,7 @@ use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
 use vgpu_backend::{
     FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+    Queued, QueuedDone,
 };
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
 use vgpu_sched::TenantId;
@@ -63,6 +64,9 @@ impl Partition for SharedPartition {
     }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         lock(&self.inner).launch(launch)
+    }
+    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+        lock(&self.inner).run_queued(steps)
     }
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         lock(&self.inner).function_info(module, entry)
@@ -316,6 +320,9 @@ mod tests {
         }
         fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
             self.0.launch(launch)
+        }
+        fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+            self.0.run_queued(steps)
         }
         fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
             self.0.function_info(module, entry)
