@@ -5,6 +5,9 @@
 //   async_launches    empty launches queued back to back, then one wait
 //   h2d_16m, d2h_16m  pinned host <-> device copies of 16 MiB
 //   h2d_64m           the same, 64 MiB
+//   h2d_16m_async, d2h_16m_async
+//                     16 MiB copies queued back to back on a stream
+//                     (cudaMemcpyAsync, as bandwidthTest does), one wait
 // Usage: bench_launch [ITERATIONS]
 #define TEST_NAME "bench_launch"
 #include "check.h"
@@ -28,6 +31,16 @@ static double copy_gbs(void *dst, const void *src, size_t n, cudaMemcpyKind k, i
   CHECK(cudaMemcpy(dst, src, n, k));  // warm
   double t = now_us();
   for (int i = 0; i < reps; i++) CHECK(cudaMemcpy(dst, src, n, k));
+  return (double)n * reps / ((now_us() - t) * 1e3);
+}
+
+static double copy_async_gbs(void *dst, const void *src, size_t n, cudaMemcpyKind k, int reps,
+                             cudaStream_t s) {
+  CHECK(cudaMemcpyAsync(dst, src, n, k, s));  // warm
+  CHECK(cudaStreamSynchronize(s));
+  double t = now_us();
+  for (int i = 0; i < reps; i++) CHECK(cudaMemcpyAsync(dst, src, n, k, s));
+  CHECK(cudaStreamSynchronize(s));
   return (double)n * reps / ((now_us() - t) * 1e3);
 }
 
@@ -69,6 +82,16 @@ int main(int argc, char **argv) {
   printf("BENCH h2d_16m %.2f GB/s\n", copy_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 8));
   printf("BENCH d2h_16m %.2f GB/s\n", copy_gbs(h, d, 16 << 20, cudaMemcpyDeviceToHost, 8));
   printf("BENCH h2d_64m %.2f GB/s\n", copy_gbs(d, h, big, cudaMemcpyHostToDevice, 4));
+  printf("BENCH h2d_16m_async %.2f GB/s\n", copy_async_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 16, s));
+  // The asynchronous copies back land in the host's buffer by the wait.
+  memset(h, 0, 16 << 20);
+  printf("BENCH d2h_16m_async %.2f GB/s\n", copy_async_gbs(h, d, 16 << 20, cudaMemcpyDeviceToHost, 16, s));
+  for (size_t i = 0; i < (16 << 20); i++) {
+    if (((unsigned char *)h)[i] != 1) {
+      printf("FAIL %s byte %zu is %d after the copies back\n", TEST_NAME, i, ((unsigned char *)h)[i]);
+      return 1;
+    }
+  }
   printf("PASS %s %d iterations\n", TEST_NAME, iters);
   return 0;
 }

@@ -321,7 +321,7 @@ impl CudaPartition {
     fn queue_steps(&mut self, steps: &[Queued<'_>]) -> Result<Vec<QueuedDone>, OpError> {
         // Built-in launches are planned against the allocation table
         // before the context is entered.
-        let mut plans: Vec<Option<Result<Builtin, OpError>>> = steps
+        let plans: Vec<Option<Result<Builtin, OpError>>> = steps
             .iter()
             .map(|s| match s {
                 Queued::Launch(l) if l.module == abi::MODULE_BUILTIN => Some(
@@ -337,29 +337,51 @@ impl CudaPartition {
                 let e = driver::Event::create(true).at("creating an event")?;
                 dev.res.marks.push(e);
             }
+            // Kernels are looked up and checked first, so that the steps
+            // reach the stream back to back.
+            let ready: Vec<Ready<'_, '_>> = steps
+                .iter()
+                .zip(plans)
+                .map(|(s, plan)| match (s, plan) {
+                    (Queued::Timestamp, _) => Ready::Stamp,
+                    (Queued::Launch(_), Some(Ok(call))) => Ready::Builtin(call),
+                    (Queued::Launch(_), Some(Err(e))) => Ready::Failed(Fail::Op(e)),
+                    (Queued::Launch(l), None) => match prepare_loaded(dev, l, optin) {
+                        Ok(f) => Ready::Kernel(f, l),
+                        Err(e) => Ready::Failed(e),
+                    },
+                })
+                .collect();
             driver::event_record(&dev.res.marks[0], &dev.res.stream).at("queued work")?;
+            // An event ends each step, except that a launch followed by a
+            // timestamp ends with the timestamp's event: the stream then
+            // holds what the guest's own event pair around it would.
             let mut ran = Vec::with_capacity(steps.len());
-            for (i, (s, plan)) in steps.iter().zip(&mut plans).enumerate() {
-                let r = match (s, plan.take()) {
-                    (Queued::Timestamp, _) => Ok(()),
-                    (Queued::Launch(_), Some(Ok(call))) => {
-                        dev.run_builtin(call, available).map(|_| ())
-                    }
-                    (Queued::Launch(_), Some(Err(e))) => Err(Fail::Op(e)),
-                    (Queued::Launch(l), None) => {
-                        prepare_loaded(dev, l, optin).and_then(|f| enqueue_loaded(dev, f, l))
-                    }
-                };
-                ran.push(r);
-                driver::event_record(&dev.res.marks[i + 1], &dev.res.stream).at("queued work")?;
+            let mut mark_of = Vec::with_capacity(steps.len());
+            let mut next = 1;
+            for (i, r) in ready.into_iter().enumerate() {
+                let launch = !matches!(r, Ready::Stamp);
+                ran.push(match r {
+                    Ready::Stamp => Ok(()),
+                    Ready::Builtin(call) => dev.run_builtin(call, available).map(|_| ()),
+                    Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
+                    Ready::Failed(e) => Err(e),
+                });
+                mark_of.push(next);
+                if !(launch && matches!(steps.get(i + 1), Some(Queued::Timestamp))) {
+                    driver::event_record(&dev.res.marks[next], &dev.res.stream)
+                        .at("queued work")?;
+                    next += 1;
+                }
             }
             let marks = &dev.res.marks;
-            driver::event_sync(&marks[steps.len()])
+            driver::event_sync(&marks[next - 1])
                 .map_err(|e| Fail::Cuda("queued work: device work".into(), e))?;
-            let ends = (1..=steps.len())
-                .map(|i| driver::event_elapsed(&marks[0], &marks[i]))
+            let times = (1..next)
+                .map(|j| driver::event_elapsed(&marks[0], &marks[j]))
                 .collect::<Result<Vec<_>, _>>()
                 .at("timing queued work")?;
+            let ends: Vec<Duration> = mark_of.iter().map(|&j| times[j - 1]).collect();
             Ok((ran, ends))
         })?;
         self.last_device_time = ends.last().copied();
@@ -407,6 +429,14 @@ impl CudaPartition {
         self.last_device_time = Some(t);
         Ok(())
     }
+}
+
+/// A queued step made ready to go onto the stream.
+enum Ready<'s, 'l> {
+    Stamp,
+    Builtin(Builtin),
+    Kernel(driver::CUfunction, &'s Launch<'l>),
+    Failed(Fail),
 }
 
 /// Looks up `l`'s kernel, checks the launch against it and raises the

@@ -127,6 +127,17 @@ impl Inflight {
         self.error.take().map_or(Ok(()), Err)
     }
 
+    /// Waits for everything queued, keeping the first failure for the
+    /// next [`Self::sync`] (a failure to submit the open batch too).
+    pub fn drain(&mut self, dev: &Device) {
+        if let Err(e) = self.flush(dev) {
+            self.error.get_or_insert(e);
+        }
+        while !self.queue.is_empty() {
+            self.collect_front(None);
+        }
+    }
+
     /// Submits what is open and collects what has completed without
     /// waiting; true if nothing is left in flight.
     pub fn poll(&mut self, dev: &Device) -> CuResult<bool> {

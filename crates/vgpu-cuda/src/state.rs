@@ -112,6 +112,12 @@ impl Gpu {
         self.inflight().sync(&self.dev)
     }
 
+    /// Waits for the device's queued work, leaving a failure in it for the
+    /// program's next synchronisation to report.
+    pub fn wait_idle(&self) {
+        self.inflight().drain(&self.dev);
+    }
+
     /// Whether the device's queued work is done, without waiting.
     pub fn idle(&self) -> CuResult<bool> {
         self.inflight().poll(&self.dev)

@@ -203,6 +203,37 @@ impl Batch {
         )
     }
 
+    /// Copies `len` bytes of the caller's memory at `src` to device
+    /// address `dst` as the device runs the batch, without copying them
+    /// into the batch.
+    ///
+    /// # Safety
+    /// `src .. src + len` must stay mapped, readable memory of this
+    /// process until the batch has completed.
+    pub unsafe fn copy_user_to_device_addr(
+        &mut self,
+        dst: u64,
+        src: *const u8,
+        len: u64,
+    ) -> &mut Self {
+        self.copy_cmds((sys::MEM_USER, sys::MEM_DEVICE), src as u64, dst, len)
+    }
+
+    /// Copies `len` bytes from device address `src` into the caller's
+    /// memory at `dst` as the device runs the batch.
+    ///
+    /// # Safety
+    /// `dst .. dst + len` must stay mapped, writable memory of this
+    /// process that nothing else uses until the batch has completed.
+    pub unsafe fn copy_device_addr_to_user(
+        &mut self,
+        dst: *mut u8,
+        src: u64,
+        len: u64,
+    ) -> &mut Self {
+        self.copy_cmds((sys::MEM_DEVICE, sys::MEM_USER), src, dst as u64, len)
+    }
+
     /// Copies `len` bytes from `offset` in `buf` into a buffer of the
     /// batch, read from [`Completed::read`].
     pub fn copy_from_device(&mut self, buf: &Buffer, offset: u64, len: usize) -> ReadSlot {

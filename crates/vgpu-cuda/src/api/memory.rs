@@ -16,15 +16,12 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
 use crate::host_pages;
-use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
+use crate::state::{check, driver, Alloc, Driver, HostMem};
+use vgpu_guest::Batch;
 
 /// The device holding `[addr, addr + len)`, which must lie in one
 /// allocation this process made.
-fn device_range(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<&Gpu> {
-    d.gpu(range_device(d, addr, len)?)
-}
-
-/// The ordinal of [`device_range`]'s device.
+/// The ordinal of the device whose allocation holds `[addr, addr + len)`.
 fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
     d.objects()
         .alloc_at(addr, len as u64)
@@ -166,10 +163,12 @@ fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
     }
 }
 
-/// Undoes what [`pin_pages`] gave.
+/// Undoes what [`pin_pages`] gave, once the device's queued work (which
+/// may hold asynchronous copies of the range) is done.
 fn unpin_pages(d: &Driver, pinned: Option<(CUdevice, usize)>) {
     if let Some((dev, first)) = pinned {
         if let Ok(g) = d.gpu(dev) {
+            g.wait_idle();
             let _ = g.dev.unpin(first as *const u8);
         }
     }
@@ -310,20 +309,59 @@ fn side(d: &Driver, p: u64, len: usize) -> Side {
     }
 }
 
-fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CuResult {
+/// Whether a copy call returns only once the copy is done, or may
+/// return once it is queued (the `*Async` entry points).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Sync,
+    Async,
+}
+
+/// Whether `[p, p + len)` lies in the whole pages of host memory pinned
+/// for device `dev` (page-locked memory CUDA lets copies use after the
+/// call returns).
+fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
+    let o = d.objects();
+    let Some((start, h)) = o.host_at(p, len) else {
+        return false;
+    };
+    let end = (start + h.size) & !(host_pages::PAGE - 1);
+    matches!(h.pinned, Some((pd, first)) if pd == dev && p >= first && p + len <= end)
+}
+
+fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    let g = device_range(d, dst, n)?;
+    let device = range_device(d, dst, n)?;
+    let g = d.gpu(device)?;
+    if call == Call::Async && n > 0 && in_pinned(d, src as usize, n, device) {
+        // Queued in order with the device's other work; the program may
+        // not change the source until the stream has synchronised.
+        let mut b = Batch::new();
+        // SAFETY: the source lies in page-locked memory of this process
+        // that stays mapped until cuMemFreeHost or cuMemHostUnregister,
+        // which wait for the device's queued work first.
+        unsafe { b.copy_user_to_device_addr(dst, src.cast(), n as u64) };
+        return g.submit(b, None);
+    }
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
     g.sync()?;
     check(g.dev.copy_to_device_addr(dst, data))
 }
 
-fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CuResult {
+fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    let g = device_range(d, src, n)?;
+    let device = range_device(d, src, n)?;
+    let g = d.gpu(device)?;
+    if call == Call::Async && n > 0 && in_pinned(d, dst as usize, n, device) {
+        let mut b = Batch::new();
+        // SAFETY: as in `htod`; the program reads the destination only
+        // after the stream has synchronised.
+        unsafe { b.copy_device_addr_to_user(dst.cast(), src, n as u64) };
+        return g.submit(b, None);
+    }
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
     g.sync()?;
@@ -348,12 +386,12 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CuResul
 }
 
 /// `cuMemcpy`: either side may be host or device memory.
-fn copy_any(dst: u64, src: u64, n: usize, stream: Handle) -> CuResult {
+fn copy_any(dst: u64, src: u64, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
     match (side(d, dst, n), side(d, src, n)) {
         (Side::Device, Side::Device) => dtod(dst, src, n, stream),
-        (Side::Device, Side::Host) => htod(dst, src as *const c_void, n, stream),
-        (Side::Host, Side::Device) => dtoh(dst as *mut c_void, src, n, stream),
+        (Side::Device, Side::Host) => htod(dst, src as *const c_void, n, stream, call),
+        (Side::Host, Side::Device) => dtoh(dst as *mut c_void, src, n, stream, call),
         (Side::Host, Side::Host) => {
             d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
             if n > 0 {
@@ -373,7 +411,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    entry(|| htod(dst, src, n, std::ptr::null_mut()))
+    entry(|| htod(dst, src, n, std::ptr::null_mut(), Call::Sync))
 }
 
 #[no_mangle]
@@ -383,12 +421,12 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     s: Handle,
 ) -> CUresult {
-    entry(|| htod(dst, src, n, s))
+    entry(|| htod(dst, src, n, s, Call::Async))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| dtoh(dst, src, n, std::ptr::null_mut()))
+    entry(|| dtoh(dst, src, n, std::ptr::null_mut(), Call::Sync))
 }
 
 #[no_mangle]
@@ -398,7 +436,7 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     s: Handle,
 ) -> CUresult {
-    entry(|| dtoh(dst, src, n, s))
+    entry(|| dtoh(dst, src, n, s, Call::Async))
 }
 
 #[no_mangle]
@@ -418,7 +456,7 @@ pub extern "C" fn cuMemcpyDtoDAsync_v2(
 
 #[no_mangle]
 pub extern "C" fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    entry(|| copy_any(dst, src, n, std::ptr::null_mut()))
+    entry(|| copy_any(dst, src, n, std::ptr::null_mut(), Call::Sync))
 }
 
 #[no_mangle]
@@ -428,7 +466,7 @@ pub extern "C" fn cuMemcpyAsync(
     n: usize,
     s: Handle,
 ) -> CUresult {
-    entry(|| copy_any(dst, src, n, s))
+    entry(|| copy_any(dst, src, n, s, Call::Async))
 }
 
 /// Sets `count` elements of `width` bytes (1, 2 or 4) at `dst` to
