@@ -529,6 +529,10 @@ impl Partition for CudaPartition {
         &self.spec
     }
 
+    fn kernel_compute_units(&self) -> u32 {
+        self.sms
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         self.last_device_time = None;
         // cuMemAlloc gives DEFAULT_ALIGN: a larger alignment is padding,

@@ -450,9 +450,10 @@ impl Host<'_> {
             c.compute_units,
             self.backend.name()
         );
+        let units = p.kernel_compute_units();
         self.partition = Some(p);
         self.staging = Some(staging);
-        Ok(Value::None)
+        Ok(Value::U64(u64::from(units)))
     }
 
     fn simple(&mut self, req: Request<'_>) -> Result<Value, OpError> {

@@ -376,6 +376,8 @@ pub struct RemotePartition {
     /// The host's backend lost its device state: a reset replaces it.
     lost: bool,
     memory_used: u64,
+    /// What the host's partition reports of its kernels' compute units.
+    kernel_units: u32,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
@@ -418,6 +420,7 @@ impl RemotePartition {
             failed: None,
             lost: false,
             memory_used: 0,
+            kernel_units: spec.compute_units,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
         };
@@ -462,9 +465,10 @@ impl RemotePartition {
         );
         match r {
             Ok(Reply {
-                result: Ok(Value::None),
+                result: Ok(Value::U64(units)),
                 memory_used: 0,
-            }) => {
+            }) if (1..=u64::from(u32::MAX)).contains(&units) => {
+                self.kernel_units = units as u32;
                 // Guest memory mapped so far goes to the new host before
                 // any transfer can name it.
                 let attached = link
@@ -703,6 +707,10 @@ fn check_launch(launch: &Launch<'_>) -> Result<(), OpError> {
 impl Partition for RemotePartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
+    }
+
+    fn kernel_compute_units(&self) -> u32 {
+        self.kernel_units
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

@@ -85,7 +85,8 @@ pub const MAX_CONTROL: u32 = 64;
 pub enum Kind {
     /// Version check; the reply names the host's backend and capacity.
     Hello = 1,
-    /// Creates the host's one partition; carries the staging memfd.
+    /// Creates the host's one partition; carries the staging memfd. The
+    /// reply is the partition's kernel compute units.
     Create = 2,
     /// `Partition::alloc`.
     Alloc = 3,
@@ -914,7 +915,7 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (Kind::Alloc | Kind::ModuleLoad, Value::U64(x)) => {
+                (Kind::Alloc | Kind::ModuleLoad | Kind::Create, Value::U64(x)) => {
                     w.u64(*x);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
@@ -982,7 +983,7 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad => Value::U64(r.u64()?),
+                Kind::Alloc | Kind::ModuleLoad | Kind::Create => Value::U64(r.u64()?),
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
                         0 => false,
@@ -1349,6 +1350,7 @@ mod tests {
             ),
             (Kind::Alloc, Ok(Value::U64(0x10_0000))),
             (Kind::ModuleLoad, Ok(Value::U64(2))),
+            (Kind::Create, Ok(Value::U64(132))),
             (Kind::Free, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (

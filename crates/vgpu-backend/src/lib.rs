@@ -389,6 +389,14 @@ pub trait Backend: Send + Sync {
 pub trait Partition: Send {
     /// The spec it was created with.
     fn spec(&self) -> &PartitionSpec;
+    /// Compute units a kernel of this partition runs on, which is what
+    /// the guest is told it has: the spec's own where the partition owns
+    /// them (a software partition's threads, an SM group), the whole
+    /// device's where partitions take turns on all of it. Programs size
+    /// persistent grids by it, so a smaller figure leaves the rest of the
+    /// device idle during the partition's turn. No default: a wrapper
+    /// that forgot to forward it would report its spec.
+    fn kernel_compute_units(&self) -> u32;
     /// Allocates `size` bytes aligned to `align` (a power of two); returns
     /// the device address.
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError>;

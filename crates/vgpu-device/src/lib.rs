@@ -476,6 +476,7 @@ impl VgpuDevice {
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
         let spec = partition.spec().clone();
+        let compute_units = partition.kernel_compute_units();
         let host_memory = partition.host_memory();
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
@@ -486,7 +487,7 @@ impl VgpuDevice {
             doorbell_file: Arc::new(doorbell_file),
             window_file: Arc::new(window_file),
             mem_size: spec.memory,
-            compute_units: spec.compute_units,
+            compute_units,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,

@@ -28,6 +28,9 @@ impl Partition for WithGlobals {
     fn spec(&self) -> &PartitionSpec {
         self.inner.spec()
     }
+    fn kernel_compute_units(&self) -> u32 {
+        self.inner.kernel_compute_units()
+    }
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         self.inner.alloc(size, align)
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued};
-use vgpu_backend::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
+use vgpu_backend::{Backend, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec};
 use vgpu_backend_remote::{
     HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
 };
@@ -351,6 +351,10 @@ fn healthy_reset_stays_in_place() {
     }
     let b = backend();
     let mut p = partition(&b, "reset");
+    // Time-shared partitions run kernels on the whole device, and the
+    // guest is told so (persistent kernels size their grids by it).
+    let device_sms = b.capacity().compute_units;
+    assert_eq!(p.kernel_compute_units(), device_sms);
     let pid = p.host_pid().unwrap();
     let a = p.alloc(MIB, 0).unwrap();
     p.fill(a, MIB, 0x0303_0303).unwrap();

@@ -335,6 +335,8 @@ fn conformance_through_partition_hosts_and_the_mailbox() {
 fn placement_is_kept_by_the_daemon() {
     let b = backend(MEMORY, 4);
     let p1 = b.create_partition(&spec("a", 48 * MIB, 3)).unwrap();
+    // A software partition's kernels run on its own threads.
+    assert_eq!(p1.kernel_compute_units(), 3);
     match b.create_partition(&spec("b", 32 * MIB, 2)) {
         Err(BackendError::DoesNotFit(m)) => assert!(m.contains("bytes of memory"), "{m}"),
         Err(e) => panic!("{e}"),
@@ -650,7 +652,7 @@ impl Launcher for FakeLauncher {
             if h.kind != Kind::Create as u16 {
                 return;
             }
-            reply(s, h, Kind::Create, ok(0, Value::None));
+            reply(s, h, Kind::Create, ok(0, Value::U64(2)));
             let Some((h, _)) = read_frame(s) else { return };
             script(s, h);
             // Stay until the parent hangs up.

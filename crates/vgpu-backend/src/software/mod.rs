@@ -383,6 +383,10 @@ impl Partition for SoftwarePartition {
         &self.spec
     }
 
+    fn kernel_compute_units(&self) -> u32 {
+        self.spec.compute_units
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         let align = rules::alloc_align(size, align)?;
         let available = self.available();

@@ -1,5 +1,6 @@
 //! Devices and their primary contexts. A device is a vGPU: its memory is
-//! the partition's quota, its SM count the partition's compute units.
+//! the partition's quota, its SM count the SMs its kernels run on (the
+//! device's COMPUTE_UNITS register).
 
 use std::ffi::c_char;
 

@@ -38,6 +38,9 @@ impl Partition for SharedPartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
     }
+    fn kernel_compute_units(&self) -> u32 {
+        lock(&self.inner).kernel_compute_units()
+    }
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         lock(&self.inner).alloc(size, align)
     }
@@ -293,6 +296,9 @@ mod tests {
     impl Partition for WithRegistry {
         fn spec(&self) -> &PartitionSpec {
             self.0.spec()
+        }
+        fn kernel_compute_units(&self) -> u32 {
+            self.0.kernel_compute_units()
         }
         fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
             self.0.alloc(size, align)
