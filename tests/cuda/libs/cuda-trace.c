@@ -10,6 +10,16 @@
 //
 //   CUDA_TRACE_REAL=/path/libcuda.so.1   the driver to forward to (required)
 //   CUDA_TRACE=summary                   counts and times only
+//   CUDA_TRACE_REFUSE=NAME,...           these functions answer
+//                                        CUDA_ERROR_NOT_SUPPORTED without
+//                                        reaching the driver (names as the
+//                                        trace prints them, such as
+//                                        cuTensorMapEncodeTiled or
+//                                        table-1734dc26[4])
+//   CUDA_TRACE_ATTR=ATTR=VALUE,...       cuDeviceGetAttribute answers VALUE
+//                                        for these attributes
+// The last two make the real driver answer as a vGPU's library does, so
+// a native run shows what one of its answers costs a program.
 //
 // The exported names are generated from the real driver's (build.sh), each
 // a two-instruction stub into trace_common (x86-64 only). Built with
@@ -34,12 +44,15 @@ extern const unsigned trace_export_count;
 #define MAX_FNS 8192
 #define MAX_DEPTH 64
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define MAX_ATTRS 64
 
 struct fn {
   char name[96];
   void *real;
   uint64_t calls;
   uint64_t ns;
+  int refused;
 };
 
 struct frame {
@@ -62,6 +75,9 @@ static int summary;
 static uint64_t t_start;
 static unsigned char *thunks;
 static unsigned nthunks;
+static const char *refuse_list;
+static int attr_ids[MAX_ATTRS], attr_values[MAX_ATTRS];
+static unsigned nattrs;
 static __thread struct frame frames[MAX_DEPTH];
 static __thread int depth;
 
@@ -103,6 +119,33 @@ static void hex32(const unsigned char *m, char *out) {
 }
 
 static int missing(void) { return CUDA_ERROR_NOT_FOUND; }
+static int not_supported(void) { return CUDA_ERROR_NOT_SUPPORTED; }
+
+// Whether `name` (less a "(ptsz)" suffix) is in CUDA_TRACE_REFUSE's
+// comma-separated list.
+static int refused(const char *name) {
+  size_t n = strcspn(name, "(");
+  for (const char *p = refuse_list; p && *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && strncmp(p, name, n) == 0)
+      return 1;
+    p = end ? end + 1 : NULL;
+  }
+  return 0;
+}
+
+static void parse_attrs(const char *spec) {
+  for (const char *p = spec; p && *p && nattrs < MAX_ATTRS;) {
+    int id, value;
+    if (sscanf(p, "%d=%d", &id, &value) == 2) {
+      attr_ids[nattrs] = id;
+      attr_values[nattrs++] = value;
+    }
+    p = strchr(p, ',');
+    p = p ? p + 1 : NULL;
+  }
+}
 
 static void report(void) {
   if (!summary)
@@ -119,6 +162,8 @@ static void init(void) {
   const char *path = getenv("CUDA_TRACE_REAL");
   const char *mode = getenv("CUDA_TRACE");
   summary = mode && strcmp(mode, "summary") == 0;
+  refuse_list = getenv("CUDA_TRACE_REFUSE");
+  parse_attrs(getenv("CUDA_TRACE_ATTR"));
   t_start = now_ns();
   if (!path) {
     say("cuda-trace: CUDA_TRACE_REAL is not set");
@@ -132,6 +177,7 @@ static void init(void) {
   for (unsigned i = 0; i < trace_export_count && i < MAX_FNS; i++) {
     snprintf(fns[i].name, sizeof fns[i].name, "%s", trace_export_names[i]);
     fns[i].real = dlsym(real_lib, trace_export_names[i]);
+    fns[i].refused = refused(fns[i].name);
   }
   nfns = trace_export_count;
   thunks = mmap(NULL, 32 * 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
@@ -158,6 +204,7 @@ static void *thunk(const char *name, void *real) {
   unsigned idx = nfns;
   snprintf(fns[idx].name, sizeof fns[idx].name, "%s", name);
   fns[idx].real = real;
+  fns[idx].refused = refused(fns[idx].name);
   unsigned char *p = thunks + 32 * nthunks++;
   uint64_t i64 = idx, c64 = (uint64_t)(uintptr_t)trace_common;
   p[0] = 0x49; // movabs $idx, %r11
@@ -271,6 +318,8 @@ __attribute__((visibility("hidden"))) void *trace_enter(uint64_t idx,
       if (peek(f->a[i], f->mem[i]))
         f->readable |= (unsigned char)(1u << i);
   f->t0 = now_ns();
+  if (idx < nfns && fns[idx].refused)
+    return (void *)not_supported;
   void *real = idx < nfns ? fns[idx].real : NULL;
   return real ? real : (void *)missing;
 }
@@ -300,6 +349,10 @@ __attribute__((visibility("hidden"))) void *trace_leave(uint64_t rc64) {
     }
   }
   // NVML hands out private tables the same way.
+  if (is(name, "cuDeviceGetAttribute") && rc == 0 && a[0])
+    for (unsigned i = 0; i < nattrs; i++)
+      if (attr_ids[i] == (int)a[1])
+        *(int *)(uintptr_t)a[0] = attr_values[i];
   int export_table =
       is(name, "cuGetExportTable") || is(name, "nvmlInternalGetExportTable");
   if (export_table && rc == 0 && a[0] && a[1])
