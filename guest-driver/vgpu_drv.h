@@ -109,6 +109,7 @@ union vgpu_dcmd {
 	struct vgpu_cmd_module_unload module_unload;
 	struct vgpu_cmd_launch launch;
 	struct vgpu_cmd_func_info func_info;
+	struct vgpu_cmd_occupancy occupancy;
 };
 
 struct vgpu_batch;

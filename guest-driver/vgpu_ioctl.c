@@ -69,6 +69,7 @@ static_assert(VGPU_CMD_MODULE_UNLOAD == VGPU_OP_MODULE_UNLOAD);
 static_assert(VGPU_CMD_LAUNCH == VGPU_OP_LAUNCH);
 static_assert(VGPU_CMD_TIMESTAMP == VGPU_OP_TIMESTAMP);
 static_assert(VGPU_CMD_FUNC_INFO == VGPU_OP_FUNC_INFO);
+static_assert(VGPU_CMD_OCCUPANCY == VGPU_OP_OCCUPANCY);
 static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
 static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
 static_assert(VGPU_CMD_FUNC_INFO_GLOBAL == VGPU_FUNC_INFO_FLAG_GLOBAL);
@@ -842,6 +843,30 @@ static int vgpu_prep_func_info(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return vgpu_stage_small(vdev, c, u64_to_user_ptr(a->name), a->name_len);
 }
 
+static int vgpu_prep_occupancy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			       const struct vgpu_cmd *u)
+{
+	const struct vgpu_occupancy_args *a = &u->occupancy;
+	struct vgpu_cmd_occupancy *d = &c->dcmd.occupancy;
+
+	if (u->flags || a->pad || !vgpu_args_tail_zero(u, sizeof(*a)))
+		return -EINVAL;
+	if (!(vdev->features & VGPU_FEATURE_OCCUPANCY))
+		return -EOPNOTSUPP;
+	/* The device checks the shape against the function's limits. */
+	if (a->module == VGPU_MODULE_BUILTIN_ID || !a->function)
+		return -EINVAL;
+
+	d->hdr.opcode = VGPU_OP_OCCUPANCY;
+	d->module = a->module;
+	d->function = a->function;
+	memcpy(d->block, a->block, sizeof(d->block));
+	d->shared_mem = a->shared_mem;
+	memcpy(d->cluster, a->cluster, sizeof(d->cluster));
+	c->dlen = sizeof(*d);
+	return 0;
+}
+
 static int vgpu_prep_module_load(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 				 const struct vgpu_cmd *u,
 				 struct vgpu_budget *bud)
@@ -933,6 +958,8 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 		return vgpu_prep_launch(vdev, c, u, bud);
 	case VGPU_CMD_FUNC_INFO:
 		return vgpu_prep_func_info(vdev, c, u, bud);
+	case VGPU_CMD_OCCUPANCY:
+		return vgpu_prep_occupancy(vdev, c, u);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;
@@ -1072,6 +1099,11 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 			return -ENOENT;
 		return vgpu_check_dev_range(vf, u->func_info.out,
 					    u->func_info.out_size);
+	case VGPU_CMD_OCCUPANCY:
+		spin_lock_irqsave(&vf->res_lock, flags);
+		m = vgpu_module_find(vf, u->occupancy.module);
+		spin_unlock_irqrestore(&vf->res_lock, flags);
+		return m ? 0 : -ENOENT;
 	case VGPU_CMD_LAUNCH:
 		if (l->module != VGPU_MODULE_BUILTIN_ID) {
 			spin_lock_irqsave(&vf->res_lock, flags);
@@ -1275,6 +1307,8 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		i.flags |= VGPU_INFO_WINDOW;
 	if (vdev->features & VGPU_FEATURE_FUNC_INFO)
 		i.flags |= VGPU_INFO_FUNC_INFO;
+	if (vdev->features & VGPU_FEATURE_OCCUPANCY)
+		i.flags |= VGPU_INFO_OCCUPANCY;
 	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
 }
 

@@ -18,7 +18,7 @@
 #define VGPU_PCI_REVISION 0x1ULL
 #define VGPU_ABI_MAGIC 0x55504756ULL
 #define VGPU_ABI_VERSION_MAJOR 0x1ULL
-#define VGPU_ABI_VERSION_MINOR 0x1ULL
+#define VGPU_ABI_VERSION_MINOR 0x2ULL
 #define VGPU_BAR_REGS 0x0ULL
 #define VGPU_BAR_WINDOW 0x2ULL
 #define VGPU_BAR0_SIZE 0x4000ULL
@@ -69,6 +69,7 @@
 #define VGPU_FEATURE_WINDOW 0x4ULL
 #define VGPU_FEATURE_TIMESTAMP 0x8ULL
 #define VGPU_FEATURE_FUNC_INFO 0x10ULL
+#define VGPU_FEATURE_OCCUPANCY 0x20ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -96,6 +97,7 @@
 #define VGPU_OP_LAUNCH 0x8ULL
 #define VGPU_OP_TIMESTAMP 0x9ULL
 #define VGPU_OP_FUNC_INFO 0xaULL
+#define VGPU_OP_OCCUPANCY 0xbULL
 #define VGPU_FENCE_FLAG_IRQ 0x1ULL
 #define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
 #define VGPU_FUNC_INFO_FLAG_GLOBAL 0x1ULL
@@ -232,6 +234,18 @@ struct vgpu_cmd_func_info {
 };
 
 _Static_assert(sizeof(struct vgpu_cmd_func_info) == 32, "vgpu_cmd_func_info layout");
+
+struct vgpu_cmd_occupancy {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 module; /* offset 8 */
+	__u64 function; /* offset 16 */
+	__u32 block[3]; /* offset 24 */
+	__u32 shared_mem; /* offset 36 */
+	__u32 cluster[3]; /* offset 40 */
+	__u32 reserved; /* offset 52 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_occupancy) == 56, "vgpu_cmd_occupancy layout");
 
 struct vgpu_func_info {
 	__u32 param_count; /* offset 0 */

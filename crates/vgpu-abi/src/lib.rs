@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 1;
+pub const ABI_VERSION_MINOR: u32 = 2;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -144,6 +144,8 @@ pub const FEATURE_TIMESTAMP: u64 = 1 << 3;
 /// Feature: the FUNC_INFO command and launches by function handle
 /// ([`LAUNCH_FLAG_FUNCTION`]); ABI minor version 1.
 pub const FEATURE_FUNC_INFO: u64 = 1 << 4;
+/// Feature: the OCCUPANCY command; ABI minor version 2.
+pub const FEATURE_OCCUPANCY: u64 = 1 << 5;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -203,6 +205,11 @@ pub const OP_TIMESTAMP: u32 = 9;
 /// Command: look up an entry point of a loaded module: its parameter
 /// layout and attributes, and a function handle to launch it by.
 pub const OP_FUNC_INFO: u32 = 10;
+/// Command: how many thread block clusters of a launch shape can be
+/// resident on the device at once, as the backend's driver counts them
+/// (clusters must fit within one group of SMs, which only the driver
+/// knows).
+pub const OP_OCCUPANCY: u32 = 11;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
@@ -501,6 +508,28 @@ abi_struct!(
         out_size: u32 => "__u32 {}",
         /// Bytes of the name, 1..=[`MAX_ENTRY_NAME`].
         name_len: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// OCCUPANCY: a launch shape of a function FUNC_INFO described.
+    /// Result: the clusters of that shape that can be resident at once
+    /// (0: none fits).
+    OccupancyCmd => "vgpu_cmd_occupancy" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Module handle.
+        module: u64 => "__u64 {}",
+        /// Function handle FUNC_INFO returned for `module`.
+        function: u64 => "__u64 {}",
+        /// Block dimensions.
+        block: [u32; 3] => "__u32 {}[3]",
+        /// Dynamic shared memory per block, bytes.
+        shared_mem: u32 => "__u32 {}",
+        /// Blocks per cluster in x, y and z, each at least 1.
+        cluster: [u32; 3] => "__u32 {}[3]",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
     }
 );
 
@@ -813,6 +842,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_WINDOW", FEATURE_WINDOW),
         ("VGPU_FEATURE_TIMESTAMP", FEATURE_TIMESTAMP),
         ("VGPU_FEATURE_FUNC_INFO", FEATURE_FUNC_INFO),
+        ("VGPU_FEATURE_OCCUPANCY", FEATURE_OCCUPANCY),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -840,6 +870,7 @@ pub fn c_header() -> String {
         ("VGPU_OP_LAUNCH", OP_LAUNCH.into()),
         ("VGPU_OP_TIMESTAMP", OP_TIMESTAMP.into()),
         ("VGPU_OP_FUNC_INFO", OP_FUNC_INFO.into()),
+        ("VGPU_OP_OCCUPANCY", OP_OCCUPANCY.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
@@ -887,6 +918,7 @@ pub fn c_header() -> String {
     c_struct::<ModuleUnloadCmd>(&mut o, true);
     c_struct::<LaunchCmd>(&mut o, true);
     c_struct::<FuncInfoCmd>(&mut o, true);
+    c_struct::<OccupancyCmd>(&mut o, true);
     c_struct::<FuncInfo>(&mut o, true);
     c_struct::<FuncParam>(&mut o, true);
     c_struct::<GlobalInfo>(&mut o, true);
@@ -970,6 +1002,8 @@ mod tests {
             ModuleLoadCmd,
             ModuleUnloadCmd,
             LaunchCmd,
+            FuncInfoCmd,
+            OccupancyCmd,
             Completion,
             FillParams,
             CopyParams,

@@ -841,6 +841,14 @@ pub unsafe fn launch_packed(
             )
         };
     }
+    let mut attr = cluster_attribute(cluster);
+    let config = launch_config([grid, block], shared_mem, s, &mut attr);
+    // SAFETY: as above; `config` and its one attribute outlive the call.
+    ok(unsafe { sys::cuLaunchKernelEx(&config, f, std::ptr::null_mut(), extra_ptr) })
+}
+
+/// The launch attribute that asks for clusters of `cluster` blocks.
+fn cluster_attribute(cluster: [u32; 3]) -> sys::CUlaunchAttribute {
     // SAFETY: the value union holds plain integers only; all zeros is
     // valid for each member.
     let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
@@ -849,12 +857,22 @@ pub unsafe fn launch_packed(
         y: cluster[1],
         z: cluster[2],
     };
-    let mut attr = sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
         id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
         pad: [0; 4],
         value,
-    };
-    let config = sys::CUlaunchConfig {
+    }
+}
+
+/// A launch configuration with one attribute, `attr`, which must outlive
+/// its use.
+fn launch_config(
+    [grid, block]: [[u32; 3]; 2],
+    shared_mem: u32,
+    s: &Stream,
+    attr: &mut sys::CUlaunchAttribute,
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
         gridDimX: grid[0],
         gridDimY: grid[1],
         gridDimZ: grid[2],
@@ -863,11 +881,29 @@ pub unsafe fn launch_packed(
         blockDimZ: block[2],
         sharedMemBytes: shared_mem,
         hStream: s.0,
-        attrs: &mut attr,
+        attrs: attr,
         numAttrs: 1,
-    };
-    // SAFETY: as above; `config` and its one attribute outlive the call.
-    ok(unsafe { sys::cuLaunchKernelEx(&config, f, std::ptr::null_mut(), extra_ptr) })
+    }
+}
+
+/// How many clusters of `cluster` blocks of `block` threads, each block
+/// with `shared_mem` bytes of dynamic shared memory, of kernel `f` can be
+/// resident on the device at once (`cuOccupancyMaxActiveClusters`).
+pub fn max_active_clusters(
+    f: sys::CUfunction,
+    block: [u32; 3],
+    cluster: [u32; 3],
+    shared_mem: u32,
+    s: &Stream,
+) -> Result<i32, CuError> {
+    let mut attr = cluster_attribute(cluster);
+    // One cluster's grid: the driver wants the grid to be whole clusters.
+    let config = launch_config([cluster, block], shared_mem, s, &mut attr);
+    let mut n = 0;
+    // SAFETY: `f` is a live kernel of the current context; `config` and
+    // its attribute outlive the call, which only reads them.
+    ok(unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f, &config) })?;
+    Ok(n)
 }
 
 /// A module image as the driver reads it from a bare pointer: PTX with

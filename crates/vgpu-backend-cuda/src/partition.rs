@@ -446,11 +446,25 @@ fn prepare_loaded(
     l: &Launch<'_>,
     optin: u32,
 ) -> Result<driver::CUfunction, Fail> {
+    prepare_kernel(dev, l, optin, Some(l.params))
+}
+
+/// [`prepare_loaded`], checking the parameter block only when given one
+/// (an occupancy query has none).
+fn prepare_kernel(
+    dev: &mut DeviceState,
+    l: &Launch<'_>,
+    optin: u32,
+    params: Option<&[u8]>,
+) -> Result<driver::CUfunction, Fail> {
     let entry = l.entry;
     let m = dev.res.module_mut(l.module)?;
     let k = m.kernel(entry, optin)?;
     let limits = KernelLimits::of(&k.info);
-    rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, l.params, &limits)?;
+    match params {
+        Some(p) => rules::check_module_launch(entry, l.grid, l.block, l.shared_mem, p, &limits)?,
+        None => rules::check_module_shape(entry, l.grid, l.block, l.shared_mem, &limits)?,
+    }
     if l.shared_mem > k.dynamic_shared {
         // Kernels that need more than the default 48 KiB opt in
         // (cudaFuncSetAttribute in the guest); the check above keeps it
@@ -788,6 +802,32 @@ impl Partition for CudaPartition {
         };
         self.last_device_time = Some(t);
         Ok(())
+    }
+
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        self.last_device_time = None;
+        if launch.module == abi::MODULE_BUILTIN {
+            return Err(OpError::Invalid(
+                "occupancy of the built-in kernels is not asked".into(),
+            ));
+        }
+        let optin = self.shared.max_shared_optin;
+        let shape = Launch {
+            grid: launch.cluster,
+            ..launch.clone()
+        };
+        let n = self.run(|dev| {
+            let f = prepare_kernel(dev, &shape, optin, None)?;
+            driver::max_active_clusters(
+                f,
+                shape.block,
+                shape.cluster,
+                shape.shared_mem,
+                &dev.res.stream,
+            )
+            .map_err(|e| Fail::Refused(format!("counting clusters of {}", shape.entry), e))
+        })?;
+        Ok(u32::try_from(n).unwrap_or(0))
     }
 
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {

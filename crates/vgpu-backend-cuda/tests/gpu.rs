@@ -328,6 +328,7 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_matmul(&make);
     conformance::module_launch_errors_and_unload(&make);
     conformance::module_function_info(&make);
+    conformance::module_cluster_occupancy(&make);
     conformance::module_global(&make);
     conformance::module_queued_launches_depend_in_order(&make);
 }

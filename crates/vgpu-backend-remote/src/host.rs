@@ -476,6 +476,7 @@ impl Host<'_> {
                 .global_info(module, name)
                 .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
+            Request::Occupancy(l) => p.max_active_clusters(&l).map(|n| Value::U64(n.into())),
             Request::Queued(steps) => Ok(Value::Queued(p.run_queued(&steps))),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }

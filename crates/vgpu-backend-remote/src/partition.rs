@@ -811,6 +811,19 @@ impl Partition for RemotePartition {
         out
     }
 
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        let shape = Launch {
+            params: &[],
+            ..launch.clone()
+        };
+        check_launch(&shape)?;
+        match self.call(&Request::Occupancy(shape), Xfer::None)? {
+            Value::U64(n) => u32::try_from(n)
+                .map_err(|_| self.fail(format!("{n} active clusters is not a count"))),
+            v => Err(self.fail(format!("unexpected result {v:?}"))),
+        }
+    }
+
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         if entry.len() > proto::MAX_ENTRY {
             return Err(OpError::Invalid(format!(

@@ -124,6 +124,8 @@ pub enum Kind {
     GlobalInfo = 19,
     /// `Partition::run_queued`, launch parameters inline.
     Queued = 20,
+    /// `Partition::max_active_clusters`.
+    Occupancy = 21,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -157,6 +159,7 @@ impl Kind {
             18 => FunctionInfo,
             19 => GlobalInfo,
             20 => Queued,
+            21 => Occupancy,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -418,6 +421,8 @@ pub enum Request<'a> {
     },
     /// [`Kind::Launch`].
     Launch(Launch<'a>),
+    /// [`Kind::Occupancy`]: a launch shape (no parameters).
+    Occupancy(Launch<'a>),
     /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
     Queued(Vec<Queued<'a>>),
     /// [`Kind::FunctionInfo`].
@@ -576,6 +581,7 @@ impl Request<'_> {
             Request::ModuleLoad { .. } => Kind::ModuleLoad,
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
+            Request::Occupancy(_) => Kind::Occupancy,
             Request::Queued(_) => Kind::Queued,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
@@ -654,7 +660,7 @@ impl Request<'_> {
             | Request::GlobalInfo { module, name } => {
                 w.u64(*module).text(name, MAX_ENTRY);
             }
-            Request::Launch(l) => encode_launch(&mut w, l),
+            Request::Launch(l) | Request::Occupancy(l) => encode_launch(&mut w, l),
             Request::Queued(steps) => {
                 w.u32(steps.len() as u32);
                 for s in steps {
@@ -761,6 +767,7 @@ impl Request<'_> {
                 name: r.text(MAX_ENTRY)?,
             },
             Kind::Launch => Request::Launch(decode_launch(&mut r)?),
+            Kind::Occupancy => Request::Occupancy(decode_launch(&mut r)?),
             Kind::Queued => {
                 let n = r.u32()? as usize;
                 if n == 0 || n > MAX_QUEUED_STEPS {
@@ -915,7 +922,10 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (Kind::Alloc | Kind::ModuleLoad | Kind::Create, Value::U64(x)) => {
+                (
+                    Kind::Alloc | Kind::ModuleLoad | Kind::Create | Kind::Occupancy,
+                    Value::U64(x),
+                ) => {
                     w.u64(*x);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
@@ -983,7 +993,9 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Create => Value::U64(r.u64()?),
+                Kind::Alloc | Kind::ModuleLoad | Kind::Create | Kind::Occupancy => {
+                    Value::U64(r.u64()?)
+                }
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
                         0 => false,

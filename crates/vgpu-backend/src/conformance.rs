@@ -1151,6 +1151,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_matmul(make);
     module_launch_errors_and_unload(make);
     module_function_info(make);
+    module_cluster_occupancy(make);
     module_global(make);
     module_queued_launches_depend_in_order(make);
     module_illegal_address(make);
@@ -1400,6 +1401,53 @@ pub fn module_function_info(make: Make<'_>) {
     p.module_unload(m).unwrap();
     assert!(matches!(
         p.function_info(m, "vector_add"),
+        Err(OpError::NotFound(_))
+    ));
+}
+
+/// How many clusters of a launch shape fit at once: at least one block
+/// of a small kernel alone, no more clusters of two than of one, none
+/// of a shape the kernel refuses; and an unknown kernel is not found.
+pub fn module_cluster_occupancy(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-occupancy", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    let shape = |cluster: [u32; 3], block: [u32; 3], shared_mem: u32| Launch {
+        module: m,
+        entry: "vector_add",
+        grid: cluster,
+        block,
+        shared_mem,
+        cluster,
+        params: &[],
+    };
+    let alone = p
+        .max_active_clusters(&shape([1, 1, 1], [256, 1, 1], 0))
+        .unwrap();
+    assert!(alone >= 1, "{alone} blocks of 256 threads fit");
+    let pairs = p
+        .max_active_clusters(&shape([2, 1, 1], [256, 1, 1], 0))
+        .unwrap();
+    assert!(pairs <= alone, "{pairs} pairs, {alone} blocks");
+    let info = p.function_info(m, "vector_add").unwrap();
+    let too_many = [info.attrs.max_threads + 1, 1, 1];
+    assert!(matches!(
+        p.max_active_clusters(&shape([1, 1, 1], too_many, 0)),
+        Err(OpError::Invalid(_))
+    ));
+    let too_much_shared = info.attrs.max_dynamic_shared + 1;
+    assert!(matches!(
+        p.max_active_clusters(&shape([1, 1, 1], [256, 1, 1], too_much_shared)),
+        Err(OpError::Invalid(_))
+    ));
+    let unknown = Launch {
+        entry: "no_such_kernel",
+        ..shape([1, 1, 1], [256, 1, 1], 0)
+    };
+    assert!(matches!(
+        p.max_active_clusters(&unknown),
         Err(OpError::NotFound(_))
     ));
 }

@@ -425,6 +425,12 @@ pub trait Partition: Send {
     /// to forward it would run its inner partition's steps one by one
     /// ([`run_queued_in_order`]).
     fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone>;
+    /// How many thread block clusters of `launch`'s shape (its block,
+    /// dynamic shared memory and cluster; grid and parameters unused) of
+    /// its kernel can be resident on the device at once, as the backend's
+    /// driver counts them; 0 when none fits. No default: a wrapper that
+    /// forgot to forward it would answer for the wrong device.
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError>;
     /// Describes entry point `entry` of `module` (parameter layout and
     /// attributes), as the backend's driver knows it.
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;

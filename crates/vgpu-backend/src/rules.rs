@@ -756,6 +756,34 @@ pub fn check_module_launch(
     params: &[u8],
     limits: &KernelLimits,
 ) -> Result<(), OpError> {
+    check_module_shape(entry, grid, block, shared_mem, limits)?;
+    if params.len() > abi::MAX_PARAMS_SIZE as usize {
+        return Err(OpError::Invalid(format!(
+            "{entry}: parameter block of {} bytes is larger than {}",
+            params.len(),
+            abi::MAX_PARAMS_SIZE
+        )));
+    }
+    if let Some(want) = limits.param_bytes {
+        if params.len() != want {
+            return Err(OpError::Invalid(format!(
+                "{entry}: parameter block is {} bytes, the kernel's parameters take {want}",
+                params.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Validates the shape of a launch of a loaded kernel (not its
+/// parameters) against its limits: what an occupancy query needs.
+pub fn check_module_shape(
+    entry: &str,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem: u32,
+    limits: &KernelLimits,
+) -> Result<(), OpError> {
     if grid.contains(&0) || block.contains(&0) {
         return Err(OpError::Invalid(format!(
             "{entry}: grid {grid:?} / block {block:?} has a zero dimension"
@@ -773,21 +801,6 @@ pub fn check_module_launch(
             "{entry}: {shared_mem} bytes of dynamic shared memory, the kernel allows {}",
             limits.max_dynamic_shared
         )));
-    }
-    if params.len() > abi::MAX_PARAMS_SIZE as usize {
-        return Err(OpError::Invalid(format!(
-            "{entry}: parameter block of {} bytes is larger than {}",
-            params.len(),
-            abi::MAX_PARAMS_SIZE
-        )));
-    }
-    if let Some(want) = limits.param_bytes {
-        if params.len() != want {
-            return Err(OpError::Invalid(format!(
-                "{entry}: parameter block is {} bytes, the kernel's parameters take {want}",
-                params.len()
-            )));
-        }
     }
     Ok(())
 }

@@ -560,6 +560,35 @@ fn func_info(ctx: &mut Ctx<'_>, cmd: &abi::FuncInfoCmd, reads: &[Desc]) -> Resul
     Ok((ctx.functions.handle(cmd.module, name)?, 0))
 }
 
+/// OCCUPANCY: how many clusters of a launch shape of a function FUNC_INFO
+/// described can be resident at once, as the partition's driver counts.
+fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
+    if cmd.hdr.flags != 0 || cmd.reserved != 0 {
+        return Err(abi::STATUS_INVALID);
+    }
+    let entry = ctx
+        .functions
+        .entry(cmd.module, cmd.function)
+        .ok_or(abi::STATUS_NOT_FOUND)?;
+    // One cluster's worth of grid: the shape is all that is asked about.
+    if !valid_shape(cmd.cluster, cmd.block) || !valid_cluster(cmd.cluster, cmd.cluster) {
+        return Err(abi::STATUS_INVALID);
+    }
+    let shape = Launch {
+        cluster: cmd.cluster,
+        module: cmd.module,
+        entry,
+        grid: cmd.cluster,
+        block: cmd.block,
+        shared_mem: cmd.shared_mem,
+        params: &[],
+    };
+    ctx.partition
+        .max_active_clusters(&shape)
+        .map(u64::from)
+        .map_err(op_status)
+}
+
 /// Runs the command in `descs` (readable descriptors first, then writable).
 pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
@@ -647,6 +676,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             let c: abi::LaunchCmd = parse(raw)?;
             launch(ctx, &c, &reads)
         }
+        abi::OP_OCCUPANCY => occupancy(ctx, &parse(raw)?),
         _ => Err(abi::STATUS_INVALID),
     })();
     let device_ns = start.elapsed().as_nanos() as u64;

@@ -660,6 +660,112 @@ fn test_loaded_ptx_runs_through_the_queue_on_software() {
     );
 }
 
+/// OCCUPANCY counts the clusters of a function's launch shape that fit at
+/// once (the software backend: one block per compute unit, no clusters);
+/// every field is checked first.
+#[test]
+fn test_occupancy_counts_clusters_of_a_described_function() {
+    let (_s, mut g) = vgpu_ready();
+    let ptx = conformance::portable(conformance::corpus::VECTOR_ADD);
+    let module = g.module_load(0, abi::MODULE_FORMAT_PTX, &ptx).result;
+    let out = g.device_alloc(0, 4096);
+    let handle = g.func_info(0, module, "vector_add", out, 4096).result;
+    let cmd = abi::OccupancyCmd {
+        hdr: CmdHeader {
+            opcode: abi::OP_OCCUPANCY,
+            flags: 0,
+        },
+        module,
+        function: handle,
+        block: [128, 1, 1],
+        shared_mem: 0,
+        cluster: [1, 1, 1],
+        reserved: 0,
+    };
+    let mut ask = |c: abi::OccupancyCmd| g.run(0, &Chain::command(&c).completion());
+    let c = ask(cmd);
+    assert_status(c, abi::STATUS_OK);
+    assert_eq!(c.result, 2, "one block on each of the two compute units");
+    let c = ask(abi::OccupancyCmd {
+        cluster: [2, 1, 1],
+        ..cmd
+    });
+    assert_eq!((c.status, c.result), (abi::STATUS_OK, 0));
+    for (bad, status) in [
+        (
+            abi::OccupancyCmd {
+                function: handle + 7,
+                ..cmd
+            },
+            abi::STATUS_NOT_FOUND,
+        ),
+        (
+            abi::OccupancyCmd {
+                module: module + 1,
+                ..cmd
+            },
+            abi::STATUS_NOT_FOUND,
+        ),
+        (
+            abi::OccupancyCmd { reserved: 1, ..cmd },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                hdr: CmdHeader {
+                    opcode: abi::OP_OCCUPANCY,
+                    flags: 1,
+                },
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                cluster: [0, 1, 1],
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                cluster: [32, 1, 1],
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                block: [0, 1, 1],
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                block: [2048, 1, 1],
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                shared_mem: u32::MAX,
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+    ] {
+        assert_status(ask(bad), status);
+    }
+    // The handle ends with its module.
+    assert_status(g.module_unload(0, module), abi::STATUS_OK);
+    assert_status(
+        g.run(0, &Chain::command(&cmd).completion()),
+        abi::STATUS_NOT_FOUND,
+    );
+}
+
 /// FUNC_INFO describes a loaded kernel into device memory, and its handle
 /// launches the kernel; handles belong to their module and end with it.
 #[test]

@@ -61,6 +61,9 @@ impl Partition for WithGlobals {
     fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
         self.inner.run_queued(steps)
     }
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        self.inner.max_active_clusters(launch)
+    }
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         self.inner.function_info(module, entry)
     }

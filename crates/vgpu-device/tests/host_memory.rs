@@ -169,6 +169,9 @@ impl Partition for Recording {
         self.inner.global_info(module, name)
     }
 
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        self.inner.max_active_clusters(launch)
+    }
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         self.inner.function_info(module, entry)
     }

@@ -679,6 +679,32 @@ impl Device {
         Ok((cmd[0].result, cmd[0].result2))
     }
 
+    /// How many thread block clusters of `cluster` blocks of `block`
+    /// threads, each block with `shared_mem` bytes of dynamic shared
+    /// memory, of function `f` the device can hold at once, as the host's
+    /// driver counts them (clusters stay within one group of SMs, which
+    /// only it knows); 0 when none fits.
+    pub fn max_active_clusters(
+        &self,
+        f: &Function,
+        block: [u32; 3],
+        shared_mem: u32,
+        cluster: [u32; 3],
+    ) -> Result<u32> {
+        if self.inner.info.flags & sys::INFO_OCCUPANCY == 0 {
+            return Err(Error::Unsupported);
+        }
+        let r = self.run_one(VgpuCmd::occupancy(sys::VgpuOccupancyArgs {
+            module: f.module,
+            function: f.handle,
+            block,
+            shared_mem,
+            cluster,
+            pad: 0,
+        }))?;
+        u32::try_from(r.result).map_err(|_| Error::Io)
+    }
+
     /// Runs `f` (from [`Device::function`]).
     pub fn launch_function(&self, f: &Function, dims: Dims, params: &[u8]) -> Result<CmdResult> {
         self.run_one(launch_function_cmd(f, dims, params)?)

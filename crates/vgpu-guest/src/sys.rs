@@ -39,6 +39,8 @@ pub const INFO_MSIX: u32 = 1 << 1;
 pub const INFO_WINDOW: u32 = 1 << 2;
 /// `vgpu_info.flags`: FUNC_INFO and launches by function handle.
 pub const INFO_FUNC_INFO: u32 = 1 << 3;
+/// `vgpu_info.flags`: OCCUPANCY.
+pub const INFO_OCCUPANCY: u32 = 1 << 4;
 
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
@@ -49,12 +51,13 @@ pub use vgpu_abi::{
     MODULE_FORMAT_FATBIN as MODULE_FATBIN, MODULE_FORMAT_PTX as MODULE_PTX, OP_COPY as CMD_COPY,
     OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL, OP_FUNC_INFO as CMD_FUNC_INFO,
     OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
-    OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_TIMESTAMP as CMD_TIMESTAMP,
-    STATUS_CANCELLED as CMD_STATUS_CANCELLED, STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR,
-    STATUS_FAULT as CMD_STATUS_FAULT, STATUS_INVALID as CMD_STATUS_INVALID,
-    STATUS_KERNEL_FAULT as CMD_STATUS_KERNEL_FAULT, STATUS_NOT_FOUND as CMD_STATUS_NOT_FOUND,
-    STATUS_NO_MEMORY as CMD_STATUS_NO_MEMORY, STATUS_OK as CMD_STATUS_OK,
-    STATUS_OUT_OF_RANGE as CMD_STATUS_OUT_OF_RANGE, STATUS_UNSUPPORTED as CMD_STATUS_UNSUPPORTED,
+    OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_OCCUPANCY as CMD_OCCUPANCY,
+    OP_TIMESTAMP as CMD_TIMESTAMP, STATUS_CANCELLED as CMD_STATUS_CANCELLED,
+    STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR, STATUS_FAULT as CMD_STATUS_FAULT,
+    STATUS_INVALID as CMD_STATUS_INVALID, STATUS_KERNEL_FAULT as CMD_STATUS_KERNEL_FAULT,
+    STATUS_NOT_FOUND as CMD_STATUS_NOT_FOUND, STATUS_NO_MEMORY as CMD_STATUS_NO_MEMORY,
+    STATUS_OK as CMD_STATUS_OK, STATUS_OUT_OF_RANGE as CMD_STATUS_OUT_OF_RANGE,
+    STATUS_UNSUPPORTED as CMD_STATUS_UNSUPPORTED,
 };
 // The limits the driver asserts equal to the device's.
 pub use vgpu_abi::{
@@ -252,6 +255,19 @@ uapi_struct!(
     }
 );
 
+uapi_struct!(
+    /// Arguments of an OCCUPANCY.
+    pub struct VgpuOccupancyArgs => "vgpu_occupancy_args" {
+        pub module: u64,
+        /// Function handle from FUNC_INFO of `module`.
+        pub function: u64,
+        pub block: [u32; 3],
+        pub shared_mem: u32,
+        pub cluster: [u32; 3],
+        pub pad: u32,
+    }
+);
+
 /// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
 /// write one member, so the bytes past that member stay zero as the driver
 /// requires.
@@ -264,6 +280,7 @@ pub union VgpuCmdArgs {
     pub module_unload: VgpuModuleUnloadArgs,
     pub launch: VgpuLaunchArgs,
     pub func_info: VgpuFuncInfoArgs,
+    pub occupancy: VgpuOccupancyArgs,
     pub raw: [u64; 11],
 }
 
@@ -326,6 +343,7 @@ impl VgpuCmd {
             ("module_unload", args, size_of::<VgpuModuleUnloadArgs>()),
             ("launch", args, size_of::<VgpuLaunchArgs>()),
             ("func_info", args, size_of::<VgpuFuncInfoArgs>()),
+            ("occupancy", args, size_of::<VgpuOccupancyArgs>()),
             ("raw", args, 88),
             ("status", offset_of!(VgpuCmd, status), 4),
             ("error", offset_of!(VgpuCmd, error), 4),
@@ -489,6 +507,8 @@ impl VgpuCmd {
         launch(VgpuLaunchArgs) => CMD_LAUNCH,
         /// A FUNC_INFO.
         func_info(VgpuFuncInfoArgs) => CMD_FUNC_INFO,
+        /// An OCCUPANCY.
+        occupancy(VgpuOccupancyArgs) => CMD_OCCUPANCY,
     );
 
     /// A MODULE_UNLOAD.
@@ -549,6 +569,7 @@ mod tests {
             VgpuModuleUnloadArgs,
             VgpuLaunchArgs,
             VgpuFuncInfoArgs,
+            VgpuOccupancyArgs,
             VgpuCmd,
             VgpuSubmit,
             VgpuWait,
@@ -582,6 +603,7 @@ mod tests {
             INFO_MSIX,
             INFO_WINDOW,
             INFO_FUNC_INFO,
+            INFO_OCCUPANCY,
             CMD_NOP,
             CMD_FENCE,
             CMD_COPY,
@@ -590,6 +612,7 @@ mod tests {
             CMD_MODULE_UNLOAD,
             CMD_LAUNCH,
             CMD_FUNC_INFO,
+            CMD_OCCUPANCY,
             CMD_LAUNCH_FUNCTION,
             CMD_FUNC_INFO_GLOBAL,
             CMD_TIMESTAMP,

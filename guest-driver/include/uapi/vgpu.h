@@ -37,6 +37,7 @@
 #define VGPU_INFO_MSIX		(1U << 1)	/* MSI-X interrupts (else INTx) */
 #define VGPU_INFO_WINDOW	(1U << 2)	/* the window can be mmap()ed */
 #define VGPU_INFO_FUNC_INFO	(1U << 3)	/* VGPU_CMD_FUNC_INFO, launch by function */
+#define VGPU_INFO_OCCUPANCY	(1U << 4)	/* VGPU_CMD_OCCUPANCY */
 
 /**
  * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
@@ -124,6 +125,7 @@ struct vgpu_free {
 #define VGPU_CMD_LAUNCH		8
 #define VGPU_CMD_TIMESTAMP	9
 #define VGPU_CMD_FUNC_INFO	10
+#define VGPU_CMD_OCCUPANCY	11
 
 /* vgpu_cmd.flags of FENCE, LAUNCH and FUNC_INFO; others take 0. */
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
@@ -219,6 +221,27 @@ struct vgpu_func_info_args {
 };
 
 /**
+ * struct vgpu_occupancy_args - a VGPU_CMD_OCCUPANCY
+ * @module: a handle from a MODULE_LOAD of this file
+ * @function: a function handle from VGPU_CMD_FUNC_INFO of @module
+ * @block: threads per block in x, y and z
+ * @shared_mem: dynamic shared memory per block, bytes
+ * @cluster: blocks per thread block cluster in x, y and z, each at least 1
+ * @pad: zero
+ *
+ * @result is how many clusters of this shape the device can hold at
+ * once, as the host's driver counts them (0: none fits).
+ */
+struct vgpu_occupancy_args {
+	__u64 module;
+	__u64 function;
+	__u32 block[3];
+	__u32 shared_mem;
+	__u32 cluster[3];
+	__u32 pad;
+};
+
+/**
  * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
  * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
  * @grid: blocks in x, y and z
@@ -263,11 +286,12 @@ struct vgpu_launch_args {
  * @module_unload: in: arguments of VGPU_CMD_MODULE_UNLOAD
  * @launch: in: arguments of VGPU_CMD_LAUNCH
  * @func_info: in: arguments of VGPU_CMD_FUNC_INFO
+ * @occupancy: in: arguments of VGPU_CMD_OCCUPANCY
  * @raw: the arguments as words; bytes the opcode does not use must be zero
  * @status: out: VGPU_CMD_STATUS_*
  * @error: out: 0 or a negative errno matching @status
  * @result: out: MODULE_LOAD: the handle; FUNC_INFO: the function handle;
- *	TIMESTAMP: device ns
+ *	TIMESTAMP: device ns; OCCUPANCY: resident clusters
  * @device_ns: out: device time the command took
  * @result2: out: FUNC_INFO of a global: its size; else zero
  *
@@ -283,6 +307,7 @@ struct vgpu_cmd {
 		struct vgpu_module_unload_args module_unload;
 		struct vgpu_launch_args launch;
 		struct vgpu_func_info_args func_info;
+		struct vgpu_occupancy_args occupancy;
 		__u64 raw[11];
 	};
 	__u32 status;

@@ -41,7 +41,8 @@ use kernels::{fill_pattern, get, par_chunks, run_parallel, saxpy, scale, sgemm_r
 pub use ptx::DEFAULT_KERNEL_TIMEOUT;
 
 use crate::rules::{
-    self, words, AddressSpace, Allocations, Builtin, FloatOperands, Loc, PartitionName,
+    self, words, AddressSpace, Allocations, Builtin, FloatOperands, KernelLimits, Loc,
+    PartitionName,
 };
 use crate::{
     Backend, BackendError, Capacity, FunctionInfo, HostSink, HostSource, Launch, OpError,
@@ -525,6 +526,30 @@ impl Partition for SoftwarePartition {
         // address will do.
         let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
         self.run_builtin(call)
+    }
+
+    /// Each of the partition's threads runs one block at a time, and the
+    /// PTX executor runs blocks alone: clusters of more than one block
+    /// never fit.
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        if launch.module == abi::MODULE_BUILTIN {
+            return Err(OpError::Invalid(
+                "occupancy of the built-in kernels is not asked".into(),
+            ));
+        }
+        let info = self.function_info(launch.module, launch.entry)?;
+        rules::check_module_shape(
+            launch.entry,
+            launch.cluster,
+            launch.block,
+            launch.shared_mem,
+            &KernelLimits::of(&info),
+        )?;
+        Ok(if launch.cluster == [1, 1, 1] {
+            self.threads() as u32
+        } else {
+            0
+        })
     }
 
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {

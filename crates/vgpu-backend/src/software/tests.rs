@@ -336,6 +336,31 @@ fn test_modules() {
 }
 
 #[test]
+fn test_cluster_occupancy_is_one_block_per_thread_and_no_clusters() {
+    let make = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 3)) };
+    conformance::module_cluster_occupancy(&make);
+    let mut p = partition(4 * MIB, 3);
+    let m = p
+        .module_load(
+            abi::MODULE_FORMAT_PTX,
+            &conformance::portable(conformance::corpus::VECTOR_ADD),
+        )
+        .unwrap();
+    let shape = |cluster| Launch {
+        module: m,
+        entry: "vector_add",
+        grid: cluster,
+        block: [128, 1, 1],
+        shared_mem: 0,
+        cluster,
+        params: &[],
+    };
+    assert_eq!(p.max_active_clusters(&shape([1, 1, 1])).unwrap(), 3);
+    // The PTX executor runs blocks alone: no cluster of two fits.
+    assert_eq!(p.max_active_clusters(&shape([2, 1, 1])).unwrap(), 0);
+}
+
+#[test]
 fn test_corpus_gives_the_same_bytes_on_one_thread_and_on_several() {
     let one = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 1)) };
     let four = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 4)) };

@@ -10,7 +10,7 @@ use vgpu_guest::{sys, Dims};
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::state::{by_handle, driver, log, Driver};
+use crate::state::{by_handle, check, driver, log, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
@@ -645,8 +645,10 @@ fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
 }
 
 /// Clusters of `f` that can be resident at once for a launch of
-/// `config`: the SMs' room for its blocks, in whole clusters (an upper
-/// bound of what the GPU's SM groups allow).
+/// `config`, as the host's driver counts them: a cluster must fit within
+/// one group of SMs, and libraries size persistent kernels and pick
+/// cluster shapes by this answer. A device without the query gets the
+/// SMs' room for the blocks in whole clusters (an upper bound).
 #[no_mangle]
 pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
     n: *mut i32,
@@ -663,7 +665,24 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
         }
-        let (_, g) = d.current_gpu()?;
+        let (function, device) = {
+            let o = d.objects();
+            let func = by_handle(&o.funcs, f as usize)?;
+            (Arc::clone(&func.function), func.device)
+        };
+        let g = d.gpu(device)?;
+        let dims = [c.block_dim_x, c.block_dim_y, c.block_dim_z];
+        match g
+            .dev
+            .max_active_clusters(&function, dims, c.shared_mem_bytes, cluster)
+        {
+            Err(vgpu_guest::Error::Unsupported) => {}
+            r => {
+                let v = i32::try_from(check(r)?).unwrap_or(i32::MAX);
+                // SAFETY: the caller's out-parameter.
+                return unsafe { ffi::put(n, v) };
+            }
+        }
         let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let block = (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
             .min(1 << 20) as i32;

@@ -71,6 +71,9 @@ impl Partition for SharedPartition {
     fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
         lock(&self.inner).run_queued(steps)
     }
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        lock(&self.inner).max_active_clusters(launch)
+    }
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
         lock(&self.inner).function_info(module, entry)
     }
@@ -329,6 +332,9 @@ mod tests {
         }
         fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
             self.0.run_queued(steps)
+        }
+        fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+            self.0.max_active_clusters(launch)
         }
         fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
             self.0.function_info(module, entry)

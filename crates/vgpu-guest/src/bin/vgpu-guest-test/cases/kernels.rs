@@ -437,6 +437,7 @@ pub(super) fn module_function(args: &Args) -> CaseResult {
         "unknown entry",
     )?;
     let ns = run_matmul(&dev, |dims, params| dev.launch_function(&f, dims, params))?;
+    let clusters = occupancy(&dev, &f)?;
 
     // Another process's module, the built-in module, a forged handle.
     let forged = vgpu_guest::Function {
@@ -463,12 +464,49 @@ pub(super) fn module_function(args: &Args) -> CaseResult {
         libc::ENOENT,
         "launch of another file's function",
     )?;
+    if dev.cached_info().flags & sys::INFO_OCCUPANCY != 0 {
+        expect_errno(
+            other.max_active_clusters(&f, [256, 1, 1], 0, [1, 1, 1]),
+            libc::ENOENT,
+            "occupancy of another file's function",
+        )?;
+        expect_errno(
+            dev.max_active_clusters(&forged, [256, 1, 1], 0, [1, 1, 1]),
+            libc::ENOENT,
+            "occupancy of a forged function handle",
+        )?;
+    }
     Ok(format!(
-        "{}-byte name, 4 parameters, {} bytes static shared; device {} us",
+        "{}-byte name, 4 parameters, {} bytes static shared; device {} us; {clusters}",
         LONG_NAME.len(),
         f.info.shared_static,
         ns / 1000
     ))
+}
+
+/// OCCUPANCY of `f`: at least one block of 256 threads fits, no more
+/// clusters of two than blocks alone, and a block the kernel refuses is
+/// invalid.
+fn occupancy(dev: &Device, f: &vgpu_guest::Function) -> Result<String, String> {
+    if dev.cached_info().flags & sys::INFO_OCCUPANCY == 0 {
+        return Ok("no OCCUPANCY".into());
+    }
+    let alone = dev
+        .max_active_clusters(f, [256, 1, 1], 0, [1, 1, 1])
+        .ctx("OCCUPANCY")?;
+    let pairs = dev
+        .max_active_clusters(f, [256, 1, 1], 0, [2, 1, 1])
+        .ctx("OCCUPANCY of clusters of two")?;
+    ensure!(
+        alone >= 1 && pairs <= alone,
+        "{alone} blocks and {pairs} pairs resident"
+    );
+    expect_errno(
+        dev.max_active_clusters(f, [2048, 1, 1], 0, [1, 1, 1]),
+        libc::EINVAL,
+        "occupancy of 2048-thread blocks",
+    )?;
+    Ok(format!("{alone} blocks or {pairs} pairs resident"))
 }
 
 /// A module with a `__device__` array, as nvcc writes it.
