@@ -5,9 +5,13 @@
 //   async_launches    empty launches queued back to back, then one wait
 //   h2d_16m, d2h_16m  pinned host <-> device copies of 16 MiB
 //   h2d_64m           the same, 64 MiB
-//   h2d_16m_async, d2h_16m_async
-//                     16 MiB copies queued back to back on a stream
+//   h2d_16m_async, d2h_16m_async, h2d_64m_async
+//                     16 (64) MiB copies queued back to back on a stream
 //                     (cudaMemcpyAsync, as bandwidthTest does), one wait
+//   h2d_16m_async_queue_us
+//                     the host CPU's time to queue one of those copies
+//                     (what the copies cannot overlap when it is longer
+//                     than the copy itself)
 // Usage: bench_launch [ITERATIONS]
 #define TEST_NAME "bench_launch"
 #include "check.h"
@@ -35,11 +39,12 @@ static double copy_gbs(void *dst, const void *src, size_t n, cudaMemcpyKind k, i
 }
 
 static double copy_async_gbs(void *dst, const void *src, size_t n, cudaMemcpyKind k, int reps,
-                             cudaStream_t s) {
+                             cudaStream_t s, double *queue_us = nullptr) {
   CHECK(cudaMemcpyAsync(dst, src, n, k, s));  // warm
   CHECK(cudaStreamSynchronize(s));
   double t = now_us();
   for (int i = 0; i < reps; i++) CHECK(cudaMemcpyAsync(dst, src, n, k, s));
+  if (queue_us) *queue_us = (now_us() - t) / reps;
   CHECK(cudaStreamSynchronize(s));
   return (double)n * reps / ((now_us() - t) * 1e3);
 }
@@ -82,7 +87,11 @@ int main(int argc, char **argv) {
   printf("BENCH h2d_16m %.2f GB/s\n", copy_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 8));
   printf("BENCH d2h_16m %.2f GB/s\n", copy_gbs(h, d, 16 << 20, cudaMemcpyDeviceToHost, 8));
   printf("BENCH h2d_64m %.2f GB/s\n", copy_gbs(d, h, big, cudaMemcpyHostToDevice, 4));
-  printf("BENCH h2d_16m_async %.2f GB/s\n", copy_async_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 16, s));
+  double queue_us = 0;
+  printf("BENCH h2d_16m_async %.2f GB/s\n",
+         copy_async_gbs(d, h, 16 << 20, cudaMemcpyHostToDevice, 16, s, &queue_us));
+  printf("BENCH h2d_16m_async_queue_us %.1f us\n", queue_us);
+  printf("BENCH h2d_64m_async %.2f GB/s\n", copy_async_gbs(d, h, big, cudaMemcpyHostToDevice, 8, s));
   // The asynchronous copies back land in the host's buffer by the wait.
   memset(h, 0, 16 << 20);
   printf("BENCH d2h_16m_async %.2f GB/s\n", copy_async_gbs(h, d, 16 << 20, cudaMemcpyDeviceToHost, 16, s));
