@@ -232,6 +232,10 @@ pub const MAX_FUNC_PARAMS: u32 = 1024;
 /// Most blocks of one thread block cluster (a Hopper GPU's, with
 /// non-portable sizes allowed).
 pub const MAX_CLUSTER_BLOCKS: u32 = 16;
+/// Most blocks of a cluster OCCUPANCY asks about: libraries probe past
+/// what a launch may use to learn how the GPU groups its SMs (an H200
+/// holds clusters of 17 and 18 single-block SMs, if no launch may).
+pub const MAX_OCCUPANCY_CLUSTER_BLOCKS: u32 = 64;
 /// Most function handles one vGPU keeps (they end with their module).
 pub const MAX_FUNCTIONS: u32 = 1 << 16;
 /// COPY endpoint: guest memory, as a scatter-gather list.
@@ -526,7 +530,8 @@ abi_struct!(
         block: [u32; 3] => "__u32 {}[3]",
         /// Dynamic shared memory per block, bytes.
         shared_mem: u32 => "__u32 {}",
-        /// Blocks per cluster in x, y and z, each at least 1.
+        /// Blocks per cluster in x, y and z, each at least 1, at most
+        /// [`MAX_OCCUPANCY_CLUSTER_BLOCKS`] in all.
         cluster: [u32; 3] => "__u32 {}[3]",
         /// Zero.
         reserved: u32 => "__u32 {}",
@@ -878,6 +883,10 @@ pub fn c_header() -> String {
         ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
         ("VGPU_MAX_FUNCTIONS", MAX_FUNCTIONS.into()),
         ("VGPU_MAX_CLUSTER_BLOCKS", MAX_CLUSTER_BLOCKS.into()),
+        (
+            "VGPU_MAX_OCCUPANCY_CLUSTER_BLOCKS",
+            MAX_OCCUPANCY_CLUSTER_BLOCKS.into(),
+        ),
         ("VGPU_COPY_GUEST", COPY_GUEST.into()),
         ("VGPU_COPY_DEVICE", COPY_DEVICE.into()),
         ("VGPU_COPY_WINDOW", COPY_WINDOW.into()),

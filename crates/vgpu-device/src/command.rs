@@ -571,7 +571,11 @@ fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
         .entry(cmd.module, cmd.function)
         .ok_or(abi::STATUS_NOT_FOUND)?;
     // One cluster's worth of grid: the shape is all that is asked about.
-    if !valid_shape(cmd.cluster, cmd.block) || !valid_cluster(cmd.cluster, cmd.cluster) {
+    let blocks = cmd.cluster.iter().map(|&d| u64::from(d)).product::<u64>();
+    if !valid_shape([1, 1, 1], cmd.block)
+        || cmd.cluster.contains(&0)
+        || blocks > u64::from(abi::MAX_OCCUPANCY_CLUSTER_BLOCKS)
+    {
         return Err(abi::STATUS_INVALID);
     }
     let shape = Launch {

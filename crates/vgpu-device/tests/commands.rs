@@ -686,11 +686,12 @@ fn test_occupancy_counts_clusters_of_a_described_function() {
     let c = ask(cmd);
     assert_status(c, abi::STATUS_OK);
     assert_eq!(c.result, 2, "one block on each of the two compute units");
-    let c = ask(abi::OccupancyCmd {
-        cluster: [2, 1, 1],
-        ..cmd
-    });
-    assert_eq!((c.status, c.result), (abi::STATUS_OK, 0));
+    // Clusters: none fits here, up to sizes no launch may use (libraries
+    // probe them).
+    for cluster in [[2, 1, 1], [18, 1, 1], [8, 8, 1]] {
+        let c = ask(abi::OccupancyCmd { cluster, ..cmd });
+        assert_eq!((c.status, c.result), (abi::STATUS_OK, 0), "{cluster:?}");
+    }
     for (bad, status) in [
         (
             abi::OccupancyCmd {
@@ -729,7 +730,14 @@ fn test_occupancy_counts_clusters_of_a_described_function() {
         ),
         (
             abi::OccupancyCmd {
-                cluster: [32, 1, 1],
+                cluster: [65, 1, 1],
+                ..cmd
+            },
+            abi::STATUS_INVALID,
+        ),
+        (
+            abi::OccupancyCmd {
+                cluster: [8, 8, 2],
                 ..cmd
             },
             abi::STATUS_INVALID,

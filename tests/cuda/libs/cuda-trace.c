@@ -378,7 +378,24 @@ __attribute__((visibility("hidden"))) void *trace_leave(uint64_t rc64) {
              (const char *)(uintptr_t)a[3],
              rc == 0 && a[0] ? *(uint64_t *)(uintptr_t)a[0] : 0,
              rc == 0 && a[1] ? *(uint64_t *)(uintptr_t)a[1] : 0);
-  else if ((is(name, "cuModuleGetFunction") || is(name, "cuLibraryGetKernel")) &&
+  else if ((is(name, "cuOccupancyMaxActiveClusters") || is(name, "cuLaunchKernelEx")) &&
+           a[is(name, "cuLaunchKernelEx") ? 0 : 2]) {
+    // The launch configuration: its shape and its cluster attribute.
+    const uint32_t *c = (const uint32_t *)(uintptr_t)a[is(name, "cuLaunchKernelEx") ? 0 : 2];
+    const unsigned char *attrs = *(const unsigned char *const *)(c + 10);
+    unsigned nattrs = c[12];
+    uint32_t cl[3] = {1, 1, 1};
+    for (unsigned i = 0; attrs && i < nattrs && i < 16; i++) {
+      const uint32_t *at = (const uint32_t *)(attrs + 72 * i);
+      if (at[0] == 4) // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        memcpy(cl, at + 2, sizeof cl);
+    }
+    int n = snprintf(extra, sizeof extra,
+                     " grid %ux%ux%u block %ux%ux%u shared %u cluster %ux%ux%u, %u attrs",
+                     c[0], c[1], c[2], c[3], c[4], c[5], c[6], cl[0], cl[1], cl[2], nattrs);
+    if (!is(name, "cuLaunchKernelEx") && rc == 0 && a[0] && n > 0 && n < (int)sizeof extra)
+      snprintf(extra + n, sizeof extra - (size_t)n, " -> %d", *(int *)(uintptr_t)a[0]);
+  } else if ((is(name, "cuModuleGetFunction") || is(name, "cuLibraryGetKernel")) &&
            a[2])
     snprintf(extra, sizeof extra, " \"%.120s\"", (const char *)(uintptr_t)a[2]);
   else if (rc == 0 && a[0] &&

@@ -641,8 +641,15 @@ fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
         .hints
         .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
         .is_some_and(|&v| v != 0);
-    Ok(if non_portable { 16 } else { 8 })
+    Ok(if non_portable {
+        vgpu_guest::vgpu_abi::MAX_CLUSTER_BLOCKS
+    } else {
+        PORTABLE_CLUSTER_BLOCKS
+    })
 }
+
+/// Blocks of a cluster every kernel may be launched in.
+const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
 
 /// Clusters of `f` that can be resident at once for a launch of
 /// `config`, as the host's driver counts them: a cluster must fit within
@@ -660,8 +667,16 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let (c, cluster) = unsafe { config_of(config) }?;
         let d = driver()?;
         let size = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
-        if size > u64::from(max_cluster_blocks(d, f as usize)?) {
-            // Libraries probe sizes upwards until none fits.
+        let launchable = max_cluster_blocks(d, f as usize)?;
+        // Libraries probe sizes upwards until none fits, past what a
+        // launch may use where the kernel allows non-portable sizes: the
+        // answers tell them how the GPU groups its SMs.
+        let askable = if launchable > PORTABLE_CLUSTER_BLOCKS {
+            vgpu_guest::vgpu_abi::MAX_OCCUPANCY_CLUSTER_BLOCKS
+        } else {
+            launchable
+        };
+        if size > u64::from(askable) {
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
         }
@@ -682,6 +697,10 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
                 // SAFETY: the caller's out-parameter.
                 return unsafe { ffi::put(n, v) };
             }
+        }
+        if size > u64::from(launchable) {
+            // SAFETY: the caller's out-parameter.
+            return unsafe { ffi::put(n, 0) };
         }
         let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let block = (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
