@@ -150,15 +150,32 @@ pub(super) fn info(args: &Args) -> CaseResult {
         i.pad0 == 0 && i.reserved == [0; 4],
         "reserved fields not zero"
     );
-    let known = sys::INFO_POLLED | sys::INFO_MSIX | sys::INFO_WINDOW | sys::INFO_FUNC_INFO;
+    let known = sys::INFO_POLLED
+        | sys::INFO_MSIX
+        | sys::INFO_WINDOW
+        | sys::INFO_FUNC_INFO
+        | sys::INFO_OCCUPANCY;
     ensure!(i.flags & !known == 0, "unknown flags {:#x}", i.flags);
-    // The driver says FUNC_INFO exactly when the device does.
-    ensure!(
-        (i.flags & sys::INFO_FUNC_INFO != 0) == (i.features & vgpu_abi::FEATURE_FUNC_INFO != 0),
-        "INFO_FUNC_INFO {:#x} against device features {:#x}",
-        i.flags,
-        i.features
-    );
+    // The driver says FUNC_INFO and OCCUPANCY exactly when the device does.
+    for (flag, feature, name) in [
+        (
+            sys::INFO_FUNC_INFO,
+            vgpu_abi::FEATURE_FUNC_INFO,
+            "INFO_FUNC_INFO",
+        ),
+        (
+            sys::INFO_OCCUPANCY,
+            vgpu_abi::FEATURE_OCCUPANCY,
+            "INFO_OCCUPANCY",
+        ),
+    ] {
+        ensure!(
+            (i.flags & flag != 0) == (i.features & feature != 0),
+            "{name} {:#x} against device features {:#x}",
+            i.flags,
+            i.features
+        );
+    }
     Ok(format!(
         "ABI {}.{}, {} memory, {} CU, window {}, {} queue(s) x {}, {}{}, features {:#x}",
         i.abi_version >> 16,
