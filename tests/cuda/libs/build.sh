@@ -30,6 +30,7 @@ build() {
 }
 build cublas_gemm -lcublas
 build cufft -lcufft
+build memfd_copy
 install -m 0755 "$here/nvidia-smi-check.sh" "$here/cuda-trace.sh" \
     "$here/torch-check.sh" "$here/cupy-check.sh" "$here/jax-check.sh" "$out/"
 install -m 0644 "$here/torch-suite.py" "$here/cupy-suite.py" "$here/jax-suite.py" "$here/suite.py" "$out/"
