@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use vgpu_abi as abi;
 use vgpu_backend::rules::{self, words, Builtin};
-use vgpu_backend::{FunctionInfo, HostSink, HostSlice, HostSource, OpError};
+use vgpu_backend::{FunctionInfo, HostSink, HostSlice, HostSource, OpError, SliceMemory};
 
 use crate::driver::{
     self, CUcontext, CUfunction, Context, CuError, Current, DeviceMem, Event, GreenContext,
@@ -635,32 +635,77 @@ impl DeviceState {
             return false;
         }
         let what = if to_device { "upload" } else { "download" };
-        let mut off = 0u64;
-        let mut r = Ok(());
-        for (ptr, len) in coalesced(slices) {
-            // SAFETY: each run is host memory of one mapping registered
-            // with the driver and mapped (and, for downloads, writable)
-            // until this function returns, which it does only after the
-            // stream has drained; `len` bytes at `dev + off` lie in the
-            // range the caller checked.
-            r = unsafe {
-                if to_device {
-                    driver::memcpy_htod_async(dev + off, ptr, len, &self.res.stream)
-                } else {
-                    driver::memcpy_dtoh_async(ptr, dev + off, len, &self.res.stream)
-                }
-            };
-            if r.is_err() {
-                break;
-            }
-            off += len as u64;
-        }
+        // SAFETY: the slices stay mapped (and, for downloads, writable)
+        // until this function returns, which it does only after the
+        // stream has drained; the caller checked the device range.
+        let r = unsafe { self.enqueue_runs(dev, slices, to_device) };
         // Always drain: no copy may outlive the slices.
         let synced = driver::stream_sync(&self.res.stream);
         if let Err(e) = r.and(synced) {
             *failed = Some(Fail::Cuda(what.into(), e));
         }
         true
+    }
+
+    /// Puts the copies of `slices` (contiguous runs merged) to or from
+    /// device memory at `dev` on the stream, without waiting.
+    ///
+    /// # Safety
+    /// Each slice must be host memory registered with the driver, mapped
+    /// (and, for downloads, writable) until the stream has drained past
+    /// these copies; `[dev, dev + total)` must lie in the partition's
+    /// memory.
+    unsafe fn enqueue_runs(
+        &self,
+        dev: u64,
+        slices: &[HostSlice],
+        to_device: bool,
+    ) -> Result<(), CuError> {
+        let mut off = 0u64;
+        for (ptr, len) in coalesced(slices) {
+            // SAFETY: forwarded to the caller, run by run.
+            unsafe {
+                if to_device {
+                    driver::memcpy_htod_async(dev + off, ptr, len, &self.res.stream)
+                } else {
+                    driver::memcpy_dtoh_async(ptr, dev + off, len, &self.res.stream)
+                }
+            }?;
+            off += len as u64;
+        }
+        Ok(())
+    }
+
+    /// Queues a copy between device memory at `dev` and `mem` (a step of
+    /// a queued run): straight from or to registered host memory without
+    /// waiting, else through the staging buffers, in stream order. The
+    /// caller has checked the device range and drains the stream before
+    /// `mem` may go.
+    pub(crate) fn enqueue_copy(
+        &self,
+        dev: u64,
+        mem: &SliceMemory<'_>,
+        host: &HostRegistry,
+        to_device: bool,
+    ) -> Result<(), Fail> {
+        let slices = mem.slices();
+        let total = HostSource::len(mem);
+        if total == 0 {
+            return Ok(());
+        }
+        if total / slices.len() as u64 >= DIRECT_MIN_SLICE as u64 && host.covers(slices) {
+            let what = if to_device { "upload" } else { "download" };
+            // SAFETY: `mem`'s slices stay mapped while it lives (its
+            // contract) and the caller drains the stream before it goes;
+            // `covers` found them registered; the range was checked.
+            return unsafe { self.enqueue_runs(dev, slices, to_device) }
+                .map_err(|e| Fail::Cuda(what.into(), e));
+        }
+        if to_device {
+            self.upload(dev, mem)
+        } else {
+            self.download(dev, mem)
+        }
     }
 
     /// Host -> device straight from registered guest memory; `Ok(false)`

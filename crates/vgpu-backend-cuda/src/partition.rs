@@ -16,7 +16,7 @@ use vgpu_backend::rules::{
 };
 use vgpu_backend::{
     BackendError, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, QueuedDone, MAX_QUEUED_STEPS,
+    PartitionSpec, Queued, QueuedDone, SliceMemory, MAX_QUEUED_STEPS,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -330,8 +330,19 @@ impl CudaPartition {
                 _ => None,
             })
             .collect();
+        // Copies' device ranges are checked the same way.
+        let ranges: Vec<Result<(), OpError>> = steps
+            .iter()
+            .map(|s| match s {
+                Queued::Upload { dst: a, src: m } | Queued::Download { src: a, dst: m } => {
+                    self.allocs.check(*a, HostSource::len(m))
+                }
+                _ => Ok(()),
+            })
+            .collect();
         let available = self.available();
         let optin = self.shared.max_shared_optin;
+        let host = self.host.clone();
         let (ran, ends) = self.run(|dev| {
             while dev.res.marks.len() <= steps.len() {
                 let e = driver::Event::create(true).at("creating an event")?;
@@ -342,13 +353,22 @@ impl CudaPartition {
             let ready: Vec<Ready<'_, '_>> = steps
                 .iter()
                 .zip(plans)
-                .map(|(s, plan)| match (s, plan) {
+                .zip(ranges)
+                .map(|((s, plan), range)| match (s, plan) {
                     (Queued::Timestamp, _) => Ready::Stamp,
                     (Queued::Launch(_), Some(Ok(call))) => Ready::Builtin(call),
                     (Queued::Launch(_), Some(Err(e))) => Ready::Failed(Fail::Op(e)),
                     (Queued::Launch(l), None) => match prepare_loaded(dev, l, optin) {
                         Ok(f) => Ready::Kernel(f, l),
                         Err(e) => Ready::Failed(e),
+                    },
+                    (Queued::Upload { dst, src }, _) => match range {
+                        Ok(()) => Ready::Upload(*dst, src),
+                        Err(e) => Ready::Failed(Fail::Op(e)),
+                    },
+                    (Queued::Download { src, dst }, _) => match range {
+                        Ok(()) => Ready::Download(*src, dst),
+                        Err(e) => Ready::Failed(Fail::Op(e)),
                     },
                 })
                 .collect();
@@ -365,18 +385,27 @@ impl CudaPartition {
                     Ready::Stamp => Ok(()),
                     Ready::Builtin(call) => dev.run_builtin(call, available).map(|_| ()),
                     Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
+                    Ready::Upload(a, m) => dev.enqueue_copy(a, m, &host, true),
+                    Ready::Download(a, m) => dev.enqueue_copy(a, m, &host, false),
                     Ready::Failed(e) => Err(e),
                 });
                 mark_of.push(next);
                 if !(launch && matches!(steps.get(i + 1), Some(Queued::Timestamp))) {
-                    driver::event_record(&dev.res.marks[next], &dev.res.stream)
-                        .at("queued work")?;
+                    if let Err(e) = driver::event_record(&dev.res.marks[next], &dev.res.stream) {
+                        // Copies queued so far may not outlive their host
+                        // memory, which the caller keeps only until this
+                        // returns.
+                        let _ = driver::stream_sync(&dev.res.stream);
+                        return Err(Fail::Cuda("queued work".into(), e));
+                    }
                     next += 1;
                 }
             }
             let marks = &dev.res.marks;
-            driver::event_sync(&marks[next - 1])
-                .map_err(|e| Fail::Cuda("queued work: device work".into(), e))?;
+            if let Err(e) = driver::event_sync(&marks[next - 1]) {
+                let _ = driver::stream_sync(&dev.res.stream);
+                return Err(Fail::Cuda("queued work: device work".into(), e));
+            }
             let times = (1..next)
                 .map(|j| driver::event_elapsed(&marks[0], &marks[j]))
                 .collect::<Result<Vec<_>, _>>()
@@ -436,6 +465,8 @@ enum Ready<'s, 'l> {
     Stamp,
     Builtin(Builtin),
     Kernel(driver::CUfunction, &'s Launch<'l>),
+    Upload(u64, &'s SliceMemory<'l>),
+    Download(u64, &'s SliceMemory<'l>),
     Failed(Fail),
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use log::debug;
-use vgpu_backend::{HostMapping, HostMemory, HostSink, HostSlice, HostSource, OpError, SliceFn};
+use vgpu_backend::{HostMapping, HostMemory, HostSlice, OpError};
 use vgpu_sys::mmap::page_size;
 use vgpu_sys::warn_limited;
 use vm_memory::MmapRegion;
@@ -173,91 +173,6 @@ impl Table {
     }
 }
 
-/// Finds byte `offset` of a transfer made of `slices`: the slice index and
-/// the offset in it.
-fn locate(slices: &[HostSlice], mut offset: u64) -> Option<(usize, usize)> {
-    for (i, s) in slices.iter().enumerate() {
-        if offset < s.len as u64 {
-            return Some((i, offset as usize));
-        }
-        offset -= s.len as u64;
-    }
-    None
-}
-
-/// Guest memory of a transfer, resolved against the table (which the
-/// creator keeps read-locked while this lives).
-pub(crate) struct Slices {
-    /// The pieces, in order.
-    pub(crate) slices: Vec<HostSlice>,
-    /// Their total length.
-    pub(crate) len: u64,
-}
-
-impl Slices {
-    /// Copies between `buf` and the transfer's bytes from `offset`.
-    fn each(&self, offset: u64, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> bool {
-        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
-            return false;
-        }
-        let Some((mut i, mut at)) = locate(&self.slices, offset) else {
-            return len == 0;
-        };
-        let mut done = 0usize;
-        while done < len {
-            let s = self.slices[i];
-            let n = (s.len - at).min(len - done);
-            // SAFETY: `at + n` <= the slice's length; slices lie in
-            // mappings kept by the table's read lock.
-            f(unsafe { s.ptr.add(at) }, done, n);
-            done += n;
-            i += 1;
-            at = 0;
-        }
-        true
-    }
-}
-
-impl HostSource for Slices {
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
-        let dst = buf.as_mut_ptr();
-        let ok = self.each(offset, buf.len(), |p, done, n| {
-            // SAFETY: `p` holds `n` readable bytes (see `each`); `dst +
-            // done` has room for them; guest memory never overlaps `buf`.
-            unsafe { std::ptr::copy_nonoverlapping(p, dst.add(done), n) }
-        });
-        ok.then_some(()).ok_or(OpError::Fault(offset))
-    }
-
-    fn with_slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
-        f(&self.slices)
-    }
-}
-
-impl HostSink for Slices {
-    fn len(&self) -> u64 {
-        self.len
-    }
-
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
-        let src = buf.as_ptr();
-        let ok = self.each(offset, buf.len(), |p, done, n| {
-            // SAFETY: `p` holds `n` writable bytes (see `each`); `src +
-            // done` holds them; guest memory never overlaps `buf`.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(done), p, n) }
-        });
-        ok.then_some(()).ok_or(OpError::Fault(offset))
-    }
-
-    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
-        f(&self.slices)
-    }
-}
-
 /// Serves the memory control socket until the daemon closes it: maps and
 /// unmaps guest memory, telling `inner` (the inner partition's registry).
 pub(crate) fn serve_control(
@@ -362,7 +277,10 @@ mod tests {
         use std::os::unix::fs::FileExt;
         f.write_all_at(b"hello", 100 + 7990).unwrap();
         let (guard, slices, len) = t.resolve(&[p(1, 7990, 5)], false).unwrap();
-        let src = Slices { slices, len };
+        // SAFETY: resolved under `guard`, which lives until after the reads.
+        let src = unsafe { vgpu_backend::SliceMemory::new(&slices) };
+        use vgpu_backend::HostSource;
+        assert_eq!(HostSource::len(&src), len);
         let mut b = [0u8; 5];
         src.read_at(0, &mut b).unwrap();
         assert_eq!(&b, b"hello");

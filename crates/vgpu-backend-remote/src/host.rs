@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use log::{debug, info};
-use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionSpec};
+use vgpu_backend::{
+    Backend, HostSink, HostSource, OpError, Partition, PartitionSpec, Queued, SliceMemory,
+};
 
-use crate::guest_mem::{self, Slices, Table};
+use crate::guest_mem::{self, Table};
 use crate::mailbox::{Conn, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
 use crate::shm::Staging;
@@ -329,6 +331,7 @@ pub fn serve(
                 ))
             }
             Request::UploadMapped { dst, pieces } => host.mapped(dst, &pieces, false),
+            Request::Queued(steps) => host.queued(&steps),
             Request::DownloadMapped { src, pieces } => host.mapped(src, &pieces, true),
             Request::Reset => match host.partition.as_mut() {
                 Some(p) => {
@@ -412,8 +415,11 @@ impl Host<'_> {
         write: bool,
     ) -> Result<Value, OpError> {
         let p = self.partition.as_mut().ok_or_else(no_partition)?;
-        let (guard, slices, len) = self.guest.resolve(pieces, write)?;
-        let s = Slices { slices, len };
+        let (guard, slices, _) = self.guest.resolve(pieces, write)?;
+        // SAFETY: the slices were resolved under `guard`, which keeps
+        // their mappings (writable ones for a download) until it is
+        // dropped below, after the transfer.
+        let s = unsafe { SliceMemory::new(&slices) };
         let r = if write {
             p.download(dev, &s)
         } else {
@@ -421,6 +427,68 @@ impl Host<'_> {
         };
         drop(guard);
         r.map(|_| Value::None)
+    }
+
+    /// Runs a queued run. Its copies move guest memory one way, so that
+    /// one read lock of the table keeps all their pieces mapped until the
+    /// run is over.
+    fn queued(&mut self, steps: &[proto::Step<'_>]) -> Result<Value, OpError> {
+        let p = self.partition.as_mut().ok_or_else(no_partition)?;
+        let (ups, downs) = steps.iter().fold((0, 0), |(u, d), s| match s {
+            proto::Step::Upload { .. } => (u + 1, d),
+            proto::Step::Download { .. } => (u, d + 1),
+            _ => (u, d),
+        });
+        if ups > 0 && downs > 0 {
+            return Err(OpError::Invalid(
+                "a queued run moves guest memory one way".into(),
+            ));
+        }
+        let pieces: Vec<proto::MappedPiece> = steps
+            .iter()
+            .flat_map(|s| match s {
+                proto::Step::Upload { pieces, .. } | proto::Step::Download { pieces, .. } => {
+                    pieces.as_slice()
+                }
+                _ => &[],
+            })
+            .copied()
+            .collect();
+        let resolved = if pieces.is_empty() {
+            None
+        } else {
+            Some(self.guest.resolve(&pieces, downs > 0)?)
+        };
+        let slices = resolved.as_ref().map_or(&[][..], |(_, s, _)| s.as_slice());
+        // One slice per piece, in order: each copy takes its own.
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let mine = &slices[at..at + n];
+            at += n;
+            // SAFETY: resolved under the table's read lock in `resolved`,
+            // which lives until the run below has returned, writable
+            // mappings for a run of downloads.
+            unsafe { SliceMemory::new(mine) }
+        };
+        let queued: Vec<Queued<'_>> = steps
+            .iter()
+            .map(|s| match s {
+                proto::Step::Timestamp => Queued::Timestamp,
+                proto::Step::Launch(l) => Queued::Launch(l.clone()),
+                proto::Step::Upload { dst, pieces } => Queued::Upload {
+                    dst: *dst,
+                    src: take(pieces.len()),
+                },
+                proto::Step::Download { src, pieces } => Queued::Download {
+                    src: *src,
+                    dst: take(pieces.len()),
+                },
+            })
+            .collect();
+        let done = p.run_queued(&queued);
+        drop(queued);
+        drop(resolved);
+        Ok(Value::Queued(done))
     }
 
     fn create(&mut self, c: &proto::Create<'_>, file: std::fs::File) -> Result<Value, OpError> {
@@ -477,7 +545,6 @@ impl Host<'_> {
                 .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
             Request::Occupancy(l) => p.max_active_clusters(&l).map(|n| Value::U64(n.into())),
-            Request::Queued(steps) => Ok(Value::Queued(p.run_queued(&steps))),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }
     }

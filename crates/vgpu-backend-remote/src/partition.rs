@@ -15,7 +15,7 @@ use vgpu_sys::{error_limited, warn_limited};
 
 use crate::forward::{Registry, TransferCounts};
 use crate::mailbox::{self, Mailbox, Side};
-use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Value, MAX_REPLY, REPLY};
+use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Step, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
 use crate::{lock, HostLink, HostProcess, Launcher, RemoteConfig};
@@ -610,7 +610,7 @@ impl RemotePartition {
 
     /// Runs `steps` on the host; checks that it answered each, in
     /// order of completion.
-    fn call_queued(&mut self, steps: Vec<Queued<'_>>) -> Result<Vec<QueuedDone>, OpError> {
+    fn call_queued(&mut self, steps: Vec<Step<'_>>) -> Result<Vec<QueuedDone>, OpError> {
         let n = steps.len();
         match self.call(&Request::Queued(steps), Xfer::None)? {
             Value::Queued(done)
@@ -669,6 +669,45 @@ impl RemotePartition {
             self.counts.count(true);
         }
         Ok(done)
+    }
+
+    /// The pieces of forwarded guest memory of each copy of `steps`, in
+    /// order; `None` when some copy's memory is not all forwarded or
+    /// takes too many pieces, or when copies go both ways (the host keeps
+    /// one run's memory mapped with one lock, for one direction).
+    fn copy_pieces(&mut self, steps: &[Queued<'_>]) -> Option<Vec<Vec<proto::MappedPiece>>> {
+        let copies: Vec<(&[vgpu_backend::HostSlice], bool)> = steps
+            .iter()
+            .take(MAX_QUEUED_STEPS)
+            .filter_map(|s| match s {
+                Queued::Upload { src, .. } => Some((src.slices(), false)),
+                Queued::Download { dst, .. } => Some((dst.slices(), true)),
+                _ => None,
+            })
+            .collect();
+        if copies.is_empty() {
+            return Some(Vec::new());
+        }
+        if self.failed.is_some()
+            || !self.registry.any_forwarded()
+            || copies.iter().any(|&(_, down)| down != copies[0].1)
+        {
+            return None;
+        }
+        let pieces: Option<Vec<_>> = copies
+            .iter()
+            .map(|&(slices, down)| {
+                self.registry
+                    .resolve(slices, down)
+                    .filter(|p| !p.is_empty() && p.len() <= proto::MAX_PIECES)
+            })
+            .collect();
+        if let Some(p) = &pieces {
+            for _ in p {
+                self.counts.count(true);
+            }
+        }
+        pieces
     }
 
     /// Moves an upload or download (`xfer`) between device memory at
@@ -772,18 +811,36 @@ impl Partition for RemotePartition {
 
     fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
         // Steps the protocol cannot carry fail here; the others go to the
-        // host in one request, so its device sees them back to back.
+        // host in one request, so its device sees them back to back. A
+        // copy travels as pieces of guest memory the host has mapped; a
+        // run with a copy that cannot (or with copies both ways) runs
+        // step by step, each copy on its own path.
+        let Some(pieces) = self.copy_pieces(steps) else {
+            return vgpu_backend::run_queued_in_order(self, steps);
+        };
+        let mut pieces = pieces.into_iter();
         let mut local: Vec<Option<OpError>> = Vec::with_capacity(steps.len());
         let mut sent = Vec::with_capacity(steps.len());
         for s in steps.iter().take(MAX_QUEUED_STEPS) {
-            let refused = match s {
-                Queued::Launch(l) => check_launch(l).err(),
-                Queued::Timestamp => None,
+            let step = match s {
+                Queued::Launch(l) => check_launch(l).map(|()| Step::Launch(l.clone())),
+                Queued::Timestamp => Ok(Step::Timestamp),
+                Queued::Upload { dst, .. } => Ok(Step::Upload {
+                    dst: *dst,
+                    pieces: pieces.next().unwrap_or_default(),
+                }),
+                Queued::Download { src, .. } => Ok(Step::Download {
+                    src: *src,
+                    pieces: pieces.next().unwrap_or_default(),
+                }),
             };
-            if refused.is_none() {
-                sent.push(s.clone());
-            }
-            local.push(refused);
+            local.push(match step {
+                Ok(step) => {
+                    sent.push(step);
+                    None
+                }
+                Err(e) => Some(e),
+            });
         }
         let mut remote = if sent.is_empty() {
             Ok(Vec::new())

@@ -41,7 +41,7 @@
 //! and move no bytes through the staging area.
 
 use vgpu_abi as abi;
-use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError, Queued, QueuedDone, MAX_QUEUED_STEPS};
+use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS};
 
 /// `"VGPH"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
@@ -424,7 +424,7 @@ pub enum Request<'a> {
     /// [`Kind::Occupancy`]: a launch shape (no parameters).
     Occupancy(Launch<'a>),
     /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
-    Queued(Vec<Queued<'a>>),
+    Queued(Vec<Step<'a>>),
     /// [`Kind::FunctionInfo`].
     FunctionInfo {
         /// Module handle.
@@ -532,6 +532,32 @@ fn decode_pieces(r: &mut Reader<'_>) -> Result<Vec<MappedPiece>, ProtoError> {
 
 const STEP_TIMESTAMP: u8 = 0;
 const STEP_LAUNCH: u8 = 1;
+const STEP_UPLOAD: u8 = 2;
+const STEP_DOWNLOAD: u8 = 3;
+
+/// One step of a [`Request::Queued`] run: `Partition::run_queued`'s steps,
+/// with guest memory named as pieces of forwarded mappings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// A point whose device time is wanted.
+    Timestamp,
+    /// A kernel launch, parameters inline.
+    Launch(Launch<'a>),
+    /// An upload from guest memory the host has mapped.
+    Upload {
+        /// Device address.
+        dst: u64,
+        /// The source, in order.
+        pieces: Vec<MappedPiece>,
+    },
+    /// A download into guest memory the host has mapped.
+    Download {
+        /// Device address.
+        src: u64,
+        /// The destination, in order.
+        pieces: Vec<MappedPiece>,
+    },
+}
 
 fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
     w.u64(l.module);
@@ -665,12 +691,21 @@ impl Request<'_> {
                 w.u32(steps.len() as u32);
                 for s in steps {
                     match s {
-                        Queued::Timestamp => {
+                        Step::Timestamp => {
                             w.u8(STEP_TIMESTAMP);
                         }
-                        Queued::Launch(l) => {
+                        Step::Launch(l) => {
                             w.u8(STEP_LAUNCH);
                             encode_launch(&mut w, l);
+                        }
+                        Step::Upload { dst: a, pieces } | Step::Download { src: a, pieces } => {
+                            let kind = if matches!(s, Step::Upload { .. }) {
+                                STEP_UPLOAD
+                            } else {
+                                STEP_DOWNLOAD
+                            };
+                            w.u8(kind).u64(*a);
+                            encode_pieces(&mut w, pieces);
                         }
                     }
                 }
@@ -776,8 +811,16 @@ impl Request<'_> {
                 let mut steps = Vec::with_capacity(n);
                 for _ in 0..n {
                     steps.push(match r.u8()? {
-                        STEP_TIMESTAMP => Queued::Timestamp,
-                        STEP_LAUNCH => Queued::Launch(decode_launch(&mut r)?),
+                        STEP_TIMESTAMP => Step::Timestamp,
+                        STEP_LAUNCH => Step::Launch(decode_launch(&mut r)?),
+                        STEP_UPLOAD => Step::Upload {
+                            dst: r.u64()?,
+                            pieces: decode_pieces(&mut r)?,
+                        },
+                        STEP_DOWNLOAD => Step::Download {
+                            src: r.u64()?,
+                            pieces: decode_pieces(&mut r)?,
+                        },
                         _ => return Err(ProtoError::Malformed("step kind")),
                     });
                 }
@@ -1217,8 +1260,8 @@ mod tests {
                 params: &params,
             }),
             Request::Queued(vec![
-                Queued::Timestamp,
-                Queued::Launch(Launch {
+                Step::Timestamp,
+                Step::Launch(Launch {
                     module: 3,
                     entry: "vector_add",
                     grid: [9, 1, 1],
@@ -1227,7 +1270,30 @@ mod tests {
                     cluster: [1, 1, 1],
                     params: &params,
                 }),
-                Queued::Timestamp,
+                Step::Timestamp,
+                Step::Upload {
+                    dst: 7,
+                    pieces: vec![MappedPiece {
+                        mapping: 3,
+                        offset: 4,
+                        len: 5,
+                    }],
+                },
+                Step::Download {
+                    src: 9,
+                    pieces: vec![
+                        MappedPiece {
+                            mapping: 3,
+                            offset: 4,
+                            len: 5,
+                        },
+                        MappedPiece {
+                            mapping: 4,
+                            offset: 0,
+                            len: 6,
+                        },
+                    ],
+                },
             ]),
             Request::Reset,
             Request::Control,

@@ -15,7 +15,9 @@ use std::cell::RefCell;
 use vgpu_abi::{self as abi, ByteValued};
 
 use crate::rules::DEFAULT_ALIGN;
-use crate::{HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued};
+use crate::{
+    HostSink, HostSlice, HostSource, Launch, OpError, Partition, PartitionSpec, Queued, SliceMemory,
+};
 
 /// Makes a fresh partition for `spec`.
 pub type Make<'a> = &'a dyn Fn(&PartitionSpec) -> Box<dyn Partition>;
@@ -45,6 +47,7 @@ pub fn run_all(make: Make<'_>) {
     kernel_reduce_sum(make);
     kernels_reject_out_of_range_pointers_before_writing(make);
     queued_steps_run_in_order(make);
+    queued_copies_move_their_own_bytes(make);
 }
 
 /// A deterministic source of test data (xorshift).
@@ -605,6 +608,77 @@ pub fn queued_steps_run_in_order(make: Make<'_>) {
     assert!(done[crate::MAX_QUEUED_STEPS..]
         .iter()
         .all(|d| matches!(d.result, Err(OpError::Invalid(_)))));
+}
+
+/// Copies between host memory and device memory queued as steps, in
+/// pieces (as guest memory comes): each moves its own bytes in order
+/// with the launches around it, and one with a bad device range fails
+/// alone.
+pub fn queued_copies_move_their_own_bytes(make: Make<'_>) {
+    let mut boxed = make(&spec("queued-copies", MIB, 2));
+    let p = &mut *boxed;
+    let (a, b) = (p.alloc(8192, 0).unwrap(), p.alloc(8192, 0).unwrap());
+    let mut rng = Rng(11);
+    let mut src = rng.bytes(8192);
+    let mut back = vec![0u8; 8192];
+    // Two pieces of one buffer, out of order in memory.
+    let halves = |buf: &mut [u8]| {
+        let (lo, hi) = buf.split_at_mut(4096);
+        [
+            HostSlice {
+                ptr: hi.as_mut_ptr(),
+                len: 4096,
+                mapping: 0,
+            },
+            HostSlice {
+                ptr: lo.as_mut_ptr(),
+                len: 4096,
+                mapping: 0,
+            },
+        ]
+    };
+    let up = halves(&mut src);
+    let down = halves(&mut back);
+    let copy_ab = abi::CopyParams {
+        dst: b,
+        src: a,
+        bytes: 8192,
+    };
+    // SAFETY: the slices are two halves of `src` and of `back`, which
+    // outlive the runs and are not otherwise used until they return.
+    let (up_mem, down_mem) = unsafe { (SliceMemory::new(&up), SliceMemory::new(&down)) };
+    let steps = [
+        Queued::Upload {
+            dst: a,
+            src: up_mem,
+        },
+        Queued::Launch(builtin_launch("copy", copy_ab.as_slice())),
+        Queued::Upload {
+            dst: b + 8192 * 64,
+            src: up_mem,
+        },
+        Queued::Timestamp,
+    ];
+    let done = p.run_queued(&steps);
+    let results: Vec<_> = done.iter().map(|d| d.result.is_ok()).collect();
+    assert_eq!(results, [true, true, false, true], "{done:?}");
+    let downs = [
+        Queued::Download {
+            src: b,
+            dst: down_mem,
+        },
+        Queued::Download {
+            src: a + 8192 * 64,
+            dst: down_mem,
+        },
+    ];
+    let done = p.run_queued(&downs);
+    assert!(
+        done[0].result.is_ok() && done[1].result.is_err(),
+        "{done:?}"
+    );
+    // `back` was filled half by half in the same swapped order.
+    assert_eq!(back, src);
 }
 
 /// `fill_u32` sets exactly its words.

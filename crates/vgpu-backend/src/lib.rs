@@ -114,6 +114,100 @@ pub struct HostSlice {
 /// then goes through `read_at` / `write_at`).
 pub type SliceFn<'a> = dyn FnMut(&[HostSlice]) -> Result<bool, OpError> + 'a;
 
+/// Host memory handed over as slices, in order, that stay mapped (and,
+/// for a sink, writable) while this lives: a transfer's guest memory
+/// under the lock that keeps it mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceMemory<'a> {
+    slices: &'a [HostSlice],
+    len: u64,
+}
+
+impl<'a> SliceMemory<'a> {
+    /// The memory of `slices`.
+    ///
+    /// # Safety
+    /// Every slice must be mapped and readable, and writable where the
+    /// value is used as a [`HostSink`], for `'a`; no slice may overlap
+    /// memory Rust code holds a reference to.
+    pub unsafe fn new(slices: &'a [HostSlice]) -> SliceMemory<'a> {
+        let len = slices.iter().map(|s| s.len as u64).sum();
+        SliceMemory { slices, len }
+    }
+
+    /// The slices.
+    pub fn slices(&self) -> &'a [HostSlice] {
+        self.slices
+    }
+
+    /// Calls `f(ptr, done, n)` for each piece of the `len` bytes from
+    /// `offset`; false when they are not all inside.
+    fn each(&self, offset: u64, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> bool {
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return false;
+        }
+        let mut skip = offset;
+        let mut done = 0usize;
+        for s in self.slices {
+            if done == len {
+                break;
+            }
+            if skip >= s.len as u64 {
+                skip -= s.len as u64;
+                continue;
+            }
+            let at = skip as usize;
+            skip = 0;
+            let n = (s.len - at).min(len - done);
+            // SAFETY: `at + n` <= the slice's length, and the slice is
+            // mapped for `'a` (see `new`).
+            f(unsafe { s.ptr.add(at) }, done, n);
+            done += n;
+        }
+        done == len
+    }
+}
+
+impl HostSource for SliceMemory<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
+        let dst = buf.as_mut_ptr();
+        let ok = self.each(offset, buf.len(), |p, done, n| {
+            // SAFETY: `p` holds `n` readable bytes (see `each`); `dst +
+            // done` has room for them; the slices never overlap `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.add(done), n) }
+        });
+        ok.then_some(()).ok_or(OpError::Fault(offset))
+    }
+
+    fn with_slices(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(self.slices)
+    }
+}
+
+impl HostSink for SliceMemory<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), OpError> {
+        let src = buf.as_ptr();
+        let ok = self.each(offset, buf.len(), |p, done, n| {
+            // SAFETY: `p` holds `n` writable bytes (see `each` and `new`);
+            // `src + done` holds them; the slices never overlap `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), p, n) }
+        });
+        ok.then_some(()).ok_or(OpError::Fault(offset))
+    }
+
+    fn with_slices_mut(&self, f: &mut SliceFn<'_>) -> Result<bool, OpError> {
+        f(self.slices)
+    }
+}
+
 /// Bytes the backend reads from host-side memory (guest RAM or the
 /// host-visible window), chunk by chunk, without knowing where they live.
 pub trait HostSource {
@@ -237,6 +331,22 @@ pub enum Queued<'a> {
     Launch(Launch<'a>),
     /// A point whose device time is wanted (an event record).
     Timestamp,
+    /// [`Partition::upload`] of host memory that stays mapped until the
+    /// run returns.
+    Upload {
+        /// Device address.
+        dst: u64,
+        /// The bytes.
+        src: SliceMemory<'a>,
+    },
+    /// [`Partition::download`] into host memory that stays mapped until
+    /// the run returns.
+    Download {
+        /// Device address.
+        src: u64,
+        /// Where the bytes go.
+        dst: SliceMemory<'a>,
+    },
 }
 
 /// What one queued step did.
@@ -264,6 +374,8 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
             let result = match s {
                 Queued::Launch(l) => p.launch(l),
                 Queued::Timestamp => Ok(()),
+                Queued::Upload { dst, src } => p.upload(*dst, src),
+                Queued::Download { src, dst } => p.download(*src, dst),
             };
             QueuedDone {
                 result,

@@ -197,19 +197,23 @@ impl GuestSg<'_> {
     /// chunked path then reports the fault where it is).
     fn slices(&self, write: bool, f: &mut SliceFn<'_>) -> std::result::Result<bool, OpError> {
         let ranges: Vec<(u64, u64)> = self.entries.iter().map(|e| (e.addr, e.len)).collect();
-        let r = self.dma.with_host_slices(&ranges, write, |slices| {
-            let slices: Vec<HostSlice> = slices
-                .iter()
-                .map(|s| HostSlice {
-                    ptr: s.ptr,
-                    len: s.len,
-                    mapping: s.mapping,
-                })
-                .collect();
-            f(&slices)
-        });
+        let r = self
+            .dma
+            .with_host_slices(&ranges, write, |slices| f(&host_slices(slices)));
         r.unwrap_or(Ok(false))
     }
+}
+
+/// The DMA table's slices as a partition takes them.
+pub fn host_slices(slices: &[vfio_user_server::dma::HostSlice]) -> Vec<HostSlice> {
+    slices
+        .iter()
+        .map(|s| HostSlice {
+            ptr: s.ptr,
+            len: s.len,
+            mapping: s.mapping,
+        })
+        .collect()
 }
 
 impl HostSource for GuestSg<'_> {
@@ -358,6 +362,61 @@ fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
         _ => return Err(abi::STATUS_INVALID),
     }
     Ok(0)
+}
+
+/// A COPY between guest memory and device memory, decoded and checked:
+/// a step of a queued run of copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyStep {
+    /// Guest memory to device memory (else device to guest).
+    pub to_device: bool,
+    /// The device address.
+    pub device: u64,
+    /// The guest side: (address, length) in order.
+    pub ranges: Vec<(u64, u64)>,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// The direction of the COPY in `descs` when it moves between guest
+/// memory and device memory (true: to the device); `None` for any other
+/// command, or one whose header cannot be read.
+pub fn guest_copy_direction(dma: &DmaSpace, descs: &[Desc]) -> Option<bool> {
+    let first = descs.iter().find(|d| !d.writable)?;
+    let mut buf = [0u8; std::mem::size_of::<abi::CopyCmd>()];
+    if (first.len as usize) < buf.len() || dma.read(first.addr, &mut buf).is_err() {
+        return None;
+    }
+    let c: abi::CopyCmd = parse(&buf).ok()?;
+    match (c.hdr.opcode, c.src_kind, c.dst_kind) {
+        (abi::OP_COPY, abi::COPY_GUEST, abi::COPY_DEVICE) => Some(true),
+        (abi::OP_COPY, abi::COPY_DEVICE, abi::COPY_GUEST) => Some(false),
+        _ => None,
+    }
+}
+
+/// Decodes the guest-memory COPY in `descs` into its step, or the status
+/// it completes with: the checks [`execute`] makes before the copy.
+pub fn copy_step(dma: &DmaSpace, descs: &[Desc]) -> Result<CopyStep> {
+    let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
+    let mut buf = [0u8; MAX_CMD];
+    let raw = command_bytes(dma, &reads, &mut buf)?;
+    let cmd: abi::CopyCmd = parse(raw)?;
+    if cmd.hdr.opcode != abi::OP_COPY || cmd.size == 0 || cmd.reserved != 0 {
+        return Err(abi::STATUS_INVALID);
+    }
+    let (to_device, device) = match (cmd.src_kind, cmd.dst_kind) {
+        (abi::COPY_GUEST, abi::COPY_DEVICE) => (true, cmd.dst),
+        (abi::COPY_DEVICE, abi::COPY_GUEST) => (false, cmd.src),
+        _ => return Err(abi::STATUS_INVALID),
+    };
+    let sg = guest_sg(dma, &cmd, &reads)?;
+    Ok(CopyStep {
+        to_device,
+        device,
+        ranges: sg.entries.iter().map(|e| (e.addr, e.len)).collect(),
+        size: sg.total,
+    })
 }
 
 /// Checks a launch shape the way CUDA limits it.

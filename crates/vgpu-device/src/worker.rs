@@ -11,6 +11,7 @@ use std::time::Instant;
 use log::debug;
 use vfio_user_server::dma::DmaView;
 use vgpu_abi as abi;
+use vgpu_backend::{Queued, SliceMemory};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::ByteValued;
 use vm_memory::{Bytes, GuestAddress};
@@ -361,10 +362,10 @@ fn run_chains(
         // (A batch popped before the worker saw the drain is all in flight.)
         let mut cancel = sh.drain.expired()
             || drain.is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
-        let steps = if cancel || drain.is_some() || sh.drain.requested() {
-            0
+        let (steps, kind) = if cancel || drain.is_some() || sh.drain.requested() {
+            (0, Group::One)
         } else {
-            step_run_len(sh, &chains[i..])
+            group_at(sh, &chains[i..])
         };
         if !cancel {
             if let Some(gate) = &sh.gate {
@@ -381,7 +382,7 @@ fn run_chains(
         let outcomes = if cancel {
             vec![command::Outcome::status(abi::STATUS_CANCELLED)]
         } else {
-            run_group(sh, q, group, steps > 0)
+            run_group(sh, q, group, kind)
         };
         if !cancel {
             if let Some(gate) = &sh.gate {
@@ -413,23 +414,55 @@ fn run_chains(
     true
 }
 
-/// How many chains from the start of `chains` are launches and
-/// timestamps (at most one queued run's worth).
-fn step_run_len(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> usize {
-    chains
-        .iter()
-        .take(vgpu_backend::MAX_QUEUED_STEPS)
-        .take_while(|(_, descs)| command::opcode(&sh.ctx.dma, descs).is_some_and(command::is_step))
-        .count()
+/// How the chains of a group run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group {
+    /// One command, on its own.
+    One,
+    /// A queued run of launches and timestamps.
+    Steps,
+    /// A queued run of copies between guest memory and device memory,
+    /// all one way.
+    Copies,
 }
 
-/// Runs `group` on the partition: one command, or with `steps` a queued
-/// run of launches and timestamps. Returns each command's outcome.
+/// How many chains from the start of `chains` run together, and how: the
+/// launches and timestamps there, or else two or more copies between
+/// guest and device memory in one direction (at most one queued run's
+/// worth), or else the first command alone.
+fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
+    let dma = &sh.ctx.dma;
+    let run = chains.iter().take(vgpu_backend::MAX_QUEUED_STEPS);
+    let steps = run
+        .clone()
+        .take_while(|(_, descs)| command::opcode(dma, descs).is_some_and(command::is_step))
+        .count();
+    if steps > 0 {
+        return (steps, Group::Steps);
+    }
+    let Some(way) = chains
+        .first()
+        .and_then(|(_, descs)| command::guest_copy_direction(dma, descs))
+    else {
+        return (0, Group::One);
+    };
+    let copies = run
+        .take_while(|(_, descs)| command::guest_copy_direction(dma, descs) == Some(way))
+        .count();
+    if copies > 1 {
+        (copies, Group::Copies)
+    } else {
+        (0, Group::One)
+    }
+}
+
+/// Runs `group` on the partition: one command, or a queued run (`kind`).
+/// Returns each command's outcome.
 fn run_group(
     sh: &Shared,
     q: u32,
     group: &[(u16, Vec<Desc>)],
-    steps: bool,
+    kind: Group,
 ) -> Vec<command::Outcome> {
     let mut part = lock(&sh.partition);
     let mut functions = lock(&sh.functions);
@@ -440,13 +473,13 @@ fn run_group(
         window: &sh.window,
         epoch: sh.epoch,
     };
-    let out = if steps {
-        run_steps(&mut ctx, group)
-    } else {
-        group
+    let out = match kind {
+        Group::Steps => run_steps(&mut ctx, group),
+        Group::Copies => run_copies(&mut ctx, group),
+        Group::One => group
             .iter()
             .map(|(_, descs)| command::execute(&mut ctx, descs))
-            .collect()
+            .collect(),
     };
     let used = part.memory_used();
     sh.counters.mem_used.store(used, Ordering::Relaxed);
@@ -497,6 +530,95 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
                         command::Step::Launch(_) => 0,
                     },
                     device_ns,
+                    ..Default::default()
+                },
+                Err(e) => command::Outcome {
+                    device_ns,
+                    ..command::Outcome::status(command::op_status(e))
+                },
+            }
+        })
+        .collect()
+}
+
+/// Decodes the copies of `group` (between guest and device memory, all
+/// one way) and runs them as one queued run, their guest memory held
+/// mapped (the DMA table's read lock) until the run is over, so the
+/// device keeps them in flight back to back. Where some guest memory has
+/// no host address, each copy runs on its own path instead, which says
+/// where it failed.
+fn run_copies(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+    let decoded: Vec<Result<command::CopyStep, u32>> = group
+        .iter()
+        .map(|(_, descs)| command::copy_step(ctx.dma, descs))
+        .collect();
+    let copies: Vec<&command::CopyStep> = decoded.iter().flatten().collect();
+    let to_device = copies.first().is_none_or(|c| c.to_device);
+    let ranges: Vec<(u64, u64)> = copies
+        .iter()
+        .flat_map(|c| c.ranges.iter().copied())
+        .collect();
+    let partition = &mut *ctx.partition;
+    let ran = ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
+        let slices = command::host_slices(slices);
+        // Each copy's ranges add up to its size, and no slice spans two
+        // ranges: the slices divide between the copies by their sizes.
+        let mut at = 0;
+        let queued: Vec<Queued<'_>> = copies
+            .iter()
+            .map(|c| {
+                let start = at;
+                let mut bytes = 0u64;
+                while bytes < c.size && at < slices.len() {
+                    bytes += slices[at].len as u64;
+                    at += 1;
+                }
+                // SAFETY: the DMA table stays read-locked, so every slice
+                // stays mapped (writable ones for downloads, which is what
+                // was asked for) until this closure returns, after the
+                // run; guest memory is no Rust object's.
+                let mem = unsafe { SliceMemory::new(&slices[start..at]) };
+                if c.to_device {
+                    Queued::Upload {
+                        dst: c.device,
+                        src: mem,
+                    }
+                } else {
+                    Queued::Download {
+                        src: c.device,
+                        dst: mem,
+                    }
+                }
+            })
+            .collect();
+        partition.run_queued(&queued)
+    });
+    let Ok(done) = ran else {
+        return group
+            .iter()
+            .map(|(_, descs)| command::execute(ctx, descs))
+            .collect();
+    };
+    let mut done = done.into_iter();
+    let mut last_end = 0;
+    decoded
+        .iter()
+        .map(|d| {
+            let copy = match d {
+                Ok(copy) => copy,
+                Err(status) => return command::Outcome::status(*status),
+            };
+            let Some(r) = done.next() else {
+                return command::Outcome::status(abi::STATUS_DEVICE_ERROR);
+            };
+            let end = r.end_ns.max(last_end);
+            let device_ns = end - last_end;
+            last_end = end;
+            match r.result {
+                Ok(()) => command::Outcome {
+                    status: abi::STATUS_OK,
+                    device_ns,
+                    bytes: copy.size,
                     ..Default::default()
                 },
                 Err(e) => command::Outcome {

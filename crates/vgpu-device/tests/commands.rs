@@ -6,7 +6,7 @@ mod common;
 use common::{assert_status, vgpu_ready, vgpu_with_memory, Rng, MIB};
 use vgpu_backend::conformance;
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader, CopyCmd, SgEntry};
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, launch_cmd, Chain, Mode};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, launch_cmd, Chain, Mode};
 
 fn copy_cmd(src_kind: u32, dst_kind: u32, src: u64, dst: u64, size: u64, sg_count: u32) -> CopyCmd {
     CopyCmd {
@@ -176,6 +176,75 @@ fn test_launches_and_timestamps_of_one_submission_complete_in_order() {
     );
     let want = 0x5a5a_0001u32.to_le_bytes().repeat(words as usize);
     assert_eq!(g.download(0, b, want.len()), want);
+}
+
+/// Copies between guest and device memory submitted together, one way,
+/// run as one queued run: each moves its own bytes, one with a bad device
+/// range fails alone; a run whose guest memory is not all mapped runs
+/// copy by copy, the unmapped one failing with FAULT.
+#[test]
+fn test_copies_of_one_submission_run_together() {
+    let (_s, mut g) = vgpu_ready();
+    let a = g.device_alloc(0, 64 << 10);
+    let b = g.device_alloc(0, 64 << 10);
+    let mut rng = Rng(7);
+    let sg1 = g.alloc_sg(&[4096, 8192, 100]);
+    let sg2 = g.alloc_sg(&[3000]);
+    let (d1, d2) = (rng.bytes(12388), rng.bytes(3000));
+    g.write_sg(&sg1, &d1);
+    g.write_sg(&sg2, &d2);
+    let out_of_range = b + (1 << 30);
+    let ups = [
+        guest_copy_chain(true, a, &sg1),
+        guest_copy_chain(true, b, &sg2),
+        guest_copy_chain(true, out_of_range, &sg2),
+        guest_copy_chain(true, b + 8192, &sg1),
+    ];
+    let statuses: Vec<u32> = g
+        .submit_batch(0, &ups)
+        .iter()
+        .map(|u| u.completion().status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            abi::STATUS_OK,
+            abi::STATUS_OK,
+            abi::STATUS_OUT_OF_RANGE,
+            abi::STATUS_OK
+        ]
+    );
+    let back1 = g.alloc_sg(&[12388]);
+    let back2 = g.alloc_sg(&[1000, 2000]);
+    let back3 = g.alloc_sg(&[12388]);
+    let downs = [
+        guest_copy_chain(false, a, &back1),
+        guest_copy_chain(false, b, &back2),
+        guest_copy_chain(false, b + 8192, &back3),
+    ];
+    for u in g.submit_batch(0, &downs) {
+        assert_status(u.completion(), abi::STATUS_OK);
+    }
+    assert_eq!(g.read_sg(&back1), d1);
+    assert_eq!(g.read_sg(&back2), d2);
+    assert_eq!(g.read_sg(&back3), d1);
+
+    let unmapped = [SgEntry {
+        addr: g.unmapped_addr(),
+        len: 4096,
+    }];
+    let fresh = g.alloc_sg(&[3000]);
+    let mixed = [
+        guest_copy_chain(false, b, &fresh),
+        guest_copy_chain(false, a, &unmapped),
+    ];
+    let statuses: Vec<u32> = g
+        .submit_batch(0, &mixed)
+        .iter()
+        .map(|u| u.completion().status)
+        .collect();
+    assert_eq!(statuses, [abi::STATUS_OK, abi::STATUS_FAULT]);
+    assert_eq!(g.read_sg(&fresh), d2);
 }
 
 #[test]

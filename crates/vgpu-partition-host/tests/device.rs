@@ -10,7 +10,7 @@ use std::sync::Arc;
 use vgpu_backend::PartitionSpec;
 use vgpu_backend_remote::{InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig};
 use vgpu_testkit::abi;
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, test_config, Mode, TestVgpu};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, test_config, Mode, TestVgpu};
 
 const MIB: u64 = 1 << 20;
 
@@ -152,6 +152,39 @@ fn guest_copies_name_guest_memory_mapped_by_the_host() {
     assert_eq!(g.launch(0, "vadd_f32", &p).status, abi::STATUS_OK);
     let want: Vec<f32> = a.iter().map(|x| 2.0 * x).collect();
     assert_eq!(bytes_to_f32s(&g.download(0, dc, 4 * n as usize)), want);
+
+    // Copies submitted together go to the host as one queued run, still
+    // naming guest memory; a bad device range fails alone.
+    let before = counts.direct();
+    let halves = [g.alloc_sg(&[100_000, 7]), g.alloc_sg(&[150_000])];
+    let half = |i: usize| &data[i * 100_007..(i * 100_007 + [100_007, 150_000][i])];
+    g.write_sg(&halves[0], half(0));
+    g.write_sg(&halves[1], half(1));
+    let ups = [
+        guest_copy_chain(true, dev, &halves[0]),
+        guest_copy_chain(true, dev + 100_007, &halves[1]),
+        guest_copy_chain(true, dev + total, &halves[1]),
+    ];
+    let statuses: Vec<u32> = g
+        .submit_batch(0, &ups)
+        .iter()
+        .map(|u| u.completion().status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [abi::STATUS_OK, abi::STATUS_OK, abi::STATUS_OUT_OF_RANGE]
+    );
+    let outs = [g.alloc_sg(&[100_007]), g.alloc_sg(&[50_000, 100_000])];
+    let downs = [
+        guest_copy_chain(false, dev, &outs[0]),
+        guest_copy_chain(false, dev + 100_007, &outs[1]),
+    ];
+    for u in g.submit_batch(0, &downs) {
+        assert_eq!(u.completion().status, abi::STATUS_OK);
+    }
+    assert_eq!(g.read_sg(&outs[0]), half(0));
+    assert_eq!(g.read_sg(&outs[1]), half(1));
+    assert!(counts.direct() >= before + 5, "direct {}", counts.direct());
     assert!(counts.direct() >= 4, "direct {}", counts.direct());
     assert_eq!(counts.staged(), 0);
 }

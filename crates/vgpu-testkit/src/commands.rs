@@ -58,6 +58,21 @@ pub fn bytes_to_f32s(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The chain of a COPY between device address `dev` and the guest
+/// buffers of `sg` (into the device when `to_device`), with its
+/// completion, for batches.
+pub fn guest_copy_chain(to_device: bool, dev: u64, sg: &[SgEntry]) -> Chain {
+    let size = sg.iter().map(|e| e.len).sum();
+    let (guest, device) = ((abi::COPY_GUEST, 0), (abi::COPY_DEVICE, dev));
+    let (src, dst) = if to_device {
+        (guest, device)
+    } else {
+        (device, guest)
+    };
+    let cmd = copy_cmd(src.0, dst.0, src.1, dst.1, size, sg.len() as u32);
+    Chain::command(&cmd).bytes(&sg_bytes(sg)).completion()
+}
+
 fn sg_bytes(sg: &[SgEntry]) -> Vec<u8> {
     sg.iter().flat_map(|e| e.as_slice().to_vec()).collect()
 }
@@ -138,15 +153,7 @@ impl Guest {
     /// COPY between device address `dev` and the guest buffers of `sg`:
     /// into the device when `to_device`, out of it otherwise.
     fn copy_guest(&mut self, q: u32, to_device: bool, dev: u64, sg: &[SgEntry]) -> Completion {
-        let size = sg.iter().map(|e| e.len).sum();
-        let (guest, device) = ((abi::COPY_GUEST, 0), (abi::COPY_DEVICE, dev));
-        let (src, dst) = if to_device {
-            (guest, device)
-        } else {
-            (device, guest)
-        };
-        let cmd = copy_cmd(src.0, dst.0, src.1, dst.1, size, sg.len() as u32);
-        self.copy(q, &cmd, Some(sg))
+        self.run(q, &guest_copy_chain(to_device, dev, sg))
     }
 
     /// COPY guest -> device of the bytes of `sg` to device address `dst`.
