@@ -701,11 +701,14 @@ impl DeviceState {
             return unsafe { self.enqueue_runs(dev, slices, to_device) }
                 .map_err(|e| Fail::Cuda(what.into(), e));
         }
-        if to_device {
+        let staged = if to_device {
             self.upload(dev, mem)
         } else {
             self.download(dev, mem)
-        }
+        };
+        // The staging buffers are free for the next step only once their
+        // copies are done (each transfer starts with the first buffer).
+        staged.and_then(|()| driver::stream_sync(&self.res.stream).at("staged copy"))
     }
 
     /// Host -> device straight from registered guest memory; `Ok(false)`

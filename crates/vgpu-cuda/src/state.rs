@@ -107,6 +107,11 @@ impl Gpu {
         self.inflight().enqueue(&self.dev, batch, mark)
     }
 
+    /// Submits the work gathered so far without waiting for it.
+    pub fn flush(&self) -> CuResult {
+        self.inflight().flush(&self.dev)
+    }
+
     /// Waits for the device's queued work; the first failure in it.
     pub fn sync(&self) -> CuResult {
         self.inflight().sync(&self.dev)

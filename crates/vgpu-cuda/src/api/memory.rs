@@ -16,7 +16,7 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
 use crate::host_pages;
-use crate::state::{check, driver, Alloc, Driver, HostMem};
+use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
 use vgpu_guest::Batch;
 
 /// The device holding `[addr, addr + len)`, which must lie in one
@@ -329,6 +329,21 @@ fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
     matches!(h.pinned, Some((pd, first)) if pd == dev && p >= first && p + len <= end)
 }
 
+/// Asynchronous copies of at least this many bytes go to the device at
+/// once instead of waiting in the open batch: the device takes longer to
+/// move one than the guest takes to submit it, so the next is submitted
+/// while it moves.
+const SUBMIT_COPY_AT: usize = 1 << 20;
+
+/// Queues an asynchronous copy of `n` bytes.
+fn submit_copy(g: &Gpu, b: Batch, n: usize) -> CuResult {
+    g.submit(b, None)?;
+    if n >= SUBMIT_COPY_AT {
+        g.flush()?;
+    }
+    Ok(())
+}
+
 fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
@@ -342,7 +357,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
         // that stays mapped until cuMemFreeHost or cuMemHostUnregister,
         // which wait for the device's queued work first.
         unsafe { b.copy_user_to_device_addr(dst, src.cast(), n as u64) };
-        return g.submit(b, None);
+        return submit_copy(g, b, n);
     }
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
@@ -360,7 +375,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
         // SAFETY: as in `htod`; the program reads the destination only
         // after the stream has synchronised.
         unsafe { b.copy_device_addr_to_user(dst.cast(), src, n as u64) };
-        return g.submit(b, None);
+        return submit_copy(g, b, n);
     }
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
