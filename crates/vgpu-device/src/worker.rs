@@ -548,12 +548,19 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
 /// no host address, each copy runs on its own path instead, which says
 /// where it failed.
 fn run_copies(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
-    let decoded: Vec<Result<command::CopyStep, u32>> = group
+    let mut decoded: Vec<Result<command::CopyStep, u32>> = group
         .iter()
         .map(|(_, descs)| command::copy_step(ctx.dma, descs))
         .collect();
+    // The run's guest memory is resolved for one direction: a command the
+    // guest rewrote since it was grouped, to go the other way, is refused.
+    let to_device = decoded.iter().flatten().next().is_none_or(|c| c.to_device);
+    for d in &mut decoded {
+        if d.as_ref().is_ok_and(|c| c.to_device != to_device) {
+            *d = Err(abi::STATUS_INVALID);
+        }
+    }
     let copies: Vec<&command::CopyStep> = decoded.iter().flatten().collect();
-    let to_device = copies.first().is_none_or(|c| c.to_device);
     let ranges: Vec<(u64, u64)> = copies
         .iter()
         .flat_map(|c| c.ranges.iter().copied())
