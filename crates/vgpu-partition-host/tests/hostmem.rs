@@ -19,7 +19,8 @@ use vgpu_backend::{
     HostMapping, HostSink, HostSlice, HostSource, OpError, Partition, PartitionSpec, SliceFn,
 };
 use vgpu_backend_remote::proto::{
-    Create, Header, Kind, Map, MappedPiece, Reply, Request, Value, HEADER_LEN, MAX_REQUEST, REPLY,
+    Create, Header, Kind, Map, MappedPiece, Reply, Request, Step, Value, HEADER_LEN, MAX_REQUEST,
+    REPLY,
 };
 use vgpu_backend_remote::{
     host, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
@@ -663,6 +664,67 @@ fn a_host_refuses_pieces_outside_its_mappings() {
     };
     call(&mut cmd, seq + 1, &down, None).unwrap();
     assert_eq!(ram.read(5000, 16), b"0123456789abcdef");
+
+    // Queued runs: copies go one way, into their own pieces, which are
+    // checked as a transfer's are.
+    let queued = |steps| Request::Queued(steps);
+    let both_ways = queued(vec![
+        Step::Upload {
+            dst: dev,
+            pieces: vec![piece(1, 100, 16)],
+        },
+        Step::Download {
+            src: dev,
+            pieces: vec![piece(1, 6000, 16)],
+        },
+    ]);
+    assert!(matches!(
+        call(&mut cmd, seq + 2, &both_ways, None),
+        Err(OpError::Invalid(_))
+    ));
+    let outside = queued(vec![Step::Upload {
+        dst: dev,
+        pieces: vec![piece(1, (1 << 20) - 8, 16)],
+    }]);
+    assert!(call(&mut cmd, seq + 3, &outside, None).is_err());
+    let read_only = queued(vec![Step::Download {
+        src: dev,
+        pieces: vec![piece(2, 0, 16)],
+    }]);
+    assert!(call(&mut cmd, seq + 4, &read_only, None).is_err());
+    ram.write(200, b"fedcba9876543210");
+    let ups = queued(vec![
+        Step::Upload {
+            dst: dev,
+            pieces: vec![piece(1, 208, 8)],
+        },
+        Step::Timestamp,
+        Step::Upload {
+            dst: dev + 8,
+            pieces: vec![piece(2, 200, 8)],
+        },
+        Step::Upload {
+            dst: dev + (1 << 30),
+            pieces: vec![piece(1, 200, 8)],
+        },
+    ]);
+    let Ok(Value::Queued(done)) = call(&mut cmd, seq + 5, &ups, None) else {
+        panic!("queued uploads");
+    };
+    let ok: Vec<bool> = done.iter().map(|d| d.result.is_ok()).collect();
+    assert_eq!(ok, [true, true, true, false]);
+    let downs = queued(vec![Step::Download {
+        src: dev,
+        pieces: vec![piece(1, 7000, 10), piece(1, 7100, 6)],
+    }]);
+    let Ok(Value::Queued(done)) = call(&mut cmd, seq + 6, &downs, None) else {
+        panic!("queued download");
+    };
+    assert!(done[0].result.is_ok());
+    assert_eq!(ram.read(7000, 10), b"76543210fe");
+    assert_eq!(ram.read(7100, 6), b"dcba98");
+    let seq = seq + 5;
+
     call(&mut ctl, 8, &Request::Unmap { id: 1 }, None).unwrap();
     let up = Request::UploadMapped {
         dst: dev,
