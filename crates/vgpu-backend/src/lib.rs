@@ -533,7 +533,9 @@ pub trait Partition: Send {
     /// in flight together and time them with its own clock, so a
     /// timestamp between two launches says when the device got there. A
     /// step that fails leaves the later ones to run, unless the
-    /// partition's device state is lost. No default: a wrapper that forgot
+    /// partition's device state is lost. Copies' host memory may be used
+    /// until this returns, and no longer: every copy is done by then. No
+    /// default: a wrapper that forgot
     /// to forward it would run its inner partition's steps one by one
     /// ([`run_queued_in_order`]).
     fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone>;
