@@ -506,15 +506,35 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
         .filter_map(|d| d.as_ref().ok().map(command::Step::queued))
         .collect();
     let start = ctx.epoch.elapsed().as_nanos() as u64;
-    let mut done = ctx.partition.run_queued(&queued).into_iter();
+    let done = ctx.partition.run_queued(&queued);
     drop(queued);
+    outcomes(&decoded, done, |step, end| command::Outcome {
+        status: abi::STATUS_OK,
+        result: match step {
+            command::Step::Timestamp => start.saturating_add(end),
+            command::Step::Launch(_) => 0,
+        },
+        ..Default::default()
+    })
+}
+
+/// Each command's outcome in a queued run: one that did not decode
+/// completes with its status, the others take the run's results in
+/// order, each charged the device time since the previous step ended.
+/// `ok` says what a step that succeeded returns, given its end.
+fn outcomes<T>(
+    decoded: &[Result<T, u32>],
+    done: Vec<vgpu_backend::QueuedDone>,
+    ok: impl Fn(&T, u64) -> command::Outcome,
+) -> Vec<command::Outcome> {
+    let mut done = done.into_iter();
     let mut last_end = 0;
     decoded
-        .into_iter()
+        .iter()
         .map(|d| {
             let step = match d {
                 Ok(step) => step,
-                Err(status) => return command::Outcome::status(status),
+                Err(status) => return command::Outcome::status(*status),
             };
             let Some(r) = done.next() else {
                 return command::Outcome::status(abi::STATUS_DEVICE_ERROR);
@@ -524,13 +544,8 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
             last_end = end;
             match r.result {
                 Ok(()) => command::Outcome {
-                    status: abi::STATUS_OK,
-                    result: match step {
-                        command::Step::Timestamp => start.saturating_add(end),
-                        command::Step::Launch(_) => 0,
-                    },
                     device_ns,
-                    ..Default::default()
+                    ..ok(step, end)
                 },
                 Err(e) => command::Outcome {
                     device_ns,
@@ -606,35 +621,11 @@ fn run_copies(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<com
             .map(|(_, descs)| command::execute(ctx, descs))
             .collect();
     };
-    let mut done = done.into_iter();
-    let mut last_end = 0;
-    decoded
-        .iter()
-        .map(|d| {
-            let copy = match d {
-                Ok(copy) => copy,
-                Err(status) => return command::Outcome::status(*status),
-            };
-            let Some(r) = done.next() else {
-                return command::Outcome::status(abi::STATUS_DEVICE_ERROR);
-            };
-            let end = r.end_ns.max(last_end);
-            let device_ns = end - last_end;
-            last_end = end;
-            match r.result {
-                Ok(()) => command::Outcome {
-                    status: abi::STATUS_OK,
-                    device_ns,
-                    bytes: copy.size,
-                    ..Default::default()
-                },
-                Err(e) => command::Outcome {
-                    device_ns,
-                    ..command::Outcome::status(command::op_status(e))
-                },
-            }
-        })
-        .collect()
+    outcomes(&decoded, done, |copy, _| command::Outcome {
+        status: abi::STATUS_OK,
+        bytes: copy.size,
+        ..Default::default()
+    })
 }
 
 /// Counts and completes one command: its completion record, its used
