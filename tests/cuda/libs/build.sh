@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build the programs of tests/cuda/libs (cuBLAS, cuFFT) with a CUDA
-# toolkit that has those libraries (NVIDIA's /usr/local/cuda on a GPU
-# machine; the toolkit wheels CI uses have no cuBLAS headers). They link
-# the libraries dynamically, as applications do, and take them from that
-# toolkit's lib64 at run time.
+# Build the programs of tests/cuda/libs (cuBLAS, cuFFT, and memfd_copy,
+# a native copy-rate check) with a CUDA toolkit that has those libraries
+# (NVIDIA's /usr/local/cuda on a GPU machine; the toolkit wheels CI uses
+# have no cuBLAS headers). They link the libraries dynamically, as
+# applications do, and take them from that toolkit's lib64 at run time.
 #
 # With the machine's own libcuda.so.1 it also builds cuda-trace
 # (trace/libcuda.so.1, run with cuda-trace.sh), which traces a program's
