@@ -37,8 +37,9 @@
 //! file passed with `SCM_RIGHTS`) and their end ([`Kind::Unmap`]), each
 //! answered by a status-only reply. Uploads and downloads between device
 //! memory and such mappings ([`Kind::UploadMapped`],
-//! [`Kind::DownloadMapped`]) name the pieces as (mapping, offset, length)
-//! and move no bytes through the staging area.
+//! [`Kind::DownloadMapped`], and the copies of a [`Kind::Queued`] run)
+//! name the pieces as (mapping, offset, length) and move no bytes through
+//! the staging area.
 
 use vgpu_abi as abi;
 use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS};
@@ -122,7 +123,8 @@ pub enum Kind {
     FunctionInfo = 18,
     /// `Partition::global_info`.
     GlobalInfo = 19,
-    /// `Partition::run_queued`, launch parameters inline.
+    /// `Partition::run_queued`, launch parameters inline, copies as
+    /// pieces of mappings (all one way).
     Queued = 20,
     /// `Partition::max_active_clusters`.
     Occupancy = 21,

@@ -382,15 +382,16 @@ pub struct CopyStep {
 /// memory and device memory (true: to the device); `None` for any other
 /// command, or one whose header cannot be read.
 pub fn guest_copy_direction(dma: &DmaSpace, descs: &[Desc]) -> Option<bool> {
-    let first = descs.iter().find(|d| !d.writable)?;
-    let mut buf = [0u8; std::mem::size_of::<abi::CopyCmd>()];
-    if (first.len as usize) < buf.len() || dma.read(first.addr, &mut buf).is_err() {
-        return None;
-    }
-    let c: abi::CopyCmd = parse(&buf).ok()?;
-    match (c.hdr.opcode, c.src_kind, c.dst_kind) {
-        (abi::OP_COPY, abi::COPY_GUEST, abi::COPY_DEVICE) => Some(true),
-        (abi::OP_COPY, abi::COPY_DEVICE, abi::COPY_GUEST) => Some(false),
+    let c = peek::<abi::CopyCmd>(dma, descs).filter(|c| c.hdr.opcode == abi::OP_COPY)?;
+    guest_side(&c).map(|(to_device, _)| to_device)
+}
+
+/// The direction (true: to the device) and device address of a COPY
+/// between guest memory and device memory; `None` for other copies.
+fn guest_side(cmd: &abi::CopyCmd) -> Option<(bool, u64)> {
+    match (cmd.src_kind, cmd.dst_kind) {
+        (abi::COPY_GUEST, abi::COPY_DEVICE) => Some((true, cmd.dst)),
+        (abi::COPY_DEVICE, abi::COPY_GUEST) => Some((false, cmd.src)),
         _ => None,
     }
 }
@@ -405,11 +406,7 @@ pub fn copy_step(dma: &DmaSpace, descs: &[Desc]) -> Result<CopyStep> {
     if cmd.hdr.opcode != abi::OP_COPY || cmd.size == 0 || cmd.reserved != 0 {
         return Err(abi::STATUS_INVALID);
     }
-    let (to_device, device) = match (cmd.src_kind, cmd.dst_kind) {
-        (abi::COPY_GUEST, abi::COPY_DEVICE) => (true, cmd.dst),
-        (abi::COPY_DEVICE, abi::COPY_GUEST) => (false, cmd.src),
-        _ => return Err(abi::STATUS_INVALID),
-    };
+    let (to_device, device) = guest_side(&cmd).ok_or(abi::STATUS_INVALID)?;
     let sg = guest_sg(dma, &cmd, &reads)?;
     Ok(CopyStep {
         to_device,
@@ -497,14 +494,21 @@ pub fn is_step(opcode: u32) -> bool {
     matches!(opcode, abi::OP_LAUNCH | abi::OP_TIMESTAMP)
 }
 
-/// The opcode of the command in `descs`, if its header can be read.
-pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
+/// The command structure `T` at the start of `descs`' first readable
+/// descriptor, if that holds one.
+fn peek<T: ByteValued + Default>(dma: &DmaSpace, descs: &[Desc]) -> Option<T> {
     let first = descs.iter().find(|d| !d.writable)?;
-    let mut buf = [0u8; std::mem::size_of::<abi::CmdHeader>()];
-    if (first.len as usize) < buf.len() || dma.read(first.addr, &mut buf).is_err() {
+    let mut v = T::default();
+    let buf = v.as_mut_slice();
+    if (first.len as usize) < buf.len() || dma.read(first.addr, buf).is_err() {
         return None;
     }
-    parse::<abi::CmdHeader>(&buf).ok().map(|h| h.opcode)
+    Some(v)
+}
+
+/// The opcode of the command in `descs`, if its header can be read.
+pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
+    peek::<abi::CmdHeader>(dma, descs).map(|h| h.opcode)
 }
 
 /// Decodes the launch or timestamp command in `descs` into its step, or
