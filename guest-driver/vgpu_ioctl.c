@@ -181,6 +181,18 @@ static struct vgpu_res *vgpu_module_find(struct vgpu_file *vf, u64 handle)
 	return NULL;
 }
 
+/* 0 when module @handle is the file's (and not being unloaded). */
+static int vgpu_module_owned(struct vgpu_file *vf, u64 handle)
+{
+	unsigned long flags;
+	struct vgpu_res *m;
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	m = vgpu_module_find(vf, handle);
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+	return m ? 0 : -ENOENT;
+}
+
 /*
  * Keeps the result of a MEM_ALLOC or MODULE_LOAD. Called at completion,
  * with the queue lock held (interrupts off).
@@ -1092,25 +1104,16 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 		spin_unlock_irqrestore(&vf->res_lock, flags);
 		return m ? 0 : -ENOENT;
 	case VGPU_CMD_FUNC_INFO:
-		spin_lock_irqsave(&vf->res_lock, flags);
-		m = vgpu_module_find(vf, u->func_info.module);
-		spin_unlock_irqrestore(&vf->res_lock, flags);
-		if (!m)
-			return -ENOENT;
+		ret = vgpu_module_owned(vf, u->func_info.module);
+		if (ret)
+			return ret;
 		return vgpu_check_dev_range(vf, u->func_info.out,
 					    u->func_info.out_size);
 	case VGPU_CMD_OCCUPANCY:
-		spin_lock_irqsave(&vf->res_lock, flags);
-		m = vgpu_module_find(vf, u->occupancy.module);
-		spin_unlock_irqrestore(&vf->res_lock, flags);
-		return m ? 0 : -ENOENT;
+		return vgpu_module_owned(vf, u->occupancy.module);
 	case VGPU_CMD_LAUNCH:
-		if (l->module != VGPU_MODULE_BUILTIN_ID) {
-			spin_lock_irqsave(&vf->res_lock, flags);
-			m = vgpu_module_find(vf, l->module);
-			spin_unlock_irqrestore(&vf->res_lock, flags);
-			return m ? 0 : -ENOENT;
-		}
+		if (l->module != VGPU_MODULE_BUILTIN_ID)
+			return vgpu_module_owned(vf, l->module);
 		params = c->inl_len ? (const void *)c->inl :
 			 c->nbufs ? c->bufs[0].cpu : NULL;
 		return vgpu_check_builtin(vf, l->entry, params, l->params_size);
