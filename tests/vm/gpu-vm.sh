@@ -32,6 +32,8 @@
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   ONLY_LIBS=1       only the library programs
 #   ONLY_BENCH=1      only the launch and copy benchmark
+#   BENCH_APPEND=...  more kernel command line for the benchmark's guest
+#                     (e.g. vgpu.polled=1 vgpu.poll_spin_us=2000)
 #   WEIGHT_A, WEIGHT_B  the two vGPUs' weights under the fair policy (1, 1)
 #   SHARES=1          sample the scheduler's accounting while the library
 #                     guests run and check each 1 s window in which both
@@ -160,7 +162,7 @@ if [[ ${ONLY_LIBS:-0} != 1 ]]; then
         log "bench_launch natively on the GPU"
         "$B/cuda-tests/bench_launch" 200 | sed 's/^/  [native] /' >&2 || ok=0
     fi
-    boot guest-bench "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=cuda-bench vgpu.cuda_bench=200"
+    boot guest-bench "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=cuda-bench vgpu.cuda_bench=200 ${BENCH_APPEND:-}"
     wait "${qemu_pids[0]}" || true
     qemu_pids=()
     grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::{debug, info, log_enabled, trace, warn, Level};
 use vgpu_abi as abi;
 use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
@@ -343,6 +343,7 @@ impl CudaPartition {
         let available = self.available();
         let optin = self.shared.max_shared_optin;
         let host = self.host.clone();
+        let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
         let (ran, ends) = self.run(|dev| {
             while dev.res.marks.len() <= steps.len() {
                 let e = driver::Event::create(true).at("creating an event")?;
@@ -402,6 +403,13 @@ impl CudaPartition {
                 }
             }
             let marks = &dev.res.marks;
+            if let Some(began) = began {
+                trace!(
+                    "queued {} steps in {} us",
+                    steps.len(),
+                    began.elapsed().as_micros()
+                );
+            }
             if let Err(e) = driver::event_sync(&marks[next - 1]) {
                 let _ = driver::stream_sync(&dev.res.stream);
                 return Err(Fail::Cuda("queued work: device work".into(), e));

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{debug, info};
+use log::{debug, info, log_enabled, trace, Level};
 use vgpu_backend::{
     Backend, HostSink, HostSource, OpError, Partition, PartitionSpec, Queued, SliceMemory,
 };
@@ -454,6 +454,7 @@ impl Host<'_> {
             })
             .copied()
             .collect();
+        let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
         let resolved = if pieces.is_empty() {
             None
         } else {
@@ -485,9 +486,19 @@ impl Host<'_> {
                 },
             })
             .collect();
+        let resolved_at = began.map(|b| b.elapsed());
         let done = p.run_queued(&queued);
         drop(queued);
         drop(resolved);
+        if let (Some(began), Some(at)) = (began, resolved_at) {
+            trace!(
+                "queued run of {} steps, {} pieces: resolved in {} us, done after {} us",
+                steps.len(),
+                pieces.len(),
+                at.as_micros(),
+                began.elapsed().as_micros()
+            );
+        }
         Ok(Value::Queued(done))
     }
 

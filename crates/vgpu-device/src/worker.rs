@@ -8,7 +8,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use log::debug;
+use log::{debug, log_enabled, trace, Level};
 use vfio_user_server::dma::DmaView;
 use vgpu_abi as abi;
 use vgpu_backend::{Queued, SliceMemory};
@@ -379,11 +379,23 @@ fn run_chains(
             }
         }
         let group = &chains[i..i + steps.max(1)];
+        let began = log_enabled!(Level::Trace).then(|| sh.epoch.elapsed());
         let outcomes = if cancel {
             vec![command::Outcome::status(abi::STATUS_CANCELLED)]
         } else {
             run_group(sh, q, group, kind)
         };
+        if let Some(began) = began {
+            // Where a queue's time goes between and inside its runs.
+            trace!(
+                "{}: queue {q}: {kind:?} of {} (of {} popped) ran {}..{} us",
+                sh.name,
+                group.len(),
+                chains.len(),
+                began.as_micros(),
+                sh.epoch.elapsed().as_micros()
+            );
+        }
         if !cancel {
             if let Some(gate) = &sh.gate {
                 let device_ns = outcomes.iter().map(|o| o.device_ns).sum();
