@@ -577,7 +577,30 @@ impl DeviceState {
     }
 
     /// `size` bytes from `src` to `dst` (checked ranges that may overlap).
+    /// Queues setting `size` bytes (whole words) at `addr` to `pattern`.
+    pub(crate) fn fill(&self, addr: u64, size: u64, pattern: u32) -> Result<(), Fail> {
+        if size == 0 {
+            return Ok(());
+        }
+        if addr.is_multiple_of(4) {
+            driver::memset_async(
+                addr,
+                driver::Fill::Word(pattern),
+                (size / 4) as usize,
+                &self.res.stream,
+            )
+            .at("fill")
+        } else {
+            self.k_fill_pattern(addr, size, pattern)
+        }
+    }
+
+    /// Queues a copy of `size` bytes between device addresses, which may
+    /// overlap.
     pub(crate) fn memmove(&self, dst: u64, src: u64, size: u64) -> Result<(), Fail> {
+        if size == 0 || dst == src {
+            return Ok(());
+        }
         if !rules::overlaps(dst, size, src, size) {
             return driver::memcpy_dtod_async(dst, src, size as usize, &self.res.stream).at("copy");
         }

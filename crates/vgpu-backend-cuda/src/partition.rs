@@ -330,13 +330,20 @@ impl CudaPartition {
                 _ => None,
             })
             .collect();
-        // Copies' device ranges are checked the same way.
+        // Copies' and fills' device ranges are checked the same way.
         let ranges: Vec<Result<(), OpError>> = steps
             .iter()
             .map(|s| match s {
                 Queued::Upload { dst: a, src: m } | Queued::Download { src: a, dst: m } => {
                     self.allocs.check(*a, HostSource::len(m))
                 }
+                Queued::Fill { addr, size, .. } => {
+                    fill_size(*size).and_then(|()| self.allocs.check(*addr, *size))
+                }
+                Queued::Copy { dst, src, size } => self
+                    .allocs
+                    .check(*dst, *size)
+                    .and_then(|()| self.allocs.check(*src, *size)),
                 _ => Ok(()),
             })
             .collect();
@@ -371,6 +378,21 @@ impl CudaPartition {
                         Ok(()) => Ready::Download(*src, dst),
                         Err(e) => Ready::Failed(Fail::Op(e)),
                     },
+                    (
+                        Queued::Fill {
+                            addr,
+                            size,
+                            pattern,
+                        },
+                        _,
+                    ) => match range {
+                        Ok(()) => Ready::Fill(*addr, *size, *pattern),
+                        Err(e) => Ready::Failed(Fail::Op(e)),
+                    },
+                    (Queued::Copy { dst, src, size }, _) => match range {
+                        Ok(()) => Ready::Copy(*dst, *src, *size),
+                        Err(e) => Ready::Failed(Fail::Op(e)),
+                    },
                 })
                 .collect();
             driver::event_record(&dev.res.marks[0], &dev.res.stream).at("queued work")?;
@@ -388,6 +410,8 @@ impl CudaPartition {
                     Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
                     Ready::Upload(a, m) => dev.enqueue_copy(a, m, &host, true),
                     Ready::Download(a, m) => dev.enqueue_copy(a, m, &host, false),
+                    Ready::Fill(a, n, pattern) => dev.fill(a, n, pattern),
+                    Ready::Copy(dst, src, n) => dev.memmove(dst, src, n),
                     Ready::Failed(e) => Err(e),
                 });
                 mark_of.push(next);
@@ -475,7 +499,20 @@ enum Ready<'s, 'l> {
     Kernel(driver::CUfunction, &'s Launch<'l>),
     Upload(u64, &'s SliceMemory<'l>),
     Download(u64, &'s SliceMemory<'l>),
+    Fill(u64, u64, u32),
+    Copy(u64, u64, u64),
     Failed(Fail),
+}
+
+/// Refuses a fill whose size is not whole 32-bit words.
+fn fill_size(size: u64) -> Result<(), OpError> {
+    if size.is_multiple_of(4) {
+        Ok(())
+    } else {
+        Err(OpError::Invalid(format!(
+            "fill of {size} bytes: not a multiple of 4"
+        )))
+    }
 }
 
 /// Looks up `l`'s kernel, checks the launch against it and raises the
@@ -690,30 +727,12 @@ impl Partition for CudaPartition {
 
     fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
         self.last_device_time = None;
-        if !size.is_multiple_of(4) {
-            return Err(OpError::Invalid(format!(
-                "fill of {size} bytes: not a multiple of 4"
-            )));
-        }
+        fill_size(size)?;
         self.allocs.check(addr, size)?;
         if size == 0 {
             return Ok(());
         }
-        let t = self.run(|dev| {
-            dev.timed("fill", |s| {
-                if addr.is_multiple_of(4) {
-                    driver::memset_async(
-                        addr,
-                        driver::Fill::Word(pattern),
-                        (size / 4) as usize,
-                        &s.res.stream,
-                    )
-                    .at("fill")
-                } else {
-                    s.k_fill_pattern(addr, size, pattern)
-                }
-            })
-        })?;
+        let t = self.run(|dev| dev.timed("fill", |s| s.fill(addr, size, pattern)))?;
         self.last_device_time = Some(t);
         Ok(())
     }

@@ -833,6 +833,20 @@ impl Partition for RemotePartition {
                     src: *src,
                     pieces: pieces.next().unwrap_or_default(),
                 }),
+                Queued::Fill {
+                    addr,
+                    size,
+                    pattern,
+                } => Ok(Step::Fill {
+                    addr: *addr,
+                    size: *size,
+                    pattern: *pattern,
+                }),
+                Queued::Copy { dst, src, size } => Ok(Step::Copy {
+                    dst: *dst,
+                    src: *src,
+                    size: *size,
+                }),
             };
             local.push(match step {
                 Ok(step) => {

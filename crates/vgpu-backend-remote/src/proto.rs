@@ -536,6 +536,8 @@ const STEP_TIMESTAMP: u8 = 0;
 const STEP_LAUNCH: u8 = 1;
 const STEP_UPLOAD: u8 = 2;
 const STEP_DOWNLOAD: u8 = 3;
+const STEP_FILL: u8 = 4;
+const STEP_COPY: u8 = 5;
 
 /// One step of a [`Request::Queued`] run: `Partition::run_queued`'s steps,
 /// with guest memory named as pieces of forwarded mappings.
@@ -558,6 +560,24 @@ pub enum Step<'a> {
         src: u64,
         /// The destination, in order.
         pieces: Vec<MappedPiece>,
+    },
+    /// A fill of device memory.
+    Fill {
+        /// Device address.
+        addr: u64,
+        /// Bytes.
+        size: u64,
+        /// The 32-bit pattern.
+        pattern: u32,
+    },
+    /// A copy between device addresses.
+    Copy {
+        /// Destination.
+        dst: u64,
+        /// Source.
+        src: u64,
+        /// Bytes.
+        size: u64,
     },
 }
 
@@ -709,6 +729,16 @@ impl Request<'_> {
                             w.u8(kind).u64(*a);
                             encode_pieces(&mut w, pieces);
                         }
+                        Step::Fill {
+                            addr,
+                            size,
+                            pattern,
+                        } => {
+                            w.u8(STEP_FILL).u64(*addr).u64(*size).u32(*pattern);
+                        }
+                        Step::Copy { dst, src, size } => {
+                            w.u8(STEP_COPY).u64(*dst).u64(*src).u64(*size);
+                        }
                     }
                 }
             }
@@ -822,6 +852,16 @@ impl Request<'_> {
                         STEP_DOWNLOAD => Step::Download {
                             src: r.u64()?,
                             pieces: decode_pieces(&mut r)?,
+                        },
+                        STEP_FILL => Step::Fill {
+                            addr: r.u64()?,
+                            size: r.u64()?,
+                            pattern: r.u32()?,
+                        },
+                        STEP_COPY => Step::Copy {
+                            dst: r.u64()?,
+                            src: r.u64()?,
+                            size: r.u64()?,
                         },
                         _ => return Err(ProtoError::Malformed("step kind")),
                     });
@@ -1295,6 +1335,16 @@ mod tests {
                             len: 6,
                         },
                     ],
+                },
+                Step::Fill {
+                    addr: 0x100,
+                    size: 64,
+                    pattern: 0x0101_0101,
+                },
+                Step::Copy {
+                    dst: 0x200,
+                    src: 0x300,
+                    size: 12,
                 },
             ]),
             Request::Reset,

@@ -48,6 +48,7 @@ pub fn run_all(make: Make<'_>) {
     kernels_reject_out_of_range_pointers_before_writing(make);
     queued_steps_run_in_order(make);
     queued_copies_move_their_own_bytes(make);
+    queued_fills_and_device_copies(make);
 }
 
 /// A deterministic source of test data (xorshift).
@@ -693,6 +694,93 @@ pub fn queued_copies_move_their_own_bytes(make: Make<'_>) {
     // Each was filled half by half in the same swapped order.
     assert_eq!(back_one, one);
     assert_eq!(back_two, two);
+}
+
+/// Fills and copies between device addresses queued with launches and
+/// an upload run in order, each seeing the one before; one out of range
+/// or of a size a fill refuses fails alone.
+pub fn queued_fills_and_device_copies(make: Make<'_>) {
+    let mut boxed = make(&spec("queued-fills", MIB, 2));
+    let p = &mut *boxed;
+    let (a, b) = (p.alloc(8192, 0).unwrap(), p.alloc(8192, 0).unwrap());
+    let mut up = Rng(5).bytes(4096);
+    let src = [HostSlice {
+        ptr: up.as_mut_ptr(),
+        len: up.len(),
+        mapping: 0,
+    }];
+    // SAFETY: `up` outlives the run and is not otherwise used meanwhile.
+    let mem = unsafe { SliceMemory::new(&src) };
+    let fill_b = abi::FillParams {
+        dst: b,
+        count: 2048,
+        value: 0x0707_0707,
+        reserved: 0,
+    };
+    let steps = [
+        Queued::Fill {
+            addr: a,
+            size: 8192,
+            pattern: 0xa5a5_a5a5,
+        },
+        // The second half of `a` copied over the first: a's bytes 4096.. are
+        // the fill's when the copy reads them.
+        Queued::Copy {
+            dst: a,
+            src: a + 4096,
+            size: 4096,
+        },
+        Queued::Upload {
+            dst: a + 4096,
+            src: mem,
+        },
+        Queued::Launch(builtin_launch("fill_u32", fill_b.as_slice())),
+        // Overlapping, within `b`: moves the launch's words up by 4.
+        Queued::Copy {
+            dst: b + 4,
+            src: b,
+            size: 4092,
+        },
+        Queued::Fill {
+            addr: b + 4096,
+            size: 6,
+            pattern: 0,
+        },
+        Queued::Fill {
+            addr: b + 8000,
+            size: 256,
+            pattern: 0,
+        },
+        Queued::Copy {
+            dst: b,
+            src: a + 8000,
+            size: 400,
+        },
+        // The first word of `b`, after the fills and copies before it.
+        Queued::Fill {
+            addr: b,
+            size: 4,
+            pattern: 0x1234_5678,
+        },
+        Queued::Timestamp,
+    ];
+    let done = p.run_queued(&steps);
+    let results: Vec<_> = done.iter().map(|d| d.result.is_ok()).collect();
+    assert_eq!(
+        results,
+        [true, true, true, true, true, false, false, false, true, true],
+        "{done:?}"
+    );
+    let got_a = download(p, a, 8192);
+    assert!(got_a[..4096].iter().all(|&x| x == 0xa5), "copied fill");
+    assert_eq!(&got_a[4096..], &up[..], "upload after the copy");
+    let got_b = download(p, b, 8192);
+    assert_eq!(&got_b[..4], &0x1234_5678u32.to_le_bytes(), "last fill");
+    assert!(
+        got_b[4..4096].iter().all(|&x| x == 7),
+        "moved launch's words"
+    );
+    assert!(got_b[4096..].iter().all(|&x| x == 7), "the refused fills");
 }
 
 /// `fill_u32` sets exactly its words.

@@ -347,6 +347,24 @@ pub enum Queued<'a> {
         /// Where the bytes go.
         dst: SliceMemory<'a>,
     },
+    /// [`Partition::fill`].
+    Fill {
+        /// Device address.
+        addr: u64,
+        /// Bytes, a multiple of 4.
+        size: u64,
+        /// The 32-bit pattern.
+        pattern: u32,
+    },
+    /// [`Partition::copy`] between device addresses.
+    Copy {
+        /// Destination device address.
+        dst: u64,
+        /// Source device address.
+        src: u64,
+        /// Bytes.
+        size: u64,
+    },
 }
 
 /// What one queued step did.
@@ -376,6 +394,12 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
                 Queued::Timestamp => Ok(()),
                 Queued::Upload { dst, src } => p.upload(*dst, src),
                 Queued::Download { src, dst } => p.download(*src, dst),
+                Queued::Fill {
+                    addr,
+                    size,
+                    pattern,
+                } => p.fill(*addr, *size, *pattern),
+                Queued::Copy { dst, src, size } => p.copy(*dst, *src, *size),
             };
             QueuedDone {
                 result,

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
-use vgpu_backend::{HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued, SliceFn};
+use vgpu_backend::{
+    HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued, SliceFn, SliceMemory,
+};
 use vm_memory::{MmapRegion, VolatileMemory};
 
 /// One descriptor of a chain, as popped from the ring.
@@ -365,7 +367,7 @@ fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
 }
 
 /// A COPY between guest memory and device memory, decoded and checked:
-/// a step of a queued run of copies.
+/// a step of a queued run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopyStep {
     /// Guest memory to device memory (else device to guest).
@@ -378,14 +380,6 @@ pub struct CopyStep {
     pub size: u64,
 }
 
-/// The direction of the COPY in `descs` when it moves between guest
-/// memory and device memory (true: to the device); `None` for any other
-/// command, or one whose header cannot be read.
-pub fn guest_copy_direction(dma: &DmaSpace, descs: &[Desc]) -> Option<bool> {
-    let c = peek::<abi::CopyCmd>(dma, descs).filter(|c| c.hdr.opcode == abi::OP_COPY)?;
-    guest_side(&c).map(|(to_device, _)| to_device)
-}
-
 /// The direction (true: to the device) and device address of a COPY
 /// between guest memory and device memory; `None` for other copies.
 fn guest_side(cmd: &abi::CopyCmd) -> Option<(bool, u64)> {
@@ -394,26 +388,6 @@ fn guest_side(cmd: &abi::CopyCmd) -> Option<(bool, u64)> {
         (abi::COPY_DEVICE, abi::COPY_GUEST) => Some((false, cmd.src)),
         _ => None,
     }
-}
-
-/// Decodes the guest-memory COPY in `descs` into its step, or the status
-/// it completes with: the checks [`execute`] makes before the copy.
-pub fn copy_step(dma: &DmaSpace, descs: &[Desc]) -> Result<CopyStep> {
-    let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
-    let mut buf = [0u8; MAX_CMD];
-    let raw = command_bytes(dma, &reads, &mut buf)?;
-    let cmd: abi::CopyCmd = parse(raw)?;
-    if cmd.hdr.opcode != abi::OP_COPY || cmd.size == 0 || cmd.reserved != 0 {
-        return Err(abi::STATUS_INVALID);
-    }
-    let (to_device, device) = guest_side(&cmd).ok_or(abi::STATUS_INVALID)?;
-    let sg = guest_sg(dma, &cmd, &reads)?;
-    Ok(CopyStep {
-        to_device,
-        device,
-        ranges: sg.entries.iter().map(|e| (e.addr, e.len)).collect(),
-        size: sg.total,
-    })
 }
 
 /// Checks a launch shape the way CUDA limits it.
@@ -443,22 +417,74 @@ fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
             .all(|(&g, c)| c > 0 && g.is_multiple_of(c))
 }
 
-/// A launch or timestamp command, decoded and checked: a step of queued
-/// device work ([`Partition::run_queued`]).
+/// A command decoded and checked as a step of queued device work
+/// ([`Partition::run_queued`]): the steps of a stream that run back to
+/// back on the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// OP_TIMESTAMP.
     Timestamp,
     /// OP_LAUNCH.
     Launch(OwnedLaunch),
+    /// OP_FILL.
+    Fill {
+        /// Device address.
+        addr: u64,
+        /// Bytes, a non-zero multiple of 4.
+        size: u64,
+        /// The 32-bit pattern.
+        pattern: u32,
+    },
+    /// OP_COPY between device addresses.
+    Copy {
+        /// Destination.
+        dst: u64,
+        /// Source.
+        src: u64,
+        /// Bytes.
+        size: u64,
+    },
+    /// OP_COPY between guest memory and device memory.
+    Guest(CopyStep),
 }
 
 impl Step {
-    /// What the partition runs.
-    pub fn queued(&self) -> Queued<'_> {
+    /// What the partition runs; a guest copy's guest memory is `guest`'s
+    /// (resolved by the caller).
+    pub fn queued<'a>(&'a self, guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>) -> Queued<'a> {
         match self {
             Step::Timestamp => Queued::Timestamp,
             Step::Launch(l) => Queued::Launch(l.launch()),
+            Step::Fill {
+                addr,
+                size,
+                pattern,
+            } => Queued::Fill {
+                addr: *addr,
+                size: *size,
+                pattern: *pattern,
+            },
+            Step::Copy { dst, src, size } => Queued::Copy {
+                dst: *dst,
+                src: *src,
+                size: *size,
+            },
+            Step::Guest(c) if c.to_device => Queued::Upload {
+                dst: c.device,
+                src: guest(c),
+            },
+            Step::Guest(c) => Queued::Download {
+                src: c.device,
+                dst: guest(c),
+            },
+        }
+    }
+
+    /// The guest copy this step is, if it is one.
+    pub fn guest(&self) -> Option<&CopyStep> {
+        match self {
+            Step::Guest(c) => Some(c),
+            _ => None,
         }
     }
 }
@@ -489,9 +515,31 @@ impl OwnedLaunch {
     }
 }
 
-/// Whether commands of `opcode` run as steps of queued device work.
-pub fn is_step(opcode: u32) -> bool {
-    matches!(opcode, abi::OP_LAUNCH | abi::OP_TIMESTAMP)
+/// How a command runs in a queued run of steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// On the device alone: a launch, timestamp, fill or copy between
+    /// device addresses.
+    Device,
+    /// A copy between guest memory and device memory (true: to the
+    /// device); a run moves guest memory one way.
+    Guest(bool),
+}
+
+/// How the command in `descs` runs as a step of queued device work;
+/// `None` for a command that runs alone, or whose header cannot be read.
+pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
+    match opcode(dma, descs)? {
+        abi::OP_LAUNCH | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device),
+        abi::OP_COPY => {
+            let c = peek::<abi::CopyCmd>(dma, descs)?;
+            match (c.src_kind, c.dst_kind) {
+                (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device),
+                _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
+            }
+        }
+        _ => None,
+    }
 }
 
 /// The command structure `T` at the start of `descs`' first readable
@@ -511,8 +559,8 @@ pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
     peek::<abi::CmdHeader>(dma, descs).map(|h| h.opcode)
 }
 
-/// Decodes the launch or timestamp command in `descs` into its step, or
-/// the status it completes with.
+/// Decodes the command in `descs` into its step, or the status it
+/// completes with: the checks [`execute`] makes before running it.
 pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
     let mut buf = [0u8; MAX_CMD];
@@ -521,8 +569,47 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
     match hdr.opcode {
         abi::OP_TIMESTAMP => Ok(Step::Timestamp),
         abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(Step::Launch),
+        abi::OP_FILL => {
+            let c: abi::FillCmd = parse(raw)?;
+            check_fill(&c)?;
+            Ok(Step::Fill {
+                addr: c.addr,
+                size: c.size,
+                pattern: c.pattern,
+            })
+        }
+        abi::OP_COPY => {
+            let c: abi::CopyCmd = parse(raw)?;
+            if c.size == 0 || c.reserved != 0 {
+                return Err(abi::STATUS_INVALID);
+            }
+            if (c.src_kind, c.dst_kind) == (abi::COPY_DEVICE, abi::COPY_DEVICE) {
+                return Ok(Step::Copy {
+                    dst: c.dst,
+                    src: c.src,
+                    size: c.size,
+                });
+            }
+            let (to_device, device) = guest_side(&c).ok_or(abi::STATUS_INVALID)?;
+            let sg = guest_sg(ctx.dma, &c, &reads)?;
+            Ok(Step::Guest(CopyStep {
+                to_device,
+                device,
+                ranges: sg.entries.iter().map(|e| (e.addr, e.len)).collect(),
+                size: sg.total,
+            }))
+        }
         _ => Err(abi::STATUS_INVALID),
     }
+}
+
+/// Refuses a FILL the device does not run: empty, not whole words, or
+/// with reserved bits set.
+fn check_fill(c: &abi::FillCmd) -> Result<()> {
+    if c.size == 0 || !c.size.is_multiple_of(4) || c.reserved != 0 {
+        return Err(abi::STATUS_INVALID);
+    }
+    Ok(())
 }
 
 /// Reads the command descriptor (the first of `reads`) into `buf`.
@@ -709,9 +796,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         }
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
-            if c.size == 0 || !c.size.is_multiple_of(4) || c.reserved != 0 {
-                return Err(abi::STATUS_INVALID);
-            }
+            check_fill(&c)?;
             ctx.partition
                 .fill(c.addr, c.size, c.pattern)
                 .map_err(op_status)

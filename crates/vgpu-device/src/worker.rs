@@ -388,9 +388,10 @@ fn run_chains(
         if let Some(began) = began {
             // Where a queue's time goes between and inside its runs.
             trace!(
-                "{}: queue {q}: {kind:?} of {} (of {} popped) ran {}..{} us",
+                "{}: queue {q}: {kind:?} of {} (opcode {:?} first, of {} popped) ran {}..{} us",
                 sh.name,
                 group.len(),
+                command::opcode(&sh.ctx.dma, &group[0].1),
                 chains.len(),
                 began.as_micros(),
                 sh.epoch.elapsed().as_micros()
@@ -431,38 +432,28 @@ fn run_chains(
 enum Group {
     /// One command, on its own.
     One,
-    /// A queued run of launches and timestamps.
-    Steps,
-    /// A queued run of copies between guest memory and device memory,
-    /// all one way.
-    Copies,
+    /// A queued run of steps: launches, timestamps, fills, device
+    /// copies, and copies between guest and device memory all one way.
+    Run,
 }
 
-/// How many chains from the start of `chains` run together, and how: the
-/// launches and timestamps there, or else two or more copies between
-/// guest and device memory in one direction (at most one queued run's
-/// worth), or else the first command alone.
+/// How many chains from the start of `chains` run together as one queued
+/// run (at most a run's worth of steps, moving guest memory one way),
+/// or else that the first command runs alone.
 fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     let dma = &sh.ctx.dma;
-    let run = chains.iter().take(vgpu_backend::MAX_QUEUED_STEPS);
-    let steps = run
-        .clone()
-        .take_while(|(_, descs)| command::opcode(dma, descs).is_some_and(command::is_step))
+    let mut way = None;
+    let steps = chains
+        .iter()
+        .take(vgpu_backend::MAX_QUEUED_STEPS)
+        .take_while(|(_, descs)| match command::step_kind(dma, descs) {
+            Some(command::StepKind::Device) => true,
+            Some(command::StepKind::Guest(to_device)) => *way.get_or_insert(to_device) == to_device,
+            None => false,
+        })
         .count();
     if steps > 0 {
-        return (steps, Group::Steps);
-    }
-    let Some(way) = chains
-        .first()
-        .and_then(|(_, descs)| command::guest_copy_direction(dma, descs))
-    else {
-        return (0, Group::One);
-    };
-    let copies = run
-        .take_while(|(_, descs)| command::guest_copy_direction(dma, descs) == Some(way))
-        .count();
-    if copies > 1 {
-        (copies, Group::Copies)
+        (steps, Group::Run)
     } else {
         (0, Group::One)
     }
@@ -486,8 +477,7 @@ fn run_group(
         epoch: sh.epoch,
     };
     let out = match kind {
-        Group::Steps => run_steps(&mut ctx, group),
-        Group::Copies => run_copies(&mut ctx, group),
+        Group::Run => run_steps(&mut ctx, group),
         Group::One => group
             .iter()
             .map(|(_, descs)| command::execute(&mut ctx, descs))
@@ -504,28 +494,91 @@ fn run_group(
     out
 }
 
-/// Decodes the launches and timestamps of `group` and runs them as one
-/// queued run. A timestamp's result is its step's end on the device's
-/// clock, counted from the device epoch; each command is charged the
-/// device time since the previous step ended.
+/// Decodes the steps of `group` and runs them as one queued run, the
+/// guest memory of its copies held mapped (the DMA table's read lock)
+/// until the run is over, so the device keeps them in flight back to
+/// back. A timestamp's result is its step's end on the device's clock,
+/// counted from the device epoch; each command is charged the device
+/// time since the previous step ended. Where some guest memory has no
+/// host address, each command runs on its own path instead, which says
+/// where it failed.
 fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
-    let decoded: Vec<Result<command::Step, u32>> = group
+    let mut decoded: Vec<Result<command::Step, u32>> = group
         .iter()
         .map(|(_, descs)| command::step(ctx, descs))
         .collect();
-    let queued: Vec<_> = decoded
+    // The run's guest memory is resolved for one direction: a command the
+    // guest rewrote since it was grouped, to go the other way, is refused.
+    let to_device = decoded
         .iter()
-        .filter_map(|d| d.as_ref().ok().map(command::Step::queued))
+        .flatten()
+        .find_map(|s| s.guest().map(|c| c.to_device))
+        .unwrap_or(true);
+    for d in &mut decoded {
+        if d.as_ref()
+            .is_ok_and(|s| s.guest().is_some_and(|c| c.to_device != to_device))
+        {
+            *d = Err(abi::STATUS_INVALID);
+        }
+    }
+    let ranges: Vec<(u64, u64)> = decoded
+        .iter()
+        .flatten()
+        .filter_map(command::Step::guest)
+        .flat_map(|c| c.ranges.iter().copied())
         .collect();
     let start = ctx.epoch.elapsed().as_nanos() as u64;
-    let done = ctx.partition.run_queued(&queued);
-    drop(queued);
+    let steps: Vec<&command::Step> = decoded.iter().flatten().collect();
+    let done = if ranges.is_empty() {
+        // No guest memory: the run needs no lock on the DMA table. (A
+        // guest copy has ranges, so this closure is never called.)
+        // SAFETY: no slices.
+        let none = || unsafe { SliceMemory::new(&[]) };
+        let queued: Vec<Queued<'_>> = steps.iter().map(|s| s.queued(|_| none())).collect();
+        Ok(ctx.partition.run_queued(&queued))
+    } else {
+        let partition = &mut *ctx.partition;
+        ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
+            let slices = command::host_slices(slices);
+            // Each copy's ranges add up to its size, and no slice spans
+            // two ranges: the slices divide between the copies by their
+            // sizes.
+            let mut at = 0;
+            let queued: Vec<Queued<'_>> = steps
+                .iter()
+                .map(|s| {
+                    s.queued(|c| {
+                        let first = at;
+                        let mut bytes = 0u64;
+                        while bytes < c.size && at < slices.len() {
+                            bytes += slices[at].len as u64;
+                            at += 1;
+                        }
+                        // SAFETY: the DMA table stays read-locked, so
+                        // every slice stays mapped (writable ones for
+                        // downloads, which is what was asked for) until
+                        // this closure returns, after the run; guest
+                        // memory is no Rust object's.
+                        unsafe { SliceMemory::new(&slices[first..at]) }
+                    })
+                })
+                .collect();
+            partition.run_queued(&queued)
+        })
+    };
+    let Ok(done) = done else {
+        return group
+            .iter()
+            .map(|(_, descs)| command::execute(ctx, descs))
+            .collect();
+    };
     outcomes(&decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,
         result: match step {
             command::Step::Timestamp => start.saturating_add(end),
-            command::Step::Launch(_) => 0,
+            _ => 0,
         },
+        bytes: step.guest().map_or(0, |c| c.size),
         ..Default::default()
     })
 }
@@ -566,78 +619,6 @@ fn outcomes<T>(
             }
         })
         .collect()
-}
-
-/// Decodes the copies of `group` (between guest and device memory, all
-/// one way) and runs them as one queued run, their guest memory held
-/// mapped (the DMA table's read lock) until the run is over, so the
-/// device keeps them in flight back to back. Where some guest memory has
-/// no host address, each copy runs on its own path instead, which says
-/// where it failed.
-fn run_copies(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
-    let mut decoded: Vec<Result<command::CopyStep, u32>> = group
-        .iter()
-        .map(|(_, descs)| command::copy_step(ctx.dma, descs))
-        .collect();
-    // The run's guest memory is resolved for one direction: a command the
-    // guest rewrote since it was grouped, to go the other way, is refused.
-    let to_device = decoded.iter().flatten().next().is_none_or(|c| c.to_device);
-    for d in &mut decoded {
-        if d.as_ref().is_ok_and(|c| c.to_device != to_device) {
-            *d = Err(abi::STATUS_INVALID);
-        }
-    }
-    let copies: Vec<&command::CopyStep> = decoded.iter().flatten().collect();
-    let ranges: Vec<(u64, u64)> = copies
-        .iter()
-        .flat_map(|c| c.ranges.iter().copied())
-        .collect();
-    let partition = &mut *ctx.partition;
-    let ran = ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
-        let slices = command::host_slices(slices);
-        // Each copy's ranges add up to its size, and no slice spans two
-        // ranges: the slices divide between the copies by their sizes.
-        let mut at = 0;
-        let queued: Vec<Queued<'_>> = copies
-            .iter()
-            .map(|c| {
-                let start = at;
-                let mut bytes = 0u64;
-                while bytes < c.size && at < slices.len() {
-                    bytes += slices[at].len as u64;
-                    at += 1;
-                }
-                // SAFETY: the DMA table stays read-locked, so every slice
-                // stays mapped (writable ones for downloads, which is what
-                // was asked for) until this closure returns, after the
-                // run; guest memory is no Rust object's.
-                let mem = unsafe { SliceMemory::new(&slices[start..at]) };
-                if c.to_device {
-                    Queued::Upload {
-                        dst: c.device,
-                        src: mem,
-                    }
-                } else {
-                    Queued::Download {
-                        src: c.device,
-                        dst: mem,
-                    }
-                }
-            })
-            .collect();
-        partition.run_queued(&queued)
-    });
-    let Ok(done) = ran else {
-        return group
-            .iter()
-            .map(|(_, descs)| command::execute(ctx, descs))
-            .collect();
-    };
-    outcomes(&decoded, done, |copy, _| command::Outcome {
-        status: abi::STATUS_OK,
-        bytes: copy.size,
-        ..Default::default()
-    })
 }
 
 /// Counts and completes one command: its completion record, its used

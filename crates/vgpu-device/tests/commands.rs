@@ -247,6 +247,76 @@ fn test_copies_of_one_submission_run_together() {
     assert_eq!(g.read_sg(&fresh), d2);
 }
 
+/// Fills and device copies run in the same queued run as the launches,
+/// timestamps and uploads around them, in order: each sees the one
+/// before; a refused fill fails alone; a download after the uploads
+/// starts a run of its own and sees them all.
+#[test]
+fn test_fills_and_device_copies_run_with_the_steps_around_them() {
+    let (_s, mut g) = vgpu_ready();
+    let a = g.device_alloc(0, 16 << 10);
+    let b = g.device_alloc(0, 16 << 10);
+    let mut rng = Rng(3);
+    let sg = g.alloc_sg(&[4096, 4096]);
+    let data = rng.bytes(8192);
+    g.write_sg(&sg, &data);
+    let fill = |addr, size, pattern| {
+        Chain::command(&abi::FillCmd {
+            hdr: CmdHeader {
+                opcode: abi::OP_FILL,
+                flags: 0,
+            },
+            addr,
+            size,
+            pattern,
+            reserved: 0,
+        })
+        .completion()
+    };
+    let device_copy = |dst, src, size| {
+        let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_DEVICE, src, dst, size, 0);
+        Chain::command(&cmd).completion()
+    };
+    let stamp = || {
+        Chain::command(&CmdHeader {
+            opcode: abi::OP_TIMESTAMP,
+            flags: 0,
+        })
+        .completion()
+    };
+    let back = g.alloc_sg(&[16 << 10]);
+    let chains = [
+        stamp(),
+        fill(a, 16 << 10, 0x1111_1111),
+        guest_copy_chain(true, a + 4096, &sg),
+        device_copy(b, a, 16 << 10),
+        fill(b, 6, 0),
+        fill(b + 12288, 4096, 0x2222_2222),
+        device_copy(b + 1, b, 4096),
+        stamp(),
+        guest_copy_chain(false, b, &back),
+    ];
+    let done: Vec<_> = g
+        .submit_batch(0, &chains)
+        .iter()
+        .map(|u| u.completion())
+        .collect();
+    let statuses: Vec<u32> = done.iter().map(|c| c.status).collect();
+    let ok = abi::STATUS_OK;
+    assert_eq!(
+        statuses,
+        [ok, ok, ok, ok, abi::STATUS_INVALID, ok, ok, ok, ok]
+    );
+    assert!(done[0].result <= done[7].result, "timestamps went back");
+    let mut want = vec![0x11u8; 16 << 10];
+    want[4096..12288].copy_from_slice(&data);
+    want[12288..].fill(0x22);
+    // The overlapping copy moved the first 4 KiB up by a byte.
+    let moved = want[..4096].to_vec();
+    want[1..4097].copy_from_slice(&moved);
+    assert_eq!(g.read_sg(&back), want);
+}
+
 #[test]
 fn test_mem_alloc_and_free() {
     let (_s, mut g) = vgpu_ready();

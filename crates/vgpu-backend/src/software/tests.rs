@@ -56,6 +56,8 @@ conformance!(
     kernel_reduce_sum,
     kernels_reject_out_of_range_pointers_before_writing,
     queued_steps_run_in_order,
+    queued_copies_move_their_own_bytes,
+    queued_fills_and_device_copies,
     module_vector_add,
     module_histogram,
     module_matmul,
