@@ -422,6 +422,8 @@ fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
 /// back on the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
+    /// OP_NOP: a point in the stream (an event record without timing).
+    Nop,
     /// OP_TIMESTAMP.
     Timestamp,
     /// OP_LAUNCH.
@@ -453,7 +455,7 @@ impl Step {
     /// (resolved by the caller).
     pub fn queued<'a>(&'a self, guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>) -> Queued<'a> {
         match self {
-            Step::Timestamp => Queued::Timestamp,
+            Step::Nop | Step::Timestamp => Queued::Timestamp,
             Step::Launch(l) => Queued::Launch(l.launch()),
             Step::Fill {
                 addr,
@@ -518,9 +520,12 @@ impl OwnedLaunch {
 /// How a command runs in a queued run of steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StepKind {
-    /// On the device alone: a launch, timestamp, fill or copy between
-    /// device addresses.
-    Device,
+    /// On the device alone: a launch, or a timestamp, no-op, fill or copy
+    /// between device addresses.
+    Device {
+        /// Whether it is a launch.
+        launch: bool,
+    },
     /// A copy between guest memory and device memory (true: to the
     /// device); a run moves guest memory one way.
     Guest(bool),
@@ -530,11 +535,12 @@ pub enum StepKind {
 /// `None` for a command that runs alone, or whose header cannot be read.
 pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
     match opcode(dma, descs)? {
-        abi::OP_LAUNCH | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device),
+        abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
+        abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device { launch: false }),
         abi::OP_COPY => {
             let c = peek::<abi::CopyCmd>(dma, descs)?;
             match (c.src_kind, c.dst_kind) {
-                (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device),
+                (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device { launch: false }),
                 _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
             }
         }
@@ -567,6 +573,7 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
     let raw = command_bytes(ctx.dma, &reads, &mut buf)?;
     let hdr: abi::CmdHeader = parse(raw)?;
     match hdr.opcode {
+        abi::OP_NOP => Ok(Step::Nop),
         abi::OP_TIMESTAMP => Ok(Step::Timestamp),
         abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(Step::Launch),
         abi::OP_FILL => {

@@ -438,18 +438,26 @@ enum Group {
 }
 
 /// How many chains from the start of `chains` run together as one queued
-/// run (at most a run's worth of steps, moving guest memory one way),
-/// or else that the first command runs alone.
+/// run (at most a run's worth of steps), or else that the first command
+/// runs alone. A run's guest memory stays locked until the run is over,
+/// so a run with guest copies holds no launch (a kernel may run long,
+/// and a DMA_UNMAP would wait for it) and moves guest memory one way;
+/// NOPs, timestamps, fills and device copies go with either kind.
 fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     let dma = &sh.ctx.dma;
-    let mut way = None;
+    // The run's guest copies' direction, or that it has a launch.
+    let mut class: Option<Option<bool>> = None;
     let steps = chains
         .iter()
         .take(vgpu_backend::MAX_QUEUED_STEPS)
-        .take_while(|(_, descs)| match command::step_kind(dma, descs) {
-            Some(command::StepKind::Device) => true,
-            Some(command::StepKind::Guest(to_device)) => *way.get_or_insert(to_device) == to_device,
-            None => false,
+        .take_while(|(_, descs)| {
+            let this = match command::step_kind(dma, descs) {
+                None => return false,
+                Some(command::StepKind::Device { launch: false }) => return true,
+                Some(command::StepKind::Device { launch: true }) => None,
+                Some(command::StepKind::Guest(to_device)) => Some(to_device),
+            };
+            *class.get_or_insert(this) == this
         })
         .count();
     if steps > 0 {

@@ -247,8 +247,8 @@ fn test_copies_of_one_submission_run_together() {
     assert_eq!(g.read_sg(&fresh), d2);
 }
 
-/// Fills and device copies run in the same queued run as the launches,
-/// timestamps and uploads around them, in order: each sees the one
+/// Fills, device copies and no-ops run in the same queued run as the
+/// launches, timestamps and uploads around them, in order: each sees the one
 /// before; a refused fill fails alone; a download after the uploads
 /// starts a run of its own and sees them all.
 #[test]
@@ -284,9 +284,17 @@ fn test_fills_and_device_copies_run_with_the_steps_around_them() {
         })
         .completion()
     };
+    let nop = || {
+        Chain::command(&CmdHeader {
+            opcode: abi::OP_NOP,
+            flags: 0,
+        })
+        .completion()
+    };
     let back = g.alloc_sg(&[16 << 10]);
     let chains = [
         stamp(),
+        nop(),
         fill(a, 16 << 10, 0x1111_1111),
         guest_copy_chain(true, a + 4096, &sg),
         device_copy(b, a, 16 << 10),
@@ -305,9 +313,9 @@ fn test_fills_and_device_copies_run_with_the_steps_around_them() {
     let ok = abi::STATUS_OK;
     assert_eq!(
         statuses,
-        [ok, ok, ok, ok, abi::STATUS_INVALID, ok, ok, ok, ok]
+        [ok, ok, ok, ok, ok, abi::STATUS_INVALID, ok, ok, ok, ok]
     );
-    assert!(done[0].result <= done[7].result, "timestamps went back");
+    assert!(done[0].result <= done[8].result, "timestamps went back");
     let mut want = vec![0x11u8; 16 << 10];
     want[4096..12288].copy_from_slice(&data);
     want[12288..].fill(0x22);
