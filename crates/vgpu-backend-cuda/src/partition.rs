@@ -830,7 +830,9 @@ impl Partition for CudaPartition {
         })
     }
 
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+    fn run_queued(&mut self, steps: &[Queued<'_>], _stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+        // The steps go to the GPU together; the device bounds the wait
+        // (a kernel that runs too long meets the watchdog).
         self.last_device_time = None;
         let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
         let mut done = if now.is_empty() {

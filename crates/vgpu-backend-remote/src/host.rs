@@ -501,7 +501,8 @@ impl Host<'_> {
             })
             .collect();
         let resolved_at = began.map(|b| b.elapsed());
-        let done = p.run_queued(&queued);
+        // The parent abandons a run by not waiting for it: it runs whole.
+        let done = p.run_queued(&queued, &|| false);
         drop(queued);
         drop(resolved);
         if let (Some(began), Some(at)) = (began, resolved_at) {

@@ -809,14 +809,14 @@ impl Partition for RemotePartition {
         self.call_none(&Request::Launch(launch.clone()))
     }
 
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
         // Steps the protocol cannot carry fail here; the others go to the
         // host in one request, so its device sees them back to back. A
         // copy travels as pieces of guest memory the host has mapped; a
         // run with a copy that cannot (or with copies both ways) runs
         // step by step, each copy on its own path.
         let Some(pieces) = self.copy_pieces(steps) else {
-            return vgpu_backend::run_queued_in_order(self, steps);
+            return vgpu_backend::run_queued_in_order(self, steps, stop);
         };
         let mut pieces = pieces.into_iter();
         let mut local: Vec<Option<OpError>> = Vec::with_capacity(steps.len());

@@ -551,7 +551,7 @@ pub fn launch_validation(make: Make<'_>) {
 pub fn queued_steps_run_in_order(make: Make<'_>) {
     let mut boxed = make(&spec("queued", MIB, 2));
     let p = &mut *boxed;
-    assert!(p.run_queued(&[]).is_empty());
+    assert!(p.run_queued(&[], &|| false).is_empty());
     let (a, b, c) = (
         p.alloc(4096, 0).unwrap(),
         p.alloc(4096, 0).unwrap(),
@@ -584,7 +584,7 @@ pub fn queued_steps_run_in_order(make: Make<'_>) {
         Queued::Launch(builtin_launch("fill_u32", fill_c.as_slice())),
         Queued::Timestamp,
     ];
-    let done = p.run_queued(&steps);
+    let done = p.run_queued(&steps, &|| false);
     assert_eq!(done.len(), steps.len());
     for (i, d) in done.iter().enumerate() {
         if i == 4 {
@@ -601,7 +601,7 @@ pub fn queued_steps_run_in_order(make: Make<'_>) {
     assert_eq!(download(p, b, 4096), words(0x1357_9bdf));
     assert_eq!(download(p, c, 4096), words(0x2468_ace0));
     let many = vec![Queued::Timestamp; crate::MAX_QUEUED_STEPS + 2];
-    let done = p.run_queued(&many);
+    let done = p.run_queued(&many, &|| false);
     assert_eq!(done.len(), many.len());
     assert!(done[..crate::MAX_QUEUED_STEPS]
         .iter()
@@ -671,7 +671,7 @@ pub fn queued_copies_move_their_own_bytes(make: Make<'_>) {
         },
         Queued::Timestamp,
     ];
-    let done = p.run_queued(&steps);
+    let done = p.run_queued(&steps, &|| false);
     let results: Vec<_> = done.iter().map(|d| d.result.is_ok()).collect();
     assert_eq!(results, [true, true, true, false, true], "{done:?}");
     let downs = [
@@ -688,7 +688,7 @@ pub fn queued_copies_move_their_own_bytes(make: Make<'_>) {
             dst: mem(&down1),
         },
     ];
-    let done = p.run_queued(&downs);
+    let done = p.run_queued(&downs, &|| false);
     let results: Vec<_> = done.iter().map(|d| d.result.is_ok()).collect();
     assert_eq!(results, [true, true, false], "{done:?}");
     // Each was filled half by half in the same swapped order.
@@ -764,7 +764,7 @@ pub fn queued_fills_and_device_copies(make: Make<'_>) {
         },
         Queued::Timestamp,
     ];
-    let done = p.run_queued(&steps);
+    let done = p.run_queued(&steps, &|| false);
     let results: Vec<_> = done.iter().map(|d| d.result.is_ok()).collect();
     assert_eq!(
         results,
@@ -1417,7 +1417,7 @@ pub fn module_queued_launches_depend_in_order(make: Make<'_>) {
             [Queued::Launch(l), Queued::Timestamp]
         })
         .collect();
-    let done = p.run_queued(&steps);
+    let done = p.run_queued(&steps, &|| false);
     assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
     assert!(
         done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns),

@@ -383,6 +383,7 @@ pub struct QueuedDone {
 pub fn run_queued_in_order<P: Partition + ?Sized>(
     p: &mut P,
     steps: &[Queued<'_>],
+    stop: &dyn Fn() -> bool,
 ) -> Vec<QueuedDone> {
     let start = std::time::Instant::now();
     let mut done: Vec<QueuedDone> = steps
@@ -390,6 +391,7 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
         .take(MAX_QUEUED_STEPS)
         .map(|s| {
             let result = match s {
+                _ if stop() => Err(OpError::Device("the run was abandoned".into())),
                 Queued::Launch(l) => p.launch(l),
                 Queued::Timestamp => Ok(()),
                 Queued::Upload { dst, src } => p.upload(*dst, src),
@@ -553,7 +555,11 @@ pub trait Partition: Send {
     /// Runs a kernel to completion.
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
     /// Runs `steps` (at most [`MAX_QUEUED_STEPS`]) in order and waits for
-    /// the last; returns one result per step. A device may keep the steps
+    /// the last; returns one result per step. `stop` says the run was
+    /// abandoned (its function is being reset, its queue changed): a
+    /// partition that runs the steps one by one asks it before each and
+    /// refuses the rest once it says so, so a reset does not wait for a
+    /// run's worth of work; one that has them in flight may ignore it. A device may keep the steps
     /// in flight together and time them with its own clock, so a
     /// timestamp between two launches says when the device got there. A
     /// step that fails leaves the later ones to run, unless the
@@ -562,7 +568,7 @@ pub trait Partition: Send {
     /// default: a wrapper that forgot
     /// to forward it would run its inner partition's steps one by one
     /// ([`run_queued_in_order`]).
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone>;
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone>;
     /// How many thread block clusters of `launch`'s shape (its block,
     /// dynamic shared memory and cluster; grid and parameters unused) of
     /// its kernel can be resident on the device at once, as the backend's

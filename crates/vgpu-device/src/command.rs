@@ -451,11 +451,16 @@ pub enum Step {
 }
 
 impl Step {
-    /// What the partition runs; a guest copy's guest memory is `guest`'s
-    /// (resolved by the caller).
-    pub fn queued<'a>(&'a self, guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>) -> Queued<'a> {
-        match self {
-            Step::Nop | Step::Timestamp => Queued::Timestamp,
+    /// What the partition runs, if anything (a NOP needs no device: it
+    /// completes in order with the run); a guest copy's guest memory is
+    /// `guest`'s (resolved by the caller).
+    pub fn queued<'a>(
+        &'a self,
+        guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>,
+    ) -> Option<Queued<'a>> {
+        Some(match self {
+            Step::Nop => return None,
+            Step::Timestamp => Queued::Timestamp,
             Step::Launch(l) => Queued::Launch(l.launch()),
             Step::Fill {
                 addr,
@@ -479,7 +484,7 @@ impl Step {
                 src: c.device,
                 dst: guest(c),
             },
-        }
+        })
     }
 
     /// The guest copy this step is, if it is one.

@@ -383,7 +383,7 @@ fn run_chains(
         let outcomes = if cancel {
             vec![command::Outcome::status(abi::STATUS_CANCELLED)]
         } else {
-            run_group(sh, q, group, kind)
+            run_group(sh, q, group, kind, &stale)
         };
         if let Some(began) = began {
             // Where a queue's time goes between and inside its runs.
@@ -467,13 +467,15 @@ fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     }
 }
 
-/// Runs `group` on the partition: one command, or a queued run (`kind`).
-/// Returns each command's outcome.
+/// Runs `group` on the partition: one command, or a queued run (`kind`),
+/// which `stop` abandons (a reset or queue change meanwhile). Returns
+/// each command's outcome.
 fn run_group(
     sh: &Shared,
     q: u32,
     group: &[(u16, Vec<Desc>)],
     kind: Group,
+    stop: &dyn Fn() -> bool,
 ) -> Vec<command::Outcome> {
     let mut part = lock(&sh.partition);
     let mut functions = lock(&sh.functions);
@@ -485,7 +487,7 @@ fn run_group(
         epoch: sh.epoch,
     };
     let out = match kind {
-        Group::Run => run_steps(&mut ctx, group),
+        Group::Run => run_steps(&mut ctx, group, stop),
         Group::One => group
             .iter()
             .map(|(_, descs)| command::execute(&mut ctx, descs))
@@ -509,8 +511,13 @@ fn run_group(
 /// counted from the device epoch; each command is charged the device
 /// time since the previous step ended. Where some guest memory has no
 /// host address, each command runs on its own path instead, which says
-/// where it failed.
-fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+/// where it failed. Once `stop` says so, a partition running the steps
+/// one by one refuses the rest (their completions are not written).
+fn run_steps(
+    ctx: &mut command::Ctx<'_>,
+    group: &[(u16, Vec<Desc>)],
+    stop: &dyn Fn() -> bool,
+) -> Vec<command::Outcome> {
     let mut decoded: Vec<Result<command::Step, u32>> = group
         .iter()
         .map(|(_, descs)| command::step(ctx, descs))
@@ -542,8 +549,8 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
         // guest copy has ranges, so this closure is never called.)
         // SAFETY: no slices.
         let none = || unsafe { SliceMemory::new(&[]) };
-        let queued: Vec<Queued<'_>> = steps.iter().map(|s| s.queued(|_| none())).collect();
-        Ok(ctx.partition.run_queued(&queued))
+        let queued: Vec<Queued<'_>> = steps.iter().filter_map(|s| s.queued(|_| none())).collect();
+        Ok(ctx.partition.run_queued(&queued, stop))
     } else {
         let partition = &mut *ctx.partition;
         ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
@@ -554,7 +561,7 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
             let mut at = 0;
             let queued: Vec<Queued<'_>> = steps
                 .iter()
-                .map(|s| {
+                .filter_map(|s| {
                     s.queued(|c| {
                         let first = at;
                         let mut bytes = 0u64;
@@ -571,7 +578,7 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
                     })
                 })
                 .collect();
-            partition.run_queued(&queued)
+            partition.run_queued(&queued, stop)
         })
     };
     let Ok(done) = done else {
@@ -592,13 +599,14 @@ fn run_steps(ctx: &mut command::Ctx<'_>, group: &[(u16, Vec<Desc>)]) -> Vec<comm
 }
 
 /// Each command's outcome in a queued run: one that did not decode
-/// completes with its status, the others take the run's results in
-/// order, each charged the device time since the previous step ended.
-/// `ok` says what a step that succeeded returns, given its end.
-fn outcomes<T>(
-    decoded: &[Result<T, u32>],
+/// completes with its status, a NOP succeeds, the others take the run's
+/// results in order, each charged the device time since the previous
+/// step ended. `ok` says what a step that succeeded returns, given its
+/// end.
+fn outcomes(
+    decoded: &[Result<command::Step, u32>],
     done: Vec<vgpu_backend::QueuedDone>,
-    ok: impl Fn(&T, u64) -> command::Outcome,
+    ok: impl Fn(&command::Step, u64) -> command::Outcome,
 ) -> Vec<command::Outcome> {
     let mut done = done.into_iter();
     let mut last_end = 0;
@@ -606,6 +614,7 @@ fn outcomes<T>(
         .iter()
         .map(|d| {
             let step = match d {
+                Ok(command::Step::Nop) => return command::Outcome::status(abi::STATUS_OK),
                 Ok(step) => step,
                 Err(status) => return command::Outcome::status(*status),
             };

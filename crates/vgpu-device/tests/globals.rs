@@ -58,8 +58,8 @@ impl Partition for WithGlobals {
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         self.inner.launch(launch)
     }
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
-        self.inner.run_queued(steps)
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+        self.inner.run_queued(steps, stop)
     }
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
         self.inner.max_active_clusters(launch)

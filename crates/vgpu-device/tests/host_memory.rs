@@ -176,8 +176,8 @@ impl Partition for Recording {
         self.inner.function_info(module, entry)
     }
 
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
-        vgpu_backend::run_queued_in_order(self, steps)
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+        vgpu_backend::run_queued_in_order(self, steps, stop)
     }
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         let slow = launch.entry == "fill_u32"

@@ -492,9 +492,9 @@ impl Partition for SoftwarePartition {
             .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))
     }
 
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
         // Launches run on the CPU and complete when they return.
-        crate::run_queued_in_order(self, steps)
+        crate::run_queued_in_order(self, steps, stop)
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

@@ -368,3 +368,32 @@ fn test_corpus_gives_the_same_bytes_on_one_thread_and_on_several() {
     let four = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(s.memory, 4)) };
     conformance::module_corpus_matches(&one, &four);
 }
+
+/// A run abandoned midway refuses its remaining steps without running
+/// them: a reset does not wait for a run's worth of work.
+#[test]
+fn abandoned_run_refuses_the_steps_left() {
+    let mut p = partition(MIB, 1);
+    let a = p.alloc(4096, 0).unwrap();
+    let fill = |pattern| Queued::Fill {
+        addr: a,
+        size: 4096,
+        pattern,
+    };
+    let asked = std::cell::Cell::new(0);
+    let stop = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 1
+    };
+    let done = p.run_queued(
+        &[fill(0x0101_0101), fill(0x0202_0202), fill(0x0303_0303)],
+        &stop,
+    );
+    let ok: Vec<bool> = done.iter().map(|d| d.result.is_ok()).collect();
+    assert_eq!(ok, [true, false, false]);
+    assert!(download(&mut p, a, 4096).iter().all(|&b| b == 1));
+    // Not abandoned, the same run runs whole.
+    let done = p.run_queued(&[fill(0x0404_0404)], &|| false);
+    assert!(done[0].result.is_ok());
+    assert!(download(&mut p, a, 4096).iter().all(|&b| b == 4));
+}

@@ -68,8 +68,8 @@ impl Partition for SharedPartition {
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
         lock(&self.inner).launch(launch)
     }
-    fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
-        lock(&self.inner).run_queued(steps)
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+        lock(&self.inner).run_queued(steps, stop)
     }
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
         lock(&self.inner).max_active_clusters(launch)
@@ -330,8 +330,8 @@ mod tests {
         fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
             self.0.launch(launch)
         }
-        fn run_queued(&mut self, steps: &[Queued<'_>]) -> Vec<QueuedDone> {
-            self.0.run_queued(steps)
+        fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+            self.0.run_queued(steps, stop)
         }
         fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
             self.0.max_active_clusters(launch)
