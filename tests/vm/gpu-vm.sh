@@ -34,6 +34,9 @@
 #   ONLY_BENCH=1      only the launch and copy benchmark
 #   BENCH_APPEND=...  more kernel command line for the benchmark's guest
 #                     (e.g. vgpu.polled=1 vgpu.poll_spin_us=2000)
+#   POLL_US=50        how long each vGPU's worker polls its queues after
+#                     activity (vgpud's poll_us; a TCG guest's submissions
+#                     come further apart than a native one's)
 #   WEIGHT_A, WEIGHT_B  the two vGPUs' weights under the fair policy (1, 1)
 #   SHARES=1          sample the scheduler's accounting while the library
 #                     guests run and check each 1 s window in which both
@@ -106,6 +109,7 @@ socket = "a.sock"
 memory = $MEM_A
 compute_units = $cus
 weight = ${WEIGHT_A:-1}
+poll_us = ${POLL_US:-50}
 
 [[vgpu]]
 name = "b"
@@ -114,6 +118,7 @@ socket = "b.sock"
 memory = $MEM_B
 compute_units = $cus
 weight = ${WEIGHT_B:-1}
+poll_us = ${POLL_US:-50}
 TOML
 RUST_LOG=${RUST_LOG:-info} "$B/bin/vgpud" run --allow-root --config "$TMP/vgpud.toml" </dev/null >"$TMP/vgpud.log" 2>&1 &
 vgpud_pid=$!
