@@ -15,8 +15,8 @@ use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
-    BackendError, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, QueuedDone, SliceMemory, MAX_QUEUED_STEPS,
+    BackendError, DeviceCopy, DeviceFill, FunctionInfo, HostMemory, HostSink, HostSource, Launch,
+    OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory, MAX_QUEUED_STEPS,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -337,13 +337,13 @@ impl CudaPartition {
                 Queued::Upload { dst: a, src: m } | Queued::Download { src: a, dst: m } => {
                     self.allocs.check(*a, HostSource::len(m))
                 }
-                Queued::Fill { addr, size, .. } => {
-                    fill_size(*size).and_then(|()| self.allocs.check(*addr, *size))
+                Queued::Fill(f) => {
+                    fill_size(f.size).and_then(|()| self.allocs.check(f.addr, f.size))
                 }
-                Queued::Copy { dst, src, size } => self
+                Queued::Copy(c) => self
                     .allocs
-                    .check(*dst, *size)
-                    .and_then(|()| self.allocs.check(*src, *size)),
+                    .check(c.dst, c.size)
+                    .and_then(|()| self.allocs.check(c.src, c.size)),
                 _ => Ok(()),
             })
             .collect();
@@ -378,19 +378,12 @@ impl CudaPartition {
                         Ok(()) => Ready::Download(*src, dst),
                         Err(e) => Ready::Failed(Fail::Op(e)),
                     },
-                    (
-                        Queued::Fill {
-                            addr,
-                            size,
-                            pattern,
-                        },
-                        _,
-                    ) => match range {
-                        Ok(()) => Ready::Fill(*addr, *size, *pattern),
+                    (Queued::Fill(f), _) => match range {
+                        Ok(()) => Ready::Fill(*f),
                         Err(e) => Ready::Failed(Fail::Op(e)),
                     },
-                    (Queued::Copy { dst, src, size }, _) => match range {
-                        Ok(()) => Ready::Copy(*dst, *src, *size),
+                    (Queued::Copy(c), _) => match range {
+                        Ok(()) => Ready::Copy(*c),
                         Err(e) => Ready::Failed(Fail::Op(e)),
                     },
                 })
@@ -410,8 +403,8 @@ impl CudaPartition {
                     Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
                     Ready::Upload(a, m) => dev.enqueue_copy(a, m, &host, true),
                     Ready::Download(a, m) => dev.enqueue_copy(a, m, &host, false),
-                    Ready::Fill(a, n, pattern) => dev.fill(a, n, pattern),
-                    Ready::Copy(dst, src, n) => dev.memmove(dst, src, n),
+                    Ready::Fill(f) => dev.fill(f.addr, f.size, f.pattern),
+                    Ready::Copy(c) => dev.memmove(c.dst, c.src, c.size),
                     Ready::Failed(e) => Err(e),
                 });
                 mark_of.push(next);
@@ -499,8 +492,8 @@ enum Ready<'s, 'l> {
     Kernel(driver::CUfunction, &'s Launch<'l>),
     Upload(u64, &'s SliceMemory<'l>),
     Download(u64, &'s SliceMemory<'l>),
-    Fill(u64, u64, u32),
-    Copy(u64, u64, u64),
+    Fill(DeviceFill),
+    Copy(DeviceCopy),
     Failed(Fail),
 }
 

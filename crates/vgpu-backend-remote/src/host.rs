@@ -484,20 +484,8 @@ impl Host<'_> {
                     src: *src,
                     dst: take(pieces.len()),
                 },
-                proto::Step::Fill {
-                    addr,
-                    size,
-                    pattern,
-                } => Queued::Fill {
-                    addr: *addr,
-                    size: *size,
-                    pattern: *pattern,
-                },
-                proto::Step::Copy { dst, src, size } => Queued::Copy {
-                    dst: *dst,
-                    src: *src,
-                    size: *size,
-                },
+                proto::Step::Fill(f) => Queued::Fill(*f),
+                proto::Step::Copy(c) => Queued::Copy(*c),
             })
             .collect();
         let resolved_at = began.map(|b| b.elapsed());

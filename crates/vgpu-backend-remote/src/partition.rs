@@ -833,20 +833,8 @@ impl Partition for RemotePartition {
                     src: *src,
                     pieces: pieces.next().unwrap_or_default(),
                 }),
-                Queued::Fill {
-                    addr,
-                    size,
-                    pattern,
-                } => Ok(Step::Fill {
-                    addr: *addr,
-                    size: *size,
-                    pattern: *pattern,
-                }),
-                Queued::Copy { dst, src, size } => Ok(Step::Copy {
-                    dst: *dst,
-                    src: *src,
-                    size: *size,
-                }),
+                Queued::Fill(f) => Ok(Step::Fill(*f)),
+                Queued::Copy(c) => Ok(Step::Copy(*c)),
             };
             local.push(match step {
                 Ok(step) => {

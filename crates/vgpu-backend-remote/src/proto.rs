@@ -42,7 +42,9 @@
 //! the staging area.
 
 use vgpu_abi as abi;
-use vgpu_backend::{Capacity, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS};
+use vgpu_backend::{
+    Capacity, DeviceCopy, DeviceFill, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS,
+};
 
 /// `"VGPH"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
@@ -562,23 +564,9 @@ pub enum Step<'a> {
         pieces: Vec<MappedPiece>,
     },
     /// A fill of device memory.
-    Fill {
-        /// Device address.
-        addr: u64,
-        /// Bytes.
-        size: u64,
-        /// The 32-bit pattern.
-        pattern: u32,
-    },
+    Fill(DeviceFill),
     /// A copy between device addresses.
-    Copy {
-        /// Destination.
-        dst: u64,
-        /// Source.
-        src: u64,
-        /// Bytes.
-        size: u64,
-    },
+    Copy(DeviceCopy),
 }
 
 fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
@@ -729,15 +717,11 @@ impl Request<'_> {
                             w.u8(kind).u64(*a);
                             encode_pieces(&mut w, pieces);
                         }
-                        Step::Fill {
-                            addr,
-                            size,
-                            pattern,
-                        } => {
-                            w.u8(STEP_FILL).u64(*addr).u64(*size).u32(*pattern);
+                        Step::Fill(f) => {
+                            w.u8(STEP_FILL).u64(f.addr).u64(f.size).u32(f.pattern);
                         }
-                        Step::Copy { dst, src, size } => {
-                            w.u8(STEP_COPY).u64(*dst).u64(*src).u64(*size);
+                        Step::Copy(c) => {
+                            w.u8(STEP_COPY).u64(c.dst).u64(c.src).u64(c.size);
                         }
                     }
                 }
@@ -853,16 +837,16 @@ impl Request<'_> {
                             src: r.u64()?,
                             pieces: decode_pieces(&mut r)?,
                         },
-                        STEP_FILL => Step::Fill {
+                        STEP_FILL => Step::Fill(DeviceFill {
                             addr: r.u64()?,
                             size: r.u64()?,
                             pattern: r.u32()?,
-                        },
-                        STEP_COPY => Step::Copy {
+                        }),
+                        STEP_COPY => Step::Copy(DeviceCopy {
                             dst: r.u64()?,
                             src: r.u64()?,
                             size: r.u64()?,
-                        },
+                        }),
                         _ => return Err(ProtoError::Malformed("step kind")),
                     });
                 }
@@ -1336,16 +1320,16 @@ mod tests {
                         },
                     ],
                 },
-                Step::Fill {
+                Step::Fill(DeviceFill {
                     addr: 0x100,
                     size: 64,
                     pattern: 0x0101_0101,
-                },
-                Step::Copy {
+                }),
+                Step::Copy(DeviceCopy {
                     dst: 0x200,
                     src: 0x300,
                     size: 12,
-                },
+                }),
             ]),
             Request::Reset,
             Request::Control,

@@ -16,7 +16,8 @@ use vgpu_abi::{self as abi, ByteValued};
 
 use crate::rules::DEFAULT_ALIGN;
 use crate::{
-    HostSink, HostSlice, HostSource, Launch, OpError, Partition, PartitionSpec, Queued, SliceMemory,
+    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
+    PartitionSpec, Queued, SliceMemory,
 };
 
 /// Makes a fresh partition for `spec`.
@@ -718,50 +719,50 @@ pub fn queued_fills_and_device_copies(make: Make<'_>) {
         reserved: 0,
     };
     let steps = [
-        Queued::Fill {
+        Queued::Fill(DeviceFill {
             addr: a,
             size: 8192,
             pattern: 0xa5a5_a5a5,
-        },
+        }),
         // The second half of `a` copied over the first: a's bytes 4096.. are
         // the fill's when the copy reads them.
-        Queued::Copy {
+        Queued::Copy(DeviceCopy {
             dst: a,
             src: a + 4096,
             size: 4096,
-        },
+        }),
         Queued::Upload {
             dst: a + 4096,
             src: mem,
         },
         Queued::Launch(builtin_launch("fill_u32", fill_b.as_slice())),
         // Overlapping, within `b`: moves the launch's words up by 4.
-        Queued::Copy {
+        Queued::Copy(DeviceCopy {
             dst: b + 4,
             src: b,
             size: 4092,
-        },
-        Queued::Fill {
+        }),
+        Queued::Fill(DeviceFill {
             addr: b + 4096,
             size: 6,
             pattern: 0,
-        },
-        Queued::Fill {
+        }),
+        Queued::Fill(DeviceFill {
             addr: b + 8000,
             size: 256,
             pattern: 0,
-        },
-        Queued::Copy {
+        }),
+        Queued::Copy(DeviceCopy {
             dst: b,
             src: a + 8000,
             size: 400,
-        },
+        }),
         // The first word of `b`, after the fills and copies before it.
-        Queued::Fill {
+        Queued::Fill(DeviceFill {
             addr: b,
             size: 4,
             pattern: 0x1234_5678,
-        },
+        }),
         Queued::Timestamp,
     ];
     let done = p.run_queued(&steps, &|| false);

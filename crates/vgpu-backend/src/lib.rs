@@ -348,23 +348,32 @@ pub enum Queued<'a> {
         dst: SliceMemory<'a>,
     },
     /// [`Partition::fill`].
-    Fill {
-        /// Device address.
-        addr: u64,
-        /// Bytes, a multiple of 4.
-        size: u64,
-        /// The 32-bit pattern.
-        pattern: u32,
-    },
-    /// [`Partition::copy`] between device addresses.
-    Copy {
-        /// Destination device address.
-        dst: u64,
-        /// Source device address.
-        src: u64,
-        /// Bytes.
-        size: u64,
-    },
+    Fill(DeviceFill),
+    /// [`Partition::copy`].
+    Copy(DeviceCopy),
+}
+
+/// A fill of device memory with a 32-bit pattern ([`Partition::fill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceFill {
+    /// Device address.
+    pub addr: u64,
+    /// Bytes, a multiple of 4.
+    pub size: u64,
+    /// The pattern.
+    pub pattern: u32,
+}
+
+/// A copy between device addresses, which may overlap
+/// ([`Partition::copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCopy {
+    /// Destination.
+    pub dst: u64,
+    /// Source.
+    pub src: u64,
+    /// Bytes.
+    pub size: u64,
 }
 
 /// What one queued step did.
@@ -396,12 +405,8 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
                 Queued::Timestamp => Ok(()),
                 Queued::Upload { dst, src } => p.upload(*dst, src),
                 Queued::Download { src, dst } => p.download(*src, dst),
-                Queued::Fill {
-                    addr,
-                    size,
-                    pattern,
-                } => p.fill(*addr, *size, *pattern),
-                Queued::Copy { dst, src, size } => p.copy(*dst, *src, *size),
+                Queued::Fill(f) => p.fill(f.addr, f.size, f.pattern),
+                Queued::Copy(c) => p.copy(c.dst, c.src, c.size),
             };
             QueuedDone {
                 result,

@@ -9,7 +9,8 @@ use std::time::Instant;
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::{
-    HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued, SliceFn, SliceMemory,
+    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued,
+    SliceFn, SliceMemory,
 };
 use vm_memory::{MmapRegion, VolatileMemory};
 
@@ -429,23 +430,9 @@ pub enum Step {
     /// OP_LAUNCH.
     Launch(OwnedLaunch),
     /// OP_FILL.
-    Fill {
-        /// Device address.
-        addr: u64,
-        /// Bytes, a non-zero multiple of 4.
-        size: u64,
-        /// The 32-bit pattern.
-        pattern: u32,
-    },
+    Fill(DeviceFill),
     /// OP_COPY between device addresses.
-    Copy {
-        /// Destination.
-        dst: u64,
-        /// Source.
-        src: u64,
-        /// Bytes.
-        size: u64,
-    },
+    Copy(DeviceCopy),
     /// OP_COPY between guest memory and device memory.
     Guest(CopyStep),
 }
@@ -462,20 +449,8 @@ impl Step {
             Step::Nop => return None,
             Step::Timestamp => Queued::Timestamp,
             Step::Launch(l) => Queued::Launch(l.launch()),
-            Step::Fill {
-                addr,
-                size,
-                pattern,
-            } => Queued::Fill {
-                addr: *addr,
-                size: *size,
-                pattern: *pattern,
-            },
-            Step::Copy { dst, src, size } => Queued::Copy {
-                dst: *dst,
-                src: *src,
-                size: *size,
-            },
+            Step::Fill(f) => Queued::Fill(*f),
+            Step::Copy(c) => Queued::Copy(*c),
             Step::Guest(c) if c.to_device => Queued::Upload {
                 dst: c.device,
                 src: guest(c),
@@ -584,11 +559,11 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
             check_fill(&c)?;
-            Ok(Step::Fill {
+            Ok(Step::Fill(DeviceFill {
                 addr: c.addr,
                 size: c.size,
                 pattern: c.pattern,
-            })
+            }))
         }
         abi::OP_COPY => {
             let c: abi::CopyCmd = parse(raw)?;
@@ -596,11 +571,11 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
                 return Err(abi::STATUS_INVALID);
             }
             if (c.src_kind, c.dst_kind) == (abi::COPY_DEVICE, abi::COPY_DEVICE) {
-                return Ok(Step::Copy {
+                return Ok(Step::Copy(DeviceCopy {
                     dst: c.dst,
                     src: c.src,
                     size: c.size,
-                });
+                }));
             }
             let (to_device, device) = guest_side(&c).ok_or(abi::STATUS_INVALID)?;
             let sg = guest_sg(ctx.dma, &c, &reads)?;

@@ -6,7 +6,9 @@ mod common;
 use common::{assert_status, vgpu_ready, vgpu_with_memory, Rng, MIB};
 use vgpu_backend::conformance;
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader, CopyCmd, SgEntry};
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, launch_cmd, Chain, Mode};
+use vgpu_testkit::{
+    bare_chain, bytes_to_f32s, f32s_to_bytes, fill_chain, guest_copy_chain, launch_cmd, Chain, Mode,
+};
 
 fn copy_cmd(src_kind: u32, dst_kind: u32, src: u64, dst: u64, size: u64, sg_count: u32) -> CopyCmd {
     CopyCmd {
@@ -132,13 +134,7 @@ fn test_launches_and_timestamps_of_one_submission_complete_in_order() {
         let cmd = launch_cmd(entry, [1, 1, 1], [256, 1, 1], params.len() as u32);
         Chain::command(&cmd).bytes(params).completion()
     };
-    let stamp = || {
-        Chain::command(&CmdHeader {
-            opcode: abi::OP_TIMESTAMP,
-            flags: 0,
-        })
-        .completion()
-    };
+    let stamp = || bare_chain(abi::OP_TIMESTAMP);
     let chains = [
         stamp(),
         launch("fill_u32", fill.as_slice()),
@@ -248,7 +244,7 @@ fn test_copies_of_one_submission_run_together() {
 }
 
 /// Fills, device copies and no-ops run in the same queued run as the
-/// launches, timestamps and uploads around them, in order: each sees the one
+/// timestamps and uploads around them, in order: each sees the one
 /// before; a refused fill fails alone; a download after the uploads
 /// starts a run of its own and sees them all.
 #[test]
@@ -260,37 +256,13 @@ fn test_fills_and_device_copies_run_with_the_steps_around_them() {
     let sg = g.alloc_sg(&[4096, 4096]);
     let data = rng.bytes(8192);
     g.write_sg(&sg, &data);
-    let fill = |addr, size, pattern| {
-        Chain::command(&abi::FillCmd {
-            hdr: CmdHeader {
-                opcode: abi::OP_FILL,
-                flags: 0,
-            },
-            addr,
-            size,
-            pattern,
-            reserved: 0,
-        })
-        .completion()
-    };
+    let fill = fill_chain;
     let device_copy = |dst, src, size| {
         let cmd = copy_cmd(abi::COPY_DEVICE, abi::COPY_DEVICE, src, dst, size, 0);
         Chain::command(&cmd).completion()
     };
-    let stamp = || {
-        Chain::command(&CmdHeader {
-            opcode: abi::OP_TIMESTAMP,
-            flags: 0,
-        })
-        .completion()
-    };
-    let nop = || {
-        Chain::command(&CmdHeader {
-            opcode: abi::OP_NOP,
-            flags: 0,
-        })
-        .completion()
-    };
+    let stamp = || bare_chain(abi::OP_TIMESTAMP);
+    let nop = || bare_chain(abi::OP_NOP);
     let back = g.alloc_sg(&[16 << 10]);
     let chains = [
         stamp(),

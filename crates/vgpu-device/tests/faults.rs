@@ -26,7 +26,7 @@ use vfio_user_server::proto::{DMA_FLAG_READ, DMA_FLAG_WRITE, HEADER_SIZE};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader, SgEntry};
 use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, launch_cmd, software_partition, test_config};
-use vgpu_testkit::{Chain, Guest, Mode, TestVgpu, WakePolicy};
+use vgpu_testkit::{fill_chain, Chain, Guest, Mode, TestVgpu, WakePolicy};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -297,20 +297,6 @@ fn copy_chain(src_kind: u32, dst_kind: u32, src: u64, dst: u64, sg: &[SgEntry]) 
     };
     let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
     Chain::command(&cmd).bytes(&list).completion()
-}
-
-fn fill_chain(addr: u64, size: u64, pattern: u32) -> Chain {
-    let cmd = abi::FillCmd {
-        hdr: CmdHeader {
-            opcode: abi::OP_FILL,
-            flags: 0,
-        },
-        addr,
-        size,
-        pattern,
-        reserved: 0,
-    };
-    Chain::command(&cmd).completion()
 }
 
 fn nop_chain() -> Chain {

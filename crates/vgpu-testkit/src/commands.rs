@@ -73,6 +73,25 @@ pub fn guest_copy_chain(to_device: bool, dev: u64, sg: &[SgEntry]) -> Chain {
     Chain::command(&cmd).bytes(&sg_bytes(sg)).completion()
 }
 
+/// The chain of a FILL of `size` bytes at `addr` with `pattern`, with its
+/// completion, for batches.
+pub fn fill_chain(addr: u64, size: u64, pattern: u32) -> Chain {
+    let cmd = abi::FillCmd {
+        hdr: hdr(abi::OP_FILL, 0),
+        addr,
+        size,
+        pattern,
+        reserved: 0,
+    };
+    Chain::command(&cmd).completion()
+}
+
+/// The chain of a command that is only its header (a TIMESTAMP, a NOP),
+/// with its completion, for batches.
+pub fn bare_chain(opcode: u32) -> Chain {
+    Chain::command(&hdr(opcode, 0)).completion()
+}
+
 fn sg_bytes(sg: &[SgEntry]) -> Vec<u8> {
     sg.iter().flat_map(|e| e.as_slice().to_vec()).collect()
 }

@@ -36,7 +36,9 @@ use vgpu_device::{DeviceCounters, VgpuConfig, VgpuDevice};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
-pub use commands::{bytes_to_f32s, copy_cmd, f32s_to_bytes, guest_copy_chain, launch_cmd};
+pub use commands::{
+    bare_chain, bytes_to_f32s, copy_cmd, f32s_to_bytes, fill_chain, guest_copy_chain, launch_cmd,
+};
 pub use guest::{Guest, GuestOptions, WakePolicy, IRQ_MSIX};
 pub use ring::{Chain, Mode, RingLayout, Used, VirtqDesc};
 pub use vgpu_abi as abi;

@@ -375,10 +375,12 @@ fn test_corpus_gives_the_same_bytes_on_one_thread_and_on_several() {
 fn abandoned_run_refuses_the_steps_left() {
     let mut p = partition(MIB, 1);
     let a = p.alloc(4096, 0).unwrap();
-    let fill = |pattern| Queued::Fill {
-        addr: a,
-        size: 4096,
-        pattern,
+    let fill = |pattern| {
+        Queued::Fill(crate::DeviceFill {
+            addr: a,
+            size: 4096,
+            pattern,
+        })
     };
     let asked = std::cell::Cell::new(0);
     let stop = || {
