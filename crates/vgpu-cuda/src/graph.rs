@@ -9,8 +9,14 @@
 //! A capture starts on one stream (its origin); another stream joins it
 //! by waiting on an event recorded in it, as CUDA's cross-stream capture
 //! does, and the origin ends it for all of them.
+//!
+//! A graph can also be built node by node (`cuGraphAdd*Node`), each node
+//! naming the nodes it depends on. Instantiating it puts the nodes in an
+//! order that honours every dependency (the order they were added where
+//! the dependencies allow), which the in-order queue then keeps.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use vgpu_guest::{Batch, Dims, Function};
@@ -121,11 +127,87 @@ pub struct Capture {
     pub invalidated: bool,
 }
 
-/// A graph: the work recorded, in order, and the capture filling it.
+/// `CUgraphNodeType` of the nodes made here.
+pub const NODE_KERNEL: u32 = 0;
+pub const NODE_MEMCPY: u32 = 1;
+pub const NODE_MEMSET: u32 = 2;
+pub const NODE_EMPTY: u32 = 5;
+
+/// Most nodes of one graph (a node's handle holds its index).
+pub const MAX_NODES: usize = (1 << 24) - 1;
+
+/// One node of a graph: its work and the nodes (indices) it depends on.
+pub struct Node {
+    pub kind: u32,
+    pub work: Vec<Work>,
+    pub deps: Vec<usize>,
+}
+
+impl Node {
+    /// A node of one piece of work.
+    fn of(work: &Work, deps: Vec<usize>) -> Node {
+        let kind = match work {
+            Work::Launch { .. } => NODE_KERNEL,
+            Work::Copy { .. } => NODE_MEMCPY,
+            Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
+        };
+        Node {
+            kind,
+            work: vec![work.clone()],
+            deps,
+        }
+    }
+}
+
+/// A graph: its nodes, in the order they were added (a capture adds one
+/// per piece of work, each depending on the one before), and the capture
+/// filling it.
 pub struct Graph {
     pub device: CUdevice,
-    pub nodes: Vec<Work>,
+    pub nodes: Vec<Node>,
     pub capture: Option<Capture>,
+}
+
+impl Graph {
+    /// The work of every node, in an order that honours the
+    /// dependencies: of the nodes whose dependencies are all placed, the
+    /// one added first goes next. `None` when the dependencies loop.
+    pub fn ordered_work(&self) -> Option<Vec<Work>> {
+        let n = self.nodes.len();
+        let mut waiting: Vec<usize> = self.nodes.iter().map(|x| x.deps.len()).collect();
+        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, node) in self.nodes.iter().enumerate() {
+            for &d in &node.deps {
+                dependents[d].push(i);
+            }
+        }
+        let mut ready: BTreeSet<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
+        let mut work = Vec::with_capacity(n);
+        let mut placed = 0;
+        while let Some(i) = ready.pop_first() {
+            placed += 1;
+            work.extend(self.nodes[i].work.iter().cloned());
+            for &j in &dependents[i] {
+                waiting[j] -= 1;
+                if waiting[j] == 0 {
+                    ready.insert(j);
+                }
+            }
+        }
+        (placed == n).then_some(work)
+    }
+}
+
+/// The handle of node `index` of graph `graph`.
+pub fn node_handle(graph: usize, index: usize) -> usize {
+    graph * (MAX_NODES + 1) + index + 1
+}
+
+/// The graph and index a node handle names (not checked against the
+/// graph's nodes).
+pub fn node_of(handle: usize) -> Option<(usize, usize)> {
+    let index = (handle % (MAX_NODES + 1)).checked_sub(1)?;
+    Some((handle / (MAX_NODES + 1), index))
 }
 
 /// An instantiated graph, sharing its work with every launch of it.
@@ -253,7 +335,14 @@ impl Objects {
         for w in work {
             w.check()?;
         }
-        graph.nodes.extend_from_slice(work);
+        if graph.nodes.len() + work.len() > MAX_NODES {
+            c.invalidated = true;
+            return Err(cu::ERROR_OUT_OF_MEMORY);
+        }
+        for w in work {
+            let deps = graph.nodes.len().checked_sub(1).into_iter().collect();
+            graph.nodes.push(Node::of(w, deps));
+        }
         Ok(true)
     }
 
@@ -325,11 +414,93 @@ impl Objects {
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
+        let work = graph.ordered_work().ok_or_else(|| {
+            log("graph dependencies loop");
+            cu::ERROR_INVALID_VALUE
+        })?;
         let exec = GraphExec {
             device: graph.device,
-            nodes: graph.nodes.as_slice().into(),
+            nodes: work.into(),
         };
         Ok(self.add(|o| &mut o.execs, exec))
+    }
+
+    /// The graph `node` belongs to and its index there, checked.
+    pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = crate::state::by_handle(&self.graphs, g)?;
+        if i < graph.nodes.len() {
+            Ok((g, i))
+        } else {
+            Err(cu::ERROR_INVALID_HANDLE)
+        }
+    }
+
+    /// Adds a node of `kind` doing `work` to graph `g`, after the nodes
+    /// `deps` (handles, of `g`); its handle.
+    pub fn add_node(
+        &mut self,
+        g: usize,
+        deps: &[usize],
+        kind: u32,
+        work: Vec<Work>,
+    ) -> CuResult<usize> {
+        let mut indices = Vec::with_capacity(deps.len());
+        for &d in deps {
+            let (dg, i) = self.node(d)?;
+            if dg != g {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            // CUDA refuses a dependency named twice.
+            if indices.contains(&i) {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            indices.push(i);
+        }
+        for w in &work {
+            w.check()?;
+        }
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.nodes.len() >= MAX_NODES {
+            return Err(cu::ERROR_OUT_OF_MEMORY);
+        }
+        graph.nodes.push(Node {
+            kind,
+            work,
+            deps: indices,
+        });
+        Ok(node_handle(g, graph.nodes.len() - 1))
+    }
+
+    /// Makes each of `to` depend on the node of `from` beside it (handles
+    /// of graph `g`); an edge already there, or from a node to itself, is
+    /// refused, as CUDA does.
+    pub fn add_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
+        let mut edges = Vec::with_capacity(from.len());
+        for (&f, &t) in from.iter().zip(to) {
+            let (fg, fi) = self.node(f)?;
+            let (tg, ti) = self.node(t)?;
+            if fg != g || tg != g || fi == ti {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            edges.push((fi, ti));
+        }
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        for (k, &(fi, ti)) in edges.iter().enumerate() {
+            if graph.nodes[ti].deps.contains(&fi) || edges[..k].contains(&(fi, ti)) {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+        }
+        for (fi, ti) in edges {
+            graph.nodes[ti].deps.push(fi);
+        }
+        Ok(())
     }
 
     /// Destroys graph `g`, unless a capture is filling it.
@@ -461,6 +632,64 @@ mod tests {
         // The next capture has another id.
         o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         assert_ne!(o.capture_info(s[0]).1, id);
+    }
+
+    /// The fills' patterns in the order a graph's work replays.
+    fn order(o: &Objects, g: usize) -> Option<Vec<u32>> {
+        let work = o.graphs[&g].ordered_work()?;
+        Some(
+            work.iter()
+                .map(|w| match w {
+                    Work::Fill { pattern, .. } => *pattern,
+                    _ => u32::MAX,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn nodes_replay_in_an_order_that_honours_their_dependencies() {
+        let mut o = Objects::default();
+        let g = o.add(
+            |o| &mut o.graphs,
+            Graph {
+                device: 0,
+                nodes: Vec::new(),
+                capture: None,
+            },
+        );
+        let add = |o: &mut Objects, deps: &[usize], n: u64| {
+            o.add_node(g, deps, NODE_MEMSET, vec![fill(n)]).unwrap()
+        };
+        let a = add(&mut o, &[], 1);
+        let b = add(&mut o, &[a], 2);
+        let c = add(&mut o, &[b], 3);
+        let d = add(&mut o, &[], 4);
+        assert_eq!(o.node(c), Ok((g, 2)));
+        // Added first, placed first, where the dependencies allow.
+        assert_eq!(order(&o, g), Some(vec![1, 2, 3, 4]));
+        // An edge added later moves a node after the one it waits for.
+        o.add_dependencies(g, &[d], &[b]).unwrap();
+        assert_eq!(order(&o, g), Some(vec![1, 4, 2, 3]));
+        // The same edge twice, an edge to itself, a node of nothing.
+        assert_eq!(
+            o.add_dependencies(g, &[d], &[b]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            o.add_dependencies(g, &[a], &[a]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(o.node(node_handle(g, 9)), Err(cu::ERROR_INVALID_HANDLE));
+        assert_eq!(o.node(0), Err(cu::ERROR_INVALID_HANDLE));
+        assert_eq!(
+            o.add_node(g, &[a, a], NODE_EMPTY, Vec::new()),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        // A loop cannot be ordered: instantiating refuses it.
+        o.add_dependencies(g, &[c], &[a]).unwrap();
+        assert_eq!(order(&o, g), None);
+        assert_eq!(o.instantiate(g), Err(cu::ERROR_INVALID_VALUE));
     }
 
     #[test]

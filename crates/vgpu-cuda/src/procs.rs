@@ -155,16 +155,25 @@ implemented {
     cuFuncGetParamInfo 12040 => cuFuncGetParamInfo,
     cuFuncSetAttribute 9000 => cuFuncSetAttribute,
     cuFuncSetCacheConfig 3000 => cuFuncSetCacheConfig,
+    cuGraphAddDependencies 10000 => cuGraphAddDependencies,
+    cuGraphAddDependencies 12030 => cuGraphAddDependencies_v2,
+    cuGraphAddEmptyNode 10000 => cuGraphAddEmptyNode,
+    cuGraphAddKernelNode 10000 => cuGraphAddKernelNode,
+    cuGraphAddKernelNode 12000 => cuGraphAddKernelNode_v2,
+    cuGraphAddMemcpyNode 10000 => cuGraphAddMemcpyNode,
+    cuGraphAddMemsetNode 10000 => cuGraphAddMemsetNode,
     cuGraphCreate 10000 => cuGraphCreate,
     cuGraphDestroy 10000 => cuGraphDestroy,
     cuGraphExecDestroy 10000 => cuGraphExecDestroy,
     cuGraphGetNodes 10000 => cuGraphGetNodes,
+    cuGraphGetRootNodes 10000 => cuGraphGetRootNodes,
     cuGraphInstantiate 10000 => cuGraphInstantiate_v2,
     // CUDA 12's cuda.h maps cuGraphInstantiate onto WithFlags.
     cuGraphInstantiate 12000 => cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithFlags 11040 => cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams 12000 => cuGraphInstantiateWithParams,
     cuGraphLaunch 10000 => cuGraphLaunch,
+    cuGraphNodeGetType 10000 => cuGraphNodeGetType,
     cuGraphUpload 11010 => cuGraphUpload,
     cuGetErrorName 6000 => cuGetErrorName,
     cuGetErrorString 6000 => cuGetErrorString,
@@ -314,18 +323,13 @@ unsupported {
     cuGLUnmapBufferObjectAsync 2030,
     cuGLUnregisterBufferObject 2000,
     cuGraphAddChildGraphNode 10000,
-    cuGraphAddDependencies 10000,
-    cuGraphAddEmptyNode 10000,
     cuGraphAddEventRecordNode 11010,
     cuGraphAddEventWaitNode 11010,
     cuGraphAddExternalSemaphoresSignalNode 11020,
     cuGraphAddExternalSemaphoresWaitNode 11020,
     cuGraphAddHostNode 10000,
-    cuGraphAddKernelNode 12000,
     cuGraphAddMemAllocNode 11040,
     cuGraphAddMemFreeNode 11040,
-    cuGraphAddMemcpyNode 10000,
-    cuGraphAddMemsetNode 10000,
     cuGraphAddNode 12020,
     cuGraphChildGraphNodeGetGraph 10000,
     cuGraphClone 10000,
@@ -353,7 +357,6 @@ unsupported {
     cuGraphExternalSemaphoresWaitNodeGetParams 11020,
     cuGraphExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphGetEdges 10000,
-    cuGraphGetRootNodes 10000,
     cuGraphHostNodeGetParams 10000,
     cuGraphHostNodeSetParams 10000,
     cuGraphKernelNodeCopyAttributes 11000,
@@ -371,7 +374,6 @@ unsupported {
     cuGraphNodeGetDependencies 10000,
     cuGraphNodeGetDependentNodes 10000,
     cuGraphNodeGetEnabled 11060,
-    cuGraphNodeGetType 10000,
     cuGraphNodeSetEnabled 11060,
     cuGraphNodeSetParams 12020,
     cuGraphReleaseUserObject 11030,
@@ -613,7 +615,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphAddKernelNode", 13000);
+        let f = found("cuGraphAddHostNode", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);

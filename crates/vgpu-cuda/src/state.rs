@@ -648,6 +648,19 @@ impl Driver {
         params: &[u8],
         stream: usize,
     ) -> CuResult {
+        let (device, work) = self.launch_work(func, dims, cluster, params)?;
+        self.queue(stream, device, &[work])
+    }
+
+    /// The work of a launch of `func` (checked against its dynamic shared
+    /// memory limit), and the device it runs on.
+    pub fn launch_work(
+        &self,
+        func: usize,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> CuResult<(CUdevice, Work)> {
         let (function, device) = {
             let o = self.objects();
             let f = by_handle(&o.funcs, func)?;
@@ -666,7 +679,7 @@ impl Driver {
             cluster,
             params: params.into(),
         };
-        self.queue(stream, device, &[work])
+        Ok((device, work))
     }
 }
 

@@ -134,8 +134,6 @@ unsupported! {
     cuFuncSetBlockShape,
     cuFuncSetSharedSize,
     cuGraphAddBatchMemOpNode,
-    cuGraphAddDependencies_v2,
-    cuGraphAddKernelNode_v2,
     cuGraphAddNode_v2,
     cuGraphBatchMemOpNodeGetParams,
     cuGraphBatchMemOpNodeSetParams,

@@ -1,14 +1,74 @@
-//! Graphs made by stream capture ([`crate::graph`]): created, counted,
-//! instantiated and launched. A graph's work replays in the order it was
-//! recorded; nodes are not kept as handles, so graphs are not built or
-//! edited node by node here.
+//! Graphs ([`crate::graph`]), made by stream capture or node by node
+//! (kernel, memset, device-to-device memcpy and empty nodes, and the
+//! dependencies between them): created, listed, instantiated and
+//! launched. A graph's work replays in an order that honours its
+//! dependencies.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
-use crate::cu::{self, CUresult, Handle};
+use vgpu_guest::Dims;
+
+use crate::api::memory::{memset_work, range_device};
+use crate::api::module::kernel_work;
+use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::Graph;
+use crate::graph::{self as g, Graph, Work};
 use crate::state::{by_handle, driver};
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (v1 ends after `extra`).
+#[repr(C)]
+pub struct KernelNodeParams {
+    pub func: Handle,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u32,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: Handle,
+    pub ctx: Handle,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+pub struct MemsetNodeParams {
+    pub dst: u64,
+    pub pitch: usize,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// One side of a `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3dSide {
+    pub x_bytes: usize,
+    pub y: usize,
+    pub z: usize,
+    pub lod: usize,
+    pub memory_type: u32,
+    pub host: *const c_void,
+    pub device: u64,
+    pub array: Handle,
+    pub reserved: *mut c_void,
+    pub pitch: usize,
+    pub height: usize,
+}
+
+/// `CUDA_MEMCPY3D`.
+#[repr(C)]
+pub struct Memcpy3d {
+    pub src: Memcpy3dSide,
+    pub dst: Memcpy3dSide,
+    pub width_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `CU_MEMORYTYPE_DEVICE` and `CU_MEMORYTYPE_UNIFIED`.
+const MEMORY_DEVICE: u32 = 2;
+const MEMORY_UNIFIED: u32 = 4;
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
 #[repr(C)]
@@ -45,7 +105,42 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut Handle, flags: u32) -> CUres
     })
 }
 
-/// The node count only: nodes have no handles here.
+/// The handles `p` points at (`n` of them).
+///
+/// # Safety
+/// `p` is null (with `n` 0) or valid for `n` handles.
+unsafe fn handles(p: *const Handle, n: usize) -> CuResult<Vec<usize>> {
+    if n > g::MAX_NODES {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `n` handles.
+    (0..n)
+        .map(|i| unsafe { ffi::get(p.add(i)) }.map(|h| h as usize))
+        .collect()
+}
+
+/// Writes `found` to the caller's `nodes` array of `*count` entries (null:
+/// the count only), nulls past them, and the number found to `*count`.
+///
+/// # Safety
+/// `count` is writable; `nodes` is null or valid for `*count` handles.
+unsafe fn put_nodes(found: &[usize], nodes: *mut Handle, count: *mut usize) -> CuResult {
+    if !nodes.is_null() {
+        // SAFETY: the caller's in-out count.
+        let room = unsafe { ffi::get(count.cast_const()) }?;
+        for i in 0..room {
+            let h = found.get(i).map_or(std::ptr::null_mut(), |&h| h as Handle);
+            // SAFETY: the caller's array of `room` handles.
+            unsafe { ffi::put(nodes.add(i), h) }?;
+        }
+        // SAFETY: the caller's in-out count.
+        return unsafe { ffi::put(count, found.len().min(room)) };
+    }
+    // SAFETY: the caller's out-parameter.
+    unsafe { ffi::put(count, found.len()) }
+}
+
+/// The graph's nodes, in the order they were added.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphGetNodes(
     graph: Handle,
@@ -56,13 +151,313 @@ pub unsafe extern "C" fn cuGraphGetNodes(
         let n = by_handle(&driver()?.objects().graphs, graph as usize)?
             .nodes
             .len();
-        if !nodes.is_null() {
-            return Err(crate::procs::unsupported(
-                "cuGraphGetNodes with a node array",
+        let found: Vec<usize> = (0..n).map(|i| g::node_handle(graph as usize, i)).collect();
+        // SAFETY: the caller's array and count.
+        unsafe { put_nodes(&found, nodes, count) }
+    })
+}
+
+/// The graph's nodes that depend on none.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetRootNodes(
+    graph: Handle,
+    nodes: *mut Handle,
+    count: *mut usize,
+) -> CUresult {
+    entry(|| {
+        let found: Vec<usize> = by_handle(&driver()?.objects().graphs, graph as usize)?
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.deps.is_empty())
+            .map(|(i, _)| g::node_handle(graph as usize, i))
+            .collect();
+        // SAFETY: the caller's array and count.
+        unsafe { put_nodes(&found, nodes, count) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetType(node: Handle, kind: *mut u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let o = d.objects();
+        let (graph, i) = o.node(node as usize)?;
+        let t = o.graphs[&graph].nodes[i].kind;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(kind, t) }
+    })
+}
+
+/// Adds a node of `kind` doing `work` on `device` to `graph`, after the
+/// `n` nodes at `deps`; its handle goes to `*out`.
+///
+/// # Safety
+/// `out` is writable; `deps` is valid for `n` handles (or null with 0).
+unsafe fn add_node(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    kind: u32,
+    (device, work): (CUdevice, Vec<Work>),
+) -> CuResult {
+    let d = driver()?;
+    // SAFETY: the caller's dependencies.
+    let deps = unsafe { handles(deps, n) }?;
+    if out.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let mut o = d.objects();
+    if by_handle(&o.graphs, graph as usize)?.device != device {
+        // A graph runs on the one device it was made for.
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let h = o.add_node(graph as usize, &deps, kind, work)?;
+    // SAFETY: the caller's out-parameter, not null.
+    unsafe { ffi::put(out, h as Handle) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        let device = by_handle(&driver()?.objects().graphs, graph as usize)?.device;
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_EMPTY, (device, Vec::new())) }
+    })
+}
+
+/// A kernel node; `v2` when `params` is the CUDA 12 form (its `kern`
+/// names the kernel where `func` is null).
+///
+/// # Safety
+/// As `cuGraphAddKernelNode`'s arguments.
+unsafe fn add_kernel_node(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const KernelNodeParams,
+    v2: bool,
+) -> CuResult {
+    if params.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's parameters, not null; a v1 caller's end
+    // before `kern`, which is read only for v2.
+    let p = unsafe { &*params };
+    let f = if p.func.is_null() && v2 {
+        p.kern
+    } else {
+        p.func
+    };
+    let dims = Dims {
+        grid: p.grid,
+        block: p.block,
+        shared_mem: p.shared_mem,
+    };
+    // SAFETY: the caller's kernel parameters.
+    let (device, work) = unsafe { kernel_work(f, dims, p.kernel_params, p.extra) }?;
+    // SAFETY: the caller's pointers.
+    unsafe { add_node(out, graph, deps, n, g::NODE_KERNEL, (device, vec![work])) }
+}
+
+/// The CUDA 10 and 11 form.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { add_kernel_node(out, graph, deps, n, params, false) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { add_kernel_node(out, graph, deps, n, params, true) })
+}
+
+/// A memset node: `height` rows of `width` elements, `pitch` bytes apart.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemsetNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const MemsetNodeParams,
+    _ctx: Handle,
+) -> CUresult {
+    entry(|| {
+        if params.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's parameters, not null.
+        let p = unsafe { &*params };
+        let d = driver()?;
+        let width = p.element_size as usize;
+        let row = p.width.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
+        if ![1, 2, 4].contains(&width)
+            || p.width == 0
+            || p.height == 0
+            || (p.height > 1 && p.pitch < row)
+        {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // One fill (and tail) per row, each on the graph's device.
+        let mut work = Vec::new();
+        let mut device = None;
+        for r in 0..p.height {
+            let at = (r as u64)
+                .checked_mul(p.pitch as u64)
+                .and_then(|off| p.dst.checked_add(off))
+                .ok_or(cu::ERROR_INVALID_VALUE)?;
+            if let Some((dev, w)) = memset_work(d, at, p.value, width, p.width)? {
+                if device.is_some_and(|x| x != dev) {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+                device = Some(dev);
+                work.extend(w);
+            }
+            if work.len() > g::MAX_NODES {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+        }
+        let device = device.ok_or(cu::ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEMSET, (device, work)) }
+    })
+}
+
+/// The device address one side of a copy names, if it is device memory
+/// named as such (a host or array side is not supported in a graph).
+fn device_side(s: &Memcpy3dSide) -> CuResult<u64> {
+    if s.memory_type != MEMORY_DEVICE && s.memory_type != MEMORY_UNIFIED {
+        return Err(crate::procs::unsupported_with(
+            "cuGraphAddMemcpyNode",
+            "copies with a host or array side",
+        ));
+    }
+    if s.y != 0 || s.z != 0 || s.lod != 0 {
+        return Err(crate::procs::unsupported_with(
+            "cuGraphAddMemcpyNode",
+            "copies with a row or slice offset",
+        ));
+    }
+    s.device
+        .checked_add(s.x_bytes as u64)
+        .ok_or(cu::ERROR_INVALID_VALUE)
+}
+
+/// A memcpy node between device addresses, one row.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemcpyNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const Memcpy3d,
+    _ctx: Handle,
+) -> CUresult {
+    entry(|| {
+        if params.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's parameters, not null.
+        let p = unsafe { &*params };
+        if p.height > 1 || p.depth > 1 {
+            return Err(crate::procs::unsupported_with(
+                "cuGraphAddMemcpyNode",
+                "copies of more than one row",
             ));
         }
-        // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(count, n) }
+        let (src, dst) = (device_side(&p.src)?, device_side(&p.dst)?);
+        let d = driver()?;
+        let len = p.width_bytes;
+        if len == 0 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let device = range_device(d, dst, len)?;
+        if range_device(d, src, len)? != device {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let work = Work::Copy {
+            dst,
+            src,
+            len: len as u64,
+        };
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEMCPY, (device, vec![work])) }
+    })
+}
+
+/// Makes each of the `n` nodes at `to` depend on the one at `from` beside
+/// it.
+///
+/// # Safety
+/// `from` and `to` are valid for `n` handles each.
+unsafe fn add_dependencies(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    n: usize,
+) -> CuResult {
+    // SAFETY: the caller's arrays.
+    let (from, to) = unsafe { (handles(from, n)?, handles(to, n)?) };
+    driver()?
+        .objects()
+        .add_dependencies(graph as usize, &from, &to)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddDependencies(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    n: usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays.
+    entry(|| unsafe { add_dependencies(graph, from, to, n) })
+}
+
+/// The CUDA 12.3 form, with data on each edge: only the default edge
+/// (all zeros, or none given) is supported.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddDependencies_v2(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    edges: *const [u8; 8],
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        if !edges.is_null() {
+            for i in 0..n.min(g::MAX_NODES) {
+                // SAFETY: the caller's array of `n` edge data.
+                if unsafe { ffi::get(edges.add(i)) }? != [0; 8] {
+                    return Err(crate::procs::unsupported_with(
+                        "cuGraphAddDependencies",
+                        "edges other than the default",
+                    ));
+                }
+            }
+        }
+        // SAFETY: the caller's arrays.
+        unsafe { add_dependencies(graph, from, to, n) }
     })
 }
 
@@ -194,6 +589,24 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_params_have_cuda_h_layout() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(KernelNodeParams, shared_mem), 32);
+        assert_eq!(offset_of!(KernelNodeParams, kernel_params), 40);
+        assert_eq!(offset_of!(KernelNodeParams, kern), 56);
+        assert_eq!(size_of::<KernelNodeParams>(), 72);
+        assert_eq!(offset_of!(MemsetNodeParams, value), 16);
+        assert_eq!(offset_of!(MemsetNodeParams, width), 24);
+        assert_eq!(size_of::<MemsetNodeParams>(), 40);
+        assert_eq!(offset_of!(Memcpy3dSide, memory_type), 32);
+        assert_eq!(offset_of!(Memcpy3dSide, device), 48);
+        assert_eq!(size_of::<Memcpy3dSide>(), 88);
+        assert_eq!(offset_of!(Memcpy3d, dst), 88);
+        assert_eq!(offset_of!(Memcpy3d, width_bytes), 176);
+        assert_eq!(size_of::<Memcpy3d>(), 200);
+    }
 
     #[test]
     fn instantiate_params_have_cuda_h_layout() {

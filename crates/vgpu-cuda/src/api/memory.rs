@@ -22,7 +22,7 @@ use vgpu_guest::Batch;
 /// The device holding `[addr, addr + len)`, which must lie in one
 /// allocation this process made.
 /// The ordinal of the device whose allocation holds `[addr, addr + len)`.
-fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
+pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
     d.objects()
         .alloc_at(addr, len as u64)
         .map(|(_, a)| a.device)
@@ -491,9 +491,24 @@ pub extern "C" fn cuMemcpyAsync(
 /// element.
 fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize, stream: Handle) -> CuResult {
     let d = driver()?;
+    let Some((device, work)) = memset_work(d, dst, value, width, count)? else {
+        return Ok(());
+    };
+    d.queue(stream as usize, device, &work)
+}
+
+/// The work of a memset (see [`memset`]) and its device; `None` when it
+/// sets nothing.
+pub(crate) fn memset_work(
+    d: &Driver,
+    dst: CUdeviceptr,
+    value: u32,
+    width: usize,
+    count: usize,
+) -> CuResult<Option<(CUdevice, Vec<Work>)>> {
     let n = count.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
     if n == 0 {
-        return Ok(());
+        return Ok(None);
     }
     if !dst.is_multiple_of(width as u64) {
         return Err(cu::ERROR_INVALID_VALUE);
@@ -519,7 +534,7 @@ fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize, stream: Hand
             bytes: Arc::from(&pattern.to_le_bytes()[..n - body]),
         });
     }
-    d.queue(stream as usize, device, &work)
+    Ok(Some((device, work)))
 }
 
 #[no_mangle]

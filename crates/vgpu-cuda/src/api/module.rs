@@ -508,6 +508,24 @@ fn check_shape(d: &Dims, params: usize) -> CuResult {
     }
 }
 
+/// The work of a launch of `f` (no clusters) as a graph's kernel node
+/// holds it, and its device.
+///
+/// # Safety
+/// `params` and `extra` as `cuLaunchKernel` takes them.
+pub(crate) unsafe fn kernel_work(
+    f: Handle,
+    dims: Dims,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<(cu::CUdevice, crate::graph::Work)> {
+    let d = driver()?;
+    // SAFETY: the caller's parameter pointers.
+    let block = unsafe { param_block(d, f as usize, params, extra) }?;
+    check_shape(&dims, block.len())?;
+    d.launch_work(f as usize, dims, [1, 1, 1], &block)
+}
+
 /// Queues a launch of `f` in clusters of `cluster` blocks ([1, 1, 1]:
 /// none) on `stream`.
 ///
