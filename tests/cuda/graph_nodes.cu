@@ -1,8 +1,9 @@
 // A graph built node by node, as XLA and CUDA's graph samples build
 // them: memset, kernel, device-to-device memcpy and empty nodes, one
 // dependency added after its nodes (so the order they were added in is
-// not an order the graph may run in), the nodes listed and typed, then
-// the graph replayed and checked against the CPU.
+// not an order the graph may run in), the nodes and their edges listed
+// and typed, then the graph replayed and checked against the CPU; then
+// the graph cloned, and run again as a child graph node of another.
 #define TEST_NAME "graph_nodes"
 #include "check.h"
 
@@ -76,6 +77,13 @@ int main() {
     CHECK(cudaGraphNodeGetType(nodes[i], &types[i]));
     EXPECT(types[i] == want[i], "node %d of type %d, want %d", i, (int)types[i], (int)want[i]);
   }
+  cudaGraphNode_t deps[4];
+  size_t ndeps = 4;
+  CHECK(cudaGraphNodeGetDependencies(add_w, deps, NULL, &ndeps));
+  EXPECT(ndeps == 2 && deps[0] == copy && deps[1] == make_w, "%zu dependencies of the last axpy", ndeps);
+  ndeps = 4;
+  CHECK(cudaGraphNodeGetDependentNodes(zero_y, deps, NULL, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] == add_x, "%zu nodes depend on the memset", ndeps);
   // A dependency that is there already is refused.
   cudaError_t e = cudaGraphAddDependencies(g, &make_w, &add_w, NULL, 1);
   EXPECT(e == cudaErrorInvalidValue, "the same dependency twice: %s", cudaGetErrorString(e));
@@ -97,6 +105,33 @@ int main() {
     float z = x[i] + 3.0f * replays * x[i];
     EXPECT(out[i] == z, "z[%d] = %f, want %f", i, out[i], z);
   }
+
+  // A clone has the same nodes; a graph holding the original as a child
+  // node, then one more axpy (z = x + z), runs its work once more.
+  cudaGraph_t clone, outer;
+  CHECK(cudaGraphClone(&clone, g));
+  size_t cloned = 0;
+  CHECK(cudaGraphGetNodes(clone, NULL, &cloned));
+  EXPECT(cloned == 6, "the clone has %zu nodes", cloned);
+  CHECK(cudaGraphCreate(&outer, 0));
+  cudaGraphNode_t child;
+  CHECK(cudaGraphAddChildGraphNode(&child, outer, NULL, 0, g));
+  cudaGraphNodeType t;
+  CHECK(cudaGraphNodeGetType(child, &t));
+  EXPECT(t == cudaGraphNodeTypeGraph, "child node of type %d", (int)t);
+  kernel_node(outer, &child, 1, 1.0f, dx, dz, n);
+  cudaGraphExec_t outer_exec;
+  CHECK(cudaGraphInstantiate(&outer_exec, outer, 0));
+  CHECK(cudaGraphLaunch(outer_exec, s));
+  CHECK(cudaStreamSynchronize(s));
+  CHECK(cudaMemcpy(out, dz, sz, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < n; i++) {
+    float z = x[i] + 3.0f * (replays + 1) * x[i] + x[i];
+    EXPECT(out[i] == z, "z[%d] = %f after the outer graph, want %f", i, out[i], z);
+  }
+  CHECK(cudaGraphExecDestroy(outer_exec));
+  CHECK(cudaGraphDestroy(outer));
+  CHECK(cudaGraphDestroy(clone));
 
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(g));

@@ -131,12 +131,14 @@ pub struct Capture {
 pub const NODE_KERNEL: u32 = 0;
 pub const NODE_MEMCPY: u32 = 1;
 pub const NODE_MEMSET: u32 = 2;
+pub const NODE_GRAPH: u32 = 4;
 pub const NODE_EMPTY: u32 = 5;
 
 /// Most nodes of one graph (a node's handle holds its index).
 pub const MAX_NODES: usize = (1 << 24) - 1;
 
 /// One node of a graph: its work and the nodes (indices) it depends on.
+#[derive(Clone)]
 pub struct Node {
     pub kind: u32,
     pub work: Vec<Work>,
@@ -473,6 +475,48 @@ impl Objects {
             deps: indices,
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
+    }
+
+    /// A copy of graph `g` (not one being captured), under a new handle.
+    pub fn clone_graph(&mut self, g: usize) -> CuResult<usize> {
+        let graph = crate::state::by_handle(&self.graphs, g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let copy = Graph {
+            device: graph.device,
+            nodes: graph.nodes.clone(),
+            capture: None,
+        };
+        Ok(self.add(|o| &mut o.graphs, copy))
+    }
+
+    /// The work of graph `g` (not one being captured) in the order it
+    /// replays: what a child graph node of it holds.
+    pub fn graph_work(&self, g: usize) -> CuResult<(CUdevice, Vec<Work>)> {
+        let graph = crate::state::by_handle(&self.graphs, g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let work = graph.ordered_work().ok_or(cu::ERROR_INVALID_VALUE)?;
+        Ok((graph.device, work))
+    }
+
+    /// The nodes `node` depends on (`dependents`: the nodes that depend
+    /// on it), as handles, in the order they were added.
+    pub fn node_edges(&self, node: usize, dependents: bool) -> CuResult<Vec<usize>> {
+        let (g, i) = self.node(node)?;
+        let nodes = &self.graphs[&g].nodes;
+        let found: Vec<usize> = if dependents {
+            (0..nodes.len())
+                .filter(|&j| nodes[j].deps.contains(&i))
+                .collect()
+        } else {
+            let mut deps = nodes[i].deps.clone();
+            deps.sort_unstable();
+            deps
+        };
+        Ok(found.into_iter().map(|j| node_handle(g, j)).collect())
     }
 
     /// Makes each of `to` depend on the node of `from` beside it (handles

@@ -143,8 +143,6 @@ unsupported! {
     cuGraphGetEdges_v2,
     cuGraphKernelNodeGetParams_v2,
     cuGraphKernelNodeSetParams_v2,
-    cuGraphNodeGetDependencies_v2,
-    cuGraphNodeGetDependentNodes_v2,
     cuGraphRemoveDependencies_v2,
     cuGraphicsMapResources_ptsz,
     cuGraphicsResourceGetMappedPointer_v2,

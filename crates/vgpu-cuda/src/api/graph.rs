@@ -1,7 +1,7 @@
 //! Graphs ([`crate::graph`]), made by stream capture or node by node
-//! (kernel, memset, device-to-device memcpy and empty nodes, and the
-//! dependencies between them): created, listed, instantiated and
-//! launched. A graph's work replays in an order that honours its
+//! (kernel, memset, device-to-device memcpy, child graph and empty nodes,
+//! and the dependencies between them): created, cloned, listed,
+//! instantiated and launched. A graph's work replays in an order that honours its
 //! dependencies.
 
 use std::ffi::{c_char, c_void};
@@ -174,6 +174,104 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
             .collect();
         // SAFETY: the caller's array and count.
         unsafe { put_nodes(&found, nodes, count) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphClone(out: *mut Handle, graph: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let h = d.objects().clone_graph(graph as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
+            d.objects().graphs.remove(&h);
+        })
+    })
+}
+
+/// The nodes `node` depends on, or (`dependents`) that depend on it;
+/// edge data, where asked for, is the default edge's (zeros).
+///
+/// # Safety
+/// As the node query's arguments.
+unsafe fn node_edges(
+    node: Handle,
+    nodes: *mut Handle,
+    edges: *mut [u8; 8],
+    count: *mut usize,
+    dependents: bool,
+) -> CuResult {
+    let found = driver()?.objects().node_edges(node as usize, dependents)?;
+    if !nodes.is_null() && !edges.is_null() {
+        // SAFETY: the caller's in-out count.
+        let room = unsafe { ffi::get(count.cast_const()) }?;
+        for i in 0..room {
+            // SAFETY: the caller's array of `room` edge data.
+            unsafe { ffi::put(edges.add(i), [0; 8]) }?;
+        }
+    }
+    // SAFETY: the caller's array and count.
+    unsafe { put_nodes(&found, nodes, count) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependencies(
+    node: Handle,
+    nodes: *mut Handle,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { node_edges(node, nodes, std::ptr::null_mut(), count, false) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependencies_v2(
+    node: Handle,
+    nodes: *mut Handle,
+    edges: *mut [u8; 8],
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { node_edges(node, nodes, edges, count, false) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependentNodes(
+    node: Handle,
+    nodes: *mut Handle,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { node_edges(node, nodes, std::ptr::null_mut(), count, true) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetDependentNodes_v2(
+    node: Handle,
+    nodes: *mut Handle,
+    edges: *mut [u8; 8],
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { node_edges(node, nodes, edges, count, true) })
+}
+
+/// A node that runs a copy of graph `child`'s work, as it is now.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddChildGraphNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    child: Handle,
+) -> CUresult {
+    entry(|| {
+        if child == graph {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let work = driver()?.objects().graph_work(child as usize)?;
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_GRAPH, work) }
     })
 }
 
