@@ -193,7 +193,18 @@ pub struct Func {
     pub max_dynamic_shared: u32,
     /// Attributes set as hints (`cuFuncSetAttribute`), read back as set.
     pub hints: HashMap<i32, i32>,
+    /// The device's answers to `cuOccupancyMaxActiveClusters`, by block,
+    /// dynamic shared memory and cluster: libraries ask the same shapes
+    /// again, and each question is a device round trip.
+    pub clusters: HashMap<ClusterShape, u32>,
 }
+
+/// What a cluster occupancy answer depends on: block, dynamic shared
+/// memory, cluster.
+pub type ClusterShape = ([u32; 3], u32, [u32; 3]);
+
+/// Most cluster occupancy answers kept per function.
+pub const MAX_CLUSTER_ANSWERS: usize = 64;
 
 /// Dynamic shared memory a kernel may use until it opts in to more.
 pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
@@ -621,6 +632,7 @@ impl Driver {
                 cname,
                 max_dynamic_shared,
                 hints: HashMap::new(),
+                clusters: HashMap::new(),
             },
         );
         Ok(h)

@@ -698,22 +698,33 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
         }
-        let (function, device) = {
+        let dims = [c.block_dim_x, c.block_dim_y, c.block_dim_z];
+        let shape = (dims, c.shared_mem_bytes, cluster);
+        let (function, device, known) = {
             let o = d.objects();
             let func = by_handle(&o.funcs, f as usize)?;
-            (Arc::clone(&func.function), func.device)
+            let known = func.clusters.get(&shape).copied();
+            (Arc::clone(&func.function), func.device, known)
         };
+        if let Some(v) = known {
+            // SAFETY: the caller's out-parameter.
+            return unsafe { ffi::put(n, i32::try_from(v).unwrap_or(i32::MAX)) };
+        }
         let g = d.gpu(device)?;
-        let dims = [c.block_dim_x, c.block_dim_y, c.block_dim_z];
         match g
             .dev
             .max_active_clusters(&function, dims, c.shared_mem_bytes, cluster)
         {
             Err(vgpu_guest::Error::Unsupported) => {}
             r => {
-                let v = i32::try_from(check(r)?).unwrap_or(i32::MAX);
+                let v = check(r)?;
+                if let Some(func) = d.objects().funcs.get_mut(&(f as usize)) {
+                    if func.clusters.len() < crate::state::MAX_CLUSTER_ANSWERS {
+                        func.clusters.insert(shape, v);
+                    }
+                }
                 // SAFETY: the caller's out-parameter.
-                return unsafe { ffi::put(n, v) };
+                return unsafe { ffi::put(n, i32::try_from(v).unwrap_or(i32::MAX)) };
             }
         }
         if size > u64::from(launchable) {
