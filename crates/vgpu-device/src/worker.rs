@@ -522,20 +522,25 @@ fn run_steps(
         .iter()
         .map(|(_, descs)| command::step(ctx, descs))
         .collect();
-    // The run's guest memory is resolved for one direction: a command the
-    // guest rewrote since it was grouped, to go the other way, is refused.
+    // The run's guest memory is resolved for one direction and stays
+    // locked until the run ends: a command the guest rewrote since it was
+    // grouped, to go the other way or to launch a kernel beside guest
+    // copies, is refused.
     let to_device = decoded
         .iter()
         .flatten()
-        .find_map(|s| s.guest().map(|c| c.to_device))
-        .unwrap_or(true);
+        .find_map(|s| s.guest().map(|c| c.to_device));
     for d in &mut decoded {
-        if d.as_ref()
-            .is_ok_and(|s| s.guest().is_some_and(|c| c.to_device != to_device))
-        {
+        let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
+            (command::Step::Launch(_), Some(_)) => true,
+            (s, Some(way)) => s.guest().is_some_and(|c| c.to_device != way),
+            (_, None) => false,
+        });
+        if refused {
             *d = Err(abi::STATUS_INVALID);
         }
     }
+    let to_device = to_device.unwrap_or(true);
     let ranges: Vec<(u64, u64)> = decoded
         .iter()
         .flatten()
