@@ -34,5 +34,6 @@ pub mod host_pages;
 pub mod inflight;
 pub mod md2;
 pub mod procs;
+pub mod reserve;
 pub mod state;
 pub mod symbols;

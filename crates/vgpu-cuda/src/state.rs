@@ -263,6 +263,11 @@ pub struct Objects {
     pub events: HashMap<usize, Event>,
     /// Device allocations by start address.
     pub allocs: BTreeMap<u64, Alloc>,
+    /// The pages of device allocations, held in this process's address
+    /// space so no host memory of it ever shares an address with them.
+    pub reserved: crate::reserve::Reservations,
+    /// Module globals whose pages `reserved` holds.
+    pub globals_reserved: std::collections::HashSet<u64>,
     /// Host allocations by start address.
     pub host: BTreeMap<usize, HostMem>,
     /// Primary context reference counts and flags, per device.
@@ -309,6 +314,19 @@ impl Objects {
                 ctx,
                 module: Some(module),
             };
+            // Its place in the module is the device's: held like an
+            // allocation's where it can be (once, however often it is
+            // asked for), and said where host memory of this process is
+            // there already.
+            if !self.globals_reserved.contains(&addr) {
+                if self.reserved.reserve(addr, size).is_ok() {
+                    self.globals_reserved.insert(addr);
+                } else {
+                    log(&format!(
+                        "global at {addr:#x} ({size} bytes) lies over host memory of this process"
+                    ));
+                }
+            }
             self.allocs.insert(addr, a);
         }
     }
@@ -317,7 +335,14 @@ impl Objects {
     /// module, if it was filed.
     pub fn remove_module(&mut self, module: usize) -> Option<ModuleObj> {
         self.funcs.retain(|_, f| f.module != module);
-        self.allocs.retain(|_, a| a.module != Some(module));
+        let (reserved, globals) = (&mut self.reserved, &mut self.globals_reserved);
+        self.allocs.retain(|&addr, a| {
+            let keep = a.module != Some(module);
+            if !keep && globals.remove(&addr) {
+                reserved.release(addr, a.size);
+            }
+            keep
+        });
         self.modules.remove(&module)
     }
 

@@ -16,7 +16,7 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
 use crate::host_pages;
-use crate::state::{check, driver, Alloc, Driver, Gpu, HostMem};
+use crate::state::{check, driver, log, Alloc, Driver, Gpu, HostMem};
 use vgpu_guest::Batch;
 
 /// The device holding `[addr, addr + len)`, which must lie in one
@@ -29,6 +29,10 @@ pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResul
         .ok_or(cu::ERROR_INVALID_VALUE)
 }
 
+/// Device allocations tried before one not over host memory of this
+/// process is found.
+const ALLOC_TRIES: usize = 4;
+
 fn alloc(size: usize) -> CuResult<CUdeviceptr> {
     let d = driver()?;
     let (ctx, g) = d.current_gpu()?;
@@ -36,7 +40,35 @@ fn alloc(size: usize) -> CuResult<CUdeviceptr> {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let device = d.ctx_device(ctx)?;
-    let addr = check(g.dev.alloc(size as u64))?.into_raw();
+    // Device addresses must not be host addresses of this process
+    // (unified addressing tells them apart by address): an allocation
+    // whose pages host memory holds is kept aside, so that the device
+    // hands out another, and freed once one fits.
+    let mut aside = Vec::new();
+    let mut found = Ok(None);
+    for _ in 0..ALLOC_TRIES {
+        let addr = match check(g.dev.alloc(size as u64)) {
+            Ok(p) => p.into_raw(),
+            Err(e) => {
+                found = Err(e);
+                break;
+            }
+        };
+        if d.objects().reserved.reserve(addr, size as u64).is_ok() {
+            found = Ok(Some(addr));
+            break;
+        }
+        aside.push(addr);
+    }
+    for a in aside {
+        let _ = g.dev.free_raw(a);
+    }
+    let addr = found?.ok_or_else(|| {
+        log(&format!(
+            "{ALLOC_TRIES} device allocations of {size} bytes each lay over host memory of this process"
+        ));
+        cu::ERROR_OUT_OF_MEMORY
+    })?;
     d.objects().allocs.insert(
         addr,
         Alloc {
@@ -55,7 +87,12 @@ fn free(addr: CUdeviceptr) -> CuResult {
     let g = d.gpu(device)?;
     // cuMemFree waits for work that may still use the memory.
     g.sync()?;
-    d.objects().allocs.remove(&addr);
+    {
+        let mut o = d.objects();
+        if let Some(a) = o.allocs.remove(&addr) {
+            o.reserved.release(addr, a.size);
+        }
+    }
     check(g.dev.free_raw(addr))
 }
 
