@@ -58,6 +58,9 @@ fn alloc(size: usize) -> CuResult<CUdeviceptr> {
             found = Ok(Some(addr));
             break;
         }
+        log(&format!(
+            "device allocation at {addr:#x} ({size} bytes) lies over host memory of this process; asking again"
+        ));
         aside.push(addr);
     }
     for a in aside {
