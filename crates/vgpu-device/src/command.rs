@@ -513,12 +513,15 @@ pub enum StepKind {
 
 /// How the command in `descs` runs as a step of queued device work;
 /// `None` for a command that runs alone, or whose header cannot be read.
+/// One read of guest memory serves the header and a copy's kinds.
 pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
-    match opcode(dma, descs)? {
+    let mut buf = [0u8; std::mem::size_of::<abi::CopyCmd>()];
+    let head = peek(dma, descs, &mut buf)?;
+    match parse::<abi::CmdHeader>(head).ok()?.opcode {
         abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
         abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device { launch: false }),
         abi::OP_COPY => {
-            let c = peek::<abi::CopyCmd>(dma, descs)?;
+            let c: abi::CopyCmd = parse(head).ok()?;
             match (c.src_kind, c.dst_kind) {
                 (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device { launch: false }),
                 _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
@@ -528,21 +531,20 @@ pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
     }
 }
 
-/// The command structure `T` at the start of `descs`' first readable
-/// descriptor, if that holds one.
-fn peek<T: ByteValued + Default>(dma: &DmaSpace, descs: &[Desc]) -> Option<T> {
+/// The first bytes of the command in `descs` (as many as `buf` holds,
+/// or its descriptor's length if shorter), read once.
+fn peek<'b>(dma: &DmaSpace, descs: &[Desc], buf: &'b mut [u8]) -> Option<&'b [u8]> {
     let first = descs.iter().find(|d| !d.writable)?;
-    let mut v = T::default();
-    let buf = v.as_mut_slice();
-    if (first.len as usize) < buf.len() || dma.read(first.addr, buf).is_err() {
-        return None;
-    }
-    Some(v)
+    let n = buf.len().min(first.len as usize);
+    dma.read(first.addr, &mut buf[..n]).ok()?;
+    Some(&buf[..n])
 }
 
 /// The opcode of the command in `descs`, if its header can be read.
 pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
-    peek::<abi::CmdHeader>(dma, descs).map(|h| h.opcode)
+    let mut buf = [0u8; std::mem::size_of::<abi::CmdHeader>()];
+    let head = peek(dma, descs, &mut buf)?;
+    parse::<abi::CmdHeader>(head).ok().map(|h| h.opcode)
 }
 
 /// Decodes the command in `descs` into its step, or the status it
