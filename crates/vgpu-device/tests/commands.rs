@@ -196,11 +196,7 @@ fn test_copies_of_one_submission_run_together() {
         guest_copy_chain(true, out_of_range, &sg2),
         guest_copy_chain(true, b + 8192, &sg1),
     ];
-    let statuses: Vec<u32> = g
-        .submit_batch(0, &ups)
-        .iter()
-        .map(|u| u.completion().status)
-        .collect();
+    let statuses = g.batch_statuses(0, &ups);
     assert_eq!(
         statuses,
         [
@@ -234,11 +230,7 @@ fn test_copies_of_one_submission_run_together() {
         guest_copy_chain(false, b, &fresh),
         guest_copy_chain(false, a, &unmapped),
     ];
-    let statuses: Vec<u32> = g
-        .submit_batch(0, &mixed)
-        .iter()
-        .map(|u| u.completion().status)
-        .collect();
+    let statuses = g.batch_statuses(0, &mixed);
     assert_eq!(statuses, [abi::STATUS_OK, abi::STATUS_FAULT]);
     assert_eq!(g.read_sg(&fresh), d2);
 }

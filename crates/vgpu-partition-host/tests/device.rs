@@ -165,11 +165,7 @@ fn guest_copies_name_guest_memory_mapped_by_the_host() {
         guest_copy_chain(true, dev + 100_007, &halves[1]),
         guest_copy_chain(true, dev + total, &halves[1]),
     ];
-    let statuses: Vec<u32> = g
-        .submit_batch(0, &ups)
-        .iter()
-        .map(|u| u.completion().status)
-        .collect();
+    let statuses = g.batch_statuses(0, &ups);
     assert_eq!(
         statuses,
         [abi::STATUS_OK, abi::STATUS_OK, abi::STATUS_OUT_OF_RANGE]

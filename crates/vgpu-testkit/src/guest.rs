@@ -826,6 +826,15 @@ impl Guest {
         used
     }
 
+    /// [`Guest::submit_batch`], then each command's completion status, in
+    /// order.
+    pub fn batch_statuses(&mut self, q: u32, chains: &[Chain]) -> Vec<u32> {
+        self.submit_batch(q, chains)
+            .iter()
+            .map(|u| u.completion().status)
+            .collect()
+    }
+
     /// Submits many chains on queue `q`, as many as fit before one
     /// notification, refilling as completions arrive; returns the used
     /// entries in submission order.
