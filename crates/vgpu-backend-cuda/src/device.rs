@@ -576,7 +576,6 @@ impl DeviceState {
         }
     }
 
-    /// `size` bytes from `src` to `dst` (checked ranges that may overlap).
     /// Queues setting `size` bytes (whole words) at `addr` to `pattern`.
     pub(crate) fn fill(&self, addr: u64, size: u64, pattern: u32) -> Result<(), Fail> {
         if size == 0 {
@@ -595,8 +594,8 @@ impl DeviceState {
         }
     }
 
-    /// Queues a copy of `size` bytes between device addresses, which may
-    /// overlap.
+    /// Queues a copy of `size` bytes from `src` to `dst` (checked ranges
+    /// that may overlap).
     pub(crate) fn memmove(&self, dst: u64, src: u64, size: u64) -> Result<(), Fail> {
         if size == 0 || dst == src {
             return Ok(());
