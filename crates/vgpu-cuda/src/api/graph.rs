@@ -1,8 +1,8 @@
 //! Graphs ([`crate::graph`]), made by stream capture or node by node
 //! (kernel, memset, device-to-device memcpy, child graph and empty nodes,
 //! and the dependencies between them): created, cloned, listed,
-//! instantiated and launched. A graph's work replays in an order that honours its
-//! dependencies.
+//! instantiated and launched. A graph's work replays in an order that
+//! honours its dependencies.
 
 use std::ffi::{c_char, c_void};
 
@@ -15,8 +15,9 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
 use crate::state::{by_handle, driver};
 
-/// `CUDA_KERNEL_NODE_PARAMS_v2` (v1 ends after `extra`).
+/// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct KernelNodeParams {
     pub func: Handle,
     pub grid: [u32; 3],
@@ -24,12 +25,21 @@ pub struct KernelNodeParams {
     pub shared_mem: u32,
     pub kernel_params: *mut *mut c_void,
     pub extra: *mut *mut c_void,
+}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2`: v1, then a `CUkernel` that names the
+/// kernel where `func` is null, and a context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParamsV2 {
+    pub v1: KernelNodeParams,
     pub kern: Handle,
     pub ctx: Handle,
 }
 
 /// `CUDA_MEMSET_NODE_PARAMS`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct MemsetNodeParams {
     pub dst: u64,
     pub pitch: usize,
@@ -58,6 +68,7 @@ pub struct Memcpy3dSide {
 
 /// `CUDA_MEMCPY3D`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Memcpy3d {
     pub src: Memcpy3dSide,
     pub dst: Memcpy3dSide,
@@ -330,8 +341,7 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     })
 }
 
-/// A kernel node; `v2` when `params` is the CUDA 12 form (its `kern`
-/// names the kernel where `func` is null).
+/// A kernel node of kernel `f` (`p.func`, or the v2 form's `kern`).
 ///
 /// # Safety
 /// As `cuGraphAddKernelNode`'s arguments.
@@ -340,20 +350,9 @@ unsafe fn add_kernel_node(
     graph: Handle,
     deps: *const Handle,
     n: usize,
-    params: *const KernelNodeParams,
-    v2: bool,
+    f: Handle,
+    p: KernelNodeParams,
 ) -> CuResult {
-    if params.is_null() {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the caller's parameters, not null; a v1 caller's end
-    // before `kern`, which is read only for v2.
-    let p = unsafe { &*params };
-    let f = if p.func.is_null() && v2 {
-        p.kern
-    } else {
-        p.func
-    };
     let dims = Dims {
         grid: p.grid,
         block: p.block,
@@ -374,8 +373,12 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
     n: usize,
     params: *const KernelNodeParams,
 ) -> CUresult {
-    // SAFETY: the caller's arguments.
-    entry(|| unsafe { add_kernel_node(out, graph, deps, n, params, false) })
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        // SAFETY: the caller's arguments.
+        unsafe { add_kernel_node(out, graph, deps, n, p.func, p) }
+    })
 }
 
 #[no_mangle]
@@ -384,10 +387,19 @@ pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
     graph: Handle,
     deps: *const Handle,
     n: usize,
-    params: *const KernelNodeParams,
+    params: *const KernelNodeParamsV2,
 ) -> CUresult {
-    // SAFETY: the caller's arguments.
-    entry(|| unsafe { add_kernel_node(out, graph, deps, n, params, true) })
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        let f = if p.v1.func.is_null() {
+            p.kern
+        } else {
+            p.v1.func
+        };
+        // SAFETY: the caller's arguments.
+        unsafe { add_kernel_node(out, graph, deps, n, f, p.v1) }
+    })
 }
 
 /// A memset node: `height` rows of `width` elements, `pitch` bytes apart.
@@ -401,11 +413,8 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     _ctx: Handle,
 ) -> CUresult {
     entry(|| {
-        if params.is_null() {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        // SAFETY: the caller's parameters, not null.
-        let p = unsafe { &*params };
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
         let d = driver()?;
         let width = p.element_size as usize;
         let row = p.width.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
@@ -472,11 +481,8 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     _ctx: Handle,
 ) -> CUresult {
     entry(|| {
-        if params.is_null() {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        // SAFETY: the caller's parameters, not null.
-        let p = unsafe { &*params };
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
         if p.height > 1 || p.depth > 1 {
             return Err(crate::procs::unsupported_with(
                 "cuGraphAddMemcpyNode",
@@ -693,8 +699,9 @@ mod tests {
         use std::mem::{offset_of, size_of};
         assert_eq!(offset_of!(KernelNodeParams, shared_mem), 32);
         assert_eq!(offset_of!(KernelNodeParams, kernel_params), 40);
-        assert_eq!(offset_of!(KernelNodeParams, kern), 56);
-        assert_eq!(size_of::<KernelNodeParams>(), 72);
+        assert_eq!(size_of::<KernelNodeParams>(), 56);
+        assert_eq!(offset_of!(KernelNodeParamsV2, kern), 56);
+        assert_eq!(size_of::<KernelNodeParamsV2>(), 72);
         assert_eq!(offset_of!(MemsetNodeParams, value), 16);
         assert_eq!(offset_of!(MemsetNodeParams, width), 24);
         assert_eq!(size_of::<MemsetNodeParams>(), 40);
