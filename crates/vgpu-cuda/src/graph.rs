@@ -536,8 +536,9 @@ impl Objects {
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
-        for (k, &(fi, ti)) in edges.iter().enumerate() {
-            if graph.nodes[ti].deps.contains(&fi) || edges[..k].contains(&(fi, ti)) {
+        let mut seen = std::collections::HashSet::with_capacity(edges.len());
+        for &(fi, ti) in &edges {
+            if graph.nodes[ti].deps.contains(&fi) || !seen.insert((fi, ti)) {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
         }
