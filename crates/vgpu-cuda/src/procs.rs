@@ -13,7 +13,9 @@
 
 use std::ffi::c_void;
 
-use crate::api::{context::*, device::*, graph::*, init::*, memory::*, module::*, stream::*};
+use crate::api::{
+    context::*, device::*, graph::*, init::*, memory::*, module::*, stream::*, strided::*,
+};
 use crate::cu::{self, CUresult};
 
 /// A function address in a table row.
@@ -215,6 +217,18 @@ implemented {
     cuMemcpyDtoHAsync 3020 => cuMemcpyDtoHAsync_v2,
     cuMemcpyHtoD 3020 => cuMemcpyHtoD_v2,
     cuMemcpyHtoDAsync 3020 => cuMemcpyHtoDAsync_v2,
+    cuMemAllocPitch 3020 => cuMemAllocPitch_v2,
+    cuMemcpy2D 3020 => cuMemcpy2D_v2,
+    cuMemcpy2DAsync 3020 => cuMemcpy2DAsync_v2,
+    cuMemcpy2DUnaligned 3020 => cuMemcpy2DUnaligned_v2,
+    cuMemcpy3D 3020 => cuMemcpy3D_v2,
+    cuMemcpy3DAsync 3020 => cuMemcpy3DAsync_v2,
+    cuMemsetD2D8 3020 => cuMemsetD2D8_v2,
+    cuMemsetD2D8Async 3020 => cuMemsetD2D8Async,
+    cuMemsetD2D16 3020 => cuMemsetD2D16_v2,
+    cuMemsetD2D16Async 3020 => cuMemsetD2D16Async,
+    cuMemsetD2D32 3020 => cuMemsetD2D32_v2,
+    cuMemsetD2D32Async 3020 => cuMemsetD2D32Async,
     cuMemsetD16 3020 => cuMemsetD16_v2,
     cuMemsetD16Async 3020 => cuMemsetD16Async,
     cuMemsetD32 3020 => cuMemsetD32_v2,
@@ -433,7 +447,6 @@ unsupported {
     cuMemAdvise 8000,
     cuMemAllocFromPoolAsync 11020,
     cuMemAllocManaged 6000,
-    cuMemAllocPitch 3020,
     cuMemDiscardAndPrefetchBatchAsync 13000,
     cuMemDiscardBatchAsync 13000,
     cuMemGetDefaultMemPool 13000,
@@ -471,18 +484,12 @@ unsupported {
     cuMemRangeGetAttribute 8000,
     cuMemRangeGetAttributes 8000,
     cuMemSetMemPool 13000,
-    cuMemcpy2DAsync 3020,
-    cuMemcpy2DUnaligned 3020,
-    cuMemcpy3D 3020,
-    cuMemcpy3DAsync 3020,
     cuMemcpy3DBatchAsync 12080,
     cuMemcpy3DPeer 4000,
     cuMemcpy3DPeerAsync 4000,
     cuMemcpyBatchAsync 12080,
     cuMemcpyPeer 4000,
     cuMemcpyPeerAsync 4000,
-    cuMemsetD2D8 3020,
-    cuMemsetD2D8Async 3020,
     cuMipmappedArrayCreate 5000,
     cuMipmappedArrayDestroy 5000,
     cuMipmappedArrayGetLevel 5000,

@@ -33,7 +33,7 @@ pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResul
 /// process is found.
 const ALLOC_TRIES: usize = 4;
 
-fn alloc(size: usize) -> CuResult<CUdeviceptr> {
+pub(crate) fn alloc(size: usize) -> CuResult<CUdeviceptr> {
     let d = driver()?;
     let (ctx, g) = d.current_gpu()?;
     if size == 0 {
@@ -336,12 +336,12 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
 }
 
 /// Where a unified-addressing pointer lives.
-enum Side {
+pub(crate) enum Side {
     Device,
     Host,
 }
 
-fn side(d: &Driver, p: u64, len: usize) -> Side {
+pub(crate) fn side(d: &Driver, p: u64, len: usize) -> Side {
     if d.objects().alloc_at(p, len as u64).is_some() {
         Side::Device
     } else {
@@ -352,7 +352,7 @@ fn side(d: &Driver, p: u64, len: usize) -> Side {
 /// Whether a copy call returns only once the copy is done, or may
 /// return once it is queued (the `*Async` entry points).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Call {
+pub(crate) enum Call {
     Sync,
     Async,
 }
@@ -360,7 +360,7 @@ enum Call {
 /// Whether `[p, p + len)` lies in the whole pages of host memory pinned
 /// for device `dev` (page-locked memory CUDA lets copies use after the
 /// call returns).
-fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
+pub(crate) fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
     let o = d.objects();
     let Some((start, h)) = o.host_at(p, len) else {
         return false;
@@ -376,7 +376,7 @@ fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
 const SUBMIT_COPY_AT: usize = 1 << 20;
 
 /// Queues an asynchronous copy of `n` bytes.
-fn submit_copy(g: &Gpu, b: Batch, n: usize) -> CuResult {
+pub(crate) fn submit_copy(g: &Gpu, b: Batch, n: usize) -> CuResult {
     g.submit(b, None)?;
     if n >= SUBMIT_COPY_AT {
         g.flush()?;

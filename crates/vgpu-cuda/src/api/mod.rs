@@ -20,3 +20,4 @@ pub mod init;
 pub mod memory;
 pub mod module;
 pub mod stream;
+pub mod strided;
