@@ -421,7 +421,7 @@ fn memset_2d(
         return Ok(());
     }
     // Aligned rows: each row's memset is then valid, as the span is.
-    if pitch % elem != 0 || dst % elem as u64 != 0 {
+    if !pitch.is_multiple_of(elem) || !dst.is_multiple_of(elem as u64) {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let region = Region::at(dst, (0, 0, 0), pitch, 0)?;
