@@ -238,6 +238,12 @@ pub const ATTR_HOST_NUMA_ID: i32 = 134;
 pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
 /// One past the last attribute CUDA 13.0 defines.
 pub const ATTR_END: i32 = 148;
+pub const ATTR_MANAGED_MEMORY: i32 = 83;
+
+// CUmemAttach_flags.
+pub const MEM_ATTACH_GLOBAL: u32 = 1;
+pub const MEM_ATTACH_HOST: u32 = 2;
+pub const MEM_ATTACH_SINGLE: u32 = 4;
 pub const ATTR_CLUSTER_LAUNCH: i32 = 120;
 pub const ATTR_HOST_REGISTER_SUPPORTED: i32 = 99;
 

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use vgpu_guest::{Batch, Device, Error as GuestError, Pending};
 
+use crate::managed::{self, Managed};
+
 use crate::cu::CUresult;
 use crate::ffi::CuResult;
 use crate::state::{check, cu_error, log};
@@ -49,6 +51,8 @@ pub struct Inflight {
     error: Option<CUresult>,
     /// Device clocks of completed event records: event → (record, ns).
     stamps: HashMap<usize, (u64, u64)>,
+    /// The device's managed allocations, whose copies follow its work.
+    pub managed: Managed,
 }
 
 impl Inflight {
@@ -73,6 +77,10 @@ impl Inflight {
     pub fn flush(&mut self, dev: &Device) -> CuResult {
         if self.open.is_empty() {
             return Ok(());
+        }
+        // Managed memory the host had goes to the device first.
+        if let Some(up) = self.managed.before_device_work() {
+            self.submit_transfer(dev, up)?;
         }
         let batch = std::mem::take(&mut self.open);
         let marks = std::mem::take(&mut self.open_marks);
@@ -118,12 +126,43 @@ impl Inflight {
         true
     }
 
+    /// Queues a transfer of managed memory, without event marks.
+    fn submit_transfer(&mut self, dev: &Device, batches: Vec<Batch>) -> CuResult {
+        let (pending, failed) = managed::submit_all(dev, batches);
+        self.queue
+            .extend(pending.into_iter().map(|p| (p, Vec::new())));
+        match failed {
+            Some(e) => {
+                log(&format!("managed memory not transferred: {e}"));
+                Err(cu_error(&e))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Once nothing is queued: managed memory the device had comes back
+    /// to the host, waited for (the program reads it next).
+    fn settle(&mut self, dev: &Device) {
+        if !self.queue.is_empty() || !self.open.is_empty() {
+            return;
+        }
+        if let Some(down) = self.managed.once_idle() {
+            if let Err(e) = self.submit_transfer(dev, down) {
+                self.error.get_or_insert(e);
+            }
+            while !self.queue.is_empty() {
+                self.collect_front(None);
+            }
+        }
+    }
+
     /// Waits for everything queued and reports the first failure.
     pub fn sync(&mut self, dev: &Device) -> CuResult {
         self.flush(dev)?;
         while !self.queue.is_empty() {
             self.collect_front(None);
         }
+        self.settle(dev);
         self.error.take().map_or(Ok(()), Err)
     }
 
@@ -136,6 +175,7 @@ impl Inflight {
         while !self.queue.is_empty() {
             self.collect_front(None);
         }
+        self.settle(dev);
     }
 
     /// Submits what is open and collects what has completed without
@@ -143,6 +183,7 @@ impl Inflight {
     pub fn poll(&mut self, dev: &Device) -> CuResult<bool> {
         self.flush(dev)?;
         while self.collect_front(Some(Duration::ZERO)) {}
+        self.settle(dev);
         Ok(self.queue.is_empty())
     }
 
@@ -159,15 +200,14 @@ impl Inflight {
             self.flush(dev)?;
         }
         loop {
-            if self.stamps.get(&event).is_some_and(|s| s.0 >= record) {
-                return Ok(true);
-            }
             let queued = self
                 .queue
                 .iter()
                 .any(|(_, marks)| marks.iter().any(|(_, m)| m.0 == event));
-            if !queued {
-                // Its batch failed: complete, with no time.
+            if !queued || self.stamps.get(&event).is_some_and(|s| s.0 >= record) {
+                // (Not queued, with no time: its batch failed.) Where that
+                // left the device idle, managed memory is the host's.
+                self.settle(dev);
                 return Ok(true);
             }
             if !self.collect_front(if wait { None } else { Some(Duration::ZERO) }) {

@@ -32,6 +32,7 @@ pub mod ffi;
 pub mod graph;
 pub mod host_pages;
 pub mod inflight;
+pub mod managed;
 pub mod md2;
 pub mod procs;
 pub mod reserve;

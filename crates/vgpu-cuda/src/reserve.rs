@@ -200,6 +200,38 @@ impl Reservations {
         }
     }
 
+    /// Turns the reserved pages of allocation `[addr, addr + len)`, a run
+    /// of whole pages, into zeroed host memory of the process (managed
+    /// memory). False, changing nothing, unless this module holds exactly
+    /// that run mapped: only its own reservation is ever replaced.
+    pub fn make_host_memory(&mut self, addr: u64, len: u64) -> bool {
+        let page = PAGE as u64;
+        if !addr.is_multiple_of(page) || !len.is_multiple_of(page) {
+            return false;
+        }
+        if self.whole.get(&addr) != Some(&(len, true)) {
+            return false;
+        }
+        let Ok(n) = usize::try_from(len) else {
+            return false;
+        };
+        // SAFETY: MAP_FIXED replaces exactly the inaccessible pages this
+        // module mapped for the allocation (checked above), which nothing
+        // else uses; the reservation's bookkeeping stays as it is, so
+        // `release` unmaps these pages as it would have the reserved ones.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut c_void,
+                n,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        p != libc::MAP_FAILED
+    }
+
     /// Whether no page is reserved.
     pub fn is_empty(&self) -> bool {
         self.whole.is_empty() && self.shared.is_empty()

@@ -238,6 +238,9 @@ pub struct Alloc {
     /// does not free it, it goes with its module); `None` for memory of
     /// `cuMemAlloc`.
     pub module: Option<usize>,
+    /// Managed memory (`cuMemAllocManaged`): host memory of the process
+    /// at the same address too (see [`crate::managed`]).
+    pub managed: bool,
 }
 
 /// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
@@ -313,6 +316,7 @@ impl Objects {
                 device,
                 ctx,
                 module: Some(module),
+                managed: false,
             };
             // Its place in the module is the device's: held like an
             // allocation's where it can be (once, however often it is
@@ -759,6 +763,7 @@ mod tests {
                     device: 0,
                     ctx: 1,
                     module: None,
+                    managed: false,
                 },
             );
         }
@@ -781,6 +786,7 @@ mod tests {
                 device: 0,
                 ctx: 1,
                 module: None,
+                managed: false,
             },
         );
         o.add_global(7, 0x8000, 64, 0, 1);

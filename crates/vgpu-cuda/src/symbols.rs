@@ -113,6 +113,9 @@ aliases! {
     cuMemsetD2D32_v2_ptds => cuMemsetD2D32_v2,
     cuMemsetD2D8Async_ptsz => cuMemsetD2D8Async,
     cuMemsetD2D8_v2_ptds => cuMemsetD2D8_v2,
+    cuMemPrefetchAsync_ptsz => cuMemPrefetchAsync,
+    cuMemPrefetchAsync_v2_ptsz => cuMemPrefetchAsync_v2,
+    cuStreamAttachMemAsync_ptsz => cuStreamAttachMemAsync,
 }
 
 unsupported! {
@@ -169,7 +172,6 @@ unsupported! {
     cuLinkAddData_v2,
     cuLinkAddFile_v2,
     cuLinkCreate_v2,
-    cuMemAdvise_v2,
     cuMemAlloc,
     cuMemAllocFromPoolAsync_ptsz,
     cuMemAllocHost,
@@ -184,9 +186,6 @@ unsupported! {
     cuMemHostGetDevicePointer_v2,
     cuMemHostRegister,
     cuMemMapArrayAsync_ptsz,
-    cuMemPrefetchAsync_ptsz,
-    cuMemPrefetchAsync_v2,
-    cuMemPrefetchAsync_v2_ptsz,
     cuMemPrefetchBatchAsync_ptsz,
     cuMemcpy2D,
     cuMemcpy2DAsync,
@@ -253,7 +252,6 @@ unsupported! {
     cuPointerSetAttribute,
     cuSignalExternalSemaphoresAsync_ptsz,
     cuStreamAddCallback_ptsz,
-    cuStreamAttachMemAsync_ptsz,
     cuStreamBatchMemOp_ptsz,
     cuStreamBatchMemOp_v2,
     cuStreamBatchMemOp_v2_ptsz,

@@ -14,7 +14,7 @@ pub const CC_MAJOR: i32 = 9;
 pub const CC_MINOR: i32 = 0;
 
 /// The value of device attribute `attr`, as a GPU of this capability
-/// reports it; features a vGPU lacks (managed memory, peer access,
+/// reports it; features a vGPU lacks (concurrent managed access, peer access,
 /// textures, ...) read 0, as on a GPU without them.
 pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
     let sms = i32::try_from(g.info.compute_units.max(1)).unwrap_or(i32::MAX);
@@ -47,6 +47,9 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
         cu::ATTR_CAN_MAP_HOST_MEMORY => 0,
         cu::ATTR_UNIFIED_ADDRESSING => 1,
+        // Managed memory without concurrent access (crate::managed): the
+        // host uses it while the device is idle.
+        cu::ATTR_MANAGED_MEMORY => 1,
         cu::ATTR_PCI_DOMAIN_ID => g.info.pci_domain as i32,
         cu::ATTR_PCI_BUS_ID => i32::from(g.info.pci_bus),
         cu::ATTR_PCI_DEVICE_ID => i32::from(g.info.pci_devfn >> 3),

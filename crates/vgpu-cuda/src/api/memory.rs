@@ -33,12 +33,33 @@ pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResul
 /// process is found.
 const ALLOC_TRIES: usize = 4;
 
+/// What kind of memory an allocation is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Device,
+    /// Managed: whole pages, host memory of the process at the same
+    /// address too ([`crate::managed`]).
+    Managed,
+}
+
 pub(crate) fn alloc(size: usize) -> CuResult<CUdeviceptr> {
+    alloc_kind(size, Kind::Device)
+}
+
+fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
     let d = driver()?;
     let (ctx, g) = d.current_gpu()?;
     if size == 0 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
+    let (size, align) = match kind {
+        Kind::Device => (size, 0),
+        Kind::Managed => (
+            size.checked_next_multiple_of(host_pages::PAGE)
+                .ok_or(cu::ERROR_OUT_OF_MEMORY)?,
+            host_pages::PAGE as u64,
+        ),
+    };
     let device = d.ctx_device(ctx)?;
     // Device addresses must not be host addresses of this process
     // (unified addressing tells them apart by address): an allocation
@@ -47,7 +68,7 @@ pub(crate) fn alloc(size: usize) -> CuResult<CUdeviceptr> {
     let mut aside = Vec::new();
     let mut found = Ok(None);
     for _ in 0..ALLOC_TRIES {
-        let addr = match check(g.dev.alloc(size as u64)) {
+        let addr = match check(g.dev.alloc_aligned(size as u64, align)) {
             Ok(p) => p.into_raw(),
             Err(e) => {
                 found = Err(e);
@@ -72,15 +93,32 @@ pub(crate) fn alloc(size: usize) -> CuResult<CUdeviceptr> {
         ));
         cu::ERROR_OUT_OF_MEMORY
     })?;
-    d.objects().allocs.insert(
+    let managed = kind == Kind::Managed;
+    let mut o = d.objects();
+    if managed && !o.reserved.make_host_memory(addr, size as u64) {
+        // The device's address is not one the process can map.
+        o.reserved.release(addr, size as u64);
+        drop(o);
+        let _ = g.dev.free_raw(addr);
+        log(&format!(
+            "managed allocation at {addr:#x} ({size} bytes): the process cannot map that address"
+        ));
+        return Err(cu::ERROR_NOT_SUPPORTED);
+    }
+    o.allocs.insert(
         addr,
         Alloc {
             size: size as u64,
             device,
             ctx,
             module: None,
+            managed,
         },
     );
+    drop(o);
+    if managed {
+        g.inflight().managed.add(addr, size as u64);
+    }
     Ok(addr)
 }
 
@@ -90,6 +128,8 @@ fn free(addr: CUdeviceptr) -> CuResult {
     let g = d.gpu(device)?;
     // cuMemFree waits for work that may still use the memory.
     g.sync()?;
+    // Managed memory stops moving before its pages go.
+    g.inflight().managed.remove(addr);
     {
         let mut o = d.objects();
         if let Some(a) = o.allocs.remove(&addr) {
@@ -402,6 +442,13 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
     g.sync()?;
+    if g.inflight().managed.holding(dst, n as u64).is_some() {
+        // Idle device: managed memory is the host's; written in place.
+        // SAFETY: `dst .. dst + n` lies in a managed allocation, host
+        // memory of this process; `copy` allows the caller's overlap.
+        unsafe { std::ptr::copy(data.as_ptr(), dst as *mut u8, n) };
+        return Ok(());
+    }
     check(g.dev.copy_to_device_addr(dst, data))
 }
 
@@ -420,6 +467,11 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
     g.sync()?;
+    if g.inflight().managed.holding(src, n as u64).is_some() {
+        // SAFETY: as in `htod`, the other way.
+        unsafe { std::ptr::copy(src as *const u8, out.as_mut_ptr(), n) };
+        return Ok(());
+    }
     check(g.dev.copy_from_device_addr(src, out))
 }
 
@@ -614,6 +666,7 @@ pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: Handle
 unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) -> CuResult {
     let o = d.objects();
     let dev = o.alloc_at(p, 0).map(|(s, a)| (s, a.size, a.ctx, a.device));
+    let managed = o.alloc_at(p, 0).is_some_and(|(_, a)| a.managed);
     let host = o
         .host_at(p as usize, 0)
         .map(|(s, h)| (s as u64, h.size as u64, h.ctx));
@@ -639,8 +692,9 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             cu::POINTER_CONTEXT => ffi::put(data.cast::<Handle>(), ctx as Handle),
             cu::POINTER_MEMORY_TYPE => ffi::put(data.cast::<u32>(), mem_type),
             cu::POINTER_DEVICE_POINTER | cu::POINTER_HOST_POINTER => {
-                let ok =
-                    (attr == cu::POINTER_DEVICE_POINTER) == (mem_type == cu::MEMORYTYPE_DEVICE);
+                // Managed memory has one address on both sides.
+                let ok = managed
+                    || (attr == cu::POINTER_DEVICE_POINTER) == (mem_type == cu::MEMORYTYPE_DEVICE);
                 if !ok {
                     return Err(cu::ERROR_INVALID_VALUE);
                 }
@@ -648,7 +702,7 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             }
             cu::POINTER_SYNC_MEMOPS => ffi::put(data.cast::<i32>(), 1),
             cu::POINTER_BUFFER_ID => ffi::put(data.cast::<u64>(), start),
-            cu::POINTER_IS_MANAGED => ffi::put(data.cast::<i32>(), 0),
+            cu::POINTER_IS_MANAGED => ffi::put(data.cast::<i32>(), i32::from(managed)),
             cu::POINTER_DEVICE_ORDINAL => ffi::put(data.cast::<i32>(), ordinal),
             cu::POINTER_RANGE_START_ADDR => ffi::put(data.cast::<u64>(), start),
             cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
@@ -687,5 +741,110 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
             let _ = unsafe { pointer_attribute(d, attr, slot, p) };
         }
         Ok(())
+    })
+}
+
+/// `cuMemAllocManaged`: memory that one pointer reaches from the host and
+/// the device ([`crate::managed`]). Attaching to one stream
+/// (`CU_MEM_ATTACH_SINGLE`) is not offered: a device without concurrent
+/// managed access has no use for it here, as all streams run in order.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        if flags != cu::MEM_ATTACH_GLOBAL && flags != cu::MEM_ATTACH_HOST {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's out-parameter, checked before allocating.
+        unsafe { ffi::put(dptr, 0) }?;
+        let addr = alloc_kind(size, Kind::Managed)?;
+        // SAFETY: as above.
+        unsafe { ffi::put(dptr, addr) }
+    })
+}
+
+/// Checks that `[p, p + n)` is managed memory, which is all a prefetch or
+/// an advice needs here: the memory moves with the device's work anyway.
+fn managed_range(p: CUdeviceptr, n: usize) -> CuResult {
+    let d = driver()?;
+    let o = d.objects();
+    match o.alloc_at(p, n as u64) {
+        Some((_, a)) if a.managed && n > 0 => Ok(()),
+        _ => Err(cu::ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuMemPrefetchAsync` (CUDA 8 to 12: a device ordinal).
+#[no_mangle]
+pub extern "C" fn cuMemPrefetchAsync(
+    p: CUdeviceptr,
+    n: usize,
+    _device: i32,
+    _s: Handle,
+) -> CUresult {
+    entry(|| managed_range(p, n))
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: i32,
+    pub id: i32,
+}
+
+/// `cuMemPrefetchAsync_v2` (CUDA 12.2 on; CUDA 13's `cuMemPrefetchAsync`).
+#[no_mangle]
+pub extern "C" fn cuMemPrefetchAsync_v2(
+    p: CUdeviceptr,
+    n: usize,
+    _to: MemLocation,
+    _flags: u32,
+    _s: Handle,
+) -> CUresult {
+    entry(|| managed_range(p, n))
+}
+
+/// `cuMemAdvise`: advice has nothing to steer here.
+#[no_mangle]
+pub extern "C" fn cuMemAdvise(p: CUdeviceptr, n: usize, _advice: i32, _device: i32) -> CUresult {
+    entry(|| managed_range(p, n))
+}
+
+/// `cuMemAdvise_v2` (CUDA 12.2 on; CUDA 13's `cuMemAdvise`).
+#[no_mangle]
+pub extern "C" fn cuMemAdvise_v2(
+    p: CUdeviceptr,
+    n: usize,
+    _advice: i32,
+    _to: MemLocation,
+) -> CUresult {
+    entry(|| managed_range(p, n))
+}
+
+/// `cuStreamAttachMemAsync`: every stream sees managed memory here, so
+/// attaching changes nothing; single-stream attachment is refused as in
+/// [`cuMemAllocManaged`].
+#[no_mangle]
+pub extern "C" fn cuStreamAttachMemAsync(
+    _s: Handle,
+    p: CUdeviceptr,
+    n: usize,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        if flags != cu::MEM_ATTACH_GLOBAL && flags != cu::MEM_ATTACH_HOST {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // A length of 0 means the whole allocation.
+        let d = driver()?;
+        let o = d.objects();
+        match o.alloc_at(p, n as u64) {
+            Some((start, a)) if a.managed && (n > 0 || start == p) => Ok(()),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
     })
 }
