@@ -126,6 +126,12 @@ impl Inflight {
         true
     }
 
+    /// The failure of queued work not yet reported, left for the next
+    /// [`Self::sync`] to report.
+    pub fn pending_error(&self) -> Option<CUresult> {
+        self.error
+    }
+
     /// Queues a transfer of managed memory, without event marks.
     fn submit_transfer(&mut self, dev: &Device, batches: Vec<Batch>) -> CuResult {
         let (pending, failed) = managed::submit_all(dev, batches);

@@ -116,6 +116,8 @@ aliases! {
     cuMemPrefetchAsync_ptsz => cuMemPrefetchAsync,
     cuMemPrefetchAsync_v2_ptsz => cuMemPrefetchAsync_v2,
     cuStreamAttachMemAsync_ptsz => cuStreamAttachMemAsync,
+    cuLaunchHostFunc_ptsz => cuLaunchHostFunc,
+    cuStreamAddCallback_ptsz => cuStreamAddCallback,
 }
 
 unsupported! {
@@ -168,7 +170,6 @@ unsupported! {
     cuLaunchCooperativeKernel_ptsz,
     cuLaunchGrid,
     cuLaunchGridAsync,
-    cuLaunchHostFunc_ptsz,
     cuLinkAddData_v2,
     cuLinkAddFile_v2,
     cuLinkCreate_v2,
@@ -251,7 +252,6 @@ unsupported! {
     cuParamSetv,
     cuPointerSetAttribute,
     cuSignalExternalSemaphoresAsync_ptsz,
-    cuStreamAddCallback_ptsz,
     cuStreamBatchMemOp_ptsz,
     cuStreamBatchMemOp_v2,
     cuStreamBatchMemOp_v2_ptsz,

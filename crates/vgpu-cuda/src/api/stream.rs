@@ -77,6 +77,62 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     })
 }
 
+/// `CUhostFn`.
+pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
+/// `CUstreamCallback`.
+pub type StreamCallback = unsafe extern "C" fn(stream: Handle, status: CUresult, user: *mut c_void);
+
+/// Runs a host function at its place in `stream`: once the work queued
+/// before it is done, before any queued after it. All streams of a device
+/// share its in-order queue, so the call waits for the device to be idle
+/// and runs the function on the caller's thread before returning, which
+/// keeps both orders (the function may not call CUDA, as CUDA requires).
+/// Returns the failure of earlier work, left for the next
+/// synchronisation to report as well.
+fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
+    let d = driver()?;
+    let g = d.stream_gpu(stream as usize)?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+    g.wait_idle();
+    f(g.inflight().pending_error().unwrap_or(cu::SUCCESS));
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchHostFunc(
+    stream: Handle,
+    f: Option<HostFn>,
+    user: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let f = f.ok_or(cu::ERROR_INVALID_VALUE)?;
+        run_host_fn(stream, |_| {
+            // SAFETY: the caller's function, called with its own argument
+            // as CUDA would.
+            unsafe { f(user) }
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamAddCallback(
+    stream: Handle,
+    f: Option<StreamCallback>,
+    user: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let f = f.ok_or(cu::ERROR_INVALID_VALUE)?;
+        if flags != 0 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        run_host_fn(stream, |status| {
+            // SAFETY: as in `cuLaunchHostFunc`; the status is the stream's.
+            unsafe { f(stream, status, user) }
+        })
+    })
+}
+
 /// The wait itself holds by the device queue's order; a stream that waits
 /// on an event recorded in a capture joins that capture.
 #[no_mangle]

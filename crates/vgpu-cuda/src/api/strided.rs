@@ -186,7 +186,7 @@ enum End {
     Device(u64),
 }
 
-fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr, array: Handle) -> CuResult<End> {
+fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr) -> CuResult<End> {
     match kind {
         cu::MEMORYTYPE_HOST => Ok(End::Host(host)),
         cu::MEMORYTYPE_DEVICE => Ok(End::Device(device)),
@@ -195,10 +195,7 @@ fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr, array: Handle) -> 
             Side::Device => End::Device(device),
             Side::Host => End::Host(device),
         }),
-        MEMORYTYPE_ARRAY => {
-            let _ = array;
-            Err(d.not_supported_because("cuMemcpy2D/3D", "CUDA arrays"))
-        }
+        MEMORYTYPE_ARRAY => Err(d.not_supported_because("cuMemcpy2D/3D", "CUDA arrays")),
         _ => Err(cu::ERROR_INVALID_VALUE),
     }
 }
@@ -324,8 +321,8 @@ fn copy_2d(p: *const Memcpy2D, stream: Handle, call: Call) -> CuResult {
     // SAFETY: the caller's descriptor.
     let c = unsafe { ffi::get(p) }?;
     let d = driver()?;
-    let src = end(d, c.src_type, c.src_host as u64, c.src_device, c.src_array)?;
-    let dst = end(d, c.dst_type, c.dst_host as u64, c.dst_device, c.dst_array)?;
+    let src = end(d, c.src_type, c.src_host as u64, c.src_device)?;
+    let dst = end(d, c.dst_type, c.dst_host as u64, c.dst_device)?;
     let (sp, dp) = (ptr_of(src), ptr_of(dst));
     // One slice: its size is never used.
     let copy = Copy3D {
@@ -347,8 +344,8 @@ fn copy_3d(p: *const Memcpy3D, stream: Handle, call: Call) -> CuResult {
     if c.src_lod != 0 || c.dst_lod != 0 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    let src = end(d, c.src_type, c.src_host as u64, c.src_device, c.src_array)?;
-    let dst = end(d, c.dst_type, c.dst_host as u64, c.dst_device, c.dst_array)?;
+    let src = end(d, c.src_type, c.src_host as u64, c.src_device)?;
+    let dst = end(d, c.dst_type, c.dst_host as u64, c.dst_device)?;
     let (sp, dp) = (ptr_of(src), ptr_of(dst));
     let at = |x, y, z, pitch, rows| Region::at(0, (x, y, z), pitch, rows);
     let (mut s, mut t) = (
