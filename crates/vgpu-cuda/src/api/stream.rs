@@ -99,7 +99,7 @@ fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
 }
 
 #[no_mangle]
-pub extern "C" fn cuLaunchHostFunc(
+pub unsafe extern "C" fn cuLaunchHostFunc(
     stream: Handle,
     f: Option<HostFn>,
     user: *mut c_void,
@@ -115,7 +115,7 @@ pub extern "C" fn cuLaunchHostFunc(
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamAddCallback(
+pub unsafe extern "C" fn cuStreamAddCallback(
     stream: Handle,
     f: Option<StreamCallback>,
     user: *mut c_void,
