@@ -43,6 +43,7 @@ pub const ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 pub const ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+pub const ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 pub const ERROR_UNKNOWN: CUresult = 999;
 
 /// Every error code this library returns, with its `cuGetErrorName`

@@ -17,11 +17,12 @@
 
 use std::cell::Cell;
 use std::collections::BTreeSet;
+use std::ops::Range;
 use std::sync::Arc;
 
 use vgpu_guest::{Batch, Dims, Function};
 
-use crate::cu::{self, CUdevice};
+use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
 use crate::inflight::FLUSH_AT;
 use crate::state::{check, log, Objects};
@@ -40,6 +41,8 @@ pub const STATUS_INVALIDATED: u32 = 2;
 #[derive(Clone)]
 pub enum Work {
     Launch {
+        /// The `CUfunction` it launches (what a node's parameters name).
+        func: usize,
         function: Arc<Function>,
         dims: Dims,
         cluster: [u32; 3],
@@ -72,6 +75,7 @@ impl Work {
                 dims,
                 cluster,
                 params,
+                ..
             } => {
                 batch.launch_function_in_clusters(function, *dims, *cluster, params);
             }
@@ -90,7 +94,7 @@ impl Work {
     /// Refuses work the device would refuse to build (the error queueing
     /// it would return), so a capture fails where the call is, not at a
     /// replay.
-    fn check(&self) -> CuResult {
+    pub fn check(&self) -> CuResult {
         let mut one = Batch::new();
         self.add_to(&mut one);
         check(Batch::new().append(one))
@@ -137,12 +141,32 @@ pub const NODE_EMPTY: u32 = 5;
 /// Most nodes of one graph (a node's handle holds its index).
 pub const MAX_NODES: usize = (1 << 24) - 1;
 
+/// A kernel node's parameter block as handed out, and each parameter's
+/// address in it.
+pub type HandedOut = (Box<[u8]>, Box<[usize]>);
+
 /// One node of a graph: its work and the nodes (indices) it depends on.
-#[derive(Clone)]
 pub struct Node {
     pub kind: u32,
     pub work: Vec<Work>,
     pub deps: Vec<usize>,
+    /// A kernel node's parameters as `cuGraphKernelNodeGetParams` gives
+    /// them, once asked for: a copy of the block (writes through the
+    /// pointers change no launch) and each parameter's address in it.
+    pub param_ptrs: Option<HandedOut>,
+}
+
+impl Clone for Node {
+    /// A copy without the parameters handed out: their addresses are the
+    /// original's.
+    fn clone(&self) -> Node {
+        Node {
+            kind: self.kind,
+            work: self.work.clone(),
+            deps: self.deps.clone(),
+            param_ptrs: None,
+        }
+    }
 }
 
 impl Node {
@@ -157,6 +181,7 @@ impl Node {
             kind,
             work: vec![work.clone()],
             deps,
+            param_ptrs: None,
         }
     }
 }
@@ -175,6 +200,12 @@ impl Graph {
     /// dependencies: of the nodes whose dependencies are all placed, the
     /// one added first goes next. `None` when the dependencies loop.
     pub fn ordered_work(&self) -> Option<Vec<Work>> {
+        self.ordered().map(|(work, _)| work)
+    }
+
+    /// [`Self::ordered_work`], with where each node's work lies in it
+    /// (by node index).
+    pub fn ordered(&self) -> Option<(Vec<Work>, Vec<Range<usize>>)> {
         let n = self.nodes.len();
         let mut waiting: Vec<usize> = self.nodes.iter().map(|x| x.deps.len()).collect();
         let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -185,10 +216,13 @@ impl Graph {
         }
         let mut ready: BTreeSet<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
         let mut work = Vec::with_capacity(n);
+        let mut spans = vec![0..0; n];
         let mut placed = 0;
         while let Some(i) = ready.pop_first() {
             placed += 1;
+            let at = work.len();
             work.extend(self.nodes[i].work.iter().cloned());
+            spans[i] = at..work.len();
             for &j in &dependents[i] {
                 waiting[j] -= 1;
                 if waiting[j] == 0 {
@@ -196,7 +230,46 @@ impl Graph {
                 }
             }
         }
-        (placed == n).then_some(work)
+        (placed == n).then_some((work, spans))
+    }
+
+    /// The graph's node types and dependencies, without their work.
+    fn shape(&self) -> Graph {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| Node {
+                kind: n.kind,
+                work: Vec::new(),
+                deps: n.deps.clone(),
+                param_ptrs: None,
+            })
+            .collect();
+        Graph {
+            device: self.device,
+            nodes,
+            capture: None,
+        }
+    }
+
+    /// Whether `other` has this graph's topology: as many nodes, each of
+    /// the same type with the same dependencies (what `cuGraphExecUpdate`
+    /// needs); the first node that differs, if one does.
+    pub fn same_topology(&self, other: &Graph) -> Result<(), Option<usize>> {
+        if self.nodes.len() != other.nodes.len() {
+            return Err(None);
+        }
+        for (i, (a, b)) in self.nodes.iter().zip(&other.nodes).enumerate() {
+            let sorted = |d: &[usize]| {
+                let mut d = d.to_vec();
+                d.sort_unstable();
+                d
+            };
+            if a.kind != b.kind || sorted(&a.deps) != sorted(&b.deps) {
+                return Err(Some(i));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -212,10 +285,28 @@ pub fn node_of(handle: usize) -> Option<(usize, usize)> {
     Some((handle / (MAX_NODES + 1), index))
 }
 
+/// Why `cuGraphExecUpdate` refuses a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateFailure {
+    /// Nodes, their types or their dependencies differ (at this node of
+    /// the new graph, where one node does).
+    Topology(Option<usize>),
+    /// Anything else (another device).
+    Other,
+}
+
 /// An instantiated graph, sharing its work with every launch of it.
 pub struct GraphExec {
     pub device: CUdevice,
     pub nodes: Arc<[Work]>,
+    /// The graph it was instantiated from (whose node handles change its
+    /// nodes), and the one it was last updated from (whose handles do too).
+    pub graphs: [usize; 2],
+    /// Where each node's work lies in `nodes`, by node index.
+    pub spans: Vec<Range<usize>>,
+    /// The source graph's node types and dependencies, which an update
+    /// must keep.
+    pub topology: Graph,
 }
 
 /// Calls that wait for a stream's work or need the host side of it,
@@ -416,15 +507,124 @@ impl Objects {
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
-        let work = graph.ordered_work().ok_or_else(|| {
+        let (work, spans) = graph.ordered().ok_or_else(|| {
             log("graph dependencies loop");
             cu::ERROR_INVALID_VALUE
         })?;
         let exec = GraphExec {
             device: graph.device,
             nodes: work.into(),
+            graphs: [g, g],
+            spans,
+            topology: graph.shape(),
         };
         Ok(self.add(|o| &mut o.execs, exec))
+    }
+
+    /// Gives executable `exec` the work of graph `g`, which must have the
+    /// topology of the graph it was made from. `Err(Ok(failure))`: the
+    /// update is refused; `Err(Err(e))`: the call itself is wrong.
+    pub fn update_exec(
+        &mut self,
+        exec: usize,
+        g: usize,
+    ) -> Result<(), Result<UpdateFailure, CUresult>> {
+        let graph = crate::state::by_handle(&self.graphs, g).map_err(Err)?;
+        let e = crate::state::by_handle(&self.execs, exec).map_err(Err)?;
+        if graph.capture.is_some() {
+            return Err(Err(cu::ERROR_ILLEGAL_STATE));
+        }
+        if graph.device != e.device {
+            return Err(Ok(UpdateFailure::Other));
+        }
+        e.topology
+            .same_topology(graph)
+            .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
+        let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
+        let e = self
+            .execs
+            .get_mut(&exec)
+            .ok_or(Err(cu::ERROR_INVALID_HANDLE))?;
+        e.nodes = work.into();
+        e.spans = spans;
+        e.graphs[1] = g;
+        Ok(())
+    }
+
+    /// Replaces the work of kernel node `node` (a handle of the graph
+    /// `exec` was made from, or last updated from) in `exec` with
+    /// `launch`, for the launches of `exec` from now on.
+    pub fn set_exec_kernel(
+        &mut self,
+        exec: usize,
+        node: usize,
+        device: CUdevice,
+        launch: Work,
+    ) -> CuResult {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.execs.get_mut(&exec).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if !e.graphs.contains(&g) || device != e.device {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let span = e.spans.get(i).cloned().ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let is_kernel = e
+            .topology
+            .nodes
+            .get(i)
+            .is_some_and(|n| n.kind == NODE_KERNEL);
+        if !is_kernel || span.len() != 1 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let mut nodes = e.nodes.to_vec();
+        nodes[span.start] = launch;
+        e.nodes = nodes.into();
+        Ok(())
+    }
+
+    /// Replaces the work of kernel node `node` (a graph's) with `launch`.
+    pub fn set_kernel(&mut self, node: usize, device: CUdevice, launch: Work) -> CuResult {
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let n = &mut graph.nodes[i];
+        if n.kind != NODE_KERNEL || device != graph.device {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        n.work = vec![launch];
+        n.param_ptrs = None;
+        Ok(())
+    }
+
+    /// The launch of kernel node `node`, and the addresses of its
+    /// parameters in it (kept with the node, as CUDA keeps them, until
+    /// the node changes or goes).
+    pub fn kernel_of(&mut self, node: usize) -> CuResult<(Work, *mut *mut std::ffi::c_void)> {
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let n = &mut graph.nodes[i];
+        let launch = match (n.kind, n.work.as_slice()) {
+            (NODE_KERNEL, [w @ Work::Launch { .. }]) => w.clone(),
+            _ => return Err(cu::ERROR_INVALID_VALUE),
+        };
+        let Work::Launch {
+            function, params, ..
+        } = &launch
+        else {
+            unreachable!("matched above")
+        };
+        let (_, ptrs) = n.param_ptrs.get_or_insert_with(|| {
+            let copy: Box<[u8]> = params.as_ref().into();
+            let base = copy.as_ptr() as usize;
+            let ptrs = function
+                .params
+                .iter()
+                .map(|p| base + p.offset as usize)
+                .collect();
+            (copy, ptrs)
+        });
+        Ok((launch, ptrs.as_mut_ptr().cast()))
     }
 
     /// The graph `node` belongs to and its index there, checked.
@@ -473,6 +673,7 @@ impl Objects {
             kind,
             work,
             deps: indices,
+            param_ptrs: None,
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
     }
@@ -844,5 +1045,84 @@ mod tests {
         o.forget_stream_capture(s[0]);
         assert!(o.capturing.is_empty());
         assert!(!o.graphs.contains_key(&g));
+    }
+
+    /// A graph of memset nodes in a chain, one per value.
+    fn chain(o: &mut Objects, values: &[u64]) -> (usize, Vec<usize>) {
+        let g = o.add(
+            |o| &mut o.graphs,
+            Graph {
+                device: 0,
+                nodes: Vec::new(),
+                capture: None,
+            },
+        );
+        let mut nodes: Vec<usize> = Vec::new();
+        for &v in values {
+            let deps: Vec<usize> = nodes.last().copied().into_iter().collect();
+            nodes.push(o.add_node(g, &deps, NODE_MEMSET, vec![fill(v)]).unwrap());
+        }
+        (g, nodes)
+    }
+
+    fn patterns(o: &Objects, e: usize) -> Vec<u32> {
+        o.execs[&e]
+            .nodes
+            .iter()
+            .map(|w| match w {
+                Work::Fill { pattern, .. } => *pattern,
+                _ => panic!("not a fill"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_executable_takes_the_work_of_a_graph_of_its_topology_only() {
+        let mut o = Objects::default();
+        let (g1, _) = chain(&mut o, &[1, 2, 3]);
+        let e = o.instantiate(g1).unwrap();
+        let (g2, _) = chain(&mut o, &[4, 5, 6]);
+        assert_eq!(o.update_exec(e, g2), Ok(()));
+        assert_eq!(patterns(&o, e), [4, 5, 6]);
+        // Fewer nodes: refused, with no node to blame; the work stays.
+        let (g3, _) = chain(&mut o, &[7, 8]);
+        assert_eq!(o.update_exec(e, g3), Err(Ok(UpdateFailure::Topology(None))));
+        assert_eq!(patterns(&o, e), [4, 5, 6]);
+        // As many nodes, one dependency elsewhere: refused at that node.
+        let (g4, n4) = chain(&mut o, &[9]);
+        let a = o.add_node(g4, &[], NODE_MEMSET, vec![fill(10)]).unwrap();
+        o.add_node(g4, &[n4[0]], NODE_MEMSET, vec![fill(11)])
+            .unwrap();
+        assert_eq!(
+            o.update_exec(e, g4),
+            Err(Ok(UpdateFailure::Topology(Some(a))))
+        );
+        // Not an executable, not a graph.
+        assert_eq!(o.update_exec(e, 9999), Err(Err(cu::ERROR_INVALID_HANDLE)));
+        assert_eq!(o.update_exec(9999, g2), Err(Err(cu::ERROR_INVALID_HANDLE)));
+    }
+
+    #[test]
+    fn kernel_parameters_are_only_set_on_kernel_nodes() {
+        let mut o = Objects::default();
+        let (g, nodes) = chain(&mut o, &[1, 2]);
+        let e = o.instantiate(g).unwrap();
+        assert_eq!(
+            o.set_kernel(nodes[0], 0, fill(5)),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            o.set_exec_kernel(e, nodes[1], 0, fill(5)),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert!(o.kernel_of(nodes[0]).is_err());
+        // A node of a graph the executable was not made from.
+        let (other, on) = chain(&mut o, &[3]);
+        assert_ne!(other, g);
+        assert_eq!(
+            o.set_exec_kernel(e, on[0], 0, fill(5)),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(patterns(&o, e), [1, 2]);
     }
 }

@@ -715,6 +715,7 @@ impl Driver {
             (Arc::clone(&f.function), f.device)
         };
         let work = Work::Launch {
+            func,
             function,
             dims,
             cluster,

@@ -1,8 +1,10 @@
 //! Graphs ([`crate::graph`]), made by stream capture or node by node
 //! (kernel, memset, device-to-device memcpy, child graph and empty nodes,
 //! and the dependencies between them): created, cloned, listed,
-//! instantiated and launched. A graph's work replays in an order that
-//! honours its dependencies.
+//! instantiated, launched, and changed (kernel nodes' parameters, in a
+//! graph or an executable, and whole executables updated from a graph of
+//! the same topology). A graph's work replays in an order that honours
+//! its dependencies.
 
 use std::ffi::{c_char, c_void};
 
@@ -687,6 +689,227 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
             (e.device, e.nodes.clone())
         };
         d.queue(stream as usize, device, &nodes)
+    })
+}
+
+/// Writes kernel node `node`'s parameters to `out` (the v1 part of
+/// either form).
+///
+/// # Safety
+/// `out` is the caller's structure, valid for a write.
+unsafe fn kernel_node_params(node: Handle, out: *mut KernelNodeParams) -> CuResult {
+    let d = driver()?;
+    let (launch, ptrs) = d.objects().kernel_of(node as usize)?;
+    let Work::Launch { func, dims, .. } = launch else {
+        return Err(cu::ERROR_INVALID_VALUE);
+    };
+    let p = KernelNodeParams {
+        func: func as Handle,
+        grid: dims.grid,
+        block: dims.block,
+        shared_mem: dims.shared_mem,
+        kernel_params: ptrs,
+        extra: std::ptr::null_mut(),
+    };
+    // SAFETY: the caller's structure.
+    unsafe { ffi::put(out, p) }
+}
+
+/// The CUDA 10 and 11 form.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams(
+    node: Handle,
+    out: *mut KernelNodeParams,
+) -> CUresult {
+    // SAFETY: the caller's structure.
+    entry(|| unsafe { kernel_node_params(node, out) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetParams_v2(
+    node: Handle,
+    out: *mut KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        if out.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's structure, not null; v1 is its start.
+        unsafe {
+            kernel_node_params(node, std::ptr::addr_of_mut!((*out).v1))?;
+            // A kernel and its function share one handle here
+            // (`cuKernelGetFunction`); the runtime maps the kernel back
+            // to the program's entry point.
+            let f = (*out).v1.func;
+            ffi::put(std::ptr::addr_of_mut!((*out).kern), f)?;
+            ffi::put(std::ptr::addr_of_mut!((*out).ctx), std::ptr::null_mut())
+        }
+    })
+}
+
+/// The launch `p` describes (of `f`), and its device.
+///
+/// # Safety
+/// As `cuGraphKernelNodeSetParams`'s parameters.
+unsafe fn launch_of(f: Handle, p: &KernelNodeParams) -> CuResult<(CUdevice, Work)> {
+    let dims = Dims {
+        grid: p.grid,
+        block: p.block,
+        shared_mem: p.shared_mem,
+    };
+    // SAFETY: the caller's kernel parameters.
+    let (device, work) = unsafe { kernel_work(f, dims, p.kernel_params, p.extra) }?;
+    work.check()?;
+    Ok((device, work))
+}
+
+/// The function a v2 structure names: `func`, or `kern` where it is null.
+fn v2_function(p: &KernelNodeParamsV2) -> Handle {
+    if p.v1.func.is_null() {
+        p.kern
+    } else {
+        p.v1.func
+    }
+}
+
+/// The CUDA 10 and 11 form.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams(
+    node: Handle,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        // SAFETY: as above.
+        let (device, work) = unsafe { launch_of(p.func, &p) }?;
+        driver()?.objects().set_kernel(node as usize, device, work)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetParams_v2(
+    node: Handle,
+    params: *const KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        // SAFETY: as above.
+        let (device, work) = unsafe { launch_of(v2_function(&p), &p.v1) }?;
+        driver()?.objects().set_kernel(node as usize, device, work)
+    })
+}
+
+/// The CUDA 10 and 11 form.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    params: *const KernelNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        // SAFETY: as above.
+        let (device, work) = unsafe { launch_of(p.func, &p) }?;
+        driver()?
+            .objects()
+            .set_exec_kernel(exec as usize, node as usize, device, work)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
+    exec: Handle,
+    node: Handle,
+    params: *const KernelNodeParamsV2,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        // SAFETY: as above.
+        let (device, work) = unsafe { launch_of(v2_function(&p), &p.v1) }?;
+        driver()?
+            .objects()
+            .set_exec_kernel(exec as usize, node as usize, device, work)
+    })
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ExecUpdateResultInfo {
+    pub result: u32,
+    pub error_node: Handle,
+    pub error_from_node: Handle,
+}
+
+/// `CUgraphExecUpdateResult` values given here.
+const UPDATE_SUCCESS: u32 = 0;
+const UPDATE_ERROR: u32 = 1;
+const UPDATE_TOPOLOGY_CHANGED: u32 = 2;
+
+/// Updates `exec` from `graph`: the result code and the node at fault.
+fn exec_update(exec: Handle, graph: Handle) -> CuResult<(u32, Handle)> {
+    let d = driver()?;
+    match d.objects().update_exec(exec as usize, graph as usize) {
+        Ok(()) => Ok((UPDATE_SUCCESS, std::ptr::null_mut())),
+        Err(Ok(g::UpdateFailure::Topology(node))) => Ok((
+            UPDATE_TOPOLOGY_CHANGED,
+            node.map_or(std::ptr::null_mut(), |n| n as Handle),
+        )),
+        Err(Ok(g::UpdateFailure::Other)) => Ok((UPDATE_ERROR, std::ptr::null_mut())),
+        Err(Err(e)) => Err(e),
+    }
+}
+
+/// The CUDA 10.2 to 11 form.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate(
+    exec: Handle,
+    graph: Handle,
+    error_node: *mut Handle,
+    result: *mut u32,
+) -> CUresult {
+    entry(|| {
+        let (code, node) = exec_update(exec, graph)?;
+        // SAFETY: the caller's out-parameters.
+        unsafe {
+            ffi::put_opt(error_node, node)?;
+            ffi::put_opt(result, code)?;
+        }
+        if code == UPDATE_SUCCESS {
+            Ok(())
+        } else {
+            Err(cu::ERROR_GRAPH_EXEC_UPDATE_FAILURE)
+        }
+    })
+}
+
+/// Updates an executable from a graph of the same topology (as many
+/// nodes, each of the same type after the same ones); a node's work may
+/// differ in anything.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecUpdate_v2(
+    exec: Handle,
+    graph: Handle,
+    info: *mut ExecUpdateResultInfo,
+) -> CUresult {
+    entry(|| {
+        let (code, node) = exec_update(exec, graph)?;
+        let out = ExecUpdateResultInfo {
+            result: code,
+            error_node: node,
+            error_from_node: std::ptr::null_mut(),
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put_opt(info, out) }?;
+        if code == UPDATE_SUCCESS {
+            Ok(())
+        } else {
+            Err(cu::ERROR_GRAPH_EXEC_UPDATE_FAILURE)
+        }
     })
 }
 
