@@ -3,6 +3,9 @@
 //   launch_sync_p50   an empty kernel launched and waited for, wall
 //   launch_device_p50 the device-side part of it (events around it)
 //   async_launches    empty launches queued back to back, then one wait
+//   async_launch_queue_us
+//                     the host CPU's time to queue one of them (what the
+//                     driver's launch path costs the caller)
 //   h2d_16m, d2h_16m  pinned host <-> device copies of 16 MiB
 //   h2d_64m           the same, 64 MiB
 //   h2d_16m_async, d2h_16m_async, h2d_64m_async
@@ -104,8 +107,10 @@ int main(int argc, char **argv) {
   int n = iters * 10;
   double t = now_us();
   for (int i = 0; i < n; i++) empty<<<1, 1, 0, s>>>();
+  double queued = now_us();
   CHECK(cudaStreamSynchronize(s));
   printf("BENCH async_launches %.0f per_s\n", n / ((now_us() - t) * 1e-6));
+  printf("BENCH async_launch_queue_us %.2f us\n", (queued - t) / n);
   size_t big = 64 << 20;
   void *h, *d;
   CHECK(cudaMallocHost(&h, big));

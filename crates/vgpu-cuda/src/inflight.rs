@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use vgpu_guest::{Batch, Device, Error as GuestError, Pending};
+use vgpu_guest::{Batch, Device, Dims, Error as GuestError, Function, Pending};
 
 use crate::managed::{self, Managed};
 
@@ -67,6 +67,30 @@ impl Inflight {
         if let Some(m) = mark {
             self.open_marks.push((at, m));
         }
+        if self.open.len() >= FLUSH_AT {
+            self.flush(dev)?;
+        }
+        Ok(())
+    }
+
+    /// Queues a launch straight into the open batch: a launch loop's
+    /// path, with no batch of its own per launch. A launch that cannot be
+    /// built is refused here, alone.
+    pub fn enqueue_launch(
+        &mut self,
+        dev: &Device,
+        f: &Function,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> CuResult {
+        if self.open.len() >= FLUSH_AT {
+            self.flush(dev)?;
+        }
+        check(
+            self.open
+                .try_launch_function_in_clusters(f, dims, cluster, params),
+        )?;
         if self.open.len() >= FLUSH_AT {
             self.flush(dev)?;
         }

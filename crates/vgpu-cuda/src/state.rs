@@ -679,6 +679,44 @@ impl Driver {
         Ok(())
     }
 
+    /// What a launch of `func` on `stream` needs to know, from one look
+    /// at the objects: the function and its device (checked against its
+    /// dynamic shared memory limit for `shared_mem`), or `None` where the
+    /// stream is being captured (the launch is then recorded, the slower
+    /// way). The stream must exist.
+    pub fn launch_target(
+        &self,
+        func: usize,
+        stream: usize,
+        shared_mem: u32,
+    ) -> CuResult<Option<(Arc<Function>, CUdevice)>> {
+        let current = if stream <= 2 {
+            Some(self.current().ok_or(cu::ERROR_INVALID_CONTEXT)?)
+        } else {
+            None
+        };
+        let o = self.objects();
+        let ctx = match current {
+            Some(c) => c,
+            None => by_handle(&o.streams, stream)?.ctx,
+        };
+        if !o.ctxs.contains_key(&ctx) {
+            return Err(cu::ERROR_INVALID_CONTEXT);
+        }
+        if o.capturing.contains_key(&stream) {
+            return Ok(None);
+        }
+        let f = by_handle(&o.funcs, func)?;
+        if shared_mem > f.max_dynamic_shared {
+            log(&format!(
+                "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",
+                f.cname, shared_mem, f.max_dynamic_shared
+            ));
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        Ok(Some((Arc::clone(&f.function), f.device)))
+    }
+
     /// Launches `func` on `stream` with its parameters packed as its
     /// layout says.
     pub fn launch(

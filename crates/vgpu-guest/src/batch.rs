@@ -73,8 +73,17 @@ pub struct Batch {
     /// Host memory the commands point into. Boxed slices do not move when
     /// this vector grows or the batch moves.
     host: Vec<Box<[u8]>>,
+    /// Launch parameters, packed into chunks of [`ARENA_CHUNK`] bytes (a
+    /// launch loop then allocates once per chunk, not once per launch);
+    /// the last chunk's first `arena_used` bytes are taken.
+    arena: Vec<Box<[u8]>>,
+    arena_used: usize,
     error: Option<Error>,
 }
+
+/// Bytes of one chunk of packed launch parameters; blocks of more than a
+/// sixteenth of it get a buffer of their own.
+const ARENA_CHUNK: usize = 16 << 10;
 
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -366,13 +375,60 @@ impl Batch {
         params: &[u8],
         build: impl FnOnce(&[u8]) -> Result<VgpuCmd>,
     ) -> &mut Self {
-        let kept: Box<[u8]> = params.into();
-        let cmd = match build(&kept) {
-            Ok(c) => c,
-            Err(e) => return self.fail(e),
+        match self.try_push_launch(params, build) {
+            Ok(()) => self,
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// [`Self::push_launch`], leaving the batch as it was (and usable)
+    /// when the launch cannot be built.
+    fn try_push_launch(
+        &mut self,
+        params: &[u8],
+        build: impl FnOnce(&[u8]) -> Result<VgpuCmd>,
+    ) -> Result<()> {
+        if self.cmds.len() >= sys::MAX_BATCH_CMDS as usize {
+            return Err(Error::Usage(format!(
+                "a batch holds at most {} commands",
+                sys::MAX_BATCH_CMDS
+            )));
+        }
+        let cmd = if params.len() > ARENA_CHUNK / 16 {
+            let kept: Box<[u8]> = params.into();
+            let cmd = build(&kept)?;
+            self.host.push(kept);
+            cmd
+        } else {
+            // 8-byte aligned, as a buffer of its own would be.
+            let at = self.arena_used.next_multiple_of(8);
+            if self.arena.is_empty() || at + params.len() > ARENA_CHUNK {
+                self.arena.push(vec![0u8; ARENA_CHUNK].into_boxed_slice());
+                self.arena_used = 0;
+            }
+            let at = self.arena_used.next_multiple_of(8);
+            let chunk = self.arena.last_mut().expect("a chunk was just ensured");
+            chunk[at..at + params.len()].copy_from_slice(params);
+            let cmd = build(&chunk[at..at + params.len()])?;
+            self.arena_used = at + params.len();
+            cmd
         };
-        self.keep(kept);
-        self.push(cmd)
+        self.cmds.push(cmd);
+        Ok(())
+    }
+
+    /// [`Self::launch_function_in_clusters`], refusing a launch that
+    /// cannot be built here instead of failing the whole batch: the
+    /// batch stays as it was. For callers that add one command at a time
+    /// to a batch shared by many calls.
+    pub fn try_launch_function_in_clusters(
+        &mut self,
+        f: &Function,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> Result<()> {
+        self.try_push_launch(params, |kept| launch_cluster_cmd(f, dims, cluster, kept))
     }
 
     /// Appends a raw command.
@@ -402,6 +458,11 @@ impl Batch {
         }
         self.cmds.append(&mut other.cmds);
         self.host.append(&mut other.host);
+        if !other.arena.is_empty() {
+            // The other batch's last chunk becomes the one to fill.
+            self.arena.append(&mut other.arena);
+            self.arena_used = other.arena_used;
+        }
         Ok(())
     }
 
@@ -609,9 +670,107 @@ mod tests {
         let c = b.cmds[0];
         // SAFETY: built as a launch.
         let l = unsafe { c.args.launch };
-        assert_eq!(l.params, b.host[0].as_ptr() as u64);
+        assert_eq!(l.params, b.arena[0].as_ptr() as u64);
         assert_eq!(l.params_size, 24);
-        assert_eq!(&b.host[0][..8], &0x100u64.to_le_bytes());
+        assert_eq!(&b.arena[0][..8], &0x100u64.to_le_bytes());
+    }
+
+    /// The parameters each launch command points at.
+    fn launch_params(b: &Batch) -> Vec<Vec<u8>> {
+        b.cmds
+            .iter()
+            .map(|c| {
+                // SAFETY: built as launches; each points into the batch's
+                // own memory, alive as long as `b`.
+                unsafe {
+                    let l = c.args.launch;
+                    std::slice::from_raw_parts(l.params as *const u8, l.params_size as usize)
+                        .to_vec()
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn test_launch_params_pack_into_chunks_and_stay_put() {
+        let f = Function {
+            module: 1,
+            handle: 2,
+            info: Default::default(),
+            params: Vec::new(),
+        };
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem: 0,
+        };
+        let mut b = Batch::new();
+        let mut want = Vec::new();
+        // Enough 1000-byte blocks to fill more than one chunk, and one
+        // block too large for a chunk.
+        for i in 0..40u8 {
+            let p = vec![
+                i;
+                if i == 20 {
+                    sys::MAX_PARAMS_BYTES as usize
+                } else {
+                    1000
+                }
+            ];
+            b.try_launch_function_in_clusters(&f, dims, [1, 1, 1], &p)
+                .unwrap();
+            want.push(p);
+        }
+        assert!(b.arena.len() >= 3, "{} chunks", b.arena.len());
+        assert_eq!(b.host.len(), 1, "the large block has its own buffer");
+        assert!(b.cmds.iter().all(|c| {
+            // SAFETY: built as launches.
+            unsafe { c.args.launch }.params % 8 == 0
+        }));
+        // Moving the batch into another moves no parameters.
+        let mut a = Batch::new();
+        a.try_launch_function_in_clusters(&f, dims, [1, 1, 1], &[9; 16])
+            .unwrap();
+        a.append(b).unwrap();
+        want.insert(0, vec![9; 16]);
+        assert_eq!(launch_params(&a), want);
+        // And the next launch goes on in the appended batch's last chunk.
+        a.try_launch_function_in_clusters(&f, dims, [1, 1, 1], &[7; 8])
+            .unwrap();
+        want.push(vec![7; 8]);
+        assert_eq!(launch_params(&a), want);
+    }
+
+    #[test]
+    fn test_a_launch_that_cannot_be_built_leaves_the_batch_usable() {
+        let f = Function {
+            module: 1,
+            handle: 2,
+            info: Default::default(),
+            params: Vec::new(),
+        };
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem: 0,
+        };
+        let mut b = Batch::new();
+        b.nop();
+        let huge = vec![0u8; sys::MAX_PARAMS_BYTES as usize + 1];
+        assert!(matches!(
+            b.try_launch_function_in_clusters(&f, dims, [1, 1, 1], &huge),
+            Err(Error::TooBig)
+        ));
+        assert_eq!(b.len(), 1);
+        assert!(b.take_error().is_ok());
+        for _ in 1..sys::MAX_BATCH_CMDS {
+            b.nop();
+        }
+        assert!(matches!(
+            b.try_launch_function_in_clusters(&f, dims, [1, 1, 1], &[1]),
+            Err(Error::Usage(_))
+        ));
+        assert!(b.take_error().is_ok());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
-use vgpu_guest::{sys, Dims};
+use vgpu_guest::{sys, Dims, Function};
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
@@ -433,8 +433,24 @@ unsafe fn param_block(
         let o = d.objects();
         Arc::clone(&by_handle(&o.funcs, f)?.function)
     };
-    let layout = &function.params;
     let mut block = vec![0u8; function.info.params_size as usize];
+    // SAFETY: forwarded.
+    unsafe { fill_param_block(&function, params, extra, &mut block) }?;
+    Ok(block)
+}
+
+/// [`param_block`] of `function` into `block`, which is its parameters'
+/// size, zeroed.
+///
+/// # Safety
+/// As [`param_block`].
+unsafe fn fill_param_block(
+    function: &Function,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    block: &mut [u8],
+) -> CuResult {
+    let layout = &function.params;
     if !params.is_null() {
         for (i, p) in layout.iter().enumerate() {
             // SAFETY: one pointer per parameter, each to `size` bytes.
@@ -448,11 +464,11 @@ unsafe fn param_block(
                 .ok_or(cu::ERROR_INVALID_IMAGE)?
                 .copy_from_slice(src);
         }
-        return Ok(block);
+        return Ok(());
     }
     if extra.is_null() {
         return if layout.is_empty() {
-            Ok(block)
+            Ok(())
         } else {
             Err(cu::ERROR_INVALID_VALUE)
         };
@@ -483,7 +499,7 @@ unsafe fn param_block(
     let src = unsafe { ffi::bytes(buf, len) }?;
     let n = block.len();
     block.copy_from_slice(&src[..n]);
-    Ok(block)
+    Ok(())
 }
 
 /// CUDA's launch limits, checked before the launch is queued: the device
@@ -542,12 +558,34 @@ unsafe fn launch(
     let d = driver()?;
     // The stream must be valid; its work runs in order anyway (or is
     // recorded, if it is being captured).
-    d.stream_gpu(stream as usize)?;
+    let Some((function, device)) = d.launch_target(f as usize, stream as usize, dims.shared_mem)?
+    else {
+        // SAFETY: the caller's parameter pointers.
+        let block = unsafe { param_block(d, f as usize, params, extra) }?;
+        check_shape(&dims, block.len())?;
+        return d.launch(f as usize, dims, cluster, &block, stream as usize);
+    };
+    // The common case, a launch loop's: the parameters packed on the
+    // stack (most blocks are small) and straight into the device's open
+    // batch.
+    let size = function.info.params_size as usize;
+    let (mut small, mut large) = ([0u8; SMALL_PARAMS], Vec::new());
+    let block = if size <= SMALL_PARAMS {
+        &mut small[..size]
+    } else {
+        large.resize(size, 0);
+        &mut large[..]
+    };
     // SAFETY: the caller's parameter pointers.
-    let block = unsafe { param_block(d, f as usize, params, extra) }?;
-    check_shape(&dims, block.len())?;
-    d.launch(f as usize, dims, cluster, &block, stream as usize)
+    unsafe { fill_param_block(&function, params, extra, block) }?;
+    check_shape(&dims, size)?;
+    let g = d.gpu(device)?;
+    g.inflight()
+        .enqueue_launch(&g.dev, &function, dims, cluster, block)
 }
+
+/// Parameter blocks up to this size are packed on the stack.
+const SMALL_PARAMS: usize = 512;
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernel(
