@@ -240,6 +240,7 @@ pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
 /// One past the last attribute CUDA 13.0 defines.
 pub const ATTR_END: i32 = 148;
 pub const ATTR_MANAGED_MEMORY: i32 = 83;
+pub const ATTR_MEMORY_POOLS_SUPPORTED: i32 = 115;
 
 // CUmemAttach_flags.
 pub const MEM_ATTACH_GLOBAL: u32 = 1;
@@ -276,6 +277,7 @@ pub const POINTER_DEVICE_ORDINAL: i32 = 9;
 pub const POINTER_RANGE_START_ADDR: i32 = 11;
 pub const POINTER_RANGE_SIZE: i32 = 12;
 pub const POINTER_MAPPED: i32 = 13;
+pub const POINTER_MEMPOOL_HANDLE: i32 = 17;
 
 // CUmemorytype.
 pub const MEMORYTYPE_HOST: u32 = 1;

@@ -34,6 +34,7 @@ pub mod host_pages;
 pub mod inflight;
 pub mod managed;
 pub mod md2;
+pub mod pools;
 pub mod procs;
 pub mod reserve;
 pub mod state;

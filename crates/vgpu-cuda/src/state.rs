@@ -282,6 +282,8 @@ pub struct Objects {
     pub execs: HashMap<usize, GraphExec>,
     /// The last capture id given out (ids start at 1).
     pub capture_ids: u64,
+    /// Memory pools, and which allocations came from them.
+    pub pools: crate::pools::Pools,
 }
 
 impl Objects {

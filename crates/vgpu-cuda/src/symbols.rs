@@ -52,7 +52,9 @@ macro_rules! unsupported {
     };
 }
 
-use crate::api::{context::*, device::*, graph::*, memory::*, module::*, stream::*, strided::*};
+use crate::api::{
+    context::*, device::*, graph::*, memory::*, module::*, pool::*, stream::*, strided::*,
+};
 
 aliases! {
     cuCtxDestroy => cuCtxDestroy_v2,
@@ -118,6 +120,7 @@ aliases! {
     cuStreamAttachMemAsync_ptsz => cuStreamAttachMemAsync,
     cuLaunchHostFunc_ptsz => cuLaunchHostFunc,
     cuStreamAddCallback_ptsz => cuStreamAddCallback,
+    cuMemAllocFromPoolAsync_ptsz => cuMemAllocFromPoolAsync,
 }
 
 unsupported! {
@@ -170,7 +173,6 @@ unsupported! {
     cuLinkAddFile_v2,
     cuLinkCreate_v2,
     cuMemAlloc,
-    cuMemAllocFromPoolAsync_ptsz,
     cuMemAllocHost,
     cuMemAllocPitch,
     cuMemBatchDecompressAsync,

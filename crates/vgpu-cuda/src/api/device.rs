@@ -50,6 +50,9 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         // Managed memory without concurrent access (crate::managed): the
         // host uses it while the device is idle.
         cu::ATTR_MANAGED_MEMORY => 1,
+        // Stream-ordered allocations and their pools (crate::pools);
+        // none exports handles (MEMPOOL_SUPPORTED_HANDLE_TYPES 0).
+        cu::ATTR_MEMORY_POOLS_SUPPORTED => 1,
         cu::ATTR_PCI_DOMAIN_ID => g.info.pci_domain as i32,
         cu::ATTR_PCI_BUS_ID => i32::from(g.info.pci_bus),
         cu::ATTR_PCI_DEVICE_ID => i32::from(g.info.pci_devfn >> 3),

@@ -122,7 +122,7 @@ fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
     Ok(addr)
 }
 
-fn free(addr: CUdeviceptr) -> CuResult {
+pub(crate) fn free(addr: CUdeviceptr) -> CuResult {
     let d = driver()?;
     let device = d.objects().freeable(addr).ok_or(cu::ERROR_INVALID_VALUE)?;
     let g = d.gpu(device)?;
@@ -135,6 +135,7 @@ fn free(addr: CUdeviceptr) -> CuResult {
         if let Some(a) = o.allocs.remove(&addr) {
             o.reserved.release(addr, a.size);
         }
+        o.pools.freed(addr);
     }
     check(g.dev.free_raw(addr))
 }
@@ -150,14 +151,22 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     })
 }
 
+/// From the device's current pool ([`crate::pools`]).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
     _stream: Handle,
 ) -> CUresult {
-    // SAFETY: forwarded arguments.
-    unsafe { cuMemAlloc_v2(dptr, size) }
+    entry(|| {
+        // SAFETY: the caller's out-parameter, checked before allocating.
+        unsafe { ffi::put(dptr, 0) }?;
+        let a = crate::api::pool::alloc_from(driver()?, None, size)?;
+        // SAFETY: as above.
+        unsafe { ffi::put(dptr, a) }.inspect_err(|_| {
+            let _ = free(a);
+        })
+    })
 }
 
 #[no_mangle]
@@ -707,6 +716,10 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             cu::POINTER_RANGE_START_ADDR => ffi::put(data.cast::<u64>(), start),
             cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
             cu::POINTER_MAPPED => ffi::put(data.cast::<i32>(), 1),
+            cu::POINTER_MEMPOOL_HANDLE => {
+                let pool = d.objects().pools.pool_of(start).unwrap_or(0);
+                ffi::put(data.cast::<Handle>(), pool as Handle)
+            }
             _ => Err(cu::ERROR_INVALID_VALUE),
         }
     }

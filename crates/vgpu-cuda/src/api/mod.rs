@@ -19,5 +19,6 @@ pub mod graph;
 pub mod init;
 pub mod memory;
 pub mod module;
+pub mod pool;
 pub mod stream;
 pub mod strided;
