@@ -337,6 +337,11 @@ pub struct CUlaunchAttribute {
     pub value: [u32; 16],
 }
 
+/// `CUlaunchAttributeValue` (`CUstreamAttrValue`): 64 bytes.
+pub type CUlaunchAttributeValue = [u32; 16];
+
+pub const LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: u32 = 1;
+pub const LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: u32 = 3;
 pub const LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 pub const LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 pub const LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;

@@ -783,6 +783,7 @@ mod tests {
                         ctx: 1,
                         flags: 1,
                         priority: 0,
+                        attrs: Default::default(),
                     },
                 )
             })

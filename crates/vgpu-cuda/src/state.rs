@@ -215,6 +215,9 @@ pub struct Stream {
     pub ctx: usize,
     pub flags: u32,
     pub priority: i32,
+    /// Launch attributes set on it (`cuStreamSetAttribute`), by id: hints
+    /// the device honours by ignoring, read back as set.
+    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
 }
 
 /// An event: a marker in the device's queue that reads the device clock
@@ -253,6 +256,8 @@ pub struct HostMem {
     /// The whole pages of it pinned for copies by this device's kernel
     /// driver (VGPU_IOCTL_PIN): (device, first page).
     pub pinned: Option<(CUdevice, usize)>,
+    /// The flags it was allocated or registered with (`cuMemHostGetFlags`).
+    pub flags: u32,
 }
 
 /// Handle-addressed objects.

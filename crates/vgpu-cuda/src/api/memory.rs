@@ -263,7 +263,7 @@ fn unpin_pages(d: &Driver, pinned: Option<(CUdevice, usize)>) {
     }
 }
 
-fn host_alloc(size: usize) -> CuResult<*mut c_void> {
+fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
     let d = driver()?;
     let (ctx, _) = d.current_ctx()?;
     let p = host_pages::alloc(size).ok_or(cu::ERROR_OUT_OF_MEMORY)?;
@@ -275,19 +275,16 @@ fn host_alloc(size: usize) -> CuResult<*mut c_void> {
             ctx,
             owned: true,
             pinned,
+            flags,
         },
     );
     Ok(p.cast())
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(
-    pp: *mut *mut c_void,
-    size: usize,
-    _flags: u32,
-) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: u32) -> CUresult {
     entry(|| {
-        let p = host_alloc(size)?;
+        let p = host_alloc(size, flags)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pp, p) }
     })
@@ -324,11 +321,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
 /// whole pages pinned for the current device's copies (as allocations
 /// are) until it is unregistered.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostRegister_v2(
-    p: *mut c_void,
-    size: usize,
-    _flags: u32,
-) -> CUresult {
+pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
@@ -347,6 +340,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(
                     ctx,
                     owned: false,
                     pinned: None,
+                    flags,
                 },
             );
         }
@@ -860,4 +854,85 @@ pub extern "C" fn cuStreamAttachMemAsync(
             _ => Err(cu::ERROR_INVALID_VALUE),
         }
     })
+}
+
+/// The flags host memory was allocated (or registered) with.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let f = d
+            .objects()
+            .host_at(p as usize, 1)
+            .map(|(_, h)| h.flags)
+            .ok_or(cu::ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(flags, f) }
+    })
+}
+
+/// Only `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` can be set, and every copy of
+/// device memory is synchronous with the work before it here already.
+#[no_mangle]
+pub unsafe extern "C" fn cuPointerSetAttribute(
+    value: *const c_void,
+    attr: i32,
+    p: CUdeviceptr,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        if attr != cu::POINTER_SYNC_MEMOPS || value.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        range_device(d, p, 1).map(drop)
+    })
+}
+
+/// A copy between the memory of two contexts: within one device, a
+/// device-to-device copy (there is no peer access between devices).
+fn copy_peer(
+    dst: CUdeviceptr,
+    dst_ctx: Handle,
+    src: CUdeviceptr,
+    src_ctx: Handle,
+    n: usize,
+    stream: Handle,
+) -> CuResult {
+    let d = driver()?;
+    let (dd, sd) = (
+        d.ctx_device(dst_ctx as usize)?,
+        d.ctx_device(src_ctx as usize)?,
+    );
+    if dd != sd {
+        return Err(cu::ERROR_NOT_SUPPORTED);
+    }
+    dtod(dst, src, n, stream)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyPeer(
+    dst: CUdeviceptr,
+    dst_ctx: Handle,
+    src: CUdeviceptr,
+    src_ctx: Handle,
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        copy_peer(dst, dst_ctx, src, src_ctx, n, std::ptr::null_mut())?;
+        // The synchronous form returns once the copy is done.
+        let d = driver()?;
+        d.gpu(d.ctx_device(dst_ctx as usize)?)?.sync()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyPeerAsync(
+    dst: CUdeviceptr,
+    dst_ctx: Handle,
+    src: CUdeviceptr,
+    src_ctx: Handle,
+    n: usize,
+    s: Handle,
+) -> CUresult {
+    entry(|| copy_peer(dst, dst_ctx, src, src_ctx, n, s))
 }

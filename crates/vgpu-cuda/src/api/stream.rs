@@ -19,6 +19,7 @@ fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
         ctx,
         flags,
         priority: priority.clamp(-5, 0),
+        attrs: Default::default(),
     };
     let h = d.objects().add(|o| &mut o.streams, stream);
     // SAFETY: the caller's out-parameter.
@@ -493,5 +494,98 @@ pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
             .ok_or(cu::ERROR_INVALID_HANDLE)?;
         d.gpu(e.device)?.inflight().forget(event as usize);
         Ok(())
+    })
+}
+
+/// The device a stream's work runs on.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetDevice(stream: Handle, dev: *mut i32) -> CUresult {
+    entry(|| {
+        let d = driver()?.stream_device(stream as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(dev, d) }
+    })
+}
+
+/// Launch attributes a stream may carry: hints (an L2 access policy, a
+/// synchronisation policy, memory synchronisation domains) the device
+/// honours by ignoring them, and the priority.
+fn stream_attr_ok(attr: u32) -> bool {
+    matches!(
+        attr,
+        cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+            | cu::LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY
+            | cu::LAUNCH_ATTRIBUTE_PRIORITY
+            | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+            | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN
+    )
+}
+
+/// Applies `f` to stream `stream`'s object; the default streams have
+/// none, and carry no attributes.
+fn with_stream<T>(stream: Handle, f: impl FnOnce(&mut Stream) -> CuResult<T>) -> CuResult<T> {
+    let d = driver()?;
+    d.stream_device(stream as usize)?;
+    let mut o = d.objects();
+    match o.streams.get_mut(&(stream as usize)) {
+        Some(s) => f(s),
+        None => Err(cu::ERROR_INVALID_HANDLE),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetAttribute(
+    stream: Handle,
+    attr: u32,
+    out: *mut cu::CUlaunchAttributeValue,
+) -> CUresult {
+    entry(|| {
+        if !stream_attr_ok(attr) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let v = with_stream(stream, |s| {
+            let mut v = s.attrs.get(&attr).copied().unwrap_or_default();
+            if attr == cu::LAUNCH_ATTRIBUTE_PRIORITY {
+                v[0] = s.priority as u32;
+            }
+            Ok(v)
+        })?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, v) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamSetAttribute(
+    stream: Handle,
+    attr: u32,
+    value: *const cu::CUlaunchAttributeValue,
+) -> CUresult {
+    entry(|| {
+        if !stream_attr_ok(attr) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's value (null is refused).
+        let v = unsafe { ffi::get(value) }?;
+        with_stream(stream, |s| {
+            if attr == cu::LAUNCH_ATTRIBUTE_PRIORITY {
+                s.priority = (v[0] as i32).clamp(-5, 0);
+            } else {
+                s.attrs.insert(attr, v);
+            }
+            Ok(())
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamCopyAttributes(dst: Handle, src: Handle) -> CUresult {
+    entry(|| {
+        let (attrs, priority) = with_stream(src, |s| Ok((s.attrs.clone(), s.priority)))?;
+        with_stream(dst, |s| {
+            s.attrs = attrs;
+            s.priority = priority;
+            Ok(())
+        })
     })
 }
