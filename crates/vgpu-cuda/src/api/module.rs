@@ -916,6 +916,38 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     })
 }
 
+/// The module a function belongs to.
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
+    entry(|| {
+        let m = by_handle(&driver()?.objects().funcs, f as usize)?.module;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(module, m as Handle) }
+    })
+}
+
+/// A library and its module share one handle here.
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut Handle, kernel: Handle) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuFuncGetModule(library, kernel) }
+}
+
+/// Functions are loaded with their module (`CU_FUNCTION_LOADING_STATE_LOADED`).
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult {
+    entry(|| {
+        by_handle(&driver()?.objects().funcs, f as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(state, 1) }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
+    entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -983,36 +1015,4 @@ mod tests {
         // SAFETY: a null configuration is refused before any read.
         assert!(unsafe { config_of(std::ptr::null()) }.is_err());
     }
-}
-
-/// The module a function belongs to.
-#[no_mangle]
-pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
-    entry(|| {
-        let m = by_handle(&driver()?.objects().funcs, f as usize)?.module;
-        // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(module, m as Handle) }
-    })
-}
-
-/// A library and its module share one handle here.
-#[no_mangle]
-pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut Handle, kernel: Handle) -> CUresult {
-    // SAFETY: forwarded arguments.
-    unsafe { cuFuncGetModule(library, kernel) }
-}
-
-/// Functions are loaded with their module (`CU_FUNCTION_LOADING_STATE_LOADED`).
-#[no_mangle]
-pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult {
-    entry(|| {
-        by_handle(&driver()?.objects().funcs, f as usize)?;
-        // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(state, 1) }
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
-    entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
 }
