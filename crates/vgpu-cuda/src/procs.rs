@@ -14,7 +14,8 @@
 use std::ffi::c_void;
 
 use crate::api::{
-    context::*, device::*, graph::*, init::*, memory::*, module::*, pool::*, stream::*, strided::*,
+    context::*, device::*, graph::*, init::*, link::*, memory::*, module::*, pool::*, stream::*,
+    strided::*,
 };
 use crate::cu::{self, CUresult};
 
@@ -247,6 +248,17 @@ implemented {
     cuStreamGetAttribute 11000 => cuStreamGetAttribute,
     cuStreamGetDevice 12080 => cuStreamGetDevice,
     cuStreamSetAttribute 11000 => cuStreamSetAttribute,
+    cuLibraryLoadFromFile 12000 => cuLibraryLoadFromFile,
+    // The 5.5 and 6.5 forms take the same arguments.
+    cuLinkAddData 5050 => cuLinkAddData_v2,
+    cuLinkAddData 6050 => cuLinkAddData_v2,
+    cuLinkAddFile 5050 => cuLinkAddFile_v2,
+    cuLinkAddFile 6050 => cuLinkAddFile_v2,
+    cuLinkComplete 5050 => cuLinkComplete,
+    cuLinkCreate 5050 => cuLinkCreate_v2,
+    cuLinkCreate 6050 => cuLinkCreate_v2,
+    cuLinkDestroy 5050 => cuLinkDestroy,
+    cuModuleLoad 2000 => cuModuleLoad,
     cuMemAdvise 8000 => cuMemAdvise,
     cuMemAdvise 12020 => cuMemAdvise_v2,
     cuMemAllocManaged 6000 => cuMemAllocManaged,
@@ -462,12 +474,6 @@ unsupported {
     cuLibraryGetKernelCount 12040,
     cuLibraryGetManaged 12000,
     cuLibraryGetUnifiedFunction 12000,
-    cuLibraryLoadFromFile 12000,
-    cuLinkAddData 5050,
-    cuLinkAddFile 5050,
-    cuLinkComplete 5050,
-    cuLinkCreate 5050,
-    cuLinkDestroy 5050,
     cuLogsCurrent 12090,
     cuLogsDumpToFile 12090,
     cuLogsDumpToMemory 12090,
@@ -509,7 +515,6 @@ unsupported {
     cuMipmappedArrayGetSparseProperties 11010,
     cuModuleGetSurfRef 3000,
     cuModuleGetTexRef 2000,
-    cuModuleLoad 2000,
     cuProfilerInitialize 4000,
     cuSignalExternalSemaphoresAsync 10000,
     cuStreamBatchMemOp 8000,

@@ -289,6 +289,8 @@ pub struct Objects {
     pub capture_ids: u64,
     /// Memory pools, and which allocations came from them.
     pub pools: crate::pools::Pools,
+    /// JIT links in progress.
+    pub links: crate::api::link::Links,
 }
 
 impl Objects {

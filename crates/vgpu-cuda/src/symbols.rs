@@ -53,7 +53,7 @@ macro_rules! unsupported {
 }
 
 use crate::api::{
-    context::*, device::*, graph::*, memory::*, module::*, pool::*, stream::*, strided::*,
+    context::*, device::*, graph::*, link::*, memory::*, module::*, pool::*, stream::*, strided::*,
 };
 
 aliases! {
@@ -127,6 +127,9 @@ aliases! {
     cuStreamGetAttribute_ptsz => cuStreamGetAttribute,
     cuStreamGetDevice_ptsz => cuStreamGetDevice,
     cuStreamSetAttribute_ptsz => cuStreamSetAttribute,
+    cuLinkAddData => cuLinkAddData_v2,
+    cuLinkAddFile => cuLinkAddFile_v2,
+    cuLinkCreate => cuLinkCreate_v2,
 }
 
 unsupported! {
@@ -171,9 +174,6 @@ unsupported! {
     cuLaunchCooperativeKernel_ptsz,
     cuLaunchGrid,
     cuLaunchGridAsync,
-    cuLinkAddData_v2,
-    cuLinkAddFile_v2,
-    cuLinkCreate_v2,
     cuMemAlloc,
     cuMemAllocHost,
     cuMemAllocPitch,

@@ -17,6 +17,7 @@ pub mod context;
 pub mod device;
 pub mod graph;
 pub mod init;
+pub mod link;
 pub mod memory;
 pub mod module;
 pub mod pool;

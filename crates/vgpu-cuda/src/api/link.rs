@@ -1,0 +1,288 @@
+//! Modules from files (`cuModuleLoad`, `cuLibraryLoadFromFile`), and the
+//! JIT linker's entry points (`cuLinkCreate` ... `cuLinkComplete`) for
+//! what they are mostly used for: handing one PTX, cubin or fatbinary
+//! image on to `cuModuleLoadData` (Numba and driver-API programs do so).
+//! The host's driver compiles PTX when the module is loaded, so the
+//! "linked" image of one PTX input is that PTX. Linking several inputs
+//! together (device libraries, relocatable objects) is not supported.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::io::Read;
+
+use vgpu_guest::sys;
+
+use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::ffi::{self, entry, CuResult};
+use crate::state::{driver, Driver};
+
+const FATBIN_MAGIC: u32 = 0xba55_ed50;
+const ELF_MAGIC: u32 = 0x464c_457f;
+
+/// `CUjitInputType`.
+const INPUT_CUBIN: u32 = 0;
+const INPUT_PTX: u32 = 1;
+const INPUT_FATBINARY: u32 = 2;
+
+/// The module image at the start of `buf` (a file's bytes): a
+/// fatbinary, an ELF cubin, or PTX text up to its first NUL; refused
+/// where its headers say it is longer than `buf`.
+pub fn image_in(buf: &[u8]) -> CuResult<&[u8]> {
+    let magic = buf
+        .get(..4)
+        .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
+    let len = match magic {
+        Some(FATBIN_MAGIC) => {
+            let hdr = buf.get(6..8).ok_or(cu::ERROR_INVALID_IMAGE)?;
+            let body = buf.get(8..16).ok_or(cu::ERROR_INVALID_IMAGE)?;
+            let hdr = u64::from(u16::from_le_bytes([hdr[0], hdr[1]]));
+            let body = u64::from_le_bytes(body.try_into().expect("8 bytes"));
+            hdr.checked_add(body).ok_or(cu::ERROR_INVALID_IMAGE)?
+        }
+        Some(ELF_MAGIC) => vgpu_ptx::cubin_len(buf).map_err(|_| cu::ERROR_INVALID_IMAGE)? as u64,
+        _ => buf.iter().position(|&b| b == 0).unwrap_or(buf.len()) as u64,
+    };
+    let len = usize::try_from(len).map_err(|_| cu::ERROR_INVALID_IMAGE)?;
+    if len == 0 {
+        return Err(cu::ERROR_INVALID_IMAGE);
+    }
+    buf.get(..len).ok_or(cu::ERROR_INVALID_IMAGE)
+}
+
+/// The bytes of file `path` (a C string), at most a module image's limit.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+unsafe fn read_image_file(path: *const c_char) -> CuResult<Vec<u8>> {
+    // SAFETY: the caller's string (null is refused).
+    let path = unsafe { ffi::cstr(path) }?;
+    let max = sys::MAX_IMAGE_BYTES;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut buf))
+        .map_err(|e| {
+            crate::state::log(&format!("module file {path:?}: {e}"));
+            cu::ERROR_FILE_NOT_FOUND
+        })?;
+    if buf.len() as u64 > max {
+        return Err(cu::ERROR_INVALID_IMAGE);
+    }
+    Ok(buf)
+}
+
+/// Loads the module in file `path` on `dev`; its handle to `out`.
+///
+/// # Safety
+/// As [`read_image_file`]; `out` is the caller's out-parameter.
+unsafe fn load_file(d: &Driver, out: *mut Handle, path: *const c_char, dev: CUdevice) -> CuResult {
+    // SAFETY: forwarded.
+    let buf = unsafe { read_image_file(path) }?;
+    let h = d.load_module(dev, image_in(&buf)?)?;
+    // SAFETY: the caller's out-parameter.
+    unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
+        let _ = d.unload_module(h);
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, path: *const c_char) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (_, dev) = d.current_ctx()?;
+        // SAFETY: the caller's arguments.
+        unsafe { load_file(d, module, path, dev) }
+    })
+}
+
+/// As `cuLibraryLoadData`: on the current context's device, else the
+/// first.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    library: *mut Handle,
+    path: *const c_char,
+    _jit_options: *mut c_void,
+    _jit_values: *mut *mut c_void,
+    _n_jit: u32,
+    _lib_options: *mut c_void,
+    _lib_values: *mut *mut c_void,
+    _n_lib: u32,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let dev = d.current_ctx().map_or(0, |(_, dev)| dev);
+        // SAFETY: the caller's arguments.
+        unsafe { load_file(d, library, path, dev) }
+    })
+}
+
+/// A link in progress: its one input, then its output.
+#[derive(Debug, Default)]
+pub struct Link {
+    input: Option<Vec<u8>>,
+    /// What `cuLinkComplete` handed out (a PTX image NUL-terminated),
+    /// valid until the link is destroyed.
+    output: Option<Box<[u8]>>,
+}
+
+/// The links in progress, by handle.
+pub type Links = HashMap<usize, Link>;
+
+/// Options are hints to NVIDIA's compiler (or ask for its logs, which
+/// stay empty here).
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkCreate_v2(
+    _n: u32,
+    _options: *mut c_void,
+    _values: *mut *mut c_void,
+    state: *mut Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        // SAFETY: the caller's out-parameter, checked before the link is made.
+        unsafe { ffi::put(state, std::ptr::null_mut()) }?;
+        let h = d.objects().add(|o| &mut o.links, Link::default());
+        // SAFETY: as above.
+        unsafe { ffi::put(state, h as Handle) }
+    })
+}
+
+/// Adds input `data` of `kind` to link `state`.
+fn add_input(state: Handle, kind: u32, data: &[u8]) -> CuResult {
+    let d = driver()?;
+    let image = match kind {
+        INPUT_PTX | INPUT_CUBIN | INPUT_FATBINARY => image_in(data)?.to_vec(),
+        _ => {
+            return Err(d.not_supported_because(
+                "cuLinkAddData",
+                "inputs other than PTX, cubins and fatbinaries",
+            ))
+        }
+    };
+    let mut o = d.objects();
+    let link = o
+        .links
+        .get_mut(&(state as usize))
+        .ok_or(cu::ERROR_INVALID_HANDLE)?;
+    if link.input.is_some() || link.output.is_some() {
+        drop(o);
+        return Err(d.not_supported_because("cuLinkAddData", "linking more than one input"));
+    }
+    link.input = Some(image);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkAddData_v2(
+    state: Handle,
+    kind: u32,
+    data: *mut c_void,
+    size: usize,
+    _name: *const c_char,
+    _n: u32,
+    _options: *mut c_void,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        if size as u64 > sys::MAX_IMAGE_BYTES {
+            return Err(cu::ERROR_INVALID_IMAGE);
+        }
+        // SAFETY: the caller's `size` bytes.
+        let bytes = unsafe { ffi::bytes(data.cast::<u8>(), size) }?;
+        add_input(state, kind, bytes)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkAddFile_v2(
+    state: Handle,
+    kind: u32,
+    path: *const c_char,
+    _n: u32,
+    _options: *mut c_void,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's path.
+        let buf = unsafe { read_image_file(path) }?;
+        add_input(state, kind, &buf)
+    })
+}
+
+/// The linked image: the one input, PTX NUL-terminated so that
+/// `cuModuleLoadData` reads it as it reads any PTX.
+#[no_mangle]
+pub unsafe extern "C" fn cuLinkComplete(
+    state: Handle,
+    out: *mut *mut c_void,
+    size: *mut usize,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (p, n) = {
+            let mut o = d.objects();
+            let link = o
+                .links
+                .get_mut(&(state as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?;
+            if link.output.is_none() {
+                let mut image = link.input.take().ok_or(cu::ERROR_INVALID_VALUE)?;
+                if vgpu_ptx::fatbin::is_ptx_text(&image) {
+                    image.push(0);
+                }
+                link.output = Some(image.into_boxed_slice());
+            }
+            let out = link.output.as_mut().expect("set above");
+            (out.as_mut_ptr(), out.len())
+        };
+        // SAFETY: the caller's out-parameters; the image stays with the
+        // link until cuLinkDestroy.
+        unsafe {
+            ffi::put(out, p.cast::<c_void>())?;
+            ffi::put_opt(size, n)
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuLinkDestroy(state: Handle) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .links
+            .remove(&(state as usize))
+            .map(drop)
+            .ok_or(cu::ERROR_INVALID_HANDLE)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_in_files_end_where_they_say() {
+        // PTX ends at its NUL, or with the file.
+        assert_eq!(image_in(b".version 8.0\0junk"), Ok(&b".version 8.0"[..]));
+        assert_eq!(image_in(b".version 8.0\n"), Ok(&b".version 8.0\n"[..]));
+        assert_eq!(image_in(b""), Err(cu::ERROR_INVALID_IMAGE));
+        assert_eq!(image_in(b"\0"), Err(cu::ERROR_INVALID_IMAGE));
+        // A fatbinary header that claims more than the file holds.
+        let mut fat = Vec::new();
+        fat.extend_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        fat.extend_from_slice(&1u16.to_le_bytes());
+        fat.extend_from_slice(&16u16.to_le_bytes());
+        fat.extend_from_slice(&100u64.to_le_bytes());
+        fat.extend_from_slice(&[0; 50]);
+        assert_eq!(image_in(&fat), Err(cu::ERROR_INVALID_IMAGE));
+        fat.extend_from_slice(&[0; 60]);
+        assert_eq!(image_in(&fat).map(<[u8]>::len), Ok(116));
+        // Nor can a header overflow.
+        fat[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(image_in(&fat), Err(cu::ERROR_INVALID_IMAGE));
+        // A truncated ELF header.
+        assert_eq!(
+            image_in(&ELF_MAGIC.to_le_bytes()),
+            Err(cu::ERROR_INVALID_IMAGE)
+        );
+    }
+}
