@@ -68,6 +68,9 @@ int main() {
   SYM(cuLibraryGetKernel);
   SYM(cuKernelGetFunction);
   SYM(cuLibraryUnload);
+  SYM(cuModuleGetFunctionCount);
+  SYM(cuModuleEnumerateFunctions);
+  SYM(cuOccupancyMaxPotentialBlockSizeWithFlags);
 
   // The runtime makes the primary context current; the driver API
   // calls below use it.
@@ -97,6 +100,16 @@ int main() {
   DRV(cuModuleLoad(&m, path));
   DRV(cuModuleGetFunction(&f, m, "add_one"));
   launch(f);
+  unsigned count = 0;
+  DRV(cuModuleGetFunctionCount(&count, m));
+  EXPECT(count == 1, "%u functions", count);
+  CUfunction listed = nullptr;
+  DRV(cuModuleEnumerateFunctions(&listed, 1, m));
+  EXPECT(listed == f, "the module lists %p, not its kernel %p", (void *)listed, (void *)f);
+  int min_grid = 0, block = 0;
+  DRV(cuOccupancyMaxPotentialBlockSizeWithFlags(&min_grid, &block, f, nullptr, 0, 0, 0));
+  EXPECT(block >= 32 && block <= 1024 && block % 32 == 0 && min_grid > 0, "block %d, grid %d", block,
+         min_grid);
   DRV(cuModuleUnload(m));
   EXPECT(cuModuleLoad(&m, "/nonexistent.ptx") == CUDA_ERROR_FILE_NOT_FOUND, "a missing file");
   printf("PASS %s module-load-file\n", TEST_NAME);

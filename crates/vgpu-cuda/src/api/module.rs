@@ -916,6 +916,49 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     })
 }
 
+/// With flags: `CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE` changes nothing
+/// here (the device's answers are its driver's).
+#[no_mangle]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid: *mut i32,
+    block_size: *mut i32,
+    f: Handle,
+    to_dyn: B2DSize,
+    dyn_shared: usize,
+    limit: i32,
+    flags: u32,
+) -> CUresult {
+    if flags > 1 {
+        return cu::ERROR_INVALID_VALUE;
+    }
+    // SAFETY: forwarded arguments.
+    unsafe { cuOccupancyMaxPotentialBlockSize(min_grid, block_size, f, to_dyn, dyn_shared, limit) }
+}
+
+/// The module's kernels (as many as `n`), in name order.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleEnumerateFunctions(
+    out: *mut Handle,
+    n: u32,
+    module: Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let mut names: Vec<String> = by_handle(&d.objects().modules, module as usize)?
+            .kernels
+            .iter()
+            .cloned()
+            .collect();
+        names.sort_unstable();
+        for (i, name) in names.iter().take(n as usize).enumerate() {
+            let f = d.get_function(module as usize, name)?;
+            // SAFETY: the caller's array of `n` handles.
+            unsafe { ffi::put(out.add(i), f as Handle) }?;
+        }
+        Ok(())
+    })
+}
+
 /// The module a function belongs to.
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
