@@ -897,14 +897,7 @@ mod tests {
     #[test]
     fn nodes_replay_in_an_order_that_honours_their_dependencies() {
         let mut o = Objects::default();
-        let g = o.add(
-            |o| &mut o.graphs,
-            Graph {
-                device: 0,
-                nodes: Vec::new(),
-                capture: None,
-            },
-        );
+        let g = empty_graph(&mut o);
         let add = |o: &mut Objects, deps: &[usize], n: u64| {
             o.add_node(g, deps, NODE_MEMSET, vec![fill(n)]).unwrap()
         };
@@ -1048,16 +1041,21 @@ mod tests {
         assert!(!o.graphs.contains_key(&g));
     }
 
-    /// A graph of memset nodes in a chain, one per value.
-    fn chain(o: &mut Objects, values: &[u64]) -> (usize, Vec<usize>) {
-        let g = o.add(
+    /// A new graph of device 0, with no nodes.
+    fn empty_graph(o: &mut Objects) -> usize {
+        o.add(
             |o| &mut o.graphs,
             Graph {
                 device: 0,
                 nodes: Vec::new(),
                 capture: None,
             },
-        );
+        )
+    }
+
+    /// A graph of memset nodes in a chain, one per value.
+    fn chain(o: &mut Objects, values: &[u64]) -> (usize, Vec<usize>) {
+        let g = empty_graph(o);
         let mut nodes: Vec<usize> = Vec::new();
         for &v in values {
             let deps: Vec<usize> = nodes.last().copied().into_iter().collect();

@@ -12,6 +12,7 @@ use std::io::Read;
 
 use vgpu_guest::sys;
 
+use crate::api::module::library_device;
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::state::{driver, Driver};
@@ -109,9 +110,8 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let dev = d.current_ctx().map_or(0, |(_, dev)| dev);
         // SAFETY: the caller's arguments.
-        unsafe { load_file(d, library, path, dev) }
+        unsafe { load_file(d, library, path, library_device(d)) }
     })
 }
 

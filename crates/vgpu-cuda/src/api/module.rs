@@ -226,15 +226,18 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_values: *mut *mut c_void,
     _n_lib: u32,
 ) -> CUresult {
-    // A library belongs to no context: a thread with none current (such
-    // as PyTorch's autograd thread, whose first kernel loads its library
-    // lazily) may load one. It goes to the current context's device, else
-    // to the first device.
     entry(|| {
         let d = driver()?;
-        let dev = d.current_ctx().map_or(0, |(_, dev)| dev);
-        load_on(d, library, code, dev)
+        load_on(d, library, code, library_device(d))
     })
+}
+
+/// The device a library is loaded on. A library belongs to no context:
+/// a thread with none current (such as PyTorch's autograd thread, whose
+/// first kernel loads its library lazily) may load one. It goes to the
+/// current context's device, else to the first device.
+pub(crate) fn library_device(d: &Driver) -> CUdevice {
+    d.current_ctx().map_or(0, |(_, dev)| dev)
 }
 
 #[no_mangle]
