@@ -5,7 +5,11 @@
 //   async_launches    empty launches queued back to back, then one wait
 //   async_launch_queue_us
 //                     the host CPU's time to queue one of them (what the
-//                     driver's launch path costs the caller)
+//                     driver's launch path costs the caller, and any wait
+//                     for room in a full queue)
+//   launch_queue_burst_us
+//                     the same for bursts of 64 launches that fit in the
+//                     queue (median of 20), each after the device is idle
 //   h2d_16m, d2h_16m  pinned host <-> device copies of 16 MiB
 //   h2d_64m           the same, 64 MiB
 //   h2d_16m_async, d2h_16m_async, h2d_64m_async
@@ -111,6 +115,19 @@ int main(int argc, char **argv) {
   CHECK(cudaStreamSynchronize(s));
   printf("BENCH async_launches %.0f per_s\n", n / ((now_us() - t) * 1e-6));
   printf("BENCH async_launch_queue_us %.2f us\n", (queued - t) / n);
+  // Bursts short enough to fit in the device's queue, each after the
+  // device went idle: the caller's cost of a launch without the wait a
+  // full queue adds (which the figure above includes when the device is
+  // the slower side).
+  std::vector<double> burst;
+  const int burst_n = 64;
+  for (int r = 0; r < 20; r++) {
+    double b0 = now_us();
+    for (int i = 0; i < burst_n; i++) empty<<<1, 1, 0, s>>>();
+    burst.push_back((now_us() - b0) / burst_n);
+    CHECK(cudaStreamSynchronize(s));
+  }
+  printf("BENCH launch_queue_burst_us %.2f us\n", p50(burst));
   size_t big = 64 << 20;
   void *h, *d;
   CHECK(cudaMallocHost(&h, big));
