@@ -3,7 +3,8 @@
 // MemoryAsyncPool) use it: the device says it has pools, the default
 // pool's release threshold is set, allocations come from the current
 // pool and its usage follows them, a pool of the program's own becomes
-// the device's current one, and is destroyed with an allocation live.
+// the device's current one, and is destroyed with an allocation live;
+// and a graph captured with an allocation and its free inside.
 #define TEST_NAME "mempool"
 #include "check.h"
 #include <cstdint>
@@ -93,6 +94,43 @@ int main() {
   EXPECT(cudaMemPoolDestroy(def) != cudaSuccess, "the default pool was destroyed");
   cudaGetLastError();
   printf("PASS %s destroy\n", TEST_NAME);
+
+  // Allocated and freed inside a stream capture: the graph keeps the
+  // memory for its launches and gives it back when it and its
+  // executable are gone.
+  int *out;
+  CHECK(cudaMalloc(&out, n * sizeof(int)));
+  size_t free0 = 0, free1 = 0, total = 0;
+  CHECK(cudaMemGetInfo(&free0, &total));
+  cudaStream_t cs;
+  CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+  int *tmp;
+  CHECK(cudaMallocAsync(&tmp, n * sizeof(int), cs));
+  fill<<<n / 256, 256, 0, cs>>>(tmp, n, 3);
+  CHECK(cudaMemcpyAsync(out, tmp, n * sizeof(int), cudaMemcpyDeviceToDevice, cs));
+  CHECK(cudaFreeAsync(tmp, cs));
+  CHECK(cudaStreamEndCapture(cs, &g));
+  CHECK(cudaGraphInstantiate(&e, g, 0));
+  for (int round = 0; round < 3; round++) {
+    CHECK(cudaMemsetAsync(out, 0, n * sizeof(int), cs));
+    CHECK(cudaGraphLaunch(e, cs));
+    CHECK(cudaMemcpyAsync(&last, out + n - 1, sizeof(int), cudaMemcpyDeviceToHost, cs));
+    CHECK(cudaStreamSynchronize(cs));
+    EXPECT(last == 3 + n - 1, "round %d: last = %d", round, last);
+  }
+  CHECK(cudaGraphDestroy(g));
+  // The executable still runs with the memory after its graph is gone.
+  CHECK(cudaGraphLaunch(e, cs));
+  CHECK(cudaStreamSynchronize(cs));
+  CHECK(cudaGraphExecDestroy(e));
+  CHECK(cudaMemGetInfo(&free1, &total));
+  EXPECT(free1 == free0, "%zu bytes free after the graph went, %zu before it", free1, free0);
+  CHECK(cudaStreamDestroy(cs));
+  CHECK(cudaFree(out));
+  printf("PASS %s alloc-in-capture\n", TEST_NAME);
 
   CHECK(cudaStreamDestroy(s));
   printf("PASS %s\n", TEST_NAME);

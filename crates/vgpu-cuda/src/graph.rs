@@ -16,7 +16,7 @@
 //! the dependencies allow), which the in-order queue then keeps.
 
 use std::cell::Cell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -129,6 +129,12 @@ pub struct Capture {
     pub id: u64,
     /// A call it could not record was made: ending it fails.
     pub invalidated: bool,
+    /// Stream-ordered allocations made on its streams, not yet freed in
+    /// it.
+    pub allocs: HashSet<u64>,
+    /// Those freed in it: the graph keeps them until it and its
+    /// executables are gone (see [`Graph::owned`]).
+    pub freed: Vec<u64>,
 }
 
 /// `CUgraphNodeType` of the nodes made here.
@@ -193,7 +199,15 @@ pub struct Graph {
     pub device: CUdevice,
     pub nodes: Vec<Node>,
     pub capture: Option<Capture>,
+    /// Device memory its work uses that a capture allocated and freed
+    /// (`cuMemAllocAsync` ... `cuMemFreeAsync` on a captured stream):
+    /// shared with its clones, its executables and the graphs it is a
+    /// child of, and freed when the last of them goes.
+    pub owned: Owned,
 }
+
+/// Device memory graphs own, shared among those that use it.
+pub type Owned = Vec<Arc<Vec<u64>>>;
 
 impl Graph {
     /// The work of every node, in an order that honours the
@@ -249,6 +263,7 @@ impl Graph {
             device: self.device,
             nodes,
             capture: None,
+            owned: Vec::new(),
         }
     }
 
@@ -307,6 +322,8 @@ pub struct GraphExec {
     /// The source graph's node types and dependencies, which an update
     /// must keep.
     pub topology: Graph,
+    /// The memory its work uses that graphs own (see [`Graph::owned`]).
+    pub owned: Owned,
 }
 
 /// Calls that wait for a stream's work or need the host side of it,
@@ -360,7 +377,10 @@ impl Objects {
                 mode,
                 id: self.capture_ids,
                 invalidated: false,
+                allocs: HashSet::new(),
+                freed: Vec::new(),
             }),
+            owned: Vec::new(),
         };
         let g = self.add(|o| &mut o.graphs, graph);
         self.capturing.insert(stream, g);
@@ -392,13 +412,71 @@ impl Objects {
         let invalidated = c.invalidated;
         self.capturing.retain(|_, v| *v != g);
         if invalidated {
-            self.graphs.remove(&g);
+            self.remove_graph(g);
             return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
         }
         if let Some(graph) = self.graphs.get_mut(&g) {
-            graph.capture = None;
+            if let Some(c) = graph.capture.take() {
+                if !c.freed.is_empty() {
+                    graph.owned.push(Arc::new(c.freed));
+                }
+            }
         }
         Ok(g)
+    }
+
+    /// Removes graph `g`, its capture's memory and what it alone owned
+    /// going to [`Objects::to_free`].
+    fn remove_graph(&mut self, g: usize) {
+        if let Some(graph) = self.graphs.remove(&g) {
+            if let Some(c) = graph.capture {
+                self.to_free.extend(c.freed);
+            }
+            self.release(graph.owned);
+        }
+    }
+
+    /// Lets go of `owned`: memory no graph or executable holds any more
+    /// goes to [`Objects::to_free`].
+    pub fn release(&mut self, owned: Owned) {
+        for mem in owned {
+            if let Some(addrs) = Arc::into_inner(mem) {
+                self.to_free.extend(addrs);
+            }
+        }
+    }
+
+    /// A stream-ordered allocation made on `stream`: if it is capturing,
+    /// its capture may free it again.
+    pub fn captured_alloc(&mut self, stream: usize, addr: u64) {
+        let Some(&g) = self.capturing.get(&stream) else {
+            return;
+        };
+        if let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) {
+            c.allocs.insert(addr);
+        }
+    }
+
+    /// `cuMemFreeAsync` on `stream`: true when its capture takes the
+    /// free (memory allocated in the same capture, kept for the graph),
+    /// false when the stream is not capturing. Other memory cannot be
+    /// freed by a graph here: the capture is invalidated.
+    pub fn captured_free(&mut self, stream: usize, addr: u64) -> CuResult<bool> {
+        let Some(&g) = self.capturing.get(&stream) else {
+            return Ok(false);
+        };
+        let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) else {
+            return Ok(false);
+        };
+        if c.invalidated {
+            return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        if c.allocs.remove(&addr) {
+            c.freed.push(addr);
+            return Ok(true);
+        }
+        c.invalidated = true;
+        Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
     }
 
     /// Records `work` for `device` in `stream`'s capture; false if the
@@ -497,7 +575,7 @@ impl Objects {
         c.invalidated = true;
         if c.origin == stream {
             self.capturing.retain(|_, v| *v != g);
-            self.graphs.remove(&g);
+            self.remove_graph(g);
         }
     }
 
@@ -517,6 +595,7 @@ impl Objects {
             graphs: [g, g],
             spans,
             topology: graph.shape(),
+            owned: graph.owned.clone(),
         };
         Ok(self.add(|o| &mut o.execs, exec))
     }
@@ -541,6 +620,7 @@ impl Objects {
             .same_topology(graph)
             .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
         let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
+        let owned = graph.owned.clone();
         let e = self
             .execs
             .get_mut(&exec)
@@ -548,6 +628,8 @@ impl Objects {
         e.nodes = work.into();
         e.spans = spans;
         e.graphs[1] = g;
+        let old = std::mem::replace(&mut e.owned, owned);
+        self.release(old);
         Ok(())
     }
 
@@ -688,8 +770,21 @@ impl Objects {
             device: graph.device,
             nodes: graph.nodes.clone(),
             capture: None,
+            owned: graph.owned.clone(),
         };
         Ok(self.add(|o| &mut o.graphs, copy))
+    }
+
+    /// Makes graph `parent` hold the memory graph `child` owns, whose
+    /// work a child graph node of `parent` copied.
+    pub fn adopt_owned(&mut self, parent: usize, child: usize) -> CuResult {
+        let owned = crate::state::by_handle(&self.graphs, child)?.owned.clone();
+        let p = self
+            .graphs
+            .get_mut(&parent)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        p.owned.extend(owned);
+        Ok(())
     }
 
     /// The work of graph `g` (not one being captured) in the order it
@@ -755,7 +850,14 @@ impl Objects {
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
-        self.graphs.remove(&g);
+        self.remove_graph(g);
+        Ok(())
+    }
+
+    /// Destroys executable `e`.
+    pub fn destroy_exec(&mut self, e: usize) -> CuResult {
+        let exec = self.execs.remove(&e).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        self.release(exec.owned);
         Ok(())
     }
 }
@@ -1049,6 +1151,7 @@ mod tests {
                 device: 0,
                 nodes: Vec::new(),
                 capture: None,
+                owned: Vec::new(),
             },
         )
     }
@@ -1123,5 +1226,73 @@ mod tests {
             Err(cu::ERROR_INVALID_VALUE)
         );
         assert_eq!(patterns(&o, e), [1, 2]);
+    }
+
+    #[test]
+    fn memory_a_capture_allocates_and_frees_lives_as_long_as_its_graphs() {
+        let (mut o, s) = objects_with_streams(2);
+        let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        o.captured_alloc(s[0], 0x1000);
+        // Not capturing: the free is the caller's.
+        assert_eq!(o.captured_free(s[1], 0x1000), Ok(false));
+        assert_eq!(o.captured_free(s[0], 0x1000), Ok(true));
+        assert_eq!(o.end_capture(s[0]), Ok(g));
+        assert_eq!(o.graphs[&g].owned.len(), 1);
+        let e = o.instantiate(g).unwrap();
+        let copy = o.clone_graph(g).unwrap();
+        // A parent of a child graph node holds the child's memory too.
+        let parent = empty_graph(&mut o);
+        o.adopt_owned(parent, g).unwrap();
+        o.destroy_graph(g).unwrap();
+        o.destroy_exec(e).unwrap();
+        o.destroy_graph(copy).unwrap();
+        assert!(o.to_free.is_empty(), "the parent still holds it");
+        o.destroy_graph(parent).unwrap();
+        assert_eq!(std::mem::take(&mut o.to_free), [0x1000]);
+        assert_eq!(o.destroy_exec(e), Err(cu::ERROR_INVALID_HANDLE));
+    }
+
+    #[test]
+    fn a_capture_cannot_free_what_it_did_not_allocate() {
+        let (mut o, s) = objects_with_streams(1);
+        o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+        o.captured_alloc(s[0], 0x1000);
+        assert_eq!(o.captured_free(s[0], 0x1000), Ok(true));
+        assert_eq!(
+            o.captured_free(s[0], 0x2000),
+            Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        );
+        assert_eq!(
+            o.captured_free(s[0], 0x3000),
+            Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
+        );
+        // The failed capture's graph goes, and with it the memory it kept.
+        assert_eq!(
+            o.end_capture(s[0]),
+            Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
+        );
+        assert_eq!(o.to_free, [0x1000]);
+    }
+
+    #[test]
+    fn an_update_swaps_the_memory_an_executable_holds() {
+        let (mut o, s) = objects_with_streams(1);
+        let mut capture = |o: &mut Objects, addr: u64| {
+            let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
+            o.capture_work(s[0], 0, &[fill(1)]).unwrap();
+            o.captured_alloc(s[0], addr);
+            o.captured_free(s[0], addr).unwrap();
+            o.end_capture(s[0]).unwrap();
+            g
+        };
+        let g1 = capture(&mut o, 0x1000);
+        let g2 = capture(&mut o, 0x2000);
+        let e = o.instantiate(g1).unwrap();
+        o.destroy_graph(g1).unwrap();
+        assert_eq!(o.update_exec(e, g2), Ok(()));
+        assert_eq!(std::mem::take(&mut o.to_free), [0x1000]);
+        o.destroy_graph(g2).unwrap();
+        o.destroy_exec(e).unwrap();
+        assert_eq!(o.to_free, [0x2000]);
     }
 }

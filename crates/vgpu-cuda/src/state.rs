@@ -291,6 +291,9 @@ pub struct Objects {
     pub pools: crate::pools::Pools,
     /// JIT links in progress.
     pub links: crate::api::link::Links,
+    /// Device memory graphs owned and no longer use: freed by the entry
+    /// point that let it go, once the objects are unlocked.
+    pub to_free: Vec<u64>,
 }
 
 impl Objects {

@@ -109,6 +109,7 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut Handle, flags: u32) -> CUres
             device,
             nodes: Vec::new(),
             capture: None,
+            owned: Vec::new(),
         };
         let h = d.objects().add(|o| &mut o.graphs, graph);
         // SAFETY: the caller's out-parameter.
@@ -282,9 +283,12 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
         if child == graph {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        let work = driver()?.objects().graph_work(child as usize)?;
+        let d = driver()?;
+        let work = d.objects().graph_work(child as usize)?;
         // SAFETY: the caller's pointers.
-        unsafe { add_node(out, graph, deps, n, g::NODE_GRAPH, work) }
+        unsafe { add_node(out, graph, deps, n, g::NODE_GRAPH, work) }?;
+        // The child's work may use memory the child owns.
+        d.objects().adopt_owned(graph as usize, child as usize)
     })
 }
 
@@ -569,7 +573,22 @@ pub unsafe extern "C" fn cuGraphAddDependencies_v2(
 
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
-    entry(|| driver()?.objects().destroy_graph(graph as usize))
+    entry(|| {
+        let d = driver()?;
+        let r = d.objects().destroy_graph(graph as usize);
+        free_released(d);
+        r
+    })
+}
+
+/// Frees the device memory graphs let go of (see `Objects::to_free`).
+pub(crate) fn free_released(d: &crate::state::Driver) {
+    let addrs = std::mem::take(&mut d.objects().to_free);
+    for a in addrs {
+        if let Err(e) = crate::api::memory::free(a) {
+            crate::state::log(&format!("memory a graph owned at {a:#x} not freed: {e}"));
+        }
+    }
 }
 
 /// Instantiates `graph` into `*pexec`.
@@ -657,12 +676,10 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 #[no_mangle]
 pub extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .execs
-            .remove(&(exec as usize))
-            .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
+        let d = driver()?;
+        let r = d.objects().destroy_exec(exec as usize);
+        free_released(d);
+        r
     })
 }
 
@@ -853,7 +870,9 @@ const UPDATE_TOPOLOGY_CHANGED: u32 = 2;
 /// Updates `exec` from `graph`: the result code and the node at fault.
 fn exec_update(exec: Handle, graph: Handle) -> CuResult<(u32, Handle)> {
     let d = driver()?;
-    match d.objects().update_exec(exec as usize, graph as usize) {
+    let r = d.objects().update_exec(exec as usize, graph as usize);
+    free_released(d);
+    match r {
         Ok(()) => Ok((UPDATE_SUCCESS, std::ptr::null_mut())),
         Err(Ok(g::UpdateFailure::Topology(node))) => Ok((
             UPDATE_TOPOLOGY_CHANGED,

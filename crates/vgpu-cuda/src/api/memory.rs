@@ -156,12 +156,12 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's out-parameter, checked before allocating.
         unsafe { ffi::put(dptr, 0) }?;
-        let a = crate::api::pool::alloc_from(driver()?, None, size)?;
+        let a = crate::api::pool::alloc_async(driver()?, None, size, stream)?;
         // SAFETY: as above.
         unsafe { ffi::put(dptr, a) }.inspect_err(|_| {
             let _ = free(a);
@@ -174,17 +174,19 @@ pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     entry(|| if dptr == 0 { Ok(()) } else { free(dptr) })
 }
 
-/// Frees at once (after the work queued before it): during a capture
-/// that would free memory the graph uses, so it is refused there.
+/// Frees at once (after the work queued before it). In a capture, memory
+/// the same capture allocated is kept for the graph, which frees it when
+/// it and its executables are gone (`Graph::owned`); freeing other
+/// memory there would free what the graph uses, so it invalidates the
+/// capture.
 #[no_mangle]
 pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
     entry(|| {
-        driver()?.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-        if dptr == 0 {
-            Ok(())
-        } else {
-            free(dptr)
+        let d = driver()?;
+        if dptr == 0 || d.objects().captured_free(stream as usize, dptr)? {
+            return Ok(());
         }
+        free(dptr)
     })
 }
 

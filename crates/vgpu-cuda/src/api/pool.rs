@@ -293,18 +293,31 @@ pub(crate) fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResu
     Ok(addr)
 }
 
+/// A stream-ordered allocation on `stream`: one its capture (if it is
+/// capturing) may free again ([`crate::graph`]'s owned memory).
+pub(crate) fn alloc_async(
+    d: &Driver,
+    pool: Option<usize>,
+    size: usize,
+    stream: Handle,
+) -> CuResult<CUdeviceptr> {
+    let addr = alloc_from(d, pool, size)?;
+    d.objects().captured_alloc(stream as usize, addr);
+    Ok(addr)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CUdeviceptr,
     size: usize,
     pool: Handle,
-    _stream: Handle,
+    stream: Handle,
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
         // SAFETY: the caller's out-parameter, checked before allocating.
         unsafe { ffi::put(dptr, 0) }?;
-        let addr = alloc_from(d, Some(pool as usize), size)?;
+        let addr = alloc_async(d, Some(pool as usize), size, stream)?;
         // SAFETY: as above.
         unsafe { ffi::put(dptr, addr) }.inspect_err(|_| {
             let _ = free(addr);

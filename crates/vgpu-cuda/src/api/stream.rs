@@ -44,11 +44,14 @@ pub unsafe extern "C" fn cuStreamCreateWithPriority(
 pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let mut o = d.objects();
-        o.streams
-            .remove(&(stream as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        o.forget_stream_capture(stream as usize);
+        {
+            let mut o = d.objects();
+            o.streams
+                .remove(&(stream as usize))
+                .ok_or(cu::ERROR_INVALID_HANDLE)?;
+            o.forget_stream_capture(stream as usize);
+        }
+        crate::api::graph::free_released(d);
         Ok(())
     })
 }
@@ -251,6 +254,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, pgraph: *mut Handle)
             return Err(cu::ERROR_INVALID_VALUE);
         }
         let r = d.objects().end_capture(stream as usize);
+        crate::api::graph::free_released(d);
         match r {
             // SAFETY: the caller's out-parameter, checked non-null.
             Ok(g) => unsafe { ffi::put(pgraph, g as Handle) },
