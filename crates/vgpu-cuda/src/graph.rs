@@ -64,6 +64,28 @@ pub enum Work {
         src: u64,
         len: u64,
     },
+    /// A host function (`cuLaunchHostFunc` in a capture, a host node):
+    /// called once the work before it is done, before the work after it.
+    Host(HostCall),
+}
+
+/// A host function and its argument.
+#[derive(Clone, Copy, Debug)]
+pub struct HostCall {
+    pub f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    pub user: usize,
+}
+
+impl HostCall {
+    /// Calls it.
+    ///
+    /// # Safety
+    /// The program's function, called with its own argument, as CUDA
+    /// would; the program guarantees both are valid while the graph is.
+    pub unsafe fn call(&self) {
+        // SAFETY: as above.
+        unsafe { (self.f)(self.user as *mut std::ffi::c_void) }
+    }
 }
 
 impl Work {
@@ -88,6 +110,8 @@ impl Work {
             Work::Copy { dst, src, len } => {
                 batch.copy_device_addr(*dst, *src, *len);
             }
+            // No device command: the queue runs it between batches.
+            Work::Host(_) => {}
         }
     }
 
@@ -141,6 +165,7 @@ pub struct Capture {
 pub const NODE_KERNEL: u32 = 0;
 pub const NODE_MEMCPY: u32 = 1;
 pub const NODE_MEMSET: u32 = 2;
+pub const NODE_HOST: u32 = 3;
 pub const NODE_GRAPH: u32 = 4;
 pub const NODE_EMPTY: u32 = 5;
 
@@ -182,6 +207,7 @@ impl Node {
             Work::Launch { .. } => NODE_KERNEL,
             Work::Copy { .. } => NODE_MEMCPY,
             Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
+            Work::Host(_) => NODE_HOST,
         };
         Node {
             kind,
@@ -643,40 +669,64 @@ impl Objects {
         device: CUdevice,
         launch: Work,
     ) -> CuResult {
+        self.set_exec_node(exec, node, NODE_KERNEL, device, launch)
+    }
+
+    /// Replaces the one piece of work of node `node` (of type `kind`) in
+    /// `exec`, as [`Self::set_exec_kernel`] does a kernel's.
+    pub fn set_exec_node(
+        &mut self,
+        exec: usize,
+        node: usize,
+        kind: u32,
+        device: CUdevice,
+        work: Work,
+    ) -> CuResult {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
         let e = self.execs.get_mut(&exec).ok_or(cu::ERROR_INVALID_HANDLE)?;
         if !e.graphs.contains(&g) || device != e.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
         let span = e.spans.get(i).cloned().ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let is_kernel = e
-            .topology
-            .nodes
-            .get(i)
-            .is_some_and(|n| n.kind == NODE_KERNEL);
-        if !is_kernel || span.len() != 1 {
+        let same_kind = e.topology.nodes.get(i).is_some_and(|n| n.kind == kind);
+        if !same_kind || span.len() != 1 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
         let mut nodes = e.nodes.to_vec();
-        nodes[span.start] = launch;
+        nodes[span.start] = work;
         e.nodes = nodes.into();
         Ok(())
     }
 
     /// Replaces the work of kernel node `node` (a graph's) with `launch`.
     pub fn set_kernel(&mut self, node: usize, device: CUdevice, launch: Work) -> CuResult {
+        self.set_node(node, NODE_KERNEL, device, launch)
+    }
+
+    /// Replaces the work of node `node` (of type `kind`) of a graph with
+    /// `work`.
+    pub fn set_node(&mut self, node: usize, kind: u32, device: CUdevice, work: Work) -> CuResult {
         let (g, i) = self.node(node)?;
         let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
         let n = &mut graph.nodes[i];
-        if n.kind != NODE_KERNEL || device != graph.device {
+        if n.kind != kind || device != graph.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        n.work = vec![launch];
+        n.work = vec![work];
         n.param_ptrs = None;
         Ok(())
+    }
+
+    /// The host function of host node `node`.
+    pub fn host_of(&self, node: usize) -> CuResult<HostCall> {
+        let (g, i) = self.node(node)?;
+        match self.graphs[&g].nodes[i].work.as_slice() {
+            [Work::Host(h)] => Ok(*h),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
     }
 
     /// The launch of kernel node `node`, and the addresses of its
@@ -1277,7 +1327,7 @@ mod tests {
     #[test]
     fn an_update_swaps_the_memory_an_executable_holds() {
         let (mut o, s) = objects_with_streams(1);
-        let mut capture = |o: &mut Objects, addr: u64| {
+        let capture = |o: &mut Objects, addr: u64| {
             let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
             o.capture_work(s[0], 0, &[fill(1)]).unwrap();
             o.captured_alloc(s[0], addr);

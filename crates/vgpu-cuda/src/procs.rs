@@ -169,7 +169,11 @@ implemented {
     cuGraphClone 10000 => cuGraphClone,
     cuGraphCreate 10000 => cuGraphCreate,
     cuGraphDestroy 10000 => cuGraphDestroy,
+    cuGraphAddHostNode 10000 => cuGraphAddHostNode,
     cuGraphExecDestroy 10000 => cuGraphExecDestroy,
+    cuGraphExecHostNodeSetParams 10020 => cuGraphExecHostNodeSetParams,
+    cuGraphHostNodeGetParams 10000 => cuGraphHostNodeGetParams,
+    cuGraphHostNodeSetParams 10000 => cuGraphHostNodeSetParams,
     cuGraphExecKernelNodeSetParams 10010 => cuGraphExecKernelNodeSetParams,
     cuGraphExecKernelNodeSetParams 12000 => cuGraphExecKernelNodeSetParams_v2,
     cuGraphExecUpdate 10020 => cuGraphExecUpdate,
@@ -392,7 +396,6 @@ unsupported {
     cuGraphAddEventWaitNode 11010,
     cuGraphAddExternalSemaphoresSignalNode 11020,
     cuGraphAddExternalSemaphoresWaitNode 11020,
-    cuGraphAddHostNode 10000,
     cuGraphAddMemAllocNode 11040,
     cuGraphAddMemFreeNode 11040,
     cuGraphAddNode 12020,
@@ -410,7 +413,6 @@ unsupported {
     cuGraphExecExternalSemaphoresSignalNodeSetParams 11020,
     cuGraphExecExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphExecGetFlags 12000,
-    cuGraphExecHostNodeSetParams 10020,
     cuGraphExecMemcpyNodeSetParams 10020,
     cuGraphExecMemsetNodeSetParams 10020,
     cuGraphExecNodeSetParams 12020,
@@ -419,8 +421,6 @@ unsupported {
     cuGraphExternalSemaphoresWaitNodeGetParams 11020,
     cuGraphExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphGetEdges 10000,
-    cuGraphHostNodeGetParams 10000,
-    cuGraphHostNodeSetParams 10000,
     cuGraphKernelNodeCopyAttributes 11000,
     cuGraphKernelNodeGetAttribute 11000,
     cuGraphKernelNodeSetAttribute 11000,
@@ -635,7 +635,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphAddHostNode", 13000);
+        let f = found("cuGraphAddEventRecordNode", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);

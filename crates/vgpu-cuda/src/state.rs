@@ -569,7 +569,22 @@ impl Driver {
         if captured {
             return Ok(());
         }
-        graph::in_batches(work, |batch| gpu.submit(batch, None))
+        // A host function runs once the work before it is done, and the
+        // work after it goes to the device once it has returned.
+        for part in work.split_inclusive(|w| matches!(w, Work::Host(_))) {
+            let (device_work, host) = match part.split_last() {
+                Some((Work::Host(h), rest)) => (rest, Some(h)),
+                _ => (part, None),
+            };
+            graph::in_batches(device_work, |batch| gpu.submit(batch, None))?;
+            if let Some(h) = host {
+                gpu.wait_idle();
+                // SAFETY: the program's host function and argument, which
+                // it keeps valid while it may be called.
+                unsafe { h.call() };
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a call that a capture in progress cannot record,

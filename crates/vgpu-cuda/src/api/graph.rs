@@ -1,9 +1,9 @@
 //! Graphs ([`crate::graph`]), made by stream capture or node by node
-//! (kernel, memset, device-to-device memcpy, child graph and empty nodes,
-//! and the dependencies between them): created, cloned, listed,
-//! instantiated, launched, and changed (kernel nodes' parameters, in a
-//! graph or an executable, and whole executables updated from a graph of
-//! the same topology). A graph's work replays in an order that honours
+//! (kernel, memset, device-to-device memcpy, host, child graph and empty
+//! nodes, and the dependencies between them): created, cloned, listed,
+//! instantiated, launched, and changed (kernel and host nodes'
+//! parameters, in a graph or an executable, and whole executables
+//! updated from a graph of the same topology). A graph's work replays in an order that honours
 //! its dependencies.
 
 use std::ffi::{c_char, c_void};
@@ -344,6 +344,101 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
         let device = by_handle(&driver()?.objects().graphs, graph as usize)?.device;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_EMPTY, (device, Vec::new())) }
+    })
+}
+
+/// `CUDA_HOST_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HostNodeParams {
+    pub f: Option<crate::api::stream::HostFn>,
+    pub user: *mut c_void,
+}
+
+/// The host call `p` describes.
+///
+/// # Safety
+/// `p` is null or the caller's parameters.
+unsafe fn host_call(p: *const HostNodeParams) -> CuResult<g::HostCall> {
+    // SAFETY: the caller's parameters (null is refused).
+    let p = unsafe { ffi::get(p) }?;
+    Ok(g::HostCall {
+        f: p.f.ok_or(cu::ERROR_INVALID_VALUE)?,
+        user: p.user as usize,
+    })
+}
+
+/// A host node: its function runs once the nodes it depends on are done,
+/// before those that depend on it.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddHostNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let call = unsafe { host_call(params) }?;
+        let device = by_handle(&driver()?.objects().graphs, graph as usize)?.device;
+        let work = vec![Work::Host(call)];
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_HOST, (device, work)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphHostNodeGetParams(
+    node: Handle,
+    out: *mut HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        let h = driver()?.objects().host_of(node as usize)?;
+        let p = HostNodeParams {
+            f: Some(h.f),
+            user: h.user as *mut c_void,
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphHostNodeSetParams(
+    node: Handle,
+    params: *const HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let call = unsafe { host_call(params) }?;
+        let d = driver()?;
+        let mut o = d.objects();
+        let (g, _) = o.node(node as usize)?;
+        let device = o.graphs[&g].device;
+        o.set_node(node as usize, g::NODE_HOST, device, Work::Host(call))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    params: *const HostNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters.
+        let call = unsafe { host_call(params) }?;
+        let d = driver()?;
+        let mut o = d.objects();
+        let device = by_handle(&o.execs, exec as usize)?.device;
+        o.set_exec_node(
+            exec as usize,
+            node as usize,
+            g::NODE_HOST,
+            device,
+            Work::Host(call),
+        )
     })
 }
 

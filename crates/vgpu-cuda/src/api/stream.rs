@@ -102,6 +102,8 @@ fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
     Ok(())
 }
 
+/// Queued as work of its own ([`Driver::queue`] runs it in order): on a
+/// stream being captured it becomes a host node of the graph.
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchHostFunc(
     stream: Handle,
@@ -110,11 +112,13 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
 ) -> CUresult {
     entry(|| {
         let f = f.ok_or(cu::ERROR_INVALID_VALUE)?;
-        run_host_fn(stream, |_| {
-            // SAFETY: the caller's function, called with its own argument
-            // as CUDA would.
-            unsafe { f(user) }
-        })
+        let d = driver()?;
+        let device = d.stream_device(stream as usize)?;
+        let call = graph::HostCall {
+            f,
+            user: user as usize,
+        };
+        d.queue(stream as usize, device, &[graph::Work::Host(call)])
     })
 }
 
