@@ -67,6 +67,19 @@ pub enum Work {
     /// A host function (`cuLaunchHostFunc` in a capture, a host node):
     /// called once the work before it is done, before the work after it.
     Host(HostCall),
+    /// A copy from page-locked host memory of the process to the device
+    /// (an asynchronous copy captured, a memcpy node).
+    Upload {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
+    /// A copy from the device to page-locked host memory.
+    Download {
+        dst: u64,
+        src: u64,
+        len: u64,
+    },
 }
 
 /// A host function and its argument.
@@ -112,6 +125,26 @@ impl Work {
             }
             // No device command: the queue runs it between batches.
             Work::Host(_) => {}
+            Work::Upload { dst, src, len } => {
+                // SAFETY: the source was page-locked memory of this process
+                // when the work was recorded, and a graph launch checks it
+                // still is (`cuGraphLaunch`); the program keeps it, as
+                // CUDA requires, while the work may run.
+                unsafe { batch.copy_user_to_device_addr(*dst, *src as *const u8, *len) };
+            }
+            Work::Download { dst, src, len } => {
+                // SAFETY: as for an upload, for the destination.
+                unsafe { batch.copy_device_addr_to_user(*dst as *mut u8, *src, *len) };
+            }
+        }
+    }
+
+    /// The host range of a copy with a host side, if it is one.
+    pub fn host_range(&self) -> Option<(u64, u64)> {
+        match self {
+            Work::Upload { src, len, .. } => Some((*src, *len)),
+            Work::Download { dst, len, .. } => Some((*dst, *len)),
+            _ => None,
         }
     }
 
@@ -205,7 +238,7 @@ impl Node {
     fn of(work: &Work, deps: Vec<usize>) -> Node {
         let kind = match work {
             Work::Launch { .. } => NODE_KERNEL,
-            Work::Copy { .. } => NODE_MEMCPY,
+            Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
             Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
             Work::Host(_) => NODE_HOST,
         };

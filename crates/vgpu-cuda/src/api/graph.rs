@@ -10,12 +10,13 @@ use std::ffi::{c_char, c_void};
 
 use vgpu_guest::Dims;
 
-use crate::api::memory::{memset_work, range_device};
+use crate::api::memory::{in_page_locked, memset_work};
 use crate::api::module::kernel_work;
+use crate::api::strided::{Copy3D, Memcpy3d};
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
-use crate::state::{by_handle, driver};
+use crate::state::{by_handle, driver, log};
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]
@@ -50,38 +51,6 @@ pub struct MemsetNodeParams {
     pub width: usize,
     pub height: usize,
 }
-
-/// One side of a `CUDA_MEMCPY3D`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3dSide {
-    pub x_bytes: usize,
-    pub y: usize,
-    pub z: usize,
-    pub lod: usize,
-    pub memory_type: u32,
-    pub host: *const c_void,
-    pub device: u64,
-    pub array: Handle,
-    pub reserved: *mut c_void,
-    pub pitch: usize,
-    pub height: usize,
-}
-
-/// `CUDA_MEMCPY3D`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3d {
-    pub src: Memcpy3dSide,
-    pub dst: Memcpy3dSide,
-    pub width_bytes: usize,
-    pub height: usize,
-    pub depth: usize,
-}
-
-/// `CU_MEMORYTYPE_DEVICE` and `CU_MEMORYTYPE_UNIFIED`.
-const MEMORY_DEVICE: u32 = 2;
-const MEMORY_UNIFIED: u32 = 4;
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
 #[repr(C)]
@@ -551,27 +520,8 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     })
 }
 
-/// The device address one side of a copy names, if it is device memory
-/// named as such (a host or array side is not supported in a graph).
-fn device_side(s: &Memcpy3dSide) -> CuResult<u64> {
-    if s.memory_type != MEMORY_DEVICE && s.memory_type != MEMORY_UNIFIED {
-        return Err(crate::procs::unsupported_with(
-            "cuGraphAddMemcpyNode",
-            "copies with a host or array side",
-        ));
-    }
-    if s.y != 0 || s.z != 0 || s.lod != 0 {
-        return Err(crate::procs::unsupported_with(
-            "cuGraphAddMemcpyNode",
-            "copies with a row or slice offset",
-        ));
-    }
-    s.device
-        .checked_add(s.x_bytes as u64)
-        .ok_or(cu::ERROR_INVALID_VALUE)
-}
-
-/// A memcpy node between device addresses, one row.
+/// A memcpy node: rows (in slices) between device memory, or between
+/// device memory and page-locked host memory, as `cuMemcpy3D` copies them.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     out: *mut Handle,
@@ -584,29 +534,10 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     entry(|| {
         // SAFETY: the caller's parameters (null is refused).
         let p = unsafe { ffi::get(params) }?;
-        if p.height > 1 || p.depth > 1 {
-            return Err(crate::procs::unsupported_with(
-                "cuGraphAddMemcpyNode",
-                "copies of more than one row",
-            ));
-        }
-        let (src, dst) = (device_side(&p.src)?, device_side(&p.dst)?);
         let d = driver()?;
-        let len = p.width_bytes;
-        if len == 0 {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        let device = range_device(d, dst, len)?;
-        if range_device(d, src, len)? != device {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        let work = Work::Copy {
-            dst,
-            src,
-            len: len as u64,
-        };
+        let (device, works) = Copy3D::of(d, &p)?.works(d)?;
         // SAFETY: the caller's pointers.
-        unsafe { add_node(out, graph, deps, n, g::NODE_MEMCPY, (device, vec![work])) }
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEMCPY, (device, works)) }
     })
 }
 
@@ -800,6 +731,16 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
             let e = by_handle(&o.execs, exec as usize)?;
             (e.device, e.nodes.clone())
         };
+        // Copies with a host side reach host memory only while it is
+        // still page-locked (not freed or unregistered since).
+        let gone = nodes
+            .iter()
+            .filter_map(Work::host_range)
+            .any(|(p, len)| !in_page_locked(d, p as usize, len as usize));
+        if gone {
+            log("a graph copies to or from host memory that is no longer page-locked");
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         d.queue(stream as usize, device, &nodes)
     })
 }
@@ -1030,6 +971,7 @@ pub unsafe extern "C" fn cuGraphExecUpdate_v2(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::strided::Memcpy3dSide;
 
     #[test]
     fn node_params_have_cuda_h_layout() {

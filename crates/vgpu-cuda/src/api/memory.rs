@@ -414,6 +414,15 @@ pub(crate) fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool
     matches!(h.pinned, Some((pd, first)) if pd == dev && p >= first && p + len <= end)
 }
 
+/// Whether `[p, p + len)` lies in page-locked host memory of this
+/// process (`cuMemHostAlloc`, `cuMemHostRegister`), which stays mapped
+/// until it is freed or unregistered: what a graph may copy to or from.
+/// (Whether the kernel driver holds it pinned as well is
+/// [`in_pinned`]'s question.)
+pub(crate) fn in_page_locked(d: &Driver, p: usize, len: usize) -> bool {
+    len > 0 && d.objects().host_at(p, len).is_some()
+}
+
 /// Asynchronous copies of at least this many bytes go to the device at
 /// once instead of waiting in the open batch: the device takes longer to
 /// move one than the guest takes to submit it, so the next is submitted
@@ -429,10 +438,38 @@ pub(crate) fn submit_copy(g: &Gpu, b: Batch, n: usize) -> CuResult {
     Ok(())
 }
 
+/// An asynchronous copy with a host side on a stream being captured:
+/// recorded when the host side is page-locked (a graph replays it without
+/// waiting), else refused as CUDA refuses it.
+fn capture_host_copy(
+    d: &Driver,
+    stream: Handle,
+    device: CUdevice,
+    host: usize,
+    n: usize,
+    work: Work,
+) -> CuResult<bool> {
+    if !d.objects().capturing.contains_key(&(stream as usize)) {
+        return Ok(false);
+    }
+    if !in_page_locked(d, host, n) {
+        d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+    }
+    d.queue(stream as usize, device, &[work]).map(|()| true)
+}
+
 fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
-    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let device = range_device(d, dst, n)?;
+    let upload = Work::Upload {
+        dst,
+        src: src as u64,
+        len: n as u64,
+    };
+    if call == Call::Async && capture_host_copy(d, stream, device, src as usize, n, upload)? {
+        return Ok(());
+    }
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let g = d.gpu(device)?;
     if call == Call::Async && n > 0 && in_pinned(d, src as usize, n, device) {
         // Queued in order with the device's other work; the program may
@@ -459,8 +496,16 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
 
 fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
-    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let device = range_device(d, src, n)?;
+    let download = Work::Download {
+        dst: dst as u64,
+        src,
+        len: n as u64,
+    };
+    if call == Call::Async && capture_host_copy(d, stream, device, dst as usize, n, download)? {
+        return Ok(());
+    }
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let g = d.gpu(device)?;
     if call == Call::Async && n > 0 && in_pinned(d, dst as usize, n, device) {
         let mut b = Batch::new();

@@ -12,7 +12,7 @@ use std::ffi::c_void;
 
 use vgpu_guest::Batch;
 
-use super::memory::{alloc, in_pinned, memset_work, side, submit_copy, Call, Side};
+use super::memory::{alloc, in_page_locked, in_pinned, memset_work, side, submit_copy, Call, Side};
 use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
@@ -41,35 +41,32 @@ pub struct Memcpy2D {
     height: usize,
 }
 
+/// One side of a `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3dSide {
+    pub x_bytes: usize,
+    pub y: usize,
+    pub z: usize,
+    pub lod: usize,
+    pub memory_type: u32,
+    pub host: *const c_void,
+    pub device: u64,
+    pub array: Handle,
+    pub reserved: *mut c_void,
+    pub pitch: usize,
+    pub height: usize,
+}
+
 /// `CUDA_MEMCPY3D`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Memcpy3D {
-    src_x: usize,
-    src_y: usize,
-    src_z: usize,
-    src_lod: usize,
-    src_type: u32,
-    src_host: *const c_void,
-    src_device: CUdeviceptr,
-    src_array: Handle,
-    reserved0: *mut c_void,
-    src_pitch: usize,
-    src_height: usize,
-    dst_x: usize,
-    dst_y: usize,
-    dst_z: usize,
-    dst_lod: usize,
-    dst_type: u32,
-    dst_host: *mut c_void,
-    dst_device: CUdeviceptr,
-    dst_array: Handle,
-    reserved1: *mut c_void,
-    dst_pitch: usize,
-    dst_height: usize,
-    width: usize,
-    height: usize,
-    depth: usize,
+pub struct Memcpy3d {
+    pub src: Memcpy3dSide,
+    pub dst: Memcpy3dSide,
+    pub width_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
 }
 
 /// `CUmemorytype`s a copy names its sides by (arrays are refused).
@@ -201,17 +198,87 @@ fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr) -> CuResult<End> {
 }
 
 /// A copy of `shape` between two regions, each of host or device memory.
-struct Copy3D {
+pub(crate) struct Copy3D {
     src: (End, Region),
     dst: (End, Region),
     shape: Shape,
 }
 
 impl Copy3D {
+    /// The copy a `CUDA_MEMCPY3D` describes.
+    pub(crate) fn of(d: &Driver, c: &Memcpy3d) -> CuResult<Copy3D> {
+        Ok(Copy3D {
+            src: side_3d(d, &c.src)?,
+            dst: side_3d(d, &c.dst)?,
+            shape: Shape {
+                width: c.width_bytes as u64,
+                height: c.height as u64,
+                depth: c.depth as u64,
+            },
+        })
+    }
+
+    /// The copy as queued work of one device (a memcpy node, a capture):
+    /// its rows between device memory, or between device memory and
+    /// page-locked host memory of that device (which a graph can replay
+    /// without waiting); pageable or host-to-host copies cannot be.
+    pub(crate) fn works(&self, d: &Driver) -> CuResult<(CUdevice, Vec<Work>)> {
+        if self.shape.is_empty() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let src_span = self.src.1.span(self.shape)?;
+        let dst_span = self.dst.1.span(self.shape)?;
+        let device_of = |e: End, r: Region, span: u64| -> CuResult<Option<CUdevice>> {
+            match e {
+                End::Host(_) => Ok(None),
+                End::Device(_) => super::memory::range_device(d, r.base, span as usize).map(Some),
+            }
+        };
+        let src_dev = device_of(self.src.0, self.src.1, src_span)?;
+        let dst_dev = device_of(self.dst.0, self.dst.1, dst_span)?;
+        let locked = |r: Region, span: u64| in_page_locked(d, r.base as usize, span as usize);
+        let copies = segments(self.src.1, self.dst.1, self.shape);
+        let (device, works): (CUdevice, Vec<Work>) = match (src_dev, dst_dev) {
+            (Some(a), Some(b)) if a != b => return Err(cu::ERROR_NOT_SUPPORTED),
+            (Some(dev), Some(_)) => (
+                dev,
+                copies
+                    .map(|(src, dst, len)| Work::Copy { dst, src, len })
+                    .collect(),
+            ),
+            (None, Some(dev)) if locked(self.src.1, src_span) => (
+                dev,
+                copies
+                    .map(|(src, dst, len)| Work::Upload { dst, src, len })
+                    .collect(),
+            ),
+            (Some(dev), None) if locked(self.dst.1, dst_span) => (
+                dev,
+                copies
+                    .map(|(src, dst, len)| Work::Download { dst, src, len })
+                    .collect(),
+            ),
+            _ => {
+                return Err(d.not_supported_because(
+                    "a copy in a graph",
+                    "host memory that is not page-locked, or on both sides",
+                ))
+            }
+        };
+        Ok((device, works))
+    }
+
     fn run(&self, stream: Handle, call: Call) -> CuResult {
         let d = driver()?;
         if self.shape.is_empty() {
             return Ok(());
+        }
+        if call == Call::Async && d.objects().capturing.contains_key(&(stream as usize)) {
+            // Recorded in the capture, where it can be.
+            return match self.works(d) {
+                Ok((device, works)) => d.queue(stream as usize, device, &works),
+                Err(_) => d.refuse_in_capture(Unsafe::Stream(stream as usize)),
+            };
         }
         let src_span = self.src.1.span(self.shape)?;
         let dst_span = self.dst.1.span(self.shape)?;
@@ -337,33 +404,24 @@ fn copy_2d(p: *const Memcpy2D, stream: Handle, call: Call) -> CuResult {
     copy.run(stream, call)
 }
 
-fn copy_3d(p: *const Memcpy3D, stream: Handle, call: Call) -> CuResult {
+fn copy_3d(p: *const Memcpy3d, stream: Handle, call: Call) -> CuResult {
     // SAFETY: the caller's descriptor.
     let c = unsafe { ffi::get(p) }?;
-    let d = driver()?;
-    if c.src_lod != 0 || c.dst_lod != 0 {
+    Copy3D::of(driver()?, &c)?.run(stream, call)
+}
+
+/// One side of a 3D copy, resolved.
+fn side_3d(d: &Driver, s: &Memcpy3dSide) -> CuResult<(End, Region)> {
+    if s.lod != 0 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    let src = end(d, c.src_type, c.src_host as u64, c.src_device)?;
-    let dst = end(d, c.dst_type, c.dst_host as u64, c.dst_device)?;
-    let (sp, dp) = (ptr_of(src), ptr_of(dst));
-    let at = |x, y, z, pitch, rows| Region::at(0, (x, y, z), pitch, rows);
-    let (mut s, mut t) = (
-        at(c.src_x, c.src_y, c.src_z, c.src_pitch, c.src_height)?,
-        at(c.dst_x, c.dst_y, c.dst_z, c.dst_pitch, c.dst_height)?,
-    );
-    s.base = s.base.checked_add(sp).ok_or(cu::ERROR_INVALID_VALUE)?;
-    t.base = t.base.checked_add(dp).ok_or(cu::ERROR_INVALID_VALUE)?;
-    let copy = Copy3D {
-        src: (src, s),
-        dst: (dst, t),
-        shape: Shape {
-            width: c.width as u64,
-            height: c.height as u64,
-            depth: c.depth as u64,
-        },
-    };
-    copy.run(stream, call)
+    let e = end(d, s.memory_type, s.host as u64, s.device)?;
+    let mut r = Region::at(0, (s.x_bytes, s.y, s.z), s.pitch, s.height)?;
+    r.base = r
+        .base
+        .checked_add(ptr_of(e))
+        .ok_or(cu::ERROR_INVALID_VALUE)?;
+    Ok((e, r))
 }
 
 fn ptr_of(e: End) -> u64 {
@@ -388,12 +446,12 @@ pub unsafe extern "C" fn cuMemcpy2DAsync_v2(p: *const Memcpy2D, s: Handle) -> CU
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy3D_v2(p: *const Memcpy3D) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy3D_v2(p: *const Memcpy3d) -> CUresult {
     entry(|| copy_3d(p, std::ptr::null_mut(), Call::Sync))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3D, s: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpy3DAsync_v2(p: *const Memcpy3d, s: Handle) -> CUresult {
     entry(|| copy_3d(p, s, Call::Async))
 }
 
