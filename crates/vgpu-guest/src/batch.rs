@@ -691,8 +691,8 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn test_launch_params_pack_into_chunks_and_stay_put() {
+    /// A function (no device behind it) and a one-thread shape.
+    fn one_function() -> (Function, Dims) {
         let f = Function {
             module: 1,
             handle: 2,
@@ -704,6 +704,12 @@ mod tests {
             block: [1, 1, 1],
             shared_mem: 0,
         };
+        (f, dims)
+    }
+
+    #[test]
+    fn test_launch_params_pack_into_chunks_and_stay_put() {
+        let (f, dims) = one_function();
         let mut b = Batch::new();
         let mut want = Vec::new();
         // Enough 1000-byte blocks to fill more than one chunk, and one
@@ -743,17 +749,7 @@ mod tests {
 
     #[test]
     fn test_a_launch_that_cannot_be_built_leaves_the_batch_usable() {
-        let f = Function {
-            module: 1,
-            handle: 2,
-            info: Default::default(),
-            params: Vec::new(),
-        };
-        let dims = Dims {
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_mem: 0,
-        };
+        let (f, dims) = one_function();
         let mut b = Batch::new();
         b.nop();
         let huge = vec![0u8; sys::MAX_PARAMS_BYTES as usize + 1];

@@ -197,6 +197,10 @@ fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr) -> CuResult<End> {
     }
 }
 
+/// One side of a copy placed: its span, and its device if it is device
+/// memory.
+type Placed = (u64, Option<CUdevice>);
+
 /// A copy of `shape` between two regions, each of host or device memory.
 pub(crate) struct Copy3D {
     src: (End, Region),
@@ -218,6 +222,20 @@ impl Copy3D {
         })
     }
 
+    /// Each side's span (checked), and its device where it is device
+    /// memory, whose whole span must then lie in one allocation.
+    fn place(&self, d: &Driver) -> CuResult<(Placed, Placed)> {
+        let side = |(e, r): (End, Region)| -> CuResult<Placed> {
+            let span = r.span(self.shape)?;
+            let dev = match e {
+                End::Host(_) => None,
+                End::Device(_) => Some(super::memory::range_device(d, r.base, span as usize)?),
+            };
+            Ok((span, dev))
+        };
+        Ok((side(self.src)?, side(self.dst)?))
+    }
+
     /// The copy as queued work of one device (a memcpy node, a capture):
     /// its rows between device memory, or between device memory and
     /// page-locked host memory of that device (which a graph can replay
@@ -226,16 +244,7 @@ impl Copy3D {
         if self.shape.is_empty() {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        let src_span = self.src.1.span(self.shape)?;
-        let dst_span = self.dst.1.span(self.shape)?;
-        let device_of = |e: End, r: Region, span: u64| -> CuResult<Option<CUdevice>> {
-            match e {
-                End::Host(_) => Ok(None),
-                End::Device(_) => super::memory::range_device(d, r.base, span as usize).map(Some),
-            }
-        };
-        let src_dev = device_of(self.src.0, self.src.1, src_span)?;
-        let dst_dev = device_of(self.dst.0, self.dst.1, dst_span)?;
+        let ((src_span, src_dev), (dst_span, dst_dev)) = self.place(d)?;
         let locked = |r: Region, span: u64| in_page_locked(d, r.base as usize, span as usize);
         let copies = segments(self.src.1, self.dst.1, self.shape);
         let (device, works): (CUdevice, Vec<Work>) = match (src_dev, dst_dev) {
@@ -280,17 +289,7 @@ impl Copy3D {
                 Err(_) => d.refuse_in_capture(Unsafe::Stream(stream as usize)),
             };
         }
-        let src_span = self.src.1.span(self.shape)?;
-        let dst_span = self.dst.1.span(self.shape)?;
-        // The device of a device side; its whole span lies in one allocation.
-        let device_of = |e: End, r: Region, span: u64| -> CuResult<Option<CUdevice>> {
-            match e {
-                End::Host(_) => Ok(None),
-                End::Device(_) => super::memory::range_device(d, r.base, span as usize).map(Some),
-            }
-        };
-        let src_dev = device_of(self.src.0, self.src.1, src_span)?;
-        let dst_dev = device_of(self.dst.0, self.dst.1, dst_span)?;
+        let ((src_span, src_dev), (dst_span, dst_dev)) = self.place(d)?;
         let copies = segments(self.src.1, self.dst.1, self.shape);
         match (src_dev, dst_dev) {
             (Some(a), Some(b)) if a != b => Err(cu::ERROR_NOT_SUPPORTED),
