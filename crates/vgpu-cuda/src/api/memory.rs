@@ -452,6 +452,10 @@ fn capture_host_copy(
     if !d.objects().capturing.contains_key(&(stream as usize)) {
         return Ok(false);
     }
+    if n == 0 {
+        // Nothing to record.
+        return Ok(true);
+    }
     if !in_page_locked(d, host, n) {
         d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     }
