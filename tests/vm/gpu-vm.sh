@@ -28,7 +28,7 @@
 #   LIB_RUN=cublas_gemm,cufft  library programs to run (":" before arguments)
 #   LIB_RUN_B, LIB_APPEND_B    what the second library guest runs instead,
 #                     and more kernel command line for it (to diagnose two
-#                     programs in one call)
+#                     programs in one call; LIB_RUN_B=none leaves it idle)
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   ONLY_LIBS=1       only the library programs
 #   ONLY_BENCH=1      only the launch and copy benchmark

@@ -23,6 +23,7 @@
 #   vgpu.host_dir=DIR               host-cuda: the host folder of the programs
 #   vgpu.host_run=a,b:ARG,c         host-cuda: programs in it to run, in order
 #                                   (':' separates a program's arguments)
+#                                   ("none" runs nothing)
 #   vgpu.cuda_log=1                 libcuda.so.1 says what it refuses (VGPU_CUDA_LOG)
 #   vgpu.host_env=K=V,K=V           host-cuda: more environment for the programs
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
@@ -275,6 +276,8 @@ if [ "$mode" = host-cuda ]; then
     cuda_lib=/tmp/vgpu:/usr/local/cuda/lib64
     host_env="$host_env VGPU_EXPECT_MEM=$expect_mem"
     for item in $(echo "$host_run" | tr ',' ' '); do
+        # "none": this guest's vGPU stays idle (the other guest runs alone).
+        [ "$item" = none ] && continue
         prog=${item%%:*}
         args=""
         [ "$prog" != "$item" ] && args=$(echo "${item#*:}" | tr ':' ' ')
