@@ -244,9 +244,13 @@ mod tests {
 
     /// An address range of `len` bytes nothing maps (mapped, then
     /// unmapped).
+    /// A free range of `len` bytes the kernel will not hand to other
+    /// threads' mappings meanwhile: a terabyte below where it places them
+    /// (top down), since tests run in parallel and their allocators map
+    /// memory at the top.
     fn free_range(len: usize) -> u64 {
         // SAFETY: a fresh anonymous mapping, unmapped at once.
-        unsafe {
+        let top = unsafe {
             let p = libc::mmap(
                 std::ptr::null_mut(),
                 len,
@@ -258,6 +262,14 @@ mod tests {
             assert_ne!(p, libc::MAP_FAILED);
             libc::munmap(p, len);
             p as u64
+        };
+        let low = top - (1 << 40);
+        match map_run(low, len as u64) {
+            Mapped::Yes => {
+                unmap_run(low, len as u64);
+                low
+            }
+            _ => top,
         }
     }
 
