@@ -15,6 +15,7 @@ use std::time::{Instant, SystemTime};
 use crate::ir::*;
 use crate::mem::{AtomicOp, GlobalMemory, VecMemory};
 use crate::parse::{Module, EXTERN_SHARED};
+use crate::printf::{self, PrintSink};
 
 /// The shape of a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +30,8 @@ pub struct LaunchConfig {
     pub workers: usize,
 }
 
-/// Bounds on one launch.
-#[derive(Debug, Clone, Copy)]
+/// Bounds on one launch, and where its `printf` output goes.
+#[derive(Clone, Copy)]
 pub struct Limits<'a> {
     /// Shared memory per block (static and dynamic), bytes.
     pub max_shared: u32,
@@ -42,6 +43,21 @@ pub struct Limits<'a> {
     pub deadline: Option<Instant>,
     /// Set by someone else to stop the launch.
     pub cancel: Option<&'a AtomicBool>,
+    /// Receives the kernel's `printf` output (None: it is dropped).
+    pub print: Option<&'a dyn PrintSink>,
+}
+
+impl std::fmt::Debug for Limits<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limits")
+            .field("max_shared", &self.max_shared)
+            .field("max_local_per_thread", &self.max_local_per_thread)
+            .field("max_steps", &self.max_steps)
+            .field("deadline", &self.deadline)
+            .field("cancel", &self.cancel)
+            .field("print", &self.print.is_some())
+            .finish()
+    }
 }
 
 impl Default for Limits<'_> {
@@ -53,6 +69,7 @@ impl Default for Limits<'_> {
             max_steps: None,
             deadline: None,
             cancel: None,
+            print: None,
         }
     }
 }
@@ -788,7 +805,7 @@ impl Launch<'_> {
                     w.resched();
                 }
                 Op::Call { func, .. } if !self.m.funcs[*func as usize].defined => {
-                    self.external_call(w, inst, mask)?;
+                    self.external_call(w, shared, inst, mask)?;
                     self.advance(w);
                 }
                 Op::Call { func, args, .. } => {
@@ -888,25 +905,53 @@ impl Launch<'_> {
 
     /// A call of a function the module declares but does not define: the
     /// few the CUDA runtime provides.
-    fn external_call(&self, w: &mut Warp, inst: &Inst, mask: u32) -> Result<(), ExecError> {
-        let Op::Call { func, ret, .. } = &inst.op else {
+    fn external_call(
+        &self,
+        w: &mut Warp,
+        shared: &[u8],
+        inst: &Inst,
+        mask: u32,
+    ) -> Result<(), ExecError> {
+        let Op::Call { func, args, ret } = &inst.op else {
             return Ok(());
         };
         match self.m.funcs[*func as usize].name.as_str() {
-            // printf: output is not kept; it returns 0 (what a device
-            // returns when its printf buffer is full).
+            // printf: each lane formats and prints in lane order and
+            // gets what CUDA's printf returns.
             "vprintf" => {
-                if let Some(r) = ret {
-                    let ps = self.m.param_size as usize;
-                    for l in lanes(mask) {
-                        let at = l * ps + *r as usize;
-                        if let Some(b) = w.pmem.get_mut(at..at + 4) {
-                            b.fill(0);
-                        }
+                let &[fmt, argv] = args.as_slice() else {
+                    return Err(ExecError::Unsupported {
+                        what: "call with the wrong number of arguments",
+                        line: inst.line,
+                    });
+                };
+                let ps = self.m.param_size as usize;
+                let mut text = Vec::new();
+                for l in lanes(mask) {
+                    let param = |at: u32| {
+                        let mut b = [0u8; 8];
+                        let src = slot(l, ps, at as u64, 8).and_then(|r| w.pmem.get(r));
+                        b.copy_from_slice(src.ok_or(illegal(at as u64, 8, inst.line))?);
+                        Ok(u64::from_le_bytes(b))
+                    };
+                    let (fmt, argv) = (param(fmt)?, param(argv)?);
+                    let mut read = |a: u64, buf: &mut [u8]| {
+                        self.read(w, shared, Space::Generic, l, a, buf, inst.line)
+                            .is_ok()
+                    };
+                    let rv = printf::vprintf(fmt, argv, &mut read, &mut text);
+                    if let Some(sink) = self.limits.print.filter(|_| rv >= 0) {
+                        sink.print(&text);
+                    }
+                    let at = ret.and_then(|r| slot(l, ps, r as u64, 4));
+                    if let Some(b) = at.and_then(|r| w.pmem.get_mut(r)) {
+                        b.copy_from_slice(&rv.to_le_bytes());
                     }
                 }
                 Ok(())
             }
+            // A guarded call whose lanes all skip it does not fail.
+            "__assertfail" if mask == 0 => Ok(()),
             "__assertfail" => Err(ExecError::Trap(inst.line)),
             _ => Err(ExecError::Unsupported {
                 what: "call of a function the module does not define",

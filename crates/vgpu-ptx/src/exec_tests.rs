@@ -763,9 +763,99 @@ fn runtime_functions() {
         shared_dyn: 0,
         workers: 1,
     };
-    launch(&m, "k", &cfg, &0u32.to_le_bytes(), &mem, &Limits::default()).unwrap();
+    let sink = Collect::default();
+    let l = Limits {
+        print: Some(&sink),
+        ..Limits::default()
+    };
+    launch(&m, "k", &cfg, &0u32.to_le_bytes(), &mem, &l).unwrap();
+    assert_eq!(sink.0.into_inner().unwrap(), vec!["hi".to_string(); 32]);
     let e = launch(&m, "k", &cfg, &1u32.to_le_bytes(), &mem, &Limits::default()).unwrap_err();
     assert!(matches!(e, ExecError::Trap(_)), "{e}");
+}
+
+/// Collects `printf` output.
+#[derive(Default)]
+struct Collect(std::sync::Mutex<Vec<String>>);
+
+impl PrintSink for Collect {
+    fn print(&self, text: &[u8]) {
+        let mut v = self.0.lock().unwrap();
+        v.push(String::from_utf8_lossy(text).into_owned());
+    }
+}
+
+#[test]
+fn printf_as_nvcc_emits_it() {
+    // printf("thread %d of %d: %f %s\n", threadIdx.x, blockDim.x, 1.5, "ok")
+    // as nvcc 12 compiles it, then the return value to out[tid]; then
+    // printf(NULL), whose return value goes to out[tid] + 4.
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .extern .func  (.param .b32 func_retval0) vprintf\n(\n\t.param .b64 vprintf_param_0,\n\t.param .b64 vprintf_param_1\n)\n;\n\
+        .global .align 1 .b8 $str[24] = {116, 104, 114, 101, 97, 100, 32, 37, 100, 32, 111, 102, 32, 37, 100, 58, 32, 37, 102, 32, 37, 115, 10, 0};\n\
+        .global .align 1 .b8 $str$1[3] = {111, 107, 0};\n\n\
+        .visible .entry _Z1kPi(\n\t.param .u64 _Z1kPi_param_0\n)\n{\n\
+        \t.local .align 8 .b8 \t__local_depot0[24];\n\t.reg .b64 \t%SP;\n\t.reg .b64 \t%SPL;\n\
+        \t.reg .b32 \t%r<6>;\n\t.reg .b64 \t%rd<12>;\n\n\
+        \tmov.u64 \t%SPL, __local_depot0;\n\tcvta.local.u64 \t%SP, %SPL;\n\
+        \tld.param.u64 \t%rd8, [_Z1kPi_param_0];\n\
+        \tadd.u64 \t%rd1, %SP, 0;\n\tadd.u64 \t%rd2, %SPL, 0;\n\
+        \tmov.u32 \t%r1, %tid.x;\n\tmov.u32 \t%r2, %ntid.x;\n\
+        \tst.local.v2.u32 \t[%rd2], {%r1, %r2};\n\
+        \tmov.b64 \t%rd3, 4609434218613702656;\n\tst.local.u64 \t[%rd2+8], %rd3;\n\
+        \tmov.u64 \t%rd4, $str$1;\n\tcvta.global.u64 \t%rd5, %rd4;\n\tst.local.u64 \t[%rd2+16], %rd5;\n\
+        \tmov.u64 \t%rd6, $str;\n\tcvta.global.u64 \t%rd7, %rd6;\n\
+        \t{ // callseq 0, 0\n\t.reg .b32 temp_param_reg;\n\t.param .b64 param0;\n\tst.param.b64 \t[param0+0], %rd7;\n\
+        \t.param .b64 param1;\n\tst.param.b64 \t[param1+0], %rd1;\n\t.param .b32 retval0;\n\
+        \tcall.uni (retval0),\n\tvprintf,\n\t(\n\tparam0,\n\tparam1\n\t);\n\
+        \tld.param.b32 \t%r3, [retval0+0];\n\t} // callseq 0\n\
+        \tmul.wide.u32 \t%rd9, %r1, 8;\n\tadd.s64 \t%rd10, %rd8, %rd9;\n\tst.global.u32 \t[%rd10], %r3;\n\
+        \t{\n\t.param .b64 param0;\n\tst.param.b64 \t[param0+0], 0;\n\t.param .b64 param1;\n\tst.param.b64 \t[param1+0], 0;\n\
+        \t.param .b32 retval0;\n\tcall.uni (retval0), vprintf, (param0, param1);\n\tld.param.b32 \t%r4, [retval0+0];\n\t}\n\
+        \tst.global.u32 \t[%rd10+4], %r4;\n\tret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    let mem = VecMemory::new(OUT, 8 * 40);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [40, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    let sink = Collect::default();
+    let l = Limits {
+        print: Some(&sink),
+        ..Limits::default()
+    };
+    launch(&m, "_Z1kPi", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    let mut got = sink.0.into_inner().unwrap();
+    // Lanes print in order; warps in any order.
+    got.sort_by_key(|t| {
+        t.split(' ')
+            .nth(1)
+            .and_then(|n| n.parse::<u32>().ok())
+            .map(|t| t / 32)
+    });
+    let want: Vec<String> = (0..40)
+        .map(|t| format!("thread {t} of 40: 1.500000 ok\n"))
+        .collect();
+    assert_eq!(got, want);
+    let b = mem.to_bytes();
+    for t in 0..40 {
+        let rv = |at: usize| i32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        assert_eq!((rv(8 * t), rv(8 * t + 4)), (4, -1), "thread {t}");
+    }
+    // Without a sink the output is dropped; return values are the same.
+    let mem = VecMemory::new(OUT, 8 * 40);
+    launch(
+        &m,
+        "_Z1kPi",
+        &cfg,
+        &OUT.to_le_bytes(),
+        &mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(mem.to_bytes()[..8], [4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
 }
 
 #[test]

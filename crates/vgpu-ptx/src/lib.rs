@@ -99,8 +99,12 @@
 //! one thread and device memory is accessed with atomics), `rcp`,
 //! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
 //! `brev`, `bfind`, `bfe`, `bfi`, `prmt` (default mode), `lop3`,
-//! `copysign`, `testp`. Calls of the runtime's `vprintf` return 0 (the
-//! output is dropped); `__assertfail` ends the launch like `trap`.
+//! `copysign`, `testp`. Calls of the runtime's `vprintf` (device
+//! `printf`) are formatted as C's `printf` does, each lane's text handed
+//! to [`Limits::print`] (a [`PrintSink`]) and the call returns what CUDA's
+//! does: the number of arguments, -1 for an unreadable format, -2 for
+//! unreadable arguments (see [`printf`]); `__assertfail` ends the launch
+//! like `trap`.
 //!
 //! # Not supported (a parse or launch error, never a wrong answer where
 //! it can be detected)
@@ -131,6 +135,7 @@ pub mod fatbin;
 pub mod ir;
 pub mod mem;
 pub mod parse;
+pub mod printf;
 
 pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
 pub use fatbin::{
@@ -138,3 +143,4 @@ pub use fatbin::{
 };
 pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
 pub use parse::{KernelInfo, Module, ParamInfo, ParseError};
+pub use printf::PrintSink;
