@@ -110,6 +110,7 @@ union vgpu_dcmd {
 	struct vgpu_cmd_launch launch;
 	struct vgpu_cmd_func_info func_info;
 	struct vgpu_cmd_occupancy occupancy;
+	struct vgpu_cmd_console console;
 };
 
 struct vgpu_batch;

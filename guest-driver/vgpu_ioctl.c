@@ -70,6 +70,9 @@ static_assert(VGPU_CMD_LAUNCH == VGPU_OP_LAUNCH);
 static_assert(VGPU_CMD_TIMESTAMP == VGPU_OP_TIMESTAMP);
 static_assert(VGPU_CMD_FUNC_INFO == VGPU_OP_FUNC_INFO);
 static_assert(VGPU_CMD_OCCUPANCY == VGPU_OP_OCCUPANCY);
+static_assert(VGPU_CMD_CONSOLE == VGPU_OP_CONSOLE);
+static_assert(VGPU_MODULE_PRINTS == VGPU_MODULE_FLAG_PRINTS);
+static_assert(VGPU_MAX_CONSOLE_BYTES == VGPU_CONSOLE_BYTES);
 static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
 static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
 static_assert(VGPU_CMD_FUNC_INFO_GLOBAL == VGPU_FUNC_INFO_FLAG_GLOBAL);
@@ -879,6 +882,28 @@ static int vgpu_prep_occupancy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return 0;
 }
 
+static int vgpu_prep_console(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			     const struct vgpu_cmd *u)
+{
+	const struct vgpu_console_args *a = &u->console;
+	struct vgpu_cmd_console *d = &c->dcmd.console;
+
+	if (u->flags || a->pad || !vgpu_args_tail_zero(u, sizeof(*a)))
+		return -EINVAL;
+	if (!(vdev->features & VGPU_FEATURE_CONSOLE))
+		return -EOPNOTSUPP;
+	if (a->module == VGPU_MODULE_BUILTIN_ID || !a->out_size ||
+	    a->out_size > VGPU_MAX_CONSOLE_BYTES)
+		return -EINVAL;
+
+	d->hdr.opcode = VGPU_OP_CONSOLE;
+	d->module = a->module;
+	d->out = a->out;
+	d->out_size = a->out_size;
+	c->dlen = sizeof(*d);
+	return 0;
+}
+
 static int vgpu_prep_module_load(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 				 const struct vgpu_cmd *u,
 				 struct vgpu_budget *bud)
@@ -972,6 +997,8 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 		return vgpu_prep_func_info(vdev, c, u, bud);
 	case VGPU_CMD_OCCUPANCY:
 		return vgpu_prep_occupancy(vdev, c, u);
+	case VGPU_CMD_CONSOLE:
+		return vgpu_prep_console(vdev, c, u);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;
@@ -1111,6 +1138,13 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 					    u->func_info.out_size);
 	case VGPU_CMD_OCCUPANCY:
 		return vgpu_module_owned(vf, u->occupancy.module);
+	case VGPU_CMD_CONSOLE:
+		/* A module's output is its own file's only. */
+		ret = vgpu_module_owned(vf, u->console.module);
+		if (ret)
+			return ret;
+		return vgpu_check_dev_range(vf, u->console.out,
+					    u->console.out_size);
 	case VGPU_CMD_LAUNCH:
 		if (l->module != VGPU_MODULE_BUILTIN_ID)
 			return vgpu_module_owned(vf, l->module);
@@ -1312,6 +1346,8 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		i.flags |= VGPU_INFO_FUNC_INFO;
 	if (vdev->features & VGPU_FEATURE_OCCUPANCY)
 		i.flags |= VGPU_INFO_OCCUPANCY;
+	if (vdev->features & VGPU_FEATURE_CONSOLE)
+		i.flags |= VGPU_INFO_CONSOLE;
 	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
 }
 

@@ -18,7 +18,7 @@
 #define VGPU_PCI_REVISION 0x1ULL
 #define VGPU_ABI_MAGIC 0x55504756ULL
 #define VGPU_ABI_VERSION_MAJOR 0x1ULL
-#define VGPU_ABI_VERSION_MINOR 0x2ULL
+#define VGPU_ABI_VERSION_MINOR 0x3ULL
 #define VGPU_BAR_REGS 0x0ULL
 #define VGPU_BAR_WINDOW 0x2ULL
 #define VGPU_BAR0_SIZE 0x4000ULL
@@ -70,6 +70,7 @@
 #define VGPU_FEATURE_TIMESTAMP 0x8ULL
 #define VGPU_FEATURE_FUNC_INFO 0x10ULL
 #define VGPU_FEATURE_OCCUPANCY 0x20ULL
+#define VGPU_FEATURE_CONSOLE 0x40ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -98,9 +99,12 @@
 #define VGPU_OP_TIMESTAMP 0x9ULL
 #define VGPU_OP_FUNC_INFO 0xaULL
 #define VGPU_OP_OCCUPANCY 0xbULL
+#define VGPU_OP_CONSOLE 0xcULL
 #define VGPU_FENCE_FLAG_IRQ 0x1ULL
 #define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
 #define VGPU_FUNC_INFO_FLAG_GLOBAL 0x1ULL
+#define VGPU_MODULE_FLAG_PRINTS 0x1ULL
+#define VGPU_CONSOLE_BYTES 0x100000ULL
 #define VGPU_MAX_ENTRY_NAME 0x1000ULL
 #define VGPU_MAX_FUNC_PARAMS 0x400ULL
 #define VGPU_MAX_FUNCTIONS 0x10000ULL
@@ -247,6 +251,16 @@ struct vgpu_cmd_occupancy {
 };
 
 _Static_assert(sizeof(struct vgpu_cmd_occupancy) == 56, "vgpu_cmd_occupancy layout");
+
+struct vgpu_cmd_console {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 module; /* offset 8 */
+	__u64 out; /* offset 16 */
+	__u32 out_size; /* offset 24 */
+	__u32 reserved; /* offset 28 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_console) == 32, "vgpu_cmd_console layout");
 
 struct vgpu_func_info {
 	__u32 param_count; /* offset 0 */

@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 2;
+pub const ABI_VERSION_MINOR: u32 = 3;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -146,6 +146,9 @@ pub const FEATURE_TIMESTAMP: u64 = 1 << 3;
 pub const FEATURE_FUNC_INFO: u64 = 1 << 4;
 /// Feature: the OCCUPANCY command; ABI minor version 2.
 pub const FEATURE_OCCUPANCY: u64 = 1 << 5;
+/// Feature: the CONSOLE command and [`MODULE_FLAG_PRINTS`]; ABI minor
+/// version 3.
+pub const FEATURE_CONSOLE: u64 = 1 << 6;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -210,6 +213,9 @@ pub const OP_FUNC_INFO: u32 = 10;
 /// (clusters must fit within one group of SMs, which only the driver
 /// knows).
 pub const OP_OCCUPANCY: u32 = 11;
+/// Command: take what the kernels of a module printed (`printf` in device
+/// code), oldest first, into device memory.
+pub const OP_CONSOLE: u32 = 12;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
@@ -224,6 +230,12 @@ pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
 /// of the partition's allocations (COPY and FILL reach it, MEM_FREE does
 /// not free it) until its module is unloaded.
 pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
+/// Bit of a MODULE_LOAD's [`Completion::result2`]: the module's kernels
+/// may print (it calls `vprintf`); what they print waits for CONSOLE.
+pub const MODULE_FLAG_PRINTS: u64 = 1 << 0;
+/// What the device keeps of one module's printed output before it drops
+/// the newest (as CUDA's default printf buffer, 1 MiB).
+pub const CONSOLE_BYTES: u32 = 1 << 20;
 /// Longest entry point name FUNC_INFO takes (C++ kernels have long
 /// mangled names).
 pub const MAX_ENTRY_NAME: u32 = 4096;
@@ -539,6 +551,26 @@ abi_struct!(
 );
 
 abi_struct!(
+    /// CONSOLE: moves what the kernels of `module` printed, oldest first,
+    /// to `out` (as many bytes as `out_size` holds; the rest waits for the
+    /// next CONSOLE). Result: the bytes written; [`Completion::result2`]:
+    /// the bytes dropped since the last CONSOLE because the module's
+    /// [`CONSOLE_BYTES`] were full.
+    ConsoleCmd => "vgpu_cmd_console" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Module handle.
+        module: u64 => "__u64 {}",
+        /// Device address of the output.
+        out: u64 => "__u64 {}",
+        /// Bytes at `out`, 1..=[`CONSOLE_BYTES`].
+        out_size: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
     /// What FUNC_INFO writes first: the kernel as the backend's driver
     /// describes it (`cuFuncGetAttribute`, `cuFuncGetParamInfo`).
     FuncInfo => "vgpu_func_info" {
@@ -848,6 +880,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_TIMESTAMP", FEATURE_TIMESTAMP),
         ("VGPU_FEATURE_FUNC_INFO", FEATURE_FUNC_INFO),
         ("VGPU_FEATURE_OCCUPANCY", FEATURE_OCCUPANCY),
+        ("VGPU_FEATURE_CONSOLE", FEATURE_CONSOLE),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -876,9 +909,12 @@ pub fn c_header() -> String {
         ("VGPU_OP_TIMESTAMP", OP_TIMESTAMP.into()),
         ("VGPU_OP_FUNC_INFO", OP_FUNC_INFO.into()),
         ("VGPU_OP_OCCUPANCY", OP_OCCUPANCY.into()),
+        ("VGPU_OP_CONSOLE", OP_CONSOLE.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
+        ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
+        ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),
         ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
         ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
         ("VGPU_MAX_FUNCTIONS", MAX_FUNCTIONS.into()),
@@ -928,6 +964,7 @@ pub fn c_header() -> String {
     c_struct::<LaunchCmd>(&mut o, true);
     c_struct::<FuncInfoCmd>(&mut o, true);
     c_struct::<OccupancyCmd>(&mut o, true);
+    c_struct::<ConsoleCmd>(&mut o, true);
     c_struct::<FuncInfo>(&mut o, true);
     c_struct::<FuncParam>(&mut o, true);
     c_struct::<GlobalInfo>(&mut o, true);
@@ -1013,6 +1050,7 @@ mod tests {
             LaunchCmd,
             FuncInfoCmd,
             OccupancyCmd,
+            ConsoleCmd,
             Completion,
             FillParams,
             CopyParams,

@@ -112,6 +112,7 @@ mod driver;
 mod hostmem;
 mod kernels;
 mod partition;
+mod printf;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -124,6 +125,7 @@ pub use device::DIRECT_MIN_SLICE;
 use driver::{device_attribute, CuError, PrimaryContext, SmResource};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
 pub use partition::CudaPartition;
+pub use printf::StdoutCapture;
 
 /// CUDA C source of the built-in module.
 pub const BUILTIN_SOURCE: &str = kernels::SOURCE;
@@ -208,6 +210,9 @@ pub(crate) struct Shared {
     pub guest_ptx: AtomicBool,
     /// Bytes of guest memory one partition keeps registered at most.
     pub max_registered: AtomicU64,
+    /// The process's standard output, where the driver prints what
+    /// kernels print, when this process took it over.
+    pub printf: OnceLock<StdoutCapture>,
 }
 
 // SAFETY: the raw handles (device, primary context, SM resources) are
@@ -358,6 +363,7 @@ impl CudaBackend {
                 _primary: primary,
                 guest_ptx: AtomicBool::new(false),
                 max_registered: AtomicU64::new(DEFAULT_MAX_REGISTERED),
+                printf: OnceLock::new(),
             }),
         })
     }
@@ -404,6 +410,14 @@ impl CudaBackend {
     /// tenants that trust each other.
     pub fn set_guest_ptx(&self, allow: bool) {
         self.shared.guest_ptx.store(allow, Ordering::Relaxed);
+    }
+
+    /// Gives the partitions what the driver prints to this process's
+    /// standard output (kernels' `printf`), taken over by `capture`: each
+    /// partition's guest gets what it printed (CONSOLE). For a process of
+    /// one partition, whose output is then that partition's alone.
+    pub fn set_printf_capture(&self, capture: StdoutCapture) {
+        let _ = self.shared.printf.set(capture);
     }
 
     /// Sets how many bytes of guest memory one partition keeps registered

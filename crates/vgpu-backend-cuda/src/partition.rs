@@ -3,7 +3,7 @@
 //! ([`vgpu_backend::rules`]) before any device work, which
 //! [`DeviceState`] does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use log::{debug, info, log_enabled, trace, warn, Level};
 use vgpu_abi as abi;
+use vgpu_backend::console::{self, ConsoleText, Consoles};
 use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
@@ -47,6 +48,10 @@ pub struct CudaPartition {
     /// Whether the last upload or download went straight from or to
     /// registered memory.
     last_direct: bool,
+    /// Loaded modules whose kernels may print.
+    printing: HashSet<u64>,
+    /// What they printed.
+    consoles: Consoles,
 }
 
 // SAFETY: the driver handles in a partition may be used from any thread;
@@ -138,6 +143,8 @@ impl CudaPartition {
             spec: spec.clone(),
             host,
             last_direct: false,
+            printing: HashSet::new(),
+            consoles: Consoles::default(),
             shared,
             groups,
             desc: None,
@@ -289,6 +296,8 @@ impl CudaPartition {
 
     /// Frees the allocations and destroys the context.
     fn teardown(&mut self) {
+        self.printing.clear();
+        self.consoles.clear();
         let allocs = self.allocs.drain();
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
@@ -305,6 +314,31 @@ impl CudaPartition {
             }
             drop(dev);
         }
+    }
+
+    /// Keeps what the driver printed since the last look for `module`,
+    /// the printing module whose kernels ran last: the driver prints at
+    /// the synchronisation that ends a launch or a run, and says nothing
+    /// of which kernel printed what, so a run of several printing modules
+    /// gives all its output to the last.
+    fn collect_printed(&mut self, module: Option<u64>) {
+        let (Some(module), Some(capture)) = (module, self.shared.printf.get()) else {
+            return;
+        };
+        let (text, dropped) = capture.take();
+        self.consoles.push(module, &text);
+        self.consoles.dropped(module, dropped);
+    }
+
+    /// The module of the last launch of a printing module among `launches`.
+    fn printer<'l>(
+        &self,
+        launches: impl DoubleEndedIterator<Item = &'l Launch<'l>>,
+    ) -> Option<u64> {
+        launches
+            .rev()
+            .map(|l| l.module)
+            .find(|m| self.printing.contains(m))
     }
 
     fn launch_loaded(&mut self, l: &Launch<'_>) -> Result<Duration, OpError> {
@@ -790,6 +824,15 @@ impl Partition for CudaPartition {
             debug!("cuda backend: partition {name:?}: module {handle:#x} loaded");
             Ok(handle)
         })
+        .inspect(|&handle| {
+            if console::module_prints(image) {
+                self.printing.insert(handle);
+            }
+        })
+    }
+
+    fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
+        Ok(self.consoles.take(module, max))
     }
 
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
@@ -800,6 +843,8 @@ impl Partition for CudaPartition {
             ));
         }
         let not_found = || OpError::NotFound(format!("module {module:#x}"));
+        self.printing.remove(&module);
+        self.consoles.forget(module);
         // Its globals go with it, whatever the unload's outcome.
         self.allocs.remove_where(|b| *b == Backing::Global(module));
         if self.lost.is_some() {
@@ -840,6 +885,11 @@ impl Partition for CudaPartition {
                     .collect()
             })
         };
+        let printer = self.printer(now.iter().filter_map(|s| match s {
+            Queued::Launch(l) => Some(l),
+            _ => None,
+        }));
+        self.collect_printed(printer);
         vgpu_backend::refuse_past_limit(&mut done, steps.len());
         done
     }
@@ -851,7 +901,9 @@ impl Partition for CudaPartition {
             let available = self.available();
             self.run(|dev| dev.run_builtin(call, available))?
         } else {
-            self.launch_loaded(launch)?
+            let t = self.launch_loaded(launch);
+            self.collect_printed(self.printer(std::iter::once(launch)));
+            t?
         };
         self.last_device_time = Some(t);
         Ok(())

@@ -551,6 +551,7 @@ impl Host<'_> {
             } => p.fill(addr, size, pattern).map(|_| Value::None),
             Request::ModuleLoad { format, image } => p.module_load(format, image).map(Value::U64),
             Request::ModuleUnload { module } => p.module_unload(module).map(|_| Value::None),
+            Request::Console { module, max } => p.console(module, max as usize).map(Value::Console),
             Request::FunctionInfo { module, entry } => {
                 p.function_info(module, entry).map(Value::Function)
             }

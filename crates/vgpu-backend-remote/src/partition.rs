@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::info;
+use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
     Capacity, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec, Queued, QueuedDone, SliceFn, MAX_QUEUED_STEPS,
@@ -868,6 +869,32 @@ impl Partition for RemotePartition {
         }
         vgpu_backend::refuse_past_limit(&mut out, steps.len());
         out
+    }
+
+    fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
+        // A reply carries a bounded piece: ask until the host has no more
+        // or `max` is reached.
+        let mut out = ConsoleText::default();
+        while out.text.len() < max {
+            let want = (max - out.text.len()).min(proto::MAX_CONSOLE);
+            let piece = match self.call(
+                &Request::Console {
+                    module,
+                    max: want as u32,
+                },
+                Xfer::None,
+            )? {
+                Value::Console(c) if c.text.len() <= want => c,
+                v => return Err(self.fail(format!("unexpected result {v:?}"))),
+            };
+            out.dropped = out.dropped.saturating_add(piece.dropped);
+            let last = piece.text.len() < want;
+            out.text.extend_from_slice(&piece.text);
+            if last {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {

@@ -42,6 +42,7 @@
 //! the staging area.
 
 use vgpu_abi as abi;
+use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
     Capacity, DeviceCopy, DeviceFill, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS,
 };
@@ -70,12 +71,16 @@ pub const MAX_REQUEST: u32 = abi::MAX_MODULE_SIZE as u32 + 64;
 pub const MAX_REPLY: u32 = {
     let function = 64 + abi::MAX_FUNC_PARAMS * 8 + MAX_TEXT as u32;
     let queued = 16 + MAX_QUEUED_STEPS as u32 * (11 + MAX_TEXT as u32);
-    if function > queued {
-        function
+    let console = 32 + MAX_CONSOLE as u32;
+    let most = if function > queued { function } else { queued };
+    if most > console {
+        most
     } else {
-        queued
+        console
     }
 };
+/// Most printed output one [`Kind::Console`] reply carries.
+pub const MAX_CONSOLE: usize = 64 << 10;
 /// Most pieces of one transfer through forwarded mappings; more take the
 /// staging area. A request of this many fits a mailbox slot.
 pub const MAX_PIECES: usize = 256;
@@ -130,6 +135,8 @@ pub enum Kind {
     Queued = 20,
     /// `Partition::max_active_clusters`.
     Occupancy = 21,
+    /// `Partition::console`, at most [`MAX_CONSOLE`] bytes a reply.
+    Console = 22,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -164,6 +171,7 @@ impl Kind {
             19 => GlobalInfo,
             20 => Queued,
             21 => Occupancy,
+            22 => Console,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -427,6 +435,13 @@ pub enum Request<'a> {
     Launch(Launch<'a>),
     /// [`Kind::Occupancy`]: a launch shape (no parameters).
     Occupancy(Launch<'a>),
+    /// [`Kind::Console`].
+    Console {
+        /// Module handle.
+        module: u64,
+        /// Most bytes wanted, at most [`MAX_CONSOLE`].
+        max: u32,
+    },
     /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
     Queued(Vec<Step<'a>>),
     /// [`Kind::FunctionInfo`].
@@ -618,6 +633,7 @@ impl Request<'_> {
             Request::ModuleUnload { .. } => Kind::ModuleUnload,
             Request::Launch(_) => Kind::Launch,
             Request::Occupancy(_) => Kind::Occupancy,
+            Request::Console { .. } => Kind::Console,
             Request::Queued(_) => Kind::Queued,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
@@ -697,6 +713,9 @@ impl Request<'_> {
                 w.u64(*module).text(name, MAX_ENTRY);
             }
             Request::Launch(l) | Request::Occupancy(l) => encode_launch(&mut w, l),
+            Request::Console { module, max } => {
+                w.u64(*module).u32(*max);
+            }
             Request::Queued(steps) => {
                 w.u32(steps.len() as u32);
                 for s in steps {
@@ -819,6 +838,14 @@ impl Request<'_> {
             },
             Kind::Launch => Request::Launch(decode_launch(&mut r)?),
             Kind::Occupancy => Request::Occupancy(decode_launch(&mut r)?),
+            Kind::Console => {
+                let module = r.u64()?;
+                let max = r.u32()?;
+                if max == 0 || max as usize > MAX_CONSOLE {
+                    return Err(ProtoError::Malformed("console size"));
+                }
+                Request::Console { module, max }
+            }
             Kind::Queued => {
                 let n = r.u32()? as usize;
                 if n == 0 || n > MAX_QUEUED_STEPS {
@@ -885,6 +912,8 @@ pub enum Value {
     },
     /// [`Kind::Queued`]: one result per step.
     Queued(Vec<QueuedDone>),
+    /// [`Kind::Console`].
+    Console(ConsoleText),
     /// [`Kind::Download`]: the last piece left in the staging area.
     Download {
         /// Offset in the transfer.
@@ -1026,6 +1055,9 @@ impl Reply {
                 (Kind::Download, Value::Download { offset, len, at }) => {
                     w.u64(*offset).u64(*len).u64(*at);
                 }
+                (Kind::Console, Value::Console(c)) => {
+                    w.u64(c.dropped).blob(&c.text);
+                }
                 (Kind::Queued, Value::Queued(done)) => {
                     w.u32(done.len() as u32);
                     for d in done {
@@ -1078,6 +1110,13 @@ impl Reply {
                     at: r.u64()?,
                 },
                 Kind::GlobalInfo => Value::Global(r.u64()?, r.u64()?),
+                Kind::Console => {
+                    let dropped = r.u64()?;
+                    Value::Console(ConsoleText {
+                        dropped,
+                        text: r.blob(MAX_CONSOLE)?.to_vec(),
+                    })
+                }
                 Kind::Queued => {
                     let n = r.u32()? as usize;
                     if n > MAX_QUEUED_STEPS {

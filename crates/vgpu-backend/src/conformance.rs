@@ -1246,6 +1246,12 @@ pub const POKE_PTX: &str = "
 }
 ";
 
+/// `say(int *out)`: each thread prints `thread T of N: 1.500000 ok` (a
+/// `printf` as nvcc compiles it: the arguments in a local buffer, the
+/// format and the string in global memory) and stores what `printf`
+/// returned (4, the arguments it took) at `out[T]`.
+pub const PRINTF_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/printf.ptx");
+
 /// `ptx` as PTX ISA 8.0: the corpus is compiled by a newer nvcc than some
 /// drivers JIT (CUDA 13.0's takes ISA 9.0 at most), and these kernels use
 /// nothing past 8.0.
@@ -1331,6 +1337,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_cluster_occupancy(make);
     module_global(make);
     module_queued_launches_depend_in_order(make);
+    module_printf(make);
     module_illegal_address(make);
 }
 
@@ -1631,6 +1638,76 @@ pub fn module_cluster_occupancy(make: Make<'_>) {
 
 /// A module with a global array (what `__device__` variables compile to).
 pub const GLOBAL_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/global.ptx");
+
+/// What a module's kernels print waits in the partition for
+/// [`Partition::console`]: every thread's line, once, in pieces as
+/// asked, after a plain launch and after a queued run; an unloaded
+/// module's output is gone.
+pub fn module_printf(make: Make<'_>) {
+    const THREADS: u32 = 40;
+    let mut boxed = make(&spec("ptx-printf", 4 * MIB, 1));
+    let p = &mut *boxed;
+    assert!(crate::console::module_prints(PRINTF_PTX.as_bytes()));
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, PRINTF_PTX.as_bytes())
+        .expect("the printing module loads");
+    let out = p.alloc(u64::from(THREADS) * 4, 0).unwrap();
+    let params = Params::default().u64(out);
+    let say = |p: &mut dyn Partition| {
+        launch_loaded(p, m, "say", [1, 1, 1], [THREADS, 1, 1], &params).expect("say runs")
+    };
+    let all = |p: &mut dyn Partition| p.console(m, abi::CONSOLE_BYTES as usize).unwrap();
+    let mut want: Vec<String> = (0..THREADS)
+        .map(|t| format!("thread {t} of {THREADS}: 1.500000 ok"))
+        .collect();
+    want.sort();
+    let lines = |text: &[u8]| {
+        let mut l: Vec<String> = String::from_utf8_lossy(text)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        l.sort();
+        l
+    };
+    say(p);
+    let got = all(p);
+    assert_eq!(lines(&got.text), want, "every thread's line, once");
+    assert_eq!(got.dropped, 0);
+    let rv = download(p, out, THREADS as usize * 4);
+    assert!(
+        rv.chunks_exact(4).all(|r| r == 4i32.to_le_bytes()),
+        "printf returns the arguments it took"
+    );
+    assert!(all(p).text.is_empty(), "output comes once");
+    // In pieces, as a guest with a small buffer takes it.
+    say(p);
+    let first = p.console(m, 10).unwrap();
+    assert_eq!(first.text.len(), 10);
+    let mut text = first.text;
+    text.extend(all(p).text);
+    assert_eq!(lines(&text), want);
+    // After a queued run.
+    let launch = Launch {
+        cluster: [1, 1, 1],
+        module: m,
+        entry: "say",
+        grid: [1, 1, 1],
+        block: [THREADS, 1, 1],
+        shared_mem: 0,
+        params: &params.0,
+    };
+    let done = p.run_queued(&[Queued::Launch(launch), Queued::Timestamp], &|| false);
+    assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
+    assert_eq!(lines(&all(p).text), want);
+    // Nothing of another module, nor of an unloaded one.
+    assert!(p.console(m + 1000, 100).unwrap().text.is_empty());
+    say(p);
+    p.module_unload(m).unwrap();
+    assert!(
+        all(p).text.is_empty(),
+        "an unloaded module's output is gone"
+    );
+}
 
 /// A module global, where the backend places globals in device memory:
 /// its address and size, copies to and from it (cudaMemcpyToSymbol),

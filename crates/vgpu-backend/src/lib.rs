@@ -11,6 +11,7 @@
 
 #[cfg(any(test, feature = "test-utils"))]
 pub mod conformance;
+pub mod console;
 pub mod rules;
 pub mod software;
 
@@ -590,6 +591,11 @@ pub trait Partition: Send {
     fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError>;
     /// Device memory in use, bytes.
     fn memory_used(&self) -> u64;
+    /// Takes up to `max` bytes of what the kernels of `module` printed,
+    /// oldest first (see [`console::Consoles`]). A backend whose kernels
+    /// cannot print answers nothing. No default: a wrapper that forgot
+    /// to forward it would lose the output.
+    fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError>;
     /// Frees all memory and modules: the partition is as new.
     fn reset(&mut self);
     /// Whether the partition lost its device state ([`OpError::Lost`])

@@ -732,6 +732,31 @@ fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
         .map_err(op_status)
 }
 
+/// CONSOLE: moves what the kernels of a module printed into device
+/// memory; returns the bytes written and those dropped since the last
+/// CONSOLE. Output the upload could not place is lost with the error
+/// (the guest named memory it cannot write).
+fn console(ctx: &mut Ctx<'_>, cmd: &abi::ConsoleCmd) -> Result<(u64, u64)> {
+    if cmd.hdr.flags != 0
+        || cmd.reserved != 0
+        || cmd.out_size == 0
+        || cmd.out_size > abi::CONSOLE_BYTES
+        || cmd.module == abi::MODULE_BUILTIN
+    {
+        return Err(abi::STATUS_INVALID);
+    }
+    let out = ctx
+        .partition
+        .console(cmd.module, cmd.out_size as usize)
+        .map_err(op_status)?;
+    if !out.text.is_empty() {
+        ctx.partition
+            .upload(cmd.out, &out.text)
+            .map_err(op_status)?;
+    }
+    Ok((out.text.len() as u64, out.dropped))
+}
+
 /// Runs the command in `descs` (readable descriptors first, then writable).
 pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
@@ -797,9 +822,14 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
                 return Err(abi::STATUS_INVALID);
             }
             let image = read_payload(ctx.dma, &reads, c.image_size as usize)?;
-            ctx.partition
+            let handle = ctx
+                .partition
                 .module_load(c.format, &image)
-                .map_err(op_status)
+                .map_err(op_status)?;
+            if vgpu_backend::console::module_prints(&image) {
+                result2 = abi::MODULE_FLAG_PRINTS;
+            }
+            Ok(handle)
         }
         abi::OP_MODULE_UNLOAD => {
             let c: abi::ModuleUnloadCmd = parse(raw)?;
@@ -818,6 +848,11 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             launch(ctx, &c, &reads)
         }
         abi::OP_OCCUPANCY => occupancy(ctx, &parse(raw)?),
+        abi::OP_CONSOLE => {
+            let (written, dropped) = console(ctx, &parse(raw)?)?;
+            result2 = dropped;
+            Ok(written)
+        }
         _ => Err(abi::STATUS_INVALID),
     })();
     let device_ns = start.elapsed().as_nanos() as u64;

@@ -650,7 +650,8 @@ impl VgpuDevice {
             | abi::FEATURE_WINDOW
             | abi::FEATURE_TIMESTAMP
             | abi::FEATURE_FUNC_INFO
-            | abi::FEATURE_OCCUPANCY;
+            | abi::FEATURE_OCCUPANCY
+            | abi::FEATURE_CONSOLE;
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,

@@ -192,6 +192,13 @@ impl Partition for Recording {
     fn memory_used(&self) -> u64 {
         self.inner.memory_used()
     }
+    fn console(
+        &mut self,
+        module: u64,
+        max: usize,
+    ) -> Result<vgpu_backend::console::ConsoleText, OpError> {
+        self.inner.console(module, max)
+    }
     fn reset(&mut self) {
         self.inner.reset()
     }

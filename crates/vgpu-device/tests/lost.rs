@@ -107,6 +107,13 @@ impl Partition for Faulting {
     fn memory_used(&self) -> u64 {
         self.inner.memory_used()
     }
+    fn console(
+        &mut self,
+        module: u64,
+        max: usize,
+    ) -> Result<vgpu_backend::console::ConsoleText, OpError> {
+        self.inner.console(module, max)
+    }
     fn reset(&mut self) {
         self.lost = false;
         self.resets.fetch_add(1, Ordering::SeqCst);

@@ -21,6 +21,9 @@ pub struct CmdResult {
     pub result: u64,
     /// Device time the command took, ns.
     pub device_ns: u64,
+    /// MODULE_LOAD: [`sys::MODULE_PRINTS`]; CONSOLE: bytes dropped;
+    /// FUNC_INFO of a global: its size.
+    pub result2: u64,
 }
 
 impl From<&VgpuCmd> for CmdResult {
@@ -30,6 +33,7 @@ impl From<&VgpuCmd> for CmdResult {
             error: c.error,
             result: c.result,
             device_ns: c.device_ns,
+            result2: c.result2,
         }
     }
 }
@@ -165,6 +169,20 @@ impl Batch {
     /// A TIMESTAMP; returns the command's index (its result is the clock).
     pub fn timestamp(&mut self) -> usize {
         self.push(VgpuCmd::bare(sys::CMD_TIMESTAMP, 0));
+        self.cmds.len() - 1
+    }
+
+    /// A CONSOLE: what the kernels of the module `module` (a handle)
+    /// printed goes to `len` bytes at device address `out` of this file;
+    /// returns the command's index, whose result is the bytes written and
+    /// `result2` those the device dropped.
+    pub fn console(&mut self, module: u64, out: u64, len: u32) -> usize {
+        self.push(VgpuCmd::console(sys::VgpuConsoleArgs {
+            module,
+            out,
+            out_size: len,
+            pad: 0,
+        }));
         self.cmds.len() - 1
     }
 

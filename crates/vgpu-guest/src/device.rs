@@ -731,7 +731,41 @@ impl Device {
         Ok(Module {
             dev: self.inner.clone(),
             handle: r.result,
+            prints: self.inner.info.flags & sys::INFO_CONSOLE != 0
+                && r.result2 & sys::MODULE_PRINTS != 0,
         })
+    }
+
+    /// Takes what the kernels of `module` printed (see
+    /// [`Module::prints`]), oldest first, through `scratch`, device memory
+    /// of this file that holds one piece: the output, and the bytes the
+    /// device dropped since the last call because its buffer was full.
+    /// Empty when nothing waits.
+    pub fn console(&self, module: &Module, scratch: &Buffer) -> Result<(Vec<u8>, u64)> {
+        if self.inner.info.flags & sys::INFO_CONSOLE == 0 {
+            return Err(Error::Unsupported);
+        }
+        let len = scratch.size().min(u64::from(sys::MAX_CONSOLE_BYTES)) as u32;
+        if len == 0 {
+            return Err(Error::Usage("an empty console buffer".into()));
+        }
+        let mut out = Vec::new();
+        let mut dropped = 0u64;
+        loop {
+            let mut b = Batch::new();
+            let at = b.console(module.handle, scratch.addr(), len);
+            let slot = b.copy_from_device(scratch, 0, len as usize);
+            let mut done = self.run(b)?;
+            let r = done.result(at).ok_or(Error::Io)?;
+            let n = (r.result as usize).min(len as usize);
+            dropped = dropped.saturating_add(r.result2);
+            out.extend_from_slice(&done.take(slot)[..n]);
+            // A full piece: more may wait, though never more than the
+            // device keeps (kernels still running may add to it).
+            if n < len as usize || out.len() >= 2 * sys::MAX_CONSOLE_BYTES as usize {
+                return Ok((out, dropped));
+            }
+        }
     }
 
     /// Reads the device clock (TIMESTAMP), in nanoseconds.
@@ -987,12 +1021,19 @@ impl Drop for Buffer {
 pub struct Module {
     dev: Arc<Inner>,
     handle: u64,
+    prints: bool,
 }
 
 impl Module {
     /// The driver's handle.
     pub fn handle(&self) -> u64 {
         self.handle
+    }
+
+    /// Whether its kernels may print (`printf` in device code), which
+    /// then waits for [`Device::console`].
+    pub fn prints(&self) -> bool {
+        self.prints
     }
 }
 

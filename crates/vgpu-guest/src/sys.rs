@@ -41,6 +41,8 @@ pub const INFO_WINDOW: u32 = 1 << 2;
 pub const INFO_FUNC_INFO: u32 = 1 << 3;
 /// `vgpu_info.flags`: OCCUPANCY.
 pub const INFO_OCCUPANCY: u32 = 1 << 4;
+/// `vgpu_info.flags`: CONSOLE, and MODULE_LOAD says which modules print.
+pub const INFO_CONSOLE: u32 = 1 << 5;
 
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
@@ -48,9 +50,9 @@ pub const INFO_OCCUPANCY: u32 = 1 << 4;
 pub use vgpu_abi::{
     FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
     MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_CUBIN as MODULE_CUBIN,
-    MODULE_FORMAT_FATBIN as MODULE_FATBIN, MODULE_FORMAT_PTX as MODULE_PTX, OP_COPY as CMD_COPY,
-    OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL, OP_FUNC_INFO as CMD_FUNC_INFO,
-    OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
+    MODULE_FORMAT_FATBIN as MODULE_FATBIN, MODULE_FORMAT_PTX as MODULE_PTX,
+    OP_CONSOLE as CMD_CONSOLE, OP_COPY as CMD_COPY, OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL,
+    OP_FUNC_INFO as CMD_FUNC_INFO, OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
     OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_OCCUPANCY as CMD_OCCUPANCY,
     OP_TIMESTAMP as CMD_TIMESTAMP, STATUS_CANCELLED as CMD_STATUS_CANCELLED,
     STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR, STATUS_FAULT as CMD_STATUS_FAULT,
@@ -61,8 +63,9 @@ pub use vgpu_abi::{
 };
 // The limits the driver asserts equal to the device's.
 pub use vgpu_abi::{
-    MAX_ENTRY_NAME as MAX_FUNC_NAME_BYTES, MAX_MODULE_SIZE as MAX_IMAGE_BYTES,
-    MAX_PARAMS_SIZE as MAX_PARAMS_BYTES,
+    CONSOLE_BYTES as MAX_CONSOLE_BYTES, MAX_ENTRY_NAME as MAX_FUNC_NAME_BYTES,
+    MAX_MODULE_SIZE as MAX_IMAGE_BYTES, MAX_PARAMS_SIZE as MAX_PARAMS_BYTES,
+    MODULE_FLAG_PRINTS as MODULE_PRINTS,
 };
 
 /// `vgpu_cmd.flags` of a FENCE: raise the queue's interrupt.
@@ -268,6 +271,17 @@ uapi_struct!(
     }
 );
 
+uapi_struct!(
+    /// Arguments of a CONSOLE.
+    pub struct VgpuConsoleArgs => "vgpu_console_args" {
+        pub module: u64,
+        /// Device address the output goes to.
+        pub out: u64,
+        pub out_size: u32,
+        pub pad: u32,
+    }
+);
+
 /// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
 /// write one member, so the bytes past that member stay zero as the driver
 /// requires.
@@ -281,6 +295,7 @@ pub union VgpuCmdArgs {
     pub launch: VgpuLaunchArgs,
     pub func_info: VgpuFuncInfoArgs,
     pub occupancy: VgpuOccupancyArgs,
+    pub console: VgpuConsoleArgs,
     pub raw: [u64; 11],
 }
 
@@ -344,6 +359,7 @@ impl VgpuCmd {
             ("launch", args, size_of::<VgpuLaunchArgs>()),
             ("func_info", args, size_of::<VgpuFuncInfoArgs>()),
             ("occupancy", args, size_of::<VgpuOccupancyArgs>()),
+            ("console", args, size_of::<VgpuConsoleArgs>()),
             ("raw", args, 88),
             ("status", offset_of!(VgpuCmd, status), 4),
             ("error", offset_of!(VgpuCmd, error), 4),
@@ -509,6 +525,8 @@ impl VgpuCmd {
         func_info(VgpuFuncInfoArgs) => CMD_FUNC_INFO,
         /// An OCCUPANCY.
         occupancy(VgpuOccupancyArgs) => CMD_OCCUPANCY,
+        /// A CONSOLE.
+        console(VgpuConsoleArgs) => CMD_CONSOLE,
     );
 
     /// A MODULE_UNLOAD.
@@ -570,6 +588,7 @@ mod tests {
             VgpuLaunchArgs,
             VgpuFuncInfoArgs,
             VgpuOccupancyArgs,
+            VgpuConsoleArgs,
             VgpuCmd,
             VgpuSubmit,
             VgpuWait,
@@ -598,12 +617,15 @@ mod tests {
             ENTRY_NAME_LEN,
             MAX_FUNC_NAME_BYTES,
             MAX_PINNED_RANGES,
+            MAX_CONSOLE_BYTES,
+            MODULE_PRINTS,
             TIMEOUT_INFINITE,
             INFO_POLLED,
             INFO_MSIX,
             INFO_WINDOW,
             INFO_FUNC_INFO,
             INFO_OCCUPANCY,
+            INFO_CONSOLE,
             CMD_NOP,
             CMD_FENCE,
             CMD_COPY,
@@ -613,6 +635,7 @@ mod tests {
             CMD_LAUNCH,
             CMD_FUNC_INFO,
             CMD_OCCUPANCY,
+            CMD_CONSOLE,
             CMD_LAUNCH_FUNCTION,
             CMD_FUNC_INFO_GLOBAL,
             CMD_TIMESTAMP,

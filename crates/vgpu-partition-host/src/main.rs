@@ -9,7 +9,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
-use log::error;
+use log::{error, warn};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend_remote::launcher::{self, LauncherArgs};
 use vgpu_backend_remote::{host, HostArgs, InnerBackend, HOST_PROGRAM};
@@ -131,10 +131,18 @@ fn main() -> ExitCode {
             }
         }
         InnerBackend::Cuda { device, guest_ptx } => {
-            use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode};
+            use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode, StdoutCapture};
             match CudaBackend::new(device, Mode::Isolated) {
                 Ok(b) => {
                     b.set_guest_ptx(guest_ptx);
+                    // The driver prints what guest kernels print to this
+                    // process's standard output: it goes to the guest.
+                    if guest_ptx {
+                        match StdoutCapture::install() {
+                            Ok(c) => b.set_printf_capture(c),
+                            Err(e) => warn!("kernels' printf output stays here: {e}"),
+                        }
+                    }
                     match confine(mode, true) {
                         Ok(()) => host::serve(stream, &b, &|| cuda_lost().is_none(), args.spin),
                         Err(e) => host::refuse(stream, &e),

@@ -2,7 +2,8 @@
 //! allowed): a tenant whose loaded kernel writes through a wild pointer
 //! loses only its own host, while another tenant's sgemm keeps running
 //! and stays correct; a reset gives the faulted tenant a fresh host;
-//! guest COPYs reach the host as forwarded guest memory.
+//! guest COPYs reach the host as forwarded guest memory; what guest
+//! kernels print reaches their console.
 //!
 //! Without a CUDA driver each test prints "skipped: no CUDA driver" and
 //! returns; with `VGPU_REQUIRE_GPU=1` that fails instead.
@@ -369,6 +370,19 @@ fn healthy_reset_stays_in_place() {
     assert_eq!(p.memory_used(), 0);
     let a = p.alloc(MIB, 0).unwrap();
     assert_eq!(download(&mut p, a, 64).unwrap(), vec![0; 64]);
+}
+
+/// What guest kernels print on the GPU, which NVIDIA's driver writes to
+/// the partition host's standard output, reaches the partition's
+/// console: every thread's line, once, after launches and queued runs.
+#[test]
+fn printf_of_guest_kernels_reaches_the_console() {
+    if !gpu() {
+        return;
+    }
+    let b = backend();
+    let make = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name)) };
+    vgpu_backend::conformance::module_printf(&make);
 }
 
 #[test]

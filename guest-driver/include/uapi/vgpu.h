@@ -38,6 +38,7 @@
 #define VGPU_INFO_WINDOW	(1U << 2)	/* the window can be mmap()ed */
 #define VGPU_INFO_FUNC_INFO	(1U << 3)	/* VGPU_CMD_FUNC_INFO, launch by function */
 #define VGPU_INFO_OCCUPANCY	(1U << 4)	/* VGPU_CMD_OCCUPANCY */
+#define VGPU_INFO_CONSOLE	(1U << 5)	/* VGPU_CMD_CONSOLE, VGPU_MODULE_PRINTS */
 
 /**
  * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
@@ -126,6 +127,11 @@ struct vgpu_free {
 #define VGPU_CMD_TIMESTAMP	9
 #define VGPU_CMD_FUNC_INFO	10
 #define VGPU_CMD_OCCUPANCY	11
+#define VGPU_CMD_CONSOLE	12
+
+/* Bit of a MODULE_LOAD's @result2: its kernels may print (VGPU_CMD_CONSOLE). */
+#define VGPU_MODULE_PRINTS	(1ULL << 0)
+#define VGPU_MAX_CONSOLE_BYTES	(1U << 20)	/* CONSOLE @out_size */
 
 /* vgpu_cmd.flags of FENCE, LAUNCH and FUNC_INFO; others take 0. */
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
@@ -242,6 +248,25 @@ struct vgpu_occupancy_args {
 };
 
 /**
+ * struct vgpu_console_args - a VGPU_CMD_CONSOLE
+ * @module: a handle from a MODULE_LOAD of this file
+ * @out: device address (of this file's memory) the output goes to
+ * @out_size: bytes at @out, 1..VGPU_MAX_CONSOLE_BYTES
+ * @pad: zero
+ *
+ * Moves what the kernels of @module printed (printf in device code),
+ * oldest first, to @out. @result is the bytes written (fewer than
+ * @out_size: nothing more waits), @result2 the bytes the device dropped
+ * since the last CONSOLE of @module because its buffer was full.
+ */
+struct vgpu_console_args {
+	__u64 module;
+	__u64 out;
+	__u32 out_size;
+	__u32 pad;
+};
+
+/**
  * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
  * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
  * @grid: blocks in x, y and z
@@ -287,13 +312,15 @@ struct vgpu_launch_args {
  * @launch: in: arguments of VGPU_CMD_LAUNCH
  * @func_info: in: arguments of VGPU_CMD_FUNC_INFO
  * @occupancy: in: arguments of VGPU_CMD_OCCUPANCY
+ * @console: in: arguments of VGPU_CMD_CONSOLE
  * @raw: the arguments as words; bytes the opcode does not use must be zero
  * @status: out: VGPU_CMD_STATUS_*
  * @error: out: 0 or a negative errno matching @status
  * @result: out: MODULE_LOAD: the handle; FUNC_INFO: the function handle;
- *	TIMESTAMP: device ns; OCCUPANCY: resident clusters
+ *	TIMESTAMP: device ns; OCCUPANCY: resident clusters; CONSOLE: bytes
  * @device_ns: out: device time the command took
- * @result2: out: FUNC_INFO of a global: its size; else zero
+ * @result2: out: FUNC_INFO of a global: its size; MODULE_LOAD:
+ *	VGPU_MODULE_PRINTS; CONSOLE: bytes dropped; else zero
  *
  * The out fields are written by a waiting SUBMIT or by WAIT.
  */
@@ -308,6 +335,7 @@ struct vgpu_cmd {
 		struct vgpu_launch_args launch;
 		struct vgpu_func_info_args func_info;
 		struct vgpu_occupancy_args occupancy;
+		struct vgpu_console_args console;
 		__u64 raw[11];
 	};
 	__u32 status;

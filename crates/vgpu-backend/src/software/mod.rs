@@ -30,6 +30,8 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 
+use crate::console::{ConsoleText, Consoles};
+
 mod buf;
 mod kernels;
 mod ptx;
@@ -122,6 +124,7 @@ impl SoftwareBackend {
             modules: BTreeMap::new(),
             next_module: FIRST_MODULE,
             kernel_timeout: self.kernel_timeout,
+            consoles: Consoles::default(),
         })
     }
 }
@@ -158,6 +161,8 @@ pub struct SoftwarePartition {
     next_module: u64,
     /// Longest a loaded kernel may run.
     kernel_timeout: Duration,
+    /// What loaded kernels printed.
+    consoles: Consoles,
 }
 
 /// Handles of loaded modules start here (0 is the built-in module).
@@ -486,10 +491,15 @@ impl Partition for SoftwarePartition {
                 "the built-in module cannot be unloaded".into(),
             ));
         }
+        self.consoles.forget(module);
         self.modules
             .remove(&module)
             .map(drop)
             .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))
+    }
+
+    fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
+        Ok(self.consoles.take(module, max))
     }
 
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
@@ -510,6 +520,7 @@ impl Partition for SoftwarePartition {
                 .modules
                 .get(&launch.module)
                 .ok_or_else(|| OpError::NotFound(format!("module {:#x}", launch.module)))?;
+            let printed = ptx::Printed::default();
             let run = ptx::Run {
                 module,
                 entry: launch.entry,
@@ -519,8 +530,14 @@ impl Partition for SoftwarePartition {
                 params: launch.params,
                 workers: self.threads(),
                 timeout: self.kernel_timeout,
+                print: &printed,
             };
-            return ptx::launch(&run, &self.allocs);
+            let result = ptx::launch(&run, &self.allocs);
+            // What a kernel printed before it failed is kept, as on a GPU.
+            let (text, dropped) = printed.into_inner();
+            self.consoles.push(launch.module, &text);
+            self.consoles.dropped(launch.module, dropped);
+            return result;
         }
         // Floats are read and written byte by byte here: any operand
         // address will do.
@@ -595,5 +612,6 @@ impl Partition for SoftwarePartition {
         self.space.reset();
         // Handles keep counting: one from before the reset finds nothing.
         self.modules.clear();
+        self.consoles.clear();
     }
 }

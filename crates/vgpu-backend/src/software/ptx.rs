@@ -107,6 +107,8 @@ pub(super) struct Run<'a> {
     pub params: &'a [u8],
     pub workers: usize,
     pub timeout: Duration,
+    /// Where the kernel's `printf` output goes.
+    pub print: &'a dyn vgpu_ptx::PrintSink,
 }
 
 /// Kernel `entry` of `module` as FUNC_INFO describes it: the layout the
@@ -170,6 +172,7 @@ pub(super) fn launch(
         max_steps: None,
         deadline: Some(Instant::now() + run.timeout),
         cancel: None,
+        print: Some(run.print),
     };
     vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
         .map(|_| ())
@@ -194,5 +197,27 @@ fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
         | ExecError::SharedTooLarge { .. }
         | ExecError::LocalTooLarge { .. } => OpError::Invalid(format!("{entry}: {e}")),
         e => OpError::Device(format!("{entry}: {e}")),
+    }
+}
+
+/// A launch's `printf` output, gathered from its worker threads: at most
+/// a console's worth, the rest counted.
+#[derive(Debug, Default)]
+pub(super) struct Printed(std::sync::Mutex<(Vec<u8>, u64)>);
+
+impl Printed {
+    /// The output and the bytes that did not fit.
+    pub fn into_inner(self) -> (Vec<u8>, u64) {
+        self.0.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl vgpu_ptx::PrintSink for Printed {
+    fn print(&self, text: &[u8]) {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let room = (abi::CONSOLE_BYTES as usize).saturating_sub(g.0.len());
+        let kept = text.len().min(room);
+        g.0.extend_from_slice(&text[..kept]);
+        g.1 = g.1.saturating_add((text.len() - kept) as u64);
     }
 }

@@ -63,6 +63,7 @@ conformance!(
     module_matmul,
     module_launch_errors_and_unload,
     module_queued_launches_depend_in_order,
+    module_printf,
     module_illegal_address,
 );
 

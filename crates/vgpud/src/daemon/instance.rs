@@ -11,6 +11,7 @@ use log::error;
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
+use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
     FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
     Queued, QueuedDone,
@@ -82,6 +83,9 @@ impl Partition for SharedPartition {
     }
     fn memory_used(&self) -> u64 {
         lock(&self.inner).memory_used()
+    }
+    fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
+        lock(&self.inner).console(module, max)
     }
     fn reset(&mut self) {
         lock(&self.inner).reset()
@@ -344,6 +348,9 @@ mod tests {
         }
         fn memory_used(&self) -> u64 {
             self.0.memory_used()
+        }
+        fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
+            self.0.console(module, max)
         }
         fn reset(&mut self) {
             self.0.reset()

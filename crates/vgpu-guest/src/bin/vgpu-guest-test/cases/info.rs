@@ -154,9 +154,11 @@ pub(super) fn info(args: &Args) -> CaseResult {
         | sys::INFO_MSIX
         | sys::INFO_WINDOW
         | sys::INFO_FUNC_INFO
-        | sys::INFO_OCCUPANCY;
+        | sys::INFO_OCCUPANCY
+        | sys::INFO_CONSOLE;
     ensure!(i.flags & !known == 0, "unknown flags {:#x}", i.flags);
-    // The driver says FUNC_INFO and OCCUPANCY exactly when the device does.
+    // The driver says FUNC_INFO, OCCUPANCY and CONSOLE exactly when the
+    // device does.
     for (flag, feature, name) in [
         (
             sys::INFO_FUNC_INFO,
@@ -168,6 +170,7 @@ pub(super) fn info(args: &Args) -> CaseResult {
             vgpu_abi::FEATURE_OCCUPANCY,
             "INFO_OCCUPANCY",
         ),
+        (sys::INFO_CONSOLE, vgpu_abi::FEATURE_CONSOLE, "INFO_CONSOLE"),
     ] {
         ensure!(
             (i.flags & flag != 0) == (i.features & feature != 0),

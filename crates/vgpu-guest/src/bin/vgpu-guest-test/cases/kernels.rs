@@ -556,3 +556,69 @@ pub(super) fn module_global(args: &Args) -> CaseResult {
     )?;
     Ok(format!("{size} bytes at {addr:#x}, copied both ways"))
 }
+
+/// A kernel calling `printf`, as nvcc lays it out.
+const PRINTF_PTX: &str = include_str!("../../../../../vgpu-ptx/tests/corpus/printf.ptx");
+
+/// CONSOLE: a module that prints says so at load; what its kernels
+/// print comes back once, in pieces of the buffer given, to the file that
+/// loaded it and no other.
+pub(super) fn console(args: &Args) -> CaseResult {
+    const THREADS: u32 = 40;
+    let dev = open(args)?;
+    if dev.cached_info().flags & sys::INFO_CONSOLE == 0 {
+        return Ok("the device has no CONSOLE".into());
+    }
+    let m = match load_matmul(&dev, PRINTF_PTX.as_bytes())? {
+        Ok(m) => m,
+        Err(why) => return Ok(why),
+    };
+    ensure!(m.prints(), "MODULE_LOAD did not say the module prints");
+    let f = dev.function(&m, "say").ctx("FUNC_INFO of say")?;
+    let out = dev.alloc(u64::from(THREADS) * 4).ctx("ALLOC")?;
+    // Smaller than the output: it comes in pieces.
+    let scratch = dev.alloc(256).ctx("ALLOC")?;
+    let dims = Dims {
+        grid: [1, 1, 1],
+        block: [THREADS, 1, 1],
+        shared_mem: 0,
+    };
+    dev.launch_function(&f, dims, &out.addr().to_le_bytes())
+        .ctx("LAUNCH of say")?;
+    let (text, dropped) = dev.console(&m, &scratch).ctx("CONSOLE")?;
+    let mut got: Vec<String> = String::from_utf8_lossy(&text)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = (0..THREADS)
+        .map(|t| format!("thread {t} of {THREADS}: 1.500000 ok"))
+        .collect();
+    want.sort();
+    ensure!(
+        got == want && dropped == 0,
+        "printed {text:?}, {dropped} bytes dropped"
+    );
+    let (again, _) = dev.console(&m, &scratch).ctx("CONSOLE again")?;
+    ensure!(again.is_empty(), "the output came twice: {again:?}");
+    // Another file's module is not this file's to read.
+    dev.launch_function(&f, dims, &out.addr().to_le_bytes())
+        .ctx("LAUNCH of say")?;
+    let other = open(args)?;
+    let theirs = other.alloc(256).ctx("ALLOC")?;
+    expect_errno(
+        other.console(&m, &theirs),
+        libc::ENOENT,
+        "CONSOLE of another file's module",
+    )?;
+    let (text, _) = dev.console(&m, &scratch).ctx("CONSOLE after the refusal")?;
+    ensure!(
+        text.len() == want.iter().map(|l| l.len() + 1).sum::<usize>(),
+        "{} bytes after another file's refused CONSOLE",
+        text.len()
+    );
+    Ok(format!(
+        "{THREADS} lines, {} bytes in pieces of 256; refused to another file",
+        text.len()
+    ))
+}

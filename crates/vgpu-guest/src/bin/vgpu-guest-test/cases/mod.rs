@@ -48,6 +48,7 @@ pub fn all() -> Vec<Case> {
         case!("module-matmul", false, kernels::module_matmul),
         case!("module-function", false, kernels::module_function),
         case!("module-global", false, kernels::module_global),
+        case!("console", false, kernels::console),
         case!("window", true, window::window),
         case!("multiprocess", false, processes::multiprocess),
         case!("fault-isolation", false, processes::fault_isolation),
