@@ -26,6 +26,7 @@
 //! host memory waits for the work before it.
 
 pub mod api;
+pub mod console;
 pub mod cu;
 pub mod export;
 pub mod ffi;

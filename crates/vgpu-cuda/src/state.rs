@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Function, Module};
 
+use crate::console::Console;
 use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
 use crate::graph::{self, Graph, GraphExec, Unsafe, Work};
@@ -93,6 +94,8 @@ pub struct Gpu {
     /// The primary context's handle.
     pub primary: usize,
     inflight: Mutex<Inflight>,
+    /// Modules whose kernels may print.
+    console: Mutex<Console>,
 }
 
 impl Gpu {
@@ -114,13 +117,29 @@ impl Gpu {
 
     /// Waits for the device's queued work; the first failure in it.
     pub fn sync(&self) -> CuResult {
-        self.inflight().sync(&self.dev)
+        let r = self.inflight().sync(&self.dev);
+        self.print();
+        r
     }
 
     /// Waits for the device's queued work, leaving a failure in it for the
     /// program's next synchronisation to report.
     pub fn wait_idle(&self) {
         self.inflight().drain(&self.dev);
+        self.print();
+    }
+
+    fn console(&self) -> MutexGuard<'_, Console> {
+        self.console.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes what kernels printed to the program's `stdout`: where
+    /// CUDA's driver flushes its printf buffer.
+    pub fn print(&self) {
+        let mut c = self.console();
+        if !c.is_empty() {
+            c.print(&self.dev);
+        }
     }
 
     /// Whether the device's queued work is done, without waiting.
@@ -131,7 +150,11 @@ impl Gpu {
     /// Whether record `record` of `event` is done (with `wait`, after
     /// waiting for it).
     pub fn event_done(&self, event: usize, record: u64, wait: bool) -> CuResult<bool> {
-        self.inflight().event_done(&self.dev, event, record, wait)
+        let done = self.inflight().event_done(&self.dev, event, record, wait)?;
+        if wait {
+            self.print();
+        }
+        Ok(done)
     }
 }
 
@@ -445,6 +468,7 @@ impl Driver {
                         info,
                         primary,
                         inflight: Mutex::new(Inflight::default()),
+                        console: Mutex::new(Console::default()),
                     });
                 }
                 Err(e) => log(&format!("{}: {e}", path.display())),
@@ -613,10 +637,11 @@ impl Driver {
         } else {
             vgpu_ptx::function_names(image).unwrap_or_default()
         };
-        let module = check(gpu.dev.module_load_format(format, image))?;
+        let module = Arc::new(check(gpu.dev.module_load_format(format, image))?);
+        gpu.console().watch(&module);
         let m = ModuleObj {
             device: dev,
-            module: Arc::new(module),
+            module,
             kernels,
             cubin_functions,
             globals: HashMap::new(),
@@ -700,6 +725,13 @@ impl Driver {
             let mut o = self.objects();
             o.remove_module(module).ok_or(cu::ERROR_INVALID_HANDLE)?
         };
+        // What its kernels printed comes out first, as CUDA's driver
+        // flushes its printf buffer at an unload.
+        if m.module.prints() {
+            if let Ok(gpu) = self.gpu(m.device) {
+                gpu.wait_idle();
+            }
+        }
         // The device unloads it when the last user (a launch in flight
         // on another thread) lets go.
         drop(m);
