@@ -1307,6 +1307,10 @@ mod tests {
                 image: &image,
             },
             Request::ModuleUnload { module: 9 },
+            Request::Console {
+                module: 9,
+                max: MAX_CONSOLE as u32,
+            },
             Request::FunctionInfo {
                 module: 9,
                 entry: "_ZN8cublasLt19splitKreduce_kernelILi32ELi16EiffffLb1ELb0EEEvNS_18cublasSplitKParamsIT4_EE",
@@ -1482,6 +1486,19 @@ mod tests {
             Reply::decode(Kind::Queued, &w.0),
             Err(ProtoError::Malformed("step count"))
         );
+        // Console requests of nothing or of more than a reply carries,
+        // and a reply with more than that.
+        for max in [0, MAX_CONSOLE as u32 + 1] {
+            let mut w = Writer::default();
+            w.u64(1).u32(max);
+            assert_eq!(
+                Request::decode(Kind::Console as u16, &w.0),
+                Err(ProtoError::Malformed("console size"))
+            );
+        }
+        let mut w = Writer::default();
+        w.u8(0).u64(0).u64(0).blob(&vec![b'x'; MAX_CONSOLE + 1]);
+        assert!(Reply::decode(Kind::Console, &w.0).is_err());
         // Protection bits beyond read and write.
         let mut w = Writer::default();
         w.u64(1).u64(0).u64(4096).u8(4);
@@ -1550,6 +1567,14 @@ mod tests {
                 ])),
             ),
             (Kind::Queued, Ok(Value::Queued(Vec::new()))),
+            (
+                Kind::Console,
+                Ok(Value::Console(ConsoleText {
+                    text: b"thread 3 of 40: 1.500000 ok\n".to_vec(),
+                    dropped: 12,
+                })),
+            ),
+            (Kind::Console, Ok(Value::Console(ConsoleText::default()))),
             (Kind::Alloc, Err(OpError::Invalid("bad".into()))),
             (
                 Kind::Alloc,
