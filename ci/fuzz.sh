@@ -3,7 +3,7 @@
 # (libFuzzer): vfio-user messages, the vGPU rings and registers, the
 # configuration file, the management API's HTTP requests, the
 # partition-host protocol, and the CUDA modules a guest loads (PTX text:
-# ptx_parse; fatbinaries: fatbin). The targets
+# ptx_parse; fatbinaries: fatbin; device printf: printf). The targets
 # live in fuzz/ (see fuzz/README.md).
 #
 # Builds every target, then runs each for SECONDS (default 20) from the

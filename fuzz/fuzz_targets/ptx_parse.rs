@@ -1,13 +1,23 @@
 //! `vgpu_ptx::Module::parse` on arbitrary UTF-8 text: it returns a module
 //! or an error naming a line of the text, never panics. Every kernel of
 //! an accepted module is then launched (one block of 32 threads, small
-//! memory, a step limit): the executor ends with a result or an error,
-//! never a panic or a hang.
+//! memory, a step limit, a sink for what it prints): the executor ends
+//! with a result or an error, never a panic or a hang, and no `printf`
+//! call prints more than its limit.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vgpu_ptx::{launch, LaunchConfig, Limits, Module, VecMemory};
+use vgpu_ptx::printf::MAX_OUTPUT;
+use vgpu_ptx::{launch, LaunchConfig, Limits, Module, PrintSink, VecMemory};
+
+struct Bounded;
+
+impl PrintSink for Bounded {
+    fn print(&self, text: &[u8]) {
+        assert!(text.len() <= MAX_OUTPUT, "{} bytes from one printf", text.len());
+    }
+}
 
 fuzz_target!(|text: &str| {
     let module = match Module::parse(text) {
@@ -25,6 +35,7 @@ fuzz_target!(|text: &str| {
         max_steps: Some(20_000),
         deadline: None,
         cancel: None,
+        print: Some(&Bounded),
     };
     let cfg = LaunchConfig { grid: [2, 1, 1], block: [32, 1, 1], shared_dyn: 256, workers: 1 };
     for k in module.kernels() {
