@@ -1,6 +1,7 @@
 // printf in kernels: what each thread prints reaches the program's
-// standard output by the next synchronisation, formatted as C's printf
-// formats it, in order with the program's own output around it. The
+// standard output by the next synchronisation (or cudaDeviceReset),
+// formatted as C's printf formats it, in order with the program's own
+// output around it. The
 // program sends its standard output to a file for a while and reads it
 // back.
 #define TEST_NAME "printf"
@@ -126,5 +127,16 @@ int main() {
   printf("PASS %s-sync output at a stream sync and at a blocking copy, once\n", TEST_NAME);
 
   CHECK(cudaFree(d));
+
+  // The samples' hello world: launch, then cudaDeviceReset, no
+  // synchronisation; the reset waits for the kernel and prints.
+  c.start();
+  count<<<1, 32>>>(4);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceReset());
+  text = c.stop();
+  EXPECT(lines(text).size() == 4, "%zu lines after cudaDeviceReset, 4 expected:\n%s", lines(text).size(),
+         text.c_str());
+  printf("PASS %s-reset output of a kernel left running at cudaDeviceReset\n", TEST_NAME);
   return 0;
 }

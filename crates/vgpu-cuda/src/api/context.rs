@@ -127,10 +127,14 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
             // Primary contexts are released, not destroyed.
             return Err(cu::ERROR_INVALID_CONTEXT);
         }
-        d.objects()
+        let device = d
+            .objects()
             .ctxs
             .remove(&ctx)
-            .ok_or(cu::ERROR_INVALID_CONTEXT)?;
+            .ok_or(cu::ERROR_INVALID_CONTEXT)?
+            .device;
+        // Its work ends first, and what its kernels printed comes out.
+        d.gpu(device)?.wait_idle();
         if d.current() == Some(ctx) {
             d.pop_current();
         }

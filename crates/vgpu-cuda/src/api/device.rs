@@ -253,7 +253,12 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) -> CU
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let ctx = d.gpu(dev)?.primary;
+        let gpu = d.gpu(dev)?;
+        // As a context's destruction does: its work ends first, and what
+        // its kernels printed comes out (programs end with
+        // cudaDeviceReset and rely on that).
+        gpu.wait_idle();
+        let ctx = gpu.primary;
         let storage = {
             let mut o = d.objects();
             o.primary_refs[dev as usize] = 0;
