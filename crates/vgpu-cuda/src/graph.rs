@@ -383,6 +383,8 @@ pub struct GraphExec {
     pub topology: Graph,
     /// The memory its work uses that graphs own (see [`Graph::owned`]).
     pub owned: Owned,
+    /// The `CUgraphInstantiate_flags` it was made with.
+    pub flags: u64,
 }
 
 /// Calls that wait for a stream's work or need the host side of it,
@@ -638,8 +640,8 @@ impl Objects {
         }
     }
 
-    /// Instantiates graph `g`; the executable's handle.
-    pub fn instantiate(&mut self, g: usize) -> CuResult<usize> {
+    /// Instantiates graph `g` with `flags`; the executable's handle.
+    pub fn instantiate(&mut self, g: usize, flags: u64) -> CuResult<usize> {
         let graph = crate::state::by_handle(&self.graphs, g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
@@ -655,6 +657,7 @@ impl Objects {
             spans,
             topology: graph.shape(),
             owned: graph.owned.clone(),
+            flags,
         };
         Ok(self.add(|o| &mut o.execs, exec))
     }
@@ -1051,13 +1054,13 @@ mod tests {
         // Another stream's work is not captured.
         assert_eq!(o.capture_work(s[1], 0, &[fill(3)]), Ok(false));
         // A graph being captured is neither instantiated nor destroyed.
-        assert_eq!(o.instantiate(g), Err(cu::ERROR_ILLEGAL_STATE));
+        assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_ILLEGAL_STATE));
         assert_eq!(o.destroy_graph(g), Err(cu::ERROR_ILLEGAL_STATE));
         assert_eq!(o.end_capture(s[1]), Err(cu::ERROR_ILLEGAL_STATE));
         assert_eq!(o.end_capture(s[0]), Ok(g));
         assert_eq!(o.capture_info(s[0]), (STATUS_NONE, 0, 0));
         assert_eq!(o.graphs[&g].nodes.len(), 2);
-        let e = o.instantiate(g).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
         assert_eq!(o.execs[&e].nodes.len(), 2);
         o.destroy_graph(g).unwrap();
         assert_eq!(o.execs[&e].nodes.len(), 2);
@@ -1114,7 +1117,7 @@ mod tests {
         // A loop cannot be ordered: instantiating refuses it.
         o.add_dependencies(g, &[c], &[a]).unwrap();
         assert_eq!(order(&o, g), None);
-        assert_eq!(o.instantiate(g), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_INVALID_VALUE));
     }
 
     #[test]
@@ -1265,7 +1268,7 @@ mod tests {
     fn an_executable_takes_the_work_of_a_graph_of_its_topology_only() {
         let mut o = Objects::default();
         let (g1, _) = chain(&mut o, &[1, 2, 3]);
-        let e = o.instantiate(g1).unwrap();
+        let e = o.instantiate(g1, 0).unwrap();
         let (g2, _) = chain(&mut o, &[4, 5, 6]);
         assert_eq!(o.update_exec(e, g2), Ok(()));
         assert_eq!(patterns(&o, e), [4, 5, 6]);
@@ -1291,7 +1294,7 @@ mod tests {
     fn kernel_parameters_are_only_set_on_kernel_nodes() {
         let mut o = Objects::default();
         let (g, nodes) = chain(&mut o, &[1, 2]);
-        let e = o.instantiate(g).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
         assert_eq!(
             o.set_kernel(nodes[0], 0, fill(5)),
             Err(cu::ERROR_INVALID_VALUE)
@@ -1321,7 +1324,7 @@ mod tests {
         assert_eq!(o.captured_free(s[0], 0x1000), Ok(true));
         assert_eq!(o.end_capture(s[0]), Ok(g));
         assert_eq!(o.graphs[&g].owned.len(), 1);
-        let e = o.instantiate(g).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
         let copy = o.clone_graph(g).unwrap();
         // A parent of a child graph node holds the child's memory too.
         let parent = empty_graph(&mut o);
@@ -1370,7 +1373,7 @@ mod tests {
         };
         let g1 = capture(&mut o, 0x1000);
         let g2 = capture(&mut o, 0x2000);
-        let e = o.instantiate(g1).unwrap();
+        let e = o.instantiate(g1, 0).unwrap();
         o.destroy_graph(g1).unwrap();
         assert_eq!(o.update_exec(e, g2), Ok(()));
         assert_eq!(std::mem::take(&mut o.to_free), [0x1000]);

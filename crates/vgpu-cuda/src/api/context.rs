@@ -251,6 +251,59 @@ pub extern "C" fn cuCtxSetCacheConfig(_config: u32) -> CUresult {
     entry(|| driver()?.current_ctx().map(drop))
 }
 
+/// Bank sizes are fixed on the GPUs this reports: the setting is
+/// accepted and ignored, as CUDA does there.
+#[no_mangle]
+pub extern "C" fn cuCtxSetSharedMemConfig(config: u32) -> CUresult {
+    entry(|| {
+        if config > 2 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        driver()?.current_ctx().map(drop)
+    })
+}
+
+/// No L2 lines are set aside for persisting accesses here, so there is
+/// nothing to reset.
+#[no_mangle]
+pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    entry(|| driver()?.current_ctx().map(drop))
+}
+
+/// Records `event` after all the work of context `ctx` so far: a device
+/// runs a process's work in order, so a record on its queue is that.
+#[no_mangle]
+pub extern "C" fn cuCtxRecordEvent(ctx: Handle, event: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let device = d.ctx_device(ctx as usize)?;
+        if !d.objects().capturing.is_empty() {
+            return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        crate::api::stream::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
+    })
+}
+
+/// Makes later work of context `ctx` wait for `event`: work of the same
+/// device already follows it in the device's queue; a record on another
+/// device is waited for here.
+#[no_mangle]
+pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let device = d.ctx_device(ctx as usize)?;
+        let (records, on) = {
+            let o = d.objects();
+            let e = crate::state::by_handle(&o.events, event as usize)?;
+            (e.records, e.device)
+        };
+        if records > 0 && on != device {
+            crate::api::stream::event_done(event, true)?;
+        }
+        Ok(())
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetSharedMemConfig(config: *mut u32) -> CUresult {
     entry(|| {

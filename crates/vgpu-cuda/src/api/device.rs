@@ -175,6 +175,75 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     })
 }
 
+/// The device of a PCI bus id as `cuDeviceGetPCIBusId` writes it
+/// (`domain:bus:device.function`, the domain optional, hexadecimal in
+/// either case).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, id: *const c_char) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's NUL-terminated id.
+        let id = unsafe { ffi::cstr(id) }?;
+        let (domain, bus, slot, func) = parse_bus_id(id).ok_or(cu::ERROR_INVALID_VALUE)?;
+        let n = driver()?
+            .gpus
+            .iter()
+            .position(|g| {
+                g.info.pci_domain == domain
+                    && u32::from(g.info.pci_bus) == bus
+                    && u32::from(g.info.pci_devfn) == (slot << 3 | func)
+            })
+            .ok_or(cu::ERROR_INVALID_DEVICE)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(dev, n as CUdevice) }
+    })
+}
+
+/// `[domain:]bus:device.function` in hexadecimal.
+fn parse_bus_id(id: &str) -> Option<(u32, u32, u32, u32)> {
+    let hex = |s: &str| {
+        (!s.is_empty() && s.len() <= 8)
+            .then(|| u32::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    let (head, func) = id.trim().rsplit_once('.')?;
+    let mut parts: Vec<&str> = head.split(':').collect();
+    let slot = hex(parts.pop()?)?;
+    let bus = hex(parts.pop()?)?;
+    let domain = match parts.as_slice() {
+        [] => 0,
+        [d] => hex(d)?,
+        _ => return None,
+    };
+    let func = hex(func)?;
+    (bus <= 0xff && slot <= 0x1f && func <= 7).then_some((domain, bus, slot, func))
+}
+
+/// What two vGPUs can do to each other's memory: nothing (no peer
+/// access between them).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut i32,
+    attrib: u32,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.gpu(src)?;
+        d.gpu(dst)?;
+        // Performance rank, access, native atomics, array access.
+        if src == dst || !(1..=4).contains(&attrib) {
+            return Err(if src == dst {
+                cu::ERROR_INVALID_DEVICE
+            } else {
+                cu::ERROR_INVALID_VALUE
+            });
+        }
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(value, 0) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     can: *mut i32,
@@ -273,4 +342,28 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bus_id;
+
+    #[test]
+    fn bus_ids_parse_as_cuda_writes_and_reads_them() {
+        assert_eq!(parse_bus_id("00000000:00:02.0"), Some((0, 0, 2, 0)));
+        assert_eq!(parse_bus_id("0000:3B:1f.7"), Some((0, 0x3b, 0x1f, 7)));
+        assert_eq!(parse_bus_id("00:02.0"), Some((0, 0, 2, 0)));
+        for bad in [
+            "",
+            "00:02",
+            "0:0:0:02.0",
+            "00:20.0",
+            "00:02.8",
+            "100:00.0",
+            "zz:02.0",
+            "000000000:00:02.0",
+        ] {
+            assert_eq!(parse_bus_id(bad), None, "{bad:?}");
+        }
+    }
 }

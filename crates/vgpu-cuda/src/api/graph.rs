@@ -636,9 +636,19 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
     }
     // Automatic frees, uploads and node priorities need nothing here:
     // graphs allocate nothing, replay from the host, and run in order.
-    let h = d.objects().instantiate(graph as usize)?;
+    let h = d.objects().instantiate(graph as usize, flags)?;
     // SAFETY: the caller's out-parameter, checked non-null.
     unsafe { ffi::put(pexec, h as Handle) }
+}
+
+/// The flags an executable was instantiated with.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecGetFlags(exec: Handle, flags: *mut u64) -> CUresult {
+    entry(|| {
+        let f = by_handle(&driver()?.objects().execs, exec as usize)?.flags;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(flags, f) }
+    })
 }
 
 #[no_mangle]

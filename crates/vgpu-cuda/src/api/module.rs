@@ -381,6 +381,63 @@ pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
     entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
 }
 
+/// The same hint for a kernel of a library on a device.
+#[no_mangle]
+pub extern "C" fn cuKernelSetCacheConfig(kernel: Handle, _config: u32, dev: CUdevice) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.gpu(dev)?;
+        by_handle(&d.objects().funcs, kernel as usize).map(drop)
+    })
+}
+
+/// Shared memory bank sizes are fixed on the GPUs this reports (CUDA
+/// ignores the setting there and succeeds).
+#[no_mangle]
+pub extern "C" fn cuFuncSetSharedMemConfig(f: Handle, config: u32) -> CUresult {
+    entry(|| {
+        if config > 2 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        by_handle(&driver()?.objects().funcs, f as usize).map(drop)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, kernel: Handle) -> CUresult {
+    // SAFETY: forwarded arguments (a kernel is its function here).
+    unsafe { cuFuncGetName(name, kernel) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetParamInfo(
+    kernel: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuFuncGetParamInfo(kernel, index, offset, size) }
+}
+
+/// How many kernels a library has (a library is its module here).
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut u32, library: Handle) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuModuleGetFunctionCount(count, library) }
+}
+
+/// The first `n` kernels of a library.
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryEnumerateKernels(
+    kernels: *mut Handle,
+    n: u32,
+    library: Handle,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuModuleEnumerateFunctions(kernels, n, library) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> CUresult {
     entry(|| {

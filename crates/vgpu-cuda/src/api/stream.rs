@@ -10,7 +10,7 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self, Unsafe};
 use vgpu_guest::Batch;
 
-use crate::state::{by_handle, driver, Driver, Event, Stream};
+use crate::state::{by_handle, driver, Driver, Event, Gpu, Stream};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
@@ -385,7 +385,12 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
 
 fn record(event: Handle, stream: Handle) -> CuResult {
     let d = driver()?;
-    let g = d.stream_gpu(stream as usize)?;
+    record_on(d, d.stream_gpu(stream as usize)?, event, stream)
+}
+
+/// Records `event` on `stream` of device `g`: after the work queued
+/// before it, which on one device is all of it.
+pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult {
     let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
     let (record, timing) = {
         let mut o = d.objects();
@@ -432,7 +437,7 @@ fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, u32)> {
 }
 
 /// Whether the event's last record has completed, waiting with `wait`.
-fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
+pub(crate) fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
     let d = driver()?;
     let (record, device, _) = event_record(d, event)?;
     if record == 0 {
