@@ -133,6 +133,7 @@
 #define VGPU_STATUS_OUT_OF_RANGE 0x7ULL
 #define VGPU_STATUS_DEVICE_ERROR 0x8ULL
 #define VGPU_STATUS_KERNEL_FAULT 0x9ULL
+#define VGPU_STATUS_KERNEL_ASSERT 0xaULL
 
 struct vgpu_error_entry {
 	__u32 code; /* offset 0 */

@@ -416,7 +416,10 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     cuda_run cuda12- $cuda_tests/vector_add_cuda12
     cuda_run cuda12-shared- $cuda_tests/vector_add_cuda12_shared
     cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
-    # A fault ends its own process's work only: the next program runs.
+    # A failed assert() and a fault end their own process's work only:
+    # the next program runs.
+    cuda_run "" $cuda_tests/assert
+    cuda_run after-assert- $cuda_tests/vector_add
     cuda_run "" $cuda_tests/illegal_address
     cuda_run after-fault- $cuda_tests/vector_add
 else

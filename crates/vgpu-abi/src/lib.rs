@@ -231,7 +231,8 @@ pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
 /// not free it) until its module is unloaded.
 pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
 /// Bit of a MODULE_LOAD's [`Completion::result2`]: the module's kernels
-/// may print (it calls `vprintf`); what they print waits for CONSOLE.
+/// may print (it calls `vprintf` or `__assertfail`); what they print
+/// waits for CONSOLE.
 pub const MODULE_FLAG_PRINTS: u64 = 1 << 0;
 /// What the device keeps of one module's printed output before it drops
 /// the newest (as CUDA's default printf buffer, 1 MiB).
@@ -306,6 +307,11 @@ pub const STATUS_DEVICE_ERROR: u32 = 8;
 /// as after DEVICE_ERROR with STATUS.FATAL: later commands fail until a
 /// reset.
 pub const STATUS_KERNEL_FAULT: u32 = 9;
+/// Completion status: a thread of a kernel of this command failed an
+/// `assert()` (what it printed waits for CONSOLE). On a GPU the
+/// function's device state is lost, as with KERNEL_FAULT; the software
+/// backend fails the launch alone. ABI minor version 3.
+pub const STATUS_KERNEL_ASSERT: u32 = 10;
 
 /// Layout of one field, for the C header.
 #[derive(Debug, Clone, Copy)]
@@ -946,6 +952,7 @@ pub fn c_header() -> String {
         ("VGPU_STATUS_OUT_OF_RANGE", STATUS_OUT_OF_RANGE.into()),
         ("VGPU_STATUS_DEVICE_ERROR", STATUS_DEVICE_ERROR.into()),
         ("VGPU_STATUS_KERNEL_FAULT", STATUS_KERNEL_FAULT.into()),
+        ("VGPU_STATUS_KERNEL_ASSERT", STATUS_KERNEL_ASSERT.into()),
     ];
     for (name, value) in defs {
         let _ = writeln!(o, "#define {name} 0x{value:x}ULL");

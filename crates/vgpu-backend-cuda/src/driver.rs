@@ -63,6 +63,11 @@ impl CuError {
         matches!(self.code(), 700 | 716 | 717)
     }
 
+    /// A kernel's `assert()` failed (sticky).
+    pub fn is_assert(self) -> bool {
+        self.code() == 710
+    }
+
     /// Whether the error leaves the context unusable ("sticky" errors: a
     /// kernel faulted). Every later call in that context fails the same
     /// way until the context is destroyed.

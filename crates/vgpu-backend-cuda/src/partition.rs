@@ -285,6 +285,8 @@ impl CudaPartition {
                 self.lost = Some(why.clone());
                 if e.is_memory_fault() {
                     OpError::KernelFault(crate::lost_message(&why))
+                } else if e.is_assert() {
+                    OpError::KernelAssert(crate::lost_message(&why))
                 } else {
                     OpError::Lost(crate::lost_message(&why))
                 }

@@ -943,6 +943,7 @@ const ERR_FAULT: u8 = 6;
 const ERR_DEVICE: u8 = 7;
 const ERR_LOST: u8 = 8;
 const ERR_KERNEL_FAULT: u8 = 9;
+const ERR_KERNEL_ASSERT: u8 = 10;
 
 fn error_status(e: &OpError) -> u8 {
     match e {
@@ -955,6 +956,7 @@ fn error_status(e: &OpError) -> u8 {
         OpError::Device(_) => ERR_DEVICE,
         OpError::Lost(_) => ERR_LOST,
         OpError::KernelFault(_) => ERR_KERNEL_FAULT,
+        OpError::KernelAssert(_) => ERR_KERNEL_ASSERT,
     }
 }
 
@@ -966,7 +968,8 @@ fn encode_error(w: &mut Writer, e: &OpError) {
         | OpError::NotFound(s)
         | OpError::Device(s)
         | OpError::Lost(s)
-        | OpError::KernelFault(s) => {
+        | OpError::KernelFault(s)
+        | OpError::KernelAssert(s) => {
             w.text(s, MAX_TEXT);
         }
         OpError::NoMemory {
@@ -994,6 +997,7 @@ fn decode_error(status: u8, r: &mut Reader<'_>) -> Result<OpError, ProtoError> {
         ERR_DEVICE => OpError::Device(text(r)?),
         ERR_LOST => OpError::Lost(text(r)?),
         ERR_KERNEL_FAULT => OpError::KernelFault(text(r)?),
+        ERR_KERNEL_ASSERT => OpError::KernelAssert(text(r)?),
         ERR_NO_MEMORY => OpError::NoMemory {
             requested: r.u64()?,
             available: r.u64()?,
@@ -1592,6 +1596,10 @@ mod tests {
             (
                 Kind::Launch,
                 Err(OpError::KernelFault("illegal address".into())),
+            ),
+            (
+                Kind::Launch,
+                Err(OpError::KernelAssert("say: assertion failed".into())),
             ),
         ];
         for (kind, result) in cases {

@@ -1252,6 +1252,9 @@ pub const POKE_PTX: &str = "
 /// returned (4, the arguments it took) at `out[T]`.
 pub const PRINTF_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/printf.ptx");
 
+/// `check(int v)`: `assert(v != 0)` (`check.cu`, line 12).
+pub const ASSERT_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/assert.ptx");
+
 /// `ptx` as PTX ISA 8.0: the corpus is compiled by a newer nvcc than some
 /// drivers JIT (CUDA 13.0's takes ISA 9.0 at most), and these kernels use
 /// nothing past 8.0.
@@ -1338,6 +1341,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_global(make);
     module_queued_launches_depend_in_order(make);
     module_printf(make);
+    module_assert(make);
     module_illegal_address(make);
 }
 
@@ -1707,6 +1711,62 @@ pub fn module_printf(make: Make<'_>) {
         all(p).text.is_empty(),
         "an unloaded module's output is gone"
     );
+}
+
+/// A kernel whose `assert()` fails fails its launch with
+/// [`OpError::KernelAssert`], and each failing thread's line, as a GPU
+/// prints it, waits in the console; one whose asserts hold runs. A
+/// backend whose device state goes with the assert says so, and a reset
+/// brings it back.
+pub fn module_assert(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-assert", 4 * MIB, 1));
+    let p = &mut *boxed;
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ASSERT_PTX.as_bytes())
+        .expect("the asserting module loads");
+    let check = |p: &mut dyn Partition, v: u32| {
+        launch_loaded(
+            p,
+            m,
+            "check",
+            [2, 1, 1],
+            [4, 1, 1],
+            &Params::default().u32(v),
+        )
+    };
+    check(p, 1).expect("an assert that holds");
+    match check(p, 0) {
+        Err(OpError::KernelAssert(_)) => {}
+        other => panic!("a failed assert gave {other:?}"),
+    }
+    let text = p.console(m, abi::CONSOLE_BYTES as usize).unwrap().text;
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty(), "no assertion message");
+    for line in &lines {
+        assert!(
+            line.starts_with("check.cu:12: void check(int): block: [")
+                && line.ends_with("] Assertion `v != 0` failed."),
+            "assertion line {line:?}"
+        );
+    }
+    if p.is_lost() {
+        p.reset();
+        let m = p
+            .module_load(abi::MODULE_FORMAT_PTX, ASSERT_PTX.as_bytes())
+            .unwrap();
+        launch_loaded(
+            p,
+            m,
+            "check",
+            [1, 1, 1],
+            [1, 1, 1],
+            &Params::default().u32(1),
+        )
+        .expect("after a reset");
+    } else {
+        check(p, 1).expect("the next launch runs");
+    }
 }
 
 /// A module global, where the backend places globals in device memory:

@@ -78,18 +78,24 @@ impl Consoles {
     }
 }
 
-/// Whether the kernels of a module image may print: it names `vprintf`,
-/// in its bytes or, for a fatbinary of compressed entries, in its PTX.
-/// Only images of up to 16 MiB are decompressed for this (programs'
-/// own; libraries' large fatbinaries do not print).
+/// What a module calls to print: `printf`, and `assert()`, whose failure
+/// a GPU reports in a printed line.
+const PRINTING: [&str; 2] = ["vprintf", "__assertfail"];
+
+/// Whether the kernels of a module image may print: it names `vprintf` or
+/// `__assertfail`, in its bytes or, for a fatbinary of compressed
+/// entries, in its PTX. Only images of up to 16 MiB are decompressed for
+/// this (programs' own; libraries' large fatbinaries do not print).
 pub fn module_prints(image: &[u8]) -> bool {
-    const NAME: &[u8] = b"vprintf";
-    if image.windows(NAME.len()).any(|w| w == NAME) {
+    if PRINTING
+        .iter()
+        .any(|name| image.windows(name.len()).any(|w| w == name.as_bytes()))
+    {
         return true;
     }
     image.len() <= 16 << 20
         && vgpu_ptx::extract_ptx(image)
-            .is_ok_and(|texts| texts.iter().any(|t| t.contains("vprintf")))
+            .is_ok_and(|texts| texts.iter().any(|t| PRINTING.iter().any(|n| t.contains(n))))
 }
 
 #[cfg(test)]
@@ -147,6 +153,9 @@ mod tests {
         ));
         assert!(!module_prints(
             b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { ret; }\n"
+        ));
+        assert!(module_prints(
+            b".version 8.0\n.target sm_80\n.address_size 64\n.extern .func __assertfail(.param .b64 a);\n"
         ));
         assert!(!module_prints(b"\x7fELF not a module"));
     }

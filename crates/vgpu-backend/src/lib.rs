@@ -63,6 +63,10 @@ pub enum OpError {
     /// gone; only the status the guest sees differs.
     #[error("kernel memory fault (device state lost): {0}")]
     KernelFault(String),
+    /// A kernel's `assert()` failed. On a GPU the partition's device state
+    /// is gone with it, which [`Partition::is_lost`] says.
+    #[error("device-side assertion failed: {0}")]
+    KernelAssert(String),
 }
 
 impl OpError {
@@ -77,6 +81,7 @@ impl OpError {
             OpError::Fault(_) => abi::STATUS_FAULT,
             OpError::Device(_) | OpError::Lost(_) => abi::STATUS_DEVICE_ERROR,
             OpError::KernelFault(_) => abi::STATUS_KERNEL_FAULT,
+            OpError::KernelAssert(_) => abi::STATUS_KERNEL_ASSERT,
         }
     }
 

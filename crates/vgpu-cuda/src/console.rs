@@ -1,6 +1,6 @@
-//! What kernels print. The device keeps the `printf` output of each
-//! module that calls `vprintf` (MODULE_LOAD says which); the library
-//! takes it where CUDA's driver flushes its printf buffer (a
+//! What kernels print. The device keeps the `printf` output (and failed
+//! `assert()` lines) of each module that calls `vprintf` or
+//! `__assertfail` (MODULE_LOAD says which); the library takes it where CUDA's driver flushes its printf buffer (a
 //! synchronisation, a blocking copy, a module's unload) and writes it to
 //! the program's C `stdout`, so it stays in order with the program's own
 //! `printf`, as NVIDIA's driver does.

@@ -34,6 +34,7 @@ pub const ERROR_NOT_READY: CUresult = 600;
 pub const ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 pub const ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
 pub const ERROR_LAUNCH_TIMEOUT: CUresult = 702;
+pub const ERROR_ASSERT: CUresult = 710;
 pub const ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
 pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
@@ -159,6 +160,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_HOST_MEMORY_NOT_REGISTERED,
         "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED\0",
         "pointer does not correspond to a registered memory region\0",
+    ),
+    (
+        ERROR_ASSERT,
+        "CUDA_ERROR_ASSERT\0",
+        "device-side assert triggered\0",
     ),
     (
         ERROR_LAUNCH_FAILED,

@@ -56,6 +56,7 @@ pub fn cu_error(e: &GuestError) -> CUresult {
             sys::CMD_STATUS_OUT_OF_RANGE | sys::CMD_STATUS_FAULT | sys::CMD_STATUS_KERNEL_FAULT => {
                 cu::ERROR_ILLEGAL_ADDRESS
             }
+            sys::CMD_STATUS_KERNEL_ASSERT => cu::ERROR_ASSERT,
             sys::CMD_STATUS_DEVICE_ERROR | sys::CMD_STATUS_CANCELLED => cu::ERROR_LAUNCH_FAILED,
             _ => cu_error(source),
         },
@@ -924,6 +925,7 @@ mod tests {
             (sys::CMD_STATUS_NO_MEMORY, cu::ERROR_OUT_OF_MEMORY),
             (sys::CMD_STATUS_OUT_OF_RANGE, cu::ERROR_ILLEGAL_ADDRESS),
             (sys::CMD_STATUS_KERNEL_FAULT, cu::ERROR_ILLEGAL_ADDRESS),
+            (sys::CMD_STATUS_KERNEL_ASSERT, cu::ERROR_ASSERT),
             (sys::CMD_STATUS_DEVICE_ERROR, cu::ERROR_LAUNCH_FAILED),
         ] {
             assert_eq!(cu_error(&cmd(status)), want, "status {status}");

@@ -383,6 +383,7 @@ fn printf_of_guest_kernels_reaches_the_console() {
     let b = backend();
     let make = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name)) };
     vgpu_backend::conformance::module_printf(&make);
+    vgpu_backend::conformance::module_assert(&make);
 }
 
 #[test]

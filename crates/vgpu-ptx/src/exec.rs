@@ -141,6 +141,9 @@ pub enum ExecError {
     /// The kernel executed `trap`.
     #[error("trap at PTX line {0}")]
     Trap(u32),
+    /// A thread's `assert()` failed (a call of `__assertfail`).
+    #[error("device-side assertion failed at PTX line {0}")]
+    Assert(u32),
     /// Something this executor does not do (recursion, ...).
     #[error("unsupported at PTX line {line}: {what}")]
     Unsupported {
@@ -805,7 +808,7 @@ impl Launch<'_> {
                     w.resched();
                 }
                 Op::Call { func, .. } if !self.m.funcs[*func as usize].defined => {
-                    self.external_call(w, shared, inst, mask)?;
+                    self.external_call(w, shared, inst, mask, ctaid)?;
                     self.advance(w);
                 }
                 Op::Call { func, args, .. } => {
@@ -911,6 +914,7 @@ impl Launch<'_> {
         shared: &[u8],
         inst: &Inst,
         mask: u32,
+        ctaid: [u32; 3],
     ) -> Result<(), ExecError> {
         let Op::Call { func, args, ret } = &inst.op else {
             return Ok(());
@@ -952,7 +956,36 @@ impl Launch<'_> {
             }
             // A guarded call whose lanes all skip it does not fail.
             "__assertfail" if mask == 0 => Ok(()),
-            "__assertfail" => Err(ExecError::Trap(inst.line)),
+            // assert(): each failing lane says so as a GPU does, and the
+            // launch fails.
+            "__assertfail" => {
+                let ps = self.m.param_size as usize;
+                for l in lanes(mask) {
+                    let param = |i: usize, size: usize| {
+                        let at = *args.get(i)? as u64;
+                        let src = slot(l, ps, at, size).and_then(|r| w.pmem.get(r))?;
+                        let mut b = [0u8; 8];
+                        b[..size].copy_from_slice(src);
+                        Some(u64::from_le_bytes(b))
+                    };
+                    let failed = printf::Assertion {
+                        message: param(0, 8).unwrap_or(0),
+                        file: param(1, 8).unwrap_or(0),
+                        line: param(2, 4).unwrap_or(0) as u32,
+                        function: param(3, 8).unwrap_or(0),
+                        block: ctaid,
+                        thread: [w.tid[0][l], w.tid[1][l], w.tid[2][l]],
+                    };
+                    let mut read = |a: u64, buf: &mut [u8]| {
+                        self.read(w, shared, Space::Generic, l, a, buf, inst.line)
+                            .is_ok()
+                    };
+                    if let Some(sink) = self.limits.print {
+                        sink.print(&failed.text(&mut read));
+                    }
+                }
+                Err(ExecError::Assert(inst.line))
+            }
             _ => Err(ExecError::Unsupported {
                 what: "call of a function the module does not define",
                 line: inst.line,

@@ -753,7 +753,8 @@ fn runtime_functions() {
         mov.u64 %rd1, $str;\n{ .param .b64 p0; st.param.b64 [p0], %rd1; .param .b64 p1; st.param.b64 [p1], 0;\n\
         .param .b32 rv; call.uni (rv), vprintf, (p0, p1); ld.param.b32 %r1, [rv]; }\n\
         ld.param.u32 %r2, [fail];\nsetp.eq.s32 %p, %r2, 0;\n@%p bra OK;\n\
-        { .param .b64 a; .param .b64 b; .param .b32 c; .param .b64 d; .param .b64 e;\n\
+        { .param .b64 a; st.param.b64 [a], %rd1; .param .b64 b; st.param.b64 [b], %rd1;\n\
+        .param .b32 c; st.param.b32 [c], 7; .param .b64 d; st.param.b64 [d], %rd1; .param .b64 e;\n\
         call.uni __assertfail, (a, b, c, d, e); }\nOK:\nret;\n}\n";
     let m = Module::parse(text).unwrap();
     let mem = VecMemory::new(OUT, 8);
@@ -771,7 +772,21 @@ fn runtime_functions() {
     launch(&m, "k", &cfg, &0u32.to_le_bytes(), &mem, &l).unwrap();
     assert_eq!(sink.0.into_inner().unwrap(), vec!["hi".to_string(); 32]);
     let e = launch(&m, "k", &cfg, &1u32.to_le_bytes(), &mem, &Limits::default()).unwrap_err();
-    assert!(matches!(e, ExecError::Trap(_)), "{e}");
+    assert!(matches!(e, ExecError::Assert(_)), "{e}");
+    // A failed assert() says where, as a GPU does, for each thread.
+    let sink = Collect::default();
+    let l = Limits {
+        print: Some(&sink),
+        ..Limits::default()
+    };
+    let e = launch(&m, "k", &cfg, &1u32.to_le_bytes(), &mem, &l).unwrap_err();
+    assert!(matches!(e, ExecError::Assert(_)), "{e}");
+    let got = sink.0.into_inner().unwrap();
+    assert_eq!(got.len(), 64, "32 lines of printf, 32 of the assertion");
+    for t in 0..32 {
+        let want = format!("hi:7: hi: block: [0,0,0], thread: [{t},0,0] Assertion `hi` failed.\n");
+        assert!(got.contains(&want), "no {want:?} in {got:?}");
+    }
 }
 
 /// Collects `printf` output.

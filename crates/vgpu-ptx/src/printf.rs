@@ -56,6 +56,55 @@ pub fn vprintf(
     }
 }
 
+/// A failed `assert()` of one thread: the arguments of its
+/// `__assertfail` call and where the thread is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assertion {
+    /// Generic address of the asserted expression's text.
+    pub message: u64,
+    /// Generic address of the source file's name.
+    pub file: u64,
+    /// Source line.
+    pub line: u32,
+    /// Generic address of the function's name.
+    pub function: u64,
+    /// The thread's block.
+    pub block: [u32; 3],
+    /// The thread in its block.
+    pub thread: [u32; 3],
+}
+
+impl Assertion {
+    /// The line a GPU prints for it: `file:line: function: block:
+    /// [x,y,z], thread: [x,y,z] Assertion `expr` failed.`; a text that
+    /// cannot be read prints as `?`, each at most [`MAX_STRING`] bytes.
+    pub fn text(&self, read: &mut impl FnMut(u64, &mut [u8]) -> bool) -> Vec<u8> {
+        let mut string = |addr: u64| {
+            if addr == 0 {
+                return b"?".to_vec();
+            }
+            read_cstr(read, addr, MAX_STRING).map_or_else(|| b"?".to_vec(), |(s, _)| s)
+        };
+        let (file, function, message) = (
+            string(self.file),
+            string(self.function),
+            string(self.message),
+        );
+        let mut out = Vec::with_capacity(file.len() + function.len() + message.len() + 96);
+        out.extend_from_slice(&file);
+        out.extend_from_slice(format!(":{}: ", self.line).as_bytes());
+        out.extend_from_slice(&function);
+        let [bx, by, bz] = self.block;
+        let [tx, ty, tz] = self.thread;
+        out.extend_from_slice(
+            format!(": block: [{bx},{by},{bz}], thread: [{tx},{ty},{tz}] Assertion `").as_bytes(),
+        );
+        out.extend_from_slice(&message);
+        out.extend_from_slice(b"` failed.\n");
+        out
+    }
+}
+
 /// Reads the bytes at `addr` up to a NUL or `max` bytes: the bytes and
 /// whether the NUL was found; None if memory ends first.
 fn read_cstr(

@@ -300,6 +300,7 @@ struct vgpu_launch_args {
 #define VGPU_CMD_STATUS_OUT_OF_RANGE	7	/* -ERANGE */
 #define VGPU_CMD_STATUS_DEVICE_ERROR	8	/* -EIO */
 #define VGPU_CMD_STATUS_KERNEL_FAULT	9	/* -EIO: a kernel's illegal address */
+#define VGPU_CMD_STATUS_KERNEL_ASSERT	10	/* -EIO: a kernel's failed assert() */
 
 /**
  * struct vgpu_cmd - one command of a VGPU_IOCTL_SUBMIT batch

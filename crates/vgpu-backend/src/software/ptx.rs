@@ -189,6 +189,7 @@ fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
         ExecError::IllegalAddress { .. } | ExecError::MisalignedAddress { .. } => {
             OpError::Device(format!("{entry}: {e} (CUDA_ERROR_ILLEGAL_ADDRESS)"))
         }
+        ExecError::Assert(_) => OpError::KernelAssert(format!("{entry}: {e}")),
         ExecError::Timeout => OpError::Device(format!(
             "{entry}: ran longer than the {} ms kernel watchdog",
             timeout.as_millis()

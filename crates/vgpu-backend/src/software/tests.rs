@@ -64,6 +64,7 @@ conformance!(
     module_launch_errors_and_unload,
     module_queued_launches_depend_in_order,
     module_printf,
+    module_assert,
     module_illegal_address,
 );
 
