@@ -125,7 +125,7 @@ pub use device::DIRECT_MIN_SLICE;
 use driver::{device_attribute, CuError, PrimaryContext, SmResource};
 pub use hostmem::{HostRegistry, DEFAULT_MAX_REGISTERED, MAX_REGISTRATIONS, MIN_REGISTRATION};
 pub use partition::CudaPartition;
-pub use printf::StdoutCapture;
+pub use printf::OutputCapture;
 
 /// CUDA C source of the built-in module.
 pub const BUILTIN_SOURCE: &str = kernels::SOURCE;
@@ -210,9 +210,9 @@ pub(crate) struct Shared {
     pub guest_ptx: AtomicBool,
     /// Bytes of guest memory one partition keeps registered at most.
     pub max_registered: AtomicU64,
-    /// The process's standard output, where the driver prints what
-    /// kernels print, when this process took it over.
-    pub printf: OnceLock<StdoutCapture>,
+    /// The process's standard output and error, where the driver prints
+    /// what kernels print, when this process took them over.
+    pub printf: OnceLock<OutputCapture>,
 }
 
 // SAFETY: the raw handles (device, primary context, SM resources) are
@@ -413,10 +413,11 @@ impl CudaBackend {
     }
 
     /// Gives the partitions what the driver prints to this process's
-    /// standard output (kernels' `printf`), taken over by `capture`: each
-    /// partition's guest gets what it printed (CONSOLE). For a process of
-    /// one partition, whose output is then that partition's alone.
-    pub fn set_printf_capture(&self, capture: StdoutCapture) {
+    /// standard output and error (kernels' `printf`, failed `assert()`s),
+    /// taken over by `capture`: each partition's guest gets what it
+    /// printed (CONSOLE). For a process of one partition, whose output is
+    /// then that partition's alone.
+    pub fn set_printf_capture(&self, capture: OutputCapture) {
         let _ = self.shared.printf.set(capture);
     }
 

@@ -1,8 +1,9 @@
 //! What kernels print. NVIDIA's driver writes a context's `printf`
 //! output to the process's standard output when the context
-//! synchronises. A partition host, one partition to a process, takes its
-//! standard output over with [`StdoutCapture`] so that the output goes to
-//! the partition's guest (CONSOLE) and not to the host's log.
+//! synchronises, and a failed `assert()`'s line to its standard error. A
+//! partition host, one partition to a process, takes both over with
+//! [`OutputCapture`] (its own log goes elsewhere first) so that the output
+//! goes to the partition's guest (CONSOLE) and not to the host's log.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -50,17 +51,20 @@ impl Inner {
     }
 }
 
-/// The process's standard output, replaced by a pipe this process reads.
+/// The process's standard output and error, replaced by one pipe this
+/// process reads (one pipe keeps the order the driver wrote them in).
 #[derive(Debug, Clone)]
-pub struct StdoutCapture {
+pub struct OutputCapture {
     inner: Arc<Inner>,
 }
 
-impl StdoutCapture {
-    /// Replaces standard output by a pipe and starts the thread that
-    /// empties it, so that a driver printing much never blocks on it.
-    /// Once per process, before any other thread writes to stdout.
-    pub fn install() -> io::Result<StdoutCapture> {
+impl OutputCapture {
+    /// Replaces standard output and error by a pipe and starts the
+    /// thread that empties it, so that a driver printing much never
+    /// blocks on it. Once per process, before any other thread writes to
+    /// either, and after the process's log has moved off standard error:
+    /// whatever is written to them from now on goes to the guest.
+    pub fn install() -> io::Result<OutputCapture> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
@@ -80,10 +84,12 @@ impl StdoutCapture {
                 abi::CONSOLE_BYTES as libc::c_int,
             );
         }
-        // SAFETY: dup2 onto fd 1, which this process owns; the pipe's
-        // write end stays open there after `write` is closed.
-        if unsafe { libc::dup2(write.as_raw_fd(), libc::STDOUT_FILENO) } < 0 {
-            return Err(io::Error::last_os_error());
+        for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+            // SAFETY: dup2 onto fd 1 and 2, which this process owns; the
+            // pipe's write end stays open there after `write` is closed.
+            if unsafe { libc::dup2(write.as_raw_fd(), fd) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         drop(write);
         let inner = Arc::new(Inner {
@@ -114,12 +120,12 @@ impl StdoutCapture {
                     reader.drain(&mut c);
                 }
             })?;
-        Ok(StdoutCapture { inner })
+        Ok(OutputCapture { inner })
     }
 
-    /// Everything written to standard output since the last take (the C
-    /// library's buffers flushed first), and the bytes dropped because
-    /// more than [`abi::CONSOLE_BYTES`] waited.
+    /// Everything written to standard output and error since the last
+    /// take (the C library's buffers flushed first), and the bytes
+    /// dropped because more than [`abi::CONSOLE_BYTES`] waited.
     pub fn take(&self) -> (Vec<u8>, u64) {
         // SAFETY: fflush(NULL) flushes every C stdio output stream.
         unsafe { libc::fflush(std::ptr::null_mut()) };

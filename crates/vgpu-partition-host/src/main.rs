@@ -5,7 +5,7 @@
 //! Started by the `remote` backend, not by hand.
 
 use std::ffi::OsString;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
@@ -112,7 +112,31 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // A host that runs guest kernels on a GPU hands its standard output
+    // and error to the guest (what the driver prints for its kernels): its
+    // log, and a panic's message, go to a copy of standard error first.
+    let captures = matches!(
+        args.backend,
+        InnerBackend::Cuda {
+            guest_ptx: true,
+            ..
+        }
+    );
+    let mut logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if captures {
+        match std::io::stderr().as_fd().try_clone_to_owned() {
+            Ok(fd) => {
+                logger.target(env_logger::Target::Pipe(Box::new(std::fs::File::from(fd))));
+                std::panic::set_hook(Box::new(|p| error!("{p}")));
+            }
+            Err(e) => {
+                eprintln!("{HOST_PROGRAM}: cannot keep a log apart from the guest's output: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    logger.init();
     // SAFETY: the daemon handed this descriptor to us for this purpose and
     // nothing else in this process refers to it.
     let stream = unsafe { UnixStream::from_raw_fd(args.fd) };
@@ -131,14 +155,15 @@ fn main() -> ExitCode {
             }
         }
         InnerBackend::Cuda { device, guest_ptx } => {
-            use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode, StdoutCapture};
+            use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode, OutputCapture};
             match CudaBackend::new(device, Mode::Isolated) {
                 Ok(b) => {
                     b.set_guest_ptx(guest_ptx);
                     // The driver prints what guest kernels print to this
-                    // process's standard output: it goes to the guest.
+                    // process's standard output and error: it goes to
+                    // the guest.
                     if guest_ptx {
-                        match StdoutCapture::install() {
+                        match OutputCapture::install() {
                             Ok(c) => b.set_printf_capture(c),
                             Err(e) => warn!("kernels' printf output stays here: {e}"),
                         }
