@@ -884,10 +884,11 @@ static int vgpu_prep_occupancy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 }
 
 static int vgpu_prep_console(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
-			     const struct vgpu_cmd *u)
+			     const struct vgpu_cmd *u, struct vgpu_budget *bud)
 {
 	const struct vgpu_console_args *a = &u->console;
 	struct vgpu_cmd_console *d = &c->dcmd.console;
+	int ret;
 
 	if (u->flags || a->pad || !vgpu_args_tail_zero(u, sizeof(*a)))
 		return -EINVAL;
@@ -896,12 +897,19 @@ static int vgpu_prep_console(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	if (a->module == VGPU_MODULE_BUILTIN_ID || !a->out_size ||
 	    a->out_size > VGPU_MAX_CONSOLE_BYTES)
 		return -EINVAL;
+	if (a->out_size > VGPU_MAX_BATCH_PIN_BYTES - bud->pinned)
+		return -E2BIG;
+	bud->pinned += a->out_size;
 
 	d->hdr.opcode = VGPU_OP_CONSOLE;
 	d->module = a->module;
-	d->out = a->out;
 	d->out_size = a->out_size;
 	c->dlen = sizeof(*d);
+	/* The output goes to the caller's memory, as a COPY's would. */
+	ret = vgpu_prep_user_side(vdev, c, a->out, a->out_size, false);
+	if (ret)
+		return ret;
+	d->sg_count = c->nents;
 	return 0;
 }
 
@@ -999,7 +1007,7 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	case VGPU_CMD_OCCUPANCY:
 		return vgpu_prep_occupancy(vdev, c, u);
 	case VGPU_CMD_CONSOLE:
-		return vgpu_prep_console(vdev, c, u);
+		return vgpu_prep_console(vdev, c, u, bud);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;
@@ -1141,11 +1149,7 @@ static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
 		return vgpu_module_owned(vf, u->occupancy.module);
 	case VGPU_CMD_CONSOLE:
 		/* A module's output is its own file's only. */
-		ret = vgpu_module_owned(vf, u->console.module);
-		if (ret)
-			return ret;
-		return vgpu_check_dev_range(vf, u->console.out,
-					    u->console.out_size);
+		return vgpu_module_owned(vf, u->console.module);
 	case VGPU_CMD_LAUNCH:
 		if (l->module != VGPU_MODULE_BUILTIN_ID)
 			return vgpu_module_owned(vf, l->module);

@@ -256,12 +256,11 @@ _Static_assert(sizeof(struct vgpu_cmd_occupancy) == 56, "vgpu_cmd_occupancy layo
 struct vgpu_cmd_console {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */
 	__u64 module; /* offset 8 */
-	__u64 out; /* offset 16 */
-	__u32 out_size; /* offset 24 */
-	__u32 reserved; /* offset 28 */
+	__u32 out_size; /* offset 16 */
+	__u32 sg_count; /* offset 20 */
 };
 
-_Static_assert(sizeof(struct vgpu_cmd_console) == 32, "vgpu_cmd_console layout");
+_Static_assert(sizeof(struct vgpu_cmd_console) == 24, "vgpu_cmd_console layout");
 
 struct vgpu_func_info {
 	__u32 param_count; /* offset 0 */

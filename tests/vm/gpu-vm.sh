@@ -153,8 +153,12 @@ GUEST_INITRD=$B/initrd.gz
 ok=1
 if [[ ${ONLY_LIBS:-0} != 1 ]]; then
     if [[ ${ONLY_BENCH:-0} != 1 ]]; then
-        boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "${GUEST_APPEND:-}"
-        boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "${GUEST_APPEND:-}"
+        # On a GPU a failed assert() ends the vGPU's context, and the
+        # line it printed goes with it.
+        suite="${GUEST_APPEND:-}"
+        [[ ${GPU_BACKEND:-cuda} != software ]] && suite+=" vgpu.assert_line=lost"
+        boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "$suite"
+        boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "$suite"
         for pid in "${qemu_pids[@]}"; do
             wait "$pid" || true
         done

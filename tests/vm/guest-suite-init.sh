@@ -28,6 +28,8 @@
 #   vgpu.host_env=K=V,K=V           host-cuda: more environment for the programs
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
+#   vgpu.assert_line=kept|lost      whether a failed assert()'s line survives
+#                                   the loss of the device state (kept)
 #   vgpu.expect_cu=N                expected compute units
 #   vgpu.expect_window=BYTES        expected window size
 #   vgpu.expect_devices=N           expected number of /dev/vgpuN
@@ -107,6 +109,7 @@ host_env=""
 magic=0x5a17c0de
 hold=0
 isolation_bytes=""
+assert_line=kept
 
 # shellcheck disable=SC2013  # words, not lines
 for word in $(cat /proc/cmdline); do
@@ -119,6 +122,7 @@ for word in $(cat /proc/cmdline); do
         expect_mem=$value
         ;;
     vgpu.cuda_bench=*) cuda_bench=$value ;;
+    vgpu.assert_line=*) assert_line=$value ;;
     vgpu.host_dir=*) host_dir=$value ;;
     vgpu.host_run=*) host_run=$value ;;
     vgpu.host_env=*) host_env=$(echo "$value" | tr ',' ' ') ;;
@@ -418,7 +422,7 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
     # A failed assert() and a fault end their own process's work only:
     # the next program runs.
-    cuda_run "" $cuda_tests/assert
+    cuda_run "" $cuda_tests/assert "$assert_line"
     cuda_run after-assert- $cuda_tests/vector_add
     cuda_run "" $cuda_tests/illegal_address
     cuda_run after-fault- $cuda_tests/vector_add

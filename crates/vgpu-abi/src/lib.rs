@@ -214,7 +214,7 @@ pub const OP_FUNC_INFO: u32 = 10;
 /// knows).
 pub const OP_OCCUPANCY: u32 = 11;
 /// Command: take what the kernels of a module printed (`printf` in device
-/// code), oldest first, into device memory.
+/// code), oldest first, into guest memory.
 pub const OP_CONSOLE: u32 = 12;
 
 /// FENCE flag: raise the queue's interrupt after writing.
@@ -558,21 +558,22 @@ abi_struct!(
 
 abi_struct!(
     /// CONSOLE: moves what the kernels of `module` printed, oldest first,
-    /// to `out` (as many bytes as `out_size` holds; the rest waits for the
-    /// next CONSOLE). Result: the bytes written; [`Completion::result2`]:
-    /// the bytes dropped since the last CONSOLE because the module's
-    /// [`CONSOLE_BYTES`] were full.
+    /// to guest memory: `out_size` bytes given as a scatter-gather list of
+    /// `sg_count` entries in the next device-readable descriptor, as
+    /// COPY's guest side (the rest waits for the next CONSOLE). Guest
+    /// memory, not device memory, so output printed before a fault that
+    /// lost the device state still arrives. Result: the bytes written;
+    /// [`Completion::result2`]: the bytes dropped since the last CONSOLE
+    /// because the module's [`CONSOLE_BYTES`] were full.
     ConsoleCmd => "vgpu_cmd_console" {
         /// Header.
         hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
         /// Module handle.
         module: u64 => "__u64 {}",
-        /// Device address of the output.
-        out: u64 => "__u64 {}",
-        /// Bytes at `out`, 1..=[`CONSOLE_BYTES`].
+        /// Bytes of guest memory, 1..=[`CONSOLE_BYTES`].
         out_size: u32 => "__u32 {}",
-        /// Zero.
-        reserved: u32 => "__u32 {}",
+        /// Entries of the scatter-gather list, 1..=[`MAX_SG_ENTRIES`].
+        sg_count: u32 => "__u32 {}",
     }
 );
 

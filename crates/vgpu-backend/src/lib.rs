@@ -85,10 +85,16 @@ impl OpError {
         }
     }
 
-    /// Whether the partition lost its device state with this error (every
-    /// later command fails until a reset).
+    /// Whether the partition may have lost its device state with this
+    /// error (every later command fails until a reset): what a caller that
+    /// cannot ask the partition assumes. A failed assertion loses it on a
+    /// GPU; a partition that keeps it says so through
+    /// [`Partition::is_lost`].
     pub fn is_lost(&self) -> bool {
-        matches!(self, OpError::Lost(_) | OpError::KernelFault(_))
+        matches!(
+            self,
+            OpError::Lost(_) | OpError::KernelFault(_) | OpError::KernelAssert(_)
+        )
     }
 }
 

@@ -7,20 +7,17 @@
 
 use std::sync::{Arc, Weak};
 
-use vgpu_guest::{Buffer, Device, Module};
+use vgpu_guest::{Device, Module};
 
 use crate::state::log;
 
-/// Device memory one CONSOLE fills: a piece of the output.
-const SCRATCH: u64 = 64 << 10;
+/// What one CONSOLE takes at most: a piece of the output.
+const PIECE: usize = 64 << 10;
 
 /// The modules of one device whose kernels may print.
 #[derive(Default)]
 pub struct Console {
     modules: Vec<Weak<Module>>,
-    /// Where the device puts the output on its way here; allocated when
-    /// the first printing module is loaded.
-    scratch: Option<Buffer>,
 }
 
 impl Console {
@@ -51,19 +48,7 @@ impl Console {
         if !module.prints() {
             return;
         }
-        if self.scratch.is_none() {
-            match dev.alloc(SCRATCH) {
-                Ok(b) => self.scratch = Some(b),
-                Err(e) => {
-                    log(&format!("kernel output not read: {e}"));
-                    return;
-                }
-            }
-        }
-        let Some(scratch) = &self.scratch else {
-            return;
-        };
-        match dev.console(module, scratch) {
+        match dev.console(module, PIECE) {
             Ok((text, dropped)) => {
                 write_stdout(&text);
                 if dropped > 0 {

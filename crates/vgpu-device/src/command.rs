@@ -305,18 +305,29 @@ fn window_range<'a>(window: &'a MmapRegion, start: u64, len: u64) -> Result<Wind
 }
 
 fn guest_sg<'a>(dma: &'a DmaSpace, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<GuestSg<'a>> {
-    if cmd.sg_count == 0 || cmd.sg_count > abi::MAX_SG_ENTRIES {
+    guest_list(dma, cmd.sg_count, cmd.size, reads)
+}
+
+/// The guest memory of `sg_count` scatter-gather entries in the
+/// command's second readable descriptor, which must add up to `size`.
+fn guest_list<'a>(
+    dma: &'a DmaSpace,
+    sg_count: u32,
+    size: u64,
+    reads: &[Desc],
+) -> Result<GuestSg<'a>> {
+    if sg_count == 0 || sg_count > abi::MAX_SG_ENTRIES {
         return Err(abi::STATUS_INVALID);
     }
     let desc = reads.get(1).ok_or(abi::STATUS_INVALID)?;
-    let bytes = cmd.sg_count as usize * std::mem::size_of::<abi::SgEntry>();
+    let bytes = sg_count as usize * std::mem::size_of::<abi::SgEntry>();
     if (desc.len as usize) < bytes {
         return Err(abi::STATUS_INVALID);
     }
     let mut raw = vec![0u8; bytes];
     dma.read(desc.addr, &mut raw)
         .map_err(|_| abi::STATUS_FAULT)?;
-    let mut entries = Vec::with_capacity(cmd.sg_count as usize);
+    let mut entries = Vec::with_capacity(sg_count as usize);
     let mut total = 0u64;
     for chunk in raw.chunks_exact(std::mem::size_of::<abi::SgEntry>()) {
         let mut e = abi::SgEntry::default();
@@ -327,7 +338,7 @@ fn guest_sg<'a>(dma: &'a DmaSpace, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result
         total = total.checked_add(e.len).ok_or(abi::STATUS_INVALID)?;
         entries.push(e);
     }
-    if total != cmd.size {
+    if total != size {
         return Err(abi::STATUS_INVALID);
     }
     Ok(GuestSg {
@@ -732,27 +743,25 @@ fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
         .map_err(op_status)
 }
 
-/// CONSOLE: moves what the kernels of a module printed into device
+/// CONSOLE: moves what the kernels of a module printed into guest
 /// memory; returns the bytes written and those dropped since the last
-/// CONSOLE. Output the upload could not place is lost with the error
-/// (the guest named memory it cannot write).
-fn console(ctx: &mut Ctx<'_>, cmd: &abi::ConsoleCmd) -> Result<(u64, u64)> {
+/// CONSOLE. Output the guest memory could not take is lost with the
+/// fault (the guest named memory the VMM did not map).
+fn console(ctx: &mut Ctx<'_>, cmd: &abi::ConsoleCmd, reads: &[Desc]) -> Result<(u64, u64)> {
     if cmd.hdr.flags != 0
-        || cmd.reserved != 0
         || cmd.out_size == 0
         || cmd.out_size > abi::CONSOLE_BYTES
         || cmd.module == abi::MODULE_BUILTIN
     {
         return Err(abi::STATUS_INVALID);
     }
+    let dst = guest_list(ctx.dma, cmd.sg_count, u64::from(cmd.out_size), reads)?;
     let out = ctx
         .partition
         .console(cmd.module, cmd.out_size as usize)
         .map_err(op_status)?;
     if !out.text.is_empty() {
-        ctx.partition
-            .upload(cmd.out, &out.text)
-            .map_err(op_status)?;
+        dst.write_at(0, &out.text).map_err(op_status)?;
     }
     Ok((out.text.len() as u64, out.dropped))
 }
@@ -849,7 +858,7 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
         }
         abi::OP_OCCUPANCY => occupancy(ctx, &parse(raw)?),
         abi::OP_CONSOLE => {
-            let (written, dropped) = console(ctx, &parse(raw)?)?;
+            let (written, dropped) = console(ctx, &parse(raw)?, &reads)?;
             result2 = dropped;
             Ok(written)
         }

@@ -1136,3 +1136,83 @@ fn test_completion_goes_to_the_last_writable_descriptor() {
     assert_status(c, abi::STATUS_OK);
     assert_eq!(g.read(first, 32), vec![0xcc; 32]);
 }
+
+/// CONSOLE writes what a module's kernels printed into guest memory (a
+/// scatter-gather list, as COPY's guest side), oldest first and once;
+/// malformed commands are refused and memory the VMM did not map faults.
+#[test]
+fn test_console_moves_printed_output_to_guest_memory() {
+    let (_s, mut g) = vgpu_ready();
+    let c = g.module_load(
+        0,
+        abi::MODULE_FORMAT_PTX,
+        conformance::PRINTF_PTX.as_bytes(),
+    );
+    assert_status(c, abi::STATUS_OK);
+    assert_eq!(c.result2 & abi::MODULE_FLAG_PRINTS, abi::MODULE_FLAG_PRINTS);
+    let module = c.result;
+    let out = g.device_alloc(0, 40 * 4);
+    let mut launch = launch_cmd("say", [1, 1, 1], [40, 1, 1], 8);
+    launch.module = module;
+    assert_status(g.launch_raw(0, &launch, &out.to_le_bytes()), abi::STATUS_OK);
+    let sg = g.alloc_sg(&[600, 700]);
+    let list: Vec<u8> = sg.iter().flat_map(|e| e.as_slice().to_vec()).collect();
+    let console = |module, out_size, sg_count| abi::ConsoleCmd {
+        hdr: CmdHeader {
+            opcode: abi::OP_CONSOLE,
+            flags: 0,
+        },
+        module,
+        out_size,
+        sg_count,
+    };
+    let cmd = console(module, 1300, 2);
+    let c = g.run(0, &Chain::command(&cmd).bytes(&list).completion());
+    assert_status(c, abi::STATUS_OK);
+    let text = g.read_sg(&sg);
+    let mut lines: Vec<String> = String::from_utf8_lossy(&text[..c.result as usize])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    let mut want: Vec<String> = (0..40)
+        .map(|t| format!("thread {t} of 40: 1.500000 ok"))
+        .collect();
+    want.sort();
+    assert_eq!(lines, want);
+    assert_eq!(c.result2, 0, "nothing dropped");
+    // Taken once.
+    let c = g.run(0, &Chain::command(&cmd).bytes(&list).completion());
+    assert_eq!((c.status, c.result), (abi::STATUS_OK, 0));
+    for bad in [
+        console(module, 0, 2),
+        console(module, 1300, 0),
+        console(module, 1299, 2),
+        console(abi::MODULE_BUILTIN, 1300, 2),
+        console(module, abi::CONSOLE_BYTES + 1, 2),
+        abi::ConsoleCmd {
+            hdr: CmdHeader {
+                opcode: abi::OP_CONSOLE,
+                flags: 1,
+            },
+            ..cmd
+        },
+    ] {
+        let c = g.run(0, &Chain::command(&bad).bytes(&list).completion());
+        assert_status(c, abi::STATUS_INVALID);
+    }
+    // Guest memory the VMM did not map.
+    assert_status(g.launch_raw(0, &launch, &out.to_le_bytes()), abi::STATUS_OK);
+    let nowhere = SgEntry {
+        addr: g.unmapped_addr(),
+        len: 1300,
+    };
+    let c = g.run(
+        0,
+        &Chain::command(&console(module, 1300, 1))
+            .bytes(nowhere.as_slice())
+            .completion(),
+    );
+    assert_status(c, abi::STATUS_FAULT);
+    assert_status(g.nop(0), abi::STATUS_OK);
+}

@@ -172,20 +172,6 @@ impl Batch {
         self.cmds.len() - 1
     }
 
-    /// A CONSOLE: what the kernels of the module `module` (a handle)
-    /// printed goes to `len` bytes at device address `out` of this file;
-    /// returns the command's index, whose result is the bytes written and
-    /// `result2` those the device dropped.
-    pub fn console(&mut self, module: u64, out: u64, len: u32) -> usize {
-        self.push(VgpuCmd::console(sys::VgpuConsoleArgs {
-            module,
-            out,
-            out_size: len,
-            pad: 0,
-        }));
-        self.cmds.len() - 1
-    }
-
     /// One COPY of `size` bytes between memories of `kinds` (source, destination).
     fn copy_cmd(&mut self, kinds: (u32, u32), src: u64, dst: u64, size: u64) -> &mut Self {
         self.push(VgpuCmd::copy(sys::VgpuCopyArgs {

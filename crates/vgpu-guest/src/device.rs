@@ -737,32 +737,36 @@ impl Device {
     }
 
     /// Takes what the kernels of `module` printed (see
-    /// [`Module::prints`]), oldest first, through `scratch`, device memory
-    /// of this file that holds one piece: the output, and the bytes the
+    /// [`Module::prints`]), oldest first, in pieces of `piece` bytes (at
+    /// most [`sys::MAX_CONSOLE_BYTES`]): the output, and the bytes the
     /// device dropped since the last call because its buffer was full.
-    /// Empty when nothing waits.
-    pub fn console(&self, module: &Module, scratch: &Buffer) -> Result<(Vec<u8>, u64)> {
+    /// Empty when nothing waits. The device writes to this process's
+    /// memory, so output printed before a fault that lost the device
+    /// state still arrives.
+    pub fn console(&self, module: &Module, piece: usize) -> Result<(Vec<u8>, u64)> {
         if self.inner.info.flags & sys::INFO_CONSOLE == 0 {
             return Err(Error::Unsupported);
         }
-        let len = scratch.size().min(u64::from(sys::MAX_CONSOLE_BYTES)) as u32;
+        let len = piece.min(sys::MAX_CONSOLE_BYTES as usize);
         if len == 0 {
-            return Err(Error::Usage("an empty console buffer".into()));
+            return Err(Error::Usage("an empty console piece".into()));
         }
+        let mut buf = vec![0u8; len];
         let mut out = Vec::new();
         let mut dropped = 0u64;
         loop {
-            let mut b = Batch::new();
-            let at = b.console(module.handle, scratch.addr(), len);
-            let slot = b.copy_from_device(scratch, 0, len as usize);
-            let mut done = self.run(b)?;
-            let r = done.result(at).ok_or(Error::Io)?;
-            let n = (r.result as usize).min(len as usize);
+            let r = self.run_one(VgpuCmd::console(sys::VgpuConsoleArgs {
+                module: module.handle,
+                out: buf.as_mut_ptr() as u64,
+                out_size: len as u32,
+                pad: 0,
+            }))?;
+            let n = (r.result as usize).min(len);
             dropped = dropped.saturating_add(r.result2);
-            out.extend_from_slice(&done.take(slot)[..n]);
+            out.extend_from_slice(&buf[..n]);
             // A full piece: more may wait, though never more than the
             // device keeps (kernels still running may add to it).
-            if n < len as usize || out.len() >= 2 * sys::MAX_CONSOLE_BYTES as usize {
+            if n < len || out.len() >= 2 * sys::MAX_CONSOLE_BYTES as usize {
                 return Ok((out, dropped));
             }
         }

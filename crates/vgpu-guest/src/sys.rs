@@ -275,7 +275,7 @@ uapi_struct!(
     /// Arguments of a CONSOLE.
     pub struct VgpuConsoleArgs => "vgpu_console_args" {
         pub module: u64,
-        /// Device address the output goes to.
+        /// User pointer the output goes to.
         pub out: u64,
         pub out_size: u32,
         pub pad: u32,

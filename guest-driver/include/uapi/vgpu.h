@@ -250,7 +250,7 @@ struct vgpu_occupancy_args {
 /**
  * struct vgpu_console_args - a VGPU_CMD_CONSOLE
  * @module: a handle from a MODULE_LOAD of this file
- * @out: device address (of this file's memory) the output goes to
+ * @out: user pointer the output goes to
  * @out_size: bytes at @out, 1..VGPU_MAX_CONSOLE_BYTES
  * @pad: zero
  *

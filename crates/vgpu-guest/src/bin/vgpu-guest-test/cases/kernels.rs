@@ -577,7 +577,7 @@ pub(super) fn console(args: &Args) -> CaseResult {
     let f = dev.function(&m, "say").ctx("FUNC_INFO of say")?;
     let out = dev.alloc(u64::from(THREADS) * 4).ctx("ALLOC")?;
     // Smaller than the output: it comes in pieces.
-    let scratch = dev.alloc(256).ctx("ALLOC")?;
+    let piece = 256;
     let dims = Dims {
         grid: [1, 1, 1],
         block: [THREADS, 1, 1],
@@ -585,7 +585,7 @@ pub(super) fn console(args: &Args) -> CaseResult {
     };
     dev.launch_function(&f, dims, &out.addr().to_le_bytes())
         .ctx("LAUNCH of say")?;
-    let (text, dropped) = dev.console(&m, &scratch).ctx("CONSOLE")?;
+    let (text, dropped) = dev.console(&m, piece).ctx("CONSOLE")?;
     let mut got: Vec<String> = String::from_utf8_lossy(&text)
         .lines()
         .map(str::to_string)
@@ -599,19 +599,18 @@ pub(super) fn console(args: &Args) -> CaseResult {
         got == want && dropped == 0,
         "printed {text:?}, {dropped} bytes dropped"
     );
-    let (again, _) = dev.console(&m, &scratch).ctx("CONSOLE again")?;
+    let (again, _) = dev.console(&m, piece).ctx("CONSOLE again")?;
     ensure!(again.is_empty(), "the output came twice: {again:?}");
     // Another file's module is not this file's to read.
     dev.launch_function(&f, dims, &out.addr().to_le_bytes())
         .ctx("LAUNCH of say")?;
     let other = open(args)?;
-    let theirs = other.alloc(256).ctx("ALLOC")?;
     expect_errno(
-        other.console(&m, &theirs),
+        other.console(&m, piece),
         libc::ENOENT,
         "CONSOLE of another file's module",
     )?;
-    let (text, _) = dev.console(&m, &scratch).ctx("CONSOLE after the refusal")?;
+    let (text, _) = dev.console(&m, piece).ctx("CONSOLE after the refusal")?;
     ensure!(
         text.len() == want.iter().map(|l| l.len() + 1).sum::<usize>(),
         "{} bytes after another file's refused CONSOLE",
