@@ -147,8 +147,24 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
-        d.stream_gpu(stream as usize)?;
-        d.objects().wait_event(stream as usize, event as usize)
+        let device = d.stream_device(stream as usize)?;
+        let (records, on, captured) = {
+            let mut o = d.objects();
+            o.wait_event(stream as usize, event as usize)?;
+            let e = by_handle(&o.events, event as usize)?;
+            (
+                e.records,
+                e.device,
+                o.capturing.contains_key(&(stream as usize)),
+            )
+        };
+        // A device runs its queue in order, so a record on the stream's own
+        // device is behind it already; one on another vGPU is waited for
+        // here, before the stream's next work is queued.
+        if records > 0 && on != device && !captured {
+            event_done(event, true)?;
+        }
+        Ok(())
     })
 }
 
