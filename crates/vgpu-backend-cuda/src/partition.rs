@@ -327,9 +327,7 @@ impl CudaPartition {
         let (Some(module), Some(capture)) = (module, self.shared.printf.get()) else {
             return;
         };
-        let (text, dropped) = capture.take();
-        self.consoles.push(module, &text);
-        self.consoles.dropped(module, dropped);
+        self.consoles.push(module, &capture.take());
     }
 
     /// The module of the last launch of a printing module among `launches`.

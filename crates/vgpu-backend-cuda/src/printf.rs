@@ -10,28 +10,22 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use vgpu_abi as abi;
+use vgpu_backend::console::ConsoleText;
 
 use crate::lock;
 
-/// What was read from the pipe and not yet taken.
-#[derive(Debug, Default)]
-struct Captured {
-    text: Vec<u8>,
-    /// Bytes that did not fit in [`abi::CONSOLE_BYTES`].
-    dropped: u64,
-}
-
 #[derive(Debug)]
 struct Inner {
-    /// The pipe's read end (non-blocking); its write end is fd 1.
+    /// The pipe's read end (non-blocking); its write end is fd 1 and 2.
     read: OwnedFd,
-    captured: Mutex<Captured>,
+    /// What was read from it and not yet taken.
+    captured: Mutex<ConsoleText>,
 }
 
 impl Inner {
     /// Reads what the pipe holds. Called with `captured` locked, so that
     /// whoever holds the lock has seen every byte written before.
-    fn drain(&self, c: &mut Captured) {
+    fn drain(&self, c: &mut ConsoleText) {
         let mut buf = [0u8; 16 << 10];
         loop {
             // SAFETY: reads into a local buffer of that length from our
@@ -42,11 +36,7 @@ impl Inner {
                 // Empty (EAGAIN), closed, or failed: nothing more now.
                 return;
             }
-            let got = &buf[..n as usize];
-            let room = (abi::CONSOLE_BYTES as usize).saturating_sub(c.text.len());
-            let kept = got.len().min(room);
-            c.text.extend_from_slice(&got[..kept]);
-            c.dropped = c.dropped.saturating_add((got.len() - kept) as u64);
+            c.push(&buf[..n as usize]);
         }
     }
 }
@@ -94,7 +84,7 @@ impl OutputCapture {
         drop(write);
         let inner = Arc::new(Inner {
             read,
-            captured: Mutex::new(Captured::default()),
+            captured: Mutex::new(ConsoleText::default()),
         });
         let reader = Arc::clone(&inner);
         std::thread::Builder::new()
@@ -125,12 +115,12 @@ impl OutputCapture {
 
     /// Everything written to standard output and error since the last
     /// take (the C library's buffers flushed first), and the bytes
-    /// dropped because more than [`abi::CONSOLE_BYTES`] waited.
-    pub fn take(&self) -> (Vec<u8>, u64) {
+    /// dropped because more than a console's worth waited.
+    pub fn take(&self) -> ConsoleText {
         // SAFETY: fflush(NULL) flushes every C stdio output stream.
         unsafe { libc::fflush(std::ptr::null_mut()) };
         let mut c = lock(&self.inner.captured);
         self.inner.drain(&mut c);
-        (std::mem::take(&mut c.text), std::mem::take(&mut c.dropped))
+        std::mem::take(&mut *c)
     }
 }

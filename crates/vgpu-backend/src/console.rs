@@ -3,52 +3,49 @@
 //! printf buffer is, so a kernel that prints without end costs a fixed
 //! amount of memory and loses its newest lines, never the device.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use vgpu_abi as abi;
 
-/// What one CONSOLE takes of a module's output.
+/// Printed output with what did not fit: what one CONSOLE takes of a
+/// module's output, and what a launch or a partition host gathers on its
+/// way there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConsoleText {
-    /// The oldest bytes printed, at most what was asked for.
+    /// The oldest bytes printed.
     pub text: Vec<u8>,
-    /// Bytes dropped since the last take because the buffer was full.
+    /// Bytes dropped because the buffer was full.
     pub dropped: u64,
 }
 
-#[derive(Debug, Default)]
-struct Buffer {
-    text: VecDeque<u8>,
-    dropped: u64,
+impl ConsoleText {
+    /// Appends `text`, as much as [`abi::CONSOLE_BYTES`] hold in all; the
+    /// rest is counted as dropped.
+    pub fn push(&mut self, text: &[u8]) {
+        let room = (abi::CONSOLE_BYTES as usize).saturating_sub(self.text.len());
+        let kept = text.len().min(room);
+        self.text.extend_from_slice(&text[..kept]);
+        self.dropped = self.dropped.saturating_add((text.len() - kept) as u64);
+    }
 }
 
 /// The printed output of a partition's modules, by module handle.
 #[derive(Debug, Default)]
 pub struct Consoles {
-    by_module: BTreeMap<u64, Buffer>,
+    by_module: BTreeMap<u64, ConsoleText>,
 }
 
 impl Consoles {
     /// Keeps what `module`'s kernels printed, as much as its
-    /// [`abi::CONSOLE_BYTES`] hold; the rest is counted as dropped.
-    pub fn push(&mut self, module: u64, text: &[u8]) {
-        if text.is_empty() {
+    /// [`abi::CONSOLE_BYTES`] hold; the rest, and what was dropped
+    /// before, is counted as dropped.
+    pub fn push(&mut self, module: u64, printed: &ConsoleText) {
+        if printed.text.is_empty() && printed.dropped == 0 {
             return;
         }
         let b = self.by_module.entry(module).or_default();
-        let room = (abi::CONSOLE_BYTES as usize).saturating_sub(b.text.len());
-        let kept = text.len().min(room);
-        b.text.extend(&text[..kept]);
-        b.dropped = b.dropped.saturating_add((text.len() - kept) as u64);
-    }
-
-    /// Counts `bytes` of `module`'s output lost before they reached
-    /// [`Consoles::push`].
-    pub fn dropped(&mut self, module: u64, bytes: u64) {
-        if bytes > 0 {
-            let b = self.by_module.entry(module).or_default();
-            b.dropped = b.dropped.saturating_add(bytes);
-        }
+        b.push(&printed.text);
+        b.dropped = b.dropped.saturating_add(printed.dropped);
     }
 
     /// Takes up to `max` bytes of `module`'s output, oldest first.
@@ -102,12 +99,39 @@ pub fn module_prints(image: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    fn text(t: &[u8]) -> ConsoleText {
+        ConsoleText {
+            text: t.to_vec(),
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn test_dropped_bytes_carry_over_into_the_module_console() {
+        let mut c = Consoles::default();
+        c.push(
+            3,
+            &ConsoleText {
+                text: Vec::new(),
+                dropped: 9,
+            },
+        );
+        c.push(3, &text(b"x"));
+        assert_eq!(
+            c.take(3, 10),
+            ConsoleText {
+                text: b"x".to_vec(),
+                dropped: 9
+            }
+        );
+    }
+
     #[test]
     fn test_take_returns_oldest_first_in_pieces_and_forgets_when_empty() {
         let mut c = Consoles::default();
-        c.push(1, b"hello ");
-        c.push(2, b"other");
-        c.push(1, b"world\n");
+        c.push(1, &text(b"hello "));
+        c.push(2, &text(b"other"));
+        c.push(1, &text(b"world\n"));
         let first = c.take(1, 8);
         assert_eq!(first.text, b"hello wo");
         assert_eq!(first.dropped, 0);
@@ -123,7 +147,7 @@ mod tests {
         let line = vec![b'x'; 1000];
         let lines = abi::CONSOLE_BYTES as usize / line.len() + 5;
         for _ in 0..lines {
-            c.push(7, &line);
+            c.push(7, &text(&line));
         }
         let all = c.take(7, usize::MAX);
         assert_eq!(all.text.len(), abi::CONSOLE_BYTES as usize);
@@ -131,15 +155,15 @@ mod tests {
             all.dropped,
             (lines * line.len()) as u64 - u64::from(abi::CONSOLE_BYTES)
         );
-        c.push(7, b"again");
+        c.push(7, &text(b"again"));
         assert_eq!(c.take(7, 100).dropped, 0);
     }
 
     #[test]
     fn test_forget_and_clear_drop_output() {
         let mut c = Consoles::default();
-        c.push(1, b"a");
-        c.push(2, b"b");
+        c.push(1, &text(b"a"));
+        c.push(2, &text(b"b"));
         c.forget(1);
         assert!(c.take(1, 10).text.is_empty());
         c.clear();

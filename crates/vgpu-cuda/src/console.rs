@@ -39,26 +39,26 @@ impl Console {
         self.modules.retain(|m| m.strong_count() > 0);
         let live: Vec<Arc<Module>> = self.modules.iter().filter_map(Weak::upgrade).collect();
         for m in live {
-            self.print_module(dev, &m);
+            print_module(dev, &m);
         }
     }
+}
 
-    /// Writes what `module`'s kernels printed to `stdout`.
-    fn print_module(&mut self, dev: &Device, module: &Module) {
-        if !module.prints() {
-            return;
-        }
-        match dev.console(module, PIECE) {
-            Ok((text, dropped)) => {
-                write_stdout(&text);
-                if dropped > 0 {
-                    log(&format!(
-                        "{dropped} bytes of kernel output dropped: the device's buffer was full"
-                    ));
-                }
+/// Writes what `module`'s kernels printed to `stdout`.
+fn print_module(dev: &Device, module: &Module) {
+    if !module.prints() {
+        return;
+    }
+    match dev.console(module, PIECE) {
+        Ok((text, dropped)) => {
+            write_stdout(&text);
+            if dropped > 0 {
+                log(&format!(
+                    "{dropped} bytes of kernel output dropped: the device's buffer was full"
+                ));
             }
-            Err(e) => log(&format!("kernel output not read: {e}")),
         }
+        Err(e) => log(&format!("kernel output not read: {e}")),
     }
 }
 

@@ -534,9 +534,7 @@ impl Partition for SoftwarePartition {
             };
             let result = ptx::launch(&run, &self.allocs);
             // What a kernel printed before it failed is kept, as on a GPU.
-            let (text, dropped) = printed.into_inner();
-            self.consoles.push(launch.module, &text);
-            self.consoles.dropped(launch.module, dropped);
+            self.consoles.push(launch.module, &printed.into_inner());
             return result;
         }
         // Floats are read and written byte by byte here: any operand

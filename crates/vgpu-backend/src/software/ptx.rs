@@ -10,6 +10,7 @@ use vgpu_abi as abi;
 use vgpu_ptx::{ExecError, FatbinError, Fault, GlobalMemory, Module, WordMemory};
 
 use super::DeviceBuf;
+use crate::console::ConsoleText;
 use crate::rules::{self, Allocations};
 use crate::{FunctionInfo, OpError};
 
@@ -204,21 +205,17 @@ fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
 /// A launch's `printf` output, gathered from its worker threads: at most
 /// a console's worth, the rest counted.
 #[derive(Debug, Default)]
-pub(super) struct Printed(std::sync::Mutex<(Vec<u8>, u64)>);
+pub(super) struct Printed(std::sync::Mutex<ConsoleText>);
 
 impl Printed {
     /// The output and the bytes that did not fit.
-    pub fn into_inner(self) -> (Vec<u8>, u64) {
+    pub fn into_inner(self) -> ConsoleText {
         self.0.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl vgpu_ptx::PrintSink for Printed {
     fn print(&self, text: &[u8]) {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let room = (abi::CONSOLE_BYTES as usize).saturating_sub(g.0.len());
-        let kept = text.len().min(room);
-        g.0.extend_from_slice(&text[..kept]);
-        g.1 = g.1.saturating_add((text.len() - kept) as u64);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(text);
     }
 }
