@@ -1,9 +1,10 @@
 //! What kernels print. The device keeps the `printf` output (and failed
 //! `assert()` lines) of each module that calls `vprintf` or
-//! `__assertfail` (MODULE_LOAD says which); the library takes it where CUDA's driver flushes its printf buffer (a
-//! synchronisation, a blocking copy, a module's unload) and writes it to
-//! the program's C `stdout`, so it stays in order with the program's own
-//! `printf`, as NVIDIA's driver does.
+//! `__assertfail` (MODULE_LOAD says which); the library takes it where
+//! CUDA's driver flushes its printf buffer (a synchronisation, a blocking
+//! copy, a module's unload) and writes it to the program's C `stdout`, so
+//! it stays in order with the program's own `printf`, as NVIDIA's driver
+//! does.
 
 use std::sync::{Arc, Weak};
 
@@ -44,11 +45,8 @@ impl Console {
     }
 }
 
-/// Writes what `module`'s kernels printed to `stdout`.
+/// Writes what `module` (one that prints) printed to `stdout`.
 fn print_module(dev: &Device, module: &Module) {
-    if !module.prints() {
-        return;
-    }
     match dev.console(module, PIECE) {
         Ok((text, dropped)) => {
             write_stdout(&text);

@@ -161,8 +161,8 @@ fn main() -> ExitCode {
                     b.set_guest_ptx(guest_ptx);
                     // The driver prints what guest kernels print to this
                     // process's standard output and error: it goes to
-                    // the guest.
-                    if guest_ptx {
+                    // the guest (the log moved off them above).
+                    if captures {
                         match OutputCapture::install() {
                             Ok(c) => b.set_printf_capture(c),
                             Err(e) => warn!("kernels' printf output stays here: {e}"),

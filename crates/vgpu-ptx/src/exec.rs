@@ -242,6 +242,15 @@ fn slot(i: usize, size: usize, a: u64, n: usize) -> Option<std::ops::Range<usize
     (e <= size as u64).then_some(base + a as usize..base + e as usize)
 }
 
+/// Argument `at` (`size` bytes, at most 8) of lane `l`'s call, from its
+/// parameter space of `ps` bytes.
+fn call_arg(w: &Warp, l: usize, ps: usize, at: u32, size: usize) -> Option<u64> {
+    let src = slot(l, ps, u64::from(at), size).and_then(|r| w.pmem.get(r))?;
+    let mut b = [0u8; 8];
+    b.get_mut(..size)?.copy_from_slice(src);
+    Some(u64::from_le_bytes(b))
+}
+
 #[inline(always)]
 fn mask_of(bits: u32) -> u64 {
     if bits >= 64 {
@@ -932,12 +941,8 @@ impl Launch<'_> {
                 let ps = self.m.param_size as usize;
                 let mut text = Vec::new();
                 for l in lanes(mask) {
-                    let param = |at: u32| {
-                        let mut b = [0u8; 8];
-                        let src = slot(l, ps, at as u64, 8).and_then(|r| w.pmem.get(r));
-                        b.copy_from_slice(src.ok_or(illegal(at as u64, 8, inst.line))?);
-                        Ok(u64::from_le_bytes(b))
-                    };
+                    let param =
+                        |at: u32| call_arg(w, l, ps, at, 8).ok_or(illegal(at as u64, 8, inst.line));
                     let (fmt, argv) = (param(fmt)?, param(argv)?);
                     let mut read = |a: u64, buf: &mut [u8]| {
                         self.read(w, shared, Space::Generic, l, a, buf, inst.line)
@@ -961,13 +966,7 @@ impl Launch<'_> {
             "__assertfail" => {
                 let ps = self.m.param_size as usize;
                 for l in lanes(mask) {
-                    let param = |i: usize, size: usize| {
-                        let at = *args.get(i)? as u64;
-                        let src = slot(l, ps, at, size).and_then(|r| w.pmem.get(r))?;
-                        let mut b = [0u8; 8];
-                        b[..size].copy_from_slice(src);
-                        Some(u64::from_le_bytes(b))
-                    };
+                    let param = |i: usize, size| call_arg(w, l, ps, *args.get(i)?, size);
                     let failed = printf::Assertion {
                         message: param(0, 8).unwrap_or(0),
                         file: param(1, 8).unwrap_or(0),
