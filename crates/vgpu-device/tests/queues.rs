@@ -600,21 +600,34 @@ fn test_busy_queue_does_not_starve_another() {
     let chain = Chain::command(&cmd)
         .bytes(abi::ByteValued::as_slice(&p))
         .completion();
-    let n = 300u16;
+    let stamp = vgpu_testkit::bare_chain(abi::OP_TIMESTAMP);
+    // Each GEMM of queue 0 is followed by a timestamp, and queue 1's one
+    // timestamp is there before queue 0 is kicked: the device's clock
+    // says how many GEMMs ran before it, however this thread is
+    // scheduled.
+    let n = 200usize;
     for _ in 0..n {
         g.post(0, &chain);
+        g.post(0, &stamp);
     }
+    g.post(1, &stamp);
     g.kick(0);
-    assert_status(g.nop(1), abi::STATUS_OK);
-    let done = g.ring_used_idx(0);
-    assert!(
-        done < n / 2,
-        "queue 1 waited for {done} commands of queue 0"
-    );
-    for _ in 0..n {
+    g.kick(1);
+    let other = g.wait_used(1, Duration::from_secs(20)).expect("completion");
+    assert_status(other.completion(), abi::STATUS_OK);
+    let at = other.completion().result;
+    let mut before = 0;
+    for i in 0..2 * n {
         let used = g.wait_used(0, Duration::from_secs(20)).expect("completion");
         assert_status(used.completion(), abi::STATUS_OK);
+        if i % 2 == 1 && used.completion().result < at {
+            before += 1;
+        }
     }
+    assert!(
+        before < n / 2,
+        "queue 1 waited for {before} GEMMs of queue 0"
+    );
 }
 
 #[test]
