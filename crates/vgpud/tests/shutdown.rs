@@ -12,11 +12,14 @@ use vmm_sys_util::tempdir::TempDir;
 
 /// FILLs queued per guest.
 const COMMANDS: usize = 100;
-/// Bytes each FILL writes: long enough that the queue is still busy when
-/// the shutdown begins.
+/// Bytes each FILL writes.
 const FILL: u64 = 4 << 20;
 
-fn daemon(dir: &TempDir, grace_ms: u64) -> Daemon {
+/// A daemon of two vGPUs, each capped at `cap` of the GPU's time if given
+/// (so that most of a guest's work is still waiting when the shutdown
+/// begins, however fast this machine runs the first of it).
+fn daemon(dir: &TempDir, grace_ms: u64, cap: Option<f64>) -> Daemon {
+    let cap = cap.map_or(String::new(), |c| format!("cap = {c}\n"));
     let text = format!(
         r#"
 [daemon]
@@ -36,14 +39,14 @@ gpu = "gpu0"
 socket = "a.sock"
 memory = "64MiB"
 compute_units = 1
-
+{cap}
 [[vgpu]]
 name = "b"
 gpu = "gpu0"
 socket = "b.sock"
 memory = "64MiB"
 compute_units = 1
-"#,
+{cap}"#,
         dir.as_path().display()
     );
     let mut d = Daemon::new(Config::parse(&text, "test.toml").unwrap()).unwrap();
@@ -112,7 +115,7 @@ fn shut_down_busy(d: Daemon, dir: &TempDir) -> (Vec<Vec<u32>>, Duration) {
 #[test]
 fn test_shutdown_drains_in_flight_commands() {
     let dir = TempDir::new_with_prefix("/tmp/vgpud-drain-").unwrap();
-    let d = daemon(&dir, 60_000);
+    let d = daemon(&dir, 60_000, None);
     let (statuses, took) = shut_down_busy(d, &dir);
     for s in statuses {
         assert!(s.iter().all(|&s| s == abi::STATUS_OK), "{s:?}");
@@ -124,7 +127,7 @@ fn test_shutdown_drains_in_flight_commands() {
 #[test]
 fn test_shutdown_cancels_what_the_grace_leaves() {
     let dir = TempDir::new_with_prefix("/tmp/vgpud-drain-").unwrap();
-    let d = daemon(&dir, 0);
+    let d = daemon(&dir, 0, Some(0.01));
     let (statuses, _) = shut_down_busy(d, &dir);
     for s in statuses {
         // What ran ran in order; everything after it was cancelled.
