@@ -48,6 +48,7 @@ use crate::wire;
 pub struct TransferCounts {
     direct: AtomicU64,
     staged: AtomicU64,
+    overlapped: AtomicU64,
 }
 
 impl TransferCounts {
@@ -59,6 +60,16 @@ impl TransferCounts {
     /// Uploads and downloads through the staging area.
     pub fn staged(&self) -> u64 {
         self.staged.load(Ordering::Relaxed)
+    }
+
+    /// Queued runs the host was given while the one before was still in
+    /// flight.
+    pub fn overlapped(&self) -> u64 {
+        self.overlapped.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_overlapped(&self) {
+        self.overlapped.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count(&self, direct: bool) {

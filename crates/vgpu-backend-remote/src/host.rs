@@ -3,17 +3,19 @@
 
 use std::cell::{Cell, RefCell};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use log::{debug, info, log_enabled, trace, Level};
 use vgpu_backend::{
-    Backend, HostSink, HostSource, OpError, Partition, PartitionSpec, Queued, SliceMemory,
+    Backend, HostSink, HostSource, OpError, Partition, PartitionSpec, Queued, QueuedDone,
+    SliceMemory,
 };
 
 use crate::guest_mem::{self, Table};
 use crate::mailbox::{Conn, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
+use crate::runner::{lock, Runner, Shared};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
 
@@ -242,7 +244,12 @@ impl HostSink for Sink<'_> {
 /// The host's state.
 struct Host<'a> {
     backend: &'a dyn Backend,
-    partition: Option<Box<dyn Partition>>,
+    partition: Option<Shared>,
+    /// Runs started runs (created with the partition).
+    runner: Option<Runner>,
+    /// The partition's memory in use after the last request that could
+    /// change it: what a reply says while a run holds the partition.
+    memory_used: u64,
     staging: Option<Staging>,
     /// Guest memory forwarded by the daemon (see `guest_mem.rs`).
     guest: Arc<Table>,
@@ -269,6 +276,8 @@ pub fn serve(
     let mut host = Host {
         backend,
         partition: None,
+        runner: None,
+        memory_used: 0,
         staging: None,
         guest: Arc::new(Table::default()),
         control: None,
@@ -298,6 +307,13 @@ pub fn serve(
         let req = Request::decode(h.kind, &buf).map_err(WireError::from)?;
         let kind = req.kind();
         let mut broken = None;
+        if !matches!(kind, Kind::Start | Kind::Finish) {
+            // Everything else sees the partition after the runs started
+            // before it.
+            if let Some(r) = host.runner.as_mut() {
+                r.settle();
+            }
+        }
         let result = match req {
             Request::Hello => Ok(Value::Hello {
                 name: backend.name().to_string(),
@@ -331,11 +347,29 @@ pub fn serve(
                 ))
             }
             Request::UploadMapped { dst, pieces } => host.mapped(dst, &pieces, false),
-            Request::Queued(steps) => host.queued(&steps),
+            Request::Queued(steps) => host
+                .shared()
+                .and_then(|p| run_steps(&mut **lock(&p), &host.guest, &steps))
+                .map(Value::Queued),
+            // The runner decodes its own copy of the frame.
+            Request::Start(_) => match host.runner.as_mut() {
+                Some(r) => r.start(buf.clone()).map(|()| Value::None),
+                None => Err(no_partition()),
+            },
+            Request::Finish => match host.runner.as_mut() {
+                Some(r) => r.finish().map(|(f, used)| {
+                    host.memory_used = used;
+                    Value::Finished(f)
+                }),
+                None => Err(no_partition()),
+            },
             Request::DownloadMapped { src, pieces } => host.mapped(src, &pieces, true),
-            Request::Reset => match host.partition.as_mut() {
+            Request::Reset => match host.partition.as_ref() {
                 Some(p) => {
-                    p.reset();
+                    if let Some(r) = host.runner.as_mut() {
+                        r.clear();
+                    }
+                    lock(p).reset();
                     Ok(Value::Reset {
                         respawn: !healthy(),
                     })
@@ -361,8 +395,13 @@ pub fn serve(
         if let Some(e) = broken {
             return Err(e.into());
         }
+        if !matches!(kind, Kind::Start | Kind::Finish) {
+            // (A started run may hold the partition: the runner says
+            // what it left.)
+            host.memory_used = host.partition.as_ref().map_or(0, |p| lock(p).memory_used());
+        }
         let reply = Reply {
-            memory_used: host.partition.as_ref().map_or(0, |p| p.memory_used()),
+            memory_used: host.memory_used,
             result,
         };
         conn.send(REPLY | kind as u16, h.seq, &reply.encode(kind))?;
@@ -414,7 +453,8 @@ impl Host<'_> {
         pieces: &[proto::MappedPiece],
         write: bool,
     ) -> Result<Value, OpError> {
-        let p = self.partition.as_mut().ok_or_else(no_partition)?;
+        let p = self.shared()?;
+        let mut p = lock(&p);
         let (guard, slices, _) = self.guest.resolve(pieces, write)?;
         // SAFETY: the slices were resolved under `guard`, which keeps
         // their mappings (writable ones for a download) until it is
@@ -427,82 +467,6 @@ impl Host<'_> {
         };
         drop(guard);
         r.map(|_| Value::None)
-    }
-
-    /// Runs a queued run. Its copies move guest memory one way, so that
-    /// one read lock of the table keeps all their pieces mapped until the
-    /// run is over.
-    fn queued(&mut self, steps: &[proto::Step<'_>]) -> Result<Value, OpError> {
-        let p = self.partition.as_mut().ok_or_else(no_partition)?;
-        let (ups, downs) = steps.iter().fold((0, 0), |(u, d), s| match s {
-            proto::Step::Upload { .. } => (u + 1, d),
-            proto::Step::Download { .. } => (u, d + 1),
-            _ => (u, d),
-        });
-        if ups > 0 && downs > 0 {
-            return Err(OpError::Invalid(
-                "a queued run moves guest memory one way".into(),
-            ));
-        }
-        let pieces: Vec<proto::MappedPiece> = steps
-            .iter()
-            .flat_map(|s| match s {
-                proto::Step::Upload { pieces, .. } | proto::Step::Download { pieces, .. } => {
-                    pieces.as_slice()
-                }
-                _ => &[],
-            })
-            .copied()
-            .collect();
-        let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
-        let resolved = if pieces.is_empty() {
-            None
-        } else {
-            Some(self.guest.resolve(&pieces, downs > 0)?)
-        };
-        let slices = resolved.as_ref().map_or(&[][..], |(_, s, _)| s.as_slice());
-        // One slice per piece, in order: each copy takes its own.
-        let mut at = 0;
-        let mut take = |n: usize| {
-            let mine = &slices[at..at + n];
-            at += n;
-            // SAFETY: resolved under the table's read lock in `resolved`,
-            // which lives until the run below has returned, writable
-            // mappings for a run of downloads.
-            unsafe { SliceMemory::new(mine) }
-        };
-        let queued: Vec<Queued<'_>> = steps
-            .iter()
-            .map(|s| match s {
-                proto::Step::Timestamp => Queued::Timestamp,
-                proto::Step::Launch(l) => Queued::Launch(l.clone()),
-                proto::Step::Upload { dst, pieces } => Queued::Upload {
-                    dst: *dst,
-                    src: take(pieces.len()),
-                },
-                proto::Step::Download { src, pieces } => Queued::Download {
-                    src: *src,
-                    dst: take(pieces.len()),
-                },
-                proto::Step::Fill(f) => Queued::Fill(*f),
-                proto::Step::Copy(c) => Queued::Copy(*c),
-            })
-            .collect();
-        let resolved_at = began.map(|b| b.elapsed());
-        // The parent abandons a run by not waiting for it: it runs whole.
-        let done = p.run_queued(&queued, &|| false);
-        drop(queued);
-        drop(resolved);
-        if let (Some(began), Some(at)) = (began, resolved_at) {
-            trace!(
-                "queued run of {} steps, {} pieces: resolved in {} us, done after {} us",
-                steps.len(),
-                pieces.len(),
-                at.as_micros(),
-                began.elapsed().as_micros()
-            );
-        }
-        Ok(Value::Queued(done))
     }
 
     fn create(&mut self, c: &proto::Create<'_>, file: std::fs::File) -> Result<Value, OpError> {
@@ -533,13 +497,24 @@ impl Host<'_> {
             self.backend.name()
         );
         let units = p.kernel_compute_units();
+        let p: Shared = Arc::new(Mutex::new(p));
+        self.runner = Some(
+            Runner::new(Arc::clone(&p), Arc::clone(&self.guest))
+                .map_err(|e| OpError::Device(format!("runner thread: {e}")))?,
+        );
         self.partition = Some(p);
         self.staging = Some(staging);
         Ok(Value::U64(u64::from(units)))
     }
 
+    /// The partition, once created.
+    fn shared(&self) -> Result<Shared, OpError> {
+        self.partition.clone().ok_or_else(no_partition)
+    }
+
     fn simple(&mut self, req: Request<'_>) -> Result<Value, OpError> {
-        let p = self.partition.as_mut().ok_or_else(no_partition)?;
+        let p = self.shared()?;
+        let mut p = lock(&p);
         match req {
             Request::Alloc { size, align } => p.alloc(size, align).map(Value::U64),
             Request::Free { addr } => p.free(addr).map(|_| Value::None),
@@ -565,8 +540,8 @@ impl Host<'_> {
     }
 
     /// The partition and the staging area a staged transfer goes through.
-    fn staged_parts(&mut self) -> Result<(&mut Box<dyn Partition>, &mut Staging), OpError> {
-        match (self.partition.as_mut(), self.staging.as_mut()) {
+    fn staged_parts(&mut self) -> Result<(Shared, &mut Staging), OpError> {
+        match (self.partition.clone(), self.staging.as_mut()) {
             (Some(p), Some(staging)) => Ok((p, staging)),
             _ => Err(no_partition()),
         }
@@ -581,6 +556,7 @@ impl Host<'_> {
         broken: &mut Option<WireError>,
     ) -> Result<Value, OpError> {
         let (p, staging) = self.staged_parts()?;
+        let mut p = lock(&p);
         let half = (staging.len() / 2) as u64;
         if prefilled > len || prefilled > half {
             return Err(OpError::Invalid(format!(
@@ -612,6 +588,7 @@ impl Host<'_> {
         broken: &mut Option<WireError>,
     ) -> Result<Value, OpError> {
         let (p, staging) = self.staged_parts()?;
+        let mut p = lock(&p);
         let sink = Sink {
             len,
             staging: RefCell::new(staging),
@@ -634,6 +611,85 @@ impl Host<'_> {
             at: last.at,
         })
     }
+}
+
+/// Runs a queued run of `p`. Its copies move guest memory one way, so that
+/// one read lock of the table keeps all their pieces mapped until the
+/// run is over.
+pub(crate) fn run_steps(
+    p: &mut dyn Partition,
+    guest: &Table,
+    steps: &[proto::Step<'_>],
+) -> Result<Vec<QueuedDone>, OpError> {
+    let (ups, downs) = steps.iter().fold((0, 0), |(u, d), s| match s {
+        proto::Step::Upload { .. } => (u + 1, d),
+        proto::Step::Download { .. } => (u, d + 1),
+        _ => (u, d),
+    });
+    if ups > 0 && downs > 0 {
+        return Err(OpError::Invalid(
+            "a queued run moves guest memory one way".into(),
+        ));
+    }
+    let pieces: Vec<proto::MappedPiece> = steps
+        .iter()
+        .flat_map(|s| match s {
+            proto::Step::Upload { pieces, .. } | proto::Step::Download { pieces, .. } => {
+                pieces.as_slice()
+            }
+            _ => &[],
+        })
+        .copied()
+        .collect();
+    let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
+    let resolved = if pieces.is_empty() {
+        None
+    } else {
+        Some(guest.resolve(&pieces, downs > 0)?)
+    };
+    let slices = resolved.as_ref().map_or(&[][..], |(_, s, _)| s.as_slice());
+    // One slice per piece, in order: each copy takes its own.
+    let mut at = 0;
+    let mut take = |n: usize| {
+        let mine = &slices[at..at + n];
+        at += n;
+        // SAFETY: resolved under the table's read lock in `resolved`,
+        // which lives until the run below has returned, writable
+        // mappings for a run of downloads.
+        unsafe { SliceMemory::new(mine) }
+    };
+    let queued: Vec<Queued<'_>> = steps
+        .iter()
+        .map(|s| match s {
+            proto::Step::Timestamp => Queued::Timestamp,
+            proto::Step::Launch(l) => Queued::Launch(l.clone()),
+            proto::Step::Upload { dst, pieces } => Queued::Upload {
+                dst: *dst,
+                src: take(pieces.len()),
+            },
+            proto::Step::Download { src, pieces } => Queued::Download {
+                src: *src,
+                dst: take(pieces.len()),
+            },
+            proto::Step::Fill(f) => Queued::Fill(*f),
+            proto::Step::Copy(c) => Queued::Copy(*c),
+        })
+        .collect();
+    let resolved_at = began.map(|b| b.elapsed());
+    // The parent abandons a run by not waiting for it: it runs whole.
+    let done = p.run_queued(&queued, &|| false);
+    drop(queued);
+    drop(resolved);
+    if let (Some(began), Some(at)) = (began, resolved_at) {
+        trace!(
+            "queued run of {} steps, {} pieces: resolved in {} us, done after {} us",
+            steps.len(),
+            pieces.len(),
+            at.as_micros(),
+            began.elapsed().as_micros()
+        );
+    }
+    Ok(done)
 }
 
 /// Answers the parent's first request with `why` (the backend could not

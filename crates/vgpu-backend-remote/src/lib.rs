@@ -81,6 +81,7 @@ mod guest_mem;
 mod host_cmd;
 mod mailbox;
 mod partition;
+mod runner;
 mod shm;
 mod wire;
 
@@ -128,6 +129,10 @@ pub struct RemoteConfig {
     /// scheduler wake-up per message at the price of a busy core while it
     /// lasts.
     pub spin: Duration,
+    /// Queued runs a partition keeps in flight at once (1 to 4): with
+    /// two, the host has the next run on its way to the device while the
+    /// device works on this one.
+    pub queue_depth: usize,
 }
 
 impl Default for RemoteConfig {
@@ -138,6 +143,7 @@ impl Default for RemoteConfig {
             start_timeout: Duration::from_secs(30),
             reset_timeout: Duration::from_secs(10),
             spin: Duration::ZERO,
+            queue_depth: 2,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The parent's side of a partition: forwards each call to the partition
 //! host and checks every answer.
 
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 use log::info;
 use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
-    Capacity, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, QueuedDone, SliceFn, MAX_QUEUED_STEPS,
+    Capacity, Finished, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec, Queued, QueuedDone, SliceFn, Started, MAX_QUEUED_STEPS,
 };
 use vgpu_sys::{error_limited, warn_limited};
 
@@ -19,7 +20,7 @@ use crate::mailbox::{self, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Step, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
-use crate::{lock, HostLink, HostProcess, Launcher, RemoteConfig};
+use crate::{lock, runner, HostLink, HostProcess, Launcher, RemoteConfig};
 
 /// How long a closed host gets to exit on its own before it is killed.
 const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
@@ -382,6 +383,8 @@ pub struct RemotePartition {
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
+    /// Runs the host has started, oldest first.
+    started: VecDeque<StartedRun>,
 }
 
 impl std::fmt::Debug for RemotePartition {
@@ -424,6 +427,7 @@ impl RemotePartition {
             kernel_units: spec.compute_units,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
+            started: VecDeque::new(),
         };
         // On failure `p` is dropped, which gives the pool back.
         p.link = Some(p.start()?);
@@ -536,7 +540,7 @@ impl RemotePartition {
         ))
     }
 
-    /// How many transfers took which path.
+    /// How many transfers took which path, and how many runs overlapped.
     pub fn transfer_counts(&self) -> Arc<TransferCounts> {
         Arc::clone(&self.counts)
     }
@@ -614,19 +618,62 @@ impl RemotePartition {
     fn call_queued(&mut self, steps: Vec<Step<'_>>) -> Result<Vec<QueuedDone>, OpError> {
         let n = steps.len();
         match self.call(&Request::Queued(steps), Xfer::None)? {
-            Value::Queued(done)
-                if done.len() == n && done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns) =>
-            {
-                if done
-                    .iter()
-                    .any(|d| d.result.as_ref().is_err_and(OpError::is_lost))
-                {
-                    self.lost = true;
-                }
-                Ok(done)
-            }
+            Value::Queued(done) if self.check_done(&done, n) => Ok(done),
             v => Err(self.fail(format!("unexpected result of {n} queued steps: {v:?}"))),
         }
+    }
+
+    /// Whether `done` answers `n` steps, in order of completion; notes a
+    /// loss of the device state among them.
+    fn check_done(&mut self, done: &[QueuedDone], n: usize) -> bool {
+        if done.len() != n || done.windows(2).any(|w| w[0].end_ns > w[1].end_ns) {
+            return false;
+        }
+        if done
+            .iter()
+            .any(|d| d.result.as_ref().is_err_and(OpError::is_lost))
+        {
+            self.lost = true;
+        }
+        true
+    }
+
+    /// The steps of a run as the protocol carries them, and which were
+    /// refused here (`Some`) rather than sent; `None` when the run cannot
+    /// go to the host in one request (see [`Self::copy_pieces`]): it
+    /// then runs step by step, each copy on its own path.
+    #[allow(clippy::type_complexity)]
+    fn prepare_run<'s>(
+        &mut self,
+        steps: &'s [Queued<'_>],
+    ) -> Option<(Vec<Option<OpError>>, Vec<Step<'s>>)> {
+        let mut pieces = self.copy_pieces(steps)?.into_iter();
+        let mut local = Vec::with_capacity(steps.len());
+        let mut sent = Vec::with_capacity(steps.len());
+        for s in steps.iter().take(MAX_QUEUED_STEPS) {
+            let step = match s {
+                Queued::Launch(l) => check_launch(l).map(|()| Step::Launch(l.clone())),
+                Queued::Timestamp => Ok(Step::Timestamp),
+                Queued::Upload { dst, .. } => Ok(Step::Upload {
+                    dst: *dst,
+                    pieces: pieces.next().unwrap_or_default(),
+                }),
+                Queued::Download { src, .. } => Ok(Step::Download {
+                    src: *src,
+                    pieces: pieces.next().unwrap_or_default(),
+                }),
+                Queued::Fill(f) => Ok(Step::Fill(*f)),
+                Queued::Copy(c) => Ok(Step::Copy(*c)),
+            };
+            local.push(match step {
+                Ok(step) => {
+                    sent.push(step);
+                    None
+                }
+                Err(e) => Some(e),
+            });
+        }
+        Some((local, sent))
     }
 
     fn call_u64(&mut self, req: &Request<'_>) -> Result<u64, OpError> {
@@ -635,6 +682,44 @@ impl RemotePartition {
             v => Err(self.fail(format!("unexpected result {v:?}"))),
         }
     }
+}
+
+/// A run the host has started: which of its steps were refused here,
+/// how many went, of how many, and when.
+#[derive(Debug)]
+struct StartedRun {
+    local: Vec<Option<OpError>>,
+    sent: usize,
+    count: usize,
+    at: Instant,
+}
+
+/// One result per step of a run of `count` steps: the refusals made here
+/// in their places, the host's results (or its failure) for the others.
+fn merge_run(
+    local: Vec<Option<OpError>>,
+    mut remote: Result<Vec<QueuedDone>, OpError>,
+    count: usize,
+) -> Vec<QueuedDone> {
+    let mut out = Vec::with_capacity(count);
+    let mut end_ns = 0;
+    let mut from_host = remote.as_mut().map(|v| v.drain(..));
+    for refused in local {
+        let result = match (refused, &mut from_host) {
+            (Some(e), _) => Err(e),
+            (None, Ok(done)) => match done.next() {
+                Some(d) => {
+                    end_ns = d.end_ns;
+                    d.result
+                }
+                None => Err(OpError::Device("missing step result".into())),
+            },
+            (None, Err(e)) => Err(e.clone()),
+        };
+        out.push(QueuedDone { result, end_ns });
+    }
+    vgpu_backend::refuse_past_limit(&mut out, count);
+    out
 }
 
 type WithSlices<'a> = dyn FnMut(&mut SliceFn<'_>) -> Result<bool, OpError> + 'a;
@@ -811,64 +896,71 @@ impl Partition for RemotePartition {
     }
 
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
-        // Steps the protocol cannot carry fail here; the others go to the
-        // host in one request, so its device sees them back to back. A
-        // copy travels as pieces of guest memory the host has mapped; a
-        // run with a copy that cannot (or with copies both ways) runs
-        // step by step, each copy on its own path.
-        let Some(pieces) = self.copy_pieces(steps) else {
+        let Some((local, sent)) = self.prepare_run(steps) else {
             return vgpu_backend::run_queued_in_order(self, steps, stop);
         };
-        let mut pieces = pieces.into_iter();
-        let mut local: Vec<Option<OpError>> = Vec::with_capacity(steps.len());
-        let mut sent = Vec::with_capacity(steps.len());
-        for s in steps.iter().take(MAX_QUEUED_STEPS) {
-            let step = match s {
-                Queued::Launch(l) => check_launch(l).map(|()| Step::Launch(l.clone())),
-                Queued::Timestamp => Ok(Step::Timestamp),
-                Queued::Upload { dst, .. } => Ok(Step::Upload {
-                    dst: *dst,
-                    pieces: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Download { src, .. } => Ok(Step::Download {
-                    src: *src,
-                    pieces: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Fill(f) => Ok(Step::Fill(*f)),
-                Queued::Copy(c) => Ok(Step::Copy(*c)),
-            };
-            local.push(match step {
-                Ok(step) => {
-                    sent.push(step);
-                    None
-                }
-                Err(e) => Some(e),
-            });
-        }
-        let mut remote = if sent.is_empty() {
+        let remote = if sent.is_empty() {
             Ok(Vec::new())
         } else {
             self.call_queued(sent)
         };
-        let mut out = Vec::with_capacity(steps.len());
-        let mut end_ns = 0;
-        let mut from_host = remote.as_mut().map(|v| v.drain(..));
-        for refused in local {
-            let result = match (refused, &mut from_host) {
-                (Some(e), _) => Err(e),
-                (None, Ok(done)) => match done.next() {
-                    Some(d) => {
-                        end_ns = d.end_ns;
-                        d.result
-                    }
-                    None => Err(OpError::Device("missing step result".into())),
-                },
-                (None, Err(e)) => Err(e.clone()),
-            };
-            out.push(QueuedDone { result, end_ns });
+        merge_run(local, remote, steps.len())
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.config.queue_depth.clamp(1, runner::MAX_STARTED)
+    }
+
+    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
+        let Some((local, sent)) = self.prepare_run(steps) else {
+            return Started::Done(vgpu_backend::run_queued_in_order(self, steps, stop));
+        };
+        if sent.is_empty() {
+            return Started::Done(merge_run(local, Ok(Vec::new()), steps.len()));
         }
-        vgpu_backend::refuse_past_limit(&mut out, steps.len());
-        out
+        let run = StartedRun {
+            sent: sent.len(),
+            count: steps.len(),
+            local,
+            at: Instant::now(),
+        };
+        // The host maps the copies' pieces itself: once it has the run,
+        // the caller's hold on guest memory may go (an unmap waits for
+        // the host's, which lasts until the run is over).
+        match self.call(&Request::Start(sent), Xfer::None) {
+            Ok(Value::None) => {
+                if !self.started.is_empty() {
+                    self.counts.count_overlapped();
+                }
+                self.started.push_back(run);
+                Started::InFlight
+            }
+            Ok(v) => {
+                let e = self.fail(format!("unexpected answer to a start: {v:?}"));
+                Started::Done(merge_run(run.local, Err(e), run.count))
+            }
+            Err(e) => Started::Done(merge_run(run.local, Err(e), run.count)),
+        }
+    }
+
+    fn finish_queued(&mut self) -> Option<Finished> {
+        let run = self.started.pop_front()?;
+        let n = run.sent;
+        let remote = match self.call(&Request::Finish, Xfer::None) {
+            Ok(Value::Finished(f)) if self.check_done(&f.done, n) => Ok(f),
+            Ok(v) => Err(self.fail(format!("unexpected result of {n} started steps: {v:?}"))),
+            Err(e) => Err(e),
+        };
+        // The host's word on how long the run waited, within what the
+        // clock here allows.
+        let waited_ns = remote.as_ref().map_or(0, |f| {
+            f.waited_ns
+                .min(run.at.elapsed().as_nanos().try_into().unwrap_or(u64::MAX))
+        });
+        Some(Finished {
+            waited_ns,
+            done: merge_run(run.local, remote.map(|f| f.done), run.count),
+        })
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
@@ -953,6 +1045,8 @@ impl Partition for RemotePartition {
 
     fn reset(&mut self) {
         self.lost = false;
+        // The host forgets what it had started.
+        self.started.clear();
         if self.failed.is_none() {
             if let Some(link) = self.link.as_mut() {
                 let r = link.exchange(

@@ -44,14 +44,15 @@
 use vgpu_abi as abi;
 use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
-    Capacity, DeviceCopy, DeviceFill, FunctionInfo, Launch, OpError, QueuedDone, MAX_QUEUED_STEPS,
+    Capacity, DeviceCopy, DeviceFill, Finished, FunctionInfo, Launch, OpError, QueuedDone,
+    MAX_QUEUED_STEPS,
 };
 
 /// `"VGPH"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
@@ -137,6 +138,11 @@ pub enum Kind {
     Occupancy = 21,
     /// `Partition::console`, at most [`MAX_CONSOLE`] bytes a reply.
     Console = 22,
+    /// `Partition::start_queued`: a run as [`Kind::Queued`] carries it,
+    /// answered as soon as the host has taken it.
+    Start = 23,
+    /// `Partition::finish_queued`: the results of the oldest started run.
+    Finish = 24,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -172,6 +178,8 @@ impl Kind {
             20 => Queued,
             21 => Occupancy,
             22 => Console,
+            23 => Start,
+            24 => Finish,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -444,6 +452,10 @@ pub enum Request<'a> {
     },
     /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
     Queued(Vec<Step<'a>>),
+    /// [`Kind::Start`]: as [`Request::Queued`].
+    Start(Vec<Step<'a>>),
+    /// [`Kind::Finish`].
+    Finish,
     /// [`Kind::FunctionInfo`].
     FunctionInfo {
         /// Module handle.
@@ -635,6 +647,8 @@ impl Request<'_> {
             Request::Occupancy(_) => Kind::Occupancy,
             Request::Console { .. } => Kind::Console,
             Request::Queued(_) => Kind::Queued,
+            Request::Start(_) => Kind::Start,
+            Request::Finish => Kind::Finish,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Reset => Kind::Reset,
@@ -651,7 +665,7 @@ impl Request<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Hello | Request::Reset | Request::Control => {}
+            Request::Hello | Request::Reset | Request::Control | Request::Finish => {}
             Request::Map(m) => {
                 w.u64(m.id)
                     .u64(m.file_offset)
@@ -716,7 +730,7 @@ impl Request<'_> {
             Request::Console { module, max } => {
                 w.u64(*module).u32(*max);
             }
-            Request::Queued(steps) => {
+            Request::Queued(steps) | Request::Start(steps) => {
                 w.u32(steps.len() as u32);
                 for s in steps {
                     match s {
@@ -757,6 +771,7 @@ impl Request<'_> {
             Kind::Hello => Request::Hello,
             Kind::Reset => Request::Reset,
             Kind::Control => Request::Control,
+            Kind::Finish => Request::Finish,
             Kind::Map => {
                 let id = r.u64()?;
                 let file_offset = r.u64()?;
@@ -846,7 +861,7 @@ impl Request<'_> {
                 }
                 Request::Console { module, max }
             }
-            Kind::Queued => {
+            Kind::Queued | Kind::Start => {
                 let n = r.u32()? as usize;
                 if n == 0 || n > MAX_QUEUED_STEPS {
                     return Err(ProtoError::Malformed("step count"));
@@ -877,7 +892,11 @@ impl Request<'_> {
                         _ => return Err(ProtoError::Malformed("step kind")),
                     });
                 }
-                Request::Queued(steps)
+                if k == Kind::Start {
+                    Request::Start(steps)
+                } else {
+                    Request::Queued(steps)
+                }
             }
             Kind::Need | Kind::Out => return Err(ProtoError::Kind(kind)),
         };
@@ -912,6 +931,8 @@ pub enum Value {
     },
     /// [`Kind::Queued`]: one result per step.
     Queued(Vec<QueuedDone>),
+    /// [`Kind::Finish`].
+    Finished(Finished),
     /// [`Kind::Console`].
     Console(ConsoleText),
     /// [`Kind::Download`]: the last piece left in the staging area.
@@ -985,6 +1006,36 @@ fn encode_error(w: &mut Writer, e: &OpError) {
             w.u64(*off);
         }
     }
+}
+
+/// The results of a queued run, one per step.
+fn encode_done(w: &mut Writer, done: &[QueuedDone]) {
+    w.u32(done.len() as u32);
+    for d in done {
+        w.u8(d.result.as_ref().err().map_or(0, error_status))
+            .u64(d.end_ns);
+        if let Err(e) = &d.result {
+            encode_error(w, e);
+        }
+    }
+}
+
+fn decode_done(r: &mut Reader<'_>) -> Result<Vec<QueuedDone>, ProtoError> {
+    let n = r.u32()? as usize;
+    if n > MAX_QUEUED_STEPS {
+        return Err(ProtoError::Malformed("step count"));
+    }
+    let mut done = Vec::with_capacity(n);
+    for _ in 0..n {
+        let status = r.u8()?;
+        let end_ns = r.u64()?;
+        let result = match status {
+            0 => Ok(()),
+            s => Err(decode_error(s, r)?),
+        };
+        done.push(QueuedDone { result, end_ns });
+    }
+    Ok(done)
 }
 
 /// The error of (non-zero) `status`, its fields read from `r`.
@@ -1062,15 +1113,10 @@ impl Reply {
                 (Kind::Console, Value::Console(c)) => {
                     w.u64(c.dropped).blob(&c.text);
                 }
-                (Kind::Queued, Value::Queued(done)) => {
-                    w.u32(done.len() as u32);
-                    for d in done {
-                        w.u8(d.result.as_ref().err().map_or(0, error_status))
-                            .u64(d.end_ns);
-                        if let Err(e) = &d.result {
-                            encode_error(&mut w, e);
-                        }
-                    }
+                (Kind::Queued, Value::Queued(done)) => encode_done(&mut w, done),
+                (Kind::Finish, Value::Finished(f)) => {
+                    w.u64(f.waited_ns);
+                    encode_done(&mut w, &f.done);
                 }
                 _ => {}
             },
@@ -1121,23 +1167,11 @@ impl Reply {
                         text: r.blob(MAX_CONSOLE)?.to_vec(),
                     })
                 }
-                Kind::Queued => {
-                    let n = r.u32()? as usize;
-                    if n > MAX_QUEUED_STEPS {
-                        return Err(ProtoError::Malformed("step count"));
-                    }
-                    let mut done = Vec::with_capacity(n);
-                    for _ in 0..n {
-                        let status = r.u8()?;
-                        let end_ns = r.u64()?;
-                        let result = match status {
-                            0 => Ok(()),
-                            s => Err(decode_error(s, &mut r)?),
-                        };
-                        done.push(QueuedDone { result, end_ns });
-                    }
-                    Value::Queued(done)
-                }
+                Kind::Queued => Value::Queued(decode_done(&mut r)?),
+                Kind::Finish => Value::Finished(Finished {
+                    waited_ns: r.u64()?,
+                    done: decode_done(&mut r)?,
+                }),
                 Kind::FunctionInfo => {
                     let mut v = [0u32; 8];
                     for x in &mut v {
@@ -1378,6 +1412,18 @@ mod tests {
                     size: 12,
                 }),
             ]),
+            Request::Start(vec![
+                Step::Timestamp,
+                Step::Upload {
+                    dst: 7,
+                    pieces: vec![MappedPiece {
+                        mapping: 3,
+                        offset: 4,
+                        len: 5,
+                    }],
+                },
+            ]),
+            Request::Finish,
             Request::Reset,
             Request::Control,
             Request::Map(Map {
@@ -1571,6 +1617,16 @@ mod tests {
                 ])),
             ),
             (Kind::Queued, Ok(Value::Queued(Vec::new()))),
+            (
+                Kind::Finish,
+                Ok(Value::Finished(Finished {
+                    waited_ns: 12_345,
+                    done: vec![QueuedDone {
+                        result: Err(OpError::Lost("gone".into())),
+                        end_ns: 7,
+                    }],
+                })),
+            ),
             (
                 Kind::Console,
                 Ok(Value::Console(ConsoleText {

@@ -398,6 +398,27 @@ pub struct QueuedDone {
     pub end_ns: u64,
 }
 
+/// What [`Partition::start_queued`] did with a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Started {
+    /// It ran the steps to completion: their results.
+    Done(Vec<QueuedDone>),
+    /// The steps are in flight: [`Partition::finish_queued`] gives their
+    /// results, in the order runs were started.
+    InFlight,
+}
+
+/// The results of a run that was in flight ([`Partition::finish_queued`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// How long the run waited, once started, for the runs before it:
+    /// it began this long after [`Partition::start_queued`] returned,
+    /// and its steps' `end_ns` count from then.
+    pub waited_ns: u64,
+    /// One result per step, as [`Partition::run_queued`] gives them.
+    pub done: Vec<QueuedDone>,
+}
+
 /// [`Partition::run_queued`] one step after the other with the
 /// partition's synchronous calls, timed by the host's clock: for
 /// partitions whose launches complete when they return.
@@ -586,6 +607,27 @@ pub trait Partition: Send {
     /// to forward it would run its inner partition's steps one by one
     /// ([`run_queued_in_order`]).
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone>;
+    /// How many queued runs may be in flight at once
+    /// ([`Partition::start_queued`]); 1 for a partition that runs each to
+    /// completion. A wrapper forwards this, `start_queued` and
+    /// `finish_queued` together, or none of them.
+    fn queue_depth(&self) -> usize {
+        1
+    }
+    /// Starts `steps` as [`Partition::run_queued`] would, returning once
+    /// they are in flight if the partition can keep them so: copies'
+    /// host memory may then go once this returns (the partition holds
+    /// what it needs of it). Called only while fewer than
+    /// [`Partition::queue_depth`] runs are in flight, and nothing else is
+    /// called on the partition until they are finished.
+    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
+        Started::Done(self.run_queued(steps, stop))
+    }
+    /// Waits for the oldest run in flight; `None` when none is (or the
+    /// partition lost it: each of its steps failed).
+    fn finish_queued(&mut self) -> Option<Finished> {
+        None
+    }
     /// How many thread block clusters of `launch`'s shape (its block,
     /// dynamic shared memory and cluster; grid and parameters unused) of
     /// its kernel can be resident on the device at once, as the backend's

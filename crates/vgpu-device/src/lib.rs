@@ -83,6 +83,12 @@ pub trait CommandGate: Send + Sync {
     /// The worker has run out of commands for now (or stops): a gate that
     /// keeps the GPU for a tenant between its commands gives it back.
     fn idle(&self) {}
+    /// Whether the next command may run now without waiting: while it
+    /// may, the worker starts the next queued run before the one in
+    /// flight is finished (a gate that cannot say keeps one in flight).
+    fn holding(&self) -> bool {
+        false
+    }
 }
 
 /// Drains a function before the host goes away: commands the guest had

@@ -4,14 +4,16 @@
 //! sleeps (POLLING = 0) and blocks on the wake eventfd, which the trapped
 //! WAKE register (or its ioeventfd) signals.
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::{debug, log_enabled, trace, Level};
 use vfio_user_server::dma::DmaView;
 use vgpu_abi as abi;
-use vgpu_backend::{Queued, SliceMemory};
+use vgpu_backend::{Queued, QueuedDone, SliceMemory, Started};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::ByteValued;
 use vm_memory::{Bytes, GuestAddress};
@@ -221,6 +223,11 @@ type Generations = (u64, u64, u64);
 /// ring ran then (see `QueueRegs::drain_limit`).
 type DrainLimit = Option<Option<u16>>;
 
+/// Most commands taken from one queue in one visit while runs are kept
+/// in flight: a visit goes on taking what the guest submits meanwhile, up
+/// to this, before the other queues get their turn.
+const VISIT: usize = 4 * BATCH;
+
 fn run_batch(
     sh: &Shared,
     q: u32,
@@ -229,50 +236,61 @@ fn run_batch(
     vector: u32,
     drain: DrainLimit,
 ) -> bool {
-    // Pop descriptor chains under a short view of guest memory.
-    let mut chains: Vec<(u16, Vec<Desc>)> = Vec::new();
     let first = ring.next_avail();
-    let failure = {
-        let view = sh.ctx.dma.view();
-        let (table, size) = (ring.desc_table(), ring.size());
-        // What is published now; the iterator sees at least this much.
-        let published = ring
-            .avail_idx(&view, Ordering::Acquire)
-            .map(|idx| idx.0.wrapping_sub(ring.next_avail()))
-            .unwrap_or(0);
-        let expected = usize::from(published).min(BATCH);
-        match ring.iter(&view) {
-            Err(virtio_queue::Error::InvalidAvailRingIndex) => Some(abi::ERR_RING_CORRUPT),
-            Err(_) => Some(abi::ERR_RING_ADDRESS),
-            Ok(iter) => {
-                let mut failure = None;
-                for chain in iter.take(BATCH) {
-                    let head = chain.head_index();
-                    match walk_chain(&view, table, size, head) {
-                        Ok(descs) => chains.push((head, descs)),
-                        Err(code) => {
-                            failure = Some(code);
-                            break;
-                        }
-                    }
-                }
-                // An entry the iterator could not read ends it early.
-                if failure.is_none() && chains.len() < expected {
-                    failure = Some(abi::ERR_RING_ADDRESS);
-                }
-                failure
-            }
-        }
-    };
+    let mut chains = Vec::new();
+    let mut failure = pop_chains(sh, ring, BATCH, &mut chains);
+    let done = run_chains(
+        sh,
+        q,
+        ring,
+        gens,
+        vector,
+        (first, drain),
+        &mut chains,
+        &mut failure,
+    );
     if let Some(code) = failure {
-        // Commands popped before the bad one still run and complete below;
-        // the queue stops after them.
+        // Commands popped before the bad one ran and completed; the queue
+        // stops after them.
         debug!("{}: queue {q}: ring error {code}", sh.name);
-        let done = run_chains(sh, q, ring, gens, vector, (first, drain), &chains);
         sh.queue_error(q, code, 0);
         return done || !chains.is_empty();
     }
-    run_chains(sh, q, ring, gens, vector, (first, drain), &chains)
+    done
+}
+
+/// Pops up to `max` descriptor chains into `chains`, under a short view of
+/// guest memory. Returns the ring error that ended it early, if any.
+fn pop_chains(
+    sh: &Shared,
+    ring: &mut Queue,
+    max: usize,
+    chains: &mut Vec<(u16, Vec<Desc>)>,
+) -> Option<u32> {
+    let view = sh.ctx.dma.view();
+    let (table, size) = (ring.desc_table(), ring.size());
+    // What is published now; the iterator sees at least this much.
+    let published = ring
+        .avail_idx(&view, Ordering::Acquire)
+        .map(|idx| idx.0.wrapping_sub(ring.next_avail()))
+        .unwrap_or(0);
+    let expected = usize::from(published).min(max);
+    let before = chains.len();
+    match ring.iter(&view) {
+        Err(virtio_queue::Error::InvalidAvailRingIndex) => Some(abi::ERR_RING_CORRUPT),
+        Err(_) => Some(abi::ERR_RING_ADDRESS),
+        Ok(iter) => {
+            for chain in iter.take(max) {
+                let head = chain.head_index();
+                match walk_chain(&view, table, size, head) {
+                    Ok(descs) => chains.push((head, descs)),
+                    Err(code) => return Some(code),
+                }
+            }
+            // An entry the iterator could not read ends it early.
+            (chains.len() - before < expected).then_some(abi::ERR_RING_ADDRESS)
+        }
+    }
 }
 
 /// Reads the chain starting at `head` from the descriptor table, refusing
@@ -324,9 +342,14 @@ fn walk_chain(view: &DmaView<'_>, table: u64, size: u16, head: u16) -> Result<Ve
 }
 
 /// Runs popped chains in order and completes them. Returns whether any ran.
-/// Consecutive launches and timestamps run as one queued run of the
-/// partition, so the device has them in flight together; every other
-/// command runs alone.
+/// Consecutive launches, timestamps, fills, copies and NOPs run as one
+/// queued run of the partition, so the device has them in flight
+/// together; every other command runs alone. Where the partition keeps
+/// several runs in flight, the next run is started before the previous
+/// one is waited for, and the visit takes what the guest submits
+/// meanwhile (up to [`VISIT`] commands, and not past a ring error, which
+/// is left in `failure`).
+#[allow(clippy::too_many_arguments)]
 fn run_chains(
     sh: &Shared,
     q: u32,
@@ -334,12 +357,12 @@ fn run_chains(
     (epoch, config_gen, generation): Generations,
     vector: u32,
     (first, drain): (u16, DrainLimit),
-    chains: &[(u16, Vec<Desc>)],
+    chains: &mut Vec<(u16, Vec<Desc>)>,
+    failure: &mut Option<u32>,
 ) -> bool {
     if chains.is_empty() {
         return false;
     }
-    let mut notify = false;
     // Any queue reconfiguration bumps `config_gen`; only then is the
     // (locked) per-queue generation worth a look.
     let stale = || {
@@ -347,84 +370,192 @@ fn run_chains(
             || (sh.config_gen.load(Ordering::SeqCst) != config_gen
                 && sh.queue_generation(q) != Some(generation))
     };
+    // Commands run one at a time while draining, each judged on its own.
+    let depth = if drain.is_some() {
+        1
+    } else {
+        lock(&sh.partition).queue_depth().max(1)
+    };
+    let mut notify = false;
+    let mut flights: VecDeque<Flight> = VecDeque::new();
     let mut i = 0;
-    while i < chains.len() {
+    'visit: loop {
         if stale() {
             // Reset or queue reconfiguration: queued work is dropped and
-            // nothing more is written to the old ring.
+            // nothing more is written to the old ring (what is in flight
+            // is waited for, so the partition is idle for the reset).
+            settle(sh, q, flights);
             return true;
         }
-        // While draining, work the guest submitted after the drain began is
-        // refused, and what is still waiting at the deadline is cancelled;
-        // either way the guest gets a completion. Commands then run one
-        // at a time, so each is judged on its own.
-        let position = first.wrapping_add(i as u16);
-        // (A batch popped before the worker saw the drain is all in flight.)
-        let mut cancel = sh.drain.expired()
-            || drain.is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
-        let (steps, kind) = if cancel || drain.is_some() || sh.drain.requested() {
-            (0, Group::One)
-        } else {
-            group_at(sh, &chains[i..])
-        };
-        if !cancel {
-            if let Some(gate) = &sh.gate {
-                let give_up = || stale() || sh.drain.expired();
-                if !gate.enter(&give_up) {
-                    if stale() {
-                        return true;
+        let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
+        let may_start = flights.is_empty()
+            || (flights.len() < depth && !flights.back().is_some_and(Flight::barrier) && holding());
+        'start: {
+            if i >= chains.len() || !may_start {
+                break 'start;
+            }
+            // While draining, work the guest submitted after the drain
+            // began is refused, and what is still waiting at the deadline
+            // is cancelled; either way the guest gets a completion.
+            let position = first.wrapping_add(i as u16);
+            // (A batch popped before the worker saw the drain is all in flight.)
+            let mut cancel = sh.drain.expired()
+                || drain
+                    .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
+            let (steps, kind) = if cancel || drain.is_some() || sh.drain.requested() {
+                (0, Group::One)
+            } else {
+                group_at(sh, &chains[i..])
+            };
+            if (cancel || kind == Group::One) && !flights.is_empty() {
+                // It runs after what is in flight.
+                break 'start;
+            }
+            if !cancel {
+                if let Some(gate) = &sh.gate {
+                    let give_up = || stale() || sh.drain.expired();
+                    if !gate.enter(&give_up) {
+                        if stale() {
+                            settle(sh, q, flights);
+                            return true;
+                        }
+                        if !flights.is_empty() {
+                            // Completions go in order: what is in
+                            // flight first.
+                            break 'start;
+                        }
+                        cancel = true;
                     }
-                    cancel = true;
                 }
             }
-        }
-        let group = &chains[i..i + steps.max(1)];
-        let began = log_enabled!(Level::Trace).then(|| sh.epoch.elapsed());
-        let outcomes = if cancel {
-            vec![command::Outcome::status(abi::STATUS_CANCELLED)]
-        } else {
-            run_group(sh, q, group, kind, &stale)
-        };
-        if let Some(began) = began {
-            // Where a queue's time goes between and inside its runs.
-            trace!(
-                "{}: queue {q}: {kind:?} of {} (opcode {:?} first, of {} popped) ran {}..{} us",
-                sh.name,
-                group.len(),
-                command::opcode(&sh.ctx.dma, &group[0].1),
-                chains.len(),
-                began.as_micros(),
-                sh.epoch.elapsed().as_micros()
-            );
-        }
-        if !cancel {
-            if let Some(gate) = &sh.gate {
-                let device_ns = outcomes.iter().map(|o| o.device_ns).sum();
-                let bytes = outcomes.iter().map(|o| o.bytes).sum();
-                gate.leave(std::time::Duration::from_nanos(device_ns), bytes);
+            // A cancelled command goes alone: the next is judged anew.
+            let range = i..i + if cancel { 1 } else { steps.max(1) };
+            i = range.end;
+            if !cancel && kind == Group::Run {
+                if depth > 1 && range.end == chains.len() {
+                    pop_more(sh, ring, chains, failure);
+                }
+                // A run with nothing in flight before it and nothing to
+                // follow it runs in one exchange with the partition.
+                let keep = depth > 1 && (!flights.is_empty() || range.end < chains.len());
+                let group = &chains[range.clone()];
+                flights.push_back(start_run(sh, q, group, range, keep, &stale));
+                continue 'visit;
             }
-        }
-        for ((head, descs), outcome) in group.iter().zip(outcomes) {
-            if stale() {
-                // The queue went away while its group ran on the device:
-                // nothing more is written to the old ring.
-                return true;
-            }
-            i += 1;
-            match complete(sh, q, ring, (*head, descs), outcome, cancel) {
+            let group = &chains[range];
+            let began = sh.epoch.elapsed();
+            let outcomes = if cancel {
+                vec![command::Outcome::status(abi::STATUS_CANCELLED)]
+            } else {
+                run_one(sh, q, group)
+            };
+            trace_run(sh, q, "One", group, began, chains.len());
+            match complete_group(sh, q, ring, group, outcomes, cancel, &stale) {
                 Ok(irq) => notify |= irq,
                 Err(()) => return true,
             }
-            if i == chains.len() {
-                let view = sh.ctx.dma.view();
-                notify |= ring.needs_notification(&view).unwrap_or(true);
+            continue 'visit;
+        }
+        if i == chains.len() && !flights.is_empty() && flights.len() < depth {
+            // Keeps the device fed with what the guest submitted while
+            // the runs in flight went on.
+            pop_more(sh, ring, chains, failure);
+            if i < chains.len() {
+                continue;
             }
+        }
+        let Some(flight) = flights.pop_front() else {
+            break;
+        };
+        let group = &chains[flight.chains.clone()];
+        let began = flight.start;
+        let outcomes = finish_run(sh, q, flight, group);
+        trace_run(sh, q, "Run", group, began, chains.len());
+        match complete_group(sh, q, ring, group, outcomes, false, &stale) {
+            Ok(irq) => notify |= irq,
+            Err(()) => {
+                settle(sh, q, flights);
+                return true;
+            }
+        }
+        if notify && !flights.is_empty() {
+            // The guest hears of this run while the next is in flight.
+            sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
+            notify = false;
         }
     }
     if notify {
         sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
     }
     true
+}
+
+/// Takes what the guest submitted since the visit's chains were popped,
+/// up to [`VISIT`] in all, unless the ring failed or a drain began.
+fn pop_more(
+    sh: &Shared,
+    ring: &mut Queue,
+    chains: &mut Vec<(u16, Vec<Desc>)>,
+    failure: &mut Option<u32>,
+) {
+    if failure.is_none() && chains.len() < VISIT && !sh.drain.requested() {
+        *failure = pop_chains(sh, ring, VISIT - chains.len(), chains);
+    }
+}
+
+/// Where a queue's time goes between and inside its runs.
+fn trace_run(
+    sh: &Shared,
+    q: u32,
+    kind: &str,
+    group: &[(u16, Vec<Desc>)],
+    began: Duration,
+    popped: usize,
+) {
+    if log_enabled!(Level::Trace) {
+        trace!(
+            "{}: queue {q}: {kind} of {} (opcode {:?} first, of {} popped) ran {}..{} us",
+            sh.name,
+            group.len(),
+            command::opcode(&sh.ctx.dma, &group[0].1),
+            popped,
+            began.as_micros(),
+            sh.epoch.elapsed().as_micros()
+        );
+    }
+}
+
+/// Charges `outcomes` to the gate (unless cancelled) and completes the
+/// commands of `group` with them. Returns whether one asks for an
+/// interrupt; Err when nothing more may be written to the ring (it broke,
+/// or the queue went away meanwhile).
+fn complete_group(
+    sh: &Shared,
+    q: u32,
+    ring: &mut Queue,
+    group: &[(u16, Vec<Desc>)],
+    outcomes: Vec<command::Outcome>,
+    cancel: bool,
+    stale: &dyn Fn() -> bool,
+) -> Result<bool, ()> {
+    if !cancel {
+        if let Some(gate) = &sh.gate {
+            let device_ns = outcomes.iter().map(|o| o.device_ns).sum();
+            let bytes = outcomes.iter().map(|o| o.bytes).sum();
+            gate.leave(Duration::from_nanos(device_ns), bytes);
+        }
+    }
+    let mut notify = false;
+    for ((head, descs), outcome) in group.iter().zip(outcomes) {
+        if stale() {
+            // The queue went away while its group ran on the device:
+            // nothing more is written to the old ring.
+            return Err(());
+        }
+        notify |= complete(sh, q, ring, (*head, descs), outcome, cancel)?;
+    }
+    let view = sh.ctx.dma.view();
+    Ok(notify | ring.needs_notification(&view).unwrap_or(true))
 }
 
 /// How the chains of a group run.
@@ -438,7 +569,7 @@ enum Group {
 }
 
 /// How many chains from the start of `chains` run together as one queued
-/// run (at most a run's worth of steps), or else that the first command
+/// run (at most [`BATCH`], which bounds how long a run holds the GPU), or else that the first command
 /// runs alone. A run's guest memory stays locked until the run is over,
 /// so a run with guest copies holds no launch (a kernel may run long,
 /// and a DMA_UNMAP would wait for it) and moves guest memory one way;
@@ -449,7 +580,7 @@ fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     let mut class: Option<Option<bool>> = None;
     let steps = chains
         .iter()
-        .take(vgpu_backend::MAX_QUEUED_STEPS)
+        .take(BATCH)
         .take_while(|(_, descs)| {
             let this = match command::step_kind(dma, descs) {
                 None => return false,
@@ -467,16 +598,38 @@ fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     }
 }
 
-/// Runs `group` on the partition: one command, or a queued run (`kind`),
-/// which `stop` abandons (a reset or queue change meanwhile). Returns
-/// each command's outcome.
-fn run_group(
-    sh: &Shared,
-    q: u32,
-    group: &[(u16, Vec<Desc>)],
-    kind: Group,
-    stop: &dyn Fn() -> bool,
-) -> Vec<command::Outcome> {
+/// A group of commands started as one queued run of the partition.
+struct Flight {
+    /// Its commands: which of the visit's chains.
+    chains: Range<usize>,
+    /// Each command as decoded, or the status it completes with.
+    decoded: Vec<Result<command::Step, u32>>,
+    /// When it was started, on the device epoch's clock.
+    start: Duration,
+    state: FlightState,
+}
+
+enum FlightState {
+    /// The partition ran it before it returned.
+    Done(Vec<QueuedDone>),
+    /// In flight: [`Partition::finish_queued`] gives its results.
+    InFlight,
+    /// Some of its guest memory has no host address: its commands run
+    /// one by one on their own paths (which say where each failed), once
+    /// what was started before them is finished.
+    Alone,
+}
+
+impl Flight {
+    /// Whether nothing may start after it until it is finished.
+    fn barrier(&self) -> bool {
+        matches!(self.state, FlightState::Alone)
+    }
+}
+
+/// Calls `f` with the partition (locked), then notes its memory in use
+/// and whether it lost its device state.
+fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) -> R) -> R {
     let mut part = lock(&sh.partition);
     let mut functions = lock(&sh.functions);
     let mut ctx = command::Ctx {
@@ -486,13 +639,8 @@ fn run_group(
         window: &sh.window,
         epoch: sh.epoch,
     };
-    let out = match kind {
-        Group::Run => run_steps(&mut ctx, group, stop),
-        Group::One => group
-            .iter()
-            .map(|(_, descs)| command::execute(&mut ctx, descs))
-            .collect(),
-    };
+    let out = f(&mut ctx);
+    drop(functions);
     let used = part.memory_used();
     sh.counters.mem_used.store(used, Ordering::Relaxed);
     sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
@@ -504,103 +652,163 @@ fn run_group(
     out
 }
 
-/// Decodes the steps of `group` and runs them as one queued run, the
-/// guest memory of its copies held mapped (the DMA table's read lock)
-/// until the run is over, so the device keeps them in flight back to
-/// back. A timestamp's result is its step's end on the device's clock,
-/// counted from the device epoch; each command is charged the device
-/// time since the previous step ended. Where some guest memory has no
-/// host address, each command runs on its own path instead, which says
-/// where it failed. Once `stop` says so, a partition running the steps
-/// one by one refuses the rest (their completions are not written).
-fn run_steps(
-    ctx: &mut command::Ctx<'_>,
-    group: &[(u16, Vec<Desc>)],
-    stop: &dyn Fn() -> bool,
-) -> Vec<command::Outcome> {
-    let mut decoded: Vec<Result<command::Step, u32>> = group
-        .iter()
-        .map(|(_, descs)| command::step(ctx, descs))
-        .collect();
-    // The run's guest memory is resolved for one direction and stays
-    // locked until the run ends: a command the guest rewrote since it was
-    // grouped, to go the other way or to launch a kernel beside guest
-    // copies, is refused.
-    let to_device = decoded
-        .iter()
-        .flatten()
-        .find_map(|s| s.guest().map(|c| c.to_device));
-    for d in &mut decoded {
-        let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
-            (command::Step::Launch(_), Some(_)) => true,
-            (s, Some(way)) => s.guest().is_some_and(|c| c.to_device != way),
-            (_, None) => false,
-        });
-        if refused {
-            *d = Err(abi::STATUS_INVALID);
-        }
-    }
-    let to_device = to_device.unwrap_or(true);
-    let ranges: Vec<(u64, u64)> = decoded
-        .iter()
-        .flatten()
-        .filter_map(command::Step::guest)
-        .flat_map(|c| c.ranges.iter().copied())
-        .collect();
-    let start = ctx.epoch.elapsed().as_nanos() as u64;
-    let steps: Vec<&command::Step> = decoded.iter().flatten().collect();
-    let done = if ranges.is_empty() {
-        // No guest memory: the run needs no lock on the DMA table. (A
-        // guest copy has ranges, so this closure is never called.)
-        // SAFETY: no slices.
-        let none = || unsafe { SliceMemory::new(&[]) };
-        let queued: Vec<Queued<'_>> = steps.iter().filter_map(|s| s.queued(|_| none())).collect();
-        Ok(ctx.partition.run_queued(&queued, stop))
-    } else {
-        let partition = &mut *ctx.partition;
-        ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
-            let slices = command::host_slices(slices);
-            // Each copy's ranges add up to its size, and no slice spans
-            // two ranges: the slices divide between the copies by their
-            // sizes.
-            let mut at = 0;
-            let queued: Vec<Queued<'_>> = steps
-                .iter()
-                .filter_map(|s| {
-                    s.queued(|c| {
-                        let first = at;
-                        let mut bytes = 0u64;
-                        while bytes < c.size && at < slices.len() {
-                            bytes += slices[at].len as u64;
-                            at += 1;
-                        }
-                        // SAFETY: the DMA table stays read-locked, so
-                        // every slice stays mapped (writable ones for
-                        // downloads, which is what was asked for) until
-                        // this closure returns, after the run; guest
-                        // memory is no Rust object's.
-                        unsafe { SliceMemory::new(&slices[first..at]) }
-                    })
-                })
-                .collect();
-            partition.run_queued(&queued, stop)
-        })
-    };
-    let Ok(done) = done else {
-        return group
+/// Runs the commands of `group` one by one; returns each one's outcome.
+fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+    with_partition(sh, q, |ctx| {
+        group
             .iter()
             .map(|(_, descs)| command::execute(ctx, descs))
-            .collect();
+            .collect()
+    })
+}
+
+/// Decodes the steps of `group` (the visit's chains `range`) and starts
+/// them as one queued run, left in flight if `keep` and the partition
+/// can. The guest memory of its copies is held mapped
+/// (the DMA table's read lock) while the partition takes them: until the
+/// run is over, or, for a partition that keeps runs in flight, until it
+/// holds the memory itself. Once `stop` says so, a partition running the
+/// steps one by one refuses the rest (their completions are not written).
+fn start_run(
+    sh: &Shared,
+    q: u32,
+    group: &[(u16, Vec<Desc>)],
+    range: Range<usize>,
+    keep: bool,
+    stop: &dyn Fn() -> bool,
+) -> Flight {
+    // `keep`: leave it in flight if the partition can.
+    let go = |p: &mut dyn vgpu_backend::Partition, queued: &[Queued<'_>]| {
+        if keep {
+            p.start_queued(queued, stop)
+        } else {
+            Started::Done(p.run_queued(queued, stop))
+        }
     };
-    outcomes(&decoded, done, |step, end| command::Outcome {
+    with_partition(sh, q, |ctx| {
+        let mut decoded: Vec<Result<command::Step, u32>> = group
+            .iter()
+            .map(|(_, descs)| command::step(ctx, descs))
+            .collect();
+        // The run's guest memory is resolved for one direction: a
+        // command the guest rewrote since it was grouped, to go the other
+        // way or to launch a kernel beside guest copies, is refused.
+        let to_device = decoded
+            .iter()
+            .flatten()
+            .find_map(|s| s.guest().map(|c| c.to_device));
+        for d in &mut decoded {
+            let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
+                (command::Step::Launch(_), Some(_)) => true,
+                (s, Some(way)) => s.guest().is_some_and(|c| c.to_device != way),
+                (_, None) => false,
+            });
+            if refused {
+                *d = Err(abi::STATUS_INVALID);
+            }
+        }
+        let to_device = to_device.unwrap_or(true);
+        let ranges: Vec<(u64, u64)> = decoded
+            .iter()
+            .flatten()
+            .filter_map(command::Step::guest)
+            .flat_map(|c| c.ranges.iter().copied())
+            .collect();
+        let start = ctx.epoch.elapsed();
+        let steps: Vec<&command::Step> = decoded.iter().flatten().collect();
+        let started = if ranges.is_empty() {
+            // No guest memory: the run needs no lock on the DMA table. (A
+            // guest copy has ranges, so this closure is never called.)
+            // SAFETY: no slices.
+            let none = || unsafe { SliceMemory::new(&[]) };
+            let queued: Vec<Queued<'_>> =
+                steps.iter().filter_map(|s| s.queued(|_| none())).collect();
+            Ok(go(&mut *ctx.partition, &queued))
+        } else {
+            let partition = &mut *ctx.partition;
+            ctx.dma.with_host_slices(&ranges, !to_device, |slices| {
+                let slices = command::host_slices(slices);
+                // Each copy's ranges add up to its size, and no slice
+                // spans two ranges: the slices divide between the copies
+                // by their sizes.
+                let mut at = 0;
+                let queued: Vec<Queued<'_>> = steps
+                    .iter()
+                    .filter_map(|s| {
+                        s.queued(|c| {
+                            let first = at;
+                            let mut bytes = 0u64;
+                            while bytes < c.size && at < slices.len() {
+                                bytes += slices[at].len as u64;
+                                at += 1;
+                            }
+                            // SAFETY: the DMA table stays read-locked, so
+                            // every slice stays mapped (writable ones for
+                            // downloads, which is what was asked for)
+                            // until this closure returns, which is as
+                            // long as the partition may use them (see
+                            // `Partition::start_queued`); guest memory is
+                            // no Rust object's.
+                            unsafe { SliceMemory::new(&slices[first..at]) }
+                        })
+                    })
+                    .collect();
+                go(partition, &queued)
+            })
+        };
+        let state = match started {
+            Ok(Started::Done(done)) => FlightState::Done(done),
+            Ok(Started::InFlight) => FlightState::InFlight,
+            Err(_) => FlightState::Alone,
+        };
+        Flight {
+            chains: range,
+            decoded,
+            start,
+            state,
+        }
+    })
+}
+
+/// Waits for `flight` (whose commands are `group`) and returns each
+/// command's outcome. A timestamp's result is its step's end on the
+/// device's clock, counted from the device epoch; each command is charged
+/// the device time since the previous step ended.
+fn finish_run(
+    sh: &Shared,
+    q: u32,
+    flight: Flight,
+    group: &[(u16, Vec<Desc>)],
+) -> Vec<command::Outcome> {
+    let start = flight.start.as_nanos() as u64;
+    let (done, began) = match flight.state {
+        FlightState::Done(done) => (done, start),
+        FlightState::InFlight => match with_partition(sh, q, |ctx| ctx.partition.finish_queued()) {
+            Some(f) => (f.done, start.saturating_add(f.waited_ns)),
+            // Lost: each step fails.
+            None => (Vec::new(), start),
+        },
+        FlightState::Alone => return run_one(sh, q, group),
+    };
+    outcomes(&flight.decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,
         result: match step {
-            command::Step::Timestamp => start.saturating_add(end),
+            command::Step::Timestamp => began.saturating_add(end),
             _ => 0,
         },
         bytes: step.guest().map_or(0, |c| c.size),
         ..Default::default()
     })
+}
+
+/// Waits for every run in `flights` and drops their results: the queue
+/// went away, and the partition must be idle before anything else.
+fn settle(sh: &Shared, q: u32, flights: VecDeque<Flight>) {
+    for f in flights {
+        if matches!(f.state, FlightState::InFlight) {
+            with_partition(sh, q, |ctx| ctx.partition.finish_queued());
+        }
+    }
 }
 
 /// Each command's outcome in a queued run: one that did not decode

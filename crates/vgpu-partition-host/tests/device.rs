@@ -184,3 +184,117 @@ fn guest_copies_name_guest_memory_mapped_by_the_host() {
     assert!(counts.direct() >= 4, "direct {}", counts.direct());
     assert_eq!(counts.staged(), 0);
 }
+
+/// Commands submitted together go to the host as queued runs, the next
+/// started before the last is finished; each round's result depends on
+/// the one before, so a run out of order, or a result given to the wrong
+/// command, would show.
+#[test]
+fn queued_runs_overlap_in_order_on_a_remote_partition() {
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 2,
+    };
+    let launcher = ProcessLauncher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+    )
+    .unwrap();
+    let backend = RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap();
+    let spec = PartitionSpec {
+        name: "overlap".into(),
+        memory: 32 * MIB,
+        compute_units: 2,
+    };
+    let partition = backend.create_remote_partition(&spec).unwrap();
+    let counts = partition.transfer_counts();
+    let server = TestVgpu::start(test_config("overlap", 1), Box::new(partition));
+    let mut g = server.connect();
+    g.setup_queue(0, 256, Mode::Interrupt);
+
+    let (n, rounds) = (1024u64, 60u64);
+    let x = g.device_alloc(0, 4 * n);
+    let ones = g.device_alloc(0, 4 * n);
+    let out = g.device_alloc(0, 4 * n * rounds);
+    assert_eq!(g.fill(0, x, 4 * n, 0).status, abi::STATUS_OK);
+    assert_eq!(
+        g.fill(0, ones, 4 * n, 1f32.to_bits()).status,
+        abi::STATUS_OK
+    );
+    let params = abi::VaddParams {
+        c: x,
+        a: x,
+        b: ones,
+        n,
+    };
+    let add = {
+        let cmd = vgpu_testkit::launch_cmd(
+            "vadd_f32",
+            [1, 1, 1],
+            [256, 1, 1],
+            std::mem::size_of::<abi::VaddParams>() as u32,
+        );
+        vgpu_testkit::Chain::command(&cmd)
+            .bytes(abi::ByteValued::as_slice(&params))
+            .completion()
+    };
+    let mut chains = Vec::new();
+    for k in 0..rounds {
+        chains.push(add.clone());
+        let copy = vgpu_testkit::copy_cmd(
+            abi::COPY_DEVICE,
+            abi::COPY_DEVICE,
+            x,
+            out + 4 * n * k,
+            4 * n,
+            0,
+        );
+        chains.push(vgpu_testkit::Chain::command(&copy).completion());
+        chains.push(vgpu_testkit::bare_chain(abi::OP_TIMESTAMP));
+    }
+    let used = g.submit_batch(0, &chains);
+    let mut last = 0;
+    for (i, u) in used.iter().enumerate() {
+        let c = u.completion();
+        assert_eq!(c.status, abi::STATUS_OK, "command {i}: {c:?}");
+        if i % 3 == 2 {
+            assert!(
+                c.result >= last,
+                "timestamps go forward: {c:?} after {last}"
+            );
+            last = c.result;
+        }
+    }
+    let got = bytes_to_f32s(&g.download(0, out, (4 * n * rounds) as usize));
+    for k in 0..rounds as usize {
+        let round = &got[k * n as usize..(k + 1) * n as usize];
+        assert!(
+            round.iter().all(|&v| v == (k + 1) as f32),
+            "round {k}: {:?}",
+            &round[..4]
+        );
+    }
+    let overlapped = counts.overlapped();
+    assert!(overlapped > 0, "no run was started in flight");
+
+    // Copies from guest memory too: the host maps each run's pieces
+    // itself, so they stay in flight after the device let go of them.
+    let (piece, copies) = (3000usize, 100usize);
+    let data: Vec<u8> = (0..piece * copies)
+        .map(|i| (i * 13 + i / 997) as u8)
+        .collect();
+    let dev = g.device_alloc(0, data.len() as u64);
+    let ups: Vec<_> = (0..copies)
+        .map(|k| {
+            let sg = g.alloc_sg(&[1000, (piece - 1000) as u64]);
+            g.write_sg(&sg, &data[k * piece..(k + 1) * piece]);
+            vgpu_testkit::guest_copy_chain(true, dev + (k * piece) as u64, &sg)
+        })
+        .collect();
+    for (k, st) in g.batch_statuses(0, &ups).into_iter().enumerate() {
+        assert_eq!(st, abi::STATUS_OK, "copy {k}");
+    }
+    assert_eq!(g.download(0, dev, data.len()), data);
+    assert!(counts.overlapped() > overlapped, "no copy run overlapped");
+    assert_eq!(counts.staged(), 0);
+}

@@ -568,14 +568,22 @@ fn call(
     answer(s, req.kind(), seq)
 }
 
-#[test]
-fn a_host_refuses_pieces_outside_its_mappings() {
+/// A host on a software backend served in a thread, its partition
+/// created (requests 1 to 3 of the command socket), played by hand.
+struct RawHost {
+    cmd: UnixStream,
+    ctl: UnixStream,
+    host: std::thread::JoinHandle<Result<(), host::HostError>>,
+    _staging: Ram,
+}
+
+fn raw_host() -> RawHost {
     let (mut cmd, theirs) = UnixStream::pair().unwrap();
     let host = std::thread::spawn(move || {
         let b = SoftwareBackend::new(16 * MIB, 1);
         host::serve(theirs, &b, &|| true, Duration::ZERO)
     });
-    let (mut ctl, ctl_theirs) = UnixStream::pair().unwrap();
+    let (ctl, ctl_theirs) = UnixStream::pair().unwrap();
     assert!(call(&mut cmd, 1, &Request::Hello, None).is_ok());
     call(&mut cmd, 2, &Request::Control, Some(ctl_theirs.as_raw_fd())).unwrap();
     drop(ctl_theirs);
@@ -588,6 +596,22 @@ fn a_host_refuses_pieces_outside_its_mappings() {
         mailbox: false,
     });
     call(&mut cmd, 3, &create, Some(staging.file.as_raw_fd())).unwrap();
+    RawHost {
+        cmd,
+        ctl,
+        host,
+        _staging: staging,
+    }
+}
+
+#[test]
+fn a_host_refuses_pieces_outside_its_mappings() {
+    let RawHost {
+        mut cmd,
+        mut ctl,
+        host,
+        _staging,
+    } = raw_host();
     let ram = Ram::new(c"guest", 1 << 20);
     let fd = Some(ram.file.as_raw_fd());
     let map = |id, file_offset, len, writable| {
@@ -740,4 +764,124 @@ fn a_host_refuses_pieces_outside_its_mappings() {
         None,
     );
     assert!(host.join().unwrap().is_err());
+}
+
+#[test]
+fn started_runs_finish_in_order_and_are_bounded() {
+    let RawHost {
+        mut cmd,
+        mut ctl,
+        host,
+        _staging,
+    } = raw_host();
+    let ram = Ram::new(c"guest", 1 << 20);
+    let map = Request::Map(Map {
+        id: 1,
+        file_offset: 0,
+        len: 1 << 20,
+        readable: true,
+        writable: true,
+    });
+    call(&mut ctl, 1, &map, Some(ram.file.as_raw_fd())).unwrap();
+    let alloc = Request::Alloc {
+        size: 8192,
+        align: 0,
+    };
+    let Ok(Value::U64(dev)) = call(&mut cmd, 4, &alloc, None) else {
+        panic!("alloc");
+    };
+    let piece = |offset, len| MappedPiece {
+        mapping: 1,
+        offset,
+        len,
+    };
+    let finish = |cmd: &mut UnixStream, seq| call(cmd, seq, &Request::Finish, None);
+    assert!(
+        matches!(finish(&mut cmd, 5), Err(OpError::Invalid(_))),
+        "nothing started"
+    );
+
+    ram.write(100, b"started runs go in order");
+    let runs = [
+        vec![Step::Upload {
+            dst: dev,
+            pieces: vec![piece(100, 24)],
+        }],
+        vec![
+            Step::Timestamp,
+            Step::Download {
+                src: dev,
+                pieces: vec![piece(4000, 12), piece(5000, 12)],
+            },
+        ],
+        // Refused as a whole when it runs: each step fails.
+        vec![
+            Step::Upload {
+                dst: dev,
+                pieces: vec![piece(100, 8)],
+            },
+            Step::Download {
+                src: dev,
+                pieces: vec![piece(6000, 8)],
+            },
+        ],
+        vec![Step::Fill(vgpu_backend::DeviceFill {
+            addr: dev,
+            size: 8,
+            pattern: 0x2121_2121,
+        })],
+    ];
+    let mut seq = 6;
+    for steps in &runs {
+        let r = call(&mut cmd, seq, &Request::Start(steps.clone()), None);
+        assert!(matches!(r, Ok(Value::None)), "{r:?}");
+        seq += 1;
+    }
+    let fifth = Request::Start(vec![Step::Timestamp]);
+    assert!(
+        matches!(call(&mut cmd, seq, &fifth, None), Err(OpError::Invalid(_))),
+        "at most four in flight"
+    );
+    seq += 1;
+    let mut results = Vec::new();
+    for steps in &runs {
+        let Ok(Value::Finished(f)) = finish(&mut cmd, seq) else {
+            panic!("finish");
+        };
+        assert_eq!(f.done.len(), steps.len());
+        results.push(f.done.iter().map(|d| d.result.is_ok()).collect::<Vec<_>>());
+        seq += 1;
+    }
+    assert_eq!(
+        results,
+        [vec![true], vec![true, true], vec![false, false], vec![true]]
+    );
+    assert_eq!(ram.read(4000, 12), b"started runs");
+    assert_eq!(ram.read(5000, 12), b" go in order");
+    assert!(matches!(finish(&mut cmd, seq), Err(OpError::Invalid(_))));
+
+    // Any other request waits for what was started; its results stay
+    // for the finish.
+    let run = Request::Start(vec![Step::Download {
+        src: dev,
+        pieces: vec![piece(7000, 8)],
+    }]);
+    call(&mut cmd, seq + 1, &run, None).unwrap();
+    let down = Request::DownloadMapped {
+        src: dev,
+        pieces: vec![piece(7100, 8)],
+    };
+    call(&mut cmd, seq + 2, &down, None).unwrap();
+    assert_eq!(ram.read(7100, 8), b"!!!!!!!!");
+    assert!(matches!(finish(&mut cmd, seq + 3), Ok(Value::Finished(_))));
+    assert_eq!(ram.read(7000, 8), b"!!!!!!!!");
+    // A reset forgets them.
+    call(&mut cmd, seq + 4, &run, None).unwrap();
+    call(&mut cmd, seq + 5, &Request::Reset, None).unwrap();
+    assert!(matches!(
+        finish(&mut cmd, seq + 6),
+        Err(OpError::Invalid(_))
+    ));
+    drop((cmd, ctl));
+    host.join().unwrap().unwrap();
 }

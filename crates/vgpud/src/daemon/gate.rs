@@ -16,6 +16,10 @@ pub struct SchedGate {
     sched: Scheduler,
     tenant: TenantId,
     grant: Mutex<Slot>,
+    /// Device time of commands that finished after our turn ended (a
+    /// run started ahead while the turn held): charged with the first
+    /// command of the next turn.
+    owed: Mutex<Duration>,
 }
 
 /// Where a gate's tenant stands between commands.
@@ -35,6 +39,7 @@ impl SchedGate {
             sched,
             tenant,
             grant: Mutex::new(Slot::Free),
+            owed: Mutex::new(Duration::ZERO),
         }
     }
 }
@@ -76,15 +81,25 @@ impl CommandGate for SchedGate {
             // Keeps the GPU for the next command while the turn lasts;
             // when it ends we are queued for the next turn at once (the
             // worker calls `idle` if there is no next command).
+            let mut owed = self.owed.lock().unwrap_or_else(|e| e.into_inner());
             if let Slot::Holding(g) = &mut *slot {
-                if !g.renew_or_queue(device_time) {
+                if !g.renew_or_queue(device_time + std::mem::take(&mut *owed)) {
                     *slot = Slot::Queued;
                 }
+            } else {
+                *owed += device_time;
             }
         }
         if bytes > 0 {
             let _ = self.sched.record_bytes(self.tenant, bytes);
         }
+    }
+
+    fn holding(&self) -> bool {
+        matches!(
+            *self.grant.lock().unwrap_or_else(|e| e.into_inner()),
+            Slot::Holding(_)
+        )
     }
 
     fn idle(&self) {
@@ -127,5 +142,29 @@ pub(super) fn tenant_params(v: &VgpuConfig) -> TenantParams {
         weight: v.weight,
         priority: v.priority,
         cap: v.cap,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_time_finished_outside_a_turn_is_charged_with_the_next() {
+        let sched = Scheduler::new(SchedConfig::default()).unwrap();
+        let tenant = TenantId(1);
+        sched.add_tenant(tenant, TenantParams::default()).unwrap();
+        let gate = SchedGate::new(sched.clone(), tenant);
+        // A run that finished once the turn was over (here: before any).
+        gate.leave(Duration::from_millis(5), 0);
+        assert!(!gate.holding());
+        let busy = |s: &Scheduler| s.stats().tenant(tenant).unwrap().busy;
+        assert_eq!(busy(&sched), Duration::ZERO);
+        assert!(gate.enter(&|| false));
+        assert!(gate.holding());
+        gate.leave(Duration::from_millis(1), 0);
+        assert_eq!(busy(&sched), Duration::from_millis(6));
+        gate.idle();
+        assert!(!gate.holding());
     }
 }

@@ -13,8 +13,8 @@ use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
 use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
-    FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
-    Queued, QueuedDone,
+    Finished, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec, Queued, QueuedDone, Started,
 };
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
 use vgpu_sched::TenantId;
@@ -71,6 +71,15 @@ impl Partition for SharedPartition {
     }
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
         lock(&self.inner).run_queued(steps, stop)
+    }
+    fn queue_depth(&self) -> usize {
+        lock(&self.inner).queue_depth()
+    }
+    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
+        lock(&self.inner).start_queued(steps, stop)
+    }
+    fn finish_queued(&mut self) -> Option<Finished> {
+        lock(&self.inner).finish_queued()
     }
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
         lock(&self.inner).max_active_clusters(launch)
