@@ -247,6 +247,8 @@ struct Host<'a> {
     partition: Option<Shared>,
     /// Runs started runs (created with the partition).
     runner: Option<Runner>,
+    /// How long the host polls for a message before it sleeps.
+    spin: Duration,
     /// The partition's memory in use after the last request that could
     /// change it: what a reply says while a run holds the partition.
     memory_used: u64,
@@ -277,6 +279,7 @@ pub fn serve(
         backend,
         partition: None,
         runner: None,
+        spin,
         memory_used: 0,
         staging: None,
         guest: Arc::new(Table::default()),
@@ -353,7 +356,13 @@ pub fn serve(
                 .map(Value::Queued),
             // The runner decodes its own copy of the frame.
             Request::Start(_) => match host.runner.as_mut() {
-                Some(r) => r.start(buf.clone()).map(|()| Value::None),
+                Some(r) => r.start(buf.clone()).map(|()| {
+                    let (done, used) = r.take_done();
+                    if let Some(used) = used {
+                        host.memory_used = used;
+                    }
+                    Value::Started(done)
+                }),
                 None => Err(no_partition()),
             },
             Request::Finish => match host.runner.as_mut() {
@@ -499,7 +508,7 @@ impl Host<'_> {
         let units = p.kernel_compute_units();
         let p: Shared = Arc::new(Mutex::new(p));
         self.runner = Some(
-            Runner::new(Arc::clone(&p), Arc::clone(&self.guest))
+            Runner::new(Arc::clone(&p), Arc::clone(&self.guest), self.spin)
                 .map_err(|e| OpError::Device(format!("runner thread: {e}")))?,
         );
         self.partition = Some(p);

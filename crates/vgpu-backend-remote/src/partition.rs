@@ -685,13 +685,15 @@ impl RemotePartition {
 }
 
 /// A run the host has started: which of its steps were refused here,
-/// how many went, of how many, and when.
+/// how many went, of how many, when, and its results if the host gave
+/// them already.
 #[derive(Debug)]
 struct StartedRun {
     local: Vec<Option<OpError>>,
     sent: usize,
     count: usize,
     at: Instant,
+    finished: Option<Finished>,
 }
 
 /// One result per step of a run of `count` steps: the refusals made here
@@ -923,16 +925,34 @@ impl Partition for RemotePartition {
             count: steps.len(),
             local,
             at: Instant::now(),
+            finished: None,
         };
         // The host maps the copies' pieces itself: once it has the run,
         // the caller's hold on guest memory may go (an unmap waits for
         // the host's, which lasts until the run is over).
         match self.call(&Request::Start(sent), Xfer::None) {
-            Ok(Value::None) => {
+            Ok(Value::Started(done)) => {
                 if !self.started.is_empty() {
                     self.counts.count_overlapped();
                 }
                 self.started.push_back(run);
+                // Runs the host finished meanwhile, oldest first: their
+                // results wait here for `finish_queued`.
+                let mut waiting = self.started.iter_mut().filter(|r| r.finished.is_none());
+                let mut broken = None;
+                for f in done {
+                    match waiting.next() {
+                        Some(r) if f.done.len() == r.sent => r.finished = Some(f),
+                        _ => {
+                            broken = Some(format!("unexpected finished run {f:?}"));
+                            break;
+                        }
+                    }
+                }
+                drop(waiting);
+                if let Some(why) = broken {
+                    self.fail(why);
+                }
                 Started::InFlight
             }
             Ok(v) => {
@@ -944,9 +964,13 @@ impl Partition for RemotePartition {
     }
 
     fn finish_queued(&mut self) -> Option<Finished> {
-        let run = self.started.pop_front()?;
+        let mut run = self.started.pop_front()?;
         let n = run.sent;
-        let remote = match self.call(&Request::Finish, Xfer::None) {
+        let answer = match run.finished.take() {
+            Some(f) => Ok(Value::Finished(f)),
+            None => self.call(&Request::Finish, Xfer::None),
+        };
+        let remote = match answer {
             Ok(Value::Finished(f)) if self.check_done(&f.done, n) => Ok(f),
             Ok(v) => Err(self.fail(format!("unexpected result of {n} started steps: {v:?}"))),
             Err(e) => Err(e),

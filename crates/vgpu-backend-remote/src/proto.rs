@@ -53,6 +53,8 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
 pub const VERSION: u16 = 4;
+/// Most runs started and not yet finished ([`Kind::Start`]).
+pub const MAX_STARTED: usize = 4;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
@@ -139,7 +141,8 @@ pub enum Kind {
     /// `Partition::console`, at most [`MAX_CONSOLE`] bytes a reply.
     Console = 22,
     /// `Partition::start_queued`: a run as [`Kind::Queued`] carries it,
-    /// answered as soon as the host has taken it.
+    /// answered as soon as the host has taken it, with the results of the
+    /// started runs that are done by then.
     Start = 23,
     /// `Partition::finish_queued`: the results of the oldest started run.
     Finish = 24,
@@ -933,6 +936,9 @@ pub enum Value {
     Queued(Vec<QueuedDone>),
     /// [`Kind::Finish`].
     Finished(Finished),
+    /// [`Kind::Start`]: results of the oldest started runs, done by the
+    /// time the run was taken (at most [`MAX_STARTED`]).
+    Started(Vec<Finished>),
     /// [`Kind::Console`].
     Console(ConsoleText),
     /// [`Kind::Download`]: the last piece left in the staging area.
@@ -1018,6 +1024,18 @@ fn encode_done(w: &mut Writer, done: &[QueuedDone]) {
             encode_error(w, e);
         }
     }
+}
+
+fn encode_finished(w: &mut Writer, f: &Finished) {
+    w.u64(f.waited_ns);
+    encode_done(w, &f.done);
+}
+
+fn decode_finished(r: &mut Reader<'_>) -> Result<Finished, ProtoError> {
+    Ok(Finished {
+        waited_ns: r.u64()?,
+        done: decode_done(r)?,
+    })
 }
 
 fn decode_done(r: &mut Reader<'_>) -> Result<Vec<QueuedDone>, ProtoError> {
@@ -1114,9 +1132,12 @@ impl Reply {
                     w.u64(c.dropped).blob(&c.text);
                 }
                 (Kind::Queued, Value::Queued(done)) => encode_done(&mut w, done),
-                (Kind::Finish, Value::Finished(f)) => {
-                    w.u64(f.waited_ns);
-                    encode_done(&mut w, &f.done);
+                (Kind::Finish, Value::Finished(f)) => encode_finished(&mut w, f),
+                (Kind::Start, Value::Started(done)) => {
+                    w.u32(done.len() as u32);
+                    for f in done {
+                        encode_finished(&mut w, f);
+                    }
                 }
                 _ => {}
             },
@@ -1168,10 +1189,18 @@ impl Reply {
                     })
                 }
                 Kind::Queued => Value::Queued(decode_done(&mut r)?),
-                Kind::Finish => Value::Finished(Finished {
-                    waited_ns: r.u64()?,
-                    done: decode_done(&mut r)?,
-                }),
+                Kind::Finish => Value::Finished(decode_finished(&mut r)?),
+                Kind::Start => {
+                    let n = r.u32()? as usize;
+                    if n > MAX_STARTED {
+                        return Err(ProtoError::Malformed("too many finished runs"));
+                    }
+                    let mut done = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        done.push(decode_finished(&mut r)?);
+                    }
+                    Value::Started(done)
+                }
                 Kind::FunctionInfo => {
                     let mut v = [0u32; 8];
                     for x in &mut v {
@@ -1617,6 +1646,23 @@ mod tests {
                 ])),
             ),
             (Kind::Queued, Ok(Value::Queued(Vec::new()))),
+            (Kind::Start, Ok(Value::Started(Vec::new()))),
+            (
+                Kind::Start,
+                Ok(Value::Started(vec![
+                    Finished {
+                        waited_ns: 3,
+                        done: Vec::new(),
+                    },
+                    Finished {
+                        waited_ns: 0,
+                        done: vec![QueuedDone {
+                            result: Ok(()),
+                            end_ns: 9,
+                        }],
+                    },
+                ])),
+            ),
             (
                 Kind::Finish,
                 Ok(Value::Finished(Finished {

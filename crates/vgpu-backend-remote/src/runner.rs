@@ -6,10 +6,10 @@
 //! them; any other request waits for every started run first.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::debug;
 use vgpu_backend::{Finished, OpError, Partition, QueuedDone};
@@ -18,9 +18,7 @@ use crate::guest_mem::Table;
 use crate::host::run_steps;
 use crate::proto::{Kind, Request};
 
-/// Most runs started and not yet finished. The parent keeps fewer in
-/// flight; more is a broken rule, refused.
-pub const MAX_STARTED: usize = 4;
+pub use crate::proto::MAX_STARTED;
 
 /// The partition, shared by the command loop and the runner (which holds
 /// it for a run; the command loop waits for the runner before it uses it).
@@ -48,16 +46,23 @@ pub(crate) struct Runner {
     /// Received back, not yet asked for.
     ready: VecDeque<Outcome>,
     thread: Option<JoinHandle<()>>,
+    spin: Duration,
 }
 
 impl Runner {
-    pub(crate) fn new(partition: Shared, guest: Arc<Table>) -> std::io::Result<Runner> {
+    /// The runner of `partition`; each side polls for up to `spin` for
+    /// the other before it sleeps (as the host polls its socket).
+    pub(crate) fn new(
+        partition: Shared,
+        guest: Arc<Table>,
+        spin: Duration,
+    ) -> std::io::Result<Runner> {
         let (jobs, rx) = mpsc::sync_channel::<Job>(MAX_STARTED);
         let (tx, results) = mpsc::sync_channel::<Outcome>(MAX_STARTED);
         let thread = std::thread::Builder::new()
             .name("vgpu-runner".into())
             .spawn(move || {
-                for job in rx {
+                while let Some(job) = next(&rx, spin) {
                     let waited_ns = job.arrived.elapsed().as_nanos() as u64;
                     let mut p = lock(&partition);
                     let done = run_frame(&mut **p, &guest, &job.frame);
@@ -74,7 +79,24 @@ impl Runner {
             running: 0,
             ready: VecDeque::new(),
             thread: Some(thread),
+            spin,
         })
+    }
+
+    /// The results of the oldest started runs that are done now, without
+    /// waiting; what they leave the partition using, if any.
+    pub(crate) fn take_done(&mut self) -> (Vec<Finished>, Option<u64>) {
+        while self.running > 0 {
+            match self.results.try_recv() {
+                Ok(r) => {
+                    self.ready.push_back(r);
+                    self.running -= 1;
+                }
+                Err(_) => break,
+            }
+        }
+        let used = self.ready.back().map(|r| r.1);
+        (self.ready.drain(..).map(|r| r.0).collect(), used)
     }
 
     /// Starts the run of `frame` (a [`Kind::Start`] request's payload,
@@ -123,9 +145,9 @@ impl Runner {
     }
 
     fn receive(&mut self) {
-        match self.results.recv() {
-            Ok(r) => self.ready.push_back(r),
-            Err(_) => {
+        match next(&self.results, self.spin) {
+            Some(r) => self.ready.push_back(r),
+            None => {
                 // The thread died with runs outstanding: each fails.
                 debug!("partition host: the runner thread is gone");
                 let gone = Finished {
@@ -170,4 +192,71 @@ fn run_frame(p: &mut dyn Partition, guest: &Table, frame: &[u8]) -> Vec<QueuedDo
             })
             .collect()
     })
+}
+
+/// The next message of `rx`, polling for up to `spin` before sleeping;
+/// `None` once the other side is gone.
+fn next<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
+    if !spin.is_zero() {
+        let since = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match rx.try_recv() {
+                Ok(v) => return Some(v),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) => {}
+            }
+            polls = polls.wrapping_add(1);
+            // Reading the clock costs more than a look at the channel.
+            if polls.is_multiple_of(64) && since.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    rx.recv().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Step;
+    use vgpu_backend::software::SoftwareBackend;
+    use vgpu_backend::{Backend, PartitionSpec};
+
+    #[test]
+    fn test_at_most_four_started_and_finished_in_order() {
+        let backend = SoftwareBackend::new(1 << 20, 1);
+        let spec = PartitionSpec {
+            name: "r".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let p: Shared = Arc::new(Mutex::new(backend.create_partition(&spec).unwrap()));
+        let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
+        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+        let frame = |n: usize| Request::Start(vec![Step::Timestamp; n]).encode();
+        {
+            // The partition is busy: started runs wait for it.
+            let _held = lock(&p);
+            for n in 1..=MAX_STARTED {
+                r.start(frame(n)).unwrap();
+            }
+            assert!(matches!(r.start(frame(1)), Err(OpError::Invalid(_))));
+            assert_eq!(r.take_done().0, Vec::new());
+        }
+        for n in 1..=MAX_STARTED {
+            let (f, used) = r.finish().unwrap();
+            assert_eq!(f.done.len(), n, "in the order started");
+            assert!(f.done.iter().all(|d| d.result.is_ok()));
+            assert_eq!(used, 0);
+        }
+        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+        // A frame that is not a run fails nothing else.
+        r.start(Request::Finish.encode()).unwrap();
+        assert_eq!(r.finish().unwrap().0.done, Vec::new());
+        r.start(frame(2)).unwrap();
+        r.clear();
+        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+    }
 }
