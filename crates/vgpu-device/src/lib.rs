@@ -278,6 +278,12 @@ pub(crate) struct Shared {
     pub(crate) log: Mutex<vgpu_sys::LogLimiter>,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
+    /// Device time of the last queued run the worker finished, ns: runs
+    /// are kept in flight only after long ones (see `worker.rs`).
+    pub(crate) last_run_ns: AtomicU64,
+    /// When that run ended, on the device epoch's clock, ns: the next run
+    /// on the partition begins no earlier.
+    pub(crate) last_run_end: AtomicU64,
     /// Bumped by every queue enable/disable (see `QueueRegs::generation`).
     pub(crate) config_gen: AtomicU64,
     /// Bumped by reset: the worker stops writing completions of older work.
@@ -958,6 +964,8 @@ impl PciDevice for VgpuDevice {
             stop: AtomicBool::new(false),
             log: Mutex::new(Default::default()),
             any_polled: AtomicBool::new(false),
+            last_run_ns: AtomicU64::new(0),
+            last_run_end: AtomicU64::new(0),
             config_gen: AtomicU64::new(0),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),

@@ -223,6 +223,14 @@ type Generations = (u64, u64, u64);
 /// ring ran then (see `QueueRegs::drain_limit`).
 type DrainLimit = Option<Option<u16>>;
 
+/// Device time of a queued run from which the next is kept in flight
+/// behind it. Starting a run ahead costs the partition a second exchange
+/// (start, then finish) where running it costs one; behind a run this
+/// long that exchange is hidden, and the device is kept busy between
+/// runs. Behind a shorter one (launches trickling in one by one) it
+/// would only halve how many runs a second the worker gets through.
+const KEEP_AFTER: Duration = Duration::from_micros(50);
+
 /// Most commands taken from one queue in one visit while runs are kept
 /// in flight: a visit goes on taking what the guest submits meanwhile, up
 /// to this, before the other queues get their turn.
@@ -388,8 +396,12 @@ fn run_chains(
             return true;
         }
         let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
+        let long = sh.last_run_ns.load(Ordering::Relaxed) >= KEEP_AFTER.as_nanos() as u64;
         let may_start = flights.is_empty()
-            || (flights.len() < depth && !flights.back().is_some_and(Flight::barrier) && holding());
+            || (long
+                && flights.len() < depth
+                && !flights.back().is_some_and(Flight::barrier)
+                && holding());
         'start: {
             if i >= chains.len() || !may_start {
                 break 'start;
@@ -436,8 +448,9 @@ fn run_chains(
                     pop_more(sh, ring, chains, failure);
                 }
                 // A run with nothing in flight before it and nothing to
-                // follow it runs in one exchange with the partition.
-                let keep = depth > 1 && (!flights.is_empty() || range.end < chains.len());
+                // follow it, or after a short run, goes in one exchange
+                // with the partition.
+                let keep = depth > 1 && long && (!flights.is_empty() || range.end < chains.len());
                 let group = &chains[range.clone()];
                 flights.push_back(start_run(sh, q, group, range, keep, &stale));
                 continue 'visit;
@@ -790,6 +803,16 @@ fn finish_run(
         },
         FlightState::Alone => return run_one(sh, q, group),
     };
+    // Runs of the partition go one after the other: where the times a
+    // run's start is reckoned from (the daemon's clock when it was sent,
+    // how long the host says it waited) put it before the previous run's
+    // end, it began at that end.
+    let began = began.max(sh.last_run_end.load(Ordering::Relaxed));
+    if let Some(last) = done.last() {
+        sh.last_run_ns.store(last.end_ns, Ordering::Relaxed);
+        sh.last_run_end
+            .store(began.saturating_add(last.end_ns), Ordering::Relaxed);
+    }
     outcomes(&flight.decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,
         result: match step {

@@ -212,7 +212,9 @@ fn queued_runs_overlap_in_order_on_a_remote_partition() {
     let mut g = server.connect();
     g.setup_queue(0, 256, Mode::Interrupt);
 
-    let (n, rounds) = (1024u64, 60u64);
+    // Rounds long enough that the worker keeps runs in flight behind
+    // them (see the worker's KEEP_AFTER), however fast the machine.
+    let (n, rounds) = (64u64 << 10, 60u64);
     let x = g.device_alloc(0, 4 * n);
     let ones = g.device_alloc(0, 4 * n);
     let out = g.device_alloc(0, 4 * n * rounds);
@@ -279,7 +281,7 @@ fn queued_runs_overlap_in_order_on_a_remote_partition() {
 
     // Copies from guest memory too: the host maps each run's pieces
     // itself, so they stay in flight after the device let go of them.
-    let (piece, copies) = (3000usize, 100usize);
+    let (piece, copies) = (64usize << 10, 100usize);
     let data: Vec<u8> = (0..piece * copies)
         .map(|i| (i * 13 + i / 997) as u8)
         .collect();
