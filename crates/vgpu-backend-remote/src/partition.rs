@@ -642,11 +642,7 @@ impl RemotePartition {
     /// refused here (`Some`) rather than sent; `None` when the run cannot
     /// go to the host in one request (see [`Self::copy_pieces`]): it
     /// then runs step by step, each copy on its own path.
-    #[allow(clippy::type_complexity)]
-    fn prepare_run<'s>(
-        &mut self,
-        steps: &'s [Queued<'_>],
-    ) -> Option<(Vec<Option<OpError>>, Vec<Step<'s>>)> {
+    fn prepare_run<'s>(&mut self, steps: &'s [Queued<'_>]) -> Option<Prepared<'s>> {
         let mut pieces = self.copy_pieces(steps)?.into_iter();
         let mut local = Vec::with_capacity(steps.len());
         let mut sent = Vec::with_capacity(steps.len());
@@ -683,6 +679,10 @@ impl RemotePartition {
         }
     }
 }
+
+/// A run's steps refused here (`Some`, in their places) and those that go
+/// to the host.
+type Prepared<'s> = (Vec<Option<OpError>>, Vec<Step<'s>>);
 
 /// A run the host has started: which of its steps were refused here,
 /// how many went, of how many, when, and its results if the host gave
