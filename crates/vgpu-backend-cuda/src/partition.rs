@@ -3,7 +3,7 @@
 //! ([`vgpu_backend::rules`]) before any device work, which
 //! [`DeviceState`] does.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,8 +16,9 @@ use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
-    BackendError, DeviceCopy, DeviceFill, FunctionInfo, HostMemory, HostSink, HostSource, Launch,
-    OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory, MAX_QUEUED_STEPS,
+    BackendError, DeviceCopy, DeviceFill, Finished, FunctionInfo, HostMemory, HostSink, HostSource,
+    Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory, Started,
+    MAX_QUEUED_STEPS,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -52,6 +53,11 @@ pub struct CudaPartition {
     printing: HashSet<u64>,
     /// What they printed.
     consoles: Consoles,
+    /// Queued runs on the stream, not yet waited for, oldest first, each
+    /// with its number of steps.
+    in_flight: VecDeque<(OnStream, usize)>,
+    /// The set of events the next queued run uses.
+    next_slot: usize,
 }
 
 // SAFETY: the driver handles in a partition may be used from any thread;
@@ -145,6 +151,8 @@ impl CudaPartition {
             last_direct: false,
             printing: HashSet::new(),
             consoles: Consoles::default(),
+            in_flight: VecDeque::new(),
+            next_slot: 0,
             shared,
             groups,
             desc: None,
@@ -353,6 +361,16 @@ impl CudaPartition {
     /// back, an event after each, and one wait for the last; the events
     /// give each step's end on the device's clock.
     fn queue_steps(&mut self, steps: &[Queued<'_>]) -> Result<Vec<QueuedDone>, OpError> {
+        let run = self.enqueue_steps(steps)?;
+        self.wait_steps(run)
+    }
+
+    /// Puts `steps` on the stream, each ended by an event of a set of
+    /// marks of its own (so that runs in flight together keep theirs).
+    fn enqueue_steps(&mut self, steps: &[Queued<'_>]) -> Result<OnStream, OpError> {
+        self.last_device_time = None;
+        let base = self.next_slot * MARKS_PER_RUN;
+        self.next_slot = (self.next_slot + 1) % MARK_SLOTS;
         // Built-in launches are planned against the allocation table
         // before the context is entered.
         let plans: Vec<Option<Result<Builtin, OpError>>> = steps
@@ -385,8 +403,12 @@ impl CudaPartition {
         let optin = self.shared.max_shared_optin;
         let host = self.host.clone();
         let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
-        let (ran, ends) = self.run(|dev| {
-            while dev.res.marks.len() <= steps.len() {
+        let printer = self.printer(steps.iter().filter_map(|s| match s {
+            Queued::Launch(l) => Some(l),
+            _ => None,
+        }));
+        let (ran, mark_of, used) = self.run(|dev| {
+            while dev.res.marks.len() <= base + steps.len() {
                 let e = driver::Event::create(true).at("creating an event")?;
                 dev.res.marks.push(e);
             }
@@ -422,7 +444,7 @@ impl CudaPartition {
                     },
                 })
                 .collect();
-            driver::event_record(&dev.res.marks[0], &dev.res.stream).at("queued work")?;
+            driver::event_record(&dev.res.marks[base], &dev.res.stream).at("queued work")?;
             // An event ends each step, except that a launch followed by a
             // timestamp ends with the timestamp's event: the stream then
             // holds what the guest's own event pair around it would.
@@ -443,7 +465,8 @@ impl CudaPartition {
                 });
                 mark_of.push(next);
                 if !(launch && matches!(steps.get(i + 1), Some(Queued::Timestamp))) {
-                    if let Err(e) = driver::event_record(&dev.res.marks[next], &dev.res.stream) {
+                    let mark = &dev.res.marks[base + next];
+                    if let Err(e) = driver::event_record(mark, &dev.res.stream) {
                         // Copies queued so far may not outlive their host
                         // memory, which the caller keeps only until this
                         // returns.
@@ -453,7 +476,6 @@ impl CudaPartition {
                     next += 1;
                 }
             }
-            let marks = &dev.res.marks;
             if let Some(began) = began {
                 trace!(
                     "queued {} steps in {} us",
@@ -461,17 +483,41 @@ impl CudaPartition {
                     began.elapsed().as_micros()
                 );
             }
-            if let Err(e) = driver::event_sync(&marks[next - 1]) {
+            Ok((ran, mark_of, next))
+        })?;
+        Ok(OnStream {
+            ran,
+            mark_of,
+            base,
+            used,
+            printer,
+        })
+    }
+
+    /// Waits for a run [`Self::enqueue_steps`] put on the stream; its
+    /// marks give each step's end on the device's clock.
+    fn wait_steps(&mut self, run: OnStream) -> Result<Vec<QueuedDone>, OpError> {
+        let OnStream {
+            ran,
+            mark_of,
+            base,
+            used,
+            printer,
+        } = run;
+        let waited = self.run(|dev| {
+            let marks = &dev.res.marks[base..base + used];
+            if let Err(e) = driver::event_sync(&marks[used - 1]) {
                 let _ = driver::stream_sync(&dev.res.stream);
                 return Err(Fail::Cuda("queued work: device work".into(), e));
             }
-            let times = (1..next)
+            let times = (1..used)
                 .map(|j| driver::event_elapsed(&marks[0], &marks[j]))
                 .collect::<Result<Vec<_>, _>>()
                 .at("timing queued work")?;
-            let ends: Vec<Duration> = mark_of.iter().map(|&j| times[j - 1]).collect();
-            Ok((ran, ends))
-        })?;
+            Ok(mark_of.iter().map(|&j| times[j - 1]).collect::<Vec<_>>())
+        });
+        self.collect_printed(printer);
+        let ends = waited?;
         self.last_device_time = ends.last().copied();
         let mut end_ns = 0;
         Ok(ran
@@ -517,6 +563,36 @@ impl CudaPartition {
         self.last_device_time = Some(t);
         Ok(())
     }
+}
+
+/// Sets of events a partition keeps for queued runs: one per run in flight
+/// and one for a run waited for at once.
+const MARK_SLOTS: usize = 3;
+/// Events in a set: one before a run's first step, one after each.
+const MARKS_PER_RUN: usize = MAX_QUEUED_STEPS + 1;
+
+/// A queued run on the stream, not yet waited for.
+struct OnStream {
+    /// Each step's result of going onto the stream.
+    ran: Vec<Result<(), Fail>>,
+    /// The event (of the run's set) that ends each step.
+    mark_of: Vec<usize>,
+    /// Where the run's set begins in the partition's events, and how many
+    /// of them it recorded.
+    base: usize,
+    used: usize,
+    /// The printing module that ran last, which gets what was printed.
+    printer: Option<u64>,
+}
+
+/// Each of `n` steps failed with `e`.
+fn failed_steps(n: usize, e: &OpError) -> Vec<QueuedDone> {
+    (0..n)
+        .map(|_| QueuedDone {
+            result: Err(e.clone()),
+            end_ns: 0,
+        })
+        .collect()
 }
 
 /// A queued step made ready to go onto the stream.
@@ -876,22 +952,48 @@ impl Partition for CudaPartition {
         let mut done = if now.is_empty() {
             Vec::new()
         } else {
-            self.queue_steps(now).unwrap_or_else(|e| {
-                now.iter()
-                    .map(|_| QueuedDone {
-                        result: Err(e.clone()),
-                        end_ns: 0,
-                    })
-                    .collect()
-            })
+            self.queue_steps(now)
+                .unwrap_or_else(|e| failed_steps(now.len(), &e))
         };
-        let printer = self.printer(now.iter().filter_map(|s| match s {
-            Queued::Launch(l) => Some(l),
-            _ => None,
-        }));
-        self.collect_printed(printer);
         vgpu_backend::refuse_past_limit(&mut done, steps.len());
         done
+    }
+
+    fn queue_depth(&self) -> usize {
+        MARK_SLOTS - 1
+    }
+
+    fn start_queued(&mut self, steps: &[Queued<'_>], _stop: &dyn Fn() -> bool) -> Started {
+        let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
+        if now.is_empty() || self.in_flight.len() >= MARK_SLOTS - 1 {
+            let mut done = failed_steps(
+                now.len(),
+                &OpError::Invalid("more queued runs in flight than allowed".into()),
+            );
+            vgpu_backend::refuse_past_limit(&mut done, steps.len());
+            return Started::Done(done);
+        }
+        match self.enqueue_steps(now) {
+            Ok(run) => {
+                self.in_flight.push_back((run, steps.len()));
+                Started::InFlight
+            }
+            Err(e) => {
+                let mut done = failed_steps(now.len(), &e);
+                vgpu_backend::refuse_past_limit(&mut done, steps.len());
+                Started::Done(done)
+            }
+        }
+    }
+
+    fn finish_queued(&mut self) -> Option<Finished> {
+        let (run, count) = self.in_flight.pop_front()?;
+        let n = run.ran.len();
+        let mut done = self.wait_steps(run).unwrap_or_else(|e| failed_steps(n, &e));
+        vgpu_backend::refuse_past_limit(&mut done, count);
+        // A run begins where the one before it ended on the stream: the
+        // caller reckons that from its own clock.
+        Some(Finished { waited_ns: 0, done })
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

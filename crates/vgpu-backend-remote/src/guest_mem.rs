@@ -17,7 +17,8 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use log::debug;
 use vgpu_backend::{HostMapping, HostMemory, HostSlice, OpError};
@@ -50,6 +51,31 @@ impl Region {
     }
 }
 
+/// The table, write-locked, counted in `Table::writers` while it lives.
+struct WriteGuard<'a> {
+    maps: RwLockWriteGuard<'a, HashMap<u64, Region>>,
+    writers: &'a AtomicUsize,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.writers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::ops::Deref for WriteGuard<'_> {
+    type Target = HashMap<u64, Region>;
+    fn deref(&self) -> &Self::Target {
+        &self.maps
+    }
+}
+
+impl std::ops::DerefMut for WriteGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.maps
+    }
+}
+
 /// The table, read-locked: its mappings stay in place while this lives.
 pub(crate) type Pinned<'a> = RwLockReadGuard<'a, HashMap<u64, Region>>;
 
@@ -57,6 +83,9 @@ pub(crate) type Pinned<'a> = RwLockReadGuard<'a, HashMap<u64, Region>>;
 #[derive(Default)]
 pub(crate) struct Table {
     maps: RwLock<HashMap<u64, Region>>,
+    /// Threads waiting for (or holding) the write lock: a reader that
+    /// keeps the lock across runs lets go when it sees one.
+    writers: AtomicUsize,
 }
 
 impl std::fmt::Debug for Table {
@@ -72,9 +101,27 @@ impl Table {
         vgpu_sys::sync::read(&self.maps)
     }
 
+    /// The table, read-locked: every mapping stays until this is dropped.
+    pub(crate) fn pin(&self) -> Pinned<'_> {
+        self.read()
+    }
+
+    /// Whether a map or unmap waits for the readers.
+    pub(crate) fn writer_waiting(&self) -> bool {
+        self.writers.load(Ordering::Acquire) > 0
+    }
+
+    fn write(&self) -> WriteGuard<'_> {
+        self.writers.fetch_add(1, Ordering::AcqRel);
+        WriteGuard {
+            maps: vgpu_sys::sync::write(&self.maps),
+            writers: &self.writers,
+        }
+    }
+
     /// Maps `len` bytes of `file` from `file_offset`, shared, with the
     /// protection given; the file must hold them.
-    fn map(
+    pub(crate) fn map(
         &self,
         id: u64,
         file: &Arc<File>,
@@ -100,7 +147,7 @@ impl Table {
             .map_err(|_| OpError::Invalid("mapping too large".into()))?;
         let off = libc::off_t::try_from(file_offset - delta)
             .map_err(|_| OpError::Invalid("offset too large".into()))?;
-        let mut maps = vgpu_sys::sync::write(&self.maps);
+        let mut maps = self.write();
         if maps.contains_key(&id) {
             return Err(OpError::Invalid(format!("mapping {id} exists already")));
         }
@@ -128,8 +175,8 @@ impl Table {
     }
 
     /// Takes a mapping out of the table, once no transfer uses it.
-    fn remove(&self, id: u64) -> Option<Region> {
-        vgpu_sys::sync::write(&self.maps).remove(&id)
+    pub(crate) fn remove(&self, id: u64) -> Option<Region> {
+        self.write().remove(&id)
     }
 
     /// Checks every piece against the table and returns the slices, with
@@ -141,6 +188,16 @@ impl Table {
         write: bool,
     ) -> Result<(Pinned<'_>, Vec<HostSlice>, u64), OpError> {
         let maps = self.read();
+        let (slices, total) = Self::resolve_in(&maps, pieces, write)?;
+        Ok((maps, slices, total))
+    }
+
+    /// [`Table::resolve`] against a table the caller has pinned.
+    pub(crate) fn resolve_in(
+        maps: &Pinned<'_>,
+        pieces: &[MappedPiece],
+        write: bool,
+    ) -> Result<(Vec<HostSlice>, u64), OpError> {
         let mut slices = Vec::with_capacity(pieces.len());
         let mut total = 0u64;
         for p in pieces {
@@ -169,7 +226,7 @@ impl Table {
                 mapping: p.mapping,
             });
         }
-        Ok((maps, slices, total))
+        Ok((slices, total))
     }
 }
 

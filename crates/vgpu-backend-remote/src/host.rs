@@ -12,7 +12,7 @@ use vgpu_backend::{
     SliceMemory,
 };
 
-use crate::guest_mem::{self, Table};
+use crate::guest_mem::{self, Pinned, Table};
 use crate::mailbox::{Conn, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, Reply, Request, Value, MAX_REQUEST, REPLY};
 use crate::runner::{lock, Runner, Shared};
@@ -622,14 +622,37 @@ impl Host<'_> {
     }
 }
 
-/// Runs a queued run of `p`. Its copies move guest memory one way, so that
-/// one read lock of the table keeps all their pieces mapped until the
+/// Runs a queued run of `p`. Its copies move guest memory one way, so
+/// that one read lock of the table keeps all their pieces mapped until the
 /// run is over.
 pub(crate) fn run_steps(
     p: &mut dyn Partition,
     guest: &Table,
     steps: &[proto::Step<'_>],
 ) -> Result<Vec<QueuedDone>, OpError> {
+    let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
+    let pinned = guest.pin();
+    // The parent abandons a run by not waiting for it: it runs whole.
+    let done = with_queued(&pinned, steps, |queued| p.run_queued(queued, &|| false))?;
+    drop(pinned);
+    if let Some(began) = began {
+        trace!(
+            "queued run of {} steps done after {} us",
+            steps.len(),
+            began.elapsed().as_micros()
+        );
+    }
+    Ok(done)
+}
+
+/// Calls `f` with `steps` as a partition's queued steps, their copies'
+/// pieces resolved against `pinned` (so they stay mapped while it is
+/// held); refuses a run whose copies go both ways.
+pub(crate) fn with_queued<R>(
+    pinned: &Pinned<'_>,
+    steps: &[proto::Step<'_>],
+    f: impl FnOnce(&[Queued<'_>]) -> R,
+) -> Result<R, OpError> {
     let (ups, downs) = steps.iter().fold((0, 0), |(u, d), s| match s {
         proto::Step::Upload { .. } => (u + 1, d),
         proto::Step::Download { .. } => (u, d + 1),
@@ -650,21 +673,15 @@ pub(crate) fn run_steps(
         })
         .copied()
         .collect();
-    let began = log_enabled!(Level::Trace).then(std::time::Instant::now);
-    let resolved = if pieces.is_empty() {
-        None
-    } else {
-        Some(guest.resolve(&pieces, downs > 0)?)
-    };
-    let slices = resolved.as_ref().map_or(&[][..], |(_, s, _)| s.as_slice());
+    let (slices, _) = Table::resolve_in(pinned, &pieces, downs > 0)?;
     // One slice per piece, in order: each copy takes its own.
     let mut at = 0;
     let mut take = |n: usize| {
         let mine = &slices[at..at + n];
         at += n;
-        // SAFETY: resolved under the table's read lock in `resolved`,
-        // which lives until the run below has returned, writable
-        // mappings for a run of downloads.
+        // SAFETY: resolved against `pinned`, the table's read lock, which
+        // the caller holds for as long as the partition may use them
+        // (until the run is over), writable mappings for downloads.
         unsafe { SliceMemory::new(mine) }
     };
     let queued: Vec<Queued<'_>> = steps
@@ -684,21 +701,7 @@ pub(crate) fn run_steps(
             proto::Step::Copy(c) => Queued::Copy(*c),
         })
         .collect();
-    let resolved_at = began.map(|b| b.elapsed());
-    // The parent abandons a run by not waiting for it: it runs whole.
-    let done = p.run_queued(&queued, &|| false);
-    drop(queued);
-    drop(resolved);
-    if let (Some(began), Some(at)) = (began, resolved_at) {
-        trace!(
-            "queued run of {} steps, {} pieces: resolved in {} us, done after {} us",
-            steps.len(),
-            pieces.len(),
-            at.as_micros(),
-            began.elapsed().as_micros()
-        );
-    }
-    Ok(done)
+    Ok(f(&queued))
 }
 
 /// Answers the parent's first request with `why` (the backend could not

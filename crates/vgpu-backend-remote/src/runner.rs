@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::debug;
-use vgpu_backend::{Finished, OpError, Partition, QueuedDone};
+use vgpu_backend::{Finished, OpError, Partition, QueuedDone, Started};
 
-use crate::guest_mem::Table;
-use crate::host::run_steps;
+use crate::guest_mem::{Pinned, Table};
+use crate::host::with_queued;
 use crate::proto::{Kind, Request};
 
 pub use crate::proto::MAX_STARTED;
@@ -61,18 +61,7 @@ impl Runner {
         let (tx, results) = mpsc::sync_channel::<Outcome>(MAX_STARTED);
         let thread = std::thread::Builder::new()
             .name("vgpu-runner".into())
-            .spawn(move || {
-                while let Some(job) = next(&rx, spin) {
-                    let waited_ns = job.arrived.elapsed().as_nanos() as u64;
-                    let mut p = lock(&partition);
-                    let done = run_frame(&mut **p, &guest, &job.frame);
-                    let used = p.memory_used();
-                    drop(p);
-                    if tx.send((Finished { waited_ns, done }, used)).is_err() {
-                        return;
-                    }
-                }
-            })?;
+            .spawn(move || serve_runs(&rx, &tx, &partition, &guest, spin))?;
         Ok(Runner {
             jobs: Some(jobs),
             results,
@@ -175,23 +164,128 @@ impl Drop for Runner {
     }
 }
 
-/// Runs the steps of a started run's frame; every step fails with the
-/// run's error when it cannot run at all.
-fn run_frame(p: &mut dyn Partition, guest: &Table, frame: &[u8]) -> Vec<QueuedDone> {
+/// A run the runner started on the partition.
+struct OnPartition {
+    started: Started,
+    /// Its steps.
+    steps: usize,
+    /// How long it waited for the runs before it.
+    waited: Duration,
+}
+
+/// The runner thread: takes each job in order and starts it on the
+/// partition, keeping as many in flight as the partition can (its
+/// `queue_depth`), all resolved against one pin of the guest memory
+/// table, which it lets go of when nothing is in flight or an unmap
+/// waits; sends each run's results in order.
+fn serve_runs(
+    jobs: &Receiver<Job>,
+    results: &SyncSender<Outcome>,
+    partition: &Shared,
+    guest: &Table,
+    spin: Duration,
+) {
+    let depth = lock(partition).queue_depth().clamp(1, MAX_STARTED);
+    let mut flight: VecDeque<OnPartition> = VecDeque::new();
+    let mut pin: Option<Pinned<'_>> = None;
+    loop {
+        let job = if flight.is_empty() {
+            pin = None;
+            match next(jobs, spin) {
+                Some(j) => Some(j),
+                None => return,
+            }
+        } else if flight.len() < depth {
+            // The next run usually follows at once: it goes onto the
+            // device behind this one if it comes while this one runs.
+            if spin.is_zero() {
+                jobs.try_recv().ok()
+            } else {
+                jobs.recv_timeout(spin).ok()
+            }
+        } else {
+            None
+        };
+        let Some(job) = job else {
+            if let Some(run) = flight.pop_front() {
+                if !finish(partition, run, results) {
+                    return;
+                }
+            }
+            continue;
+        };
+        if pin.is_some() && guest.writer_waiting() {
+            // An unmap waits: what is in flight finishes, then it goes
+            // first (a reader taking the lock again at once could keep
+            // beating it to it).
+            while let Some(run) = flight.pop_front() {
+                if !finish(partition, run, results) {
+                    return;
+                }
+            }
+            pin = None;
+            while guest.writer_waiting() {
+                std::thread::yield_now();
+            }
+        }
+        let pinned = pin.get_or_insert_with(|| guest.pin());
+        let waited = job.arrived.elapsed();
+        let mut p = lock(partition);
+        let (started, steps) = start_frame(&mut **p, pinned, &job.frame);
+        drop(p);
+        flight.push_back(OnPartition {
+            started,
+            steps,
+            waited,
+        });
+    }
+}
+
+/// Waits for `run` and sends its results; false once the other side is
+/// gone.
+fn finish(partition: &Shared, run: OnPartition, results: &SyncSender<Outcome>) -> bool {
+    let mut p = lock(partition);
+    let (done, waited) = match run.started {
+        Started::Done(done) => (done, run.waited),
+        Started::InFlight => match p.finish_queued() {
+            Some(f) => (f.done, run.waited + Duration::from_nanos(f.waited_ns)),
+            None => (
+                failed(run.steps, &OpError::Device("run lost".into())),
+                run.waited,
+            ),
+        },
+    };
+    let used = p.memory_used();
+    drop(p);
+    let f = Finished {
+        waited_ns: waited.as_nanos().try_into().unwrap_or(u64::MAX),
+        done,
+    };
+    results.send((f, used)).is_ok()
+}
+
+/// Starts the steps of a started run's frame against `pinned`; every step
+/// fails with the run's error when it cannot start at all. Returns how
+/// many steps it has.
+fn start_frame(p: &mut dyn Partition, pinned: &Pinned<'_>, frame: &[u8]) -> (Started, usize) {
     let steps = match Request::decode(Kind::Start as u16, frame) {
         Ok(Request::Start(steps)) => steps,
         // Checked before it was started.
-        _ => return Vec::new(),
+        _ => return (Started::Done(Vec::new()), 0),
     };
-    run_steps(p, guest, &steps).unwrap_or_else(|e| {
-        steps
-            .iter()
-            .map(|_| QueuedDone {
-                result: Err(e.clone()),
-                end_ns: 0,
-            })
-            .collect()
-    })
+    let started = with_queued(pinned, &steps, |queued| p.start_queued(queued, &|| false))
+        .unwrap_or_else(|e| Started::Done(failed(steps.len(), &e)));
+    (started, steps.len())
+}
+
+/// Each of `n` steps failed with `e`.
+fn failed(n: usize, e: &OpError) -> Vec<QueuedDone> {
+    (0..n)
+        .map(|_| QueuedDone {
+            result: Err(e.clone()),
+            end_ns: 0,
+        })
+        .collect()
 }
 
 /// The next message of `rx`, polling for up to `spin` before sleeping;
@@ -220,9 +314,14 @@ fn next<T>(rx: &Receiver<T>, spin: Duration) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::Step;
+    use crate::proto::{MappedPiece, Step};
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use vgpu_backend::software::SoftwareBackend;
-    use vgpu_backend::{Backend, PartitionSpec};
+    use vgpu_backend::{
+        Backend, DeviceFill, FunctionInfo, HostSink, HostSlice, HostSource, Launch, PartitionSpec,
+        Queued, SliceMemory,
+    };
 
     #[test]
     fn test_at_most_four_started_and_finished_in_order() {
@@ -258,5 +357,234 @@ mod tests {
         r.start(frame(2)).unwrap();
         r.clear();
         assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+    }
+
+    /// A step as [`Deferred`] keeps it.
+    enum Kept {
+        Stamp,
+        Fill(DeviceFill),
+        Upload(u64, Vec<HostSlice>),
+        Download(u64, Vec<HostSlice>),
+    }
+
+    /// Keeps runs in flight as a GPU does: `start_queued` only notes the
+    /// steps (a copy's guest memory as pointers), `finish_queued` runs
+    /// them on a software partition, so a copy touches guest memory only
+    /// when its run is finished, which must still be mapped then.
+    struct Deferred {
+        inner: Box<dyn Partition>,
+        runs: VecDeque<Vec<Kept>>,
+        /// Runs started, and runs finished.
+        started: Arc<AtomicUsize>,
+        finished: Arc<AtomicUsize>,
+    }
+
+    // SAFETY: the slices it keeps are only used while the runner keeps the
+    // table pinned (what the test checks), from whichever thread.
+    unsafe impl Send for Deferred {}
+
+    impl Partition for Deferred {
+        fn spec(&self) -> &PartitionSpec {
+            self.inner.spec()
+        }
+        fn kernel_compute_units(&self) -> u32 {
+            1
+        }
+        fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+            self.inner.alloc(size, align)
+        }
+        fn free(&mut self, addr: u64) -> Result<(), OpError> {
+            self.inner.free(addr)
+        }
+        fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+            self.inner.upload(dst, src)
+        }
+        fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+            self.inner.download(src, dst)
+        }
+        fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+            self.inner.copy(dst, src, size)
+        }
+        fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+            self.inner.fill(addr, size, pattern)
+        }
+        fn module_load(&mut self, _: u32, _: &[u8]) -> Result<u64, OpError> {
+            Err(OpError::Unsupported("modules".into()))
+        }
+        fn module_unload(&mut self, _: u64) -> Result<(), OpError> {
+            Err(OpError::Unsupported("modules".into()))
+        }
+        fn launch(&mut self, _: &Launch<'_>) -> Result<(), OpError> {
+            Err(OpError::Unsupported("launches".into()))
+        }
+        fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+            self.inner.run_queued(steps, stop)
+        }
+        fn queue_depth(&self) -> usize {
+            2
+        }
+        fn start_queued(&mut self, steps: &[Queued<'_>], _: &dyn Fn() -> bool) -> Started {
+            let kept = steps
+                .iter()
+                .map(|s| match s {
+                    Queued::Timestamp => Kept::Stamp,
+                    Queued::Fill(f) => Kept::Fill(*f),
+                    Queued::Upload { dst, src } => Kept::Upload(*dst, src.slices().to_vec()),
+                    Queued::Download { src, dst } => Kept::Download(*src, dst.slices().to_vec()),
+                    _ => panic!("not in these tests"),
+                })
+                .collect();
+            self.runs.push_back(kept);
+            self.started.fetch_add(1, Ordering::SeqCst);
+            Started::InFlight
+        }
+        fn finish_queued(&mut self) -> Option<Finished> {
+            let run = self.runs.pop_front()?;
+            // Slow enough that an unmap racing with it would be seen.
+            std::thread::sleep(Duration::from_millis(20));
+            let done = run
+                .into_iter()
+                .map(|k| {
+                    let result = match k {
+                        Kept::Stamp => Ok(()),
+                        Kept::Fill(f) => self.inner.fill(f.addr, f.size, f.pattern),
+                        Kept::Upload(dst, s) => {
+                            // SAFETY: the runner keeps the table pinned,
+                            // so the slices stay mapped, until this run
+                            // is finished.
+                            let mem = unsafe { SliceMemory::new(&s) };
+                            self.inner.upload(dst, &mem)
+                        }
+                        Kept::Download(src, s) => {
+                            // SAFETY: as for an upload.
+                            let mem = unsafe { SliceMemory::new(&s) };
+                            self.inner.download(src, &mem)
+                        }
+                    };
+                    QueuedDone { result, end_ns: 0 }
+                })
+                .collect();
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            Some(Finished { waited_ns: 0, done })
+        }
+        fn max_active_clusters(&mut self, _: &Launch<'_>) -> Result<u32, OpError> {
+            Ok(0)
+        }
+        fn function_info(&mut self, _: u64, _: &str) -> Result<FunctionInfo, OpError> {
+            Err(OpError::Unsupported("modules".into()))
+        }
+        fn global_info(&mut self, _: u64, _: &str) -> Result<(u64, u64), OpError> {
+            Err(OpError::Unsupported("modules".into()))
+        }
+        fn memory_used(&self) -> u64 {
+            self.inner.memory_used()
+        }
+        fn console(
+            &mut self,
+            _: u64,
+            _: usize,
+        ) -> Result<vgpu_backend::console::ConsoleText, OpError> {
+            Ok(Default::default())
+        }
+        fn reset(&mut self) {
+            self.runs.clear();
+            self.inner.reset()
+        }
+        fn is_lost(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn test_runs_in_flight_keep_guest_memory_until_finished() {
+        let backend = SoftwareBackend::new(1 << 20, 1);
+        let spec = PartitionSpec {
+            name: "d".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let mut inner = backend.create_partition(&spec).unwrap();
+        let dev = inner.alloc(8192, 0).unwrap();
+        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
+            inner,
+            runs: VecDeque::new(),
+            started: Arc::clone(&started),
+            finished: Arc::clone(&finished),
+        })));
+        let path = std::env::temp_dir().join(format!("vgpu-runner-{}", std::process::id()));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file.set_len(1 << 16).unwrap();
+        let file = Arc::new(file);
+        let table = Arc::new(Table::default());
+        table.map(1, &file, 0, 1 << 16, true, true).unwrap();
+        file.write_all_at(b"runs in flight!!", 0).unwrap();
+        // Long enough for the second run to be started behind the first.
+        let mut r = Runner::new(p, Arc::clone(&table), Duration::from_millis(200)).unwrap();
+        let piece = |offset, len| MappedPiece {
+            mapping: 1,
+            offset,
+            len,
+        };
+        let up = Request::Start(vec![Step::Upload {
+            dst: dev,
+            pieces: vec![piece(0, 16)],
+        }]);
+        let down = Request::Start(vec![
+            Step::Timestamp,
+            Step::Download {
+                src: dev,
+                pieces: vec![piece(4096, 16)],
+            },
+        ]);
+        r.start(up.encode()).unwrap();
+        r.start(down.encode()).unwrap();
+        for n in [1, 2] {
+            let (f, _) = r.finish().unwrap();
+            assert_eq!(f.done.len(), n);
+            assert!(f.done.iter().all(|d| d.result.is_ok()), "{f:?}");
+        }
+        let mut got = [0u8; 16];
+        file.read_exact_at(&mut got, 4096).unwrap();
+        assert_eq!(&got, b"runs in flight!!");
+
+        // An unmap waits for the run in flight that uses the memory; the
+        // runner lets go of the table for it before it starts the next
+        // run, which then finds the memory gone.
+        r.start(up.encode()).unwrap();
+        while started.load(Ordering::SeqCst) < 3 {
+            std::thread::yield_now();
+        }
+        let unmap = {
+            let (table, finished) = (Arc::clone(&table), Arc::clone(&finished));
+            std::thread::spawn(move || {
+                let gone = table.remove(1).is_some();
+                (gone, finished.load(Ordering::SeqCst))
+            })
+        };
+        while !table.writer_waiting() {
+            std::thread::yield_now();
+        }
+        r.start(up.encode()).unwrap();
+        let (gone, finished_then) = unmap.join().unwrap();
+        assert!(gone);
+        assert_eq!(
+            finished_then, 3,
+            "the unmap went through while a run used the memory"
+        );
+        let (f, _) = r.finish().unwrap();
+        assert!(f.done[0].result.is_ok(), "{f:?}");
+        let (f, _) = r.finish().unwrap();
+        assert!(
+            matches!(&f.done[0].result, Err(OpError::Invalid(_))),
+            "{f:?}"
+        );
     }
 }
