@@ -17,7 +17,7 @@ use vgpu_abi::{self as abi, ByteValued};
 use crate::rules::DEFAULT_ALIGN;
 use crate::{
     DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, SliceMemory,
+    PartitionSpec, Queued, SliceMemory, Started,
 };
 
 /// Makes a fresh partition for `spec`.
@@ -50,6 +50,7 @@ pub fn run_all(make: Make<'_>) {
     queued_steps_run_in_order(make);
     queued_copies_move_their_own_bytes(make);
     queued_fills_and_device_copies(make);
+    queued_runs_in_flight_finish_in_order(make);
 }
 
 /// A deterministic source of test data (xorshift).
@@ -782,6 +783,68 @@ pub fn queued_fills_and_device_copies(make: Make<'_>) {
         "moved launch's words"
     );
     assert!(got_b[4096..].iter().all(|&x| x == 7), "the refused fills");
+}
+
+/// Runs started as deep as the partition keeps them in flight finish in
+/// the order started, each seeing the device as the runs before it left
+/// it, with their copies' host memory in use until they are finished.
+pub fn queued_runs_in_flight_finish_in_order(make: Make<'_>) {
+    let mut boxed = make(&spec("in-flight", MIB, 2));
+    let p = &mut *boxed;
+    let depth = p.queue_depth();
+    assert!((1..=4).contains(&depth), "queue depth {depth}");
+    let a = p.alloc(64 << 10, 0).unwrap();
+    let mut outs: Vec<Vec<u8>> = (0..depth).map(|_| vec![0u8; 4096]).collect();
+    // Run k fills `a` with k + 1 in each byte, then takes its first 4 KiB
+    // out; a run that began before the one before it ended, or a result
+    // given to the wrong run, shows.
+    let slices: Vec<[HostSlice; 1]> = outs
+        .iter_mut()
+        .map(|o| {
+            [HostSlice {
+                ptr: o.as_mut_ptr(),
+                len: o.len(),
+                mapping: 0,
+            }]
+        })
+        .collect();
+    let mut started = Vec::new();
+    for (k, s) in slices.iter().enumerate() {
+        // SAFETY: `outs` outlives every run and is not otherwise touched
+        // until they are finished.
+        let mem = unsafe { SliceMemory::new(s) };
+        let byte = k as u32 + 1;
+        let steps = [
+            Queued::Timestamp,
+            Queued::Fill(DeviceFill {
+                addr: a,
+                size: 64 << 10,
+                pattern: byte * 0x0101_0101,
+            }),
+            Queued::Download { src: a, dst: mem },
+            Queued::Timestamp,
+        ];
+        started.push(p.start_queued(&steps, &|| false));
+    }
+    let mut results = Vec::new();
+    for s in started {
+        let done = match s {
+            Started::Done(done) => done,
+            Started::InFlight => p.finish_queued().expect("a run in flight").done,
+        };
+        assert_eq!(done.len(), 4, "{done:?}");
+        assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
+        assert!(done.windows(2).all(|w| w[0].end_ns <= w[1].end_ns));
+        results.push(done);
+    }
+    assert!(p.finish_queued().is_none(), "nothing left in flight");
+    for (k, o) in outs.iter().enumerate() {
+        assert!(o.iter().all(|&x| x == k as u8 + 1), "run {k}");
+    }
+    // And the partition is as before: a run waited for at once works.
+    let done = p.run_queued(&[Queued::Timestamp], &|| false);
+    assert!(done[0].result.is_ok());
+    assert_eq!(download(p, a, 4), [depth as u8; 4]);
 }
 
 /// `fill_u32` sets exactly its words.

@@ -58,6 +58,7 @@ conformance!(
     queued_steps_run_in_order,
     queued_copies_move_their_own_bytes,
     queued_fills_and_device_copies,
+    queued_runs_in_flight_finish_in_order,
     module_vector_add,
     module_histogram,
     module_matmul,
