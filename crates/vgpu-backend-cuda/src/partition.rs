@@ -585,16 +585,6 @@ struct OnStream {
     printer: Option<u64>,
 }
 
-/// Each of `n` steps failed with `e`.
-fn failed_steps(n: usize, e: &OpError) -> Vec<QueuedDone> {
-    (0..n)
-        .map(|_| QueuedDone {
-            result: Err(e.clone()),
-            end_ns: 0,
-        })
-        .collect()
-}
-
 /// A queued step made ready to go onto the stream.
 enum Ready<'s, 'l> {
     Stamp,
@@ -953,7 +943,7 @@ impl Partition for CudaPartition {
             Vec::new()
         } else {
             self.queue_steps(now)
-                .unwrap_or_else(|e| failed_steps(now.len(), &e))
+                .unwrap_or_else(|e| QueuedDone::all_failed(now.len(), &e))
         };
         vgpu_backend::refuse_past_limit(&mut done, steps.len());
         done
@@ -966,7 +956,7 @@ impl Partition for CudaPartition {
     fn start_queued(&mut self, steps: &[Queued<'_>], _stop: &dyn Fn() -> bool) -> Started {
         let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
         if now.is_empty() || self.in_flight.len() >= MARK_SLOTS - 1 {
-            let mut done = failed_steps(
+            let mut done = QueuedDone::all_failed(
                 now.len(),
                 &OpError::Invalid("more queued runs in flight than allowed".into()),
             );
@@ -979,7 +969,7 @@ impl Partition for CudaPartition {
                 Started::InFlight
             }
             Err(e) => {
-                let mut done = failed_steps(now.len(), &e);
+                let mut done = QueuedDone::all_failed(now.len(), &e);
                 vgpu_backend::refuse_past_limit(&mut done, steps.len());
                 Started::Done(done)
             }
@@ -989,7 +979,9 @@ impl Partition for CudaPartition {
     fn finish_queued(&mut self) -> Option<Finished> {
         let (run, count) = self.in_flight.pop_front()?;
         let n = run.ran.len();
-        let mut done = self.wait_steps(run).unwrap_or_else(|e| failed_steps(n, &e));
+        let mut done = self
+            .wait_steps(run)
+            .unwrap_or_else(|e| QueuedDone::all_failed(n, &e));
         vgpu_backend::refuse_past_limit(&mut done, count);
         // A run begins where the one before it ended on the stream: the
         // caller reckons that from its own clock.

@@ -250,7 +250,7 @@ fn finish(partition: &Shared, run: OnPartition, results: &SyncSender<Outcome>) -
         Started::InFlight => match p.finish_queued() {
             Some(f) => (f.done, run.waited + Duration::from_nanos(f.waited_ns)),
             None => (
-                failed(run.steps, &OpError::Device("run lost".into())),
+                QueuedDone::all_failed(run.steps, &OpError::Device("run lost".into())),
                 run.waited,
             ),
         },
@@ -274,18 +274,8 @@ fn start_frame(p: &mut dyn Partition, pinned: &Pinned<'_>, frame: &[u8]) -> (Sta
         _ => return (Started::Done(Vec::new()), 0),
     };
     let started = with_queued(pinned, &steps, |queued| p.start_queued(queued, &|| false))
-        .unwrap_or_else(|e| Started::Done(failed(steps.len(), &e)));
+        .unwrap_or_else(|e| Started::Done(QueuedDone::all_failed(steps.len(), &e)));
     (started, steps.len())
-}
-
-/// Each of `n` steps failed with `e`.
-fn failed(n: usize, e: &OpError) -> Vec<QueuedDone> {
-    (0..n)
-        .map(|_| QueuedDone {
-            result: Err(e.clone()),
-            end_ns: 0,
-        })
-        .collect()
 }
 
 /// The next message of `rx`, polling for up to `spin` before sleeping;

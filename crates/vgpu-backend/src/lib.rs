@@ -398,6 +398,18 @@ pub struct QueuedDone {
     pub end_ns: u64,
 }
 
+impl QueuedDone {
+    /// The results of a run of `n` steps that failed as a whole with `e`.
+    pub fn all_failed(n: usize, e: &OpError) -> Vec<QueuedDone> {
+        (0..n)
+            .map(|_| QueuedDone {
+                result: Err(e.clone()),
+                end_ns: 0,
+            })
+            .collect()
+    }
+}
+
 /// What [`Partition::start_queued`] did with a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Started {

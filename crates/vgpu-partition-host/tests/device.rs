@@ -8,14 +8,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use vgpu_backend::PartitionSpec;
-use vgpu_backend_remote::{InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig};
+use vgpu_backend_remote::{
+    InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
+};
 use vgpu_testkit::abi;
 use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, test_config, Mode, TestVgpu};
 
 const MIB: u64 = 1 << 20;
 
-#[test]
-fn vgpu_on_a_remote_partition_survives_its_host() {
+/// A 32 MiB partition of a software backend in a partition host process.
+fn remote_partition(name: &str, config: RemoteConfig) -> RemotePartition {
     let inner = InnerBackend::Software {
         memory: 64 * MIB,
         compute_units: 2,
@@ -25,13 +27,18 @@ fn vgpu_on_a_remote_partition_survives_its_host() {
         inner.to_args(),
     )
     .unwrap();
-    let backend = RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap();
+    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
     let spec = PartitionSpec {
-        name: "remote".into(),
+        name: name.into(),
         memory: 32 * MIB,
         compute_units: 2,
     };
-    let partition = backend.create_remote_partition(&spec).unwrap();
+    backend.create_remote_partition(&spec).unwrap()
+}
+
+#[test]
+fn vgpu_on_a_remote_partition_survives_its_host() {
+    let partition = remote_partition("remote", RemoteConfig::default());
     let pid = partition.host_pid().unwrap();
     let server = TestVgpu::start(test_config("remote", 2), Box::new(partition));
     let mut g = server.connect();
@@ -96,26 +103,11 @@ fn vgpu_on_a_remote_partition_survives_its_host() {
 
 #[test]
 fn guest_copies_name_guest_memory_mapped_by_the_host() {
-    let inner = InnerBackend::Software {
-        memory: 64 * MIB,
-        compute_units: 2,
-    };
-    let launcher = ProcessLauncher::new(
-        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
-        inner.to_args(),
-    )
-    .unwrap();
     let config = RemoteConfig {
         staging_bytes: 64 * 1024,
         ..RemoteConfig::default()
     };
-    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
-    let spec = PartitionSpec {
-        name: "direct".into(),
-        memory: 32 * MIB,
-        compute_units: 2,
-    };
-    let partition = backend.create_remote_partition(&spec).unwrap();
+    let partition = remote_partition("direct", config);
     let pid = partition.host_pid().unwrap();
     let counts = partition.transfer_counts();
     let server = TestVgpu::start(test_config("direct", 1), Box::new(partition));
@@ -191,22 +183,7 @@ fn guest_copies_name_guest_memory_mapped_by_the_host() {
 /// command, would show.
 #[test]
 fn queued_runs_overlap_in_order_on_a_remote_partition() {
-    let inner = InnerBackend::Software {
-        memory: 64 * MIB,
-        compute_units: 2,
-    };
-    let launcher = ProcessLauncher::new(
-        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
-        inner.to_args(),
-    )
-    .unwrap();
-    let backend = RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap();
-    let spec = PartitionSpec {
-        name: "overlap".into(),
-        memory: 32 * MIB,
-        compute_units: 2,
-    };
-    let partition = backend.create_remote_partition(&spec).unwrap();
+    let partition = remote_partition("overlap", RemoteConfig::default());
     let counts = partition.transfer_counts();
     let server = TestVgpu::start(test_config("overlap", 1), Box::new(partition));
     let mut g = server.connect();
