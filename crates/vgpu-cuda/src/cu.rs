@@ -310,6 +310,12 @@ pub const PROC_VERSION_NOT_SUFFICIENT: i32 = 2;
 
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_RECORD_EXTERNAL`: a record in a capture becomes an event
+/// record node.
+pub const EVENT_RECORD_EXTERNAL: u32 = 0x1;
+/// `CU_EVENT_WAIT_EXTERNAL`: a wait in a capture becomes an event wait
+/// node.
+pub const EVENT_WAIT_EXTERNAL: u32 = 0x1;
 
 /// `CUuuid`.
 #[repr(C)]

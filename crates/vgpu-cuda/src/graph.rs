@@ -80,6 +80,13 @@ pub enum Work {
         src: u64,
         len: u64,
     },
+    /// Records an event (its handle) once the work before it is done (an
+    /// event record node).
+    Record(usize),
+    /// Waits for an event's last record (an event wait node): on one
+    /// vGPU everything before it is done already; a record on another
+    /// vGPU is waited for before the work after it is queued.
+    Wait(usize),
 }
 
 /// A host function and its argument.
@@ -124,7 +131,7 @@ impl Work {
                 batch.copy_device_addr(*dst, *src, *len);
             }
             // No device command: the queue runs it between batches.
-            Work::Host(_) => {}
+            Work::Host(_) | Work::Record(_) | Work::Wait(_) => {}
             Work::Upload { dst, src, len } => {
                 // SAFETY: the source was page-locked memory of this process
                 // when the work was recorded, and a graph launch checks it
@@ -146,6 +153,12 @@ impl Work {
             Work::Download { dst, len, .. } => Some((*dst, *len)),
             _ => None,
         }
+    }
+
+    /// Whether the queue runs it between batches rather than as a
+    /// device command.
+    pub fn between_batches(&self) -> bool {
+        matches!(self, Work::Host(_) | Work::Record(_) | Work::Wait(_))
     }
 
     /// Refuses work the device would refuse to build (the error queueing
@@ -201,6 +214,8 @@ pub const NODE_MEMSET: u32 = 2;
 pub const NODE_HOST: u32 = 3;
 pub const NODE_GRAPH: u32 = 4;
 pub const NODE_EMPTY: u32 = 5;
+pub const NODE_WAIT_EVENT: u32 = 6;
+pub const NODE_EVENT_RECORD: u32 = 7;
 
 /// Most nodes of one graph (a node's handle holds its index).
 pub const MAX_NODES: usize = (1 << 24) - 1;
@@ -241,6 +256,8 @@ impl Node {
             Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
             Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
             Work::Host(_) => NODE_HOST,
+            Work::Record(_) => NODE_EVENT_RECORD,
+            Work::Wait(_) => NODE_WAIT_EVENT,
         };
         Node {
             kind,
@@ -754,6 +771,16 @@ impl Objects {
         n.work = vec![work];
         n.param_ptrs = None;
         Ok(())
+    }
+
+    /// The event of event record or wait node `node` (`kind`).
+    pub fn event_of(&self, node: usize, kind: u32) -> CuResult<usize> {
+        let (g, i) = self.node(node)?;
+        let n = &self.graphs[&g].nodes[i];
+        match (n.kind == kind, n.work.as_slice()) {
+            (true, [Work::Record(e) | Work::Wait(e)]) => Ok(*e),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
     }
 
     /// The host function of host node `node`.

@@ -167,6 +167,8 @@ implemented {
     cuGraphAddDependencies 10000 => cuGraphAddDependencies,
     cuGraphAddDependencies 12030 => cuGraphAddDependencies_v2,
     cuGraphAddEmptyNode 10000 => cuGraphAddEmptyNode,
+    cuGraphAddEventRecordNode 11010 => cuGraphAddEventRecordNode,
+    cuGraphAddEventWaitNode 11010 => cuGraphAddEventWaitNode,
     cuGraphAddKernelNode 10000 => cuGraphAddKernelNode,
     cuGraphAddKernelNode 12000 => cuGraphAddKernelNode_v2,
     cuGraphAddMemcpyNode 10000 => cuGraphAddMemcpyNode,
@@ -174,6 +176,12 @@ implemented {
     cuGraphClone 10000 => cuGraphClone,
     cuGraphCreate 10000 => cuGraphCreate,
     cuGraphDestroy 10000 => cuGraphDestroy,
+    cuGraphEventRecordNodeGetEvent 11010 => cuGraphEventRecordNodeGetEvent,
+    cuGraphEventRecordNodeSetEvent 11010 => cuGraphEventRecordNodeSetEvent,
+    cuGraphEventWaitNodeGetEvent 11010 => cuGraphEventWaitNodeGetEvent,
+    cuGraphEventWaitNodeSetEvent 11010 => cuGraphEventWaitNodeSetEvent,
+    cuGraphExecEventRecordNodeSetEvent 11010 => cuGraphExecEventRecordNodeSetEvent,
+    cuGraphExecEventWaitNodeSetEvent 11010 => cuGraphExecEventWaitNodeSetEvent,
     cuGraphAddHostNode 10000 => cuGraphAddHostNode,
     cuGraphExecDestroy 10000 => cuGraphExecDestroy,
     cuGraphExecHostNodeSetParams 10020 => cuGraphExecHostNodeSetParams,
@@ -398,8 +406,6 @@ unsupported {
     cuGLUnmapBufferObject 2000,
     cuGLUnmapBufferObjectAsync 2030,
     cuGLUnregisterBufferObject 2000,
-    cuGraphAddEventRecordNode 11010,
-    cuGraphAddEventWaitNode 11010,
     cuGraphAddExternalSemaphoresSignalNode 11020,
     cuGraphAddExternalSemaphoresWaitNode 11020,
     cuGraphAddMemAllocNode 11040,
@@ -409,13 +415,7 @@ unsupported {
     cuGraphConditionalHandleCreate 12030,
     cuGraphDebugDotPrint 11030,
     cuGraphDestroyNode 10000,
-    cuGraphEventRecordNodeGetEvent 11010,
-    cuGraphEventRecordNodeSetEvent 11010,
-    cuGraphEventWaitNodeGetEvent 11010,
-    cuGraphEventWaitNodeSetEvent 11010,
     cuGraphExecChildGraphNodeSetParams 11010,
-    cuGraphExecEventRecordNodeSetEvent 11010,
-    cuGraphExecEventWaitNodeSetEvent 11010,
     cuGraphExecExternalSemaphoresSignalNodeSetParams 11020,
     cuGraphExecExternalSemaphoresWaitNodeSetParams 11020,
     cuGraphExecMemcpyNodeSetParams 10020,
@@ -635,7 +635,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphAddEventRecordNode", 13000);
+        let f = found("cuGraphAddMemAllocNode", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);

@@ -595,18 +595,28 @@ impl Driver {
             return Ok(());
         }
         // A host function runs once the work before it is done, and the
-        // work after it goes to the device once it has returned.
-        for part in work.split_inclusive(|w| matches!(w, Work::Host(_))) {
-            let (device_work, host) = match part.split_last() {
-                Some((Work::Host(h), rest)) => (rest, Some(h)),
+        // work after it goes to the device once it has returned; an event
+        // is recorded, or waited for, between the work around it.
+        for part in work.split_inclusive(Work::between_batches) {
+            let (device_work, between) = match part.split_last() {
+                Some((w, rest)) if w.between_batches() => (rest, Some(w)),
                 _ => (part, None),
             };
             graph::in_batches(device_work, |batch| gpu.submit(batch, None))?;
-            if let Some(h) = host {
-                gpu.wait_idle();
-                // SAFETY: the program's host function and argument, which
-                // it keeps valid while it may be called.
-                unsafe { h.call() };
+            match between {
+                Some(Work::Host(h)) => {
+                    gpu.wait_idle();
+                    // SAFETY: the program's host function and argument,
+                    // which it keeps valid while it may be called.
+                    unsafe { h.call() };
+                }
+                Some(Work::Record(event)) => {
+                    crate::api::stream::record_on(self, gpu, *event as _, stream as _)?;
+                }
+                Some(Work::Wait(event)) => {
+                    crate::api::stream::wait_across(self, device, *event as _)?;
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -316,6 +316,144 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     })
 }
 
+/// An event record or wait node (`kind`) of `event`.
+///
+/// # Safety
+/// As `cuGraphAddEventRecordNode`'s arguments.
+unsafe fn add_event_node(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    event: Handle,
+    kind: u32,
+) -> CuResult {
+    let device = {
+        let d = driver()?;
+        let o = d.objects();
+        by_handle(&o.events, event as usize)?;
+        by_handle(&o.graphs, graph as usize)?.device
+    };
+    let work = event_work(kind, event);
+    // SAFETY: the caller's pointers.
+    unsafe { add_node(out, graph, deps, n, kind, (device, vec![work])) }
+}
+
+/// The work of an event node of type `kind`.
+fn event_work(kind: u32, event: Handle) -> Work {
+    if kind == g::NODE_EVENT_RECORD {
+        Work::Record(event as usize)
+    } else {
+        Work::Wait(event as usize)
+    }
+}
+
+/// An event record node: records `event` once the nodes it depends on
+/// are done.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventRecordNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    event: Handle,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { add_event_node(out, graph, deps, n, event, g::NODE_EVENT_RECORD) })
+}
+
+/// An event wait node: the nodes that depend on it run after `event`'s
+/// last record.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddEventWaitNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    event: Handle,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { add_event_node(out, graph, deps, n, event, g::NODE_WAIT_EVENT) })
+}
+
+/// The event of an event node of type `kind`.
+///
+/// # Safety
+/// `out` is the caller's out-parameter.
+unsafe fn node_event(node: Handle, kind: u32, out: *mut Handle) -> CuResult {
+    let e = driver()?.objects().event_of(node as usize, kind)?;
+    // SAFETY: the caller's out-parameter.
+    unsafe { ffi::put(out, e as Handle) }
+}
+
+/// Gives an event node of type `kind` another event.
+fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
+    let d = driver()?;
+    let mut o = d.objects();
+    by_handle(&o.events, event as usize)?;
+    let (g, _) = o.node(node as usize)?;
+    let device = o.graphs[&g].device;
+    o.set_node(node as usize, kind, device, event_work(kind, event))
+}
+
+/// Gives an event node of type `kind` of an executable another event.
+fn set_exec_node_event(exec: Handle, node: Handle, kind: u32, event: Handle) -> CuResult {
+    let d = driver()?;
+    let mut o = d.objects();
+    by_handle(&o.events, event as usize)?;
+    let device = by_handle(&o.execs, exec as usize)?.device;
+    o.set_exec_node(
+        exec as usize,
+        node as usize,
+        kind,
+        device,
+        event_work(kind, event),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventRecordNodeGetEvent(
+    node: Handle,
+    out: *mut Handle,
+) -> CUresult {
+    // SAFETY: the caller's out-parameter.
+    entry(|| unsafe { node_event(node, g::NODE_EVENT_RECORD, out) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphEventWaitNodeGetEvent(node: Handle, out: *mut Handle) -> CUresult {
+    // SAFETY: the caller's out-parameter.
+    entry(|| unsafe { node_event(node, g::NODE_WAIT_EVENT, out) })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphEventRecordNodeSetEvent(node: Handle, event: Handle) -> CUresult {
+    entry(|| set_node_event(node, g::NODE_EVENT_RECORD, event))
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphEventWaitNodeSetEvent(node: Handle, event: Handle) -> CUresult {
+    entry(|| set_node_event(node, g::NODE_WAIT_EVENT, event))
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecEventRecordNodeSetEvent(
+    exec: Handle,
+    node: Handle,
+    event: Handle,
+) -> CUresult {
+    entry(|| set_exec_node_event(exec, node, g::NODE_EVENT_RECORD, event))
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphExecEventWaitNodeSetEvent(
+    exec: Handle,
+    node: Handle,
+    event: Handle,
+) -> CUresult {
+    entry(|| set_exec_node_event(exec, node, g::NODE_WAIT_EVENT, event))
+}
+
 /// `CUDA_HOST_NODE_PARAMS`.
 #[repr(C)]
 #[derive(Clone, Copy)]

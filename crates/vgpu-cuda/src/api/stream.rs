@@ -144,28 +144,42 @@ pub unsafe extern "C" fn cuStreamAddCallback(
 /// The wait itself holds by the device queue's order; a stream that waits
 /// on an event recorded in a capture joins that capture.
 #[no_mangle]
-pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, _flags: u32) -> CUresult {
+pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let device = d.stream_device(stream as usize)?;
-        let (records, on, captured) = {
-            let mut o = d.objects();
-            o.wait_event(stream as usize, event as usize)?;
-            let e = by_handle(&o.events, event as usize)?;
-            (
-                e.records,
-                e.device,
-                o.capturing.contains_key(&(stream as usize)),
-            )
-        };
-        // A device runs its queue in order, so a record on the stream's own
-        // device is behind it already; one on another vGPU is waited for
-        // here, before the stream's next work is queued.
-        if records > 0 && on != device && !captured {
-            event_done(event, true)?;
+        let captured = d.objects().capturing.contains_key(&(stream as usize));
+        if captured && flags & cu::EVENT_WAIT_EXTERNAL != 0 {
+            // An event wait node of the capture's graph.
+            by_handle(&d.objects().events, event as usize)?;
+            return d.queue(
+                stream as usize,
+                device,
+                &[graph::Work::Wait(event as usize)],
+            );
+        }
+        d.objects().wait_event(stream as usize, event as usize)?;
+        if !captured {
+            wait_across(d, device, event)?;
         }
         Ok(())
     })
+}
+
+/// Waits, for work of `device`, for `event`'s last record: a device runs
+/// its queue in order, so a record on the same device is behind it
+/// already; one on another vGPU is waited for here, before the work
+/// after it is queued.
+pub(crate) fn wait_across(d: &Driver, device: cu::CUdevice, event: Handle) -> CuResult {
+    let (records, on) = {
+        let o = d.objects();
+        let e = by_handle(&o.events, event as usize)?;
+        (e.records, e.device)
+    };
+    if records > 0 && on != device {
+        event_done(event, true)?;
+    }
+    Ok(())
 }
 
 /// A stream's field, or the default stream's value for 0, 1 and 2.
@@ -441,8 +455,23 @@ pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
 }
 
 #[no_mangle]
-pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, _flags: u32) -> CUresult {
-    entry(|| record(event, stream))
+pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        if flags & cu::EVENT_RECORD_EXTERNAL != 0
+            && d.objects().capturing.contains_key(&(stream as usize))
+        {
+            // An event record node of the capture's graph.
+            by_handle(&d.objects().events, event as usize)?;
+            let device = d.stream_device(stream as usize)?;
+            return d.queue(
+                stream as usize,
+                device,
+                &[graph::Work::Record(event as usize)],
+            );
+        }
+        record(event, stream)
+    })
 }
 
 /// The event's last record and device (record 0: never recorded).
