@@ -308,6 +308,8 @@ impl CudaPartition {
     fn teardown(&mut self) {
         self.printing.clear();
         self.consoles.clear();
+        // Their events go with the context.
+        self.in_flight.clear();
         let allocs = self.allocs.drain();
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
