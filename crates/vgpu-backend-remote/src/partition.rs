@@ -967,6 +967,8 @@ impl Partition for RemotePartition {
         let mut run = self.started.pop_front()?;
         let n = run.sent;
         let answer = match run.finished.take() {
+            // A host that broke a rule since is believed no more.
+            _ if self.failed.is_some() => Err(self.dead()),
             Some(f) => Ok(Value::Finished(f)),
             None => self.call(&Request::Finish, Xfer::None),
         };

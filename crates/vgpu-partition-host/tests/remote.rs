@@ -12,7 +12,8 @@ use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::conformance;
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{
-    Backend, BackendError, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
+    Backend, BackendError, Finished, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec, Queued, QueuedDone, Started,
 };
 use vgpu_backend_remote::proto::{self, Header, Kind, Reply, Value, HEADER_LEN, REPLY};
 use vgpu_backend_remote::{
@@ -858,4 +859,80 @@ fn fake_host_bad_transfers_are_refused() {
         download_call,
     );
     assert!(why.contains("ended at"), "{why}");
+}
+
+/// Starts a run of one timestamp and finishes it.
+fn started_call(p: &mut dyn Partition) -> Result<(), OpError> {
+    match p.start_queued(&[Queued::Timestamp], &|| false) {
+        Started::InFlight => {}
+        Started::Done(done) => return done[0].result.clone(),
+    }
+    let f = p.finish_queued().expect("the run in flight");
+    assert_eq!(f.done.len(), 1);
+    f.done[0].result.clone()
+}
+
+#[test]
+fn fake_host_bad_run_results_are_refused() {
+    // A start answered with the results of a run of two steps.
+    let why = against_fake(
+        |s, h| {
+            let done = vec![Finished {
+                waited_ns: 0,
+                done: vec![
+                    QueuedDone {
+                        result: Ok(()),
+                        end_ns: 0,
+                    };
+                    2
+                ],
+            }];
+            reply(s, h, Kind::Start, ok(0, Value::Started(done)));
+        },
+        started_call,
+    );
+    assert!(why.contains("unexpected finished run"), "{why}");
+    // Results of more runs than were started.
+    let why = against_fake(
+        |s, h| {
+            let one = Finished {
+                waited_ns: 0,
+                done: vec![QueuedDone {
+                    result: Ok(()),
+                    end_ns: 0,
+                }],
+            };
+            reply(
+                s,
+                h,
+                Kind::Start,
+                ok(0, Value::Started(vec![one.clone(), one])),
+            );
+        },
+        started_call,
+    );
+    assert!(why.contains("unexpected finished run"), "{why}");
+    // A finish answered with three results for one step.
+    let why = against_fake(
+        |s, h| {
+            reply(s, h, Kind::Start, ok(0, Value::Started(Vec::new())));
+            let Some((h, _)) = read_frame(s) else { return };
+            let three = Finished {
+                waited_ns: 0,
+                done: vec![
+                    QueuedDone {
+                        result: Ok(()),
+                        end_ns: 0,
+                    };
+                    3
+                ],
+            };
+            reply(s, h, Kind::Finish, ok(0, Value::Finished(three)));
+        },
+        started_call,
+    );
+    assert!(
+        why.contains("unexpected result of 1 started steps"),
+        "{why}"
+    );
 }
