@@ -955,7 +955,20 @@ impl Partition for CudaPartition {
         MARK_SLOTS - 1
     }
 
-    fn start_queued(&mut self, steps: &[Queued<'_>], _stop: &dyn Fn() -> bool) -> Started {
+    fn start_queued(
+        &mut self,
+        steps: &[Queued<'_>],
+        stop: &dyn Fn() -> bool,
+        held: bool,
+    ) -> Started {
+        let copies = steps
+            .iter()
+            .any(|s| matches!(s, Queued::Upload { .. } | Queued::Download { .. }));
+        if copies && !held {
+            // The GPU would copy from or to host memory the caller is
+            // about to let go of: the run is over before this returns.
+            return Started::Done(self.run_queued(steps, stop));
+        }
         let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
         if now.is_empty() || self.in_flight.len() >= MARK_SLOTS - 1 {
             let mut done = QueuedDone::all_failed(

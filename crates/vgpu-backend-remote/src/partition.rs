@@ -913,7 +913,13 @@ impl Partition for RemotePartition {
         self.config.queue_depth.clamp(1, runner::MAX_STARTED)
     }
 
-    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
+    /// The host maps the copies' memory itself: `held` does not matter.
+    fn start_queued(
+        &mut self,
+        steps: &[Queued<'_>],
+        stop: &dyn Fn() -> bool,
+        _held: bool,
+    ) -> Started {
         let Some((local, sent)) = self.prepare_run(steps) else {
             return Started::Done(vgpu_backend::run_queued_in_order(self, steps, stop));
         };

@@ -273,8 +273,11 @@ fn start_frame(p: &mut dyn Partition, pinned: &Pinned<'_>, frame: &[u8]) -> (Sta
         // Checked before it was started.
         _ => return (Started::Done(Vec::new()), 0),
     };
-    let started = with_queued(pinned, &steps, |queued| p.start_queued(queued, &|| false))
-        .unwrap_or_else(|e| Started::Done(QueuedDone::all_failed(steps.len(), &e)));
+    // `pinned` is kept until nothing is in flight.
+    let started = with_queued(pinned, &steps, |queued| {
+        p.start_queued(queued, &|| false, true)
+    })
+    .unwrap_or_else(|e| Started::Done(QueuedDone::all_failed(steps.len(), &e)));
     (started, steps.len())
 }
 
@@ -413,7 +416,16 @@ mod tests {
         fn queue_depth(&self) -> usize {
             2
         }
-        fn start_queued(&mut self, steps: &[Queued<'_>], _: &dyn Fn() -> bool) -> Started {
+        fn start_queued(
+            &mut self,
+            steps: &[Queued<'_>],
+            _: &dyn Fn() -> bool,
+            held: bool,
+        ) -> Started {
+            assert!(
+                held,
+                "the runner keeps guest memory until the run is finished"
+            );
             let kept = steps
                 .iter()
                 .map(|s| match s {

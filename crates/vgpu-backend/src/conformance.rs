@@ -824,7 +824,7 @@ pub fn queued_runs_in_flight_finish_in_order(make: Make<'_>) {
             Queued::Download { src: a, dst: mem },
             Queued::Timestamp,
         ];
-        started.push(p.start_queued(&steps, &|| false));
+        started.push(p.start_queued(&steps, &|| false, true));
     }
     let mut results = Vec::new();
     for s in started {

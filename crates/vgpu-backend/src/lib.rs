@@ -627,12 +627,21 @@ pub trait Partition: Send {
         1
     }
     /// Starts `steps` as [`Partition::run_queued`] would, returning once
-    /// they are in flight if the partition can keep them so: copies'
-    /// host memory may then go once this returns (the partition holds
-    /// what it needs of it). Called only while fewer than
-    /// [`Partition::queue_depth`] runs are in flight, and nothing else is
+    /// they are in flight if the partition can keep them so. `held`: the
+    /// caller keeps the copies' host memory mapped until the run is
+    /// finished; if not, it may go once this returns, and a partition
+    /// that would copy straight from or to it later runs such a run to
+    /// completion here (one that maps the memory itself need not).
+    /// Called only while fewer than [`Partition::queue_depth`] runs are
+    /// in flight, and nothing else but `memory_used` and `is_lost` is
     /// called on the partition until they are finished.
-    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
+    fn start_queued(
+        &mut self,
+        steps: &[Queued<'_>],
+        stop: &dyn Fn() -> bool,
+        held: bool,
+    ) -> Started {
+        let _ = held;
         Started::Done(self.run_queued(steps, stop))
     }
     /// Waits for the oldest run in flight; `None` when none is (or the

@@ -693,7 +693,8 @@ fn start_run(
     // `keep`: leave it in flight if the partition can.
     let go = |p: &mut dyn vgpu_backend::Partition, queued: &[Queued<'_>]| {
         if keep {
-            p.start_queued(queued, stop)
+            // The DMA table's lock goes when this returns.
+            p.start_queued(queued, stop, false)
         } else {
             Started::Done(p.run_queued(queued, stop))
         }

@@ -863,7 +863,7 @@ fn fake_host_bad_transfers_are_refused() {
 
 /// Starts a run of one timestamp and finishes it.
 fn started_call(p: &mut dyn Partition) -> Result<(), OpError> {
-    match p.start_queued(&[Queued::Timestamp], &|| false) {
+    match p.start_queued(&[Queued::Timestamp], &|| false, false) {
         Started::InFlight => {}
         Started::Done(done) => return done[0].result.clone(),
     }

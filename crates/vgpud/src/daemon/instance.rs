@@ -75,8 +75,13 @@ impl Partition for SharedPartition {
     fn queue_depth(&self) -> usize {
         lock(&self.inner).queue_depth()
     }
-    fn start_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Started {
-        lock(&self.inner).start_queued(steps, stop)
+    fn start_queued(
+        &mut self,
+        steps: &[Queued<'_>],
+        stop: &dyn Fn() -> bool,
+        held: bool,
+    ) -> Started {
+        lock(&self.inner).start_queued(steps, stop, held)
     }
     fn finish_queued(&mut self) -> Option<Finished> {
         lock(&self.inner).finish_queued()
