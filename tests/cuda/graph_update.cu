@@ -2,7 +2,9 @@
 // steps: a kernel node's parameters read back and set (in the graph, and
 // in an executable), and an executable updated from a newly captured
 // graph of the same topology; a graph of another topology is refused
-// with the node at fault, and the caller instantiates again.
+// with the node at fault, and the caller instantiates again. Then memset
+// and memcpy nodes: their parameters read back and set, in the graph and
+// in an executable, to as many rows or more.
 #define TEST_NAME "graph_update"
 #include "check.h"
 
@@ -86,6 +88,101 @@ int main() {
   CHECK(cudaGraphInstantiate(&e, g3, 0));
   EXPECT(run(e, s, p) == 3, "the new instantiation");
   printf("PASS %s topology-changed\n", TEST_NAME);
+
+  // Memset and memcpy nodes: a memset of `rows` rows of `a`, then a copy
+  // of `a` into `b`, then a kernel after both.
+  {
+    const int w = 64, rows_max = 8;
+    size_t pitch;
+    int *a, *b, *out = (int *)malloc(rows_max * w * sizeof(int));
+    CHECK(cudaMallocPitch((void **)&a, &pitch, w * sizeof(int), rows_max));
+    CHECK(cudaMalloc(&b, pitch * rows_max));
+    CHECK(cudaMemset(a, 0, pitch * rows_max));
+    CHECK(cudaMemset(b, 0, pitch * rows_max));
+    cudaGraph_t mg;
+    CHECK(cudaGraphCreate(&mg, 0));
+    cudaMemsetParams m = {};
+    m.dst = a;
+    m.pitch = pitch;
+    m.value = 7;
+    m.elementSize = 4;
+    m.width = w;
+    m.height = 2;
+    cudaGraphNode_t set, copy, k;
+    CHECK(cudaGraphAddMemsetNode(&set, mg, NULL, 0, &m));
+    CHECK(cudaGraphAddMemcpyNode1D(&copy, mg, &set, 1, b, a, pitch * rows_max,
+                                   cudaMemcpyDeviceToDevice));
+    cudaKernelNodeParams kp = {};
+    int v = 1;
+    void *args[] = {&p, &v};
+    kp.func = (void *)add;
+    kp.gridDim = dim3(1);
+    kp.blockDim = dim3(1);
+    kp.kernelParams = args;
+    CHECK(cudaGraphAddKernelNode(&k, mg, &copy, 1, &kp));
+    cudaMemsetParams got = {};
+    CHECK(cudaGraphMemsetNodeGetParams(set, &got));
+    EXPECT(got.dst == a && got.value == 7 && got.height == 2 && got.pitch == pitch,
+           "the memset node's parameters read back");
+    cudaMemcpy3DParms cp = {};
+    CHECK(cudaGraphMemcpyNodeGetParams(copy, &cp));
+    EXPECT(cp.extent.width == pitch * rows_max, "the memcpy node's width %zu", cp.extent.width);
+    cudaGraphExec_t me;
+    CHECK(cudaGraphInstantiate(&me, mg, 0));
+    // Rows with `value` in their first `w` words, up to `rows`; zero after.
+    auto expect_rows = [&](const int *dev, int rows, int value, const char *what) {
+      CHECK(cudaMemcpy2D(out, w * sizeof(int), dev, pitch, w * sizeof(int), rows_max,
+                         cudaMemcpyDeviceToHost));
+      for (int r = 0; r < rows_max; r++)
+        for (int i = 0; i < w; i++) {
+          int want = r < rows ? value : 0;
+          EXPECT(out[r * w + i] == want, "%s: row %d word %d = %d, want %d", what, r, i,
+                 out[r * w + i], want);
+        }
+    };
+    CHECK(cudaGraphLaunch(me, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_rows(b, 2, 7, "first launch");
+    // In the executable: more rows, another value (its work grows).
+    m.height = 6;
+    m.value = 9;
+    CHECK(cudaGraphExecMemsetNodeSetParams(me, set, &m));
+    CHECK(cudaGraphLaunch(me, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_rows(b, 6, 9, "the executable's memset changed");
+    // The graph keeps its own; set there, it reads back.
+    CHECK(cudaGraphMemsetNodeGetParams(set, &got));
+    EXPECT(got.value == 7 && got.height == 2, "the graph's node kept its parameters");
+    m.height = 1;
+    m.value = 3;
+    CHECK(cudaGraphMemsetNodeSetParams(set, &m));
+    CHECK(cudaGraphMemsetNodeGetParams(set, &got));
+    EXPECT(got.value == 3 && got.height == 1, "the graph's node took new parameters");
+    // The executable's copy goes to `a` itself instead... from `b`: the
+    // memset's rows of `a` are overwritten with what `b` holds.
+    CHECK(cudaMemset(b, 0, pitch * rows_max));
+    cudaMemcpy3DParms back = {};
+    back.srcPtr = make_cudaPitchedPtr(b, pitch, w * sizeof(int), rows_max);
+    back.dstPtr = make_cudaPitchedPtr(a, pitch, w * sizeof(int), rows_max);
+    back.extent = make_cudaExtent(w * sizeof(int), rows_max, 1);
+    back.kind = cudaMemcpyDeviceToDevice;
+    CHECK(cudaGraphExecMemcpyNodeSetParams(me, copy, &back));
+    CHECK(cudaGraphLaunch(me, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_rows(a, 0, 0, "the executable's copy reversed");
+    CHECK(cudaGraphMemcpyNodeSetParams(copy, &back));
+    CHECK(cudaGraphMemcpyNodeGetParams(copy, &cp));
+    EXPECT(cp.extent.height == rows_max && cp.dstPtr.ptr == a, "the graph's memcpy node set");
+    EXPECT(cudaGraphMemsetNodeGetParams(copy, &got) == cudaErrorInvalidValue,
+           "a memcpy node is no memset node");
+    cudaGetLastError();
+    CHECK(cudaGraphExecDestroy(me));
+    CHECK(cudaGraphDestroy(mg));
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    free(out);
+    printf("PASS %s memset-memcpy-params\n", TEST_NAME);
+  }
 
   CHECK(cudaGraphExecDestroy(e));
   CHECK(cudaGraphExecDestroy(e2));

@@ -233,7 +233,22 @@ pub struct Node {
     /// them, once asked for: a copy of the block (writes through the
     /// pointers change no launch) and each parameter's address in it.
     pub param_ptrs: Option<HandedOut>,
+    /// A memset or memcpy node's parameters as the program last gave
+    /// them, which `cuGraph*NodeGetParams` answers.
+    pub given: Option<Given>,
 }
+
+/// The parameters a memset or memcpy node was made or last set with.
+#[derive(Clone, Copy)]
+pub enum Given {
+    Memset(crate::api::graph::MemsetNodeParams),
+    Memcpy(crate::api::strided::Memcpy3d),
+}
+
+// SAFETY: the host addresses in a memcpy's parameters are the program's
+// values, kept only to be handed back to it; nothing dereferences them
+// through this copy.
+unsafe impl Send for Given {}
 
 impl Clone for Node {
     /// A copy without the parameters handed out: their addresses are the
@@ -244,6 +259,7 @@ impl Clone for Node {
             work: self.work.clone(),
             deps: self.deps.clone(),
             param_ptrs: None,
+            given: self.given,
         }
     }
 }
@@ -264,6 +280,7 @@ impl Node {
             work: vec![work.clone()],
             deps,
             param_ptrs: None,
+            given: None,
         }
     }
 }
@@ -333,6 +350,7 @@ impl Graph {
                 work: Vec::new(),
                 deps: n.deps.clone(),
                 param_ptrs: None,
+                given: None,
             })
             .collect();
         Graph {
@@ -725,6 +743,91 @@ impl Objects {
         self.set_exec_node(exec, node, NODE_KERNEL, device, launch)
     }
 
+    /// Keeps the parameters node `node` was made with (see
+    /// [`Node::given`]).
+    pub fn keep_given(&mut self, node: usize, given: Given) -> CuResult {
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        graph.nodes[i].given = Some(given);
+        Ok(())
+    }
+
+    /// The parameters memset or memcpy node `node` (of type `kind`) was
+    /// last given.
+    pub fn given_of(&self, node: usize, kind: u32) -> CuResult<Given> {
+        let (g, i) = self.node(node)?;
+        let n = &self.graphs[&g].nodes[i];
+        match (n.given, n.kind == kind) {
+            (Some(given), true) => Ok(given),
+            _ => Err(cu::ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// Replaces the work of node `node` (of type `kind`) of a graph with
+    /// `work`, made from `given`.
+    pub fn set_node_given(
+        &mut self,
+        node: usize,
+        kind: u32,
+        device: CUdevice,
+        work: Vec<Work>,
+        given: Given,
+    ) -> CuResult {
+        for w in &work {
+            w.check()?;
+        }
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let n = &mut graph.nodes[i];
+        if n.kind != kind || device != graph.device || n.given.is_none() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        n.work = work;
+        n.given = Some(given);
+        Ok(())
+    }
+
+    /// Replaces the work of node `node` (of type `kind`) in `exec` with
+    /// `work`, however many pieces either has; the graph keeps its own.
+    pub fn set_exec_works(
+        &mut self,
+        exec: usize,
+        node: usize,
+        kind: u32,
+        device: CUdevice,
+        work: Vec<Work>,
+    ) -> CuResult {
+        for w in &work {
+            w.check()?;
+        }
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.execs.get_mut(&exec).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if !e.graphs.contains(&g) || device != e.device {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let span = e.spans.get(i).cloned().ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if e.topology.nodes.get(i).is_none_or(|n| n.kind != kind) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let (old, new) = (span.len(), work.len());
+        let mut nodes = Vec::with_capacity(e.nodes.len() - old + new);
+        nodes.extend_from_slice(&e.nodes[..span.start]);
+        nodes.extend(work);
+        nodes.extend_from_slice(&e.nodes[span.end..]);
+        e.nodes = nodes.into();
+        // The nodes placed after it move by the difference.
+        for s in &mut e.spans {
+            if s.start >= span.end && !(s.start == span.start && s.end == span.end) {
+                *s = s.start + new - old..s.end + new - old;
+            }
+        }
+        e.spans[i] = span.start..span.start + new;
+        Ok(())
+    }
+
     /// Replaces the one piece of work of node `node` (of type `kind`) in
     /// `exec`, as [`Self::set_exec_kernel`] does a kernel's.
     pub fn set_exec_node(
@@ -869,6 +972,7 @@ impl Objects {
             work,
             deps: indices,
             param_ptrs: None,
+            given: None,
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
     }
@@ -1145,6 +1249,52 @@ mod tests {
         o.add_dependencies(g, &[c], &[a]).unwrap();
         assert_eq!(order(&o, g), None);
         assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn an_executables_node_takes_more_or_less_work_and_the_rest_moves() {
+        let mut o = Objects::default();
+        let g = empty_graph(&mut o);
+        let a = o
+            .add_node(g, &[], NODE_MEMSET, vec![fill(1), fill(2)])
+            .unwrap();
+        let b = o.add_node(g, &[a], NODE_MEMCPY, vec![fill(3)]).unwrap();
+        let _empty = o.add_node(g, &[b], NODE_EMPTY, Vec::new()).unwrap();
+        let c = o.add_node(g, &[b], NODE_MEMSET, vec![fill(4)]).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
+        let patterns = |o: &Objects| -> Vec<u32> {
+            o.execs[&e]
+                .nodes
+                .iter()
+                .map(|w| match w {
+                    Work::Fill { pattern, .. } => *pattern,
+                    _ => u32::MAX,
+                })
+                .collect()
+        };
+        assert_eq!(patterns(&o), [1, 2, 3, 4]);
+        o.set_exec_works(e, a, NODE_MEMSET, 0, vec![fill(5), fill(6), fill(7)])
+            .unwrap();
+        assert_eq!(patterns(&o), [5, 6, 7, 3, 4]);
+        o.set_exec_works(e, c, NODE_MEMSET, 0, vec![fill(8), fill(9)])
+            .unwrap();
+        o.set_exec_works(e, a, NODE_MEMSET, 0, vec![fill(10)])
+            .unwrap();
+        assert_eq!(patterns(&o), [10, 3, 8, 9]);
+        o.set_exec_works(e, b, NODE_MEMCPY, 0, vec![fill(11), fill(12)])
+            .unwrap();
+        assert_eq!(patterns(&o), [10, 11, 12, 8, 9]);
+        // The graph's nodes keep their work; a node of another type, or
+        // of another device, is refused.
+        assert_eq!(order(&o, g), Some(vec![1, 2, 3, 4]));
+        assert_eq!(
+            o.set_exec_works(e, b, NODE_MEMSET, 0, vec![fill(1)]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            o.set_exec_works(e, a, NODE_MEMSET, 1, vec![fill(1)]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
     }
 
     #[test]

@@ -623,38 +623,107 @@ pub unsafe extern "C" fn cuGraphAddMemsetNode(
     entry(|| {
         // SAFETY: the caller's parameters (null is refused).
         let p = unsafe { ffi::get(params) }?;
-        let d = driver()?;
-        let width = p.element_size as usize;
-        let row = p.width.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
-        if ![1, 2, 4].contains(&width)
-            || p.width == 0
-            || p.height == 0
-            || (p.height > 1 && p.pitch < row)
-        {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        // One fill (and tail) per row, each on the graph's device.
-        let mut work = Vec::new();
-        let mut device = None;
-        for r in 0..p.height {
-            let at = (r as u64)
-                .checked_mul(p.pitch as u64)
-                .and_then(|off| p.dst.checked_add(off))
-                .ok_or(cu::ERROR_INVALID_VALUE)?;
-            if let Some((dev, w)) = memset_work(d, at, p.value, width, p.width)? {
-                if device.is_some_and(|x| x != dev) {
-                    return Err(cu::ERROR_INVALID_VALUE);
-                }
-                device = Some(dev);
-                work.extend(w);
-            }
-            if work.len() > g::MAX_NODES {
+        let (device, work) = memset_node_work(&p)?;
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEMSET, (device, work)) }?;
+        // SAFETY: written just now.
+        let node = unsafe { ffi::get(out) }?;
+        driver()?
+            .objects()
+            .keep_given(node as usize, g::Given::Memset(p))
+    })
+}
+
+/// A memset node's work: one fill (and tail) per row, on the device of
+/// the memory.
+fn memset_node_work(p: &MemsetNodeParams) -> CuResult<(cu::CUdevice, Vec<Work>)> {
+    let d = driver()?;
+    let width = p.element_size as usize;
+    let row = p.width.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
+    if ![1, 2, 4].contains(&width)
+        || p.width == 0
+        || p.height == 0
+        || (p.height > 1 && p.pitch < row)
+    {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // One fill (and tail) per row, each on the graph's device.
+    let mut work = Vec::new();
+    let mut device = None;
+    for r in 0..p.height {
+        let at = (r as u64)
+            .checked_mul(p.pitch as u64)
+            .and_then(|off| p.dst.checked_add(off))
+            .ok_or(cu::ERROR_INVALID_VALUE)?;
+        if let Some((dev, w)) = memset_work(d, at, p.value, width, p.width)? {
+            if device.is_some_and(|x| x != dev) {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
+            device = Some(dev);
+            work.extend(w);
         }
-        let device = device.ok_or(cu::ERROR_INVALID_VALUE)?;
-        // SAFETY: the caller's pointers.
-        unsafe { add_node(out, graph, deps, n, g::NODE_MEMSET, (device, work)) }
+        if work.len() > g::MAX_NODES {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+    }
+    let device = device.ok_or(cu::ERROR_INVALID_VALUE)?;
+    Ok((device, work))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemsetNodeGetParams(
+    node: Handle,
+    out: *mut MemsetNodeParams,
+) -> CUresult {
+    entry(|| {
+        match driver()?
+            .objects()
+            .given_of(node as usize, g::NODE_MEMSET)?
+        {
+            // SAFETY: the caller's out-parameter.
+            g::Given::Memset(p) => unsafe { ffi::put(out, p) },
+            g::Given::Memcpy(_) => Err(cu::ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemsetNodeSetParams(
+    node: Handle,
+    params: *const MemsetNodeParams,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        let (device, work) = memset_node_work(&p)?;
+        driver()?.objects().set_node_given(
+            node as usize,
+            g::NODE_MEMSET,
+            device,
+            work,
+            g::Given::Memset(p),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    params: *const MemsetNodeParams,
+    _ctx: Handle,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        let (device, work) = memset_node_work(&p)?;
+        driver()?.objects().set_exec_works(
+            exec as usize,
+            node as usize,
+            g::NODE_MEMSET,
+            device,
+            work,
+        )
     })
 }
 
@@ -675,7 +744,61 @@ pub unsafe extern "C" fn cuGraphAddMemcpyNode(
         let d = driver()?;
         let (device, works) = Copy3D::of(d, &p)?.works(d)?;
         // SAFETY: the caller's pointers.
-        unsafe { add_node(out, graph, deps, n, g::NODE_MEMCPY, (device, works)) }
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEMCPY, (device, works)) }?;
+        // SAFETY: written just now.
+        let node = unsafe { ffi::get(out) }?;
+        d.objects().keep_given(node as usize, g::Given::Memcpy(p))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(node: Handle, out: *mut Memcpy3d) -> CUresult {
+    entry(|| {
+        match driver()?
+            .objects()
+            .given_of(node as usize, g::NODE_MEMCPY)?
+        {
+            // SAFETY: the caller's out-parameter.
+            g::Given::Memcpy(p) => unsafe { ffi::put(out, p) },
+            g::Given::Memset(_) => Err(cu::ERROR_INVALID_VALUE),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemcpyNodeSetParams(
+    node: Handle,
+    params: *const Memcpy3d,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        let d = driver()?;
+        let (device, works) = Copy3D::of(d, &p)?.works(d)?;
+        d.objects().set_node_given(
+            node as usize,
+            g::NODE_MEMCPY,
+            device,
+            works,
+            g::Given::Memcpy(p),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecMemcpyNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    params: *const Memcpy3d,
+    _ctx: Handle,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's parameters (null is refused).
+        let p = unsafe { ffi::get(params) }?;
+        let d = driver()?;
+        let (device, works) = Copy3D::of(d, &p)?.works(d)?;
+        d.objects()
+            .set_exec_works(exec as usize, node as usize, g::NODE_MEMCPY, device, works)
     })
 }
 
