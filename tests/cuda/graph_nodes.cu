@@ -1,8 +1,9 @@
 // A graph built node by node, as XLA and CUDA's graph samples build
 // them: memset, kernel, device-to-device memcpy and empty nodes, one
 // dependency added after its nodes (so the order they were added in is
-// not an order the graph may run in), the nodes and their edges listed
-// and typed, then the graph replayed and checked against the CPU; then
+// not an order the graph may run in), removed and added again, the nodes
+// and their edges listed and typed, then the graph replayed and checked
+// against the CPU; then
 // the graph cloned, and run again as a child graph node of another.
 #define TEST_NAME "graph_nodes"
 #include "check.h"
@@ -88,6 +89,16 @@ int main() {
   cudaError_t e = cudaGraphAddDependencies(g, &make_w, &add_w, NULL, 1);
   EXPECT(e == cudaErrorInvalidValue, "the same dependency twice: %s", cudaGetErrorString(e));
   (void)cudaGetLastError();
+  // A dependency removed goes; one that is not there is refused; put
+  // back, the graph is as before.
+  CHECK(cudaGraphRemoveDependencies(g, &make_w, &add_w, NULL, 1));
+  ndeps = 4;
+  CHECK(cudaGraphNodeGetDependencies(add_w, deps, NULL, &ndeps));
+  EXPECT(ndeps == 1 && deps[0] == copy, "%zu dependencies after one was removed", ndeps);
+  e = cudaGraphRemoveDependencies(g, &make_w, &add_w, NULL, 1);
+  EXPECT(e == cudaErrorInvalidValue, "removing a dependency twice: %s", cudaGetErrorString(e));
+  (void)cudaGetLastError();
+  CHECK(cudaGraphAddDependencies(g, &make_w, &add_w, NULL, 1));
 
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, g, 0));

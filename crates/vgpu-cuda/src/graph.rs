@@ -1061,6 +1061,34 @@ impl Objects {
         Ok(())
     }
 
+    /// Removes the edges from each of `from` to the node of `to` beside
+    /// it; all or none: an edge that is not there refuses them all.
+    pub fn remove_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
+        let mut edges = Vec::with_capacity(from.len());
+        for (&f, &t) in from.iter().zip(to) {
+            let (fg, fi) = self.node(f)?;
+            let (tg, ti) = self.node(t)?;
+            if fg != g || tg != g {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            edges.push((fi, ti));
+        }
+        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        let mut seen = std::collections::HashSet::with_capacity(edges.len());
+        for &(fi, ti) in &edges {
+            if !graph.nodes[ti].deps.contains(&fi) || !seen.insert((fi, ti)) {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+        }
+        for (fi, ti) in edges {
+            graph.nodes[ti].deps.retain(|&d| d != fi);
+        }
+        Ok(())
+    }
+
     /// Destroys graph `g`, unless a capture is filling it.
     pub fn destroy_graph(&mut self, g: usize) -> CuResult {
         let graph = crate::state::by_handle(&self.graphs, g)?;
@@ -1249,6 +1277,17 @@ mod tests {
         o.add_dependencies(g, &[c], &[a]).unwrap();
         assert_eq!(order(&o, g), None);
         assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_INVALID_VALUE));
+        // Until the edge goes again; an edge that is not there refuses
+        // the whole call.
+        assert_eq!(
+            o.remove_dependencies(g, &[c, b], &[a, a]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(order(&o, g), None);
+        o.remove_dependencies(g, &[c], &[a]).unwrap();
+        assert_eq!(order(&o, g), Some(vec![1, 4, 2, 3]));
+        o.remove_dependencies(g, &[d], &[b]).unwrap();
+        assert_eq!(order(&o, g), Some(vec![1, 2, 3, 4]));
     }
 
     #[test]

@@ -164,7 +164,6 @@ unsupported! {
     cuGraphBatchMemOpNodeSetParams,
     cuGraphExecBatchMemOpNodeSetParams,
     cuGraphGetEdges_v2,
-    cuGraphRemoveDependencies_v2,
     cuGraphicsMapResources_ptsz,
     cuGraphicsResourceGetMappedPointer_v2,
     cuGraphicsResourceSetMapFlags_v2,

@@ -858,6 +858,58 @@ pub unsafe extern "C" fn cuGraphAddDependencies_v2(
     })
 }
 
+/// Removes the edge from each node of `from` to the node of `to` beside
+/// it.
+///
+/// # Safety
+/// `from` and `to` are valid for `n` handles each.
+unsafe fn remove_dependencies(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    n: usize,
+) -> CuResult {
+    // SAFETY: the caller's arrays.
+    let (from, to) = unsafe { (handles(from, n)?, handles(to, n)?) };
+    driver()?
+        .objects()
+        .remove_dependencies(graph as usize, &from, &to)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphRemoveDependencies(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    n: usize,
+) -> CUresult {
+    // SAFETY: the caller's arrays.
+    entry(|| unsafe { remove_dependencies(graph, from, to, n) })
+}
+
+/// The CUDA 12.3 form: only default edges exist here.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphRemoveDependencies_v2(
+    graph: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    edges: *const [u8; 8],
+    n: usize,
+) -> CUresult {
+    entry(|| {
+        if !edges.is_null() {
+            for i in 0..n.min(g::MAX_NODES) {
+                // SAFETY: the caller's array of `n` edge data.
+                if unsafe { ffi::get(edges.add(i)) }? != [0; 8] {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+            }
+        }
+        // SAFETY: the caller's arrays.
+        unsafe { remove_dependencies(graph, from, to, n) }
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
     entry(|| {
