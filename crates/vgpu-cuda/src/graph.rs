@@ -1036,6 +1036,23 @@ impl Objects {
     /// of graph `g`); an edge already there, or from a node to itself, is
     /// refused, as CUDA does.
     pub fn add_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
+        let (graph, edges) = self.edges(g, from, to, false)?;
+        for (fi, ti) in edges {
+            graph.nodes[ti].deps.push(fi);
+        }
+        Ok(())
+    }
+
+    /// Graph `g` (not being captured) and the edges from each node of
+    /// `from` to the one of `to` beside it, as node indices: each named
+    /// once, within `g`, and there already (`present`) or not yet.
+    fn edges(
+        &mut self,
+        g: usize,
+        from: &[usize],
+        to: &[usize],
+        present: bool,
+    ) -> CuResult<(&mut Graph, Vec<(usize, usize)>)> {
         let mut edges = Vec::with_capacity(from.len());
         for (&f, &t) in from.iter().zip(to) {
             let (fg, fi) = self.node(f)?;
@@ -1051,38 +1068,17 @@ impl Objects {
         }
         let mut seen = std::collections::HashSet::with_capacity(edges.len());
         for &(fi, ti) in &edges {
-            if graph.nodes[ti].deps.contains(&fi) || !seen.insert((fi, ti)) {
+            if graph.nodes[ti].deps.contains(&fi) != present || !seen.insert((fi, ti)) {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
         }
-        for (fi, ti) in edges {
-            graph.nodes[ti].deps.push(fi);
-        }
-        Ok(())
+        Ok((graph, edges))
     }
 
     /// Removes the edges from each of `from` to the node of `to` beside
     /// it; all or none: an edge that is not there refuses them all.
     pub fn remove_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
-        let mut edges = Vec::with_capacity(from.len());
-        for (&f, &t) in from.iter().zip(to) {
-            let (fg, fi) = self.node(f)?;
-            let (tg, ti) = self.node(t)?;
-            if fg != g || tg != g {
-                return Err(cu::ERROR_INVALID_VALUE);
-            }
-            edges.push((fi, ti));
-        }
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        if graph.capture.is_some() {
-            return Err(cu::ERROR_ILLEGAL_STATE);
-        }
-        let mut seen = std::collections::HashSet::with_capacity(edges.len());
-        for &(fi, ti) in &edges {
-            if !graph.nodes[ti].deps.contains(&fi) || !seen.insert((fi, ti)) {
-                return Err(cu::ERROR_INVALID_VALUE);
-            }
-        }
+        let (graph, edges) = self.edges(g, from, to, true)?;
         for (fi, ti) in edges {
             graph.nodes[ti].deps.retain(|&d| d != fi);
         }

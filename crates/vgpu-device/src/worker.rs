@@ -491,13 +491,15 @@ fn run_chains(
                 return true;
             }
         }
-        if notify && !flights.is_empty() {
+        if !flights.is_empty() {
             // The guest hears of this run while the next is in flight.
-            sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
+            if wants_irq(sh, ring, notify) {
+                sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
+            }
             notify = false;
         }
     }
-    if notify {
+    if wants_irq(sh, ring, notify) {
         sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
     }
     true
@@ -540,8 +542,8 @@ fn trace_run(
 
 /// Charges `outcomes` to the gate (unless cancelled) and completes the
 /// commands of `group` with them. Returns whether one asks for an
-/// interrupt; Err when nothing more may be written to the ring (it broke,
-/// or the queue went away meanwhile).
+/// interrupt regardless of suppression; Err when nothing more may be
+/// written to the ring (it broke, or the queue went away meanwhile).
 fn complete_group(
     sh: &Shared,
     q: u32,
@@ -567,8 +569,15 @@ fn complete_group(
         }
         notify |= complete(sh, q, ring, (*head, descs), outcome, cancel)?;
     }
+    Ok(notify)
+}
+
+/// Whether the guest asked to hear of the completions written so far
+/// (event index), or a command asked for an interrupt regardless.
+fn wants_irq(sh: &Shared, ring: &mut Queue, forced: bool) -> bool {
     let view = sh.ctx.dma.view();
-    Ok(notify | ring.needs_notification(&view).unwrap_or(true))
+    // Asked even when forced: it moves the ring's notification point.
+    ring.needs_notification(&view).unwrap_or(true) || forced
 }
 
 /// How the chains of a group run.
