@@ -957,6 +957,7 @@ impl Partition for CudaPartition {
 
     fn start_queued(
         &mut self,
+        _lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         held: bool,
@@ -991,7 +992,7 @@ impl Partition for CudaPartition {
         }
     }
 
-    fn finish_queued(&mut self) -> Option<Finished> {
+    fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         let (run, count) = self.in_flight.pop_front()?;
         let n = run.ran.len();
         let mut done = self
@@ -1000,7 +1001,7 @@ impl Partition for CudaPartition {
         vgpu_backend::refuse_past_limit(&mut done, count);
         // A run begins where the one before it ended on the stream: the
         // caller reckons that from its own clock.
-        Some(Finished { waited_ns: 0, done })
+        Some((0, Finished { waited_ns: 0, done }))
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

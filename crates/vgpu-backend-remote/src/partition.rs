@@ -916,6 +916,7 @@ impl Partition for RemotePartition {
     /// The host maps the copies' memory itself: `held` does not matter.
     fn start_queued(
         &mut self,
+        _lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         _held: bool,
@@ -969,7 +970,7 @@ impl Partition for RemotePartition {
         }
     }
 
-    fn finish_queued(&mut self) -> Option<Finished> {
+    fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         let mut run = self.started.pop_front()?;
         let n = run.sent;
         let answer = match run.finished.take() {
@@ -989,10 +990,13 @@ impl Partition for RemotePartition {
             f.waited_ns
                 .min(run.at.elapsed().as_nanos().try_into().unwrap_or(u64::MAX))
         });
-        Some(Finished {
-            waited_ns,
-            done: merge_run(run.local, remote.map(|f| f.done), run.count),
-        })
+        Some((
+            0,
+            Finished {
+                waited_ns,
+                done: merge_run(run.local, remote.map(|f| f.done), run.count),
+            },
+        ))
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {

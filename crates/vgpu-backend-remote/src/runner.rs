@@ -248,7 +248,7 @@ fn finish(partition: &Shared, run: OnPartition, results: &SyncSender<Outcome>) -
     let (done, waited) = match run.started {
         Started::Done(done) => (done, run.waited),
         Started::InFlight => match p.finish_queued() {
-            Some(f) => (f.done, run.waited + Duration::from_nanos(f.waited_ns)),
+            Some((_, f)) => (f.done, run.waited + Duration::from_nanos(f.waited_ns)),
             None => (
                 QueuedDone::all_failed(run.steps, &OpError::Device("run lost".into())),
                 run.waited,
@@ -275,7 +275,7 @@ fn start_frame(p: &mut dyn Partition, pinned: &Pinned<'_>, frame: &[u8]) -> (Sta
     };
     // `pinned` is kept until nothing is in flight.
     let started = with_queued(pinned, &steps, |queued| {
-        p.start_queued(queued, &|| false, true)
+        p.start_queued(0, queued, &|| false, true)
     })
     .unwrap_or_else(|e| Started::Done(QueuedDone::all_failed(steps.len(), &e)));
     (started, steps.len())
@@ -418,6 +418,7 @@ mod tests {
         }
         fn start_queued(
             &mut self,
+            _: usize,
             steps: &[Queued<'_>],
             _: &dyn Fn() -> bool,
             held: bool,
@@ -440,7 +441,7 @@ mod tests {
             self.started.fetch_add(1, Ordering::SeqCst);
             Started::InFlight
         }
-        fn finish_queued(&mut self) -> Option<Finished> {
+        fn finish_queued(&mut self) -> Option<(usize, Finished)> {
             let run = self.runs.pop_front()?;
             // Slow enough that an unmap racing with it would be seen.
             std::thread::sleep(Duration::from_millis(20));
@@ -467,7 +468,7 @@ mod tests {
                 })
                 .collect();
             self.finished.fetch_add(1, Ordering::SeqCst);
-            Some(Finished { waited_ns: 0, done })
+            Some((0, Finished { waited_ns: 0, done }))
         }
         fn max_active_clusters(&mut self, _: &Launch<'_>) -> Result<u32, OpError> {
             Ok(0)

@@ -51,6 +51,7 @@ pub fn run_all(make: Make<'_>) {
     queued_copies_move_their_own_bytes(make);
     queued_fills_and_device_copies(make);
     queued_runs_in_flight_finish_in_order(make);
+    queued_runs_on_lanes_finish_in_order_per_lane(make);
 }
 
 /// A deterministic source of test data (xorshift).
@@ -824,13 +825,17 @@ pub fn queued_runs_in_flight_finish_in_order(make: Make<'_>) {
             Queued::Download { src: a, dst: mem },
             Queued::Timestamp,
         ];
-        started.push(p.start_queued(&steps, &|| false, true));
+        started.push(p.start_queued(0, &steps, &|| false, true));
     }
     let mut results = Vec::new();
     for s in started {
         let done = match s {
             Started::Done(done) => done,
-            Started::InFlight => p.finish_queued().expect("a run in flight").done,
+            Started::InFlight => {
+                let (lane, f) = p.finish_queued().expect("a run in flight");
+                assert_eq!(lane, 0, "the run's lane");
+                f.done
+            }
         };
         assert_eq!(done.len(), 4, "{done:?}");
         assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
@@ -845,6 +850,93 @@ pub fn queued_runs_in_flight_finish_in_order(make: Make<'_>) {
     let done = p.run_queued(&[Queued::Timestamp], &|| false);
     assert!(done[0].result.is_ok());
     assert_eq!(download(p, a, 4), [depth as u8; 4]);
+}
+
+/// Runs started on every lane at once (as deep as each keeps them) finish
+/// in the order started within their lane, each with its own results:
+/// lanes are independent streams, each seeing only its own work in order.
+pub fn queued_runs_on_lanes_finish_in_order_per_lane(make: Make<'_>) {
+    let mut boxed = make(&spec("lanes", MIB, 2));
+    let p = &mut *boxed;
+    let (lanes, depth) = (p.lanes().clamp(1, 4), p.queue_depth());
+    let bufs: Vec<u64> = (0..lanes).map(|_| p.alloc(64 << 10, 0).unwrap()).collect();
+    let mut outs: Vec<Vec<u8>> = (0..lanes * depth).map(|_| vec![0u8; 4096]).collect();
+    let slices: Vec<[HostSlice; 1]> = outs
+        .iter_mut()
+        .map(|o| {
+            [HostSlice {
+                ptr: o.as_mut_ptr(),
+                len: o.len(),
+                mapping: 0,
+            }]
+        })
+        .collect();
+    // Run k of lane l fills the lane's buffer with a byte of its own, then
+    // takes 4 KiB out; the k loop goes round the lanes so that their runs
+    // are started interleaved.
+    let byte = |l: usize, k: usize| (l * depth + k + 1) as u32;
+    let mut pending: Vec<std::collections::VecDeque<Started>> =
+        (0..lanes).map(|_| Default::default()).collect();
+    for k in 0..depth {
+        for (l, buf) in bufs.iter().enumerate() {
+            // SAFETY: `outs` outlives every run and is not otherwise
+            // touched until they are finished.
+            let mem = unsafe { SliceMemory::new(&slices[l * depth + k]) };
+            let steps = [
+                Queued::Fill(DeviceFill {
+                    addr: *buf,
+                    size: 64 << 10,
+                    pattern: byte(l, k) * 0x0101_0101,
+                }),
+                Queued::Download {
+                    src: *buf,
+                    dst: mem,
+                },
+                Queued::Timestamp,
+            ];
+            pending[l].push_back(p.start_queued(l, &steps, &|| false, true));
+        }
+    }
+    let mut seen = vec![0usize; lanes];
+    let check = |done: &[crate::QueuedDone]| {
+        assert_eq!(done.len(), 3, "{done:?}");
+        assert!(done.iter().all(|d| d.result.is_ok()), "{done:?}");
+    };
+    loop {
+        // Runs the partition ran before returning are done in turn.
+        for (l, q) in pending.iter_mut().enumerate() {
+            while let Some(Started::Done(_)) = q.front() {
+                let Some(Started::Done(done)) = q.pop_front() else {
+                    unreachable!()
+                };
+                check(&done);
+                seen[l] += 1;
+            }
+        }
+        let Some((lane, f)) = p.finish_queued() else {
+            break;
+        };
+        assert!(lane < lanes, "lane {lane} of {lanes}");
+        assert!(
+            matches!(pending[lane].pop_front(), Some(Started::InFlight)),
+            "lane {lane} finished a run it did not have in flight"
+        );
+        check(&f.done);
+        seen[lane] += 1;
+    }
+    assert!(pending.iter().all(|q| q.is_empty()), "runs left unfinished");
+    assert_eq!(seen, vec![depth; lanes]);
+    for l in 0..lanes {
+        for k in 0..depth {
+            let want = byte(l, k) as u8;
+            assert!(
+                outs[l * depth + k].iter().all(|&x| x == want),
+                "lane {l} run {k}"
+            );
+        }
+    }
+    let done = p.run_queued(&[Queued::Timestamp], &|| false);
+    assert!(done[0].result.is_ok());
 }
 
 /// `fill_u32` sets exactly its words.

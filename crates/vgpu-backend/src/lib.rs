@@ -619,34 +619,45 @@ pub trait Partition: Send {
     /// to forward it would run its inner partition's steps one by one
     /// ([`run_queued_in_order`]).
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone>;
-    /// How many queued runs may be in flight at once
+    /// How many queued runs may be in flight at once on each lane
     /// ([`Partition::start_queued`]); 1 for a partition that runs each to
-    /// completion. A wrapper forwards this, `start_queued` and
+    /// completion. A wrapper forwards this, `lanes`, `start_queued` and
     /// `finish_queued` together, or none of them.
     fn queue_depth(&self) -> usize {
         1
     }
-    /// Starts `steps` as [`Partition::run_queued`] would, returning once
-    /// they are in flight if the partition can keep them so. `held`: the
-    /// caller keeps the copies' host memory mapped until the run is
-    /// finished; if not, it may go once this returns, and a partition
-    /// that would copy straight from or to it later runs such a run to
-    /// completion here (one that maps the memory itself need not).
-    /// Called only while fewer than [`Partition::queue_depth`] runs are
-    /// in flight, and nothing else but `memory_used` and `is_lost` is
-    /// called on the partition until they are finished.
+    /// How many lanes the partition has: ordered streams of queued runs
+    /// that go to the device side by side (a stream each on a GPU), so
+    /// that a run of one lane may overlap, and finish before, a run of
+    /// another. Runs of one lane run and finish in the order started.
+    fn lanes(&self) -> usize {
+        1
+    }
+    /// Starts `steps` on `lane` (below [`Partition::lanes`]) as
+    /// [`Partition::run_queued`] would, returning once they are in flight
+    /// if the partition can keep them so. `held`: the caller keeps the
+    /// copies' host memory mapped until the run is finished; if not, it
+    /// may go once this returns, and a partition that would copy straight
+    /// from or to it later runs such a run to completion here (one that
+    /// maps the memory itself need not). Called only while fewer than
+    /// [`Partition::queue_depth`] runs are in flight on `lane`, and
+    /// nothing else but `memory_used` and `is_lost` is called on the
+    /// partition until every run in flight is finished.
     fn start_queued(
         &mut self,
+        lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         held: bool,
     ) -> Started {
-        let _ = held;
+        let _ = (lane, held);
         Started::Done(self.run_queued(steps, stop))
     }
-    /// Waits for the oldest run in flight; `None` when none is (or the
-    /// partition lost it: each of its steps failed).
-    fn finish_queued(&mut self) -> Option<Finished> {
+    /// Waits until a run in flight is finished: the oldest of its lane,
+    /// whichever lane's is done first. Returns the lane and the run's
+    /// results; `None` when no run is in flight (or the partition lost
+    /// them: each of their steps failed).
+    fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         None
     }
     /// How many thread block clusters of `launch`'s shape (its block,

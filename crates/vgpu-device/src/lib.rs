@@ -281,9 +281,9 @@ pub(crate) struct Shared {
     /// Device time of the last queued run the worker finished, ns: runs
     /// are kept in flight only after long ones (see `worker.rs`).
     pub(crate) last_run_ns: AtomicU64,
-    /// When that run ended, on the device epoch's clock, ns: the next run
-    /// on the partition begins no earlier.
-    pub(crate) last_run_end: AtomicU64,
+    /// Per lane of the partition, when its last run ended, on the device
+    /// epoch's clock, ns: the next run of the lane begins no earlier.
+    pub(crate) last_run_end: Box<[AtomicU64]>,
     /// Bumped by every queue enable/disable (see `QueueRegs::generation`).
     pub(crate) config_gen: AtomicU64,
     /// Bumped by reset: the worker stops writing completions of older work.
@@ -946,6 +946,7 @@ impl PciDevice for VgpuDevice {
         let Some((partition, doorbells, window)) = self.pending.take() else {
             return;
         };
+        let lanes = partition.lanes().clamp(1, abi::MAX_QUEUES as usize);
         let shared = Arc::new(Shared {
             name: self.config.name.clone(),
             ctx,
@@ -965,7 +966,7 @@ impl PciDevice for VgpuDevice {
             log: Mutex::new(Default::default()),
             any_polled: AtomicBool::new(false),
             last_run_ns: AtomicU64::new(0),
-            last_run_end: AtomicU64::new(0),
+            last_run_end: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
             config_gen: AtomicU64::new(0),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),

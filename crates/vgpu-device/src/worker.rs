@@ -63,13 +63,15 @@ pub(crate) fn run(sh: Arc<Shared>) {
         let full_scan = force_scan;
         if dirty {
             let _busy = lock(&sh.busy);
-            for q in 0..sh.num_queues {
-                let db = sh.doorbell(q);
-                if force_scan || db != last_doorbell[q as usize] {
+            let qs: Vec<u32> = (0..sh.num_queues)
+                .filter(|&q| {
+                    let db = sh.doorbell(q);
+                    let moved = force_scan || db != last_doorbell[q as usize];
                     last_doorbell[q as usize] = db;
-                    progressed |= process_queue(&sh, q, draining);
-                }
-            }
+                    moved
+                })
+                .collect();
+            progressed = process_queues(&sh, &qs, draining);
             force_scan = false;
         }
         if draining {
@@ -169,102 +171,403 @@ fn arm_notifications(sh: &Shared) -> bool {
     idle
 }
 
-/// Takes up to [`BATCH`] commands from queue `q`, runs them and completes
-/// them. Returns whether any work was done.
-fn process_queue(sh: &Shared, q: u32, draining: bool) -> bool {
-    let epoch = sh.epoch_gen.load(Ordering::SeqCst);
-    if epoch & 1 == 1 {
-        return false;
-    }
-    // Taken before the ring: a reconfiguration from here on is seen.
-    let config_gen = sh.config_gen.load(Ordering::SeqCst);
-    let (mut ring, generation, vector, limit) = {
-        let mut st = lock(&sh.state);
-        if st.status & abi::STATUS_ENABLED == 0 {
-            return false;
-        }
-        let Some(qr) = st.queues.get_mut(q as usize) else {
-            return false;
-        };
-        if qr.status & abi::QSTATUS_ERROR != 0 {
-            return false;
-        }
-        // Every other user of the ring holds `busy`, as this thread does
-        // now, so taking it out while working is invisible to them.
-        let Some(ring) = qr.ring.take() else {
-            return false;
-        };
-        (ring, qr.generation, qr.vector, qr.drain_limit)
-    };
-    let drain = draining.then_some(limit);
-    let progressed = run_batch(
-        sh,
-        q,
-        &mut ring,
-        (epoch, config_gen, generation),
-        vector,
-        drain,
-    );
-    let mut st = lock(&sh.state);
-    if let Some(qr) = st.queues.get_mut(q as usize) {
-        // A queue reconfigured meanwhile keeps its new state.
-        if qr.generation == generation && qr.ring.is_none() {
-            qr.ring = Some(ring);
-        }
-    }
-    progressed
-}
-
 /// (reset epoch, device config generation, queue generation) when a
-/// batch started.
+/// visit started.
 type Generations = (u64, u64, u64);
 
 /// While draining: the queue's avail index when the drain began, if the
 /// ring ran then (see `QueueRegs::drain_limit`).
 type DrainLimit = Option<Option<u16>>;
 
-/// Device time of a queued run from which the next is kept in flight
-/// behind it. Starting a run ahead costs the partition a second exchange
-/// (start, then finish) where running it costs one; behind a run this
-/// long that exchange is hidden, and the device is kept busy between
-/// runs. Behind a shorter one (launches trickling in one by one) it
-/// would only halve how many runs a second the worker gets through.
+/// Device time of a queued run from which the next run of its lane is
+/// kept in flight behind it. Starting a run ahead costs the partition a
+/// second exchange (start, then finish) where running it costs one;
+/// behind a run this long that exchange is hidden, and the device is kept
+/// busy between runs. Behind a shorter one (launches trickling in one by
+/// one) it would only halve how many runs a second the worker gets
+/// through.
 const KEEP_AFTER: Duration = Duration::from_micros(50);
 
 /// Most commands taken from one queue in one visit while runs are kept
 /// in flight: a visit goes on taking what the guest submits meanwhile, up
-/// to this, before the other queues get their turn.
+/// to this.
 const VISIT: usize = 4 * BATCH;
 
-fn run_batch(
-    sh: &Shared,
+/// One queue's part of a scan: its ring (taken out of the queue's state
+/// meanwhile), the commands popped from it and what became of them.
+struct Visit {
     q: u32,
-    ring: &mut Queue,
+    /// The partition's lane its runs go to.
+    lane: usize,
+    ring: Queue,
     gens: Generations,
     vector: u32,
+    /// The ring position of `chains[0]`.
+    first: u16,
     drain: DrainLimit,
-) -> bool {
+    chains: Vec<(u16, Vec<Desc>)>,
+    /// The ring error that ended the popping early, if any.
+    failure: Option<u32>,
+    /// The next chain to run.
+    next: usize,
+    /// Runs started and not completed, oldest first.
+    flights: VecDeque<Flight>,
+    /// A completion asked for an interrupt regardless of suppression.
+    notify: bool,
+    /// The queue went away (reset, reconfiguration) or its ring broke:
+    /// nothing more is run or written; runs in flight are still waited
+    /// for, so that the partition is idle afterwards.
+    closed: bool,
+}
+
+impl Visit {
+    /// Whether a reset or a reconfiguration of the queue happened since
+    /// the visit began. Any queue reconfiguration bumps `config_gen`; only
+    /// then is the (locked) per-queue generation worth a look.
+    fn stale(&self, sh: &Shared) -> bool {
+        stale(sh, self.q, self.gens)
+    }
+
+    /// Whether commands are left to run.
+    fn pending(&self) -> bool {
+        !self.closed && self.next < self.chains.len()
+    }
+}
+
+/// Whether a reset or a reconfiguration of queue `q` happened since
+/// `gens` were taken.
+fn stale(sh: &Shared, q: u32, (epoch, config_gen, generation): Generations) -> bool {
+    sh.epoch_gen.load(Ordering::SeqCst) != epoch
+        || (sh.config_gen.load(Ordering::SeqCst) != config_gen
+            && sh.queue_generation(q) != Some(generation))
+}
+
+/// Takes queue `q`'s ring and up to [`BATCH`] of its commands for a visit.
+fn begin_visit(sh: &Shared, q: u32, lanes: usize, draining: bool) -> Option<Visit> {
+    let epoch = sh.epoch_gen.load(Ordering::SeqCst);
+    if epoch & 1 == 1 {
+        return None;
+    }
+    // Taken before the ring: a reconfiguration from here on is seen.
+    let config_gen = sh.config_gen.load(Ordering::SeqCst);
+    let (mut ring, generation, vector, limit) = {
+        let mut st = lock(&sh.state);
+        if st.status & abi::STATUS_ENABLED == 0 {
+            return None;
+        }
+        let qr = st.queues.get_mut(q as usize)?;
+        if qr.status & abi::QSTATUS_ERROR != 0 {
+            return None;
+        }
+        // Every other user of the ring holds `busy`, as this thread does
+        // now, so taking it out while working is invisible to them.
+        let ring = qr.ring.take()?;
+        (ring, qr.generation, qr.vector, qr.drain_limit)
+    };
     let first = ring.next_avail();
     let mut chains = Vec::new();
-    let mut failure = pop_chains(sh, ring, BATCH, &mut chains);
-    let done = run_chains(
-        sh,
+    let failure = pop_chains(sh, &mut ring, BATCH, &mut chains);
+    Some(Visit {
         q,
+        lane: q as usize % lanes,
         ring,
-        gens,
+        gens: (epoch, config_gen, generation),
         vector,
-        (first, drain),
-        &mut chains,
-        &mut failure,
-    );
-    if let Some(code) = failure {
-        // Commands popped before the bad one ran and completed; the queue
-        // stops after them.
-        debug!("{}: queue {q}: ring error {code}", sh.name);
-        sh.queue_error(q, code, 0);
-        return done || !chains.is_empty();
+        first,
+        drain: draining.then_some(limit),
+        chains,
+        failure,
+        next: 0,
+        flights: VecDeque::new(),
+        notify: false,
+        closed: false,
+    })
+}
+
+/// Ends a visit: a ring error stops the queue (after the commands popped
+/// before it), the guest hears of the completions, and the ring goes
+/// back to the queue unless the queue was reconfigured meanwhile.
+/// Returns whether the visit did anything.
+fn end_visit(sh: &Shared, mut v: Visit) -> bool {
+    let q = v.q;
+    let progressed = !v.chains.is_empty() || v.failure.is_some();
+    if !v.closed {
+        if let Some(code) = v.failure {
+            debug!("{}: queue {q}: ring error {code}", sh.name);
+            sh.queue_error(q, code, 0);
+        } else if !v.chains.is_empty() && wants_irq(sh, &mut v.ring, v.notify) {
+            sh.raise(v.vector, abi::IRQ_CAUSE_QUEUE);
+        }
     }
-    done
+    let mut st = lock(&sh.state);
+    if let Some(qr) = st.queues.get_mut(q as usize) {
+        // A queue reconfigured meanwhile keeps its new state.
+        if qr.generation == v.gens.2 && qr.ring.is_none() {
+            qr.ring = Some(v.ring);
+        }
+    }
+    progressed
+}
+
+/// Serves queues `qs` together: takes up to [`BATCH`] commands from each,
+/// runs and completes them. Consecutive launches, timestamps, fills,
+/// copies and NOPs of a queue run as one queued run of the partition, so
+/// the device has them in flight together; every other command runs
+/// alone, once nothing is in flight. Each queue's runs go to a lane of
+/// the partition, so that where it has several, runs of different queues
+/// overlap on the device; within a lane the next run is started before
+/// the previous one is finished, where the partition keeps runs in
+/// flight, and a visit then takes what its guest submits meanwhile (up to
+/// [`VISIT`] commands, not past a ring error). Completions of a queue are
+/// written in order. Returns whether any work was done.
+fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> bool {
+    let (depth, lanes) = {
+        let p = lock(&sh.partition);
+        (p.queue_depth().max(1), p.lanes().max(1))
+    };
+    // Commands run one at a time while draining, each judged on its own.
+    let depth = if draining { 1 } else { depth };
+    let mut visits: Vec<Visit> = qs
+        .iter()
+        .filter_map(|&q| begin_visit(sh, q, lanes, draining))
+        .collect();
+    if visits.is_empty() {
+        return false;
+    }
+    let mut s = Scan {
+        depth,
+        lanes: (0..lanes).map(|_| VecDeque::new()).collect(),
+    };
+    loop {
+        let mut moved = false;
+        // One start per queue a round, so that queues take turns.
+        for vi in 0..visits.len() {
+            moved |= start_next(sh, &mut visits, vi, &mut s);
+        }
+        // What is done is completed at once, not after what follows it.
+        let idle = s.in_partition() == 0;
+        for v in visits.iter_mut() {
+            while v.flights.front().is_some_and(|f| f.ready(idle)) {
+                let flight = v.flights.pop_front().expect("a run");
+                complete_run(sh, v, flight, None);
+                moved = true;
+            }
+        }
+        if moved {
+            continue;
+        }
+        if !finish_next(sh, &mut visits, &mut s) {
+            break;
+        }
+    }
+    visits.into_iter().fold(false, |p, v| end_visit(sh, v) | p)
+}
+
+/// What a scan has in flight on the partition.
+struct Scan {
+    /// Runs in flight at once on one lane.
+    depth: usize,
+    /// Per lane, the visits whose runs are in flight there, in the order
+    /// started (as the partition finishes them).
+    lanes: Vec<VecDeque<usize>>,
+}
+
+impl Scan {
+    fn in_partition(&self) -> usize {
+        self.lanes.iter().map(VecDeque::len).sum()
+    }
+}
+
+/// Starts (or runs) visit `vi`'s next command or run, where it may go
+/// now. Returns whether it did.
+fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> bool {
+    if visits[vi].closed {
+        return false;
+    }
+    if visits[vi].stale(sh) {
+        // Reset or queue reconfiguration: queued work is dropped and
+        // nothing more is written to the old ring (what is in flight is
+        // still waited for, so the partition is idle for the reset).
+        visits[vi].closed = true;
+        return false;
+    }
+    let in_partition = s.in_partition();
+    // Another queue's commands wait to go to another lane: a run started
+    // now is kept in flight, so that they go to the device beside it.
+    let others_waiting = s.lanes.len() > 1
+        && visits
+            .iter()
+            .enumerate()
+            .any(|(i, w)| i != vi && w.lane != visits[vi].lane && w.pending());
+    let v = &mut visits[vi];
+    if v.next >= v.chains.len() {
+        if !v.flights.is_empty() && s.lanes[v.lane].len() < s.depth {
+            // Keeps the device fed with what the guest submitted while the
+            // runs in flight went on.
+            pop_more(sh, v);
+        }
+        if v.next >= v.chains.len() {
+            return false;
+        }
+    }
+    let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
+    let long = sh.last_run_ns.load(Ordering::Relaxed) >= KEEP_AFTER.as_nanos() as u64;
+    let lane_len = s.lanes[v.lane].len();
+    let may_start = if v.flights.is_empty() {
+        in_partition == 0 || (lane_len < s.depth && (lane_len == 0 || long) && holding())
+    } else {
+        long && lane_len < s.depth && !v.flights.back().is_some_and(Flight::barrier) && holding()
+    };
+    if !may_start {
+        return false;
+    }
+    // While draining, work the guest submitted after the drain began is
+    // refused, and what is still waiting at the deadline is cancelled;
+    // either way the guest gets a completion.
+    let position = v.first.wrapping_add(v.next as u16);
+    // (A batch popped before the worker saw the drain is all in flight.)
+    let mut cancel = sh.drain.expired()
+        || v.drain
+            .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
+    let (steps, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
+        (0, Group::One)
+    } else {
+        group_at(sh, &v.chains[v.next..])
+    };
+    if (cancel || kind == Group::One) && !v.flights.is_empty() {
+        // It runs after what is in flight.
+        return false;
+    }
+    if !cancel && kind == Group::One && in_partition > 0 {
+        // Nothing else runs on the partition while runs are in flight.
+        return false;
+    }
+    if !cancel {
+        if let Some(gate) = &sh.gate {
+            let give_up = || v.stale(sh) || sh.drain.expired();
+            if !gate.enter(&give_up) {
+                if v.stale(sh) {
+                    v.closed = true;
+                    return false;
+                }
+                if !v.flights.is_empty() || in_partition > 0 {
+                    // Completions go in order, and the partition is busy:
+                    // what is in flight first.
+                    return false;
+                }
+                cancel = true;
+            }
+        }
+    }
+    // A cancelled command goes alone: the next is judged anew.
+    let range = v.next..v.next + if cancel { 1 } else { steps.max(1) };
+    v.next = range.end;
+    if !cancel && kind == Group::Run {
+        if s.depth > 1 && range.end == v.chains.len() {
+            pop_more(sh, v);
+        }
+        // A run with nothing in flight before it and nothing to follow
+        // it, or after a short run, goes in one exchange with the
+        // partition; one beside runs of another lane is kept in flight.
+        let follows = range.end < v.chains.len() || others_waiting;
+        let keep = (s.depth > 1 || s.lanes.len() > 1)
+            && (in_partition > 0 || (follows && (long || others_waiting)));
+        let group = &v.chains[range.clone()];
+        let stop = || v.stale(sh);
+        let flight = start_run(sh, v.q, v.lane, group, range, keep, &stop);
+        if matches!(flight.state, FlightState::InFlight) {
+            s.lanes[v.lane].push_back(vi);
+        }
+        v.flights.push_back(flight);
+        return true;
+    }
+    let group = &v.chains[range];
+    let began = sh.epoch.elapsed();
+    let outcomes = if cancel {
+        vec![command::Outcome::status(abi::STATUS_CANCELLED)]
+    } else {
+        run_one(sh, v.q, group)
+    };
+    trace_run(sh, v.q, "One", group, began, v.chains.len());
+    let (q, gens) = (v.q, v.gens);
+    match complete_group(sh, q, &mut v.ring, group, outcomes, cancel, &|| {
+        stale(sh, q, gens)
+    }) {
+        Ok(irq) => v.notify |= irq,
+        Err(()) => v.closed = true,
+    }
+    true
+}
+
+/// Waits for the partition to finish a run in flight and completes it.
+/// Returns false when nothing is in flight.
+fn finish_next(sh: &Shared, visits: &mut [Visit], s: &mut Scan) -> bool {
+    let Some(busy) = s.lanes.iter().position(|l| !l.is_empty()) else {
+        return false;
+    };
+    let q = visits[s.lanes[busy][0]].q;
+    let finished = with_partition(sh, q, |ctx| ctx.partition.finish_queued());
+    // Lost (each step of what was in flight fails): the oldest run of
+    // the first busy lane takes it.
+    let lane = match &finished {
+        Some((lane, _)) if s.lanes.get(*lane).is_some_and(|l| !l.is_empty()) => *lane,
+        Some((lane, _)) => {
+            debug!(
+                "{}: the partition finished a run on idle lane {lane}",
+                sh.name
+            );
+            busy
+        }
+        None => busy,
+    };
+    let vi = s.lanes[lane].pop_front().expect("a busy lane");
+    let v = &mut visits[vi];
+    let flight = v.flights.pop_front().expect("its run");
+    complete_run(sh, v, flight, Some(finished.map(|(_, f)| f)));
+    true
+}
+
+/// Completes `flight`, the oldest run of visit `v`, with what the
+/// partition gave for it if it was in flight (see [`finish_run`]).
+fn complete_run(
+    sh: &Shared,
+    v: &mut Visit,
+    flight: Flight,
+    finished: Option<Option<vgpu_backend::Finished>>,
+) {
+    if v.closed {
+        // Nothing of it is run or written for a queue that went away.
+        return;
+    }
+    let group = &v.chains[flight.chains.clone()];
+    let began = flight.start;
+    let outcomes = finish_run(sh, (v.q, v.lane), flight, group, finished);
+    trace_run(sh, v.q, "Run", group, began, v.chains.len());
+    let (q, gens) = (v.q, v.gens);
+    match complete_group(sh, q, &mut v.ring, group, outcomes, false, &|| {
+        stale(sh, q, gens)
+    }) {
+        Ok(irq) => v.notify |= irq,
+        Err(()) => {
+            v.closed = true;
+            return;
+        }
+    }
+    if !v.flights.is_empty() {
+        // The guest hears of this run while the next is in flight.
+        if wants_irq(sh, &mut v.ring, v.notify) {
+            sh.raise(v.vector, abi::IRQ_CAUSE_QUEUE);
+        }
+        v.notify = false;
+    }
+}
+
+/// Takes what the guest submitted since the visit's chains were popped,
+/// up to [`VISIT`] in all, unless the ring failed or a drain began.
+fn pop_more(sh: &Shared, v: &mut Visit) {
+    if v.failure.is_none() && v.chains.len() < VISIT && !sh.drain.requested() {
+        v.failure = pop_chains(sh, &mut v.ring, VISIT - v.chains.len(), &mut v.chains);
+    }
 }
 
 /// Pops up to `max` descriptor chains into `chains`, under a short view of
@@ -346,175 +649,6 @@ fn walk_chain(view: &DmaView<'_>, table: u64, size: u16, head: u16) -> Result<Ve
             return Err(abi::ERR_RING_CORRUPT);
         }
         idx = next;
-    }
-}
-
-/// Runs popped chains in order and completes them. Returns whether any ran.
-/// Consecutive launches, timestamps, fills, copies and NOPs run as one
-/// queued run of the partition, so the device has them in flight
-/// together; every other command runs alone. Where the partition keeps
-/// several runs in flight, the next run is started before the previous
-/// one is waited for, and the visit takes what the guest submits
-/// meanwhile (up to [`VISIT`] commands, and not past a ring error, which
-/// is left in `failure`).
-#[allow(clippy::too_many_arguments)]
-fn run_chains(
-    sh: &Shared,
-    q: u32,
-    ring: &mut Queue,
-    (epoch, config_gen, generation): Generations,
-    vector: u32,
-    (first, drain): (u16, DrainLimit),
-    chains: &mut Vec<(u16, Vec<Desc>)>,
-    failure: &mut Option<u32>,
-) -> bool {
-    if chains.is_empty() {
-        return false;
-    }
-    // Any queue reconfiguration bumps `config_gen`; only then is the
-    // (locked) per-queue generation worth a look.
-    let stale = || {
-        sh.epoch_gen.load(Ordering::SeqCst) != epoch
-            || (sh.config_gen.load(Ordering::SeqCst) != config_gen
-                && sh.queue_generation(q) != Some(generation))
-    };
-    // Commands run one at a time while draining, each judged on its own.
-    let depth = if drain.is_some() {
-        1
-    } else {
-        lock(&sh.partition).queue_depth().max(1)
-    };
-    let mut notify = false;
-    let mut flights: VecDeque<Flight> = VecDeque::new();
-    let mut i = 0;
-    'visit: loop {
-        if stale() {
-            // Reset or queue reconfiguration: queued work is dropped and
-            // nothing more is written to the old ring (what is in flight
-            // is waited for, so the partition is idle for the reset).
-            settle(sh, q, flights);
-            return true;
-        }
-        let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
-        let long = sh.last_run_ns.load(Ordering::Relaxed) >= KEEP_AFTER.as_nanos() as u64;
-        let may_start = flights.is_empty()
-            || (long
-                && flights.len() < depth
-                && !flights.back().is_some_and(Flight::barrier)
-                && holding());
-        'start: {
-            if i >= chains.len() || !may_start {
-                break 'start;
-            }
-            // While draining, work the guest submitted after the drain
-            // began is refused, and what is still waiting at the deadline
-            // is cancelled; either way the guest gets a completion.
-            let position = first.wrapping_add(i as u16);
-            // (A batch popped before the worker saw the drain is all in flight.)
-            let mut cancel = sh.drain.expired()
-                || drain
-                    .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
-            let (steps, kind) = if cancel || drain.is_some() || sh.drain.requested() {
-                (0, Group::One)
-            } else {
-                group_at(sh, &chains[i..])
-            };
-            if (cancel || kind == Group::One) && !flights.is_empty() {
-                // It runs after what is in flight.
-                break 'start;
-            }
-            if !cancel {
-                if let Some(gate) = &sh.gate {
-                    let give_up = || stale() || sh.drain.expired();
-                    if !gate.enter(&give_up) {
-                        if stale() {
-                            settle(sh, q, flights);
-                            return true;
-                        }
-                        if !flights.is_empty() {
-                            // Completions go in order: what is in
-                            // flight first.
-                            break 'start;
-                        }
-                        cancel = true;
-                    }
-                }
-            }
-            // A cancelled command goes alone: the next is judged anew.
-            let range = i..i + if cancel { 1 } else { steps.max(1) };
-            i = range.end;
-            if !cancel && kind == Group::Run {
-                if depth > 1 && range.end == chains.len() {
-                    pop_more(sh, ring, chains, failure);
-                }
-                // A run with nothing in flight before it and nothing to
-                // follow it, or after a short run, goes in one exchange
-                // with the partition.
-                let keep = depth > 1 && long && (!flights.is_empty() || range.end < chains.len());
-                let group = &chains[range.clone()];
-                flights.push_back(start_run(sh, q, group, range, keep, &stale));
-                continue 'visit;
-            }
-            let group = &chains[range];
-            let began = sh.epoch.elapsed();
-            let outcomes = if cancel {
-                vec![command::Outcome::status(abi::STATUS_CANCELLED)]
-            } else {
-                run_one(sh, q, group)
-            };
-            trace_run(sh, q, "One", group, began, chains.len());
-            match complete_group(sh, q, ring, group, outcomes, cancel, &stale) {
-                Ok(irq) => notify |= irq,
-                Err(()) => return true,
-            }
-            continue 'visit;
-        }
-        if i == chains.len() && !flights.is_empty() && flights.len() < depth {
-            // Keeps the device fed with what the guest submitted while
-            // the runs in flight went on.
-            pop_more(sh, ring, chains, failure);
-            if i < chains.len() {
-                continue;
-            }
-        }
-        let Some(flight) = flights.pop_front() else {
-            break;
-        };
-        let group = &chains[flight.chains.clone()];
-        let began = flight.start;
-        let outcomes = finish_run(sh, q, flight, group);
-        trace_run(sh, q, "Run", group, began, chains.len());
-        match complete_group(sh, q, ring, group, outcomes, false, &stale) {
-            Ok(irq) => notify |= irq,
-            Err(()) => {
-                settle(sh, q, flights);
-                return true;
-            }
-        }
-        if !flights.is_empty() {
-            // The guest hears of this run while the next is in flight.
-            if wants_irq(sh, ring, notify) {
-                sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
-            }
-            notify = false;
-        }
-    }
-    if wants_irq(sh, ring, notify) {
-        sh.raise(vector, abi::IRQ_CAUSE_QUEUE);
-    }
-    true
-}
-
-/// Takes what the guest submitted since the visit's chains were popped,
-/// up to [`VISIT`] in all, unless the ring failed or a drain began.
-fn pop_more(
-    sh: &Shared,
-    ring: &mut Queue,
-    chains: &mut Vec<(u16, Vec<Desc>)>,
-    failure: &mut Option<u32>,
-) {
-    if failure.is_none() && chains.len() < VISIT && !sh.drain.requested() {
-        *failure = pop_chains(sh, ring, VISIT - chains.len(), chains);
     }
 }
 
@@ -643,6 +777,17 @@ enum FlightState {
 }
 
 impl Flight {
+    /// Whether it can be completed without waiting for the partition: it
+    /// ran when started, or its commands run one by one and the partition
+    /// is `idle`.
+    fn ready(&self, idle: bool) -> bool {
+        match self.state {
+            FlightState::Done(_) => true,
+            FlightState::Alone => idle,
+            FlightState::InFlight => false,
+        }
+    }
+
     /// Whether nothing may start after it until it is finished.
     fn barrier(&self) -> bool {
         matches!(self.state, FlightState::Alone)
@@ -694,6 +839,7 @@ fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outc
 fn start_run(
     sh: &Shared,
     q: u32,
+    lane: usize,
     group: &[(u16, Vec<Desc>)],
     range: Range<usize>,
     keep: bool,
@@ -703,7 +849,7 @@ fn start_run(
     let go = |p: &mut dyn vgpu_backend::Partition, queued: &[Queued<'_>]| {
         if keep {
             // The DMA table's lock goes when this returns.
-            p.start_queued(queued, stop, false)
+            p.start_queued(lane, queued, stop, false)
         } else {
             Started::Done(p.run_queued(queued, stop))
         }
@@ -793,35 +939,35 @@ fn start_run(
     })
 }
 
-/// Waits for `flight` (whose commands are `group`) and returns each
-/// command's outcome. A timestamp's result is its step's end on the
-/// device's clock, counted from the device epoch; each command is charged
-/// the device time since the previous step ended.
+/// The outcome of each command of `flight` (whose commands are
+/// `group`): `finished` is what the partition gave for a run that was in
+/// flight (`None` inside: it lost it, and each step fails). A
+/// timestamp's result is its step's end on the device's clock, counted
+/// from the device epoch; each command is charged the device time since
+/// the previous step ended.
 fn finish_run(
     sh: &Shared,
-    q: u32,
+    (q, lane): (u32, usize),
     flight: Flight,
     group: &[(u16, Vec<Desc>)],
+    finished: Option<Option<vgpu_backend::Finished>>,
 ) -> Vec<command::Outcome> {
     let start = flight.start.as_nanos() as u64;
-    let (done, began) = match flight.state {
-        FlightState::Done(done) => (done, start),
-        FlightState::InFlight => match with_partition(sh, q, |ctx| ctx.partition.finish_queued()) {
-            Some(f) => (f.done, start.saturating_add(f.waited_ns)),
-            // Lost: each step fails.
-            None => (Vec::new(), start),
-        },
-        FlightState::Alone => return run_one(sh, q, group),
+    let (done, began) = match (flight.state, finished) {
+        (FlightState::Done(done), _) => (done, start),
+        (FlightState::InFlight, Some(Some(f))) => (f.done, start.saturating_add(f.waited_ns)),
+        (FlightState::InFlight, _) => (Vec::new(), start),
+        (FlightState::Alone, _) => return run_one(sh, q, group),
     };
-    // Runs of the partition go one after the other: where the times a
-    // run's start is reckoned from (the daemon's clock when it was sent,
-    // how long the host says it waited) put it before the previous run's
+    // Runs of a lane go one after the other: where the times a run's
+    // start is reckoned from (the daemon's clock when it was sent, how
+    // long the host says it waited) put it before the previous run's
     // end, it began at that end.
-    let began = began.max(sh.last_run_end.load(Ordering::Relaxed));
+    let last_end = &sh.last_run_end[lane % sh.last_run_end.len()];
+    let began = began.max(last_end.load(Ordering::Relaxed));
     if let Some(last) = done.last() {
         sh.last_run_ns.store(last.end_ns, Ordering::Relaxed);
-        sh.last_run_end
-            .store(began.saturating_add(last.end_ns), Ordering::Relaxed);
+        last_end.store(began.saturating_add(last.end_ns), Ordering::Relaxed);
     }
     outcomes(&flight.decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,
@@ -832,16 +978,6 @@ fn finish_run(
         bytes: step.guest().map_or(0, |c| c.size),
         ..Default::default()
     })
-}
-
-/// Waits for every run in `flights` and drops their results: the queue
-/// went away, and the partition must be idle before anything else.
-fn settle(sh: &Shared, q: u32, flights: VecDeque<Flight>) {
-    for f in flights {
-        if matches!(f.state, FlightState::InFlight) {
-            with_partition(sh, q, |ctx| ctx.partition.finish_queued());
-        }
-    }
 }
 
 /// Each command's outcome in a queued run: one that did not decode

@@ -863,11 +863,11 @@ fn fake_host_bad_transfers_are_refused() {
 
 /// Starts a run of one timestamp and finishes it.
 fn started_call(p: &mut dyn Partition) -> Result<(), OpError> {
-    match p.start_queued(&[Queued::Timestamp], &|| false, false) {
+    match p.start_queued(0, &[Queued::Timestamp], &|| false, false) {
         Started::InFlight => {}
         Started::Done(done) => return done[0].result.clone(),
     }
-    let f = p.finish_queued().expect("the run in flight");
+    let (_, f) = p.finish_queued().expect("the run in flight");
     assert_eq!(f.done.len(), 1);
     f.done[0].result.clone()
 }

@@ -75,15 +75,19 @@ impl Partition for SharedPartition {
     fn queue_depth(&self) -> usize {
         lock(&self.inner).queue_depth()
     }
+    fn lanes(&self) -> usize {
+        lock(&self.inner).lanes()
+    }
     fn start_queued(
         &mut self,
+        lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         held: bool,
     ) -> Started {
-        lock(&self.inner).start_queued(steps, stop, held)
+        lock(&self.inner).start_queued(lane, steps, stop, held)
     }
-    fn finish_queued(&mut self) -> Option<Finished> {
+    fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         lock(&self.inner).finish_queued()
     }
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
