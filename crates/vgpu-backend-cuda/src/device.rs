@@ -268,7 +268,17 @@ pub(crate) struct InContext {
     pub(crate) staged: [Event; 2],
     /// Timing events of queued steps, made as runs need them.
     pub(crate) marks: Vec<Event>,
+    /// The stream work goes to: lane 0's, except while another lane's
+    /// is swapped in ([`DeviceState::on_lane`]).
     pub(crate) stream: Stream,
+    /// Lanes 1 and up, made as runs need them.
+    pub(crate) lanes: Vec<Lane>,
+}
+
+/// A lane's own stream and scratch buffer (lane 0's are the partition's).
+pub(crate) struct Lane {
+    scratch: DeviceMem,
+    stream: Stream,
 }
 
 impl InContext {
@@ -321,6 +331,7 @@ impl InContext {
             staged: [staged0, staged1],
             marks: Vec::new(),
             stream,
+            lanes: Vec::new(),
         })
     }
 }
@@ -359,6 +370,48 @@ impl DeviceState {
             next_module: abi::MODULE_BUILTIN + 1,
             sms: sms.max(1),
         })
+    }
+
+    /// Waits for the work of every lane's stream (errors are left for
+    /// the next operation to meet).
+    pub(crate) fn sync_all(&self) {
+        let _ = driver::stream_sync(&self.res.stream);
+        for l in &self.res.lanes {
+            let _ = driver::stream_sync(&l.stream);
+        }
+    }
+
+    /// Runs `f` with lane `lane`'s stream and scratch buffer in place of
+    /// lane 0's, so that its work is ordered only after that lane's and
+    /// its built-in kernels' temporaries do not meet another lane's. A
+    /// lane's stream and buffer are made on its first use.
+    pub(crate) fn on_lane<T>(
+        &mut self,
+        lane: usize,
+        f: impl FnOnce(&mut Self) -> Result<T, Fail>,
+    ) -> Result<T, Fail> {
+        if lane == 0 {
+            return f(self);
+        }
+        while self.res.lanes.len() < lane {
+            let stream = match &self.owner {
+                Owner::Own(_) => Stream::create(),
+                Owner::Green(g, _) => Stream::create_in(g),
+            }
+            .at("creating a lane's stream")?;
+            let scratch =
+                DeviceMem::alloc(SCRATCH_BYTES).at("allocating a lane's scratch buffer")?;
+            self.res.lanes.push(Lane { scratch, stream });
+        }
+        let swap = |res: &mut InContext| {
+            let l = &mut res.lanes[lane - 1];
+            std::mem::swap(&mut res.stream, &mut l.stream);
+            std::mem::swap(&mut res.scratch, &mut l.scratch);
+        };
+        swap(&mut self.res);
+        let r = f(self);
+        swap(&mut self.res);
+        r
     }
 
     /// Runs `f`'s device work between the timing events and waits for it;

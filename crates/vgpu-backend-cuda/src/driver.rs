@@ -587,6 +587,17 @@ pub fn event_sync(e: &Event) -> Result<(), CuError> {
     ok(unsafe { sys::cuEventSynchronize(e.0) })
 }
 
+/// Whether the work before `e` is done; an error of that work is
+/// returned as it is.
+pub fn event_query(e: &Event) -> Result<bool, CuError> {
+    // SAFETY: `e` is a live event.
+    match ok(unsafe { sys::cuEventQuery(e.0) }) {
+        Ok(()) => Ok(true),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Time between two completed timing events.
 pub fn event_elapsed(start: &Event, end: &Event) -> Result<Duration, CuError> {
     let mut ms = 0f32;

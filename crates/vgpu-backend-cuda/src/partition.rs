@@ -53,11 +53,11 @@ pub struct CudaPartition {
     printing: HashSet<u64>,
     /// What they printed.
     consoles: Consoles,
-    /// Queued runs on the stream, not yet waited for, oldest first, each
-    /// with its number of steps.
-    in_flight: VecDeque<(OnStream, usize)>,
-    /// The set of events the next queued run uses.
-    next_slot: usize,
+    /// Per lane, queued runs on its stream, not yet waited for, oldest
+    /// first, each with its number of steps.
+    in_flight: [VecDeque<(OnStream, usize)>; LANES],
+    /// Sets of events no run holds.
+    free_slots: Vec<usize>,
 }
 
 // SAFETY: the driver handles in a partition may be used from any thread;
@@ -151,8 +151,8 @@ impl CudaPartition {
             last_direct: false,
             printing: HashSet::new(),
             consoles: Consoles::default(),
-            in_flight: VecDeque::new(),
-            next_slot: 0,
+            in_flight: Default::default(),
+            free_slots: (0..MARK_SLOTS).collect(),
             shared,
             groups,
             desc: None,
@@ -309,14 +309,15 @@ impl CudaPartition {
         self.printing.clear();
         self.consoles.clear();
         // Their events go with the context.
-        self.in_flight.clear();
+        self.in_flight = Default::default();
+        self.free_slots = (0..MARK_SLOTS).collect();
         let allocs = self.allocs.drain();
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
             // context's memory belongs to the primary context.
             if matches!(dev.owner, Owner::Green(..)) {
                 if let Ok(_cur) = Current::push(dev.owner.ctx()) {
-                    let _ = driver::stream_sync(&dev.res.stream);
+                    dev.sync_all();
                     for a in &allocs {
                         if let Backing::Alloc(base) = a.data {
                             let _ = driver::mem_free(base);
@@ -362,17 +363,38 @@ impl CudaPartition {
     /// [`Partition::run_queued`]: the steps go onto the stream back to
     /// back, an event after each, and one wait for the last; the events
     /// give each step's end on the device's clock.
-    fn queue_steps(&mut self, steps: &[Queued<'_>]) -> Result<Vec<QueuedDone>, OpError> {
-        let run = self.enqueue_steps(steps)?;
+    fn queue_steps(
+        &mut self,
+        lane: usize,
+        steps: &[Queued<'_>],
+    ) -> Result<Vec<QueuedDone>, OpError> {
+        let run = self.enqueue_steps(lane, steps)?;
         self.wait_steps(run)
     }
 
-    /// Puts `steps` on the stream, each ended by an event of a set of
-    /// marks of its own (so that runs in flight together keep theirs).
-    fn enqueue_steps(&mut self, steps: &[Queued<'_>]) -> Result<OnStream, OpError> {
+    /// Puts `steps` on lane `lane`'s stream, each ended by an event of a
+    /// set of marks of its own (so that runs in flight together keep
+    /// theirs).
+    fn enqueue_steps(&mut self, lane: usize, steps: &[Queued<'_>]) -> Result<OnStream, OpError> {
+        let slot = self
+            .free_slots
+            .pop()
+            .ok_or_else(|| OpError::Invalid("more queued runs in flight than allowed".into()))?;
+        let run = self.enqueue_in_slot(lane, slot, steps);
+        if run.is_err() {
+            self.free_slots.push(slot);
+        }
+        run
+    }
+
+    fn enqueue_in_slot(
+        &mut self,
+        lane: usize,
+        slot: usize,
+        steps: &[Queued<'_>],
+    ) -> Result<OnStream, OpError> {
         self.last_device_time = None;
-        let base = self.next_slot * MARKS_PER_RUN;
-        self.next_slot = (self.next_slot + 1) % MARK_SLOTS;
+        let base = slot * MARKS_PER_RUN;
         // Built-in launches are planned against the allocation table
         // before the context is entered.
         let plans: Vec<Option<Result<Builtin, OpError>>> = steps
@@ -410,90 +432,125 @@ impl CudaPartition {
             _ => None,
         }));
         let (ran, mark_of, used) = self.run(|dev| {
-            while dev.res.marks.len() <= base + steps.len() {
-                let e = driver::Event::create(true).at("creating an event")?;
-                dev.res.marks.push(e);
-            }
-            // Kernels are looked up and checked first, so that the steps
-            // reach the stream back to back.
-            let ready: Vec<Ready<'_, '_>> = steps
-                .iter()
-                .zip(plans)
-                .zip(ranges)
-                .map(|((s, plan), range)| match (s, plan) {
-                    (Queued::Timestamp, _) => Ready::Stamp,
-                    (Queued::Launch(_), Some(Ok(call))) => Ready::Builtin(call),
-                    (Queued::Launch(_), Some(Err(e))) => Ready::Failed(Fail::Op(e)),
-                    (Queued::Launch(l), None) => match prepare_loaded(dev, l, optin) {
-                        Ok(f) => Ready::Kernel(f, l),
-                        Err(e) => Ready::Failed(e),
-                    },
-                    (Queued::Upload { dst, src }, _) => match range {
-                        Ok(()) => Ready::Upload(*dst, src),
-                        Err(e) => Ready::Failed(Fail::Op(e)),
-                    },
-                    (Queued::Download { src, dst }, _) => match range {
-                        Ok(()) => Ready::Download(*src, dst),
-                        Err(e) => Ready::Failed(Fail::Op(e)),
-                    },
-                    (Queued::Fill(f), _) => match range {
-                        Ok(()) => Ready::Fill(*f),
-                        Err(e) => Ready::Failed(Fail::Op(e)),
-                    },
-                    (Queued::Copy(c), _) => match range {
-                        Ok(()) => Ready::Copy(*c),
-                        Err(e) => Ready::Failed(Fail::Op(e)),
-                    },
-                })
-                .collect();
-            driver::event_record(&dev.res.marks[base], &dev.res.stream).at("queued work")?;
-            // An event ends each step, except that a launch followed by a
-            // timestamp ends with the timestamp's event: the stream then
-            // holds what the guest's own event pair around it would.
-            let mut ran = Vec::with_capacity(steps.len());
-            let mut mark_of = Vec::with_capacity(steps.len());
-            let mut next = 1;
-            for (i, r) in ready.into_iter().enumerate() {
-                let launch = !matches!(r, Ready::Stamp);
-                ran.push(match r {
-                    Ready::Stamp => Ok(()),
-                    Ready::Builtin(call) => dev.run_builtin(call, available).map(|_| ()),
-                    Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
-                    Ready::Upload(a, m) => dev.enqueue_copy(a, m, &host, true),
-                    Ready::Download(a, m) => dev.enqueue_copy(a, m, &host, false),
-                    Ready::Fill(f) => dev.fill(f.addr, f.size, f.pattern),
-                    Ready::Copy(c) => dev.memmove(c.dst, c.src, c.size),
-                    Ready::Failed(e) => Err(e),
-                });
-                mark_of.push(next);
-                if !(launch && matches!(steps.get(i + 1), Some(Queued::Timestamp))) {
-                    let mark = &dev.res.marks[base + next];
-                    if let Err(e) = driver::event_record(mark, &dev.res.stream) {
-                        // Copies queued so far may not outlive their host
-                        // memory, which the caller keeps only until this
-                        // returns.
-                        let _ = driver::stream_sync(&dev.res.stream);
-                        return Err(Fail::Cuda("queued work".into(), e));
-                    }
-                    next += 1;
+            dev.on_lane(lane, |dev| {
+                while dev.res.marks.len() <= base + steps.len() {
+                    let e = driver::Event::create(true).at("creating an event")?;
+                    dev.res.marks.push(e);
                 }
-            }
-            if let Some(began) = began {
-                trace!(
-                    "queued {} steps in {} us",
-                    steps.len(),
-                    began.elapsed().as_micros()
-                );
-            }
-            Ok((ran, mark_of, next))
+                // Kernels are looked up and checked first, so that the steps
+                // reach the stream back to back.
+                let ready: Vec<Ready<'_, '_>> = steps
+                    .iter()
+                    .zip(plans)
+                    .zip(ranges)
+                    .map(|((s, plan), range)| match (s, plan) {
+                        (Queued::Timestamp, _) => Ready::Stamp,
+                        (Queued::Launch(_), Some(Ok(call))) => Ready::Builtin(call),
+                        (Queued::Launch(_), Some(Err(e))) => Ready::Failed(Fail::Op(e)),
+                        (Queued::Launch(l), None) => match prepare_loaded(dev, l, optin) {
+                            Ok(f) => Ready::Kernel(f, l),
+                            Err(e) => Ready::Failed(e),
+                        },
+                        (Queued::Upload { dst, src }, _) => match range {
+                            Ok(()) => Ready::Upload(*dst, src),
+                            Err(e) => Ready::Failed(Fail::Op(e)),
+                        },
+                        (Queued::Download { src, dst }, _) => match range {
+                            Ok(()) => Ready::Download(*src, dst),
+                            Err(e) => Ready::Failed(Fail::Op(e)),
+                        },
+                        (Queued::Fill(f), _) => match range {
+                            Ok(()) => Ready::Fill(*f),
+                            Err(e) => Ready::Failed(Fail::Op(e)),
+                        },
+                        (Queued::Copy(c), _) => match range {
+                            Ok(()) => Ready::Copy(*c),
+                            Err(e) => Ready::Failed(Fail::Op(e)),
+                        },
+                    })
+                    .collect();
+                driver::event_record(&dev.res.marks[base], &dev.res.stream).at("queued work")?;
+                // An event ends each step, except that a launch followed by a
+                // timestamp ends with the timestamp's event: the stream then
+                // holds what the guest's own event pair around it would.
+                let mut ran = Vec::with_capacity(steps.len());
+                let mut mark_of = Vec::with_capacity(steps.len());
+                let mut next = 1;
+                for (i, r) in ready.into_iter().enumerate() {
+                    let launch = !matches!(r, Ready::Stamp);
+                    ran.push(match r {
+                        Ready::Stamp => Ok(()),
+                        Ready::Builtin(call) => dev.run_builtin(call, available).map(|_| ()),
+                        Ready::Kernel(f, l) => enqueue_loaded(dev, f, l),
+                        Ready::Upload(a, m) => dev.enqueue_copy(a, m, &host, true),
+                        Ready::Download(a, m) => dev.enqueue_copy(a, m, &host, false),
+                        Ready::Fill(f) => dev.fill(f.addr, f.size, f.pattern),
+                        Ready::Copy(c) => dev.memmove(c.dst, c.src, c.size),
+                        Ready::Failed(e) => Err(e),
+                    });
+                    mark_of.push(next);
+                    if !(launch && matches!(steps.get(i + 1), Some(Queued::Timestamp))) {
+                        let mark = &dev.res.marks[base + next];
+                        if let Err(e) = driver::event_record(mark, &dev.res.stream) {
+                            // Copies queued so far may not outlive their host
+                            // memory, which the caller keeps only until this
+                            // returns.
+                            let _ = driver::stream_sync(&dev.res.stream);
+                            return Err(Fail::Cuda("queued work".into(), e));
+                        }
+                        next += 1;
+                    }
+                }
+                if let Some(began) = began {
+                    trace!(
+                        "queued {} steps in {} us",
+                        steps.len(),
+                        began.elapsed().as_micros()
+                    );
+                }
+                Ok((ran, mark_of, next))
+            })
         })?;
         Ok(OnStream {
             ran,
             mark_of,
-            base,
+            lane,
+            slot,
             used,
             printer,
         })
+    }
+
+    /// The lane whose oldest run in flight is finished first: the only
+    /// busy lane, or with several, the first whose run the device is found
+    /// done with (or failed), polling while they go on: a spin, then short
+    /// sleeps.
+    fn first_finished(&mut self) -> Option<usize> {
+        let busy: Vec<usize> = (0..LANES)
+            .filter(|&l| !self.in_flight[l].is_empty())
+            .collect();
+        if busy.len() <= 1 {
+            return busy.first().copied();
+        }
+        let since = std::time::Instant::now();
+        loop {
+            for &l in &busy {
+                let (run, _) = &self.in_flight[l][0];
+                let last = run.slot * MARKS_PER_RUN + run.used - 1;
+                let done = self.run(|dev| {
+                    // An error of the work is the wait's to report.
+                    Ok(driver::event_query(&dev.res.marks[last]).unwrap_or(true))
+                });
+                if done.unwrap_or(true) {
+                    return Some(l);
+                }
+            }
+            if since.elapsed() < POLL_SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(POLL_SLEEP);
+            }
+        }
     }
 
     /// Waits for a run [`Self::enqueue_steps`] put on the stream; its
@@ -502,22 +559,31 @@ impl CudaPartition {
         let OnStream {
             ran,
             mark_of,
-            base,
+            lane,
+            slot,
             used,
             printer,
         } = run;
+        let base = slot * MARKS_PER_RUN;
         let waited = self.run(|dev| {
-            let marks = &dev.res.marks[base..base + used];
-            if let Err(e) = driver::event_sync(&marks[used - 1]) {
-                let _ = driver::stream_sync(&dev.res.stream);
-                return Err(Fail::Cuda("queued work: device work".into(), e));
-            }
-            let times = (1..used)
-                .map(|j| driver::event_elapsed(&marks[0], &marks[j]))
-                .collect::<Result<Vec<_>, _>>()
-                .at("timing queued work")?;
-            Ok(mark_of.iter().map(|&j| times[j - 1]).collect::<Vec<_>>())
+            dev.on_lane(lane, |dev| {
+                let marks = &dev.res.marks[base..base + used];
+                if let Err(e) = driver::event_sync(&marks[used - 1]) {
+                    let _ = driver::stream_sync(&dev.res.stream);
+                    return Err(Fail::Cuda("queued work: device work".into(), e));
+                }
+                let times = (1..used)
+                    .map(|j| driver::event_elapsed(&marks[0], &marks[j]))
+                    .collect::<Result<Vec<_>, _>>()
+                    .at("timing queued work")?;
+                Ok(mark_of.iter().map(|&j| times[j - 1]).collect::<Vec<_>>())
+            })
         });
+        // The set is free again; a context lost meanwhile took its events
+        // with it, and the slots were reset then.
+        if !self.free_slots.contains(&slot) && self.free_slots.len() < MARK_SLOTS {
+            self.free_slots.push(slot);
+        }
         self.collect_printed(printer);
         let ends = waited?;
         self.last_device_time = ends.last().copied();
@@ -567,9 +633,17 @@ impl CudaPartition {
     }
 }
 
+/// How long finishing a run polls lanes without sleeping, and how long
+/// it then sleeps between looks.
+const POLL_SPIN: Duration = Duration::from_micros(50);
+const POLL_SLEEP: Duration = Duration::from_micros(20);
+/// Lanes of a partition: streams of queued runs side by side.
+const LANES: usize = 4;
+/// Queued runs in flight on one lane.
+const DEPTH: usize = 2;
 /// Sets of events a partition keeps for queued runs: one per run in flight
 /// and one for a run waited for at once.
-const MARK_SLOTS: usize = 3;
+const MARK_SLOTS: usize = LANES * DEPTH + 1;
 /// Events in a set: one before a run's first step, one after each.
 const MARKS_PER_RUN: usize = MAX_QUEUED_STEPS + 1;
 
@@ -579,9 +653,10 @@ struct OnStream {
     ran: Vec<Result<(), Fail>>,
     /// The event (of the run's set) that ends each step.
     mark_of: Vec<usize>,
-    /// Where the run's set begins in the partition's events, and how many
-    /// of them it recorded.
-    base: usize,
+    /// The lane whose stream it is on.
+    lane: usize,
+    /// The run's set of events, and how many of them it recorded.
+    slot: usize,
     used: usize,
     /// The printing module that ran last, which gets what was printed.
     printer: Option<u64>,
@@ -944,7 +1019,7 @@ impl Partition for CudaPartition {
         let mut done = if now.is_empty() {
             Vec::new()
         } else {
-            self.queue_steps(now)
+            self.queue_steps(0, now)
                 .unwrap_or_else(|e| QueuedDone::all_failed(now.len(), &e))
         };
         vgpu_backend::refuse_past_limit(&mut done, steps.len());
@@ -952,36 +1027,53 @@ impl Partition for CudaPartition {
     }
 
     fn queue_depth(&self) -> usize {
-        MARK_SLOTS - 1
+        DEPTH
+    }
+
+    fn lanes(&self) -> usize {
+        LANES
     }
 
     fn start_queued(
         &mut self,
-        _lane: usize,
+        lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         held: bool,
     ) -> Started {
+        let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
+        let refuse = |why: &str| {
+            let mut done = QueuedDone::all_failed(now.len(), &OpError::Invalid(why.into()));
+            vgpu_backend::refuse_past_limit(&mut done, steps.len());
+            Started::Done(done)
+        };
+        if lane >= LANES {
+            return refuse("no such lane");
+        }
         let copies = steps
             .iter()
             .any(|s| matches!(s, Queued::Upload { .. } | Queued::Download { .. }));
         if copies && !held {
             // The GPU would copy from or to host memory the caller is
-            // about to let go of: the run is over before this returns.
-            return Started::Done(self.run_queued(steps, stop));
-        }
-        let now = &steps[..steps.len().min(MAX_QUEUED_STEPS)];
-        if now.is_empty() || self.in_flight.len() >= MARK_SLOTS - 1 {
-            let mut done = QueuedDone::all_failed(
-                now.len(),
-                &OpError::Invalid("more queued runs in flight than allowed".into()),
-            );
+            // about to let go of: the run is over before this returns
+            // (after the lane's runs before it, on the same stream).
+            let _ = stop;
+            self.last_device_time = None;
+            let mut done = if now.is_empty() {
+                Vec::new()
+            } else {
+                self.queue_steps(lane, now)
+                    .unwrap_or_else(|e| QueuedDone::all_failed(now.len(), &e))
+            };
             vgpu_backend::refuse_past_limit(&mut done, steps.len());
             return Started::Done(done);
         }
-        match self.enqueue_steps(now) {
+        if now.is_empty() || self.in_flight[lane].len() >= DEPTH {
+            return refuse("more queued runs in flight than allowed");
+        }
+        match self.enqueue_steps(lane, now) {
             Ok(run) => {
-                self.in_flight.push_back((run, steps.len()));
+                self.in_flight[lane].push_back((run, steps.len()));
                 Started::InFlight
             }
             Err(e) => {
@@ -993,15 +1085,16 @@ impl Partition for CudaPartition {
     }
 
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-        let (run, count) = self.in_flight.pop_front()?;
+        let lane = self.first_finished()?;
+        let (run, count) = self.in_flight[lane].pop_front()?;
         let n = run.ran.len();
         let mut done = self
             .wait_steps(run)
             .unwrap_or_else(|e| QueuedDone::all_failed(n, &e));
         vgpu_backend::refuse_past_limit(&mut done, count);
-        // A run begins where the one before it ended on the stream: the
+        // A run begins where the one before it on its lane ended: the
         // caller reckons that from its own clock.
-        Some((0, Finished { waited_ns: 0, done }))
+        Some((lane, Finished { waited_ns: 0, done }))
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

@@ -18,8 +18,8 @@ use vgpu_backend::conformance::{
     VecSink, VecSource, MIB,
 };
 use vgpu_backend::{
-    Backend, BackendError, HostMapping, HostSink, HostSlice, HostSource, Launch, OpError,
-    Partition, PartitionSpec, SliceFn,
+    Backend, BackendError, DeviceFill, HostMapping, HostSink, HostSlice, HostSource, Launch,
+    OpError, Partition, PartitionSpec, Queued, SliceFn, Started,
 };
 use vgpu_backend_cuda::{cuda_available, CudaBackend, CudaPartition, Mode};
 
@@ -95,6 +95,11 @@ extern "C" __global__ void scale_u32(unsigned int *p, unsigned long long n, unsi
     if (i < n) p[i] *= mul;
 }
 extern "C" __global__ void poke(unsigned int *p, unsigned int v) { *p = v; }
+extern "C" __global__ void wait_flag(volatile unsigned int *flag, unsigned int *out, long long limit) {
+    long long t0 = clock64();
+    while (*flag == 0 && clock64() - t0 < limit) {}
+    *out = *flag != 0 ? 1 : 2;
+}
 extern "C" __global__ void smids(unsigned int *out, long long spin) {
     unsigned int id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
@@ -703,6 +708,61 @@ fn copy_and_fill_overlapping_and_unaligned() {
         assert_eq!(g, want, "byte {i}");
     }
     assert!(matches!(p.fill(buf, 3, 0), Err(OpError::Invalid(_))));
+}
+
+/// A kernel on lane 0 waits for a flag that a fill on lane 1 sets: it
+/// sees it only if the lanes' streams run side by side (were the fill
+/// queued behind the kernel, the kernel would give up after its limit).
+#[test]
+fn lanes_run_side_by_side() {
+    if !gpu() {
+        return;
+    }
+    let Some(b) = backend(Mode::Isolated) else {
+        return;
+    };
+    b.set_guest_ptx(true);
+    let mut p = partition(&b, "lanes", 16 * MIB);
+    assert!(p.lanes() >= 2, "lanes: {}", p.lanes());
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &ptx(TEST_KERNELS))
+        .unwrap();
+    let flag = p.alloc(4, 0).unwrap();
+    let out = p.alloc(4, 0).unwrap();
+    p.fill(flag, 4, 0).unwrap();
+    p.fill(out, 4, 0).unwrap();
+    let mut params = flag.to_le_bytes().to_vec();
+    params.extend_from_slice(&out.to_le_bytes());
+    // About two seconds of the GPU's clock.
+    params.extend_from_slice(&4_000_000_000i64.to_le_bytes());
+    let wait = [Queued::Launch(Launch {
+        cluster: [1, 1, 1],
+        module: m,
+        entry: "wait_flag",
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem: 0,
+        params: &params,
+    })];
+    let set = [Queued::Fill(DeviceFill {
+        addr: flag,
+        size: 4,
+        pattern: 1,
+    })];
+    assert_eq!(p.start_queued(0, &wait, &|| false, true), Started::InFlight);
+    assert_eq!(p.start_queued(1, &set, &|| false, true), Started::InFlight);
+    let mut lanes = Vec::new();
+    while let Some((lane, f)) = p.finish_queued() {
+        assert!(f.done.iter().all(|d| d.result.is_ok()), "{f:?}");
+        lanes.push(lane);
+    }
+    lanes.sort();
+    assert_eq!(lanes, [0, 1]);
+    assert_eq!(
+        download(&mut p, out, 4),
+        1u32.to_le_bytes(),
+        "the kernel on lane 0 saw lane 1's fill"
+    );
 }
 
 #[test]
