@@ -355,7 +355,7 @@ pub fn serve(
                 .and_then(|p| run_steps(&mut **lock(&p), &host.guest, &steps))
                 .map(Value::Queued),
             // The runner decodes its own copy of the frame.
-            Request::Start(_) => match host.runner.as_mut() {
+            Request::Start { .. } => match host.runner.as_mut() {
                 Some(r) => r.start(buf.clone()).map(|()| {
                     let (done, used) = r.take_done();
                     if let Some(used) = used {

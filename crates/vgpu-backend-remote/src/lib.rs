@@ -133,6 +133,11 @@ pub struct RemoteConfig {
     /// two, the host has the next run on its way to the device while the
     /// device works on this one.
     pub queue_depth: usize,
+    /// Lanes a partition offers (see `Partition::lanes`): each an ordered
+    /// stream of runs, side by side on the host's device when its
+    /// partition has lanes of its own. At most as many as keep every lane
+    /// `queue_depth` deep within [`proto::MAX_STARTED`] runs.
+    pub lanes: usize,
 }
 
 impl Default for RemoteConfig {
@@ -144,6 +149,7 @@ impl Default for RemoteConfig {
             reset_timeout: Duration::from_secs(10),
             spin: Duration::ZERO,
             queue_depth: 2,
+            lanes: 4,
         }
     }
 }

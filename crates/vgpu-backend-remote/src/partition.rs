@@ -638,6 +638,28 @@ impl RemotePartition {
         true
     }
 
+    /// Keeps the results the host gave for a run of lane `f.lane`: the
+    /// oldest of that lane it has not given yet. Err (why) when it has
+    /// none there or the results do not fit the run.
+    fn take_finished(&mut self, f: proto::LaneRun) -> Result<(), String> {
+        let Some(at) = self
+            .started
+            .iter()
+            .position(|r| r.lane == f.lane && r.finished.is_none())
+        else {
+            return Err(format!(
+                "a finished run on lane {} it was not given",
+                f.lane
+            ));
+        };
+        let sent = self.started[at].sent;
+        if !self.check_done(&f.run.done, sent) {
+            return Err(format!("unexpected result of {sent} started steps: {f:?}"));
+        }
+        self.started[at].finished = Some(f.run);
+        Ok(())
+    }
+
     /// The steps of a run as the protocol carries them, and which were
     /// refused here (`Some`) rather than sent; `None` when the run cannot
     /// go to the host in one request (see [`Self::copy_pieces`]): it
@@ -689,6 +711,7 @@ type Prepared<'s> = (Vec<Option<OpError>>, Vec<Step<'s>>);
 /// them already.
 #[derive(Debug)]
 struct StartedRun {
+    lane: u32,
     local: Vec<Option<OpError>>,
     sent: usize,
     count: usize,
@@ -913,10 +936,16 @@ impl Partition for RemotePartition {
         self.config.queue_depth.clamp(1, runner::MAX_STARTED)
     }
 
+    fn lanes(&self) -> usize {
+        self.config
+            .lanes
+            .clamp(1, runner::MAX_STARTED / self.queue_depth())
+    }
+
     /// The host maps the copies' memory itself: `held` does not matter.
     fn start_queued(
         &mut self,
-        _lane: usize,
+        lane: usize,
         steps: &[Queued<'_>],
         stop: &dyn Fn() -> bool,
         _held: bool,
@@ -928,6 +957,7 @@ impl Partition for RemotePartition {
             return Started::Done(merge_run(local, Ok(Vec::new()), steps.len()));
         }
         let run = StartedRun {
+            lane: lane.min(proto::MAX_LANES as usize - 1) as u32,
             sent: sent.len(),
             count: steps.len(),
             local,
@@ -937,28 +967,23 @@ impl Partition for RemotePartition {
         // The host maps the copies' pieces itself: once it has the run,
         // the caller's hold on guest memory may go (an unmap waits for
         // the host's, which lasts until the run is over).
-        match self.call(&Request::Start(sent), Xfer::None) {
+        let request = Request::Start {
+            lane: run.lane,
+            steps: sent,
+        };
+        match self.call(&request, Xfer::None) {
             Ok(Value::Started(done)) => {
                 if !self.started.is_empty() {
                     self.counts.count_overlapped();
                 }
                 self.started.push_back(run);
-                // Runs the host finished meanwhile, oldest first: their
-                // results wait here for `finish_queued`.
-                let mut waiting = self.started.iter_mut().filter(|r| r.finished.is_none());
-                let mut broken = None;
+                // Runs the host finished meanwhile: their results wait
+                // here for `finish_queued`.
                 for f in done {
-                    match waiting.next() {
-                        Some(r) if f.done.len() == r.sent => r.finished = Some(f),
-                        _ => {
-                            broken = Some(format!("unexpected finished run {f:?}"));
-                            break;
-                        }
+                    if let Err(why) = self.take_finished(f) {
+                        self.fail(why);
+                        break;
                     }
-                }
-                drop(waiting);
-                if let Some(why) = broken {
-                    self.fail(why);
                 }
                 Started::InFlight
             }
@@ -971,18 +996,31 @@ impl Partition for RemotePartition {
     }
 
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-        let mut run = self.started.pop_front()?;
-        let n = run.sent;
-        let answer = match run.finished.take() {
-            // A host that broke a rule since is believed no more.
-            _ if self.failed.is_some() => Err(self.dead()),
-            Some(f) => Ok(Value::Finished(f)),
-            None => self.call(&Request::Finish, Xfer::None),
+        if self.started.is_empty() {
+            return None;
+        }
+        // A host that broke a rule since is believed no more.
+        let answer = if self.failed.is_some() {
+            Err(self.dead())
+        } else if self.started.iter().any(|r| r.finished.is_some()) {
+            Ok(())
+        } else {
+            match self.call(&Request::Finish, Xfer::None) {
+                Ok(Value::Finished(f)) => self.take_finished(f).map_err(|why| self.fail(why)),
+                Ok(v) => Err(self.fail(format!("unexpected answer to a finish: {v:?}"))),
+                Err(e) => Err(e),
+            }
         };
-        let remote = match answer {
-            Ok(Value::Finished(f)) if self.check_done(&f.done, n) => Ok(f),
-            Ok(v) => Err(self.fail(format!("unexpected result of {n} started steps: {v:?}"))),
-            Err(e) => Err(e),
+        let at = match answer {
+            // The oldest run with results is the oldest of its lane.
+            Ok(()) => self.started.iter().position(|r| r.finished.is_some()),
+            Err(_) => Some(0),
+        }?;
+        let mut run = self.started.remove(at)?;
+        let remote = match (answer, run.finished.take()) {
+            (Ok(()), Some(f)) => Ok(f),
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => Err(self.dead()),
         };
         // The host's word on how long the run waited, within what the
         // clock here allows.
@@ -991,7 +1029,7 @@ impl Partition for RemotePartition {
                 .min(run.at.elapsed().as_nanos().try_into().unwrap_or(u64::MAX))
         });
         Some((
-            0,
+            run.lane as usize,
             Finished {
                 waited_ns,
                 done: merge_run(run.local, remote.map(|f| f.done), run.count),

@@ -52,9 +52,12 @@ use vgpu_backend::{
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 4;
-/// Most runs started and not yet finished ([`Kind::Start`]).
-pub const MAX_STARTED: usize = 4;
+pub const VERSION: u16 = 5;
+/// Most runs started and not yet finished ([`Kind::Start`]), all lanes
+/// together.
+pub const MAX_STARTED: usize = 8;
+/// Most lanes a started run may name.
+pub const MAX_LANES: u32 = 16;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Set in the kind of a reply.
@@ -455,8 +458,15 @@ pub enum Request<'a> {
     },
     /// [`Kind::Queued`]: at most [`MAX_QUEUED_STEPS`].
     Queued(Vec<Step<'a>>),
-    /// [`Kind::Start`]: as [`Request::Queued`].
-    Start(Vec<Step<'a>>),
+    /// [`Kind::Start`]: as [`Request::Queued`], on a lane of the partition
+    /// (runs of one lane run and finish in order; of different lanes, side
+    /// by side).
+    Start {
+        /// Below [`MAX_LANES`].
+        lane: u32,
+        /// The run.
+        steps: Vec<Step<'a>>,
+    },
     /// [`Kind::Finish`].
     Finish,
     /// [`Kind::FunctionInfo`].
@@ -650,7 +660,7 @@ impl Request<'_> {
             Request::Occupancy(_) => Kind::Occupancy,
             Request::Console { .. } => Kind::Console,
             Request::Queued(_) => Kind::Queued,
-            Request::Start(_) => Kind::Start,
+            Request::Start { .. } => Kind::Start,
             Request::Finish => Kind::Finish,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
@@ -733,7 +743,10 @@ impl Request<'_> {
             Request::Console { module, max } => {
                 w.u64(*module).u32(*max);
             }
-            Request::Queued(steps) | Request::Start(steps) => {
+            Request::Queued(steps) | Request::Start { steps, .. } => {
+                if let Request::Start { lane, .. } = self {
+                    w.u32(*lane);
+                }
                 w.u32(steps.len() as u32);
                 for s in steps {
                     match s {
@@ -865,6 +878,10 @@ impl Request<'_> {
                 Request::Console { module, max }
             }
             Kind::Queued | Kind::Start => {
+                let lane = if k == Kind::Start { r.u32()? } else { 0 };
+                if lane >= MAX_LANES {
+                    return Err(ProtoError::Malformed("lane"));
+                }
                 let n = r.u32()? as usize;
                 if n == 0 || n > MAX_QUEUED_STEPS {
                     return Err(ProtoError::Malformed("step count"));
@@ -896,7 +913,7 @@ impl Request<'_> {
                     });
                 }
                 if k == Kind::Start {
-                    Request::Start(steps)
+                    Request::Start { lane, steps }
                 } else {
                     Request::Queued(steps)
                 }
@@ -934,11 +951,13 @@ pub enum Value {
     },
     /// [`Kind::Queued`]: one result per step.
     Queued(Vec<QueuedDone>),
-    /// [`Kind::Finish`].
-    Finished(Finished),
-    /// [`Kind::Start`]: results of the oldest started runs, done by the
-    /// time the run was taken (at most [`MAX_STARTED`]).
-    Started(Vec<Finished>),
+    /// [`Kind::Finish`]: the next started run to finish, of any lane
+    /// (the oldest not yet given of that lane).
+    Finished(LaneRun),
+    /// [`Kind::Start`]: results of the started runs done by the time the
+    /// run was taken, in the order they finished (at most
+    /// [`MAX_STARTED`]).
+    Started(Vec<LaneRun>),
     /// [`Kind::Console`].
     Console(ConsoleText),
     /// [`Kind::Download`]: the last piece left in the staging area.
@@ -1026,15 +1045,31 @@ fn encode_done(w: &mut Writer, done: &[QueuedDone]) {
     }
 }
 
-fn encode_finished(w: &mut Writer, f: &Finished) {
-    w.u64(f.waited_ns);
-    encode_done(w, &f.done);
+/// A finished run and the lane it was started on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneRun {
+    /// The lane.
+    pub lane: u32,
+    /// Its results.
+    pub run: Finished,
 }
 
-fn decode_finished(r: &mut Reader<'_>) -> Result<Finished, ProtoError> {
-    Ok(Finished {
-        waited_ns: r.u64()?,
-        done: decode_done(r)?,
+fn encode_finished(w: &mut Writer, f: &LaneRun) {
+    w.u32(f.lane).u64(f.run.waited_ns);
+    encode_done(w, &f.run.done);
+}
+
+fn decode_finished(r: &mut Reader<'_>) -> Result<LaneRun, ProtoError> {
+    let lane = r.u32()?;
+    if lane >= MAX_LANES {
+        return Err(ProtoError::Malformed("lane"));
+    }
+    Ok(LaneRun {
+        lane,
+        run: Finished {
+            waited_ns: r.u64()?,
+            done: decode_done(r)?,
+        },
     })
 }
 
@@ -1441,7 +1476,9 @@ mod tests {
                     size: 12,
                 }),
             ]),
-            Request::Start(vec![
+            Request::Start {
+                lane: 3,
+                steps: vec![
                 Step::Timestamp,
                 Step::Upload {
                     dst: 7,
@@ -1451,7 +1488,7 @@ mod tests {
                         len: 5,
                     }],
                 },
-            ]),
+            ]},
             Request::Finish,
             Request::Reset,
             Request::Control,
@@ -1650,27 +1687,36 @@ mod tests {
             (
                 Kind::Start,
                 Ok(Value::Started(vec![
-                    Finished {
-                        waited_ns: 3,
-                        done: Vec::new(),
+                    LaneRun {
+                        lane: 2,
+                        run: Finished {
+                            waited_ns: 3,
+                            done: Vec::new(),
+                        },
                     },
-                    Finished {
-                        waited_ns: 0,
-                        done: vec![QueuedDone {
-                            result: Ok(()),
-                            end_ns: 9,
-                        }],
+                    LaneRun {
+                        lane: 0,
+                        run: Finished {
+                            waited_ns: 0,
+                            done: vec![QueuedDone {
+                                result: Ok(()),
+                                end_ns: 9,
+                            }],
+                        },
                     },
                 ])),
             ),
             (
                 Kind::Finish,
-                Ok(Value::Finished(Finished {
-                    waited_ns: 12_345,
-                    done: vec![QueuedDone {
-                        result: Err(OpError::Lost("gone".into())),
-                        end_ns: 7,
-                    }],
+                Ok(Value::Finished(LaneRun {
+                    lane: 15,
+                    run: Finished {
+                        waited_ns: 12_345,
+                        done: vec![QueuedDone {
+                            result: Err(OpError::Lost("gone".into())),
+                            end_ns: 7,
+                        }],
+                    },
                 })),
             ),
             (

@@ -1,9 +1,12 @@
 //! The partition host's runner: runs the queued runs the parent started
-//! ([`crate::proto::Kind::Start`]) on a thread of their own, in order, so
-//! the host answers a start at once and the next run is on its way to the
-//! device while the device works on this one. The parent asks for each
-//! run's results ([`crate::proto::Kind::Finish`]) in the order it started
-//! them; any other request waits for every started run first.
+//! ([`crate::proto::Kind::Start`]) on a thread of their own, so the host
+//! answers a start at once and the next run is on its way to the device
+//! while the device works on this one. Each run names a lane: runs of a
+//! lane start and finish in order, on a lane of the partition (several
+//! lanes may share one where it has fewer), and runs of different lanes
+//! go to the device side by side. The parent gets the runs' results
+//! ([`crate::proto::Kind::Finish`]) in the order they finish; any other
+//! request waits for every started run first.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
@@ -16,7 +19,7 @@ use vgpu_backend::{Finished, OpError, Partition, QueuedDone, Started};
 
 use crate::guest_mem::{Pinned, Table};
 use crate::host::with_queued;
-use crate::proto::{Kind, Request};
+use crate::proto::{Kind, LaneRun, Request};
 
 pub use crate::proto::MAX_STARTED;
 
@@ -36,7 +39,7 @@ struct Job {
 }
 
 /// A finished run and the partition's memory in use after it.
-type Outcome = (Finished, u64);
+type Outcome = (LaneRun, u64);
 
 pub(crate) struct Runner {
     jobs: Option<SyncSender<Job>>,
@@ -72,9 +75,9 @@ impl Runner {
         })
     }
 
-    /// The results of the oldest started runs that are done now, without
+    /// The results of the started runs that are done now, without
     /// waiting; what they leave the partition using, if any.
-    pub(crate) fn take_done(&mut self) -> (Vec<Finished>, Option<u64>) {
+    pub(crate) fn take_done(&mut self) -> (Vec<LaneRun>, Option<u64>) {
         while self.running > 0 {
             match self.results.try_recv() {
                 Ok(r) => {
@@ -110,7 +113,8 @@ impl Runner {
         }
     }
 
-    /// The oldest started run's results, waiting for them if need be.
+    /// The results of the next started run to finish, waiting for them if
+    /// need be.
     pub(crate) fn finish(&mut self) -> Result<Outcome, OpError> {
         if self.ready.is_empty() && self.running > 0 {
             self.receive();
@@ -139,9 +143,12 @@ impl Runner {
             None => {
                 // The thread died with runs outstanding: each fails.
                 debug!("partition host: the runner thread is gone");
-                let gone = Finished {
-                    waited_ns: 0,
-                    done: Vec::new(),
+                let gone = LaneRun {
+                    lane: 0,
+                    run: Finished {
+                        waited_ns: 0,
+                        done: Vec::new(),
+                    },
                 };
                 for _ in 0..self.running {
                     self.ready.push_back((gone.clone(), 0));
@@ -166,6 +173,8 @@ impl Drop for Runner {
 
 /// A run the runner started on the partition.
 struct OnPartition {
+    /// The lane the parent started it on.
+    lane: u32,
     started: Started,
     /// Its steps.
     steps: usize,
@@ -173,11 +182,13 @@ struct OnPartition {
     waited: Duration,
 }
 
-/// The runner thread: takes each job in order and starts it on the
-/// partition, keeping as many in flight as the partition can (its
+/// The runner thread: takes each job as it comes and starts it on its
+/// lane of the partition (the parent's lane modulo the partition's
+/// lanes), keeping as many in flight on each as the partition can (its
 /// `queue_depth`), all resolved against one pin of the guest memory
 /// table, which it lets go of when nothing is in flight or an unmap
-/// waits; sends each run's results in order.
+/// waits; sends each run's results as it finishes, in order within a
+/// lane.
 fn serve_runs(
     jobs: &Receiver<Job>,
     results: &SyncSender<Outcome>,
@@ -185,19 +196,37 @@ fn serve_runs(
     guest: &Table,
     spin: Duration,
 ) {
-    let depth = lock(partition).queue_depth().clamp(1, MAX_STARTED);
-    let mut flight: VecDeque<OnPartition> = VecDeque::new();
+    let (depth, lanes) = {
+        let p = lock(partition);
+        (p.queue_depth().clamp(1, MAX_STARTED), p.lanes().max(1))
+    };
+    let mut flight: Vec<VecDeque<OnPartition>> = (0..lanes).map(|_| VecDeque::new()).collect();
     let mut pin: Option<Pinned<'_>> = None;
     loop {
-        let job = if flight.is_empty() {
+        // A run done when started goes as soon as its lane's runs before
+        // it have.
+        for lane in flight.iter_mut() {
+            while lane
+                .front()
+                .is_some_and(|r| matches!(r.started, Started::Done(_)))
+            {
+                let run = lane.pop_front().expect("a run");
+                if !send(partition, run, None, results) {
+                    return;
+                }
+            }
+        }
+        let busy = flight.iter().any(|l| !l.is_empty());
+        let job = if !busy {
             pin = None;
             match next(jobs, spin) {
                 Some(j) => Some(j),
                 None => return,
             }
-        } else if flight.len() < depth {
+        } else if flight.iter().any(|l| l.len() < depth) {
             // The next run usually follows at once: it goes onto the
-            // device behind this one if it comes while this one runs.
+            // device behind this one (or beside it) if it comes while
+            // this one runs.
             if spin.is_zero() {
                 jobs.try_recv().ok()
             } else {
@@ -207,10 +236,8 @@ fn serve_runs(
             None
         };
         let Some(job) = job else {
-            if let Some(run) = flight.pop_front() {
-                if !finish(partition, run, results) {
-                    return;
-                }
+            if !finish_one(partition, &mut flight, results) {
+                return;
             }
             continue;
         };
@@ -218,8 +245,8 @@ fn serve_runs(
             // An unmap waits: what is in flight finishes, then it goes
             // first (a reader taking the lock again at once could keep
             // beating it to it).
-            while let Some(run) = flight.pop_front() {
-                if !finish(partition, run, results) {
+            while flight.iter().any(|l| !l.is_empty()) {
+                if !finish_one(partition, &mut flight, results) {
                     return;
                 }
             }
@@ -228,12 +255,24 @@ fn serve_runs(
                 std::thread::yield_now();
             }
         }
+        let request = Request::decode(Kind::Start as u16, &job.frame);
+        let lane = match &request {
+            Ok(Request::Start { lane, .. }) => *lane,
+            _ => 0,
+        };
+        let inner = lane as usize % lanes;
+        while flight[inner].len() >= depth {
+            if !finish_one(partition, &mut flight, results) {
+                return;
+            }
+        }
         let pinned = pin.get_or_insert_with(|| guest.pin());
         let waited = job.arrived.elapsed();
         let mut p = lock(partition);
-        let (started, steps) = start_frame(&mut **p, pinned, &job.frame);
+        let (started, steps) = start_frame(&mut **p, inner, pinned, request);
         drop(p);
-        flight.push_back(OnPartition {
+        flight[inner].push_back(OnPartition {
+            lane,
             started,
             steps,
             waited,
@@ -241,41 +280,81 @@ fn serve_runs(
     }
 }
 
-/// Waits for `run` and sends its results; false once the other side is
-/// gone.
-fn finish(partition: &Shared, run: OnPartition, results: &SyncSender<Outcome>) -> bool {
-    let mut p = lock(partition);
-    let (done, waited) = match run.started {
-        Started::Done(done) => (done, run.waited),
-        Started::InFlight => match p.finish_queued() {
-            Some((_, f)) => (f.done, run.waited + Duration::from_nanos(f.waited_ns)),
-            None => (
-                QueuedDone::all_failed(run.steps, &OpError::Device("run lost".into())),
-                run.waited,
-            ),
-        },
+/// Waits for the partition to finish a run in flight and sends its
+/// results, with those of the runs done when started that follow it on
+/// its lane; false once the other side is gone.
+fn finish_one(
+    partition: &Shared,
+    flight: &mut [VecDeque<OnPartition>],
+    results: &SyncSender<Outcome>,
+) -> bool {
+    let finished = lock(partition).finish_queued();
+    let busy = flight
+        .iter()
+        .position(|l| {
+            l.front()
+                .is_some_and(|r| matches!(r.started, Started::InFlight))
+        })
+        .unwrap_or(0);
+    // Lost (each step of what was in flight fails): the oldest run of the
+    // first busy lane takes it.
+    let inner = match &finished {
+        Some((l, _)) if flight.get(*l).is_some_and(|q| !q.is_empty()) => *l,
+        _ => busy,
     };
-    let used = p.memory_used();
-    drop(p);
-    let f = Finished {
-        waited_ns: waited.as_nanos().try_into().unwrap_or(u64::MAX),
-        done,
+    let Some(run) = flight[inner].pop_front() else {
+        return true;
+    };
+    send(partition, run, Some(finished.map(|(_, f)| f)), results)
+}
+
+/// Sends `run`'s results: those it had when started, or `finished`, what
+/// the partition gave for it (`None` inside: it lost it); false once the
+/// other side is gone.
+fn send(
+    partition: &Shared,
+    run: OnPartition,
+    finished: Option<Option<Finished>>,
+    results: &SyncSender<Outcome>,
+) -> bool {
+    let (done, waited) = match (run.started, finished) {
+        (Started::Done(done), _) => (done, run.waited),
+        (Started::InFlight, Some(Some(f))) => {
+            (f.done, run.waited + Duration::from_nanos(f.waited_ns))
+        }
+        (Started::InFlight, _) => (
+            QueuedDone::all_failed(run.steps, &OpError::Device("run lost".into())),
+            run.waited,
+        ),
+    };
+    let used = lock(partition).memory_used();
+    let f = LaneRun {
+        lane: run.lane,
+        run: Finished {
+            waited_ns: waited.as_nanos().try_into().unwrap_or(u64::MAX),
+            done,
+        },
     };
     results.send((f, used)).is_ok()
 }
 
-/// Starts the steps of a started run's frame against `pinned`; every step
-/// fails with the run's error when it cannot start at all. Returns how
-/// many steps it has.
-fn start_frame(p: &mut dyn Partition, pinned: &Pinned<'_>, frame: &[u8]) -> (Started, usize) {
-    let steps = match Request::decode(Kind::Start as u16, frame) {
-        Ok(Request::Start(steps)) => steps,
+/// Starts the steps of a started run's `request` on lane `lane` against
+/// `pinned`; every step fails with the run's error when it cannot start
+/// at all. Returns how many steps it has.
+fn start_frame(
+    p: &mut dyn Partition,
+    lane: usize,
+    pinned: &Pinned<'_>,
+    request: Result<Request<'_>, crate::proto::ProtoError>,
+) -> (Started, usize) {
+    let steps = match request {
+        Ok(Request::Start { steps, .. }) => steps,
         // Checked before it was started.
         _ => return (Started::Done(Vec::new()), 0),
     };
     // `pinned` is kept until nothing is in flight.
     let started = with_queued(pinned, &steps, |queued| {
-        p.start_queued(0, queued, &|| false, true)
+        p.start_queued(lane, queued, &|| false, true)
     })
     .unwrap_or_else(|e| Started::Done(QueuedDone::all_failed(steps.len(), &e)));
     (started, steps.len())
@@ -317,7 +396,7 @@ mod tests {
     };
 
     #[test]
-    fn test_at_most_four_started_and_finished_in_order() {
+    fn test_at_most_max_started_and_finished_in_order() {
         let backend = SoftwareBackend::new(1 << 20, 1);
         let spec = PartitionSpec {
             name: "r".into(),
@@ -327,7 +406,13 @@ mod tests {
         let p: Shared = Arc::new(Mutex::new(backend.create_partition(&spec).unwrap()));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
         assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
-        let frame = |n: usize| Request::Start(vec![Step::Timestamp; n]).encode();
+        let frame = |n: usize| {
+            Request::Start {
+                lane: 0,
+                steps: vec![Step::Timestamp; n],
+            }
+            .encode()
+        };
         {
             // The partition is busy: started runs wait for it.
             let _held = lock(&p);
@@ -339,17 +424,63 @@ mod tests {
         }
         for n in 1..=MAX_STARTED {
             let (f, used) = r.finish().unwrap();
-            assert_eq!(f.done.len(), n, "in the order started");
-            assert!(f.done.iter().all(|d| d.result.is_ok()));
+            assert_eq!(f.run.done.len(), n, "in the order started");
+            assert!(f.run.done.iter().all(|d| d.result.is_ok()));
             assert_eq!(used, 0);
         }
         assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
         // A frame that is not a run fails nothing else.
         r.start(Request::Finish.encode()).unwrap();
-        assert_eq!(r.finish().unwrap().0.done, Vec::new());
+        assert_eq!(r.finish().unwrap().0.run.done, Vec::new());
         r.start(frame(2)).unwrap();
         r.clear();
         assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+    }
+
+    /// Runs of several lanes: each goes to its lane of the partition
+    /// (lanes past the partition's share one), results come back as the
+    /// partition finishes them, in order within a lane, each with its
+    /// lane.
+    #[test]
+    fn test_runs_of_lanes_finish_as_the_partition_finishes_them() {
+        let backend = SoftwareBackend::new(1 << 20, 1);
+        let spec = PartitionSpec {
+            name: "l".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
+            inner: backend.create_partition(&spec).unwrap(),
+            runs: Default::default(),
+            started: Arc::clone(&counts.0),
+            finished: Arc::clone(&counts.1),
+        })));
+        let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
+        let frame = |lane: u32, n: usize| {
+            Request::Start {
+                lane,
+                steps: vec![Step::Timestamp; n],
+            }
+            .encode()
+        };
+        {
+            // All are started before the runner takes any.
+            let _held = lock(&p);
+            // Lane 2 goes to the partition's lane 0, behind lane 0's run.
+            for (lane, n) in [(0, 1), (1, 2), (2, 3), (1, 4)] {
+                r.start(frame(lane, n)).unwrap();
+            }
+        }
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (f, _) = r.finish().unwrap();
+            assert!(f.run.done.iter().all(|d| d.result.is_ok()));
+            got.push((f.lane, f.run.done.len()));
+        }
+        assert_eq!(got, [(1, 2), (1, 4), (0, 1), (2, 3)]);
+        assert_eq!(counts.0.load(Ordering::SeqCst), 4);
+        assert_eq!(counts.1.load(Ordering::SeqCst), 4);
     }
 
     /// A step as [`Deferred`] keeps it.
@@ -363,10 +494,12 @@ mod tests {
     /// Keeps runs in flight as a GPU does: `start_queued` only notes the
     /// steps (a copy's guest memory as pointers), `finish_queued` runs
     /// them on a software partition, so a copy touches guest memory only
-    /// when its run is finished, which must still be mapped then.
+    /// when its run is finished, which must still be mapped then. It has
+    /// two lanes, and finishes lane 1's runs first, as a GPU does where a
+    /// run on another lane is done before one started earlier.
     struct Deferred {
         inner: Box<dyn Partition>,
-        runs: VecDeque<Vec<Kept>>,
+        runs: [VecDeque<Vec<Kept>>; 2],
         /// Runs started, and runs finished.
         started: Arc<AtomicUsize>,
         finished: Arc<AtomicUsize>,
@@ -416,9 +549,12 @@ mod tests {
         fn queue_depth(&self) -> usize {
             2
         }
+        fn lanes(&self) -> usize {
+            2
+        }
         fn start_queued(
             &mut self,
-            _: usize,
+            lane: usize,
             steps: &[Queued<'_>],
             _: &dyn Fn() -> bool,
             held: bool,
@@ -437,12 +573,14 @@ mod tests {
                     _ => panic!("not in these tests"),
                 })
                 .collect();
-            self.runs.push_back(kept);
+            assert!(self.runs[lane].len() < 2, "lane {lane} is full");
+            self.runs[lane].push_back(kept);
             self.started.fetch_add(1, Ordering::SeqCst);
             Started::InFlight
         }
         fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-            let run = self.runs.pop_front()?;
+            let lane = (0..2).rev().find(|&l| !self.runs[l].is_empty())?;
+            let run = self.runs[lane].pop_front()?;
             // Slow enough that an unmap racing with it would be seen.
             std::thread::sleep(Duration::from_millis(20));
             let done = run
@@ -468,7 +606,7 @@ mod tests {
                 })
                 .collect();
             self.finished.fetch_add(1, Ordering::SeqCst);
-            Some((0, Finished { waited_ns: 0, done }))
+            Some((lane, Finished { waited_ns: 0, done }))
         }
         fn max_active_clusters(&mut self, _: &Launch<'_>) -> Result<u32, OpError> {
             Ok(0)
@@ -490,7 +628,7 @@ mod tests {
             Ok(Default::default())
         }
         fn reset(&mut self) {
-            self.runs.clear();
+            self.runs = Default::default();
             self.inner.reset()
         }
         fn is_lost(&self) -> bool {
@@ -511,7 +649,7 @@ mod tests {
         let dev = inner.alloc(8192, 0).unwrap();
         let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
             inner,
-            runs: VecDeque::new(),
+            runs: Default::default(),
             started: Arc::clone(&started),
             finished: Arc::clone(&finished),
         })));
@@ -536,23 +674,29 @@ mod tests {
             offset,
             len,
         };
-        let up = Request::Start(vec![Step::Upload {
-            dst: dev,
-            pieces: vec![piece(0, 16)],
-        }]);
-        let down = Request::Start(vec![
-            Step::Timestamp,
-            Step::Download {
-                src: dev,
-                pieces: vec![piece(4096, 16)],
-            },
-        ]);
+        let up = Request::Start {
+            lane: 0,
+            steps: vec![Step::Upload {
+                dst: dev,
+                pieces: vec![piece(0, 16)],
+            }],
+        };
+        let down = Request::Start {
+            lane: 0,
+            steps: vec![
+                Step::Timestamp,
+                Step::Download {
+                    src: dev,
+                    pieces: vec![piece(4096, 16)],
+                },
+            ],
+        };
         r.start(up.encode()).unwrap();
         r.start(down.encode()).unwrap();
         for n in [1, 2] {
             let (f, _) = r.finish().unwrap();
-            assert_eq!(f.done.len(), n);
-            assert!(f.done.iter().all(|d| d.result.is_ok()), "{f:?}");
+            assert_eq!(f.run.done.len(), n);
+            assert!(f.run.done.iter().all(|d| d.result.is_ok()), "{f:?}");
         }
         let mut got = [0u8; 16];
         file.read_exact_at(&mut got, 4096).unwrap();
@@ -583,10 +727,10 @@ mod tests {
             "the unmap went through while a run used the memory"
         );
         let (f, _) = r.finish().unwrap();
-        assert!(f.done[0].result.is_ok(), "{f:?}");
+        assert!(f.run.done[0].result.is_ok(), "{f:?}");
         let (f, _) = r.finish().unwrap();
         assert!(
-            matches!(&f.done[0].result, Err(OpError::Invalid(_))),
+            matches!(&f.run.done[0].result, Err(OpError::Invalid(_))),
             "{f:?}"
         );
     }

@@ -277,3 +277,80 @@ fn queued_runs_overlap_in_order_on_a_remote_partition() {
     assert!(counts.overlapped() > overlapped, "no copy run overlapped");
     assert_eq!(counts.staged(), 0);
 }
+
+/// Two queues, each its own lane of the remote partition: one adds and
+/// copies out rounds of device work, the other uploads guest memory
+/// meanwhile; both keep their order, and every result lands.
+#[test]
+fn queues_on_lanes_of_a_remote_partition_keep_their_order() {
+    let partition = remote_partition("lanes", RemoteConfig::default());
+    let server = TestVgpu::start(test_config("lanes", 2), Box::new(partition));
+    let mut g = server.connect();
+    g.setup_queue(0, 256, Mode::Interrupt);
+    g.setup_queue(1, 256, Mode::Interrupt);
+    let (n, rounds) = (16u64 << 10, 40u64);
+    let x = g.device_alloc(0, 4 * n);
+    let ones = g.device_alloc(0, 4 * n);
+    let out = g.device_alloc(0, 4 * n * rounds);
+    assert_eq!(g.fill(0, x, 4 * n, 0).status, abi::STATUS_OK);
+    assert_eq!(
+        g.fill(0, ones, 4 * n, 1f32.to_bits()).status,
+        abi::STATUS_OK
+    );
+    let params = abi::VaddParams {
+        c: x,
+        a: x,
+        b: ones,
+        n,
+    };
+    let cmd = vgpu_testkit::launch_cmd(
+        "vadd_f32",
+        [1, 1, 1],
+        [256, 1, 1],
+        std::mem::size_of::<abi::VaddParams>() as u32,
+    );
+    let add = vgpu_testkit::Chain::command(&cmd)
+        .bytes(abi::ByteValued::as_slice(&params))
+        .completion();
+    let mut heads0 = Vec::new();
+    for k in 0..rounds {
+        heads0.push(g.post(0, &add));
+        let copy = vgpu_testkit::copy_cmd(
+            abi::COPY_DEVICE,
+            abi::COPY_DEVICE,
+            x,
+            out + 4 * n * k,
+            4 * n,
+            0,
+        );
+        heads0.push(g.post(0, &vgpu_testkit::Chain::command(&copy).completion()));
+    }
+    let (piece, copies) = (32usize << 10, 60usize);
+    let data: Vec<u8> = (0..piece * copies)
+        .map(|i| (i * 7 + i / 501) as u8)
+        .collect();
+    let dev = g.device_alloc(1, data.len() as u64);
+    let mut heads1 = Vec::new();
+    for k in 0..copies {
+        let sg = g.alloc_sg(&[(piece / 2) as u64, (piece / 2) as u64]);
+        g.write_sg(&sg, &data[k * piece..(k + 1) * piece]);
+        heads1.push(g.post(1, &guest_copy_chain(true, dev + (k * piece) as u64, &sg)));
+    }
+    g.kick(0);
+    g.kick(1);
+    for (q, heads) in [(0, &heads0), (1, &heads1)] {
+        for (i, head) in heads.iter().enumerate() {
+            let u = g
+                .wait_used(q, std::time::Duration::from_secs(30))
+                .unwrap_or_else(|| panic!("queue {q}: command {i} did not complete"));
+            assert_eq!(u.id, u32::from(*head), "queue {q} completes in order");
+            assert_eq!(u.completion().status, abi::STATUS_OK, "queue {q}: {i}");
+        }
+    }
+    let got = bytes_to_f32s(&g.download(0, out, (4 * n * rounds) as usize));
+    for k in 0..rounds as usize {
+        let round = &got[k * n as usize..(k + 1) * n as usize];
+        assert!(round.iter().all(|&v| v == (k + 1) as f32), "round {k}");
+    }
+    assert_eq!(g.download(1, dev, data.len()), data);
+}

@@ -19,8 +19,8 @@ use vgpu_backend::{
     HostMapping, HostSink, HostSlice, HostSource, OpError, Partition, PartitionSpec, SliceFn,
 };
 use vgpu_backend_remote::proto::{
-    Create, Header, Kind, Map, MappedPiece, Reply, Request, Step, Value, HEADER_LEN, MAX_REQUEST,
-    REPLY,
+    self, Create, Header, Kind, Map, MappedPiece, Reply, Request, Step, Value, HEADER_LEN,
+    MAX_REQUEST, REPLY,
 };
 use vgpu_backend_remote::{
     host, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
@@ -831,20 +831,33 @@ fn started_runs_finish_in_order_and_are_bounded() {
             pattern: 0x2121_2121,
         })],
     ];
+    // As many as may be started at once.
+    while runs.len() < proto::MAX_STARTED {
+        runs.push(vec![Step::Timestamp]);
+    }
     let mut seq = 6;
-    // A start's answer carries the runs done by then, oldest first.
+    // A start's answer carries the runs done by then, oldest first (all
+    // on one lane).
     let mut finished = Vec::new();
     for steps in &runs {
-        let r = call(&mut cmd, seq, &Request::Start(steps.clone()), None);
+        let start = Request::Start {
+            lane: 0,
+            steps: steps.clone(),
+        };
+        let r = call(&mut cmd, seq, &start, None);
         let Ok(Value::Started(done)) = r else {
             panic!("{r:?}");
         };
         finished.extend(done);
         seq += 1;
     }
-    // At most four whose results the parent does not have yet.
+    // At most MAX_STARTED whose results the parent does not have yet.
     let fifth = vec![Step::Timestamp];
-    match call(&mut cmd, seq, &Request::Start(fifth.clone()), None) {
+    let start = Request::Start {
+        lane: 0,
+        steps: fifth.clone(),
+    };
+    match call(&mut cmd, seq, &start, None) {
         Err(OpError::Invalid(_)) => assert!(finished.is_empty(), "refused with room"),
         Ok(Value::Started(done)) => {
             assert!(!finished.is_empty(), "a fifth run in flight");
@@ -863,8 +876,15 @@ fn started_runs_finish_in_order_and_are_bounded() {
     }
     let mut results = Vec::new();
     for (f, steps) in finished.iter().zip(&runs) {
-        assert_eq!(f.done.len(), steps.len());
-        results.push(f.done.iter().map(|d| d.result.is_ok()).collect::<Vec<_>>());
+        assert_eq!(f.lane, 0);
+        assert_eq!(f.run.done.len(), steps.len());
+        results.push(
+            f.run
+                .done
+                .iter()
+                .map(|d| d.result.is_ok())
+                .collect::<Vec<_>>(),
+        );
     }
     assert_eq!(
         results[..4],
@@ -876,10 +896,13 @@ fn started_runs_finish_in_order_and_are_bounded() {
 
     // Any other request waits for what was started; its results stay
     // for the finish.
-    let run = Request::Start(vec![Step::Download {
-        src: dev,
-        pieces: vec![piece(7000, 8)],
-    }]);
+    let run = Request::Start {
+        lane: 1,
+        steps: vec![Step::Download {
+            src: dev,
+            pieces: vec![piece(7000, 8)],
+        }],
+    };
     let Ok(Value::Started(early)) = call(&mut cmd, seq + 1, &run, None) else {
         panic!("start");
     };

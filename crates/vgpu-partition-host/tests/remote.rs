@@ -15,7 +15,7 @@ use vgpu_backend::{
     Backend, BackendError, Finished, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec, Queued, QueuedDone, Started,
 };
-use vgpu_backend_remote::proto::{self, Header, Kind, Reply, Value, HEADER_LEN, REPLY};
+use vgpu_backend_remote::proto::{self, Header, Kind, LaneRun, Reply, Value, HEADER_LEN, REPLY};
 use vgpu_backend_remote::{
     HostLink, HostOptions, InnerBackend, Launcher, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
@@ -877,30 +877,39 @@ fn fake_host_bad_run_results_are_refused() {
     // A start answered with the results of a run of two steps.
     let why = against_fake(
         |s, h| {
-            let done = vec![Finished {
-                waited_ns: 0,
-                done: vec![
-                    QueuedDone {
-                        result: Ok(()),
-                        end_ns: 0,
-                    };
-                    2
-                ],
+            let done = vec![LaneRun {
+                lane: 0,
+                run: Finished {
+                    waited_ns: 0,
+                    done: vec![
+                        QueuedDone {
+                            result: Ok(()),
+                            end_ns: 0,
+                        };
+                        2
+                    ],
+                },
             }];
             reply(s, h, Kind::Start, ok(0, Value::Started(done)));
         },
         started_call,
     );
-    assert!(why.contains("unexpected finished run"), "{why}");
+    assert!(
+        why.contains("unexpected result of 1 started steps"),
+        "{why}"
+    );
     // Results of more runs than were started.
     let why = against_fake(
         |s, h| {
-            let one = Finished {
-                waited_ns: 0,
-                done: vec![QueuedDone {
-                    result: Ok(()),
-                    end_ns: 0,
-                }],
+            let one = LaneRun {
+                lane: 0,
+                run: Finished {
+                    waited_ns: 0,
+                    done: vec![QueuedDone {
+                        result: Ok(()),
+                        end_ns: 0,
+                    }],
+                },
             };
             reply(
                 s,
@@ -911,21 +920,42 @@ fn fake_host_bad_run_results_are_refused() {
         },
         started_call,
     );
-    assert!(why.contains("unexpected finished run"), "{why}");
+    assert!(why.contains("on lane 0 it was not given"), "{why}");
+    // The result of a run on a lane that has none.
+    let why = against_fake(
+        |s, h| {
+            let other = LaneRun {
+                lane: 3,
+                run: Finished {
+                    waited_ns: 0,
+                    done: vec![QueuedDone {
+                        result: Ok(()),
+                        end_ns: 0,
+                    }],
+                },
+            };
+            reply(s, h, Kind::Start, ok(0, Value::Started(vec![other])));
+        },
+        started_call,
+    );
+    assert!(why.contains("on lane 3 it was not given"), "{why}");
     // A finish answered with three results for one step.
     let why = against_fake(
         |s, h| {
             reply(s, h, Kind::Start, ok(0, Value::Started(Vec::new())));
             let Some((h, _)) = read_frame(s) else { return };
-            let three = Finished {
-                waited_ns: 0,
-                done: vec![
-                    QueuedDone {
-                        result: Ok(()),
-                        end_ns: 0,
-                    };
-                    3
-                ],
+            let three = LaneRun {
+                lane: 0,
+                run: Finished {
+                    waited_ns: 0,
+                    done: vec![
+                        QueuedDone {
+                            result: Ok(()),
+                            end_ns: 0,
+                        };
+                        3
+                    ],
+                },
             };
             reply(s, h, Kind::Finish, ok(0, Value::Finished(three)));
         },
