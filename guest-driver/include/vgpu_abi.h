@@ -18,7 +18,7 @@
 #define VGPU_PCI_REVISION 0x1ULL
 #define VGPU_ABI_MAGIC 0x55504756ULL
 #define VGPU_ABI_VERSION_MAJOR 0x1ULL
-#define VGPU_ABI_VERSION_MINOR 0x3ULL
+#define VGPU_ABI_VERSION_MINOR 0x4ULL
 #define VGPU_BAR_REGS 0x0ULL
 #define VGPU_BAR_WINDOW 0x2ULL
 #define VGPU_BAR0_SIZE 0x4000ULL
@@ -71,6 +71,7 @@
 #define VGPU_FEATURE_FUNC_INFO 0x10ULL
 #define VGPU_FEATURE_OCCUPANCY 0x20ULL
 #define VGPU_FEATURE_CONSOLE 0x40ULL
+#define VGPU_FEATURE_VALUES 0x80ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -100,7 +101,15 @@
 #define VGPU_OP_FUNC_INFO 0xaULL
 #define VGPU_OP_OCCUPANCY 0xbULL
 #define VGPU_OP_CONSOLE 0xcULL
+#define VGPU_OP_WRITE_VALUE 0xdULL
+#define VGPU_OP_WAIT_VALUE 0xeULL
 #define VGPU_FENCE_FLAG_IRQ 0x1ULL
+#define VGPU_VALUE_FLAG_32 0x1ULL
+#define VGPU_WAIT_GEQ 0x0ULL
+#define VGPU_WAIT_EQ 0x2ULL
+#define VGPU_WAIT_AND 0x4ULL
+#define VGPU_WAIT_NOR 0x6ULL
+#define VGPU_WAIT_COND_MASK 0x6ULL
 #define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
 #define VGPU_FUNC_INFO_FLAG_GLOBAL 0x1ULL
 #define VGPU_MODULE_FLAG_PRINTS 0x1ULL
@@ -157,6 +166,14 @@ struct vgpu_cmd_fence {
 };
 
 _Static_assert(sizeof(struct vgpu_cmd_fence) == 24, "vgpu_cmd_fence layout");
+
+struct vgpu_cmd_value {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 addr; /* offset 8 */
+	__u64 value; /* offset 16 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_value) == 24, "vgpu_cmd_value layout");
 
 struct vgpu_cmd_mem_alloc {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */

@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 3;
+pub const ABI_VERSION_MINOR: u32 = 4;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -149,6 +149,8 @@ pub const FEATURE_OCCUPANCY: u64 = 1 << 5;
 /// Feature: the CONSOLE command and [`MODULE_FLAG_PRINTS`]; ABI minor
 /// version 3.
 pub const FEATURE_CONSOLE: u64 = 1 << 6;
+/// Feature: the WRITE_VALUE and WAIT_VALUE commands; ABI minor version 4.
+pub const FEATURE_VALUES: u64 = 1 << 7;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -216,9 +218,30 @@ pub const OP_OCCUPANCY: u32 = 11;
 /// Command: take what the kernels of a module printed (`printf` in device
 /// code), oldest first, into guest memory.
 pub const OP_CONSOLE: u32 = 12;
+/// Command: write a 32- or 64-bit value to guest memory once earlier
+/// commands of the queue are done (a semaphore release).
+pub const OP_WRITE_VALUE: u32 = 13;
+/// Command: hold the queue until a 32- or 64-bit word of guest memory
+/// meets a condition (a semaphore acquire); later commands of the queue
+/// wait for it, other queues do not.
+pub const OP_WAIT_VALUE: u32 = 14;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
+/// WRITE_VALUE and WAIT_VALUE flag: the word is 32 bits (4-byte
+/// aligned), else 64 (8-byte aligned).
+pub const VALUE_FLAG_32: u32 = 1 << 0;
+/// WAIT_VALUE condition (flags bits 1-2): `(word - value)` as a signed
+/// number is at least 0, so that a counter that wraps still goes forward.
+pub const WAIT_GEQ: u32 = 0 << 1;
+/// WAIT_VALUE condition: the word equals `value`.
+pub const WAIT_EQ: u32 = 1 << 1;
+/// WAIT_VALUE condition: `word & value` is not 0.
+pub const WAIT_AND: u32 = 2 << 1;
+/// WAIT_VALUE condition: `!(word | value)` is not 0.
+pub const WAIT_NOR: u32 = 3 << 1;
+/// WAIT_VALUE: the condition's bits of the flags.
+pub const WAIT_COND_MASK: u32 = 3 << 1;
 /// LAUNCH flag: [`LaunchCmd::entry`] holds no name but, little-endian, a
 /// function handle that FUNC_INFO returned for [`LaunchCmd::module`] (8
 /// bytes), the blocks per thread block cluster in x, y and z (3 x 4
@@ -383,6 +406,19 @@ abi_struct!(
 abi_struct!(
     /// FENCE: write `value` at guest address `addr` (8-byte aligned).
     FenceCmd => "vgpu_cmd_fence" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Guest address.
+        addr: u64 => "__u64 {}",
+        /// Value.
+        value: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// WRITE_VALUE and WAIT_VALUE: the word at guest address `addr` and
+    /// the value written or compared (its low half for a 32-bit word).
+    ValueCmd => "vgpu_cmd_value" {
         /// Header.
         hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
         /// Guest address.
@@ -888,6 +924,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_FUNC_INFO", FEATURE_FUNC_INFO),
         ("VGPU_FEATURE_OCCUPANCY", FEATURE_OCCUPANCY),
         ("VGPU_FEATURE_CONSOLE", FEATURE_CONSOLE),
+        ("VGPU_FEATURE_VALUES", FEATURE_VALUES),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -917,7 +954,15 @@ pub fn c_header() -> String {
         ("VGPU_OP_FUNC_INFO", OP_FUNC_INFO.into()),
         ("VGPU_OP_OCCUPANCY", OP_OCCUPANCY.into()),
         ("VGPU_OP_CONSOLE", OP_CONSOLE.into()),
+        ("VGPU_OP_WRITE_VALUE", OP_WRITE_VALUE.into()),
+        ("VGPU_OP_WAIT_VALUE", OP_WAIT_VALUE.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
+        ("VGPU_VALUE_FLAG_32", VALUE_FLAG_32.into()),
+        ("VGPU_WAIT_GEQ", WAIT_GEQ.into()),
+        ("VGPU_WAIT_EQ", WAIT_EQ.into()),
+        ("VGPU_WAIT_AND", WAIT_AND.into()),
+        ("VGPU_WAIT_NOR", WAIT_NOR.into()),
+        ("VGPU_WAIT_COND_MASK", WAIT_COND_MASK.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
@@ -962,6 +1007,7 @@ pub fn c_header() -> String {
     c_struct::<ErrorLogEntry>(&mut o, true);
     c_struct::<CmdHeader>(&mut o, true);
     c_struct::<FenceCmd>(&mut o, true);
+    c_struct::<ValueCmd>(&mut o, true);
     c_struct::<MemAllocCmd>(&mut o, true);
     c_struct::<MemFreeCmd>(&mut o, true);
     c_struct::<CopyCmd>(&mut o, true);
@@ -1048,6 +1094,7 @@ mod tests {
             ErrorLogEntry,
             CmdHeader,
             FenceCmd,
+            ValueCmd,
             MemAllocCmd,
             MemFreeCmd,
             CopyCmd,

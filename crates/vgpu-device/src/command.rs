@@ -766,6 +766,70 @@ fn console(ctx: &mut Ctx<'_>, cmd: &abi::ConsoleCmd, reads: &[Desc]) -> Result<(
     Ok((out.text.len() as u64, out.dropped))
 }
 
+/// Checks a WRITE_VALUE's or WAIT_VALUE's flags (besides `extra`) and
+/// alignment: whether the word is 64 bits, and its condition's bits.
+fn value_word(c: &abi::ValueCmd, extra: u32) -> Result<(bool, u32)> {
+    let flags = c.hdr.flags;
+    let wide = flags & abi::VALUE_FLAG_32 == 0;
+    let align = if wide { 8 } else { 4 };
+    if flags & !(abi::VALUE_FLAG_32 | extra) != 0 || !c.addr.is_multiple_of(align) {
+        return Err(abi::STATUS_INVALID);
+    }
+    Ok((wide, flags & extra))
+}
+
+/// Whether the command in `descs` is a WAIT_VALUE, and if so whether its
+/// condition holds now: `Some(Ok(false))` keeps the queue waiting;
+/// `Some(Err(status))` is a WAIT_VALUE that completes with that status
+/// (malformed, or its word out of reach).
+pub fn wait_value(dma: &DmaSpace, descs: &[Desc]) -> Option<Result<bool>> {
+    let mut buf = [0u8; std::mem::size_of::<abi::ValueCmd>()];
+    let head = peek(dma, descs, &mut buf)?;
+    if parse::<abi::CmdHeader>(head).ok()?.opcode != abi::OP_WAIT_VALUE {
+        return None;
+    }
+    Some(wait_holds(dma, head))
+}
+
+/// Whether the WAIT_VALUE in `raw` has its condition met now.
+fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
+    let c: abi::ValueCmd = parse(raw)?;
+    let (wide, cond) = value_word(&c, abi::WAIT_COND_MASK)?;
+    let mut word = [0u8; 8];
+    let n = if wide { 8 } else { 4 };
+    dma.read(c.addr, &mut word[..n])
+        .map_err(|_| abi::STATUS_FAULT)?;
+    let (word, value) = if wide {
+        (u64::from_le_bytes(word), c.value)
+    } else {
+        (
+            u64::from(u32::from_le_bytes([word[0], word[1], word[2], word[3]])),
+            c.value & 0xffff_ffff,
+        )
+    };
+    Ok(match cond {
+        abi::WAIT_EQ => word == value,
+        abi::WAIT_AND => word & value != 0,
+        abi::WAIT_NOR => {
+            let nor = !(word | value);
+            (if wide { nor } else { nor & 0xffff_ffff }) != 0
+        }
+        // GEQ: a counter that wraps still goes forward.
+        _ if wide => (word.wrapping_sub(value) as i64) >= 0,
+        _ => (word.wrapping_sub(value) as u32 as i32) >= 0,
+    })
+}
+
+/// Whether the command in `descs` touches guest memory only, never the
+/// partition (FENCE, WRITE_VALUE, WAIT_VALUE): it may run while runs of
+/// other queues are in flight.
+pub fn partition_free(dma: &DmaSpace, descs: &[Desc]) -> bool {
+    matches!(
+        opcode(dma, descs),
+        Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
+    )
+}
+
 /// Runs the command in `descs` (readable descriptors first, then writable).
 pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
@@ -797,6 +861,18 @@ pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
             force_irq = c.hdr.flags & abi::FENCE_FLAG_IRQ != 0;
             Ok(0)
         }
+        abi::OP_WRITE_VALUE => {
+            let c: abi::ValueCmd = parse(raw)?;
+            let (wide, _) = value_word(&c, 0)?;
+            let bytes = c.value.to_le_bytes();
+            ctx.dma
+                .write(c.addr, if wide { &bytes } else { &bytes[..4] })
+                .map_err(|_| abi::STATUS_FAULT)?;
+            Ok(0)
+        }
+        // The worker runs it once its condition held: what is left to
+        // say is whether the command itself is sound.
+        abi::OP_WAIT_VALUE => wait_holds(ctx.dma, raw).map(|_| 0),
         abi::OP_MEM_ALLOC => {
             let c: abi::MemAllocCmd = parse(raw)?;
             let align = if c.align == 0 { 256 } else { c.align };

@@ -663,7 +663,8 @@ impl VgpuDevice {
             | abi::FEATURE_TIMESTAMP
             | abi::FEATURE_FUNC_INFO
             | abi::FEATURE_OCCUPANCY
-            | abi::FEATURE_CONSOLE;
+            | abi::FEATURE_CONSOLE
+            | abi::FEATURE_VALUES;
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +36,8 @@ pub(crate) fn run(sh: Arc<Shared>) {
     let mut draining = false;
     // Whether commands ran since the gate was last told we are idle.
     let mut gated = false;
+    // Whether a queue waits on a WAIT_VALUE (as of the last scan of it).
+    let mut waiting = false;
     let idle = |gated: &mut bool| {
         if std::mem::take(gated) {
             if let Some(gate) = &sh.gate {
@@ -71,13 +74,15 @@ pub(crate) fn run(sh: Arc<Shared>) {
                     moved
                 })
                 .collect();
-            progressed = process_queues(&sh, &qs, draining);
+            let (moved, parked) = process_queues(&sh, &qs, draining);
+            progressed = moved;
+            waiting = parked || (waiting && !full_scan);
             force_scan = false;
         }
         if draining {
             // A full scan that found nothing: everything in flight when the
             // drain began has completed (or was cancelled).
-            if progressed {
+            if progressed || waiting {
                 sh.drain.idle.store(false, Ordering::Release);
             } else if full_scan {
                 sh.drain.idle.store(true, Ordering::Release);
@@ -103,6 +108,13 @@ pub(crate) fn run(sh: Arc<Shared>) {
                 continue;
             }
         }
+        if waiting {
+            // A WAIT_VALUE's word may change with no doorbell (the
+            // guest's CPU, another function's queue): look again soon.
+            wait_wake(&sh, WAIT_RECHECK);
+            force_scan = true;
+            continue;
+        }
         // Going to sleep: ask for notifications, then look once more so a
         // submission racing with this cannot be missed.
         if !arm_notifications(&sh) {
@@ -116,6 +128,29 @@ pub(crate) fn run(sh: Arc<Shared>) {
         last_activity = Instant::now();
     }
     idle(&mut gated);
+}
+
+/// How often a queue stopped at a WAIT_VALUE looks at its word again
+/// when nothing else happens.
+const WAIT_RECHECK: Duration = Duration::from_micros(100);
+
+/// Sleeps until the wake eventfd is signalled (taking the signal) or
+/// `timeout` passes.
+fn wait_wake(sh: &Shared, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: sh.wake.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd, a valid timeout, no signal mask.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if n > 0 {
+        let _ = sh.wake.read();
+    }
 }
 
 /// Records, per running queue, the guest's avail index now: commands
@@ -218,6 +253,11 @@ struct Visit {
     /// nothing more is run or written; runs in flight are still waited
     /// for, so that the partition is idle afterwards.
     closed: bool,
+    /// A WAIT_VALUE whose condition does not hold yet stops the queue at
+    /// `next`: what was popped from there goes back to the ring.
+    parked: bool,
+    /// Whether any command completed.
+    completed: bool,
 }
 
 impl Visit {
@@ -230,7 +270,7 @@ impl Visit {
 
     /// Whether commands are left to run.
     fn pending(&self) -> bool {
-        !self.closed && self.next < self.chains.len()
+        !self.closed && !self.parked && self.next < self.chains.len()
     }
 }
 
@@ -281,21 +321,31 @@ fn begin_visit(sh: &Shared, q: u32, lanes: usize, draining: bool) -> Option<Visi
         flights: VecDeque::new(),
         notify: false,
         closed: false,
+        parked: false,
+        completed: false,
     })
 }
 
 /// Ends a visit: a ring error stops the queue (after the commands popped
 /// before it), the guest hears of the completions, and the ring goes
-/// back to the queue unless the queue was reconfigured meanwhile.
-/// Returns whether the visit did anything.
-fn end_visit(sh: &Shared, mut v: Visit) -> bool {
+/// back to the queue unless the queue was reconfigured meanwhile; a
+/// parked queue's ring goes back to its WAIT_VALUE. Returns whether the
+/// visit did anything, and whether it is parked.
+fn end_visit(sh: &Shared, mut v: Visit) -> (bool, bool) {
     let q = v.q;
-    let progressed = !v.chains.is_empty() || v.failure.is_some();
+    let parked = v.parked && !v.closed;
+    if parked {
+        // The commands from the wait on are taken again next time (a ring
+        // error past it too, once the queue gets there).
+        v.ring.set_next_avail(v.first.wrapping_add(v.next as u16));
+        v.failure = None;
+    }
+    let progressed = v.completed || v.failure.is_some();
     if !v.closed {
         if let Some(code) = v.failure {
             debug!("{}: queue {q}: ring error {code}", sh.name);
             sh.queue_error(q, code, 0);
-        } else if !v.chains.is_empty() && wants_irq(sh, &mut v.ring, v.notify) {
+        } else if v.completed && wants_irq(sh, &mut v.ring, v.notify) {
             sh.raise(v.vector, abi::IRQ_CAUSE_QUEUE);
         }
     }
@@ -306,7 +356,7 @@ fn end_visit(sh: &Shared, mut v: Visit) -> bool {
             qr.ring = Some(v.ring);
         }
     }
-    progressed
+    (progressed, parked)
 }
 
 /// Serves queues `qs` together: takes up to [`BATCH`] commands from each,
@@ -319,8 +369,9 @@ fn end_visit(sh: &Shared, mut v: Visit) -> bool {
 /// the previous one is finished, where the partition keeps runs in
 /// flight, and a visit then takes what its guest submits meanwhile (up to
 /// [`VISIT`] commands, not past a ring error). Completions of a queue are
-/// written in order. Returns whether any work was done.
-fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> bool {
+/// written in order. Returns whether any work was done, and whether a
+/// queue waits on a WAIT_VALUE.
+fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> (bool, bool) {
     let (depth, lanes) = {
         let p = lock(&sh.partition);
         (p.queue_depth().max(1), p.lanes().max(1))
@@ -332,7 +383,7 @@ fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> bool {
         .filter_map(|&q| begin_visit(sh, q, lanes, draining))
         .collect();
     if visits.is_empty() {
-        return false;
+        return (false, false);
     }
     let mut s = Scan {
         depth,
@@ -360,7 +411,10 @@ fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> bool {
             break;
         }
     }
-    visits.into_iter().fold(false, |p, v| end_visit(sh, v) | p)
+    visits.into_iter().fold((false, false), |(p, w), v| {
+        let (progressed, parked) = end_visit(sh, v);
+        (p | progressed, w | parked)
+    })
 }
 
 /// What a scan has in flight on the partition.
@@ -400,6 +454,9 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
             .enumerate()
             .any(|(i, w)| i != vi && w.lane != visits[vi].lane && w.pending());
     let v = &mut visits[vi];
+    if v.parked {
+        return false;
+    }
     if v.next >= v.chains.len() {
         if !v.flights.is_empty() && s.lanes[v.lane].len() < s.depth {
             // Keeps the device fed with what the guest submitted while the
@@ -438,9 +495,18 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         // It runs after what is in flight.
         return false;
     }
-    if !cancel && kind == Group::One && in_partition > 0 {
-        // Nothing else runs on the partition while runs are in flight.
-        return false;
+    let chain = &v.chains[v.next].1;
+    if !cancel && kind == Group::One {
+        if in_partition > 0 && !command::partition_free(&sh.ctx.dma, chain) {
+            // Nothing else runs on the partition while runs are in flight.
+            return false;
+        }
+        if command::wait_value(&sh.ctx.dma, chain) == Some(Ok(false)) {
+            // Later commands of the queue wait for it; its condition is
+            // looked at again on the next scan.
+            v.parked = true;
+            return false;
+        }
     }
     if !cancel {
         if let Some(gate) = &sh.gate {
@@ -490,6 +556,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     };
     trace_run(sh, v.q, "One", group, began, v.chains.len());
     let (q, gens) = (v.q, v.gens);
+    v.completed = true;
     match complete_group(sh, q, &mut v.ring, group, outcomes, cancel, &|| {
         stale(sh, q, gens)
     }) {
@@ -544,6 +611,7 @@ fn complete_run(
     let outcomes = finish_run(sh, (v.q, v.lane), flight, group, finished);
     trace_run(sh, v.q, "Run", group, began, v.chains.len());
     let (q, gens) = (v.q, v.gens);
+    v.completed = true;
     match complete_group(sh, q, &mut v.ring, group, outcomes, false, &|| {
         stale(sh, q, gens)
     }) {

@@ -86,6 +86,18 @@ pub fn fill_chain(addr: u64, size: u64, pattern: u32) -> Chain {
     Chain::command(&cmd).completion()
 }
 
+/// The chain of a WRITE_VALUE (`OP_WRITE_VALUE`) or WAIT_VALUE
+/// (`OP_WAIT_VALUE`) of the word at guest address `addr`, with its
+/// completion.
+pub fn value_chain(opcode: u32, flags: u32, addr: u64, value: u64) -> Chain {
+    let cmd = abi::ValueCmd {
+        hdr: hdr(opcode, flags),
+        addr,
+        value,
+    };
+    Chain::command(&cmd).completion()
+}
+
 /// The chain of a command that is only its header (a TIMESTAMP, a NOP),
 /// with its completion, for batches.
 pub fn bare_chain(opcode: u32) -> Chain {

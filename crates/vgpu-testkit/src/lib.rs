@@ -38,6 +38,7 @@ use vmm_sys_util::tempdir::TempDir;
 
 pub use commands::{
     bare_chain, bytes_to_f32s, copy_cmd, f32s_to_bytes, fill_chain, guest_copy_chain, launch_cmd,
+    value_chain,
 };
 pub use guest::{Guest, GuestOptions, WakePolicy, IRQ_MSIX};
 pub use ring::{Chain, Mode, RingLayout, Used, VirtqDesc};
