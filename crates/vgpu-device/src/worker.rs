@@ -132,22 +132,20 @@ pub(crate) fn run(sh: Arc<Shared>) {
 
 /// How often a queue stopped at a WAIT_VALUE looks at its word again
 /// when nothing else happens.
-const WAIT_RECHECK: Duration = Duration::from_micros(100);
+const WAIT_RECHECK: Duration = Duration::from_millis(1);
 
 /// Sleeps until the wake eventfd is signalled (taking the signal) or
-/// `timeout` passes.
+/// `timeout` (whole milliseconds) passes.
 fn wait_wake(sh: &Shared, timeout: Duration) {
     let mut pfd = libc::pollfd {
         fd: sh.wake.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
     };
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: one valid pollfd, a valid timeout, no signal mask.
-    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd for the call's duration. (`poll`, which
+    // the daemon's seccomp filter allows its workers.)
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
     if n > 0 {
         let _ = sh.wake.read();
     }
