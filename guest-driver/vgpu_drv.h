@@ -111,6 +111,7 @@ union vgpu_dcmd {
 	struct vgpu_cmd_func_info func_info;
 	struct vgpu_cmd_occupancy occupancy;
 	struct vgpu_cmd_console console;
+	struct vgpu_cmd_value value;
 };
 
 struct vgpu_batch;
@@ -262,6 +263,8 @@ struct vgpu_file {
 	struct kref ref;
 	struct vgpu_dev *vdev;
 	struct vgpu_queue *q;		/* every command of the file goes here */
+	struct vgpu_file *owner;	/* a lane's: whose resources it uses (ref) */
+	u32 nlanes;			/* lanes made of this file (files_lock) */
 	struct file *filp;
 	struct pid *tgid;
 	struct list_head link;		/* vgpu_dev.files */
@@ -362,6 +365,14 @@ extern struct workqueue_struct *vgpu_wq;
 /* vgpu_main.c */
 void vgpu_dev_put(struct vgpu_dev *vdev);
 void vgpu_file_put(struct vgpu_file *vf);
+long vgpu_ioctl_lane(struct vgpu_file *vf, void __user *arg);
+
+/* The file whose device memory, modules and pinned ranges @vf uses. */
+static inline struct vgpu_file *vgpu_res_file(struct vgpu_file *vf)
+{
+	return vf->owner ? vf->owner : vf;
+}
+
 void vgpu_schedule_recovery(struct vgpu_dev *vdev);
 int vgpu_status_errno(u32 status);
 

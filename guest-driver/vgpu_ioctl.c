@@ -63,6 +63,12 @@ static_assert(VGPU_MODULE_FATBIN == VGPU_MODULE_FORMAT_FATBIN);
 static_assert(VGPU_MODULE_CUBIN == VGPU_MODULE_FORMAT_CUBIN);
 static_assert(VGPU_CMD_NOP == VGPU_OP_NOP);
 static_assert(VGPU_CMD_FENCE == VGPU_OP_FENCE);
+static_assert(VGPU_CMD_WRITE_VALUE == VGPU_OP_WRITE_VALUE);
+static_assert(VGPU_CMD_WAIT_VALUE == VGPU_OP_WAIT_VALUE);
+static_assert(VGPU_CMD_VALUE_32 == VGPU_VALUE_FLAG_32);
+static_assert(VGPU_CMD_WAIT_EQ == VGPU_WAIT_EQ);
+static_assert(VGPU_CMD_WAIT_AND == VGPU_WAIT_AND);
+static_assert(VGPU_CMD_WAIT_NOR == VGPU_WAIT_NOR);
 static_assert(VGPU_CMD_COPY == VGPU_OP_COPY);
 static_assert(VGPU_CMD_FILL == VGPU_OP_FILL);
 static_assert(VGPU_CMD_MODULE_LOAD == VGPU_OP_MODULE_LOAD);
@@ -707,7 +713,7 @@ static int vgpu_prep_copy(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 
 		if (a->size > VGPU_MAX_COPY_BYTES)
 			return -E2BIG;
-		p = vgpu_pinned_find(bud->vf, uaddr, a->size);
+		p = vgpu_pinned_find(vgpu_res_file(bud->vf), uaddr, a->size);
 		if (p) {
 			/* Released with the batch, which then syncs for the CPU. */
 			c->pinned = p;
@@ -950,10 +956,83 @@ static int vgpu_prep_module_load(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return 0;
 }
 
+/* The DMA address of byte @off of a mapped table, or DMA_MAPPING_ERROR. */
+static dma_addr_t vgpu_sgt_dma_at(struct sg_table *sgt, u64 off)
+{
+	struct scatterlist *sg;
+	unsigned int i;
+
+	for_each_sgtable_dma_sg(sgt, sg, i) {
+		if (off < sg_dma_len(sg))
+			return sg_dma_address(sg) + off;
+		off -= sg_dma_len(sg);
+	}
+	return DMA_MAPPING_ERROR;
+}
+
+/*
+ * WRITE_VALUE and WAIT_VALUE: the word must lie in a pinned range, whose
+ * reference the command keeps until it completes.
+ */
+static int vgpu_prep_value(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			   const struct vgpu_cmd *u, struct vgpu_budget *bud)
+{
+	const struct vgpu_value_args *a = &u->value;
+	u32 allowed = VGPU_CMD_VALUE_32;
+	u32 len = u->flags & VGPU_CMD_VALUE_32 ? 4 : 8;
+	struct vgpu_pinned *p;
+	dma_addr_t dma;
+
+	if (!(vdev->features & VGPU_FEATURE_VALUES))
+		return -EOPNOTSUPP;
+	if (u->opcode == VGPU_CMD_WAIT_VALUE)
+		allowed |= VGPU_WAIT_COND_MASK;
+	if ((u->flags & ~allowed) || !IS_ALIGNED(a->addr, len) ||
+	    !vgpu_args_tail_zero(u, sizeof(*a)))
+		return -EINVAL;
+	p = vgpu_pinned_find(vgpu_res_file(bud->vf), a->addr, len);
+	if (!p)
+		return -EFAULT;
+	/* Released with the batch, which then syncs a written word. */
+	c->pinned = p;
+	c->dirty = u->opcode == VGPU_CMD_WRITE_VALUE;
+	dma = vgpu_sgt_dma_at(&p->sgt, a->addr - p->uaddr);
+	if (dma == DMA_MAPPING_ERROR)
+		return -EFAULT;
+	if (p->need_sync)
+		dma_sync_sgtable_for_device(&vdev->pdev->dev, &p->sgt,
+					    DMA_BIDIRECTIONAL);
+	c->dcmd.value.hdr.flags = u->flags;
+	c->dcmd.value.addr = dma;
+	c->dcmd.value.value = a->value;
+	c->dlen = sizeof(struct vgpu_cmd_value);
+	return 0;
+}
+
+/* The commands a lane takes: work of a stream, none of resources. */
+static bool vgpu_lane_cmd(u32 opcode)
+{
+	switch (opcode) {
+	case VGPU_CMD_NOP:
+	case VGPU_CMD_FENCE:
+	case VGPU_CMD_COPY:
+	case VGPU_CMD_FILL:
+	case VGPU_CMD_LAUNCH:
+	case VGPU_CMD_TIMESTAMP:
+	case VGPU_CMD_WRITE_VALUE:
+	case VGPU_CMD_WAIT_VALUE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* Checks a command and stages its data. No locks held but hw_lock. */
 static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 			 const struct vgpu_cmd *u, struct vgpu_budget *bud)
 {
+	if (bud->vf->owner && !vgpu_lane_cmd(u->opcode))
+		return -EINVAL;
 	c->npieces = 1;
 	c->ndesc = 2;
 	c->dcmd.hdr.opcode = u->opcode;
@@ -1008,6 +1087,9 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 		return vgpu_prep_occupancy(vdev, c, u);
 	case VGPU_CMD_CONSOLE:
 		return vgpu_prep_console(vdev, c, u, bud);
+	case VGPU_CMD_WRITE_VALUE:
+	case VGPU_CMD_WAIT_VALUE:
+		return vgpu_prep_value(vdev, c, u, bud);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;
@@ -1114,9 +1196,11 @@ static int vgpu_check_builtin(struct vgpu_file *vf, const char *entry,
  * the file. Under submit_lock, so no FREE of the file can slip in between
  * this check and the command reaching the ring.
  */
-static int vgpu_check_cmd(struct vgpu_file *vf, const struct vgpu_cmd *u,
+static int vgpu_check_cmd(struct vgpu_file *lf, const struct vgpu_cmd *u,
 			  struct vgpu_bcmd *c)
 {
+	/* A lane's commands use its owner's resources. */
+	struct vgpu_file *vf = vgpu_res_file(lf);
 	const struct vgpu_launch_args *l = &u->launch;
 	struct vgpu_res *m;
 	unsigned long flags;
@@ -1729,6 +1813,16 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	void __user *uarg = (void __user *)arg;
 
 	switch (cmd) {
+	case VGPU_IOCTL_ALLOC:
+	case VGPU_IOCTL_FREE:
+	case VGPU_IOCTL_PIN:
+	case VGPU_IOCTL_UNPIN:
+		/* A lane's resources are its owner's. */
+		if (vf->owner)
+			return -EINVAL;
+		break;
+	}
+	switch (cmd) {
 	case VGPU_IOCTL_INFO:
 		return vgpu_ioctl_info(vf, uarg);
 	case VGPU_IOCTL_ALLOC:
@@ -1745,11 +1839,13 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return vgpu_ioctl_pin(vf, uarg);
 	case VGPU_IOCTL_UNPIN:
 		return vgpu_ioctl_unpin(vf, uarg);
+	case VGPU_IOCTL_LANE:
+		return vgpu_ioctl_lane(vf, uarg);
 	}
 	/* One of ours with the wrong size or direction. */
 	if (_IOC_TYPE(cmd) == VGPU_IOCTL_MAGIC &&
 	    _IOC_NR(cmd) >= _IOC_NR(VGPU_IOCTL_INFO) &&
-	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_UNPIN))
+	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_LANE))
 		return -EINVAL;
 	return -ENOTTY;
 }

@@ -10,6 +10,7 @@
 
 #include <linux/device.h>
 #include <linux/dma-mapping.h>
+#include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
 #include <linux/io.h>
@@ -23,10 +24,10 @@
 
 #include "vgpu_drv.h"
 
-static unsigned int vgpu_queues = 1;
+static unsigned int vgpu_queues = 4;
 module_param_named(queues, vgpu_queues, uint, 0444);
 MODULE_PARM_DESC(queues,
-		 "Queues used per function (default 1); open files are spread over them");
+		 "Queues used per function (default 4, at most what the device offers); open files and lanes are spread over them");
 
 static unsigned int vgpu_ring_size = VGPU_MAX_QUEUE_SIZE;
 module_param_named(ring_size, vgpu_ring_size, uint, 0444);
@@ -109,6 +110,8 @@ static void vgpu_file_release_ref(struct kref *ref)
 
 	vgpu_res_drop_all(vf);
 	xa_destroy(&vf->batches);
+	if (vf->owner)
+		vgpu_file_put(vf->owner);
 	put_pid(vf->tgid);
 	vgpu_dev_put(vf->vdev);
 	kfree(vf);
@@ -532,6 +535,66 @@ static int vgpu_release(struct inode *inode, struct file *filp)
 	if (idle)
 		vgpu_file_cleanup(vf, true);
 	return 0;
+}
+
+static const struct file_operations vgpu_fops;
+
+/*
+ * VGPU_IOCTL_LANE: see the uapi header. The file moves to the queue after
+ * its owner's and the owner's other lanes', round robin.
+ */
+long vgpu_ioctl_lane(struct vgpu_file *vf, void __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_file *owner;
+	struct vgpu_lane a;
+	struct fd f;
+	unsigned long flags;
+	unsigned int idx;
+	bool fresh;
+	long ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	f = fdget(a.fd);
+	if (!fd_file(f))
+		return -EBADF;
+	if (fd_file(f)->f_op != &vgpu_fops) {
+		ret = -EINVAL;
+		goto out_fd;
+	}
+	owner = fd_file(f)->private_data;
+	if (owner == vf || owner->vdev != vdev || owner->owner) {
+		ret = -EINVAL;
+		goto out_fd;
+	}
+	ret = mutex_lock_killable(&vf->submit_lock);
+	if (ret)
+		goto out_fd;
+	spin_lock_irqsave(&vf->q->lock, flags);
+	fresh = !vf->inflight;
+	spin_unlock_irqrestore(&vf->q->lock, flags);
+	spin_lock_irqsave(&vf->res_lock, flags);
+	fresh = fresh && !vf->nallocs && !vf->nmodules;
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+	if (!fresh || vf->owner || vf->nlanes || vf->next_seq != 1 ||
+	    READ_ONCE(vf->npinned)) {
+		ret = -EBUSY;
+		goto out_unlock;
+	}
+	mutex_lock(&vdev->files_lock);
+	idx = (owner->q - vdev->queues) + 1 + owner->nlanes++;
+	vf->q = &vdev->queues[idx % vdev->nq];
+	mutex_unlock(&vdev->files_lock);
+	kref_get(&owner->ref);
+	vf->owner = owner;
+	a.queue = vf->q - vdev->queues;
+	ret = copy_to_user(arg, &a, sizeof(a)) ? -EFAULT : 0;
+out_unlock:
+	mutex_unlock(&vf->submit_lock);
+out_fd:
+	fdput(f);
+	return ret;
 }
 
 static vm_fault_t vgpu_vm_fault(struct vm_fault *vmf)

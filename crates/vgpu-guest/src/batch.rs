@@ -166,6 +166,39 @@ impl Batch {
         self.push(VgpuCmd::bare(sys::CMD_FENCE, flags))
     }
 
+    /// A WRITE_VALUE: once the commands before it are done, the device
+    /// writes `value` to the word at `addr` (8-byte aligned, or a 32-bit
+    /// word, 4-byte aligned, with `wide` false), which must lie in memory
+    /// the device file pinned ([`Device::pin`]).
+    ///
+    /// [`Device::pin`]: crate::Device::pin
+    pub fn write_value(&mut self, addr: *const u8, value: u64, wide: bool) -> &mut Self {
+        let flags = if wide { 0 } else { sys::CMD_VALUE_32 };
+        self.push(VgpuCmd::value(
+            sys::CMD_WRITE_VALUE,
+            flags,
+            sys::VgpuValueArgs {
+                addr: addr as u64,
+                value,
+            },
+        ))
+    }
+
+    /// A WAIT_VALUE: the file's later commands wait until the word at
+    /// `addr` (as for [`Batch::write_value`]) meets `cond`
+    /// (`sys::CMD_WAIT_*`) against `value`; other files' commands go on.
+    pub fn wait_value(&mut self, addr: *const u8, value: u64, cond: u32, wide: bool) -> &mut Self {
+        let flags = cond | if wide { 0 } else { sys::CMD_VALUE_32 };
+        self.push(VgpuCmd::value(
+            sys::CMD_WAIT_VALUE,
+            flags,
+            sys::VgpuValueArgs {
+                addr: addr as u64,
+                value,
+            },
+        ))
+    }
+
     /// A TIMESTAMP; returns the command's index (its result is the clock).
     pub fn timestamp(&mut self) -> usize {
         self.push(VgpuCmd::bare(sys::CMD_TIMESTAMP, 0));

@@ -102,6 +102,9 @@ pub(crate) struct Inner {
     file: File,
     path: PathBuf,
     info: VgpuInfo,
+    /// A lane's owner, kept open while the lane is (its resources are
+    /// the lane's).
+    owner: Option<Arc<Inner>>,
 }
 
 impl Inner {
@@ -322,6 +325,7 @@ impl Device {
             file,
             path,
             info: VgpuInfo::default(),
+            owner: None,
         };
         inner.info = inner.query_info()?;
         if inner.info.uapi_version != sys::UAPI_VERSION {
@@ -334,6 +338,38 @@ impl Device {
         Ok(Device {
             inner: Arc::new(inner),
         })
+    }
+
+    /// Opens another file of the same function as a lane of this one
+    /// (VGPU_IOCTL_LANE): its commands go to another of the function's
+    /// queues, in order among themselves and side by side with this
+    /// file's, on this file's device memory, modules and pinned ranges.
+    /// A lane runs stream work (copies, fills, launches, timestamps,
+    /// fences, [`Batch::write_value`] and [`Batch::wait_value`]);
+    /// allocations, modules and pins stay with this file, which the lane
+    /// keeps open. Returns the lane and its queue. A driver without lanes
+    /// answers [`Error::NotVgpu`] (ENOTTY).
+    ///
+    /// [`Batch::write_value`]: crate::Batch::write_value
+    /// [`Batch::wait_value`]: crate::Batch::wait_value
+    pub fn lane(&self) -> Result<(Device, u32)> {
+        let lane = Device::open(&self.inner.path)?;
+        let mut a = sys::VgpuLane {
+            fd: self.inner.file.as_raw_fd(),
+            queue: 0,
+        };
+        // SAFETY: IOCTL_LANE reads and writes one `VgpuLane`.
+        unsafe { lane.inner.ioctl(sys::IOCTL_LANE, &mut a) }?;
+        let Ok(mut inner) = Arc::try_unwrap(lane.inner) else {
+            unreachable!("a device just opened has one owner");
+        };
+        inner.owner = Some(Arc::clone(&self.inner));
+        Ok((
+            Device {
+                inner: Arc::new(inner),
+            },
+            a.queue,
+        ))
     }
 
     /// Opens `/dev/vgpu<n>`.

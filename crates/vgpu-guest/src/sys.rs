@@ -47,6 +47,8 @@ pub const INFO_CONSOLE: u32 = 1 << 5;
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
 // passes them through (it asserts each equality), so they are vgpu-abi's.
+/// Device FEATURES bit: WRITE_VALUE and WAIT_VALUE.
+pub use vgpu_abi::FEATURE_VALUES;
 pub use vgpu_abi::{
     FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
     MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_CUBIN as MODULE_CUBIN,
@@ -54,12 +56,15 @@ pub use vgpu_abi::{
     OP_CONSOLE as CMD_CONSOLE, OP_COPY as CMD_COPY, OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL,
     OP_FUNC_INFO as CMD_FUNC_INFO, OP_LAUNCH as CMD_LAUNCH, OP_MODULE_LOAD as CMD_MODULE_LOAD,
     OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_OCCUPANCY as CMD_OCCUPANCY,
-    OP_TIMESTAMP as CMD_TIMESTAMP, STATUS_CANCELLED as CMD_STATUS_CANCELLED,
+    OP_TIMESTAMP as CMD_TIMESTAMP, OP_WAIT_VALUE as CMD_WAIT_VALUE,
+    OP_WRITE_VALUE as CMD_WRITE_VALUE, STATUS_CANCELLED as CMD_STATUS_CANCELLED,
     STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR, STATUS_FAULT as CMD_STATUS_FAULT,
     STATUS_INVALID as CMD_STATUS_INVALID, STATUS_KERNEL_ASSERT as CMD_STATUS_KERNEL_ASSERT,
     STATUS_KERNEL_FAULT as CMD_STATUS_KERNEL_FAULT, STATUS_NOT_FOUND as CMD_STATUS_NOT_FOUND,
     STATUS_NO_MEMORY as CMD_STATUS_NO_MEMORY, STATUS_OK as CMD_STATUS_OK,
     STATUS_OUT_OF_RANGE as CMD_STATUS_OUT_OF_RANGE, STATUS_UNSUPPORTED as CMD_STATUS_UNSUPPORTED,
+    VALUE_FLAG_32 as CMD_VALUE_32, WAIT_AND as CMD_WAIT_AND, WAIT_EQ as CMD_WAIT_EQ,
+    WAIT_GEQ as CMD_WAIT_GEQ, WAIT_NOR as CMD_WAIT_NOR,
 };
 // The limits the driver asserts equal to the device's.
 pub use vgpu_abi::{
@@ -282,6 +287,25 @@ uapi_struct!(
     }
 );
 
+uapi_struct!(
+    /// Arguments of a WRITE_VALUE or WAIT_VALUE.
+    pub struct VgpuValueArgs => "vgpu_value_args" {
+        /// User address of the word, inside a pinned range.
+        pub addr: u64,
+        pub value: u64,
+    }
+);
+
+uapi_struct!(
+    /// VGPU_IOCTL_LANE.
+    pub struct VgpuLane => "vgpu_lane" {
+        /// An open file of the same function, itself no lane.
+        pub fd: i32,
+        /// Out: the queue the lane's commands go to.
+        pub queue: u32,
+    }
+);
+
 /// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
 /// write one member, so the bytes past that member stay zero as the driver
 /// requires.
@@ -296,6 +320,7 @@ pub union VgpuCmdArgs {
     pub func_info: VgpuFuncInfoArgs,
     pub occupancy: VgpuOccupancyArgs,
     pub console: VgpuConsoleArgs,
+    pub value: VgpuValueArgs,
     pub raw: [u64; 11],
 }
 
@@ -360,6 +385,7 @@ impl VgpuCmd {
             ("func_info", args, size_of::<VgpuFuncInfoArgs>()),
             ("occupancy", args, size_of::<VgpuOccupancyArgs>()),
             ("console", args, size_of::<VgpuConsoleArgs>()),
+            ("value", args, size_of::<VgpuValueArgs>()),
             ("raw", args, 88),
             ("status", offset_of!(VgpuCmd, status), 4),
             ("error", offset_of!(VgpuCmd, error), 4),
@@ -474,6 +500,7 @@ pub const IOCTL_WAIT: u64 = vgpu_ioc::<VgpuWait>(IOC_READ | IOC_WRITE, 0xa4);
 pub const IOCTL_USAGE: u64 = vgpu_ioc::<VgpuUsage>(IOC_READ, 0xa5);
 pub const IOCTL_PIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa6);
 pub const IOCTL_UNPIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa7);
+pub const IOCTL_LANE: u64 = vgpu_ioc::<VgpuLane>(IOC_READ | IOC_WRITE, 0xa8);
 
 /// Encodes an entry point name: `None` if empty, too long (31 bytes at
 /// most) or containing a NUL.
@@ -528,6 +555,13 @@ impl VgpuCmd {
         /// A CONSOLE.
         console(VgpuConsoleArgs) => CMD_CONSOLE,
     );
+
+    /// A WRITE_VALUE or WAIT_VALUE (`opcode`) with its flags.
+    pub fn value(opcode: u32, flags: u32, args: VgpuValueArgs) -> Self {
+        let mut c = Self::bare(opcode, flags);
+        c.args.value = args;
+        c
+    }
 
     /// A MODULE_UNLOAD.
     pub fn module_unload(module: u64) -> Self {
@@ -593,7 +627,9 @@ mod tests {
             VgpuSubmit,
             VgpuWait,
             VgpuUsage,
-            VgpuPin
+            VgpuPin,
+            VgpuValueArgs,
+            VgpuLane
         )
     }
 
@@ -669,7 +705,15 @@ mod tests {
             IOCTL_WAIT,
             IOCTL_USAGE,
             IOCTL_PIN,
-            IOCTL_UNPIN
+            IOCTL_UNPIN,
+            IOCTL_LANE,
+            CMD_WRITE_VALUE,
+            CMD_WAIT_VALUE,
+            CMD_VALUE_32,
+            CMD_WAIT_GEQ,
+            CMD_WAIT_EQ,
+            CMD_WAIT_AND,
+            CMD_WAIT_NOR
         )
     }
 

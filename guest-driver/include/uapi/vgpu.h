@@ -128,6 +128,8 @@ struct vgpu_free {
 #define VGPU_CMD_FUNC_INFO	10
 #define VGPU_CMD_OCCUPANCY	11
 #define VGPU_CMD_CONSOLE	12
+#define VGPU_CMD_WRITE_VALUE	13
+#define VGPU_CMD_WAIT_VALUE	14
 
 /* Bit of a MODULE_LOAD's @result2: its kernels may print (VGPU_CMD_CONSOLE). */
 #define VGPU_MODULE_PRINTS	(1ULL << 0)
@@ -137,6 +139,11 @@ struct vgpu_free {
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
 #define VGPU_CMD_LAUNCH_FUNCTION	(1U << 0)	/* launch by function handle */
 #define VGPU_CMD_FUNC_INFO_GLOBAL	(1U << 0)	/* FUNC_INFO of a global */
+#define VGPU_CMD_VALUE_32	(1U << 0)	/* WRITE/WAIT_VALUE: a 32-bit word */
+#define VGPU_CMD_WAIT_GEQ	(0U << 1)	/* (s64)(word - value) >= 0 */
+#define VGPU_CMD_WAIT_EQ	(1U << 1)	/* word == value */
+#define VGPU_CMD_WAIT_AND	(2U << 1)	/* (word & value) != 0 */
+#define VGPU_CMD_WAIT_NOR	(3U << 1)	/* ~(word | value) != 0 */
 
 /* Memory kinds of a COPY side. */
 #define VGPU_MEM_USER		0	/* this process's memory: a user address */
@@ -267,6 +274,23 @@ struct vgpu_console_args {
 };
 
 /**
+ * struct vgpu_value_args - a VGPU_CMD_WRITE_VALUE or VGPU_CMD_WAIT_VALUE
+ * @addr: user address of the word, 8-byte aligned (4 with
+ *	VGPU_CMD_VALUE_32), inside a range pinned with VGPU_IOCTL_PIN
+ * @value: the value written, or compared as the flags' condition says
+ *	(the low half for a 32-bit word)
+ *
+ * WRITE_VALUE writes the word once the queue's earlier commands are
+ * done; WAIT_VALUE holds the file's later commands until the word meets
+ * the condition (another file's WRITE_VALUE, or a CPU store, meets it).
+ * Other files' commands go on meanwhile.
+ */
+struct vgpu_value_args {
+	__u64 addr;
+	__u64 value;
+};
+
+/**
  * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
  * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
  * @grid: blocks in x, y and z
@@ -314,6 +338,7 @@ struct vgpu_launch_args {
  * @func_info: in: arguments of VGPU_CMD_FUNC_INFO
  * @occupancy: in: arguments of VGPU_CMD_OCCUPANCY
  * @console: in: arguments of VGPU_CMD_CONSOLE
+ * @value: in: arguments of VGPU_CMD_WRITE_VALUE and VGPU_CMD_WAIT_VALUE
  * @raw: the arguments as words; bytes the opcode does not use must be zero
  * @status: out: VGPU_CMD_STATUS_*
  * @error: out: 0 or a negative errno matching @status
@@ -337,6 +362,7 @@ struct vgpu_cmd {
 		struct vgpu_func_info_args func_info;
 		struct vgpu_occupancy_args occupancy;
 		struct vgpu_console_args console;
+		struct vgpu_value_args value;
 		__u64 raw[11];
 	};
 	__u32 status;
@@ -449,6 +475,27 @@ struct vgpu_pin {
 	__u64 size;
 };
 
+/* ---- VGPU_IOCTL_LANE -------------------------------------------------------- */
+
+/**
+ * struct vgpu_lane - argument of VGPU_IOCTL_LANE
+ * @fd: in: an open file of the same function, itself no lane
+ * @queue: out: the queue this file's commands now go to
+ *
+ * Makes a freshly opened file (nothing submitted, allocated, loaded or
+ * pinned) a lane of @fd's file: its commands go to another queue of the
+ * function, in order among themselves and side by side with the other
+ * file's, and use that file's device memory, modules and pinned ranges.
+ * A lane takes COPY, FILL, LAUNCH, TIMESTAMP, NOP, FENCE, WRITE_VALUE and
+ * WAIT_VALUE; ALLOC, FREE, PIN, UNPIN and the other commands go to the
+ * file that owns the resources (-EINVAL here). Where the function has
+ * fewer queues than files, lanes share them.
+ */
+struct vgpu_lane {
+	__s32 fd;
+	__u32 queue;
+};
+
 /* ---- ioctl numbers -------------------------------------------------------- */
 
 #define VGPU_IOCTL_MAGIC	'V'
@@ -461,5 +508,6 @@ struct vgpu_pin {
 #define VGPU_IOCTL_USAGE	_IOR(VGPU_IOCTL_MAGIC, 0xa5, struct vgpu_usage)
 #define VGPU_IOCTL_PIN		_IOW(VGPU_IOCTL_MAGIC, 0xa6, struct vgpu_pin)
 #define VGPU_IOCTL_UNPIN	_IOW(VGPU_IOCTL_MAGIC, 0xa7, struct vgpu_pin)
+#define VGPU_IOCTL_LANE		_IOWR(VGPU_IOCTL_MAGIC, 0xa8, struct vgpu_lane)
 
 #endif /* _UAPI_VGPU_H */

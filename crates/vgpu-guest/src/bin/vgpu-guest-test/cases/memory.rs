@@ -301,13 +301,13 @@ pub(super) fn fill(args: &Args) -> CaseResult {
 }
 
 /// An anonymous mapping of `len` bytes, unmapped on drop.
-struct Mapping {
-    ptr: *mut u8,
+pub(super) struct Mapping {
+    pub(super) ptr: *mut u8,
     len: usize,
 }
 
 impl Mapping {
-    fn new(len: usize) -> Result<Mapping, String> {
+    pub(super) fn new(len: usize) -> Result<Mapping, String> {
         // SAFETY: a fresh private anonymous mapping; nothing existing is
         // touched.
         let p = unsafe {
@@ -324,7 +324,7 @@ impl Mapping {
         Ok(Mapping { ptr: p.cast(), len })
     }
 
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(super) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: the mapping is `len` bytes, readable and writable, and
         // borrowed mutably through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }

@@ -56,6 +56,7 @@ pub fn all() -> Vec<Case> {
         case!("process-exit", false, processes::process_exit),
         case!("isolation-write", false, isolation::isolation_write),
         case!("isolation-check", false, isolation::isolation_check),
+        case!("lanes", true, lanes::lanes),
     ]
 }
 
@@ -172,6 +173,7 @@ mod info;
 mod ioctl;
 mod isolation;
 mod kernels;
+mod lanes;
 mod memory;
 mod processes;
 mod window;
