@@ -156,7 +156,7 @@ if [[ ${ONLY_LIBS:-0} != 1 ]]; then
         # On a GPU a failed assert() ends the vGPU's context, and the
         # line it printed goes with it.
         suite="${GUEST_APPEND:-}"
-        [[ ${GPU_BACKEND:-cuda} != software ]] && suite+=" vgpu.assert_line=lost"
+        [[ ${GPU_BACKEND:-cuda} != software ]] && suite+=" vgpu.assert_line=lost vgpu.overlap=1"
         boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "$suite"
         boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "$suite"
         for pid in "${qemu_pids[@]}"; do

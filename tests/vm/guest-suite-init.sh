@@ -28,6 +28,8 @@
 #   vgpu.host_env=K=V,K=V           host-cuda: more environment for the programs
 #   vgpu.device=/dev/vgpuN          device under test (/dev/vgpu0)
 #   vgpu.expect_mem=BYTES           expected partition memory
+#   vgpu.overlap=1                  run streams_overlap too (a GPU backend:
+#                                   streams run side by side)
 #   vgpu.assert_line=kept|lost      whether a failed assert()'s line survives
 #                                   the loss of the device state (kept)
 #   vgpu.expect_cu=N                expected compute units
@@ -110,6 +112,7 @@ magic=0x5a17c0de
 hold=0
 isolation_bytes=""
 assert_line=kept
+overlap=0
 
 # shellcheck disable=SC2013  # words, not lines
 for word in $(cat /proc/cmdline); do
@@ -123,6 +126,7 @@ for word in $(cat /proc/cmdline); do
         ;;
     vgpu.cuda_bench=*) cuda_bench=$value ;;
     vgpu.assert_line=*) assert_line=$value ;;
+    vgpu.overlap=*) overlap=$value ;;
     vgpu.host_dir=*) host_dir=$value ;;
     vgpu.host_run=*) host_run=$value ;;
     vgpu.host_env=*) host_env=$(echo "$value" | tr ',' ' ') ;;
@@ -413,11 +417,14 @@ fi
 
 # --- unmodified CUDA programs, through the guest's libcuda.so.1 ----------------------
 if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
-    for prog in vector_add matmul_tiled reduce streams graphs graph_nodes graph_events address_space pitched managed host_func graph_update mempool misc_api driver_api graph_copies printf; do
+    for prog in vector_add matmul_tiled reduce streams streams_order graphs graph_nodes graph_events address_space pitched managed host_func graph_update mempool misc_api driver_api graph_copies printf; do
         cuda_run "" $cuda_tests/$prog
     done
     cuda_run shared- $cuda_tests/vector_add_shared
     cuda_run cuda12- $cuda_tests/vector_add_cuda12
+    if [ "$overlap" = 1 ]; then
+        cuda_run "" $cuda_tests/streams_overlap
+    fi
     cuda_run cuda12-shared- $cuda_tests/vector_add_cuda12_shared
     cuda_run "" $cuda_tests/device_query ${expect_mem:+"$expect_mem"}
     # A failed assert() and a fault end their own process's work only:

@@ -1124,6 +1124,7 @@ mod tests {
                     |o| &mut o.streams,
                     Stream {
                         ctx: 1,
+                        lane: 0,
                         flags: 1,
                         priority: 0,
                         attrs: Default::default(),
@@ -1141,6 +1142,8 @@ mod tests {
                 flags: 0,
                 records: 0,
                 device: 0,
+                lane: 0,
+                signal: None,
                 captured: None,
             },
         )

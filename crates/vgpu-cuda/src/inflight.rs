@@ -7,9 +7,8 @@
 //! holds [`FLUSH_AT`] commands: a guest system call costs far more than a
 //! command on the device, so a launch loop costs one call per batch, and
 //! an event pair around a kernel measures the device, not the guest.
-//! Every submission of a process goes to its open file's one device
-//! queue, which runs in order, so CUDA's stream order holds across all
-//! streams (more strictly than CUDA requires).
+//! One `Inflight` is one lane's ([`crate::lanes`]): its submissions go to
+//! one device queue, which runs them in order.
 //!
 //! A failure of queued work is reported by the next call that waits
 //! (`cuCtxSynchronize`, `cuStreamSynchronize`, a synchronous copy), as

@@ -33,6 +33,7 @@ pub mod ffi;
 pub mod graph;
 pub mod host_pages;
 pub mod inflight;
+pub mod lanes;
 pub mod managed;
 pub mod md2;
 pub mod pools;

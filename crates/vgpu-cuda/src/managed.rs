@@ -63,6 +63,11 @@ impl Managed {
         (end <= start + n).then_some((start, n))
     }
 
+    /// Whether the process has no managed allocation.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
     /// Whether the device's copy is the current one.
     pub fn on_device(&self) -> bool {
         self.on_device

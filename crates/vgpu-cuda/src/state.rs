@@ -13,6 +13,7 @@ use crate::cu::{self, CUdevice, CUresult};
 use crate::ffi::CuResult;
 use crate::graph::{self, Graph, GraphExec, Unsafe, Work};
 use crate::inflight::{EventMark, Inflight};
+use crate::lanes::Lanes;
 
 /// The process's driver. CUDA's C API is process-global (any thread may
 /// call any entry point with handles made by another), so its state is
@@ -78,6 +79,17 @@ pub fn check<T>(r: vgpu_guest::Result<T>) -> CuResult<T> {
     })
 }
 
+/// Lanes wanted per device: `VGPU_CUDA_LANES` (1 keeps every stream on
+/// one queue), else as many as the device and [`crate::lanes::MAX_LANES`]
+/// allow.
+fn lanes_wanted() -> usize {
+    std::env::var("VGPU_CUDA_LANES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::lanes::MAX_LANES)
+        .max(1)
+}
+
 /// Writes a diagnostic line when `VGPU_CUDA_LOG` is set: a library must
 /// not write to a program's stderr unasked.
 pub fn log(msg: &str) {
@@ -94,31 +106,45 @@ pub struct Gpu {
     pub uuid: [u8; 16],
     /// The primary context's handle.
     pub primary: usize,
-    inflight: Mutex<Inflight>,
+    /// Its lanes, each with its queued work ([`crate::lanes`]).
+    pub lanes: Lanes,
     /// Modules whose kernels may print.
     console: Mutex<Console>,
 }
 
 impl Gpu {
-    /// The device's queued work, locked (see [`Driver::objects`] on
-    /// poisoning).
+    /// Lane 0's queued work, locked (see [`Driver::objects`] on
+    /// poisoning): the default streams', with the managed memory.
     pub fn inflight(&self) -> MutexGuard<'_, Inflight> {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+        self.lanes.inflight(0)
     }
 
-    /// Queues `batch` without waiting for it.
+    /// Queues `batch` on the legacy default stream without waiting for
+    /// it.
     pub fn submit(&self, batch: Batch, mark: Option<EventMark>) -> CuResult {
-        self.inflight().enqueue(&self.dev, batch, mark)
+        self.lanes.submit(0, batch, mark)
+    }
+
+    /// Queues `batch` on `lane` without waiting for it.
+    pub fn submit_on(&self, lane: usize, batch: Batch, mark: Option<EventMark>) -> CuResult {
+        self.lanes.submit(lane, batch, mark)
     }
 
     /// Submits the work gathered so far without waiting for it.
     pub fn flush(&self) -> CuResult {
-        self.inflight().flush(&self.dev)
+        self.lanes.flush()
     }
 
     /// Waits for the device's queued work; the first failure in it.
     pub fn sync(&self) -> CuResult {
-        let r = self.inflight().sync(&self.dev);
+        let r = self.lanes.sync();
+        self.print();
+        r
+    }
+
+    /// Waits for `lane`'s queued work (lane 0: all of the device's).
+    pub fn sync_lane(&self, lane: usize) -> CuResult {
+        let r = self.lanes.sync_lane(lane);
         self.print();
         r
     }
@@ -126,7 +152,7 @@ impl Gpu {
     /// Waits for the device's queued work, leaving a failure in it for the
     /// program's next synchronisation to report.
     pub fn wait_idle(&self) {
-        self.inflight().drain(&self.dev);
+        self.lanes.drain();
         self.print();
     }
 
@@ -143,15 +169,19 @@ impl Gpu {
         }
     }
 
-    /// Whether the device's queued work is done, without waiting.
-    pub fn idle(&self) -> CuResult<bool> {
-        self.inflight().poll(&self.dev)
+    /// Whether `lane`'s queued work (lane 0: the device's) is done,
+    /// without waiting.
+    pub fn idle(&self, lane: usize) -> CuResult<bool> {
+        self.lanes.idle(lane)
     }
 
-    /// Whether record `record` of `event` is done (with `wait`, after
-    /// waiting for it).
-    pub fn event_done(&self, event: usize, record: u64, wait: bool) -> CuResult<bool> {
-        let done = self.inflight().event_done(&self.dev, event, record, wait)?;
+    /// Whether record `record` of `event`, on `lane`, is done (with
+    /// `wait`, after waiting for it).
+    pub fn event_done(&self, lane: usize, event: usize, record: u64, wait: bool) -> CuResult<bool> {
+        let done =
+            self.lanes
+                .inflight(lane)
+                .event_done(self.lanes.dev(lane), event, record, wait)?;
         if wait {
             self.print();
         }
@@ -237,6 +267,8 @@ pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
 /// ([`crate::inflight`]).
 pub struct Stream {
     pub ctx: usize,
+    /// The lane of its device its work goes to.
+    pub lane: usize,
     pub flags: u32,
     pub priority: i32,
     /// Launch attributes set on it (`cuStreamSetAttribute`), by id: hints
@@ -251,6 +283,10 @@ pub struct Event {
     /// Records so far (0: never recorded), and the device of the last.
     pub records: u64,
     pub device: CUdevice,
+    /// The lane of the last record, and the count it signalled there
+    /// (a wait from another lane waits for it).
+    pub lane: usize,
+    pub signal: Option<u64>,
     /// The graph whose capture made the last record, if one did: a
     /// stream that waits on the event joins that capture.
     pub captured: Option<usize>,
@@ -462,13 +498,15 @@ impl Driver {
                     let primary = objects.handle();
                     let ordinal = gpus.len() as CUdevice;
                     objects.ctxs.insert(primary, Ctx::new(ordinal, 0));
+                    let dev = Arc::new(dev);
+                    let lanes = Lanes::open(&dev, lanes_wanted());
                     gpus.push(Gpu {
-                        dev: Arc::new(dev),
+                        dev,
+                        lanes,
                         name: format!("vgpud vGPU {n}"),
                         uuid: info.uuid(),
                         info,
                         primary,
-                        inflight: Mutex::new(Inflight::default()),
                         console: Mutex::new(Console::default()),
                     });
                 }
@@ -576,6 +614,16 @@ impl Driver {
         self.gpu(self.stream_device(stream)?)
     }
 
+    /// The lane of its device a stream's work goes to (the default
+    /// streams: 0).
+    pub fn stream_lane(&self, stream: usize) -> CuResult<usize> {
+        if stream <= 2 {
+            return Ok(0);
+        }
+        let o = self.objects();
+        Ok(by_handle(&o.streams, stream)?.lane)
+    }
+
     /// The ordinal of [`Driver::stream_gpu`]'s device.
     pub fn stream_device(&self, stream: usize) -> CuResult<CUdevice> {
         if stream <= 2 {
@@ -594,6 +642,7 @@ impl Driver {
         if captured {
             return Ok(());
         }
+        let lane = self.stream_lane(stream)?;
         // A host function runs once the work before it is done, and the
         // work after it goes to the device once it has returned; an event
         // is recorded, or waited for, between the work around it.
@@ -602,7 +651,7 @@ impl Driver {
                 Some((w, rest)) if w.between_batches() => (rest, Some(w)),
                 _ => (part, None),
             };
-            graph::in_batches(device_work, |batch| gpu.submit(batch, None))?;
+            graph::in_batches(device_work, |batch| gpu.submit_on(lane, batch, None))?;
             match between {
                 Some(Work::Host(h)) => {
                     gpu.wait_idle();
@@ -614,7 +663,7 @@ impl Driver {
                     crate::api::stream::record_on(self, gpu, *event as _, stream as _)?;
                 }
                 Some(Work::Wait(event)) => {
-                    crate::api::stream::wait_across(self, device, *event as _)?;
+                    crate::api::stream::wait_across(self, device, lane, *event as _)?;
                 }
                 _ => {}
             }

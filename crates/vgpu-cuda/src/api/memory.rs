@@ -429,9 +429,9 @@ pub(crate) fn in_page_locked(d: &Driver, p: usize, len: usize) -> bool {
 /// while it moves.
 const SUBMIT_COPY_AT: usize = 1 << 20;
 
-/// Queues an asynchronous copy of `n` bytes.
-pub(crate) fn submit_copy(g: &Gpu, b: Batch, n: usize) -> CuResult {
-    g.submit(b, None)?;
+/// Queues an asynchronous copy of `n` bytes on `lane`.
+pub(crate) fn submit_copy(g: &Gpu, lane: usize, b: Batch, n: usize) -> CuResult {
+    g.submit_on(lane, b, None)?;
     if n >= SUBMIT_COPY_AT {
         g.flush()?;
     }
@@ -483,7 +483,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
         // that stays mapped until cuMemFreeHost or cuMemHostUnregister,
         // which wait for the device's queued work first.
         unsafe { b.copy_user_to_device_addr(dst, src.cast(), n as u64) };
-        return submit_copy(g, b, n);
+        return submit_copy(g, d.stream_lane(stream as usize)?, b, n);
     }
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
@@ -516,7 +516,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
         // SAFETY: as in `htod`; the program reads the destination only
         // after the stream has synchronised.
         unsafe { b.copy_device_addr_to_user(dst.cast(), src, n as u64) };
-        return submit_copy(g, b, n);
+        return submit_copy(g, d.stream_lane(stream as usize)?, b, n);
     }
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
@@ -805,7 +805,8 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
 /// `cuMemAllocManaged`: memory that one pointer reaches from the host and
 /// the device ([`crate::managed`]). Attaching to one stream
 /// (`CU_MEM_ATTACH_SINGLE`) is not offered: a device without concurrent
-/// managed access has no use for it here, as all streams run in order.
+/// managed access has no use for it here: while a process has managed
+/// memory, all its streams run in order on one lane.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,

@@ -639,9 +639,10 @@ unsafe fn launch(
     // SAFETY: the caller's parameter pointers.
     unsafe { fill_param_block(&function, params, extra, block) }?;
     check_shape(&dims, size)?;
-    let g = d.gpu(device)?;
-    g.inflight()
-        .enqueue_launch(&g.dev, &function, dims, cluster, block)
+    let lane = d.stream_lane(stream as usize)?;
+    d.gpu(device)?.lanes.queue(lane, |inflight, dev| {
+        inflight.enqueue_launch(dev, &function, dims, cluster, block)
+    })
 }
 
 /// Parameter blocks up to this size are packed on the stack.

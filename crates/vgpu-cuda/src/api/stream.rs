@@ -14,9 +14,10 @@ use crate::state::{by_handle, driver, Driver, Event, Gpu, Stream};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
-    let (ctx, _) = d.current_ctx()?;
+    let (ctx, device) = d.current_ctx()?;
     let stream = Stream {
         ctx,
+        lane: d.gpu(device)?.lanes.pick(),
         flags,
         priority: priority.clamp(-5, 0),
         attrs: Default::default(),
@@ -59,7 +60,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
 fn sync_stream(d: &Driver, stream: Handle) -> CuResult {
     let g = d.stream_gpu(stream as usize)?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    g.sync()
+    g.sync_lane(d.stream_lane(stream as usize)?)
 }
 
 #[no_mangle]
@@ -73,7 +74,7 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
         let d = driver()?;
         let g = d.stream_gpu(stream as usize)?;
         d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-        if g.idle()? {
+        if g.idle(d.stream_lane(stream as usize)?)? {
             Ok(())
         } else {
             Err(cu::ERROR_NOT_READY)
@@ -87,10 +88,10 @@ pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
 pub type StreamCallback = unsafe extern "C" fn(stream: Handle, status: CUresult, user: *mut c_void);
 
 /// Runs a host function at its place in `stream`: once the work queued
-/// before it is done, before any queued after it. All streams of a device
-/// share its in-order queue, so the call waits for the device to be idle
-/// and runs the function on the caller's thread before returning, which
-/// keeps both orders (the function may not call CUDA, as CUDA requires).
+/// before it is done, before any queued after it. The call waits for the
+/// device to be idle (every lane) and runs the function on the caller's
+/// thread before returning, which keeps both orders (more strictly than
+/// CUDA needs; the function may not call CUDA, as CUDA requires).
 /// Returns the failure of earlier work, left for the next
 /// synchronisation to report as well.
 fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
@@ -98,7 +99,7 @@ fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
     let g = d.stream_gpu(stream as usize)?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     g.wait_idle();
-    f(g.inflight().pending_error().unwrap_or(cu::SUCCESS));
+    f(g.lanes.pending_error().unwrap_or(cu::SUCCESS));
     Ok(())
 }
 
@@ -141,8 +142,9 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     })
 }
 
-/// The wait itself holds by the device queue's order; a stream that waits
-/// on an event recorded in a capture joins that capture.
+/// On the device a wait across lanes waits for the record's signal (see
+/// [`crate::lanes`]); a stream that waits on an event recorded in a
+/// capture joins that capture.
 #[no_mangle]
 pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -> CUresult {
     entry(|| {
@@ -160,24 +162,35 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
         }
         d.objects().wait_event(stream as usize, event as usize)?;
         if !captured {
-            wait_across(d, device, event)?;
+            wait_across(d, device, d.stream_lane(stream as usize)?, event)?;
         }
         Ok(())
     })
 }
 
-/// Waits, for work of `device`, for `event`'s last record: a device runs
-/// its queue in order, so a record on the same device is behind it
-/// already; one on another vGPU is waited for here, before the work
-/// after it is queued.
-pub(crate) fn wait_across(d: &Driver, device: cu::CUdevice, event: Handle) -> CuResult {
-    let (records, on) = {
+/// Makes later work of lane `lane` of `device` wait for `event`'s last
+/// record: a record on the same lane is behind it already; one on
+/// another lane of the device is waited for on the device (its signal);
+/// one on another vGPU is waited for here, before the work after it is
+/// queued.
+pub(crate) fn wait_across(
+    d: &Driver,
+    device: cu::CUdevice,
+    lane: usize,
+    event: Handle,
+) -> CuResult {
+    let (records, on, on_lane, signal) = {
         let o = d.objects();
         let e = by_handle(&o.events, event as usize)?;
-        (e.records, e.device)
+        (e.records, e.device, e.lane, e.signal)
     };
-    if records > 0 && on != device {
+    if records == 0 {
+        return Ok(());
+    }
+    if on != device {
         event_done(event, true)?;
+    } else if let Some(count) = signal {
+        d.gpu(device)?.lanes.wait(lane, on_lane, count)?;
     }
     Ok(())
 }
@@ -405,6 +418,8 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
             flags,
             records: 0,
             device: 0,
+            lane: 0,
+            signal: None,
             captured: None,
         };
         let h = d.objects().add(|o| &mut o.events, event);
@@ -419,9 +434,11 @@ fn record(event: Handle, stream: Handle) -> CuResult {
 }
 
 /// Records `event` on `stream` of device `g`: after the work queued
-/// before it, which on one device is all of it.
+/// before it on the stream's lane, which signals it for waits from other
+/// lanes.
 pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult {
     let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
+    let lane = g.lanes.route(d.stream_lane(stream as usize)?);
     let (record, timing) = {
         let mut o = d.objects();
         let captured = o.capturing.get(&(stream as usize)).copied();
@@ -438,6 +455,8 @@ pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> C
         }
         e.records += 1;
         e.device = device;
+        e.lane = lane;
+        e.signal = None;
         (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)
     };
     let mut batch = Batch::new();
@@ -446,7 +465,14 @@ pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> C
     } else {
         batch.nop();
     }
-    g.submit(batch, Some((event as usize, record)))
+    g.submit_on(lane, batch, Some((event as usize, record)))?;
+    let signal = g.lanes.signal(lane)?;
+    if let Some(e) = d.objects().events.get_mut(&(event as usize)) {
+        if e.records == record {
+            e.signal = signal;
+        }
+    }
+    Ok(())
 }
 
 #[no_mangle]
@@ -474,21 +500,23 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
     })
 }
 
-/// The event's last record and device (record 0: never recorded).
-fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, u32)> {
+/// The event's last record, device, lane and flags (record 0: never
+/// recorded).
+fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, usize, u32)> {
     let o = d.objects();
     let e = by_handle(&o.events, event as usize)?;
-    Ok((e.records, e.device, e.flags))
+    Ok((e.records, e.device, e.lane, e.flags))
 }
 
 /// Whether the event's last record has completed, waiting with `wait`.
 pub(crate) fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
     let d = driver()?;
-    let (record, device, _) = event_record(d, event)?;
+    let (record, device, lane, _) = event_record(d, event)?;
     if record == 0 {
         return Ok(true);
     }
-    d.gpu(device)?.event_done(event as usize, record, wait)
+    d.gpu(device)?
+        .event_done(lane, event as usize, record, wait)
 }
 
 #[no_mangle]
@@ -516,15 +544,16 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     entry(|| {
         let d = driver()?;
         let stamp = |e: Handle| -> CuResult<u64> {
-            let (record, device, flags) = event_record(d, e)?;
+            let (record, device, lane, flags) = event_record(d, e)?;
             if record == 0 || flags & cu::EVENT_DISABLE_TIMING != 0 {
                 return Err(cu::ERROR_INVALID_HANDLE);
             }
             let g = d.gpu(device)?;
-            if !g.event_done(e as usize, record, false)? {
+            if !g.event_done(lane, e as usize, record, false)? {
                 return Err(cu::ERROR_NOT_READY);
             }
-            g.inflight()
+            g.lanes
+                .inflight(lane)
                 .stamp(e as usize, record)
                 .ok_or(cu::ERROR_INVALID_HANDLE)
         };
@@ -550,7 +579,10 @@ pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
             .events
             .remove(&(event as usize))
             .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        d.gpu(e.device)?.inflight().forget(event as usize);
+        d.gpu(e.device)?
+            .lanes
+            .inflight(e.lane)
+            .forget(event as usize);
         Ok(())
     })
 }

@@ -363,18 +363,19 @@ fn user_copies(
     if !pinned {
         g.sync()?;
     }
+    let lane = d.stream_lane(stream as usize)?;
     let (mut b, mut bytes) = (Batch::new(), 0u64);
     for (src, dst, len) in copies {
         if b.len() >= FLUSH_AT || bytes + len > BATCH_BYTES {
             let n = bytes as usize;
-            submit_copy(g, std::mem::take(&mut b), n)?;
+            submit_copy(g, lane, std::mem::take(&mut b), n)?;
             bytes = 0;
         }
         add(&mut b, src, dst, len);
         bytes += len;
     }
     if !b.is_empty() {
-        submit_copy(g, b, bytes as usize)?;
+        submit_copy(g, lane, b, bytes as usize)?;
     }
     if pinned {
         Ok(())
