@@ -26,6 +26,10 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
   wait_flag<<<1, 1, 0, k>>>(flag, seen, 4000000000LL);
   CHECK(cudaGetLastError());
+  // A query submits the kernel before the copy is queued: in one queue
+  // the copy would wait behind it.
+  cudaError_t q = cudaStreamQuery(k);
+  EXPECT(q == cudaSuccess || q == cudaErrorNotReady, "query: %s", cudaGetErrorString(q));
   CHECK(cudaMemcpyAsync(flag, one, sizeof(int), cudaMemcpyHostToDevice, c));
   CHECK(cudaStreamSynchronize(c));
   CHECK(cudaStreamSynchronize(k));

@@ -16,9 +16,9 @@ use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
 use vgpu_backend::{
-    BackendError, DeviceCopy, DeviceFill, Finished, FunctionInfo, HostMemory, HostSink, HostSource,
-    Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory, Started,
-    MAX_QUEUED_STEPS,
+    BackendError, DeviceCopy, DeviceFill, Finished, Finishing, FunctionInfo, HostMemory, HostSink,
+    HostSource, Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory,
+    Started, MAX_QUEUED_STEPS,
 };
 
 use crate::device::{describe, At, DeviceState, Fail, Module, Owner};
@@ -521,16 +521,31 @@ impl CudaPartition {
         })
     }
 
-    /// The lane whose oldest run in flight is finished first: the only
-    /// busy lane, or with several, the first whose run the device is found
-    /// done with (or failed), polling while they go on: a spin, then short
-    /// sleeps.
-    fn first_finished(&mut self) -> Option<usize> {
+    /// Waits for lane `lane`'s oldest run in flight; its results.
+    fn finish_lane(&mut self, lane: usize) -> Option<(usize, Finished)> {
+        let (run, count) = self.in_flight[lane].pop_front()?;
+        let n = run.ran.len();
+        let mut done = self
+            .wait_steps(run)
+            .unwrap_or_else(|e| QueuedDone::all_failed(n, &e));
+        vgpu_backend::refuse_past_limit(&mut done, count);
+        // A run begins where the one before it on its lane ended: the
+        // caller reckons that from its own clock.
+        Some((lane, Finished { waited_ns: 0, done }))
+    }
+
+    /// The lane whose oldest run in flight is finished first: the first
+    /// whose run the device is found done with (or failed), polling while
+    /// they go on (a spin, then short sleeps), for `within` at most
+    /// (`None`: as long as it takes; with one lane busy, that lane at
+    /// once). `Err(())` when none finished within the time; `Ok(None)`
+    /// when nothing is in flight.
+    fn first_finished(&mut self, within: Option<Duration>) -> Result<Option<usize>, ()> {
         let busy: Vec<usize> = (0..LANES)
             .filter(|&l| !self.in_flight[l].is_empty())
             .collect();
-        if busy.len() <= 1 {
-            return busy.first().copied();
+        if busy.is_empty() || (busy.len() == 1 && within.is_none()) {
+            return Ok(busy.first().copied());
         }
         let since = std::time::Instant::now();
         loop {
@@ -542,8 +557,11 @@ impl CudaPartition {
                     Ok(driver::event_query(&dev.res.marks[last]).unwrap_or(true))
                 });
                 if done.unwrap_or(true) {
-                    return Some(l);
+                    return Ok(Some(l));
                 }
+            }
+            if within.is_some_and(|w| since.elapsed() >= w) {
+                return Err(());
             }
             if since.elapsed() < POLL_SPIN {
                 std::thread::yield_now();
@@ -1085,16 +1103,19 @@ impl Partition for CudaPartition {
     }
 
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-        let lane = self.first_finished()?;
-        let (run, count) = self.in_flight[lane].pop_front()?;
-        let n = run.ran.len();
-        let mut done = self
-            .wait_steps(run)
-            .unwrap_or_else(|e| QueuedDone::all_failed(n, &e));
-        vgpu_backend::refuse_past_limit(&mut done, count);
-        // A run begins where the one before it on its lane ended: the
-        // caller reckons that from its own clock.
-        Some((lane, Finished { waited_ns: 0, done }))
+        let lane = self.first_finished(None).ok()??;
+        self.finish_lane(lane)
+    }
+
+    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
+        match self.first_finished(Some(within)) {
+            Err(()) => Finishing::Pending,
+            Ok(None) => Finishing::Idle,
+            Ok(Some(lane)) => match self.finish_lane(lane) {
+                Some((lane, f)) => Finishing::Done(lane, f),
+                None => Finishing::Idle,
+            },
+        }
     }
 
     fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {

@@ -19,6 +19,11 @@ use crate::runner::{lock, Runner, Shared};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
 
+/// How long the answer to a start waits for the started runs to finish:
+/// a short run (a launch and a synchronisation) is then answered in the
+/// one exchange, a long one goes on in flight.
+const START_LINGER: Duration = Duration::from_micros(50);
+
 /// Why the host stopped serving (other than the parent closing the socket).
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -357,7 +362,7 @@ pub fn serve(
             // The runner decodes its own copy of the frame.
             Request::Start { .. } => match host.runner.as_mut() {
                 Some(r) => r.start(buf.clone()).map(|()| {
-                    let (done, used) = r.take_done();
+                    let (done, used) = r.take_done(START_LINGER);
                     if let Some(used) = used {
                         host.memory_used = used;
                     }
@@ -365,11 +370,17 @@ pub fn serve(
                 }),
                 None => Err(no_partition()),
             },
-            Request::Finish => match host.runner.as_mut() {
-                Some(r) => r.finish().map(|(f, used)| {
-                    host.memory_used = used;
-                    Value::Finished(f)
-                }),
+            Request::Finish { within_us } => match host.runner.as_mut() {
+                Some(r) => {
+                    let within = (within_us > 0).then(|| Duration::from_micros(within_us.into()));
+                    r.finish(within).map(|done| match done {
+                        Some((f, used)) => {
+                            host.memory_used = used;
+                            Value::Finished(f)
+                        }
+                        None => Value::None,
+                    })
+                }
                 None => Err(no_partition()),
             },
             Request::DownloadMapped { src, pieces } => host.mapped(src, &pieces, true),

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use log::info;
 use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
-    Capacity, Finished, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, QueuedDone, SliceFn, Started, MAX_QUEUED_STEPS,
+    Capacity, Finished, Finishing, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError,
+    Partition, PartitionSpec, Queued, QueuedDone, SliceFn, Started, MAX_QUEUED_STEPS,
 };
 use vgpu_sys::{error_limited, warn_limited};
 
@@ -638,6 +638,53 @@ impl RemotePartition {
         true
     }
 
+    /// [`Partition::finish_queued`], waiting `within_us` µs at most for
+    /// the host (0: as long as it takes).
+    fn finish_within(&mut self, within_us: u32) -> Finishing {
+        if self.started.is_empty() {
+            return Finishing::Idle;
+        }
+        // A host that broke a rule since is believed no more.
+        let answer = if self.failed.is_some() {
+            Err(self.dead())
+        } else if self.started.iter().any(|r| r.finished.is_some()) {
+            Ok(())
+        } else {
+            match self.call(&Request::Finish { within_us }, Xfer::None) {
+                Ok(Value::Finished(f)) => self.take_finished(f).map_err(|why| self.fail(why)),
+                Ok(Value::None) if within_us > 0 => return Finishing::Pending,
+                Ok(v) => Err(self.fail(format!("unexpected answer to a finish: {v:?}"))),
+                Err(e) => Err(e),
+            }
+        };
+        let at = match answer {
+            // The oldest run with results is the oldest of its lane.
+            Ok(()) => self.started.iter().position(|r| r.finished.is_some()),
+            Err(_) => Some(0),
+        };
+        let Some(mut run) = at.and_then(|at| self.started.remove(at)) else {
+            return Finishing::Idle;
+        };
+        let remote = match (answer, run.finished.take()) {
+            (Ok(()), Some(f)) => Ok(f),
+            (Err(e), _) => Err(e),
+            (Ok(()), None) => Err(self.dead()),
+        };
+        // The host's word on how long the run waited, within what the
+        // clock here allows.
+        let waited_ns = remote.as_ref().map_or(0, |f| {
+            f.waited_ns
+                .min(run.at.elapsed().as_nanos().try_into().unwrap_or(u64::MAX))
+        });
+        Finishing::Done(
+            run.lane as usize,
+            Finished {
+                waited_ns,
+                done: merge_run(run.local, remote.map(|f| f.done), run.count),
+            },
+        )
+    }
+
     /// Keeps the results the host gave for a run of lane `f.lane`: the
     /// oldest of that lane it has not given yet. Err (why) when it has
     /// none there or the results do not fit the run.
@@ -996,45 +1043,15 @@ impl Partition for RemotePartition {
     }
 
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-        if self.started.is_empty() {
-            return None;
+        match self.finish_within(0) {
+            Finishing::Done(lane, f) => Some((lane, f)),
+            Finishing::Pending | Finishing::Idle => None,
         }
-        // A host that broke a rule since is believed no more.
-        let answer = if self.failed.is_some() {
-            Err(self.dead())
-        } else if self.started.iter().any(|r| r.finished.is_some()) {
-            Ok(())
-        } else {
-            match self.call(&Request::Finish, Xfer::None) {
-                Ok(Value::Finished(f)) => self.take_finished(f).map_err(|why| self.fail(why)),
-                Ok(v) => Err(self.fail(format!("unexpected answer to a finish: {v:?}"))),
-                Err(e) => Err(e),
-            }
-        };
-        let at = match answer {
-            // The oldest run with results is the oldest of its lane.
-            Ok(()) => self.started.iter().position(|r| r.finished.is_some()),
-            Err(_) => Some(0),
-        }?;
-        let mut run = self.started.remove(at)?;
-        let remote = match (answer, run.finished.take()) {
-            (Ok(()), Some(f)) => Ok(f),
-            (Err(e), _) => Err(e),
-            (Ok(()), None) => Err(self.dead()),
-        };
-        // The host's word on how long the run waited, within what the
-        // clock here allows.
-        let waited_ns = remote.as_ref().map_or(0, |f| {
-            f.waited_ns
-                .min(run.at.elapsed().as_nanos().try_into().unwrap_or(u64::MAX))
-        });
-        Some((
-            run.lane as usize,
-            Finished {
-                waited_ns,
-                done: merge_run(run.local, remote.map(|f| f.done), run.count),
-            },
-        ))
+    }
+
+    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
+        let us = within.as_micros().clamp(1, u128::from(u32::MAX)) as u32;
+        self.finish_within(us)
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {

@@ -467,8 +467,12 @@ pub enum Request<'a> {
         /// The run.
         steps: Vec<Step<'a>>,
     },
-    /// [`Kind::Finish`].
-    Finish,
+    /// [`Kind::Finish`]: the next started run to finish, waiting
+    /// `within_us` µs at most (0: as long as it takes).
+    Finish {
+        /// The bound.
+        within_us: u32,
+    },
     /// [`Kind::FunctionInfo`].
     FunctionInfo {
         /// Module handle.
@@ -661,7 +665,7 @@ impl Request<'_> {
             Request::Console { .. } => Kind::Console,
             Request::Queued(_) => Kind::Queued,
             Request::Start { .. } => Kind::Start,
-            Request::Finish => Kind::Finish,
+            Request::Finish { .. } => Kind::Finish,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Reset => Kind::Reset,
@@ -678,7 +682,10 @@ impl Request<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Hello | Request::Reset | Request::Control | Request::Finish => {}
+            Request::Hello | Request::Reset | Request::Control => {}
+            Request::Finish { within_us } => {
+                w.u32(*within_us);
+            }
             Request::Map(m) => {
                 w.u64(m.id)
                     .u64(m.file_offset)
@@ -787,7 +794,9 @@ impl Request<'_> {
             Kind::Hello => Request::Hello,
             Kind::Reset => Request::Reset,
             Kind::Control => Request::Control,
-            Kind::Finish => Request::Finish,
+            Kind::Finish => Request::Finish {
+                within_us: r.u32()?,
+            },
             Kind::Map => {
                 let id = r.u64()?;
                 let file_offset = r.u64()?;
@@ -952,7 +961,8 @@ pub enum Value {
     /// [`Kind::Queued`]: one result per step.
     Queued(Vec<QueuedDone>),
     /// [`Kind::Finish`]: the next started run to finish, of any lane
-    /// (the oldest not yet given of that lane).
+    /// (the oldest not yet given of that lane). (A finish whose bound
+    /// passed with none finished is answered [`Value::None`].)
     Finished(LaneRun),
     /// [`Kind::Start`]: results of the started runs done by the time the
     /// run was taken, in the order they finished (at most
@@ -1167,7 +1177,13 @@ impl Reply {
                     w.u64(c.dropped).blob(&c.text);
                 }
                 (Kind::Queued, Value::Queued(done)) => encode_done(&mut w, done),
-                (Kind::Finish, Value::Finished(f)) => encode_finished(&mut w, f),
+                (Kind::Finish, Value::Finished(f)) => {
+                    w.u8(1);
+                    encode_finished(&mut w, f);
+                }
+                (Kind::Finish, _) => {
+                    w.u8(0);
+                }
                 (Kind::Start, Value::Started(done)) => {
                     w.u32(done.len() as u32);
                     for f in done {
@@ -1224,7 +1240,11 @@ impl Reply {
                     })
                 }
                 Kind::Queued => Value::Queued(decode_done(&mut r)?),
-                Kind::Finish => Value::Finished(decode_finished(&mut r)?),
+                Kind::Finish => match r.u8()? {
+                    0 => Value::None,
+                    1 => Value::Finished(decode_finished(&mut r)?),
+                    _ => return Err(ProtoError::Malformed("bad flag")),
+                },
                 Kind::Start => {
                     let n = r.u32()? as usize;
                     if n > MAX_STARTED {
@@ -1489,7 +1509,8 @@ mod tests {
                     }],
                 },
             ]},
-            Request::Finish,
+            Request::Finish { within_us: 0 },
+            Request::Finish { within_us: 200 },
             Request::Reset,
             Request::Control,
             Request::Map(Map {
@@ -1706,6 +1727,7 @@ mod tests {
                     },
                 ])),
             ),
+            (Kind::Finish, Ok(Value::None)),
             (
                 Kind::Finish,
                 Ok(Value::Finished(LaneRun {

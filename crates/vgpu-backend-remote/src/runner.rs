@@ -9,7 +9,7 @@
 //! request waits for every started run first.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -75,16 +75,25 @@ impl Runner {
         })
     }
 
-    /// The results of the started runs that are done now, without
-    /// waiting; what they leave the partition using, if any.
-    pub(crate) fn take_done(&mut self) -> (Vec<LaneRun>, Option<u64>) {
+    /// The results of the started runs that are done now, waiting up to
+    /// `linger` for every started run to be (a short run is then answered
+    /// in the exchange that started it); what they leave the partition
+    /// using, if any.
+    pub(crate) fn take_done(&mut self, linger: Duration) -> (Vec<LaneRun>, Option<u64>) {
+        let until = Instant::now() + linger;
         while self.running > 0 {
-            match self.results.try_recv() {
-                Ok(r) => {
+            let left = until.saturating_duration_since(Instant::now());
+            let got = if left.is_zero() {
+                self.results.try_recv().ok()
+            } else {
+                self.results.recv_timeout(left).ok()
+            };
+            match got {
+                Some(r) => {
                     self.ready.push_back(r);
                     self.running -= 1;
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         let used = self.ready.back().map(|r| r.1);
@@ -113,15 +122,28 @@ impl Runner {
         }
     }
 
-    /// The results of the next started run to finish, waiting for them if
-    /// need be.
-    pub(crate) fn finish(&mut self) -> Result<Outcome, OpError> {
+    /// The results of the next started run to finish, waiting for them
+    /// `within` at most (`None`: as long as it takes); `None` when none
+    /// finished by then.
+    pub(crate) fn finish(&mut self, within: Option<Duration>) -> Result<Option<Outcome>, OpError> {
         if self.ready.is_empty() && self.running > 0 {
-            self.receive();
+            match within {
+                None => self.receive(),
+                Some(d) => match self.results.recv_timeout(d) {
+                    Ok(r) => {
+                        self.ready.push_back(r);
+                        self.running -= 1;
+                    }
+                    Err(RecvTimeoutError::Timeout) => return Ok(None),
+                    // The thread is gone: `receive` says so.
+                    Err(RecvTimeoutError::Disconnected) => self.receive(),
+                },
+            }
         }
-        self.ready
-            .pop_front()
-            .ok_or_else(|| OpError::Invalid("no run was started".into()))
+        match self.ready.pop_front() {
+            Some(r) => Ok(Some(r)),
+            None => Err(OpError::Invalid("no run was started".into())),
+        }
     }
 
     /// Waits until every started run is done (their results kept).
@@ -405,7 +427,7 @@ mod tests {
         };
         let p: Shared = Arc::new(Mutex::new(backend.create_partition(&spec).unwrap()));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
-        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+        assert!(matches!(r.finish(None), Err(OpError::Invalid(_))));
         let frame = |n: usize| {
             Request::Start {
                 lane: 0,
@@ -420,21 +442,24 @@ mod tests {
                 r.start(frame(n)).unwrap();
             }
             assert!(matches!(r.start(frame(1)), Err(OpError::Invalid(_))));
-            assert_eq!(r.take_done().0, Vec::new());
+            assert_eq!(r.take_done(Duration::from_millis(5)).0, Vec::new());
+            // None can finish while the partition is held: a bounded
+            // finish says so.
+            assert!(matches!(r.finish(Some(Duration::from_millis(5))), Ok(None)));
         }
         for n in 1..=MAX_STARTED {
-            let (f, used) = r.finish().unwrap();
+            let (f, used) = r.finish(None).unwrap().unwrap();
             assert_eq!(f.run.done.len(), n, "in the order started");
             assert!(f.run.done.iter().all(|d| d.result.is_ok()));
             assert_eq!(used, 0);
         }
-        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+        assert!(matches!(r.finish(None), Err(OpError::Invalid(_))));
         // A frame that is not a run fails nothing else.
-        r.start(Request::Finish.encode()).unwrap();
-        assert_eq!(r.finish().unwrap().0.run.done, Vec::new());
+        r.start(Request::Finish { within_us: 0 }.encode()).unwrap();
+        assert_eq!(r.finish(None).unwrap().unwrap().0.run.done, Vec::new());
         r.start(frame(2)).unwrap();
         r.clear();
-        assert!(matches!(r.finish(), Err(OpError::Invalid(_))));
+        assert!(matches!(r.finish(None), Err(OpError::Invalid(_))));
     }
 
     /// Runs of several lanes: each goes to its lane of the partition
@@ -474,7 +499,7 @@ mod tests {
         }
         let mut got = Vec::new();
         for _ in 0..4 {
-            let (f, _) = r.finish().unwrap();
+            let (f, _) = r.finish(None).unwrap().unwrap();
             assert!(f.run.done.iter().all(|d| d.result.is_ok()));
             got.push((f.lane, f.run.done.len()));
         }
@@ -694,7 +719,7 @@ mod tests {
         r.start(up.encode()).unwrap();
         r.start(down.encode()).unwrap();
         for n in [1, 2] {
-            let (f, _) = r.finish().unwrap();
+            let (f, _) = r.finish(None).unwrap().unwrap();
             assert_eq!(f.run.done.len(), n);
             assert!(f.run.done.iter().all(|d| d.result.is_ok()), "{f:?}");
         }
@@ -726,9 +751,9 @@ mod tests {
             finished_then, 3,
             "the unmap went through while a run used the memory"
         );
-        let (f, _) = r.finish().unwrap();
+        let (f, _) = r.finish(None).unwrap().unwrap();
         assert!(f.run.done[0].result.is_ok(), "{f:?}");
-        let (f, _) = r.finish().unwrap();
+        let (f, _) = r.finish(None).unwrap().unwrap();
         assert!(
             matches!(&f.run.done[0].result, Err(OpError::Invalid(_))),
             "{f:?}"

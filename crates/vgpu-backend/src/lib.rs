@@ -17,6 +17,7 @@ pub mod software;
 
 use std::fs::File;
 use std::sync::Arc;
+use std::time::Duration;
 
 use vgpu_abi as abi;
 
@@ -420,6 +421,17 @@ pub enum Started {
     InFlight,
 }
 
+/// What [`Partition::finish_queued_within`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finishing {
+    /// A run of this lane finished: its results.
+    Done(usize, Finished),
+    /// Runs are in flight; none finished within the time.
+    Pending,
+    /// No run is in flight (or the partition lost them).
+    Idle,
+}
+
 /// The results of a run that was in flight ([`Partition::finish_queued`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -659,6 +671,17 @@ pub trait Partition: Send {
     /// them: each of their steps failed).
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         None
+    }
+    /// [`Partition::finish_queued`], waiting about `within` at most, so
+    /// that the caller can look at other work meanwhile. The default
+    /// waits as long as it takes (for partitions whose runs finish when
+    /// they are started, at once).
+    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
+        let _ = within;
+        match self.finish_queued() {
+            Some((lane, f)) => Finishing::Done(lane, f),
+            None => Finishing::Idle,
+        }
     }
     /// How many thread block clusters of `launch`'s shape (its block,
     /// dynamic shared memory and cluster; grid and parameters unused) of

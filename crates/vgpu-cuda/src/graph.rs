@@ -1143,7 +1143,6 @@ mod tests {
                 records: 0,
                 device: 0,
                 lane: 0,
-                signal: None,
                 captured: None,
             },
         )

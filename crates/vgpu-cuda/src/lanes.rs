@@ -13,8 +13,8 @@
 //!   it has not joined yet;
 //! - work on another stream comes after the legacy stream's work queued
 //!   before it: its lane joins lane 0;
-//! - `cuStreamWaitEvent` on another lane joins the event's record, which
-//!   signals when it is recorded.
+//! - `cuStreamWaitEvent` on another lane joins the lane of the event's
+//!   record (its work so far: the record, and what followed it).
 //!
 //! CUDA exempts non-blocking streams from the legacy stream's order; here
 //! they keep it. Programs commonly count on a `cudaMemset` of the default
@@ -155,11 +155,6 @@ impl Lanes {
         }
     }
 
-    /// How many lanes there are.
-    pub fn count(&self) -> usize {
-        self.lanes.len()
-    }
-
     /// The lane for a new stream: the lanes past 0 in turn.
     pub fn pick(&self) -> usize {
         match self.lanes.len() {
@@ -209,11 +204,11 @@ impl Lanes {
         if lane == 0 {
             for b in 1..self.lanes.len() {
                 if o.work[b] > o.joined[0][b] {
-                    self.join(&mut o, 0, b)?;
+                    self.join_locked(&mut o, 0, b)?;
                 }
             }
         } else if o.work[0] > o.joined[lane][0] {
-            self.join(&mut o, lane, 0)?;
+            self.join_locked(&mut o, lane, 0)?;
         }
         f(&mut self.inflight(lane), self.dev(lane))?;
         o.work[lane] += 1;
@@ -230,17 +225,8 @@ impl Lanes {
         self.queue(lane, |inflight, dev| inflight.enqueue(dev, batch, mark))
     }
 
-    /// Makes `lane`'s work so far signal; the count a join waits for.
-    /// `None` with one lane.
-    pub fn signal(&self, lane: usize) -> CuResult<Option<u64>> {
-        if self.lanes.len() == 1 {
-            return Ok(None);
-        }
-        let lane = self.route(lane);
-        let mut o = self.order();
-        self.signal_locked(&mut o, lane).map(Some)
-    }
-
+    /// Makes `lane`'s work so far signal (unless it has since the last
+    /// signal); the count a join waits for.
     fn signal_locked(&self, o: &mut Order, lane: usize) -> CuResult<u64> {
         let (count, at) = o.signalled[lane];
         if at == o.work[lane] {
@@ -254,17 +240,22 @@ impl Lanes {
         Ok(count + 1)
     }
 
-    /// Makes lane `into`'s later work wait on the device for lane `from`'s
-    /// signal `count`, which goes to the device now.
-    pub fn wait(&self, into: usize, from: usize, count: u64) -> CuResult {
+    /// Makes lane `into`'s later work wait on the device for lane
+    /// `from`'s work so far.
+    pub fn join(&self, into: usize, from: usize) -> CuResult {
         let (into, from) = (self.route(into), self.route(from));
         if into == from || self.lanes.len() == 1 {
             return Ok(());
         }
-        let _o = self.order();
-        self.wait_locked(into, from, count)
+        let mut o = self.order();
+        if o.work[from] > o.joined[into][from] {
+            self.join_locked(&mut o, into, from)?;
+        }
+        Ok(())
     }
 
+    /// Makes lane `into`'s later work wait on the device for lane `from`'s
+    /// signal `count`, which goes to the device now.
     fn wait_locked(&self, into: usize, from: usize, count: u64) -> CuResult {
         let words = self.words.as_ref().ok_or(crate::cu::ERROR_NOT_SUPPORTED)?;
         self.inflight(from).flush(self.dev(from))?;
@@ -274,7 +265,7 @@ impl Lanes {
     }
 
     /// Lane `into`'s later work waits for lane `from`'s work so far.
-    fn join(&self, o: &mut Order, into: usize, from: usize) -> CuResult {
+    fn join_locked(&self, o: &mut Order, into: usize, from: usize) -> CuResult {
         let count = self.signal_locked(o, from)?;
         self.wait_locked(into, from, count)?;
         o.joined[into][from] = o.work[from];

@@ -283,10 +283,8 @@ pub struct Event {
     /// Records so far (0: never recorded), and the device of the last.
     pub records: u64,
     pub device: CUdevice,
-    /// The lane of the last record, and the count it signalled there
-    /// (a wait from another lane waits for it).
+    /// The lane of the last record.
     pub lane: usize,
-    pub signal: Option<u64>,
     /// The graph whose capture made the last record, if one did: a
     /// stream that waits on the event joins that capture.
     pub captured: Option<usize>,

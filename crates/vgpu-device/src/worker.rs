@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use log::{debug, log_enabled, trace, Level};
 use vfio_user_server::dma::DmaView;
 use vgpu_abi as abi;
-use vgpu_backend::{Queued, QueuedDone, SliceMemory, Started};
+use vgpu_backend::{Finishing, Queued, QueuedDone, SliceMemory, Started};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::ByteValued;
 use vm_memory::{Bytes, GuestAddress};
@@ -74,7 +74,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
                     moved
                 })
                 .collect();
-            let (moved, parked) = process_queues(&sh, &qs, draining);
+            let (moved, parked) = process_queues(&sh, &qs, draining, &mut last_doorbell);
             progressed = moved;
             waiting = parked || (waiting && !full_scan);
             force_scan = false;
@@ -369,7 +369,12 @@ fn end_visit(sh: &Shared, mut v: Visit) -> (bool, bool) {
 /// [`VISIT`] commands, not past a ring error). Completions of a queue are
 /// written in order. Returns whether any work was done, and whether a
 /// queue waits on a WAIT_VALUE.
-fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> (bool, bool) {
+fn process_queues(
+    sh: &Shared,
+    qs: &[u32],
+    draining: bool,
+    last_doorbell: &mut [u32],
+) -> (bool, bool) {
     let (depth, lanes) = {
         let p = lock(&sh.partition);
         (p.queue_depth().max(1), p.lanes().max(1))
@@ -405,8 +410,30 @@ fn process_queues(sh: &Shared, qs: &[u32], draining: bool) -> (bool, bool) {
         if moved {
             continue;
         }
-        if !finish_next(sh, &mut visits, &mut s) {
-            break;
+        match finish_next(sh, &mut visits, &mut s) {
+            Next::Finished => {}
+            Next::Idle => break,
+            Next::Pending => {
+                // While runs are in flight, work that arrived on other
+                // queues goes to the device beside them, and waits are
+                // looked at again.
+                for v in visits.iter_mut() {
+                    v.parked = false;
+                    if !v.closed && v.next >= v.chains.len() {
+                        pop_more(sh, v);
+                    }
+                }
+                for q in 0..sh.num_queues {
+                    let db = sh.doorbell(q);
+                    if db == last_doorbell[q as usize] || visits.iter().any(|v| v.q == q) {
+                        continue;
+                    }
+                    last_doorbell[q as usize] = db;
+                    if let Some(v) = begin_visit(sh, q, lanes, draining) {
+                        visits.push(v);
+                    }
+                }
+            }
         }
     }
     visits.into_iter().fold((false, false), |(p, w), v| {
@@ -530,12 +557,18 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         if s.depth > 1 && range.end == v.chains.len() {
             pop_more(sh, v);
         }
-        // A run with nothing in flight before it and nothing to follow
-        // it, or after a short run, goes in one exchange with the
-        // partition; one beside runs of another lane is kept in flight.
-        let follows = range.end < v.chains.len() || others_waiting;
-        let keep = (s.depth > 1 || s.lanes.len() > 1)
-            && (in_partition > 0 || (follows && (long || others_waiting)));
+        // Where the partition has lanes, every run is kept in flight, so
+        // that work on other queues goes beside it while it runs (the
+        // partition answers a short one at once all the same). Else a
+        // run with nothing in flight before it goes in one exchange with
+        // the partition, unless it follows a long run and more follows
+        // it.
+        let lanes = s.lanes.len() > 1;
+        let keep = (s.depth > 1 || lanes)
+            && (in_partition > 0
+                || others_waiting
+                || lanes
+                || (long && range.end < v.chains.len()));
         let group = &v.chains[range.clone()];
         let stop = || v.stale(sh);
         let flight = start_run(sh, v.q, v.lane, group, range, keep, &stop);
@@ -564,14 +597,33 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     true
 }
 
-/// Waits for the partition to finish a run in flight and completes it.
-/// Returns false when nothing is in flight.
-fn finish_next(sh: &Shared, visits: &mut [Visit], s: &mut Scan) -> bool {
+/// How long the worker waits for a run in flight to finish before it
+/// looks at the queues again.
+const FINISH_LOOK: Duration = Duration::from_micros(200);
+
+/// What [`finish_next`] did.
+enum Next {
+    /// Completed a run.
+    Finished,
+    /// Runs are in flight; none finished within [`FINISH_LOOK`].
+    Pending,
+    /// Nothing is in flight.
+    Idle,
+}
+
+/// Waits a while for the partition to finish a run in flight and
+/// completes it.
+fn finish_next(sh: &Shared, visits: &mut [Visit], s: &mut Scan) -> Next {
     let Some(busy) = s.lanes.iter().position(|l| !l.is_empty()) else {
-        return false;
+        return Next::Idle;
     };
     let q = visits[s.lanes[busy][0]].q;
-    let finished = with_partition(sh, q, |ctx| ctx.partition.finish_queued());
+    let finished =
+        match with_partition(sh, q, |ctx| ctx.partition.finish_queued_within(FINISH_LOOK)) {
+            Finishing::Done(lane, f) => Some((lane, f)),
+            Finishing::Pending => return Next::Pending,
+            Finishing::Idle => None,
+        };
     // Lost (each step of what was in flight fails): the oldest run of
     // the first busy lane takes it.
     let lane = match &finished {
@@ -589,7 +641,7 @@ fn finish_next(sh: &Shared, visits: &mut [Visit], s: &mut Scan) -> bool {
     let v = &mut visits[vi];
     let flight = v.flights.pop_front().expect("its run");
     complete_run(sh, v, flight, Some(finished.map(|(_, f)| f)));
-    true
+    Next::Finished
 }
 
 /// Completes `flight`, the oldest run of visit `v`, with what the

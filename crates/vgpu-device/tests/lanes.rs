@@ -14,11 +14,13 @@ use std::time::Duration;
 use common::{assert_status, MIB};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::{
-    Finished, FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec,
-    Queued, QueuedDone, Started,
+    Finished, Finishing, FunctionInfo, HostSink, HostSource, Launch, OpError, Partition,
+    PartitionSpec, Queued, QueuedDone, Started,
 };
 use vgpu_testkit::abi;
-use vgpu_testkit::{fill_chain, software_partition, test_config, Guest, Mode, TestVgpu};
+use vgpu_testkit::{
+    fill_chain, software_partition, test_config, value_chain, Guest, Mode, TestVgpu,
+};
 
 /// Whether lane 0's runs may finish, and the condition that says so.
 type Release = Arc<(Mutex<bool>, Condvar)>;
@@ -33,6 +35,8 @@ struct TwoLanes {
     release: Release,
     /// Calls other than queued runs made while runs were in flight.
     violations: Arc<AtomicUsize>,
+    /// Runs started on each lane.
+    started: Arc<[AtomicUsize; 2]>,
 }
 
 impl TwoLanes {
@@ -108,25 +112,35 @@ impl Partition for TwoLanes {
         }
         let done = self.inner.run_queued(steps, stop);
         self.flying[lane % 2].push_back(done);
+        self.started[lane % 2].fetch_add(1, Ordering::SeqCst);
         Started::InFlight
     }
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
+        // Bounded, so a worker that waits on lane 0 first fails the test
+        // instead of hanging it.
+        match self.finish_queued_within(Duration::from_secs(20)) {
+            Finishing::Done(lane, f) => Some((lane, f)),
+            _ => None,
+        }
+    }
+    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
         let lane = if !self.flying[1].is_empty() {
             1
         } else if !self.flying[0].is_empty() {
             let (released, cv) = &*self.release;
             let guard = released.lock().unwrap();
-            // Bounded, so a worker that waits on lane 0 first fails the
-            // test instead of hanging it.
-            let _ = cv
-                .wait_timeout_while(guard, Duration::from_secs(20), |r| !*r)
-                .unwrap();
+            let (guard, _) = cv.wait_timeout_while(guard, within, |r| !*r).unwrap();
+            if !*guard {
+                return Finishing::Pending;
+            }
             0
         } else {
-            return None;
+            return Finishing::Idle;
         };
-        let done = self.flying[lane].pop_front()?;
-        Some((lane, Finished { waited_ns: 0, done }))
+        match self.flying[lane].pop_front() {
+            Some(done) => Finishing::Done(lane, Finished { waited_ns: 0, done }),
+            None => Finishing::Idle,
+        }
     }
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
         self.inner.max_active_clusters(launch)
@@ -161,6 +175,7 @@ struct Setup {
     guest: Guest,
     release: Release,
     violations: Arc<AtomicUsize>,
+    started: Arc<[AtomicUsize; 2]>,
 }
 
 fn two_lanes() -> Setup {
@@ -168,11 +183,13 @@ fn two_lanes() -> Setup {
     let inner = software_partition(&backend, "lanes", 16 * MIB, 1);
     let release: Release = Arc::default();
     let violations = Arc::new(AtomicUsize::new(0));
+    let started: Arc<[AtomicUsize; 2]> = Arc::default();
     let partition = TwoLanes {
         inner,
         flying: Default::default(),
         release: release.clone(),
         violations: violations.clone(),
+        started: started.clone(),
     };
     let server = TestVgpu::start(test_config("lanes", 2), Box::new(partition));
     let mut guest = server.connect();
@@ -184,6 +201,7 @@ fn two_lanes() -> Setup {
         guest,
         release,
         violations,
+        started,
     }
 }
 
@@ -200,6 +218,7 @@ fn test_runs_of_two_queues_go_side_by_side_on_two_lanes() {
         release,
         violations,
         _server,
+        ..
     } = two_lanes();
     let g = &mut guest;
     let a = g.device_alloc(0, 4096);
@@ -237,6 +256,7 @@ fn test_other_commands_wait_for_every_lane() {
         release,
         violations,
         _server,
+        ..
     } = two_lanes();
     let g = &mut guest;
     let a = g.device_alloc(0, 4096);
@@ -282,5 +302,79 @@ fn test_other_commands_wait_for_every_lane() {
     }
     assert_eq!(g.download(0, a, 4096), vec![2u8; 4096]);
     assert_eq!(g.download(1, other, 4096), vec![5u8; 4096]);
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn test_value_commands_go_while_another_lane_is_busy() {
+    let Setup {
+        mut guest,
+        release,
+        violations,
+        _server,
+        ..
+    } = two_lanes();
+    let g = &mut guest;
+    let a = g.device_alloc(0, 4096);
+    let word = g.alloc(8, 8);
+    // Queue 0: a run held in flight. Queue 1: a write, then a wait for a
+    // word nobody writes yet: neither needs the partition, so both are
+    // served while queue 0's run is in flight.
+    g.post(0, &fill_chain(a, 4096, 0x0909_0909));
+    let write = g.post(1, &value_chain(abi::OP_WRITE_VALUE, 0, word, 5));
+    let wait = g.post(1, &value_chain(abi::OP_WAIT_VALUE, abi::WAIT_EQ, word, 6));
+    g.kick(0);
+    g.kick(1);
+    let u = g
+        .wait_used(1, Duration::from_secs(10))
+        .expect("the write completes while queue 0's run is in flight");
+    assert_eq!(u.id, u32::from(write));
+    assert_eq!(g.read(word, 8), 5u64.to_le_bytes());
+    assert!(g.poll_used(0).is_none(), "queue 0's run is still in flight");
+    // The guest's CPU meets the wait.
+    g.write(word, &6u64.to_le_bytes());
+    let u = g
+        .wait_used(1, Duration::from_secs(10))
+        .expect("the wait completes once the word is 6");
+    assert_eq!(u.id, u32::from(wait));
+    let_go(&release);
+    assert!(g.wait_used(0, Duration::from_secs(10)).is_some());
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn test_work_submitted_while_a_run_is_in_flight_goes_beside_it() {
+    let Setup {
+        mut guest,
+        release,
+        violations,
+        started,
+        _server,
+    } = two_lanes();
+    let g = &mut guest;
+    let a = g.device_alloc(0, 4096);
+    let b = g.device_alloc(1, 4096);
+    // Queue 0's run goes in flight first, alone...
+    let head_a = g.post(0, &fill_chain(a, 4096, 0x0a0a_0a0a));
+    g.kick(0);
+    assert!(
+        common::eventually(g, |_| started[0].load(Ordering::SeqCst) == 1),
+        "queue 0's run was not started"
+    );
+    // ... then queue 1 gets work: it goes to the device while queue 0's
+    // run is still in flight, and completes first.
+    let head_b = g.post(1, &fill_chain(b, 4096, 0x0b0b_0b0b));
+    g.kick(1);
+    let u = g
+        .wait_used(1, Duration::from_secs(10))
+        .expect("queue 1's later run completes while queue 0's is in flight");
+    assert_eq!(u.id, u32::from(head_b));
+    assert!(g.poll_used(0).is_none(), "queue 0's run is still in flight");
+    let_go(&release);
+    let u = g
+        .wait_used(0, Duration::from_secs(10))
+        .expect("queue 0's run");
+    assert_eq!(u.id, u32::from(head_a));
+    assert_eq!(g.download(1, b, 4), [0x0b; 4]);
     assert_eq!(violations.load(Ordering::SeqCst), 0);
 }

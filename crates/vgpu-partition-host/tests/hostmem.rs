@@ -795,7 +795,8 @@ fn started_runs_finish_in_order_and_are_bounded() {
         offset,
         len,
     };
-    let finish = |cmd: &mut UnixStream, seq| call(cmd, seq, &Request::Finish, None);
+    let finish =
+        |cmd: &mut UnixStream, seq| call(cmd, seq, &Request::Finish { within_us: 0 }, None);
     assert!(
         matches!(finish(&mut cmd, 5), Err(OpError::Invalid(_))),
         "nothing started"

@@ -142,7 +142,7 @@ pub unsafe extern "C" fn cuStreamAddCallback(
     })
 }
 
-/// On the device a wait across lanes waits for the record's signal (see
+/// On the device a wait across lanes joins the record's lane (see
 /// [`crate::lanes`]); a stream that waits on an event recorded in a
 /// capture joins that capture.
 #[no_mangle]
@@ -170,7 +170,9 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
 
 /// Makes later work of lane `lane` of `device` wait for `event`'s last
 /// record: a record on the same lane is behind it already; one on
-/// another lane of the device is waited for on the device (its signal);
+/// another lane of the device is waited for on the device (the waiting
+/// lane joins that lane's work so far, the record and what followed it:
+/// more than needed, never a wait on work queued later);
 /// one on another vGPU is waited for here, before the work after it is
 /// queued.
 pub(crate) fn wait_across(
@@ -179,18 +181,18 @@ pub(crate) fn wait_across(
     lane: usize,
     event: Handle,
 ) -> CuResult {
-    let (records, on, on_lane, signal) = {
+    let (records, on, on_lane) = {
         let o = d.objects();
         let e = by_handle(&o.events, event as usize)?;
-        (e.records, e.device, e.lane, e.signal)
+        (e.records, e.device, e.lane)
     };
     if records == 0 {
         return Ok(());
     }
     if on != device {
         event_done(event, true)?;
-    } else if let Some(count) = signal {
-        d.gpu(device)?.lanes.wait(lane, on_lane, count)?;
+    } else {
+        d.gpu(device)?.lanes.join(lane, on_lane)?;
     }
     Ok(())
 }
@@ -419,7 +421,6 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
             records: 0,
             device: 0,
             lane: 0,
-            signal: None,
             captured: None,
         };
         let h = d.objects().add(|o| &mut o.events, event);
@@ -434,8 +435,7 @@ fn record(event: Handle, stream: Handle) -> CuResult {
 }
 
 /// Records `event` on `stream` of device `g`: after the work queued
-/// before it on the stream's lane, which signals it for waits from other
-/// lanes.
+/// before it on the stream's lane.
 pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult {
     let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
     let lane = g.lanes.route(d.stream_lane(stream as usize)?);
@@ -456,7 +456,6 @@ pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> C
         e.records += 1;
         e.device = device;
         e.lane = lane;
-        e.signal = None;
         (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)
     };
     let mut batch = Batch::new();
@@ -465,14 +464,7 @@ pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> C
     } else {
         batch.nop();
     }
-    g.submit_on(lane, batch, Some((event as usize, record)))?;
-    let signal = g.lanes.signal(lane)?;
-    if let Some(e) = d.objects().events.get_mut(&(event as usize)) {
-        if e.records == record {
-            e.signal = signal;
-        }
-    }
-    Ok(())
+    g.submit_on(lane, batch, Some((event as usize, record)))
 }
 
 #[no_mangle]

@@ -13,8 +13,8 @@ use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
 use vgpu_backend::console::ConsoleText;
 use vgpu_backend::{
-    Finished, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
-    PartitionSpec, Queued, QueuedDone, Started,
+    Finished, Finishing, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError,
+    Partition, PartitionSpec, Queued, QueuedDone, Started,
 };
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
 use vgpu_sched::TenantId;
@@ -86,6 +86,9 @@ impl Partition for SharedPartition {
         held: bool,
     ) -> Started {
         lock(&self.inner).start_queued(lane, steps, stop, held)
+    }
+    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
+        lock(&self.inner).finish_queued_within(within)
     }
     fn finish_queued(&mut self) -> Option<(usize, Finished)> {
         lock(&self.inner).finish_queued()
