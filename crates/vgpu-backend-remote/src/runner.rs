@@ -75,11 +75,16 @@ impl Runner {
         })
     }
 
-    /// The results of the started runs that are done now, waiting up to
-    /// `linger` for every started run to be (a short run is then answered
-    /// in the exchange that started it); what they leave the partition
-    /// using, if any.
+    /// The results of the started runs that are done now; where only one
+    /// run is out, waiting up to `linger` for it (a short run with nothing
+    /// around it is then answered in the exchange that started it). What
+    /// they leave the partition using, if any.
     pub(crate) fn take_done(&mut self, linger: Duration) -> (Vec<LaneRun>, Option<u64>) {
+        let linger = if self.running == 1 {
+            linger
+        } else {
+            Duration::ZERO
+        };
         let until = Instant::now() + linger;
         while self.running > 0 {
             let left = until.saturating_duration_since(Instant::now());
