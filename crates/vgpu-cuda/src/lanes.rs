@@ -9,20 +9,25 @@
 //! counter to its word after its work, another *joins* it by queueing a
 //! WAIT_VALUE for that count. CUDA's orders become joins:
 //! - work on the legacy default stream (lane 0) comes after all work
-//!   queued before it on other streams: lane 0 joins every lane with work
-//!   it has not joined yet;
+//!   queued before it on blocking streams: lane 0 joins every lane of
+//!   blocking streams with work it has not joined yet (a stream's lane is
+//!   one of blocking streams or of non-blocking ones, never both while
+//!   there are lanes enough; a lane both share counts as blocking);
 //! - work on another stream comes after the legacy stream's work queued
 //!   before it: its lane joins lane 0;
 //! - `cuStreamWaitEvent` on another lane joins the lane of the event's
 //!   record (its work so far: the record, and what followed it).
 //!
-//! CUDA exempts non-blocking streams from the legacy stream's order; here
-//! they keep it. Programs commonly count on a `cudaMemset` of the default
-//! stream being done before a non-blocking stream's kernel reads the
-//! memory (on a GPU it runs at once and is done in microseconds), while
-//! work queued here may wait in a batch until the next synchronisation:
-//! keeping the order keeps such programs working. Streams a program
-//! creates still run side by side.
+//! CUDA exempts non-blocking streams from the legacy stream's order both
+//! ways; here they keep half of it: their work comes after the legacy
+//! stream's work queued before it. Programs commonly count on a
+//! `cudaMemset` of the default stream being done before a non-blocking
+//! stream's kernel reads the memory (on a GPU it runs at once and is done
+//! in microseconds), while work queued here may wait in a batch until the
+//! next synchronisation. The legacy stream does not wait for theirs: a
+//! non-blocking stream may wait for a word the CPU writes only after a
+//! synchronous copy (`cuStreamWaitValue32`). Streams a program creates
+//! still run side by side.
 //!
 //! A lane's signal is submitted before a join on it is, so a wait on the
 //! device is always for work already on its way. While the process has
@@ -112,6 +117,8 @@ pub struct Lanes {
     order: Mutex<Order>,
     /// The lane the next created stream gets.
     next: AtomicUsize,
+    /// Per lane, whether blocking streams use it (`None`: no stream yet).
+    blocking: Mutex<Vec<Option<bool>>>,
 }
 
 impl Lanes {
@@ -152,15 +159,30 @@ impl Lanes {
                 signalled: vec![(0, 0); n],
             }),
             next: AtomicUsize::new(0),
+            blocking: Mutex::new(vec![None; n]),
         }
     }
 
-    /// The lane for a new stream: the lanes past 0 in turn.
-    pub fn pick(&self) -> usize {
-        match self.lanes.len() {
-            0 | 1 => 0,
-            n => 1 + self.next.fetch_add(1, Ordering::Relaxed) % (n - 1),
+    /// The lane for a new stream (`blocking`: it follows the legacy
+    /// stream both ways): the lanes past 0 in turn, passing over lanes of
+    /// the other kind while one of its own kind, or one unused, is left.
+    pub fn pick(&self, blocking: bool) -> usize {
+        let n = self.lanes.len();
+        if n <= 1 {
+            return 0;
         }
+        let mut kinds = self.blocking.lock().unwrap_or_else(|p| p.into_inner());
+        pick_lane(
+            &mut kinds,
+            self.next.fetch_add(1, Ordering::Relaxed),
+            blocking,
+        )
+    }
+
+    /// Whether the legacy stream's work waits for lane `lane`'s.
+    fn joined_by_legacy(&self, lane: usize) -> bool {
+        let kinds = self.blocking.lock().unwrap_or_else(|p| p.into_inner());
+        kinds.get(lane).copied().flatten() != Some(false)
     }
 
     fn order(&self) -> MutexGuard<'_, Order> {
@@ -190,7 +212,8 @@ impl Lanes {
 
     /// Queues work on `lane` (see [`Lanes::route`]) with `f`, given the
     /// lane's queued work and file, after what it must follow: on lane 0
-    /// every lane's work so far, on another lane lane 0's.
+    /// the work so far of every lane of blocking streams, on another lane
+    /// lane 0's.
     pub fn queue(
         &self,
         lane: usize,
@@ -203,7 +226,7 @@ impl Lanes {
         let mut o = self.order();
         if lane == 0 {
             for b in 1..self.lanes.len() {
-                if o.work[b] > o.joined[0][b] {
+                if o.work[b] > o.joined[0][b] && self.joined_by_legacy(b) {
                     self.join_locked(&mut o, 0, b)?;
                 }
             }
@@ -288,11 +311,30 @@ impl Lanes {
         flushed.and(synced)
     }
 
-    /// Waits for `lane`'s queued work (lane 0: every lane's).
+    /// Waits for the legacy default stream's queued work and what it
+    /// follows (the lanes of blocking streams), as a synchronous copy
+    /// does; non-blocking streams' work may go on.
+    pub fn sync_legacy(&self) -> CuResult {
+        let _o = self.order();
+        // Every lane's signals reach the device before any is waited for.
+        let mut first = self.each(|inflight, dev| inflight.flush(dev));
+        for l in 0..self.lanes.len() {
+            if l == 0 || self.joined_by_legacy(l) {
+                let r = self.inflight(l).sync(self.dev(l));
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+        }
+        first
+    }
+
+    /// Waits for `lane`'s queued work (lane 0: the legacy stream's, see
+    /// [`Lanes::sync_legacy`]).
     pub fn sync_lane(&self, lane: usize) -> CuResult {
         let lane = self.route(lane);
         if lane == 0 {
-            return self.sync();
+            return self.sync_legacy();
         }
         let _o = self.order();
         self.inflight(lane).sync(self.dev(lane))
@@ -309,8 +351,8 @@ impl Lanes {
         });
     }
 
-    /// Whether `lane`'s queued work (lane 0: every lane's) is done,
-    /// without waiting.
+    /// Whether `lane`'s queued work (lane 0: the legacy stream's and what
+    /// it follows) is done, without waiting.
     pub fn idle(&self, lane: usize) -> CuResult<bool> {
         let lane = self.route(lane);
         let _o = self.order();
@@ -319,10 +361,11 @@ impl Lanes {
         }
         let _ = self.each(|inflight, dev| inflight.flush(dev));
         let mut idle = true;
-        self.each(|inflight, dev| {
-            idle &= inflight.poll(dev)?;
-            Ok(())
-        })?;
+        for l in 0..self.lanes.len() {
+            if l == 0 || self.joined_by_legacy(l) {
+                idle &= self.inflight(l).poll(self.dev(l))?;
+            }
+        }
         Ok(idle)
     }
 
@@ -341,5 +384,65 @@ impl Lanes {
             }
         }
         first
+    }
+}
+
+/// [`Lanes::pick`]'s choice among `kinds` (per lane, whether blocking
+/// streams use it; lane 0 is the default streams'), starting the turn at
+/// `start`; records the kind of the lane picked.
+fn pick_lane(kinds: &mut [Option<bool>], start: usize, blocking: bool) -> usize {
+    let n = kinds.len();
+    if n <= 1 {
+        return 0;
+    }
+    let lane = (0..n - 1)
+        .map(|k| 1 + (start + k) % (n - 1))
+        .find(|&l| kinds[l].is_none_or(|b| b == blocking))
+        .unwrap_or(1 + start % (n - 1));
+    // A lane both kinds share counts as blocking.
+    kinds[lane] = Some(kinds[lane].unwrap_or(false) || blocking);
+    lane
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_lane;
+
+    fn picks(n: usize, blocking: &[bool]) -> (Vec<usize>, Vec<Option<bool>>) {
+        let mut kinds = vec![None; n];
+        let got = (0..blocking.len())
+            .map(|i| pick_lane(&mut kinds, i, blocking[i]))
+            .collect();
+        (got, kinds)
+    }
+
+    #[test]
+    fn one_lane_takes_every_stream() {
+        assert_eq!(picks(1, &[true, false, true]).0, vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn streams_of_one_kind_go_round_the_lanes_past_0() {
+        let (got, kinds) = picks(4, &[true; 7]);
+        assert_eq!(got, vec![1, 2, 3, 1, 2, 3, 1]);
+        assert_eq!(kinds, vec![None, Some(true), Some(true), Some(true)]);
+    }
+
+    #[test]
+    fn kinds_keep_apart_while_lanes_allow() {
+        // Blocking, non-blocking, blocking, non-blocking: lanes 1 and 3
+        // for blocking streams, lane 2 for non-blocking ones.
+        let (got, kinds) = picks(4, &[true, false, true, false, false]);
+        assert_eq!(got, vec![1, 2, 3, 2, 2]);
+        assert_eq!(kinds, vec![None, Some(true), Some(false), Some(true)]);
+    }
+
+    #[test]
+    fn a_shared_lane_counts_as_blocking() {
+        // Two lanes past 0, both taken by non-blocking streams: a blocking
+        // stream must share one, which the legacy stream then joins.
+        let (got, kinds) = picks(3, &[false, false, true]);
+        assert_eq!(got, vec![1, 2, 1]);
+        assert_eq!(kinds, vec![None, Some(true), Some(false)]);
     }
 }

@@ -142,6 +142,14 @@ impl Gpu {
         r
     }
 
+    /// Waits for the legacy default stream's queued work and the
+    /// blocking streams' (a synchronous copy's wait); the first failure.
+    pub fn sync_legacy(&self) -> CuResult {
+        let r = self.lanes.sync_legacy();
+        self.print();
+        r
+    }
+
     /// Waits for `lane`'s queued work (lane 0: all of the device's).
     pub fn sync_lane(&self, lane: usize) -> CuResult {
         let r = self.lanes.sync_lane(lane);

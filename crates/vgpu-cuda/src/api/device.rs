@@ -69,6 +69,13 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         // cuMemHostRegister works on any host range (copies read it in
         // place).
         cu::ATTR_HOST_REGISTER_SUPPORTED => 1,
+        // Stream memory operations, 64-bit words and NOR included, on
+        // page-locked host memory (api::stream).
+        cu::ATTR_CAN_USE_STREAM_MEM_OPS_V1
+        | cu::ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS_V1
+        | cu::ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+        | cu::ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS
+        | cu::ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR => 1,
         cu::ATTR_NUMA_ID | cu::ATTR_HOST_NUMA_ID => -1,
         a if (1..cu::ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),

@@ -235,10 +235,15 @@ const PIN_MIN: usize = 64 << 10;
 /// kernel driver, so its copies skip pinning them each time; `None` when
 /// too small or refused (copies then pin as they go, as before).
 fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
+    pin_pages_from(d, p, size, PIN_MIN)
+}
+
+/// [`pin_pages`], for ranges of at least `min` whole pages' bytes.
+fn pin_pages_from(d: &Driver, p: usize, size: usize, min: usize) -> Option<(CUdevice, usize)> {
     const PAGE: usize = host_pages::PAGE;
     let first = p.checked_add(PAGE - 1)? & !(PAGE - 1);
     let end = p.checked_add(size)? & !(PAGE - 1);
-    if end <= first || end - first < PIN_MIN {
+    if end <= first || end - first < min.max(1) {
         return None;
     }
     let (_, dev) = d.current_ctx().ok()?;
@@ -402,6 +407,44 @@ pub(crate) enum Call {
     Async,
 }
 
+/// Whether `[p, p + len)` lies in page-locked host memory pinned for
+/// device `dev`, pinning the allocation holding it now if it is not yet
+/// (small ones are pinned only when asked for like this).
+pub(crate) fn pinned_now(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
+    if in_pinned(d, p, len, dev) {
+        return true;
+    }
+    let Some((start, size)) = ({
+        let o = d.objects();
+        o.host_at(p, len)
+            .filter(|(_, h)| h.pinned.is_none())
+            .map(|(start, h)| (start, h.size))
+    }) else {
+        return false;
+    };
+    if d.current_ctx().map(|(_, cur)| cur) != Ok(dev) {
+        return false;
+    }
+    let Some(pinned) = pin_pages_from(d, start, size, 0) else {
+        return false;
+    };
+    let raced = {
+        let mut o = d.objects();
+        match o.host.get_mut(&start) {
+            Some(h) if h.pinned.is_none() => {
+                h.pinned = Some(pinned);
+                false
+            }
+            _ => true,
+        }
+    };
+    if raced {
+        // Freed or pinned by another thread meanwhile.
+        unpin_pages(d, Some(pinned));
+    }
+    in_pinned(d, p, len, dev)
+}
+
 /// Whether `[p, p + len)` lies in the whole pages of host memory pinned
 /// for device `dev` (page-locked memory CUDA lets copies use after the
 /// call returns).
@@ -487,7 +530,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
     }
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
-    g.sync()?;
+    g.sync_legacy()?;
     if g.inflight().managed.holding(dst, n as u64).is_some() {
         // Idle device: managed memory is the host's; written in place.
         // SAFETY: `dst .. dst + n` lies in a managed allocation, host
@@ -520,7 +563,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
     }
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
-    g.sync()?;
+    g.sync_legacy()?;
     if g.inflight().managed.holding(src, n as u64).is_some() {
         // SAFETY: as in `htod`, the other way.
         unsafe { std::ptr::copy(src as *const u8, out.as_mut_ptr(), n) };

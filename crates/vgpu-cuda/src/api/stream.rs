@@ -17,7 +17,7 @@ fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let (ctx, device) = d.current_ctx()?;
     let stream = Stream {
         ctx,
-        lane: d.gpu(device)?.lanes.pick(),
+        lane: d.gpu(device)?.lanes.pick(flags & STREAM_NON_BLOCKING == 0),
         flags,
         priority: priority.clamp(-5, 0),
         attrs: Default::default(),
@@ -670,4 +670,367 @@ pub extern "C" fn cuStreamCopyAttributes(dst: Handle, src: Handle) -> CUresult {
             Ok(())
         })
     })
+}
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronise with the
+/// legacy default stream.
+const STREAM_NON_BLOCKING: u32 = 0x1;
+
+/// `CU_STREAM_WAIT_VALUE_FLUSH`: a GPU's flush of remote writes before
+/// the wait; the device's reads of guest memory need none.
+const WAIT_VALUE_FLUSH: u32 = 1 << 30;
+/// `CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER`: the device's write follows
+/// the stream's earlier work either way.
+const WRITE_VALUE_NO_MEMORY_BARRIER: u32 = 1;
+/// The most operations of one `cuStreamBatchMemOp`, as CUDA allows.
+const MAX_BATCH_MEM_OPS: u32 = 256;
+
+/// One stream memory operation on a word of page-locked host memory.
+#[derive(Clone, Copy)]
+enum MemOp {
+    Wait {
+        addr: u64,
+        value: u64,
+        wide: bool,
+        flags: u32,
+    },
+    Write {
+        addr: u64,
+        value: u64,
+        wide: bool,
+        flags: u32,
+    },
+    /// A memory barrier or a flush of remote writes: the device's queue
+    /// keeps its commands' order and reads guest memory afresh, so none
+    /// is needed.
+    Order,
+}
+
+/// Stream memory operations: the device writes, or holds the stream
+/// until, 32- or 64-bit words of this process's page-locked host memory
+/// that the device reaches (`cuMemHostAlloc`, `cuMemHostRegister`), as
+/// WRITE_VALUE and WAIT_VALUE, queued together. Device memory words are
+/// not offered (the device waits on guest memory only).
+fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult {
+    let d = driver()?;
+    let device = d.stream_device(stream as usize)?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+    let g = d.gpu(device)?;
+    let lane = d.stream_lane(stream as usize)?;
+    let mut b = Batch::new();
+    for &op in ops {
+        let (addr, wide) = match op {
+            MemOp::Wait { addr, wide, .. } | MemOp::Write { addr, wide, .. } => (addr, wide),
+            MemOp::Order => continue,
+        };
+        let len = if wide { 8 } else { 4 };
+        if addr == 0 || !addr.is_multiple_of(len as u64) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        match op {
+            MemOp::Wait { value, flags, .. } => {
+                if flags & !(3 | WAIT_VALUE_FLUSH) != 0 {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+                // A created stream that shares the default streams' queue
+                // (one lane, or managed memory) would hold them too: a
+                // program waiting on its CPU behind a synchronous copy
+                // would never go on. Refused rather than hung.
+                if stream as usize > 2 && g.lanes.route(lane) == 0 {
+                    return Err(crate::procs::unsupported_with(
+                        name,
+                        "the stream shares the default stream's queue (one lane, or managed memory)",
+                    ));
+                }
+                // GEQ, EQ, AND, NOR: the device's conditions, in its bits 1-2.
+                b.wait_value(addr as *const u8, value, (flags & 3) << 1, wide);
+            }
+            MemOp::Write { value, flags, .. } => {
+                if flags & !WRITE_VALUE_NO_MEMORY_BARRIER != 0 {
+                    return Err(cu::ERROR_INVALID_VALUE);
+                }
+                b.write_value(addr as *const u8, value, wide);
+            }
+            MemOp::Order => {}
+        }
+        if !crate::api::memory::pinned_now(d, addr as usize, len, device) {
+            return Err(crate::procs::unsupported_with(
+                name,
+                "the word is not in page-locked host memory of this process",
+            ));
+        }
+    }
+    if b.is_empty() {
+        return Ok(());
+    }
+    g.submit_on(lane, b, None)?;
+    // On a GPU the operations are on their way at once: a program may wait
+    // for a word from its CPU.
+    g.flush()
+}
+
+/// `cuStreamBatchMemOp`'s operations (`CUstreamBatchMemOpParams`, 48
+/// bytes each: the operation, then its address, value and flags).
+fn batch_mem_ops(params: *const u8, count: u32, flags: u32) -> CuResult<Vec<MemOp>> {
+    const SIZE: usize = 48;
+    if flags != 0 || count > MAX_BATCH_MEM_OPS {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `count` unions.
+    let raw = unsafe { ffi::bytes(params, count as usize * SIZE) }?;
+    raw.chunks_exact(SIZE).map(mem_op).collect()
+}
+
+/// One `CUstreamBatchMemOpParams`: the operation (32 bits; a barrier's
+/// or flush's flags follow it), then a wait's or write's address, value
+/// and flags in the next three 64-bit words.
+fn mem_op(u: &[u8]) -> CuResult<MemOp> {
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&u[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let (operation, order_flags) = (word(0) as u32, (word(0) >> 32) as u32);
+    let (addr, value, flags) = (word(1), word(2), word(3) as u32);
+    Ok(match operation {
+        1 => MemOp::Wait {
+            addr,
+            value: value & 0xffff_ffff,
+            wide: false,
+            flags,
+        },
+        4 => MemOp::Wait {
+            addr,
+            value,
+            wide: true,
+            flags,
+        },
+        2 => MemOp::Write {
+            addr,
+            value: value & 0xffff_ffff,
+            wide: false,
+            flags,
+        },
+        5 => MemOp::Write {
+            addr,
+            value,
+            wide: true,
+            flags,
+        },
+        // FLUSH_REMOTE_WRITES (flags 0) and BARRIER (SYS or GPU).
+        3 if order_flags == 0 => MemOp::Order,
+        6 if order_flags <= 1 => MemOp::Order,
+        _ => return Err(cu::ERROR_INVALID_VALUE),
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBatchMemOp(
+    stream: Handle,
+    count: u32,
+    params: *const u8,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let ops = batch_mem_ops(params, count, flags)?;
+        stream_mem_ops("cuStreamBatchMemOp", stream, &ops)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamBatchMemOp_v2(
+    stream: Handle,
+    count: u32,
+    params: *const u8,
+    flags: u32,
+) -> CUresult {
+    cuStreamBatchMemOp(stream, count, params, flags)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitValue32(
+    stream: Handle,
+    addr: u64,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let op = MemOp::Wait {
+            addr,
+            value: value.into(),
+            wide: false,
+            flags,
+        };
+        stream_mem_ops("cuStreamWaitValue32", stream, &[op])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitValue32_v2(
+    stream: Handle,
+    addr: u64,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    cuStreamWaitValue32(stream, addr, value, flags)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitValue64(
+    stream: Handle,
+    addr: u64,
+    value: u64,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let op = MemOp::Wait {
+            addr,
+            value,
+            wide: true,
+            flags,
+        };
+        stream_mem_ops("cuStreamWaitValue64", stream, &[op])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWaitValue64_v2(
+    stream: Handle,
+    addr: u64,
+    value: u64,
+    flags: u32,
+) -> CUresult {
+    cuStreamWaitValue64(stream, addr, value, flags)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWriteValue32(
+    stream: Handle,
+    addr: u64,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let op = MemOp::Write {
+            addr,
+            value: value.into(),
+            wide: false,
+            flags,
+        };
+        stream_mem_ops("cuStreamWriteValue32", stream, &[op])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWriteValue32_v2(
+    stream: Handle,
+    addr: u64,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    cuStreamWriteValue32(stream, addr, value, flags)
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWriteValue64(
+    stream: Handle,
+    addr: u64,
+    value: u64,
+    flags: u32,
+) -> CUresult {
+    entry(|| {
+        let op = MemOp::Write {
+            addr,
+            value,
+            wide: true,
+            flags,
+        };
+        stream_mem_ops("cuStreamWriteValue64", stream, &[op])
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamWriteValue64_v2(
+    stream: Handle,
+    addr: u64,
+    value: u64,
+    flags: u32,
+) -> CUresult {
+    cuStreamWriteValue64(stream, addr, value, flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(ops: &[[u64; 4]]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for op in ops {
+            for w in op.iter().chain(&[0, 0]) {
+                raw.extend_from_slice(&w.to_ne_bytes());
+            }
+        }
+        raw
+    }
+
+    #[test]
+    fn batch_mem_ops_are_read_as_cuda_lays_them_out() {
+        let raw = params(&[
+            [1, 0x1000, 0xdead_0000_0007, 2],
+            [5, 0x2008, u64::MAX, 0],
+            [6 | 1 << 32, 0, 0, 0],
+            [3, 0, 0, 0],
+        ]);
+        let ops = batch_mem_ops(raw.as_ptr(), 4, 0).unwrap();
+        assert!(matches!(
+            ops[0],
+            MemOp::Wait {
+                addr: 0x1000,
+                value: 7,
+                wide: false,
+                flags: 2
+            }
+        ));
+        assert!(matches!(
+            ops[1],
+            MemOp::Write {
+                addr: 0x2008,
+                value: u64::MAX,
+                wide: true,
+                flags: 0
+            }
+        ));
+        assert!(matches!(ops[2], MemOp::Order));
+        assert!(matches!(ops[3], MemOp::Order));
+    }
+
+    #[test]
+    fn bad_batch_mem_ops_are_refused() {
+        let good = params(&[[2, 0x1000, 1, 0]]);
+        assert_eq!(
+            batch_mem_ops(good.as_ptr(), 1, 1).err(),
+            Some(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            batch_mem_ops(good.as_ptr(), MAX_BATCH_MEM_OPS + 1, 0).err(),
+            Some(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            batch_mem_ops(std::ptr::null(), 1, 0).err(),
+            Some(cu::ERROR_INVALID_VALUE)
+        );
+        assert!(batch_mem_ops(std::ptr::null(), 0, 0).unwrap().is_empty());
+        for bad in [
+            [0, 0, 0, 0],
+            [7, 0, 0, 0],
+            [3 | 1 << 32, 0, 0, 0],
+            [6 | 2 << 32, 0, 0, 0],
+        ] {
+            let raw = params(&[bad]);
+            assert_eq!(
+                batch_mem_ops(raw.as_ptr(), 1, 0).err(),
+                Some(cu::ERROR_INVALID_VALUE)
+            );
+        }
+    }
 }

@@ -361,7 +361,7 @@ fn user_copies(
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let g = d.gpu(device)?;
     if !pinned {
-        g.sync()?;
+        g.sync_legacy()?;
     }
     let lane = d.stream_lane(stream as usize)?;
     let (mut b, mut bytes) = (Batch::new(), 0u64);
@@ -380,7 +380,7 @@ fn user_copies(
     if pinned {
         Ok(())
     } else {
-        g.sync()
+        g.sync_legacy()
     }
 }
 
