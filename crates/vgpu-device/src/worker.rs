@@ -1083,11 +1083,15 @@ fn finish_run(
     // end, it began at that end.
     let last_end = &sh.last_run_end[lane % sh.last_run_end.len()];
     let began = began.max(last_end.load(Ordering::Relaxed));
+    let mut shared = 0;
     if let Some(last) = done.last() {
+        let end = began.saturating_add(last.end_ns);
         sh.last_run_ns.store(last.end_ns, Ordering::Relaxed);
-        last_end.store(began.saturating_add(last.end_ns), Ordering::Relaxed);
+        last_end.store(end, Ordering::Relaxed);
+        let busy = sh.busy_until.fetch_max(end, Ordering::Relaxed);
+        shared = busy.saturating_sub(began).min(last.end_ns);
     }
-    outcomes(&flight.decoded, done, |step, end| command::Outcome {
+    let mut out = outcomes(&flight.decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,
         result: match step {
             command::Step::Timestamp => began.saturating_add(end),
@@ -1095,7 +1099,24 @@ fn finish_run(
         },
         bytes: step.guest().map_or(0, |c| c.size),
         ..Default::default()
-    })
+    });
+    charge_once(&mut out, shared);
+    out
+}
+
+/// Takes `shared` ns off the device time of a run's first commands: the
+/// part of the run that overlapped runs of other lanes already charged.
+/// A tenant's streams that overlap occupy the device for the union of
+/// their times, which is what the scheduler and the busy counters see.
+fn charge_once(outcomes: &mut [command::Outcome], mut shared: u64) {
+    for o in outcomes {
+        if shared == 0 {
+            break;
+        }
+        let cut = o.device_ns.min(shared);
+        o.device_ns -= cut;
+        shared -= cut;
+    }
 }
 
 /// Each command's outcome in a queued run: one that did not decode

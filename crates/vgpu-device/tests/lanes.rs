@@ -37,6 +37,9 @@ struct TwoLanes {
     violations: Arc<AtomicUsize>,
     /// Runs started on each lane.
     started: Arc<[AtomicUsize; 2]>,
+    /// When not 0, the device time each run's steps take between them,
+    /// in place of what the software partition measured.
+    run_ns: u64,
 }
 
 impl TwoLanes {
@@ -110,7 +113,13 @@ impl Partition for TwoLanes {
         if lane >= 2 || self.flying[lane].len() >= 2 {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
-        let done = self.inner.run_queued(steps, stop);
+        let mut done = self.inner.run_queued(steps, stop);
+        if self.run_ns > 0 {
+            let n = done.len() as u64;
+            for (i, d) in done.iter_mut().enumerate() {
+                d.end_ns = self.run_ns * (i as u64 + 1) / n;
+            }
+        }
         self.flying[lane % 2].push_back(done);
         self.started[lane % 2].fetch_add(1, Ordering::SeqCst);
         Started::InFlight
@@ -179,6 +188,12 @@ struct Setup {
 }
 
 fn two_lanes() -> Setup {
+    two_lanes_taking(0)
+}
+
+/// [`two_lanes`] whose runs each take `run_ns` of device time (0: what
+/// they took).
+fn two_lanes_taking(run_ns: u64) -> Setup {
     let backend = SoftwareBackend::new(16 * MIB, 1);
     let inner = software_partition(&backend, "lanes", 16 * MIB, 1);
     let release: Release = Arc::default();
@@ -190,6 +205,7 @@ fn two_lanes() -> Setup {
         release: release.clone(),
         violations: violations.clone(),
         started: started.clone(),
+        run_ns,
     };
     let server = TestVgpu::start(test_config("lanes", 2), Box::new(partition));
     let mut guest = server.connect();
@@ -377,4 +393,43 @@ fn test_work_submitted_while_a_run_is_in_flight_goes_beside_it() {
     assert_eq!(u.id, u32::from(head_a));
     assert_eq!(g.download(1, b, 4), [0x0b; 4]);
     assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn test_runs_that_overlap_on_two_lanes_are_charged_their_union() {
+    // Two runs of a second each, started together on two lanes: the
+    // tenant held the device for about a second, not two.
+    const RUN_NS: u64 = 1_000_000_000;
+    let Setup {
+        mut guest,
+        release,
+        _server,
+        ..
+    } = two_lanes_taking(RUN_NS);
+    let g = &mut guest;
+    let a = g.device_alloc(0, 4096);
+    let b = g.device_alloc(1, 4096);
+    g.post(0, &fill_chain(a, 4096, 1));
+    g.post(1, &fill_chain(b, 4096, 2));
+    g.kick(0);
+    g.kick(1);
+    let used_b = g
+        .wait_used(1, Duration::from_secs(10))
+        .expect("queue 1's run");
+    let_go(&release);
+    let used_a = g
+        .wait_used(0, Duration::from_secs(10))
+        .expect("queue 0's run");
+    let (cb, ca) = (used_b.completion.unwrap(), used_a.completion.unwrap());
+    assert_status(cb, abi::STATUS_OK);
+    assert_status(ca, abi::STATUS_OK);
+    // The first to finish is charged in full; the other only for the
+    // time it ran past it (its start came after the first's, by however
+    // long the worker took between the two starts).
+    assert_eq!(cb.device_ns, RUN_NS);
+    assert!(
+        ca.device_ns < RUN_NS / 2,
+        "the overlapping run was charged {} ns again",
+        ca.device_ns
+    );
 }
