@@ -15,13 +15,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::debug;
-use vgpu_backend::{Finished, OpError, Partition, QueuedDone, Started};
+use vgpu_backend::{Finished, Finishing, OpError, Partition, QueuedDone, Started};
 
 use crate::guest_mem::{Pinned, Table};
 use crate::host::with_queued;
 use crate::proto::{Kind, LaneRun, Request};
 
 pub use crate::proto::MAX_STARTED;
+
+/// How long the runner waits for a run in flight before it looks for
+/// started runs again: a run started on another lane meanwhile goes to
+/// the device beside the one in flight, however long that one takes.
+const FINISH_LOOK: Duration = Duration::from_micros(200);
 
 /// The partition, shared by the command loop and the runner (which holds
 /// it for a run; the command loop waits for the runner before it uses it).
@@ -263,7 +268,7 @@ fn serve_runs(
             None
         };
         let Some(job) = job else {
-            if !finish_one(partition, &mut flight, results) {
+            if !finish_one(partition, &mut flight, results, Some(FINISH_LOOK)) {
                 return;
             }
             continue;
@@ -273,7 +278,7 @@ fn serve_runs(
             // first (a reader taking the lock again at once could keep
             // beating it to it).
             while flight.iter().any(|l| !l.is_empty()) {
-                if !finish_one(partition, &mut flight, results) {
+                if !finish_one(partition, &mut flight, results, None) {
                     return;
                 }
             }
@@ -289,7 +294,7 @@ fn serve_runs(
         };
         let inner = lane as usize % lanes;
         while flight[inner].len() >= depth {
-            if !finish_one(partition, &mut flight, results) {
+            if !finish_one(partition, &mut flight, results, None) {
                 return;
             }
         }
@@ -307,15 +312,23 @@ fn serve_runs(
     }
 }
 
-/// Waits for the partition to finish a run in flight and sends its
-/// results, with those of the runs done when started that follow it on
-/// its lane; false once the other side is gone.
+/// Waits for the partition to finish a run in flight (`within` at most,
+/// when given) and sends its results, with those of the runs done when
+/// started that follow it on its lane; false once the other side is gone.
 fn finish_one(
     partition: &Shared,
     flight: &mut [VecDeque<OnPartition>],
     results: &SyncSender<Outcome>,
+    within: Option<Duration>,
 ) -> bool {
-    let finished = lock(partition).finish_queued();
+    let finished = match within {
+        None => lock(partition).finish_queued(),
+        Some(d) => match lock(partition).finish_queued_within(d) {
+            Finishing::Done(lane, f) => Some((lane, f)),
+            Finishing::Pending => return true,
+            Finishing::Idle => None,
+        },
+    };
     let busy = flight
         .iter()
         .position(|l| {
@@ -415,7 +428,7 @@ mod tests {
     use super::*;
     use crate::proto::{MappedPiece, Step};
     use std::os::unix::fs::FileExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use vgpu_backend::software::SoftwareBackend;
     use vgpu_backend::{
         Backend, DeviceFill, FunctionInfo, HostSink, HostSlice, HostSource, Launch, PartitionSpec,
@@ -485,6 +498,7 @@ mod tests {
             runs: Default::default(),
             started: Arc::clone(&counts.0),
             finished: Arc::clone(&counts.1),
+            hold: Arc::default(),
         })));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
         let frame = |lane: u32, n: usize| {
@@ -513,6 +527,50 @@ mod tests {
         assert_eq!(counts.1.load(Ordering::SeqCst), 4);
     }
 
+    /// A run started on another lane while a long one is in flight goes
+    /// to the device and comes back while the long one still runs: the
+    /// runner does not sit in a wait for the long one.
+    #[test]
+    fn test_a_run_started_beside_a_long_one_finishes_first() {
+        let backend = SoftwareBackend::new(1 << 20, 1);
+        let spec = PartitionSpec {
+            name: "b".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let hold = Arc::new(AtomicBool::new(true));
+        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
+            inner: backend.create_partition(&spec).unwrap(),
+            runs: Default::default(),
+            started: Arc::default(),
+            finished: Arc::default(),
+            hold: Arc::clone(&hold),
+        })));
+        let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
+        let frame = |lane: u32, n: usize| {
+            Request::Start {
+                lane,
+                steps: vec![Step::Timestamp; n],
+            }
+            .encode()
+        };
+        r.start(frame(0, 1)).unwrap();
+        // The runner has nothing else to start: it waits on the long run.
+        assert!(matches!(
+            r.finish(Some(Duration::from_millis(50))),
+            Ok(None)
+        ));
+        r.start(frame(1, 2)).unwrap();
+        let (f, _) = r
+            .finish(Some(Duration::from_secs(5)))
+            .unwrap()
+            .expect("the run beside the long one finishes while it runs");
+        assert_eq!((f.lane, f.run.done.len()), (1, 2));
+        hold.store(false, Ordering::SeqCst);
+        let (f, _) = r.finish(None).unwrap().unwrap();
+        assert_eq!((f.lane, f.run.done.len()), (0, 1));
+    }
+
     /// A step as [`Deferred`] keeps it.
     enum Kept {
         Stamp,
@@ -533,6 +591,17 @@ mod tests {
         /// Runs started, and runs finished.
         started: Arc<AtomicUsize>,
         finished: Arc<AtomicUsize>,
+        /// While set, lane 0's runs do not finish (a long kernel).
+        hold: Arc<AtomicBool>,
+    }
+
+    impl Deferred {
+        /// The lane whose run may finish now.
+        fn ready_lane(&self) -> Option<usize> {
+            (0..2)
+                .rev()
+                .find(|&l| !self.runs[l].is_empty() && (l > 0 || !self.hold.load(Ordering::SeqCst)))
+        }
     }
 
     // SAFETY: the slices it keeps are only used while the runner keeps the
@@ -608,7 +677,29 @@ mod tests {
             self.started.fetch_add(1, Ordering::SeqCst);
             Started::InFlight
         }
+        fn finish_queued_within(&mut self, within: Duration) -> Finishing {
+            if self.ready_lane().is_none() {
+                if self.runs.iter().all(VecDeque::is_empty) {
+                    return Finishing::Idle;
+                }
+                std::thread::sleep(within);
+                return Finishing::Pending;
+            }
+            match self.finish_queued() {
+                Some((lane, f)) => Finishing::Done(lane, f),
+                None => Finishing::Idle,
+            }
+        }
         fn finish_queued(&mut self) -> Option<(usize, Finished)> {
+            // A held lane lets go within the test's patience, so that a
+            // runner that waits for it alone fails the test, not hangs it.
+            let patience = Instant::now() + Duration::from_secs(10);
+            while self.ready_lane().is_none()
+                && self.hold.load(Ordering::SeqCst)
+                && Instant::now() < patience
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let lane = (0..2).rev().find(|&l| !self.runs[l].is_empty())?;
             let run = self.runs[lane].pop_front()?;
             // Slow enough that an unmap racing with it would be seen.
@@ -682,6 +773,7 @@ mod tests {
             runs: Default::default(),
             started: Arc::clone(&started),
             finished: Arc::clone(&finished),
+            hold: Arc::default(),
         })));
         let path = std::env::temp_dir().join(format!("vgpu-runner-{}", std::process::id()));
         let file = std::fs::File::options()
