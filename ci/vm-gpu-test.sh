@@ -150,6 +150,16 @@ if ! grep -q 'VGPU-ISOLATION WRITTEN' "$TMP/iso-write.log"; then
     ok=0
 fi
 
+# --- one guest with both vGPUs: one process uses them together ----------------------------
+t=$SECONDS
+BOOT_QEMU_EXTRA=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$TMP/run/b.sock\",\"type\":\"unix\"}}")
+boot guest-two "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=multi-device vgpu.expect_devices=2"
+BOOT_QEMU_EXTRA=()
+wait "${qemu_pids[0]}" || true
+qemu_pids=()
+log "two-vGPU guest done in $(elapsed "$t")"
+verdict guest-two || ok=0
+
 # --- one guest behind a guest IOMMU ---------------------------------------------------------
 if [[ $VM_NO_IOMMU != 1 ]]; then
     t=$SECONDS

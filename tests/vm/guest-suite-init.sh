@@ -17,7 +17,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.host_dir=DIR               host-cuda: the host folder of the programs
@@ -60,7 +60,9 @@
 # host-cuda loads the module, mounts the host's root through 9p (QEMU's
 # -fsdev ... mount_tag=hostroot) and runs programs of the host's userland
 # in it (chroot), through this image's libcuda.so.1 before the host's CUDA
-# libraries: CUDA libraries such as cuBLAS that no image could hold.
+# libraries: CUDA libraries such as cuBLAS that no image could hold;
+# multi-device loads the module and runs multi_device, one process on the
+# guest's vGPUs (vgpu.expect_devices of them, two by default).
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -104,6 +106,7 @@ procs=4
 saxpy_n=1048576
 sgemm="128,128,128"
 expect_mem=""
+expect_devices=""
 cuda_bench=200
 host_dir=""
 host_run=""
@@ -133,7 +136,10 @@ for word in $(cat /proc/cmdline); do
     vgpu.cuda_log=*) export VGPU_CUDA_LOG="$value" ;;
     vgpu.expect_cu=*) expect_args="$expect_args --expect-cu $value" ;;
     vgpu.expect_window=*) expect_args="$expect_args --expect-window $value" ;;
-    vgpu.expect_devices=*) expect_args="$expect_args --expect-devices $value" ;;
+    vgpu.expect_devices=*)
+        expect_devices=$value
+        expect_args="$expect_args --expect-devices $value"
+        ;;
     vgpu.expect_vendor=*) expect_args="$expect_args --expect-vendor $value" ;;
     vgpu.expect_device_id=*) expect_args="$expect_args --expect-device-id $value" ;;
     vgpu.procs=*) procs=$value ;;
@@ -292,6 +298,15 @@ if [ "$mode" = host-cuda ]; then
         # shellcheck disable=SC2086  # separate arguments
         HOME=/tmp cuda_run "" /mnt/$prog $args
     done
+    finish
+fi
+
+# --- multi-device: one process on two vGPUs ----------------------------------------
+if [ "$mode" = multi-device ]; then
+    load insmod || finish
+    cuda_run "" $cuda_tests/multi_device "${expect_devices:-2}"
+    vgpu-smi | sed 's/^/  /'
+    check_kernel_log kernel-log
     finish
 fi
 

@@ -37,6 +37,7 @@ pub const ERROR_LAUNCH_TIMEOUT: CUresult = 702;
 pub const ERROR_ASSERT: CUresult = 710;
 pub const ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
+pub const ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
 pub const ERROR_LAUNCH_FAILED: CUresult = 719;
@@ -105,6 +106,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_PEER_ACCESS_UNSUPPORTED,
         "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED\0",
         "peer access is not supported between these two devices\0",
+    ),
+    (
+        ERROR_PEER_ACCESS_NOT_ENABLED,
+        "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED\0",
+        "peer access has not been enabled\0",
     ),
     (
         ERROR_INVALID_SOURCE,

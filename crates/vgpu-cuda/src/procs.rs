@@ -111,6 +111,8 @@ tables! {
 implemented {
     cuCtxCreate 3020 => cuCtxCreate_v2,
     cuCtxDestroy 4000 => cuCtxDestroy_v2,
+    cuCtxDisablePeerAccess 4000 => cuCtxDisablePeerAccess,
+    cuCtxEnablePeerAccess 4000 => cuCtxEnablePeerAccess,
     cuCtxGetApiVersion 3020 => cuCtxGetApiVersion,
     cuCtxGetCacheConfig 3020 => cuCtxGetCacheConfig,
     cuCtxGetCurrent 4000 => cuCtxGetCurrent,
@@ -384,8 +386,6 @@ unsupported {
     cuArrayGetPlane 11020,
     cuArrayGetSparseProperties 11010,
     cuCtxDetach 2000,
-    cuCtxDisablePeerAccess 4000,
-    cuCtxEnablePeerAccess 4000,
     cuCtxFromGreenCtx 12040,
     cuCtxGetDevResource 12040,
     cuDestroyExternalMemory 10000,

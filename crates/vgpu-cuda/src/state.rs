@@ -239,6 +239,31 @@ pub struct ModuleObj {
     pub cubin_functions: Vec<String>,
     /// Globals looked up: address and size.
     pub globals: HashMap<String, (u64, u64)>,
+    /// For a library of a process with several devices: what loads it on
+    /// the others.
+    pub library: Option<Library>,
+}
+
+/// What a launch needs of its function: its description and device
+/// (`None`: the stream is captured, and the launch recorded).
+pub type Target = Option<(Arc<Function>, CUdevice)>;
+
+/// Where a launch's function is ([`Driver::launch_target`]).
+enum Look {
+    /// On the stream's device.
+    Here(Target),
+    /// On another device than the stream's, this one.
+    Elsewhere(CUdevice),
+}
+
+/// A library (`cuLibraryLoadData`) belongs to no context: its kernels
+/// run on whichever device launches them. It is loaded where it was
+/// first asked for; on another device, a copy of its image is loaded as
+/// a module of its own (a *twin*) the first time one of its kernels runs
+/// there, and unloaded with it.
+pub struct Library {
+    pub image: Arc<[u8]>,
+    pub twins: HashMap<CUdevice, usize>,
 }
 
 /// A function (or kernel) of a module.
@@ -711,8 +736,69 @@ impl Driver {
             kernels,
             cubin_functions,
             globals: HashMap::new(),
+            library: None,
         };
         Ok(self.objects().add(|o| &mut o.modules, m))
+    }
+
+    /// [`Driver::load_module`] of a library: where the process has
+    /// several devices, the image is kept to load it on the others.
+    pub fn load_library(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
+        let h = self.load_module(dev, image)?;
+        if self.gpus.len() > 1 {
+            if let Some(m) = self.objects().modules.get_mut(&h) {
+                m.library = Some(Library {
+                    image: image.into(),
+                    twins: HashMap::new(),
+                });
+            }
+        }
+        Ok(h)
+    }
+
+    /// `module` as loaded on device `dev`: itself, or a library's twin
+    /// there (loaded now if it is not yet). A module of another device's
+    /// context is `CUDA_ERROR_INVALID_HANDLE` there, as in CUDA.
+    pub fn module_on(&self, module: usize, dev: CUdevice) -> CuResult<usize> {
+        let image = {
+            let o = self.objects();
+            let m = by_handle(&o.modules, module)?;
+            if m.device == dev {
+                return Ok(module);
+            }
+            let lib = m.library.as_ref().ok_or(cu::ERROR_INVALID_HANDLE)?;
+            if let Some(&t) = lib.twins.get(&dev) {
+                return Ok(t);
+            }
+            Arc::clone(&lib.image)
+        };
+        let twin = self.load_module(dev, &image)?;
+        let mut o = self.objects();
+        let kept = match o.modules.get_mut(&module).and_then(|m| m.library.as_mut()) {
+            Some(lib) => Ok(*lib.twins.entry(dev).or_insert(twin)),
+            None => Err(cu::ERROR_INVALID_HANDLE),
+        };
+        drop(o);
+        if kept != Ok(twin) {
+            // Unloaded, or loaded there by another thread, meanwhile.
+            let _ = self.unload_module(twin);
+        }
+        kept
+    }
+
+    /// Function `func` as it runs on device `dev`: itself, or its
+    /// library's kernel of the same name on that device.
+    pub fn function_on(&self, func: usize, dev: CUdevice) -> CuResult<usize> {
+        let (module, name) = {
+            let o = self.objects();
+            let f = by_handle(&o.funcs, func)?;
+            if f.device == dev {
+                return Ok(func);
+            }
+            (f.module, f.cname.clone())
+        };
+        let twin = self.module_on(module, dev)?;
+        self.get_function(twin, name.to_str().map_err(|_| cu::ERROR_INVALID_VALUE)?)
     }
 
     /// Global `name` of module `module`: its device address and size.
@@ -791,6 +877,10 @@ impl Driver {
             let mut o = self.objects();
             o.remove_module(module).ok_or(cu::ERROR_INVALID_HANDLE)?
         };
+        // A library's twins on other devices go with it.
+        for &twin in m.library.iter().flat_map(|l| l.twins.values()) {
+            let _ = self.unload_module(twin);
+        }
         // What its kernels printed comes out first, as CUDA's driver
         // flushes its printf buffer at an unload.
         if m.module.prints() {
@@ -804,17 +894,32 @@ impl Driver {
         Ok(())
     }
 
-    /// What a launch of `func` on `stream` needs to know, from one look
-    /// at the objects: the function and its device (checked against its
-    /// dynamic shared memory limit for `shared_mem`), or `None` where the
-    /// stream is being captured (the launch is then recorded, the slower
-    /// way). The stream must exist.
+    /// What a launch of `func` on `stream` needs to know: the function
+    /// that runs (`func`, or its library's twin on the stream's device)
+    /// and, from one look at the objects, its description and device
+    /// (checked against its dynamic shared memory limit for
+    /// `shared_mem`), or `None` where the stream is being captured (the
+    /// launch is then recorded, the slower way). The stream must exist.
     pub fn launch_target(
         &self,
         func: usize,
         stream: usize,
         shared_mem: u32,
-    ) -> CuResult<Option<(Arc<Function>, CUdevice)>> {
+    ) -> CuResult<(usize, Target)> {
+        match self.launch_look(func, stream, shared_mem)? {
+            Look::Here(target) => Ok((func, target)),
+            Look::Elsewhere(dev) => {
+                let twin = self.function_on(func, dev)?;
+                match self.launch_look(twin, stream, shared_mem)? {
+                    Look::Here(target) => Ok((twin, target)),
+                    Look::Elsewhere(_) => Err(cu::ERROR_INVALID_HANDLE),
+                }
+            }
+        }
+    }
+
+    /// [`Driver::launch_target`] for `func` as it is.
+    fn launch_look(&self, func: usize, stream: usize, shared_mem: u32) -> CuResult<Look> {
         let current = if stream <= 2 {
             Some(self.current().ok_or(cu::ERROR_INVALID_CONTEXT)?)
         } else {
@@ -825,13 +930,14 @@ impl Driver {
             Some(c) => c,
             None => by_handle(&o.streams, stream)?.ctx,
         };
-        if !o.ctxs.contains_key(&ctx) {
-            return Err(cu::ERROR_INVALID_CONTEXT);
+        let dev = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?.device;
+        let f = by_handle(&o.funcs, func)?;
+        if f.device != dev {
+            return Ok(Look::Elsewhere(dev));
         }
         if o.capturing.contains_key(&stream) {
-            return Ok(None);
+            return Ok(Look::Here(None));
         }
-        let f = by_handle(&o.funcs, func)?;
         if shared_mem > f.max_dynamic_shared {
             log(&format!(
                 "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",
@@ -839,7 +945,7 @@ impl Driver {
             ));
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        Ok(Some((Arc::clone(&f.function), f.device)))
+        Ok(Look::Here(Some((Arc::clone(&f.function), f.device))))
     }
 
     /// Launches `func` on `stream` with its parameters packed as its

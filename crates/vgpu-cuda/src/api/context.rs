@@ -89,6 +89,36 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: Handle) -
     })
 }
 
+/// Peer access from the current context to `peer`'s memory: vGPUs have
+/// none (`cuDeviceCanAccessPeer` says 0); copies between them are staged
+/// through host memory without it.
+#[no_mangle]
+pub extern "C" fn cuCtxEnablePeerAccess(peer: Handle, flags: u32) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (_, dev) = d.current_ctx()?;
+        let other = d.ctx_device(peer as usize)?;
+        if flags != 0 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        Err(if other == dev {
+            cu::ERROR_INVALID_DEVICE
+        } else {
+            cu::ERROR_PEER_ACCESS_UNSUPPORTED
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxDisablePeerAccess(peer: Handle) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.current_ctx()?;
+        d.ctx_device(peer as usize)?;
+        Err(cu::ERROR_PEER_ACCESS_NOT_ENABLED)
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
     entry(|| {

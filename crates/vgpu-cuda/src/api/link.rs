@@ -12,8 +12,8 @@ use std::io::Read;
 
 use vgpu_guest::sys;
 
-use crate::api::module::library_device;
-use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::api::module::{load_image, LoadAs};
+use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::state::{driver, Driver};
 
@@ -75,10 +75,10 @@ unsafe fn read_image_file(path: *const c_char) -> CuResult<Vec<u8>> {
 ///
 /// # Safety
 /// As [`read_image_file`]; `out` is the caller's out-parameter.
-unsafe fn load_file(d: &Driver, out: *mut Handle, path: *const c_char, dev: CUdevice) -> CuResult {
+unsafe fn load_file(d: &Driver, out: *mut Handle, path: *const c_char, what: LoadAs) -> CuResult {
     // SAFETY: forwarded.
     let buf = unsafe { read_image_file(path) }?;
-    let h = d.load_module(dev, image_in(&buf)?)?;
+    let h = load_image(d, image_in(&buf)?, what)?;
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
         let _ = d.unload_module(h);
@@ -91,7 +91,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, path: *const c_char) 
         let d = driver()?;
         let (_, dev) = d.current_ctx()?;
         // SAFETY: the caller's arguments.
-        unsafe { load_file(d, module, path, dev) }
+        unsafe { load_file(d, module, path, LoadAs::Module(dev)) }
     })
 }
 
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     entry(|| {
         let d = driver()?;
         // SAFETY: the caller's arguments.
-        unsafe { load_file(d, library, path, library_device(d)) }
+        unsafe { load_file(d, library, path, LoadAs::Library) }
     })
 }
 

@@ -575,8 +575,9 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
 fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CuResult {
     let d = driver()?;
     let device = range_device(d, dst, n)?;
-    if range_device(d, src, n)? != device {
-        return Err(cu::ERROR_NOT_SUPPORTED);
+    let from = range_device(d, src, n)?;
+    if from != device {
+        return dtod_across((dst, device), (src, from), n, stream);
     }
     if n == 0 {
         return Ok(());
@@ -587,6 +588,56 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CuResul
         len: n as u64,
     };
     d.queue(stream as usize, device, &[work])
+}
+
+/// The most bytes a copy between two devices holds in host memory at a
+/// time.
+const ACROSS_CHUNK: usize = 4 << 20;
+
+/// A copy from one device's memory to another's (there is no peer access
+/// between vGPUs): staged through host memory a piece at a time, after
+/// the work queued before it on both devices' default streams and on
+/// `stream`, and done when this returns, as CUDA's copies between
+/// devices without peer access are.
+fn dtod_across(
+    (dst, to): (CUdeviceptr, CUdevice),
+    (src, from): (CUdeviceptr, CUdevice),
+    n: usize,
+    stream: Handle,
+) -> CuResult {
+    let d = driver()?;
+    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
+    let (gs, gd) = (d.gpu(from)?, d.gpu(to)?);
+    gs.sync_legacy()?;
+    gd.sync_legacy()?;
+    if stream as usize > 2 {
+        d.gpu(d.stream_device(stream as usize)?)?
+            .sync_lane(d.stream_lane(stream as usize)?)?;
+    }
+    let managed_src = gs.inflight().managed.holding(src, n as u64).is_some();
+    let managed_dst = gd.inflight().managed.holding(dst, n as u64).is_some();
+    let mut buf = vec![0u8; n.min(ACROSS_CHUNK)];
+    let mut done = 0;
+    while done < n {
+        let len = (n - done).min(ACROSS_CHUNK);
+        let (s, t) = (src + done as u64, dst + done as u64);
+        let piece = &mut buf[..len];
+        if managed_src {
+            // SAFETY: `s .. s + len` lies in a managed allocation, host
+            // memory of this process, and its device is idle.
+            piece.copy_from_slice(unsafe { ffi::bytes(s as *const u8, len) }?);
+        } else {
+            check(gs.dev.copy_from_device_addr(s, piece))?;
+        }
+        if managed_dst {
+            // SAFETY: as for the source; `buf` is not managed memory.
+            unsafe { ffi::bytes_mut(t as *mut u8, len) }?.copy_from_slice(piece);
+        } else {
+            check(gd.dev.copy_to_device_addr(t, piece))?;
+        }
+        done += len;
+    }
+    Ok(())
 }
 
 /// `cuMemcpy`: either side may be host or device memory.
@@ -983,8 +1034,8 @@ pub unsafe extern "C" fn cuPointerSetAttribute(
     })
 }
 
-/// A copy between the memory of two contexts: within one device, a
-/// device-to-device copy (there is no peer access between devices).
+/// A copy between the memory of two contexts: a device-to-device copy,
+/// staged through host memory between two devices.
 fn copy_peer(
     dst: CUdeviceptr,
     dst_ctx: Handle,
@@ -994,13 +1045,9 @@ fn copy_peer(
     stream: Handle,
 ) -> CuResult {
     let d = driver()?;
-    let (dd, sd) = (
-        d.ctx_device(dst_ctx as usize)?,
-        d.ctx_device(src_ctx as usize)?,
-    );
-    if dd != sd {
-        return Err(cu::ERROR_NOT_SUPPORTED);
-    }
+    // The contexts must be live; the addresses say which devices.
+    d.ctx_device(dst_ctx as usize)?;
+    d.ctx_device(src_ctx as usize)?;
     dtod(dst, src, n, stream)
 }
 

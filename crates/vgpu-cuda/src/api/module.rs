@@ -102,14 +102,31 @@ pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
 pub(crate) fn load(module: *mut Handle, image: *const c_void) -> CuResult {
     let d = driver()?;
     let (_, dev) = d.current_ctx()?;
-    load_on(d, module, image, dev)
+    load_on(d, module, image, LoadAs::Module(dev))
 }
 
-/// Loads `image` for device `dev`.
-fn load_on(d: &Driver, module: *mut Handle, image: *const c_void, dev: CUdevice) -> CuResult {
+/// What an image is loaded as.
+#[derive(Clone, Copy)]
+pub(crate) enum LoadAs {
+    /// A module of a context of this device.
+    Module(CUdevice),
+    /// A library, of no context ([`crate::state::Library`]).
+    Library,
+}
+
+/// Loads `image` as `what`; its handle.
+pub(crate) fn load_image(d: &Driver, image: &[u8], what: LoadAs) -> CuResult<usize> {
+    match what {
+        LoadAs::Module(dev) => d.load_module(dev, image),
+        LoadAs::Library => d.load_library(library_device(d), image),
+    }
+}
+
+/// Loads the image at `image` as `what`.
+fn load_on(d: &Driver, module: *mut Handle, image: *const c_void, what: LoadAs) -> CuResult {
     // SAFETY: the caller's image.
     let image = unsafe { image_at(image.cast()) }?;
-    let h = d.load_module(dev, image)?;
+    let h = load_image(d, image, what)?;
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(module, h as Handle) }.inspect_err(|_| {
         let _ = d.unload_module(h);
@@ -203,8 +220,23 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
     library: Handle,
     name: *const c_char,
 ) -> CUresult {
-    // SAFETY: forwarded arguments.
-    unsafe { cuModuleGetGlobal_v2(dptr, bytes, library, name) }
+    entry(|| {
+        // A library's variables on the current device are its twin's.
+        let d = driver()?;
+        let library = match d.current_ctx() {
+            Ok((_, dev)) => d.module_on(library as usize, dev)?,
+            Err(_) => library as usize,
+        };
+        // SAFETY: the caller's NUL-terminated name.
+        let name = unsafe { ffi::cstr(name) }?;
+        let (addr, size) = d.get_global(library, name)?;
+        // SAFETY: the caller's out-parameters, each of which may be null.
+        unsafe {
+            ffi::put_opt(dptr, addr)?;
+            ffi::put_opt(bytes, size as usize)?;
+        }
+        Ok(())
+    })
 }
 
 /// `CU_MODULE_LAZY_LOADING` (2): the runtime loads a registered module
@@ -228,7 +260,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        load_on(d, library, code, library_device(d))
+        load_on(d, library, code, LoadAs::Library)
     })
 }
 
@@ -267,9 +299,12 @@ pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle
 #[no_mangle]
 pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> CUresult {
     entry(|| {
-        by_handle(&driver()?.objects().funcs, kernel as usize)?;
+        // The kernel's function in the current context.
+        let d = driver()?;
+        let (_, dev) = d.current_ctx()?;
+        let func = d.function_on(kernel as usize, dev)?;
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(f, kernel) }
+        unsafe { ffi::put(f, func as Handle) }
     })
 }
 
@@ -596,10 +631,15 @@ pub(crate) unsafe fn kernel_work(
     extra: *mut *mut c_void,
 ) -> CuResult<(cu::CUdevice, crate::graph::Work)> {
     let d = driver()?;
+    // A library's kernel runs on the current device.
+    let f = match d.current_ctx() {
+        Ok((_, dev)) => d.function_on(f as usize, dev)?,
+        Err(_) => f as usize,
+    };
     // SAFETY: the caller's parameter pointers.
-    let block = unsafe { param_block(d, f as usize, params, extra) }?;
+    let block = unsafe { param_block(d, f, params, extra) }?;
     check_shape(&dims, block.len())?;
-    d.launch_work(f as usize, dims, [1, 1, 1], &block)
+    d.launch_work(f, dims, [1, 1, 1], &block)
 }
 
 /// Queues a launch of `f` in clusters of `cluster` blocks ([1, 1, 1]:
@@ -618,12 +658,12 @@ unsafe fn launch(
     let d = driver()?;
     // The stream must be valid; its work runs in order anyway (or is
     // recorded, if it is being captured).
-    let Some((function, device)) = d.launch_target(f as usize, stream as usize, dims.shared_mem)?
-    else {
+    let (f, target) = d.launch_target(f as usize, stream as usize, dims.shared_mem)?;
+    let Some((function, device)) = target else {
         // SAFETY: the caller's parameter pointers.
-        let block = unsafe { param_block(d, f as usize, params, extra) }?;
+        let block = unsafe { param_block(d, f, params, extra) }?;
         check_shape(&dims, block.len())?;
-        return d.launch(f as usize, dims, cluster, &block, stream as usize);
+        return d.launch(f, dims, cluster, &block, stream as usize);
     };
     // The common case, a launch loop's: the parameters packed on the
     // stack (most blocks are small) and straight into the device's open
