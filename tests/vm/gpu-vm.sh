@@ -5,7 +5,8 @@
 # the guest tools, and unmodified CUDA programs through the guest's
 # libcuda.so.1 (tests/cuda: vector add, tiled matmul, reduction,
 # streams, graphs from stream capture, device properties, out of memory
-# at the quota, an illegal address that fails only its own process).
+# at the quota, an illegal address that fails only its own process),
+# then one guest with both vGPUs (tests/cuda/multi_device.cu).
 # Then the launch and copy benchmark (tests/cuda/bench_launch.cu)
 # natively and in one guest alone.
 # Then, where the machine has a CUDA toolkit with cuBLAS and cuFFT
@@ -165,6 +166,13 @@ if [[ ${ONLY_LIBS:-0} != 1 ]]; then
         qemu_pids=()
         verdict guest-a || ok=0
         verdict guest-b || ok=0
+        # One guest with both vGPUs: one process uses the two devices.
+        BOOT_QEMU_EXTRA=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$TMP/run/b.sock\",\"type\":\"unix\"}}")
+        boot guest-two "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=multi-device vgpu.expect_devices=2 ${GUEST_APPEND:-}"
+        unset BOOT_QEMU_EXTRA
+        wait "${qemu_pids[0]}" || true
+        qemu_pids=()
+        verdict guest-two || ok=0
     fi
     # --- the launch and copy benchmark: natively, then in one guest alone ------------
     if [[ ${GPU_BACKEND:-cuda} != software ]]; then
