@@ -5,9 +5,7 @@
 // and a library loaded from a file (cuLibraryLoadFromFile), each one's
 // kernel launched with cuLaunchKernel on the runtime's primary context.
 #define TEST_NAME "driver_api"
-#include "check.h"
-#include <cuda.h>
-#include <dlfcn.h>
+#include "driver.h"
 #include <unistd.h>
 
 static const char kPtx[] =
@@ -37,23 +35,8 @@ static const char kPtx[] =
     "  ret;\n"
     "}\n";
 
-#define DRV(call)                                                            \
-  do {                                                                       \
-    CUresult r_ = (call);                                                    \
-    EXPECT(r_ == CUDA_SUCCESS, "%s returned %d", #call, (int)r_);            \
-  } while (0)
-
-#define SYM(name) auto name = (decltype(&::name))sym(#name)
-static void *lib;
-static void *sym(const char *name) {
-  void *p = dlsym(lib, name);
-  EXPECT(p != nullptr, "libcuda.so.1 has no %s", name);
-  return p;
-}
 
 int main() {
-  lib = dlopen("libcuda.so.1", RTLD_NOW);
-  EXPECT(lib != nullptr, "dlopen: %s", dlerror());
   SYM(cuModuleLoad);
   SYM(cuModuleLoadData);
   SYM(cuModuleGetFunction);

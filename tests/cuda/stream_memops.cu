@@ -4,29 +4,12 @@
 // before it), another writes a word the CPU waits for, and the
 // conditions and sizes the driver API offers.
 #define TEST_NAME "stream_memops"
-#include "check.h"
-#include <cuda.h>
-#include <dlfcn.h>
+#include "driver.h"
 
-#define DRV(call)                                                            \
-  do {                                                                       \
-    CUresult r_ = (call);                                                    \
-    EXPECT(r_ == CUDA_SUCCESS, "%s returned %d", #call, (int)r_);            \
-  } while (0)
-
-#define SYM(name) auto name = (decltype(&::name))sym(#name)
-static void *lib;
-static void *sym(const char *name) {
-  void *p = dlsym(lib, name);
-  EXPECT(p != nullptr, "libcuda.so.1 has no %s", name);
-  return p;
-}
 
 __global__ void copy_word(const volatile unsigned *src, unsigned *dst) { *dst = *src; }
 
 int main() {
-  lib = dlopen("libcuda.so.1", RTLD_NOW);
-  EXPECT(lib != nullptr, "dlopen: %s", dlerror());
   SYM(cuStreamWaitValue32_v2);
   SYM(cuStreamWaitValue64_v2);
   SYM(cuStreamWriteValue32_v2);

@@ -435,31 +435,39 @@ mod tests {
         Queued, SliceMemory,
     };
 
-    #[test]
-    fn test_at_most_max_started_and_finished_in_order() {
-        let backend = SoftwareBackend::new(1 << 20, 1);
+    /// A software partition of 1 MiB.
+    fn software() -> Box<dyn Partition> {
         let spec = PartitionSpec {
-            name: "r".into(),
+            name: "runner".into(),
             memory: 1 << 20,
             compute_units: 1,
         };
-        let p: Shared = Arc::new(Mutex::new(backend.create_partition(&spec).unwrap()));
+        SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap()
+    }
+
+    /// A started run of `n` timestamps on `lane`.
+    fn stamps(lane: u32, n: usize) -> Vec<u8> {
+        Request::Start {
+            lane,
+            steps: vec![Step::Timestamp; n],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn test_at_most_max_started_and_finished_in_order() {
+        let p: Shared = Arc::new(Mutex::new(software()));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
         assert!(matches!(r.finish(None), Err(OpError::Invalid(_))));
-        let frame = |n: usize| {
-            Request::Start {
-                lane: 0,
-                steps: vec![Step::Timestamp; n],
-            }
-            .encode()
-        };
         {
             // The partition is busy: started runs wait for it.
             let _held = lock(&p);
             for n in 1..=MAX_STARTED {
-                r.start(frame(n)).unwrap();
+                r.start(stamps(0, n)).unwrap();
             }
-            assert!(matches!(r.start(frame(1)), Err(OpError::Invalid(_))));
+            assert!(matches!(r.start(stamps(0, 1)), Err(OpError::Invalid(_))));
             assert_eq!(r.take_done(Duration::from_millis(5)).0, Vec::new());
             // None can finish while the partition is held: a bounded
             // finish says so.
@@ -475,7 +483,7 @@ mod tests {
         // A frame that is not a run fails nothing else.
         r.start(Request::Finish { within_us: 0 }.encode()).unwrap();
         assert_eq!(r.finish(None).unwrap().unwrap().0.run.done, Vec::new());
-        r.start(frame(2)).unwrap();
+        r.start(stamps(0, 2)).unwrap();
         r.clear();
         assert!(matches!(r.finish(None), Err(OpError::Invalid(_))));
     }
@@ -486,34 +494,19 @@ mod tests {
     /// lane.
     #[test]
     fn test_runs_of_lanes_finish_as_the_partition_finishes_them() {
-        let backend = SoftwareBackend::new(1 << 20, 1);
-        let spec = PartitionSpec {
-            name: "l".into(),
-            memory: 1 << 20,
-            compute_units: 1,
-        };
-        let counts = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
-            inner: backend.create_partition(&spec).unwrap(),
-            runs: Default::default(),
-            started: Arc::clone(&counts.0),
-            finished: Arc::clone(&counts.1),
-            hold: Arc::default(),
-        })));
+        let deferred = Deferred::new(software());
+        let counts = (
+            Arc::clone(&deferred.started),
+            Arc::clone(&deferred.finished),
+        );
+        let p: Shared = Arc::new(Mutex::new(Box::new(deferred)));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
-        let frame = |lane: u32, n: usize| {
-            Request::Start {
-                lane,
-                steps: vec![Step::Timestamp; n],
-            }
-            .encode()
-        };
         {
             // All are started before the runner takes any.
             let _held = lock(&p);
             // Lane 2 goes to the partition's lane 0, behind lane 0's run.
             for (lane, n) in [(0, 1), (1, 2), (2, 3), (1, 4)] {
-                r.start(frame(lane, n)).unwrap();
+                r.start(stamps(lane, n)).unwrap();
             }
         }
         let mut got = Vec::new();
@@ -532,35 +525,18 @@ mod tests {
     /// runner does not sit in a wait for the long one.
     #[test]
     fn test_a_run_started_beside_a_long_one_finishes_first() {
-        let backend = SoftwareBackend::new(1 << 20, 1);
-        let spec = PartitionSpec {
-            name: "b".into(),
-            memory: 1 << 20,
-            compute_units: 1,
-        };
-        let hold = Arc::new(AtomicBool::new(true));
-        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
-            inner: backend.create_partition(&spec).unwrap(),
-            runs: Default::default(),
-            started: Arc::default(),
-            finished: Arc::default(),
-            hold: Arc::clone(&hold),
-        })));
+        let deferred = Deferred::new(software());
+        let hold = Arc::clone(&deferred.hold);
+        hold.store(true, Ordering::SeqCst);
+        let p: Shared = Arc::new(Mutex::new(Box::new(deferred)));
         let mut r = Runner::new(Arc::clone(&p), Arc::default(), Duration::ZERO).unwrap();
-        let frame = |lane: u32, n: usize| {
-            Request::Start {
-                lane,
-                steps: vec![Step::Timestamp; n],
-            }
-            .encode()
-        };
-        r.start(frame(0, 1)).unwrap();
+        r.start(stamps(0, 1)).unwrap();
         // The runner has nothing else to start: it waits on the long run.
         assert!(matches!(
             r.finish(Some(Duration::from_millis(50))),
             Ok(None)
         ));
-        r.start(frame(1, 2)).unwrap();
+        r.start(stamps(1, 2)).unwrap();
         let (f, _) = r
             .finish(Some(Duration::from_secs(5)))
             .unwrap()
@@ -596,6 +572,16 @@ mod tests {
     }
 
     impl Deferred {
+        fn new(inner: Box<dyn Partition>) -> Self {
+            Deferred {
+                inner,
+                runs: Default::default(),
+                started: Arc::default(),
+                finished: Arc::default(),
+                hold: Arc::default(),
+            }
+        }
+
         /// The lane whose run may finish now.
         fn ready_lane(&self) -> Option<usize> {
             (0..2)
@@ -759,22 +745,14 @@ mod tests {
 
     #[test]
     fn test_runs_in_flight_keep_guest_memory_until_finished() {
-        let backend = SoftwareBackend::new(1 << 20, 1);
-        let spec = PartitionSpec {
-            name: "d".into(),
-            memory: 1 << 20,
-            compute_units: 1,
-        };
-        let (started, finished) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let mut inner = backend.create_partition(&spec).unwrap();
+        let mut inner = software();
         let dev = inner.alloc(8192, 0).unwrap();
-        let p: Shared = Arc::new(Mutex::new(Box::new(Deferred {
-            inner,
-            runs: Default::default(),
-            started: Arc::clone(&started),
-            finished: Arc::clone(&finished),
-            hold: Arc::default(),
-        })));
+        let deferred = Deferred::new(inner);
+        let (started, finished) = (
+            Arc::clone(&deferred.started),
+            Arc::clone(&deferred.finished),
+        );
+        let p: Shared = Arc::new(Mutex::new(Box::new(deferred)));
         let path = std::env::temp_dir().join(format!("vgpu-runner-{}", std::process::id()));
         let file = std::fs::File::options()
             .read(true)

@@ -847,116 +847,39 @@ pub extern "C" fn cuStreamBatchMemOp_v2(
     cuStreamBatchMemOp(stream, count, params, flags)
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamWaitValue32(
-    stream: Handle,
-    addr: u64,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    entry(|| {
-        let op = MemOp::Wait {
-            addr,
-            value: value.into(),
-            wide: false,
-            flags,
-        };
-        stream_mem_ops("cuStreamWaitValue32", stream, &[op])
-    })
+/// A stream memory operation's value as the device takes it.
+fn value64(v: impl Into<u64>) -> u64 {
+    v.into()
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamWaitValue32_v2(
-    stream: Handle,
-    addr: u64,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    cuStreamWaitValue32(stream, addr, value, flags)
+/// The single-operation entry points, each with its `_v2` name.
+macro_rules! mem_op_entry_points {
+    ($($name:ident, $v2:ident: $value:ty, $kind:ident, $wide:expr;)*) => {$(
+        #[no_mangle]
+        pub extern "C" fn $name(stream: Handle, addr: u64, value: $value, flags: u32) -> CUresult {
+            entry(|| {
+                let op = MemOp::$kind {
+                    addr,
+                    value: value64(value),
+                    wide: $wide,
+                    flags,
+                };
+                stream_mem_ops(stringify!($name), stream, &[op])
+            })
+        }
+
+        #[no_mangle]
+        pub extern "C" fn $v2(stream: Handle, addr: u64, value: $value, flags: u32) -> CUresult {
+            $name(stream, addr, value, flags)
+        }
+    )*};
 }
 
-#[no_mangle]
-pub extern "C" fn cuStreamWaitValue64(
-    stream: Handle,
-    addr: u64,
-    value: u64,
-    flags: u32,
-) -> CUresult {
-    entry(|| {
-        let op = MemOp::Wait {
-            addr,
-            value,
-            wide: true,
-            flags,
-        };
-        stream_mem_ops("cuStreamWaitValue64", stream, &[op])
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamWaitValue64_v2(
-    stream: Handle,
-    addr: u64,
-    value: u64,
-    flags: u32,
-) -> CUresult {
-    cuStreamWaitValue64(stream, addr, value, flags)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamWriteValue32(
-    stream: Handle,
-    addr: u64,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    entry(|| {
-        let op = MemOp::Write {
-            addr,
-            value: value.into(),
-            wide: false,
-            flags,
-        };
-        stream_mem_ops("cuStreamWriteValue32", stream, &[op])
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamWriteValue32_v2(
-    stream: Handle,
-    addr: u64,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    cuStreamWriteValue32(stream, addr, value, flags)
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamWriteValue64(
-    stream: Handle,
-    addr: u64,
-    value: u64,
-    flags: u32,
-) -> CUresult {
-    entry(|| {
-        let op = MemOp::Write {
-            addr,
-            value,
-            wide: true,
-            flags,
-        };
-        stream_mem_ops("cuStreamWriteValue64", stream, &[op])
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn cuStreamWriteValue64_v2(
-    stream: Handle,
-    addr: u64,
-    value: u64,
-    flags: u32,
-) -> CUresult {
-    cuStreamWriteValue64(stream, addr, value, flags)
+mem_op_entry_points! {
+    cuStreamWaitValue32, cuStreamWaitValue32_v2: u32, Wait, false;
+    cuStreamWaitValue64, cuStreamWaitValue64_v2: u64, Wait, true;
+    cuStreamWriteValue32, cuStreamWriteValue32_v2: u32, Write, false;
+    cuStreamWriteValue64, cuStreamWriteValue64_v2: u64, Write, true;
 }
 
 #[cfg(test)]
