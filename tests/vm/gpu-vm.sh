@@ -31,6 +31,8 @@
 #                     and more kernel command line for it (to diagnose two
 #                     programs in one call; LIB_RUN_B=none leaves it idle)
 #   LIB_MEM_MB=4096   RAM of a library guest
+#   TWO_RUN=...       then, programs for one library guest with both vGPUs
+#                     (e.g. torch-check.sh:two_devices)
 #   ONLY_LIBS=1       only the library programs
 #   ONLY_BENCH=1      only the launch and copy benchmark
 #   BENCH_APPEND=...  more kernel command line for the benchmark's guest
@@ -233,10 +235,18 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
             fi
             sed 's/^/  [shares] /' "$TMP/shares.txt" >&2
         fi
-        unset BOOT_MEM_MB BOOT_QEMU_EXTRA
         verdict guest-libs-a || ok=0
         verdict guest-libs-b || ok=0
         grep -hE 'BENCH' "$TMP/guest-libs-a.log" "$TMP/guest-libs-b.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
+        if [[ -n ${TWO_RUN:-} ]]; then
+            # One guest with both vGPUs runs TWO_RUN.
+            BOOT_QEMU_EXTRA+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$TMP/run/b.sock\",\"type\":\"unix\"}}")
+            boot guest-libs-two "$TMP/run/a.sock" "$MEM_A" "" "$libs vgpu.expect_devices=2 vgpu.host_run=$TWO_RUN"
+            wait "${qemu_pids[0]}" || true
+            qemu_pids=()
+            verdict guest-libs-two || ok=0
+        fi
+        unset BOOT_MEM_MB BOOT_QEMU_EXTRA
     else
         cat "$TMP/libs-build.log" >&2
         log "the library programs did not build"

@@ -7,7 +7,8 @@ same script run natively on the same GPU.
 usage: python3 torch-suite.py [CHECK...] [bench | bench_matmul | bench_mlp | bench_small]
        (default: every check, then the benchmarks when TORCH_BENCH=1;
        "bench" alone: only them; bench_NAME: that one; train_load, a
-       GPU-bound training load, only when named)
+       GPU-bound training load, and two_devices, which needs two GPUs,
+       only when named)
 Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
              TORCH_STEPS (200): training steps of the loss check;
              TORCH_LOAD_SECONDS (30): how long train_load trains.
@@ -167,6 +168,25 @@ def check_streams():
     return ok, f"two streams joined, worst {err:.2g}"
 
 
+def check_two_devices():
+    """Two vGPUs in one process: work on each, and tensors moved between
+    them (no peer access: copies go through host memory)."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        return False, f"{n} device(s), this check needs two"
+    d0, d1 = torch.device("cuda:0"), torch.device("cuda:1")
+    if torch.cuda.can_device_access_peer(0, 1):
+        return False, "peer access between vGPUs is reported"
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1024, 1024, generator=g)
+    a = x.to(d0) @ x.to(d0)
+    b = a.to(d1)  # device to device, staged through host memory
+    c = (b @ x.to(d1)).to(d0) + a
+    want = x @ x @ x + x @ x
+    ok, err = close(c, want, 1e-3)
+    return ok, f"matmuls on cuda:0 and cuda:1, tensors moved both ways, worst {err:.2g}"
+
+
 def check_graphs():
     x = torch.zeros(1024, device=dev)
     w = torch.full((1024,), 2.0, device=dev)
@@ -306,6 +326,7 @@ CHECKS = {
     "oom": check_oom,
     # Not among the default checks: a load for the two-guest share runs.
     "train_load": check_train_load,
+    "two_devices": check_two_devices,
 }
 
 
@@ -383,7 +404,7 @@ def bench_small():
 
 def main():
     global failed
-    names = sys.argv[1:] or [n for n in CHECKS if n != "train_load"]
+    names = sys.argv[1:] or [n for n in CHECKS if n not in ("train_load", "two_devices")]
     # "bench" among the names runs the benchmarks, whatever TORCH_BENCH
     # says; "bench_small" (and so on) one of them.
     benches = [bench_matmul, bench_mlp, bench_small]
