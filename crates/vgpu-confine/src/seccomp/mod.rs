@@ -505,9 +505,16 @@ mod tests {
             // SAFETY: as above.
             unsafe { failed_with(libc::syscall(libc::SYS_recvmsg, -1, 0, 0), libc::EBADF) }
         };
-        // Its channel works; a new socket, a process, a signal to another
+        // Its channel works, and its threads' polling loops (which yield
+        // between looks); a new socket, a process, a signal to another
         // process and a device ioctl kill it.
         assert_eq!(in_child(host, &recvmsg), (true, End::Exit(0)));
+        let yield_now = || {
+            std::thread::yield_now();
+            0
+        };
+        assert_eq!(in_child(host, &yield_now), (true, End::Exit(0)));
+        assert_eq!(in_child(STRICT_DAEMON, &yield_now), (true, End::Exit(0)));
         for (name, f) in [
             ("socket", &unix_socket as &dyn Fn() -> i32),
             ("fork", &fork),

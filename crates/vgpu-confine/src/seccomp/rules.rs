@@ -64,6 +64,8 @@ fn common_rules(rules: &mut Rules) {
             SYS_futex,
             SYS_clock_nanosleep,
             SYS_clock_gettime,
+            // Polling loops give their CPU away between looks.
+            SYS_sched_yield,
             SYS_exit,
             SYS_exit_group,
             SYS_gettid,
