@@ -26,7 +26,9 @@ pub use crate::proto::MAX_STARTED;
 /// How long the runner waits for a run in flight before it looks for
 /// started runs again: a run started on another lane meanwhile goes to
 /// the device beside the one in flight, however long that one takes.
-const FINISH_LOOK: Duration = Duration::from_micros(200);
+/// As long as a partition polls before it sleeps (the CUDA one's 50 µs),
+/// so a run that ends meanwhile is seen at once.
+const FINISH_LOOK: Duration = Duration::from_micros(50);
 
 /// The partition, shared by the command loop and the runner (which holds
 /// it for a run; the command loop waits for the runner before it uses it).
@@ -256,14 +258,12 @@ fn serve_runs(
                 None => return,
             }
         } else if flight.iter().any(|l| l.len() < depth) {
-            // The next run usually follows at once: it goes onto the
-            // device behind this one (or beside it) if it comes while
-            // this one runs.
-            if spin.is_zero() {
-                jobs.try_recv().ok()
-            } else {
-                jobs.recv_timeout(spin).ok()
-            }
+            // A run started meanwhile goes onto the device behind the
+            // one in flight (or beside it); else the runs in flight are
+            // looked at, FINISH_LOOK at a time, so that a short run's
+            // results are on their way as soon as it is done (often in
+            // time for the answer to the start that brought it).
+            jobs.try_recv().ok()
         } else {
             None
         };
@@ -273,10 +273,11 @@ fn serve_runs(
             }
             continue;
         };
-        if pin.is_some() && guest.writer_waiting() {
+        if guest.writer_waiting() {
             // An unmap waits: what is in flight finishes, then it goes
             // first (a reader taking the lock again at once could keep
-            // beating it to it).
+            // beating it to it), whether or not this thread still holds
+            // the table.
             while flight.iter().any(|l| !l.is_empty()) {
                 if !finish_one(partition, &mut flight, results, None) {
                     return;
