@@ -454,6 +454,44 @@ fn vgpu_rings_seeds() {
         .wait(200);
     seed(T, "memory_commands", &o.input(0));
 
+    // Queue 1 waits for a word of guest RAM that queue 0 then writes;
+    // queue 2 waits for one that never holds, until the function resets.
+    let word = RAM_IOVA + 0x7_0000;
+    let value = |opcode, flags, value| abi::ValueCmd {
+        hdr: hdr(opcode, abi::VALUE_FLAG_32 | flags),
+        addr: word,
+        value,
+    };
+    let mut o = Ops::default();
+    o.enable()
+        .setup(0, 5, 0, 1)
+        .setup(1, 5, 1, 1)
+        .setup(2, 5, 2, 1)
+        .ram(CMD, &cmd(&value(abi::OP_WAIT_VALUE, abi::WAIT_GEQ, 1)))
+        .ram(CMD + 0x100, &nop)
+        .ram(CMD + 0x200, &cmd(&value(abi::OP_WRITE_VALUE, 0, 1)))
+        .ram(CMD + 0x300, &cmd(&value(abi::OP_WAIT_VALUE, abi::WAIT_EQ, 5)))
+        .submit(1, &[(CMD, 24, false), (COMPLETION, COMP_LEN, true)], 1)
+        .submit(
+            1,
+            &[(CMD + 0x100, 8, false), (COMPLETION + 32, COMP_LEN, true)],
+            1,
+        )
+        .submit(
+            2,
+            &[(CMD + 0x300, 24, false), (COMPLETION + 64, COMP_LEN, true)],
+            1,
+        )
+        .wait(20)
+        .submit(
+            0,
+            &[(CMD + 0x200, 24, false), (COMPLETION + 96, COMP_LEN, true)],
+            1,
+        )
+        .wait(100)
+        .register_reset();
+    seed(T, "values", &o.input(0));
+
     // A built-in kernel launch with its parameter block.
     let mut entry = [0u8; 32];
     entry[..8].copy_from_slice(b"fill_u32");
