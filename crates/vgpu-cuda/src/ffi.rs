@@ -54,6 +54,26 @@ pub unsafe fn bytes<'a>(p: *const u8, len: usize) -> CuResult<&'a [u8]> {
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 
+/// The `len` values of an array of the caller's at `p`.
+///
+/// # Safety
+/// `p` is valid for reads of `len` values of `T` for `'a` (or `len` is
+/// 0).
+pub unsafe fn slice<'a, T>(p: *const T, len: usize) -> CuResult<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    let fits = len
+        .checked_mul(std::mem::size_of::<T>())
+        .is_some_and(|b| b <= isize::MAX as usize);
+    if p.is_null() || !p.is_aligned() || !fits {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: readable for `len` values by the caller's contract; not
+    // null, aligned, and within isize::MAX bytes.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
 /// `len` writable bytes of host memory at `p`.
 ///
 /// # Safety

@@ -724,6 +724,145 @@ pub extern "C" fn cuMemcpyAsync(
     entry(|| copy_any(dst, src, n, s, Call::Async))
 }
 
+/// `CUmemcpyAttributes`: how the copies of a batch from one index on may
+/// reach their sources.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemcpyAttributes {
+    src_access_order: u32,
+    /// `CUmemLocation` hints (type, id) for managed memory: ignored, as
+    /// the device has no placement to steer.
+    src_loc_hint: [u32; 2],
+    dst_loc_hint: [u32; 2],
+    flags: u32,
+}
+
+/// `CU_MEMCPY_SRC_ACCESS_ORDER_*`: in stream order, during the call, any.
+const SRC_ACCESS_STREAM: u32 = 1;
+const SRC_ACCESS_DURING_API_CALL: u32 = 2;
+const SRC_ACCESS_ANY: u32 = 3;
+/// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: a hint.
+const MEMCPY_FLAG_PREFER_OVERLAP: u32 = 1;
+
+/// `cuMemcpyBatchAsync`: `count` copies, each in any direction, queued on
+/// `stream` in turn; copies from index `attr_idxs[k]` on take
+/// `attrs[k]`. A source to be read during the call (a stack variable)
+/// is copied before it returns. On a failure, `fail_idx` (where given)
+/// says which copy failed, or `usize::MAX` when none did.
+///
+/// # Safety
+/// The arrays hold `count` (`n_attrs`) entries, as `cuMemcpyBatchAsync`
+/// takes them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn memcpy_batch(
+    dsts: *const u64,
+    srcs: *const u64,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    n_attrs: usize,
+    fail_idx: *mut usize,
+    stream: Handle,
+) -> CuResult {
+    let mut failed_at = usize::MAX;
+    let r = (|| {
+        if count == 0 || n_attrs == 0 || n_attrs > count {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's arrays of `count` and `n_attrs` entries.
+        let (dsts, srcs, sizes, attrs, idxs) = unsafe {
+            (
+                ffi::slice(dsts, count)?,
+                ffi::slice(srcs, count)?,
+                ffi::slice(sizes, count)?,
+                ffi::slice(attrs, n_attrs)?,
+                ffi::slice(attr_idxs, n_attrs)?,
+            )
+        };
+        // The first attributes start at copy 0; each later set further on.
+        let ordered = idxs.first() == Some(&0)
+            && idxs.windows(2).all(|w| w[0] < w[1])
+            && idxs.last().is_some_and(|&i| i < count);
+        let known = attrs.iter().all(|a| {
+            (SRC_ACCESS_STREAM..=SRC_ACCESS_ANY).contains(&a.src_access_order)
+                && a.flags & !MEMCPY_FLAG_PREFER_OVERLAP == 0
+        });
+        if !ordered || !known {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let mut k = 0;
+        for i in 0..count {
+            while k + 1 < n_attrs && idxs[k + 1] <= i {
+                k += 1;
+            }
+            let call = if attrs[k].src_access_order == SRC_ACCESS_DURING_API_CALL {
+                Call::Sync
+            } else {
+                Call::Async
+            };
+            copy_any(dsts[i], srcs[i], sizes[i], stream, call).inspect_err(|_| failed_at = i)?;
+        }
+        Ok(())
+    })();
+    if r.is_err() && !fail_idx.is_null() {
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(fail_idx, failed_at) }?;
+    }
+    r
+}
+
+/// `cuMemcpyBatchAsync` as CUDA 12.8 has it, with the failed copy's index.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuMemcpyBatchAsync(
+    dsts: *const u64,
+    srcs: *const u64,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    n_attrs: usize,
+    fail_idx: *mut usize,
+    stream: Handle,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded.
+    entry(|| unsafe {
+        memcpy_batch(
+            dsts, srcs, sizes, count, attrs, attr_idxs, n_attrs, fail_idx, stream,
+        )
+    })
+}
+
+/// `cuMemcpyBatchAsync` as CUDA 13 has it.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuMemcpyBatchAsync_v2(
+    dsts: *const u64,
+    srcs: *const u64,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const MemcpyAttributes,
+    attr_idxs: *const usize,
+    n_attrs: usize,
+    stream: Handle,
+) -> CUresult {
+    // SAFETY: the caller's arguments, forwarded.
+    entry(|| unsafe {
+        memcpy_batch(
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attr_idxs,
+            n_attrs,
+            std::ptr::null_mut(),
+            stream,
+        )
+    })
+}
+
 /// Sets `count` elements of `width` bytes (1, 2 or 4) at `dst` to
 /// `value`, queued: the device's FILL for whole 32-bit words, a small
 /// copy for the 1 to 3 bytes after them. The pattern repeats every
@@ -1077,4 +1216,60 @@ pub extern "C" fn cuMemcpyPeerAsync(
     s: Handle,
 ) -> CUresult {
     entry(|| copy_peer(dst, dst_ctx, src, src_ctx, n, s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(order: u32) -> MemcpyAttributes {
+        MemcpyAttributes {
+            src_access_order: order,
+            src_loc_hint: [0; 2],
+            dst_loc_hint: [0; 2],
+            flags: 0,
+        }
+    }
+
+    /// A batch of `count` copies with `sets` attribute sets starting at
+    /// `idxs`: what the call says, and the failed index it gives back.
+    fn batch(count: usize, sets: &[MemcpyAttributes], idxs: &[usize]) -> (CuResult, usize) {
+        let (dsts, srcs, sizes) = (vec![0u64; count], vec![0u64; count], vec![0usize; count]);
+        let mut fail = 7;
+        // SAFETY: arrays of the lengths given, a valid out-parameter.
+        let r = unsafe {
+            memcpy_batch(
+                dsts.as_ptr(),
+                srcs.as_ptr(),
+                sizes.as_ptr(),
+                count,
+                sets.as_ptr(),
+                idxs.as_ptr(),
+                sets.len(),
+                &mut fail,
+                std::ptr::null_mut(),
+            )
+        };
+        (r, fail)
+    }
+
+    #[test]
+    fn malformed_copy_batches_are_refused_before_any_copy() {
+        let stream = attrs(SRC_ACCESS_STREAM);
+        let bad = cu::ERROR_INVALID_VALUE;
+        // No copies; no attributes; more sets than copies.
+        assert_eq!(batch(0, &[stream], &[0]), (Err(bad), usize::MAX));
+        assert_eq!(batch(2, &[], &[]), (Err(bad), usize::MAX));
+        assert_eq!(batch(1, &[stream, stream], &[0, 1]), (Err(bad), usize::MAX));
+        // Sets not from copy 0, not increasing, past the last copy.
+        assert_eq!(batch(3, &[stream], &[1]), (Err(bad), usize::MAX));
+        assert_eq!(batch(3, &[stream, stream], &[0, 0]), (Err(bad), usize::MAX));
+        assert_eq!(batch(3, &[stream, stream], &[0, 3]), (Err(bad), usize::MAX));
+        // Unknown access orders and flags.
+        assert_eq!(batch(1, &[attrs(0)], &[0]), (Err(bad), usize::MAX));
+        assert_eq!(batch(1, &[attrs(4)], &[0]), (Err(bad), usize::MAX));
+        let mut flagged = stream;
+        flagged.flags = 2;
+        assert_eq!(batch(1, &[flagged], &[0]), (Err(bad), usize::MAX));
+    }
 }
