@@ -171,7 +171,6 @@ unsupported! {
     cuFuncSetBlockShape,
     cuFuncSetSharedSize,
     cuGraphAddBatchMemOpNode,
-    cuGraphAddNode_v2,
     cuGraphBatchMemOpNodeGetParams,
     cuGraphBatchMemOpNodeSetParams,
     cuGraphExecBatchMemOpNodeSetParams,

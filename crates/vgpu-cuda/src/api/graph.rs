@@ -1291,6 +1291,259 @@ pub unsafe extern "C" fn cuGraphExecUpdate_v2(
     })
 }
 
+/// `CUgraphNodeParams` (CUDA 12.2): a node's type, then its parameters as
+/// the type's own structure, in 232 bytes; the reserved words must be 0.
+#[repr(C)]
+pub struct NodeParams {
+    kind: u32,
+    reserved0: [i32; 3],
+    params: [u64; 29],
+    reserved2: i64,
+}
+
+const _: () = assert!(std::mem::size_of::<NodeParams>() == 256);
+
+/// `CUDA_MEMCPY_NODE_PARAMS`: the copy and the context it runs in.
+#[repr(C)]
+struct MemcpyNodeParams {
+    flags: i32,
+    reserved: i32,
+    ctx: Handle,
+    copy: Memcpy3d,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS_v2`: the memset and its context.
+#[repr(C)]
+struct MemsetNodeParamsV2 {
+    memset: MemsetNodeParams,
+    ctx: Handle,
+}
+
+/// `CUDA_CHILD_GRAPH_NODE_PARAMS`: the graph and how the node holds it
+/// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE`, 0, the only one offered).
+#[repr(C)]
+struct ChildGraphNodeParams {
+    graph: Handle,
+    ownership: u32,
+}
+
+/// The node types the generic functions take (`CUgraphNodeType`).
+const NODE_TYPES: &[(u32, &str)] = &[
+    (g::NODE_KERNEL, "kernel"),
+    (g::NODE_MEMCPY, "memcpy"),
+    (g::NODE_MEMSET, "memset"),
+    (g::NODE_HOST, "host"),
+    (g::NODE_GRAPH, "child graph"),
+    (g::NODE_EMPTY, "empty"),
+    (g::NODE_WAIT_EVENT, "event wait"),
+    (g::NODE_EVENT_RECORD, "event record"),
+];
+
+/// The parameters at `p`, checked: readable, reserved words zero, and a
+/// type the generic functions take (others are logged as unsupported).
+///
+/// # Safety
+/// `p` is the caller's `CUgraphNodeParams`, or null.
+unsafe fn node_params<'a>(name: &'static str, p: *const NodeParams) -> CuResult<&'a NodeParams> {
+    if p.is_null() || !p.is_aligned() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's structure, not null and aligned.
+    let np = unsafe { &*p };
+    if np.reserved0 != [0; 3] || np.reserved2 != 0 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    if !NODE_TYPES.iter().any(|&(k, _)| k == np.kind) {
+        return Err(crate::procs::unsupported_with(
+            name,
+            "graph nodes of this type (memory allocation, conditional, external semaphores, memory operations)",
+        ));
+    }
+    Ok(np)
+}
+
+/// The type's own parameters, at the start of the union.
+fn union_of<T>(np: &NodeParams) -> *const T {
+    np.params.as_ptr().cast()
+}
+
+/// `cuGraphAddNode`: a node of any type the per-type functions make,
+/// made by them.
+///
+/// # Safety
+/// As `cuGraphAddNode` takes its arguments.
+unsafe fn add_any_node(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    p: *const NodeParams,
+) -> CUresult {
+    // SAFETY: the caller's structure.
+    let np = match unsafe { node_params("cuGraphAddNode", p) } {
+        Ok(np) => np,
+        Err(e) => return e,
+    };
+    // SAFETY: (each arm) the union holds the type's own structure, which
+    // the per-type function reads; the caller's other arguments go on.
+    unsafe {
+        match np.kind {
+            g::NODE_KERNEL => cuGraphAddKernelNode_v2(out, graph, deps, n, union_of(np)),
+            g::NODE_MEMCPY => {
+                let m: &MemcpyNodeParams = &*union_of(np);
+                if m.flags != 0 || m.reserved != 0 {
+                    return cu::ERROR_INVALID_VALUE;
+                }
+                cuGraphAddMemcpyNode(out, graph, deps, n, &m.copy, m.ctx)
+            }
+            g::NODE_MEMSET => {
+                let m: &MemsetNodeParamsV2 = &*union_of(np);
+                cuGraphAddMemsetNode(out, graph, deps, n, &m.memset, m.ctx)
+            }
+            g::NODE_HOST => cuGraphAddHostNode(out, graph, deps, n, union_of(np)),
+            g::NODE_GRAPH => {
+                let c: &ChildGraphNodeParams = &*union_of(np);
+                if c.ownership != 0 {
+                    return crate::procs::unsupported_with(
+                        "cuGraphAddNode",
+                        "child graphs moved into their node",
+                    );
+                }
+                cuGraphAddChildGraphNode(out, graph, deps, n, c.graph)
+            }
+            g::NODE_EMPTY => cuGraphAddEmptyNode(out, graph, deps, n),
+            g::NODE_WAIT_EVENT => cuGraphAddEventWaitNode(out, graph, deps, n, *union_of(np)),
+            _ => cuGraphAddEventRecordNode(out, graph, deps, n, *union_of(np)),
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *const NodeParams,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    unsafe { add_any_node(out, graph, deps, n, params) }
+}
+
+/// The CUDA 12.3 form, with data on each edge: only the default edge.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    edges: *const [u8; 8],
+    n: usize,
+    params: *const NodeParams,
+) -> CUresult {
+    if !edges.is_null() {
+        for i in 0..n.min(g::MAX_NODES) {
+            // SAFETY: the caller's array of `n` edge data.
+            match unsafe { ffi::get(edges.add(i)) } {
+                Ok(e) if e == [0; 8] => {}
+                Ok(_) => {
+                    return crate::procs::unsupported_with(
+                        "cuGraphAddNode",
+                        "edges other than the default",
+                    )
+                }
+                Err(e) => return e,
+            }
+        }
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { add_any_node(out, graph, deps, n, params) }
+}
+
+/// The type of node `node` (of a graph).
+fn type_of(node: Handle) -> CuResult<u32> {
+    let d = driver()?;
+    let o = d.objects();
+    let (graph, i) = o.node(node as usize)?;
+    Ok(o.graphs[&graph].nodes[i].kind)
+}
+
+/// `cuGraphNodeSetParams` (`exec`: none) or `cuGraphExecNodeSetParams`:
+/// the per-type function for the node's type, which must be the
+/// parameters' type. A child graph node's graph is not changed here.
+///
+/// # Safety
+/// `p` is the caller's `CUgraphNodeParams`.
+unsafe fn set_any_node(
+    name: &'static str,
+    exec: Option<Handle>,
+    node: Handle,
+    p: *const NodeParams,
+) -> CUresult {
+    // SAFETY: the caller's structure.
+    let np = match unsafe { node_params(name, p) } {
+        Ok(np) => np,
+        Err(e) => return e,
+    };
+    match type_of(node) {
+        Ok(t) if t == np.kind => {}
+        Ok(_) => return cu::ERROR_INVALID_VALUE,
+        Err(e) => return e,
+    }
+    // SAFETY: (each arm) as in `add_any_node`.
+    unsafe {
+        match (np.kind, exec) {
+            (g::NODE_KERNEL, None) => cuGraphKernelNodeSetParams_v2(node, union_of(np)),
+            (g::NODE_KERNEL, Some(x)) => cuGraphExecKernelNodeSetParams_v2(x, node, union_of(np)),
+            (g::NODE_MEMCPY, _) => {
+                let m: &MemcpyNodeParams = &*union_of(np);
+                if m.flags != 0 || m.reserved != 0 {
+                    return cu::ERROR_INVALID_VALUE;
+                }
+                match exec {
+                    None => cuGraphMemcpyNodeSetParams(node, &m.copy),
+                    Some(x) => cuGraphExecMemcpyNodeSetParams(x, node, &m.copy, m.ctx),
+                }
+            }
+            (g::NODE_MEMSET, _) => {
+                let m: &MemsetNodeParamsV2 = &*union_of(np);
+                match exec {
+                    None => cuGraphMemsetNodeSetParams(node, &m.memset),
+                    Some(x) => cuGraphExecMemsetNodeSetParams(x, node, &m.memset, m.ctx),
+                }
+            }
+            (g::NODE_HOST, None) => cuGraphHostNodeSetParams(node, union_of(np)),
+            (g::NODE_HOST, Some(x)) => cuGraphExecHostNodeSetParams(x, node, union_of(np)),
+            (g::NODE_WAIT_EVENT, None) => cuGraphEventWaitNodeSetEvent(node, *union_of(np)),
+            (g::NODE_WAIT_EVENT, Some(x)) => {
+                cuGraphExecEventWaitNodeSetEvent(x, node, *union_of(np))
+            }
+            (g::NODE_EVENT_RECORD, None) => cuGraphEventRecordNodeSetEvent(node, *union_of(np)),
+            (g::NODE_EVENT_RECORD, Some(x)) => {
+                cuGraphExecEventRecordNodeSetEvent(x, node, *union_of(np))
+            }
+            // An empty node has nothing to set.
+            (g::NODE_EMPTY, _) => cu::SUCCESS,
+            _ => crate::procs::unsupported_with(name, "changing a child graph node"),
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeSetParams(node: Handle, params: *const NodeParams) -> CUresult {
+    // SAFETY: the caller's arguments.
+    unsafe { set_any_node("cuGraphNodeSetParams", None, node, params) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    params: *const NodeParams,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    unsafe { set_any_node("cuGraphExecNodeSetParams", Some(exec), node, params) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

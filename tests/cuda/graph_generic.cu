@@ -1,0 +1,115 @@
+// Graphs built with the generic node functions of CUDA 12.2 on
+// (cudaGraphAddNode, cudaGraphNodeSetParams, cudaGraphExecNodeSetParams):
+// a memset, a kernel, a copy to pinned memory, a host function and an
+// empty node in a chain; parameters changed in the instantiated graph and
+// in the graph; a type mismatch and an unsupported type refused.
+#define TEST_NAME "graph_generic"
+#include "check.h"
+
+__global__ void axpb(float *x, float a, float b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = a * x[i] + b;
+}
+
+static void CUDART_CB count_call(void *p) { ++*(int *)p; }
+
+static void expect_all(const float *h, int n, float want, const char *what) {
+  for (int i = 0; i < n; i++) EXPECT(h[i] == want, "%s: element %d is %g, want %g", what, i, h[i], want);
+}
+
+int main() {
+  const int n = 1000;
+  float *d, *h;
+  CHECK(cudaMalloc(&d, n * sizeof(float)));
+  CHECK(cudaMallocHost(&h, n * sizeof(float)));
+  cudaGraph_t g;
+  CHECK(cudaGraphCreate(&g, 0));
+
+  cudaGraphNodeParams ms = {};
+  ms.type = cudaGraphNodeTypeMemset;
+  ms.memset.dst = d;
+  ms.memset.value = 0;
+  ms.memset.elementSize = 4;
+  ms.memset.width = n;
+  ms.memset.height = 1;
+  cudaGraphNode_t set, kernel, copy, host, empty;
+  CHECK(cudaGraphAddNode(&set, g, nullptr, nullptr, 0, &ms));
+
+  float a = 2, b = 3;
+  int count = n;
+  void *args[] = {&d, &a, &b, &count};
+  cudaGraphNodeParams kp = {};
+  kp.type = cudaGraphNodeTypeKernel;
+  kp.kernel.func = (void *)axpb;
+  kp.kernel.gridDim = dim3((n + 255) / 256);
+  kp.kernel.blockDim = dim3(256);
+  kp.kernel.kernelParams = args;
+  CHECK(cudaGraphAddNode(&kernel, g, &set, nullptr, 1, &kp));
+
+  cudaGraphNodeParams cp = {};
+  cp.type = cudaGraphNodeTypeMemcpy;
+  cp.memcpy.copyParams.srcPtr = make_cudaPitchedPtr(d, n * sizeof(float), n, 1);
+  cp.memcpy.copyParams.dstPtr = make_cudaPitchedPtr(h, n * sizeof(float), n, 1);
+  cp.memcpy.copyParams.extent = make_cudaExtent(n * sizeof(float), 1, 1);
+  cp.memcpy.copyParams.kind = cudaMemcpyDeviceToHost;
+  CHECK(cudaGraphAddNode(&copy, g, &kernel, nullptr, 1, &cp));
+
+  int calls = 0;
+  cudaGraphNodeParams hp = {};
+  hp.type = cudaGraphNodeTypeHost;
+  hp.host.fn = count_call;
+  hp.host.userData = &calls;
+  CHECK(cudaGraphAddNode(&host, g, &copy, nullptr, 1, &hp));
+  cudaGraphNodeParams ep = {};
+  ep.type = cudaGraphNodeTypeEmpty;
+  CHECK(cudaGraphAddNode(&empty, g, &host, nullptr, 1, &ep));
+  cudaGraphNodeType t;
+  CHECK(cudaGraphNodeGetType(kernel, &t));
+  EXPECT(t == cudaGraphNodeTypeKernel, "the kernel node has type %d", (int)t);
+
+  cudaGraphExec_t x;
+  CHECK(cudaGraphInstantiate(&x, g, 0));
+  CHECK(cudaGraphLaunch(x, 0));
+  CHECK(cudaStreamSynchronize(0));
+  expect_all(h, n, 3.0f, "first launch");
+  EXPECT(calls == 1, "the host node ran %d times", calls);
+
+  // The instantiated graph's kernel takes new arguments: 4 * 0 + 1.
+  a = 4;
+  b = 1;
+  CHECK(cudaGraphExecNodeSetParams(x, kernel, &kp));
+  CHECK(cudaGraphLaunch(x, 0));
+  CHECK(cudaStreamSynchronize(0));
+  expect_all(h, n, 1.0f, "after cudaGraphExecNodeSetParams");
+  EXPECT(calls == 2, "the host node ran %d times", calls);
+
+  // The graph's memset now writes 1.0f; a new instance: 2 * 1 + 3.
+  ms.memset.value = 0x3f800000;
+  CHECK(cudaGraphNodeSetParams(set, &ms));
+  cudaGraphExec_t x2;
+  CHECK(cudaGraphInstantiate(&x2, g, 0));
+  CHECK(cudaGraphLaunch(x2, 0));
+  CHECK(cudaStreamSynchronize(0));
+  expect_all(h, n, 5.0f, "after cudaGraphNodeSetParams");
+
+  // A kernel node is not given a memset's parameters; an allocation
+  // node is not offered, and says so rather than failing later.
+  EXPECT(cudaGraphNodeSetParams(kernel, &ms) == cudaErrorInvalidValue, "a memset's parameters set on a kernel node");
+  (void)cudaGetLastError();
+  cudaGraphNodeParams alloc = {};
+  alloc.type = cudaGraphNodeTypeMemAlloc;
+  alloc.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
+  alloc.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
+  alloc.alloc.bytesize = 1 << 20;
+  cudaGraphNode_t an;
+  EXPECT(cudaGraphAddNode(&an, g, nullptr, nullptr, 0, &alloc) != cudaSuccess, "an allocation node was taken");
+  (void)cudaGetLastError();
+
+  CHECK(cudaGraphExecDestroy(x));
+  CHECK(cudaGraphExecDestroy(x2));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaFreeHost(h));
+  CHECK(cudaFree(d));
+  printf("PASS %s\n", TEST_NAME);
+  return 0;
+}
