@@ -2,9 +2,13 @@
 // (cudaGraphAddNode, cudaGraphNodeSetParams, cudaGraphExecNodeSetParams):
 // a memset, a kernel, a copy to pinned memory, a host function and an
 // empty node in a chain; parameters changed in the instantiated graph and
-// in the graph; a type mismatch and an unsupported type refused.
+// in the graph; a type mismatch and an unsupported type refused; the
+// graph's edges, its nodes found in a clone, and its DOT description.
 #define TEST_NAME "graph_generic"
 #include "check.h"
+#include <fstream>
+#include <sstream>
+#include <string>
 
 __global__ void axpb(float *x, float a, float b, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -67,6 +71,44 @@ int main() {
   CHECK(cudaGraphNodeGetType(kernel, &t));
   EXPECT(t == cudaGraphNodeTypeKernel, "the kernel node has type %d", (int)t);
 
+  // The chain's four edges, in order.
+  size_t edges = 0;
+  CHECK(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &edges));
+  EXPECT(edges == 4, "%zu edges, want 4", edges);
+  cudaGraphNode_t from[6], to[6];
+  size_t room = 6;
+  CHECK(cudaGraphGetEdges(g, from, to, nullptr, &room));
+  cudaGraphNode_t chain[5] = {set, kernel, copy, host, empty};
+  EXPECT(room == 4, "%zu edges given, want 4", room);
+  for (int i = 0; i < 4; i++)
+    EXPECT(from[i] == chain[i] && to[i] == chain[i + 1], "edge %d is not node %d -> %d", i, i, i + 1);
+  EXPECT(from[4] == nullptr && to[5] == nullptr, "the room past the edges is not nulled");
+
+  // A clone's nodes are found from the original's; another graph's not.
+  cudaGraph_t clone, other;
+  CHECK(cudaGraphClone(&clone, g));
+  cudaGraphNode_t found;
+  CHECK(cudaGraphNodeFindInClone(&found, kernel, clone));
+  CHECK(cudaGraphNodeGetType(found, &t));
+  EXPECT(t == cudaGraphNodeTypeKernel && found != kernel, "the kernel's clone is of type %d", (int)t);
+  CHECK(cudaGraphCreate(&other, 0));
+  EXPECT(cudaGraphNodeFindInClone(&found, kernel, other) == cudaErrorInvalidValue,
+         "a node found in a graph that is not a clone");
+  (void)cudaGetLastError();
+
+  // The graph in DOT: five nodes, four edges.
+  const char *dot_path = "/tmp/graph_generic.dot";
+  CHECK(cudaGraphDebugDotPrint(g, dot_path, 0));
+  std::ifstream in(dot_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string dot = text.str();
+  size_t arrows = 0;
+  for (size_t at = dot.find("->"); at != std::string::npos; at = dot.find("->", at + 2)) arrows++;
+  EXPECT(dot.rfind("digraph", 0) == 0 && arrows == 4 && dot.find("kernel") != std::string::npos,
+         "the DOT description: %s", dot.c_str());
+  remove(dot_path);
+
   cudaGraphExec_t x;
   CHECK(cudaGraphInstantiate(&x, g, 0));
   CHECK(cudaGraphLaunch(x, 0));
@@ -108,6 +150,8 @@ int main() {
   CHECK(cudaGraphExecDestroy(x));
   CHECK(cudaGraphExecDestroy(x2));
   CHECK(cudaGraphDestroy(g));
+  CHECK(cudaGraphDestroy(clone));
+  CHECK(cudaGraphDestroy(other));
   CHECK(cudaFreeHost(h));
   CHECK(cudaFree(d));
   printf("PASS %s\n", TEST_NAME);

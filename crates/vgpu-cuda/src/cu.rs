@@ -27,6 +27,7 @@ pub const ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const ERROR_INVALID_SOURCE: CUresult = 300;
 pub const ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const ERROR_OPERATING_SYSTEM: CUresult = 304;
 pub const ERROR_INVALID_HANDLE: CUresult = 400;
 pub const ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const ERROR_NOT_FOUND: CUresult = 500;
@@ -116,6 +117,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_INVALID_SOURCE,
         "CUDA_ERROR_INVALID_SOURCE\0",
         "device kernel image is invalid\0",
+    ),
+    (
+        ERROR_OPERATING_SYSTEM,
+        "CUDA_ERROR_OPERATING_SYSTEM\0",
+        "OS call failed or operation not supported on this OS\0",
     ),
     (
         ERROR_FILE_NOT_FOUND,

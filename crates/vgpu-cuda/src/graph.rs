@@ -297,6 +297,8 @@ pub struct Graph {
     /// shared with its clones, its executables and the graphs it is a
     /// child of, and freed when the last of them goes.
     pub owned: Owned,
+    /// The graph this one is a clone of (`cuGraphNodeFindInClone`).
+    pub cloned_from: Option<usize>,
 }
 
 /// Device memory graphs own, shared among those that use it.
@@ -358,6 +360,7 @@ impl Graph {
             nodes,
             capture: None,
             owned: Vec::new(),
+            cloned_from: None,
         }
     }
 
@@ -477,6 +480,7 @@ impl Objects {
                 freed: Vec::new(),
             }),
             owned: Vec::new(),
+            cloned_from: None,
         };
         let g = self.add(|o| &mut o.graphs, graph);
         self.capturing.insert(stream, g);
@@ -988,6 +992,7 @@ impl Objects {
             nodes: graph.nodes.clone(),
             capture: None,
             owned: graph.owned.clone(),
+            cloned_from: Some(g),
         };
         Ok(self.add(|o| &mut o.graphs, copy))
     }
@@ -1452,6 +1457,7 @@ mod tests {
                 nodes: Vec::new(),
                 capture: None,
                 owned: Vec::new(),
+                cloned_from: None,
             },
         )
     }

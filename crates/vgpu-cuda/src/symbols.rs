@@ -174,7 +174,6 @@ unsupported! {
     cuGraphBatchMemOpNodeGetParams,
     cuGraphBatchMemOpNodeSetParams,
     cuGraphExecBatchMemOpNodeSetParams,
-    cuGraphGetEdges_v2,
     cuGraphicsMapResources_ptsz,
     cuGraphicsResourceGetMappedPointer_v2,
     cuGraphicsResourceSetMapFlags_v2,

@@ -79,6 +79,7 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut Handle, flags: u32) -> CUres
             nodes: Vec::new(),
             capture: None,
             owned: Vec::new(),
+            cloned_from: None,
         };
         let h = d.objects().add(|o| &mut o.graphs, graph);
         // SAFETY: the caller's out-parameter.
@@ -1542,6 +1543,143 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
 ) -> CUresult {
     // SAFETY: the caller's arguments.
     unsafe { set_any_node("cuGraphExecNodeSetParams", Some(exec), node, params) }
+}
+
+/// Every edge of `graph`, as (from, to) node handles, in the order of
+/// the nodes they go to.
+fn edges_of(graph: Handle) -> CuResult<Vec<(usize, usize)>> {
+    let d = driver()?;
+    let o = d.objects();
+    let gr = by_handle(&o.graphs, graph as usize)?;
+    let h = |i| g::node_handle(graph as usize, i);
+    Ok(gr
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(to, n)| n.deps.iter().map(move |&from| (h(from), h(to))))
+        .collect())
+}
+
+/// `cuGraphGetEdges`: with `from` and `to` null, the number of edges;
+/// else up to `*count` of them (the rest of the room nulled), and how
+/// many were given. Edge data, where asked for, is the default edge's.
+///
+/// # Safety
+/// As `cuGraphGetEdges_v2` takes its arguments.
+unsafe fn get_edges(
+    graph: Handle,
+    from: *mut Handle,
+    to: *mut Handle,
+    data: *mut [u8; 8],
+    count: *mut usize,
+) -> CuResult {
+    let edges = edges_of(graph)?;
+    if from.is_null() != to.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    if from.is_null() {
+        // SAFETY: the caller's out-parameter.
+        return unsafe { ffi::put(count, edges.len()) };
+    }
+    // SAFETY: the caller's in-out count.
+    let room = unsafe { ffi::get(count.cast_const()) }?;
+    for i in 0..room {
+        let (f, t) = edges.get(i).map_or((0, 0), |&e| e);
+        // SAFETY: the caller's arrays of `room` entries.
+        unsafe {
+            ffi::put(from.add(i), f as Handle)?;
+            ffi::put(to.add(i), t as Handle)?;
+            if !data.is_null() {
+                ffi::put(data.add(i), [0; 8])?;
+            }
+        }
+    }
+    // SAFETY: the caller's in-out count.
+    unsafe { ffi::put(count, edges.len().min(room)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetEdges(
+    graph: Handle,
+    from: *mut Handle,
+    to: *mut Handle,
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { get_edges(graph, from, to, std::ptr::null_mut(), count) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphGetEdges_v2(
+    graph: Handle,
+    from: *mut Handle,
+    to: *mut Handle,
+    data: *mut [u8; 8],
+    count: *mut usize,
+) -> CUresult {
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { get_edges(graph, from, to, data, count) })
+}
+
+/// The node of `clone` (a `cuGraphClone` of the node's graph) that
+/// `original` became: a clone keeps its nodes' indices.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeFindInClone(
+    out: *mut Handle,
+    original: Handle,
+    clone: Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let found = {
+            let o = d.objects();
+            let (graph, i) = o.node(original as usize)?;
+            let c = by_handle(&o.graphs, clone as usize)?;
+            if c.cloned_from != Some(graph) || i >= c.nodes.len() {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            g::node_handle(clone as usize, i)
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, found as Handle) }
+    })
+}
+
+/// `cuGraphDebugDotPrint`: the graph's nodes (index and type) and edges
+/// in Graphviz's DOT language, written to `path`; the verbosity flags
+/// add nothing.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDebugDotPrint(
+    graph: Handle,
+    path: *const c_char,
+    _flags: u32,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's NUL-terminated path.
+        let path = unsafe { ffi::cstr(path) }?;
+        let kinds: Vec<u32> = {
+            let d = driver()?;
+            let o = d.objects();
+            let gr = by_handle(&o.graphs, graph as usize)?;
+            gr.nodes.iter().map(|n| n.kind).collect()
+        };
+        let mut dot = String::from("digraph graph_0 {\n");
+        for (i, k) in kinds.iter().enumerate() {
+            let name = NODE_TYPES
+                .iter()
+                .find(|&&(t, _)| t == *k)
+                .map_or("node", |&(_, n)| n);
+            dot += &format!("  n{i} [label=\"{i}: {name}\"];\n");
+        }
+        for (from, to) in edges_of(graph)? {
+            let (Some((_, f)), Some((_, t))) = (g::node_of(from), g::node_of(to)) else {
+                continue;
+            };
+            dot += &format!("  n{f} -> n{t};\n");
+        }
+        dot += "}\n";
+        std::fs::write(path, dot).map_err(|_| cu::ERROR_OPERATING_SYSTEM)
+    })
 }
 
 #[cfg(test)]
