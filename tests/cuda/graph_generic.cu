@@ -3,7 +3,8 @@
 // a memset, a kernel, a copy to pinned memory, a host function and an
 // empty node in a chain; parameters changed in the instantiated graph and
 // in the graph; a type mismatch and an unsupported type refused; the
-// graph's edges, its nodes found in a clone, and its DOT description.
+// graph's edges, its nodes found in a clone, and its DOT description;
+// kernel node attributes kept, a cluster shape checked against the grid.
 #define TEST_NAME "graph_generic"
 #include "check.h"
 #include <fstream>
@@ -70,6 +71,36 @@ int main() {
   cudaGraphNodeType t;
   CHECK(cudaGraphNodeGetType(kernel, &t));
   EXPECT(t == cudaGraphNodeTypeKernel, "the kernel node has type %d", (int)t);
+
+  // Kernel node attributes: a priority kept and read back; a cluster
+  // shape that divides the grid (4 blocks) taken, one that does not
+  // refused; a cooperative launch not offered. The shape goes back to
+  // one block a cluster: the software backend runs blocks alone.
+  cudaLaunchAttributeValue v = {}, back = {};
+  v.priority = 3;
+  CHECK(cudaGraphKernelNodeSetAttribute(kernel, cudaLaunchAttributePriority, &v));
+  CHECK(cudaGraphKernelNodeGetAttribute(kernel, cudaLaunchAttributePriority, &back));
+  EXPECT(back.priority == 3, "priority read back as %d", back.priority);
+  v = {};
+  v.clusterDim.x = 2;
+  v.clusterDim.y = 1;
+  v.clusterDim.z = 1;
+  CHECK(cudaGraphKernelNodeSetAttribute(kernel, cudaLaunchAttributeClusterDimension, &v));
+  CHECK(cudaGraphKernelNodeGetAttribute(kernel, cudaLaunchAttributeClusterDimension, &back));
+  EXPECT(back.clusterDim.x == 2 && back.clusterDim.y == 1, "cluster read back as %u x %u", back.clusterDim.x,
+         back.clusterDim.y);
+  v.clusterDim.x = 3;
+  EXPECT(cudaGraphKernelNodeSetAttribute(kernel, cudaLaunchAttributeClusterDimension, &v) == cudaErrorInvalidValue,
+         "clusters of 3 blocks taken for a grid of 4");
+  (void)cudaGetLastError();
+  v = {};
+  v.cooperative = 1;
+  EXPECT(cudaGraphKernelNodeSetAttribute(kernel, cudaLaunchAttributeCooperative, &v) != cudaSuccess,
+         "a cooperative kernel node taken");
+  (void)cudaGetLastError();
+  v = {};
+  v.clusterDim.x = v.clusterDim.y = v.clusterDim.z = 1;
+  CHECK(cudaGraphKernelNodeSetAttribute(kernel, cudaLaunchAttributeClusterDimension, &v));
 
   // The chain's four edges, in order.
   size_t edges = 0;

@@ -16,7 +16,7 @@
 //! the dependencies allow), which the in-order queue then keeps.
 
 use std::cell::Cell;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -236,6 +236,9 @@ pub struct Node {
     /// A memset or memcpy node's parameters as the program last gave
     /// them, which `cuGraph*NodeGetParams` answers.
     pub given: Option<Given>,
+    /// A kernel node's launch attributes as set, read back as set
+    /// (`cuGraphKernelNodeSetAttribute`; a cluster shape is its work's).
+    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
 }
 
 /// The parameters a memset or memcpy node was made or last set with.
@@ -260,6 +263,7 @@ impl Clone for Node {
             deps: self.deps.clone(),
             param_ptrs: None,
             given: self.given,
+            attrs: self.attrs.clone(),
         }
     }
 }
@@ -281,6 +285,7 @@ impl Node {
             deps,
             param_ptrs: None,
             given: None,
+            attrs: HashMap::new(),
         }
     }
 }
@@ -353,6 +358,7 @@ impl Graph {
                 deps: n.deps.clone(),
                 param_ptrs: None,
                 given: None,
+                attrs: HashMap::new(),
             })
             .collect();
         Graph {
@@ -977,6 +983,7 @@ impl Objects {
             deps: indices,
             param_ptrs: None,
             given: None,
+            attrs: HashMap::new(),
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
     }

@@ -1682,6 +1682,150 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
     })
 }
 
+/// A kernel node's attribute: whether it is one a node takes, and how.
+enum NodeAttr {
+    /// Kept and read back as set; the device honours it by ignoring it
+    /// (an L2 access window, a priority, memory synchronisation domains,
+    /// a scheduling preference, a shared memory carve-out, a
+    /// cooperative launch turned off).
+    Kept,
+    /// The node's clusters: its launch's.
+    Cluster,
+}
+
+/// `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
+const LAUNCH_ATTRIBUTE_CARVEOUT: u32 = 14;
+
+fn node_attr(
+    name: &'static str,
+    id: u32,
+    value: &cu::CUlaunchAttributeValue,
+) -> CuResult<NodeAttr> {
+    Ok(match id {
+        cu::LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => NodeAttr::Cluster,
+        cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+        | cu::LAUNCH_ATTRIBUTE_PRIORITY
+        | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+        | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN
+        | cu::LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        | LAUNCH_ATTRIBUTE_CARVEOUT => NodeAttr::Kept,
+        cu::LAUNCH_ATTRIBUTE_COOPERATIVE if value[0] == 0 => NodeAttr::Kept,
+        _ => {
+            return Err(crate::procs::unsupported_with(
+                name,
+                "this kernel node attribute (cooperative launches among them)",
+            ))
+        }
+    })
+}
+
+/// Applies `f` to kernel node `node` (of a graph).
+fn with_kernel_node<T>(node: Handle, f: impl FnOnce(&mut g::Node) -> CuResult<T>) -> CuResult<T> {
+    let d = driver()?;
+    let mut o = d.objects();
+    let (graph, i) = o.node(node as usize)?;
+    let n = o
+        .graphs
+        .get_mut(&graph)
+        .and_then(|gr| gr.nodes.get_mut(i))
+        .ok_or(cu::ERROR_INVALID_HANDLE)?;
+    if n.kind != g::NODE_KERNEL {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    f(n)
+}
+
+/// The launch of a kernel node's work: its function, grid and clusters.
+fn node_launch(n: &mut g::Node) -> CuResult<(&mut usize, [u32; 3], &mut [u32; 3])> {
+    match n.work.first_mut() {
+        Some(Work::Launch {
+            func,
+            dims,
+            cluster,
+            ..
+        }) => Ok((func, dims.grid, cluster)),
+        _ => Err(cu::ERROR_INVALID_VALUE),
+    }
+}
+
+/// Kernel node `node` launches in clusters of `cluster` blocks (0 as 1),
+/// which must divide its grid and fit its kernel.
+fn set_cluster(node: Handle, cluster: [u32; 3]) -> CuResult {
+    let cluster = cluster.map(|c| c.max(1));
+    let func = with_kernel_node(node, |n| Ok(*node_launch(n)?.0))?;
+    let most = crate::api::module::max_cluster_blocks(driver()?, func)?;
+    let blocks = cluster.iter().map(|&c| u64::from(c)).product::<u64>();
+    with_kernel_node(node, |n| {
+        let (_, grid, shape) = node_launch(n)?;
+        if blocks > u64::from(most) || grid.iter().zip(cluster).any(|(g, c)| g % c != 0) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        *shape = cluster;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeSetAttribute(
+    node: Handle,
+    attr: u32,
+    value: *const cu::CUlaunchAttributeValue,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's value (null is refused).
+        let v = unsafe { ffi::get(value) }?;
+        match node_attr("cuGraphKernelNodeSetAttribute", attr, &v)? {
+            NodeAttr::Kept => with_kernel_node(node, |n| {
+                n.attrs.insert(attr, v);
+                Ok(())
+            }),
+            NodeAttr::Cluster => set_cluster(node, [v[0], v[1], v[2]]),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphKernelNodeGetAttribute(
+    node: Handle,
+    attr: u32,
+    out: *mut cu::CUlaunchAttributeValue,
+) -> CUresult {
+    entry(|| {
+        let zero = [0; 16];
+        let v = match node_attr("cuGraphKernelNodeGetAttribute", attr, &zero)? {
+            NodeAttr::Kept => {
+                with_kernel_node(node, |n| Ok(n.attrs.get(&attr).copied().unwrap_or(zero)))?
+            }
+            NodeAttr::Cluster => with_kernel_node(node, |n| {
+                let (_, _, c) = node_launch(n)?;
+                let mut v = zero;
+                v[..3].copy_from_slice(&c[..]);
+                Ok(v)
+            })?,
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, v) }
+    })
+}
+
+/// The attributes (kept ones and the cluster shape) of kernel node `src`
+/// given to kernel node `dst`.
+#[no_mangle]
+pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> CUresult {
+    entry(|| {
+        let (attrs, cluster) = with_kernel_node(src, |n| {
+            let c = *node_launch(n)?.2;
+            Ok((n.attrs.clone(), c))
+        })?;
+        // The cluster shape must fit the destination's grid and kernel.
+        set_cluster(dst, cluster)?;
+        with_kernel_node(dst, |n| {
+            n.attrs = attrs;
+            Ok(())
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -791,7 +791,7 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
 
 /// The most blocks one cluster of `f` may have: Hopper's portable 8, or
 /// 16 where the kernel allowed non-portable sizes.
-fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
+pub(crate) fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
     let o = d.objects();
     let func = by_handle(&o.funcs, f)?;
     let non_portable = func
