@@ -2,7 +2,8 @@
 // on each, no peer access between them, and copies from one device's
 // memory to the other's (cudaMemcpyPeer, cudaMemcpyPeerAsync after a
 // kernel on the source's stream, cudaMemcpy with cudaMemcpyDefault at
-// odd offsets), larger than the library's 4 MiB staging piece.
+// odd offsets, a box of rows and slices with cudaMemcpy3DPeer), larger
+// than the library's 4 MiB staging piece.
 // usage: multi_device [DEVICES]   (the count expected, default 2)
 #define TEST_NAME "multi_device"
 #include "check.h"
@@ -86,6 +87,43 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     unsigned w = (i < off || i == n - 1) ? want(i, 0x4004) : want(i, 0x3003);
     EXPECT(h[i] == w, "cudaMemcpyDefault 0 -> 1: word %zu is %#x, want %#x", i, h[i], w);
+  }
+
+  // 4. A box of rows and slices between pitched buffers of the two
+  // devices (cudaMemcpy3DPeer); the bytes around the box kept.
+  {
+    const size_t pitch = 256, rows = 5, slices = 3, total = pitch * rows * slices;
+    unsigned char *box[2];
+    std::vector<unsigned char> src(total), dst(total, 0xee), got(total);
+    for (size_t i = 0; i < total; i++) src[i] = (unsigned char)(i * 7 + 1);
+    for (int dev = 0; dev < 2; dev++) {
+      CHECK(cudaSetDevice(dev));
+      CHECK(cudaMalloc(&box[dev], total));
+      CHECK(cudaMemcpy(box[dev], dev == 0 ? src.data() : dst.data(), total, cudaMemcpyHostToDevice));
+    }
+    cudaMemcpy3DPeerParms p = {};
+    p.srcPtr = make_cudaPitchedPtr(box[0], pitch, 200, rows);
+    p.srcPos = make_cudaPos(8, 1, 0);
+    p.srcDevice = 0;
+    p.dstPtr = make_cudaPitchedPtr(box[1], pitch, 200, rows);
+    p.dstPos = make_cudaPos(16, 0, 1);
+    p.dstDevice = 1;
+    p.extent = make_cudaExtent(100, 3, 2);
+    CHECK(cudaMemcpy3DPeer(&p));
+    CHECK(cudaSetDevice(1));
+    CHECK(cudaMemcpy(got.data(), box[1], total, cudaMemcpyDeviceToHost));
+    for (size_t z = 0; z < slices; z++)
+      for (size_t y = 0; y < rows; y++)
+        for (size_t x = 0; x < pitch; x++) {
+          bool inside = z >= 1 && z < 3 && y < 3 && x >= 16 && x < 116;
+          unsigned char want = inside ? src[(z - 1) * pitch * rows + (y + 1) * pitch + (x - 16 + 8)] : 0xee;
+          EXPECT(got[z * pitch * rows + y * pitch + x] == want, "cudaMemcpy3DPeer: byte (%zu, %zu, %zu) is %#x, want %#x",
+                 x, y, z, got[z * pitch * rows + y * pitch + x], want);
+        }
+    for (int dev = 0; dev < 2; dev++) {
+      CHECK(cudaSetDevice(dev));
+      CHECK(cudaFree(box[dev]));
+    }
   }
 
   for (int dev = 0; dev < 2; dev++) {

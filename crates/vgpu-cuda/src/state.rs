@@ -469,6 +469,17 @@ impl Objects {
         (addr.checked_add(len)? <= end && addr < end.max(start + 1)).then_some((start, a))
     }
 
+    /// The end of the last device allocation that overlaps `[addr, addr +
+    /// len)`, if one does.
+    pub fn allocations_end(&self, addr: u64, len: u64) -> Option<u64> {
+        let end = addr.checked_add(len)?;
+        // Allocations do not overlap one another: the last one to start
+        // before `end` ends last.
+        let (&start, a) = self.allocs.range(..end).next_back()?;
+        let last = start.saturating_add(a.size);
+        (last > addr).then_some(last)
+    }
+
     /// The host allocation containing `[p, p + len)`.
     pub fn host_at(&self, p: usize, len: usize) -> Option<(usize, &HostMem)> {
         let (&start, h) = self.host.range(..=p).next_back()?;
@@ -1021,6 +1032,27 @@ fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_end_of_the_allocations_in_the_way() {
+        let mut o = Objects::default();
+        for (start, size) in [(0x1000, 0x1000), (0x3000, 0x2000)] {
+            let a = Alloc {
+                size,
+                device: 0,
+                ctx: 0,
+                module: None,
+                managed: false,
+            };
+            o.allocs.insert(start, a);
+        }
+        // Over the first, over both, in the gap, past both.
+        assert_eq!(o.allocations_end(0x1800, 0x10), Some(0x2000));
+        assert_eq!(o.allocations_end(0x1800, 0x2000), Some(0x5000));
+        assert_eq!(o.allocations_end(0x2000, 0x800), None);
+        assert_eq!(o.allocations_end(0x5000, 0x1000), None);
+        assert_eq!(o.allocations_end(0x2800, 0x1000), Some(0x5000));
+    }
 
     #[test]
     fn allocation_lookup_needs_the_whole_range_inside_one_allocation() {

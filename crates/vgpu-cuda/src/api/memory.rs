@@ -31,7 +31,7 @@ pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResul
 
 /// Device allocations tried before one not over host memory of this
 /// process is found.
-const ALLOC_TRIES: usize = 4;
+const ALLOC_TRIES: usize = 8;
 
 /// What kind of memory an allocation is.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -82,7 +82,19 @@ fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
         log(&format!(
             "device allocation at {addr:#x} ({size} bytes) lies over host memory of this process; asking again"
         ));
-        aside.push(addr);
+        // Where the pages are another device's allocation (vGPUs hand out
+        // addresses independently), one allocation reaching past it keeps
+        // the next try beyond it, however small this one is.
+        let past = d.objects().allocations_end(addr, size as u64);
+        match past.map(|end| end.saturating_sub(addr)) {
+            Some(reach) if reach > size as u64 => {
+                let _ = g.dev.free_raw(addr);
+                if let Ok(filler) = check(g.dev.alloc_aligned(reach, 0)) {
+                    aside.push(filler.into_raw());
+                }
+            }
+            _ => aside.push(addr),
+        }
     }
     for a in aside {
         let _ = g.dev.free_raw(a);
@@ -605,6 +617,17 @@ fn dtod_across(
     n: usize,
     stream: Handle,
 ) -> CuResult {
+    copy_across(to, from, std::iter::once((src, dst, n as u64)), stream)
+}
+
+/// [`dtod_across`] of several pieces (source, destination, length; the
+/// rows of a strided copy), from device `from`'s memory to device `to`'s.
+pub(crate) fn copy_across(
+    to: CUdevice,
+    from: CUdevice,
+    pieces: impl IntoIterator<Item = (u64, u64, u64)>,
+    stream: Handle,
+) -> CuResult {
     let d = driver()?;
     d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
     let (gs, gd) = (d.gpu(from)?, d.gpu(to)?);
@@ -614,28 +637,32 @@ fn dtod_across(
         d.gpu(d.stream_device(stream as usize)?)?
             .sync_lane(d.stream_lane(stream as usize)?)?;
     }
-    let managed_src = gs.inflight().managed.holding(src, n as u64).is_some();
-    let managed_dst = gd.inflight().managed.holding(dst, n as u64).is_some();
-    let mut buf = vec![0u8; n.min(ACROSS_CHUNK)];
-    let mut done = 0;
-    while done < n {
-        let len = (n - done).min(ACROSS_CHUNK);
-        let (s, t) = (src + done as u64, dst + done as u64);
-        let piece = &mut buf[..len];
-        if managed_src {
-            // SAFETY: `s .. s + len` lies in a managed allocation, host
-            // memory of this process, and its device is idle.
-            piece.copy_from_slice(unsafe { ffi::bytes(s as *const u8, len) }?);
-        } else {
-            check(gs.dev.copy_from_device_addr(s, piece))?;
+    let mut buf = Vec::new();
+    for (src, dst, n) in pieces {
+        let n = usize::try_from(n).map_err(|_| cu::ERROR_INVALID_VALUE)?;
+        let managed_src = gs.inflight().managed.holding(src, n as u64).is_some();
+        let managed_dst = gd.inflight().managed.holding(dst, n as u64).is_some();
+        buf.resize(n.min(ACROSS_CHUNK), 0);
+        let mut done = 0;
+        while done < n {
+            let len = (n - done).min(ACROSS_CHUNK);
+            let (s, t) = (src + done as u64, dst + done as u64);
+            let piece = &mut buf[..len];
+            if managed_src {
+                // SAFETY: `s .. s + len` lies in a managed allocation, host
+                // memory of this process, and its device is idle.
+                piece.copy_from_slice(unsafe { ffi::bytes(s as *const u8, len) }?);
+            } else {
+                check(gs.dev.copy_from_device_addr(s, piece))?;
+            }
+            if managed_dst {
+                // SAFETY: as for the source; `buf` is not managed memory.
+                unsafe { ffi::bytes_mut(t as *mut u8, len) }?.copy_from_slice(piece);
+            } else {
+                check(gd.dev.copy_to_device_addr(t, piece))?;
+            }
+            done += len;
         }
-        if managed_dst {
-            // SAFETY: as for the source; `buf` is not managed memory.
-            unsafe { ffi::bytes_mut(t as *mut u8, len) }?.copy_from_slice(piece);
-        } else {
-            check(gd.dev.copy_to_device_addr(t, piece))?;
-        }
-        done += len;
     }
     Ok(())
 }

@@ -292,7 +292,10 @@ impl Copy3D {
         let ((src_span, src_dev), (dst_span, dst_dev)) = self.place(d)?;
         let copies = segments(self.src.1, self.dst.1, self.shape);
         match (src_dev, dst_dev) {
-            (Some(a), Some(b)) if a != b => Err(cu::ERROR_NOT_SUPPORTED),
+            // Between two vGPUs: staged through host memory, row by row.
+            (Some(from), Some(to)) if from != to => {
+                super::memory::copy_across(to, from, copies, stream)
+            }
             (Some(device), Some(_)) => {
                 let works = copies.map(|(src, dst, len)| Work::Copy { dst, src, len });
                 queue_chunked(d, stream, device, works)
@@ -408,6 +411,33 @@ fn copy_3d(p: *const Memcpy3d, stream: Handle, call: Call) -> CuResult {
     // SAFETY: the caller's descriptor.
     let c = unsafe { ffi::get(p) }?;
     Copy3D::of(driver()?, &c)?.run(stream, call)
+}
+
+/// `cuMemcpy3DPeer`: a `CUDA_MEMCPY3D_PEER`, laid out as a
+/// `CUDA_MEMCPY3D` whose reserved words name each side's context. The
+/// contexts given must be live; the addresses say which devices, and a
+/// copy between two of them is staged through host memory.
+fn copy_3d_peer(p: *const Memcpy3d, stream: Handle, call: Call) -> CuResult {
+    // SAFETY: the caller's descriptor.
+    let mut c = unsafe { ffi::get(p) }?;
+    let d = driver()?;
+    for side in [&mut c.src, &mut c.dst] {
+        if !side.reserved.is_null() {
+            d.ctx_device(side.reserved as usize)?;
+        }
+        side.reserved = std::ptr::null_mut();
+    }
+    Copy3D::of(d, &c)?.run(stream, call)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeer(p: *const Memcpy3d) -> CUresult {
+    entry(|| copy_3d_peer(p, std::ptr::null_mut(), Call::Sync))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemcpy3DPeerAsync(p: *const Memcpy3d, s: Handle) -> CUresult {
+    entry(|| copy_3d_peer(p, s, Call::Async))
 }
 
 /// One side of a 3D copy, resolved.
