@@ -185,6 +185,12 @@ impl Lanes {
         kinds.get(lane).copied().flatten() != Some(false)
     }
 
+    /// The lanes whose work the legacy stream's waits for: its own and
+    /// those of blocking streams.
+    fn legacy_lanes(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.lanes.len()).filter(|&l| l == 0 || self.joined_by_legacy(l))
+    }
+
     fn order(&self) -> MutexGuard<'_, Order> {
         self.order.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -318,12 +324,10 @@ impl Lanes {
         let _o = self.order();
         // Every lane's signals reach the device before any is waited for.
         let mut first = self.each(|inflight, dev| inflight.flush(dev));
-        for l in 0..self.lanes.len() {
-            if l == 0 || self.joined_by_legacy(l) {
-                let r = self.inflight(l).sync(self.dev(l));
-                if first.is_ok() {
-                    first = r;
-                }
+        for l in self.legacy_lanes() {
+            let r = self.inflight(l).sync(self.dev(l));
+            if first.is_ok() {
+                first = r;
             }
         }
         first
@@ -361,10 +365,8 @@ impl Lanes {
         }
         let _ = self.each(|inflight, dev| inflight.flush(dev));
         let mut idle = true;
-        for l in 0..self.lanes.len() {
-            if l == 0 || self.joined_by_legacy(l) {
-                idle &= self.inflight(l).poll(self.dev(l))?;
-            }
+        for l in self.legacy_lanes() {
+            idle &= self.inflight(l).poll(self.dev(l))?;
         }
         Ok(idle)
     }

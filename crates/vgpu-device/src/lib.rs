@@ -284,9 +284,6 @@ pub(crate) struct Shared {
     /// Per lane of the partition, when its last run ended, on the device
     /// epoch's clock, ns: the next run of the lane begins no earlier.
     pub(crate) last_run_end: Box<[AtomicU64]>,
-    /// When the last run of any lane ended, on the same clock: time runs
-    /// of several lanes share is charged once (see `worker.rs`).
-    pub(crate) busy_until: AtomicU64,
     /// Bumped by every queue enable/disable (see `QueueRegs::generation`).
     pub(crate) config_gen: AtomicU64,
     /// Bumped by reset: the worker stops writing completions of older work.
@@ -971,7 +968,6 @@ impl PciDevice for VgpuDevice {
             any_polled: AtomicBool::new(false),
             last_run_ns: AtomicU64::new(0),
             last_run_end: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
-            busy_until: AtomicU64::new(0),
             config_gen: AtomicU64::new(0),
             epoch_gen: AtomicU64::new(0),
             busy: Mutex::new(()),

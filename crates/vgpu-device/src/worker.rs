@@ -1085,11 +1085,17 @@ fn finish_run(
     let began = began.max(last_end.load(Ordering::Relaxed));
     let mut shared = 0;
     if let Some(last) = done.last() {
-        let end = began.saturating_add(last.end_ns);
-        sh.last_run_ns.store(last.end_ns, Ordering::Relaxed);
-        last_end.store(end, Ordering::Relaxed);
-        let busy = sh.busy_until.fetch_max(end, Ordering::Relaxed);
+        // The device was busy with this vGPU's runs until the latest end
+        // of any lane's (this lane's own ends no later than `began`).
+        let busy = sh
+            .last_run_end
+            .iter()
+            .map(|e| e.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
         shared = busy.saturating_sub(began).min(last.end_ns);
+        sh.last_run_ns.store(last.end_ns, Ordering::Relaxed);
+        last_end.store(began.saturating_add(last.end_ns), Ordering::Relaxed);
     }
     let mut out = outcomes(&flight.decoded, done, |step, end| command::Outcome {
         status: abi::STATUS_OK,

@@ -200,17 +200,30 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     module: Handle,
     name: *const c_char,
 ) -> CUresult {
-    entry(|| {
-        // SAFETY: the caller's NUL-terminated name.
-        let name = unsafe { ffi::cstr(name) }?;
-        let (addr, size) = driver()?.get_global(module as usize, name)?;
-        // SAFETY: the caller's out-parameters, each of which may be null.
-        unsafe {
-            ffi::put_opt(dptr, addr)?;
-            ffi::put_opt(bytes, size as usize)?;
-        }
-        Ok(())
-    })
+    // SAFETY: the caller's arguments.
+    entry(|| unsafe { put_global(driver()?, module as usize, name, dptr, bytes) })
+}
+
+/// Global `name` (the caller's C string) of `module`: its address and
+/// size into the caller's out-parameters, each of which may be null.
+///
+/// # Safety
+/// As `cuModuleGetGlobal` takes its arguments.
+unsafe fn put_global(
+    d: &Driver,
+    module: usize,
+    name: *const c_char,
+    dptr: *mut u64,
+    bytes: *mut usize,
+) -> CuResult {
+    // SAFETY: the caller's NUL-terminated name.
+    let name = unsafe { ffi::cstr(name) }?;
+    let (addr, size) = d.get_global(module, name)?;
+    // SAFETY: the caller's out-parameters, each of which may be null.
+    unsafe {
+        ffi::put_opt(dptr, addr)?;
+        ffi::put_opt(bytes, size as usize)
+    }
 }
 
 #[no_mangle]
@@ -227,15 +240,8 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
             Ok((_, dev)) => d.module_on(library as usize, dev)?,
             Err(_) => library as usize,
         };
-        // SAFETY: the caller's NUL-terminated name.
-        let name = unsafe { ffi::cstr(name) }?;
-        let (addr, size) = d.get_global(library, name)?;
-        // SAFETY: the caller's out-parameters, each of which may be null.
-        unsafe {
-            ffi::put_opt(dptr, addr)?;
-            ffi::put_opt(bytes, size as usize)?;
-        }
-        Ok(())
+        // SAFETY: the caller's arguments.
+        unsafe { put_global(d, library, name, dptr, bytes) }
     })
 }
 
