@@ -2,8 +2,9 @@
 # The project's test command: `bash ci/test.sh`.
 #
 # On a fresh Debian 12 machine (root) it installs what it needs, checks
-# formatting and lints, runs the Rust tests, builds the host package and
-# installs, runs and purges it (ci/package.sh --test), builds QEMU with the
+# formatting, lints and docs/architecture.md's crate map (ci/check-map.py),
+# runs the Rust tests, builds the host package and installs, runs and
+# purges it (ci/package.sh --test), builds QEMU with the
 # vfio-user client, fetches the guest kernel, boots a guest against
 # vgpud's test device, then runs the guest driver and test suite in two
 # guests at once, an isolation pair and a guest behind a guest IOMMU, and
@@ -21,7 +22,7 @@ with_vm=1
 for arg in "$@"; do
     case $arg in
     --no-vm) with_vm=0 ;;
-    -h | --help) sed -n '2,12s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown argument: $arg (see --help)" ;;
     esac
 done
@@ -30,7 +31,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck scripts clippy cargo-test fuzz package)
+steps=(setup-host toolchain fmt shellcheck scripts map clippy cargo-test fuzz package)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test vm-guest-package)
 fi
@@ -65,8 +66,14 @@ step_shellcheck() {
 }
 
 step_scripts() {
-    # The test tools' own tests (the GPU runs' judges).
-    python3 -B -m unittest discover -s tests/vm -p '*_test.py'
+    # The test tools' own tests (the GPU runs' judges, the map check).
+    python3 -B -m unittest discover -s tests/vm -p '*_test.py' &&
+        python3 -B -m unittest discover -s ci -p '*_test.py'
+}
+
+step_map() {
+    # docs/architecture.md's crate table and code map against the manifests.
+    python3 -B ci/check-map.py
 }
 
 step_clippy() {
