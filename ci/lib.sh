@@ -155,9 +155,31 @@ elapsed() {
     fi
 }
 
+# pinned_toolchain: make the Rust release rust-toolchain.toml names
+# usable without a download (these machines reach no toolchain server):
+# where rustup lacks it but its stable toolchain is that very release,
+# stable is entered under the pinned name too. Any other mismatch stops.
+pinned_toolchain() {
+    command -v rustup >/dev/null || return 0
+    local pin home triple stable
+    pin=$(sed -n 's/^channel *= *"\(.*\)"$/\1/p' "${VGPUD_ROOT}/rust-toolchain.toml")
+    [[ -n $pin ]] || die "rust-toolchain.toml names no channel"
+    triple=$(rustup run stable rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+    home=$(rustup show home)
+    [[ -e "${home}/toolchains/${pin}-${triple}" ]] && return 0
+    stable=$(rustup run stable rustc --version 2>/dev/null | cut -d' ' -f2)
+    [[ $stable == "$pin" ]] ||
+        die "rust-toolchain.toml pins Rust ${pin}; this machine has ${stable:-no stable toolchain}"
+    log "entering the stable toolchain (${stable}) as ${pin}-${triple}"
+    ln -s "stable-${triple}" "${home}/toolchains/${pin}-${triple}"
+}
+
 # sha256_ok FILE SUM: the file exists and has that SHA-256.
 sha256_ok() {
     [[ -f $1 ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$2" ]]
 }
 
 export DEBIAN_FRONTEND=noninteractive
+
+# Every script here may run cargo: the pinned toolchain must be there first.
+pinned_toolchain
