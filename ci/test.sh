@@ -2,7 +2,7 @@
 # The project's test command: `bash ci/test.sh`.
 #
 # On a fresh Debian 12 machine (root) it installs what it needs, checks
-# formatting, lints and docs/architecture.md's crate map (ci/check-map.py),
+# formatting, lints, commit subjects and docs/architecture.md's crate map,
 # runs the Rust tests, builds the host package and installs, runs and
 # purges it (ci/package.sh --test), builds QEMU with the
 # vfio-user client, fetches the guest kernel, boots a guest against
@@ -31,7 +31,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck scripts map clippy cargo-test fuzz package)
+steps=(setup-host toolchain fmt shellcheck scripts map commits clippy cargo-test fuzz package)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test vm-guest-package)
 fi
@@ -69,6 +69,11 @@ step_scripts() {
     # The test tools' own tests (the GPU runs' judges, the map check).
     python3 -B -m unittest discover -s tests/vm -p '*_test.py' &&
         python3 -B -m unittest discover -s ci -p '*_test.py'
+}
+
+step_commits() {
+    # Commit subjects: `component: summary`, at most 72 columns.
+    bash ci/check-commits.sh
 }
 
 step_map() {
