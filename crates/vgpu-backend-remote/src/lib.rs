@@ -77,17 +77,14 @@
 #![warn(missing_docs)]
 
 mod forward;
-mod guest_mem;
 mod host_cmd;
-mod mailbox;
 mod partition;
-mod runner;
-mod shm;
-mod wire;
 
-pub mod host;
 pub mod launcher;
+pub mod mailbox;
 pub mod proto;
+pub mod shm;
+pub mod wire;
 
 use std::fmt;
 use std::io;

@@ -273,7 +273,7 @@ fn no_partition() -> OpError {
 /// parent closes the socket (`Ok`) or breaks the protocol. `healthy` tells
 /// whether the backend can still serve after a reset in this process (a
 /// CUDA backend cannot once a kernel faulted). Before each read the host
-/// polls for up to `spin` (see [`crate::RemoteConfig::spin`]).
+/// polls for up to `spin` (see [`vgpu_backend_remote::RemoteConfig::spin`]).
 pub fn serve(
     stream: UnixStream,
     backend: &dyn Backend,
