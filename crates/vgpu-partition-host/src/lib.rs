@@ -6,6 +6,8 @@
 //! - `host.rs`: the command loop ([`host::serve`], [`host::refuse`]).
 //! - `runner.rs`: runs the started queued runs on a thread of their own.
 //! - `guest_mem.rs`: the guest memory the daemon forwards, mapped here.
+//! - `launcher.rs`: the launcher process, which starts, kills and reaps
+//!   hosts for the daemon ([`launcher::serve`]).
 
 #![warn(missing_docs)]
 
@@ -13,6 +15,7 @@ mod guest_mem;
 mod runner;
 
 pub mod host;
+pub mod launcher;
 
 // The pieces the host shares with the daemon's side: the protocol, its
 // framing on the socket and in the mailbox, and the staging area.
