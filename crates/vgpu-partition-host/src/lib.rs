@@ -5,6 +5,8 @@
 //!
 //! - `host.rs`: the command loop ([`host::serve`], [`host::refuse`]).
 //! - `runner.rs`: runs the started queued runs on a thread of their own.
+//! - `queued.rs`: a protocol run as the partition's queued steps, for
+//!   both of them.
 //! - `guest_mem.rs`: the guest memory the daemon forwards, mapped here.
 //! - `launcher.rs`: the launcher process, which starts, kills and reaps
 //!   hosts for the daemon ([`launcher::serve`]).
@@ -12,6 +14,7 @@
 #![warn(missing_docs)]
 
 mod guest_mem;
+mod queued;
 mod runner;
 
 pub mod host;
