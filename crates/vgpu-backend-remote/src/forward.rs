@@ -19,7 +19,7 @@
 //! ends. The worker takes it while holding the partition; the event-loop
 //! thread never takes the partition, so the order is fixed. The host's
 //! control thread waits for a transfer in progress before it unmaps (see
-//! `guest_mem.rs`), and such a transfer needs nothing from the event-loop
+//! `vgpu-partition-host`'s `guest_mem.rs`), and such a transfer needs nothing from the event-loop
 //! thread, so an `Unmap` always completes, or times out.
 //!
 //! A host that does not answer a notice in time, or answers wrongly, is

@@ -47,8 +47,8 @@
 //!   bytes, and the host's backend copies straight from guest pages; the
 //!   host checks every piece against its own table. An unmap returns only
 //!   once the host has unmapped (or, silent past its timeout, was killed
-//!   and is gone). See `forward.rs` and `guest_mem.rs` for the threads
-//!   and locks involved.
+//!   and is gone). See `forward.rs` here and `vgpu-partition-host`'s
+//!   `guest_mem.rs` for the threads and locks involved.
 //! - With a polling time ([`RemoteConfig::spin`], the host's `--spin-us`),
 //!   small frames go through a mailbox in the staging memfd instead of the
 //!   socket: each side polls a sequence word, so a round trip costs no
@@ -73,21 +73,25 @@
 //! The backend's placement (memory and compute units left) is kept here in
 //! the daemon: each host opens its inner backend whole and carves the one
 //! partition it is asked for.
+//!
+//! This crate is the daemon's side and what both sides share: the
+//! protocol ([`proto`]), its framing ([`wire`], [`mailbox`]), the staging
+//! area ([`shm`]), the hosts' command line ([`HostArgs`]) and the
+//! launcher's records ([`launcher`]). The host's side (its command loop,
+//! its runner, forwarded guest memory, the launcher process) is
+//! `vgpu-partition-host`'s library.
 
 #![warn(missing_docs)]
 
 mod forward;
-mod guest_mem;
 mod host_cmd;
-mod mailbox;
 mod partition;
-mod runner;
-mod shm;
-mod wire;
 
-pub mod host;
 pub mod launcher;
+pub mod mailbox;
 pub mod proto;
+pub mod shm;
+pub mod wire;
 
 use std::fmt;
 use std::io;

@@ -20,7 +20,7 @@ use crate::mailbox::{self, Mailbox, Side};
 use crate::proto::{self, Kind, Piece, ProtoError, Reply, Request, Step, Value, MAX_REPLY, REPLY};
 use crate::shm::Staging;
 use crate::wire::{self, WireError};
-use crate::{lock, runner, HostLink, HostProcess, Launcher, RemoteConfig};
+use crate::{lock, HostLink, HostProcess, Launcher, RemoteConfig};
 
 /// How long a closed host gets to exit on its own before it is killed.
 const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
@@ -980,13 +980,13 @@ impl Partition for RemotePartition {
     }
 
     fn queue_depth(&self) -> usize {
-        self.config.queue_depth.clamp(1, runner::MAX_STARTED)
+        self.config.queue_depth.clamp(1, proto::MAX_STARTED)
     }
 
     fn lanes(&self) -> usize {
         self.config
             .lanes
-            .clamp(1, runner::MAX_STARTED / self.queue_depth())
+            .clamp(1, proto::MAX_STARTED / self.queue_depth())
     }
 
     /// The host maps the copies' memory itself: `held` does not matter.

@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 use log::{error, warn};
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend_remote::launcher::{self, LauncherArgs};
-use vgpu_backend_remote::{host, HostArgs, InnerBackend, HOST_PROGRAM};
+use vgpu_backend_remote::{HostArgs, InnerBackend, HOST_PROGRAM};
 use vgpu_confine::{Role, SeccompMode};
+use vgpu_partition_host::host;
+use vgpu_partition_host::launcher::{self, LauncherArgs};
 
 /// Closes every descriptor above stdio except `keep`: the daemon's other
 /// descriptors (guest memory, other tenants' sockets) must not reach a

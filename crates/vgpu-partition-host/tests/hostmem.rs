@@ -23,8 +23,9 @@ use vgpu_backend_remote::proto::{
     MAX_REQUEST, REPLY,
 };
 use vgpu_backend_remote::{
-    host, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
+    HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
 };
+use vgpu_partition_host::host;
 
 const MIB: u64 = 1 << 20;
 

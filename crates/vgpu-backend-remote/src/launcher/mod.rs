@@ -22,10 +22,10 @@
 //! that.
 //!
 //! - `client.rs`: the daemon's side ([`ProcessLauncher`], [`HostProcess`]).
-//! - `process.rs`: the launcher process ([`serve`]).
+//! - this file: the records both sides exchange, and their socket; the
+//!   launcher process that answers them is `vgpu-partition-host`'s.
 
 mod client;
-mod process;
 
 use std::io::{self, IoSlice};
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -35,7 +35,6 @@ use vgpu_confine::SeccompMode;
 use vgpu_sys::scm;
 
 pub use client::{HostPolicy, HostProcess, ProcessLauncher};
-pub use process::{drop_privileges, serve, LauncherArgs, LauncherError};
 
 /// Longest wait for any answer of the launcher (it forks and answers; it
 /// does not wait for the host to start).
@@ -49,26 +48,38 @@ pub const MAX_HOSTS: usize = 1024;
 
 const MSG_LEN: usize = 12;
 
-// Requests.
-const HELLO: u32 = 1;
-const SPAWN: u32 = 2;
-const KILL: u32 = 3;
-const STATUS: u32 = 4;
-const RELEASE: u32 = 5;
-// Replies.
-const READY: u32 = 0x81;
-const SPAWNED: u32 = 0x82;
-const DONE: u32 = 0x83;
-const RUNNING: u32 = 0x84;
-const EXITED: u32 = 0x85;
-const FAILED: u32 = 0x86;
+/// Request: the launcher's pid ([`READY`]).
+pub const HELLO: u32 = 1;
+/// Request: start a host ([`SPAWNED`], with the daemon's end of its socket).
+pub const SPAWN: u32 = 2;
+/// Request: kill a host ([`DONE`]).
+pub const KILL: u32 = 3;
+/// Request: how a host is ([`RUNNING`], or [`EXITED`] once, then forgotten).
+pub const STATUS: u32 = 4;
+/// Request: kill a host and reap it without a report ([`DONE`]).
+pub const RELEASE: u32 = 5;
+/// Reply to [`HELLO`].
+pub const READY: u32 = 0x81;
+/// Reply to [`SPAWN`].
+pub const SPAWNED: u32 = 0x82;
+/// Reply to [`KILL`] and [`RELEASE`].
+pub const DONE: u32 = 0x83;
+/// Reply to [`STATUS`]: the host runs.
+pub const RUNNING: u32 = 0x84;
+/// Reply to [`STATUS`]: the host ended, with the wait status as value.
+pub const EXITED: u32 = 0x85;
+/// Reply to any request that was refused, with an errno as value.
+pub const FAILED: u32 = 0x86;
 
 /// One record: what, which process, and a value (an errno, a wait status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Msg {
-    op: u32,
-    pid: i32,
-    value: i32,
+pub struct Msg {
+    /// A request or reply kind.
+    pub op: u32,
+    /// The process it is about.
+    pub pid: i32,
+    /// An errno, a wait status, or 0.
+    pub value: i32,
 }
 
 impl Msg {
@@ -91,7 +102,7 @@ impl Msg {
 }
 
 /// A `SOCK_SEQPACKET` pair, both ends close-on-exec.
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors socketpair writes.
     let rc = unsafe {
@@ -109,7 +120,8 @@ fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
+/// Bounds every send and receive on `fd` to `t`.
+pub fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
     let tv = libc::timeval {
         tv_sec: t.as_secs() as libc::time_t,
         tv_usec: t.subsec_micros() as libc::suseconds_t,
@@ -139,7 +151,7 @@ fn set_timeouts(fd: RawFd, t: Duration) -> io::Result<()> {
 const FDS_ROOM: usize = 12;
 
 /// Sends one record, with `fd` attached when given.
-fn send(sock: BorrowedFd<'_>, m: Msg, fd: Option<RawFd>) -> io::Result<()> {
+pub fn send(sock: BorrowedFd<'_>, m: Msg, fd: Option<RawFd>) -> io::Result<()> {
     let bytes = m.encode();
     let fds = fd.as_slice();
     let n = scm::send_with_fds(&sock, &[IoSlice::new(&bytes)], fds)?;
@@ -150,7 +162,7 @@ fn send(sock: BorrowedFd<'_>, m: Msg, fd: Option<RawFd>) -> io::Result<()> {
 }
 
 /// What [`recv`] got.
-enum Got {
+pub enum Got {
     /// The peer closed its end.
     Closed,
     /// A record and the descriptors that came with it (all of them, so
@@ -160,7 +172,7 @@ enum Got {
 
 /// Receives one record; a record of another size, or cut descriptors,
 /// is an error.
-fn recv(sock: BorrowedFd<'_>) -> io::Result<Got> {
+pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Got> {
     let mut bytes = [0u8; MSG_LEN + 1];
     let got = scm::recv_with_fds(&sock, &mut bytes, FDS_ROOM, 0)?;
     let n = got.len;
@@ -178,7 +190,8 @@ fn recv(sock: BorrowedFd<'_>) -> io::Result<Got> {
     Ok(Got::Msg(Msg::decode(&b), got.fds))
 }
 
-fn mode_name(m: SeccompMode) -> &'static str {
+/// `m` as the launcher's and the hosts' `--seccomp` takes it.
+pub fn mode_name(m: SeccompMode) -> &'static str {
     match m {
         SeccompMode::Strict => "strict",
         SeccompMode::Log => "log",
@@ -188,10 +201,6 @@ fn mode_name(m: SeccompMode) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsRawFd;
-    use std::sync::Arc;
-
-    use super::client::Client;
     use super::*;
 
     #[test]
@@ -202,54 +211,5 @@ mod tests {
             value: -5,
         };
         assert_eq!(Msg::decode(&m.encode()), m);
-    }
-
-    /// The launcher's side acts only on its own children: asked to kill or
-    /// report a pid it did not start, it refuses, and it stops when the
-    /// daemon's end closes. (No host is started here: that runs this
-    /// program again; the integration tests do.)
-    #[test]
-    fn test_the_launcher_touches_only_its_own_children() {
-        let (ours, theirs) = seqpacket_pair().unwrap();
-        set_timeouts(ours.as_raw_fd(), Duration::from_secs(5)).unwrap();
-        let args = LauncherArgs {
-            fd: theirs.as_raw_fd(),
-            seccomp: SeccompMode::Strict,
-            ids: None,
-            host_args: Vec::new(),
-        };
-        let server = std::thread::spawn(move || serve(theirs, &args));
-        let client = Arc::new(Client::new(ours, None, std::process::id()));
-        let hello = Msg {
-            op: HELLO,
-            pid: 0,
-            value: 0,
-        };
-        let (m, fd) = client.call(hello, &[READY]).unwrap();
-        assert_eq!((m.op, m.pid), (READY, std::process::id() as i32));
-        assert!(fd.is_none());
-        // pid 1 and this process: not its children.
-        for pid in [1, std::process::id()] {
-            let mut p = HostProcess {
-                client: Arc::clone(&client),
-                pid,
-                ended: None,
-            };
-            for r in [p.kill().err(), p.try_wait().err()] {
-                assert_eq!(r.and_then(|e| e.raw_os_error()), Some(libc::ESRCH));
-            }
-            // Dropping it asks to forget it: refused the same way.
-        }
-        // A request of an unknown kind is refused; the launcher goes on.
-        let odd = Msg {
-            op: 77,
-            pid: 0,
-            value: 0,
-        };
-        let (m, _) = client.call(odd, &[]).unwrap();
-        assert_eq!((m.op, m.value), (FAILED, libc::EINVAL));
-        assert!(client.call(hello, &[READY]).is_ok());
-        drop(client);
-        server.join().unwrap().unwrap();
     }
 }

@@ -12,11 +12,11 @@ use std::process::{Command, Stdio};
 use vgpu_confine::{Account, SeccompMode};
 use vgpu_sys::{poll, warn_limited};
 
-use super::{
+use vgpu_backend_remote::launcher::{
     mode_name, recv, send, Got, Msg, DONE, EXITED, FAILED, HELLO, KILL, MAX_HOSTS, READY, RELEASE,
     RUNNING, SPAWN, SPAWNED, STATUS,
 };
-use crate::HOST_PROGRAM;
+use vgpu_backend_remote::HOST_PROGRAM;
 
 /// The launcher's command line (after `--launcher`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -328,6 +328,10 @@ fn spawn_host(args: &LauncherArgs) -> io::Result<(i32, OwnedFd)> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use vgpu_backend_remote::launcher::{seqpacket_pair, set_timeouts};
+
     use super::*;
 
     #[test]
@@ -349,5 +353,47 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// The launcher's side acts only on its own children: asked to kill or
+    /// report a pid it did not start, it refuses, and it stops when the
+    /// daemon's end closes. (No host is started here: that runs this
+    /// program again; the integration tests do.)
+    #[test]
+    fn test_the_launcher_touches_only_its_own_children() {
+        let (ours, theirs) = seqpacket_pair().unwrap();
+        set_timeouts(ours.as_raw_fd(), Duration::from_secs(5)).unwrap();
+        let args = LauncherArgs {
+            fd: theirs.as_raw_fd(),
+            seccomp: SeccompMode::Strict,
+            ids: None,
+            host_args: Vec::new(),
+        };
+        let server = std::thread::spawn(move || serve(theirs, &args));
+        // One request, its reply (as the daemon's client sends them).
+        let call = |op, pid| {
+            send(ours.as_fd(), Msg { op, pid, value: 0 }, None).unwrap();
+            match recv(ours.as_fd()).unwrap() {
+                Got::Msg(m, fds) => (m, fds),
+                Got::Closed => panic!("the launcher closed its end"),
+            }
+        };
+        let (m, fds) = call(HELLO, 0);
+        assert_eq!((m.op, m.pid), (READY, std::process::id() as i32));
+        assert!(fds.is_empty());
+        // pid 1 and this process: not its children. Killing, asking how
+        // it is, and forgetting it are all refused.
+        for pid in [1, std::process::id() as i32] {
+            for op in [KILL, STATUS, RELEASE] {
+                let (m, _) = call(op, pid);
+                assert_eq!((m.op, m.pid, m.value), (FAILED, pid, libc::ESRCH));
+            }
+        }
+        // A request of an unknown kind is refused; the launcher goes on.
+        let (m, _) = call(77, 0);
+        assert_eq!((m.op, m.value), (FAILED, libc::EINVAL));
+        assert_eq!(call(HELLO, 0).0.op, READY);
+        drop(ours);
+        server.join().unwrap().unwrap();
     }
 }

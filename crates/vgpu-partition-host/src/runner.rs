@@ -18,8 +18,8 @@ use log::debug;
 use vgpu_backend::{Finished, Finishing, OpError, Partition, QueuedDone, Started};
 
 use crate::guest_mem::{Pinned, Table};
-use crate::host::with_queued;
 use crate::proto::{Kind, LaneRun, Request};
+use crate::queued::with_queued;
 
 pub use crate::proto::MAX_STARTED;
 
