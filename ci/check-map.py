@@ -8,7 +8,9 @@ Checks, and prints one line per mismatch (exit 1 if any):
   names exactly the workspace crates that crate depends on (normal and
   build dependencies; dev-dependencies are not listed);
 - no crate's tests or benches depend on a crate above it (a
-  dev-dependency that itself depends, directly or not, on the crate);
+  dev-dependency that itself depends, directly or not, on the crate; a
+  crate's dev-dependency on itself, which turns on its test features,
+  is not one);
 - the code map has one row per crate, and names every source file of the
   crate's src/ (a file by its name or its path, or a folder ending in /
   that holds it); a lib.rs, main.rs or mod.rs that only declares modules
@@ -150,7 +152,9 @@ def check(root, doc_text, deps, dev, dirs):
         if extra:
             errors.append(f"{name}: its row names {', '.join(sorted(extra))}, not a dependency")
     for name in sorted(dev):
-        for d in sorted(dev[name]):
+        # A crate's dev-dependency on itself only turns on its test
+        # features (such as `test-utils`) for its own tests.
+        for d in sorted(dev[name] - {name}):
             if reaches(deps, d, name):
                 errors.append(f"{name}: tests or benches use {d}, which depends on {name}")
 
