@@ -24,9 +24,10 @@ use vgpu_backend::{
     SliceFn,
 };
 use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_device::CommandGate;
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
-use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
+use vgpu_testkit::{GuestOptions, Mode as QueueMode};
 use vgpud::daemon::SchedGate;
 
 mod common;

@@ -1467,7 +1467,8 @@ fn unmap_unregisters_even_during_registration() {
 
 #[test]
 fn vgpu_copies_go_straight_to_guest_ram() {
-    use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
+    use vgpu_device::testing::{test_config, TestVgpu};
+    use vgpu_testkit::{GuestOptions, Mode as QueueMode};
     if !gpu() {
         return;
     }

@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued, CmdHeader, CopyCmd, SgEntry};
 use vgpu_benchkit::{measure_rounds, size_label, summarize, verdict, Summary, KIB, MIB};
-use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode, TestVgpu, Used};
+use vgpu_device::testing::{test_config, TestVgpu};
+use vgpu_testkit::{Chain, Guest, GuestOptions, Mode, Used};
 use vmm_sys_util::eventfd::EventFd;
 
 const PAGE: usize = 4096;

@@ -9,6 +9,8 @@
 #![warn(missing_docs)]
 
 pub mod command;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 mod worker;
 
 use std::fs::File;

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::{assert_status, status_name};
 use vfio_user_server::{Endpoint, ServerError};
+use vgpu_device::testing::{software_partition, test_config};
 use vgpu_device::{CommandGate, DrainHandle, VgpuDevice};
 use vgpu_testkit::abi;
-use vgpu_testkit::{software_partition, test_config, Chain, Guest, GuestOptions, Mode};
+use vgpu_testkit::{Chain, Guest, GuestOptions, Mode};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 

@@ -24,9 +24,11 @@ use common::{assert_status, eventually, thread_cpu, Rng, MIB, QUIET};
 use vfio_user_server::proto::{Command, Header, FLAG_ERROR, FLAG_TYPE_COMMAND, FLAG_TYPE_REPLY};
 use vfio_user_server::proto::{DMA_FLAG_READ, DMA_FLAG_WRITE, HEADER_SIZE};
 use vgpu_backend::software::SoftwareBackend;
+use vgpu_device::testing::TestVgpu;
+use vgpu_device::testing::{software_partition, test_config};
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader, SgEntry};
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, launch_cmd, software_partition, test_config};
-use vgpu_testkit::{fill_chain, Chain, Guest, Mode, TestVgpu, WakePolicy};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, launch_cmd};
+use vgpu_testkit::{fill_chain, Chain, Guest, Mode, WakePolicy};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use vmm_sys_util::tempdir::TempDir;
 

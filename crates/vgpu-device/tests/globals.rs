@@ -12,8 +12,9 @@ use vgpu_backend::{
     FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued,
     QueuedDone,
 };
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi::{self, ByteValued, CmdHeader};
-use vgpu_testkit::{test_config, Chain, Guest, Mode, TestVgpu};
+use vgpu_testkit::{Chain, Guest, Mode};
 
 /// A software partition whose modules have one global, `table`, placed
 /// in device memory as a GPU's driver places it.
@@ -122,7 +123,7 @@ fn load(g: &mut Guest) -> u64 {
 #[test]
 fn test_a_global_is_described_and_reachable_by_copy() {
     let backend = SoftwareBackend::new(16 * MIB, 2);
-    let inner = vgpu_testkit::software_partition(&backend, "globals", 16 * MIB, 2);
+    let inner = vgpu_device::testing::software_partition(&backend, "globals", 16 * MIB, 2);
     let p = WithGlobals { inner, table: None };
     let server = TestVgpu::start(test_config("globals", 2), Box::new(p));
     let mut g = server.connect();

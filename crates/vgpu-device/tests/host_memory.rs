@@ -18,8 +18,9 @@ use vgpu_backend::{
     FunctionInfo, HostMapping, HostMemory, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec, Queued, QueuedDone,
 };
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi::{self, ByteValued};
-use vgpu_testkit::{launch_cmd, test_config, Chain, Mode, TestVgpu};
+use vgpu_testkit::{launch_cmd, Chain, Mode};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Notice {
@@ -212,7 +213,7 @@ impl Partition for Recording {
 
 fn start() -> (TestVgpu, Arc<Registry>, Arc<Mutex<u64>>) {
     let backend = SoftwareBackend::new(64 * MIB, 2);
-    let inner = vgpu_testkit::software_partition(&backend, "rec", 64 * MIB, 2);
+    let inner = vgpu_device::testing::software_partition(&backend, "rec", 64 * MIB, 2);
     let registry = Arc::new(Registry::default());
     let direct_bytes = Arc::new(Mutex::new(0));
     let p = Recording {

@@ -6,8 +6,9 @@ mod common;
 use common::{assert_status, Rng, MIB};
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_backend::Backend;
+use vgpu_device::testing::{software_partition, test_config, TestVgpu};
 use vgpu_testkit::abi::{self, SgEntry};
-use vgpu_testkit::{software_partition, test_config, Guest, Mode, TestVgpu};
+use vgpu_testkit::{Guest, Mode};
 
 struct Pair {
     _a: TestVgpu,

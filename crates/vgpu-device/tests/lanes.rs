@@ -17,10 +17,9 @@ use vgpu_backend::{
     Finished, Finishing, FunctionInfo, HostSink, HostSource, Launch, OpError, Partition,
     PartitionSpec, Queued, QueuedDone, Started,
 };
+use vgpu_device::testing::{software_partition, test_config, TestVgpu};
 use vgpu_testkit::abi;
-use vgpu_testkit::{
-    fill_chain, software_partition, test_config, value_chain, Guest, Mode, TestVgpu,
-};
+use vgpu_testkit::{fill_chain, value_chain, Guest, Mode};
 
 /// Whether lane 0's runs may finish, and the condition that says so.
 type Release = Arc<(Mutex<bool>, Condvar)>;

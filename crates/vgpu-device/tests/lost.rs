@@ -15,8 +15,9 @@ use vgpu_backend::{
     FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued,
     QueuedDone,
 };
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi::{self, ByteValued};
-use vgpu_testkit::{launch_cmd, test_config, Chain, Guest, Mode, TestVgpu};
+use vgpu_testkit::{launch_cmd, Chain, Guest, Mode};
 
 /// The fill count whose launch "faults".
 const POISON: u64 = 7;
@@ -139,7 +140,7 @@ fn fill(g: &mut Guest, dst: u64, count: u64) -> abi::Completion {
 #[test]
 fn a_lost_partition_sets_fatal_once_and_a_reset_recovers_it() {
     let backend = SoftwareBackend::new(16 * MIB, 2);
-    let inner = vgpu_testkit::software_partition(&backend, "lost", 16 * MIB, 2);
+    let inner = vgpu_device::testing::software_partition(&backend, "lost", 16 * MIB, 2);
     let resets = Arc::new(AtomicU32::new(0));
     let p = Faulting {
         inner,

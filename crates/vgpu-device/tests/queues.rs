@@ -7,9 +7,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{assert_status, eventually, nop_in_ram, vgpu, QUIET};
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi::{self, CmdHeader};
 use vgpu_testkit::ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vgpu_testkit::{launch_cmd, test_config, Chain, Guest, Mode, TestVgpu, VirtqDesc, WakePolicy};
+use vgpu_testkit::{launch_cmd, Chain, Guest, Mode, VirtqDesc, WakePolicy};
 
 fn polled_vgpu(queues: u32, poll_spin: Duration) -> (TestVgpu, Guest) {
     let mut config = test_config("polled", queues);

@@ -4,8 +4,9 @@
 mod common;
 
 use common::MIB;
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi;
-use vgpu_testkit::{test_config, Mode, TestVgpu};
+use vgpu_testkit::Mode;
 
 #[test]
 fn test_identity_and_partition_registers() {

@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 
 use common::{assert_status, eventually, open_fds, proc_status_bytes, rss, threads, Rng, MIB};
 use vgpu_backend::software::SoftwareBackend;
+use vgpu_device::testing::TestVgpu;
+use vgpu_device::testing::{software_partition, test_config};
 use vgpu_testkit::abi::{self, CmdHeader, SgEntry};
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, software_partition, test_config};
-use vgpu_testkit::{Chain, Guest, Mode, TestVgpu};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes};
+use vgpu_testkit::{Chain, Guest, Mode};
 
 const TENANTS: usize = 4;
 /// Device memory of each tenant.

@@ -292,7 +292,8 @@ mod cuda {
     use super::*;
     use vgpu_abi::SgEntry;
     use vgpu_backend_cuda::CudaBackend;
-    use vgpu_testkit::{test_config, Guest, GuestOptions, Mode as QueueMode, TestVgpu};
+    use vgpu_device::testing::{test_config, TestVgpu};
+    use vgpu_testkit::{Guest, GuestOptions, Mode as QueueMode};
 
     /// Partition host start (context, built-in module) and an in-place
     /// reset, timed.

@@ -11,8 +11,9 @@ use vgpu_backend::PartitionSpec;
 use vgpu_backend_remote::{
     InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
 };
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi;
-use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, test_config, Mode, TestVgpu};
+use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, Mode};
 
 const MIB: u64 = 1 << 20;
 

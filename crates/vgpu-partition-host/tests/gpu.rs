@@ -415,7 +415,8 @@ fn transfers(b: RemoteBackend) {
 
 #[test]
 fn guest_copies_through_a_host_use_forwarded_guest_memory() {
-    use vgpu_testkit::{test_config, GuestOptions, Mode, TestVgpu};
+    use vgpu_device::testing::{test_config, TestVgpu};
+    use vgpu_testkit::{GuestOptions, Mode};
     if !gpu() {
         return;
     }

@@ -254,8 +254,9 @@ impl Guest {
     }
 
     /// From now on, REG_WAKE writes signal `efd` (the register's
-    /// ioeventfd, see `TestVgpu::wake_ioeventfd`) instead of going through
-    /// the socket, as with a VMM that maps the register as an ioeventfd.
+    /// ioeventfd, see `vgpu_device::testing::TestVgpu::wake_ioeventfd`)
+    /// instead of going through the socket, as with a VMM that maps the
+    /// register as an ioeventfd.
     pub fn use_wake_ioeventfd(&mut self, efd: EventFd) {
         self.wake_ioeventfd = Some(efd);
     }

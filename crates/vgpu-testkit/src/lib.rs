@@ -1,9 +1,11 @@
 //! A host-side test kit for vgpud virtual GPU functions. It plays both the
 //! VMM and the guest driver through the `vfio_user` crate's `Client` (the
-//! client cloud-hypervisor uses), over a real UNIX socket:
+//! client cloud-hypervisor uses), over a real UNIX socket. It speaks the
+//! guest ABI (`vgpu-abi`) and knows no device model: the device under test
+//! comes from above (`vgpu_device::testing` builds a vGPU on this kit).
 //!
-//! - [`TestVgpu`] serves a [`VgpuDevice`] on a socket from a thread of its
-//!   own and stops it when dropped.
+//! - [`TestServer`] serves any [`PciDevice`] on a socket from a thread of
+//!   its own and stops it when dropped.
 //! - [`Guest`] is one connection: guest RAM (a memfd DMA-mapped at a
 //!   non-zero IOVA) with a bump allocator, an eventfd on every MSI-X
 //!   vector, the doorbell page mapped directly, BAR0 register helpers,
@@ -25,14 +27,10 @@ mod guest;
 pub mod ring;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use vfio_user_server::{Endpoint, ServerError};
-use vgpu_backend::software::SoftwareBackend;
-use vgpu_backend::{Backend, Partition, PartitionSpec};
-use vgpu_device::{DeviceCounters, VgpuConfig, VgpuDevice};
+use vfio_user_server::{Endpoint, PciDevice, ServerError};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -51,53 +49,33 @@ pub const DEFAULT_RAM_IOVA: u64 = 0x1_0000_0000;
 /// Default longest wait for a completion.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A vGPU served on a socket in a temporary directory by a thread of its
+/// A device served on a socket in a temporary directory by a thread of its
 /// own; stopped and joined on drop.
-pub struct TestVgpu {
+pub struct TestServer {
     path: PathBuf,
-    counters: Arc<DeviceCounters>,
-    wake: EventFd,
     stop: EventFd,
     thread: Option<JoinHandle<Result<(), ServerError>>>,
     _dir: TempDir,
 }
 
-impl TestVgpu {
-    /// Serves a vGPU made of `config` and `partition`.
-    pub fn start(config: VgpuConfig, partition: Box<dyn Partition>) -> TestVgpu {
+impl TestServer {
+    /// Serves `device`; `name` prefixes the endpoint's log lines and names
+    /// its thread.
+    pub fn start(name: &str, device: Box<dyn PciDevice>) -> TestServer {
         let dir = TempDir::new_with_prefix("/tmp/vgpu-testkit-").expect("temporary directory");
         let path = dir.as_path().join("vgpu.sock");
-        let name = config.name.clone();
-        let device = VgpuDevice::new(config, partition).expect("vGPU device");
-        let wake = device.wake_eventfd().expect("wake eventfd");
-        let counters = device.counters();
-        let endpoint = Endpoint::new(name.clone(), &path, Box::new(device)).expect("endpoint");
+        let endpoint = Endpoint::new(name, &path, device).expect("endpoint");
         let stop = endpoint.stop_handle().expect("stop handle");
         let thread = std::thread::Builder::new()
             .name(format!("endpoint-{name}"))
             .spawn(move || endpoint.run())
             .expect("endpoint thread");
-        TestVgpu {
+        TestServer {
             path,
-            counters,
-            wake,
             stop,
             thread: Some(thread),
             _dir: dir,
         }
-    }
-
-    /// Serves a vGPU on a partition of its own software backend with
-    /// `memory` bytes of device memory and `compute_units` threads.
-    pub fn software(config: VgpuConfig, memory: u64, compute_units: u32) -> TestVgpu {
-        let backend = SoftwareBackend::new(memory, compute_units);
-        let partition = software_partition(&backend, &config.name, memory, compute_units);
-        TestVgpu::start(config, partition)
-    }
-
-    /// The function's counters.
-    pub fn counters(&self) -> Arc<DeviceCounters> {
-        self.counters.clone()
     }
 
     /// The socket path.
@@ -115,20 +93,13 @@ impl TestVgpu {
         Guest::connect(&self.path, opts)
     }
 
-    /// A duplicate of the eventfd behind the WAKE register: what a VMM with
-    /// ioeventfd support gets through DEVICE_GET_REGION_IO_FDS (the
-    /// vfio_user Client cannot ask for it). See [`Guest::use_wake_ioeventfd`].
-    pub fn wake_ioeventfd(&self) -> EventFd {
-        self.wake.try_clone().expect("duplicate wake eventfd")
-    }
-
     /// Whether the endpoint thread still runs.
     pub fn alive(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 
-impl Drop for TestVgpu {
+impl Drop for TestServer {
     fn drop(&mut self) {
         let _ = self.stop.write(1);
         if let Some(t) = self.thread.take() {
@@ -142,31 +113,6 @@ impl Drop for TestVgpu {
             }
         }
     }
-}
-
-/// Carves a partition named `name` out of `backend`.
-pub fn software_partition(
-    backend: &SoftwareBackend,
-    name: &str,
-    memory: u64,
-    compute_units: u32,
-) -> Box<dyn Partition> {
-    backend
-        .create_partition(&PartitionSpec {
-            name: name.to_string(),
-            memory,
-            compute_units,
-        })
-        .expect("partition fits the backend")
-}
-
-/// A configuration named `name` that suits tests: `queues` queues, a
-/// 1 MiB window and the default poll spin.
-pub fn test_config(name: &str, queues: u32) -> VgpuConfig {
-    let mut c = VgpuConfig::new(name);
-    c.queues = queues;
-    c.window_size = 1 << 20;
-    c
 }
 
 /// Environment variable naming a file where skipped tests are listed, one

@@ -39,10 +39,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vgpu_backend::software::SoftwareBackend;
+use vgpu_device::testing::{software_partition, test_config, TestVgpu};
 use vgpu_device::CommandGate;
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
 use vgpu_testkit::abi::{self, ByteValued};
-use vgpu_testkit::{software_partition, test_config, Chain, Guest, GuestOptions, Mode, TestVgpu};
+use vgpu_testkit::{Chain, Guest, GuestOptions, Mode};
 use vgpud::daemon::SchedGate;
 
 const MS: Duration = Duration::from_millis(1);

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi;
-use vgpu_testkit::{test_config, Guest, Mode, TestVgpu};
+use vgpu_testkit::{Guest, Mode};
 
 pub const MIB: u64 = 1 << 20;
 /// Device memory of the default test partition.
