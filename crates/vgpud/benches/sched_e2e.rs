@@ -119,34 +119,111 @@ fn sched_config(policy: Policy) -> SchedConfig {
     c
 }
 
-/// The simplest exclusive arbiter: one command on the GPU at a time,
-/// whoever asks first, no policy and no accounting. What the scheduler's
-/// cost is measured against, as the GPU it models runs one command at a
-/// time too.
+/// The simplest exclusive arbiter: one vGPU on the GPU at a time, whoever
+/// asks first, no policy and no accounting. What the scheduler's cost is
+/// measured against, as the GPU it models is one tenant's at a time too.
+///
+/// It follows the worker's protocol as the scheduler's gate does: a
+/// worker calls `enter` for each run it starts and `leave` as each
+/// finishes, and starts several before the first finishes (one per queue
+/// in a round, and runs kept in flight on its lanes), so `enter` lets a
+/// vGPU that holds the GPU through at once. A vGPU holds it while any run
+/// it started is unfinished, and until its worker goes idle; then the
+/// first one waiting gets it.
 #[derive(Default)]
 struct Exclusive {
-    busy: Mutex<bool>,
-    free: Condvar,
+    state: Mutex<Holder>,
+    handed: Condvar,
 }
 
-struct ExclusiveGate(Arc<Exclusive>);
+/// Who has the GPU, and who waits for it.
+#[derive(Default)]
+struct Holder {
+    /// The vGPU on the GPU, and how many of its runs are unfinished.
+    owner: Option<(usize, u64)>,
+    /// vGPUs waiting, first come first.
+    waiting: std::collections::VecDeque<usize>,
+}
+
+impl Exclusive {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives the GPU to the first vGPU waiting, if any.
+    fn release(&self, h: &mut Holder) {
+        h.owner = h.waiting.pop_front().map(|next| (next, 1));
+        self.handed.notify_all();
+    }
+}
+
+/// A vGPU's way through [`Exclusive`].
+struct ExclusiveGate {
+    lock: Arc<Exclusive>,
+    id: usize,
+}
 
 impl CommandGate for ExclusiveGate {
     fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
-        let mut busy = self.0.busy.lock().unwrap();
-        while *busy {
+        let mut h = self.lock.lock();
+        let free = h.waiting.is_empty();
+        match &mut h.owner {
+            // Another run of a vGPU already on the GPU.
+            Some((owner, runs)) if *owner == self.id => {
+                *runs += 1;
+                return true;
+            }
+            None if free => {
+                h.owner = Some((self.id, 1));
+                return true;
+            }
+            _ => {}
+        }
+        h.waiting.push_back(self.id);
+        loop {
+            h = self
+                .lock
+                .handed
+                .wait_timeout(h, 5 * MS)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            // Handed over by `release`, run counted.
+            if h.owner.is_some_and(|(owner, _)| owner == self.id) {
+                return true;
+            }
             if cancelled() {
+                h.waiting.retain(|&w| w != self.id);
                 return false;
             }
-            busy = self.0.free.wait_timeout(busy, 5 * MS).unwrap().0;
         }
-        *busy = true;
-        true
     }
 
     fn leave(&self, _: Duration, _: u64) {
-        *self.0.busy.lock().unwrap() = false;
-        self.0.free.notify_one();
+        let mut h = self.lock.lock();
+        // A run that finishes after the GPU went back (its worker went
+        // idle meanwhile) has nothing left to give back: no accounting.
+        if let Some((owner, runs)) = &mut h.owner {
+            if *owner == self.id {
+                *runs = runs.saturating_sub(1);
+                if *runs == 0 {
+                    self.lock.release(&mut h);
+                }
+            }
+        }
+    }
+
+    fn holding(&self) -> bool {
+        self.lock
+            .lock()
+            .owner
+            .is_some_and(|(owner, _)| owner == self.id)
+    }
+
+    fn idle(&self) {
+        let mut h = self.lock.lock();
+        if h.owner.is_some_and(|(owner, _)| owner == self.id) {
+            self.lock.release(&mut h);
+        }
     }
 }
 
@@ -189,9 +266,11 @@ impl Rig {
                         s.add_tenant(id, *p).expect("tenant");
                         Some(Arc::new(SchedGate::new(s.clone(), id)) as Arc<dyn CommandGate>)
                     }
-                    (None, Arbiter::Exclusive) => {
-                        Some(Arc::new(ExclusiveGate(exclusive.clone())) as Arc<dyn CommandGate>)
-                    }
+                    (None, Arbiter::Exclusive) => Some(Arc::new(ExclusiveGate {
+                        lock: exclusive.clone(),
+                        id: i,
+                    })
+                        as Arc<dyn CommandGate>),
                     _ => None,
                 };
                 TestVgpu::start(dc, software_partition(&backend, &name, MEMORY, 1))
