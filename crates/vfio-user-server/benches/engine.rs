@@ -26,6 +26,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,7 +38,7 @@ use vfio_user_server::proto::{
 };
 use vfio_user_server::sample::{regs, SampleDevice};
 use vfio_user_server::Endpoint;
-use vgpu_benchkit::{measure_rounds, summarize, verdict, Summary, KIB, MIB};
+use vgpu_benchkit::{measure_rounds, ratio, summarize, Bench, Summary, Target, KIB, MIB};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -294,7 +295,7 @@ fn round_trip_rounds(cfg: &Config, variants: &mut [&mut dyn RoundTrip]) -> Vec<V
     measure_rounds(cfg.rtt_rounds, cfg.rtt_batch, 0, &mut refs)
 }
 
-fn bench_round_trip(cfg: &Config) {
+fn bench_round_trip(bench: &Bench, cfg: &Config) {
     let engine = Server::start();
     let mut raw = FramedClient::connect(&engine.path);
 
@@ -333,15 +334,23 @@ fn bench_round_trip(cfg: &Config) {
         "variant", "samples", "p50 (us)", "p99 (us)", "p50 / bare"
     );
     for (i, (name, s)) in names.iter().zip(&stats).enumerate() {
-        let ratio = s.p50 as f64 / base;
-        let target = match i {
-            0 => "(baseline)".to_string(),
-            1 => format!(
-                "<= {TARGET_RTT_RATIO:.2}x {}",
-                verdict(ratio <= TARGET_RTT_RATIO)
-            ),
-            _ => "(reference)".to_string(),
+        let goal = if i == 1 {
+            Target::AtMost(TARGET_RTT_RATIO)
+        } else {
+            Target::Reference
         };
+        // The baseline's own row notes nothing: the rows against it do.
+        let r = if i == 0 {
+            ratio(s.p50 as f64, Some(base), goal)
+        } else {
+            bench.ratio(name, s.p50 as f64, base, goal)
+        };
+        let target = match i {
+            0 => format!("(baseline) {}", r.verdict),
+            1 => format!("<= {TARGET_RTT_RATIO:.2}x {}", r.verdict),
+            _ => format!("(reference) {}", r.verdict),
+        };
+        let ratio = r.value;
         println!(
             "  {:<28} {:>9} {:>10.2} {:>10.2} {:>11.2}x  {target}",
             name,
@@ -423,7 +432,7 @@ impl Drop for PlainMap {
     }
 }
 
-fn bench_dma_read(cfg: &Config) {
+fn bench_dma_read(bench: &Bench, cfg: &Config) {
     let max = *DMA_SIZES.iter().max().expect("sizes");
     let ram = guest_ram(max).expect("memfd");
     // Fill (and so allocate) every page of guest RAM.
@@ -497,15 +506,21 @@ fn bench_dma_read(cfg: &Config) {
             }
         }
         let bytes = (size * reps) as f64;
-        let gbps = |ns: u64| bytes / ns.max(1) as f64;
+        // No sample (or a clock that read 0) is no throughput: infinite.
+        let gbps = |ns: u64| bytes / ns as f64;
         let m = summarize(memcpy_ns);
         let d = summarize(dma_ns);
-        let ratio = gbps(d.p50) / gbps(m.p50);
         let label = if size >= MIB {
             format!("{} MiB", size / MIB)
         } else {
             format!("{} KiB", size / KIB)
         };
+        let r = bench.ratio(
+            &format!("DMA read {label}"),
+            gbps(d.p50),
+            gbps(m.p50),
+            Target::AtLeast(TARGET_DMA_RATIO),
+        );
         println!(
             "  {:>7} {:>8} {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>10.1}%  >= {:.0}% {}",
             label,
@@ -514,14 +529,15 @@ fn bench_dma_read(cfg: &Config) {
             gbps(m.p99),
             gbps(d.p50),
             gbps(d.p99),
-            ratio * 100.0,
+            r.percent(),
             TARGET_DMA_RATIO * 100.0,
-            verdict(ratio >= TARGET_DMA_RATIO)
+            r.verdict
         );
     }
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let cfg = Config::from_env();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -534,6 +550,7 @@ fn main() {
         }
     );
     println!();
-    bench_round_trip(&cfg);
-    bench_dma_read(&cfg);
+    bench_round_trip(&bench, &cfg);
+    bench_dma_read(&bench, &cfg);
+    bench.finish()
 }

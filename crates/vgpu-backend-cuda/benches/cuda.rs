@@ -12,6 +12,7 @@
 use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use vgpu_backend::{
     SliceFn,
 };
 use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
+use vgpu_benchkit::{Bench, Target};
 use vgpu_device::CommandGate;
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
 use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
@@ -212,7 +214,7 @@ fn med(size: usize, f: impl FnMut()) -> Duration {
 /// VMM and guest, guest RAM a registered memfd, a polled queue), through
 /// the partition alone (registered, and staged from unpinned memory), and
 /// native cuMemcpy from pinned memory.
-fn copies(b: &CudaBackend) {
+fn copies(bench: &Bench, b: &CudaBackend) {
     let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
     let max = sizes[sizes.len() - 1];
 
@@ -310,13 +312,20 @@ fn copies(b: &CudaBackend) {
             ("guest -> device", v_up, p_up, n_up, s_up),
             ("device -> guest", v_down, p_down, n_down, s_down),
         ] {
+            let r = bench.ratio(
+                &format!("COPY {} {dir}, native / vGPU", size_name(size)),
+                n.as_secs_f64(),
+                v.as_secs_f64(),
+                Target::Reference,
+            );
             println!(
-                "| {} | {dir} | {} | {} | {} | {:.0}% | {} |",
+                "| {} | {dir} | {} | {} | {} | {:.0}% {} | {} |",
                 size_name(size),
                 cell(size, v),
                 cell(size, pr),
                 cell(size, n),
-                100.0 * n.as_secs_f64() / v.as_secs_f64(),
+                r.percent(),
+                r.verdict,
                 cell(size, st),
             );
         }
@@ -681,7 +690,7 @@ fn rate(t: &Tenant, wall: Duration) -> f64 {
 
 /// Two isolated tenants time-sliced by the host scheduler vs one alone,
 /// and a victim next to a saturating neighbour in both modes.
-fn sharing() {
+fn sharing(bench: &Bench) {
     let part = |b: &CudaBackend, name: &str, cu: u32| {
         Mutex::new(
             b.create_cuda_partition(&PartitionSpec {
@@ -732,11 +741,18 @@ fn sharing() {
         } else {
             format!("{}, own contexts", policy_name(policy))
         };
-        println!(
-            "| {what} | {dim}^3 | {r1:.1} | {:.1} ({ra:.1} + {rb:.1}) | {:.1}% | {:.1}% | {:.1}% |",
+        let r = bench.ratio(
+            &format!("{what}, {dim}^3, aggregate vs alone"),
             ra + rb,
-            100.0 * (ra + rb) / r1,
-            100.0 * (1.0 - (ra + rb) / r1),
+            r1,
+            Target::Reference,
+        );
+        println!(
+            "| {what} | {dim}^3 | {r1:.1} | {:.1} ({ra:.1} + {rb:.1}) | {:.1}% {} | {:.1}% | {:.1}% |",
+            ra + rb,
+            r.percent(),
+            r.verdict,
+            100.0 * (1.0 - r.value),
             100.0 * busy
         );
     }
@@ -782,16 +798,24 @@ fn sharing() {
     println!("| victim sgemm 4096^3, neighbour saturating its partition with the same | victim alone (cmd/s) | victim with neighbour (cmd/s) | neighbour (cmd/s) | victim with / alone |");
     println!("|---|---|---|---|---|");
     for (what, alone, with, other) in victims {
+        let r = bench.ratio(
+            &format!("{what}, victim with / alone"),
+            with,
+            alone,
+            Target::Reference,
+        );
         println!(
-            "| {what} | {alone:.1} | {with:.1} | {other:.1} | {:.1}% |",
-            100.0 * with / alone
+            "| {what} | {alone:.1} | {with:.1} | {other:.1} | {:.1}% {} |",
+            r.percent(),
+            r.verdict
         );
     }
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let Some(b) = common::cuda_backend() else {
-        return;
+        return bench.finish();
     };
     println!(
         "{} ({} SMs, {} GiB)\n",
@@ -805,7 +829,7 @@ fn main() {
         .collect();
     let run = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
     if run("copies") {
-        copies(&b);
+        copies(&bench, &b);
         println!();
     }
     if run("launches") {
@@ -818,6 +842,7 @@ fn main() {
         println!();
     }
     if run("sharing") {
-        sharing();
+        sharing(&bench);
     }
+    bench.finish()
 }

@@ -9,8 +9,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{Bench, Target};
 use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, LaunchStats, Limits, Module, VecMemory};
 
 const BASE: u64 = 0x1000_0000;
@@ -41,19 +43,27 @@ fn params(m: &Module, k: &str, vals: &[&[u8]]) -> Vec<u8> {
     buf
 }
 
-fn report(name: &str, native: Duration, exec: Duration, st: &LaunchStats) {
-    let ratio = exec.as_secs_f64() / native.as_secs_f64();
+fn report(bench: &Bench, name: &str, native: Duration, exec: Duration, st: &LaunchStats) {
+    let r = bench.ratio(
+        name,
+        exec.as_secs_f64(),
+        native.as_secs_f64(),
+        Target::Reference,
+    );
+    let ratio = r.value;
     let tips = st.thread_instructions as f64 / exec.as_secs_f64();
     println!(
-        "{name:<14} native {:>9.3} ms   executor {:>9.3} ms   ratio {ratio:>6.1}x   {:>7.1} M thread-instr/s   ({} thread-instr)",
+        "{name:<14} native {:>9.3} ms   executor {:>9.3} ms   ratio {ratio:>6.1}x   {:>7.1} M thread-instr/s   ({} thread-instr) {}",
         native.as_secs_f64() * 1e3,
         exec.as_secs_f64() * 1e3,
         tips / 1e6,
-        st.thread_instructions
+        st.thread_instructions,
+        r.verdict
     );
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let workers: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
@@ -95,7 +105,7 @@ fn main() {
             }
             black_box(c)
         });
-        report("vector add", tn, te, &st);
+        report(&bench, "vector add", tn, te, &st);
     }
 
     // Tiled matrix multiply.
@@ -147,7 +157,7 @@ fn main() {
             .zip(&c)
             .all(|(g, w)| f32::from_le_bytes([g[0], g[1], g[2], g[3]]) == *w);
         assert!(ok, "matmul result differs");
-        report("matmul 256", tn, te, &st);
+        report(&bench, "matmul 256", tn, te, &st);
     }
 
     // Reduction with warp shuffles.
@@ -181,6 +191,7 @@ fn main() {
             }
             black_box(s)
         });
-        report("reduce shfl", tn, te, &st);
+        report(&bench, "reduce shfl", tn, te, &st);
     }
+    bench.finish()
 }

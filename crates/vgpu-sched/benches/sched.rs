@@ -31,11 +31,13 @@
 //! `cargo test --all-targets` does) runs every part briefly: a smoke test.
 
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{ratio, verdict, Bench, Target};
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
 
 const MS: Duration = Duration::from_millis(1);
@@ -71,14 +73,6 @@ impl Config {
                 overhead: Duration::from_secs(1),
             }
         }
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
     }
 }
 
@@ -324,7 +318,7 @@ fn latency_run(duration: Duration, loaded: bool) -> (Vec<Duration>, f64, Vec<Dur
     (lat, low_busy / duration.as_secs_f64(), low_cmds)
 }
 
-fn priority_latency(cfg: &Config) {
+fn priority_latency(bench: &Bench, cfg: &Config) {
     // Alternate 1 s runs alone and loaded, so that machine noise hits both.
     let rounds = cfg.latency.as_secs().max(1);
     let (mut idle, mut loaded, mut low_cmds) = (Vec::new(), Vec::new(), Vec::new());
@@ -377,11 +371,18 @@ fn priority_latency(cfg: &Config) {
             "above"
         }
     );
+    // Without samples alone there is nothing to hold the loaded p99 to.
+    let r = bench.ratio(
+        "priority latency",
+        loaded_p99.as_secs_f64(),
+        (!idle.is_empty()).then_some(bound.as_secs_f64()),
+        Target::AtMost(1.0),
+    );
     println!(
         "   loaded p99 {:.3} ms   target <= idle p99 + one long command (p99) = {:.3} ms   {}",
         ms(loaded_p99),
         ms(bound),
-        verdict(loaded_p99 <= bound)
+        r.verdict
     );
     println!();
 }
@@ -553,7 +554,7 @@ fn back_to_back(d: Duration, cmd: Duration) -> (f64, f64) {
     (n as f64 / wall, busy.as_secs_f64() / wall)
 }
 
-fn overhead(cfg: &Config) {
+fn overhead(bench: &Bench, cfg: &Config) {
     // Variants run alternately in rounds and the best round counts, so that
     // noise from other work on the machine hits each alike.
     const ROUNDS: u32 = 3;
@@ -636,12 +637,14 @@ fn overhead(cfg: &Config) {
         "", "commands/s", "ns/command", "vs bare"
     );
     let row = |name: &str, rate: f64| {
+        let r = bench.ratio(name, rate, bare, Target::Reference);
         println!(
-            "   {:>38} {:>14.0} {:>10.1} {:>8.3}%",
+            "   {:>38} {:>14.0} {:>10.1} {:>8.3}% {}",
             name,
             rate,
             1e9 / rate,
-            100.0 * rate / bare
+            r.percent(),
+            r.verdict
         );
     };
     row("no scheduler (bare loop)", bare);
@@ -651,11 +654,12 @@ fn overhead(cfg: &Config) {
         row(&format!("scheduler, {THREADS} tenants, {name}"), rate);
     }
     for (&(name, _), rate) in policies.iter().zip(sched_rates) {
+        let r = ratio(rate, Some(bare), Target::AtLeast(0.9));
         println!(
             "   {:<16} {:>7.3}% of bare   target >= 90%   {}",
             name,
-            100.0 * rate / bare,
-            verdict(rate / bare >= 0.9)
+            r.percent(),
+            r.verdict
         );
     }
 
@@ -678,19 +682,22 @@ fn overhead(cfg: &Config) {
         idle_per(serial_rate, serial_util)
     );
     for (&(name, _), (rate, u)) in policies.iter().zip(util) {
+        let what = format!("scheduler, {name}");
+        let r = bench.ratio(&what, u, serial_util, Target::AtLeast(0.9));
         println!(
             "   {:>38} {:>14.0} {:>11.1}% {:>11.1} us   target >= 90% of back to back   {}",
-            format!("scheduler, {name}"),
+            what,
             rate,
             100.0 * u,
             idle_per(rate, u),
-            verdict(u >= 0.9 * serial_util)
+            r.verdict
         );
     }
     println!();
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let cfg = Config::from_env();
     let quick = if cfg.quick {
         " (quick: smoke run, figures are indicative only)"
@@ -703,8 +710,9 @@ fn main() {
     );
     println!();
     fair_share(&cfg);
-    priority_latency(&cfg);
+    priority_latency(&bench, &cfg);
     fixed_share(&cfg);
-    overhead(&cfg);
+    overhead(&bench, &cfg);
     println!("load average at end: {}", load_average());
+    bench.finish()
 }

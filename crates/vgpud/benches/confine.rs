@@ -17,9 +17,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{Bench, Target};
 use vgpu_testkit::{Guest, GuestOptions, Mode};
 use vmm_sys_util::tempdir::TempDir;
 
@@ -129,7 +130,8 @@ fn nops(g: &mut Guest, n: usize) -> Vec<u64> {
         .collect()
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let cfg = Config::from_env();
     let strict = Daemon::start("strict");
     let off = Daemon::start("off");
@@ -169,10 +171,16 @@ fn main() {
                 s.len()
             );
         }
+        let r = bench.ratio(
+            &format!("{name}, strict / off"),
+            p50[0] as f64,
+            p50[1] as f64,
+            Target::Reference,
+        );
         println!(
-            "{:<10} strict/off p50 ratio {:.3}",
-            name,
-            p50[0] as f64 / p50[1] as f64
+            "{:<10} strict/off p50 ratio {:.3} {}",
+            name, r.value, r.verdict
         );
     }
+    bench.finish()
 }

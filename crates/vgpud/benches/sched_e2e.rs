@@ -93,14 +93,6 @@ impl Params {
     }
 }
 
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
-    }
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -549,13 +541,13 @@ fn fair_share(p: &Params) {
     println!(
         "   worst deviation, all windows: {:.2} pp (target 2 pp): {}",
         worst_all * 100.0,
-        verdict(worst_all <= 0.02 && !wins.is_empty())
+        vgpu_benchkit::verdict(worst_all <= 0.02 && !wins.is_empty())
     );
     println!(
         "   worst deviation, the {} windows with every tenant backlogged at every look: {:.2} pp: {}",
         full.len(),
         worst_full * 100.0,
-        verdict(worst_full <= 0.02 && !full.is_empty())
+        vgpu_benchkit::verdict(worst_full <= 0.02 && !full.is_empty())
     );
 }
 
@@ -610,7 +602,7 @@ fn latency_run(duration: Duration, loaded: bool, scheduled: bool) -> Vec<Duratio
     lat
 }
 
-fn priority_latency(p: &Params) {
+fn priority_latency(bench: &vgpu_benchkit::Bench, p: &Params) {
     let idle = latency_run(p.latency, false, true);
     let loaded = latency_run(p.latency, true, true);
     let unscheduled = latency_run(p.latency, true, false);
@@ -641,10 +633,17 @@ fn priority_latency(p: &Params) {
         unscheduled.len()
     );
     let bound = i99 + SLICE;
+    // Without samples alone there is nothing to hold the loaded p99 to.
+    let r = bench.ratio(
+        "priority latency",
+        l99.as_secs_f64(),
+        (!idle.is_empty()).then_some(bound.as_secs_f64()),
+        vgpu_benchkit::Target::AtMost(1.0),
+    );
     println!(
         "   target: loaded p99 <= idle p99 + one slice = {:.3} ms: {}",
         ms(bound),
-        verdict(l99 <= bound)
+        r.verdict
     );
 }
 
@@ -679,7 +678,7 @@ fn fixed_share(p: &Params) {
         "   share of wall time: mean {:.2}%, max {:.2}% (target max 27%): {}",
         mean * 100.0,
         max * 100.0,
-        verdict(max <= 0.27 && !wins.is_empty())
+        vgpu_benchkit::verdict(max <= 0.27 && !wins.is_empty())
     );
 }
 
@@ -700,7 +699,7 @@ fn throughput(arbiter: Arbiter, cmd: Cmd, duration: Duration) -> f64 {
     (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
 }
 
-fn overhead(p: &Params) {
+fn overhead(bench: &vgpu_benchkit::Bench, p: &Params) {
     println!(
         "\n4. overhead: {TENANTS} saturating tenants, fair share vs no scheduler, {} s per round",
         p.overhead.as_secs_f64()
@@ -738,12 +737,25 @@ fn overhead(p: &Params) {
             "   {label:<13} scheduled {:>9.0}/s  exclusive lock {:>9.0}/s  nothing {:>9.0}/s",
             best[0], best[1], best[2]
         );
+        let lock = bench.ratio(
+            &format!("{label}, scheduled / exclusive lock"),
+            best[0],
+            best[1],
+            vgpu_benchkit::Target::AtLeast(0.9),
+        );
+        let nothing = bench.ratio(
+            &format!("{label}, scheduled / nothing"),
+            best[0],
+            best[2],
+            vgpu_benchkit::Target::Reference,
+        );
         println!(
-            "   {:<13} scheduled / exclusive lock {:5.1}% (target 90%): {};  scheduled / nothing {:5.1}%",
+            "   {:<13} scheduled / exclusive lock {:5.1}% (target 90%): {};  scheduled / nothing {:5.1}% {}",
             "",
-            100.0 * best[0] / best[1],
-            verdict(best[0] >= 0.9 * best[1]),
-            100.0 * best[0] / best[2]
+            lock.percent(),
+            lock.verdict,
+            nothing.percent(),
+            nothing.verdict
         );
         println!(
             "   {:<13} rounds: scheduled [{}], exclusive [{}], nothing [{}]",
@@ -755,7 +767,8 @@ fn overhead(p: &Params) {
     }
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    let bench = vgpu_benchkit::Bench::start();
     let p = Params::from_env();
     println!(
         "scheduler end to end: software backend, vGPUs driven over vfio-user; load average {} on {} CPUs{}",
@@ -769,12 +782,13 @@ fn main() {
         fair_share(&p);
     }
     if run("2") {
-        priority_latency(&p);
+        priority_latency(&bench, &p);
     }
     if run("3") {
         fixed_share(&p);
     }
     if run("4") {
-        overhead(&p);
+        overhead(&bench, &p);
     }
+    bench.finish()
 }
