@@ -38,7 +38,7 @@ use vfio_user_server::proto::{
 };
 use vfio_user_server::sample::{regs, SampleDevice};
 use vfio_user_server::Endpoint;
-use vgpu_benchkit::{measure_rounds, ratio, summarize, Bench, Summary, Target, KIB, MIB};
+use vgpu_benchkit::{measure_rounds, ratio, summarize, Bench, Mode, Summary, Target, KIB, MIB};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -55,7 +55,6 @@ const TARGET_RTT_RATIO: f64 = 1.5;
 const TARGET_DMA_RATIO: f64 = 0.90;
 
 struct Config {
-    quick: bool,
     rtt_rounds: usize,
     rtt_batch: usize,
     rtt_warmup: usize,
@@ -66,30 +65,32 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --benches` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                rtt_rounds: 4,
-                rtt_batch: 250,
-                rtt_warmup: 200,
-                dma_rounds: 3,
-                dma_bytes_per_round: 2 * MIB,
-                dma_min_samples: 2,
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Full => Config {
                 rtt_rounds: 40,
                 rtt_batch: 2500,
                 rtt_warmup: 5000,
                 dma_rounds: 40,
                 dma_bytes_per_round: 32 * MIB,
                 dma_min_samples: 4,
-            }
+            },
+            Mode::Quick => Config {
+                rtt_rounds: 4,
+                rtt_batch: 250,
+                rtt_warmup: 200,
+                dma_rounds: 3,
+                dma_bytes_per_round: 2 * MIB,
+                dma_min_samples: 2,
+            },
+            Mode::Smoke => Config {
+                rtt_rounds: 2,
+                rtt_batch: 50,
+                rtt_warmup: 20,
+                dma_rounds: 1,
+                dma_bytes_per_round: 256 * KIB,
+                dma_min_samples: 1,
+            },
         }
     }
 }
@@ -538,11 +539,11 @@ fn bench_dma_read(bench: &Bench, cfg: &Config) {
 
 fn main() -> ExitCode {
     let bench = Bench::start();
-    let cfg = Config::from_env();
+    let cfg = Config::new(bench.mode());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "vfio-user-server engine benchmark ({} mode, {cpus} CPUs{})",
-        if cfg.quick { "quick" } else { "full" },
+        bench.mode().name(),
         if cfg!(debug_assertions) {
             ", DEBUG BUILD: figures are not meaningful"
         } else {

@@ -215,7 +215,11 @@ fn med(size: usize, f: impl FnMut()) -> Duration {
 /// the partition alone (registered, and staged from unpinned memory), and
 /// native cuMemcpy from pinned memory.
 fn copies(bench: &Bench, b: &CudaBackend) {
-    let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
+    let sizes: &[usize] = if bench.smoke() {
+        &[64 * KIB, MIB]
+    } else {
+        &[64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB]
+    };
     let max = sizes[sizes.len() - 1];
 
     // The vGPU: guest RAM of 1.5 GiB, its COPY commands on queue 0.
@@ -281,7 +285,7 @@ fn copies(bench: &Bench, b: &CudaBackend) {
     println!("| size | direction | vGPU COPY (guest RAM) | partition, registered | native pinned | vGPU / native | partition, staged |");
     println!("|---|---|---|---|---|---|---|");
     let cell = copy_cell;
-    for &size in &sizes {
+    for &size in sizes {
         let sg = [SgEntry {
             addr: guest_buf,
             len: size as u64,
@@ -338,8 +342,8 @@ fn copies(bench: &Bench, b: &CudaBackend) {
 }
 
 /// An empty kernel: launch + wait, through the partition and directly.
-fn launches(b: &CudaBackend) {
-    let reps = 5000;
+fn launches(bench: &Bench, b: &CudaBackend) {
+    let reps = if bench.smoke() { 50 } else { 5000 };
     let mut p = b
         .create_cuda_partition(&PartitionSpec {
             name: "launch".into(),
@@ -671,7 +675,14 @@ struct Sched {
     turn: Duration,
 }
 
-const RUN_SECS: f64 = 2.0;
+/// How long tenants run for one figure (a smoke run: briefly).
+fn run_secs(bench: &Bench) -> f64 {
+    if bench.smoke() {
+        0.1
+    } else {
+        2.0
+    }
+}
 
 fn policy_name(s: Sched) -> String {
     match s.policy {
@@ -691,6 +702,7 @@ fn rate(t: &Tenant, wall: Duration) -> f64 {
 /// Two isolated tenants time-sliced by the host scheduler vs one alone,
 /// and a victim next to a saturating neighbour in both modes.
 fn sharing(bench: &Bench) {
+    let run = run_secs(bench);
     let part = |b: &CudaBackend, name: &str, cu: u32| {
         Mutex::new(
             b.create_cuda_partition(&PartitionSpec {
@@ -727,9 +739,9 @@ fn sharing(bench: &Bench) {
         (4096, rr(8), false),
     ];
     for (dim, policy, same) in rows {
-        let (alone, w1) = run_tenants(&[&a], dim, Some(policy), RUN_SECS);
+        let (alone, w1) = run_tenants(&[&a], dim, Some(policy), run);
         let pair: [&Mutex<CudaPartition>; 2] = if same { [&a, &a] } else { [&a, &b] };
-        let (two, w2) = run_tenants(&pair, dim, Some(policy), RUN_SECS);
+        let (two, w2) = run_tenants(&pair, dim, Some(policy), run);
         let r1 = rate(&alone[0], w1);
         let (ra, rb) = (rate(&two[0], w2), rate(&two[1], w2));
         let busy = (two[0].device + two[1].device).as_secs_f64() / w2.as_secs_f64();
@@ -759,8 +771,8 @@ fn sharing(bench: &Bench) {
     // A victim next to a neighbour saturating its own partition.
     let mut victims = Vec::new();
     for policy in [fair(8), rr(8)] {
-        let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), RUN_SECS);
-        let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), RUN_SECS);
+        let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), run);
+        let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), run);
         victims.push((
             format!(
                 "isolated: whole GPU each, host scheduler ({}, equal weights)",
@@ -780,8 +792,8 @@ fn sharing(bench: &Bench) {
     let half = total / 2 / g * g;
     let victim = part(&sp, "victim", half);
     let neighbour = part(&sp, "neighbour", total - half);
-    let (alone, w1) = run_tenants(&[&victim], 4096, None, RUN_SECS);
-    let (both, w2) = run_tenants(&[&victim, &neighbour], 4096, None, RUN_SECS);
+    let (alone, w1) = run_tenants(&[&victim], 4096, None, run);
+    let (both, w2) = run_tenants(&[&victim, &neighbour], 4096, None, run);
     victims.insert(
         0,
         (
@@ -833,7 +845,7 @@ fn main() -> ExitCode {
         println!();
     }
     if run("launches") {
-        launches(&b);
+        launches(&bench, &b);
         println!();
     }
     drop(b);

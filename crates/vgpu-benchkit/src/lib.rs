@@ -3,10 +3,11 @@
 //! side by side: [`measure_rounds`] alternates them in rounds and rotates
 //! which goes first, and results are read as ratios of percentiles.
 //!
-//! Every benchmark binary starts with [`Bench::start`] and ends with
-//! [`Bench::finish`], whose exit code fails when a ratio had no baseline
-//! to compare with (see [`ratio`]) or a thread panicked: a benchmark that
-//! measured nothing is an error, not a figure.
+//! Every benchmark binary starts with [`Bench::start`], which says how it
+//! was asked to run ([`Mode`]: in full, briefly, or as a smoke test), and
+//! ends with [`Bench::finish`], whose exit code fails when a ratio had no
+//! baseline to compare with (see [`ratio`]) or a thread panicked: a
+//! benchmark that measured nothing is an error, not a figure.
 
 #![warn(missing_docs)]
 
@@ -14,6 +15,7 @@ use std::fmt;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Bytes in a KiB.
 pub const KIB: usize = 1024;
@@ -146,26 +148,109 @@ pub fn ratio(figure: f64, baseline: Option<f64>, target: Target) -> Ratio {
     Ratio { value, verdict }
 }
 
-/// A benchmark binary's run: whether everything it judged could be
-/// judged. (`default()`: one that installs nothing, for tests.)
-#[derive(Default)]
+/// How a benchmark binary was asked to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `cargo bench`: every part at full length.
+    Full,
+    /// `BENCH_QUICK=1 cargo bench`: every part briefly, figures
+    /// indicative only.
+    Quick,
+    /// Every part for a fraction of a second, to show that each runs to
+    /// the end and measures something: `cargo test --benches` (which runs
+    /// a bench binary without `--bench`) or `cargo bench -- --test`.
+    Smoke,
+}
+
+impl Mode {
+    /// The mode that `args` (the binary's arguments, without its name)
+    /// and `quick` (`BENCH_QUICK` set to anything but "" or "0") ask for.
+    pub fn from_args<S: AsRef<str>>(args: &[S], quick: bool) -> Mode {
+        let has = |flag: &str| args.iter().any(|a| a.as_ref() == flag);
+        if has("--test") {
+            Mode::Smoke
+        } else if quick {
+            Mode::Quick
+        } else if has("--bench") {
+            Mode::Full
+        } else {
+            Mode::Smoke
+        }
+    }
+
+    /// One of three values, by mode.
+    pub fn pick<T>(self, full: T, quick: T, smoke: T) -> T {
+        match self {
+            Mode::Full => full,
+            Mode::Quick => quick,
+            Mode::Smoke => smoke,
+        }
+    }
+
+    /// "full", "quick" or "smoke", for headers.
+    pub fn name(self) -> &'static str {
+        self.pick("full", "quick", "smoke")
+    }
+}
+
+/// How long a smoke run may take before it is taken for stuck.
+pub const SMOKE_LIMIT: Duration = Duration::from_secs(120);
+
+/// A benchmark binary's run: its mode, and whether everything it judged
+/// could be judged.
 pub struct Bench {
+    mode: Mode,
     failures: Mutex<Vec<String>>,
     panicked: Arc<AtomicBool>,
 }
 
 impl Bench {
-    /// Notes any thread's panic for [`Bench::finish`] (a panic in a
-    /// thread the benchmark does not join would otherwise pass unseen).
+    /// Reads the mode from the arguments and `BENCH_QUICK`; notes any
+    /// thread's panic for [`Bench::finish`] (a panic in a thread the
+    /// benchmark does not join would otherwise pass unseen); in
+    /// [`Mode::Smoke`] ends the process with a failure if it runs past
+    /// [`SMOKE_LIMIT`] (a benchmark that waits forever).
     pub fn start() -> Bench {
-        let bench = Bench::default();
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let bench = Bench::new(Mode::from_args(&args, quick));
         let panicked = bench.panicked.clone();
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             panicked.store(true, Ordering::SeqCst);
             previous(info);
         }));
+        if bench.mode == Mode::Smoke {
+            // Detached: it ends with the process.
+            std::thread::Builder::new()
+                .name("smoke-limit".into())
+                .spawn(|| {
+                    std::thread::sleep(SMOKE_LIMIT);
+                    eprintln!("smoke run still going after {SMOKE_LIMIT:?}: stuck");
+                    std::process::exit(1);
+                })
+                .expect("smoke limit thread");
+        }
         bench
+    }
+
+    /// A run in `mode` that installs nothing (for tests).
+    pub fn new(mode: Mode) -> Bench {
+        Bench {
+            mode,
+            failures: Mutex::new(Vec::new()),
+            panicked: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// How the binary was asked to run.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Whether this is a smoke run.
+    pub fn smoke(&self) -> bool {
+        self.mode == Mode::Smoke
     }
 
     /// [`ratio`], noting a failure under `what` for [`Bench::finish`].
@@ -210,7 +295,7 @@ impl Bench {
         if failures.is_empty() {
             return ExitCode::SUCCESS;
         }
-        println!("\nFAILED: nothing measured for");
+        println!("\nFAILED ({} run): nothing measured for", self.mode.name());
         for f in &failures {
             println!("  {f}");
         }
@@ -326,7 +411,8 @@ mod tests {
 
     #[test]
     fn test_bench_notes_failures() {
-        let b = Bench::default();
+        let b = Bench::new(Mode::Smoke);
+        assert!(b.smoke());
         b.ratio("ok", 1.0, 1.0, Target::AtLeast(0.9));
         assert!(b.failures().is_empty());
         assert_eq!(b.finish(), ExitCode::SUCCESS);
@@ -338,6 +424,20 @@ mod tests {
             ["overhead: baseline is 0", "latency: no baseline"]
         );
         assert_eq!(b.finish(), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn test_modes() {
+        let m = |args: &[&str], quick| Mode::from_args(args, quick);
+        assert_eq!(m(&["--bench"], false), Mode::Full);
+        assert_eq!(m(&["--bench"], true), Mode::Quick);
+        // `cargo test --benches` passes no --bench.
+        assert_eq!(m(&[], false), Mode::Smoke);
+        assert_eq!(m(&[], true), Mode::Quick);
+        // `cargo bench -- --test`.
+        assert_eq!(m(&["--test", "--bench"], true), Mode::Smoke);
+        assert_eq!(Mode::Quick.pick(1, 2, 3), 2);
+        assert_eq!(Mode::Smoke.name(), "smoke");
     }
 
     #[test]

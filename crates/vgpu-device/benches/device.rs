@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued, CmdHeader, CopyCmd, SgEntry};
 use vgpu_benchkit::{
-    measure_rounds, ratio, size_label, summarize, verdict, Bench, Summary, Target, KIB, MIB,
+    measure_rounds, ratio, size_label, summarize, verdict, Bench, Mode as BenchMode, Summary,
+    Target, KIB, MIB,
 };
 use vgpu_testkit::{test_config, Chain, Guest, GuestOptions, Mode, TestVgpu, Used};
 use vmm_sys_util::eventfd::EventFd;
@@ -58,7 +59,6 @@ const TARGET_COPY_RATIO: f64 = 0.80;
 const TARGET_IDLE_PERCENT: f64 = 1.0;
 
 struct Config {
-    quick: bool,
     lat_rounds: usize,
     lat_batch: usize,
     /// Unrecorded samples at the start of each turn of a latency variant.
@@ -71,35 +71,17 @@ struct Config {
     /// `copy_min_samples` samples).
     copy_bytes_per_round: usize,
     copy_min_samples: usize,
+    /// The largest COPY timed.
+    copy_max: usize,
     tput_rounds: usize,
     tput_window: Duration,
     idle_window: Duration,
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                lat_rounds: 4,
-                lat_batch: 250,
-                lat_warmup: 50,
-                irq_rounds: 4,
-                irq_batch: 100,
-                irq_warmup: 5,
-                copy_rounds: 3,
-                copy_bytes_per_round: 2 * MIB,
-                copy_min_samples: 2,
-                tput_rounds: 2,
-                tput_window: Duration::from_millis(50),
-                idle_window: Duration::from_millis(500),
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: BenchMode) -> Self {
+        match mode {
+            BenchMode::Full => Config {
                 lat_rounds: 40,
                 lat_batch: 2500,
                 lat_warmup: 125,
@@ -109,10 +91,41 @@ impl Config {
                 copy_rounds: 40,
                 copy_bytes_per_round: 32 * MIB,
                 copy_min_samples: 4,
+                copy_max: 64 * MIB,
                 tput_rounds: 6,
                 tput_window: Duration::from_millis(300),
                 idle_window: Duration::from_secs(2),
-            }
+            },
+            BenchMode::Quick => Config {
+                lat_rounds: 4,
+                lat_batch: 250,
+                lat_warmup: 50,
+                irq_rounds: 4,
+                irq_batch: 100,
+                irq_warmup: 5,
+                copy_rounds: 3,
+                copy_bytes_per_round: 2 * MIB,
+                copy_min_samples: 2,
+                copy_max: 64 * MIB,
+                tput_rounds: 2,
+                tput_window: Duration::from_millis(50),
+                idle_window: Duration::from_millis(500),
+            },
+            BenchMode::Smoke => Config {
+                lat_rounds: 2,
+                lat_batch: 20,
+                lat_warmup: 5,
+                irq_rounds: 2,
+                irq_batch: 10,
+                irq_warmup: 2,
+                copy_rounds: 1,
+                copy_bytes_per_round: 0,
+                copy_min_samples: 1,
+                copy_max: MIB,
+                tput_rounds: 1,
+                tput_window: Duration::from_millis(20),
+                idle_window: Duration::from_millis(100),
+            },
         }
     }
 }
@@ -532,7 +545,11 @@ fn bench_nop_interrupt(bench: &Bench, cfg: &Config) {
 // 3: COPY bandwidth
 
 fn bench_copy(bench: &Bench, cfg: &Config) {
-    let max = *COPY_SIZES.iter().max().expect("sizes");
+    let sizes: Vec<usize> = COPY_SIZES
+        .into_iter()
+        .filter(|&s| s <= cfg.copy_max)
+        .collect();
+    let max = *sizes.iter().max().expect("sizes");
     let vgpu = TestVgpu::software(test_config("copy", 1), (max + 16 * MIB) as u64, 1);
     let mut g = vgpu.connect_with(GuestOptions {
         // The source, rings, slots and the kit's staging area.
@@ -564,7 +581,7 @@ fn bench_copy(bench: &Bench, cfg: &Config) {
     dst.copy_from_slice(plain_src);
     assert!(*dst == pattern[..], "plain mapping returned wrong data");
 
-    let chains: Vec<Chain> = COPY_SIZES
+    let chains: Vec<Chain> = sizes
         .iter()
         .map(|&size| {
             let cmd = CopyCmd {
@@ -611,7 +628,7 @@ fn bench_copy(bench: &Bench, cfg: &Config) {
         "in-device p50",
         "COPY/memcpy"
     );
-    for (&size, chain) in COPY_SIZES.iter().zip(&chains) {
+    for (&size, chain) in sizes.iter().zip(&chains) {
         // Several copies per sample for small sizes, so the clock's own
         // cost stays negligible.
         let reps = (256 * KIB / size).max(1);
@@ -859,11 +876,11 @@ fn bench_throughput_and_idle(cfg: &Config) {
 
 fn main() -> ExitCode {
     let bench = Bench::start();
-    let cfg = Config::from_env();
+    let cfg = Config::new(bench.mode());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "vgpu-device benchmark, software backend ({} mode, {cpus} CPUs{})",
-        if cfg.quick { "quick" } else { "full" },
+        bench.mode().name(),
         if cfg!(debug_assertions) {
             ", DEBUG BUILD: figures are not meaningful"
         } else {

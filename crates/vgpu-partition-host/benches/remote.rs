@@ -78,6 +78,12 @@ type Variant<'a> = (&'static str, Box<dyn FnMut() + 'a>);
 type Op = Box<dyn Fn(&mut dyn Partition, u64)>;
 
 fn run_cases(bench: &Bench, title: &str, cases: &mut [Case<'_>], rounds: usize, reps: usize) {
+    // A smoke run: one short round.
+    let (rounds, reps) = if bench.smoke() {
+        (1, reps.min(5))
+    } else {
+        (rounds, reps)
+    };
     println!("| {title} | {} | vs the first |", {
         let names: Vec<String> = cases[0]
             .variants
@@ -366,7 +372,11 @@ mod cuda {
         sleeping: &RemoteBackend,
         polling: &RemoteBackend,
     ) {
-        let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
+        let sizes: &[usize] = if bench.smoke() {
+            &[64 * KIB, MIB]
+        } else {
+            &[64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB]
+        };
         let max = sizes[sizes.len() - 1];
         let ram = max + max / 2;
         let pspec = spec("copies", 2 * max, 1);
@@ -431,7 +441,7 @@ mod cuda {
         );
         println!("|---|---|---|---|---|---|---|---|---|");
         let cell = copy_cell;
-        for &size in &sizes {
+        for &size in sizes {
             let reps = copy_reps(size);
             let sg = |buf: u64| {
                 [SgEntry {

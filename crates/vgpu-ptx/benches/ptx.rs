@@ -17,11 +17,11 @@ use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, LaunchStats, Limits, Module, 
 
 const BASE: u64 = 0x1000_0000;
 
-fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
-    // Best of five: the machine may be shared.
+fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    // Best of `reps`: the machine may be shared.
     let mut best = Duration::MAX;
     let mut out = None;
-    for _ in 0..5 {
+    for _ in 0..reps.max(1) {
         let t = Instant::now();
         let r = f();
         best = best.min(t.elapsed());
@@ -68,13 +68,19 @@ fn main() -> ExitCode {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(1);
-    println!("vgpu-ptx executor vs plain Rust, {workers} worker(s) (native loops on one core)");
+    // A smoke run: once each, on small data.
+    let smoke = bench.smoke();
+    let reps = if smoke { 1 } else { 5 };
+    println!(
+        "vgpu-ptx executor vs plain Rust, {workers} worker(s) (native loops on one core){}",
+        if smoke { " (smoke)" } else { "" }
+    );
     let lim = Limits::default();
 
     // Vector add.
     {
         let m = Module::parse(include_str!("../tests/corpus/vector_add.ptx")).unwrap();
-        let n = 1 << 20;
+        let n = if smoke { 1 << 14 } else { 1 << 20 };
         let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..n).map(|i| (n - i) as f32).collect();
         let mem = VecMemory::new(BASE, 3 * n * 4);
@@ -97,8 +103,10 @@ fn main() -> ExitCode {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "vector_add", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, _) = time(|| {
+        let (te, st) = time(reps, || {
+            launch(&m, "vector_add", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, _) = time(reps, || {
             let mut c = vec![0f32; n];
             for i in 0..n {
                 c[i] = black_box(a[i]) + b[i];
@@ -111,7 +119,7 @@ fn main() -> ExitCode {
     // Tiled matrix multiply.
     {
         let m = Module::parse(include_str!("../tests/corpus/matmul.ptx")).unwrap();
-        let n = 256usize;
+        let n = if smoke { 64usize } else { 256 };
         let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
         let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
         let mem = VecMemory::new(BASE, 3 * n * n * 4);
@@ -136,8 +144,8 @@ fn main() -> ExitCode {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "matmul", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, c) = time(|| {
+        let (te, st) = time(reps, || launch(&m, "matmul", &cfg, &p, &mem, &lim).unwrap());
+        let (tn, c) = time(reps, || {
             let mut c = vec![0f32; n * n];
             for i in 0..n {
                 for j in 0..n {
@@ -157,13 +165,13 @@ fn main() -> ExitCode {
             .zip(&c)
             .all(|(g, w)| f32::from_le_bytes([g[0], g[1], g[2], g[3]]) == *w);
         assert!(ok, "matmul result differs");
-        report(&bench, "matmul 256", tn, te, &st);
+        report(&bench, &format!("matmul {n}"), tn, te, &st);
     }
 
     // Reduction with warp shuffles.
     {
         let m = Module::parse(include_str!("../tests/corpus/reduce_shfl.ptx")).unwrap();
-        let n = 1 << 20;
+        let n = if smoke { 1 << 14 } else { 1 << 20 };
         let v: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
         let mem = VecMemory::new(BASE, n * 4 + 256);
         mem.write(BASE, &bytes(&v)).unwrap();
@@ -183,8 +191,10 @@ fn main() -> ExitCode {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "reduce_shfl", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, _) = time(|| {
+        let (te, st) = time(reps, || {
+            launch(&m, "reduce_shfl", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, _) = time(reps, || {
             let mut s = 0f32;
             for x in &v {
                 s += black_box(*x);

@@ -37,14 +37,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use vgpu_benchkit::{ratio, verdict, Bench, Target};
+use vgpu_benchkit::{ratio, verdict, Bench, Mode, Target};
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
 
 const MS: Duration = Duration::from_millis(1);
 const US: Duration = Duration::from_micros(1);
 
 struct Config {
-    quick: bool,
     fair: Duration,
     latency: Duration,
     cap: Duration,
@@ -52,26 +51,26 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                fair: Duration::from_secs(2),
-                latency: Duration::from_secs(1),
-                cap: Duration::from_secs(2),
-                overhead: Duration::from_millis(200),
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Full => Config {
                 fair: Duration::from_secs(10),
                 latency: Duration::from_secs(5),
                 cap: Duration::from_secs(5),
                 overhead: Duration::from_secs(1),
-            }
+            },
+            Mode::Quick => Config {
+                fair: Duration::from_secs(2),
+                latency: Duration::from_secs(1),
+                cap: Duration::from_secs(2),
+                overhead: Duration::from_millis(200),
+            },
+            Mode::Smoke => Config {
+                fair: Duration::from_millis(200),
+                latency: Duration::from_millis(100),
+                cap: Duration::from_millis(200),
+                overhead: Duration::from_millis(60),
+            },
         }
     }
 }
@@ -321,11 +320,12 @@ fn latency_run(duration: Duration, loaded: bool) -> (Vec<Duration>, f64, Vec<Dur
 fn priority_latency(bench: &Bench, cfg: &Config) {
     // Alternate 1 s runs alone and loaded, so that machine noise hits both.
     let rounds = cfg.latency.as_secs().max(1);
+    let run = cfg.latency.min(Duration::from_secs(1));
     let (mut idle, mut loaded, mut low_cmds) = (Vec::new(), Vec::new(), Vec::new());
     let mut low_share = 0.0;
     for _ in 0..rounds {
-        idle.extend(latency_run(Duration::from_secs(1), false).0);
-        let (l, share, cmds) = latency_run(Duration::from_secs(1), true);
+        idle.extend(latency_run(run, false).0);
+        let (l, share, cmds) = latency_run(run, true);
         loaded.extend(l);
         low_cmds.extend(cmds);
         low_share += share / rounds as f64;
@@ -334,7 +334,8 @@ fn priority_latency(bench: &Bench, cfg: &Config) {
     loaded.sort_unstable();
     low_cmds.sort_unstable();
     println!(
-        "2. Priority (aging 20 ms): high-priority tenant, 100 us commands every 2-4 ms; low-priority tenant saturating with 2 ms commands; {rounds} x 1 s each, alternating"
+        "2. Priority (aging 20 ms): high-priority tenant, 100 us commands every 2-4 ms; low-priority tenant saturating with 2 ms commands; {rounds} x {:.1} s each, alternating",
+        run.as_secs_f64()
     );
     println!("   submit-to-completion latency of the high-priority tenant");
     println!(
@@ -698,12 +699,12 @@ fn overhead(bench: &Bench, cfg: &Config) {
 
 fn main() -> ExitCode {
     let bench = Bench::start();
-    let cfg = Config::from_env();
-    let quick = if cfg.quick {
-        " (quick: smoke run, figures are indicative only)"
-    } else {
-        ""
-    };
+    let cfg = Config::new(bench.mode());
+    let quick = bench.mode().pick(
+        "",
+        " (quick: figures are indicative only)",
+        " (smoke: every part runs, figures mean nothing)",
+    );
     println!(
         "vgpu-sched benchmarks{quick}; load average at start: {}",
         load_average()

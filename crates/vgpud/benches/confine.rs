@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use vgpu_benchkit::{Bench, Target};
+use vgpu_benchkit::{Bench, Mode as BenchMode, Target};
 use vgpu_testkit::{Guest, GuestOptions, Mode};
 use vmm_sys_util::tempdir::TempDir;
 
@@ -31,22 +31,23 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --benches` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                rounds: 4,
-                batch: 100,
-                warmup: 100,
-            }
-        } else {
-            Config {
+    fn new(mode: BenchMode) -> Self {
+        match mode {
+            BenchMode::Full => Config {
                 rounds: 30,
                 batch: 2000,
                 warmup: 3000,
-            }
+            },
+            BenchMode::Quick => Config {
+                rounds: 4,
+                batch: 100,
+                warmup: 100,
+            },
+            BenchMode::Smoke => Config {
+                rounds: 1,
+                batch: 20,
+                warmup: 10,
+            },
         }
     }
 }
@@ -132,7 +133,7 @@ fn nops(g: &mut Guest, n: usize) -> Vec<u64> {
 
 fn main() -> ExitCode {
     let bench = Bench::start();
-    let cfg = Config::from_env();
+    let cfg = Config::new(bench.mode());
     let strict = Daemon::start("strict");
     let off = Daemon::start("off");
     println!(

@@ -61,7 +61,8 @@ const FILL: u64 = 512 << 10;
 const SMALL_FILL: u64 = 64 << 10;
 
 struct Params {
-    quick: bool,
+    /// Rounds of each variant in part 4.
+    rounds: usize,
     fair: Duration,
     latency: Duration,
     cap: Duration,
@@ -69,26 +70,29 @@ struct Params {
 }
 
 impl Params {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Params {
-                quick: true,
-                fair: Duration::from_secs(2),
-                latency: Duration::from_millis(500),
-                cap: Duration::from_secs(2),
-                overhead: Duration::from_millis(300),
-            }
-        } else {
-            Params {
-                quick: false,
+    fn new(mode: vgpu_benchkit::Mode) -> Self {
+        match mode {
+            vgpu_benchkit::Mode::Full => Params {
+                rounds: 5,
                 fair: Duration::from_secs(10),
                 latency: Duration::from_secs(5),
                 cap: Duration::from_secs(5),
                 overhead: Duration::from_secs(2),
-            }
+            },
+            vgpu_benchkit::Mode::Quick => Params {
+                rounds: 1,
+                fair: Duration::from_secs(2),
+                latency: Duration::from_millis(500),
+                cap: Duration::from_secs(2),
+                overhead: Duration::from_millis(300),
+            },
+            vgpu_benchkit::Mode::Smoke => Params {
+                rounds: 1,
+                fair: Duration::from_millis(300),
+                latency: Duration::from_millis(100),
+                cap: Duration::from_millis(300),
+                overhead: Duration::from_millis(100),
+            },
         }
     }
 }
@@ -710,7 +714,7 @@ fn overhead(bench: &vgpu_benchkit::Bench, p: &Params) {
     println!(
         "   and by nothing at all (the software partitions then run side by side on the CPUs)"
     );
-    let rounds = if p.quick { 1 } else { 5 };
+    let rounds = p.rounds;
     let variants = [
         Arbiter::Sched(sched_config(Policy::FairShare)),
         Arbiter::Exclusive,
@@ -769,12 +773,16 @@ fn overhead(bench: &vgpu_benchkit::Bench, p: &Params) {
 
 fn main() -> std::process::ExitCode {
     let bench = vgpu_benchkit::Bench::start();
-    let p = Params::from_env();
+    let p = Params::new(bench.mode());
     println!(
         "scheduler end to end: software backend, vGPUs driven over vfio-user; load average {} on {} CPUs{}",
         load_average(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        if p.quick { " (quick)" } else { "" }
+        match bench.mode() {
+            vgpu_benchkit::Mode::Full => "",
+            vgpu_benchkit::Mode::Quick => " (quick)",
+            vgpu_benchkit::Mode::Smoke => " (smoke)",
+        }
     );
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let run = |n: &str| only.is_empty() || only.split(',').any(|x| x == n);
