@@ -16,8 +16,12 @@
 //! cargo bench -p vfio-user-server --bench engine
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --benches` does) takes far fewer samples: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vfio-user-server --bench engine -- --test` (or `cargo test -p
+//! vfio-user-server --bench engine`, which runs the binary without
+//! `--bench`), runs every part for a fraction of a second and exits
+//! non-zero if one panics or measures nothing (a ratio without a
+//! baseline); CI runs every benchmark so.
 
 use std::fs::File;
 use std::hint::black_box;

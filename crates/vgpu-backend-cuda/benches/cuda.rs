@@ -8,6 +8,12 @@
 //!
 //! `cargo bench -p vgpu-backend-cuda --bench cuda` (`-- copies`, `--
 //! launches`, `-- sgemm`, `-- sharing` run one part).
+//!
+//! The smoke run, `cargo bench -p vgpu-backend-cuda --bench cuda --
+//! --test` (or `cargo test -p vgpu-backend-cuda --bench cuda`, which
+//! runs the binary without `--bench`), runs every part for a fraction
+//! of a second and exits non-zero if one panics or measures nothing (a
+//! ratio without a baseline); CI runs every benchmark so.
 
 use std::ffi::c_void;
 use std::fs::File;

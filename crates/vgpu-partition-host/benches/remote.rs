@@ -12,6 +12,12 @@
 //!
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
+//!
+//! The smoke run, `cargo bench -p vgpu-partition-host --bench remote --
+//! --test` (or `cargo test -p vgpu-partition-host --bench remote`,
+//! which runs the binary without `--bench`), runs every part for a
+//! fraction of a second and exits non-zero if one panics or measures
+//! nothing (a ratio without a baseline); CI runs every benchmark so.
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -4,6 +4,12 @@
 //! thread-instructions per second.
 //!
 //! usage: cargo bench -p vgpu-ptx [-- WORKERS]
+//!
+//! The smoke run, `cargo bench -p vgpu-ptx --bench ptx -- --test` (or
+//! `cargo test -p vgpu-ptx --bench ptx`, which runs the binary without
+//! `--bench`), runs every part for a fraction of a second and exits
+//! non-zero if one panics or measures nothing (a ratio without a
+//! baseline); CI runs every benchmark so.
 
 // The native loops index like the kernels they stand for.
 #![allow(clippy::needless_range_loop)]

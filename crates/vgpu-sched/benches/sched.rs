@@ -27,8 +27,12 @@
 //! cargo bench -p vgpu-sched --bench sched
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --all-targets` does) runs every part briefly: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpu-sched --bench sched -- --test` (or `cargo test -p vgpu-sched
+//! --bench sched`, which runs the binary without `--bench`), runs every
+//! part for a fraction of a second and exits non-zero if one panics or
+//! measures nothing (a ratio without a baseline); CI runs every
+//! benchmark so.
 
 use std::hint::black_box;
 use std::process::ExitCode;

@@ -12,8 +12,12 @@
 //! cargo bench -p vgpud --bench confine
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --benches` does) takes far fewer samples: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpud --bench confine -- --test` (or `cargo test -p vgpud --bench
+//! confine`, which runs the binary without `--bench`), runs every part
+//! for a fraction of a second and exits non-zero if one panics or
+//! measures nothing (a ratio without a baseline); CI runs every
+//! benchmark so.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -13,11 +13,12 @@
 //!    idle; its share of wall time in every 1 s window (sliding by 10 ms).
 //! 4. Overhead: 16 saturating tenants, commands per second through the
 //!    scheduler against the same vGPUs and guests with the scheduler
-//!    bypassed: by a bare exclusive lock (the GPU still runs one command
-//!    at a time, as the scheduler's model has it), and by nothing at all
-//!    (the software partitions then run side by side on the host's CPUs);
-//!    with NOPs (pure overhead) and with FILLs of 512 KiB; variants
-//!    alternate in rounds and the best round counts.
+//!    bypassed: by a bare exclusive lock (the GPU still one vGPU's at a
+//!    time, as the scheduler's model has it, while its runs are in
+//!    flight), and by nothing at all (the software partitions then run
+//!    side by side on the host's CPUs); with NOPs (pure overhead) and
+//!    with FILLs of 512 KiB; variants alternate in rounds and the best
+//!    round counts.
 //!
 //! The scheduler is configured as the daemon configures it: turns of one
 //! slice (2 ms, `slice_us`'s default); priority aging ten slices. Guests
@@ -30,8 +31,12 @@
 //! cargo bench -p vgpud --bench sched_e2e
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --all-targets` does) runs every part briefly.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpud --bench sched_e2e -- --test` (or `cargo test -p vgpud
+//! --bench sched_e2e`, which runs the binary without `--bench`), runs
+//! every part for a fraction of a second and exits non-zero if one
+//! panics or measures nothing (a ratio without a baseline); CI runs
+//! every benchmark so.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
