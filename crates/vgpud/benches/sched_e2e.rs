@@ -130,11 +130,10 @@ fn sched_config(policy: Policy) -> SchedConfig {
 /// in a round, and runs kept in flight on its lanes), so `enter` lets a
 /// vGPU that holds the GPU through at once. A vGPU holds it while any run
 /// it started is unfinished, and until its worker goes idle; then the
-/// first one waiting gets it.
+/// first one waiting gets it, and only its worker is woken.
 #[derive(Default)]
 struct Exclusive {
     state: Mutex<Holder>,
-    handed: Condvar,
 }
 
 /// Who has the GPU, and who waits for it.
@@ -142,19 +141,23 @@ struct Exclusive {
 struct Holder {
     /// The vGPU on the GPU, and how many of its runs are unfinished.
     owner: Option<(usize, u64)>,
-    /// vGPUs waiting, first come first.
-    waiting: std::collections::VecDeque<usize>,
+    /// vGPUs waiting, first come first, and how to wake each.
+    waiting: std::collections::VecDeque<(usize, Arc<Condvar>)>,
 }
 
 impl Exclusive {
     fn lock(&self) -> std::sync::MutexGuard<'_, Holder> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
 
+impl Holder {
     /// Gives the GPU to the first vGPU waiting, if any.
-    fn release(&self, h: &mut Holder) {
-        h.owner = h.waiting.pop_front().map(|next| (next, 1));
-        self.handed.notify_all();
+    fn release(&mut self) {
+        self.owner = self.waiting.pop_front().map(|(next, handed)| {
+            handed.notify_one();
+            (next, 1)
+        });
     }
 }
 
@@ -162,6 +165,8 @@ impl Exclusive {
 struct ExclusiveGate {
     lock: Arc<Exclusive>,
     id: usize,
+    /// Signalled when the GPU is handed to this vGPU.
+    handed: Arc<Condvar>,
 }
 
 impl CommandGate for ExclusiveGate {
@@ -180,10 +185,9 @@ impl CommandGate for ExclusiveGate {
             }
             _ => {}
         }
-        h.waiting.push_back(self.id);
+        h.waiting.push_back((self.id, self.handed.clone()));
         loop {
             h = self
-                .lock
                 .handed
                 .wait_timeout(h, 5 * MS)
                 .unwrap_or_else(|e| e.into_inner())
@@ -193,7 +197,7 @@ impl CommandGate for ExclusiveGate {
                 return true;
             }
             if cancelled() {
-                h.waiting.retain(|&w| w != self.id);
+                h.waiting.retain(|(w, _)| *w != self.id);
                 return false;
             }
         }
@@ -207,7 +211,7 @@ impl CommandGate for ExclusiveGate {
             if *owner == self.id {
                 *runs = runs.saturating_sub(1);
                 if *runs == 0 {
-                    self.lock.release(&mut h);
+                    h.release();
                 }
             }
         }
@@ -223,7 +227,7 @@ impl CommandGate for ExclusiveGate {
     fn idle(&self) {
         let mut h = self.lock.lock();
         if h.owner.is_some_and(|(owner, _)| owner == self.id) {
-            self.lock.release(&mut h);
+            h.release();
         }
     }
 }
@@ -270,6 +274,7 @@ impl Rig {
                     (None, Arbiter::Exclusive) => Some(Arc::new(ExclusiveGate {
                         lock: exclusive.clone(),
                         id: i,
+                        handed: Arc::default(),
                     })
                         as Arc<dyn CommandGate>),
                     _ => None,
