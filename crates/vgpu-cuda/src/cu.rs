@@ -7,6 +7,8 @@ use std::ffi::c_void;
 
 /// `CUresult`.
 pub type CUresult = u32;
+/// What a call returns: `Err` carries the CUDA error.
+pub type CuResult<T = ()> = Result<T, CUresult>;
 /// `CUdevice`: an ordinal.
 pub type CUdevice = i32;
 /// `CUdeviceptr`.

@@ -23,9 +23,10 @@ use std::sync::Arc;
 use vgpu_guest::{Batch, Dims, Function};
 
 use crate::cu::{self, CUdevice, CUresult};
-use crate::ffi::CuResult;
+use crate::cu::CuResult;
 use crate::inflight::FLUSH_AT;
-use crate::state::{check, log, Objects};
+use crate::diag::{check, log};
+use crate::state::Objects;
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
 pub const MODE_GLOBAL: u32 = 0;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use crate::cu::{self, CUdevice};
-use crate::ffi::CuResult;
+use crate::cu::CuResult;
 
 /// `CUmemPool_attribute`.
 pub const ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;

@@ -16,7 +16,8 @@ use crate::api::strided::{Copy3D, Memcpy3d};
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
-use crate::state::{by_handle, driver, log};
+use crate::diag::log;
+use crate::state::{by_handle, driver};
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]
@@ -926,7 +927,7 @@ pub(crate) fn free_released(d: &crate::state::Driver) {
     let addrs = std::mem::take(&mut d.objects().to_free);
     for a in addrs {
         if let Err(e) = crate::api::memory::free(a) {
-            crate::state::log(&format!("memory a graph owned at {a:#x} not freed: {e}"));
+            crate::diag::log(&format!("memory a graph owned at {a:#x} not freed: {e}"));
         }
     }
 }

@@ -50,7 +50,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
             ffi::put_opt(status, st)?;
         }
         if f.is_null() && !name.is_empty() {
-            state::log(&format!(
+            crate::diag::log(&format!(
                 "cuGetProcAddress: no {name:?} for version {version}"
             ));
             Err(cu::ERROR_NOT_FOUND)
@@ -85,7 +85,7 @@ pub unsafe extern "C" fn cuGetExportTable(
             // SAFETY: as above.
             Some(t) => unsafe { ffi::put(table, t) },
             None => {
-                state::log(&format!("cuGetExportTable: no table {:02x?}", id.bytes));
+                crate::diag::log(&format!("cuGetExportTable: no table {:02x?}", id.bytes));
                 // What the runtime expects of a table a driver lacks (it
                 // asks for some only to take a faster path).
                 Err(cu::ERROR_NOT_FOUND)

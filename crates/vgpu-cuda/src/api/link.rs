@@ -62,7 +62,7 @@ unsafe fn read_image_file(path: *const c_char) -> CuResult<Vec<u8>> {
     std::fs::File::open(path)
         .and_then(|f| f.take(max + 1).read_to_end(&mut buf))
         .map_err(|e| {
-            crate::state::log(&format!("module file {path:?}: {e}"));
+            crate::diag::log(&format!("module file {path:?}: {e}"));
             cu::ERROR_FILE_NOT_FOUND
         })?;
     if buf.len() as u64 > max {

@@ -16,7 +16,8 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
 use crate::host_pages;
-use crate::state::{check, driver, log, Alloc, Driver, Gpu, HostMem};
+use crate::diag::{check, log};
+use crate::state::{driver, Alloc, Driver, Gpu, HostMem};
 use vgpu_guest::Batch;
 
 /// The device holding `[addr, addr + len)`, which must lie in one
@@ -263,7 +264,7 @@ fn pin_pages_from(d: &Driver, p: usize, size: usize, min: usize) -> Option<(CUde
     match g.dev.pin(first as *const u8, end - first) {
         Ok(()) => Some((dev, first)),
         Err(e) => {
-            crate::state::log(&format!(
+            crate::diag::log(&format!(
                 "host memory at {p:#x} not pinned for the device: {e}"
             ));
             None

@@ -10,7 +10,8 @@ use vgpu_guest::{sys, Dims, Function};
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::state::{by_handle, check, driver, log, Driver};
+use crate::diag::{check, log};
+use crate::state::{by_handle, driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
 const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
@@ -378,7 +379,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                         Ok(())
                     }
                     _ => {
-                        crate::state::log(&format!(
+                        crate::diag::log(&format!(
                             "cuFuncSetAttribute({:?}): {value} bytes of dynamic shared memory, the kernel allows {limit}",
                             func.cname
                         ));
@@ -396,7 +397,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                 Ok(())
             }
             _ => {
-                crate::state::log(&format!(
+                crate::diag::log(&format!(
                     "cuFuncSetAttribute({:?}, {attr}, {value}): not settable here",
                     func.cname
                 ));
