@@ -381,6 +381,50 @@ pub const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
 
+/// `CUhostFn`.
+pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemsetNodeParams {
+    pub dst: u64,
+    pub pitch: usize,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// One side of a `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3dSide {
+    pub x_bytes: usize,
+    pub y: usize,
+    pub z: usize,
+    pub lod: usize,
+    pub memory_type: u32,
+    pub host: *const c_void,
+    pub device: u64,
+    pub array: Handle,
+    pub reserved: *mut c_void,
+    pub pitch: usize,
+    pub height: usize,
+}
+
+/// `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3d {
+    pub src: Memcpy3dSide,
+    pub dst: Memcpy3dSide,
+    pub width_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -245,8 +245,8 @@ pub struct Node {
 /// The parameters a memset or memcpy node was made or last set with.
 #[derive(Clone, Copy)]
 pub enum Given {
-    Memset(crate::api::graph::MemsetNodeParams),
-    Memcpy(crate::api::strided::Memcpy3d),
+    Memset(cu::MemsetNodeParams),
+    Memcpy(cu::Memcpy3d),
 }
 
 // SAFETY: the host addresses in a memcpy's parameters are the program's

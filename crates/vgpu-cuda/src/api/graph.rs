@@ -12,8 +12,8 @@ use vgpu_guest::Dims;
 
 use crate::api::memory::{in_page_locked, memset_work};
 use crate::api::module::kernel_work;
-use crate::api::strided::{Copy3D, Memcpy3d};
-use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::api::strided::Copy3D;
+use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
 use crate::diag::log;
@@ -39,18 +39,6 @@ pub struct KernelNodeParamsV2 {
     pub v1: KernelNodeParams,
     pub kern: Handle,
     pub ctx: Handle,
-}
-
-/// `CUDA_MEMSET_NODE_PARAMS`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemsetNodeParams {
-    pub dst: u64,
-    pub pitch: usize,
-    pub value: u32,
-    pub element_size: u32,
-    pub width: usize,
-    pub height: usize,
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
@@ -460,7 +448,7 @@ pub extern "C" fn cuGraphExecEventWaitNodeSetEvent(
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct HostNodeParams {
-    pub f: Option<crate::api::stream::HostFn>,
+    pub f: Option<cu::HostFn>,
     pub user: *mut c_void,
 }
 
@@ -1830,7 +1818,7 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::strided::Memcpy3dSide;
+    use crate::cu::Memcpy3dSide;
 
     #[test]
     fn node_params_have_cuda_h_layout() {

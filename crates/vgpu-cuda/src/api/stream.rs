@@ -82,8 +82,6 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     })
 }
 
-/// `CUhostFn`.
-pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
 /// `CUstreamCallback`.
 pub type StreamCallback = unsafe extern "C" fn(stream: Handle, status: CUresult, user: *mut c_void);
 
@@ -108,7 +106,7 @@ fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchHostFunc(
     stream: Handle,
-    f: Option<HostFn>,
+    f: Option<cu::HostFn>,
     user: *mut c_void,
 ) -> CUresult {
     entry(|| {

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use vgpu_guest::Batch;
 
 use super::memory::{alloc, in_page_locked, in_pinned, memset_work, side, submit_copy, Call, Side};
-use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
+use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle, Memcpy3d, Memcpy3dSide};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 use crate::inflight::FLUSH_AT;
@@ -39,34 +39,6 @@ pub struct Memcpy2D {
     dst_pitch: usize,
     width: usize,
     height: usize,
-}
-
-/// One side of a `CUDA_MEMCPY3D`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3dSide {
-    pub x_bytes: usize,
-    pub y: usize,
-    pub z: usize,
-    pub lod: usize,
-    pub memory_type: u32,
-    pub host: *const c_void,
-    pub device: u64,
-    pub array: Handle,
-    pub reserved: *mut c_void,
-    pub pitch: usize,
-    pub height: usize,
-}
-
-/// `CUDA_MEMCPY3D`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Memcpy3d {
-    pub src: Memcpy3dSide,
-    pub dst: Memcpy3dSide,
-    pub width_bytes: usize,
-    pub height: usize,
-    pub depth: usize,
 }
 
 /// `CUmemorytype`s a copy names its sides by (arrays are refused).
