@@ -424,7 +424,6 @@ pub struct Memcpy3d {
     pub depth: usize,
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -343,7 +343,7 @@ extern "C" fn stream_key(ctx: Handle, stream: Handle, out: *mut usize) -> CUresu
         let key = if stream.is_null() {
             ctx
         } else {
-            crate::api::stream::stream_id(stream)? as usize
+            crate::streams::stream_id(stream)? as usize
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, key) }
@@ -358,7 +358,7 @@ extern "C" fn stream_key_id(ctx: Handle, key: usize, out: *mut u64) -> CUresult 
         let id = if key == ctx {
             0
         } else {
-            crate::api::stream::stream_id(key as Handle)?
+            crate::streams::stream_id(key as Handle)?
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, id) }

@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use vgpu_guest::{Batch, Dims, Function};
 
-use crate::cu::{self, CUdevice, CUresult};
 use crate::cu::CuResult;
-use crate::inflight::FLUSH_AT;
+use crate::cu::{self, CUdevice, CUresult};
 use crate::diag::{check, log};
+use crate::inflight::FLUSH_AT;
 use crate::state::Objects;
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`.

@@ -41,8 +41,8 @@ use vgpu_guest::{sys, Batch, Device};
 
 use crate::cu::CUresult;
 use crate::cu::CuResult;
-use crate::inflight::Inflight;
 use crate::diag::log;
+use crate::inflight::Inflight;
 
 /// Most lanes a device uses.
 pub const MAX_LANES: usize = 4;

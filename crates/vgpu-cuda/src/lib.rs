@@ -41,4 +41,5 @@ pub mod pools;
 pub mod procs;
 pub mod reserve;
 pub mod state;
+pub mod streams;
 pub mod symbols;

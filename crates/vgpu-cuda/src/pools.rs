@@ -7,8 +7,8 @@
 
 use std::collections::HashMap;
 
-use crate::cu::{self, CUdevice};
 use crate::cu::CuResult;
+use crate::cu::{self, CUdevice};
 
 /// `CUmemPool_attribute`.
 pub const ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;

@@ -628,44 +628,6 @@ impl Driver {
         self.ctx_device(ctx)
     }
 
-    /// Queues `work` for `device` on `stream`: into the stream's capture
-    /// if it is being captured, else on the device's queue in batches of
-    /// at most [`crate::inflight::FLUSH_AT`] commands.
-    pub fn queue(&self, stream: usize, device: CUdevice, work: &[Work]) -> CuResult {
-        let gpu = self.gpu(device)?;
-        let captured = self.objects().capture_work(stream, device, work)?;
-        if captured {
-            return Ok(());
-        }
-        let lane = self.stream_lane(stream)?;
-        // A host function runs once the work before it is done, and the
-        // work after it goes to the device once it has returned; an event
-        // is recorded, or waited for, between the work around it.
-        for part in work.split_inclusive(Work::between_batches) {
-            let (device_work, between) = match part.split_last() {
-                Some((w, rest)) if w.between_batches() => (rest, Some(w)),
-                _ => (part, None),
-            };
-            graph::in_batches(device_work, |batch| gpu.submit_on(lane, batch, None))?;
-            match between {
-                Some(Work::Host(h)) => {
-                    gpu.wait_idle();
-                    // SAFETY: the program's host function and argument,
-                    // which it keeps valid while it may be called.
-                    unsafe { h.call() };
-                }
-                Some(Work::Record(event)) => {
-                    crate::api::stream::record_on(self, gpu, *event as _, stream as _)?;
-                }
-                Some(Work::Wait(event)) => {
-                    crate::api::stream::wait_across(self, device, lane, *event as _)?;
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
     /// Refuses a call that a capture in progress cannot record,
     /// invalidating the capture (see [`Objects::refuse_in_capture`]).
     pub fn refuse_in_capture(&self, call: Unsafe) -> CuResult {

@@ -310,7 +310,7 @@ pub extern "C" fn cuCtxRecordEvent(ctx: Handle, event: Handle) -> CUresult {
         if !d.objects().capturing.is_empty() {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        crate::api::stream::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
+        crate::streams::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
     })
 }
 
@@ -328,7 +328,7 @@ pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
             (e.records, e.device)
         };
         if records > 0 && on != device {
-            crate::api::stream::event_done(event, true)?;
+            crate::streams::event_done(event, true)?;
         }
         Ok(())
     })

@@ -14,9 +14,9 @@ use crate::api::memory::{in_page_locked, memset_work};
 use crate::api::module::kernel_work;
 use crate::api::strided::Copy3D;
 use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
+use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
-use crate::diag::log;
 use crate::state::{by_handle, driver};
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).

@@ -15,8 +15,8 @@ use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
 
-use crate::host_pages;
 use crate::diag::{check, log};
+use crate::host_pages;
 use crate::state::{driver, Alloc, Driver, Gpu, HostMem};
 use vgpu_guest::Batch;
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use vgpu_guest::{sys, Dims, Function};
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
-use crate::ffi::{self, entry, CuResult};
 use crate::diag::{check, log};
+use crate::ffi::{self, entry, CuResult};
 use crate::state::{by_handle, driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;

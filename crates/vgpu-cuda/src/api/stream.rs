@@ -10,7 +10,8 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self, Unsafe};
 use vgpu_guest::Batch;
 
-use crate::state::{by_handle, driver, Driver, Event, Gpu, Stream};
+use crate::state::{by_handle, driver, Driver, Event, Stream};
+use crate::streams::{event_done, event_record, record_on, stream_field, stream_id, wait_across};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
@@ -166,49 +167,6 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
     })
 }
 
-/// Makes later work of lane `lane` of `device` wait for `event`'s last
-/// record: a record on the same lane is behind it already; one on
-/// another lane of the device is waited for on the device (the waiting
-/// lane joins that lane's work so far, the record and what followed it:
-/// more than needed, never a wait on work queued later);
-/// one on another vGPU is waited for here, before the work after it is
-/// queued.
-pub(crate) fn wait_across(
-    d: &Driver,
-    device: cu::CUdevice,
-    lane: usize,
-    event: Handle,
-) -> CuResult {
-    let (records, on, on_lane) = {
-        let o = d.objects();
-        let e = by_handle(&o.events, event as usize)?;
-        (e.records, e.device, e.lane)
-    };
-    if records == 0 {
-        return Ok(());
-    }
-    if on != device {
-        event_done(event, true)?;
-    } else {
-        d.gpu(device)?.lanes.join(lane, on_lane)?;
-    }
-    Ok(())
-}
-
-/// A stream's field, or the default stream's value for 0, 1 and 2.
-fn stream_field<T>(stream: Handle, default: T, f: impl Fn(&Stream) -> T) -> CuResult<T> {
-    let d = driver()?;
-    if (stream as usize) <= 2 {
-        d.current_ctx()?;
-        return Ok(default);
-    }
-    let o = d.objects();
-    o.streams
-        .get(&(stream as usize))
-        .map(f)
-        .ok_or(cu::ERROR_INVALID_HANDLE)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetFlags(stream: Handle, flags: *mut u32) -> CUresult {
     entry(|| {
@@ -254,11 +212,6 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
             ffi::put(pgreen, std::ptr::null_mut())
         }
     })
-}
-
-/// The id of `stream` (0 for the legacy stream), if it exists.
-pub(crate) fn stream_id(stream: Handle) -> CuResult<u64> {
-    stream_field(stream, stream as u64, |_| stream as u64)
 }
 
 #[no_mangle]
@@ -432,39 +385,6 @@ fn record(event: Handle, stream: Handle) -> CuResult {
     record_on(d, d.stream_gpu(stream as usize)?, event, stream)
 }
 
-/// Records `event` on `stream` of device `g`: after the work queued
-/// before it on the stream's lane.
-pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult {
-    let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
-    let lane = g.lanes.route(d.stream_lane(stream as usize)?);
-    let (record, timing) = {
-        let mut o = d.objects();
-        let captured = o.capturing.get(&(stream as usize)).copied();
-        let e = o
-            .events
-            .get_mut(&(event as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        e.captured = captured;
-        if captured.is_some() {
-            // In a capture a record only marks a point other streams
-            // may join at, as in CUDA: no command, and what waiting on
-            // the event waits for is unchanged.
-            return Ok(());
-        }
-        e.records += 1;
-        e.device = device;
-        e.lane = lane;
-        (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)
-    };
-    let mut batch = Batch::new();
-    if timing {
-        batch.timestamp();
-    } else {
-        batch.nop();
-    }
-    g.submit_on(lane, batch, Some((event as usize, record)))
-}
-
 #[no_mangle]
 pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
     entry(|| record(event, stream))
@@ -488,25 +408,6 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
         }
         record(event, stream)
     })
-}
-
-/// The event's last record, device, lane and flags (record 0: never
-/// recorded).
-fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, usize, u32)> {
-    let o = d.objects();
-    let e = by_handle(&o.events, event as usize)?;
-    Ok((e.records, e.device, e.lane, e.flags))
-}
-
-/// Whether the event's last record has completed, waiting with `wait`.
-pub(crate) fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
-    let d = driver()?;
-    let (record, device, lane, _) = event_record(d, event)?;
-    if record == 0 {
-        return Ok(true);
-    }
-    d.gpu(device)?
-        .event_done(lane, event as usize, record, wait)
 }
 
 #[no_mangle]
