@@ -7,9 +7,9 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 
-use crate::api::module::load;
 use crate::cu::{self, CUresult, CUuuid, Handle};
 use crate::ffi::{self, entry};
+use crate::images::load;
 use crate::state::{self, driver};
 
 /// A table: an array of words, as the runtime reads it.

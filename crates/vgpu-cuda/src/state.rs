@@ -334,7 +334,7 @@ pub struct Objects {
     /// Memory pools, and which allocations came from them.
     pub pools: crate::pools::Pools,
     /// JIT links in progress.
-    pub links: crate::api::link::Links,
+    pub links: crate::modules::Links,
     /// Device memory graphs owned and no longer use: freed by the entry
     /// point that let it go, once the objects are unlocked.
     pub to_free: Vec<u64>,
