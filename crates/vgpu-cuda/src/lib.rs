@@ -28,6 +28,7 @@
 pub mod api;
 pub mod console;
 pub mod cu;
+pub mod devices;
 pub mod diag;
 pub mod export;
 pub mod ffi;

@@ -193,7 +193,7 @@ fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
     let f = by_handle(&o.funcs, f)?;
     let i = &f.function.info;
-    let cc = crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR;
+    let cc = crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
     Ok(match attr {
         cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(1024)),
@@ -750,7 +750,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
         }
-        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let block = (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
             .min(1 << 20) as i32;
         let v = occupancy(d, f as usize, block, c.shared_mem_bytes as usize)? * sms / size as i32;
@@ -872,7 +872,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     entry(|| {
         let d = driver()?;
         let (_, g) = d.current_gpu()?;
-        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let max = {
             let o = d.objects();
             let func = by_handle(&o.funcs, f as usize)?;
