@@ -424,6 +424,14 @@ pub struct Memcpy3d {
     pub depth: usize,
 }
 
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: i32,
+    pub id: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

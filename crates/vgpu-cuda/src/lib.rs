@@ -25,8 +25,10 @@
 //! are queued and return at once ([`inflight`]); what reads or writes
 //! host memory waits for the work before it.
 
+pub mod allocs;
 pub mod api;
 pub mod console;
+pub mod copies;
 pub mod cu;
 pub mod devices;
 pub mod diag;

@@ -10,9 +10,10 @@ use std::ffi::{c_char, c_void};
 
 use vgpu_guest::Dims;
 
-use crate::api::memory::{in_page_locked, memset_work};
+use crate::allocs::free_released;
 use crate::api::module::kernel_work;
 use crate::api::strided::Copy3D;
+use crate::copies::{in_page_locked, memset_work};
 use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
 use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
@@ -908,16 +909,6 @@ pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
         free_released(d);
         r
     })
-}
-
-/// Frees the device memory graphs let go of (see `Objects::to_free`).
-pub(crate) fn free_released(d: &crate::state::Driver) {
-    let addrs = std::mem::take(&mut d.objects().to_free);
-    for a in addrs {
-        if let Err(e) = crate::api::memory::free(a) {
-            crate::diag::log(&format!("memory a graph owned at {a:#x} not freed: {e}"));
-        }
-    }
 }
 
 /// Instantiates `graph` into `*pexec`.

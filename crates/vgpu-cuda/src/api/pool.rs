@@ -3,8 +3,8 @@
 
 use std::ffi::c_void;
 
-use crate::api::memory::{alloc, free, MemLocation};
-use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
+use crate::allocs::{alloc_async, free};
+use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle, MemLocation};
 use crate::ffi::{self, entry, CuResult};
 use crate::pools::{self, Value};
 use crate::state::{driver, Driver};
@@ -267,43 +267,6 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, if own { ACCESS_READWRITE } else { 0 }) }
     })
-}
-
-/// An allocation from `pool` (of the current context's device), recorded
-/// as the pool's.
-pub(crate) fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResult<CUdeviceptr> {
-    let (_, dev) = d.current_ctx()?;
-    let pool = {
-        let mut o = d.objects();
-        match pool {
-            Some(p) => {
-                if o.pools.get(p)?.device != dev {
-                    return Err(cu::ERROR_INVALID_VALUE);
-                }
-                p
-            }
-            None => {
-                let h = o.handle();
-                o.pools.current(dev, || h)
-            }
-        }
-    };
-    let addr = alloc(size)?;
-    d.objects().pools.allocated(pool, addr, size as u64);
-    Ok(addr)
-}
-
-/// A stream-ordered allocation on `stream`: one its capture (if it is
-/// capturing) may free again ([`crate::graph`]'s owned memory).
-pub(crate) fn alloc_async(
-    d: &Driver,
-    pool: Option<usize>,
-    size: usize,
-    stream: Handle,
-) -> CuResult<CUdeviceptr> {
-    let addr = alloc_from(d, pool, size)?;
-    d.objects().captured_alloc(stream as usize, addr);
-    Ok(addr)
 }
 
 #[no_mangle]

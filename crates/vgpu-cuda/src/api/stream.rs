@@ -53,7 +53,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
                 .ok_or(cu::ERROR_INVALID_HANDLE)?;
             o.forget_stream_capture(stream as usize);
         }
-        crate::api::graph::free_released(d);
+        crate::allocs::free_released(d);
         Ok(())
     })
 }
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, pgraph: *mut Handle)
             return Err(cu::ERROR_INVALID_VALUE);
         }
         let r = d.objects().end_capture(stream as usize);
-        crate::api::graph::free_released(d);
+        crate::allocs::free_released(d);
         match r {
             // SAFETY: the caller's out-parameter, checked non-null.
             Ok(g) => unsafe { ffi::put(pgraph, g as Handle) },
@@ -652,7 +652,7 @@ fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult
             }
             MemOp::Order => {}
         }
-        if !crate::api::memory::pinned_now(d, addr as usize, len, device) {
+        if !crate::copies::pinned_now(d, addr as usize, len, device) {
             return Err(crate::procs::unsupported_with(
                 name,
                 "the word is not in page-locked host memory of this process",

@@ -12,7 +12,10 @@ use std::ffi::c_void;
 
 use vgpu_guest::Batch;
 
-use super::memory::{alloc, in_page_locked, in_pinned, memset_work, side, submit_copy, Call, Side};
+use crate::allocs::{alloc, range_device};
+use crate::copies::{
+    copy_across, in_page_locked, in_pinned, memset_work, side, submit_copy, Call, Side,
+};
 use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle, Memcpy3d, Memcpy3dSide};
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{Unsafe, Work};
@@ -201,7 +204,7 @@ impl Copy3D {
             let span = r.span(self.shape)?;
             let dev = match e {
                 End::Host(_) => None,
-                End::Device(_) => Some(super::memory::range_device(d, r.base, span as usize)?),
+                End::Device(_) => Some(range_device(d, r.base, span as usize)?),
             };
             Ok((span, dev))
         };
@@ -265,9 +268,7 @@ impl Copy3D {
         let copies = segments(self.src.1, self.dst.1, self.shape);
         match (src_dev, dst_dev) {
             // Between two vGPUs: staged through host memory, row by row.
-            (Some(from), Some(to)) if from != to => {
-                super::memory::copy_across(to, from, copies, stream)
-            }
+            (Some(from), Some(to)) if from != to => copy_across(to, from, copies, stream),
             (Some(device), Some(_)) => {
                 let works = copies.map(|(src, dst, len)| Work::Copy { dst, src, len });
                 queue_chunked(d, stream, device, works)
@@ -483,7 +484,7 @@ fn memset_2d(
     }
     let region = Region::at(dst, (0, 0, 0), pitch, 0)?;
     let span = region.span(shape)?;
-    let device = super::memory::range_device(d, dst, span as usize)?;
+    let device = range_device(d, dst, span as usize)?;
     let mut failed = Ok(());
     let works = segments(region, region, shape).flat_map(|(addr, _, len)| {
         match memset_work(d, addr, value, elem, (len / elem as u64) as usize) {
