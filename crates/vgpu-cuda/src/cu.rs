@@ -396,6 +396,28 @@ pub struct MemsetNodeParams {
     pub height: usize,
 }
 
+/// `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy2D {
+    pub src_x: usize,
+    pub src_y: usize,
+    pub src_type: u32,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: Handle,
+    pub src_pitch: usize,
+    pub dst_x: usize,
+    pub dst_y: usize,
+    pub dst_type: u32,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: Handle,
+    pub dst_pitch: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
 /// One side of a `CUDA_MEMCPY3D`.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -42,6 +42,7 @@ pub mod lanes;
 pub mod managed;
 pub mod md2;
 pub mod modules;
+pub mod pitched;
 pub mod pools;
 pub mod procs;
 pub mod reserve;

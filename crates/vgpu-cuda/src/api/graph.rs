@@ -12,12 +12,12 @@ use vgpu_guest::Dims;
 
 use crate::allocs::free_released;
 use crate::api::module::kernel_work;
-use crate::api::strided::Copy3D;
 use crate::copies::{in_page_locked, memset_work};
 use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
 use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
+use crate::pitched::Copy3D;
 use crate::state::{by_handle, driver};
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
