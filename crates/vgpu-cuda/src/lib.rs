@@ -39,6 +39,7 @@ pub mod host_pages;
 pub mod images;
 pub mod inflight;
 pub mod lanes;
+pub mod launch_args;
 pub mod managed;
 pub mod md2;
 pub mod modules;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::cu::{self, CUdevice, CuResult};
-use crate::state::Driver;
+use crate::state::{by_handle, Driver};
 
 /// What an image is loaded as.
 #[derive(Clone, Copy)]
@@ -68,3 +68,22 @@ impl Link {
 
 /// The links in progress, by handle.
 pub type Links = HashMap<usize, Link>;
+
+/// The most blocks one cluster of `f` may have: Hopper's portable 8, or
+/// 16 where the kernel allowed non-portable sizes.
+pub fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
+    let o = d.objects();
+    let func = by_handle(&o.funcs, f)?;
+    let non_portable = func
+        .hints
+        .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
+        .is_some_and(|&v| v != 0);
+    Ok(if non_portable {
+        vgpu_guest::vgpu_abi::MAX_CLUSTER_BLOCKS
+    } else {
+        PORTABLE_CLUSTER_BLOCKS
+    })
+}
+
+/// Blocks of a cluster every kernel may be launched in.
+pub const PORTABLE_CLUSTER_BLOCKS: u32 = 8;

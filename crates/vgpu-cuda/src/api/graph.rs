@@ -11,12 +11,12 @@ use std::ffi::{c_char, c_void};
 use vgpu_guest::Dims;
 
 use crate::allocs::free_released;
-use crate::api::module::kernel_work;
 use crate::copies::{in_page_locked, memset_work};
 use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
 use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
+use crate::launch_args::kernel_work;
 use crate::pitched::Copy3D;
 use crate::state::{by_handle, driver};
 
@@ -1733,7 +1733,7 @@ fn node_launch(n: &mut g::Node) -> CuResult<(&mut usize, [u32; 3], &mut [u32; 3]
 fn set_cluster(node: Handle, cluster: [u32; 3]) -> CuResult {
     let cluster = cluster.map(|c| c.max(1));
     let func = with_kernel_node(node, |n| Ok(*node_launch(n)?.0))?;
-    let most = crate::api::module::max_cluster_blocks(driver()?, func)?;
+    let most = crate::modules::max_cluster_blocks(driver()?, func)?;
     let blocks = cluster.iter().map(|&c| u64::from(c)).product::<u64>();
     with_kernel_node(node, |n| {
         let (_, grid, shape) = node_launch(n)?;
