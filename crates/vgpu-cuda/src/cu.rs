@@ -381,6 +381,10 @@ pub const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
 
+/// A context-local-storage destructor: called with the context, the key
+/// and the value when the context is reset.
+pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
+
 /// `CUhostFn`.
 pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
 

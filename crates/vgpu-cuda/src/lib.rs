@@ -4,15 +4,16 @@
 //!
 //! The CUDA runtime (static or shared, CUDA 12 and 13), cuBLAS, CuPy and
 //! PyTorch reach the driver only through `dlopen("libcuda.so.1")`,
-//! [`cuGetProcAddress`](api::init::cuGetProcAddress_v2) and
-//! [`cuGetExportTable`](api::init::cuGetExportTable), so an unmodified
+//! [`cuGetProcAddress`](api::procs::cuGetProcAddress_v2) and
+//! [`cuGetExportTable`](api::export::cuGetExportTable), so an unmodified
 //! program runs on a vGPU once this library is first in the loader's
 //! path (`LD_LIBRARY_PATH`, or `/etc/ld.so.conf.d`).
 //!
-//! * [`api`]: the exported entry points, by area.
-//! * [`procs`]: the name and version table of `cuGetProcAddress`.
-//! * [`export`]: the runtime's private tables, and [`md2`] for the one
-//!   that checks the driver.
+//! * [`api`]: the exported entry points, by area: the outer layer, which
+//!   checks the caller's pointers and arguments and calls down into the
+//!   modules below; [`api::procs`] is the name and version table of
+//!   `cuGetProcAddress`, [`api::export`] the runtime's private tables
+//!   (with [`md2`] for the one that checks the driver).
 //! * [`state`]: devices, contexts and every handle a program holds;
 //!   [`inflight`]: the work each device has queued; [`graph`]: stream
 //!   capture, and the graphs it records.
@@ -32,7 +33,6 @@ pub mod copies;
 pub mod cu;
 pub mod devices;
 pub mod diag;
-pub mod export;
 pub mod ffi;
 pub mod graph;
 pub mod host_pages;
@@ -45,8 +45,6 @@ pub mod md2;
 pub mod modules;
 pub mod pitched;
 pub mod pools;
-pub mod procs;
 pub mod reserve;
 pub mod state;
 pub mod streams;
-pub mod symbols;

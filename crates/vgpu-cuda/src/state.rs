@@ -155,7 +155,7 @@ pub struct Ctx {
     pub device: CUdevice,
     /// Values stored through the context-local-storage table, with the
     /// destructor to call when the context is reset.
-    pub storage: HashMap<usize, (usize, Option<crate::export::ClsDtor>)>,
+    pub storage: HashMap<usize, (usize, Option<cu::ClsDtor>)>,
     /// `CUlimit` values, by limit number.
     pub limits: [usize; 10],
     pub flags: u32,
@@ -474,6 +474,19 @@ pub fn trace_call(at: &'static std::panic::Location<'static>, r: CUresult) {
             .insert((at.file(), at.line(), r));
     if first {
         eprintln!("vgpu-cuda: {}:{} returned {r}", at.file(), at.line());
+    }
+}
+
+/// What an unimplemented entry point does.
+pub(crate) fn unsupported(name: &'static str) -> CUresult {
+    unsupported_with(name, "")
+}
+
+/// [`unsupported`], with what about the call is not supported.
+pub(crate) fn unsupported_with(name: &'static str, detail: &str) -> CUresult {
+    match driver() {
+        Ok(d) => d.not_supported_because(name, detail),
+        Err(_) => cu::ERROR_NOT_SUPPORTED,
     }
 }
 

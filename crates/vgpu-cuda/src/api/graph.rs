@@ -837,7 +837,7 @@ pub unsafe extern "C" fn cuGraphAddDependencies_v2(
             for i in 0..n.min(g::MAX_NODES) {
                 // SAFETY: the caller's array of `n` edge data.
                 if unsafe { ffi::get(edges.add(i)) }? != [0; 8] {
-                    return Err(crate::procs::unsupported_with(
+                    return Err(crate::state::unsupported_with(
                         "cuGraphAddDependencies",
                         "edges other than the default",
                     ));
@@ -921,7 +921,7 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
         return Err(cu::ERROR_INVALID_VALUE);
     }
     if flags & INSTANTIATE_DEVICE_LAUNCH != 0 {
-        return Err(crate::procs::unsupported(
+        return Err(crate::state::unsupported(
             "cuGraphInstantiate for launches from the device",
         ));
     }
@@ -1335,7 +1335,7 @@ unsafe fn node_params<'a>(name: &'static str, p: *const NodeParams) -> CuResult<
         return Err(cu::ERROR_INVALID_VALUE);
     }
     if !NODE_TYPES.iter().any(|&(k, _)| k == np.kind) {
-        return Err(crate::procs::unsupported_with(
+        return Err(crate::state::unsupported_with(
             name,
             "graph nodes of this type (memory allocation, conditional, external semaphores, memory operations)",
         ));
@@ -1385,7 +1385,7 @@ unsafe fn add_any_node(
             g::NODE_GRAPH => {
                 let c: &ChildGraphNodeParams = &*union_of(np);
                 if c.ownership != 0 {
-                    return crate::procs::unsupported_with(
+                    return crate::state::unsupported_with(
                         "cuGraphAddNode",
                         "child graphs moved into their node",
                     );
@@ -1427,7 +1427,7 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
             match unsafe { ffi::get(edges.add(i)) } {
                 Ok(e) if e == [0; 8] => {}
                 Ok(_) => {
-                    return crate::procs::unsupported_with(
+                    return crate::state::unsupported_with(
                         "cuGraphAddNode",
                         "edges other than the default",
                     )
@@ -1504,7 +1504,7 @@ unsafe fn set_any_node(
             }
             // An empty node has nothing to set.
             (g::NODE_EMPTY, _) => cu::SUCCESS,
-            _ => crate::procs::unsupported_with(name, "changing a child graph node"),
+            _ => crate::state::unsupported_with(name, "changing a child graph node"),
         }
     }
 }
@@ -1691,7 +1691,7 @@ fn node_attr(
         | LAUNCH_ATTRIBUTE_CARVEOUT => NodeAttr::Kept,
         cu::LAUNCH_ATTRIBUTE_COOPERATIVE if value[0] == 0 => NodeAttr::Kept,
         _ => {
-            return Err(crate::procs::unsupported_with(
+            return Err(crate::state::unsupported_with(
                 name,
                 "this kernel node attribute (cooperative launches among them)",
             ))

@@ -636,7 +636,7 @@ fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult
                 // program waiting on its CPU behind a synchronous copy
                 // would never go on. Refused rather than hung.
                 if stream as usize > 2 && g.lanes.route(lane) == 0 {
-                    return Err(crate::procs::unsupported_with(
+                    return Err(crate::state::unsupported_with(
                         name,
                         "the stream shares the default stream's queue (one lane, or managed memory)",
                     ));
@@ -653,7 +653,7 @@ fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult
             MemOp::Order => {}
         }
         if !crate::copies::pinned_now(d, addr as usize, len, device) {
-            return Err(crate::procs::unsupported_with(
+            return Err(crate::state::unsupported_with(
                 name,
                 "the word is not in page-locked host memory of this process",
             ));

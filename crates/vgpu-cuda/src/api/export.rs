@@ -32,10 +32,6 @@ const fn size_of_table(n: usize) -> *const c_void {
 
 const NULL: *const c_void = std::ptr::null();
 
-/// A context-local-storage destructor: called with the context, the key
-/// and the value when the context is reset.
-pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
-
 /// A table id, written as the runtime's UUID reads byte by byte.
 const fn uuid(id: u128) -> CUuuid {
     CUuuid {
@@ -257,7 +253,7 @@ extern "C" fn cls_put(
     ctx: Handle,
     key: *mut c_void,
     value: *mut c_void,
-    dtor: Option<ClsDtor>,
+    dtor: Option<cu::ClsDtor>,
 ) -> CUresult {
     entry(|| {
         let ctx = cls_ctx(ctx)?;
@@ -414,11 +410,11 @@ extern "C" fn module_query_7(
 }
 
 extern "C" fn kernel_session_open() -> CUresult {
-    crate::procs::unsupported("export table 1734dc26 slot 4")
+    crate::state::unsupported("export table 1734dc26 slot 4")
 }
 
 extern "C" fn kernel_session_fill() -> CUresult {
-    crate::procs::unsupported("export table 1734dc26 slot 13")
+    crate::state::unsupported("export table 1734dc26 slot 13")
 }
 
 /// The HMAC key of the runtime's driver check (a constant of the
@@ -470,6 +466,27 @@ fn integrity_hash(version: u32, unix_seconds: u64) -> [u64; 2] {
         u64::from_ne_bytes(h[..8].try_into().expect("8 bytes")),
         u64::from_ne_bytes(h[8..].try_into().expect("8 bytes")),
     ]
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    id: *const CUuuid,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's in- and out-parameters.
+        let id = unsafe { ffi::get(id) }?;
+        match self::table(&id) {
+            // SAFETY: as above.
+            Some(t) => unsafe { ffi::put(table, t) },
+            None => {
+                crate::diag::log(&format!("cuGetExportTable: no table {:02x?}", id.bytes));
+                // What the runtime expects of a table a driver lacks (it
+                // asks for some only to take a faster path).
+                Err(cu::ERROR_NOT_FOUND)
+            }
+        }
+    })
 }
 
 #[cfg(test)]
