@@ -6,7 +6,8 @@
 use crate::cu::{self, CUdevice, CUdeviceptr, CuResult, Handle};
 use crate::diag::{check, log};
 use crate::host_pages;
-use crate::state::{driver, Alloc, Driver};
+use crate::objects::Alloc;
+use crate::state::{driver, Driver};
 
 /// The device holding `[addr, addr + len)`, which must lie in one
 /// allocation this process made.

@@ -9,7 +9,8 @@ use vgpu_guest::{sys, Dims, Function};
 use crate::cu::{self, CuResult, Handle};
 use crate::diag::log;
 use crate::ffi;
-use crate::state::{by_handle, driver, Driver};
+use crate::objects::by_handle;
+use crate::state::{driver, Driver};
 
 /// The parameter block of a launch: `params[i]` points at parameter `i`
 /// (placed at its offset in the layout), or `extra` hands a packed buffer

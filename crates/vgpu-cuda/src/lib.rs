@@ -28,6 +28,7 @@
 
 pub mod allocs;
 pub mod api;
+pub mod capture;
 pub mod console;
 pub mod copies;
 pub mod cu;
@@ -40,9 +41,11 @@ pub mod images;
 pub mod inflight;
 pub mod lanes;
 pub mod launch_args;
+pub mod links;
 pub mod managed;
 pub mod md2;
 pub mod modules;
+pub mod objects;
 pub mod pitched;
 pub mod pools;
 pub mod reserve;

@@ -6,7 +6,8 @@ use vgpu_guest::Batch;
 
 use crate::cu::{self, CUdevice, CuResult, Handle};
 use crate::graph::{self, Work};
-use crate::state::{by_handle, driver, Driver, Gpu, Stream};
+use crate::objects::{by_handle, Stream};
+use crate::state::{driver, Driver, Gpu};
 
 impl Driver {
     /// Queues `work` for `device` on `stream`: into the stream's capture

@@ -17,8 +17,9 @@ use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self as g, Graph, Work};
 use crate::launch_args::kernel_work;
+use crate::objects::by_handle;
 use crate::pitched::Copy3D;
-use crate::state::{by_handle, driver};
+use crate::state::driver;
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]

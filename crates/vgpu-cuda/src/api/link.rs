@@ -13,7 +13,8 @@ use vgpu_guest::sys;
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::modules::{load_image, Link, LoadAs};
+use crate::links::Link;
+use crate::modules::{load_image, LoadAs};
 use crate::state::{driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;

@@ -21,7 +21,8 @@ use crate::copies::{
 use crate::cu::MemLocation;
 use crate::diag::check;
 use crate::host_pages;
-use crate::state::{driver, Driver, HostMem};
+use crate::objects::HostMem;
+use crate::state::{driver, Driver};
 use vgpu_guest::Batch;
 
 #[no_mangle]

@@ -14,7 +14,8 @@ use crate::ffi::{self, entry, CuResult};
 use crate::images::{load, load_on};
 use crate::launch_args::{check_shape, fill_param_block, param_block};
 use crate::modules::{max_cluster_blocks, LoadAs, PORTABLE_CLUSTER_BLOCKS};
-use crate::state::{by_handle, driver, Driver};
+use crate::objects::by_handle;
+use crate::state::{driver, Driver};
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
@@ -589,7 +590,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             r => {
                 let v = check(r)?;
                 if let Some(func) = d.objects().funcs.get_mut(&(f as usize)) {
-                    if func.clusters.len() < crate::state::MAX_CLUSTER_ANSWERS {
+                    if func.clusters.len() < crate::objects::MAX_CLUSTER_ANSWERS {
                         func.clusters.insert(shape, v);
                     }
                 }

@@ -10,7 +10,8 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graph::{self, Unsafe};
 use vgpu_guest::Batch;
 
-use crate::state::{by_handle, driver, Driver, Event, Stream};
+use crate::objects::{by_handle, Event, Stream};
+use crate::state::{driver, Driver};
 use crate::streams::{event_done, event_record, record_on, stream_field, stream_id, wait_across};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
