@@ -1,6 +1,8 @@
 //! What a vGPU reports of itself: its compute capability and device
 //! attributes, as a GPU of that capability reports them.
 
+use vgpu_guest::vgpu_abi as abi;
+
 use crate::cu::{self, CuResult};
 use crate::state::Gpu;
 
@@ -15,11 +17,13 @@ pub const CC_MINOR: i32 = 0;
 pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
     let sms = i32::try_from(g.info.compute_units.max(1)).unwrap_or(i32::MAX);
     Ok(match attr {
-        cu::ATTR_MAX_THREADS_PER_BLOCK => 1024,
-        cu::ATTR_MAX_BLOCK_DIM_X | cu::ATTR_MAX_BLOCK_DIM_Y => 1024,
-        cu::ATTR_MAX_BLOCK_DIM_Z => 64,
-        cu::ATTR_MAX_GRID_DIM_X => i32::MAX,
-        cu::ATTR_MAX_GRID_DIM_Y | cu::ATTR_MAX_GRID_DIM_Z => 65535,
+        cu::ATTR_MAX_THREADS_PER_BLOCK => abi::MAX_BLOCK_THREADS as i32,
+        cu::ATTR_MAX_BLOCK_DIM_X => abi::MAX_BLOCK_X as i32,
+        cu::ATTR_MAX_BLOCK_DIM_Y => abi::MAX_BLOCK_Y as i32,
+        cu::ATTR_MAX_BLOCK_DIM_Z => abi::MAX_BLOCK_Z as i32,
+        cu::ATTR_MAX_GRID_DIM_X => abi::MAX_GRID_X as i32,
+        cu::ATTR_MAX_GRID_DIM_Y => abi::MAX_GRID_Y as i32,
+        cu::ATTR_MAX_GRID_DIM_Z => abi::MAX_GRID_Z as i32,
         cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
         // What a kernel may opt in to (cuFuncSetAttribute), as on a
         // Hopper GPU; the host's driver enforces its own limit again.
@@ -66,7 +70,7 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         // place).
         cu::ATTR_HOST_REGISTER_SUPPORTED => 1,
         // Stream memory operations, 64-bit words and NOR included, on
-        // page-locked host memory (api::stream).
+        // page-locked host memory (the stream memory operations).
         cu::ATTR_CAN_USE_STREAM_MEM_OPS_V1
         | cu::ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS_V1
         | cu::ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR_V1

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use vgpu_guest::vgpu_abi as abi;
 use vgpu_guest::{sys, Dims, Function};
 
 use crate::cu::{self, CuResult, Handle};
@@ -104,11 +105,11 @@ pub fn check_shape(d: &Dims, params: usize) -> CuResult {
     let [bx, by, bz] = d.block.map(u64::from);
     let ok = !d.grid.contains(&0)
         && !d.block.contains(&0)
-        && bx * by * bz <= 1024
-        && bz <= 64
-        && d.grid[1] <= 65535
-        && d.grid[2] <= 65535
-        && d.grid[0] <= i32::MAX as u32
+        && bx * by * bz <= u64::from(abi::MAX_BLOCK_THREADS)
+        && bz <= u64::from(abi::MAX_BLOCK_Z)
+        && d.grid[1] <= abi::MAX_GRID_Y
+        && d.grid[2] <= abi::MAX_GRID_Z
+        && d.grid[0] <= abi::MAX_GRID_X
         && params <= sys::MAX_PARAMS_BYTES as usize;
     if ok {
         Ok(())

@@ -6,6 +6,7 @@
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
+use vgpu_guest::vgpu_abi as abi;
 use vgpu_guest::Dims;
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
@@ -198,7 +199,7 @@ fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let cc = crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
     Ok(match attr {
-        cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(1024)),
+        cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(abi::MAX_BLOCK_THREADS)),
         cu::FUNC_SHARED_SIZE_BYTES => int(i.shared_static),
         cu::FUNC_CONST_SIZE_BYTES => int(i.const_bytes),
         cu::FUNC_LOCAL_SIZE_BYTES => int(i.local_bytes),
@@ -634,7 +635,7 @@ const BLOCK_RESERVED_SHARED: usize = 1 << 10;
 /// at once, by threads, shared memory and registers (each warp's
 /// registers allocated in units of 256).
 fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i32> {
-    if block <= 0 || block > 1024 {
+    if block <= 0 || block > abi::MAX_BLOCK_THREADS as i32 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let (shared, regs) = {
@@ -728,7 +729,10 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let max = {
             let o = d.objects();
             let func = by_handle(&o.funcs, f as usize)?;
-            func.function.info.max_threads.clamp(1, 1024) as i32
+            func.function
+                .info
+                .max_threads
+                .clamp(1, abi::MAX_BLOCK_THREADS) as i32
         };
         let max = if limit > 0 { max.min(limit) } else { max };
         // The largest multiple of a warp with the most threads resident.
