@@ -1,15 +1,48 @@
-//! Stream order: work queued on a stream (into its capture, or onto its
-//! device's lane in batches), and events recorded on a stream and waited
-//! for across lanes and devices.
+//! Stream order: the device and lane of a stream, work queued on a
+//! stream (into its capture, or onto its device's lane in batches), and
+//! events recorded on a stream and waited for across lanes and devices.
 
 use vgpu_guest::Batch;
 
 use crate::cu::{self, CUdevice, CuResult, Handle};
-use crate::graph::{self, Work};
+use crate::graph::{self, Unsafe, Work};
 use crate::objects::{by_handle, Stream};
 use crate::state::{driver, Driver, Gpu};
 
 impl Driver {
+    /// The device a stream's work runs on: the stream's context's, or for
+    /// the default streams (0, 1 = legacy, 2 = per-thread) the current
+    /// context's.
+    pub fn stream_gpu(&self, stream: usize) -> CuResult<&Gpu> {
+        self.gpu(self.stream_device(stream)?)
+    }
+
+    /// The lane of its device a stream's work goes to (the default
+    /// streams: 0).
+    pub fn stream_lane(&self, stream: usize) -> CuResult<usize> {
+        if stream <= 2 {
+            return Ok(0);
+        }
+        let o = self.objects();
+        Ok(by_handle(&o.streams, stream)?.lane)
+    }
+
+    /// The ordinal of [`Driver::stream_gpu`]'s device.
+    pub fn stream_device(&self, stream: usize) -> CuResult<CUdevice> {
+        if stream <= 2 {
+            return Ok(self.current_ctx()?.1);
+        }
+        let ctx = by_handle(&self.objects().streams, stream)?.ctx;
+        self.ctx_device(ctx)
+    }
+
+    /// Refuses a call that a capture in progress cannot record,
+    /// invalidating the capture (see [`Objects::refuse_in_capture`]).
+    pub fn refuse_in_capture(&self, call: Unsafe) -> CuResult {
+        let relaxed = graph::thread_relaxed();
+        self.objects().refuse_in_capture(call, relaxed)
+    }
+
     /// Queues `work` for `device` on `stream`: into the stream's capture
     /// if it is being captured, else on the device's queue in batches of
     /// at most [`crate::inflight::FLUSH_AT`] commands.
