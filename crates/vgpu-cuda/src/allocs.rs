@@ -167,7 +167,7 @@ pub fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResult<CUde
 }
 
 /// A stream-ordered allocation on `stream`: one its capture (if it is
-/// capturing) may free again ([`crate::graph`]'s owned memory).
+/// capturing) may free again ([`crate::graphs`]'s owned memory).
 pub fn alloc_async(
     d: &Driver,
     pool: Option<usize>,

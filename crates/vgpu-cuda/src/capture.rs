@@ -1,18 +1,19 @@
 //! Stream capture and graph editing, over the driver's objects: a
 //! capture's streams, the graphs it fills, and the executables
-//! instantiated from them (see [`crate::graph`] for what a graph holds).
+//! instantiated from them (see [`crate::graphs`] for what a graph holds).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
-use crate::graph::{
-    node_handle, node_of, Capture, Given, Graph, GraphExec, HostCall, Node, Owned, Unsafe,
-    UpdateFailure, Work, MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE,
-    STATUS_INVALIDATED, STATUS_NONE,
+use crate::graphs::{
+    node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE, STATUS_INVALIDATED,
+    STATUS_NONE,
 };
 use crate::objects::{by_handle, Objects};
+use crate::work::{HostCall, Work};
 
 impl Objects {
     /// Starts capturing `stream` (on `device`) into a new graph; the
@@ -677,9 +678,10 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::*;
+    use crate::graphs::*;
     use crate::inflight::FLUSH_AT;
     use crate::objects::{Event, Stream};
+    use crate::work::*;
 
     fn fill(n: u64) -> Work {
         Work::Fill {

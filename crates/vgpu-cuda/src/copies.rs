@@ -11,9 +11,10 @@ use crate::allocs::range_device;
 use crate::cu::{self, CUdevice, CUdeviceptr, CuResult, Handle};
 use crate::diag::check;
 use crate::ffi;
-use crate::graph::{Unsafe, Work};
+use crate::graphs::Unsafe;
 use crate::host_pages;
 use crate::state::{driver, Driver, Gpu};
+use crate::work::Work;
 
 /// Smallest host range worth pinning once for the device: below it the
 /// driver's per-copy pinning costs little.

@@ -131,7 +131,7 @@ pub unsafe fn kernel_work(
     dims: Dims,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> CuResult<(cu::CUdevice, crate::graph::Work)> {
+) -> CuResult<(cu::CUdevice, crate::work::Work)> {
     let d = driver()?;
     // A library's kernel runs on the current device.
     let f = match d.current_ctx() {

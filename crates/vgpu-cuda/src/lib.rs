@@ -14,9 +14,18 @@
 //!   modules below; [`api::procs`] is the name and version table of
 //!   `cuGetProcAddress`, [`api::export`] the runtime's private tables
 //!   (with [`md2`] for the one that checks the driver).
-//! * [`state`]: devices, contexts and every handle a program holds;
-//!   [`inflight`]: the work each device has queued; [`graph`]: stream
-//!   capture, and the graphs it records.
+//! * [`ffi`], [`images`], [`launch_args`]: what entry points read
+//!   through the caller's pointers (out-parameters, module images, a
+//!   launch's parameter block).
+//! * The model, which never calls an entry point: [`modules`] (loading,
+//!   functions, launches), [`streams`] (stream order, events),
+//!   [`capture`] and [`graphs`] (stream capture, and the graphs it
+//!   records), [`allocs`], [`copies`] and [`pitched`] (device memory and
+//!   copies), [`devices`] (what a vGPU reports of itself).
+//! * Below it: [`state`] (the devices, the context stack and the lock
+//!   of [`objects`], every handle a program holds); [`work`] (device
+//!   work as queued), [`inflight`] and [`lanes`] (the work each device
+//!   has queued); [`cu`] (`cuda.h`'s types) and [`diag`].
 //!
 //! Each device is one vGPU: its memory is the partition's quota, its SM
 //! count the partition's compute units. Modules are fatbinaries or PTX,
@@ -35,7 +44,7 @@ pub mod cu;
 pub mod devices;
 pub mod diag;
 pub mod ffi;
-pub mod graph;
+pub mod graphs;
 pub mod host_pages;
 pub mod images;
 pub mod inflight;
@@ -51,3 +60,4 @@ pub mod pools;
 pub mod reserve;
 pub mod state;
 pub mod streams;
+pub mod work;

@@ -9,9 +9,9 @@ use vgpu_guest::{sys, Dims, Error as GuestError, Function};
 
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::{check, log};
-use crate::graph::Work;
 use crate::objects::{by_handle, Func, Library, ModuleObj, DEFAULT_DYNAMIC_SHARED};
 use crate::state::Driver;
+use crate::work::Work;
 
 /// What an image is loaded as.
 #[derive(Clone, Copy)]

@@ -10,7 +10,7 @@ use vgpu_guest::{Function, Module};
 
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::log;
-use crate::graph::{Graph, GraphExec};
+use crate::graphs::{Graph, GraphExec};
 
 /// The object filed under handle `h` in `table`; CUDA calls an unknown
 /// one an invalid handle.

@@ -14,9 +14,10 @@ use crate::copies::{
     copy_across, in_page_locked, in_pinned, memset_work, side, submit_copy, Call, Side,
 };
 use crate::cu::{self, CUdevice, CUdeviceptr, CuResult, Handle, Memcpy2D, Memcpy3d, Memcpy3dSide};
-use crate::graph::{Unsafe, Work};
+use crate::graphs::Unsafe;
 use crate::inflight::FLUSH_AT;
 use crate::state::{driver, Driver};
+use crate::work::Work;
 
 /// `CUmemorytype`s a copy names its sides by (arrays are refused).
 const MEMORYTYPE_ARRAY: u32 = 3;

@@ -5,9 +5,10 @@
 use vgpu_guest::Batch;
 
 use crate::cu::{self, CUdevice, CuResult, Handle};
-use crate::graph::{self, Unsafe, Work};
+use crate::graphs::{self, Unsafe};
 use crate::objects::{by_handle, Stream};
 use crate::state::{driver, Driver, Gpu};
+use crate::work::Work;
 
 impl Driver {
     /// The device a stream's work runs on: the stream's context's, or for
@@ -37,9 +38,10 @@ impl Driver {
     }
 
     /// Refuses a call that a capture in progress cannot record,
-    /// invalidating the capture (see [`Objects::refuse_in_capture`]).
+    /// invalidating the capture (see
+    /// [`Objects::refuse_in_capture`](crate::objects::Objects::refuse_in_capture)).
     pub fn refuse_in_capture(&self, call: Unsafe) -> CuResult {
-        let relaxed = graph::thread_relaxed();
+        let relaxed = graphs::thread_relaxed();
         self.objects().refuse_in_capture(call, relaxed)
     }
 
@@ -61,7 +63,7 @@ impl Driver {
                 Some((w, rest)) if w.between_batches() => (rest, Some(w)),
                 _ => (part, None),
             };
-            graph::in_batches(device_work, |batch| gpu.submit_on(lane, batch, None))?;
+            crate::work::in_batches(device_work, |batch| gpu.submit_on(lane, batch, None))?;
             match between {
                 Some(Work::Host(h)) => {
                     gpu.wait_idle();

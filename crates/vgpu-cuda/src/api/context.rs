@@ -2,7 +2,7 @@
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::Unsafe;
+use crate::graphs::Unsafe;
 use crate::objects::Ctx;
 use crate::state::{driver, Driver};
 

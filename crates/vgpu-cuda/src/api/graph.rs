@@ -1,4 +1,4 @@
-//! Graphs ([`crate::graph`]), made by stream capture or node by node
+//! Graphs ([`crate::graphs`]), made by stream capture or node by node
 //! (kernel, memset, device-to-device memcpy, host, child graph and empty
 //! nodes, and the dependencies between them): created, cloned, listed,
 //! instantiated, launched, and changed (kernel and host nodes'
@@ -15,11 +15,12 @@ use crate::copies::{in_page_locked, memset_work};
 use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
 use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{self as g, Graph, Work};
+use crate::graphs::{self as g, Graph};
 use crate::launch_args::kernel_work;
 use crate::objects::by_handle;
 use crate::pitched::Copy3D;
 use crate::state::driver;
+use crate::work::Work;
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]
@@ -458,10 +459,10 @@ pub struct HostNodeParams {
 ///
 /// # Safety
 /// `p` is null or the caller's parameters.
-unsafe fn host_call(p: *const HostNodeParams) -> CuResult<g::HostCall> {
+unsafe fn host_call(p: *const HostNodeParams) -> CuResult<crate::work::HostCall> {
     // SAFETY: the caller's parameters (null is refused).
     let p = unsafe { ffi::get(p) }?;
-    Ok(g::HostCall {
+    Ok(crate::work::HostCall {
         f: p.f.ok_or(cu::ERROR_INVALID_VALUE)?,
         user: p.user as usize,
     })

@@ -1,7 +1,7 @@
 //! Device and host memory, copies, memsets and pointer attributes.
 //!
 //! Memsets and device-to-device copies are queued ([`crate::inflight`])
-//! or, on a stream being captured, recorded ([`crate::graph`]); copies
+//! or, on a stream being captured, recorded ([`crate::graphs`]); copies
 //! with a host side wait for the work before them and complete before
 //! they return (the `*Async` forms too: host memory is the caller's again
 //! when the call returns, which CUDA allows), so a capture cannot record
@@ -11,7 +11,8 @@ use std::ffi::c_void;
 
 use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{Unsafe, Work};
+use crate::graphs::Unsafe;
+use crate::work::Work;
 
 use crate::allocs::{alloc, alloc_async, alloc_kind, free, range_device, Kind};
 use crate::copies::{

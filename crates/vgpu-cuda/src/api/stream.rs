@@ -1,13 +1,13 @@
 //! Streams, stream capture and events. A stream's work goes to its
 //! device's queue ([`crate::inflight`]), or into its capture's graph
-//! ([`crate::graph`]); an event is a TIMESTAMP in that queue, so its time
+//! ([`crate::graphs`]); an event is a TIMESTAMP in that queue, so its time
 //! is the device clock when the work before it finished.
 
 use std::ffi::c_void;
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{self, Unsafe};
+use crate::graphs::{self, Unsafe};
 use vgpu_guest::Batch;
 
 use crate::objects::{by_handle, Event, Stream};
@@ -115,11 +115,11 @@ pub unsafe extern "C" fn cuLaunchHostFunc(
         let f = f.ok_or(cu::ERROR_INVALID_VALUE)?;
         let d = driver()?;
         let device = d.stream_device(stream as usize)?;
-        let call = graph::HostCall {
+        let call = crate::work::HostCall {
             f,
             user: user as usize,
         };
-        d.queue(stream as usize, device, &[graph::Work::Host(call)])
+        d.queue(stream as usize, device, &[crate::work::Work::Host(call)])
     })
 }
 
@@ -157,7 +157,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
             return d.queue(
                 stream as usize,
                 device,
-                &[graph::Work::Wait(event as usize)],
+                &[crate::work::Work::Wait(event as usize)],
             );
         }
         d.objects().wait_event(stream as usize, event as usize)?;
@@ -241,7 +241,7 @@ pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: u32) -> CUresult
 /// The CUDA 10.0 form, before capture modes: global mode.
 #[no_mangle]
 pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
-    entry(|| begin_capture(stream, graph::MODE_GLOBAL))
+    entry(|| begin_capture(stream, graphs::MODE_GLOBAL))
 }
 
 /// Ends the capture `stream` began; its graph, or null (and
@@ -354,10 +354,10 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     entry(|| {
         // SAFETY: the caller's in/out parameter.
         let new = unsafe { ffi::get(mode.cast_const()) }?;
-        if new > graph::MODE_RELAXED {
+        if new > graphs::MODE_RELAXED {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        let old = graph::exchange_thread_mode(new);
+        let old = graphs::exchange_thread_mode(new);
         // SAFETY: as above.
         unsafe { ffi::put(mode, old) }
     })
@@ -404,7 +404,7 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
             return d.queue(
                 stream as usize,
                 device,
-                &[graph::Work::Record(event as usize)],
+                &[crate::work::Work::Record(event as usize)],
             );
         }
         record(event, stream)
