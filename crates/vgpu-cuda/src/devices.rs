@@ -50,7 +50,7 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         // Managed memory without concurrent access (crate::managed): the
         // host uses it while the device is idle.
         cu::ATTR_MANAGED_MEMORY => 1,
-        // Stream-ordered allocations and their pools (crate::pools);
+        // Stream-ordered allocations and their pools (crate::pool_table);
         // none exports handles (MEMPOOL_SUPPORTED_HANDLE_TYPES 0).
         cu::ATTR_MEMORY_POOLS_SUPPORTED => 1,
         cu::ATTR_PCI_DOMAIN_ID => g.info.pci_domain as i32,

@@ -56,7 +56,7 @@ pub mod md2;
 pub mod modules;
 pub mod objects;
 pub mod pitched;
-pub mod pools;
+pub mod pool_table;
 pub mod reserve;
 pub mod state;
 pub mod streams;

@@ -188,7 +188,7 @@ pub struct Objects {
     /// The last capture id given out (ids start at 1).
     pub capture_ids: u64,
     /// Memory pools, and which allocations came from them.
-    pub pools: crate::pools::Pools,
+    pub pools: crate::pool_table::Pools,
     /// JIT links in progress.
     pub links: crate::links::Links,
     /// Device memory graphs owned and no longer use: freed by the entry

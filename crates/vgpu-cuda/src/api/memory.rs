@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     })
 }
 
-/// From the device's current pool ([`crate::pools`]).
+/// From the device's current pool ([`crate::pool_table`]).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,

@@ -1,4 +1,4 @@
-//! Memory pools ([`crate::pools`]): the entry points of `cudaMallocAsync`'s
+//! Memory pools ([`crate::pool_table`]): the entry points of `cudaMallocAsync`'s
 //! pools, CUDA 11.2's device-ordinal forms and CUDA 13's location forms.
 
 use std::ffi::c_void;
@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use crate::allocs::{alloc_async, free};
 use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle, MemLocation};
 use crate::ffi::{self, entry, CuResult};
-use crate::pools::{self, Value};
+use crate::pool_table::{self, Value};
 use crate::state::{driver, Driver};
 
 /// `CUmemPoolProps`.
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     entry(|| {
         // SAFETY: the caller's value of the attribute's type.
         let v = unsafe {
-            if pools::is_int(attr) {
+            if pool_table::is_int(attr) {
                 Value::Int(ffi::get(value.cast::<i32>().cast_const())?)
             } else {
                 Value::U64(ffi::get(value.cast::<u64>().cast_const())?)
