@@ -26,16 +26,20 @@ const ALLOC_TRIES: usize = 8;
 /// What kind of memory an allocation is.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Memory of the device alone (`cuMemAlloc`).
     Device,
     /// Managed: whole pages, host memory of the process at the same
     /// address too ([`crate::managed`]).
     Managed,
 }
 
+/// Allocates `size` bytes of device memory on the current context's device.
 pub fn alloc(size: usize) -> CuResult<CUdeviceptr> {
     alloc_kind(size, Kind::Device)
 }
 
+/// Allocates `size` bytes of `kind` on the current context's device, away
+/// from host memory of this process.
 pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
     let d = driver()?;
     let (ctx, g) = d.current_gpu()?;
@@ -124,6 +128,7 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
     Ok(addr)
 }
 
+/// Frees device memory at `addr`, once the work that may use it is done.
 pub fn free(addr: CUdeviceptr) -> CuResult {
     let d = driver()?;
     let device = d.objects().freeable(addr).ok_or(cu::ERROR_INVALID_VALUE)?;

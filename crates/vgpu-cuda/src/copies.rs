@@ -61,10 +61,13 @@ pub fn unpin_pages(d: &Driver, pinned: Option<(CUdevice, usize)>) {
 
 /// Where a unified-addressing pointer lives.
 pub enum Side {
+    /// In a device allocation of this process.
     Device,
+    /// Anything else: host memory.
     Host,
 }
 
+/// Which side of unified addressing `[p, p + len)` lies on.
 pub fn side(d: &Driver, p: u64, len: usize) -> Side {
     if d.objects().alloc_at(p, len as u64).is_some() {
         Side::Device
@@ -77,7 +80,9 @@ pub fn side(d: &Driver, p: u64, len: usize) -> Side {
 /// return once it is queued (the `*Async` entry points).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Call {
+    /// Done when the call returns.
     Sync,
+    /// Queued; done in its stream's order.
     Async,
 }
 

@@ -9,6 +9,7 @@ use crate::state::Gpu;
 /// The compute capability reported: the PTX the device runs is compiled
 /// for it, and programs pick kernels by it.
 pub const CC_MAJOR: i32 = 9;
+/// The minor half of [`CC_MAJOR`]'s compute capability.
 pub const CC_MINOR: i32 = 0;
 
 /// The value of device attribute `attr`, as a GPU of this capability

@@ -30,14 +30,18 @@ pub const MODE_RELAXED: u32 = 2;
 
 /// `CUstreamCaptureStatus`.
 pub const STATUS_NONE: u32 = 0;
+/// A capture in progress.
 pub const STATUS_ACTIVE: u32 = 1;
+/// A capture a call it could not record invalidated.
 pub const STATUS_INVALIDATED: u32 = 2;
 
 /// A capture in progress.
 pub struct Capture {
     /// The stream it began on, the one that ends it.
     pub origin: usize,
+    /// Its `CUstreamCaptureMode`.
     pub mode: u32,
+    /// Its id (`cuStreamGetCaptureInfo`), unique in the process.
     pub id: u64,
     /// A call it could not record was made: ending it fails.
     pub invalidated: bool,
@@ -51,12 +55,19 @@ pub struct Capture {
 
 /// `CUgraphNodeType` of the nodes made here.
 pub const NODE_KERNEL: u32 = 0;
+/// `CU_GRAPH_NODE_TYPE_MEMCPY`.
 pub const NODE_MEMCPY: u32 = 1;
+/// `CU_GRAPH_NODE_TYPE_MEMSET`.
 pub const NODE_MEMSET: u32 = 2;
+/// `CU_GRAPH_NODE_TYPE_HOST`.
 pub const NODE_HOST: u32 = 3;
+/// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph.
 pub const NODE_GRAPH: u32 = 4;
+/// `CU_GRAPH_NODE_TYPE_EMPTY`.
 pub const NODE_EMPTY: u32 = 5;
+/// `CU_GRAPH_NODE_TYPE_WAIT_EVENT`.
 pub const NODE_WAIT_EVENT: u32 = 6;
+/// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
 pub const NODE_EVENT_RECORD: u32 = 7;
 
 /// Most nodes of one graph (a node's handle holds its index).
@@ -68,8 +79,11 @@ pub type HandedOut = (Box<[u8]>, Box<[usize]>);
 
 /// One node of a graph: its work and the nodes (indices) it depends on.
 pub struct Node {
+    /// Its `CUgraphNodeType`.
     pub kind: u32,
+    /// What it queues when its graph is launched.
     pub work: Vec<Work>,
+    /// The indices of the nodes it depends on.
     pub deps: Vec<usize>,
     /// A kernel node's parameters as `cuGraphKernelNodeGetParams` gives
     /// them, once asked for: a copy of the block (writes through the
@@ -86,7 +100,9 @@ pub struct Node {
 /// The parameters a memset or memcpy node was made or last set with.
 #[derive(Clone, Copy)]
 pub enum Given {
+    /// A memset node's parameters.
     Memset(cu::MemsetNodeParams),
+    /// A memcpy node's parameters.
     Memcpy(cu::Memcpy3d),
 }
 
@@ -136,8 +152,11 @@ impl Node {
 /// per piece of work, each depending on the one before), and the capture
 /// filling it.
 pub struct Graph {
+    /// The device its work runs on.
     pub device: CUdevice,
+    /// Its nodes, by index.
     pub nodes: Vec<Node>,
+    /// The capture filling it, while one does.
     pub capture: Option<Capture>,
     /// Device memory its work uses that a capture allocated and freed
     /// (`cuMemAllocAsync` ... `cuMemFreeAsync` on a captured stream):
@@ -257,7 +276,9 @@ pub enum UpdateFailure {
 
 /// An instantiated graph, sharing its work with every launch of it.
 pub struct GraphExec {
+    /// The device its work runs on.
     pub device: CUdevice,
+    /// Its nodes' work, in an order that keeps every dependency.
     pub nodes: Arc<[Work]>,
     /// The graph it was instantiated from (whose node handles change its
     /// nodes), and the one it was last updated from (whose handles do too).

@@ -20,12 +20,14 @@ pub fn by_handle<T>(table: &HashMap<usize, T>, h: usize) -> CuResult<&T> {
 
 /// A context: CUDA's per-device address space and state.
 pub struct Ctx {
+    /// The device it is a context of.
     pub device: CUdevice,
     /// Values stored through the context-local-storage table, with the
     /// destructor to call when the context is reset.
     pub storage: HashMap<usize, (usize, Option<cu::ClsDtor>)>,
     /// `CUlimit` values, by limit number.
     pub limits: [usize; 10],
+    /// The `CUctx_flags` it was created with.
     pub flags: u32,
 }
 
@@ -39,6 +41,8 @@ pub const DEFAULT_LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0,
 pub const READ_ONLY_LIMITS: [u32; 2] = [7, 8];
 
 impl Ctx {
+    /// A context of `device` with `flags`, CUDA's default limits and no
+    /// stored values.
     pub fn new(device: CUdevice, flags: u32) -> Ctx {
         Ctx {
             device,
@@ -51,7 +55,9 @@ impl Ctx {
 
 /// A loaded module (or library: CUDA's context-independent module).
 pub struct ModuleObj {
+    /// The device it is loaded on.
     pub device: CUdevice,
+    /// The device's module, shared with the launches of its kernels.
     pub module: Arc<Module>,
     /// The entry points its PTX names.
     pub kernels: HashSet<String>,
@@ -71,13 +77,17 @@ pub struct ModuleObj {
 /// a module of its own (a *twin*) the first time one of its kernels runs
 /// there, and unloaded with it.
 pub struct Library {
+    /// The image, kept to load it on other devices.
     pub image: Arc<[u8]>,
+    /// Its twin module on each other device it was loaded on.
     pub twins: HashMap<CUdevice, usize>,
 }
 
 /// A function (or kernel) of a module.
 pub struct Func {
+    /// The module it belongs to.
     pub module: usize,
+    /// The device of that module.
     pub device: CUdevice,
     /// The device's description and handle of it, shared with the
     /// launches that use it (a launch takes no copy of the layout).
@@ -108,10 +118,13 @@ pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
 /// A stream. Its work runs in order on its device's queue
 /// ([`crate::inflight`]).
 pub struct Stream {
+    /// The context it was created in.
     pub ctx: usize,
     /// The lane of its device its work goes to.
     pub lane: usize,
+    /// The `CUstream_flags` it was created with.
     pub flags: u32,
+    /// The priority it was created with.
     pub priority: i32,
     /// Launch attributes set on it (`cuStreamSetAttribute`), by id: hints
     /// the device honours by ignoring, read back as set.
@@ -121,9 +134,11 @@ pub struct Stream {
 /// An event: a marker in the device's queue that reads the device clock
 /// when the work before it is done.
 pub struct Event {
+    /// The `CUevent_flags` it was created with.
     pub flags: u32,
     /// Records so far (0: never recorded), and the device of the last.
     pub records: u64,
+    /// The device of its last record.
     pub device: CUdevice,
     /// The lane of the last record.
     pub lane: usize,
@@ -134,8 +149,11 @@ pub struct Event {
 
 /// Device memory a program allocated.
 pub struct Alloc {
+    /// Its size in bytes.
     pub size: u64,
+    /// The device it is memory of.
     pub device: CUdevice,
+    /// The context it was allocated in.
     pub ctx: usize,
     /// The module whose global this is (copies reach it, `cuMemFree`
     /// does not free it, it goes with its module); `None` for memory of
@@ -148,7 +166,9 @@ pub struct Alloc {
 
 /// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
 pub struct HostMem {
+    /// Its size in bytes.
     pub size: usize,
+    /// The context it was allocated or registered in.
     pub ctx: usize,
     /// Allocated here (freed by `cuMemFreeHost`), or the caller's
     /// (registered with `cuMemHostRegister`).
@@ -164,10 +184,15 @@ pub struct HostMem {
 #[derive(Default)]
 pub struct Objects {
     next: usize,
+    /// Contexts, primary ones included.
     pub ctxs: HashMap<usize, Ctx>,
+    /// Modules and libraries.
     pub modules: HashMap<usize, ModuleObj>,
+    /// Functions and kernels.
     pub funcs: HashMap<usize, Func>,
+    /// Streams (the default streams 0, 1 and 2 are not filed).
     pub streams: HashMap<usize, Stream>,
+    /// Events.
     pub events: HashMap<usize, Event>,
     /// Device allocations by start address.
     pub allocs: BTreeMap<u64, Alloc>,
@@ -180,10 +205,13 @@ pub struct Objects {
     pub host: BTreeMap<usize, HostMem>,
     /// Primary context reference counts and flags, per device.
     pub primary_refs: Vec<u32>,
+    /// Primary context flags, per device (`cuDevicePrimaryCtxSetFlags`).
     pub primary_flags: Vec<u32>,
     /// Streams being captured, and the graph each one's capture fills.
     pub capturing: HashMap<usize, usize>,
+    /// Graphs, made by capture or node by node.
     pub graphs: HashMap<usize, Graph>,
+    /// Executable graphs.
     pub execs: HashMap<usize, GraphExec>,
     /// The last capture id given out (ids start at 1).
     pub capture_ids: u64,

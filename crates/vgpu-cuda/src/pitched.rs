@@ -240,6 +240,10 @@ impl Copy3D {
         Ok((device, works))
     }
 
+    /// Runs the copy on `stream`: recorded where an asynchronous call's
+    /// stream is being captured, queued between device memory, else done
+    /// by the time it returns, but for an asynchronous copy whose host
+    /// side is pinned for the device, which is queued.
     pub fn run(&self, stream: Handle, call: Call) -> CuResult {
         let d = driver()?;
         if self.shape.is_empty() {

@@ -46,9 +46,13 @@ fn lanes_wanted() -> usize {
 
 /// One vGPU, `/dev/vgpuN`.
 pub struct Gpu {
+    /// The open `/dev/vgpuN`.
     pub dev: Arc<Device>,
+    /// What the device reported of itself when it was opened.
     pub info: sys::VgpuInfo,
+    /// The name `cuDeviceGetName` gives.
     pub name: String,
+    /// The UUID `cuDeviceGetUuid` gives.
     pub uuid: [u8; 16],
     /// The primary context's handle.
     pub primary: usize,
@@ -146,6 +150,7 @@ impl Gpu {
 
 /// The driver: the vGPUs and the objects.
 pub struct Driver {
+    /// The vGPUs, by ordinal.
     pub gpus: Vec<Gpu>,
     objects: Mutex<Objects>,
     /// Entry points already reported as not supported.
@@ -250,6 +255,7 @@ impl Driver {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The vGPU of ordinal `dev`, or `CUDA_ERROR_INVALID_DEVICE`.
     pub fn gpu(&self, dev: CUdevice) -> CuResult<&Gpu> {
         usize::try_from(dev)
             .ok()
@@ -305,10 +311,12 @@ impl Driver {
         });
     }
 
+    /// Pushes `ctx` onto the calling thread's stack (`cuCtxPushCurrent`).
     pub fn push_current(&self, ctx: usize) {
         CTX_STACK.with(|s| s.borrow_mut().push(ctx));
     }
 
+    /// Pops the calling thread's current context (`cuCtxPopCurrent`).
     pub fn pop_current(&self) -> Option<usize> {
         CTX_STACK.with(|s| s.borrow_mut().pop())
     }

@@ -13,28 +13,43 @@ use crate::inflight::FLUSH_AT;
 /// Device work as queued: what a capture records and a graph replays.
 #[derive(Clone)]
 pub enum Work {
+    /// A kernel launch.
     Launch {
         /// The `CUfunction` it launches (what a node's parameters name).
         func: usize,
+        /// The device's description and handle of the function.
         function: Arc<Function>,
+        /// Grid, block and dynamic shared memory.
         dims: Dims,
+        /// Blocks per cluster in x, y and z (`[1, 1, 1]`: none).
         cluster: [u32; 3],
+        /// The parameter block, packed as the function's layout says.
         params: Arc<[u8]>,
     },
+    /// A fill of device memory with a 32-bit pattern.
     Fill {
+        /// The first byte filled.
         addr: u64,
+        /// Bytes filled, a multiple of 4.
         len: u64,
+        /// The pattern, repeated.
         pattern: u32,
     },
     /// Bytes written to the device (the 1 to 3 bytes after a memset's
     /// whole words).
     Write {
+        /// The first byte written.
         addr: u64,
+        /// The bytes.
         bytes: Arc<[u8]>,
     },
+    /// A copy within one device's memory.
     Copy {
+        /// Destination address.
         dst: u64,
+        /// Source address.
         src: u64,
+        /// Bytes copied.
         len: u64,
     },
     /// A host function (`cuLaunchHostFunc` in a capture, a host node):
@@ -43,14 +58,20 @@ pub enum Work {
     /// A copy from page-locked host memory of the process to the device
     /// (an asynchronous copy captured, a memcpy node).
     Upload {
+        /// Destination device address.
         dst: u64,
+        /// Source host address.
         src: u64,
+        /// Bytes copied.
         len: u64,
     },
     /// A copy from the device to page-locked host memory.
     Download {
+        /// Destination host address.
         dst: u64,
+        /// Source device address.
         src: u64,
+        /// Bytes copied.
         len: u64,
     },
     /// Records an event (its handle) once the work before it is done (an
@@ -65,7 +86,9 @@ pub enum Work {
 /// A host function and its argument.
 #[derive(Clone, Copy, Debug)]
 pub struct HostCall {
+    /// The program's function.
     pub f: unsafe extern "C" fn(*mut std::ffi::c_void),
+    /// Its argument, as an address.
     pub user: usize,
 }
 
