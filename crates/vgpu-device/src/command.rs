@@ -409,13 +409,13 @@ fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
         .saturating_mul(u64::from(block[1]))
         .saturating_mul(u64::from(block[2]));
     grid.iter().chain(block.iter()).all(|d| *d > 0)
-        && grid[0] <= i32::MAX as u32
-        && grid[1] <= 65535
-        && grid[2] <= 65535
-        && block[0] <= 1024
-        && block[1] <= 1024
-        && block[2] <= 64
-        && threads <= 1024
+        && grid[0] <= abi::MAX_GRID_X
+        && grid[1] <= abi::MAX_GRID_Y
+        && grid[2] <= abi::MAX_GRID_Z
+        && block[0] <= abi::MAX_BLOCK_X
+        && block[1] <= abi::MAX_BLOCK_Y
+        && block[2] <= abi::MAX_BLOCK_Z
+        && threads <= u64::from(abi::MAX_BLOCK_THREADS)
 }
 
 /// Checks a cluster shape: at most [`abi::MAX_CLUSTER_BLOCKS`] blocks,
