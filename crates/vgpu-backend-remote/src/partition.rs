@@ -935,18 +935,6 @@ impl Partition for RemotePartition {
         self.transfer(src, &mut |f| dst.with_slices_mut(f), &req, Xfer::Down(dst))
     }
 
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-        self.call_none(&Request::Copy { dst, src, size })
-    }
-
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-        self.call_none(&Request::Fill {
-            addr,
-            size,
-            pattern,
-        })
-    }
-
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         if image.len() as u64 > vgpu_abi::MAX_MODULE_SIZE {
             return Err(OpError::Invalid(format!(
@@ -960,11 +948,6 @@ impl Partition for RemotePartition {
 
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
         self.call_none(&Request::ModuleUnload { module })
-    }
-
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        check_launch(launch)?;
-        self.call_none(&Request::Launch(launch.clone()))
     }
 
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {

@@ -443,13 +443,13 @@ pub struct Finished {
     pub done: Vec<QueuedDone>,
 }
 
-/// [`Partition::run_queued`] one step after the other with the
-/// partition's synchronous calls, timed by the host's clock: for
-/// partitions whose launches complete when they return.
-pub fn run_queued_in_order<P: Partition + ?Sized>(
-    p: &mut P,
+/// [`Partition::run_queued`] one step after the other, each by `run`,
+/// timed by the host's clock: for partitions whose work completes when
+/// `run` returns. A step is refused without `run` once `stop` says so.
+pub fn run_steps_in_order(
     steps: &[Queued<'_>],
     stop: &dyn Fn() -> bool,
+    mut run: impl FnMut(&Queued<'_>) -> Result<(), OpError>,
 ) -> Vec<QueuedDone> {
     let start = std::time::Instant::now();
     let mut done: Vec<QueuedDone> = steps
@@ -458,12 +458,8 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
         .map(|s| {
             let result = match s {
                 _ if stop() => Err(OpError::Device("the run was abandoned".into())),
-                Queued::Launch(l) => p.launch(l),
                 Queued::Timestamp => Ok(()),
-                Queued::Upload { dst, src } => p.upload(*dst, src),
-                Queued::Download { src, dst } => p.download(*src, dst),
-                Queued::Fill(f) => p.fill(f.addr, f.size, f.pattern),
-                Queued::Copy(c) => p.copy(c.dst, c.src, c.size),
+                s => run(s),
             };
             QueuedDone {
                 result,
@@ -473,6 +469,36 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
         .collect();
     refuse_past_limit(&mut done, steps.len());
     done
+}
+
+/// [`Partition::run_queued`] one step after the other with the
+/// partition's own synchronous calls ([`run_steps_in_order`]): for a
+/// wrapper whose `launch`, `copy` and `fill` are its own. One that keeps
+/// their defaults, which run a queued run, must not use it.
+pub fn run_queued_in_order<P: Partition + ?Sized>(
+    p: &mut P,
+    steps: &[Queued<'_>],
+    stop: &dyn Fn() -> bool,
+) -> Vec<QueuedDone> {
+    run_steps_in_order(steps, stop, |s| match s {
+        Queued::Launch(l) => p.launch(l),
+        Queued::Timestamp => Ok(()),
+        Queued::Upload { dst, src } => p.upload(*dst, src),
+        Queued::Download { src, dst } => p.download(*src, dst),
+        Queued::Fill(f) => p.fill(f.addr, f.size, f.pattern),
+        Queued::Copy(c) => p.copy(c.dst, c.src, c.size),
+    })
+}
+
+/// Runs `step` alone as a queued run of `p`: what the immediate
+/// operations of [`Partition`] are by default.
+fn run_one<P: Partition + ?Sized>(p: &mut P, step: Queued<'_>) -> Result<(), OpError> {
+    p.run_queued(std::slice::from_ref(&step), &|| false)
+        .pop()
+        .map_or_else(
+            || Err(OpError::Device("missing step result".into())),
+            |d| d.result,
+        )
 }
 
 /// Completes `done`, the results of the first [`MAX_QUEUED_STEPS`] of
@@ -606,16 +632,31 @@ pub trait Partition: Send {
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError>;
     /// Copies `dst.len()` bytes from device memory at `src` to host-side memory.
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError>;
-    /// Copies `size` bytes between two device ranges (may be different allocations).
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError>;
-    /// Fills `size` bytes (a multiple of 4) at `addr` with `pattern`.
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError>;
+    /// Copies `size` bytes between two device ranges (may be different
+    /// allocations): a run of one [`Queued::Copy`].
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        run_one(self, Queued::Copy(DeviceCopy { dst, src, size }))
+    }
+    /// Fills `size` bytes (a multiple of 4) at `addr` with `pattern`: a
+    /// run of one [`Queued::Fill`].
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        run_one(
+            self,
+            Queued::Fill(DeviceFill {
+                addr,
+                size,
+                pattern,
+            }),
+        )
+    }
     /// Loads a module image; returns its handle.
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError>;
     /// Unloads a module.
     fn module_unload(&mut self, module: u64) -> Result<(), OpError>;
-    /// Runs a kernel to completion.
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
+    /// Runs a kernel to completion: a run of one [`Queued::Launch`].
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        run_one(self, Queued::Launch(launch.clone()))
+    }
     /// Runs `steps` (at most [`MAX_QUEUED_STEPS`]) in order and waits for
     /// the last; returns one result per step. `stop` says the run was
     /// abandoned (its function is being reset, its queue changed): a
@@ -627,9 +668,8 @@ pub trait Partition: Send {
     /// step that fails leaves the later ones to run, unless the
     /// partition's device state is lost. Copies' host memory may be used
     /// until this returns, and no longer: every copy is done by then. No
-    /// default: a wrapper that forgot
-    /// to forward it would run its inner partition's steps one by one
-    /// ([`run_queued_in_order`]).
+    /// default: it is the partition's one way to run device work (the
+    /// immediate `copy`, `fill` and `launch` run through it).
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone>;
     /// How many queued runs may be in flight at once on each lane
     /// ([`Partition::start_queued`]); 1 for a partition that runs each to
