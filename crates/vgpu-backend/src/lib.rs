@@ -337,11 +337,16 @@ pub struct Launch<'a> {
 /// Most steps of one [`Partition::run_queued`] call.
 pub const MAX_QUEUED_STEPS: usize = 64;
 
-/// One step of device work queued in order (see [`Partition::run_queued`]).
+/// One step of device work queued in order (see [`Partition::run_queued`]),
+/// whoever holds it: a partition runs [`Queued`] steps; the device model
+/// decodes guest commands into steps whose guest memory is still named by
+/// guest address, and the remote backend's protocol carries steps whose
+/// memory is named by pieces of forwarded mappings. `L` is how a launch
+/// is held, `M` how a copy's host memory is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Queued<'a> {
+pub enum Step<L, M> {
     /// A kernel launch.
-    Launch(Launch<'a>),
+    Launch(L),
     /// A point whose device time is wanted (an event record).
     Timestamp,
     /// [`Partition::upload`] of host memory that stays mapped until the
@@ -350,7 +355,7 @@ pub enum Queued<'a> {
         /// Device address.
         dst: u64,
         /// The bytes.
-        src: SliceMemory<'a>,
+        src: M,
     },
     /// [`Partition::download`] into host memory that stays mapped until
     /// the run returns.
@@ -358,12 +363,62 @@ pub enum Queued<'a> {
         /// Device address.
         src: u64,
         /// Where the bytes go.
-        dst: SliceMemory<'a>,
+        dst: M,
     },
     /// [`Partition::fill`].
     Fill(DeviceFill),
     /// [`Partition::copy`].
     Copy(DeviceCopy),
+}
+
+/// A step as a partition runs it.
+pub type Queued<'a> = Step<Launch<'a>, SliceMemory<'a>>;
+
+impl<L, M> Step<L, M> {
+    /// The step with its launch and host memory borrowed.
+    pub fn as_ref(&self) -> Step<&L, &M> {
+        match self {
+            Step::Launch(l) => Step::Launch(l),
+            Step::Timestamp => Step::Timestamp,
+            Step::Upload { dst, src } => Step::Upload { dst: *dst, src },
+            Step::Download { src, dst } => Step::Download { src: *src, dst },
+            Step::Fill(f) => Step::Fill(*f),
+            Step::Copy(c) => Step::Copy(*c),
+        }
+    }
+
+    /// The step with its launch made by `launch` and its host memory by
+    /// `memory` (given whether the copy goes to the device).
+    pub fn map<L2, M2>(
+        self,
+        launch: impl FnOnce(L) -> L2,
+        memory: impl FnOnce(M, bool) -> M2,
+    ) -> Step<L2, M2> {
+        match self {
+            Step::Launch(l) => Step::Launch(launch(l)),
+            Step::Timestamp => Step::Timestamp,
+            Step::Upload { dst, src } => Step::Upload {
+                dst,
+                src: memory(src, true),
+            },
+            Step::Download { src, dst } => Step::Download {
+                src,
+                dst: memory(dst, false),
+            },
+            Step::Fill(f) => Step::Fill(f),
+            Step::Copy(c) => Step::Copy(c),
+        }
+    }
+
+    /// A copy's host memory and whether it goes to the device; `None`
+    /// for the other steps.
+    pub fn host_memory(&self) -> Option<(&M, bool)> {
+        match self {
+            Step::Upload { src, .. } => Some((src, true)),
+            Step::Download { dst, .. } => Some((dst, false)),
+            _ => None,
+        }
+    }
 }
 
 /// A fill of device memory with a 32-bit pattern ([`Partition::fill`]).

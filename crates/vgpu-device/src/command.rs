@@ -9,8 +9,7 @@ use std::time::Instant;
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::{
-    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued,
-    SliceFn, SliceMemory,
+    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, SliceFn,
 };
 use vm_memory::{MmapRegion, VolatileMemory};
 
@@ -378,15 +377,12 @@ fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
     Ok(0)
 }
 
-/// A COPY between guest memory and device memory, decoded and checked:
-/// a step of a queued run.
+/// The guest side of a COPY between guest memory and device memory,
+/// decoded and checked: the host memory of a step of a queued run, still
+/// named by guest address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CopyStep {
-    /// Guest memory to device memory (else device to guest).
-    pub to_device: bool,
-    /// The device address.
-    pub device: u64,
-    /// The guest side: (address, length) in order.
+pub struct GuestRanges {
+    /// (address, length) in order.
     pub ranges: Vec<(u64, u64)>,
     /// Bytes.
     pub size: u64,
@@ -431,56 +427,11 @@ fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
 
 /// A command decoded and checked as a step of queued device work
 /// ([`Partition::run_queued`]): the steps of a stream that run back to
-/// back on the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// OP_NOP: a point in the stream (an event record without timing).
-    Nop,
-    /// OP_TIMESTAMP.
-    Timestamp,
-    /// OP_LAUNCH.
-    Launch(OwnedLaunch),
-    /// OP_FILL.
-    Fill(DeviceFill),
-    /// OP_COPY between device addresses.
-    Copy(DeviceCopy),
-    /// OP_COPY between guest memory and device memory.
-    Guest(CopyStep),
-}
-
-impl Step {
-    /// What the partition runs, if anything (a NOP needs no device: it
-    /// completes in order with the run); a guest copy's guest memory is
-    /// `guest`'s (resolved by the caller).
-    pub fn queued<'a>(
-        &'a self,
-        guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>,
-    ) -> Option<Queued<'a>> {
-        Some(match self {
-            Step::Nop => return None,
-            Step::Timestamp => Queued::Timestamp,
-            Step::Launch(l) => Queued::Launch(l.launch()),
-            Step::Fill(f) => Queued::Fill(*f),
-            Step::Copy(c) => Queued::Copy(*c),
-            Step::Guest(c) if c.to_device => Queued::Upload {
-                dst: c.device,
-                src: guest(c),
-            },
-            Step::Guest(c) => Queued::Download {
-                src: c.device,
-                dst: guest(c),
-            },
-        })
-    }
-
-    /// The guest copy this step is, if it is one.
-    pub fn guest(&self) -> Option<&CopyStep> {
-        match self {
-            Step::Guest(c) => Some(c),
-            _ => None,
-        }
-    }
-}
+/// back on the device. A copy's guest memory is named by guest address
+/// until the run resolves it ([`Step::as_ref`] and [`Step::map`] make
+/// the partition's [`vgpu_backend::Queued`] step of it); an OP_NOP is no step (`None`
+/// where [`step`] decodes one): it completes in order with the run.
+pub type Step = vgpu_backend::Step<OwnedLaunch, GuestRanges>;
 
 /// A launch's values, read out of guest memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,7 +446,8 @@ pub struct OwnedLaunch {
 }
 
 impl OwnedLaunch {
-    fn launch(&self) -> Launch<'_> {
+    /// The launch as a partition takes it.
+    pub fn launch(&self) -> Launch<'_> {
         Launch {
             cluster: self.cluster,
             module: self.module,
@@ -560,23 +512,23 @@ pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
 
 /// Decodes the command in `descs` into its step, or the status it
 /// completes with: the checks [`execute`] makes before running it.
-pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
+pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Option<Step>> {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
     let mut buf = [0u8; MAX_CMD];
     let raw = command_bytes(ctx.dma, &reads, &mut buf)?;
     let hdr: abi::CmdHeader = parse(raw)?;
     match hdr.opcode {
-        abi::OP_NOP => Ok(Step::Nop),
-        abi::OP_TIMESTAMP => Ok(Step::Timestamp),
-        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(Step::Launch),
+        abi::OP_NOP => Ok(None),
+        abi::OP_TIMESTAMP => Ok(Some(Step::Timestamp)),
+        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(|l| Some(Step::Launch(l))),
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
             check_fill(&c)?;
-            Ok(Step::Fill(DeviceFill {
+            Ok(Some(Step::Fill(DeviceFill {
                 addr: c.addr,
                 size: c.size,
                 pattern: c.pattern,
-            }))
+            })))
         }
         abi::OP_COPY => {
             let c: abi::CopyCmd = parse(raw)?;
@@ -584,19 +536,28 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
                 return Err(abi::STATUS_INVALID);
             }
             if (c.src_kind, c.dst_kind) == (abi::COPY_DEVICE, abi::COPY_DEVICE) {
-                return Ok(Step::Copy(DeviceCopy {
+                return Ok(Some(Step::Copy(DeviceCopy {
                     dst: c.dst,
                     src: c.src,
                     size: c.size,
-                }));
+                })));
             }
             let (to_device, device) = guest_side(&c).ok_or(abi::STATUS_INVALID)?;
             let sg = guest_sg(ctx.dma, &c, &reads)?;
-            Ok(Step::Guest(CopyStep {
-                to_device,
-                device,
+            let guest = GuestRanges {
                 ranges: sg.entries.iter().map(|e| (e.addr, e.len)).collect(),
                 size: sg.total,
+            };
+            Ok(Some(if to_device {
+                Step::Upload {
+                    dst: device,
+                    src: guest,
+                }
+            } else {
+                Step::Download {
+                    src: device,
+                    dst: guest,
+                }
             }))
         }
         _ => Err(abi::STATUS_INVALID),

@@ -872,12 +872,16 @@ fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
     }
 }
 
+/// A command of a run as decoded: its step (`None`: a NOP), or the
+/// status it completes with.
+type Decoded = Result<Option<command::Step>, u32>;
+
 /// A group of commands started as one queued run of the partition.
 struct Flight {
     /// Its commands: which of the visit's chains.
     chains: Range<usize>,
     /// Each command as decoded, or the status it completes with.
-    decoded: Vec<Result<command::Step, u32>>,
+    decoded: Vec<Decoded>,
     /// When it was started, on the device epoch's clock.
     start: Duration,
     state: FlightState,
@@ -973,7 +977,7 @@ fn start_run(
         }
     };
     with_partition(sh, q, |ctx| {
-        let mut decoded: Vec<Result<command::Step, u32>> = group
+        let mut decoded: Vec<Decoded> = group
             .iter()
             .map(|(_, descs)| command::step(ctx, descs))
             .collect();
@@ -983,12 +987,13 @@ fn start_run(
         let to_device = decoded
             .iter()
             .flatten()
-            .find_map(|s| s.guest().map(|c| c.to_device));
+            .flatten()
+            .find_map(|s| s.host_memory().map(|(_, up)| up));
         for d in &mut decoded {
             let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
-                (command::Step::Launch(_), Some(_)) => true,
-                (s, Some(way)) => s.guest().is_some_and(|c| c.to_device != way),
-                (_, None) => false,
+                (Some(command::Step::Launch(_)), Some(_)) => true,
+                (Some(s), Some(way)) => s.host_memory().is_some_and(|(_, up)| up != way),
+                _ => false,
             });
             if refused {
                 *d = Err(abi::STATUS_INVALID);
@@ -998,18 +1003,22 @@ fn start_run(
         let ranges: Vec<(u64, u64)> = decoded
             .iter()
             .flatten()
-            .filter_map(command::Step::guest)
-            .flat_map(|c| c.ranges.iter().copied())
+            .flatten()
+            .filter_map(|s| s.host_memory())
+            .flat_map(|(c, _)| c.ranges.iter().copied())
             .collect();
         let start = ctx.epoch.elapsed();
-        let steps: Vec<&command::Step> = decoded.iter().flatten().collect();
+        // NOPs are no steps: they complete in order with the run.
+        let steps: Vec<&command::Step> = decoded.iter().flatten().flatten().collect();
         let started = if ranges.is_empty() {
             // No guest memory: the run needs no lock on the DMA table. (A
             // guest copy has ranges, so this closure is never called.)
             // SAFETY: no slices.
             let none = || unsafe { SliceMemory::new(&[]) };
-            let queued: Vec<Queued<'_>> =
-                steps.iter().filter_map(|s| s.queued(|_| none())).collect();
+            let queued: Vec<Queued<'_>> = steps
+                .iter()
+                .map(|s| s.as_ref().map(command::OwnedLaunch::launch, |_, _| none()))
+                .collect();
             Ok(go(&mut *ctx.partition, &queued))
         } else {
             let partition = &mut *ctx.partition;
@@ -1021,8 +1030,8 @@ fn start_run(
                 let mut at = 0;
                 let queued: Vec<Queued<'_>> = steps
                     .iter()
-                    .filter_map(|s| {
-                        s.queued(|c| {
+                    .map(|s| {
+                        s.as_ref().map(command::OwnedLaunch::launch, |c, _| {
                             let first = at;
                             let mut bytes = 0u64;
                             while bytes < c.size && at < slices.len() {
@@ -1103,7 +1112,7 @@ fn finish_run(
             command::Step::Timestamp => began.saturating_add(end),
             _ => 0,
         },
-        bytes: step.guest().map_or(0, |c| c.size),
+        bytes: step.host_memory().map_or(0, |(c, _)| c.size),
         ..Default::default()
     });
     charge_once(&mut out, shared);
@@ -1131,7 +1140,7 @@ fn charge_once(outcomes: &mut [command::Outcome], mut shared: u64) {
 /// step ended. `ok` says what a step that succeeded returns, given its
 /// end.
 fn outcomes(
-    decoded: &[Result<command::Step, u32>],
+    decoded: &[Decoded],
     done: Vec<vgpu_backend::QueuedDone>,
     ok: impl Fn(&command::Step, u64) -> command::Outcome,
 ) -> Vec<command::Outcome> {
@@ -1141,8 +1150,8 @@ fn outcomes(
         .iter()
         .map(|d| {
             let step = match d {
-                Ok(command::Step::Nop) => return command::Outcome::status(abi::STATUS_OK),
-                Ok(step) => step,
+                Ok(None) => return command::Outcome::status(abi::STATUS_OK),
+                Ok(Some(step)) => step,
                 Err(status) => return command::Outcome::status(*status),
             };
             let Some(r) = done.next() else {
