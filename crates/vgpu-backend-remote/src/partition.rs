@@ -721,11 +721,11 @@ impl RemotePartition {
                 Queued::Timestamp => Ok(Step::Timestamp),
                 Queued::Upload { dst, .. } => Ok(Step::Upload {
                     dst: *dst,
-                    pieces: pieces.next().unwrap_or_default(),
+                    src: pieces.next().unwrap_or_default(),
                 }),
                 Queued::Download { src, .. } => Ok(Step::Download {
                     src: *src,
-                    pieces: pieces.next().unwrap_or_default(),
+                    dst: pieces.next().unwrap_or_default(),
                 }),
                 Queued::Fill(f) => Ok(Step::Fill(*f)),
                 Queued::Copy(c) => Ok(Step::Copy(*c)),

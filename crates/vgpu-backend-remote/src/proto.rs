@@ -598,14 +598,14 @@ pub enum Step<'a> {
         /// Device address.
         dst: u64,
         /// The source, in order.
-        pieces: Vec<MappedPiece>,
+        src: Vec<MappedPiece>,
     },
     /// A download into guest memory the host has mapped.
     Download {
         /// Device address.
         src: u64,
         /// The destination, in order.
-        pieces: Vec<MappedPiece>,
+        dst: Vec<MappedPiece>,
     },
     /// A fill of device memory.
     Fill(DeviceFill),
@@ -764,7 +764,14 @@ impl Request<'_> {
                             w.u8(STEP_LAUNCH);
                             encode_launch(&mut w, l);
                         }
-                        Step::Upload { dst: a, pieces } | Step::Download { src: a, pieces } => {
+                        Step::Upload {
+                            dst: a,
+                            src: pieces,
+                        }
+                        | Step::Download {
+                            src: a,
+                            dst: pieces,
+                        } => {
                             let kind = if matches!(s, Step::Upload { .. }) {
                                 STEP_UPLOAD
                             } else {
@@ -902,11 +909,11 @@ impl Request<'_> {
                         STEP_LAUNCH => Step::Launch(decode_launch(&mut r)?),
                         STEP_UPLOAD => Step::Upload {
                             dst: r.u64()?,
-                            pieces: decode_pieces(&mut r)?,
+                            src: decode_pieces(&mut r)?,
                         },
                         STEP_DOWNLOAD => Step::Download {
                             src: r.u64()?,
-                            pieces: decode_pieces(&mut r)?,
+                            dst: decode_pieces(&mut r)?,
                         },
                         STEP_FILL => Step::Fill(DeviceFill {
                             addr: r.u64()?,
@@ -1464,7 +1471,7 @@ mod tests {
                 Step::Timestamp,
                 Step::Upload {
                     dst: 7,
-                    pieces: vec![MappedPiece {
+                    src: vec![MappedPiece {
                         mapping: 3,
                         offset: 4,
                         len: 5,
@@ -1472,7 +1479,7 @@ mod tests {
                 },
                 Step::Download {
                     src: 9,
-                    pieces: vec![
+                    dst: vec![
                         MappedPiece {
                             mapping: 3,
                             offset: 4,
@@ -1502,7 +1509,7 @@ mod tests {
                 Step::Timestamp,
                 Step::Upload {
                     dst: 7,
-                    pieces: vec![MappedPiece {
+                    src: vec![MappedPiece {
                         mapping: 3,
                         offset: 4,
                         len: 5,
