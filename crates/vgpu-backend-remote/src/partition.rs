@@ -716,20 +716,15 @@ impl RemotePartition {
         let mut local = Vec::with_capacity(steps.len());
         let mut sent = Vec::with_capacity(steps.len());
         for s in steps.iter().take(MAX_QUEUED_STEPS) {
-            let step = match s {
-                Queued::Launch(l) => check_launch(l).map(|()| Step::Launch(l.clone())),
-                Queued::Timestamp => Ok(Step::Timestamp),
-                Queued::Upload { dst, .. } => Ok(Step::Upload {
-                    dst: *dst,
-                    src: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Download { src, .. } => Ok(Step::Download {
-                    src: *src,
-                    dst: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Fill(f) => Ok(Step::Fill(*f)),
-                Queued::Copy(c) => Ok(Step::Copy(*c)),
+            let checked = match s {
+                Queued::Launch(l) => check_launch(l),
+                _ => Ok(()),
             };
+            // A copy's memory goes as the pieces of its forwarded mappings.
+            let step = checked.map(|()| {
+                s.as_ref()
+                    .map(|l| l.clone(), |_, _| pieces.next().unwrap_or_default())
+            });
             local.push(match step {
                 Ok(step) => {
                     sent.push(step);

@@ -586,32 +586,9 @@ const STEP_FILL: u8 = 4;
 const STEP_COPY: u8 = 5;
 
 /// One step of a [`Request::Queued`] run: `Partition::run_queued`'s steps,
-/// with guest memory named as pieces of forwarded mappings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<'a> {
-    /// A point whose device time is wanted.
-    Timestamp,
-    /// A kernel launch, parameters inline.
-    Launch(Launch<'a>),
-    /// An upload from guest memory the host has mapped.
-    Upload {
-        /// Device address.
-        dst: u64,
-        /// The source, in order.
-        src: Vec<MappedPiece>,
-    },
-    /// A download into guest memory the host has mapped.
-    Download {
-        /// Device address.
-        src: u64,
-        /// The destination, in order.
-        dst: Vec<MappedPiece>,
-    },
-    /// A fill of device memory.
-    Fill(DeviceFill),
-    /// A copy between device addresses.
-    Copy(DeviceCopy),
-}
+/// launch parameters inline, with guest memory named as pieces of
+/// forwarded mappings (the host maps them itself).
+pub type Step<'a> = vgpu_backend::Step<Launch<'a>, Vec<MappedPiece>>;
 
 fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
     w.u64(l.module);
