@@ -16,7 +16,7 @@ pub mod rules;
 pub mod software;
 
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vgpu_abi as abi;
@@ -666,7 +666,40 @@ pub trait Backend: Send + Sync {
     fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError>;
 }
 
-/// A vGPU's share of a physical GPU. Calls are serialised by the caller.
+/// A partition as its owner and the device working on it share it: one
+/// lock serialises every call. The owner keeps the partition (its
+/// reservation on the GPU) across the devices it serves in turn.
+#[derive(Clone)]
+pub struct SharedPartition(Arc<Mutex<Box<dyn Partition>>>);
+
+impl SharedPartition {
+    /// Shares `partition`.
+    pub fn new(partition: Box<dyn Partition>) -> Self {
+        SharedPartition(Arc::new(Mutex::new(partition)))
+    }
+
+    /// The partition, locked; a call that panicked left it consistent
+    /// (partition calls leave it so between calls), so a poisoned lock
+    /// is taken as it is.
+    pub fn lock(&self) -> MutexGuard<'_, Box<dyn Partition>> {
+        vgpu_sys::lock(&self.0)
+    }
+}
+
+impl From<Box<dyn Partition>> for SharedPartition {
+    fn from(partition: Box<dyn Partition>) -> Self {
+        SharedPartition::new(partition)
+    }
+}
+
+impl std::fmt::Debug for SharedPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPartition").finish_non_exhaustive()
+    }
+}
+
+/// A vGPU's share of a physical GPU. Calls are serialised by the caller
+/// (see [`SharedPartition`]).
 pub trait Partition: Send {
     /// The spec it was created with.
     fn spec(&self) -> &PartitionSpec;
@@ -817,6 +850,89 @@ pub trait Partition: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::software::SoftwareBackend;
+
+    /// A registry that only says it exists.
+    struct NoteMemory;
+    impl HostMemory for NoteMemory {
+        fn mapped(&self, _: HostMapping) {}
+        fn unmapped(&self, _: u64) {}
+    }
+
+    /// A software partition that offers a guest memory registry.
+    struct WithRegistry(Box<dyn Partition>);
+    impl Partition for WithRegistry {
+        fn spec(&self) -> &PartitionSpec {
+            self.0.spec()
+        }
+        fn kernel_compute_units(&self) -> u32 {
+            self.0.kernel_compute_units()
+        }
+        fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+            self.0.alloc(size, align)
+        }
+        fn free(&mut self, addr: u64) -> Result<(), OpError> {
+            self.0.free(addr)
+        }
+        fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+            self.0.upload(dst, src)
+        }
+        fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+            self.0.download(src, dst)
+        }
+        fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+            self.0.module_load(format, image)
+        }
+        fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+            self.0.module_unload(module)
+        }
+        fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+            self.0.run_queued(steps, stop)
+        }
+        fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+            self.0.max_active_clusters(launch)
+        }
+        fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+            self.0.function_info(module, entry)
+        }
+        fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+            self.0.global_info(module, name)
+        }
+        fn memory_used(&self) -> u64 {
+            self.0.memory_used()
+        }
+        fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
+            self.0.console(module, max)
+        }
+        fn reset(&mut self) {
+            self.0.reset()
+        }
+        fn is_lost(&self) -> bool {
+            self.0.is_lost()
+        }
+        fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+            Some(Arc::new(NoteMemory))
+        }
+    }
+
+    #[test]
+    fn test_shared_partition_offers_the_inner_registry() {
+        let spec = PartitionSpec {
+            name: "p".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let plain = SharedPartition::new(inner);
+        assert!(plain.lock().host_memory().is_none());
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let shared = SharedPartition::new(Box::new(WithRegistry(inner)));
+        assert!(shared.lock().host_memory().is_some());
+    }
 
     #[test]
     fn test_reserve_takes_all_or_nothing_and_release_gives_back() {

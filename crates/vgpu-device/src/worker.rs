@@ -376,7 +376,7 @@ fn process_queues(
     last_doorbell: &mut [u32],
 ) -> (bool, bool) {
     let (depth, lanes) = {
-        let p = lock(&sh.partition);
+        let p = sh.partition.lock();
         (p.queue_depth().max(1), p.lanes().max(1))
     };
     // Commands run one at a time while draining, each judged on its own.
@@ -919,7 +919,7 @@ impl Flight {
 /// Calls `f` with the partition (locked), then notes its memory in use
 /// and whether it lost its device state.
 fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) -> R) -> R {
-    let mut part = lock(&sh.partition);
+    let mut part = sh.partition.lock();
     let mut functions = lock(&sh.functions);
     let mut ctx = command::Ctx {
         dma: &sh.ctx.dma,

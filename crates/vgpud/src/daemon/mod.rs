@@ -14,12 +14,12 @@ pub use instance::InstanceState;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vgpu_api::DeviceEvents;
-use vgpu_backend::{Backend, PartitionSpec};
+use vgpu_backend::{Backend, PartitionSpec, SharedPartition};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{Scheduler, TenantId};
 use vgpu_sys::socket::{self, SocketPath};
@@ -337,7 +337,7 @@ impl Daemon {
         let mut inst = Instance {
             socket: self.config.socket_path(&v),
             tenant,
-            partition: Arc::new(Mutex::new(partition)),
+            partition: SharedPartition::new(partition),
             gate: Arc::new(SchedGate::new(sched.clone(), tenant)),
             counters: Arc::new(DeviceCounters::default()),
             carried: Carried::default(),
