@@ -25,6 +25,7 @@ use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFI
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
 use vgpu_backend::{HostMapping, HostMemory, SharedPartition};
+use vgpu_sched::CommandGate;
 use vgpu_sys::warn_limited;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::mmap::MmapRegionBuilder;
@@ -67,27 +68,6 @@ impl VgpuConfig {
             poll_spin: Duration::from_micros(50),
             gate: None,
         }
-    }
-}
-
-/// Lets a host scheduler decide when this vGPU's next command may run on
-/// the shared GPU (preemption at command boundaries).
-pub trait CommandGate: Send + Sync {
-    /// Blocks until one command may run. `cancelled` is polled while
-    /// waiting (a reset or queue change drops the command). Returns false
-    /// when the command must not run.
-    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool;
-    /// The command that entered finished after `device_time`, moving
-    /// `bytes` between guest or window memory and the device.
-    fn leave(&self, device_time: Duration, bytes: u64);
-    /// The worker has run out of commands for now (or stops): a gate that
-    /// keeps the GPU for a tenant between its commands gives it back.
-    fn idle(&self) {}
-    /// Whether the next command may run now without waiting: while it
-    /// may, the worker starts the next queued run before the one in
-    /// flight is finished (a gate that cannot say keeps one in flight).
-    fn holding(&self) -> bool {
-        false
     }
 }
 

@@ -13,10 +13,9 @@ use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
 use vgpu_backend::SharedPartition;
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
-use vgpu_sched::TenantId;
+use vgpu_sched::{SchedGate, TenantId};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::gate::SchedGate;
 use super::{DaemonError, InstanceInfo, ServingThreadHook};
 use crate::config::VgpuConfig;
 
