@@ -474,23 +474,54 @@ pub enum StepKind {
     Guest(bool),
 }
 
-/// How the command in `descs` runs as a step of queued device work;
-/// `None` for a command that runs alone, or whose header cannot be read.
-/// One read of guest memory serves the header and a copy's kinds.
-pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
-    let mut buf = [0u8; std::mem::size_of::<abi::CopyCmd>()];
-    let head = peek(dma, descs, &mut buf)?;
-    match parse::<abi::CmdHeader>(head).ok()?.opcode {
-        abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
-        abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device { launch: false }),
-        abi::OP_COPY => {
-            let c: abi::CopyCmd = parse(head).ok()?;
-            match (c.src_kind, c.dst_kind) {
-                (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device { launch: false }),
-                _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
+/// A command's own descriptor, header and body, read once from guest
+/// memory: what grouping a run and decoding its steps both look at, so
+/// that a guest rewriting it meanwhile cannot make them disagree.
+#[derive(Clone)]
+pub struct Command {
+    buf: [u8; MAX_CMD],
+    len: usize,
+}
+
+impl Command {
+    /// Reads the command in `descs` (its first readable descriptor, as
+    /// much as the largest command structure takes).
+    pub fn read(dma: &DmaSpace, descs: &[Desc]) -> Result<Command> {
+        let first = descs
+            .iter()
+            .find(|d| !d.writable)
+            .ok_or(abi::STATUS_INVALID)?;
+        let mut buf = [0u8; MAX_CMD];
+        let len = (first.len as usize).min(MAX_CMD);
+        dma.read(first.addr, &mut buf[..len])
+            .map_err(|_| abi::STATUS_FAULT)?;
+        Ok(Command { buf, len })
+    }
+
+    fn raw(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// How it runs as a step of queued device work; `None` for a command
+    /// that runs alone, or whose header is cut short.
+    pub fn step_kind(&self) -> Option<StepKind> {
+        let raw = self.raw();
+        match parse::<abi::CmdHeader>(raw).ok()?.opcode {
+            abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
+            abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => {
+                Some(StepKind::Device { launch: false })
             }
+            abi::OP_COPY => {
+                let c: abi::CopyCmd = parse(raw).ok()?;
+                match (c.src_kind, c.dst_kind) {
+                    (abi::COPY_DEVICE, abi::COPY_DEVICE) => {
+                        Some(StepKind::Device { launch: false })
+                    }
+                    _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
+                }
+            }
+            _ => None,
         }
-        _ => None,
     }
 }
 
@@ -510,12 +541,12 @@ pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
     parse::<abi::CmdHeader>(head).ok().map(|h| h.opcode)
 }
 
-/// Decodes the command in `descs` into its step, or the status it
-/// completes with: the checks [`execute`] makes before running it.
-pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Option<Step>> {
+/// Decodes `cmd`, the command in `descs` as read, into its step, or the
+/// status it completes with: the checks [`execute`] makes before running
+/// it.
+pub fn step(ctx: &Ctx<'_>, cmd: &Command, descs: &[Desc]) -> Result<Option<Step>> {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
-    let mut buf = [0u8; MAX_CMD];
-    let raw = command_bytes(ctx.dma, &reads, &mut buf)?;
+    let raw = cmd.raw();
     let hdr: abi::CmdHeader = parse(raw)?;
     match hdr.opcode {
         abi::OP_NOP => Ok(None),
@@ -571,18 +602,6 @@ fn check_fill(c: &abi::FillCmd) -> Result<()> {
         return Err(abi::STATUS_INVALID);
     }
     Ok(())
-}
-
-/// Reads the command descriptor (the first of `reads`) into `buf`.
-fn command_bytes<'b>(
-    dma: &DmaSpace,
-    reads: &[Desc],
-    buf: &'b mut [u8; MAX_CMD],
-) -> Result<&'b [u8]> {
-    let first = reads.first().ok_or(abi::STATUS_INVALID)?;
-    let raw = &mut buf[..(first.len as usize).min(MAX_CMD)];
-    dma.read(first.addr, raw).map_err(|_| abi::STATUS_FAULT)?;
-    Ok(raw)
 }
 
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
@@ -795,11 +814,11 @@ pub fn partition_free(dma: &DmaSpace, descs: &[Desc]) -> bool {
 pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
     // One read of the command descriptor serves the header and the body.
-    let mut buf = [0u8; MAX_CMD];
-    let raw = match command_bytes(ctx.dma, &reads, &mut buf) {
-        Ok(raw) => raw,
+    let cmd = match Command::read(ctx.dma, descs) {
+        Ok(cmd) => cmd,
         Err(s) => return Outcome::status(s),
     };
+    let raw = cmd.raw();
     let hdr: abi::CmdHeader = match parse(raw) {
         Ok(h) => h,
         Err(s) => return Outcome::status(s),

@@ -511,8 +511,8 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     let mut cancel = sh.drain.expired()
         || v.drain
             .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
-    let (steps, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
-        (0, Group::One)
+    let (read, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
+        (Vec::new(), Group::One)
     } else {
         group_at(sh, &v.chains[v.next..])
     };
@@ -551,7 +551,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         }
     }
     // A cancelled command goes alone: the next is judged anew.
-    let range = v.next..v.next + if cancel { 1 } else { steps.max(1) };
+    let range = v.next..v.next + if cancel { 1 } else { read.len().max(1) };
     v.next = range.end;
     if !cancel && kind == Group::Run {
         if s.depth > 1 && range.end == v.chains.len() {
@@ -571,7 +571,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
                 || (long && range.end < v.chains.len()));
         let group = &v.chains[range.clone()];
         let stop = || v.stale(sh);
-        let flight = start_run(sh, v.q, v.lane, group, range, keep, &stop);
+        let flight = start_run(sh, (v.q, v.lane), group, read, range, keep, &stop);
         if matches!(flight.state, FlightState::InFlight) {
             s.lanes[v.lane].push_back(vi);
         }
@@ -843,32 +843,39 @@ enum Group {
 }
 
 /// How many chains from the start of `chains` run together as one queued
-/// run (at most [`BATCH`], which bounds how long a run holds the GPU), or else that the first command
-/// runs alone. A run's guest memory stays locked until the run is over,
-/// so a run with guest copies holds no launch (a kernel may run long,
-/// and a DMA_UNMAP would wait for it) and moves guest memory one way;
-/// NOPs, timestamps, fills and device copies go with either kind.
-fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
+/// run (at most [`BATCH`], which bounds how long a run holds the GPU), as
+/// their commands read (once: the run decodes these), or else that the
+/// first command runs alone (no commands). A run's guest memory stays
+/// locked until the run is over, so a run with guest copies holds no
+/// launch (a kernel may run long, and a DMA_UNMAP would wait for it) and
+/// moves guest memory one way; NOPs, timestamps, fills and device copies
+/// go with either kind.
+fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (Vec<command::Command>, Group) {
     let dma = &sh.ctx.dma;
     // The run's guest copies' direction, or that it has a launch.
     let mut class: Option<Option<bool>> = None;
-    let steps = chains
-        .iter()
-        .take(BATCH)
-        .take_while(|(_, descs)| {
-            let this = match command::step_kind(dma, descs) {
-                None => return false,
-                Some(command::StepKind::Device { launch: false }) => return true,
-                Some(command::StepKind::Device { launch: true }) => None,
-                Some(command::StepKind::Guest(to_device)) => Some(to_device),
-            };
-            *class.get_or_insert(this) == this
-        })
-        .count();
-    if steps > 0 {
-        (steps, Group::Run)
+    let mut read = Vec::new();
+    for (_, descs) in chains.iter().take(BATCH) {
+        let Ok(cmd) = command::Command::read(dma, descs) else {
+            break;
+        };
+        let this = match cmd.step_kind() {
+            None => break,
+            Some(command::StepKind::Device { launch: false }) => None,
+            Some(command::StepKind::Device { launch: true }) => Some(None),
+            Some(command::StepKind::Guest(to_device)) => Some(Some(to_device)),
+        };
+        if let Some(this) = this {
+            if *class.get_or_insert(this) != this {
+                break;
+            }
+        }
+        read.push(cmd);
+    }
+    if read.is_empty() {
+        (read, Group::One)
     } else {
-        (0, Group::One)
+        (read, Group::Run)
     }
 }
 
@@ -951,8 +958,9 @@ fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outc
     })
 }
 
-/// Decodes the steps of `group` (the visit's chains `range`) and starts
-/// them as one queued run, left in flight if `keep` and the partition
+/// Decodes the steps of `group` (the visit's chains `range`, whose
+/// commands are `read`) and starts them as one queued run on queue `q`'s
+/// lane `lane`, left in flight if `keep` and the partition
 /// can. The guest memory of its copies is held mapped
 /// (the DMA table's read lock) while the partition takes them: until the
 /// run is over, or, for a partition that keeps runs in flight, until it
@@ -960,9 +968,9 @@ fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outc
 /// steps one by one refuses the rest (their completions are not written).
 fn start_run(
     sh: &Shared,
-    q: u32,
-    lane: usize,
+    (q, lane): (u32, usize),
     group: &[(u16, Vec<Desc>)],
+    read: Vec<command::Command>,
     range: Range<usize>,
     keep: bool,
     stop: &dyn Fn() -> bool,
@@ -977,29 +985,20 @@ fn start_run(
         }
     };
     with_partition(sh, q, |ctx| {
-        let mut decoded: Vec<Decoded> = group
+        // Decoded from the bytes the run was grouped by: its guest copies
+        // all go one way, and none goes beside a launch.
+        let decoded: Vec<Decoded> = group
             .iter()
-            .map(|(_, descs)| command::step(ctx, descs))
+            .zip(&read)
+            .map(|((_, descs), cmd)| command::step(ctx, cmd, descs))
             .collect();
-        // The run's guest memory is resolved for one direction: a
-        // command the guest rewrote since it was grouped, to go the other
-        // way or to launch a kernel beside guest copies, is refused.
+        // The run's guest memory is resolved for that one direction.
         let to_device = decoded
             .iter()
             .flatten()
             .flatten()
-            .find_map(|s| s.host_memory().map(|(_, up)| up));
-        for d in &mut decoded {
-            let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
-                (Some(command::Step::Launch(_)), Some(_)) => true,
-                (Some(s), Some(way)) => s.host_memory().is_some_and(|(_, up)| up != way),
-                _ => false,
-            });
-            if refused {
-                *d = Err(abi::STATUS_INVALID);
-            }
-        }
-        let to_device = to_device.unwrap_or(true);
+            .find_map(|s| s.host_memory().map(|(_, up)| up))
+            .unwrap_or(true);
         let ranges: Vec<(u64, u64)> = decoded
             .iter()
             .flatten()
