@@ -47,8 +47,8 @@ use crate::rules::{
     PartitionName,
 };
 use crate::{
-    Backend, BackendError, Capacity, FunctionInfo, HostSink, HostSource, Launch, OpError,
-    Partition, PartitionSpec, Queued, QueuedDone,
+    Backend, BackendError, Capacity, DeviceCopy, DeviceFill, FunctionInfo, HostSink, HostSource,
+    Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone,
 };
 
 /// Fewest elements of work worth a thread of its own.
@@ -386,7 +386,8 @@ impl SoftwarePartition {
 
 /// The steps of a queued run ([`Partition::run_queued`]).
 impl SoftwarePartition {
-    fn copy_now(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+    fn copy_now(&mut self, c: &DeviceCopy) -> Result<(), OpError> {
+        let DeviceCopy { dst, src, size } = *c;
         let d = self.locate(dst, size)?;
         let s = self.locate(src, size)?;
         if d.start == s.start {
@@ -401,7 +402,12 @@ impl SoftwarePartition {
         })
     }
 
-    fn fill_now(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+    fn fill_now(&mut self, f: &DeviceFill) -> Result<(), OpError> {
+        let DeviceFill {
+            addr,
+            size,
+            pattern,
+        } = *f;
         if !size.is_multiple_of(4) {
             return Err(OpError::Invalid(format!(
                 "fill of {size} bytes: not a multiple of 4"
@@ -545,11 +551,11 @@ impl Partition for SoftwarePartition {
         // Launches run on the CPU and complete when they return.
         crate::run_steps_in_order(steps, stop, |s| match s {
             Queued::Launch(l) => self.launch_now(l),
-            Queued::Timestamp => Ok(()),
+            Queued::Fill(f) => self.fill_now(f),
+            Queued::Copy(c) => self.copy_now(c),
             Queued::Upload { dst, src } => self.upload(*dst, src),
             Queued::Download { src, dst } => self.download(*src, dst),
-            Queued::Fill(f) => self.fill_now(f.addr, f.size, f.pattern),
-            Queued::Copy(c) => self.copy_now(c.dst, c.src, c.size),
+            Queued::Timestamp => Ok(()),
         })
     }
 
