@@ -502,6 +502,29 @@ impl Command {
         &self.buf[..self.len]
     }
 
+    /// Its opcode, if its header is whole.
+    pub fn opcode(&self) -> Option<u32> {
+        parse::<abi::CmdHeader>(self.raw()).ok().map(|h| h.opcode)
+    }
+
+    /// Whether it touches guest memory only, never the partition (FENCE,
+    /// WRITE_VALUE, WAIT_VALUE): it may run while runs of other queues
+    /// are in flight.
+    pub fn partition_free(&self) -> bool {
+        matches!(
+            self.opcode(),
+            Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
+        )
+    }
+
+    /// Whether it is a WAIT_VALUE, and if so whether its condition holds
+    /// now: `Some(Ok(false))` keeps the queue waiting; `Some(Err(status))`
+    /// is a WAIT_VALUE that completes with that status (malformed, or its
+    /// word out of reach).
+    pub fn wait_value(&self, dma: &DmaSpace) -> Option<Result<bool>> {
+        (self.opcode()? == abi::OP_WAIT_VALUE).then(|| wait_holds(dma, self.raw()))
+    }
+
     /// How it runs as a step of queued device work; `None` for a command
     /// that runs alone, or whose header is cut short.
     pub fn step_kind(&self) -> Option<StepKind> {
@@ -758,19 +781,6 @@ fn value_word(c: &abi::ValueCmd, extra: u32) -> Result<(bool, u32)> {
     Ok((wide, flags & extra))
 }
 
-/// Whether the command in `descs` is a WAIT_VALUE, and if so whether its
-/// condition holds now: `Some(Ok(false))` keeps the queue waiting;
-/// `Some(Err(status))` is a WAIT_VALUE that completes with that status
-/// (malformed, or its word out of reach).
-pub fn wait_value(dma: &DmaSpace, descs: &[Desc]) -> Option<Result<bool>> {
-    let mut buf = [0u8; std::mem::size_of::<abi::ValueCmd>()];
-    let head = peek(dma, descs, &mut buf)?;
-    if parse::<abi::CmdHeader>(head).ok()?.opcode != abi::OP_WAIT_VALUE {
-        return None;
-    }
-    Some(wait_holds(dma, head))
-}
-
 /// Whether the WAIT_VALUE in `raw` has its condition met now.
 fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
     let c: abi::ValueCmd = parse(raw)?;
@@ -800,25 +810,15 @@ fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
     })
 }
 
-/// Whether the command in `descs` touches guest memory only, never the
-/// partition (FENCE, WRITE_VALUE, WAIT_VALUE): it may run while runs of
-/// other queues are in flight.
-pub fn partition_free(dma: &DmaSpace, descs: &[Desc]) -> bool {
-    matches!(
-        opcode(dma, descs),
-        Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
-    )
-}
-
-/// Runs the command in `descs` (readable descriptors first, then writable).
-pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
+/// Runs `cmd`, the command in `descs` (readable descriptors first, then
+/// writable) as read, or completes with the status its read failed with.
+pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
     // One read of the command descriptor serves the header and the body.
-    let cmd = match Command::read(ctx.dma, descs) {
-        Ok(cmd) => cmd,
-        Err(s) => return Outcome::status(s),
+    let raw = match cmd {
+        Ok(cmd) => cmd.raw(),
+        Err(s) => return Outcome::status(*s),
     };
-    let raw = cmd.raw();
     let hdr: abi::CmdHeader = match parse(raw) {
         Ok(h) => h,
         Err(s) => return Outcome::status(s),

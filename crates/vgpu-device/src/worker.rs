@@ -511,22 +511,25 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     let mut cancel = sh.drain.expired()
         || v.drain
             .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
+    // Each command is read once: to group it, and to run it (alone, or
+    // decoded as a step of its run).
+    let first = command::Command::read(&sh.ctx.dma, &v.chains[v.next].1);
     let (read, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
         (Vec::new(), Group::One)
     } else {
-        group_at(sh, &v.chains[v.next..])
+        group_at(sh, &first, &v.chains[v.next..])
     };
     if (cancel || kind == Group::One) && !v.flights.is_empty() {
         // It runs after what is in flight.
         return false;
     }
-    let chain = &v.chains[v.next].1;
     if !cancel && kind == Group::One {
-        if in_partition > 0 && !command::partition_free(&sh.ctx.dma, chain) {
+        if in_partition > 0 && !first.as_ref().is_ok_and(command::Command::partition_free) {
             // Nothing else runs on the partition while runs are in flight.
             return false;
         }
-        if command::wait_value(&sh.ctx.dma, chain) == Some(Ok(false)) {
+        let wait = first.as_ref().ok().and_then(|c| c.wait_value(&sh.ctx.dma));
+        if wait == Some(Ok(false)) {
             // Later commands of the queue wait for it; its condition is
             // looked at again on the next scan.
             v.parked = true;
@@ -583,7 +586,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     let outcomes = if cancel {
         vec![command::Outcome::status(abi::STATUS_CANCELLED)]
     } else {
-        run_one(sh, v.q, group)
+        run_one(sh, v.q, group, vec![first])
     };
     trace_run(sh, v.q, "One", group, began, v.chains.len());
     let (q, gens) = (v.q, v.gens);
@@ -844,19 +847,29 @@ enum Group {
 
 /// How many chains from the start of `chains` run together as one queued
 /// run (at most [`BATCH`], which bounds how long a run holds the GPU), as
-/// their commands read (once: the run decodes these), or else that the
-/// first command runs alone (no commands). A run's guest memory stays
+/// their commands read (once: the run decodes these; the first is
+/// `first`, already read), or else that the first command runs alone (no
+/// commands). A run's guest memory stays
 /// locked until the run is over, so a run with guest copies holds no
 /// launch (a kernel may run long, and a DMA_UNMAP would wait for it) and
 /// moves guest memory one way; NOPs, timestamps, fills and device copies
 /// go with either kind.
-fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (Vec<command::Command>, Group) {
+fn group_at(
+    sh: &Shared,
+    first: &Result<command::Command, u32>,
+    chains: &[(u16, Vec<Desc>)],
+) -> (Vec<command::Command>, Group) {
     let dma = &sh.ctx.dma;
     // The run's guest copies' direction, or that it has a launch.
     let mut class: Option<Option<bool>> = None;
     let mut read = Vec::new();
-    for (_, descs) in chains.iter().take(BATCH) {
-        let Ok(cmd) = command::Command::read(dma, descs) else {
+    for (i, (_, descs)) in chains.iter().enumerate().take(BATCH) {
+        let cmd = if i == 0 {
+            first.clone()
+        } else {
+            command::Command::read(dma, descs)
+        };
+        let Ok(cmd) = cmd else {
             break;
         };
         let this = match cmd.step_kind() {
@@ -887,6 +900,8 @@ type Decoded = Result<Option<command::Step>, u32>;
 struct Flight {
     /// Its commands: which of the visit's chains.
     chains: Range<usize>,
+    /// Each command as read.
+    read: Vec<command::Command>,
     /// Each command as decoded, or the status it completes with.
     decoded: Vec<Decoded>,
     /// When it was started, on the device epoch's clock.
@@ -948,12 +963,19 @@ fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) 
     out
 }
 
-/// Runs the commands of `group` one by one; returns each one's outcome.
-fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+/// Runs the commands of `group`, as `read`, one by one; returns each
+/// one's outcome.
+fn run_one(
+    sh: &Shared,
+    q: u32,
+    group: &[(u16, Vec<Desc>)],
+    read: Vec<Result<command::Command, u32>>,
+) -> Vec<command::Outcome> {
     with_partition(sh, q, |ctx| {
         group
             .iter()
-            .map(|(_, descs)| command::execute(ctx, descs))
+            .zip(&read)
+            .map(|((_, descs), cmd)| command::execute(ctx, cmd, descs))
             .collect()
     })
 }
@@ -1058,6 +1080,7 @@ fn start_run(
         };
         Flight {
             chains: range,
+            read,
             decoded,
             start,
             state,
@@ -1083,7 +1106,9 @@ fn finish_run(
         (FlightState::Done(done), _) => (done, start),
         (FlightState::InFlight, Some(Some(f))) => (f.done, start.saturating_add(f.waited_ns)),
         (FlightState::InFlight, _) => (Vec::new(), start),
-        (FlightState::Alone, _) => return run_one(sh, q, group),
+        (FlightState::Alone, _) => {
+            return run_one(sh, q, group, flight.read.into_iter().map(Ok).collect())
+        }
     };
     // Runs of a lane go one after the other: where the times a run's
     // start is reckoned from (the daemon's clock when it was sent, how
