@@ -32,10 +32,8 @@ use vgpu_backend::{
 };
 use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
 use vgpu_benchkit::{Bench, Target};
-use vgpu_device::CommandGate;
-use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
+use vgpu_sched::{CommandGate, Policy, SchedConfig, SchedGate, Scheduler, TenantId, TenantParams};
 use vgpu_testkit::{test_config, GuestOptions, Mode as QueueMode, TestVgpu};
-use vgpud::daemon::SchedGate;
 
 mod common;
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{assert_status, status_name};
 use vfio_user_server::{Endpoint, ServerError};
-use vgpu_device::{CommandGate, DrainHandle, VgpuDevice};
+use vgpu_device::{DrainHandle, VgpuDevice};
+use vgpu_sched::CommandGate;
 use vgpu_testkit::abi;
 use vgpu_testkit::{software_partition, test_config, Chain, Guest, GuestOptions, Mode};
 use vmm_sys_util::eventfd::EventFd;

@@ -779,7 +779,7 @@ mod tests {
             lane: 0,
             steps: vec![Step::Upload {
                 dst: dev,
-                pieces: vec![piece(0, 16)],
+                src: vec![piece(0, 16)],
             }],
         };
         let down = Request::Start {
@@ -788,7 +788,7 @@ mod tests {
                 Step::Timestamp,
                 Step::Download {
                     src: dev,
-                    pieces: vec![piece(4096, 16)],
+                    dst: vec![piece(4096, 16)],
                 },
             ],
         };

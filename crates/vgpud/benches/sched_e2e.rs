@@ -44,11 +44,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vgpu_backend::software::SoftwareBackend;
-use vgpu_device::CommandGate;
-use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
+use vgpu_sched::{
+    CommandGate, Policy, SchedConfig, SchedGate, Scheduler, TenantId, TenantParams, TenantPhase,
+};
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{software_partition, test_config, Chain, Guest, GuestOptions, Mode, TestVgpu};
-use vgpud::daemon::SchedGate;
 
 const MS: Duration = Duration::from_millis(1);
 /// The daemon's default slice (`slice_us`).
