@@ -23,8 +23,6 @@
 //!   at once, waited for later with a timeout.
 //! * [`Window`]: the host-visible window (BAR2) mapped with `mmap`.
 //! * [`ffi`]: the C interface of `include/vgpu_guest.h`.
-//! * [`reference`] and [`sample`]: CPU references and the pieces of the
-//!   sample programs.
 //! * [`sys`]: the driver's ioctl structures, checked against
 //!   `guest-driver/include/uapi/vgpu.h`.
 //!
@@ -37,8 +35,6 @@ mod c_args;
 mod device;
 mod error;
 pub mod ffi;
-pub mod reference;
-pub mod sample;
 pub mod sys;
 
 /// Runs a C compiler command of a test; panics with its messages, after
