@@ -35,6 +35,9 @@ mod c_args;
 mod device;
 mod error;
 pub mod ffi;
+mod file;
+mod launch;
+mod resources;
 pub mod sys;
 
 /// Runs a C compiler command of a test; panics with its messages, after
@@ -50,6 +53,8 @@ fn compile_c(cmd: &mut std::process::Command, what: &str) {
 }
 
 pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
-pub use device::{Buffer, BuiltinKernel, Device, Dims, Function, Module, Window};
+pub use device::{Device, Window};
 pub use error::{errno_name, Error, Result};
+pub use launch::{BuiltinKernel, Dims, Function};
+pub use resources::{Buffer, Module};
 pub use vgpu_abi::{self, ByteValued};
