@@ -62,7 +62,7 @@ fn partition(b: &RemoteBackend) -> RemotePartition {
 /// Guest RAM: a memfd mapped here, as the daemon maps a VMM's.
 struct Ram {
     file: Arc<File>,
-    map: vm_memory::MmapRegion,
+    map: vgpu_sys::mmap::SharedMapping,
     len: usize,
 }
 
