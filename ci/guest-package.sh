@@ -33,10 +33,10 @@ TARGET=x86_64-unknown-linux-gnu
 version=$(cargo pkgid -p vgpu-nvml | sed 's/.*[#@]//')
 [[ $version =~ ^[0-9][0-9A-Za-z.+~-]*$ ]] || die "odd package version '$version'"
 
-log "cargo build --release -p vgpu-guest --bin vgpu-smi --target $TARGET (static)"
+log "cargo build --release -p vgpu-guest-tools --bin vgpu-smi --target $TARGET (static)"
 flags=${RUSTFLAGS:-}
 [[ $flags == *+crt-static* ]] || flags="${flags:+$flags }-C target-feature=+crt-static"
-RUSTFLAGS=$flags cargo build -q --release -p vgpu-guest --target "$TARGET"
+RUSTFLAGS=$flags cargo build -q --release -p vgpu-guest-tools --target "$TARGET"
 smi="$target/$TARGET/release/vgpu-smi"
 log "cargo build --release -p vgpu-cuda -p vgpu-nvml --target $TARGET"
 lib_target="$target/guest-cuda"

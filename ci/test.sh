@@ -3,12 +3,12 @@
 #
 # On a fresh Debian 12 machine (root) it installs what it needs, checks
 # formatting, lints, commit subjects and docs/architecture.md's crate map,
-# runs the Rust tests, builds the host package and installs, runs and
-# purges it (ci/package.sh --test), builds QEMU with the
-# vfio-user client, fetches the guest kernel, boots a guest against
-# vgpud's test device, then runs the guest driver and test suite in two
-# guests at once, an isolation pair and a guest behind a guest IOMMU, and
-# last installs the guest package in a Debian guest (DKMS, udev, NVML;
+# runs the Rust tests and each benchmark's smoke run, builds the host
+# package and installs, runs and purges it (ci/package.sh --test), builds
+# QEMU with the vfio-user client, fetches the guest kernel, boots a guest
+# against vgpud's test device, then runs the guest driver and test suite in
+# two guests at once, an isolation pair and a guest behind a guest IOMMU,
+# and last installs the guest package in a Debian guest (DKMS, udev, NVML;
 # ci/vm-guest-package.sh). Downloads and builds are cached in
 # ${VGPUD_CACHE:-/var/cache/vgpud}, so later runs skip them.
 #
@@ -31,7 +31,7 @@ cd "$VGPUD_ROOT"
 LOG_DIR="${VGPUD_ROOT}/target/ci-logs"
 mkdir -p "$LOG_DIR"
 
-steps=(setup-host toolchain fmt shellcheck scripts map commits clippy cargo-test fuzz package)
+steps=(setup-host toolchain fmt shellcheck scripts map commits clippy cargo-test bench-smoke fuzz package)
 if [[ $with_vm == 1 ]]; then
     steps+=(build-qemu fetch-kernel vm-test vm-gpu-test vm-guest-package)
 fi
@@ -108,6 +108,17 @@ step_cargo_test() {
         log "skipped (counted as neither passed nor failed):"
         sed 's/^/    /' "$skip_log" >&2
     fi
+    return "$rc"
+}
+
+step_bench_smoke() {
+    # Every benchmark binary in its smoke mode (`--test`: each part for a
+    # fraction of a second), so that one that panics, hangs or measures
+    # nothing (a ratio without a baseline) fails here. Those that need a
+    # GPU print "skipped" and pass without one.
+    local rc=0
+    cargo test --workspace --bench '*' --no-fail-fast -- --test 2>&1 |
+        tee "$LOG_DIR/bench-smoke.log" || rc=$?
     return "$rc"
 }
 

@@ -8,9 +8,9 @@
 #   /vgpu.ko               the guest driver, built against the cached guest
 #                          kernel's headers (ci/fetch-kernel.sh)
 #   /usr/bin/vgpu-smi, /usr/bin/vgpu-guest-test, /usr/bin/vgpu-saxpy,
-#   /usr/bin/vgpu-sgemm    crates/vgpu-guest, statically linked (glibc,
+#   /usr/bin/vgpu-sgemm    crates/vgpu-guest-tools, statically linked (glibc,
 #                          +crt-static), stripped
-#   /usr/bin/vgpu-saxpy-c  crates/vgpu-guest/examples/c/saxpy.c linked
+#   /usr/bin/vgpu-saxpy-c  crates/vgpu-guest-tools/examples/c/saxpy.c linked
 #                          statically with libvgpu_guest.a (the C interface)
 #   /usr/lib/vgpu/libcuda.so.1, /usr/lib/vgpu/libnvidia-ml.so.1
 #                          crates/vgpu-cuda and crates/vgpu-nvml, the
@@ -75,11 +75,11 @@ install -m 0644 "$ko" "$stage/root/vgpu.ko"
 if [[ -n ${VGPU_GUEST_BIN_DIR:-} ]]; then
     bindir=$VGPU_GUEST_BIN_DIR
 else
-    log "cargo build --release -p vgpu-guest --target $TARGET (static)"
+    log "cargo build --release -p vgpu-guest -p vgpu-guest-tools --target $TARGET (static)"
     flags=${RUSTFLAGS:-}
     # Same flags every time, or cargo rebuilds everything.
     [[ $flags == *+crt-static* ]] || flags="${flags:+$flags }-C target-feature=+crt-static"
-    RUSTFLAGS=$flags cargo build --release -p vgpu-guest --target "$TARGET"
+    RUSTFLAGS=$flags cargo build --release -p vgpu-guest -p vgpu-guest-tools --target "$TARGET"
     bindir="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/$TARGET/release"
 fi
 for b in "${BINS[@]}"; do
@@ -92,7 +92,7 @@ done
 [[ -f $bindir/libvgpu_guest.a ]] || die "no $bindir/libvgpu_guest.a"
 run_logged "$stage/cc.log" gcc -static -O2 -Wall -Werror \
     -I crates/vgpu-guest/include -I guest-driver/include \
-    crates/vgpu-guest/examples/c/saxpy.c "$bindir/libvgpu_guest.a" \
+    crates/vgpu-guest-tools/examples/c/saxpy.c "$bindir/libvgpu_guest.a" \
     -lpthread -ldl -lm -o "$stage/vgpu-saxpy-c" ||
     die "the C sample did not build"
 strip -o "$stage/root/usr/bin/vgpu-saxpy-c" "$stage/vgpu-saxpy-c"

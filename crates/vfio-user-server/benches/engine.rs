@@ -16,8 +16,12 @@
 //! cargo bench -p vfio-user-server --bench engine
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --benches` does) takes far fewer samples: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vfio-user-server --bench engine -- --test` (or `cargo test -p
+//! vfio-user-server --bench engine`, which runs the binary without
+//! `--bench`), runs every part for a fraction of a second and exits
+//! non-zero if one panics or measures nothing (a ratio without a
+//! baseline); CI runs every benchmark so.
 
 use std::fs::File;
 use std::hint::black_box;
@@ -26,6 +30,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,7 +42,7 @@ use vfio_user_server::proto::{
 };
 use vfio_user_server::sample::{regs, SampleDevice};
 use vfio_user_server::Endpoint;
-use vgpu_benchkit::{measure_rounds, summarize, verdict, Summary, KIB, MIB};
+use vgpu_benchkit::{measure_rounds, ratio, summarize, Bench, Mode, Summary, Target, KIB, MIB};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -54,7 +59,6 @@ const TARGET_RTT_RATIO: f64 = 1.5;
 const TARGET_DMA_RATIO: f64 = 0.90;
 
 struct Config {
-    quick: bool,
     rtt_rounds: usize,
     rtt_batch: usize,
     rtt_warmup: usize,
@@ -65,30 +69,32 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --benches` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                rtt_rounds: 4,
-                rtt_batch: 250,
-                rtt_warmup: 200,
-                dma_rounds: 3,
-                dma_bytes_per_round: 2 * MIB,
-                dma_min_samples: 2,
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Full => Config {
                 rtt_rounds: 40,
                 rtt_batch: 2500,
                 rtt_warmup: 5000,
                 dma_rounds: 40,
                 dma_bytes_per_round: 32 * MIB,
                 dma_min_samples: 4,
-            }
+            },
+            Mode::Quick => Config {
+                rtt_rounds: 4,
+                rtt_batch: 250,
+                rtt_warmup: 200,
+                dma_rounds: 3,
+                dma_bytes_per_round: 2 * MIB,
+                dma_min_samples: 2,
+            },
+            Mode::Smoke => Config {
+                rtt_rounds: 2,
+                rtt_batch: 50,
+                rtt_warmup: 20,
+                dma_rounds: 1,
+                dma_bytes_per_round: 256 * KIB,
+                dma_min_samples: 1,
+            },
         }
     }
 }
@@ -294,7 +300,7 @@ fn round_trip_rounds(cfg: &Config, variants: &mut [&mut dyn RoundTrip]) -> Vec<V
     measure_rounds(cfg.rtt_rounds, cfg.rtt_batch, 0, &mut refs)
 }
 
-fn bench_round_trip(cfg: &Config) {
+fn bench_round_trip(bench: &Bench, cfg: &Config) {
     let engine = Server::start();
     let mut raw = FramedClient::connect(&engine.path);
 
@@ -333,15 +339,23 @@ fn bench_round_trip(cfg: &Config) {
         "variant", "samples", "p50 (us)", "p99 (us)", "p50 / bare"
     );
     for (i, (name, s)) in names.iter().zip(&stats).enumerate() {
-        let ratio = s.p50 as f64 / base;
-        let target = match i {
-            0 => "(baseline)".to_string(),
-            1 => format!(
-                "<= {TARGET_RTT_RATIO:.2}x {}",
-                verdict(ratio <= TARGET_RTT_RATIO)
-            ),
-            _ => "(reference)".to_string(),
+        let goal = if i == 1 {
+            Target::AtMost(TARGET_RTT_RATIO)
+        } else {
+            Target::Reference
         };
+        // The baseline's own row notes nothing: the rows against it do.
+        let r = if i == 0 {
+            ratio(s.p50 as f64, Some(base), goal)
+        } else {
+            bench.ratio(name, s.p50 as f64, base, goal)
+        };
+        let target = match i {
+            0 => format!("(baseline) {}", r.verdict),
+            1 => format!("<= {TARGET_RTT_RATIO:.2}x {}", r.verdict),
+            _ => format!("(reference) {}", r.verdict),
+        };
+        let ratio = r.value;
         println!(
             "  {:<28} {:>9} {:>10.2} {:>10.2} {:>11.2}x  {target}",
             name,
@@ -423,7 +437,7 @@ impl Drop for PlainMap {
     }
 }
 
-fn bench_dma_read(cfg: &Config) {
+fn bench_dma_read(bench: &Bench, cfg: &Config) {
     let max = *DMA_SIZES.iter().max().expect("sizes");
     let ram = guest_ram(max).expect("memfd");
     // Fill (and so allocate) every page of guest RAM.
@@ -497,15 +511,21 @@ fn bench_dma_read(cfg: &Config) {
             }
         }
         let bytes = (size * reps) as f64;
-        let gbps = |ns: u64| bytes / ns.max(1) as f64;
+        // No sample (or a clock that read 0) is no throughput: infinite.
+        let gbps = |ns: u64| bytes / ns as f64;
         let m = summarize(memcpy_ns);
         let d = summarize(dma_ns);
-        let ratio = gbps(d.p50) / gbps(m.p50);
         let label = if size >= MIB {
             format!("{} MiB", size / MIB)
         } else {
             format!("{} KiB", size / KIB)
         };
+        let r = bench.ratio(
+            &format!("DMA read {label}"),
+            gbps(d.p50),
+            gbps(m.p50),
+            Target::AtLeast(TARGET_DMA_RATIO),
+        );
         println!(
             "  {:>7} {:>8} {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>10.1}%  >= {:.0}% {}",
             label,
@@ -514,19 +534,20 @@ fn bench_dma_read(cfg: &Config) {
             gbps(m.p99),
             gbps(d.p50),
             gbps(d.p99),
-            ratio * 100.0,
+            r.percent(),
             TARGET_DMA_RATIO * 100.0,
-            verdict(ratio >= TARGET_DMA_RATIO)
+            r.verdict
         );
     }
 }
 
-fn main() {
-    let cfg = Config::from_env();
+fn main() -> ExitCode {
+    let bench = Bench::start();
+    let cfg = Config::new(bench.mode());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "vfio-user-server engine benchmark ({} mode, {cpus} CPUs{})",
-        if cfg.quick { "quick" } else { "full" },
+        bench.mode().name(),
         if cfg!(debug_assertions) {
             ", DEBUG BUILD: figures are not meaningful"
         } else {
@@ -534,6 +555,7 @@ fn main() {
         }
     );
     println!();
-    bench_round_trip(&cfg);
-    bench_dma_read(&cfg);
+    bench_round_trip(&bench, &cfg);
+    bench_dma_read(&bench, &cfg);
+    bench.finish()
 }

@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use crate::dma::{DmaSpace, Mapped, Unmapped};
 use crate::irq::Interrupts;
+// The interrupt types and their description are part of what a model
+// answers; they stay reachable here.
+pub use crate::irq::{IrqInfo, IRQ_ERR, IRQ_INTX, IRQ_MSI, IRQ_MSIX, IRQ_REQ, NUM_IRQ_TYPES};
 
 /// Number of regions of a VFIO PCI device: BAR0-5, ROM, config space, VGA.
 pub const NUM_REGIONS: u32 = 9;
@@ -19,19 +22,6 @@ pub const ROM_REGION: u32 = 6;
 pub const CONFIG_REGION: u32 = 7;
 /// Region index of legacy VGA space.
 pub const VGA_REGION: u32 = 8;
-
-/// Number of interrupt types of a VFIO PCI device.
-pub const NUM_IRQ_TYPES: u32 = 5;
-/// Interrupt type: legacy INTx.
-pub const IRQ_INTX: u32 = 0;
-/// Interrupt type: MSI.
-pub const IRQ_MSI: u32 = 1;
-/// Interrupt type: MSI-X.
-pub const IRQ_MSIX: u32 = 2;
-/// Interrupt type: error notification.
-pub const IRQ_ERR: u32 = 3;
-/// Interrupt type: device request (asks the client to release the device).
-pub const IRQ_REQ: u32 = 4;
 
 /// Part of a region the client may map directly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,41 +64,6 @@ impl RegionInfo {
             readable: true,
             writable: true,
             mmap: None,
-        }
-    }
-}
-
-/// One interrupt type as the client sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IrqInfo {
-    /// Number of vectors; 0 when the type is absent.
-    pub count: u32,
-    /// Supports MASK / UNMASK.
-    pub maskable: bool,
-    /// Masks itself when it fires (level-triggered INTx).
-    pub automasked: bool,
-}
-
-impl IrqInfo {
-    /// Interrupt type `index` of the usual PCI function: a maskable INTx
-    /// line that masks itself when it fires, `msix` MSI-X vectors, no MSI,
-    /// and the error and request notifications.
-    pub fn pci_function(index: u32, msix: u32) -> Self {
-        match index {
-            IRQ_INTX => IrqInfo {
-                count: 1,
-                maskable: true,
-                automasked: true,
-            },
-            IRQ_MSIX => IrqInfo {
-                count: msix,
-                ..Default::default()
-            },
-            IRQ_ERR | IRQ_REQ => IrqInfo {
-                count: 1,
-                ..Default::default()
-            },
-            _ => IrqInfo::default(),
         }
     }
 }

@@ -8,7 +8,53 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vgpu_sys::lock;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device::{IrqInfo, NUM_IRQ_TYPES};
+/// Number of interrupt types of a VFIO PCI device.
+pub const NUM_IRQ_TYPES: u32 = 5;
+/// Interrupt type: legacy INTx.
+pub const IRQ_INTX: u32 = 0;
+/// Interrupt type: MSI.
+pub const IRQ_MSI: u32 = 1;
+/// Interrupt type: MSI-X.
+pub const IRQ_MSIX: u32 = 2;
+/// Interrupt type: error notification.
+pub const IRQ_ERR: u32 = 3;
+/// Interrupt type: device request (asks the client to release the device).
+pub const IRQ_REQ: u32 = 4;
+
+/// One interrupt type as the client sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IrqInfo {
+    /// Number of vectors; 0 when the type is absent.
+    pub count: u32,
+    /// Supports MASK / UNMASK.
+    pub maskable: bool,
+    /// Masks itself when it fires (level-triggered INTx).
+    pub automasked: bool,
+}
+
+impl IrqInfo {
+    /// Interrupt type `index` of the usual PCI function: a maskable INTx
+    /// line that masks itself when it fires, `msix` MSI-X vectors, no MSI,
+    /// and the error and request notifications.
+    pub fn pci_function(index: u32, msix: u32) -> Self {
+        match index {
+            IRQ_INTX => IrqInfo {
+                count: 1,
+                maskable: true,
+                automasked: true,
+            },
+            IRQ_MSIX => IrqInfo {
+                count: msix,
+                ..Default::default()
+            },
+            IRQ_ERR | IRQ_REQ => IrqInfo {
+                count: 1,
+                ..Default::default()
+            },
+            _ => IrqInfo::default(),
+        }
+    }
+}
 
 /// DATA_NONE: no data; act unconditionally.
 pub const SET_DATA_NONE: u32 = 1 << 0;
@@ -293,7 +339,6 @@ unsafe fn owned_eventfd(f: File) -> EventFd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{IRQ_INTX, IRQ_MSIX};
     use std::os::fd::{FromRawFd, IntoRawFd};
 
     fn irqs() -> Interrupts {

@@ -25,11 +25,9 @@ use vgpu_sys::{warn_limited, LogLimiter};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::conn::{ClientLink, Message, ReadError};
-use crate::device::{
-    DeviceContext, IoEventSpec, PciDevice, IRQ_MSI, IRQ_MSIX, NUM_IRQ_TYPES, NUM_REGIONS,
-};
+use crate::device::{DeviceContext, IoEventSpec, PciDevice, NUM_REGIONS};
 use crate::dma::{ClientDma, DmaSpace, MapRequest};
-use crate::irq::{self, Interrupts};
+use crate::irq::{self, Interrupts, IRQ_MSI, IRQ_MSIX, NUM_IRQ_TYPES};
 use crate::proto::{
     self, Command, Header, PeerCaps, Reader, Writer, DMA_FLAG_READ, DMA_FLAG_WRITE,
     DMA_UNMAP_FLAG_ALL, DMA_UNMAP_FLAG_GET_DIRTY_BITMAP, MAX_DATA_XFER_SIZE,

@@ -272,6 +272,27 @@ pub const MAX_CLUSTER_BLOCKS: u32 = 16;
 /// what a launch may use to learn how the GPU groups its SMs (an H200
 /// holds clusters of 17 and 18 single-block SMs, if no launch may).
 pub const MAX_OCCUPANCY_CLUSTER_BLOCKS: u32 = 64;
+
+// Launch limits: CUDA's, the same on every GPU since compute capability
+// 3.0. A LAUNCH outside them is refused; the guest's libcuda checks them
+// too, before a launch is queued, and reports them as device
+// attributes. (Not in the C header: the kernel driver never looks at a
+// launch's shape.)
+/// Most threads of one block.
+pub const MAX_BLOCK_THREADS: u32 = 1024;
+/// Most threads along a block's x dimension.
+pub const MAX_BLOCK_X: u32 = 1024;
+/// Most threads along a block's y dimension.
+pub const MAX_BLOCK_Y: u32 = 1024;
+/// Most threads along a block's z dimension.
+pub const MAX_BLOCK_Z: u32 = 64;
+/// Most blocks along a grid's x dimension (`INT_MAX`).
+pub const MAX_GRID_X: u32 = i32::MAX as u32;
+/// Most blocks along a grid's y dimension.
+pub const MAX_GRID_Y: u32 = 65535;
+/// Most blocks along a grid's z dimension.
+pub const MAX_GRID_Z: u32 = 65535;
+
 /// Most function handles one vGPU keeps (they end with their module).
 pub const MAX_FUNCTIONS: u32 = 1 << 16;
 /// COPY endpoint: guest memory, as a scatter-gather list.

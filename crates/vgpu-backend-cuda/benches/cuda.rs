@@ -8,10 +8,17 @@
 //!
 //! `cargo bench -p vgpu-backend-cuda --bench cuda` (`-- copies`, `--
 //! launches`, `-- sgemm`, `-- sharing` run one part).
+//!
+//! The smoke run, `cargo bench -p vgpu-backend-cuda --bench cuda --
+//! --test` (or `cargo test -p vgpu-backend-cuda --bench cuda`, which
+//! runs the binary without `--bench`), runs every part for a fraction
+//! of a second and exits non-zero if one panics or measures nothing (a
+//! ratio without a baseline); CI runs every benchmark so.
 
 use std::ffi::c_void;
 use std::fs::File;
 use std::os::fd::FromRawFd;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -24,11 +31,10 @@ use vgpu_backend::{
     SliceFn,
 };
 use vgpu_backend_cuda::{CudaBackend, CudaPartition, Mode};
+use vgpu_benchkit::{Bench, Target};
 use vgpu_device::testing::{test_config, TestVgpu};
-use vgpu_device::CommandGate;
-use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams};
+use vgpu_sched::{CommandGate, Policy, SchedConfig, SchedGate, Scheduler, TenantId, TenantParams};
 use vgpu_testkit::{GuestOptions, Mode as QueueMode};
-use vgpud::daemon::SchedGate;
 
 mod common;
 
@@ -213,8 +219,12 @@ fn med(size: usize, f: impl FnMut()) -> Duration {
 /// VMM and guest, guest RAM a registered memfd, a polled queue), through
 /// the partition alone (registered, and staged from unpinned memory), and
 /// native cuMemcpy from pinned memory.
-fn copies(b: &CudaBackend) {
-    let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
+fn copies(bench: &Bench, b: &CudaBackend) {
+    let sizes: &[usize] = if bench.smoke() {
+        &[64 * KIB, MIB]
+    } else {
+        &[64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB]
+    };
     let max = sizes[sizes.len() - 1];
 
     // The vGPU: guest RAM of 1.5 GiB, its COPY commands on queue 0.
@@ -280,7 +290,7 @@ fn copies(b: &CudaBackend) {
     println!("| size | direction | vGPU COPY (guest RAM) | partition, registered | native pinned | vGPU / native | partition, staged |");
     println!("|---|---|---|---|---|---|---|");
     let cell = copy_cell;
-    for &size in &sizes {
+    for &size in sizes {
         let sg = [SgEntry {
             addr: guest_buf,
             len: size as u64,
@@ -311,13 +321,20 @@ fn copies(b: &CudaBackend) {
             ("guest -> device", v_up, p_up, n_up, s_up),
             ("device -> guest", v_down, p_down, n_down, s_down),
         ] {
+            let r = bench.ratio(
+                &format!("COPY {} {dir}, native / vGPU", size_name(size)),
+                n.as_secs_f64(),
+                v.as_secs_f64(),
+                Target::Reference,
+            );
             println!(
-                "| {} | {dir} | {} | {} | {} | {:.0}% | {} |",
+                "| {} | {dir} | {} | {} | {} | {:.0}% {} | {} |",
                 size_name(size),
                 cell(size, v),
                 cell(size, pr),
                 cell(size, n),
-                100.0 * n.as_secs_f64() / v.as_secs_f64(),
+                r.percent(),
+                r.verdict,
                 cell(size, st),
             );
         }
@@ -330,8 +347,8 @@ fn copies(b: &CudaBackend) {
 }
 
 /// An empty kernel: launch + wait, through the partition and directly.
-fn launches(b: &CudaBackend) {
-    let reps = 5000;
+fn launches(bench: &Bench, b: &CudaBackend) {
+    let reps = if bench.smoke() { 50 } else { 5000 };
     let mut p = b
         .create_cuda_partition(&PartitionSpec {
             name: "launch".into(),
@@ -663,7 +680,14 @@ struct Sched {
     turn: Duration,
 }
 
-const RUN_SECS: f64 = 2.0;
+/// How long tenants run for one figure (a smoke run: briefly).
+fn run_secs(bench: &Bench) -> f64 {
+    if bench.smoke() {
+        0.1
+    } else {
+        2.0
+    }
+}
 
 fn policy_name(s: Sched) -> String {
     match s.policy {
@@ -682,7 +706,8 @@ fn rate(t: &Tenant, wall: Duration) -> f64 {
 
 /// Two isolated tenants time-sliced by the host scheduler vs one alone,
 /// and a victim next to a saturating neighbour in both modes.
-fn sharing() {
+fn sharing(bench: &Bench) {
+    let run = run_secs(bench);
     let part = |b: &CudaBackend, name: &str, cu: u32| {
         Mutex::new(
             b.create_cuda_partition(&PartitionSpec {
@@ -719,9 +744,9 @@ fn sharing() {
         (4096, rr(8), false),
     ];
     for (dim, policy, same) in rows {
-        let (alone, w1) = run_tenants(&[&a], dim, Some(policy), RUN_SECS);
+        let (alone, w1) = run_tenants(&[&a], dim, Some(policy), run);
         let pair: [&Mutex<CudaPartition>; 2] = if same { [&a, &a] } else { [&a, &b] };
-        let (two, w2) = run_tenants(&pair, dim, Some(policy), RUN_SECS);
+        let (two, w2) = run_tenants(&pair, dim, Some(policy), run);
         let r1 = rate(&alone[0], w1);
         let (ra, rb) = (rate(&two[0], w2), rate(&two[1], w2));
         let busy = (two[0].device + two[1].device).as_secs_f64() / w2.as_secs_f64();
@@ -733,19 +758,26 @@ fn sharing() {
         } else {
             format!("{}, own contexts", policy_name(policy))
         };
-        println!(
-            "| {what} | {dim}^3 | {r1:.1} | {:.1} ({ra:.1} + {rb:.1}) | {:.1}% | {:.1}% | {:.1}% |",
+        let r = bench.ratio(
+            &format!("{what}, {dim}^3, aggregate vs alone"),
             ra + rb,
-            100.0 * (ra + rb) / r1,
-            100.0 * (1.0 - (ra + rb) / r1),
+            r1,
+            Target::Reference,
+        );
+        println!(
+            "| {what} | {dim}^3 | {r1:.1} | {:.1} ({ra:.1} + {rb:.1}) | {:.1}% {} | {:.1}% | {:.1}% |",
+            ra + rb,
+            r.percent(),
+            r.verdict,
+            100.0 * (1.0 - r.value),
             100.0 * busy
         );
     }
     // A victim next to a neighbour saturating its own partition.
     let mut victims = Vec::new();
     for policy in [fair(8), rr(8)] {
-        let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), RUN_SECS);
-        let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), RUN_SECS);
+        let (alone, w1) = run_tenants(&[&a], 4096, Some(policy), run);
+        let (both, w2) = run_tenants(&[&a, &b], 4096, Some(policy), run);
         victims.push((
             format!(
                 "isolated: whole GPU each, host scheduler ({}, equal weights)",
@@ -765,8 +797,8 @@ fn sharing() {
     let half = total / 2 / g * g;
     let victim = part(&sp, "victim", half);
     let neighbour = part(&sp, "neighbour", total - half);
-    let (alone, w1) = run_tenants(&[&victim], 4096, None, RUN_SECS);
-    let (both, w2) = run_tenants(&[&victim, &neighbour], 4096, None, RUN_SECS);
+    let (alone, w1) = run_tenants(&[&victim], 4096, None, run);
+    let (both, w2) = run_tenants(&[&victim, &neighbour], 4096, None, run);
     victims.insert(
         0,
         (
@@ -783,16 +815,24 @@ fn sharing() {
     println!("| victim sgemm 4096^3, neighbour saturating its partition with the same | victim alone (cmd/s) | victim with neighbour (cmd/s) | neighbour (cmd/s) | victim with / alone |");
     println!("|---|---|---|---|---|");
     for (what, alone, with, other) in victims {
+        let r = bench.ratio(
+            &format!("{what}, victim with / alone"),
+            with,
+            alone,
+            Target::Reference,
+        );
         println!(
-            "| {what} | {alone:.1} | {with:.1} | {other:.1} | {:.1}% |",
-            100.0 * with / alone
+            "| {what} | {alone:.1} | {with:.1} | {other:.1} | {:.1}% {} |",
+            r.percent(),
+            r.verdict
         );
     }
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let Some(b) = common::cuda_backend() else {
-        return;
+        return bench.finish();
     };
     println!(
         "{} ({} SMs, {} GiB)\n",
@@ -806,11 +846,11 @@ fn main() {
         .collect();
     let run = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
     if run("copies") {
-        copies(&b);
+        copies(&bench, &b);
         println!();
     }
     if run("launches") {
-        launches(&b);
+        launches(&bench, &b);
         println!();
     }
     drop(b);
@@ -819,6 +859,7 @@ fn main() {
         println!();
     }
     if run("sharing") {
-        sharing();
+        sharing(&bench);
     }
+    bench.finish()
 }

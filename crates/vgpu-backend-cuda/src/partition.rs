@@ -352,14 +352,6 @@ impl CudaPartition {
             .find(|m| self.printing.contains(m))
     }
 
-    fn launch_loaded(&mut self, l: &Launch<'_>) -> Result<Duration, OpError> {
-        let optin = self.shared.max_shared_optin;
-        self.run(|dev| {
-            let f = prepare_loaded(dev, l, optin)?;
-            dev.timed(l.entry, |s| enqueue_loaded(s, f, l))
-        })
-    }
-
     /// [`Partition::run_queued`]: the steps go onto the stream back to
     /// back, an event after each, and one wait for the last; the events
     /// give each step's end on the device's clock.
@@ -901,30 +893,6 @@ impl Partition for CudaPartition {
         })
     }
 
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-        self.last_device_time = None;
-        self.allocs.check(dst, size)?;
-        self.allocs.check(src, size)?;
-        if size == 0 || dst == src {
-            return Ok(());
-        }
-        let t = self.run(|dev| dev.timed("copy", |s| s.memmove(dst, src, size)))?;
-        self.last_device_time = Some(t);
-        Ok(())
-    }
-
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-        self.last_device_time = None;
-        fill_size(size)?;
-        self.allocs.check(addr, size)?;
-        if size == 0 {
-            return Ok(());
-        }
-        let t = self.run(|dev| dev.timed("fill", |s| s.fill(addr, size, pattern)))?;
-        self.last_device_time = Some(t);
-        Ok(())
-    }
-
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         self.last_device_time = None;
         if ![
@@ -1116,21 +1084,6 @@ impl Partition for CudaPartition {
                 None => Finishing::Idle,
             },
         }
-    }
-
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        self.last_device_time = None;
-        let t = if launch.module == abi::MODULE_BUILTIN {
-            let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Aligned)?;
-            let available = self.available();
-            self.run(|dev| dev.run_builtin(call, available))?
-        } else {
-            let t = self.launch_loaded(launch);
-            self.collect_printed(self.printer(std::iter::once(launch)));
-            t?
-        };
-        self.last_device_time = Some(t);
-        Ok(())
     }
 
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {

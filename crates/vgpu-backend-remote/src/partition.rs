@@ -716,20 +716,15 @@ impl RemotePartition {
         let mut local = Vec::with_capacity(steps.len());
         let mut sent = Vec::with_capacity(steps.len());
         for s in steps.iter().take(MAX_QUEUED_STEPS) {
-            let step = match s {
-                Queued::Launch(l) => check_launch(l).map(|()| Step::Launch(l.clone())),
-                Queued::Timestamp => Ok(Step::Timestamp),
-                Queued::Upload { dst, .. } => Ok(Step::Upload {
-                    dst: *dst,
-                    pieces: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Download { src, .. } => Ok(Step::Download {
-                    src: *src,
-                    pieces: pieces.next().unwrap_or_default(),
-                }),
-                Queued::Fill(f) => Ok(Step::Fill(*f)),
-                Queued::Copy(c) => Ok(Step::Copy(*c)),
+            let checked = match s {
+                Queued::Launch(l) => check_launch(l),
+                _ => Ok(()),
             };
+            // A copy's memory goes as the pieces of its forwarded mappings.
+            let step = checked.map(|()| {
+                s.as_ref()
+                    .map(|l| l.clone(), |_, _| pieces.next().unwrap_or_default())
+            });
             local.push(match step {
                 Ok(step) => {
                     sent.push(step);
@@ -935,18 +930,6 @@ impl Partition for RemotePartition {
         self.transfer(src, &mut |f| dst.with_slices_mut(f), &req, Xfer::Down(dst))
     }
 
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-        self.call_none(&Request::Copy { dst, src, size })
-    }
-
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-        self.call_none(&Request::Fill {
-            addr,
-            size,
-            pattern,
-        })
-    }
-
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         if image.len() as u64 > vgpu_abi::MAX_MODULE_SIZE {
             return Err(OpError::Invalid(format!(
@@ -960,11 +943,6 @@ impl Partition for RemotePartition {
 
     fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
         self.call_none(&Request::ModuleUnload { module })
-    }
-
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        check_launch(launch)?;
-        self.call_none(&Request::Launch(launch.clone()))
     }
 
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {

@@ -586,32 +586,9 @@ const STEP_FILL: u8 = 4;
 const STEP_COPY: u8 = 5;
 
 /// One step of a [`Request::Queued`] run: `Partition::run_queued`'s steps,
-/// with guest memory named as pieces of forwarded mappings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step<'a> {
-    /// A point whose device time is wanted.
-    Timestamp,
-    /// A kernel launch, parameters inline.
-    Launch(Launch<'a>),
-    /// An upload from guest memory the host has mapped.
-    Upload {
-        /// Device address.
-        dst: u64,
-        /// The source, in order.
-        pieces: Vec<MappedPiece>,
-    },
-    /// A download into guest memory the host has mapped.
-    Download {
-        /// Device address.
-        src: u64,
-        /// The destination, in order.
-        pieces: Vec<MappedPiece>,
-    },
-    /// A fill of device memory.
-    Fill(DeviceFill),
-    /// A copy between device addresses.
-    Copy(DeviceCopy),
-}
+/// launch parameters inline, with guest memory named as pieces of
+/// forwarded mappings (the host maps them itself).
+pub type Step<'a> = vgpu_backend::Step<Launch<'a>, Vec<MappedPiece>>;
 
 fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
     w.u64(l.module);
@@ -764,7 +741,14 @@ impl Request<'_> {
                             w.u8(STEP_LAUNCH);
                             encode_launch(&mut w, l);
                         }
-                        Step::Upload { dst: a, pieces } | Step::Download { src: a, pieces } => {
+                        Step::Upload {
+                            dst: a,
+                            src: pieces,
+                        }
+                        | Step::Download {
+                            src: a,
+                            dst: pieces,
+                        } => {
                             let kind = if matches!(s, Step::Upload { .. }) {
                                 STEP_UPLOAD
                             } else {
@@ -902,11 +886,11 @@ impl Request<'_> {
                         STEP_LAUNCH => Step::Launch(decode_launch(&mut r)?),
                         STEP_UPLOAD => Step::Upload {
                             dst: r.u64()?,
-                            pieces: decode_pieces(&mut r)?,
+                            src: decode_pieces(&mut r)?,
                         },
                         STEP_DOWNLOAD => Step::Download {
                             src: r.u64()?,
-                            pieces: decode_pieces(&mut r)?,
+                            dst: decode_pieces(&mut r)?,
                         },
                         STEP_FILL => Step::Fill(DeviceFill {
                             addr: r.u64()?,
@@ -1464,7 +1448,7 @@ mod tests {
                 Step::Timestamp,
                 Step::Upload {
                     dst: 7,
-                    pieces: vec![MappedPiece {
+                    src: vec![MappedPiece {
                         mapping: 3,
                         offset: 4,
                         len: 5,
@@ -1472,7 +1456,7 @@ mod tests {
                 },
                 Step::Download {
                     src: 9,
-                    pieces: vec![
+                    dst: vec![
                         MappedPiece {
                             mapping: 3,
                             offset: 4,
@@ -1502,7 +1486,7 @@ mod tests {
                 Step::Timestamp,
                 Step::Upload {
                     dst: 7,
-                    pieces: vec![MappedPiece {
+                    src: vec![MappedPiece {
                         mapping: 3,
                         offset: 4,
                         len: 5,

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io;
 use std::sync::Arc;
 
-use vm_memory::MmapRegion;
+use vgpu_sys::mmap::SharedMapping;
 
 /// Bytes before the data area, for the mailbox.
 pub const CONTROL_BYTES: usize = 20 << 10;
@@ -17,7 +17,7 @@ pub const CONTROL_BYTES: usize = 20 << 10;
 #[derive(Debug)]
 pub struct Staging {
     /// The mapping, which holds the memfd.
-    region: MmapRegion,
+    region: SharedMapping,
     len: usize,
 }
 
@@ -64,10 +64,7 @@ impl Staging {
 
     /// The memfd, to pass to the other process.
     pub fn file(&self) -> &File {
-        self.region
-            .file_offset()
-            .expect("a file mapping has its file")
-            .file()
+        self.region.file()
     }
 
     /// Data bytes.

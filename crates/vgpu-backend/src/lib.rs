@@ -16,7 +16,7 @@ pub mod rules;
 pub mod software;
 
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vgpu_abi as abi;
@@ -337,11 +337,16 @@ pub struct Launch<'a> {
 /// Most steps of one [`Partition::run_queued`] call.
 pub const MAX_QUEUED_STEPS: usize = 64;
 
-/// One step of device work queued in order (see [`Partition::run_queued`]).
+/// One step of device work queued in order (see [`Partition::run_queued`]),
+/// whoever holds it: a partition runs [`Queued`] steps; the device model
+/// decodes guest commands into steps whose guest memory is still named by
+/// guest address, and the remote backend's protocol carries steps whose
+/// memory is named by pieces of forwarded mappings. `L` is how a launch
+/// is held, `M` how a copy's host memory is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Queued<'a> {
+pub enum Step<L, M> {
     /// A kernel launch.
-    Launch(Launch<'a>),
+    Launch(L),
     /// A point whose device time is wanted (an event record).
     Timestamp,
     /// [`Partition::upload`] of host memory that stays mapped until the
@@ -350,7 +355,7 @@ pub enum Queued<'a> {
         /// Device address.
         dst: u64,
         /// The bytes.
-        src: SliceMemory<'a>,
+        src: M,
     },
     /// [`Partition::download`] into host memory that stays mapped until
     /// the run returns.
@@ -358,12 +363,62 @@ pub enum Queued<'a> {
         /// Device address.
         src: u64,
         /// Where the bytes go.
-        dst: SliceMemory<'a>,
+        dst: M,
     },
     /// [`Partition::fill`].
     Fill(DeviceFill),
     /// [`Partition::copy`].
     Copy(DeviceCopy),
+}
+
+/// A step as a partition runs it.
+pub type Queued<'a> = Step<Launch<'a>, SliceMemory<'a>>;
+
+impl<L, M> Step<L, M> {
+    /// The step with its launch and host memory borrowed.
+    pub fn as_ref(&self) -> Step<&L, &M> {
+        match self {
+            Step::Launch(l) => Step::Launch(l),
+            Step::Timestamp => Step::Timestamp,
+            Step::Upload { dst, src } => Step::Upload { dst: *dst, src },
+            Step::Download { src, dst } => Step::Download { src: *src, dst },
+            Step::Fill(f) => Step::Fill(*f),
+            Step::Copy(c) => Step::Copy(*c),
+        }
+    }
+
+    /// The step with its launch made by `launch` and its host memory by
+    /// `memory` (given whether the copy goes to the device).
+    pub fn map<L2, M2>(
+        self,
+        launch: impl FnOnce(L) -> L2,
+        memory: impl FnOnce(M, bool) -> M2,
+    ) -> Step<L2, M2> {
+        match self {
+            Step::Launch(l) => Step::Launch(launch(l)),
+            Step::Timestamp => Step::Timestamp,
+            Step::Upload { dst, src } => Step::Upload {
+                dst,
+                src: memory(src, true),
+            },
+            Step::Download { src, dst } => Step::Download {
+                src,
+                dst: memory(dst, false),
+            },
+            Step::Fill(f) => Step::Fill(f),
+            Step::Copy(c) => Step::Copy(c),
+        }
+    }
+
+    /// A copy's host memory and whether it goes to the device; `None`
+    /// for the other steps.
+    pub fn host_memory(&self) -> Option<(&M, bool)> {
+        match self {
+            Step::Upload { src, .. } => Some((src, true)),
+            Step::Download { dst, .. } => Some((dst, false)),
+            _ => None,
+        }
+    }
 }
 
 /// A fill of device memory with a 32-bit pattern ([`Partition::fill`]).
@@ -443,13 +498,13 @@ pub struct Finished {
     pub done: Vec<QueuedDone>,
 }
 
-/// [`Partition::run_queued`] one step after the other with the
-/// partition's synchronous calls, timed by the host's clock: for
-/// partitions whose launches complete when they return.
-pub fn run_queued_in_order<P: Partition + ?Sized>(
-    p: &mut P,
+/// [`Partition::run_queued`] one step after the other, each by `run`,
+/// timed by the host's clock: for partitions whose work completes when
+/// `run` returns. A step is refused without `run` once `stop` says so.
+pub fn run_steps_in_order(
     steps: &[Queued<'_>],
     stop: &dyn Fn() -> bool,
+    mut run: impl FnMut(&Queued<'_>) -> Result<(), OpError>,
 ) -> Vec<QueuedDone> {
     let start = std::time::Instant::now();
     let mut done: Vec<QueuedDone> = steps
@@ -458,12 +513,8 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
         .map(|s| {
             let result = match s {
                 _ if stop() => Err(OpError::Device("the run was abandoned".into())),
-                Queued::Launch(l) => p.launch(l),
                 Queued::Timestamp => Ok(()),
-                Queued::Upload { dst, src } => p.upload(*dst, src),
-                Queued::Download { src, dst } => p.download(*src, dst),
-                Queued::Fill(f) => p.fill(f.addr, f.size, f.pattern),
-                Queued::Copy(c) => p.copy(c.dst, c.src, c.size),
+                s => run(s),
             };
             QueuedDone {
                 result,
@@ -473,6 +524,36 @@ pub fn run_queued_in_order<P: Partition + ?Sized>(
         .collect();
     refuse_past_limit(&mut done, steps.len());
     done
+}
+
+/// [`Partition::run_queued`] one step after the other with the
+/// partition's own synchronous calls ([`run_steps_in_order`]): for a
+/// wrapper whose `launch`, `copy` and `fill` are its own. One that keeps
+/// their defaults, which run a queued run, must not use it.
+pub fn run_queued_in_order<P: Partition + ?Sized>(
+    p: &mut P,
+    steps: &[Queued<'_>],
+    stop: &dyn Fn() -> bool,
+) -> Vec<QueuedDone> {
+    run_steps_in_order(steps, stop, |s| match s {
+        Queued::Launch(l) => p.launch(l),
+        Queued::Timestamp => Ok(()),
+        Queued::Upload { dst, src } => p.upload(*dst, src),
+        Queued::Download { src, dst } => p.download(*src, dst),
+        Queued::Fill(f) => p.fill(f.addr, f.size, f.pattern),
+        Queued::Copy(c) => p.copy(c.dst, c.src, c.size),
+    })
+}
+
+/// Runs `step` alone as a queued run of `p`: what the immediate
+/// operations of [`Partition`] are by default.
+fn run_one<P: Partition + ?Sized>(p: &mut P, step: Queued<'_>) -> Result<(), OpError> {
+    p.run_queued(std::slice::from_ref(&step), &|| false)
+        .pop()
+        .map_or_else(
+            || Err(OpError::Device("missing step result".into())),
+            |d| d.result,
+        )
 }
 
 /// Completes `done`, the results of the first [`MAX_QUEUED_STEPS`] of
@@ -585,7 +666,40 @@ pub trait Backend: Send + Sync {
     fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError>;
 }
 
-/// A vGPU's share of a physical GPU. Calls are serialised by the caller.
+/// A partition as its owner and the device working on it share it: one
+/// lock serialises every call. The owner keeps the partition (its
+/// reservation on the GPU) across the devices it serves in turn.
+#[derive(Clone)]
+pub struct SharedPartition(Arc<Mutex<Box<dyn Partition>>>);
+
+impl SharedPartition {
+    /// Shares `partition`.
+    pub fn new(partition: Box<dyn Partition>) -> Self {
+        SharedPartition(Arc::new(Mutex::new(partition)))
+    }
+
+    /// The partition, locked; a call that panicked left it consistent
+    /// (partition calls leave it so between calls), so a poisoned lock
+    /// is taken as it is.
+    pub fn lock(&self) -> MutexGuard<'_, Box<dyn Partition>> {
+        vgpu_sys::lock(&self.0)
+    }
+}
+
+impl From<Box<dyn Partition>> for SharedPartition {
+    fn from(partition: Box<dyn Partition>) -> Self {
+        SharedPartition::new(partition)
+    }
+}
+
+impl std::fmt::Debug for SharedPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPartition").finish_non_exhaustive()
+    }
+}
+
+/// A vGPU's share of a physical GPU. Calls are serialised by the caller
+/// (see [`SharedPartition`]).
 pub trait Partition: Send {
     /// The spec it was created with.
     fn spec(&self) -> &PartitionSpec;
@@ -606,16 +720,31 @@ pub trait Partition: Send {
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError>;
     /// Copies `dst.len()` bytes from device memory at `src` to host-side memory.
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError>;
-    /// Copies `size` bytes between two device ranges (may be different allocations).
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError>;
-    /// Fills `size` bytes (a multiple of 4) at `addr` with `pattern`.
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError>;
+    /// Copies `size` bytes between two device ranges (may be different
+    /// allocations): a run of one [`Queued::Copy`].
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        run_one(self, Queued::Copy(DeviceCopy { dst, src, size }))
+    }
+    /// Fills `size` bytes (a multiple of 4) at `addr` with `pattern`: a
+    /// run of one [`Queued::Fill`].
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        run_one(
+            self,
+            Queued::Fill(DeviceFill {
+                addr,
+                size,
+                pattern,
+            }),
+        )
+    }
     /// Loads a module image; returns its handle.
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError>;
     /// Unloads a module.
     fn module_unload(&mut self, module: u64) -> Result<(), OpError>;
-    /// Runs a kernel to completion.
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError>;
+    /// Runs a kernel to completion: a run of one [`Queued::Launch`].
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        run_one(self, Queued::Launch(launch.clone()))
+    }
     /// Runs `steps` (at most [`MAX_QUEUED_STEPS`]) in order and waits for
     /// the last; returns one result per step. `stop` says the run was
     /// abandoned (its function is being reset, its queue changed): a
@@ -627,9 +756,8 @@ pub trait Partition: Send {
     /// step that fails leaves the later ones to run, unless the
     /// partition's device state is lost. Copies' host memory may be used
     /// until this returns, and no longer: every copy is done by then. No
-    /// default: a wrapper that forgot
-    /// to forward it would run its inner partition's steps one by one
-    /// ([`run_queued_in_order`]).
+    /// default: it is the partition's one way to run device work (the
+    /// immediate `copy`, `fill` and `launch` run through it).
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone>;
     /// How many queued runs may be in flight at once on each lane
     /// ([`Partition::start_queued`]); 1 for a partition that runs each to
@@ -722,6 +850,89 @@ pub trait Partition: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::software::SoftwareBackend;
+
+    /// A registry that only says it exists.
+    struct NoteMemory;
+    impl HostMemory for NoteMemory {
+        fn mapped(&self, _: HostMapping) {}
+        fn unmapped(&self, _: u64) {}
+    }
+
+    /// A software partition that offers a guest memory registry.
+    struct WithRegistry(Box<dyn Partition>);
+    impl Partition for WithRegistry {
+        fn spec(&self) -> &PartitionSpec {
+            self.0.spec()
+        }
+        fn kernel_compute_units(&self) -> u32 {
+            self.0.kernel_compute_units()
+        }
+        fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+            self.0.alloc(size, align)
+        }
+        fn free(&mut self, addr: u64) -> Result<(), OpError> {
+            self.0.free(addr)
+        }
+        fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+            self.0.upload(dst, src)
+        }
+        fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+            self.0.download(src, dst)
+        }
+        fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+            self.0.module_load(format, image)
+        }
+        fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+            self.0.module_unload(module)
+        }
+        fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+            self.0.run_queued(steps, stop)
+        }
+        fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+            self.0.max_active_clusters(launch)
+        }
+        fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+            self.0.function_info(module, entry)
+        }
+        fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+            self.0.global_info(module, name)
+        }
+        fn memory_used(&self) -> u64 {
+            self.0.memory_used()
+        }
+        fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
+            self.0.console(module, max)
+        }
+        fn reset(&mut self) {
+            self.0.reset()
+        }
+        fn is_lost(&self) -> bool {
+            self.0.is_lost()
+        }
+        fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+            Some(Arc::new(NoteMemory))
+        }
+    }
+
+    #[test]
+    fn test_shared_partition_offers_the_inner_registry() {
+        let spec = PartitionSpec {
+            name: "p".into(),
+            memory: 1 << 20,
+            compute_units: 1,
+        };
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let plain = SharedPartition::new(inner);
+        assert!(plain.lock().host_memory().is_none());
+        let inner = SoftwareBackend::new(1 << 20, 1)
+            .create_partition(&spec)
+            .unwrap();
+        let shared = SharedPartition::new(Box::new(WithRegistry(inner)));
+        assert!(shared.lock().host_memory().is_some());
+    }
 
     #[test]
     fn test_reserve_takes_all_or_nothing_and_release_gives_back() {

@@ -672,7 +672,7 @@ pub fn builtin_function_info(entry: &str) -> Result<FunctionInfo, OpError> {
     Ok(FunctionInfo::new(
         [(0, size as u32)],
         abi::FuncInfo {
-            max_threads: 1024,
+            max_threads: abi::MAX_BLOCK_THREADS,
             ..Default::default()
         },
     ))

@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 
 use vgpu_guest::{Device, Module};
 
-use crate::state::log;
+use crate::diag::log;
 
 /// What one CONSOLE takes at most: a piece of the output.
 const PIECE: usize = 64 << 10;

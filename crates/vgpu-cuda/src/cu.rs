@@ -7,6 +7,8 @@ use std::ffi::c_void;
 
 /// `CUresult`.
 pub type CUresult = u32;
+/// What a call returns: `Err` carries the CUDA error.
+pub type CuResult<T = ()> = Result<T, CUresult>;
 /// `CUdevice`: an ordinal.
 pub type CUdevice = i32;
 /// `CUdeviceptr`.
@@ -378,6 +380,83 @@ pub const LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
 pub const LAUNCH_ATTRIBUTE_PRIORITY: u32 = 8;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: u32 = 9;
 pub const LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: u32 = 10;
+
+/// A context-local-storage destructor: called with the context, the key
+/// and the value when the context is reset.
+pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
+
+/// `CUhostFn`.
+pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
+
+/// `CUDA_MEMSET_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemsetNodeParams {
+    pub dst: u64,
+    pub pitch: usize,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// `CUDA_MEMCPY2D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy2D {
+    pub src_x: usize,
+    pub src_y: usize,
+    pub src_type: u32,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: Handle,
+    pub src_pitch: usize,
+    pub dst_x: usize,
+    pub dst_y: usize,
+    pub dst_type: u32,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: Handle,
+    pub dst_pitch: usize,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// One side of a `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3dSide {
+    pub x_bytes: usize,
+    pub y: usize,
+    pub z: usize,
+    pub lod: usize,
+    pub memory_type: u32,
+    pub host: *const c_void,
+    pub device: u64,
+    pub array: Handle,
+    pub reserved: *mut c_void,
+    pub pitch: usize,
+    pub height: usize,
+}
+
+/// `CUDA_MEMCPY3D`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3d {
+    pub src: Memcpy3dSide,
+    pub dst: Memcpy3dSide,
+    pub width_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub kind: i32,
+    pub id: i32,
+}
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::cu::{self, CUresult};
 
-/// What an entry point's body returns: `Err` carries the CUDA error.
-pub type CuResult<T = ()> = Result<T, CUresult>;
+pub use crate::cu::CuResult;
 
 /// Runs an entry point's body, turning its result into a `CUresult`. A
 /// panic (a bug here) must not unwind into C: it becomes

@@ -22,8 +22,8 @@ use vgpu_guest::{Batch, Device, Dims, Error as GuestError, Function, Pending};
 use crate::managed::{self, Managed};
 
 use crate::cu::CUresult;
-use crate::ffi::CuResult;
-use crate::state::{check, cu_error, log};
+use crate::cu::CuResult;
+use crate::diag::{check, cu_error, log};
 
 /// Commands gathered before the open batch is submitted.
 pub const FLUSH_AT: usize = 64;

@@ -40,9 +40,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use vgpu_guest::{sys, Batch, Device};
 
 use crate::cu::CUresult;
-use crate::ffi::CuResult;
+use crate::cu::CuResult;
+use crate::diag::log;
 use crate::inflight::Inflight;
-use crate::state::log;
 
 /// Most lanes a device uses.
 pub const MAX_LANES: usize = 4;

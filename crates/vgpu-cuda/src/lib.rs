@@ -4,18 +4,28 @@
 //!
 //! The CUDA runtime (static or shared, CUDA 12 and 13), cuBLAS, CuPy and
 //! PyTorch reach the driver only through `dlopen("libcuda.so.1")`,
-//! [`cuGetProcAddress`](api::init::cuGetProcAddress_v2) and
-//! [`cuGetExportTable`](api::init::cuGetExportTable), so an unmodified
+//! [`cuGetProcAddress`](api::procs::cuGetProcAddress_v2) and
+//! [`cuGetExportTable`](api::export::cuGetExportTable), so an unmodified
 //! program runs on a vGPU once this library is first in the loader's
 //! path (`LD_LIBRARY_PATH`, or `/etc/ld.so.conf.d`).
 //!
-//! * [`api`]: the exported entry points, by area.
-//! * [`procs`]: the name and version table of `cuGetProcAddress`.
-//! * [`export`]: the runtime's private tables, and [`md2`] for the one
-//!   that checks the driver.
-//! * [`state`]: devices, contexts and every handle a program holds;
-//!   [`inflight`]: the work each device has queued; [`graph`]: stream
-//!   capture, and the graphs it records.
+//! * [`api`]: the exported entry points, by area: the outer layer, which
+//!   checks the caller's pointers and arguments and calls down into the
+//!   modules below; [`api::procs`] is the name and version table of
+//!   `cuGetProcAddress`, [`api::export`] the runtime's private tables
+//!   (with [`md2`] for the one that checks the driver).
+//! * [`ffi`], [`images`], [`launch_args`]: what entry points read
+//!   through the caller's pointers (out-parameters, module images, a
+//!   launch's parameter block).
+//! * The model, which never calls an entry point: [`modules`] (loading,
+//!   functions, launches), [`streams`] (stream order, events),
+//!   [`capture`] and [`graphs`] (stream capture, and the graphs it
+//!   records), [`allocs`], [`copies`] and [`pitched`] (device memory and
+//!   copies), [`devices`] (what a vGPU reports of itself).
+//! * Below it: [`state`] (the devices, the context stack and the lock
+//!   of [`objects`], every handle a program holds); [`work`] (device
+//!   work as queued), [`inflight`] and [`lanes`] (the work each device
+//!   has queued); [`cu`] (`cuda.h`'s types) and [`diag`].
 //!
 //! Each device is one vGPU: its memory is the partition's quota, its SM
 //! count the partition's compute units. Modules are fatbinaries or PTX,
@@ -25,19 +35,35 @@
 //! are queued and return at once ([`inflight`]); what reads or writes
 //! host memory waits for the work before it.
 
+// The model and its helpers document every public item; the entry
+// points and cuda.h's values are documented by cuda.h itself.
+#![deny(missing_docs)]
+
+pub mod allocs;
+#[allow(missing_docs)]
 pub mod api;
+pub mod capture;
 pub mod console;
+pub mod copies;
+#[allow(missing_docs)]
 pub mod cu;
-pub mod export;
+pub mod devices;
+pub mod diag;
 pub mod ffi;
-pub mod graph;
+pub mod graphs;
 pub mod host_pages;
+pub mod images;
 pub mod inflight;
 pub mod lanes;
+pub mod launch_args;
+pub mod links;
 pub mod managed;
 pub mod md2;
-pub mod pools;
-pub mod procs;
+pub mod modules;
+pub mod objects;
+pub mod pitched;
+pub mod pool_table;
 pub mod reserve;
 pub mod state;
-pub mod symbols;
+pub mod streams;
+pub mod work;

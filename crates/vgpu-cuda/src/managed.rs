@@ -39,7 +39,9 @@ pub struct Managed {
 /// Which way a transfer goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Way {
+    /// From host memory to the device.
     ToDevice,
+    /// From the device to host memory.
     ToHost,
 }
 

@@ -42,6 +42,7 @@ impl Default for Md2 {
 }
 
 impl Md2 {
+    /// Adds `data` to the message.
     pub fn update(&mut self, data: &[u8]) {
         for &b in data {
             self.block[self.used] = b;
@@ -70,6 +71,7 @@ impl Md2 {
         }
     }
 
+    /// Pads the message and returns its digest.
     pub fn finish(mut self) -> [u8; 16] {
         let pad = 16 - self.used;
         self.update(&vec![pad as u8; pad]);

@@ -1,19 +1,18 @@
-//! The driver's state: the vGPUs found at `cuInit`, and every object a
-//! program created (contexts, modules, functions, streams, events,
-//! allocations), each behind a handle number this library checks on
-//! every use, so a stale or forged handle is an error, never a crash.
+//! The driver's state: the vGPUs found at `cuInit`, the table of the
+//! objects a program created ([`crate::objects`]), and each thread's
+//! stack of current contexts.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use vgpu_guest::{sys, Batch, Device, Dims, Error as GuestError, Function, Module};
+use vgpu_guest::{sys, Batch, Device};
 
 use crate::console::Console;
-use crate::cu::{self, CUdevice, CUresult};
-use crate::ffi::CuResult;
-use crate::graph::{self, Graph, GraphExec, Unsafe, Work};
+use crate::cu::{self, CUdevice, CUresult, CuResult};
+use crate::diag::log;
 use crate::inflight::{EventMark, Inflight};
 use crate::lanes::Lanes;
+use crate::objects::{Ctx, Objects};
 
 /// The process's driver. CUDA's C API is process-global (any thread may
 /// call any entry point with handles made by another), so its state is
@@ -34,51 +33,6 @@ pub fn driver() -> CuResult<&'static Driver> {
     }
 }
 
-/// Maps the guest library's errors onto CUDA's.
-pub fn cu_error(e: &GuestError) -> CUresult {
-    match e {
-        GuestError::OutOfMemory => cu::ERROR_OUT_OF_MEMORY,
-        GuestError::Invalid | GuestError::Usage(_) | GuestError::Bounds { .. } => {
-            cu::ERROR_INVALID_VALUE
-        }
-        GuestError::Fault => cu::ERROR_INVALID_VALUE,
-        GuestError::NotFound => cu::ERROR_NOT_FOUND,
-        GuestError::OutOfRange => cu::ERROR_INVALID_VALUE,
-        GuestError::TooBig => cu::ERROR_INVALID_VALUE,
-        GuestError::Unsupported => cu::ERROR_NOT_SUPPORTED,
-        GuestError::NoDevice => cu::ERROR_NO_DEVICE,
-        GuestError::TimedOut => cu::ERROR_LAUNCH_TIMEOUT,
-        GuestError::Rejected { source, .. } => cu_error(source),
-        GuestError::Command { status, source, .. } => match *status {
-            sys::CMD_STATUS_NO_MEMORY => cu::ERROR_OUT_OF_MEMORY,
-            sys::CMD_STATUS_INVALID => cu::ERROR_INVALID_VALUE,
-            sys::CMD_STATUS_UNSUPPORTED => cu::ERROR_NOT_SUPPORTED,
-            sys::CMD_STATUS_NOT_FOUND => cu::ERROR_NOT_FOUND,
-            sys::CMD_STATUS_OUT_OF_RANGE | sys::CMD_STATUS_FAULT | sys::CMD_STATUS_KERNEL_FAULT => {
-                cu::ERROR_ILLEGAL_ADDRESS
-            }
-            sys::CMD_STATUS_KERNEL_ASSERT => cu::ERROR_ASSERT,
-            sys::CMD_STATUS_DEVICE_ERROR | sys::CMD_STATUS_CANCELLED => cu::ERROR_LAUNCH_FAILED,
-            _ => cu_error(source),
-        },
-        _ => cu::ERROR_UNKNOWN,
-    }
-}
-
-/// The object filed under handle `h` in `table`; CUDA calls an unknown
-/// one an invalid handle.
-pub fn by_handle<T>(table: &HashMap<usize, T>, h: usize) -> CuResult<&T> {
-    table.get(&h).ok_or(cu::ERROR_INVALID_HANDLE)
-}
-
-/// `?`-friendly form of [`cu_error`].
-pub fn check<T>(r: vgpu_guest::Result<T>) -> CuResult<T> {
-    r.map_err(|e| {
-        log(&format!("device: {e}"));
-        cu_error(&e)
-    })
-}
-
 /// Lanes wanted per device: `VGPU_CUDA_LANES` (1 keeps every stream on
 /// one queue), else as many as the device and [`crate::lanes::MAX_LANES`]
 /// allow.
@@ -90,19 +44,15 @@ fn lanes_wanted() -> usize {
         .max(1)
 }
 
-/// Writes a diagnostic line when `VGPU_CUDA_LOG` is set: a library must
-/// not write to a program's stderr unasked.
-pub fn log(msg: &str) {
-    if std::env::var_os("VGPU_CUDA_LOG").is_some() {
-        eprintln!("vgpu-cuda: {msg}");
-    }
-}
-
 /// One vGPU, `/dev/vgpuN`.
 pub struct Gpu {
+    /// The open `/dev/vgpuN`.
     pub dev: Arc<Device>,
+    /// What the device reported of itself when it was opened.
     pub info: sys::VgpuInfo,
+    /// The name `cuDeviceGetName` gives.
     pub name: String,
+    /// The UUID `cuDeviceGetUuid` gives.
     pub uuid: [u8; 16],
     /// The primary context's handle.
     pub primary: usize,
@@ -164,7 +114,8 @@ impl Gpu {
         self.print();
     }
 
-    fn console(&self) -> MutexGuard<'_, Console> {
+    /// The modules whose kernels may print, locked.
+    pub fn console(&self) -> MutexGuard<'_, Console> {
         self.console.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -197,298 +148,9 @@ impl Gpu {
     }
 }
 
-/// A context: CUDA's per-device address space and state.
-pub struct Ctx {
-    pub device: CUdevice,
-    /// Values stored through the context-local-storage table, with the
-    /// destructor to call when the context is reset.
-    pub storage: HashMap<usize, (usize, Option<crate::export::ClsDtor>)>,
-    /// `CUlimit` values, by limit number.
-    pub limits: [usize; 10],
-    pub flags: u32,
-}
-
-/// CUDA's defaults for `CUlimit` 0..=9: stack, printf FIFO, malloc heap,
-/// sync depth, pending launches, L2 fetch granularity, persisting L2,
-/// then the three of contexts shared with graphics (CIG), which a vGPU's
-/// never are: shared memory, enabled, fallback.
-pub const DEFAULT_LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0, 0, 0, 0];
-
-/// `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` can only be queried.
-pub const READ_ONLY_LIMITS: [u32; 2] = [7, 8];
-
-impl Ctx {
-    pub fn new(device: CUdevice, flags: u32) -> Ctx {
-        Ctx {
-            device,
-            storage: HashMap::new(),
-            limits: DEFAULT_LIMITS,
-            flags,
-        }
-    }
-}
-
-/// A loaded module (or library: CUDA's context-independent module).
-pub struct ModuleObj {
-    pub device: CUdevice,
-    pub module: Arc<Module>,
-    /// The entry points its PTX names.
-    pub kernels: HashSet<String>,
-    /// The functions its cubins have code for: entry points and device
-    /// functions alike, which only the device tells apart.
-    pub cubin_functions: Vec<String>,
-    /// Globals looked up: address and size.
-    pub globals: HashMap<String, (u64, u64)>,
-    /// For a library of a process with several devices: what loads it on
-    /// the others.
-    pub library: Option<Library>,
-}
-
-/// What a launch needs of its function: its description and device
-/// (`None`: the stream is captured, and the launch recorded).
-pub type Target = Option<(Arc<Function>, CUdevice)>;
-
-/// Where a launch's function is ([`Driver::launch_target`]).
-enum Look {
-    /// On the stream's device.
-    Here(Target),
-    /// On another device than the stream's, this one.
-    Elsewhere(CUdevice),
-}
-
-/// A library (`cuLibraryLoadData`) belongs to no context: its kernels
-/// run on whichever device launches them. It is loaded where it was
-/// first asked for; on another device, a copy of its image is loaded as
-/// a module of its own (a *twin*) the first time one of its kernels runs
-/// there, and unloaded with it.
-pub struct Library {
-    pub image: Arc<[u8]>,
-    pub twins: HashMap<CUdevice, usize>,
-}
-
-/// A function (or kernel) of a module.
-pub struct Func {
-    pub module: usize,
-    pub device: CUdevice,
-    /// The device's description and handle of it, shared with the
-    /// launches that use it (a launch takes no copy of the layout).
-    pub function: Arc<Function>,
-    /// The name, NUL-terminated, for `cuFuncGetName`.
-    pub cname: std::ffi::CString,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: what a launch
-    /// may use, raised by `cuFuncSetAttribute`.
-    pub max_dynamic_shared: u32,
-    /// Attributes set as hints (`cuFuncSetAttribute`), read back as set.
-    pub hints: HashMap<i32, i32>,
-    /// The device's answers to `cuOccupancyMaxActiveClusters`, by block,
-    /// dynamic shared memory and cluster: libraries ask the same shapes
-    /// again, and each question is a device round trip.
-    pub clusters: HashMap<ClusterShape, u32>,
-}
-
-/// What a cluster occupancy answer depends on: block, dynamic shared
-/// memory, cluster.
-pub type ClusterShape = ([u32; 3], u32, [u32; 3]);
-
-/// Most cluster occupancy answers kept per function.
-pub const MAX_CLUSTER_ANSWERS: usize = 64;
-
-/// Dynamic shared memory a kernel may use until it opts in to more.
-pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
-
-/// A stream. Its work runs in order on its device's queue
-/// ([`crate::inflight`]).
-pub struct Stream {
-    pub ctx: usize,
-    /// The lane of its device its work goes to.
-    pub lane: usize,
-    pub flags: u32,
-    pub priority: i32,
-    /// Launch attributes set on it (`cuStreamSetAttribute`), by id: hints
-    /// the device honours by ignoring, read back as set.
-    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
-}
-
-/// An event: a marker in the device's queue that reads the device clock
-/// when the work before it is done.
-pub struct Event {
-    pub flags: u32,
-    /// Records so far (0: never recorded), and the device of the last.
-    pub records: u64,
-    pub device: CUdevice,
-    /// The lane of the last record.
-    pub lane: usize,
-    /// The graph whose capture made the last record, if one did: a
-    /// stream that waits on the event joins that capture.
-    pub captured: Option<usize>,
-}
-
-/// Device memory a program allocated.
-pub struct Alloc {
-    pub size: u64,
-    pub device: CUdevice,
-    pub ctx: usize,
-    /// The module whose global this is (copies reach it, `cuMemFree`
-    /// does not free it, it goes with its module); `None` for memory of
-    /// `cuMemAlloc`.
-    pub module: Option<usize>,
-    /// Managed memory (`cuMemAllocManaged`): host memory of the process
-    /// at the same address too (see [`crate::managed`]).
-    pub managed: bool,
-}
-
-/// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
-pub struct HostMem {
-    pub size: usize,
-    pub ctx: usize,
-    /// Allocated here (freed by `cuMemFreeHost`), or the caller's
-    /// (registered with `cuMemHostRegister`).
-    pub owned: bool,
-    /// The whole pages of it pinned for copies by this device's kernel
-    /// driver (VGPU_IOCTL_PIN): (device, first page).
-    pub pinned: Option<(CUdevice, usize)>,
-    /// The flags it was allocated or registered with (`cuMemHostGetFlags`).
-    pub flags: u32,
-}
-
-/// Handle-addressed objects.
-#[derive(Default)]
-pub struct Objects {
-    next: usize,
-    pub ctxs: HashMap<usize, Ctx>,
-    pub modules: HashMap<usize, ModuleObj>,
-    pub funcs: HashMap<usize, Func>,
-    pub streams: HashMap<usize, Stream>,
-    pub events: HashMap<usize, Event>,
-    /// Device allocations by start address.
-    pub allocs: BTreeMap<u64, Alloc>,
-    /// The pages of device allocations, held in this process's address
-    /// space so no host memory of it ever shares an address with them.
-    pub reserved: crate::reserve::Reservations,
-    /// Module globals whose pages `reserved` holds.
-    pub globals_reserved: std::collections::HashSet<u64>,
-    /// Host allocations by start address.
-    pub host: BTreeMap<usize, HostMem>,
-    /// Primary context reference counts and flags, per device.
-    pub primary_refs: Vec<u32>,
-    pub primary_flags: Vec<u32>,
-    /// Streams being captured, and the graph each one's capture fills.
-    pub capturing: HashMap<usize, usize>,
-    pub graphs: HashMap<usize, Graph>,
-    pub execs: HashMap<usize, GraphExec>,
-    /// The last capture id given out (ids start at 1).
-    pub capture_ids: u64,
-    /// Memory pools, and which allocations came from them.
-    pub pools: crate::pools::Pools,
-    /// JIT links in progress.
-    pub links: crate::api::link::Links,
-    /// Device memory graphs owned and no longer use: freed by the entry
-    /// point that let it go, once the objects are unlocked.
-    pub to_free: Vec<u64>,
-}
-
-impl Objects {
-    /// A fresh handle number: non-null, distinct from every live one
-    /// (and from small integers a program might pass by mistake).
-    pub fn handle(&mut self) -> usize {
-        self.next += 0x10;
-        0x10_0000 + self.next
-    }
-
-    /// Files `value` under a fresh handle in the table `table` picks.
-    pub fn add<T>(&mut self, table: fn(&mut Objects) -> &mut HashMap<usize, T>, value: T) -> usize {
-        let h = self.handle();
-        table(self).insert(h, value);
-        h
-    }
-
-    /// Files global `addr` (`size` bytes) of `module` among the device
-    /// allocations: copies and pointer queries reach it, `cuMemFree`
-    /// does not ([`Objects::freeable`]), and it goes with its module.
-    pub fn add_global(
-        &mut self,
-        module: usize,
-        addr: u64,
-        size: u64,
-        device: CUdevice,
-        ctx: usize,
-    ) {
-        if size > 0 {
-            let a = Alloc {
-                size,
-                device,
-                ctx,
-                module: Some(module),
-                managed: false,
-            };
-            // Its place in the module is the device's: held like an
-            // allocation's where it can be (once, however often it is
-            // asked for), and said where host memory of this process is
-            // there already.
-            if !self.globals_reserved.contains(&addr) {
-                if self.reserved.reserve(addr, size).is_ok() {
-                    self.globals_reserved.insert(addr);
-                } else {
-                    log(&format!(
-                        "global at {addr:#x} ({size} bytes) lies over host memory of this process"
-                    ));
-                }
-            }
-            self.allocs.insert(addr, a);
-        }
-    }
-
-    /// Forgets module `module` with its functions and globals; the
-    /// module, if it was filed.
-    pub fn remove_module(&mut self, module: usize) -> Option<ModuleObj> {
-        self.funcs.retain(|_, f| f.module != module);
-        let (reserved, globals) = (&mut self.reserved, &mut self.globals_reserved);
-        self.allocs.retain(|&addr, a| {
-            let keep = a.module != Some(module);
-            if !keep && globals.remove(&addr) {
-                reserved.release(addr, a.size);
-            }
-            keep
-        });
-        self.modules.remove(&module)
-    }
-
-    /// The device of the `cuMemAlloc` memory starting at `addr`, which
-    /// `cuMemFree` may free (not a module's global).
-    pub fn freeable(&self, addr: u64) -> Option<CUdevice> {
-        self.allocs
-            .get(&addr)
-            .filter(|a| a.module.is_none())
-            .map(|a| a.device)
-    }
-
-    /// The allocation containing `[addr, addr + len)`.
-    pub fn alloc_at(&self, addr: u64, len: u64) -> Option<(u64, &Alloc)> {
-        let (&start, a) = self.allocs.range(..=addr).next_back()?;
-        let end = start.checked_add(a.size)?;
-        (addr.checked_add(len)? <= end && addr < end.max(start + 1)).then_some((start, a))
-    }
-
-    /// The end of the last device allocation that overlaps `[addr, addr +
-    /// len)`, if one does.
-    pub fn allocations_end(&self, addr: u64, len: u64) -> Option<u64> {
-        let end = addr.checked_add(len)?;
-        // Allocations do not overlap one another: the last one to start
-        // before `end` ends last.
-        let (&start, a) = self.allocs.range(..end).next_back()?;
-        let last = start.saturating_add(a.size);
-        (last > addr).then_some(last)
-    }
-
-    /// The host allocation containing `[p, p + len)`.
-    pub fn host_at(&self, p: usize, len: usize) -> Option<(usize, &HostMem)> {
-        let (&start, h) = self.host.range(..=p).next_back()?;
-        (p.checked_add(len)? <= start + h.size && p < start + h.size.max(1)).then_some((start, h))
-    }
-}
-
 /// The driver: the vGPUs and the objects.
 pub struct Driver {
+    /// The vGPUs, by ordinal.
     pub gpus: Vec<Gpu>,
     objects: Mutex<Objects>,
     /// Entry points already reported as not supported.
@@ -521,6 +183,19 @@ pub fn trace_call(at: &'static std::panic::Location<'static>, r: CUresult) {
             .insert((at.file(), at.line(), r));
     if first {
         eprintln!("vgpu-cuda: {}:{} returned {r}", at.file(), at.line());
+    }
+}
+
+/// What an unimplemented entry point does.
+pub(crate) fn unsupported(name: &'static str) -> CUresult {
+    unsupported_with(name, "")
+}
+
+/// [`unsupported`], with what about the call is not supported.
+pub(crate) fn unsupported_with(name: &'static str, detail: &str) -> CUresult {
+    match driver() {
+        Ok(d) => d.not_supported_because(name, detail),
+        Err(_) => cu::ERROR_NOT_SUPPORTED,
     }
 }
 
@@ -580,6 +255,7 @@ impl Driver {
         self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The vGPU of ordinal `dev`, or `CUDA_ERROR_INVALID_DEVICE`.
     pub fn gpu(&self, dev: CUdevice) -> CuResult<&Gpu> {
         usize::try_from(dev)
             .ok()
@@ -635,10 +311,12 @@ impl Driver {
         });
     }
 
+    /// Pushes `ctx` onto the calling thread's stack (`cuCtxPushCurrent`).
     pub fn push_current(&self, ctx: usize) {
         CTX_STACK.with(|s| s.borrow_mut().push(ctx));
     }
 
+    /// Pops the calling thread's current context (`cuCtxPopCurrent`).
     pub fn pop_current(&self) -> Option<usize> {
         CTX_STACK.with(|s| s.borrow_mut().pop())
     }
@@ -647,508 +325,5 @@ impl Driver {
     pub fn current_gpu(&self) -> CuResult<(usize, &Gpu)> {
         let (ctx, dev) = self.current_ctx()?;
         Ok((ctx, self.gpu(dev)?))
-    }
-
-    /// The device a stream's work runs on: the stream's context's, or for
-    /// the default streams (0, 1 = legacy, 2 = per-thread) the current
-    /// context's.
-    pub fn stream_gpu(&self, stream: usize) -> CuResult<&Gpu> {
-        self.gpu(self.stream_device(stream)?)
-    }
-
-    /// The lane of its device a stream's work goes to (the default
-    /// streams: 0).
-    pub fn stream_lane(&self, stream: usize) -> CuResult<usize> {
-        if stream <= 2 {
-            return Ok(0);
-        }
-        let o = self.objects();
-        Ok(by_handle(&o.streams, stream)?.lane)
-    }
-
-    /// The ordinal of [`Driver::stream_gpu`]'s device.
-    pub fn stream_device(&self, stream: usize) -> CuResult<CUdevice> {
-        if stream <= 2 {
-            return Ok(self.current_ctx()?.1);
-        }
-        let ctx = by_handle(&self.objects().streams, stream)?.ctx;
-        self.ctx_device(ctx)
-    }
-
-    /// Queues `work` for `device` on `stream`: into the stream's capture
-    /// if it is being captured, else on the device's queue in batches of
-    /// at most [`crate::inflight::FLUSH_AT`] commands.
-    pub fn queue(&self, stream: usize, device: CUdevice, work: &[Work]) -> CuResult {
-        let gpu = self.gpu(device)?;
-        let captured = self.objects().capture_work(stream, device, work)?;
-        if captured {
-            return Ok(());
-        }
-        let lane = self.stream_lane(stream)?;
-        // A host function runs once the work before it is done, and the
-        // work after it goes to the device once it has returned; an event
-        // is recorded, or waited for, between the work around it.
-        for part in work.split_inclusive(Work::between_batches) {
-            let (device_work, between) = match part.split_last() {
-                Some((w, rest)) if w.between_batches() => (rest, Some(w)),
-                _ => (part, None),
-            };
-            graph::in_batches(device_work, |batch| gpu.submit_on(lane, batch, None))?;
-            match between {
-                Some(Work::Host(h)) => {
-                    gpu.wait_idle();
-                    // SAFETY: the program's host function and argument,
-                    // which it keeps valid while it may be called.
-                    unsafe { h.call() };
-                }
-                Some(Work::Record(event)) => {
-                    crate::api::stream::record_on(self, gpu, *event as _, stream as _)?;
-                }
-                Some(Work::Wait(event)) => {
-                    crate::api::stream::wait_across(self, device, lane, *event as _)?;
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Refuses a call that a capture in progress cannot record,
-    /// invalidating the capture (see [`Objects::refuse_in_capture`]).
-    pub fn refuse_in_capture(&self, call: Unsafe) -> CuResult {
-        let relaxed = graph::thread_relaxed();
-        self.objects().refuse_in_capture(call, relaxed)
-    }
-
-    /// Loads a module image (a fatbinary or PTX text) on `dev` and
-    /// records its entry points.
-    pub fn load_module(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
-        let gpu = self.gpu(dev)?;
-        let (format, ptx) = module_ptx(image)?;
-        let mut kernels = HashSet::new();
-        for text in &ptx {
-            // The names only; the device's driver compiles the module.
-            if let Ok(m) = vgpu_ptx::Module::parse(text) {
-                kernels.extend(m.kernels().into_iter().map(|k| k.name));
-            }
-        }
-        // Cubins name their functions in section names; a library that
-        // asks the driver to enumerate a module's functions needs them.
-        let cubin_functions = if format == sys::MODULE_PTX {
-            Vec::new()
-        } else {
-            vgpu_ptx::function_names(image).unwrap_or_default()
-        };
-        let module = Arc::new(check(gpu.dev.module_load_format(format, image))?);
-        gpu.console().watch(&module);
-        let m = ModuleObj {
-            device: dev,
-            module,
-            kernels,
-            cubin_functions,
-            globals: HashMap::new(),
-            library: None,
-        };
-        Ok(self.objects().add(|o| &mut o.modules, m))
-    }
-
-    /// [`Driver::load_module`] of a library: where the process has
-    /// several devices, the image is kept to load it on the others.
-    pub fn load_library(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
-        let h = self.load_module(dev, image)?;
-        if self.gpus.len() > 1 {
-            if let Some(m) = self.objects().modules.get_mut(&h) {
-                m.library = Some(Library {
-                    image: image.into(),
-                    twins: HashMap::new(),
-                });
-            }
-        }
-        Ok(h)
-    }
-
-    /// `module` as loaded on device `dev`: itself, or a library's twin
-    /// there (loaded now if it is not yet). A module of another device's
-    /// context is `CUDA_ERROR_INVALID_HANDLE` there, as in CUDA.
-    pub fn module_on(&self, module: usize, dev: CUdevice) -> CuResult<usize> {
-        let image = {
-            let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
-            if m.device == dev {
-                return Ok(module);
-            }
-            let lib = m.library.as_ref().ok_or(cu::ERROR_INVALID_HANDLE)?;
-            if let Some(&t) = lib.twins.get(&dev) {
-                return Ok(t);
-            }
-            Arc::clone(&lib.image)
-        };
-        let twin = self.load_module(dev, &image)?;
-        let mut o = self.objects();
-        let kept = match o.modules.get_mut(&module).and_then(|m| m.library.as_mut()) {
-            Some(lib) => Ok(*lib.twins.entry(dev).or_insert(twin)),
-            None => Err(cu::ERROR_INVALID_HANDLE),
-        };
-        drop(o);
-        if kept != Ok(twin) {
-            // Unloaded, or loaded there by another thread, meanwhile.
-            let _ = self.unload_module(twin);
-        }
-        kept
-    }
-
-    /// Function `func` as it runs on device `dev`: itself, or its
-    /// library's kernel of the same name on that device.
-    pub fn function_on(&self, func: usize, dev: CUdevice) -> CuResult<usize> {
-        let (module, name) = {
-            let o = self.objects();
-            let f = by_handle(&o.funcs, func)?;
-            if f.device == dev {
-                return Ok(func);
-            }
-            (f.module, f.cname.clone())
-        };
-        let twin = self.module_on(module, dev)?;
-        self.get_function(twin, name.to_str().map_err(|_| cu::ERROR_INVALID_VALUE)?)
-    }
-
-    /// Global `name` of module `module`: its device address and size.
-    pub fn get_global(&self, module: usize, name: &str) -> CuResult<(u64, u64)> {
-        let (m, device) = {
-            let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
-            if let Some(&g) = m.globals.get(name) {
-                return Ok(g);
-            }
-            (m.module.clone(), m.device)
-        };
-        let g = match self.gpu(device)?.dev.global(&m, name) {
-            Err(GuestError::NotFound) => return Err(cu::ERROR_NOT_FOUND),
-            r => check(r)?,
-        };
-        let ctx = self.current().unwrap_or(0);
-        let mut o = self.objects();
-        if let Some(m) = o.modules.get_mut(&module) {
-            m.globals.insert(name.to_string(), g);
-            // cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave.
-            o.add_global(module, g.0, g.1, device, ctx);
-        }
-        Ok(g)
-    }
-
-    /// The function `name` of module `module`, as the device describes it.
-    pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
-        let (m, device) = {
-            let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
-            // One handle per (module, name), as CUDA returns the same
-            // CUfunction for repeated look-ups.
-            if let Some((&h, _)) = o
-                .funcs
-                .iter()
-                .find(|(_, f)| f.module == module && f.cname.as_bytes() == name.as_bytes())
-            {
-                return Ok(h);
-            }
-            (m.module.clone(), m.device)
-        };
-        let gpu = self.gpu(device)?;
-        let function = match gpu.dev.function(&m, name) {
-            Err(GuestError::NotFound) => return Err(cu::ERROR_NOT_FOUND),
-            r => check(r)?,
-        };
-        let max_dynamic_shared = DEFAULT_DYNAMIC_SHARED
-            .saturating_sub(function.info.shared_static)
-            .min(function.info.max_dynamic_shared);
-        let cname = std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?;
-        let mut o = self.objects();
-        if !o.modules.contains_key(&module) {
-            // Unloaded by another thread meanwhile.
-            return Err(cu::ERROR_INVALID_HANDLE);
-        }
-        let h = o.handle();
-        o.funcs.insert(
-            h,
-            Func {
-                module,
-                device,
-                function: Arc::new(function),
-                cname,
-                max_dynamic_shared,
-                hints: HashMap::new(),
-                clusters: HashMap::new(),
-            },
-        );
-        Ok(h)
-    }
-
-    /// Unloads a module and forgets its functions.
-    pub fn unload_module(&self, module: usize) -> CuResult {
-        let m = {
-            let mut o = self.objects();
-            o.remove_module(module).ok_or(cu::ERROR_INVALID_HANDLE)?
-        };
-        // A library's twins on other devices go with it.
-        for &twin in m.library.iter().flat_map(|l| l.twins.values()) {
-            let _ = self.unload_module(twin);
-        }
-        // What its kernels printed comes out first, as CUDA's driver
-        // flushes its printf buffer at an unload.
-        if m.module.prints() {
-            if let Ok(gpu) = self.gpu(m.device) {
-                gpu.wait_idle();
-            }
-        }
-        // The device unloads it when the last user (a launch in flight
-        // on another thread) lets go.
-        drop(m);
-        Ok(())
-    }
-
-    /// What a launch of `func` on `stream` needs to know: the function
-    /// that runs (`func`, or its library's twin on the stream's device)
-    /// and, from one look at the objects, its description and device
-    /// (checked against its dynamic shared memory limit for
-    /// `shared_mem`), or `None` where the stream is being captured (the
-    /// launch is then recorded, the slower way). The stream must exist.
-    pub fn launch_target(
-        &self,
-        func: usize,
-        stream: usize,
-        shared_mem: u32,
-    ) -> CuResult<(usize, Target)> {
-        match self.launch_look(func, stream, shared_mem)? {
-            Look::Here(target) => Ok((func, target)),
-            Look::Elsewhere(dev) => {
-                let twin = self.function_on(func, dev)?;
-                match self.launch_look(twin, stream, shared_mem)? {
-                    Look::Here(target) => Ok((twin, target)),
-                    Look::Elsewhere(_) => Err(cu::ERROR_INVALID_HANDLE),
-                }
-            }
-        }
-    }
-
-    /// [`Driver::launch_target`] for `func` as it is.
-    fn launch_look(&self, func: usize, stream: usize, shared_mem: u32) -> CuResult<Look> {
-        let current = if stream <= 2 {
-            Some(self.current().ok_or(cu::ERROR_INVALID_CONTEXT)?)
-        } else {
-            None
-        };
-        let o = self.objects();
-        let ctx = match current {
-            Some(c) => c,
-            None => by_handle(&o.streams, stream)?.ctx,
-        };
-        let dev = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?.device;
-        let f = by_handle(&o.funcs, func)?;
-        if f.device != dev {
-            return Ok(Look::Elsewhere(dev));
-        }
-        if o.capturing.contains_key(&stream) {
-            return Ok(Look::Here(None));
-        }
-        if shared_mem > f.max_dynamic_shared {
-            log(&format!(
-                "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",
-                f.cname, shared_mem, f.max_dynamic_shared
-            ));
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        Ok(Look::Here(Some((Arc::clone(&f.function), f.device))))
-    }
-
-    /// Launches `func` on `stream` with its parameters packed as its
-    /// layout says.
-    pub fn launch(
-        &self,
-        func: usize,
-        dims: Dims,
-        cluster: [u32; 3],
-        params: &[u8],
-        stream: usize,
-    ) -> CuResult {
-        let (device, work) = self.launch_work(func, dims, cluster, params)?;
-        self.queue(stream, device, &[work])
-    }
-
-    /// The work of a launch of `func` (checked against its dynamic shared
-    /// memory limit), and the device it runs on.
-    pub fn launch_work(
-        &self,
-        func: usize,
-        dims: Dims,
-        cluster: [u32; 3],
-        params: &[u8],
-    ) -> CuResult<(CUdevice, Work)> {
-        let (function, device) = {
-            let o = self.objects();
-            let f = by_handle(&o.funcs, func)?;
-            if dims.shared_mem > f.max_dynamic_shared {
-                log(&format!(
-                    "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",
-                    f.cname, dims.shared_mem, f.max_dynamic_shared
-                ));
-                return Err(cu::ERROR_INVALID_VALUE);
-            }
-            (Arc::clone(&f.function), f.device)
-        };
-        let work = Work::Launch {
-            func,
-            function,
-            dims,
-            cluster,
-            params: params.into(),
-        };
-        Ok((device, work))
-    }
-}
-
-/// The module format and the PTX texts of an image: a fatbinary (as
-/// `nvcc` embeds it, starting with its header) or PTX text.
-fn module_ptx(image: &[u8]) -> CuResult<(u32, Vec<String>)> {
-    let format = if vgpu_ptx::fatbin::is_ptx_text(image) {
-        sys::MODULE_PTX
-    } else if vgpu_ptx::is_cubin(image) {
-        // Machine code for one GPU, no PTX: the device's driver runs it.
-        return Ok((sys::MODULE_CUBIN, Vec::new()));
-    } else {
-        sys::MODULE_FATBIN
-    };
-    // A fatbinary of cubins alone has no PTX: the device's driver picks
-    // the cubin for its GPU.
-    let ptx = match vgpu_ptx::extract_ptx(image) {
-        Ok(ptx) => ptx,
-        Err(vgpu_ptx::FatbinError::NoPtx) => Vec::new(),
-        Err(e) => {
-            log(&format!("module image: {e}"));
-            return Err(cu::ERROR_INVALID_IMAGE);
-        }
-    };
-    Ok((format, ptx))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_end_of_the_allocations_in_the_way() {
-        let mut o = Objects::default();
-        for (start, size) in [(0x1000, 0x1000), (0x3000, 0x2000)] {
-            let a = Alloc {
-                size,
-                device: 0,
-                ctx: 0,
-                module: None,
-                managed: false,
-            };
-            o.allocs.insert(start, a);
-        }
-        // Over the first, over both, in the gap, past both.
-        assert_eq!(o.allocations_end(0x1800, 0x10), Some(0x2000));
-        assert_eq!(o.allocations_end(0x1800, 0x2000), Some(0x5000));
-        assert_eq!(o.allocations_end(0x2000, 0x800), None);
-        assert_eq!(o.allocations_end(0x5000, 0x1000), None);
-        assert_eq!(o.allocations_end(0x2800, 0x1000), Some(0x5000));
-    }
-
-    #[test]
-    fn allocation_lookup_needs_the_whole_range_inside_one_allocation() {
-        let mut o = Objects::default();
-        for (a, s) in [(0x1000u64, 0x100u64), (0x2000, 0x10)] {
-            o.allocs.insert(
-                a,
-                Alloc {
-                    size: s,
-                    device: 0,
-                    ctx: 1,
-                    module: None,
-                    managed: false,
-                },
-            );
-        }
-        assert_eq!(o.alloc_at(0x1000, 0x100).map(|a| a.0), Some(0x1000));
-        assert_eq!(o.alloc_at(0x10ff, 1).map(|a| a.0), Some(0x1000));
-        assert!(o.alloc_at(0x10ff, 2).is_none());
-        assert!(o.alloc_at(0x1100, 1).is_none());
-        assert!(o.alloc_at(0xfff, 1).is_none());
-        assert!(o.alloc_at(u64::MAX, 2).is_none());
-        assert_eq!(o.alloc_at(0x2008, 0).map(|a| a.0), Some(0x2000));
-    }
-
-    #[test]
-    fn a_global_is_device_memory_until_its_module_goes_but_never_freeable() {
-        let mut o = Objects::default();
-        o.allocs.insert(
-            0x1000,
-            Alloc {
-                size: 0x100,
-                device: 0,
-                ctx: 1,
-                module: None,
-                managed: false,
-            },
-        );
-        o.add_global(7, 0x8000, 64, 0, 1);
-        o.add_global(7, 0x9000, 0, 0, 1);
-        assert_eq!(o.alloc_at(0x8010, 16).map(|a| a.0), Some(0x8000));
-        assert!(o.alloc_at(0x8030, 32).is_none(), "past the global's end");
-        assert!(
-            o.alloc_at(0x9000, 1).is_none(),
-            "an empty global is no memory"
-        );
-        assert_eq!(o.freeable(0x8000), None);
-        assert_eq!(o.freeable(0x1000), Some(0));
-        o.add_global(8, 0xa000, 64, 0, 1);
-        o.remove_module(7);
-        assert!(o.alloc_at(0x8000, 1).is_none(), "gone with its module");
-        assert!(o.alloc_at(0xa000, 1).is_some(), "another module's stays");
-        assert!(o.alloc_at(0x1000, 1).is_some(), "cuMemAlloc memory stays");
-    }
-
-    #[test]
-    fn handles_are_distinct_and_never_small() {
-        let mut o = Objects::default();
-        let a = o.handle();
-        let b = o.handle();
-        assert_ne!(a, b);
-        assert!(a > 0x1000 && b > 0x1000);
-    }
-
-    #[test]
-    fn failed_launches_map_to_cuda_errors() {
-        let cmd = |status| GuestError::Command {
-            index: 0,
-            status,
-            source: Box::new(GuestError::Io),
-        };
-        for (status, want) in [
-            (sys::CMD_STATUS_NO_MEMORY, cu::ERROR_OUT_OF_MEMORY),
-            (sys::CMD_STATUS_OUT_OF_RANGE, cu::ERROR_ILLEGAL_ADDRESS),
-            (sys::CMD_STATUS_KERNEL_FAULT, cu::ERROR_ILLEGAL_ADDRESS),
-            (sys::CMD_STATUS_KERNEL_ASSERT, cu::ERROR_ASSERT),
-            (sys::CMD_STATUS_DEVICE_ERROR, cu::ERROR_LAUNCH_FAILED),
-        ] {
-            assert_eq!(cu_error(&cmd(status)), want, "status {status}");
-        }
-        assert_eq!(cu_error(&GuestError::OutOfMemory), cu::ERROR_OUT_OF_MEMORY);
-    }
-
-    #[test]
-    fn images_are_classified_by_content() {
-        let ptx = b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { ret; }\n";
-        let (format, texts) = module_ptx(ptx).unwrap();
-        assert_eq!(format, sys::MODULE_PTX);
-        assert_eq!(texts.len(), 1);
-        assert_eq!(
-            module_ptx(b"\x7fELF....").err(),
-            Some(cu::ERROR_INVALID_IMAGE)
-        );
-        let mut cubin = b"\x7fELF\x02\x01".to_vec();
-        cubin.resize(64, 0);
-        cubin[18] = 190;
-        assert_eq!(module_ptx(&cubin), Ok((sys::MODULE_CUBIN, Vec::new())));
     }
 }

@@ -24,20 +24,28 @@
 //! cargo bench -p vgpu-device --bench device
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --all-targets` does) takes far fewer samples: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpu-device --bench device -- --test` (or `cargo test -p
+//! vgpu-device --bench device`, which runs the binary without
+//! `--bench`), runs every part for a fraction of a second and exits
+//! non-zero if one panics or measures nothing (a ratio without a
+//! baseline); CI runs every benchmark so.
 
 use std::fs::File;
 use std::hint::black_box;
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vgpu_abi::{self as abi, ByteValued, CmdHeader, CopyCmd, SgEntry};
-use vgpu_benchkit::{measure_rounds, size_label, summarize, verdict, Summary, KIB, MIB};
+use vgpu_benchkit::{
+    measure_rounds, ratio, size_label, summarize, verdict, Bench, Mode as BenchMode, Summary,
+    Target, KIB, MIB,
+};
 use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::{Chain, Guest, GuestOptions, Mode, Used};
 use vmm_sys_util::eventfd::EventFd;
@@ -56,7 +64,6 @@ const TARGET_COPY_RATIO: f64 = 0.80;
 const TARGET_IDLE_PERCENT: f64 = 1.0;
 
 struct Config {
-    quick: bool,
     lat_rounds: usize,
     lat_batch: usize,
     /// Unrecorded samples at the start of each turn of a latency variant.
@@ -69,35 +76,17 @@ struct Config {
     /// `copy_min_samples` samples).
     copy_bytes_per_round: usize,
     copy_min_samples: usize,
+    /// The largest COPY timed.
+    copy_max: usize,
     tput_rounds: usize,
     tput_window: Duration,
     idle_window: Duration,
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                lat_rounds: 4,
-                lat_batch: 250,
-                lat_warmup: 50,
-                irq_rounds: 4,
-                irq_batch: 100,
-                irq_warmup: 5,
-                copy_rounds: 3,
-                copy_bytes_per_round: 2 * MIB,
-                copy_min_samples: 2,
-                tput_rounds: 2,
-                tput_window: Duration::from_millis(50),
-                idle_window: Duration::from_millis(500),
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: BenchMode) -> Self {
+        match mode {
+            BenchMode::Full => Config {
                 lat_rounds: 40,
                 lat_batch: 2500,
                 lat_warmup: 125,
@@ -107,29 +96,75 @@ impl Config {
                 copy_rounds: 40,
                 copy_bytes_per_round: 32 * MIB,
                 copy_min_samples: 4,
+                copy_max: 64 * MIB,
                 tput_rounds: 6,
                 tput_window: Duration::from_millis(300),
                 idle_window: Duration::from_secs(2),
-            }
+            },
+            BenchMode::Quick => Config {
+                lat_rounds: 4,
+                lat_batch: 250,
+                lat_warmup: 50,
+                irq_rounds: 4,
+                irq_batch: 100,
+                irq_warmup: 5,
+                copy_rounds: 3,
+                copy_bytes_per_round: 2 * MIB,
+                copy_min_samples: 2,
+                copy_max: 64 * MIB,
+                tput_rounds: 2,
+                tput_window: Duration::from_millis(50),
+                idle_window: Duration::from_millis(500),
+            },
+            BenchMode::Smoke => Config {
+                lat_rounds: 2,
+                lat_batch: 20,
+                lat_warmup: 5,
+                irq_rounds: 2,
+                irq_batch: 10,
+                irq_warmup: 2,
+                copy_rounds: 1,
+                copy_bytes_per_round: 0,
+                copy_min_samples: 1,
+                copy_max: MIB,
+                tput_rounds: 1,
+                tput_window: Duration::from_millis(20),
+                idle_window: Duration::from_millis(100),
+            },
         }
     }
 }
 
-fn print_latency_table(title: &str, names: &[&str], stats: &[Summary], targets: &[String]) {
+/// Prints each variant's latency and its p50 against the first's (the
+/// baseline), judged by its target: `(target, label)` per row.
+fn print_latency_table(
+    bench: &Bench,
+    title: &str,
+    names: &[&str],
+    stats: &[Summary],
+    targets: &[(Target, &str)],
+) {
     println!("{title}");
     println!(
         "  {:<44} {:>8} {:>10} {:>10} {:>10}  target",
         "variant", "samples", "p50 (us)", "p99 (us)", "p50 ratio"
     );
-    let base = stats[0].p50.max(1) as f64;
-    for ((name, s), target) in names.iter().zip(stats).zip(targets) {
+    let base = stats[0].p50 as f64;
+    for (i, ((name, s), (target, label))) in names.iter().zip(stats).zip(targets).enumerate() {
+        // The baseline's own row notes nothing: the rows against it do.
+        let r = if i == 0 {
+            ratio(s.p50 as f64, Some(base), *target)
+        } else {
+            bench.ratio(name.trim(), s.p50 as f64, base, *target)
+        };
         println!(
-            "  {:<44} {:>8} {:>10.3} {:>10.3} {:>9.2}x  {target}",
+            "  {:<44} {:>8} {:>10.3} {:>10.3} {:>9.2}x  {label} {}",
             name,
             s.n,
             s.p50 as f64 / 1e3,
             s.p99 as f64 / 1e3,
-            s.p50 as f64 / base
+            r.value,
+            r.verdict
         );
     }
 }
@@ -394,7 +429,7 @@ fn fill_pattern(len: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------
 // 1 and 2: NOP latency
 
-fn bench_nop_polled(cfg: &Config) {
+fn bench_nop_polled(bench: &Bench, cfg: &Config) {
     let vgpu = TestVgpu::software(test_config("nop-poll", 1), 1 << 20, 1);
     let mut g = vgpu.connect();
     g.setup_queue(0, RING, Mode::Polled);
@@ -414,8 +449,9 @@ fn bench_nop_polled(cfg: &Config) {
     };
     let wakes = g.wakes() - wakes_before;
     let stats: Vec<Summary> = samples.into_iter().map(summarize).collect();
-    let ratio = stats[1].p50 as f64 / stats[0].p50.max(1) as f64;
+    let polled_target = format!("p50 <= {TARGET_POLLED_RATIO:.1}x");
     print_latency_table(
+        bench,
         "1. NOP latency, POLLED mode: queue polled by the device, submitter spins on the used ring",
         &[
             "spin ping-pong (AtomicU64, 2 spinning threads)",
@@ -423,11 +459,8 @@ fn bench_nop_polled(cfg: &Config) {
         ],
         &stats,
         &[
-            "(baseline)".to_string(),
-            format!(
-                "p50 <= {TARGET_POLLED_RATIO:.1}x {}",
-                verdict(ratio <= TARGET_POLLED_RATIO)
-            ),
+            (Target::Reference, "(baseline)"),
+            (Target::AtMost(TARGET_POLLED_RATIO), &polled_target),
         ],
     );
     println!(
@@ -436,7 +469,7 @@ fn bench_nop_polled(cfg: &Config) {
     );
 }
 
-fn bench_nop_interrupt(cfg: &Config) {
+fn bench_nop_interrupt(bench: &Bench, cfg: &Config) {
     // Only interrupt-mode queues: the worker sleeps between commands.
     let vgpu = TestVgpu::software(test_config("nop-irq", 1), 1 << 20, 1);
     let g = &mut vgpu.connect();
@@ -484,10 +517,10 @@ fn bench_nop_interrupt(cfg: &Config) {
     let wakes = g.wakes() - wakes_before;
     let nops = g.commands() - nops_before;
     let stats: Vec<Summary> = samples.into_iter().map(summarize).collect();
-    let ratio = stats[1].p50 as f64 / stats[0].p50.max(1) as f64;
-    let ratio_io = stats[4].p50 as f64 / stats[0].p50.max(1) as f64;
+    let irq_target = format!("p50 <= {TARGET_IRQ_RATIO:.1}x");
     println!();
     print_latency_table(
+        bench,
         "2. NOP latency, INTERRUPT mode: doorbell + trapped WAKE write, submitter blocks on the MSI-X eventfd",
         &[
             "eventfd ping-pong (2 threads, blocking reads)",
@@ -498,17 +531,11 @@ fn bench_nop_interrupt(cfg: &Config) {
         ],
         &stats,
         &[
-            "(baseline)".to_string(),
-            format!(
-                "p50 <= {TARGET_IRQ_RATIO:.1}x {}",
-                verdict(ratio <= TARGET_IRQ_RATIO)
-            ),
-            "(breakdown)".to_string(),
-            "(reference)".to_string(),
-            format!(
-                "p50 <= {TARGET_IRQ_RATIO:.1}x {}",
-                verdict(ratio_io <= TARGET_IRQ_RATIO)
-            ),
+            (Target::Reference, "(baseline)"),
+            (Target::AtMost(TARGET_IRQ_RATIO), &irq_target),
+            (Target::Reference, "(breakdown)"),
+            (Target::Reference, "(reference)"),
+            (Target::AtMost(TARGET_IRQ_RATIO), &irq_target),
         ],
     );
     println!(
@@ -522,8 +549,12 @@ fn bench_nop_interrupt(cfg: &Config) {
 // ---------------------------------------------------------------------------
 // 3: COPY bandwidth
 
-fn bench_copy(cfg: &Config) {
-    let max = *COPY_SIZES.iter().max().expect("sizes");
+fn bench_copy(bench: &Bench, cfg: &Config) {
+    let sizes: Vec<usize> = COPY_SIZES
+        .into_iter()
+        .filter(|&s| s <= cfg.copy_max)
+        .collect();
+    let max = *sizes.iter().max().expect("sizes");
     let vgpu = TestVgpu::software(test_config("copy", 1), (max + 16 * MIB) as u64, 1);
     let mut g = vgpu.connect_with(GuestOptions {
         // The source, rings, slots and the kit's staging area.
@@ -555,7 +586,7 @@ fn bench_copy(cfg: &Config) {
     dst.copy_from_slice(plain_src);
     assert!(*dst == pattern[..], "plain mapping returned wrong data");
 
-    let chains: Vec<Chain> = COPY_SIZES
+    let chains: Vec<Chain> = sizes
         .iter()
         .map(|&size| {
             let cmd = CopyCmd {
@@ -602,7 +633,7 @@ fn bench_copy(cfg: &Config) {
         "in-device p50",
         "COPY/memcpy"
     );
-    for (&size, chain) in COPY_SIZES.iter().zip(&chains) {
+    for (&size, chain) in sizes.iter().zip(&chains) {
         // Several copies per sample for small sizes, so the clock's own
         // cost stays negligible.
         let reps = (256 * KIB / size).max(1);
@@ -633,18 +664,21 @@ fn bench_copy(cfg: &Config) {
         };
         let inside = summarize(std::mem::take(&mut inside));
         let bytes = (size * reps) as f64;
-        let gbps = |ns: u64| bytes / ns.max(1) as f64;
+        // No sample (or a clock that read 0) is no throughput: infinite.
+        let gbps = |ns: u64| bytes / ns as f64;
         let mut it = samples.into_iter().map(summarize);
         let (m, d) = (it.next().expect("memcpy"), it.next().expect("COPY"));
-        let ratio = gbps(d.p50) / gbps(m.p50);
-        let target = if size >= MIB {
-            format!(
-                ">= {:.0}% {}",
-                TARGET_COPY_RATIO * 100.0,
-                verdict(ratio >= TARGET_COPY_RATIO)
-            )
+        let goal = if size >= MIB {
+            Target::AtLeast(TARGET_COPY_RATIO)
         } else {
-            "(none)".to_string()
+            Target::Reference
+        };
+        let what = format!("COPY {}", size_label(size));
+        let r = bench.ratio(&what, gbps(d.p50), gbps(m.p50), goal);
+        let target = if size >= MIB {
+            format!(">= {:.0}% {}", TARGET_COPY_RATIO * 100.0, r.verdict)
+        } else {
+            format!("(none) {}", r.verdict)
         };
         println!(
             "  {:>7} {:>8} {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>9.2} GB/s {:>10.1}%  {target}",
@@ -655,7 +689,7 @@ fn bench_copy(cfg: &Config) {
             gbps(d.p50),
             gbps(d.p99),
             gbps(inside.p50),
-            ratio * 100.0
+            r.percent()
         );
     }
 
@@ -845,12 +879,13 @@ fn bench_throughput_and_idle(cfg: &Config) {
     bench_idle(cfg, &mut g, name, 16, spin);
 }
 
-fn main() {
-    let cfg = Config::from_env();
+fn main() -> ExitCode {
+    let bench = Bench::start();
+    let cfg = Config::new(bench.mode());
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "vgpu-device benchmark, software backend ({} mode, {cpus} CPUs{})",
-        if cfg.quick { "quick" } else { "full" },
+        bench.mode().name(),
         if cfg!(debug_assertions) {
             ", DEBUG BUILD: figures are not meaningful"
         } else {
@@ -858,8 +893,9 @@ fn main() {
         }
     );
     println!();
-    bench_nop_polled(&cfg);
-    bench_nop_interrupt(&cfg);
-    bench_copy(&cfg);
+    bench_nop_polled(&bench, &cfg);
+    bench_nop_interrupt(&bench, &cfg);
+    bench_copy(&bench, &cfg);
     bench_throughput_and_idle(&cfg);
+    bench.finish()
 }

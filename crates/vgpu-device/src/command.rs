@@ -9,8 +9,7 @@ use std::time::Instant;
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
 use vgpu_backend::{
-    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, Queued,
-    SliceFn, SliceMemory,
+    DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, SliceFn,
 };
 use vm_memory::{MmapRegion, VolatileMemory};
 
@@ -378,15 +377,12 @@ fn copy(ctx: &mut Ctx<'_>, cmd: &abi::CopyCmd, reads: &[Desc]) -> Result<u64> {
     Ok(0)
 }
 
-/// A COPY between guest memory and device memory, decoded and checked:
-/// a step of a queued run.
+/// The guest side of a COPY between guest memory and device memory,
+/// decoded and checked: the host memory of a step of a queued run, still
+/// named by guest address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CopyStep {
-    /// Guest memory to device memory (else device to guest).
-    pub to_device: bool,
-    /// The device address.
-    pub device: u64,
-    /// The guest side: (address, length) in order.
+pub struct GuestRanges {
+    /// (address, length) in order.
     pub ranges: Vec<(u64, u64)>,
     /// Bytes.
     pub size: u64,
@@ -409,13 +405,13 @@ fn valid_shape(grid: [u32; 3], block: [u32; 3]) -> bool {
         .saturating_mul(u64::from(block[1]))
         .saturating_mul(u64::from(block[2]));
     grid.iter().chain(block.iter()).all(|d| *d > 0)
-        && grid[0] <= i32::MAX as u32
-        && grid[1] <= 65535
-        && grid[2] <= 65535
-        && block[0] <= 1024
-        && block[1] <= 1024
-        && block[2] <= 64
-        && threads <= 1024
+        && grid[0] <= abi::MAX_GRID_X
+        && grid[1] <= abi::MAX_GRID_Y
+        && grid[2] <= abi::MAX_GRID_Z
+        && block[0] <= abi::MAX_BLOCK_X
+        && block[1] <= abi::MAX_BLOCK_Y
+        && block[2] <= abi::MAX_BLOCK_Z
+        && threads <= u64::from(abi::MAX_BLOCK_THREADS)
 }
 
 /// Checks a cluster shape: at most [`abi::MAX_CLUSTER_BLOCKS`] blocks,
@@ -431,56 +427,11 @@ fn valid_cluster(grid: [u32; 3], cluster: [u32; 3]) -> bool {
 
 /// A command decoded and checked as a step of queued device work
 /// ([`Partition::run_queued`]): the steps of a stream that run back to
-/// back on the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// OP_NOP: a point in the stream (an event record without timing).
-    Nop,
-    /// OP_TIMESTAMP.
-    Timestamp,
-    /// OP_LAUNCH.
-    Launch(OwnedLaunch),
-    /// OP_FILL.
-    Fill(DeviceFill),
-    /// OP_COPY between device addresses.
-    Copy(DeviceCopy),
-    /// OP_COPY between guest memory and device memory.
-    Guest(CopyStep),
-}
-
-impl Step {
-    /// What the partition runs, if anything (a NOP needs no device: it
-    /// completes in order with the run); a guest copy's guest memory is
-    /// `guest`'s (resolved by the caller).
-    pub fn queued<'a>(
-        &'a self,
-        guest: impl FnOnce(&'a CopyStep) -> SliceMemory<'a>,
-    ) -> Option<Queued<'a>> {
-        Some(match self {
-            Step::Nop => return None,
-            Step::Timestamp => Queued::Timestamp,
-            Step::Launch(l) => Queued::Launch(l.launch()),
-            Step::Fill(f) => Queued::Fill(*f),
-            Step::Copy(c) => Queued::Copy(*c),
-            Step::Guest(c) if c.to_device => Queued::Upload {
-                dst: c.device,
-                src: guest(c),
-            },
-            Step::Guest(c) => Queued::Download {
-                src: c.device,
-                dst: guest(c),
-            },
-        })
-    }
-
-    /// The guest copy this step is, if it is one.
-    pub fn guest(&self) -> Option<&CopyStep> {
-        match self {
-            Step::Guest(c) => Some(c),
-            _ => None,
-        }
-    }
-}
+/// back on the device. A copy's guest memory is named by guest address
+/// until the run resolves it ([`Step::as_ref`] and [`Step::map`] make
+/// the partition's [`vgpu_backend::Queued`] step of it); an OP_NOP is no step (`None`
+/// where [`step`] decodes one): it completes in order with the run.
+pub type Step = vgpu_backend::Step<OwnedLaunch, GuestRanges>;
 
 /// A launch's values, read out of guest memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,7 +446,8 @@ pub struct OwnedLaunch {
 }
 
 impl OwnedLaunch {
-    fn launch(&self) -> Launch<'_> {
+    /// The launch as a partition takes it.
+    pub fn launch(&self) -> Launch<'_> {
         Launch {
             cluster: self.cluster,
             module: self.module,
@@ -522,23 +474,77 @@ pub enum StepKind {
     Guest(bool),
 }
 
-/// How the command in `descs` runs as a step of queued device work;
-/// `None` for a command that runs alone, or whose header cannot be read.
-/// One read of guest memory serves the header and a copy's kinds.
-pub fn step_kind(dma: &DmaSpace, descs: &[Desc]) -> Option<StepKind> {
-    let mut buf = [0u8; std::mem::size_of::<abi::CopyCmd>()];
-    let head = peek(dma, descs, &mut buf)?;
-    match parse::<abi::CmdHeader>(head).ok()?.opcode {
-        abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
-        abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => Some(StepKind::Device { launch: false }),
-        abi::OP_COPY => {
-            let c: abi::CopyCmd = parse(head).ok()?;
-            match (c.src_kind, c.dst_kind) {
-                (abi::COPY_DEVICE, abi::COPY_DEVICE) => Some(StepKind::Device { launch: false }),
-                _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
+/// A command's own descriptor, header and body, read once from guest
+/// memory: what grouping a run and decoding its steps both look at, so
+/// that a guest rewriting it meanwhile cannot make them disagree.
+#[derive(Clone)]
+pub struct Command {
+    buf: [u8; MAX_CMD],
+    len: usize,
+}
+
+impl Command {
+    /// Reads the command in `descs` (its first readable descriptor, as
+    /// much as the largest command structure takes).
+    pub fn read(dma: &DmaSpace, descs: &[Desc]) -> Result<Command> {
+        let first = descs
+            .iter()
+            .find(|d| !d.writable)
+            .ok_or(abi::STATUS_INVALID)?;
+        let mut buf = [0u8; MAX_CMD];
+        let len = (first.len as usize).min(MAX_CMD);
+        dma.read(first.addr, &mut buf[..len])
+            .map_err(|_| abi::STATUS_FAULT)?;
+        Ok(Command { buf, len })
+    }
+
+    fn raw(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+
+    /// Its opcode, if its header is whole.
+    pub fn opcode(&self) -> Option<u32> {
+        parse::<abi::CmdHeader>(self.raw()).ok().map(|h| h.opcode)
+    }
+
+    /// Whether it touches guest memory only, never the partition (FENCE,
+    /// WRITE_VALUE, WAIT_VALUE): it may run while runs of other queues
+    /// are in flight.
+    pub fn partition_free(&self) -> bool {
+        matches!(
+            self.opcode(),
+            Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
+        )
+    }
+
+    /// Whether it is a WAIT_VALUE, and if so whether its condition holds
+    /// now: `Some(Ok(false))` keeps the queue waiting; `Some(Err(status))`
+    /// is a WAIT_VALUE that completes with that status (malformed, or its
+    /// word out of reach).
+    pub fn wait_value(&self, dma: &DmaSpace) -> Option<Result<bool>> {
+        (self.opcode()? == abi::OP_WAIT_VALUE).then(|| wait_holds(dma, self.raw()))
+    }
+
+    /// How it runs as a step of queued device work; `None` for a command
+    /// that runs alone, or whose header is cut short.
+    pub fn step_kind(&self) -> Option<StepKind> {
+        let raw = self.raw();
+        match parse::<abi::CmdHeader>(raw).ok()?.opcode {
+            abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
+            abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => {
+                Some(StepKind::Device { launch: false })
             }
+            abi::OP_COPY => {
+                let c: abi::CopyCmd = parse(raw).ok()?;
+                match (c.src_kind, c.dst_kind) {
+                    (abi::COPY_DEVICE, abi::COPY_DEVICE) => {
+                        Some(StepKind::Device { launch: false })
+                    }
+                    _ => guest_side(&c).map(|(to_device, _)| StepKind::Guest(to_device)),
+                }
+            }
+            _ => None,
         }
-        _ => None,
     }
 }
 
@@ -558,25 +564,25 @@ pub fn opcode(dma: &DmaSpace, descs: &[Desc]) -> Option<u32> {
     parse::<abi::CmdHeader>(head).ok().map(|h| h.opcode)
 }
 
-/// Decodes the command in `descs` into its step, or the status it
-/// completes with: the checks [`execute`] makes before running it.
-pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
+/// Decodes `cmd`, the command in `descs` as read, into its step, or the
+/// status it completes with: the checks [`execute`] makes before running
+/// it.
+pub fn step(ctx: &Ctx<'_>, cmd: &Command, descs: &[Desc]) -> Result<Option<Step>> {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
-    let mut buf = [0u8; MAX_CMD];
-    let raw = command_bytes(ctx.dma, &reads, &mut buf)?;
+    let raw = cmd.raw();
     let hdr: abi::CmdHeader = parse(raw)?;
     match hdr.opcode {
-        abi::OP_NOP => Ok(Step::Nop),
-        abi::OP_TIMESTAMP => Ok(Step::Timestamp),
-        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(Step::Launch),
+        abi::OP_NOP => Ok(None),
+        abi::OP_TIMESTAMP => Ok(Some(Step::Timestamp)),
+        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(|l| Some(Step::Launch(l))),
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
             check_fill(&c)?;
-            Ok(Step::Fill(DeviceFill {
+            Ok(Some(Step::Fill(DeviceFill {
                 addr: c.addr,
                 size: c.size,
                 pattern: c.pattern,
-            }))
+            })))
         }
         abi::OP_COPY => {
             let c: abi::CopyCmd = parse(raw)?;
@@ -584,19 +590,28 @@ pub fn step(ctx: &Ctx<'_>, descs: &[Desc]) -> Result<Step> {
                 return Err(abi::STATUS_INVALID);
             }
             if (c.src_kind, c.dst_kind) == (abi::COPY_DEVICE, abi::COPY_DEVICE) {
-                return Ok(Step::Copy(DeviceCopy {
+                return Ok(Some(Step::Copy(DeviceCopy {
                     dst: c.dst,
                     src: c.src,
                     size: c.size,
-                }));
+                })));
             }
             let (to_device, device) = guest_side(&c).ok_or(abi::STATUS_INVALID)?;
             let sg = guest_sg(ctx.dma, &c, &reads)?;
-            Ok(Step::Guest(CopyStep {
-                to_device,
-                device,
+            let guest = GuestRanges {
                 ranges: sg.entries.iter().map(|e| (e.addr, e.len)).collect(),
                 size: sg.total,
+            };
+            Ok(Some(if to_device {
+                Step::Upload {
+                    dst: device,
+                    src: guest,
+                }
+            } else {
+                Step::Download {
+                    src: device,
+                    dst: guest,
+                }
             }))
         }
         _ => Err(abi::STATUS_INVALID),
@@ -610,18 +625,6 @@ fn check_fill(c: &abi::FillCmd) -> Result<()> {
         return Err(abi::STATUS_INVALID);
     }
     Ok(())
-}
-
-/// Reads the command descriptor (the first of `reads`) into `buf`.
-fn command_bytes<'b>(
-    dma: &DmaSpace,
-    reads: &[Desc],
-    buf: &'b mut [u8; MAX_CMD],
-) -> Result<&'b [u8]> {
-    let first = reads.first().ok_or(abi::STATUS_INVALID)?;
-    let raw = &mut buf[..(first.len as usize).min(MAX_CMD)];
-    dma.read(first.addr, raw).map_err(|_| abi::STATUS_FAULT)?;
-    Ok(raw)
 }
 
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
@@ -778,19 +781,6 @@ fn value_word(c: &abi::ValueCmd, extra: u32) -> Result<(bool, u32)> {
     Ok((wide, flags & extra))
 }
 
-/// Whether the command in `descs` is a WAIT_VALUE, and if so whether its
-/// condition holds now: `Some(Ok(false))` keeps the queue waiting;
-/// `Some(Err(status))` is a WAIT_VALUE that completes with that status
-/// (malformed, or its word out of reach).
-pub fn wait_value(dma: &DmaSpace, descs: &[Desc]) -> Option<Result<bool>> {
-    let mut buf = [0u8; std::mem::size_of::<abi::ValueCmd>()];
-    let head = peek(dma, descs, &mut buf)?;
-    if parse::<abi::CmdHeader>(head).ok()?.opcode != abi::OP_WAIT_VALUE {
-        return None;
-    }
-    Some(wait_holds(dma, head))
-}
-
 /// Whether the WAIT_VALUE in `raw` has its condition met now.
 fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
     let c: abi::ValueCmd = parse(raw)?;
@@ -820,24 +810,14 @@ fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
     })
 }
 
-/// Whether the command in `descs` touches guest memory only, never the
-/// partition (FENCE, WRITE_VALUE, WAIT_VALUE): it may run while runs of
-/// other queues are in flight.
-pub fn partition_free(dma: &DmaSpace, descs: &[Desc]) -> bool {
-    matches!(
-        opcode(dma, descs),
-        Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
-    )
-}
-
-/// Runs the command in `descs` (readable descriptors first, then writable).
-pub fn execute(ctx: &mut Ctx<'_>, descs: &[Desc]) -> Outcome {
+/// Runs `cmd`, the command in `descs` (readable descriptors first, then
+/// writable) as read, or completes with the status its read failed with.
+pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outcome {
     let reads: Vec<Desc> = descs.iter().copied().filter(|d| !d.writable).collect();
     // One read of the command descriptor serves the header and the body.
-    let mut buf = [0u8; MAX_CMD];
-    let raw = match command_bytes(ctx.dma, &reads, &mut buf) {
-        Ok(raw) => raw,
-        Err(s) => return Outcome::status(s),
+    let raw = match cmd {
+        Ok(cmd) => cmd.raw(),
+        Err(s) => return Outcome::status(*s),
     };
     let hdr: abi::CmdHeader = match parse(raw) {
         Ok(h) => h,

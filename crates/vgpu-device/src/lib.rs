@@ -1,7 +1,7 @@
 //! The virtual GPU PCI function: configuration space, BAR0 registers, the
 //! doorbell page, the host-visible window, command queues in guest memory
 //! (virtio split rings processed with `virtio-queue`), command validation
-//! and dispatch to a backend [`Partition`].
+//! and dispatch to a backend [`Partition`](vgpu_backend::Partition).
 //!
 //! It knows nothing of CUDA or sockets: the vfio-user engine calls it
 //! through [`PciDevice`], and it calls its partition with plain values.
@@ -26,7 +26,8 @@ use vfio_user_server::device::{
 use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFIG_SPACE_SIZE};
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
-use vgpu_backend::{HostMapping, HostMemory, Partition};
+use vgpu_backend::{HostMapping, HostMemory, SharedPartition};
+use vgpu_sched::CommandGate;
 use vgpu_sys::warn_limited;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::mmap::MmapRegionBuilder;
@@ -69,27 +70,6 @@ impl VgpuConfig {
             poll_spin: Duration::from_micros(50),
             gate: None,
         }
-    }
-}
-
-/// Lets a host scheduler decide when this vGPU's next command may run on
-/// the shared GPU (preemption at command boundaries).
-pub trait CommandGate: Send + Sync {
-    /// Blocks until one command may run. `cancelled` is polled while
-    /// waiting (a reset or queue change drops the command). Returns false
-    /// when the command must not run.
-    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool;
-    /// The command that entered finished after `device_time`, moving
-    /// `bytes` between guest or window memory and the device.
-    fn leave(&self, device_time: Duration, bytes: u64);
-    /// The worker has run out of commands for now (or stops): a gate that
-    /// keeps the GPU for a tenant between its commands gives it back.
-    fn idle(&self) {}
-    /// Whether the next command may run now without waiting: while it
-    /// may, the worker starts the next queued run before the one in
-    /// flight is finished (a gate that cannot say keeps one in flight).
-    fn holding(&self) -> bool {
-        false
     }
 }
 
@@ -270,7 +250,7 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) ctx: DeviceContext,
     pub(crate) state: Mutex<State>,
-    pub(crate) partition: Mutex<Box<dyn Partition>>,
+    pub(crate) partition: SharedPartition,
     /// Locked after `partition`, only with it held.
     pub(crate) functions: Mutex<command::Functions>,
     pub(crate) doorbells: MmapRegion,
@@ -416,7 +396,7 @@ pub struct VgpuDevice {
     mem_size: u64,
     compute_units: u32,
     /// Until `bind`, the partition and memory wait here.
-    pending: Option<(Box<dyn Partition>, MmapRegion, MmapRegion)>,
+    pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
     /// Signalled by the WAKE register (directly, when a VMM maps it as an
     /// ioeventfd); the worker sleeps on a duplicate of it.
@@ -451,11 +431,13 @@ fn pcie_capability() -> ([u8; 58], [u8; 58]) {
 }
 
 impl VgpuDevice {
-    /// A function in its power-on state, running on `partition`.
+    /// A function in its power-on state, running on `partition` (a
+    /// partition of its own, or one its owner shares).
     pub fn new(
         config: VgpuConfig,
-        partition: Box<dyn Partition>,
+        partition: impl Into<SharedPartition>,
     ) -> Result<Self, DeviceSetupError> {
+        let partition = partition.into();
         if config.queues == 0 || config.queues > abi::MAX_QUEUES {
             return Err(DeviceSetupError::Config("queues must be 1..=16"));
         }
@@ -489,9 +471,10 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let spec = partition.spec().clone();
-        let compute_units = partition.kernel_compute_units();
-        let host_memory = partition.host_memory();
+        let (spec, compute_units, host_memory) = {
+            let p = partition.lock();
+            (p.spec().clone(), p.kernel_compute_units(), p.host_memory())
+        };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
             wake,
@@ -887,7 +870,7 @@ impl VgpuDevice {
         *lock(&sh.state) = State::new(self.config.queues);
         sh.any_polled.store(false, Ordering::Relaxed);
         {
-            let mut part = lock(&sh.partition);
+            let mut part = sh.partition.lock();
             part.reset();
             lock(&sh.functions).clear();
         }
@@ -949,12 +932,12 @@ impl PciDevice for VgpuDevice {
         let Some((partition, doorbells, window)) = self.pending.take() else {
             return;
         };
-        let lanes = partition.lanes().clamp(1, abi::MAX_QUEUES as usize);
+        let lanes = partition.lock().lanes().clamp(1, abi::MAX_QUEUES as usize);
         let shared = Arc::new(Shared {
             name: self.config.name.clone(),
             ctx,
             state: Mutex::new(State::new(self.config.queues)),
-            partition: Mutex::new(partition),
+            partition,
             functions: Mutex::new(command::Functions::default()),
             doorbells,
             window,

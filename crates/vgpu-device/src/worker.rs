@@ -376,7 +376,7 @@ fn process_queues(
     last_doorbell: &mut [u32],
 ) -> (bool, bool) {
     let (depth, lanes) = {
-        let p = lock(&sh.partition);
+        let p = sh.partition.lock();
         (p.queue_depth().max(1), p.lanes().max(1))
     };
     // Commands run one at a time while draining, each judged on its own.
@@ -511,22 +511,25 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     let mut cancel = sh.drain.expired()
         || v.drain
             .is_some_and(|limit| limit.is_none_or(|l| position.wrapping_sub(l) < 0x8000));
-    let (steps, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
-        (0, Group::One)
+    // Each command is read once: to group it, and to run it (alone, or
+    // decoded as a step of its run).
+    let first = command::Command::read(&sh.ctx.dma, &v.chains[v.next].1);
+    let (read, kind) = if cancel || v.drain.is_some() || sh.drain.requested() {
+        (Vec::new(), Group::One)
     } else {
-        group_at(sh, &v.chains[v.next..])
+        group_at(sh, &first, &v.chains[v.next..])
     };
     if (cancel || kind == Group::One) && !v.flights.is_empty() {
         // It runs after what is in flight.
         return false;
     }
-    let chain = &v.chains[v.next].1;
     if !cancel && kind == Group::One {
-        if in_partition > 0 && !command::partition_free(&sh.ctx.dma, chain) {
+        if in_partition > 0 && !first.as_ref().is_ok_and(command::Command::partition_free) {
             // Nothing else runs on the partition while runs are in flight.
             return false;
         }
-        if command::wait_value(&sh.ctx.dma, chain) == Some(Ok(false)) {
+        let wait = first.as_ref().ok().and_then(|c| c.wait_value(&sh.ctx.dma));
+        if wait == Some(Ok(false)) {
             // Later commands of the queue wait for it; its condition is
             // looked at again on the next scan.
             v.parked = true;
@@ -551,7 +554,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         }
     }
     // A cancelled command goes alone: the next is judged anew.
-    let range = v.next..v.next + if cancel { 1 } else { steps.max(1) };
+    let range = v.next..v.next + if cancel { 1 } else { read.len().max(1) };
     v.next = range.end;
     if !cancel && kind == Group::Run {
         if s.depth > 1 && range.end == v.chains.len() {
@@ -571,7 +574,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
                 || (long && range.end < v.chains.len()));
         let group = &v.chains[range.clone()];
         let stop = || v.stale(sh);
-        let flight = start_run(sh, v.q, v.lane, group, range, keep, &stop);
+        let flight = start_run(sh, (v.q, v.lane), group, read, range, keep, &stop);
         if matches!(flight.state, FlightState::InFlight) {
             s.lanes[v.lane].push_back(vi);
         }
@@ -583,7 +586,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     let outcomes = if cancel {
         vec![command::Outcome::status(abi::STATUS_CANCELLED)]
     } else {
-        run_one(sh, v.q, group)
+        run_one(sh, v.q, group, vec![first])
     };
     trace_run(sh, v.q, "One", group, began, v.chains.len());
     let (q, gens) = (v.q, v.gens);
@@ -843,41 +846,64 @@ enum Group {
 }
 
 /// How many chains from the start of `chains` run together as one queued
-/// run (at most [`BATCH`], which bounds how long a run holds the GPU), or else that the first command
-/// runs alone. A run's guest memory stays locked until the run is over,
-/// so a run with guest copies holds no launch (a kernel may run long,
-/// and a DMA_UNMAP would wait for it) and moves guest memory one way;
-/// NOPs, timestamps, fills and device copies go with either kind.
-fn group_at(sh: &Shared, chains: &[(u16, Vec<Desc>)]) -> (usize, Group) {
+/// run (at most [`BATCH`], which bounds how long a run holds the GPU), as
+/// their commands read (once: the run decodes these; the first is
+/// `first`, already read), or else that the first command runs alone (no
+/// commands). A run's guest memory stays
+/// locked until the run is over, so a run with guest copies holds no
+/// launch (a kernel may run long, and a DMA_UNMAP would wait for it) and
+/// moves guest memory one way; NOPs, timestamps, fills and device copies
+/// go with either kind.
+fn group_at(
+    sh: &Shared,
+    first: &Result<command::Command, u32>,
+    chains: &[(u16, Vec<Desc>)],
+) -> (Vec<command::Command>, Group) {
     let dma = &sh.ctx.dma;
     // The run's guest copies' direction, or that it has a launch.
     let mut class: Option<Option<bool>> = None;
-    let steps = chains
-        .iter()
-        .take(BATCH)
-        .take_while(|(_, descs)| {
-            let this = match command::step_kind(dma, descs) {
-                None => return false,
-                Some(command::StepKind::Device { launch: false }) => return true,
-                Some(command::StepKind::Device { launch: true }) => None,
-                Some(command::StepKind::Guest(to_device)) => Some(to_device),
-            };
-            *class.get_or_insert(this) == this
-        })
-        .count();
-    if steps > 0 {
-        (steps, Group::Run)
+    let mut read = Vec::new();
+    for (i, (_, descs)) in chains.iter().enumerate().take(BATCH) {
+        let cmd = if i == 0 {
+            first.clone()
+        } else {
+            command::Command::read(dma, descs)
+        };
+        let Ok(cmd) = cmd else {
+            break;
+        };
+        let this = match cmd.step_kind() {
+            None => break,
+            Some(command::StepKind::Device { launch: false }) => None,
+            Some(command::StepKind::Device { launch: true }) => Some(None),
+            Some(command::StepKind::Guest(to_device)) => Some(Some(to_device)),
+        };
+        if let Some(this) = this {
+            if *class.get_or_insert(this) != this {
+                break;
+            }
+        }
+        read.push(cmd);
+    }
+    if read.is_empty() {
+        (read, Group::One)
     } else {
-        (0, Group::One)
+        (read, Group::Run)
     }
 }
+
+/// A command of a run as decoded: its step (`None`: a NOP), or the
+/// status it completes with.
+type Decoded = Result<Option<command::Step>, u32>;
 
 /// A group of commands started as one queued run of the partition.
 struct Flight {
     /// Its commands: which of the visit's chains.
     chains: Range<usize>,
+    /// Each command as read.
+    read: Vec<command::Command>,
     /// Each command as decoded, or the status it completes with.
-    decoded: Vec<Result<command::Step, u32>>,
+    decoded: Vec<Decoded>,
     /// When it was started, on the device epoch's clock.
     start: Duration,
     state: FlightState,
@@ -915,7 +941,7 @@ impl Flight {
 /// Calls `f` with the partition (locked), then notes its memory in use
 /// and whether it lost its device state.
 fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) -> R) -> R {
-    let mut part = lock(&sh.partition);
+    let mut part = sh.partition.lock();
     let mut functions = lock(&sh.functions);
     let mut ctx = command::Ctx {
         dma: &sh.ctx.dma,
@@ -937,18 +963,26 @@ fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) 
     out
 }
 
-/// Runs the commands of `group` one by one; returns each one's outcome.
-fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outcome> {
+/// Runs the commands of `group`, as `read`, one by one; returns each
+/// one's outcome.
+fn run_one(
+    sh: &Shared,
+    q: u32,
+    group: &[(u16, Vec<Desc>)],
+    read: Vec<Result<command::Command, u32>>,
+) -> Vec<command::Outcome> {
     with_partition(sh, q, |ctx| {
         group
             .iter()
-            .map(|(_, descs)| command::execute(ctx, descs))
+            .zip(&read)
+            .map(|((_, descs), cmd)| command::execute(ctx, cmd, descs))
             .collect()
     })
 }
 
-/// Decodes the steps of `group` (the visit's chains `range`) and starts
-/// them as one queued run, left in flight if `keep` and the partition
+/// Decodes the steps of `group` (the visit's chains `range`, whose
+/// commands are `read`) and starts them as one queued run on queue `q`'s
+/// lane `lane`, left in flight if `keep` and the partition
 /// can. The guest memory of its copies is held mapped
 /// (the DMA table's read lock) while the partition takes them: until the
 /// run is over, or, for a partition that keeps runs in flight, until it
@@ -956,9 +990,9 @@ fn run_one(sh: &Shared, q: u32, group: &[(u16, Vec<Desc>)]) -> Vec<command::Outc
 /// steps one by one refuses the rest (their completions are not written).
 fn start_run(
     sh: &Shared,
-    q: u32,
-    lane: usize,
+    (q, lane): (u32, usize),
     group: &[(u16, Vec<Desc>)],
+    read: Vec<command::Command>,
     range: Range<usize>,
     keep: bool,
     stop: &dyn Fn() -> bool,
@@ -973,43 +1007,39 @@ fn start_run(
         }
     };
     with_partition(sh, q, |ctx| {
-        let mut decoded: Vec<Result<command::Step, u32>> = group
+        // Decoded from the bytes the run was grouped by: its guest copies
+        // all go one way, and none goes beside a launch.
+        let decoded: Vec<Decoded> = group
             .iter()
-            .map(|(_, descs)| command::step(ctx, descs))
+            .zip(&read)
+            .map(|((_, descs), cmd)| command::step(ctx, cmd, descs))
             .collect();
-        // The run's guest memory is resolved for one direction: a
-        // command the guest rewrote since it was grouped, to go the other
-        // way or to launch a kernel beside guest copies, is refused.
+        // The run's guest memory is resolved for that one direction.
         let to_device = decoded
             .iter()
             .flatten()
-            .find_map(|s| s.guest().map(|c| c.to_device));
-        for d in &mut decoded {
-            let refused = d.as_ref().is_ok_and(|s| match (s, to_device) {
-                (command::Step::Launch(_), Some(_)) => true,
-                (s, Some(way)) => s.guest().is_some_and(|c| c.to_device != way),
-                (_, None) => false,
-            });
-            if refused {
-                *d = Err(abi::STATUS_INVALID);
-            }
-        }
-        let to_device = to_device.unwrap_or(true);
+            .flatten()
+            .find_map(|s| s.host_memory().map(|(_, up)| up))
+            .unwrap_or(true);
         let ranges: Vec<(u64, u64)> = decoded
             .iter()
             .flatten()
-            .filter_map(command::Step::guest)
-            .flat_map(|c| c.ranges.iter().copied())
+            .flatten()
+            .filter_map(|s| s.host_memory())
+            .flat_map(|(c, _)| c.ranges.iter().copied())
             .collect();
         let start = ctx.epoch.elapsed();
-        let steps: Vec<&command::Step> = decoded.iter().flatten().collect();
+        // NOPs are no steps: they complete in order with the run.
+        let steps: Vec<&command::Step> = decoded.iter().flatten().flatten().collect();
         let started = if ranges.is_empty() {
             // No guest memory: the run needs no lock on the DMA table. (A
             // guest copy has ranges, so this closure is never called.)
             // SAFETY: no slices.
             let none = || unsafe { SliceMemory::new(&[]) };
-            let queued: Vec<Queued<'_>> =
-                steps.iter().filter_map(|s| s.queued(|_| none())).collect();
+            let queued: Vec<Queued<'_>> = steps
+                .iter()
+                .map(|s| s.as_ref().map(command::OwnedLaunch::launch, |_, _| none()))
+                .collect();
             Ok(go(&mut *ctx.partition, &queued))
         } else {
             let partition = &mut *ctx.partition;
@@ -1021,8 +1051,8 @@ fn start_run(
                 let mut at = 0;
                 let queued: Vec<Queued<'_>> = steps
                     .iter()
-                    .filter_map(|s| {
-                        s.queued(|c| {
+                    .map(|s| {
+                        s.as_ref().map(command::OwnedLaunch::launch, |c, _| {
                             let first = at;
                             let mut bytes = 0u64;
                             while bytes < c.size && at < slices.len() {
@@ -1050,6 +1080,7 @@ fn start_run(
         };
         Flight {
             chains: range,
+            read,
             decoded,
             start,
             state,
@@ -1075,7 +1106,9 @@ fn finish_run(
         (FlightState::Done(done), _) => (done, start),
         (FlightState::InFlight, Some(Some(f))) => (f.done, start.saturating_add(f.waited_ns)),
         (FlightState::InFlight, _) => (Vec::new(), start),
-        (FlightState::Alone, _) => return run_one(sh, q, group),
+        (FlightState::Alone, _) => {
+            return run_one(sh, q, group, flight.read.into_iter().map(Ok).collect())
+        }
     };
     // Runs of a lane go one after the other: where the times a run's
     // start is reckoned from (the daemon's clock when it was sent, how
@@ -1103,7 +1136,7 @@ fn finish_run(
             command::Step::Timestamp => began.saturating_add(end),
             _ => 0,
         },
-        bytes: step.guest().map_or(0, |c| c.size),
+        bytes: step.host_memory().map_or(0, |(c, _)| c.size),
         ..Default::default()
     });
     charge_once(&mut out, shared);
@@ -1131,7 +1164,7 @@ fn charge_once(outcomes: &mut [command::Outcome], mut shared: u64) {
 /// step ended. `ok` says what a step that succeeded returns, given its
 /// end.
 fn outcomes(
-    decoded: &[Result<command::Step, u32>],
+    decoded: &[Decoded],
     done: Vec<vgpu_backend::QueuedDone>,
     ok: impl Fn(&command::Step, u64) -> command::Outcome,
 ) -> Vec<command::Outcome> {
@@ -1141,8 +1174,8 @@ fn outcomes(
         .iter()
         .map(|d| {
             let step = match d {
-                Ok(command::Step::Nop) => return command::Outcome::status(abi::STATUS_OK),
-                Ok(step) => step,
+                Ok(None) => return command::Outcome::status(abi::STATUS_OK),
+                Ok(Some(step)) => step,
                 Err(status) => return command::Outcome::status(*status),
             };
             let Some(r) = done.next() else {

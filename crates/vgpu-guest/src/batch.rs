@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use vgpu_abi::ByteValued;
 
-use crate::device::{launch_cluster_cmd, launch_cmd, BuiltinKernel, Dims, Function, Inner, Module};
 use crate::error::{Error, Result};
+use crate::file::Inner;
+use crate::launch::{launch_cluster_cmd, launch_cmd, BuiltinKernel, Dims, Function};
+use crate::resources::{Buffer, Module};
 use crate::sys::{self, VgpuCmd};
-use crate::Buffer;
 
 /// Result of one command.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

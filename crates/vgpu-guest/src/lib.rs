@@ -23,8 +23,6 @@
 //!   at once, waited for later with a timeout.
 //! * [`Window`]: the host-visible window (BAR2) mapped with `mmap`.
 //! * [`ffi`]: the C interface of `include/vgpu_guest.h`.
-//! * [`reference`] and [`sample`]: CPU references and the pieces of the
-//!   sample programs.
 //! * [`sys`]: the driver's ioctl structures, checked against
 //!   `guest-driver/include/uapi/vgpu.h`.
 //!
@@ -37,8 +35,9 @@ mod c_args;
 mod device;
 mod error;
 pub mod ffi;
-pub mod reference;
-pub mod sample;
+mod file;
+mod launch;
+mod resources;
 pub mod sys;
 
 /// Runs a C compiler command of a test; panics with its messages, after
@@ -54,6 +53,8 @@ fn compile_c(cmd: &mut std::process::Command, what: &str) {
 }
 
 pub use batch::{Batch, CmdResult, Completed, Pending, ReadSlot};
-pub use device::{Buffer, BuiltinKernel, Device, Dims, Function, Module, Window};
+pub use device::{Device, Window};
 pub use error::{errno_name, Error, Result};
+pub use launch::{BuiltinKernel, Dims, Function};
+pub use resources::{Buffer, Module};
 pub use vgpu_abi::{self, ByteValued};

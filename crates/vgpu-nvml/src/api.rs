@@ -736,10 +736,7 @@ mod tests {
     #[test]
     fn versions_and_capability_are_libcuda_s() {
         assert_eq!(CUDA_DRIVER_VERSION, cuda::cu::DRIVER_VERSION);
-        assert_eq!(
-            CC,
-            (cuda::api::device::CC_MAJOR, cuda::api::device::CC_MINOR)
-        );
+        assert_eq!(CC, (cuda::devices::CC_MAJOR, cuda::devices::CC_MINOR));
     }
 
     #[test]

@@ -60,8 +60,15 @@ pub const DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE: usize = 16;
 /// `NVML_DEVICE_UUID_ASCII_LEN`: `GPU-` and 36 characters, and the NUL.
 pub const DEVICE_UUID_ASCII_LEN: usize = 41;
 
+/// `struct nvmlDevice_st`: never read through; a handle is the address
+/// of one of this library's device records.
+#[repr(C)]
+pub struct nvmlDevice_st {
+    _opaque: [u8; 0],
+}
+
 /// `nvmlDevice_t`: an opaque pointer this library hands out.
-pub type nvmlDevice_t = *const crate::state::Gpu;
+pub type nvmlDevice_t = *const nvmlDevice_st;
 
 /// `NVML_STRUCT_VERSION(name, ver)`: the size, and the version in the top
 /// byte.

@@ -160,13 +160,13 @@ pub fn gpus() -> Result<Gpus> {
 /// Looks up a handle among `gpus`.
 pub fn gpu(gpus: &Gpus, handle: nvmlDevice_t) -> Result<&Gpu> {
     gpus.iter()
-        .find(|g| std::ptr::eq(*g, handle))
+        .find(|g| std::ptr::eq(*g, handle.cast::<Gpu>()))
         .ok_or(Error::InvalidArgument)
 }
 
 /// The handle of `g`.
 pub fn handle(g: &Gpu) -> nvmlDevice_t {
-    g
+    std::ptr::from_ref(g).cast()
 }
 
 /// Opens every `/dev/vgpuN`. A device that cannot be opened is left out

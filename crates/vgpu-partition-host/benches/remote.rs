@@ -12,7 +12,14 @@
 //!
 //! The partition host is `VGPU_PARTITION_HOST`, or `vgpu-partition-host`
 //! next to this binary or one directory up (where cargo puts it).
+//!
+//! The smoke run, `cargo bench -p vgpu-partition-host --bench remote --
+//! --test` (or `cargo test -p vgpu-partition-host --bench remote`,
+//! which runs the binary without `--bench`), runs every part for a
+//! fraction of a second and exits non-zero if one panics or measures
+//! nothing (a ratio without a baseline); CI runs every benchmark so.
 
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +30,7 @@ use vgpu_backend::{Backend, HostSink, HostSource, OpError, Partition, PartitionS
 use vgpu_backend_remote::{
     default_host_program, HostOptions, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig,
 };
+use vgpu_benchkit::{Bench, Target};
 
 // The CUDA bench's fixtures: timing, guest COPYs, the native baseline.
 #[path = "../../vgpu-backend-cuda/benches/common/mod.rs"]
@@ -75,7 +83,13 @@ type Variant<'a> = (&'static str, Box<dyn FnMut() + 'a>);
 /// An operation on a partition and the address of its test allocation.
 type Op = Box<dyn Fn(&mut dyn Partition, u64)>;
 
-fn run_cases(title: &str, cases: &mut [Case<'_>], rounds: usize, reps: usize) {
+fn run_cases(bench: &Bench, title: &str, cases: &mut [Case<'_>], rounds: usize, reps: usize) {
+    // A smoke run: one short round.
+    let (rounds, reps) = if bench.smoke() {
+        (1, reps.min(5))
+    } else {
+        (rounds, reps)
+    };
     println!("| {title} | {} | vs the first |", {
         let names: Vec<String> = cases[0]
             .variants
@@ -107,12 +121,18 @@ fn run_cases(title: &str, cases: &mut [Case<'_>], rounds: usize, reps: usize) {
             .collect();
         let ratios: Vec<String> = p50[1..]
             .iter()
-            .map(|m| {
+            .zip(&case.variants[1..])
+            .map(|(m, (variant, _))| {
+                let what = format!("{}, {variant} vs {}", case.name, case.variants[0].0);
+                let r = bench.ratio(&what, us(*m), us(p50[0]), Target::Reference);
                 format!(
-                    "{:.2}x ({:+.1} µs)",
-                    us(*m) / us(p50[0]),
-                    us(*m) - us(p50[0])
+                    "{:.2}x ({:+.1} µs) {}",
+                    r.value,
+                    us(*m) - us(p50[0]),
+                    r.verdict
                 )
+                .trim_end()
+                .to_string()
             })
             .collect();
         println!(
@@ -242,7 +262,7 @@ fn ping_pong(spin: Duration) -> Box<dyn FnMut()> {
     })
 }
 
-fn floor() {
+fn floor(bench: &Bench) {
     let mut case = [Case {
         name: "bare socket round trip, echo thread".into(),
         variants: vec![
@@ -250,11 +270,11 @@ fn floor() {
             ("polling 50 µs", ping_pong(SPIN)),
         ],
     }];
-    run_cases("floor", &mut case, 10, 500);
+    run_cases(bench, "floor", &mut case, 10, 500);
     println!();
 }
 
-fn software() {
+fn software(bench: &Bench) {
     let memory = 256 * MIB;
     let local = SoftwareBackend::new(memory as u64, 2);
     let mut lp = local.create_partition(&spec("local", memory, 2)).unwrap();
@@ -278,10 +298,10 @@ fn software() {
     let mut cases = cases(parts, &[4 * KIB, MIB, 16 * MIB]);
     println!("software backend\n");
     let (small, big) = cases.split_at_mut(4);
-    run_cases("software, per call", small, 10, 500);
+    run_cases(bench, "software, per call", small, 10, 500);
     let (mid, big) = big.split_at_mut(2);
-    run_cases("software, per call", mid, 10, 100);
-    run_cases("software, per call", big, 5, 10);
+    run_cases(bench, "software, per call", mid, 10, 100);
+    run_cases(bench, "software, per call", big, 5, 10);
 }
 
 mod cuda {
@@ -353,8 +373,17 @@ mod cuda {
     /// Guest RAM <-> device COPYs through a vGPU on a partition host
     /// (sleeping, and polling for 50 µs at both ends as vgpud does for
     /// CUDA), on an in-process partition, and native from pinned memory.
-    fn guest_copies(b: &CudaBackend, sleeping: &RemoteBackend, polling: &RemoteBackend) {
-        let sizes = [64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB];
+    fn guest_copies(
+        bench: &Bench,
+        b: &CudaBackend,
+        sleeping: &RemoteBackend,
+        polling: &RemoteBackend,
+    ) {
+        let sizes: &[usize] = if bench.smoke() {
+            &[64 * KIB, MIB]
+        } else {
+            &[64 * KIB, MIB, 16 * MIB, 256 * MIB, 1024 * MIB]
+        };
         let max = sizes[sizes.len() - 1];
         let ram = max + max / 2;
         let pspec = spec("copies", 2 * max, 1);
@@ -419,7 +448,7 @@ mod cuda {
         );
         println!("|---|---|---|---|---|---|---|---|---|");
         let cell = copy_cell;
-        for &size in &sizes {
+        for &size in sizes {
             let reps = copy_reps(size);
             let sg = |buf: u64| {
                 [SgEntry {
@@ -439,9 +468,16 @@ mod cuda {
                     t[3].push(median_of(reps, || pinned.copy(up, size)));
                 }
                 let [r, q, l, n] = t.map(|mut v| pct(&mut v, 0.5));
-                let ratio = |a: Duration, b: Duration| 100.0 * a.as_secs_f64() / b.as_secs_f64();
+                let dir = if up { "up" } else { "down" };
+                let ratio = |what: &str, a: Duration, b: Duration| {
+                    let what = format!("COPY {} {dir}, {what}", size_name(size));
+                    let r = bench.ratio(&what, a.as_secs_f64(), b.as_secs_f64(), Target::Reference);
+                    format!("{:.0}% {}", r.percent(), r.verdict)
+                        .trim_end()
+                        .to_string()
+                };
                 println!(
-                    "| {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% | {:.0}% |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     size_name(size),
                     if up {
                         "guest -> device"
@@ -452,9 +488,9 @@ mod cuda {
                     cell(size, q),
                     cell(size, l),
                     cell(size, n),
-                    ratio(n, r),
-                    ratio(n, q),
-                    ratio(l, q),
+                    ratio("native / host", n, r),
+                    ratio("native / polling host", n, q),
+                    ratio("in process / polling host", l, q),
                 );
             }
         }
@@ -472,7 +508,7 @@ mod cuda {
         drop(native);
     }
 
-    pub fn run(copies_only: bool) {
+    pub fn run(bench: &Bench, copies_only: bool) {
         let Some(b) = cuda_backend() else {
             return;
         };
@@ -485,7 +521,7 @@ mod cuda {
         let remote = remote_backend(inner, Duration::ZERO);
         let polling = remote_backend(inner, SPIN);
         if copies_only {
-            guest_copies(&b, &remote, &polling);
+            guest_copies(bench, &b, &remote, &polling);
             return;
         }
         let mut lp = b.create_partition(&spec("local", 512 * MIB, 1)).unwrap();
@@ -521,7 +557,7 @@ mod cuda {
                     ("native", Box::new(&mut n)),
                 ],
             }];
-            run_cases("CUDA, per call", &mut case, 10, 500);
+            run_cases(bench, "CUDA, per call", &mut case, 10, 500);
         }
         drop(nop_fn);
         drop(native);
@@ -533,25 +569,27 @@ mod cuda {
         ];
         let mut cases = cases(parts, &[4 * KIB, MIB, 16 * MIB, 256 * MIB]);
         let (small, big) = cases.split_at_mut(6);
-        run_cases("CUDA, per call", small, 10, 200);
-        run_cases("CUDA, per call", big, 5, 4);
+        run_cases(bench, "CUDA, per call", small, 10, 200);
+        run_cases(bench, "CUDA, per call", big, 5, 4);
         drop(cases);
         println!();
         drop((lp, rp, pp));
         lifecycle(&remote);
         println!();
-        guest_copies(&b, &remote, &polling);
+        guest_copies(bench, &b, &remote, &polling);
     }
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let copies_only = std::env::args().any(|a| a == "--copies-only");
     if copies_only || std::env::args().any(|a| a == "--cuda-only") {
-        cuda::run(copies_only);
-        return;
+        cuda::run(&bench, copies_only);
+        return bench.finish();
     }
-    floor();
-    software();
+    floor(&bench);
+    software(&bench);
     println!();
-    cuda::run(false);
+    cuda::run(&bench, false);
+    bench.finish()
 }

@@ -22,9 +22,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use log::debug;
 use vgpu_backend::{HostMapping, HostMemory, HostSlice, OpError};
-use vgpu_sys::mmap::page_size;
+use vgpu_sys::mmap::{page_size, SharedMapping};
 use vgpu_sys::warn_limited;
-use vm_memory::MmapRegion;
 
 use crate::proto::{MappedPiece, Reply, Request, Value, MAX_CONTROL};
 use crate::wire::{self, WireError};
@@ -36,7 +35,7 @@ pub(crate) const MAX_MAPPINGS: usize = 4096;
 /// One mapping of guest memory in this process.
 pub(crate) struct Region {
     /// The mmap'ed range (page aligned); unmapped when dropped.
-    map: MmapRegion,
+    map: SharedMapping,
     /// Where the mapping's first byte is in `map`.
     delta: usize,
     len: usize,

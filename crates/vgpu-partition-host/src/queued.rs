@@ -29,7 +29,7 @@ pub(crate) fn with_queued<R>(
     let pieces: Vec<proto::MappedPiece> = steps
         .iter()
         .flat_map(|s| match s {
-            proto::Step::Upload { pieces, .. } | proto::Step::Download { pieces, .. } => {
+            proto::Step::Upload { src: pieces, .. } | proto::Step::Download { dst: pieces, .. } => {
                 pieces.as_slice()
             }
             _ => &[],
@@ -52,11 +52,11 @@ pub(crate) fn with_queued<R>(
         .map(|s| match s {
             proto::Step::Timestamp => Queued::Timestamp,
             proto::Step::Launch(l) => Queued::Launch(l.clone()),
-            proto::Step::Upload { dst, pieces } => Queued::Upload {
+            proto::Step::Upload { dst, src: pieces } => Queued::Upload {
                 dst: *dst,
                 src: take(pieces.len()),
             },
-            proto::Step::Download { src, pieces } => Queued::Download {
+            proto::Step::Download { src, dst: pieces } => Queued::Download {
                 src: *src,
                 dst: take(pieces.len()),
             },

@@ -62,7 +62,7 @@ fn partition(b: &RemoteBackend) -> RemotePartition {
 /// Guest RAM: a memfd mapped here, as the daemon maps a VMM's.
 struct Ram {
     file: Arc<File>,
-    map: vm_memory::MmapRegion,
+    map: vgpu_sys::mmap::SharedMapping,
     len: usize,
 }
 
@@ -696,11 +696,11 @@ fn a_host_refuses_pieces_outside_its_mappings() {
     let both_ways = queued(vec![
         Step::Upload {
             dst: dev,
-            pieces: vec![piece(1, 100, 16)],
+            src: vec![piece(1, 100, 16)],
         },
         Step::Download {
             src: dev,
-            pieces: vec![piece(1, 6000, 16)],
+            dst: vec![piece(1, 6000, 16)],
         },
     ]);
     assert!(matches!(
@@ -709,28 +709,28 @@ fn a_host_refuses_pieces_outside_its_mappings() {
     ));
     let outside = queued(vec![Step::Upload {
         dst: dev,
-        pieces: vec![piece(1, (1 << 20) - 8, 16)],
+        src: vec![piece(1, (1 << 20) - 8, 16)],
     }]);
     assert!(call(&mut cmd, seq + 3, &outside, None).is_err());
     let read_only = queued(vec![Step::Download {
         src: dev,
-        pieces: vec![piece(2, 0, 16)],
+        dst: vec![piece(2, 0, 16)],
     }]);
     assert!(call(&mut cmd, seq + 4, &read_only, None).is_err());
     ram.write(200, b"fedcba9876543210");
     let ups = queued(vec![
         Step::Upload {
             dst: dev,
-            pieces: vec![piece(1, 208, 8)],
+            src: vec![piece(1, 208, 8)],
         },
         Step::Timestamp,
         Step::Upload {
             dst: dev + 8,
-            pieces: vec![piece(2, 200, 8)],
+            src: vec![piece(2, 200, 8)],
         },
         Step::Upload {
             dst: dev + (1 << 30),
-            pieces: vec![piece(1, 200, 8)],
+            src: vec![piece(1, 200, 8)],
         },
     ]);
     let Ok(Value::Queued(done)) = call(&mut cmd, seq + 5, &ups, None) else {
@@ -740,7 +740,7 @@ fn a_host_refuses_pieces_outside_its_mappings() {
     assert_eq!(ok, [true, true, true, false]);
     let downs = queued(vec![Step::Download {
         src: dev,
-        pieces: vec![piece(1, 7000, 10), piece(1, 7100, 6)],
+        dst: vec![piece(1, 7000, 10), piece(1, 7100, 6)],
     }]);
     let Ok(Value::Queued(done)) = call(&mut cmd, seq + 6, &downs, None) else {
         panic!("queued download");
@@ -807,24 +807,24 @@ fn started_runs_finish_in_order_and_are_bounded() {
     let mut runs = vec![
         vec![Step::Upload {
             dst: dev,
-            pieces: vec![piece(100, 24)],
+            src: vec![piece(100, 24)],
         }],
         vec![
             Step::Timestamp,
             Step::Download {
                 src: dev,
-                pieces: vec![piece(4000, 12), piece(5000, 12)],
+                dst: vec![piece(4000, 12), piece(5000, 12)],
             },
         ],
         // Refused as a whole when it runs: each step fails.
         vec![
             Step::Upload {
                 dst: dev,
-                pieces: vec![piece(100, 8)],
+                src: vec![piece(100, 8)],
             },
             Step::Download {
                 src: dev,
-                pieces: vec![piece(6000, 8)],
+                dst: vec![piece(6000, 8)],
             },
         ],
         vec![Step::Fill(vgpu_backend::DeviceFill {
@@ -902,7 +902,7 @@ fn started_runs_finish_in_order_and_are_bounded() {
         lane: 1,
         steps: vec![Step::Download {
             src: dev,
-            pieces: vec![piece(7000, 8)],
+            dst: vec![piece(7000, 8)],
         }],
     };
     let Ok(Value::Started(early)) = call(&mut cmd, seq + 1, &run, None) else {

@@ -4,22 +4,30 @@
 //! thread-instructions per second.
 //!
 //! usage: cargo bench -p vgpu-ptx [-- WORKERS]
+//!
+//! The smoke run, `cargo bench -p vgpu-ptx --bench ptx -- --test` (or
+//! `cargo test -p vgpu-ptx --bench ptx`, which runs the binary without
+//! `--bench`), runs every part for a fraction of a second and exits
+//! non-zero if one panics or measures nothing (a ratio without a
+//! baseline); CI runs every benchmark so.
 
 // The native loops index like the kernels they stand for.
 #![allow(clippy::needless_range_loop)]
 
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{Bench, Target};
 use vgpu_ptx::{launch, GlobalMemory, LaunchConfig, LaunchStats, Limits, Module, VecMemory};
 
 const BASE: u64 = 0x1000_0000;
 
-fn time<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
-    // Best of five: the machine may be shared.
+fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    // Best of `reps`: the machine may be shared.
     let mut best = Duration::MAX;
     let mut out = None;
-    for _ in 0..5 {
+    for _ in 0..reps.max(1) {
         let t = Instant::now();
         let r = f();
         best = best.min(t.elapsed());
@@ -41,30 +49,44 @@ fn params(m: &Module, k: &str, vals: &[&[u8]]) -> Vec<u8> {
     buf
 }
 
-fn report(name: &str, native: Duration, exec: Duration, st: &LaunchStats) {
-    let ratio = exec.as_secs_f64() / native.as_secs_f64();
+fn report(bench: &Bench, name: &str, native: Duration, exec: Duration, st: &LaunchStats) {
+    let r = bench.ratio(
+        name,
+        exec.as_secs_f64(),
+        native.as_secs_f64(),
+        Target::Reference,
+    );
+    let ratio = r.value;
     let tips = st.thread_instructions as f64 / exec.as_secs_f64();
     println!(
-        "{name:<14} native {:>9.3} ms   executor {:>9.3} ms   ratio {ratio:>6.1}x   {:>7.1} M thread-instr/s   ({} thread-instr)",
+        "{name:<14} native {:>9.3} ms   executor {:>9.3} ms   ratio {ratio:>6.1}x   {:>7.1} M thread-instr/s   ({} thread-instr) {}",
         native.as_secs_f64() * 1e3,
         exec.as_secs_f64() * 1e3,
         tips / 1e6,
-        st.thread_instructions
+        st.thread_instructions,
+        r.verdict
     );
 }
 
-fn main() {
+fn main() -> ExitCode {
+    let bench = Bench::start();
     let workers: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(1);
-    println!("vgpu-ptx executor vs plain Rust, {workers} worker(s) (native loops on one core)");
+    // A smoke run: once each, on small data.
+    let smoke = bench.smoke();
+    let reps = if smoke { 1 } else { 5 };
+    println!(
+        "vgpu-ptx executor vs plain Rust, {workers} worker(s) (native loops on one core){}",
+        if smoke { " (smoke)" } else { "" }
+    );
     let lim = Limits::default();
 
     // Vector add.
     {
         let m = Module::parse(include_str!("../tests/corpus/vector_add.ptx")).unwrap();
-        let n = 1 << 20;
+        let n = if smoke { 1 << 14 } else { 1 << 20 };
         let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
         let b: Vec<f32> = (0..n).map(|i| (n - i) as f32).collect();
         let mem = VecMemory::new(BASE, 3 * n * 4);
@@ -87,21 +109,23 @@ fn main() {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "vector_add", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, _) = time(|| {
+        let (te, st) = time(reps, || {
+            launch(&m, "vector_add", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, _) = time(reps, || {
             let mut c = vec![0f32; n];
             for i in 0..n {
                 c[i] = black_box(a[i]) + b[i];
             }
             black_box(c)
         });
-        report("vector add", tn, te, &st);
+        report(&bench, "vector add", tn, te, &st);
     }
 
     // Tiled matrix multiply.
     {
         let m = Module::parse(include_str!("../tests/corpus/matmul.ptx")).unwrap();
-        let n = 256usize;
+        let n = if smoke { 64usize } else { 256 };
         let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
         let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32).collect();
         let mem = VecMemory::new(BASE, 3 * n * n * 4);
@@ -126,8 +150,8 @@ fn main() {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "matmul", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, c) = time(|| {
+        let (te, st) = time(reps, || launch(&m, "matmul", &cfg, &p, &mem, &lim).unwrap());
+        let (tn, c) = time(reps, || {
             let mut c = vec![0f32; n * n];
             for i in 0..n {
                 for j in 0..n {
@@ -147,13 +171,13 @@ fn main() {
             .zip(&c)
             .all(|(g, w)| f32::from_le_bytes([g[0], g[1], g[2], g[3]]) == *w);
         assert!(ok, "matmul result differs");
-        report("matmul 256", tn, te, &st);
+        report(&bench, &format!("matmul {n}"), tn, te, &st);
     }
 
     // Reduction with warp shuffles.
     {
         let m = Module::parse(include_str!("../tests/corpus/reduce_shfl.ptx")).unwrap();
-        let n = 1 << 20;
+        let n = if smoke { 1 << 14 } else { 1 << 20 };
         let v: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
         let mem = VecMemory::new(BASE, n * 4 + 256);
         mem.write(BASE, &bytes(&v)).unwrap();
@@ -173,14 +197,17 @@ fn main() {
             shared_dyn: 0,
             workers,
         };
-        let (te, st) = time(|| launch(&m, "reduce_shfl", &cfg, &p, &mem, &lim).unwrap());
-        let (tn, _) = time(|| {
+        let (te, st) = time(reps, || {
+            launch(&m, "reduce_shfl", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, _) = time(reps, || {
             let mut s = 0f32;
             for x in &v {
                 s += black_box(*x);
             }
             black_box(s)
         });
-        report("reduce shfl", tn, te, &st);
+        report(&bench, "reduce shfl", tn, te, &st);
     }
+    bench.finish()
 }

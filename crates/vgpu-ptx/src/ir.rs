@@ -15,6 +15,11 @@ pub const STATIC_WINDOW: u64 = 0xFFFF_D000_0000_0000;
 /// Size of each window.
 pub const WINDOW_SIZE: u64 = 1 << 40;
 
+/// Shared-space address of dynamic shared memory (where `extern .shared`
+/// arrays start): the executor maps it after the static variables. It
+/// fits 32 bits, as kernels keep shared addresses in 32-bit registers.
+pub(crate) const EXTERN_SHARED: i64 = 1 << 31;
+
 /// A PTX scalar type.
 #[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

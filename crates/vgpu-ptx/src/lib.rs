@@ -132,8 +132,10 @@
 
 pub mod exec;
 pub mod fatbin;
+pub mod half;
 pub mod ir;
 pub mod mem;
+pub mod module;
 pub mod parse;
 pub mod printf;
 
@@ -142,5 +144,6 @@ pub use fatbin::{
     cubin_function_names, cubin_len, extract_ptx, fatbin_len, function_names, is_cubin, FatbinError,
 };
 pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
-pub use parse::{KernelInfo, Module, ParamInfo, ParseError};
+pub use module::{KernelInfo, Module, ParamInfo};
+pub use parse::ParseError;
 pub use printf::PrintSink;

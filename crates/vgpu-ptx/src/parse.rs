@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 
+use crate::half::{f32_to_bf16, f32_to_f16};
 use crate::ir::*;
 use crate::mem::{AtomKind, AtomTy, AtomicOp};
+use crate::module::{Func, Module, ParamInfo};
 
 /// What is wrong with a PTX text, and on which line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,80 +16,6 @@ pub struct ParseError {
     pub line: u32,
     /// What is wrong.
     pub msg: String,
-}
-
-/// One kernel parameter as `cuFuncGetParamInfo` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParamInfo {
-    /// Offset in the parameter buffer.
-    pub offset: u32,
-    /// Size in bytes.
-    pub size: u32,
-    /// Alignment in bytes.
-    pub align: u32,
-}
-
-/// Launch metadata of a kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelInfo {
-    /// The entry's name.
-    pub name: String,
-    /// Its parameters, in order.
-    pub params: Vec<ParamInfo>,
-    /// Size of the parameter buffer (end of the last parameter).
-    pub param_bytes: u32,
-    /// Static shared memory: the end of the last `.shared` variable the
-    /// kernel or a function it calls names (module variables keep one
-    /// layout for all kernels).
-    pub shared_static: u32,
-    /// Local memory per thread (all `.local` variables of the module).
-    pub local_per_thread: u32,
-    /// Registers declared by the kernel and the functions it may call, in
-    /// 32-bit units (PTX virtual registers: an upper bound on what `ptxas`
-    /// would allocate).
-    pub registers: u32,
-    /// `.reqntid` / `.maxntid`, when given.
-    pub max_threads: Option<u32>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Func {
-    pub name: String,
-    pub entry: bool,
-    pub start: u32,
-    pub defined: bool,
-    pub params: Vec<(ParamInfo, u32)>,
-    /// Offset and size of the return value in the per-thread param space.
-    pub ret: Option<(u32, u32)>,
-    pub regs32: u32,
-    pub max_threads: Option<u32>,
-    pub line: u32,
-    /// End of the `.shared` variables the function itself names.
-    pub shared_end: u32,
-    /// The same over everything it may call.
-    pub shared_total: u32,
-    /// One past its last instruction.
-    pub end: u32,
-    /// Its registers: indices `regs.0..regs.1`.
-    pub regs: (u32, u32),
-    /// The register ranges of the function and all it may call.
-    pub reach_regs: Vec<(u32, u32)>,
-    /// 32-bit register units of the function and all it may call.
-    pub regs32_total: u32,
-}
-
-/// A parsed and decoded PTX module.
-#[derive(Debug, Clone)]
-pub struct Module {
-    pub(crate) code: Vec<Inst>,
-    pub(crate) funcs: Vec<Func>,
-    pub(crate) nregs: u32,
-    pub(crate) statics: Vec<u8>,
-    pub(crate) shared_static: u32,
-    pub(crate) local_size: u32,
-    pub(crate) param_size: u32,
-    version: String,
-    target: String,
 }
 
 impl Module {
@@ -116,54 +44,6 @@ impl Module {
         };
         p.module()?;
         Ok(p.m)
-    }
-
-    /// The `.version` directive's value.
-    pub fn version(&self) -> &str {
-        &self.version
-    }
-
-    /// The `.target` directive's value.
-    pub fn target(&self) -> &str {
-        &self.target
-    }
-
-    /// Every kernel (`.entry`) of the module.
-    pub fn kernels(&self) -> Vec<KernelInfo> {
-        self.funcs
-            .iter()
-            .filter(|f| f.entry && f.defined)
-            .map(|f| self.info(f))
-            .collect()
-    }
-
-    /// One kernel by name.
-    pub fn kernel(&self, name: &str) -> Option<KernelInfo> {
-        self.funcs
-            .iter()
-            .find(|f| f.entry && f.defined && f.name == name)
-            .map(|f| self.info(f))
-    }
-
-    pub(crate) fn func_index(&self, name: &str) -> Option<usize> {
-        self.funcs
-            .iter()
-            .position(|f| f.entry && f.defined && f.name == name)
-    }
-
-    fn info(&self, f: &Func) -> KernelInfo {
-        let params: Vec<ParamInfo> = f.params.iter().map(|p| p.0).collect();
-        let param_bytes = params.iter().map(|p| p.offset + p.size).max().unwrap_or(0);
-        KernelInfo {
-            name: f.name.clone(),
-            params,
-            param_bytes,
-            shared_static: f.shared_total,
-            local_per_thread: self.local_size,
-            // Callees' registers count too: .func registers are not shared.
-            registers: f.regs32_total,
-            max_threads: f.max_threads,
-        }
     }
 }
 
@@ -1216,8 +1096,8 @@ fn parse_num(s: &str) -> Option<Opnd<'static>> {
 fn imm_bits(o: &Opnd<'_>, ty: Ty) -> Option<u64> {
     let f = |v: f64| match ty {
         Ty::F32 => (v as f32).to_bits() as u64,
-        Ty::F16 => crate::exec::f32_to_f16(v as f32) as u64,
-        Ty::Bf16 => crate::exec::f32_to_bf16(v as f32) as u64,
+        Ty::F16 => f32_to_f16(v as f32) as u64,
+        Ty::Bf16 => f32_to_bf16(v as f32) as u64,
         _ => v.to_bits(),
     };
     Some(match *o {
@@ -2202,11 +2082,6 @@ impl<'p, 'a> Decoder<'p, 'a> {
         }
     }
 }
-
-/// Shared-space address of dynamic shared memory (where `extern .shared`
-/// arrays start): the executor maps it after the static variables. It
-/// fits 32 bits, as kernels keep shared addresses in 32-bit registers.
-pub(crate) const EXTERN_SHARED: i64 = 1 << 31;
 
 fn wide(t: Ty) -> Ty {
     match t {

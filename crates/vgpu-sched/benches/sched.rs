@@ -27,22 +27,27 @@
 //! cargo bench -p vgpu-sched --bench sched
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --all-targets` does) runs every part briefly: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpu-sched --bench sched -- --test` (or `cargo test -p vgpu-sched
+//! --bench sched`, which runs the binary without `--bench`), runs every
+//! part for a fraction of a second and exits non-zero if one panics or
+//! measures nothing (a ratio without a baseline); CI runs every
+//! benchmark so.
 
 use std::hint::black_box;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{ratio, verdict, Bench, Mode, Target};
 use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
 
 const MS: Duration = Duration::from_millis(1);
 const US: Duration = Duration::from_micros(1);
 
 struct Config {
-    quick: bool,
     fair: Duration,
     latency: Duration,
     cap: Duration,
@@ -50,35 +55,27 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                quick: true,
-                fair: Duration::from_secs(2),
-                latency: Duration::from_secs(1),
-                cap: Duration::from_secs(2),
-                overhead: Duration::from_millis(200),
-            }
-        } else {
-            Config {
-                quick: false,
+    fn new(mode: Mode) -> Self {
+        match mode {
+            Mode::Full => Config {
                 fair: Duration::from_secs(10),
                 latency: Duration::from_secs(5),
                 cap: Duration::from_secs(5),
                 overhead: Duration::from_secs(1),
-            }
+            },
+            Mode::Quick => Config {
+                fair: Duration::from_secs(2),
+                latency: Duration::from_secs(1),
+                cap: Duration::from_secs(2),
+                overhead: Duration::from_millis(200),
+            },
+            Mode::Smoke => Config {
+                fair: Duration::from_millis(200),
+                latency: Duration::from_millis(100),
+                cap: Duration::from_millis(200),
+                overhead: Duration::from_millis(60),
+            },
         }
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
     }
 }
 
@@ -324,14 +321,15 @@ fn latency_run(duration: Duration, loaded: bool) -> (Vec<Duration>, f64, Vec<Dur
     (lat, low_busy / duration.as_secs_f64(), low_cmds)
 }
 
-fn priority_latency(cfg: &Config) {
+fn priority_latency(bench: &Bench, cfg: &Config) {
     // Alternate 1 s runs alone and loaded, so that machine noise hits both.
     let rounds = cfg.latency.as_secs().max(1);
+    let run = cfg.latency.min(Duration::from_secs(1));
     let (mut idle, mut loaded, mut low_cmds) = (Vec::new(), Vec::new(), Vec::new());
     let mut low_share = 0.0;
     for _ in 0..rounds {
-        idle.extend(latency_run(Duration::from_secs(1), false).0);
-        let (l, share, cmds) = latency_run(Duration::from_secs(1), true);
+        idle.extend(latency_run(run, false).0);
+        let (l, share, cmds) = latency_run(run, true);
         loaded.extend(l);
         low_cmds.extend(cmds);
         low_share += share / rounds as f64;
@@ -340,7 +338,8 @@ fn priority_latency(cfg: &Config) {
     loaded.sort_unstable();
     low_cmds.sort_unstable();
     println!(
-        "2. Priority (aging 20 ms): high-priority tenant, 100 us commands every 2-4 ms; low-priority tenant saturating with 2 ms commands; {rounds} x 1 s each, alternating"
+        "2. Priority (aging 20 ms): high-priority tenant, 100 us commands every 2-4 ms; low-priority tenant saturating with 2 ms commands; {rounds} x {:.1} s each, alternating",
+        run.as_secs_f64()
     );
     println!("   submit-to-completion latency of the high-priority tenant");
     println!(
@@ -377,11 +376,18 @@ fn priority_latency(cfg: &Config) {
             "above"
         }
     );
+    // Without samples alone there is nothing to hold the loaded p99 to.
+    let r = bench.ratio(
+        "priority latency",
+        loaded_p99.as_secs_f64(),
+        (!idle.is_empty()).then_some(bound.as_secs_f64()),
+        Target::AtMost(1.0),
+    );
     println!(
         "   loaded p99 {:.3} ms   target <= idle p99 + one long command (p99) = {:.3} ms   {}",
         ms(loaded_p99),
         ms(bound),
-        verdict(loaded_p99 <= bound)
+        r.verdict
     );
     println!();
 }
@@ -553,7 +559,7 @@ fn back_to_back(d: Duration, cmd: Duration) -> (f64, f64) {
     (n as f64 / wall, busy.as_secs_f64() / wall)
 }
 
-fn overhead(cfg: &Config) {
+fn overhead(bench: &Bench, cfg: &Config) {
     // Variants run alternately in rounds and the best round counts, so that
     // noise from other work on the machine hits each alike.
     const ROUNDS: u32 = 3;
@@ -636,12 +642,14 @@ fn overhead(cfg: &Config) {
         "", "commands/s", "ns/command", "vs bare"
     );
     let row = |name: &str, rate: f64| {
+        let r = bench.ratio(name, rate, bare, Target::Reference);
         println!(
-            "   {:>38} {:>14.0} {:>10.1} {:>8.3}%",
+            "   {:>38} {:>14.0} {:>10.1} {:>8.3}% {}",
             name,
             rate,
             1e9 / rate,
-            100.0 * rate / bare
+            r.percent(),
+            r.verdict
         );
     };
     row("no scheduler (bare loop)", bare);
@@ -651,11 +659,12 @@ fn overhead(cfg: &Config) {
         row(&format!("scheduler, {THREADS} tenants, {name}"), rate);
     }
     for (&(name, _), rate) in policies.iter().zip(sched_rates) {
+        let r = ratio(rate, Some(bare), Target::AtLeast(0.9));
         println!(
             "   {:<16} {:>7.3}% of bare   target >= 90%   {}",
             name,
-            100.0 * rate / bare,
-            verdict(rate / bare >= 0.9)
+            r.percent(),
+            r.verdict
         );
     }
 
@@ -678,33 +687,37 @@ fn overhead(cfg: &Config) {
         idle_per(serial_rate, serial_util)
     );
     for (&(name, _), (rate, u)) in policies.iter().zip(util) {
+        let what = format!("scheduler, {name}");
+        let r = bench.ratio(&what, u, serial_util, Target::AtLeast(0.9));
         println!(
             "   {:>38} {:>14.0} {:>11.1}% {:>11.1} us   target >= 90% of back to back   {}",
-            format!("scheduler, {name}"),
+            what,
             rate,
             100.0 * u,
             idle_per(rate, u),
-            verdict(u >= 0.9 * serial_util)
+            r.verdict
         );
     }
     println!();
 }
 
-fn main() {
-    let cfg = Config::from_env();
-    let quick = if cfg.quick {
-        " (quick: smoke run, figures are indicative only)"
-    } else {
-        ""
-    };
+fn main() -> ExitCode {
+    let bench = Bench::start();
+    let cfg = Config::new(bench.mode());
+    let quick = bench.mode().pick(
+        "",
+        " (quick: figures are indicative only)",
+        " (smoke: every part runs, figures mean nothing)",
+    );
     println!(
         "vgpu-sched benchmarks{quick}; load average at start: {}",
         load_average()
     );
     println!();
     fair_share(&cfg);
-    priority_latency(&cfg);
+    priority_latency(&bench, &cfg);
     fixed_share(&cfg);
-    overhead(&cfg);
+    overhead(&bench, &cfg);
     println!("load average at end: {}", load_average());
+    bench.finish()
 }

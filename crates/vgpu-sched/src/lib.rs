@@ -163,6 +163,7 @@
 
 #![warn(missing_docs)]
 
+mod gate;
 mod histogram;
 mod sched;
 mod stats;
@@ -173,6 +174,7 @@ mod window;
 use std::fmt;
 use std::time::Duration;
 
+pub use gate::{CommandGate, SchedGate};
 pub use sched::{Grant, Scheduler};
 pub use stats::{GpuStats, SchedStats, TenantPhase, TenantStats, WaitStats};
 

@@ -7,7 +7,7 @@
 //! - [`scm`]: sending and receiving fds with `SCM_RIGHTS`.
 //! - [`poll`](mod@poll): `poll(2)`, retried on `EINTR`.
 //! - [`memfd`]: anonymous shared memory, optionally sealed.
-//! - [`mmap`]: shared mappings of files, as `vm-memory` regions.
+//! - [`mmap`]: shared mappings of files.
 //! - [`socket`]: stale UNIX socket paths.
 //! - [`sync`]: a mutex lock that survives a panicked holder.
 //! - [`log`](mod@log): logging that a peer cannot turn into a flood.

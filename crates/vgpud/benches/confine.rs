@@ -12,14 +12,19 @@
 //! cargo bench -p vgpud --bench confine
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --benches` does) takes far fewer samples: a smoke test.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpud --bench confine -- --test` (or `cargo test -p vgpud --bench
+//! confine`, which runs the binary without `--bench`), runs every part
+//! for a fraction of a second and exits non-zero if one panics or
+//! measures nothing (a ratio without a baseline); CI runs every
+//! benchmark so.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use vgpu_benchkit::{Bench, Mode as BenchMode, Target};
 use vgpu_testkit::{Guest, GuestOptions, Mode};
 use vmm_sys_util::tempdir::TempDir;
 
@@ -30,22 +35,23 @@ struct Config {
 }
 
 impl Config {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --benches` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Config {
-                rounds: 4,
-                batch: 100,
-                warmup: 100,
-            }
-        } else {
-            Config {
+    fn new(mode: BenchMode) -> Self {
+        match mode {
+            BenchMode::Full => Config {
                 rounds: 30,
                 batch: 2000,
                 warmup: 3000,
-            }
+            },
+            BenchMode::Quick => Config {
+                rounds: 4,
+                batch: 100,
+                warmup: 100,
+            },
+            BenchMode::Smoke => Config {
+                rounds: 1,
+                batch: 20,
+                warmup: 10,
+            },
         }
     }
 }
@@ -129,8 +135,9 @@ fn nops(g: &mut Guest, n: usize) -> Vec<u64> {
         .collect()
 }
 
-fn main() {
-    let cfg = Config::from_env();
+fn main() -> ExitCode {
+    let bench = Bench::start();
+    let cfg = Config::new(bench.mode());
     let strict = Daemon::start("strict");
     let off = Daemon::start("off");
     println!(
@@ -169,10 +176,16 @@ fn main() {
                 s.len()
             );
         }
+        let r = bench.ratio(
+            &format!("{name}, strict / off"),
+            p50[0] as f64,
+            p50[1] as f64,
+            Target::Reference,
+        );
         println!(
-            "{:<10} strict/off p50 ratio {:.3}",
-            name,
-            p50[0] as f64 / p50[1] as f64
+            "{:<10} strict/off p50 ratio {:.3} {}",
+            name, r.value, r.verdict
         );
     }
+    bench.finish()
 }

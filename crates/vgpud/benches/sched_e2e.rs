@@ -13,11 +13,12 @@
 //!    idle; its share of wall time in every 1 s window (sliding by 10 ms).
 //! 4. Overhead: 16 saturating tenants, commands per second through the
 //!    scheduler against the same vGPUs and guests with the scheduler
-//!    bypassed: by a bare exclusive lock (the GPU still runs one command
-//!    at a time, as the scheduler's model has it), and by nothing at all
-//!    (the software partitions then run side by side on the host's CPUs);
-//!    with NOPs (pure overhead) and with FILLs of 512 KiB; variants
-//!    alternate in rounds and the best round counts.
+//!    bypassed: by a bare exclusive lock (the GPU still one vGPU's at a
+//!    time, as the scheduler's model has it, while its runs are in
+//!    flight), and by nothing at all (the software partitions then run
+//!    side by side on the host's CPUs); with NOPs (pure overhead) and
+//!    with FILLs of 512 KiB; variants alternate in rounds and the best
+//!    round counts.
 //!
 //! The scheduler is configured as the daemon configures it: turns of one
 //! slice (2 ms, `slice_us`'s default); priority aging ten slices. Guests
@@ -30,8 +31,12 @@
 //! cargo bench -p vgpud --bench sched_e2e
 //! ```
 //!
-//! `BENCH_QUICK=1` (or running the binary without `--bench`, as
-//! `cargo test --all-targets` does) runs every part briefly.
+//! `BENCH_QUICK=1` runs every part briefly. The smoke run, `cargo bench
+//! -p vgpud --bench sched_e2e -- --test` (or `cargo test -p vgpud
+//! --bench sched_e2e`, which runs the binary without `--bench`), runs
+//! every part for a fraction of a second and exits non-zero if one
+//! panics or measures nothing (a ratio without a baseline); CI runs
+//! every benchmark so.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -40,11 +45,11 @@ use std::time::{Duration, Instant};
 
 use vgpu_backend::software::SoftwareBackend;
 use vgpu_device::testing::{software_partition, test_config, TestVgpu};
-use vgpu_device::CommandGate;
-use vgpu_sched::{Policy, SchedConfig, Scheduler, TenantId, TenantParams, TenantPhase};
+use vgpu_sched::{
+    CommandGate, Policy, SchedConfig, SchedGate, Scheduler, TenantId, TenantParams, TenantPhase,
+};
 use vgpu_testkit::abi::{self, ByteValued};
 use vgpu_testkit::{Chain, Guest, GuestOptions, Mode};
-use vgpud::daemon::SchedGate;
 
 const MS: Duration = Duration::from_millis(1);
 /// The daemon's default slice (`slice_us`).
@@ -62,7 +67,8 @@ const FILL: u64 = 512 << 10;
 const SMALL_FILL: u64 = 64 << 10;
 
 struct Params {
-    quick: bool,
+    /// Rounds of each variant in part 4.
+    rounds: usize,
     fair: Duration,
     latency: Duration,
     cap: Duration,
@@ -70,35 +76,30 @@ struct Params {
 }
 
 impl Params {
-    fn from_env() -> Self {
-        let env_quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        // `cargo bench` passes --bench; `cargo test --all-targets` does not.
-        let as_test = !std::env::args().any(|a| a == "--bench");
-        if env_quick || as_test {
-            Params {
-                quick: true,
-                fair: Duration::from_secs(2),
-                latency: Duration::from_millis(500),
-                cap: Duration::from_secs(2),
-                overhead: Duration::from_millis(300),
-            }
-        } else {
-            Params {
-                quick: false,
+    fn new(mode: vgpu_benchkit::Mode) -> Self {
+        match mode {
+            vgpu_benchkit::Mode::Full => Params {
+                rounds: 5,
                 fair: Duration::from_secs(10),
                 latency: Duration::from_secs(5),
                 cap: Duration::from_secs(5),
                 overhead: Duration::from_secs(2),
-            }
+            },
+            vgpu_benchkit::Mode::Quick => Params {
+                rounds: 1,
+                fair: Duration::from_secs(2),
+                latency: Duration::from_millis(500),
+                cap: Duration::from_secs(2),
+                overhead: Duration::from_millis(300),
+            },
+            vgpu_benchkit::Mode::Smoke => Params {
+                rounds: 1,
+                fair: Duration::from_millis(300),
+                latency: Duration::from_millis(100),
+                cap: Duration::from_millis(300),
+                overhead: Duration::from_millis(100),
+            },
         }
-    }
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "PASS"
-    } else {
-        "MISS"
     }
 }
 
@@ -120,34 +121,115 @@ fn sched_config(policy: Policy) -> SchedConfig {
     c
 }
 
-/// The simplest exclusive arbiter: one command on the GPU at a time,
-/// whoever asks first, no policy and no accounting. What the scheduler's
-/// cost is measured against, as the GPU it models runs one command at a
-/// time too.
+/// The simplest exclusive arbiter: one vGPU on the GPU at a time, whoever
+/// asks first, no policy and no accounting. What the scheduler's cost is
+/// measured against, as the GPU it models is one tenant's at a time too.
+///
+/// It follows the worker's protocol as the scheduler's gate does: a
+/// worker calls `enter` for each run it starts and `leave` as each
+/// finishes, and starts several before the first finishes (one per queue
+/// in a round, and runs kept in flight on its lanes), so `enter` lets a
+/// vGPU that holds the GPU through at once. A vGPU holds it while any run
+/// it started is unfinished, and until its worker goes idle; then the
+/// first one waiting gets it, and only its worker is woken.
 #[derive(Default)]
 struct Exclusive {
-    busy: Mutex<bool>,
-    free: Condvar,
+    state: Mutex<Holder>,
 }
 
-struct ExclusiveGate(Arc<Exclusive>);
+/// Who has the GPU, and who waits for it.
+#[derive(Default)]
+struct Holder {
+    /// The vGPU on the GPU, and how many of its runs are unfinished.
+    owner: Option<(usize, u64)>,
+    /// vGPUs waiting, first come first, and how to wake each.
+    waiting: std::collections::VecDeque<(usize, Arc<Condvar>)>,
+}
+
+impl Exclusive {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holder> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Holder {
+    /// Gives the GPU to the first vGPU waiting, if any.
+    fn release(&mut self) {
+        self.owner = self.waiting.pop_front().map(|(next, handed)| {
+            handed.notify_one();
+            (next, 1)
+        });
+    }
+}
+
+/// A vGPU's way through [`Exclusive`].
+struct ExclusiveGate {
+    lock: Arc<Exclusive>,
+    id: usize,
+    /// Signalled when the GPU is handed to this vGPU.
+    handed: Arc<Condvar>,
+}
 
 impl CommandGate for ExclusiveGate {
     fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool {
-        let mut busy = self.0.busy.lock().unwrap();
-        while *busy {
+        let mut h = self.lock.lock();
+        let free = h.waiting.is_empty();
+        match &mut h.owner {
+            // Another run of a vGPU already on the GPU.
+            Some((owner, runs)) if *owner == self.id => {
+                *runs += 1;
+                return true;
+            }
+            None if free => {
+                h.owner = Some((self.id, 1));
+                return true;
+            }
+            _ => {}
+        }
+        h.waiting.push_back((self.id, self.handed.clone()));
+        loop {
+            h = self
+                .handed
+                .wait_timeout(h, 5 * MS)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            // Handed over by `release`, run counted.
+            if h.owner.is_some_and(|(owner, _)| owner == self.id) {
+                return true;
+            }
             if cancelled() {
+                h.waiting.retain(|(w, _)| *w != self.id);
                 return false;
             }
-            busy = self.0.free.wait_timeout(busy, 5 * MS).unwrap().0;
         }
-        *busy = true;
-        true
     }
 
     fn leave(&self, _: Duration, _: u64) {
-        *self.0.busy.lock().unwrap() = false;
-        self.0.free.notify_one();
+        let mut h = self.lock.lock();
+        // A run that finishes after the GPU went back (its worker went
+        // idle meanwhile) has nothing left to give back: no accounting.
+        if let Some((owner, runs)) = &mut h.owner {
+            if *owner == self.id {
+                *runs = runs.saturating_sub(1);
+                if *runs == 0 {
+                    h.release();
+                }
+            }
+        }
+    }
+
+    fn holding(&self) -> bool {
+        self.lock
+            .lock()
+            .owner
+            .is_some_and(|(owner, _)| owner == self.id)
+    }
+
+    fn idle(&self) {
+        let mut h = self.lock.lock();
+        if h.owner.is_some_and(|(owner, _)| owner == self.id) {
+            h.release();
+        }
     }
 }
 
@@ -190,9 +272,12 @@ impl Rig {
                         s.add_tenant(id, *p).expect("tenant");
                         Some(Arc::new(SchedGate::new(s.clone(), id)) as Arc<dyn CommandGate>)
                     }
-                    (None, Arbiter::Exclusive) => {
-                        Some(Arc::new(ExclusiveGate(exclusive.clone())) as Arc<dyn CommandGate>)
-                    }
+                    (None, Arbiter::Exclusive) => Some(Arc::new(ExclusiveGate {
+                        lock: exclusive.clone(),
+                        id: i,
+                        handed: Arc::default(),
+                    })
+                        as Arc<dyn CommandGate>),
                     _ => None,
                 };
                 TestVgpu::start(dc, software_partition(&backend, &name, MEMORY, 1))
@@ -471,13 +556,13 @@ fn fair_share(p: &Params) {
     println!(
         "   worst deviation, all windows: {:.2} pp (target 2 pp): {}",
         worst_all * 100.0,
-        verdict(worst_all <= 0.02 && !wins.is_empty())
+        vgpu_benchkit::verdict(worst_all <= 0.02 && !wins.is_empty())
     );
     println!(
         "   worst deviation, the {} windows with every tenant backlogged at every look: {:.2} pp: {}",
         full.len(),
         worst_full * 100.0,
-        verdict(worst_full <= 0.02 && !full.is_empty())
+        vgpu_benchkit::verdict(worst_full <= 0.02 && !full.is_empty())
     );
 }
 
@@ -532,7 +617,7 @@ fn latency_run(duration: Duration, loaded: bool, scheduled: bool) -> Vec<Duratio
     lat
 }
 
-fn priority_latency(p: &Params) {
+fn priority_latency(bench: &vgpu_benchkit::Bench, p: &Params) {
     let idle = latency_run(p.latency, false, true);
     let loaded = latency_run(p.latency, true, true);
     let unscheduled = latency_run(p.latency, true, false);
@@ -563,10 +648,17 @@ fn priority_latency(p: &Params) {
         unscheduled.len()
     );
     let bound = i99 + SLICE;
+    // Without samples alone there is nothing to hold the loaded p99 to.
+    let r = bench.ratio(
+        "priority latency",
+        l99.as_secs_f64(),
+        (!idle.is_empty()).then_some(bound.as_secs_f64()),
+        vgpu_benchkit::Target::AtMost(1.0),
+    );
     println!(
         "   target: loaded p99 <= idle p99 + one slice = {:.3} ms: {}",
         ms(bound),
-        verdict(l99 <= bound)
+        r.verdict
     );
 }
 
@@ -601,14 +693,33 @@ fn fixed_share(p: &Params) {
         "   share of wall time: mean {:.2}%, max {:.2}% (target max 27%): {}",
         mean * 100.0,
         max * 100.0,
-        verdict(max <= 0.27 && !wins.is_empty())
+        vgpu_benchkit::verdict(max <= 0.27 && !wins.is_empty())
     );
 }
 
 const TENANTS: usize = 16;
 
-/// Commands per second of [`TENANTS`] saturating guests over `duration`.
-fn throughput(arbiter: Arbiter, cmd: Cmd, duration: Duration) -> f64 {
+/// CPU time of this process so far: every thread, guests and endpoints
+/// as well as the vGPUs' workers.
+fn process_cpu() -> Duration {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage into the buffer it is given; a
+    // zeroed one is a valid rusage should it fail.
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Commands per second of [`TENANTS`] saturating guests over `duration`,
+/// and per CPU-second this process got meanwhile: on a machine shared
+/// with other work, the second says what the arbiter costs whatever
+/// share of the cores the others left.
+fn throughput(arbiter: Arbiter, cmd: Cmd, duration: Duration) -> (f64, f64) {
     let params = vec![TenantParams::default(); TENANTS];
     let rig = Rig::new(arbiter, &params);
     let loads: Vec<Load> = (0..TENANTS)
@@ -616,13 +727,17 @@ fn throughput(arbiter: Arbiter, cmd: Cmd, duration: Duration) -> f64 {
         .collect();
     std::thread::sleep(100 * MS);
     let count = || loads.iter().map(Load::done).sum::<u64>();
-    let (c0, t0) = (count(), Instant::now());
+    let (c0, t0, u0) = (count(), Instant::now(), process_cpu());
     std::thread::sleep(duration);
-    let (c1, t1) = (count(), Instant::now());
-    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+    let (c1, t1, u1) = (count(), Instant::now(), process_cpu());
+    let done = (c1 - c0) as f64;
+    (
+        done / (t1 - t0).as_secs_f64(),
+        done / (u1 - u0).as_secs_f64(),
+    )
 }
 
-fn overhead(p: &Params) {
+fn overhead(bench: &vgpu_benchkit::Bench, p: &Params) {
     println!(
         "\n4. overhead: {TENANTS} saturating tenants, fair share vs no scheduler, {} s per round",
         p.overhead.as_secs_f64()
@@ -633,23 +748,32 @@ fn overhead(p: &Params) {
     println!(
         "   and by nothing at all (the software partitions then run side by side on the CPUs)"
     );
-    let rounds = if p.quick { 1 } else { 5 };
+    let rounds = p.rounds;
     let variants = [
         Arbiter::Sched(sched_config(Policy::FairShare)),
         Arbiter::Exclusive,
         Arbiter::None,
     ];
     for (label, cmd) in [("NOP", Cmd::Nop), ("FILL 512 KiB", Cmd::Fill(FILL))] {
-        let mut rates = vec![Vec::new(); variants.len()];
-        for _ in 0..rounds {
-            for (v, r) in variants.iter().zip(&mut rates) {
-                r.push(throughput(*v, cmd, p.overhead));
+        let n = variants.len();
+        let (mut rates, mut per_cpu) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+        for round in 0..rounds {
+            // Which goes first rotates, so that no variant always follows
+            // the same one.
+            for k in 0..n {
+                let i = (round + k) % n;
+                let (wall, cpu) = throughput(variants[i], cmd, p.overhead);
+                rates[i].push(wall);
+                per_cpu[i].push(cpu);
             }
         }
-        let best: Vec<f64> = rates
-            .iter()
-            .map(|v| v.iter().copied().fold(0.0, f64::max))
-            .collect();
+        let best_of = |rates: &[Vec<f64>]| -> Vec<f64> {
+            rates
+                .iter()
+                .map(|v| v.iter().copied().fold(0.0, f64::max))
+                .collect()
+        };
+        let (best, best_cpu) = (best_of(&rates), best_of(&per_cpu));
         let fmt = |v: &[f64]| {
             v.iter()
                 .map(|x| format!("{x:.0}"))
@@ -660,12 +784,25 @@ fn overhead(p: &Params) {
             "   {label:<13} scheduled {:>9.0}/s  exclusive lock {:>9.0}/s  nothing {:>9.0}/s",
             best[0], best[1], best[2]
         );
+        let lock = bench.ratio(
+            &format!("{label}, scheduled / exclusive lock"),
+            best[0],
+            best[1],
+            vgpu_benchkit::Target::AtLeast(0.9),
+        );
+        let nothing = bench.ratio(
+            &format!("{label}, scheduled / nothing"),
+            best[0],
+            best[2],
+            vgpu_benchkit::Target::Reference,
+        );
         println!(
-            "   {:<13} scheduled / exclusive lock {:5.1}% (target 90%): {};  scheduled / nothing {:5.1}%",
+            "   {:<13} scheduled / exclusive lock {:5.1}% (target 90%): {};  scheduled / nothing {:5.1}% {}",
             "",
-            100.0 * best[0] / best[1],
-            verdict(best[0] >= 0.9 * best[1]),
-            100.0 * best[0] / best[2]
+            lock.percent(),
+            lock.verdict,
+            nothing.percent(),
+            nothing.verdict
         );
         println!(
             "   {:<13} rounds: scheduled [{}], exclusive [{}], nothing [{}]",
@@ -674,16 +811,36 @@ fn overhead(p: &Params) {
             fmt(&rates[1]),
             fmt(&rates[2])
         );
+        let cpu = bench.ratio(
+            &format!("{label}, per CPU-second, scheduled / exclusive lock"),
+            best_cpu[0],
+            best_cpu[1],
+            vgpu_benchkit::Target::Reference,
+        );
+        println!(
+            "   {:<13} per CPU-second of the benchmark: scheduled {:.0}, exclusive lock {:.0}, nothing {:.0}; scheduled / exclusive lock {:5.1}% {}",
+            "",
+            best_cpu[0],
+            best_cpu[1],
+            best_cpu[2],
+            cpu.percent(),
+            cpu.verdict
+        );
     }
 }
 
-fn main() {
-    let p = Params::from_env();
+fn main() -> std::process::ExitCode {
+    let bench = vgpu_benchkit::Bench::start();
+    let p = Params::new(bench.mode());
     println!(
         "scheduler end to end: software backend, vGPUs driven over vfio-user; load average {} on {} CPUs{}",
         load_average(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        if p.quick { " (quick)" } else { "" }
+        match bench.mode() {
+            vgpu_benchkit::Mode::Full => "",
+            vgpu_benchkit::Mode::Quick => " (quick)",
+            vgpu_benchkit::Mode::Smoke => " (smoke)",
+        }
     );
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let run = |n: &str| only.is_empty() || only.split(',').any(|x| x == n);
@@ -691,12 +848,13 @@ fn main() {
         fair_share(&p);
     }
     if run("2") {
-        priority_latency(&p);
+        priority_latency(&bench, &p);
     }
     if run("3") {
         fixed_share(&p);
     }
     if run("4") {
-        overhead(&p);
+        overhead(&bench, &p);
     }
+    bench.finish()
 }

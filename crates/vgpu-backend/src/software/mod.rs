@@ -47,8 +47,8 @@ use crate::rules::{
     PartitionName,
 };
 use crate::{
-    Backend, BackendError, Capacity, FunctionInfo, HostSink, HostSource, Launch, OpError,
-    Partition, PartitionSpec, Queued, QueuedDone,
+    Backend, BackendError, Capacity, DeviceCopy, DeviceFill, FunctionInfo, HostSink, HostSource,
+    Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone,
 };
 
 /// Fewest elements of work worth a thread of its own.
@@ -384,6 +384,77 @@ impl SoftwarePartition {
     }
 }
 
+/// The steps of a queued run ([`Partition::run_queued`]).
+impl SoftwarePartition {
+    fn copy_now(&mut self, c: &DeviceCopy) -> Result<(), OpError> {
+        let DeviceCopy { dst, src, size } = *c;
+        let d = self.locate(dst, size)?;
+        let s = self.locate(src, size)?;
+        if d.start == s.start {
+            let mut buf = self.buf(&d).borrow_mut();
+            buf.copy_within(s.range(), d.off);
+            return Ok(());
+        }
+        self.with_io(d, [s], |d, [s]| {
+            if let Some(s) = s {
+                d.copy_from_slice(s);
+            }
+        })
+    }
+
+    fn fill_now(&mut self, f: &DeviceFill) -> Result<(), OpError> {
+        let DeviceFill {
+            addr,
+            size,
+            pattern,
+        } = *f;
+        if !size.is_multiple_of(4) {
+            return Err(OpError::Invalid(format!(
+                "fill of {size} bytes: not a multiple of 4"
+            )));
+        }
+        let loc = self.locate(addr, size)?;
+        self.fill_bytes(loc, pattern, self.threads_for(size / 4));
+        Ok(())
+    }
+
+    fn launch_now(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        if launch.module != abi::MODULE_BUILTIN {
+            // The built-in kernels refuse clusters in the shared plan.
+            if launch.cluster != [1, 1, 1] {
+                return Err(OpError::Unsupported(format!(
+                    "{}: thread block clusters of {:?}: the PTX executor runs blocks alone",
+                    launch.entry, launch.cluster
+                )));
+            }
+            let module = self
+                .modules
+                .get(&launch.module)
+                .ok_or_else(|| OpError::NotFound(format!("module {:#x}", launch.module)))?;
+            let printed = ptx::Printed::default();
+            let run = ptx::Run {
+                module,
+                entry: launch.entry,
+                grid: launch.grid,
+                block: launch.block,
+                shared_mem: launch.shared_mem,
+                params: launch.params,
+                workers: self.threads(),
+                timeout: self.kernel_timeout,
+                print: &printed,
+            };
+            let result = ptx::launch(&run, &self.allocs);
+            // What a kernel printed before it failed is kept, as on a GPU.
+            self.consoles.push(launch.module, &printed.into_inner());
+            return result;
+        }
+        // Floats are read and written byte by byte here: any operand
+        // address will do.
+        let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
+        self.run_builtin(call)
+    }
+}
+
 impl Partition for SoftwarePartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
@@ -440,32 +511,6 @@ impl Partition for SoftwarePartition {
         dst.write_at(0, &buf[loc.range()])
     }
 
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-        let d = self.locate(dst, size)?;
-        let s = self.locate(src, size)?;
-        if d.start == s.start {
-            let mut buf = self.buf(&d).borrow_mut();
-            buf.copy_within(s.range(), d.off);
-            return Ok(());
-        }
-        self.with_io(d, [s], |d, [s]| {
-            if let Some(s) = s {
-                d.copy_from_slice(s);
-            }
-        })
-    }
-
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-        if !size.is_multiple_of(4) {
-            return Err(OpError::Invalid(format!(
-                "fill of {size} bytes: not a multiple of 4"
-            )));
-        }
-        let loc = self.locate(addr, size)?;
-        self.fill_bytes(loc, pattern, self.threads_for(size / 4));
-        Ok(())
-    }
-
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
         if self.modules.len() >= rules::MAX_MODULES {
             return Err(OpError::Invalid(format!(
@@ -504,43 +549,14 @@ impl Partition for SoftwarePartition {
 
     fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
         // Launches run on the CPU and complete when they return.
-        crate::run_queued_in_order(self, steps, stop)
-    }
-
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        if launch.module != abi::MODULE_BUILTIN {
-            // The built-in kernels refuse clusters in the shared plan.
-            if launch.cluster != [1, 1, 1] {
-                return Err(OpError::Unsupported(format!(
-                    "{}: thread block clusters of {:?}: the PTX executor runs blocks alone",
-                    launch.entry, launch.cluster
-                )));
-            }
-            let module = self
-                .modules
-                .get(&launch.module)
-                .ok_or_else(|| OpError::NotFound(format!("module {:#x}", launch.module)))?;
-            let printed = ptx::Printed::default();
-            let run = ptx::Run {
-                module,
-                entry: launch.entry,
-                grid: launch.grid,
-                block: launch.block,
-                shared_mem: launch.shared_mem,
-                params: launch.params,
-                workers: self.threads(),
-                timeout: self.kernel_timeout,
-                print: &printed,
-            };
-            let result = ptx::launch(&run, &self.allocs);
-            // What a kernel printed before it failed is kept, as on a GPU.
-            self.consoles.push(launch.module, &printed.into_inner());
-            return result;
-        }
-        // Floats are read and written byte by byte here: any operand
-        // address will do.
-        let call = rules::plan_builtin_launch(launch, &self.allocs, FloatOperands::Unaligned)?;
-        self.run_builtin(call)
+        crate::run_steps_in_order(steps, stop, |s| match s {
+            Queued::Launch(l) => self.launch_now(l),
+            Queued::Fill(f) => self.fill_now(f),
+            Queued::Copy(c) => self.copy_now(c),
+            Queued::Upload { dst, src } => self.upload(*dst, src),
+            Queued::Download { src, dst } => self.download(*src, dst),
+            Queued::Timestamp => Ok(()),
+        })
     }
 
     /// Each of the partition's threads runs one block at a time, and the

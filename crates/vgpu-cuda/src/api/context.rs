@@ -2,8 +2,9 @@
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::Unsafe;
-use crate::state::{driver, Ctx, Driver};
+use crate::graphs::Unsafe;
+use crate::objects::Ctx;
+use crate::state::{driver, Driver};
 
 /// The context a call names: `ctx`, or the current one when null.
 fn named_ctx(d: &Driver, ctx: Handle) -> CuResult<usize> {
@@ -217,7 +218,7 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if crate::state::READ_ONLY_LIMITS.contains(&limit) {
+        if crate::objects::READ_ONLY_LIMITS.contains(&limit) {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
         let mut o = d.objects();
@@ -310,7 +311,7 @@ pub extern "C" fn cuCtxRecordEvent(ctx: Handle, event: Handle) -> CUresult {
         if !d.objects().capturing.is_empty() {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        crate::api::stream::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
+        crate::streams::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
     })
 }
 
@@ -324,11 +325,11 @@ pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
         let device = d.ctx_device(ctx as usize)?;
         let (records, on) = {
             let o = d.objects();
-            let e = crate::state::by_handle(&o.events, event as usize)?;
+            let e = crate::objects::by_handle(&o.events, event as usize)?;
             (e.records, e.device)
         };
         if records > 0 && on != device {
-            crate::api::stream::event_done(event, true)?;
+            crate::streams::event_done(event, true)?;
         }
         Ok(())
     })

@@ -1,4 +1,4 @@
-//! Graphs ([`crate::graph`]), made by stream capture or node by node
+//! Graphs ([`crate::graphs`]), made by stream capture or node by node
 //! (kernel, memset, device-to-device memcpy, host, child graph and empty
 //! nodes, and the dependencies between them): created, cloned, listed,
 //! instantiated, launched, and changed (kernel and host nodes'
@@ -10,13 +10,17 @@ use std::ffi::{c_char, c_void};
 
 use vgpu_guest::Dims;
 
-use crate::api::memory::{in_page_locked, memset_work};
-use crate::api::module::kernel_work;
-use crate::api::strided::{Copy3D, Memcpy3d};
-use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::allocs::free_released;
+use crate::copies::{in_page_locked, memset_work};
+use crate::cu::{self, CUdevice, CUresult, Handle, Memcpy3d, MemsetNodeParams};
+use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{self as g, Graph, Work};
-use crate::state::{by_handle, driver, log};
+use crate::graphs::{self as g, Graph};
+use crate::launch_args::kernel_work;
+use crate::objects::by_handle;
+use crate::pitched::Copy3D;
+use crate::state::driver;
+use crate::work::Work;
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, CUDA 10 and 11).
 #[repr(C)]
@@ -38,18 +42,6 @@ pub struct KernelNodeParamsV2 {
     pub v1: KernelNodeParams,
     pub kern: Handle,
     pub ctx: Handle,
-}
-
-/// `CUDA_MEMSET_NODE_PARAMS`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemsetNodeParams {
-    pub dst: u64,
-    pub pitch: usize,
-    pub value: u32,
-    pub element_size: u32,
-    pub width: usize,
-    pub height: usize,
 }
 
 /// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
@@ -459,7 +451,7 @@ pub extern "C" fn cuGraphExecEventWaitNodeSetEvent(
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct HostNodeParams {
-    pub f: Option<crate::api::stream::HostFn>,
+    pub f: Option<cu::HostFn>,
     pub user: *mut c_void,
 }
 
@@ -467,10 +459,10 @@ pub struct HostNodeParams {
 ///
 /// # Safety
 /// `p` is null or the caller's parameters.
-unsafe fn host_call(p: *const HostNodeParams) -> CuResult<g::HostCall> {
+unsafe fn host_call(p: *const HostNodeParams) -> CuResult<crate::work::HostCall> {
     // SAFETY: the caller's parameters (null is refused).
     let p = unsafe { ffi::get(p) }?;
-    Ok(g::HostCall {
+    Ok(crate::work::HostCall {
         f: p.f.ok_or(cu::ERROR_INVALID_VALUE)?,
         user: p.user as usize,
     })
@@ -847,7 +839,7 @@ pub unsafe extern "C" fn cuGraphAddDependencies_v2(
             for i in 0..n.min(g::MAX_NODES) {
                 // SAFETY: the caller's array of `n` edge data.
                 if unsafe { ffi::get(edges.add(i)) }? != [0; 8] {
-                    return Err(crate::procs::unsupported_with(
+                    return Err(crate::state::unsupported_with(
                         "cuGraphAddDependencies",
                         "edges other than the default",
                     ));
@@ -921,16 +913,6 @@ pub extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
     })
 }
 
-/// Frees the device memory graphs let go of (see `Objects::to_free`).
-pub(crate) fn free_released(d: &crate::state::Driver) {
-    let addrs = std::mem::take(&mut d.objects().to_free);
-    for a in addrs {
-        if let Err(e) = crate::api::memory::free(a) {
-            crate::state::log(&format!("memory a graph owned at {a:#x} not freed: {e}"));
-        }
-    }
-}
-
 /// Instantiates `graph` into `*pexec`.
 ///
 /// # Safety
@@ -941,7 +923,7 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
         return Err(cu::ERROR_INVALID_VALUE);
     }
     if flags & INSTANTIATE_DEVICE_LAUNCH != 0 {
-        return Err(crate::procs::unsupported(
+        return Err(crate::state::unsupported(
             "cuGraphInstantiate for launches from the device",
         ));
     }
@@ -1355,7 +1337,7 @@ unsafe fn node_params<'a>(name: &'static str, p: *const NodeParams) -> CuResult<
         return Err(cu::ERROR_INVALID_VALUE);
     }
     if !NODE_TYPES.iter().any(|&(k, _)| k == np.kind) {
-        return Err(crate::procs::unsupported_with(
+        return Err(crate::state::unsupported_with(
             name,
             "graph nodes of this type (memory allocation, conditional, external semaphores, memory operations)",
         ));
@@ -1405,7 +1387,7 @@ unsafe fn add_any_node(
             g::NODE_GRAPH => {
                 let c: &ChildGraphNodeParams = &*union_of(np);
                 if c.ownership != 0 {
-                    return crate::procs::unsupported_with(
+                    return crate::state::unsupported_with(
                         "cuGraphAddNode",
                         "child graphs moved into their node",
                     );
@@ -1447,7 +1429,7 @@ pub unsafe extern "C" fn cuGraphAddNode_v2(
             match unsafe { ffi::get(edges.add(i)) } {
                 Ok(e) if e == [0; 8] => {}
                 Ok(_) => {
-                    return crate::procs::unsupported_with(
+                    return crate::state::unsupported_with(
                         "cuGraphAddNode",
                         "edges other than the default",
                     )
@@ -1524,7 +1506,7 @@ unsafe fn set_any_node(
             }
             // An empty node has nothing to set.
             (g::NODE_EMPTY, _) => cu::SUCCESS,
-            _ => crate::procs::unsupported_with(name, "changing a child graph node"),
+            _ => crate::state::unsupported_with(name, "changing a child graph node"),
         }
     }
 }
@@ -1711,7 +1693,7 @@ fn node_attr(
         | LAUNCH_ATTRIBUTE_CARVEOUT => NodeAttr::Kept,
         cu::LAUNCH_ATTRIBUTE_COOPERATIVE if value[0] == 0 => NodeAttr::Kept,
         _ => {
-            return Err(crate::procs::unsupported_with(
+            return Err(crate::state::unsupported_with(
                 name,
                 "this kernel node attribute (cooperative launches among them)",
             ))
@@ -1753,7 +1735,7 @@ fn node_launch(n: &mut g::Node) -> CuResult<(&mut usize, [u32; 3], &mut [u32; 3]
 fn set_cluster(node: Handle, cluster: [u32; 3]) -> CuResult {
     let cluster = cluster.map(|c| c.max(1));
     let func = with_kernel_node(node, |n| Ok(*node_launch(n)?.0))?;
-    let most = crate::api::module::max_cluster_blocks(driver()?, func)?;
+    let most = crate::modules::max_cluster_blocks(driver()?, func)?;
     let blocks = cluster.iter().map(|&c| u64::from(c)).product::<u64>();
     with_kernel_node(node, |n| {
         let (_, grid, shape) = node_launch(n)?;
@@ -1829,7 +1811,7 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::strided::Memcpy3dSide;
+    use crate::cu::Memcpy3dSide;
 
     #[test]
     fn node_params_have_cuda_h_layout() {

@@ -6,15 +6,15 @@
 //! "linked" image of one PTX input is that PTX. Linking several inputs
 //! together (device libraries, relocatable objects) is not supported.
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::io::Read;
 
 use vgpu_guest::sys;
 
-use crate::api::module::{load_image, LoadAs};
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
+use crate::links::Link;
+use crate::modules::{load_image, LoadAs};
 use crate::state::{driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
@@ -62,7 +62,7 @@ unsafe fn read_image_file(path: *const c_char) -> CuResult<Vec<u8>> {
     std::fs::File::open(path)
         .and_then(|f| f.take(max + 1).read_to_end(&mut buf))
         .map_err(|e| {
-            crate::state::log(&format!("module file {path:?}: {e}"));
+            crate::diag::log(&format!("module file {path:?}: {e}"));
             cu::ERROR_FILE_NOT_FOUND
         })?;
     if buf.len() as u64 > max {
@@ -115,18 +115,6 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     })
 }
 
-/// A link in progress: its one input, then its output.
-#[derive(Debug, Default)]
-pub struct Link {
-    input: Option<Vec<u8>>,
-    /// What `cuLinkComplete` handed out (a PTX image NUL-terminated),
-    /// valid until the link is destroyed.
-    output: Option<Box<[u8]>>,
-}
-
-/// The links in progress, by handle.
-pub type Links = HashMap<usize, Link>;
-
 /// Options are hints to NVIDIA's compiler (or ask for its logs, which
 /// stay empty here).
 #[no_mangle]
@@ -163,11 +151,10 @@ fn add_input(state: Handle, kind: u32, data: &[u8]) -> CuResult {
         .links
         .get_mut(&(state as usize))
         .ok_or(cu::ERROR_INVALID_HANDLE)?;
-    if link.input.is_some() || link.output.is_some() {
+    if !link.add(image) {
         drop(o);
         return Err(d.not_supported_because("cuLinkAddData", "linking more than one input"));
     }
-    link.input = Some(image);
     Ok(())
 }
 
@@ -224,14 +211,7 @@ pub unsafe extern "C" fn cuLinkComplete(
                 .links
                 .get_mut(&(state as usize))
                 .ok_or(cu::ERROR_INVALID_HANDLE)?;
-            if link.output.is_none() {
-                let mut image = link.input.take().ok_or(cu::ERROR_INVALID_VALUE)?;
-                if vgpu_ptx::fatbin::is_ptx_text(&image) {
-                    image.push(0);
-                }
-                link.output = Some(image.into_boxed_slice());
-            }
-            let out = link.output.as_mut().expect("set above");
+            let out = link.complete()?;
             (out.as_mut_ptr(), out.len())
         };
         // SAFETY: the caller's out-parameters; the image stays with the

@@ -1,7 +1,7 @@
 //! Device and host memory, copies, memsets and pointer attributes.
 //!
 //! Memsets and device-to-device copies are queued ([`crate::inflight`])
-//! or, on a stream being captured, recorded ([`crate::graph`]); copies
+//! or, on a stream being captured, recorded ([`crate::graphs`]); copies
 //! with a host side wait for the work before them and complete before
 //! they return (the `*Async` forms too: host memory is the caller's again
 //! when the call returns, which CUDA allows), so a capture cannot record
@@ -9,148 +9,22 @@
 
 use std::ffi::c_void;
 
-use std::sync::Arc;
-
 use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{Unsafe, Work};
+use crate::graphs::Unsafe;
+use crate::work::Work;
 
+use crate::allocs::{alloc, alloc_async, alloc_kind, free, range_device, Kind};
+use crate::copies::{
+    copy_across, in_page_locked, in_pinned, memset_work, pin_pages, side, submit_copy, unpin_pages,
+    Call, Side,
+};
+use crate::cu::MemLocation;
+use crate::diag::check;
 use crate::host_pages;
-use crate::state::{check, driver, log, Alloc, Driver, Gpu, HostMem};
+use crate::objects::HostMem;
+use crate::state::{driver, Driver};
 use vgpu_guest::Batch;
-
-/// The device holding `[addr, addr + len)`, which must lie in one
-/// allocation this process made.
-/// The ordinal of the device whose allocation holds `[addr, addr + len)`.
-pub(crate) fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
-    d.objects()
-        .alloc_at(addr, len as u64)
-        .map(|(_, a)| a.device)
-        .ok_or(cu::ERROR_INVALID_VALUE)
-}
-
-/// Device allocations tried before one not over host memory of this
-/// process is found.
-const ALLOC_TRIES: usize = 8;
-
-/// What kind of memory an allocation is.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Device,
-    /// Managed: whole pages, host memory of the process at the same
-    /// address too ([`crate::managed`]).
-    Managed,
-}
-
-pub(crate) fn alloc(size: usize) -> CuResult<CUdeviceptr> {
-    alloc_kind(size, Kind::Device)
-}
-
-fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
-    let d = driver()?;
-    let (ctx, g) = d.current_gpu()?;
-    if size == 0 {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    let (size, align) = match kind {
-        Kind::Device => (size, 0),
-        Kind::Managed => (
-            size.checked_next_multiple_of(host_pages::PAGE)
-                .ok_or(cu::ERROR_OUT_OF_MEMORY)?,
-            host_pages::PAGE as u64,
-        ),
-    };
-    let device = d.ctx_device(ctx)?;
-    // Device addresses must not be host addresses of this process
-    // (unified addressing tells them apart by address): an allocation
-    // whose pages host memory holds is kept aside, so that the device
-    // hands out another, and freed once one fits.
-    let mut aside = Vec::new();
-    let mut found = Ok(None);
-    for _ in 0..ALLOC_TRIES {
-        let addr = match check(g.dev.alloc_aligned(size as u64, align)) {
-            Ok(p) => p.into_raw(),
-            Err(e) => {
-                found = Err(e);
-                break;
-            }
-        };
-        if d.objects().reserved.reserve(addr, size as u64).is_ok() {
-            found = Ok(Some(addr));
-            break;
-        }
-        log(&format!(
-            "device allocation at {addr:#x} ({size} bytes) lies over host memory of this process; asking again"
-        ));
-        // Where the pages are another device's allocation (vGPUs hand out
-        // addresses independently), one allocation reaching past it keeps
-        // the next try beyond it, however small this one is.
-        let past = d.objects().allocations_end(addr, size as u64);
-        match past.map(|end| end.saturating_sub(addr)) {
-            Some(reach) if reach > size as u64 => {
-                let _ = g.dev.free_raw(addr);
-                if let Ok(filler) = check(g.dev.alloc_aligned(reach, 0)) {
-                    aside.push(filler.into_raw());
-                }
-            }
-            _ => aside.push(addr),
-        }
-    }
-    for a in aside {
-        let _ = g.dev.free_raw(a);
-    }
-    let addr = found?.ok_or_else(|| {
-        log(&format!(
-            "{ALLOC_TRIES} device allocations of {size} bytes each lay over host memory of this process"
-        ));
-        cu::ERROR_OUT_OF_MEMORY
-    })?;
-    let managed = kind == Kind::Managed;
-    let mut o = d.objects();
-    if managed && !o.reserved.make_host_memory(addr, size as u64) {
-        // The device's address is not one the process can map.
-        o.reserved.release(addr, size as u64);
-        drop(o);
-        let _ = g.dev.free_raw(addr);
-        log(&format!(
-            "managed allocation at {addr:#x} ({size} bytes): the process cannot map that address"
-        ));
-        return Err(cu::ERROR_NOT_SUPPORTED);
-    }
-    o.allocs.insert(
-        addr,
-        Alloc {
-            size: size as u64,
-            device,
-            ctx,
-            module: None,
-            managed,
-        },
-    );
-    drop(o);
-    if managed {
-        g.inflight().managed.add(addr, size as u64);
-    }
-    Ok(addr)
-}
-
-pub(crate) fn free(addr: CUdeviceptr) -> CuResult {
-    let d = driver()?;
-    let device = d.objects().freeable(addr).ok_or(cu::ERROR_INVALID_VALUE)?;
-    let g = d.gpu(device)?;
-    // cuMemFree waits for work that may still use the memory.
-    g.sync()?;
-    // Managed memory stops moving before its pages go.
-    g.inflight().managed.remove(addr);
-    {
-        let mut o = d.objects();
-        if let Some(a) = o.allocs.remove(&addr) {
-            o.reserved.release(addr, a.size);
-        }
-        o.pools.freed(addr);
-    }
-    check(g.dev.free_raw(addr))
-}
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
@@ -163,7 +37,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     })
 }
 
-/// From the device's current pool ([`crate::pools`]).
+/// From the device's current pool ([`crate::pool_table`]).
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
@@ -173,7 +47,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     entry(|| {
         // SAFETY: the caller's out-parameter, checked before allocating.
         unsafe { ffi::put(dptr, 0) }?;
-        let a = crate::api::pool::alloc_async(driver()?, None, size, stream)?;
+        let a = alloc_async(driver()?, None, size, stream)?;
         // SAFETY: as above.
         unsafe { ffi::put(dptr, a) }.inspect_err(|_| {
             let _ = free(a);
@@ -237,49 +111,6 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         }
         Ok(())
     })
-}
-
-/// Smallest host range worth pinning once for the device: below it the
-/// driver's per-copy pinning costs little.
-const PIN_MIN: usize = 64 << 10;
-
-/// Pins the whole pages of `[p, p + size)` with the current device's
-/// kernel driver, so its copies skip pinning them each time; `None` when
-/// too small or refused (copies then pin as they go, as before).
-fn pin_pages(d: &Driver, p: usize, size: usize) -> Option<(CUdevice, usize)> {
-    pin_pages_from(d, p, size, PIN_MIN)
-}
-
-/// [`pin_pages`], for ranges of at least `min` whole pages' bytes.
-fn pin_pages_from(d: &Driver, p: usize, size: usize, min: usize) -> Option<(CUdevice, usize)> {
-    const PAGE: usize = host_pages::PAGE;
-    let first = p.checked_add(PAGE - 1)? & !(PAGE - 1);
-    let end = p.checked_add(size)? & !(PAGE - 1);
-    if end <= first || end - first < min.max(1) {
-        return None;
-    }
-    let (_, dev) = d.current_ctx().ok()?;
-    let g = d.gpu(dev).ok()?;
-    match g.dev.pin(first as *const u8, end - first) {
-        Ok(()) => Some((dev, first)),
-        Err(e) => {
-            crate::state::log(&format!(
-                "host memory at {p:#x} not pinned for the device: {e}"
-            ));
-            None
-        }
-    }
-}
-
-/// Undoes what [`pin_pages`] gave, once the device's queued work (which
-/// may hold asynchronous copies of the range) is done.
-fn unpin_pages(d: &Driver, pinned: Option<(CUdevice, usize)>) {
-    if let Some((dev, first)) = pinned {
-        if let Ok(g) = d.gpu(dev) {
-            g.wait_idle();
-            let _ = g.dev.unpin(first as *const u8);
-        }
-    }
 }
 
 fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
@@ -397,102 +228,6 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     })
 }
 
-/// Where a unified-addressing pointer lives.
-pub(crate) enum Side {
-    Device,
-    Host,
-}
-
-pub(crate) fn side(d: &Driver, p: u64, len: usize) -> Side {
-    if d.objects().alloc_at(p, len as u64).is_some() {
-        Side::Device
-    } else {
-        Side::Host
-    }
-}
-
-/// Whether a copy call returns only once the copy is done, or may
-/// return once it is queued (the `*Async` entry points).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Call {
-    Sync,
-    Async,
-}
-
-/// Whether `[p, p + len)` lies in page-locked host memory pinned for
-/// device `dev`, pinning the allocation holding it now if it is not yet
-/// (small ones are pinned only when asked for like this).
-pub(crate) fn pinned_now(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
-    if in_pinned(d, p, len, dev) {
-        return true;
-    }
-    let Some((start, size)) = ({
-        let o = d.objects();
-        o.host_at(p, len)
-            .filter(|(_, h)| h.pinned.is_none())
-            .map(|(start, h)| (start, h.size))
-    }) else {
-        return false;
-    };
-    if d.current_ctx().map(|(_, cur)| cur) != Ok(dev) {
-        return false;
-    }
-    let Some(pinned) = pin_pages_from(d, start, size, 0) else {
-        return false;
-    };
-    let raced = {
-        let mut o = d.objects();
-        match o.host.get_mut(&start) {
-            Some(h) if h.pinned.is_none() => {
-                h.pinned = Some(pinned);
-                false
-            }
-            _ => true,
-        }
-    };
-    if raced {
-        // Freed or pinned by another thread meanwhile.
-        unpin_pages(d, Some(pinned));
-    }
-    in_pinned(d, p, len, dev)
-}
-
-/// Whether `[p, p + len)` lies in the whole pages of host memory pinned
-/// for device `dev` (page-locked memory CUDA lets copies use after the
-/// call returns).
-pub(crate) fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
-    let o = d.objects();
-    let Some((start, h)) = o.host_at(p, len) else {
-        return false;
-    };
-    let end = (start + h.size) & !(host_pages::PAGE - 1);
-    matches!(h.pinned, Some((pd, first)) if pd == dev && p >= first && p + len <= end)
-}
-
-/// Whether `[p, p + len)` lies in page-locked host memory of this
-/// process (`cuMemHostAlloc`, `cuMemHostRegister`), which stays mapped
-/// until it is freed or unregistered: what a graph may copy to or from.
-/// (Whether the kernel driver holds it pinned as well is
-/// [`in_pinned`]'s question.)
-pub(crate) fn in_page_locked(d: &Driver, p: usize, len: usize) -> bool {
-    len > 0 && d.objects().host_at(p, len).is_some()
-}
-
-/// Asynchronous copies of at least this many bytes go to the device at
-/// once instead of waiting in the open batch: the device takes longer to
-/// move one than the guest takes to submit it, so the next is submitted
-/// while it moves.
-const SUBMIT_COPY_AT: usize = 1 << 20;
-
-/// Queues an asynchronous copy of `n` bytes on `lane`.
-pub(crate) fn submit_copy(g: &Gpu, lane: usize, b: Batch, n: usize) -> CuResult {
-    g.submit_on(lane, b, None)?;
-    if n >= SUBMIT_COPY_AT {
-        g.flush()?;
-    }
-    Ok(())
-}
-
 /// An asynchronous copy with a host side on a stream being captured:
 /// recorded when the host side is page-locked (a graph replays it without
 /// waiting), else refused as CUDA refuses it.
@@ -602,10 +337,6 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CuResul
     d.queue(stream as usize, device, &[work])
 }
 
-/// The most bytes a copy between two devices holds in host memory at a
-/// time.
-const ACROSS_CHUNK: usize = 4 << 20;
-
 /// A copy from one device's memory to another's (there is no peer access
 /// between vGPUs): staged through host memory a piece at a time, after
 /// the work queued before it on both devices' default streams and on
@@ -618,53 +349,6 @@ fn dtod_across(
     stream: Handle,
 ) -> CuResult {
     copy_across(to, from, std::iter::once((src, dst, n as u64)), stream)
-}
-
-/// [`dtod_across`] of several pieces (source, destination, length; the
-/// rows of a strided copy), from device `from`'s memory to device `to`'s.
-pub(crate) fn copy_across(
-    to: CUdevice,
-    from: CUdevice,
-    pieces: impl IntoIterator<Item = (u64, u64, u64)>,
-    stream: Handle,
-) -> CuResult {
-    let d = driver()?;
-    d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    let (gs, gd) = (d.gpu(from)?, d.gpu(to)?);
-    gs.sync_legacy()?;
-    gd.sync_legacy()?;
-    if stream as usize > 2 {
-        d.gpu(d.stream_device(stream as usize)?)?
-            .sync_lane(d.stream_lane(stream as usize)?)?;
-    }
-    let mut buf = Vec::new();
-    for (src, dst, n) in pieces {
-        let n = usize::try_from(n).map_err(|_| cu::ERROR_INVALID_VALUE)?;
-        let managed_src = gs.inflight().managed.holding(src, n as u64).is_some();
-        let managed_dst = gd.inflight().managed.holding(dst, n as u64).is_some();
-        buf.resize(n.min(ACROSS_CHUNK), 0);
-        let mut done = 0;
-        while done < n {
-            let len = (n - done).min(ACROSS_CHUNK);
-            let (s, t) = (src + done as u64, dst + done as u64);
-            let piece = &mut buf[..len];
-            if managed_src {
-                // SAFETY: `s .. s + len` lies in a managed allocation, host
-                // memory of this process, and its device is idle.
-                piece.copy_from_slice(unsafe { ffi::bytes(s as *const u8, len) }?);
-            } else {
-                check(gs.dev.copy_from_device_addr(s, piece))?;
-            }
-            if managed_dst {
-                // SAFETY: as for the source; `buf` is not managed memory.
-                unsafe { ffi::bytes_mut(t as *mut u8, len) }?.copy_from_slice(piece);
-            } else {
-                check(gd.dev.copy_to_device_addr(t, piece))?;
-            }
-            done += len;
-        }
-    }
-    Ok(())
 }
 
 /// `cuMemcpy`: either side may be host or device memory.
@@ -903,46 +587,6 @@ fn memset(dst: CUdeviceptr, value: u32, width: usize, count: usize, stream: Hand
     d.queue(stream as usize, device, &work)
 }
 
-/// The work of a memset (see [`memset`]) and its device; `None` when it
-/// sets nothing.
-pub(crate) fn memset_work(
-    d: &Driver,
-    dst: CUdeviceptr,
-    value: u32,
-    width: usize,
-    count: usize,
-) -> CuResult<Option<(CUdevice, Vec<Work>)>> {
-    let n = count.checked_mul(width).ok_or(cu::ERROR_INVALID_VALUE)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if !dst.is_multiple_of(width as u64) {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    let device = range_device(d, dst, n)?;
-    let pattern = match width {
-        1 => (value & 0xff) * 0x0101_0101,
-        2 => (value & 0xffff) * 0x0001_0001,
-        _ => value,
-    };
-    let body = n & !3;
-    let mut work = Vec::with_capacity(2);
-    if body > 0 {
-        work.push(Work::Fill {
-            addr: dst,
-            len: body as u64,
-            pattern,
-        });
-    }
-    if body < n {
-        work.push(Work::Write {
-            addr: dst + body as u64,
-            bytes: Arc::from(&pattern.to_le_bytes()[..n - body]),
-        });
-    }
-    Ok(Some((device, work)))
-}
-
 #[no_mangle]
 pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
     entry(|| memset(dst, v.into(), 1, n, std::ptr::null_mut()))
@@ -1105,14 +749,6 @@ pub extern "C" fn cuMemPrefetchAsync(
     _s: Handle,
 ) -> CUresult {
     entry(|| managed_range(p, n))
-}
-
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    pub kind: i32,
-    pub id: i32,
 }
 
 /// `cuMemPrefetchAsync_v2` (CUDA 12.2 on; CUDA 13's `cuMemPrefetchAsync`).

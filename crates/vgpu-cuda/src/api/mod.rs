@@ -15,11 +15,14 @@
 
 pub mod context;
 pub mod device;
+pub mod export;
 pub mod graph;
 pub mod init;
 pub mod link;
 pub mod memory;
 pub mod module;
 pub mod pool;
+pub mod procs;
 pub mod stream;
 pub mod strided;
+pub mod symbols;

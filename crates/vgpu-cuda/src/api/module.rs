@@ -6,132 +6,17 @@
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
-use vgpu_guest::{sys, Dims, Function};
+use vgpu_guest::vgpu_abi as abi;
+use vgpu_guest::Dims;
 
 use crate::cu::{self, CUdevice, CUresult, Handle};
+use crate::diag::{check, log};
 use crate::ffi::{self, entry, CuResult};
-use crate::state::{by_handle, check, driver, log, Driver};
-
-const FATBIN_MAGIC: u32 = 0xba55_ed50;
-const FATBIN_WRAPPER_MAGIC: u32 = 0x4662_43b1;
-const ELF_MAGIC: u32 = 0x464c_457f;
-
-/// The module image at `p`, whose length the image itself tells: a
-/// fatbinary (or the wrapper the runtime registers around one), an ELF
-/// cubin, or NUL-terminated PTX text. Images over the device's limit are
-/// refused before anything is read past it.
-///
-/// # Safety
-/// `p` is null or points to such an image, alive for `'a`.
-pub unsafe fn image_at<'a>(p: *const u8) -> CuResult<&'a [u8]> {
-    let max = sys::MAX_IMAGE_BYTES as usize;
-    // SAFETY: every image starts with at least 4 bytes.
-    let magic = unsafe { ffi::get(p.cast::<u32>()) }?;
-    let len = match magic {
-        FATBIN_WRAPPER_MAGIC => {
-            // SAFETY: a wrapper is {magic, version, data pointer, ...}.
-            let data = unsafe { ffi::get(p.add(8).cast::<*const u8>()) }?;
-            // SAFETY: the wrapper's data is a fatbinary.
-            return unsafe { image_at(data) };
-        }
-        FATBIN_MAGIC => {
-            // SAFETY: a fatbinary header is 16 bytes: magic, u16
-            // version, u16 header size, u64 size of what follows.
-            let (hdr, body) = unsafe {
-                (
-                    ffi::get(p.add(6).cast::<u16>())?,
-                    ffi::get(p.add(8).cast::<u64>())?,
-                )
-            };
-            usize::from(hdr)
-                .checked_add(usize::try_from(body).map_err(|_| cu::ERROR_INVALID_IMAGE)?)
-                .ok_or(cu::ERROR_INVALID_IMAGE)?
-        }
-        ELF_MAGIC => {
-            // A cubin: read in steps, each as far as the headers already
-            // read say, until they are all inside what was read.
-            let mut n = 0;
-            loop {
-                // SAFETY: an ELF image holds what its headers name.
-                let have = unsafe { ffi::bytes(p, n) }?;
-                match vgpu_ptx::cubin_len(have) {
-                    Ok(need) if need <= n => break need,
-                    Ok(need) if need <= max => n = need,
-                    Ok(need) => {
-                        log(&format!(
-                            "cubin of {need} bytes is over the {max}-byte limit"
-                        ));
-                        return Err(cu::ERROR_INVALID_IMAGE);
-                    }
-                    Err(vgpu_ptx::FatbinError::NotAModule) => {
-                        return Err(cu::ERROR_NO_BINARY_FOR_GPU)
-                    }
-                    Err(e) => {
-                        log(&format!("module image: {e}"));
-                        return Err(cu::ERROR_INVALID_IMAGE);
-                    }
-                }
-            }
-        }
-        _ => {
-            // PTX text: up to its NUL, which must come within the limit.
-            let mut n = 0;
-            // SAFETY: NUL-terminated text by the caller's contract; the
-            // scan stops at the NUL.
-            while unsafe { *p.add(n) } != 0 {
-                n += 1;
-                if n > max {
-                    return Err(cu::ERROR_INVALID_IMAGE);
-                }
-            }
-            n
-        }
-    };
-    if len > max {
-        log(&format!(
-            "module image of {len} bytes is over the {max}-byte limit"
-        ));
-        return Err(cu::ERROR_INVALID_IMAGE);
-    }
-    // SAFETY: the image says it is `len` bytes long.
-    unsafe { ffi::bytes(p, len) }
-}
-
-/// Loads the image at `image` (see [`image_at`]: the runtime's registered
-/// wrappers too) into the current context; its handle goes to `module`.
-pub(crate) fn load(module: *mut Handle, image: *const c_void) -> CuResult {
-    let d = driver()?;
-    let (_, dev) = d.current_ctx()?;
-    load_on(d, module, image, LoadAs::Module(dev))
-}
-
-/// What an image is loaded as.
-#[derive(Clone, Copy)]
-pub(crate) enum LoadAs {
-    /// A module of a context of this device.
-    Module(CUdevice),
-    /// A library, of no context ([`crate::state::Library`]).
-    Library,
-}
-
-/// Loads `image` as `what`; its handle.
-pub(crate) fn load_image(d: &Driver, image: &[u8], what: LoadAs) -> CuResult<usize> {
-    match what {
-        LoadAs::Module(dev) => d.load_module(dev, image),
-        LoadAs::Library => d.load_library(library_device(d), image),
-    }
-}
-
-/// Loads the image at `image` as `what`.
-fn load_on(d: &Driver, module: *mut Handle, image: *const c_void, what: LoadAs) -> CuResult {
-    // SAFETY: the caller's image.
-    let image = unsafe { image_at(image.cast()) }?;
-    let h = load_image(d, image, what)?;
-    // SAFETY: the caller's out-parameter.
-    unsafe { ffi::put(module, h as Handle) }.inspect_err(|_| {
-        let _ = d.unload_module(h);
-    })
-}
+use crate::images::{load, load_on};
+use crate::launch_args::{check_shape, fill_param_block, param_block};
+use crate::modules::{max_cluster_blocks, LoadAs, PORTABLE_CLUSTER_BLOCKS};
+use crate::objects::by_handle;
+use crate::state::{driver, Driver};
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
@@ -270,14 +155,6 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     })
 }
 
-/// The device a library is loaded on. A library belongs to no context:
-/// a thread with none current (such as PyTorch's autograd thread, whose
-/// first kernel loads its library lazily) may load one. It goes to the
-/// current context's device, else to the first device.
-pub(crate) fn library_device(d: &Driver) -> CUdevice {
-    d.current_ctx().map_or(0, |(_, dev)| dev)
-}
-
 #[no_mangle]
 pub extern "C" fn cuLibraryUnload(library: Handle) -> CUresult {
     cuModuleUnload(library)
@@ -319,10 +196,10 @@ fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
     let f = by_handle(&o.funcs, f)?;
     let i = &f.function.info;
-    let cc = crate::api::device::CC_MAJOR * 10 + crate::api::device::CC_MINOR;
+    let cc = crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
     Ok(match attr {
-        cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(1024)),
+        cu::FUNC_MAX_THREADS_PER_BLOCK => int(i.max_threads.min(abi::MAX_BLOCK_THREADS)),
         cu::FUNC_SHARED_SIZE_BYTES => int(i.shared_static),
         cu::FUNC_CONST_SIZE_BYTES => int(i.const_bytes),
         cu::FUNC_LOCAL_SIZE_BYTES => int(i.local_bytes),
@@ -378,7 +255,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                         Ok(())
                     }
                     _ => {
-                        crate::state::log(&format!(
+                        crate::diag::log(&format!(
                             "cuFuncSetAttribute({:?}): {value} bytes of dynamic shared memory, the kernel allows {limit}",
                             func.cname
                         ));
@@ -396,7 +273,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
                 Ok(())
             }
             _ => {
-                crate::state::log(&format!(
+                crate::diag::log(&format!(
                     "cuFuncSetAttribute({:?}, {attr}, {value}): not settable here",
                     func.cname
                 ));
@@ -515,137 +392,6 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
             ffi::put(size, p.size as usize)
         }
     })
-}
-
-/// The parameter block of a launch: `params[i]` points at parameter `i`
-/// (placed at its offset in the layout), or `extra` hands a packed buffer
-/// (`CU_LAUNCH_PARAM_BUFFER_POINTER`/`_SIZE`).
-///
-/// # Safety
-/// `params` is null or holds one valid pointer per kernel parameter;
-/// `extra` is null or a `CU_LAUNCH_PARAM_END`-terminated key/value list.
-unsafe fn param_block(
-    d: &Driver,
-    f: usize,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CuResult<Vec<u8>> {
-    let function = {
-        let o = d.objects();
-        Arc::clone(&by_handle(&o.funcs, f)?.function)
-    };
-    let mut block = vec![0u8; function.info.params_size as usize];
-    // SAFETY: forwarded.
-    unsafe { fill_param_block(&function, params, extra, &mut block) }?;
-    Ok(block)
-}
-
-/// [`param_block`] of `function` into `block`, which is its parameters'
-/// size, zeroed.
-///
-/// # Safety
-/// As [`param_block`].
-unsafe fn fill_param_block(
-    function: &Function,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-    block: &mut [u8],
-) -> CuResult {
-    let layout = &function.params;
-    if !params.is_null() {
-        for (i, p) in layout.iter().enumerate() {
-            // SAFETY: one pointer per parameter, each to `size` bytes.
-            let src = unsafe {
-                let ptr = ffi::get(params.add(i).cast_const())?;
-                ffi::bytes(ptr.cast::<u8>(), p.size as usize)?
-            };
-            let at = p.offset as usize;
-            block
-                .get_mut(at..at + src.len())
-                .ok_or(cu::ERROR_INVALID_IMAGE)?
-                .copy_from_slice(src);
-        }
-        return Ok(());
-    }
-    if extra.is_null() {
-        return if layout.is_empty() {
-            Ok(())
-        } else {
-            Err(cu::ERROR_INVALID_VALUE)
-        };
-    }
-    let (mut buf, mut len) = (std::ptr::null::<u8>(), None);
-    for i in (0..64).step_by(2) {
-        // SAFETY: a key/value list ending with CU_LAUNCH_PARAM_END, which
-        // the bound of 32 pairs stops a list without one from overrunning
-        // forever.
-        let key = unsafe { ffi::get(extra.add(i).cast_const()) }? as usize;
-        if key == cu::LAUNCH_PARAM_END {
-            break;
-        }
-        // SAFETY: as above; every key but END has a value.
-        let value = unsafe { ffi::get(extra.add(i + 1).cast_const()) }?;
-        match key {
-            cu::LAUNCH_PARAM_BUFFER_POINTER => buf = value.cast(),
-            // SAFETY: the size's value points at a size_t.
-            cu::LAUNCH_PARAM_BUFFER_SIZE => len = Some(unsafe { ffi::get(value.cast::<usize>()) }?),
-            _ => return Err(cu::ERROR_INVALID_VALUE),
-        }
-    }
-    let len = len.ok_or(cu::ERROR_INVALID_VALUE)?;
-    if len < block.len() {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the caller's packed buffer of `len` bytes.
-    let src = unsafe { ffi::bytes(buf, len) }?;
-    let n = block.len();
-    block.copy_from_slice(&src[..n]);
-    Ok(())
-}
-
-/// CUDA's launch limits, checked before the launch is queued: the device
-/// would refuse it too, but together with the work queued beside it.
-fn check_shape(d: &Dims, params: usize) -> CuResult {
-    let [bx, by, bz] = d.block.map(u64::from);
-    let ok = !d.grid.contains(&0)
-        && !d.block.contains(&0)
-        && bx * by * bz <= 1024
-        && bz <= 64
-        && d.grid[1] <= 65535
-        && d.grid[2] <= 65535
-        && d.grid[0] <= i32::MAX as u32
-        && params <= sys::MAX_PARAMS_BYTES as usize;
-    if ok {
-        Ok(())
-    } else {
-        log(&format!(
-            "launch shape {d:?} with {params} parameter bytes is outside CUDA's limits"
-        ));
-        Err(cu::ERROR_INVALID_VALUE)
-    }
-}
-
-/// The work of a launch of `f` (no clusters) as a graph's kernel node
-/// holds it, and its device.
-///
-/// # Safety
-/// `params` and `extra` as `cuLaunchKernel` takes them.
-pub(crate) unsafe fn kernel_work(
-    f: Handle,
-    dims: Dims,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CuResult<(cu::CUdevice, crate::graph::Work)> {
-    let d = driver()?;
-    // A library's kernel runs on the current device.
-    let f = match d.current_ctx() {
-        Ok((_, dev)) => d.function_on(f as usize, dev)?,
-        Err(_) => f as usize,
-    };
-    // SAFETY: the caller's parameter pointers.
-    let block = unsafe { param_block(d, f, params, extra) }?;
-    check_shape(&dims, block.len())?;
-    d.launch_work(f, dims, [1, 1, 1], &block)
 }
 
 /// Queues a launch of `f` in clusters of `cluster` blocks ([1, 1, 1]:
@@ -795,25 +541,6 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
     Ok(cluster)
 }
 
-/// The most blocks one cluster of `f` may have: Hopper's portable 8, or
-/// 16 where the kernel allowed non-portable sizes.
-pub(crate) fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
-    let o = d.objects();
-    let func = by_handle(&o.funcs, f)?;
-    let non_portable = func
-        .hints
-        .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
-        .is_some_and(|&v| v != 0);
-    Ok(if non_portable {
-        vgpu_guest::vgpu_abi::MAX_CLUSTER_BLOCKS
-    } else {
-        PORTABLE_CLUSTER_BLOCKS
-    })
-}
-
-/// Blocks of a cluster every kernel may be launched in.
-const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
-
 /// Clusters of `f` that can be resident at once for a launch of
 /// `config`, as the host's driver counts them: a cluster must fit within
 /// one group of SMs, and libraries size persistent kernels and pick
@@ -864,7 +591,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             r => {
                 let v = check(r)?;
                 if let Some(func) = d.objects().funcs.get_mut(&(f as usize)) {
-                    if func.clusters.len() < crate::state::MAX_CLUSTER_ANSWERS {
+                    if func.clusters.len() < crate::objects::MAX_CLUSTER_ANSWERS {
                         func.clusters.insert(shape, v);
                     }
                 }
@@ -876,7 +603,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
         }
-        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let block = (u64::from(c.block_dim_x) * u64::from(c.block_dim_y) * u64::from(c.block_dim_z))
             .min(1 << 20) as i32;
         let v = occupancy(d, f as usize, block, c.shared_mem_bytes as usize)? * sms / size as i32;
@@ -908,7 +635,7 @@ const BLOCK_RESERVED_SHARED: usize = 1 << 10;
 /// at once, by threads, shared memory and registers (each warp's
 /// registers allocated in units of 256).
 fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i32> {
-    if block <= 0 || block > 1024 {
+    if block <= 0 || block > abi::MAX_BLOCK_THREADS as i32 {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let (shared, regs) = {
@@ -998,11 +725,14 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
     entry(|| {
         let d = driver()?;
         let (_, g) = d.current_gpu()?;
-        let sms = crate::api::device::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let max = {
             let o = d.objects();
             let func = by_handle(&o.funcs, f as usize)?;
-            func.function.info.max_threads.clamp(1, 1024) as i32
+            func.function
+                .info
+                .max_threads
+                .clamp(1, abi::MAX_BLOCK_THREADS) as i32
         };
         let max = if limit > 0 { max.min(limit) } else { max };
         // The largest multiple of a warp with the most threads resident.

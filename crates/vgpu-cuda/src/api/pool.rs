@@ -1,12 +1,12 @@
-//! Memory pools ([`crate::pools`]): the entry points of `cudaMallocAsync`'s
+//! Memory pools ([`crate::pool_table`]): the entry points of `cudaMallocAsync`'s
 //! pools, CUDA 11.2's device-ordinal forms and CUDA 13's location forms.
 
 use std::ffi::c_void;
 
-use crate::api::memory::{alloc, free, MemLocation};
-use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle};
+use crate::allocs::{alloc_async, free};
+use crate::cu::{self, CUdevice, CUdeviceptr, CUresult, Handle, MemLocation};
 use crate::ffi::{self, entry, CuResult};
-use crate::pools::{self, Value};
+use crate::pool_table::{self, Value};
 use crate::state::{driver, Driver};
 
 /// `CUmemPoolProps`.
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     entry(|| {
         // SAFETY: the caller's value of the attribute's type.
         let v = unsafe {
-            if pools::is_int(attr) {
+            if pool_table::is_int(attr) {
                 Value::Int(ffi::get(value.cast::<i32>().cast_const())?)
             } else {
                 Value::U64(ffi::get(value.cast::<u64>().cast_const())?)
@@ -267,43 +267,6 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, if own { ACCESS_READWRITE } else { 0 }) }
     })
-}
-
-/// An allocation from `pool` (of the current context's device), recorded
-/// as the pool's.
-pub(crate) fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResult<CUdeviceptr> {
-    let (_, dev) = d.current_ctx()?;
-    let pool = {
-        let mut o = d.objects();
-        match pool {
-            Some(p) => {
-                if o.pools.get(p)?.device != dev {
-                    return Err(cu::ERROR_INVALID_VALUE);
-                }
-                p
-            }
-            None => {
-                let h = o.handle();
-                o.pools.current(dev, || h)
-            }
-        }
-    };
-    let addr = alloc(size)?;
-    d.objects().pools.allocated(pool, addr, size as u64);
-    Ok(addr)
-}
-
-/// A stream-ordered allocation on `stream`: one its capture (if it is
-/// capturing) may free again ([`crate::graph`]'s owned memory).
-pub(crate) fn alloc_async(
-    d: &Driver,
-    pool: Option<usize>,
-    size: usize,
-    stream: Handle,
-) -> CuResult<CUdeviceptr> {
-    let addr = alloc_from(d, pool, size)?;
-    d.objects().captured_alloc(stream as usize, addr);
-    Ok(addr)
 }
 
 #[no_mangle]

@@ -1,16 +1,18 @@
 //! Streams, stream capture and events. A stream's work goes to its
 //! device's queue ([`crate::inflight`]), or into its capture's graph
-//! ([`crate::graph`]); an event is a TIMESTAMP in that queue, so its time
+//! ([`crate::graphs`]); an event is a TIMESTAMP in that queue, so its time
 //! is the device clock when the work before it finished.
 
 use std::ffi::c_void;
 
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::graph::{self, Unsafe};
+use crate::graphs::{self, Unsafe};
 use vgpu_guest::Batch;
 
-use crate::state::{by_handle, driver, Driver, Event, Gpu, Stream};
+use crate::objects::{by_handle, Event, Stream};
+use crate::state::{driver, Driver};
+use crate::streams::{event_done, event_record, record_on, stream_field, stream_id, wait_across};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     let d = driver()?;
@@ -52,7 +54,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
                 .ok_or(cu::ERROR_INVALID_HANDLE)?;
             o.forget_stream_capture(stream as usize);
         }
-        crate::api::graph::free_released(d);
+        crate::allocs::free_released(d);
         Ok(())
     })
 }
@@ -82,8 +84,6 @@ pub extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     })
 }
 
-/// `CUhostFn`.
-pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
 /// `CUstreamCallback`.
 pub type StreamCallback = unsafe extern "C" fn(stream: Handle, status: CUresult, user: *mut c_void);
 
@@ -108,18 +108,18 @@ fn run_host_fn(stream: Handle, f: impl FnOnce(CUresult)) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchHostFunc(
     stream: Handle,
-    f: Option<HostFn>,
+    f: Option<cu::HostFn>,
     user: *mut c_void,
 ) -> CUresult {
     entry(|| {
         let f = f.ok_or(cu::ERROR_INVALID_VALUE)?;
         let d = driver()?;
         let device = d.stream_device(stream as usize)?;
-        let call = graph::HostCall {
+        let call = crate::work::HostCall {
             f,
             user: user as usize,
         };
-        d.queue(stream as usize, device, &[graph::Work::Host(call)])
+        d.queue(stream as usize, device, &[crate::work::Work::Host(call)])
     })
 }
 
@@ -157,7 +157,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
             return d.queue(
                 stream as usize,
                 device,
-                &[graph::Work::Wait(event as usize)],
+                &[crate::work::Work::Wait(event as usize)],
             );
         }
         d.objects().wait_event(stream as usize, event as usize)?;
@@ -166,49 +166,6 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
         }
         Ok(())
     })
-}
-
-/// Makes later work of lane `lane` of `device` wait for `event`'s last
-/// record: a record on the same lane is behind it already; one on
-/// another lane of the device is waited for on the device (the waiting
-/// lane joins that lane's work so far, the record and what followed it:
-/// more than needed, never a wait on work queued later);
-/// one on another vGPU is waited for here, before the work after it is
-/// queued.
-pub(crate) fn wait_across(
-    d: &Driver,
-    device: cu::CUdevice,
-    lane: usize,
-    event: Handle,
-) -> CuResult {
-    let (records, on, on_lane) = {
-        let o = d.objects();
-        let e = by_handle(&o.events, event as usize)?;
-        (e.records, e.device, e.lane)
-    };
-    if records == 0 {
-        return Ok(());
-    }
-    if on != device {
-        event_done(event, true)?;
-    } else {
-        d.gpu(device)?.lanes.join(lane, on_lane)?;
-    }
-    Ok(())
-}
-
-/// A stream's field, or the default stream's value for 0, 1 and 2.
-fn stream_field<T>(stream: Handle, default: T, f: impl Fn(&Stream) -> T) -> CuResult<T> {
-    let d = driver()?;
-    if (stream as usize) <= 2 {
-        d.current_ctx()?;
-        return Ok(default);
-    }
-    let o = d.objects();
-    o.streams
-        .get(&(stream as usize))
-        .map(f)
-        .ok_or(cu::ERROR_INVALID_HANDLE)
 }
 
 #[no_mangle]
@@ -258,11 +215,6 @@ pub unsafe extern "C" fn cuStreamGetCtx_v2(
     })
 }
 
-/// The id of `stream` (0 for the legacy stream), if it exists.
-pub(crate) fn stream_id(stream: Handle) -> CuResult<u64> {
-    stream_field(stream, stream as u64, |_| stream as u64)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamGetId(stream: Handle, id: *mut u64) -> CUresult {
     entry(|| {
@@ -289,7 +241,7 @@ pub extern "C" fn cuStreamBeginCapture_v2(stream: Handle, mode: u32) -> CUresult
 /// The CUDA 10.0 form, before capture modes: global mode.
 #[no_mangle]
 pub extern "C" fn cuStreamBeginCapture(stream: Handle) -> CUresult {
-    entry(|| begin_capture(stream, graph::MODE_GLOBAL))
+    entry(|| begin_capture(stream, graphs::MODE_GLOBAL))
 }
 
 /// Ends the capture `stream` began; its graph, or null (and
@@ -303,7 +255,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Handle, pgraph: *mut Handle)
             return Err(cu::ERROR_INVALID_VALUE);
         }
         let r = d.objects().end_capture(stream as usize);
-        crate::api::graph::free_released(d);
+        crate::allocs::free_released(d);
         match r {
             // SAFETY: the caller's out-parameter, checked non-null.
             Ok(g) => unsafe { ffi::put(pgraph, g as Handle) },
@@ -402,10 +354,10 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     entry(|| {
         // SAFETY: the caller's in/out parameter.
         let new = unsafe { ffi::get(mode.cast_const()) }?;
-        if new > graph::MODE_RELAXED {
+        if new > graphs::MODE_RELAXED {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        let old = graph::exchange_thread_mode(new);
+        let old = graphs::exchange_thread_mode(new);
         // SAFETY: as above.
         unsafe { ffi::put(mode, old) }
     })
@@ -434,39 +386,6 @@ fn record(event: Handle, stream: Handle) -> CuResult {
     record_on(d, d.stream_gpu(stream as usize)?, event, stream)
 }
 
-/// Records `event` on `stream` of device `g`: after the work queued
-/// before it on the stream's lane.
-pub(crate) fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult {
-    let device = d.gpus.iter().position(|x| std::ptr::eq(x, g)).unwrap_or(0) as i32;
-    let lane = g.lanes.route(d.stream_lane(stream as usize)?);
-    let (record, timing) = {
-        let mut o = d.objects();
-        let captured = o.capturing.get(&(stream as usize)).copied();
-        let e = o
-            .events
-            .get_mut(&(event as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
-        e.captured = captured;
-        if captured.is_some() {
-            // In a capture a record only marks a point other streams
-            // may join at, as in CUDA: no command, and what waiting on
-            // the event waits for is unchanged.
-            return Ok(());
-        }
-        e.records += 1;
-        e.device = device;
-        e.lane = lane;
-        (e.records, e.flags & cu::EVENT_DISABLE_TIMING == 0)
-    };
-    let mut batch = Batch::new();
-    if timing {
-        batch.timestamp();
-    } else {
-        batch.nop();
-    }
-    g.submit_on(lane, batch, Some((event as usize, record)))
-}
-
 #[no_mangle]
 pub extern "C" fn cuEventRecord(event: Handle, stream: Handle) -> CUresult {
     entry(|| record(event, stream))
@@ -485,30 +404,11 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
             return d.queue(
                 stream as usize,
                 device,
-                &[graph::Work::Record(event as usize)],
+                &[crate::work::Work::Record(event as usize)],
             );
         }
         record(event, stream)
     })
-}
-
-/// The event's last record, device, lane and flags (record 0: never
-/// recorded).
-fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, usize, u32)> {
-    let o = d.objects();
-    let e = by_handle(&o.events, event as usize)?;
-    Ok((e.records, e.device, e.lane, e.flags))
-}
-
-/// Whether the event's last record has completed, waiting with `wait`.
-pub(crate) fn event_done(event: Handle, wait: bool) -> CuResult<bool> {
-    let d = driver()?;
-    let (record, device, lane, _) = event_record(d, event)?;
-    if record == 0 {
-        return Ok(true);
-    }
-    d.gpu(device)?
-        .event_done(lane, event as usize, record, wait)
 }
 
 #[no_mangle]
@@ -737,7 +637,7 @@ fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult
                 // program waiting on its CPU behind a synchronous copy
                 // would never go on. Refused rather than hung.
                 if stream as usize > 2 && g.lanes.route(lane) == 0 {
-                    return Err(crate::procs::unsupported_with(
+                    return Err(crate::state::unsupported_with(
                         name,
                         "the stream shares the default stream's queue (one lane, or managed memory)",
                     ));
@@ -753,8 +653,8 @@ fn stream_mem_ops(name: &'static str, stream: Handle, ops: &[MemOp]) -> CuResult
             }
             MemOp::Order => {}
         }
-        if !crate::api::memory::pinned_now(d, addr as usize, len, device) {
-            return Err(crate::procs::unsupported_with(
+        if !crate::copies::pinned_now(d, addr as usize, len, device) {
+            return Err(crate::state::unsupported_with(
                 name,
                 "the word is not in page-locked host memory of this process",
             ));

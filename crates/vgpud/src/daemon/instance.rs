@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -11,115 +11,13 @@ use log::error;
 use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
-use vgpu_backend::console::ConsoleText;
-use vgpu_backend::{
-    Finished, Finishing, FunctionInfo, HostMemory, HostSink, HostSource, Launch, OpError,
-    Partition, PartitionSpec, Queued, QueuedDone, Started,
-};
+use vgpu_backend::SharedPartition;
 use vgpu_device::{DeviceCounters, DrainHandle, VgpuDevice};
-use vgpu_sched::TenantId;
+use vgpu_sched::{SchedGate, TenantId};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::gate::SchedGate;
 use super::{DaemonError, InstanceInfo, ServingThreadHook};
 use crate::config::VgpuConfig;
-
-// Partition calls leave it consistent between calls.
-use vgpu_sys::lock;
-
-/// The partition as a device sees it: the instance keeps the partition
-/// itself (its reservation on the GPU) across a stop and a start, and
-/// each start's device works on it through this.
-struct SharedPartition {
-    spec: PartitionSpec,
-    inner: Arc<Mutex<Box<dyn Partition>>>,
-}
-
-impl Partition for SharedPartition {
-    fn spec(&self) -> &PartitionSpec {
-        &self.spec
-    }
-    fn kernel_compute_units(&self) -> u32 {
-        lock(&self.inner).kernel_compute_units()
-    }
-    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
-        lock(&self.inner).alloc(size, align)
-    }
-    fn free(&mut self, addr: u64) -> Result<(), OpError> {
-        lock(&self.inner).free(addr)
-    }
-    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        lock(&self.inner).upload(dst, src)
-    }
-    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        lock(&self.inner).download(src, dst)
-    }
-    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-        lock(&self.inner).copy(dst, src, size)
-    }
-    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-        lock(&self.inner).fill(addr, size, pattern)
-    }
-    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
-        lock(&self.inner).module_load(format, image)
-    }
-    fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
-        lock(&self.inner).module_unload(module)
-    }
-    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-        lock(&self.inner).launch(launch)
-    }
-    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
-        lock(&self.inner).run_queued(steps, stop)
-    }
-    fn queue_depth(&self) -> usize {
-        lock(&self.inner).queue_depth()
-    }
-    fn lanes(&self) -> usize {
-        lock(&self.inner).lanes()
-    }
-    fn start_queued(
-        &mut self,
-        lane: usize,
-        steps: &[Queued<'_>],
-        stop: &dyn Fn() -> bool,
-        held: bool,
-    ) -> Started {
-        lock(&self.inner).start_queued(lane, steps, stop, held)
-    }
-    fn finish_queued_within(&mut self, within: Duration) -> Finishing {
-        lock(&self.inner).finish_queued_within(within)
-    }
-    fn finish_queued(&mut self) -> Option<(usize, Finished)> {
-        lock(&self.inner).finish_queued()
-    }
-    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
-        lock(&self.inner).max_active_clusters(launch)
-    }
-    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
-        lock(&self.inner).function_info(module, entry)
-    }
-    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
-        lock(&self.inner).global_info(module, name)
-    }
-    fn memory_used(&self) -> u64 {
-        lock(&self.inner).memory_used()
-    }
-    fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
-        lock(&self.inner).console(module, max)
-    }
-    fn reset(&mut self) {
-        lock(&self.inner).reset()
-    }
-    fn is_lost(&self) -> bool {
-        lock(&self.inner).is_lost()
-    }
-    // Without this the device would never announce guest memory to the
-    // partition and every copy would take the staging path.
-    fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
-        lock(&self.inner).host_memory()
-    }
-}
 
 /// Whether an instance serves its socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +78,8 @@ pub(super) struct Instance {
     pub(super) config: VgpuConfig,
     pub(super) socket: PathBuf,
     pub(super) tenant: TenantId,
-    pub(super) partition: Arc<Mutex<Box<dyn Partition>>>,
+    /// Kept across a stop and a start: each start's device works on it.
+    pub(super) partition: SharedPartition,
     pub(super) gate: Arc<SchedGate>,
     pub(super) counters: Arc<DeviceCounters>,
     pub(super) carried: Carried,
@@ -220,11 +119,8 @@ impl Instance {
         dc.window_size = v.window.0;
         dc.poll_spin = Duration::from_micros(v.poll_us);
         dc.gate = Some(self.gate.clone());
-        let partition = SharedPartition {
-            spec: lock(&self.partition).spec().clone(),
-            inner: self.partition.clone(),
-        };
-        let device = VgpuDevice::new(dc, Box::new(partition)).map_err(|e| setup(e.to_string()))?;
+        let device =
+            VgpuDevice::new(dc, self.partition.clone()).map_err(|e| setup(e.to_string()))?;
         let counters = device.counters();
         let drain = device.drain_handle().map_err(|e| setup(e.to_string()))?;
         if let Some(dir) = self.socket.parent() {
@@ -286,7 +182,7 @@ impl Instance {
         }
         // The endpoint resets the device when a client leaves; without a
         // client nothing may have; either way nothing stays allocated.
-        lock(&self.partition).reset();
+        self.partition.lock().reset();
         self.carried = self.carried.with(&self.counters);
         self.counters = Arc::new(DeviceCounters::default());
     }
@@ -303,109 +199,5 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         self.halt();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use vgpu_backend::software::SoftwareBackend;
-    use vgpu_backend::Backend;
-
-    /// A registry that only says it exists.
-    struct NoteMemory;
-    impl HostMemory for NoteMemory {
-        fn mapped(&self, _: vgpu_backend::HostMapping) {}
-        fn unmapped(&self, _: u64) {}
-    }
-
-    /// A software partition that offers a guest memory registry.
-    struct WithRegistry(Box<dyn Partition>);
-    impl Partition for WithRegistry {
-        fn spec(&self) -> &PartitionSpec {
-            self.0.spec()
-        }
-        fn kernel_compute_units(&self) -> u32 {
-            self.0.kernel_compute_units()
-        }
-        fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
-            self.0.alloc(size, align)
-        }
-        fn free(&mut self, addr: u64) -> Result<(), OpError> {
-            self.0.free(addr)
-        }
-        fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-            self.0.upload(dst, src)
-        }
-        fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-            self.0.download(src, dst)
-        }
-        fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
-            self.0.copy(dst, src, size)
-        }
-        fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
-            self.0.fill(addr, size, pattern)
-        }
-        fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
-            self.0.module_load(format, image)
-        }
-        fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
-            self.0.module_unload(module)
-        }
-        fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
-            self.0.launch(launch)
-        }
-        fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
-            self.0.run_queued(steps, stop)
-        }
-        fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
-            self.0.max_active_clusters(launch)
-        }
-        fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
-            self.0.function_info(module, entry)
-        }
-        fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
-            self.0.global_info(module, name)
-        }
-        fn memory_used(&self) -> u64 {
-            self.0.memory_used()
-        }
-        fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
-            self.0.console(module, max)
-        }
-        fn reset(&mut self) {
-            self.0.reset()
-        }
-        fn is_lost(&self) -> bool {
-            self.0.is_lost()
-        }
-        fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
-            Some(Arc::new(NoteMemory))
-        }
-    }
-
-    #[test]
-    fn test_shared_partition_offers_the_inner_registry() {
-        let spec = PartitionSpec {
-            name: "p".into(),
-            memory: 1 << 20,
-            compute_units: 1,
-        };
-        let inner = SoftwareBackend::new(1 << 20, 1)
-            .create_partition(&spec)
-            .unwrap();
-        let plain = SharedPartition {
-            spec: spec.clone(),
-            inner: Arc::new(Mutex::new(inner)),
-        };
-        assert!(plain.host_memory().is_none());
-        let inner = SoftwareBackend::new(1 << 20, 1)
-            .create_partition(&spec)
-            .unwrap();
-        let shared = SharedPartition {
-            spec,
-            inner: Arc::new(Mutex::new(Box::new(WithRegistry(inner)))),
-        };
-        assert!(shared.host_memory().is_some());
     }
 }

@@ -1,33 +1,33 @@
 //! Physical GPUs and the vGPU instances running on them.
 //!
-//! [`Daemon`] owns them. Its parts: `gate` lets each vGPU's commands onto
-//! its GPU when the scheduler says so, `backends` creates each GPU's
+//! [`Daemon`] owns them. Its parts: `sched` sets up each GPU's scheduler
+//! and tenants from the configuration (each vGPU's commands are let onto
+//! its GPU by a `vgpu_sched::SchedGate`), `backends` creates each GPU's
 //! backend, and `instance` holds one vGPU and, while it runs, its device.
 
 mod backends;
-mod gate;
 mod instance;
+mod sched;
 
-pub use gate::SchedGate;
 pub use instance::InstanceState;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vgpu_api::DeviceEvents;
-use vgpu_backend::{Backend, PartitionSpec};
+use vgpu_backend::{Backend, PartitionSpec, SharedPartition};
 use vgpu_device::DeviceCounters;
-use vgpu_sched::{Scheduler, TenantId};
+use vgpu_sched::{SchedGate, Scheduler, TenantId};
 use vgpu_sys::socket::{self, SocketPath};
 
 use crate::config::{Config, GpuConfig, VgpuConfig};
 use backends::make_backend;
-use gate::{sched_config, tenant_params};
 use instance::{Carried, Instance, Serving};
+use sched::{sched_config, tenant_params};
 
 /// Why an operation on GPUs or instances failed.
 #[derive(Debug, thiserror::Error)]
@@ -337,7 +337,7 @@ impl Daemon {
         let mut inst = Instance {
             socket: self.config.socket_path(&v),
             tenant,
-            partition: Arc::new(Mutex::new(partition)),
+            partition: SharedPartition::new(partition),
             gate: Arc::new(SchedGate::new(sched.clone(), tenant)),
             counters: Arc::new(DeviceCounters::default()),
             carried: Carried::default(),

@@ -7,9 +7,9 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 
-use crate::api::module::load;
 use crate::cu::{self, CUresult, CUuuid, Handle};
 use crate::ffi::{self, entry};
+use crate::images::load;
 use crate::state::{self, driver};
 
 /// A table: an array of words, as the runtime reads it.
@@ -31,10 +31,6 @@ const fn size_of_table(n: usize) -> *const c_void {
 }
 
 const NULL: *const c_void = std::ptr::null();
-
-/// A context-local-storage destructor: called with the context, the key
-/// and the value when the context is reset.
-pub type ClsDtor = extern "C" fn(Handle, *mut c_void, *mut c_void);
 
 /// A table id, written as the runtime's UUID reads byte by byte.
 const fn uuid(id: u128) -> CUuuid {
@@ -257,7 +253,7 @@ extern "C" fn cls_put(
     ctx: Handle,
     key: *mut c_void,
     value: *mut c_void,
-    dtor: Option<ClsDtor>,
+    dtor: Option<cu::ClsDtor>,
 ) -> CUresult {
     entry(|| {
         let ctx = cls_ctx(ctx)?;
@@ -343,7 +339,7 @@ extern "C" fn stream_key(ctx: Handle, stream: Handle, out: *mut usize) -> CUresu
         let key = if stream.is_null() {
             ctx
         } else {
-            crate::api::stream::stream_id(stream)? as usize
+            crate::streams::stream_id(stream)? as usize
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, key) }
@@ -358,7 +354,7 @@ extern "C" fn stream_key_id(ctx: Handle, key: usize, out: *mut u64) -> CUresult 
         let id = if key == ctx {
             0
         } else {
-            crate::api::stream::stream_id(key as Handle)?
+            crate::streams::stream_id(key as Handle)?
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, id) }
@@ -384,7 +380,7 @@ extern "C" fn module_query_7(
         let d = driver()?;
         let mut names: Vec<String> = {
             let o = d.objects();
-            let m = state::by_handle(&o.modules, module as usize)?;
+            let m = crate::objects::by_handle(&o.modules, module as usize)?;
             m.kernels
                 .iter()
                 .chain(&m.cubin_functions)
@@ -414,11 +410,11 @@ extern "C" fn module_query_7(
 }
 
 extern "C" fn kernel_session_open() -> CUresult {
-    crate::procs::unsupported("export table 1734dc26 slot 4")
+    crate::state::unsupported("export table 1734dc26 slot 4")
 }
 
 extern "C" fn kernel_session_fill() -> CUresult {
-    crate::procs::unsupported("export table 1734dc26 slot 13")
+    crate::state::unsupported("export table 1734dc26 slot 13")
 }
 
 /// The HMAC key of the runtime's driver check (a constant of the
@@ -470,6 +466,27 @@ fn integrity_hash(version: u32, unix_seconds: u64) -> [u64; 2] {
         u64::from_ne_bytes(h[..8].try_into().expect("8 bytes")),
         u64::from_ne_bytes(h[8..].try_into().expect("8 bytes")),
     ]
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    id: *const CUuuid,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller's in- and out-parameters.
+        let id = unsafe { ffi::get(id) }?;
+        match self::table(&id) {
+            // SAFETY: as above.
+            Some(t) => unsafe { ffi::put(table, t) },
+            None => {
+                crate::diag::log(&format!("cuGetExportTable: no table {:02x?}", id.bytes));
+                // What the runtime expects of a table a driver lacks (it
+                // asks for some only to take a faster path).
+                Err(cu::ERROR_NOT_FOUND)
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -1,459 +1,19 @@
-//! Stream capture and graphs. Work queued on a stream being captured is
-//! recorded as the library would have queued it (launches, fills, small
-//! writes, device copies), not run; launching the graph's executable
-//! queues the recorded work again, in the recorded order. The device's
-//! one in-order queue ([`crate::inflight`]) then keeps every dependency
-//! the capture saw, the forks and joins of other streams through events
-//! included, so a graph needs no edges.
-//!
-//! A capture starts on one stream (its origin); another stream joins it
-//! by waiting on an event recorded in it, as CUDA's cross-stream capture
-//! does, and the origin ends it for all of them.
-//!
-//! A graph can also be built node by node (`cuGraphAdd*Node`), each node
-//! naming the nodes it depends on. Instantiating it puts the nodes in an
-//! order that honours every dependency (the order they were added where
-//! the dependencies allow), which the in-order queue then keeps.
+//! Stream capture and graph editing, over the driver's objects: a
+//! capture's streams, the graphs it fills, and the executables
+//! instantiated from them (see [`crate::graphs`] for what a graph holds).
 
-use std::cell::Cell;
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::ops::Range;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use vgpu_guest::{Batch, Dims, Function};
-
-use crate::cu::{self, CUdevice, CUresult};
-use crate::ffi::CuResult;
-use crate::inflight::FLUSH_AT;
-use crate::state::{check, log, Objects};
-
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
-pub const MODE_GLOBAL: u32 = 0;
-/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
-pub const MODE_RELAXED: u32 = 2;
-
-/// `CUstreamCaptureStatus`.
-pub const STATUS_NONE: u32 = 0;
-pub const STATUS_ACTIVE: u32 = 1;
-pub const STATUS_INVALIDATED: u32 = 2;
-
-/// Device work as queued: what a capture records and a graph replays.
-#[derive(Clone)]
-pub enum Work {
-    Launch {
-        /// The `CUfunction` it launches (what a node's parameters name).
-        func: usize,
-        function: Arc<Function>,
-        dims: Dims,
-        cluster: [u32; 3],
-        params: Arc<[u8]>,
-    },
-    Fill {
-        addr: u64,
-        len: u64,
-        pattern: u32,
-    },
-    /// Bytes written to the device (the 1 to 3 bytes after a memset's
-    /// whole words).
-    Write {
-        addr: u64,
-        bytes: Arc<[u8]>,
-    },
-    Copy {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    /// A host function (`cuLaunchHostFunc` in a capture, a host node):
-    /// called once the work before it is done, before the work after it.
-    Host(HostCall),
-    /// A copy from page-locked host memory of the process to the device
-    /// (an asynchronous copy captured, a memcpy node).
-    Upload {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    /// A copy from the device to page-locked host memory.
-    Download {
-        dst: u64,
-        src: u64,
-        len: u64,
-    },
-    /// Records an event (its handle) once the work before it is done (an
-    /// event record node).
-    Record(usize),
-    /// Waits for an event's last record (an event wait node): on one
-    /// vGPU everything before it is done already; a record on another
-    /// vGPU is waited for before the work after it is queued.
-    Wait(usize),
-}
-
-/// A host function and its argument.
-#[derive(Clone, Copy, Debug)]
-pub struct HostCall {
-    pub f: unsafe extern "C" fn(*mut std::ffi::c_void),
-    pub user: usize,
-}
-
-impl HostCall {
-    /// Calls it.
-    ///
-    /// # Safety
-    /// The program's function, called with its own argument, as CUDA
-    /// would; the program guarantees both are valid while the graph is.
-    pub unsafe fn call(&self) {
-        // SAFETY: as above.
-        unsafe { (self.f)(self.user as *mut std::ffi::c_void) }
-    }
-}
-
-impl Work {
-    /// Adds the work's commands to `batch`.
-    pub fn add_to(&self, batch: &mut Batch) {
-        match self {
-            Work::Launch {
-                function,
-                dims,
-                cluster,
-                params,
-                ..
-            } => {
-                batch.launch_function_in_clusters(function, *dims, *cluster, params);
-            }
-            Work::Fill { addr, len, pattern } => {
-                batch.fill_addr(*addr, *len, *pattern);
-            }
-            Work::Write { addr, bytes } => {
-                batch.copy_to_device_addr(*addr, bytes);
-            }
-            Work::Copy { dst, src, len } => {
-                batch.copy_device_addr(*dst, *src, *len);
-            }
-            // No device command: the queue runs it between batches.
-            Work::Host(_) | Work::Record(_) | Work::Wait(_) => {}
-            Work::Upload { dst, src, len } => {
-                // SAFETY: the source was page-locked memory of this process
-                // when the work was recorded, and a graph launch checks it
-                // still is (`cuGraphLaunch`); the program keeps it, as
-                // CUDA requires, while the work may run.
-                unsafe { batch.copy_user_to_device_addr(*dst, *src as *const u8, *len) };
-            }
-            Work::Download { dst, src, len } => {
-                // SAFETY: as for an upload, for the destination.
-                unsafe { batch.copy_device_addr_to_user(*dst as *mut u8, *src, *len) };
-            }
-        }
-    }
-
-    /// The host range of a copy with a host side, if it is one.
-    pub fn host_range(&self) -> Option<(u64, u64)> {
-        match self {
-            Work::Upload { src, len, .. } => Some((*src, *len)),
-            Work::Download { dst, len, .. } => Some((*dst, *len)),
-            _ => None,
-        }
-    }
-
-    /// Whether the queue runs it between batches rather than as a
-    /// device command.
-    pub fn between_batches(&self) -> bool {
-        matches!(self, Work::Host(_) | Work::Record(_) | Work::Wait(_))
-    }
-
-    /// Refuses work the device would refuse to build (the error queueing
-    /// it would return), so a capture fails where the call is, not at a
-    /// replay.
-    pub fn check(&self) -> CuResult {
-        let mut one = Batch::new();
-        self.add_to(&mut one);
-        check(Batch::new().append(one))
-    }
-}
-
-/// Hands `work` to `submit` in order, in batches that reach [`FLUSH_AT`]
-/// commands at the most by their last item (an item is one command, a
-/// copy one per 64 MiB), so one call's work, such as a memset's fill and
-/// tail, is one batch, as it always was. Each item is built straight into
-/// the batch: this is every launch's path. A batch that fails to build is
-/// refused whole by `submit`.
-pub fn in_batches(work: &[Work], mut submit: impl FnMut(Batch) -> CuResult) -> CuResult {
-    let mut open = Batch::new();
-    for w in work {
-        if open.len() >= FLUSH_AT {
-            submit(std::mem::take(&mut open))?;
-        }
-        w.add_to(&mut open);
-    }
-    if open.is_empty() {
-        return Ok(());
-    }
-    submit(open)
-}
-
-/// A capture in progress.
-pub struct Capture {
-    /// The stream it began on, the one that ends it.
-    pub origin: usize,
-    pub mode: u32,
-    pub id: u64,
-    /// A call it could not record was made: ending it fails.
-    pub invalidated: bool,
-    /// Stream-ordered allocations made on its streams, not yet freed in
-    /// it.
-    pub allocs: HashSet<u64>,
-    /// Those freed in it: the graph keeps them until it and its
-    /// executables are gone (see [`Graph::owned`]).
-    pub freed: Vec<u64>,
-}
-
-/// `CUgraphNodeType` of the nodes made here.
-pub const NODE_KERNEL: u32 = 0;
-pub const NODE_MEMCPY: u32 = 1;
-pub const NODE_MEMSET: u32 = 2;
-pub const NODE_HOST: u32 = 3;
-pub const NODE_GRAPH: u32 = 4;
-pub const NODE_EMPTY: u32 = 5;
-pub const NODE_WAIT_EVENT: u32 = 6;
-pub const NODE_EVENT_RECORD: u32 = 7;
-
-/// Most nodes of one graph (a node's handle holds its index).
-pub const MAX_NODES: usize = (1 << 24) - 1;
-
-/// A kernel node's parameter block as handed out, and each parameter's
-/// address in it.
-pub type HandedOut = (Box<[u8]>, Box<[usize]>);
-
-/// One node of a graph: its work and the nodes (indices) it depends on.
-pub struct Node {
-    pub kind: u32,
-    pub work: Vec<Work>,
-    pub deps: Vec<usize>,
-    /// A kernel node's parameters as `cuGraphKernelNodeGetParams` gives
-    /// them, once asked for: a copy of the block (writes through the
-    /// pointers change no launch) and each parameter's address in it.
-    pub param_ptrs: Option<HandedOut>,
-    /// A memset or memcpy node's parameters as the program last gave
-    /// them, which `cuGraph*NodeGetParams` answers.
-    pub given: Option<Given>,
-    /// A kernel node's launch attributes as set, read back as set
-    /// (`cuGraphKernelNodeSetAttribute`; a cluster shape is its work's).
-    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
-}
-
-/// The parameters a memset or memcpy node was made or last set with.
-#[derive(Clone, Copy)]
-pub enum Given {
-    Memset(crate::api::graph::MemsetNodeParams),
-    Memcpy(crate::api::strided::Memcpy3d),
-}
-
-// SAFETY: the host addresses in a memcpy's parameters are the program's
-// values, kept only to be handed back to it; nothing dereferences them
-// through this copy.
-unsafe impl Send for Given {}
-
-impl Clone for Node {
-    /// A copy without the parameters handed out: their addresses are the
-    /// original's.
-    fn clone(&self) -> Node {
-        Node {
-            kind: self.kind,
-            work: self.work.clone(),
-            deps: self.deps.clone(),
-            param_ptrs: None,
-            given: self.given,
-            attrs: self.attrs.clone(),
-        }
-    }
-}
-
-impl Node {
-    /// A node of one piece of work.
-    fn of(work: &Work, deps: Vec<usize>) -> Node {
-        let kind = match work {
-            Work::Launch { .. } => NODE_KERNEL,
-            Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
-            Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
-            Work::Host(_) => NODE_HOST,
-            Work::Record(_) => NODE_EVENT_RECORD,
-            Work::Wait(_) => NODE_WAIT_EVENT,
-        };
-        Node {
-            kind,
-            work: vec![work.clone()],
-            deps,
-            param_ptrs: None,
-            given: None,
-            attrs: HashMap::new(),
-        }
-    }
-}
-
-/// A graph: its nodes, in the order they were added (a capture adds one
-/// per piece of work, each depending on the one before), and the capture
-/// filling it.
-pub struct Graph {
-    pub device: CUdevice,
-    pub nodes: Vec<Node>,
-    pub capture: Option<Capture>,
-    /// Device memory its work uses that a capture allocated and freed
-    /// (`cuMemAllocAsync` ... `cuMemFreeAsync` on a captured stream):
-    /// shared with its clones, its executables and the graphs it is a
-    /// child of, and freed when the last of them goes.
-    pub owned: Owned,
-    /// The graph this one is a clone of (`cuGraphNodeFindInClone`).
-    pub cloned_from: Option<usize>,
-}
-
-/// Device memory graphs own, shared among those that use it.
-pub type Owned = Vec<Arc<Vec<u64>>>;
-
-impl Graph {
-    /// The work of every node, in an order that honours the
-    /// dependencies: of the nodes whose dependencies are all placed, the
-    /// one added first goes next. `None` when the dependencies loop.
-    pub fn ordered_work(&self) -> Option<Vec<Work>> {
-        self.ordered().map(|(work, _)| work)
-    }
-
-    /// [`Self::ordered_work`], with where each node's work lies in it
-    /// (by node index).
-    pub fn ordered(&self) -> Option<(Vec<Work>, Vec<Range<usize>>)> {
-        let n = self.nodes.len();
-        let mut waiting: Vec<usize> = self.nodes.iter().map(|x| x.deps.len()).collect();
-        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for (i, node) in self.nodes.iter().enumerate() {
-            for &d in &node.deps {
-                dependents[d].push(i);
-            }
-        }
-        let mut ready: BTreeSet<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
-        let mut work = Vec::with_capacity(n);
-        let mut spans = vec![0..0; n];
-        let mut placed = 0;
-        while let Some(i) = ready.pop_first() {
-            placed += 1;
-            let at = work.len();
-            work.extend(self.nodes[i].work.iter().cloned());
-            spans[i] = at..work.len();
-            for &j in &dependents[i] {
-                waiting[j] -= 1;
-                if waiting[j] == 0 {
-                    ready.insert(j);
-                }
-            }
-        }
-        (placed == n).then_some((work, spans))
-    }
-
-    /// The graph's node types and dependencies, without their work.
-    fn shape(&self) -> Graph {
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|n| Node {
-                kind: n.kind,
-                work: Vec::new(),
-                deps: n.deps.clone(),
-                param_ptrs: None,
-                given: None,
-                attrs: HashMap::new(),
-            })
-            .collect();
-        Graph {
-            device: self.device,
-            nodes,
-            capture: None,
-            owned: Vec::new(),
-            cloned_from: None,
-        }
-    }
-
-    /// Whether `other` has this graph's topology: as many nodes, each of
-    /// the same type with the same dependencies (what `cuGraphExecUpdate`
-    /// needs); the first node that differs, if one does.
-    pub fn same_topology(&self, other: &Graph) -> Result<(), Option<usize>> {
-        if self.nodes.len() != other.nodes.len() {
-            return Err(None);
-        }
-        for (i, (a, b)) in self.nodes.iter().zip(&other.nodes).enumerate() {
-            let sorted = |d: &[usize]| {
-                let mut d = d.to_vec();
-                d.sort_unstable();
-                d
-            };
-            if a.kind != b.kind || sorted(&a.deps) != sorted(&b.deps) {
-                return Err(Some(i));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The handle of node `index` of graph `graph`.
-pub fn node_handle(graph: usize, index: usize) -> usize {
-    graph * (MAX_NODES + 1) + index + 1
-}
-
-/// The graph and index a node handle names (not checked against the
-/// graph's nodes).
-pub fn node_of(handle: usize) -> Option<(usize, usize)> {
-    let index = (handle % (MAX_NODES + 1)).checked_sub(1)?;
-    Some((handle / (MAX_NODES + 1), index))
-}
-
-/// Why `cuGraphExecUpdate` refuses a graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpdateFailure {
-    /// Nodes, their types or their dependencies differ (at this node of
-    /// the new graph, where one node does).
-    Topology(Option<usize>),
-    /// Anything else (another device).
-    Other,
-}
-
-/// An instantiated graph, sharing its work with every launch of it.
-pub struct GraphExec {
-    pub device: CUdevice,
-    pub nodes: Arc<[Work]>,
-    /// The graph it was instantiated from (whose node handles change its
-    /// nodes), and the one it was last updated from (whose handles do too).
-    pub graphs: [usize; 2],
-    /// Where each node's work lies in `nodes`, by node index.
-    pub spans: Vec<Range<usize>>,
-    /// The source graph's node types and dependencies, which an update
-    /// must keep.
-    pub topology: Graph,
-    /// The memory its work uses that graphs own (see [`Graph::owned`]).
-    pub owned: Owned,
-    /// The `CUgraphInstantiate_flags` it was made with.
-    pub flags: u64,
-}
-
-/// Calls that wait for a stream's work or need the host side of it,
-/// which a capture cannot record.
-pub enum Unsafe {
-    /// Of one stream: a synchronisation, a query, a copy with a host side.
-    Stream(usize),
-    /// Of a whole device: a context synchronisation.
-    Device(CUdevice),
-}
-
-thread_local! {
-    /// The calling thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
-    static THREAD_MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
-}
-
-/// Sets the calling thread's capture mode; the previous one.
-pub fn exchange_thread_mode(mode: u32) -> u32 {
-    THREAD_MODE.with(|m| m.replace(mode))
-}
-
-/// Whether the calling thread asked for relaxed capture rules.
-pub fn thread_relaxed() -> bool {
-    THREAD_MODE.with(|m| m.get()) == MODE_RELAXED
-}
+use crate::cu::{self, CUdevice, CUresult, CuResult};
+use crate::diag::log;
+use crate::graphs::{
+    node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE, STATUS_INVALIDATED,
+    STATUS_NONE,
+};
+use crate::objects::{by_handle, Objects};
+use crate::work::{HostCall, Work};
 
 impl Objects {
     /// Starts capturing `stream` (on `device`) into a new graph; the
@@ -658,7 +218,7 @@ impl Objects {
     /// `cuStreamWaitEvent`: a stream not capturing that waits on an event
     /// last recorded in a capture still in progress joins that capture.
     pub fn wait_event(&mut self, stream: usize, event: usize) -> CuResult {
-        let captured = crate::state::by_handle(&self.events, event)?.captured;
+        let captured = by_handle(&self.events, event)?.captured;
         let Some(g) = captured else {
             return Ok(());
         };
@@ -687,7 +247,7 @@ impl Objects {
 
     /// Instantiates graph `g` with `flags`; the executable's handle.
     pub fn instantiate(&mut self, g: usize, flags: u64) -> CuResult<usize> {
-        let graph = crate::state::by_handle(&self.graphs, g)?;
+        let graph = by_handle(&self.graphs, g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -715,8 +275,8 @@ impl Objects {
         exec: usize,
         g: usize,
     ) -> Result<(), Result<UpdateFailure, CUresult>> {
-        let graph = crate::state::by_handle(&self.graphs, g).map_err(Err)?;
-        let e = crate::state::by_handle(&self.execs, exec).map_err(Err)?;
+        let graph = by_handle(&self.graphs, g).map_err(Err)?;
+        let e = by_handle(&self.execs, exec).map_err(Err)?;
         if graph.capture.is_some() {
             return Err(Err(cu::ERROR_ILLEGAL_STATE));
         }
@@ -938,7 +498,7 @@ impl Objects {
     /// The graph `node` belongs to and its index there, checked.
     pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let graph = crate::state::by_handle(&self.graphs, g)?;
+        let graph = by_handle(&self.graphs, g)?;
         if i < graph.nodes.len() {
             Ok((g, i))
         } else {
@@ -990,7 +550,7 @@ impl Objects {
 
     /// A copy of graph `g` (not one being captured), under a new handle.
     pub fn clone_graph(&mut self, g: usize) -> CuResult<usize> {
-        let graph = crate::state::by_handle(&self.graphs, g)?;
+        let graph = by_handle(&self.graphs, g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -1007,7 +567,7 @@ impl Objects {
     /// Makes graph `parent` hold the memory graph `child` owns, whose
     /// work a child graph node of `parent` copied.
     pub fn adopt_owned(&mut self, parent: usize, child: usize) -> CuResult {
-        let owned = crate::state::by_handle(&self.graphs, child)?.owned.clone();
+        let owned = by_handle(&self.graphs, child)?.owned.clone();
         let p = self
             .graphs
             .get_mut(&parent)
@@ -1019,7 +579,7 @@ impl Objects {
     /// The work of graph `g` (not one being captured) in the order it
     /// replays: what a child graph node of it holds.
     pub fn graph_work(&self, g: usize) -> CuResult<(CUdevice, Vec<Work>)> {
-        let graph = crate::state::by_handle(&self.graphs, g)?;
+        let graph = by_handle(&self.graphs, g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -1099,7 +659,7 @@ impl Objects {
 
     /// Destroys graph `g`, unless a capture is filling it.
     pub fn destroy_graph(&mut self, g: usize) -> CuResult {
-        let graph = crate::state::by_handle(&self.graphs, g)?;
+        let graph = by_handle(&self.graphs, g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -1118,7 +678,10 @@ impl Objects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Event, Stream};
+    use crate::graphs::*;
+    use crate::inflight::FLUSH_AT;
+    use crate::objects::{Event, Stream};
+    use crate::work::*;
 
     fn fill(n: u64) -> Work {
         Work::Fill {

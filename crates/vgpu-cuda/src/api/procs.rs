@@ -10,27 +10,20 @@
 //! they resolve their whole table eagerly and fail to start on a missing
 //! one: what is not implemented answers `CUDA_ERROR_NOT_SUPPORTED` when
 //! called, and says so once on stderr.
+//!
+//! Being the table of every entry point, this file (with `symbols.rs`,
+//! the names exported beside it) is the one that names the other entry
+//! point files; `cuGetProcAddress` itself lives here, beside its table.
 
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 
+use crate::api::symbols::Sym;
 use crate::api::{
-    context::*, device::*, graph::*, init::*, link::*, memory::*, module::*, pool::*, stream::*,
-    strided::*,
+    context::*, device::*, export::*, graph::*, init::*, link::*, memory::*, module::*, pool::*,
+    stream::*, strided::*,
 };
 use crate::cu::{self, CUresult};
-
-/// A function address in a table row.
-#[derive(Clone, Copy)]
-pub struct Sym(*const c_void);
-
-impl Sym {
-    pub(crate) const fn of(f: *const c_void) -> Self {
-        Sym(f)
-    }
-}
-
-// SAFETY: function addresses, never written through.
-unsafe impl Sync for Sym {}
+use crate::ffi::{self, entry};
 
 /// One row: a name, the version of this variant, its function.
 pub struct Entry {
@@ -60,24 +53,65 @@ pub fn lookup(name: &str, version: i32) -> Lookup {
     match best {
         Some(e) => Lookup::Found(e.sym.0.cast_mut()),
         None if known => Lookup::VersionTooLow,
-        None => match crate::symbols::UNSUPPORTED.iter().find(|(n, _)| *n == name) {
+        None => match crate::api::symbols::UNSUPPORTED
+            .iter()
+            .find(|(n, _)| *n == name)
+        {
             Some((_, sym)) => Lookup::Found(sym.0.cast_mut()),
             None => Lookup::Unknown,
         },
     }
 }
 
-/// What an unimplemented entry point does.
-pub(crate) fn unsupported(name: &'static str) -> CUresult {
-    unsupported_with(name, "")
+/// Resolves `symbol` for a caller built against CUDA `version`, with
+/// `flags` choosing the default-stream flavour (0 default, 1 legacy, 2
+/// per-thread).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    status: *mut i32,
+) -> CUresult {
+    entry(|| {
+        // SAFETY: the caller passes a NUL-terminated name.
+        let name = unsafe { ffi::cstr(symbol) }?;
+        if pfn.is_null() || flags > 2 {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let (f, st) = match lookup(name, version) {
+            Lookup::Found(f) => (f, cu::PROC_SUCCESS),
+            Lookup::VersionTooLow => (std::ptr::null_mut(), cu::PROC_VERSION_NOT_SUFFICIENT),
+            Lookup::Unknown => (std::ptr::null_mut(), cu::PROC_SYMBOL_NOT_FOUND),
+        };
+        // SAFETY: the caller's out-parameters (`status` may be null).
+        unsafe {
+            ffi::put(pfn, f)?;
+            ffi::put_opt(status, st)?;
+        }
+        if f.is_null() && !name.is_empty() {
+            crate::diag::log(&format!(
+                "cuGetProcAddress: no {name:?} for version {version}"
+            ));
+            Err(cu::ERROR_NOT_FOUND)
+        } else {
+            // The runtime probes with an empty name at start; NVIDIA's
+            // driver answers that with success and no function.
+            Ok(())
+        }
+    })
 }
 
-/// [`unsupported`], with what about the call is not supported.
-pub(crate) fn unsupported_with(name: &'static str, detail: &str) -> CUresult {
-    match crate::state::driver() {
-        Ok(d) => d.not_supported_because(name, detail),
-        Err(_) => cu::ERROR_NOT_SUPPORTED,
-    }
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: forwarded arguments.
+    unsafe { cuGetProcAddress_v2(symbol, pfn, version, flags, std::ptr::null_mut()) }
 }
 
 macro_rules! tables {
@@ -94,7 +128,7 @@ macro_rules! tables {
             $(
                 #[no_mangle]
                 pub extern "C" fn $uname() -> crate::cu::CUresult {
-                    super::unsupported(stringify!($uname))
+                    crate::state::unsupported(stringify!($uname))
                 }
             )*
         }
@@ -587,7 +621,7 @@ mod tests {
         ] {
             assert_eq!(
                 found(name, 12030),
-                crate::symbols::UNSUPPORTED
+                crate::api::symbols::UNSUPPORTED
                     .iter()
                     .find(|(n, _)| *n == name)
                     .map(|(_, s)| s.0.cast_mut())
@@ -648,5 +682,31 @@ mod tests {
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);
+    }
+
+    fn get(name: &std::ffi::CStr) -> (CUresult, *mut c_void, i32) {
+        let (mut f, mut st) = (std::ptr::dangling_mut::<c_void>(), -1);
+        // SAFETY: a NUL-terminated name and live out-parameters.
+        let r = unsafe { cuGetProcAddress_v2(name.as_ptr(), &mut f, 13000, 0, &mut st) };
+        (r, f, st)
+    }
+
+    #[test]
+    fn an_empty_name_succeeds_with_no_function_and_an_unknown_one_fails() {
+        assert_eq!(
+            get(c""),
+            (cu::SUCCESS, std::ptr::null_mut(), cu::PROC_SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            get(c"cuNoSuchThing"),
+            (
+                cu::ERROR_NOT_FOUND,
+                std::ptr::null_mut(),
+                cu::PROC_SYMBOL_NOT_FOUND
+            )
+        );
+        let (r, f, st) = get(c"cuMemAlloc");
+        assert_eq!((r, st), (cu::SUCCESS, cu::PROC_SUCCESS));
+        assert!(!f.is_null());
     }
 }

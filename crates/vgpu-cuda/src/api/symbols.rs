@@ -9,6 +9,21 @@
 //! of the `cuGetProcAddress` table are exported by that table's own
 //! stubs (`procs.rs`); these are the others.
 
+use std::ffi::c_void;
+
+/// A function address in a table row.
+#[derive(Clone, Copy)]
+pub struct Sym(pub(crate) *const c_void);
+
+impl Sym {
+    pub(crate) const fn of(f: *const c_void) -> Self {
+        Sym(f)
+    }
+}
+
+// SAFETY: function addresses, never written through.
+unsafe impl Sync for Sym {}
+
 /// Exported names that jump to an implemented function, arguments
 /// untouched.
 macro_rules! aliases {
@@ -36,7 +51,7 @@ macro_rules! unsupported {
             #[no_mangle]
             #[allow(non_snake_case)]
             pub extern "C" fn $name() -> crate::cu::CUresult {
-                crate::procs::unsupported(stringify!($name))
+                crate::state::unsupported(stringify!($name))
             }
         )*
 
@@ -46,8 +61,8 @@ macro_rules! unsupported {
         /// found both ways (PyTorch asks for optional ones, such as the
         /// multicast functions, and a name not found is an error the
         /// runtime keeps for the next call to report).
-        pub(crate) static UNSUPPORTED: &[(&str, crate::procs::Sym)] = &[
-            $((stringify!($name), crate::procs::Sym::of($name as *const std::ffi::c_void)),)*
+        pub(crate) static UNSUPPORTED: &[(&str, crate::api::symbols::Sym)] = &[
+            $((stringify!($name), crate::api::symbols::Sym::of($name as *const std::ffi::c_void)),)*
         ];
     };
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use vgpu_guest::{sys, Batch};
+use vgpu_guest::{sys, vgpu_abi, Batch};
 
 use super::memory::Mapping;
 use super::*;

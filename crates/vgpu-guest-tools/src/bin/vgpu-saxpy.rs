@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference;
-use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SaxpyParams;
+use vgpu_guest_tools::reference;
+use vgpu_guest_tools::sample::{self, ms};
 
 /// Runs saxpy_f32 on random vectors and compares with a CPU reference.
 #[derive(Parser, Debug)]

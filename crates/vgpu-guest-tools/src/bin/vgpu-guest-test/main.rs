@@ -182,7 +182,7 @@ fn main() {
 
     let seed = args
         .seed
-        .unwrap_or_else(vgpu_guest::reference::Rng::seed_from_time);
+        .unwrap_or_else(vgpu_guest_tools::reference::Rng::seed_from_time);
     cases::set_seed(seed);
     println!(
         "vgpu-guest-test: {} check(s) on {} (seed {seed})",

@@ -7,30 +7,40 @@
 
 use std::collections::HashMap;
 
+use crate::cu::CuResult;
 use crate::cu::{self, CUdevice};
-use crate::ffi::CuResult;
 
 /// `CUmemPool_attribute`.
 pub const ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`.
 pub const ATTR_REUSE_ALLOW_OPPORTUNISTIC: i32 = 2;
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`.
 pub const ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: i32 = 3;
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
 pub const ATTR_RELEASE_THRESHOLD: i32 = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 pub const ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`.
 pub const ATTR_RESERVED_MEM_HIGH: i32 = 6;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
 pub const ATTR_USED_MEM_CURRENT: i32 = 7;
+/// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
 pub const ATTR_USED_MEM_HIGH: i32 = 8;
 
 /// An attribute's value: the three reuse flags are `int`s, the rest
 /// `cuuint64_t`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value {
+    /// An `int` attribute.
     Int(i32),
+    /// A `cuuint64_t` attribute.
     U64(u64),
 }
 
 /// One pool.
 #[derive(Debug)]
 pub struct Pool {
+    /// The device whose memory it hands out.
     pub device: CUdevice,
     /// The three reuse flags, as set (all on, as CUDA starts them).
     reuse: [i32; 3],

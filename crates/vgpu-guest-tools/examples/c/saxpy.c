@@ -4,7 +4,7 @@
  *
  * Build (after `cargo build --release -p vgpu-guest`):
  *   gcc -O2 -I crates/vgpu-guest/include -I guest-driver/include \
- *       crates/vgpu-guest/examples/c/saxpy.c \
+ *       crates/vgpu-guest-tools/examples/c/saxpy.c \
  *       target/release/libvgpu_guest.a -lpthread -ldl -lm -o vgpu-saxpy-c
  * Run: vgpu-saxpy-c [/dev/vgpuN [n]]; prints PASS or FAIL.
  */

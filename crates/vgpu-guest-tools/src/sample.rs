@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::reference::{bytes_f32, f32_bytes, Rng};
-use crate::{Buffer, BuiltinKernel, Device};
+use vgpu_guest::{Buffer, BuiltinKernel, Device};
 
 /// The options of every sample beside its own.
 #[derive(clap::Args, Debug)]

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use vgpu_guest::reference::{self, Rng};
 use vgpu_guest::vgpu_abi::{CopyParams, FillParams, SaxpyParams, SgemmParams, VaddParams};
 use vgpu_guest::{sys, Batch, Device, Dims};
+use vgpu_guest_tools::reference::{self, Rng};
 
 use crate::proc::{self, poll_until};
 use crate::{Args, CaseResult};

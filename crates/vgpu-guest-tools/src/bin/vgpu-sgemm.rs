@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use clap::Parser;
-use vgpu_guest::reference;
-use vgpu_guest::sample::{self, ms};
 use vgpu_guest::vgpu_abi::SgemmParams;
+use vgpu_guest_tools::reference;
+use vgpu_guest_tools::sample::{self, ms};
 
 /// Runs sgemm_f32 on random matrices and compares with a CPU reference.
 #[derive(Parser, Debug)]

@@ -1,17 +1,37 @@
-//! The scheduler gate: how a vGPU's commands wait for their GPU, and the
-//! scheduler settings that come from the configuration.
+//! The turn logic between a tenant's command loop and its [`Scheduler`]:
+//! the [`CommandGate`] a command loop asks before each command, and
+//! [`SchedGate`], which answers from the scheduler.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_device::CommandGate;
-use vgpu_sched::{Grant, Policy as SchedPolicy, SchedConfig, Scheduler, TenantId, TenantParams};
+use crate::{Grant, Scheduler, TenantId};
 
-use crate::config::{GpuConfig, Policy, VgpuConfig};
+/// Lets a host scheduler decide when a tenant's next command may run on
+/// the shared GPU (preemption at command boundaries). Its caller knows no
+/// scheduler: it asks before each command and reports each one's cost.
+pub trait CommandGate: Send + Sync {
+    /// Blocks until one command may run. `cancelled` is polled while
+    /// waiting (a reset or queue change drops the command). Returns false
+    /// when the command must not run.
+    fn enter(&self, cancelled: &dyn Fn() -> bool) -> bool;
+    /// The command that entered finished after `device_time`, moving
+    /// `bytes` between guest or window memory and the device.
+    fn leave(&self, device_time: Duration, bytes: u64);
+    /// The worker has run out of commands for now (or stops): a gate that
+    /// keeps the GPU for a tenant between its commands gives it back.
+    fn idle(&self) {}
+    /// Whether the next command may run now without waiting: while it
+    /// may, the worker starts the next queued run before the one in
+    /// flight is finished (a gate that cannot say keeps one in flight).
+    fn holding(&self) -> bool {
+        false
+    }
+}
 
-/// Lets a vGPU's commands onto its GPU when the scheduler says so: what
-/// the daemon gives every vGPU's device (public for benchmarks that build
-/// vGPUs of their own).
+/// Lets a tenant's commands onto its GPU when the scheduler says so,
+/// keeping the GPU for the tenant's consecutive commands while its turn
+/// lasts.
 pub struct SchedGate {
     sched: Scheduler,
     tenant: TenantId,
@@ -115,39 +135,10 @@ impl CommandGate for SchedGate {
     }
 }
 
-/// The scheduler of a GPU: under every policy a tenant granted the GPU
-/// keeps it for consecutive commands for up to one slice while others
-/// wait (so a hand-over between tenants' threads is paid once per slice,
-/// not once per command).
-pub(super) fn sched_config(g: &GpuConfig) -> SchedConfig {
-    let mut c = sched_config_policy(g);
-    c.turn = Duration::from_micros(g.slice_us());
-    c
-}
-
-fn sched_config_policy(g: &GpuConfig) -> SchedConfig {
-    SchedConfig::new(match g.policy {
-        Policy::RoundRobin => SchedPolicy::RoundRobin {
-            slice: Duration::from_micros(g.slice_us()),
-        },
-        Policy::Priority => SchedPolicy::Priority {
-            aging: Duration::from_micros(g.slice_us() * 10),
-        },
-        Policy::Fair => SchedPolicy::FairShare,
-    })
-}
-
-pub(super) fn tenant_params(v: &VgpuConfig) -> TenantParams {
-    TenantParams {
-        weight: v.weight,
-        priority: v.priority,
-        cap: v.cap,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{SchedConfig, TenantParams};
 
     #[test]
     fn test_time_finished_outside_a_turn_is_charged_with_the_next() {

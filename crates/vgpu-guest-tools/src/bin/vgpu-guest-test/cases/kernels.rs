@@ -1,10 +1,10 @@
 //! The built-in kernels, checked against the CPU, and the checks of their launches.
 
-use vgpu_guest::reference;
 use vgpu_guest::vgpu_abi::{
     CopyParams, FillParams, ReduceSumParams, SaxpyParams, SgemmParams, VaddParams,
 };
 use vgpu_guest::{sys, ByteValued, Device, Dims, Error};
+use vgpu_guest_tools::reference;
 
 use crate::{Args, CaseResult};
 

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use vgpu_guest::reference::{bytes_f32, f32_bytes};
 use vgpu_guest::vgpu_abi::{self, FillParams, SaxpyParams, SgemmParams};
 use vgpu_guest::{errno_name, sys, Batch, Dims, Error};
+use vgpu_guest_tools::reference::{bytes_f32, f32_bytes};
 
 use crate::{Args, CaseResult};
 

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vgpu_guest::reference::{bytes_f32, f32_bytes, Rng};
 use vgpu_guest::{errno_name, Buffer, Device};
+use vgpu_guest_tools::reference::{bytes_f32, f32_bytes, Rng};
 
 use crate::{Args, Case};
 

@@ -1,0 +1,84 @@
+//! What a vGPU reports of itself: its compute capability and device
+//! attributes, as a GPU of that capability reports them.
+
+use vgpu_guest::vgpu_abi as abi;
+
+use crate::cu::{self, CuResult};
+use crate::state::Gpu;
+
+/// The compute capability reported: the PTX the device runs is compiled
+/// for it, and programs pick kernels by it.
+pub const CC_MAJOR: i32 = 9;
+/// The minor half of [`CC_MAJOR`]'s compute capability.
+pub const CC_MINOR: i32 = 0;
+
+/// The value of device attribute `attr`, as a GPU of this capability
+/// reports it; features a vGPU lacks (concurrent managed access, peer access,
+/// textures, ...) read 0, as on a GPU without them.
+pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
+    let sms = i32::try_from(g.info.compute_units.max(1)).unwrap_or(i32::MAX);
+    Ok(match attr {
+        cu::ATTR_MAX_THREADS_PER_BLOCK => abi::MAX_BLOCK_THREADS as i32,
+        cu::ATTR_MAX_BLOCK_DIM_X => abi::MAX_BLOCK_X as i32,
+        cu::ATTR_MAX_BLOCK_DIM_Y => abi::MAX_BLOCK_Y as i32,
+        cu::ATTR_MAX_BLOCK_DIM_Z => abi::MAX_BLOCK_Z as i32,
+        cu::ATTR_MAX_GRID_DIM_X => abi::MAX_GRID_X as i32,
+        cu::ATTR_MAX_GRID_DIM_Y => abi::MAX_GRID_Y as i32,
+        cu::ATTR_MAX_GRID_DIM_Z => abi::MAX_GRID_Z as i32,
+        cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
+        // What a kernel may opt in to (cuFuncSetAttribute), as on a
+        // Hopper GPU; the host's driver enforces its own limit again.
+        cu::ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 227 << 10,
+        cu::ATTR_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
+        cu::ATTR_RESERVED_SHARED_MEMORY_PER_BLOCK => 1 << 10,
+        cu::ATTR_TOTAL_CONSTANT_MEMORY => 64 << 10,
+        cu::ATTR_WARP_SIZE => 32,
+        cu::ATTR_MAX_PITCH => i32::MAX,
+        cu::ATTR_MAX_REGISTERS_PER_BLOCK | cu::ATTR_MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
+        cu::ATTR_CLOCK_RATE => 1_755_000,
+        cu::ATTR_MEMORY_CLOCK_RATE => 2_619_000,
+        cu::ATTR_GLOBAL_MEMORY_BUS_WIDTH => 5120,
+        cu::ATTR_L2_CACHE_SIZE => 50 << 20,
+        cu::ATTR_TEXTURE_ALIGNMENT | cu::ATTR_SURFACE_ALIGNMENT => 512,
+        cu::ATTR_TEXTURE_PITCH_ALIGNMENT => 32,
+        cu::ATTR_GPU_OVERLAP | cu::ATTR_CONCURRENT_KERNELS => 1,
+        cu::ATTR_ASYNC_ENGINE_COUNT => 1,
+        cu::ATTR_MULTIPROCESSOR_COUNT => sms,
+        cu::ATTR_MAX_THREADS_PER_MULTIPROCESSOR => 2048,
+        cu::ATTR_MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
+        cu::ATTR_CAN_MAP_HOST_MEMORY => 0,
+        cu::ATTR_UNIFIED_ADDRESSING => 1,
+        // Managed memory without concurrent access (crate::managed): the
+        // host uses it while the device is idle.
+        cu::ATTR_MANAGED_MEMORY => 1,
+        // Stream-ordered allocations and their pools (crate::pool_table);
+        // none exports handles (MEMPOOL_SUPPORTED_HANDLE_TYPES 0).
+        cu::ATTR_MEMORY_POOLS_SUPPORTED => 1,
+        cu::ATTR_PCI_DOMAIN_ID => g.info.pci_domain as i32,
+        cu::ATTR_PCI_BUS_ID => i32::from(g.info.pci_bus),
+        cu::ATTR_PCI_DEVICE_ID => i32::from(g.info.pci_devfn >> 3),
+        cu::ATTR_GPU_PCI_SUBSYSTEM_ID => {
+            (i32::from(g.info.subsystem_id) << 16) | i32::from(g.info.subsystem_vendor_id)
+        }
+        cu::ATTR_COMPUTE_CAPABILITY_MAJOR => CC_MAJOR,
+        cu::ATTR_COMPUTE_CAPABILITY_MINOR => CC_MINOR,
+        cu::ATTR_STREAM_PRIORITIES_SUPPORTED => 1,
+        cu::ATTR_GLOBAL_L1_CACHE_SUPPORTED | cu::ATTR_LOCAL_L1_CACHE_SUPPORTED => 1,
+        cu::ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
+        cu::ATTR_COMPUTE_PREEMPTION_SUPPORTED => 1,
+        cu::ATTR_CLUSTER_LAUNCH => 1,
+        // cuMemHostRegister works on any host range (copies read it in
+        // place).
+        cu::ATTR_HOST_REGISTER_SUPPORTED => 1,
+        // Stream memory operations, 64-bit words and NOR included, on
+        // page-locked host memory (the stream memory operations).
+        cu::ATTR_CAN_USE_STREAM_MEM_OPS_V1
+        | cu::ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS_V1
+        | cu::ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR_V1
+        | cu::ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS
+        | cu::ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR => 1,
+        cu::ATTR_NUMA_ID | cu::ATTR_HOST_NUMA_ID => -1,
+        a if (1..cu::ATTR_END).contains(&a) => 0,
+        _ => return Err(cu::ERROR_INVALID_VALUE),
+    })
+}

@@ -1,0 +1,319 @@
+//! Stream capture and graphs. Work queued on a stream being captured is
+//! recorded as the library would have queued it (launches, fills, small
+//! writes, device copies), not run; launching the graph's executable
+//! queues the recorded work again, in the recorded order. The device's
+//! one in-order queue ([`crate::inflight`]) then keeps every dependency
+//! the capture saw, the forks and joins of other streams through events
+//! included, so a graph needs no edges.
+//!
+//! A capture starts on one stream (its origin); another stream joins it
+//! by waiting on an event recorded in it, as CUDA's cross-stream capture
+//! does, and the origin ends it for all of them.
+//!
+//! A graph can also be built node by node (`cuGraphAdd*Node`), each node
+//! naming the nodes it depends on. Instantiating it puts the nodes in an
+//! order that honours every dependency (the order they were added where
+//! the dependencies allow), which the in-order queue then keeps.
+
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::cu::{self, CUdevice};
+use crate::work::Work;
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
+pub const MODE_GLOBAL: u32 = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const MODE_RELAXED: u32 = 2;
+
+/// `CUstreamCaptureStatus`.
+pub const STATUS_NONE: u32 = 0;
+/// A capture in progress.
+pub const STATUS_ACTIVE: u32 = 1;
+/// A capture a call it could not record invalidated.
+pub const STATUS_INVALIDATED: u32 = 2;
+
+/// A capture in progress.
+pub struct Capture {
+    /// The stream it began on, the one that ends it.
+    pub origin: usize,
+    /// Its `CUstreamCaptureMode`.
+    pub mode: u32,
+    /// Its id (`cuStreamGetCaptureInfo`), unique in the process.
+    pub id: u64,
+    /// A call it could not record was made: ending it fails.
+    pub invalidated: bool,
+    /// Stream-ordered allocations made on its streams, not yet freed in
+    /// it.
+    pub allocs: HashSet<u64>,
+    /// Those freed in it: the graph keeps them until it and its
+    /// executables are gone (see [`Graph::owned`]).
+    pub freed: Vec<u64>,
+}
+
+/// `CUgraphNodeType` of the nodes made here.
+pub const NODE_KERNEL: u32 = 0;
+/// `CU_GRAPH_NODE_TYPE_MEMCPY`.
+pub const NODE_MEMCPY: u32 = 1;
+/// `CU_GRAPH_NODE_TYPE_MEMSET`.
+pub const NODE_MEMSET: u32 = 2;
+/// `CU_GRAPH_NODE_TYPE_HOST`.
+pub const NODE_HOST: u32 = 3;
+/// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph.
+pub const NODE_GRAPH: u32 = 4;
+/// `CU_GRAPH_NODE_TYPE_EMPTY`.
+pub const NODE_EMPTY: u32 = 5;
+/// `CU_GRAPH_NODE_TYPE_WAIT_EVENT`.
+pub const NODE_WAIT_EVENT: u32 = 6;
+/// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
+pub const NODE_EVENT_RECORD: u32 = 7;
+
+/// Most nodes of one graph (a node's handle holds its index).
+pub const MAX_NODES: usize = (1 << 24) - 1;
+
+/// A kernel node's parameter block as handed out, and each parameter's
+/// address in it.
+pub type HandedOut = (Box<[u8]>, Box<[usize]>);
+
+/// One node of a graph: its work and the nodes (indices) it depends on.
+pub struct Node {
+    /// Its `CUgraphNodeType`.
+    pub kind: u32,
+    /// What it queues when its graph is launched.
+    pub work: Vec<Work>,
+    /// The indices of the nodes it depends on.
+    pub deps: Vec<usize>,
+    /// A kernel node's parameters as `cuGraphKernelNodeGetParams` gives
+    /// them, once asked for: a copy of the block (writes through the
+    /// pointers change no launch) and each parameter's address in it.
+    pub param_ptrs: Option<HandedOut>,
+    /// A memset or memcpy node's parameters as the program last gave
+    /// them, which `cuGraph*NodeGetParams` answers.
+    pub given: Option<Given>,
+    /// A kernel node's launch attributes as set, read back as set
+    /// (`cuGraphKernelNodeSetAttribute`; a cluster shape is its work's).
+    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
+}
+
+/// The parameters a memset or memcpy node was made or last set with.
+#[derive(Clone, Copy)]
+pub enum Given {
+    /// A memset node's parameters.
+    Memset(cu::MemsetNodeParams),
+    /// A memcpy node's parameters.
+    Memcpy(cu::Memcpy3d),
+}
+
+// SAFETY: the host addresses in a memcpy's parameters are the program's
+// values, kept only to be handed back to it; nothing dereferences them
+// through this copy.
+unsafe impl Send for Given {}
+
+impl Clone for Node {
+    /// A copy without the parameters handed out: their addresses are the
+    /// original's.
+    fn clone(&self) -> Node {
+        Node {
+            kind: self.kind,
+            work: self.work.clone(),
+            deps: self.deps.clone(),
+            param_ptrs: None,
+            given: self.given,
+            attrs: self.attrs.clone(),
+        }
+    }
+}
+
+impl Node {
+    /// A node of one piece of work.
+    pub fn of(work: &Work, deps: Vec<usize>) -> Node {
+        let kind = match work {
+            Work::Launch { .. } => NODE_KERNEL,
+            Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
+            Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
+            Work::Host(_) => NODE_HOST,
+            Work::Record(_) => NODE_EVENT_RECORD,
+            Work::Wait(_) => NODE_WAIT_EVENT,
+        };
+        Node {
+            kind,
+            work: vec![work.clone()],
+            deps,
+            param_ptrs: None,
+            given: None,
+            attrs: HashMap::new(),
+        }
+    }
+}
+
+/// A graph: its nodes, in the order they were added (a capture adds one
+/// per piece of work, each depending on the one before), and the capture
+/// filling it.
+pub struct Graph {
+    /// The device its work runs on.
+    pub device: CUdevice,
+    /// Its nodes, by index.
+    pub nodes: Vec<Node>,
+    /// The capture filling it, while one does.
+    pub capture: Option<Capture>,
+    /// Device memory its work uses that a capture allocated and freed
+    /// (`cuMemAllocAsync` ... `cuMemFreeAsync` on a captured stream):
+    /// shared with its clones, its executables and the graphs it is a
+    /// child of, and freed when the last of them goes.
+    pub owned: Owned,
+    /// The graph this one is a clone of (`cuGraphNodeFindInClone`).
+    pub cloned_from: Option<usize>,
+}
+
+/// Device memory graphs own, shared among those that use it.
+pub type Owned = Vec<Arc<Vec<u64>>>;
+
+impl Graph {
+    /// The work of every node, in an order that honours the
+    /// dependencies: of the nodes whose dependencies are all placed, the
+    /// one added first goes next. `None` when the dependencies loop.
+    pub fn ordered_work(&self) -> Option<Vec<Work>> {
+        self.ordered().map(|(work, _)| work)
+    }
+
+    /// [`Self::ordered_work`], with where each node's work lies in it
+    /// (by node index).
+    pub fn ordered(&self) -> Option<(Vec<Work>, Vec<Range<usize>>)> {
+        let n = self.nodes.len();
+        let mut waiting: Vec<usize> = self.nodes.iter().map(|x| x.deps.len()).collect();
+        let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, node) in self.nodes.iter().enumerate() {
+            for &d in &node.deps {
+                dependents[d].push(i);
+            }
+        }
+        let mut ready: BTreeSet<usize> = (0..n).filter(|&i| waiting[i] == 0).collect();
+        let mut work = Vec::with_capacity(n);
+        let mut spans = vec![0..0; n];
+        let mut placed = 0;
+        while let Some(i) = ready.pop_first() {
+            placed += 1;
+            let at = work.len();
+            work.extend(self.nodes[i].work.iter().cloned());
+            spans[i] = at..work.len();
+            for &j in &dependents[i] {
+                waiting[j] -= 1;
+                if waiting[j] == 0 {
+                    ready.insert(j);
+                }
+            }
+        }
+        (placed == n).then_some((work, spans))
+    }
+
+    /// The graph's node types and dependencies, without their work.
+    pub fn shape(&self) -> Graph {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|n| Node {
+                kind: n.kind,
+                work: Vec::new(),
+                deps: n.deps.clone(),
+                param_ptrs: None,
+                given: None,
+                attrs: HashMap::new(),
+            })
+            .collect();
+        Graph {
+            device: self.device,
+            nodes,
+            capture: None,
+            owned: Vec::new(),
+            cloned_from: None,
+        }
+    }
+
+    /// Whether `other` has this graph's topology: as many nodes, each of
+    /// the same type with the same dependencies (what `cuGraphExecUpdate`
+    /// needs); the first node that differs, if one does.
+    pub fn same_topology(&self, other: &Graph) -> Result<(), Option<usize>> {
+        if self.nodes.len() != other.nodes.len() {
+            return Err(None);
+        }
+        for (i, (a, b)) in self.nodes.iter().zip(&other.nodes).enumerate() {
+            let sorted = |d: &[usize]| {
+                let mut d = d.to_vec();
+                d.sort_unstable();
+                d
+            };
+            if a.kind != b.kind || sorted(&a.deps) != sorted(&b.deps) {
+                return Err(Some(i));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The handle of node `index` of graph `graph`.
+pub fn node_handle(graph: usize, index: usize) -> usize {
+    graph * (MAX_NODES + 1) + index + 1
+}
+
+/// The graph and index a node handle names (not checked against the
+/// graph's nodes).
+pub fn node_of(handle: usize) -> Option<(usize, usize)> {
+    let index = (handle % (MAX_NODES + 1)).checked_sub(1)?;
+    Some((handle / (MAX_NODES + 1), index))
+}
+
+/// Why `cuGraphExecUpdate` refuses a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateFailure {
+    /// Nodes, their types or their dependencies differ (at this node of
+    /// the new graph, where one node does).
+    Topology(Option<usize>),
+    /// Anything else (another device).
+    Other,
+}
+
+/// An instantiated graph, sharing its work with every launch of it.
+pub struct GraphExec {
+    /// The device its work runs on.
+    pub device: CUdevice,
+    /// Its nodes' work, in an order that keeps every dependency.
+    pub nodes: Arc<[Work]>,
+    /// The graph it was instantiated from (whose node handles change its
+    /// nodes), and the one it was last updated from (whose handles do too).
+    pub graphs: [usize; 2],
+    /// Where each node's work lies in `nodes`, by node index.
+    pub spans: Vec<Range<usize>>,
+    /// The source graph's node types and dependencies, which an update
+    /// must keep.
+    pub topology: Graph,
+    /// The memory its work uses that graphs own (see [`Graph::owned`]).
+    pub owned: Owned,
+    /// The `CUgraphInstantiate_flags` it was made with.
+    pub flags: u64,
+}
+
+/// Calls that wait for a stream's work or need the host side of it,
+/// which a capture cannot record.
+pub enum Unsafe {
+    /// Of one stream: a synchronisation, a query, a copy with a host side.
+    Stream(usize),
+    /// Of a whole device: a context synchronisation.
+    Device(CUdevice),
+}
+
+thread_local! {
+    /// The calling thread's capture mode (`cuThreadExchangeStreamCaptureMode`).
+    static THREAD_MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
+}
+
+/// Sets the calling thread's capture mode; the previous one.
+pub fn exchange_thread_mode(mode: u32) -> u32 {
+    THREAD_MODE.with(|m| m.replace(mode))
+}
+
+/// Whether the calling thread asked for relaxed capture rules.
+pub fn thread_relaxed() -> bool {
+    THREAD_MODE.with(|m| m.get()) == MODE_RELAXED
+}
