@@ -27,7 +27,7 @@ impl Objects {
         if stream <= 1 {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        if stream > 2 && !self.streams.contains_key(&stream) {
+        if stream > 2 && !self.streams().has_stream(stream) {
             return Err(cu::ERROR_INVALID_HANDLE);
         }
         if self.capturing.contains_key(&stream) {
@@ -218,7 +218,7 @@ impl Objects {
     /// `cuStreamWaitEvent`: a stream not capturing that waits on an event
     /// last recorded in a capture still in progress joins that capture.
     pub fn wait_event(&mut self, stream: usize, event: usize) -> CuResult {
-        let captured = by_handle(&self.events, event)?.captured;
+        let captured = self.streams().event(event)?.captured;
         let Some(g) = captured else {
             return Ok(());
         };
@@ -680,7 +680,7 @@ mod tests {
     use super::*;
     use crate::graphs::*;
     use crate::inflight::FLUSH_AT;
-    use crate::objects::{Event, Stream};
+    use crate::stream_table::{Event, Stream};
     use crate::work::*;
 
     fn fill(n: u64) -> Work {
@@ -695,32 +695,30 @@ mod tests {
         let mut o = Objects::default();
         let streams = (0..n)
             .map(|_| {
-                o.add(
-                    |o| &mut o.streams,
-                    Stream {
+                o.file(|o, h| {
+                    let stream = Stream {
                         ctx: 1,
                         lane: 0,
                         flags: 1,
                         priority: 0,
                         attrs: Default::default(),
-                    },
-                )
+                    };
+                    o.streams_mut().add_stream(h, stream);
+                })
             })
             .collect();
         (o, streams)
     }
 
     fn event(o: &mut Objects) -> usize {
-        o.add(
-            |o| &mut o.events,
-            Event {
-                flags: 0,
-                records: 0,
-                device: 0,
-                lane: 0,
-                captured: None,
-            },
-        )
+        let event = Event {
+            flags: 0,
+            records: 0,
+            device: 0,
+            lane: 0,
+            captured: None,
+        };
+        o.file(|o, h| o.streams_mut().add_event(h, event))
     }
 
     #[test]
@@ -934,7 +932,7 @@ mod tests {
         // Recorded outside the capture: waiting joins nothing.
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
-        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]), o.capture_info(s[0]));
         assert_eq!(o.capture_work(s[1], 0, &[fill(1)]), Ok(true));
@@ -1006,7 +1004,7 @@ mod tests {
         let (mut o, s) = objects_with_streams(2);
         let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         let e = event(&mut o);
-        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         // A joined stream leaves the capture invalidated.
         o.forget_stream_capture(s[1]);

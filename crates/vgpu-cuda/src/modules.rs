@@ -289,7 +289,7 @@ impl Driver {
         let o = self.objects();
         let ctx = match current {
             Some(c) => c,
-            None => by_handle(&o.streams, stream)?.ctx,
+            None => o.streams().stream(stream)?.ctx,
         };
         let dev = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?.device;
         let f = by_handle(&o.funcs, func)?;

@@ -11,6 +11,7 @@ use vgpu_guest::{Function, Module};
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::log;
 use crate::graphs::{Graph, GraphExec};
+use crate::stream_table::Streams;
 
 /// The object filed under handle `h` in `table`; CUDA calls an unknown
 /// one an invalid handle.
@@ -115,38 +116,6 @@ pub const MAX_CLUSTER_ANSWERS: usize = 64;
 /// Dynamic shared memory a kernel may use until it opts in to more.
 pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
 
-/// A stream. Its work runs in order on its device's queue
-/// ([`crate::inflight`]).
-pub struct Stream {
-    /// The context it was created in.
-    pub ctx: usize,
-    /// The lane of its device its work goes to.
-    pub lane: usize,
-    /// The `CUstream_flags` it was created with.
-    pub flags: u32,
-    /// The priority it was created with.
-    pub priority: i32,
-    /// Launch attributes set on it (`cuStreamSetAttribute`), by id: hints
-    /// the device honours by ignoring, read back as set.
-    pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
-}
-
-/// An event: a marker in the device's queue that reads the device clock
-/// when the work before it is done.
-pub struct Event {
-    /// The `CUevent_flags` it was created with.
-    pub flags: u32,
-    /// Records so far (0: never recorded), and the device of the last.
-    pub records: u64,
-    /// The device of its last record.
-    pub device: CUdevice,
-    /// The lane of the last record.
-    pub lane: usize,
-    /// The graph whose capture made the last record, if one did: a
-    /// stream that waits on the event joins that capture.
-    pub captured: Option<usize>,
-}
-
 /// Device memory a program allocated.
 pub struct Alloc {
     /// Its size in bytes.
@@ -190,10 +159,9 @@ pub struct Objects {
     pub modules: HashMap<usize, ModuleObj>,
     /// Functions and kernels.
     pub funcs: HashMap<usize, Func>,
-    /// Streams (the default streams 0, 1 and 2 are not filed).
-    pub streams: HashMap<usize, Stream>,
-    /// Events.
-    pub events: HashMap<usize, Event>,
+    /// Streams (the default streams 0, 1 and 2 are not filed) and
+    /// events.
+    streams: Streams,
     /// Device allocations by start address.
     pub allocs: BTreeMap<u64, Alloc>,
     /// The pages of device allocations, held in this process's address
@@ -230,6 +198,23 @@ impl Objects {
     pub fn handle(&mut self) -> usize {
         self.next += 0x10;
         0x10_0000 + self.next
+    }
+
+    /// The streams and events.
+    pub fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
+    /// The streams and events, to change.
+    pub fn streams_mut(&mut self) -> &mut Streams {
+        &mut self.streams
+    }
+
+    /// A fresh handle, which `put` files an object under in its table.
+    pub fn file(&mut self, put: impl FnOnce(&mut Objects, usize)) -> usize {
+        let h = self.handle();
+        put(self, h);
+        h
     }
 
     /// Files `value` under a fresh handle in the table `table` picks.

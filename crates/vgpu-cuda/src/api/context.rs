@@ -325,7 +325,7 @@ pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
         let device = d.ctx_device(ctx as usize)?;
         let (records, on) = {
             let o = d.objects();
-            let e = crate::objects::by_handle(&o.events, event as usize)?;
+            let e = o.streams().event(event as usize)?;
             (e.records, e.device)
         };
         if records > 0 && on != device {

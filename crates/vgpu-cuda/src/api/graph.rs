@@ -324,7 +324,7 @@ unsafe fn add_event_node(
     let device = {
         let d = driver()?;
         let o = d.objects();
-        by_handle(&o.events, event as usize)?;
+        o.streams().event(event as usize)?;
         by_handle(&o.graphs, graph as usize)?.device
     };
     let work = event_work(kind, event);
@@ -383,7 +383,7 @@ unsafe fn node_event(node: Handle, kind: u32, out: *mut Handle) -> CuResult {
 fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    by_handle(&o.events, event as usize)?;
+    o.streams().event(event as usize)?;
     let (g, _) = o.node(node as usize)?;
     let device = o.graphs[&g].device;
     o.set_node(node as usize, kind, device, event_work(kind, event))
@@ -393,7 +393,7 @@ fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
 fn set_exec_node_event(exec: Handle, node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    by_handle(&o.events, event as usize)?;
+    o.streams().event(event as usize)?;
     let device = by_handle(&o.execs, exec as usize)?.device;
     o.set_exec_node(
         exec as usize,
