@@ -3,14 +3,12 @@
 //! number this library checks on every use, so a stale or forged handle
 //! is an error, never a crash.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
-
-use vgpu_guest::{Function, Module};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::log;
 use crate::graphs::{Graph, GraphExec};
+use crate::module_table::{ModuleObj, Modules};
 use crate::stream_table::Streams;
 
 /// The object filed under handle `h` in `table`; CUDA calls an unknown
@@ -54,68 +52,6 @@ impl Ctx {
     }
 }
 
-/// A loaded module (or library: CUDA's context-independent module).
-pub struct ModuleObj {
-    /// The device it is loaded on.
-    pub device: CUdevice,
-    /// The device's module, shared with the launches of its kernels.
-    pub module: Arc<Module>,
-    /// The entry points its PTX names.
-    pub kernels: HashSet<String>,
-    /// The functions its cubins have code for: entry points and device
-    /// functions alike, which only the device tells apart.
-    pub cubin_functions: Vec<String>,
-    /// Globals looked up: address and size.
-    pub globals: HashMap<String, (u64, u64)>,
-    /// For a library of a process with several devices: what loads it on
-    /// the others.
-    pub library: Option<Library>,
-}
-
-/// A library (`cuLibraryLoadData`) belongs to no context: its kernels
-/// run on whichever device launches them. It is loaded where it was
-/// first asked for; on another device, a copy of its image is loaded as
-/// a module of its own (a *twin*) the first time one of its kernels runs
-/// there, and unloaded with it.
-pub struct Library {
-    /// The image, kept to load it on other devices.
-    pub image: Arc<[u8]>,
-    /// Its twin module on each other device it was loaded on.
-    pub twins: HashMap<CUdevice, usize>,
-}
-
-/// A function (or kernel) of a module.
-pub struct Func {
-    /// The module it belongs to.
-    pub module: usize,
-    /// The device of that module.
-    pub device: CUdevice,
-    /// The device's description and handle of it, shared with the
-    /// launches that use it (a launch takes no copy of the layout).
-    pub function: Arc<Function>,
-    /// The name, NUL-terminated, for `cuFuncGetName`.
-    pub cname: std::ffi::CString,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: what a launch
-    /// may use, raised by `cuFuncSetAttribute`.
-    pub max_dynamic_shared: u32,
-    /// Attributes set as hints (`cuFuncSetAttribute`), read back as set.
-    pub hints: HashMap<i32, i32>,
-    /// The device's answers to `cuOccupancyMaxActiveClusters`, by block,
-    /// dynamic shared memory and cluster: libraries ask the same shapes
-    /// again, and each question is a device round trip.
-    pub clusters: HashMap<ClusterShape, u32>,
-}
-
-/// What a cluster occupancy answer depends on: block, dynamic shared
-/// memory, cluster.
-pub type ClusterShape = ([u32; 3], u32, [u32; 3]);
-
-/// Most cluster occupancy answers kept per function.
-pub const MAX_CLUSTER_ANSWERS: usize = 64;
-
-/// Dynamic shared memory a kernel may use until it opts in to more.
-pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
-
 /// Device memory a program allocated.
 pub struct Alloc {
     /// Its size in bytes.
@@ -155,10 +91,8 @@ pub struct Objects {
     next: usize,
     /// Contexts, primary ones included.
     pub ctxs: HashMap<usize, Ctx>,
-    /// Modules and libraries.
-    pub modules: HashMap<usize, ModuleObj>,
-    /// Functions and kernels.
-    pub funcs: HashMap<usize, Func>,
+    /// Modules and libraries, and their functions and kernels.
+    modules: Modules,
     /// Streams (the default streams 0, 1 and 2 are not filed) and
     /// events.
     streams: Streams,
@@ -198,6 +132,16 @@ impl Objects {
     pub fn handle(&mut self) -> usize {
         self.next += 0x10;
         0x10_0000 + self.next
+    }
+
+    /// The modules and functions.
+    pub fn modules(&self) -> &Modules {
+        &self.modules
+    }
+
+    /// The modules and functions, to change.
+    pub fn modules_mut(&mut self) -> &mut Modules {
+        &mut self.modules
     }
 
     /// The streams and events.
@@ -263,7 +207,7 @@ impl Objects {
     /// Forgets module `module` with its functions and globals; the
     /// module, if it was filed.
     pub fn remove_module(&mut self, module: usize) -> Option<ModuleObj> {
-        self.funcs.retain(|_, f| f.module != module);
+        self.modules.forget_functions_of(module);
         let (reserved, globals) = (&mut self.reserved, &mut self.globals_reserved);
         self.allocs.retain(|&addr, a| {
             let keep = a.module != Some(module);
@@ -272,7 +216,7 @@ impl Objects {
             }
             keep
         });
-        self.modules.remove(&module)
+        self.modules.remove_module(module).ok()
     }
 
     /// The device of the `cuMemAlloc` memory starting at `addr`, which

@@ -380,7 +380,7 @@ extern "C" fn module_query_7(
         let d = driver()?;
         let mut names: Vec<String> = {
             let o = d.objects();
-            let m = crate::objects::by_handle(&o.modules, module as usize)?;
+            let m = o.modules().module(module as usize)?;
             m.kernels
                 .iter()
                 .chain(&m.cubin_functions)
