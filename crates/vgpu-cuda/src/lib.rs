@@ -45,6 +45,7 @@ pub mod api;
 pub mod capture;
 pub mod console;
 pub mod copies;
+pub mod ctx_table;
 #[allow(missing_docs)]
 pub mod cu;
 pub mod devices;

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::ctx_table::Contexts;
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::log;
 use crate::graphs::{Graph, GraphExec};
@@ -15,41 +16,6 @@ use crate::stream_table::Streams;
 /// one an invalid handle.
 pub fn by_handle<T>(table: &HashMap<usize, T>, h: usize) -> CuResult<&T> {
     table.get(&h).ok_or(cu::ERROR_INVALID_HANDLE)
-}
-
-/// A context: CUDA's per-device address space and state.
-pub struct Ctx {
-    /// The device it is a context of.
-    pub device: CUdevice,
-    /// Values stored through the context-local-storage table, with the
-    /// destructor to call when the context is reset.
-    pub storage: HashMap<usize, (usize, Option<cu::ClsDtor>)>,
-    /// `CUlimit` values, by limit number.
-    pub limits: [usize; 10],
-    /// The `CUctx_flags` it was created with.
-    pub flags: u32,
-}
-
-/// CUDA's defaults for `CUlimit` 0..=9: stack, printf FIFO, malloc heap,
-/// sync depth, pending launches, L2 fetch granularity, persisting L2,
-/// then the three of contexts shared with graphics (CIG), which a vGPU's
-/// never are: shared memory, enabled, fallback.
-pub const DEFAULT_LIMITS: [usize; 10] = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0, 0, 0, 0];
-
-/// `CU_LIMIT_SHMEM_SIZE` and `CU_LIMIT_CIG_ENABLED` can only be queried.
-pub const READ_ONLY_LIMITS: [u32; 2] = [7, 8];
-
-impl Ctx {
-    /// A context of `device` with `flags`, CUDA's default limits and no
-    /// stored values.
-    pub fn new(device: CUdevice, flags: u32) -> Ctx {
-        Ctx {
-            device,
-            storage: HashMap::new(),
-            limits: DEFAULT_LIMITS,
-            flags,
-        }
-    }
 }
 
 /// Device memory a program allocated.
@@ -89,8 +55,9 @@ pub struct HostMem {
 #[derive(Default)]
 pub struct Objects {
     next: usize,
-    /// Contexts, primary ones included.
-    pub ctxs: HashMap<usize, Ctx>,
+    /// Contexts, primary ones included, and the primary ones' reference
+    /// counts and flags.
+    ctxs: Contexts,
     /// Modules and libraries, and their functions and kernels.
     modules: Modules,
     /// Streams (the default streams 0, 1 and 2 are not filed) and
@@ -105,10 +72,6 @@ pub struct Objects {
     pub globals_reserved: std::collections::HashSet<u64>,
     /// Host allocations by start address.
     pub host: BTreeMap<usize, HostMem>,
-    /// Primary context reference counts and flags, per device.
-    pub primary_refs: Vec<u32>,
-    /// Primary context flags, per device (`cuDevicePrimaryCtxSetFlags`).
-    pub primary_flags: Vec<u32>,
     /// Streams being captured, and the graph each one's capture fills.
     pub capturing: HashMap<usize, usize>,
     /// Graphs, made by capture or node by node.
@@ -132,6 +95,16 @@ impl Objects {
     pub fn handle(&mut self) -> usize {
         self.next += 0x10;
         0x10_0000 + self.next
+    }
+
+    /// The contexts.
+    pub fn ctxs(&self) -> &Contexts {
+        &self.ctxs
+    }
+
+    /// The contexts, to change.
+    pub fn ctxs_mut(&mut self) -> &mut Contexts {
+        &mut self.ctxs
     }
 
     /// The modules and functions.

@@ -1,9 +1,9 @@
 //! Contexts and the per-thread context stack.
 
+use crate::ctx_table::Ctx;
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graphs::Unsafe;
-use crate::objects::Ctx;
 use crate::state::{driver, Driver};
 
 /// The context a call names: `ctx`, or the current one when null.
@@ -142,7 +142,9 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        let h = d.objects().add(|o| &mut o.ctxs, Ctx::new(dev, flags));
+        let h = d
+            .objects()
+            .file(|o, h| o.ctxs_mut().add(h, Ctx::new(dev, flags)));
         d.push_current(h);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pctx, h as Handle) }
@@ -158,12 +160,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
             // Primary contexts are released, not destroyed.
             return Err(cu::ERROR_INVALID_CONTEXT);
         }
-        let device = d
-            .objects()
-            .ctxs
-            .remove(&ctx)
-            .ok_or(cu::ERROR_INVALID_CONTEXT)?
-            .device;
+        let device = d.objects().ctxs_mut().remove(ctx)?.device;
         // Its work ends first, and what its kernels printed comes out.
         d.gpu(device)?.wait_idle();
         if d.current() == Some(ctx) {
@@ -178,7 +175,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        let f = d.objects().ctxs.get(&ctx).map_or(0, |c| c.flags);
+        let f = d.objects().ctxs().ctx(ctx).map_or(0, |c| c.flags);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -189,7 +186,7 @@ pub extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if let Some(c) = d.objects().ctxs.get_mut(&ctx) {
+        if let Ok(c) = d.objects().ctxs_mut().ctx_mut(ctx) {
             c.flags = flags;
         }
         Ok(())
@@ -203,7 +200,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresul
         let (ctx, _) = d.current_ctx()?;
         let v = {
             let o = d.objects();
-            let c = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+            let c = o.ctxs().ctx(ctx)?;
             *c.limits
                 .get(limit as usize)
                 .ok_or(cu::ERROR_INVALID_VALUE)?
@@ -218,11 +215,11 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if crate::objects::READ_ONLY_LIMITS.contains(&limit) {
+        if crate::ctx_table::READ_ONLY_LIMITS.contains(&limit) {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
         let mut o = d.objects();
-        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        let c = o.ctxs_mut().ctx_mut(ctx)?;
         *c.limits
             .get_mut(limit as usize)
             .ok_or(cu::ERROR_INVALID_VALUE)? = value;

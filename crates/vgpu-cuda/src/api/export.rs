@@ -258,7 +258,7 @@ extern "C" fn cls_put(
     entry(|| {
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
-        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        let c = o.ctxs_mut().ctx_mut(ctx)?;
         c.storage.insert(key as usize, (value as usize, dtor));
         Ok(())
     })
@@ -268,7 +268,7 @@ extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> CUresult {
     entry(|| {
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
-        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+        let c = o.ctxs_mut().ctx_mut(ctx)?;
         c.storage.remove(&(key as usize));
         Ok(())
     })
@@ -279,7 +279,7 @@ extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) ->
         let ctx = cls_ctx(ctx)?;
         let v = {
             let o = driver()?.objects();
-            let c = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
+            let c = o.ctxs().ctx(ctx)?;
             c.storage
                 .get(&(key as usize))
                 .ok_or(cu::ERROR_INVALID_HANDLE)?
