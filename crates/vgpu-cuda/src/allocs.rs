@@ -142,7 +142,7 @@ pub fn free(addr: CUdeviceptr) -> CuResult {
         if let Some(a) = o.allocs.remove(&addr) {
             o.reserved.release(addr, a.size);
         }
-        o.pools.freed(addr);
+        o.pools_mut().freed(addr);
     }
     check(g.dev.free_raw(addr))
 }
@@ -155,19 +155,19 @@ pub fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResult<CUde
         let mut o = d.objects();
         match pool {
             Some(p) => {
-                if o.pools.get(p)?.device != dev {
+                if o.pools().get(p)?.device != dev {
                     return Err(cu::ERROR_INVALID_VALUE);
                 }
                 p
             }
             None => {
                 let h = o.handle();
-                o.pools.current(dev, || h)
+                o.pools_mut().current(dev, || h)
             }
         }
     };
     let addr = alloc(size)?;
-    d.objects().pools.allocated(pool, addr, size as u64);
+    d.objects().pools_mut().allocated(pool, addr, size as u64);
     Ok(addr)
 }
 

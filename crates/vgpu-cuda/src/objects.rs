@@ -9,7 +9,9 @@ use crate::ctx_table::Contexts;
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::log;
 use crate::graphs::{Graph, GraphExec};
+use crate::links::Links;
 use crate::module_table::{ModuleObj, Modules};
+use crate::pool_table::Pools;
 use crate::stream_table::Streams;
 
 /// The object filed under handle `h` in `table`; CUDA calls an unknown
@@ -81,9 +83,9 @@ pub struct Objects {
     /// The last capture id given out (ids start at 1).
     pub capture_ids: u64,
     /// Memory pools, and which allocations came from them.
-    pub pools: crate::pool_table::Pools,
+    pools: Pools,
     /// JIT links in progress.
-    pub links: crate::links::Links,
+    links: Links,
     /// Device memory graphs owned and no longer use: freed by the entry
     /// point that let it go, once the objects are unlocked.
     pub to_free: Vec<u64>,
@@ -115,6 +117,21 @@ impl Objects {
     /// The modules and functions, to change.
     pub fn modules_mut(&mut self) -> &mut Modules {
         &mut self.modules
+    }
+
+    /// The memory pools.
+    pub fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    /// The memory pools, to change.
+    pub fn pools_mut(&mut self) -> &mut Pools {
+        &mut self.pools
+    }
+
+    /// The JIT links in progress, to change.
+    pub fn links_mut(&mut self) -> &mut Links {
+        &mut self.links
     }
 
     /// The streams and events.

@@ -666,7 +666,7 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
             cu::POINTER_MAPPED => ffi::put(data.cast::<i32>(), 1),
             cu::POINTER_MEMPOOL_HANDLE => {
-                let pool = d.objects().pools.pool_of(start).unwrap_or(0);
+                let pool = d.objects().pools().pool_of(start).unwrap_or(0);
                 ffi::put(data.cast::<Handle>(), pool as Handle)
             }
             _ => Err(cu::ERROR_INVALID_VALUE),
