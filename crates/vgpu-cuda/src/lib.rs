@@ -61,6 +61,7 @@ pub mod launch_args;
 pub mod links;
 pub mod managed;
 pub mod md2;
+pub mod mem_table;
 pub mod module_table;
 pub mod modules;
 pub mod objects;

@@ -186,7 +186,7 @@ impl Driver {
         if let Ok(m) = o.modules_mut().module_mut(module) {
             m.globals.insert(name.to_string(), g);
             // cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave.
-            o.add_global(module, g.0, g.1, device, ctx);
+            o.allocs_mut().add_global(module, g.0, g.1, device, ctx);
         }
         Ok(g)
     }
