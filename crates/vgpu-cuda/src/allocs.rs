@@ -187,9 +187,9 @@ pub fn alloc_async(
     Ok(addr)
 }
 
-/// Frees the device memory graphs let go of (see `Objects::to_free`).
+/// Frees the device memory graphs let go of (see `Graphs::take_to_free`).
 pub fn free_released(d: &Driver) {
-    let addrs = std::mem::take(&mut d.objects().to_free);
+    let addrs = d.objects().graphs_mut().take_to_free();
     for a in addrs {
         if let Err(e) = free(a) {
             log(&format!("memory a graph owned at {a:#x} not freed: {e}"));

@@ -56,6 +56,11 @@ impl<T, const BAD: CUresult> Handles<T, BAD> {
         self.map.iter().map(|(&h, v)| (h, v))
     }
 
+    /// The object filed under `h`, which the caller knows is there.
+    pub fn at(&self, h: usize) -> &T {
+        &self.map[&h]
+    }
+
     /// Every object, to change, in no particular order.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.map.values_mut()

@@ -297,7 +297,7 @@ impl Driver {
         if f.device != dev {
             return Ok(Look::Elsewhere(dev));
         }
-        if o.capturing.contains_key(&stream) {
+        if o.graphs().is_capturing(stream) {
             return Ok(Look::Here(None));
         }
         if shared_mem > f.max_dynamic_shared {

@@ -3,22 +3,13 @@
 //! number this library checks on every use, so a stale or forged handle
 //! is an error, never a crash.
 
-use std::collections::HashMap;
-
 use crate::ctx_table::Contexts;
-use crate::cu::{self, CuResult};
-use crate::graphs::{Graph, GraphExec};
+use crate::graphs::Graphs;
 use crate::links::Links;
 use crate::mem_table::{Allocs, HostAllocs};
 use crate::module_table::{ModuleObj, Modules};
 use crate::pool_table::Pools;
 use crate::stream_table::Streams;
-
-/// The object filed under handle `h` in `table`; CUDA calls an unknown
-/// one an invalid handle.
-pub fn by_handle<T>(table: &HashMap<usize, T>, h: usize) -> CuResult<&T> {
-    table.get(&h).ok_or(cu::ERROR_INVALID_HANDLE)
-}
 
 /// Handle-addressed objects.
 #[derive(Default)]
@@ -36,21 +27,12 @@ pub struct Objects {
     allocs: Allocs,
     /// Host allocations by start address.
     host: HostAllocs,
-    /// Streams being captured, and the graph each one's capture fills.
-    pub capturing: HashMap<usize, usize>,
-    /// Graphs, made by capture or node by node.
-    pub graphs: HashMap<usize, Graph>,
-    /// Executable graphs.
-    pub execs: HashMap<usize, GraphExec>,
-    /// The last capture id given out (ids start at 1).
-    pub capture_ids: u64,
+    /// Graphs, executables and the captures in progress.
+    graphs: Graphs,
     /// Memory pools, and which allocations came from them.
     pools: Pools,
     /// JIT links in progress.
     links: Links,
-    /// Device memory graphs owned and no longer use: freed by the entry
-    /// point that let it go, once the objects are unlocked.
-    pub to_free: Vec<u64>,
 }
 
 impl Objects {
@@ -101,6 +83,16 @@ impl Objects {
         &mut self.host
     }
 
+    /// The graphs, executables and captures.
+    pub fn graphs(&self) -> &Graphs {
+        &self.graphs
+    }
+
+    /// The graphs, executables and captures, to change.
+    pub fn graphs_mut(&mut self) -> &mut Graphs {
+        &mut self.graphs
+    }
+
     /// The memory pools.
     pub fn pools(&self) -> &Pools {
         &self.pools
@@ -130,13 +122,6 @@ impl Objects {
     pub fn file(&mut self, put: impl FnOnce(&mut Objects, usize)) -> usize {
         let h = self.handle();
         put(self, h);
-        h
-    }
-
-    /// Files `value` under a fresh handle in the table `table` picks.
-    pub fn add<T>(&mut self, table: fn(&mut Objects) -> &mut HashMap<usize, T>, value: T) -> usize {
-        let h = self.handle();
-        table(self).insert(h, value);
         h
     }
 

@@ -131,7 +131,7 @@ pub fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult
     let lane = g.lanes.route(d.stream_lane(stream as usize)?);
     let (record, timing) = {
         let mut o = d.objects();
-        let captured = o.capturing.get(&(stream as usize)).copied();
+        let captured = o.graphs().capturing(stream as usize);
         let e = o.streams_mut().event_mut(event as usize)?;
         e.captured = captured;
         if captured.is_some() {

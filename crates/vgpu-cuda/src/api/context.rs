@@ -305,7 +305,7 @@ pub extern "C" fn cuCtxRecordEvent(ctx: Handle, event: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
         let device = d.ctx_device(ctx as usize)?;
-        if !d.objects().capturing.is_empty() {
+        if d.objects().graphs().any_capturing() {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         crate::streams::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())

@@ -233,7 +233,7 @@ fn capture_host_copy(
     n: usize,
     work: Work,
 ) -> CuResult<bool> {
-    if !d.objects().capturing.contains_key(&(stream as usize)) {
+    if !d.objects().graphs().is_capturing(stream as usize) {
         return Ok(false);
     }
     if n == 0 {

@@ -150,7 +150,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
     entry(|| {
         let d = driver()?;
         let device = d.stream_device(stream as usize)?;
-        let captured = d.objects().capturing.contains_key(&(stream as usize));
+        let captured = d.objects().graphs().is_capturing(stream as usize);
         if captured && flags & cu::EVENT_WAIT_EXTERNAL != 0 {
             // An event wait node of the capture's graph.
             d.objects().streams().event(event as usize)?;
@@ -396,7 +396,7 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
     entry(|| {
         let d = driver()?;
         if flags & cu::EVENT_RECORD_EXTERNAL != 0
-            && d.objects().capturing.contains_key(&(stream as usize))
+            && d.objects().graphs().is_capturing(stream as usize)
         {
             // An event record node of the capture's graph.
             d.objects().streams().event(event as usize)?;
