@@ -118,12 +118,7 @@ impl Objects {
         let Some(g) = self.graphs().capturing(stream) else {
             return;
         };
-        if let Some(c) = self
-            .graphs_mut()
-            .graph_mut(g)
-            .ok()
-            .and_then(|g| g.capture.as_mut())
-        {
+        if let Some(c) = self.graphs_mut().capture_mut(g) {
             c.allocs.insert(addr);
         }
     }
@@ -136,12 +131,7 @@ impl Objects {
         let Some(g) = self.graphs().capturing(stream) else {
             return Ok(false);
         };
-        let Some(c) = self
-            .graphs_mut()
-            .graph_mut(g)
-            .ok()
-            .and_then(|g| g.capture.as_mut())
-        else {
+        let Some(c) = self.graphs_mut().capture_mut(g) else {
             return Ok(false);
         };
         if c.invalidated {
@@ -205,12 +195,7 @@ impl Objects {
         match call {
             Unsafe::Stream(s) => {
                 if let Some(g) = self.graphs().capturing(s) {
-                    if let Some(c) = self
-                        .graphs_mut()
-                        .graph_mut(g)
-                        .ok()
-                        .and_then(|g| g.capture.as_mut())
-                    {
+                    if let Some(c) = self.graphs_mut().capture_mut(g) {
                         c.invalidated = true;
                         refused = true;
                     }
@@ -257,12 +242,7 @@ impl Objects {
         let Some(g) = self.graphs_mut().leave_capture(stream) else {
             return;
         };
-        let Some(c) = self
-            .graphs_mut()
-            .graph_mut(g)
-            .ok()
-            .and_then(|g| g.capture.as_mut())
-        else {
+        let Some(c) = self.graphs_mut().capture_mut(g) else {
             return;
         };
         c.invalidated = true;

@@ -327,6 +327,11 @@ impl Graphs {
         self.graphs.at(g)
     }
 
+    /// The capture filling graph `g`, if `g` is a graph being captured.
+    pub fn capture_mut(&mut self, g: usize) -> Option<&mut Capture> {
+        self.graphs.get_mut(g).ok().and_then(|g| g.capture.as_mut())
+    }
+
     /// Files `graph` under the fresh handle `h`.
     pub fn add_graph(&mut self, h: usize, graph: Graph) {
         self.graphs.insert(h, graph);
