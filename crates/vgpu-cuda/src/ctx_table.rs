@@ -9,15 +9,19 @@ use crate::handles::Handles;
 /// A context: CUDA's per-device address space and state.
 pub struct Ctx {
     /// The device it is a context of.
-    pub device: CUdevice,
+    device: CUdevice,
     /// Values stored through the context-local-storage table, with the
     /// destructor to call when the context is reset.
-    pub storage: HashMap<usize, (usize, Option<cu::ClsDtor>)>,
+    storage: Storage,
     /// `CUlimit` values, by limit number.
-    pub limits: [usize; 10],
+    limits: [usize; 10],
     /// The `CUctx_flags` it was created with.
-    pub flags: u32,
+    flags: u32,
 }
+
+/// Values stored through the context-local-storage table, by key, with
+/// the destructor of each.
+pub type Storage = HashMap<usize, (usize, Option<cu::ClsDtor>)>;
 
 /// CUDA's defaults for `CUlimit` 0..=9: stack, printf FIFO, malloc heap,
 /// sync depth, pending launches, L2 fetch granularity, persisting L2,
@@ -38,6 +42,58 @@ impl Ctx {
             limits: DEFAULT_LIMITS,
             flags,
         }
+    }
+
+    /// The device it is a context of.
+    pub fn device(&self) -> CUdevice {
+        self.device
+    }
+
+    /// Its `CUctx_flags`.
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// Sets its `CUctx_flags` (`cuCtxSetFlags`).
+    pub fn set_flags(&mut self, flags: u32) {
+        self.flags = flags;
+    }
+
+    /// `CUlimit` `limit`'s value; an unknown limit is an invalid value.
+    pub fn limit(&self, limit: u32) -> CuResult<usize> {
+        Ok(*self
+            .limits
+            .get(limit as usize)
+            .ok_or(cu::ERROR_INVALID_VALUE)?)
+    }
+
+    /// Sets `CUlimit` `limit`; an unknown limit is an invalid value.
+    pub fn set_limit(&mut self, limit: u32, value: usize) -> CuResult {
+        *self
+            .limits
+            .get_mut(limit as usize)
+            .ok_or(cu::ERROR_INVALID_VALUE)? = value;
+        Ok(())
+    }
+
+    /// Stores `value` under `key`, with the destructor to call on reset.
+    pub fn store(&mut self, key: usize, value: usize, dtor: Option<cu::ClsDtor>) {
+        self.storage.insert(key, (value, dtor));
+    }
+
+    /// Forgets the value stored under `key`.
+    pub fn unstore(&mut self, key: usize) {
+        self.storage.remove(&key);
+    }
+
+    /// The value stored under `key`; none is an invalid handle.
+    pub fn stored(&self, key: usize) -> CuResult<usize> {
+        Ok(self.storage.get(&key).ok_or(cu::ERROR_INVALID_HANDLE)?.0)
+    }
+
+    /// Takes every stored value, with its destructor, out of the context.
+    pub fn take_storage(&mut self) -> Storage {
+        std::mem::take(&mut self.storage)
     }
 }
 

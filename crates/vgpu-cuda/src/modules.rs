@@ -292,7 +292,7 @@ impl Driver {
             Some(c) => c,
             None => o.streams().stream(stream)?.ctx,
         };
-        let dev = o.ctxs().ctx(ctx)?.device;
+        let dev = o.ctxs().ctx(ctx)?.device();
         let f = o.modules().function(func)?;
         if f.device != dev {
             return Ok(Look::Elsewhere(dev));

@@ -293,7 +293,7 @@ impl Driver {
 
     /// The device of context `ctx`.
     pub fn ctx_device(&self, ctx: usize) -> CuResult<CUdevice> {
-        self.objects().ctxs().ctx(ctx).map(|c| c.device)
+        self.objects().ctxs().ctx(ctx).map(|c| c.device())
     }
 
     /// Replaces the top of the calling thread's stack (`cuCtxSetCurrent`).

@@ -160,7 +160,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
             // Primary contexts are released, not destroyed.
             return Err(cu::ERROR_INVALID_CONTEXT);
         }
-        let device = d.objects().ctxs_mut().remove(ctx)?.device;
+        let device = d.objects().ctxs_mut().remove(ctx)?.device();
         // Its work ends first, and what its kernels printed comes out.
         d.gpu(device)?.wait_idle();
         if d.current() == Some(ctx) {
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        let f = d.objects().ctxs().ctx(ctx).map_or(0, |c| c.flags);
+        let f = d.objects().ctxs().ctx(ctx).map_or(0, |c| c.flags());
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -187,7 +187,7 @@ pub extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
         if let Ok(c) = d.objects().ctxs_mut().ctx_mut(ctx) {
-            c.flags = flags;
+            c.set_flags(flags);
         }
         Ok(())
     })
@@ -200,10 +200,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresul
         let (ctx, _) = d.current_ctx()?;
         let v = {
             let o = d.objects();
-            let c = o.ctxs().ctx(ctx)?;
-            *c.limits
-                .get(limit as usize)
-                .ok_or(cu::ERROR_INVALID_VALUE)?
+            o.ctxs().ctx(ctx)?.limit(limit)?
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(value, v) }
@@ -219,11 +216,7 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
         let mut o = d.objects();
-        let c = o.ctxs_mut().ctx_mut(ctx)?;
-        *c.limits
-            .get_mut(limit as usize)
-            .ok_or(cu::ERROR_INVALID_VALUE)? = value;
-        Ok(())
+        o.ctxs_mut().ctx_mut(ctx)?.set_limit(limit, value)
     })
 }
 

@@ -258,7 +258,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
             let mut o = d.objects();
             o.ctxs_mut().reset_primary(dev);
             let c = o.ctxs_mut().ctx_mut(ctx)?;
-            std::mem::take(&mut c.storage)
+            c.take_storage()
         };
         // Outside the lock: a destructor may call back into the driver.
         for (key, (value, dtor)) in storage {

@@ -259,7 +259,7 @@ extern "C" fn cls_put(
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
         let c = o.ctxs_mut().ctx_mut(ctx)?;
-        c.storage.insert(key as usize, (value as usize, dtor));
+        c.store(key as usize, value as usize, dtor);
         Ok(())
     })
 }
@@ -269,7 +269,7 @@ extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> CUresult {
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
         let c = o.ctxs_mut().ctx_mut(ctx)?;
-        c.storage.remove(&(key as usize));
+        c.unstore(key as usize);
         Ok(())
     })
 }
@@ -279,11 +279,7 @@ extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) ->
         let ctx = cls_ctx(ctx)?;
         let v = {
             let o = driver()?.objects();
-            let c = o.ctxs().ctx(ctx)?;
-            c.storage
-                .get(&(key as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?
-                .0
+            o.ctxs().ctx(ctx)?.stored(key as usize)?
         };
         // SAFETY: the runtime's out-parameter.
         unsafe { ffi::put(value, v as *mut c_void) }
