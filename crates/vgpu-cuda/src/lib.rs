@@ -23,7 +23,10 @@
 //!   records), [`allocs`], [`copies`] and [`pitched`] (device memory and
 //!   copies), [`devices`] (what a vGPU reports of itself).
 //! * Below it: [`state`] (the devices, the context stack and the lock
-//!   of [`objects`], every handle a program holds); [`work`] (device
+//!   of [`objects`], every handle a program holds, in a table per kind:
+//!   [`ctx_table`], [`module_table`], [`stream_table`], [`mem_table`],
+//!   [`pool_table`], [`links`], the graphs' in [`graphs`], over
+//!   [`handles`]); [`work`] (device
 //!   work as queued), [`inflight`] and [`lanes`] (the work each device
 //!   has queued); [`cu`] (`cuda.h`'s types) and [`diag`].
 //!
