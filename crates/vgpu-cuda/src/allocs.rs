@@ -6,7 +6,7 @@
 use crate::cu::{self, CUdevice, CUdeviceptr, CuResult, Handle};
 use crate::diag::{check, log};
 use crate::host_pages;
-use crate::objects::Alloc;
+use crate::mem_table::Alloc;
 use crate::state::{driver, Driver};
 
 /// The device holding `[addr, addr + len)`, which must lie in one
@@ -14,6 +14,7 @@ use crate::state::{driver, Driver};
 /// The ordinal of the device whose allocation holds `[addr, addr + len)`.
 pub fn range_device(d: &Driver, addr: CUdeviceptr, len: usize) -> CuResult<CUdevice> {
     d.objects()
+        .allocs()
         .alloc_at(addr, len as u64)
         .map(|(_, a)| a.device)
         .ok_or(cu::ERROR_INVALID_VALUE)
@@ -69,7 +70,7 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
                 break;
             }
         };
-        if d.objects().reserved.reserve(addr, size as u64).is_ok() {
+        if d.objects().allocs_mut().reserve(addr, size as u64) {
             found = Ok(Some(addr));
             break;
         }
@@ -79,7 +80,7 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
         // Where the pages are another device's allocation (vGPUs hand out
         // addresses independently), one allocation reaching past it keeps
         // the next try beyond it, however small this one is.
-        let past = d.objects().allocations_end(addr, size as u64);
+        let past = d.objects().allocs().allocations_end(addr, size as u64);
         match past.map(|end| end.saturating_sub(addr)) {
             Some(reach) if reach > size as u64 => {
                 let _ = g.dev.free_raw(addr);
@@ -101,9 +102,9 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
     })?;
     let managed = kind == Kind::Managed;
     let mut o = d.objects();
-    if managed && !o.reserved.make_host_memory(addr, size as u64) {
+    if managed && !o.allocs_mut().make_host_memory(addr, size as u64) {
         // The device's address is not one the process can map.
-        o.reserved.release(addr, size as u64);
+        o.allocs_mut().release(addr, size as u64);
         drop(o);
         let _ = g.dev.free_raw(addr);
         log(&format!(
@@ -111,7 +112,7 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
         ));
         return Err(cu::ERROR_NOT_SUPPORTED);
     }
-    o.allocs.insert(
+    o.allocs_mut().insert(
         addr,
         Alloc {
             size: size as u64,
@@ -131,7 +132,11 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
 /// Frees device memory at `addr`, once the work that may use it is done.
 pub fn free(addr: CUdeviceptr) -> CuResult {
     let d = driver()?;
-    let device = d.objects().freeable(addr).ok_or(cu::ERROR_INVALID_VALUE)?;
+    let device = d
+        .objects()
+        .allocs()
+        .freeable(addr)
+        .ok_or(cu::ERROR_INVALID_VALUE)?;
     let g = d.gpu(device)?;
     // cuMemFree waits for work that may still use the memory.
     g.sync()?;
@@ -139,10 +144,8 @@ pub fn free(addr: CUdeviceptr) -> CuResult {
     g.inflight().managed.remove(addr);
     {
         let mut o = d.objects();
-        if let Some(a) = o.allocs.remove(&addr) {
-            o.reserved.release(addr, a.size);
-        }
-        o.pools.freed(addr);
+        o.allocs_mut().free(addr);
+        o.pools_mut().freed(addr);
     }
     check(g.dev.free_raw(addr))
 }
@@ -155,19 +158,19 @@ pub fn alloc_from(d: &Driver, pool: Option<usize>, size: usize) -> CuResult<CUde
         let mut o = d.objects();
         match pool {
             Some(p) => {
-                if o.pools.get(p)?.device != dev {
+                if o.pools().get(p)?.device != dev {
                     return Err(cu::ERROR_INVALID_VALUE);
                 }
                 p
             }
             None => {
                 let h = o.handle();
-                o.pools.current(dev, || h)
+                o.pools_mut().current(dev, || h)
             }
         }
     };
     let addr = alloc(size)?;
-    d.objects().pools.allocated(pool, addr, size as u64);
+    d.objects().pools_mut().allocated(pool, addr, size as u64);
     Ok(addr)
 }
 
@@ -184,9 +187,9 @@ pub fn alloc_async(
     Ok(addr)
 }
 
-/// Frees the device memory graphs let go of (see `Objects::to_free`).
+/// Frees the device memory graphs let go of (see `Graphs::take_to_free`).
 pub fn free_released(d: &Driver) {
-    let addrs = std::mem::take(&mut d.objects().to_free);
+    let addrs = d.objects().graphs_mut().take_to_free();
     for a in addrs {
         if let Err(e) = free(a) {
             log(&format!("memory a graph owned at {a:#x} not freed: {e}"));

@@ -12,7 +12,7 @@ use crate::graphs::{
     MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE, STATUS_INVALIDATED,
     STATUS_NONE,
 };
-use crate::objects::{by_handle, Objects};
+use crate::objects::Objects;
 use crate::work::{HostCall, Work};
 
 impl Objects {
@@ -27,20 +27,20 @@ impl Objects {
         if stream <= 1 {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        if stream > 2 && !self.streams.contains_key(&stream) {
+        if stream > 2 && !self.streams().has_stream(stream) {
             return Err(cu::ERROR_INVALID_HANDLE);
         }
-        if self.capturing.contains_key(&stream) {
+        if self.graphs().is_capturing(stream) {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
-        self.capture_ids += 1;
+        let id = self.graphs_mut().next_capture_id();
         let graph = Graph {
             device,
             nodes: Vec::new(),
             capture: Some(Capture {
                 origin: stream,
                 mode,
-                id: self.capture_ids,
+                id,
                 invalidated: false,
                 allocs: HashSet::new(),
                 freed: Vec::new(),
@@ -48,15 +48,15 @@ impl Objects {
             owned: Vec::new(),
             cloned_from: None,
         };
-        let g = self.add(|o| &mut o.graphs, graph);
-        self.capturing.insert(stream, g);
+        let g = self.file(|o, h| o.graphs_mut().add_graph(h, graph));
+        self.graphs_mut().join_capture(stream, g);
         Ok(g)
     }
 
     /// The capture `stream` is in, with its graph.
     fn capture_of(&self, stream: usize) -> Option<(usize, &Capture)> {
-        let &g = self.capturing.get(&stream)?;
-        Some((g, self.graphs.get(&g)?.capture.as_ref()?))
+        let g = self.graphs().capturing(stream)?;
+        Some((g, self.graphs().graph(g).ok()?.capture.as_ref()?))
     }
 
     /// `stream`'s capture status, capture id and graph (0 when none).
@@ -76,12 +76,12 @@ impl Objects {
             return Err(cu::ERROR_STREAM_CAPTURE_UNMATCHED);
         }
         let invalidated = c.invalidated;
-        self.capturing.retain(|_, v| *v != g);
+        self.graphs_mut().end_capture_of(g);
         if invalidated {
             self.remove_graph(g);
             return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
         }
-        if let Some(graph) = self.graphs.get_mut(&g) {
+        if let Ok(graph) = self.graphs_mut().graph_mut(g) {
             if let Some(c) = graph.capture.take() {
                 if !c.freed.is_empty() {
                     graph.owned.push(Arc::new(c.freed));
@@ -92,22 +92,22 @@ impl Objects {
     }
 
     /// Removes graph `g`, its capture's memory and what it alone owned
-    /// going to [`Objects::to_free`].
+    /// going to [`Graphs::take_to_free`](crate::graphs::Graphs::take_to_free).
     fn remove_graph(&mut self, g: usize) {
-        if let Some(graph) = self.graphs.remove(&g) {
+        if let Ok(graph) = self.graphs_mut().take_graph(g) {
             if let Some(c) = graph.capture {
-                self.to_free.extend(c.freed);
+                self.graphs_mut().free_later(c.freed);
             }
             self.release(graph.owned);
         }
     }
 
     /// Lets go of `owned`: memory no graph or executable holds any more
-    /// goes to [`Objects::to_free`].
+    /// goes to [`Graphs::take_to_free`](crate::graphs::Graphs::take_to_free).
     pub fn release(&mut self, owned: Owned) {
         for mem in owned {
             if let Some(addrs) = Arc::into_inner(mem) {
-                self.to_free.extend(addrs);
+                self.graphs_mut().free_later(addrs);
             }
         }
     }
@@ -115,10 +115,10 @@ impl Objects {
     /// A stream-ordered allocation made on `stream`: if it is capturing,
     /// its capture may free it again.
     pub fn captured_alloc(&mut self, stream: usize, addr: u64) {
-        let Some(&g) = self.capturing.get(&stream) else {
+        let Some(g) = self.graphs().capturing(stream) else {
             return;
         };
-        if let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) {
+        if let Some(c) = self.graphs_mut().capture_mut(g) {
             c.allocs.insert(addr);
         }
     }
@@ -128,10 +128,10 @@ impl Objects {
     /// false when the stream is not capturing. Other memory cannot be
     /// freed by a graph here: the capture is invalidated.
     pub fn captured_free(&mut self, stream: usize, addr: u64) -> CuResult<bool> {
-        let Some(&g) = self.capturing.get(&stream) else {
+        let Some(g) = self.graphs().capturing(stream) else {
             return Ok(false);
         };
-        let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) else {
+        let Some(c) = self.graphs_mut().capture_mut(g) else {
             return Ok(false);
         };
         if c.invalidated {
@@ -153,10 +153,13 @@ impl Objects {
         device: CUdevice,
         work: &[Work],
     ) -> CuResult<bool> {
-        let Some(&g) = self.capturing.get(&stream) else {
+        let Some(g) = self.graphs().capturing(stream) else {
             return Ok(false);
         };
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_ILLEGAL_STATE)?;
+        let graph = self
+            .graphs_mut()
+            .graph_mut(g)
+            .map_err(|_| cu::ERROR_ILLEGAL_STATE)?;
         let Some(c) = graph.capture.as_mut() else {
             return Ok(false);
         };
@@ -191,15 +194,15 @@ impl Objects {
         let mut refused = false;
         match call {
             Unsafe::Stream(s) => {
-                if let Some(&g) = self.capturing.get(&s) {
-                    if let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) {
+                if let Some(g) = self.graphs().capturing(s) {
+                    if let Some(c) = self.graphs_mut().capture_mut(g) {
                         c.invalidated = true;
                         refused = true;
                     }
                 }
             }
             Unsafe::Device(dev) if !thread_relaxed => {
-                for graph in self.graphs.values_mut().filter(|g| g.device == dev) {
+                for graph in self.graphs_mut().graphs_of_mut(dev) {
                     if let Some(c) = graph.capture.as_mut().filter(|c| c.mode == MODE_GLOBAL) {
                         c.invalidated = true;
                         refused = true;
@@ -218,13 +221,17 @@ impl Objects {
     /// `cuStreamWaitEvent`: a stream not capturing that waits on an event
     /// last recorded in a capture still in progress joins that capture.
     pub fn wait_event(&mut self, stream: usize, event: usize) -> CuResult {
-        let captured = by_handle(&self.events, event)?.captured;
+        let captured = self.streams().event(event)?.captured;
         let Some(g) = captured else {
             return Ok(());
         };
-        let active = self.graphs.get(&g).is_some_and(|g| g.capture.is_some());
-        if active && stream > 1 && !self.capturing.contains_key(&stream) {
-            self.capturing.insert(stream, g);
+        let active = self
+            .graphs()
+            .graph(g)
+            .ok()
+            .is_some_and(|g| g.capture.is_some());
+        if active && stream > 1 && !self.graphs().is_capturing(stream) {
+            self.graphs_mut().join_capture(stream, g);
         }
         Ok(())
     }
@@ -232,22 +239,22 @@ impl Objects {
     /// A stream is destroyed: it leaves its capture, which it leaves
     /// invalidated; without its origin no one can end it, so it goes.
     pub fn forget_stream_capture(&mut self, stream: usize) {
-        let Some(g) = self.capturing.remove(&stream) else {
+        let Some(g) = self.graphs_mut().leave_capture(stream) else {
             return;
         };
-        let Some(c) = self.graphs.get_mut(&g).and_then(|g| g.capture.as_mut()) else {
+        let Some(c) = self.graphs_mut().capture_mut(g) else {
             return;
         };
         c.invalidated = true;
         if c.origin == stream {
-            self.capturing.retain(|_, v| *v != g);
+            self.graphs_mut().end_capture_of(g);
             self.remove_graph(g);
         }
     }
 
     /// Instantiates graph `g` with `flags`; the executable's handle.
     pub fn instantiate(&mut self, g: usize, flags: u64) -> CuResult<usize> {
-        let graph = by_handle(&self.graphs, g)?;
+        let graph = self.graphs().graph(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -264,7 +271,7 @@ impl Objects {
             owned: graph.owned.clone(),
             flags,
         };
-        Ok(self.add(|o| &mut o.execs, exec))
+        Ok(self.file(|o, h| o.graphs_mut().add_exec(h, exec)))
     }
 
     /// Gives executable `exec` the work of graph `g`, which must have the
@@ -275,8 +282,8 @@ impl Objects {
         exec: usize,
         g: usize,
     ) -> Result<(), Result<UpdateFailure, CUresult>> {
-        let graph = by_handle(&self.graphs, g).map_err(Err)?;
-        let e = by_handle(&self.execs, exec).map_err(Err)?;
+        let graph = self.graphs().graph(g).map_err(Err)?;
+        let e = self.graphs().exec(exec).map_err(Err)?;
         if graph.capture.is_some() {
             return Err(Err(cu::ERROR_ILLEGAL_STATE));
         }
@@ -288,10 +295,7 @@ impl Objects {
             .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
         let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
         let owned = graph.owned.clone();
-        let e = self
-            .execs
-            .get_mut(&exec)
-            .ok_or(Err(cu::ERROR_INVALID_HANDLE))?;
+        let e = self.graphs_mut().exec_mut(exec).map_err(Err)?;
         e.nodes = work.into();
         e.spans = spans;
         e.graphs[1] = g;
@@ -317,7 +321,7 @@ impl Objects {
     /// [`Node::given`]).
     pub fn keep_given(&mut self, node: usize, given: Given) -> CuResult {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         graph.nodes[i].given = Some(given);
         Ok(())
     }
@@ -326,7 +330,7 @@ impl Objects {
     /// last given.
     pub fn given_of(&self, node: usize, kind: u32) -> CuResult<Given> {
         let (g, i) = self.node(node)?;
-        let n = &self.graphs[&g].nodes[i];
+        let n = &self.graphs().graph_at(g).nodes[i];
         match (n.given, n.kind == kind) {
             (Some(given), true) => Ok(given),
             _ => Err(cu::ERROR_INVALID_VALUE),
@@ -347,7 +351,7 @@ impl Objects {
             w.check()?;
         }
         let (g, i) = self.node(node)?;
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -374,7 +378,7 @@ impl Objects {
             w.check()?;
         }
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let e = self.execs.get_mut(&exec).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs_mut().exec_mut(exec)?;
         if !e.graphs.contains(&g) || device != e.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
@@ -409,7 +413,7 @@ impl Objects {
         work: Work,
     ) -> CuResult {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let e = self.execs.get_mut(&exec).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs_mut().exec_mut(exec)?;
         if !e.graphs.contains(&g) || device != e.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
@@ -433,7 +437,7 @@ impl Objects {
     /// `work`.
     pub fn set_node(&mut self, node: usize, kind: u32, device: CUdevice, work: Work) -> CuResult {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -449,7 +453,7 @@ impl Objects {
     /// The event of event record or wait node `node` (`kind`).
     pub fn event_of(&self, node: usize, kind: u32) -> CuResult<usize> {
         let (g, i) = self.node(node)?;
-        let n = &self.graphs[&g].nodes[i];
+        let n = &self.graphs().graph_at(g).nodes[i];
         match (n.kind == kind, n.work.as_slice()) {
             (true, [Work::Record(e) | Work::Wait(e)]) => Ok(*e),
             _ => Err(cu::ERROR_INVALID_VALUE),
@@ -459,7 +463,7 @@ impl Objects {
     /// The host function of host node `node`.
     pub fn host_of(&self, node: usize) -> CuResult<HostCall> {
         let (g, i) = self.node(node)?;
-        match self.graphs[&g].nodes[i].work.as_slice() {
+        match self.graphs().graph_at(g).nodes[i].work.as_slice() {
             [Work::Host(h)] => Ok(*h),
             _ => Err(cu::ERROR_INVALID_VALUE),
         }
@@ -470,7 +474,7 @@ impl Objects {
     /// the node changes or goes).
     pub fn kernel_of(&mut self, node: usize) -> CuResult<(Work, *mut *mut std::ffi::c_void)> {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         let n = &mut graph.nodes[i];
         let launch = match (n.kind, n.work.as_slice()) {
             (NODE_KERNEL, [w @ Work::Launch { .. }]) => w.clone(),
@@ -498,7 +502,7 @@ impl Objects {
     /// The graph `node` belongs to and its index there, checked.
     pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let graph = by_handle(&self.graphs, g)?;
+        let graph = self.graphs().graph(g)?;
         if i < graph.nodes.len() {
             Ok((g, i))
         } else {
@@ -530,7 +534,7 @@ impl Objects {
         for w in &work {
             w.check()?;
         }
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -550,7 +554,7 @@ impl Objects {
 
     /// A copy of graph `g` (not one being captured), under a new handle.
     pub fn clone_graph(&mut self, g: usize) -> CuResult<usize> {
-        let graph = by_handle(&self.graphs, g)?;
+        let graph = self.graphs().graph(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -561,17 +565,14 @@ impl Objects {
             owned: graph.owned.clone(),
             cloned_from: Some(g),
         };
-        Ok(self.add(|o| &mut o.graphs, copy))
+        Ok(self.file(|o, h| o.graphs_mut().add_graph(h, copy)))
     }
 
     /// Makes graph `parent` hold the memory graph `child` owns, whose
     /// work a child graph node of `parent` copied.
     pub fn adopt_owned(&mut self, parent: usize, child: usize) -> CuResult {
-        let owned = by_handle(&self.graphs, child)?.owned.clone();
-        let p = self
-            .graphs
-            .get_mut(&parent)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let owned = self.graphs().graph(child)?.owned.clone();
+        let p = self.graphs_mut().graph_mut(parent)?;
         p.owned.extend(owned);
         Ok(())
     }
@@ -579,7 +580,7 @@ impl Objects {
     /// The work of graph `g` (not one being captured) in the order it
     /// replays: what a child graph node of it holds.
     pub fn graph_work(&self, g: usize) -> CuResult<(CUdevice, Vec<Work>)> {
-        let graph = by_handle(&self.graphs, g)?;
+        let graph = self.graphs().graph(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -591,7 +592,7 @@ impl Objects {
     /// on it), as handles, in the order they were added.
     pub fn node_edges(&self, node: usize, dependents: bool) -> CuResult<Vec<usize>> {
         let (g, i) = self.node(node)?;
-        let nodes = &self.graphs[&g].nodes;
+        let nodes = &self.graphs().graph_at(g).nodes;
         let found: Vec<usize> = if dependents {
             (0..nodes.len())
                 .filter(|&j| nodes[j].deps.contains(&i))
@@ -634,7 +635,7 @@ impl Objects {
             }
             edges.push((fi, ti));
         }
-        let graph = self.graphs.get_mut(&g).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let graph = self.graphs_mut().graph_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -659,7 +660,7 @@ impl Objects {
 
     /// Destroys graph `g`, unless a capture is filling it.
     pub fn destroy_graph(&mut self, g: usize) -> CuResult {
-        let graph = by_handle(&self.graphs, g)?;
+        let graph = self.graphs().graph(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -669,7 +670,7 @@ impl Objects {
 
     /// Destroys executable `e`.
     pub fn destroy_exec(&mut self, e: usize) -> CuResult {
-        let exec = self.execs.remove(&e).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let exec = self.graphs_mut().take_exec(e)?;
         self.release(exec.owned);
         Ok(())
     }
@@ -680,7 +681,7 @@ mod tests {
     use super::*;
     use crate::graphs::*;
     use crate::inflight::FLUSH_AT;
-    use crate::objects::{Event, Stream};
+    use crate::stream_table::{Event, Stream};
     use crate::work::*;
 
     fn fill(n: u64) -> Work {
@@ -695,32 +696,30 @@ mod tests {
         let mut o = Objects::default();
         let streams = (0..n)
             .map(|_| {
-                o.add(
-                    |o| &mut o.streams,
-                    Stream {
+                o.file(|o, h| {
+                    let stream = Stream {
                         ctx: 1,
                         lane: 0,
                         flags: 1,
                         priority: 0,
                         attrs: Default::default(),
-                    },
-                )
+                    };
+                    o.streams_mut().add_stream(h, stream);
+                })
             })
             .collect();
         (o, streams)
     }
 
     fn event(o: &mut Objects) -> usize {
-        o.add(
-            |o| &mut o.events,
-            Event {
-                flags: 0,
-                records: 0,
-                device: 0,
-                lane: 0,
-                captured: None,
-            },
-        )
+        let event = Event {
+            flags: 0,
+            records: 0,
+            device: 0,
+            lane: 0,
+            captured: None,
+        };
+        o.file(|o, h| o.streams_mut().add_event(h, event))
     }
 
     #[test]
@@ -791,11 +790,11 @@ mod tests {
         assert_eq!(o.end_capture(s[1]), Err(cu::ERROR_ILLEGAL_STATE));
         assert_eq!(o.end_capture(s[0]), Ok(g));
         assert_eq!(o.capture_info(s[0]), (STATUS_NONE, 0, 0));
-        assert_eq!(o.graphs[&g].nodes.len(), 2);
+        assert_eq!(o.graphs().graph_at(g).nodes.len(), 2);
         let e = o.instantiate(g, 0).unwrap();
-        assert_eq!(o.execs[&e].nodes.len(), 2);
+        assert_eq!(o.graphs().exec_at(e).nodes.len(), 2);
         o.destroy_graph(g).unwrap();
-        assert_eq!(o.execs[&e].nodes.len(), 2);
+        assert_eq!(o.graphs().exec_at(e).nodes.len(), 2);
         // The next capture has another id.
         o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         assert_ne!(o.capture_info(s[0]).1, id);
@@ -803,7 +802,7 @@ mod tests {
 
     /// The fills' patterns in the order a graph's work replays.
     fn order(o: &Objects, g: usize) -> Option<Vec<u32>> {
-        let work = o.graphs[&g].ordered_work()?;
+        let work = o.graphs().graph_at(g).ordered_work()?;
         Some(
             work.iter()
                 .map(|w| match w {
@@ -875,7 +874,8 @@ mod tests {
         let c = o.add_node(g, &[b], NODE_MEMSET, vec![fill(4)]).unwrap();
         let e = o.instantiate(g, 0).unwrap();
         let patterns = |o: &Objects| -> Vec<u32> {
-            o.execs[&e]
+            o.graphs()
+                .exec_at(e)
                 .nodes
                 .iter()
                 .map(|w| match w {
@@ -934,7 +934,7 @@ mod tests {
         // Recorded outside the capture: waiting joins nothing.
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
-        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]), o.capture_info(s[0]));
         assert_eq!(o.capture_work(s[1], 0, &[fill(1)]), Ok(true));
@@ -962,12 +962,12 @@ mod tests {
             o.capture_work(s[0], 0, &[fill(1)]),
             Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
         );
-        let before = o.graphs.len();
+        let before = o.graphs().graph_count();
         assert_eq!(
             o.end_capture(s[0]),
             Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
         );
-        assert_eq!(o.graphs.len(), before - 1);
+        assert_eq!(o.graphs().graph_count(), before - 1);
         assert_eq!(o.capture_info(s[0]).0, STATUS_NONE);
     }
 
@@ -1006,7 +1006,7 @@ mod tests {
         let (mut o, s) = objects_with_streams(2);
         let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         let e = event(&mut o);
-        o.events.get_mut(&e).unwrap().captured = Some(g);
+        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         // A joined stream leaves the capture invalidated.
         o.forget_stream_capture(s[1]);
@@ -1014,22 +1014,20 @@ mod tests {
         assert_eq!(o.capture_info(s[0]).0, STATUS_INVALIDATED);
         // The origin takes the capture and its graph with it.
         o.forget_stream_capture(s[0]);
-        assert!(o.capturing.is_empty());
-        assert!(!o.graphs.contains_key(&g));
+        assert!(!o.graphs().any_capturing());
+        assert!(o.graphs().graph(g).is_err());
     }
 
     /// A new graph of device 0, with no nodes.
     fn empty_graph(o: &mut Objects) -> usize {
-        o.add(
-            |o| &mut o.graphs,
-            Graph {
-                device: 0,
-                nodes: Vec::new(),
-                capture: None,
-                owned: Vec::new(),
-                cloned_from: None,
-            },
-        )
+        let graph = Graph {
+            device: 0,
+            nodes: Vec::new(),
+            capture: None,
+            owned: Vec::new(),
+            cloned_from: None,
+        };
+        o.file(|o, h| o.graphs_mut().add_graph(h, graph))
     }
 
     /// A graph of memset nodes in a chain, one per value.
@@ -1044,7 +1042,8 @@ mod tests {
     }
 
     fn patterns(o: &Objects, e: usize) -> Vec<u32> {
-        o.execs[&e]
+        o.graphs()
+            .exec_at(e)
             .nodes
             .iter()
             .map(|w| match w {
@@ -1113,7 +1112,7 @@ mod tests {
         assert_eq!(o.captured_free(s[1], 0x1000), Ok(false));
         assert_eq!(o.captured_free(s[0], 0x1000), Ok(true));
         assert_eq!(o.end_capture(s[0]), Ok(g));
-        assert_eq!(o.graphs[&g].owned.len(), 1);
+        assert_eq!(o.graphs().graph_at(g).owned.len(), 1);
         let e = o.instantiate(g, 0).unwrap();
         let copy = o.clone_graph(g).unwrap();
         // A parent of a child graph node holds the child's memory too.
@@ -1122,9 +1121,9 @@ mod tests {
         o.destroy_graph(g).unwrap();
         o.destroy_exec(e).unwrap();
         o.destroy_graph(copy).unwrap();
-        assert!(o.to_free.is_empty(), "the parent still holds it");
+        assert!(o.graphs().to_free().is_empty(), "the parent still holds it");
         o.destroy_graph(parent).unwrap();
-        assert_eq!(std::mem::take(&mut o.to_free), [0x1000]);
+        assert_eq!(o.graphs_mut().take_to_free(), [0x1000]);
         assert_eq!(o.destroy_exec(e), Err(cu::ERROR_INVALID_HANDLE));
     }
 
@@ -1147,7 +1146,7 @@ mod tests {
             o.end_capture(s[0]),
             Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED)
         );
-        assert_eq!(o.to_free, [0x1000]);
+        assert_eq!(o.graphs().to_free(), [0x1000]);
     }
 
     #[test]
@@ -1166,9 +1165,9 @@ mod tests {
         let e = o.instantiate(g1, 0).unwrap();
         o.destroy_graph(g1).unwrap();
         assert_eq!(o.update_exec(e, g2), Ok(()));
-        assert_eq!(std::mem::take(&mut o.to_free), [0x1000]);
+        assert_eq!(o.graphs_mut().take_to_free(), [0x1000]);
         o.destroy_graph(g2).unwrap();
         o.destroy_exec(e).unwrap();
-        assert_eq!(o.to_free, [0x2000]);
+        assert_eq!(o.graphs().to_free(), [0x2000]);
     }
 }

@@ -69,7 +69,7 @@ pub enum Side {
 
 /// Which side of unified addressing `[p, p + len)` lies on.
 pub fn side(d: &Driver, p: u64, len: usize) -> Side {
-    if d.objects().alloc_at(p, len as u64).is_some() {
+    if d.objects().allocs().alloc_at(p, len as u64).is_some() {
         Side::Device
     } else {
         Side::Host
@@ -95,7 +95,8 @@ pub fn pinned_now(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
     }
     let Some((start, size)) = ({
         let o = d.objects();
-        o.host_at(p, len)
+        o.host()
+            .host_at(p, len)
             .filter(|(_, h)| h.pinned.is_none())
             .map(|(start, h)| (start, h.size))
     }) else {
@@ -109,7 +110,7 @@ pub fn pinned_now(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
     };
     let raced = {
         let mut o = d.objects();
-        match o.host.get_mut(&start) {
+        match o.host_mut().get_mut(start) {
             Some(h) if h.pinned.is_none() => {
                 h.pinned = Some(pinned);
                 false
@@ -129,7 +130,7 @@ pub fn pinned_now(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
 /// call returns).
 pub fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
     let o = d.objects();
-    let Some((start, h)) = o.host_at(p, len) else {
+    let Some((start, h)) = o.host().host_at(p, len) else {
         return false;
     };
     let end = (start + h.size) & !(host_pages::PAGE - 1);
@@ -142,7 +143,7 @@ pub fn in_pinned(d: &Driver, p: usize, len: usize, dev: CUdevice) -> bool {
 /// (Whether the kernel driver holds it pinned as well is
 /// [`in_pinned`]'s question.)
 pub fn in_page_locked(d: &Driver, p: usize, len: usize) -> bool {
-    len > 0 && d.objects().host_at(p, len).is_some()
+    len > 0 && d.objects().host().host_at(p, len).is_some()
 }
 
 /// Asynchronous copies of at least this many bytes go to the device at

@@ -20,7 +20,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::cu::{self, CUdevice};
+use crate::cu::{self, CUdevice, CuResult};
+use crate::handles::Handles;
 use crate::work::Work;
 
 /// `CU_STREAM_CAPTURE_MODE_GLOBAL`.
@@ -292,6 +293,142 @@ pub struct GraphExec {
     pub owned: Owned,
     /// The `CUgraphInstantiate_flags` it was made with.
     pub flags: u64,
+}
+
+/// The graphs, their executables and the captures in progress.
+#[derive(Default)]
+pub struct Graphs {
+    /// Graphs, made by capture or node by node.
+    graphs: Handles<Graph>,
+    /// Executable graphs.
+    execs: Handles<GraphExec>,
+    /// Streams being captured, and the graph each one's capture fills.
+    capturing: HashMap<usize, usize>,
+    /// The last capture id given out (ids start at 1).
+    capture_ids: u64,
+    /// Device memory graphs owned and no longer use: freed by the entry
+    /// point that let it go, once the objects are unlocked.
+    to_free: Vec<u64>,
+}
+
+impl Graphs {
+    /// Graph `g`.
+    pub fn graph(&self, g: usize) -> CuResult<&Graph> {
+        self.graphs.get(g)
+    }
+
+    /// Graph `g`, to change.
+    pub fn graph_mut(&mut self, g: usize) -> CuResult<&mut Graph> {
+        self.graphs.get_mut(g)
+    }
+
+    /// Graph `g`, which the caller knows is there.
+    pub fn graph_at(&self, g: usize) -> &Graph {
+        self.graphs.at(g)
+    }
+
+    /// The capture filling graph `g`, if `g` is a graph being captured.
+    pub fn capture_mut(&mut self, g: usize) -> Option<&mut Capture> {
+        self.graphs.get_mut(g).ok().and_then(|g| g.capture.as_mut())
+    }
+
+    /// Files `graph` under the fresh handle `h`.
+    pub fn add_graph(&mut self, h: usize, graph: Graph) {
+        self.graphs.insert(h, graph);
+    }
+
+    /// Takes graph `g` out of the table.
+    pub fn take_graph(&mut self, g: usize) -> CuResult<Graph> {
+        self.graphs.remove(g)
+    }
+
+    /// How many graphs there are.
+    pub fn graph_count(&self) -> usize {
+        self.graphs.iter().count()
+    }
+
+    /// The graphs of device `dev`, to change.
+    pub fn graphs_of_mut(&mut self, dev: CUdevice) -> impl Iterator<Item = &mut Graph> {
+        self.graphs.values_mut().filter(move |g| g.device == dev)
+    }
+
+    /// Executable `e`.
+    pub fn exec(&self, e: usize) -> CuResult<&GraphExec> {
+        self.execs.get(e)
+    }
+
+    /// Executable `e`, to change.
+    pub fn exec_mut(&mut self, e: usize) -> CuResult<&mut GraphExec> {
+        self.execs.get_mut(e)
+    }
+
+    /// Executable `e`, which the caller knows is there.
+    pub fn exec_at(&self, e: usize) -> &GraphExec {
+        self.execs.at(e)
+    }
+
+    /// Files `exec` under the fresh handle `h`.
+    pub fn add_exec(&mut self, h: usize, exec: GraphExec) {
+        self.execs.insert(h, exec);
+    }
+
+    /// Takes executable `e` out of the table.
+    pub fn take_exec(&mut self, e: usize) -> CuResult<GraphExec> {
+        self.execs.remove(e)
+    }
+
+    /// The graph whose capture `stream` is in, if it is in one.
+    pub fn capturing(&self, stream: usize) -> Option<usize> {
+        self.capturing.get(&stream).copied()
+    }
+
+    /// Whether `stream` is in a capture.
+    pub fn is_capturing(&self, stream: usize) -> bool {
+        self.capturing.contains_key(&stream)
+    }
+
+    /// Whether any stream is in a capture.
+    pub fn any_capturing(&self) -> bool {
+        !self.capturing.is_empty()
+    }
+
+    /// Puts `stream` in the capture filling graph `g`.
+    pub fn join_capture(&mut self, stream: usize, g: usize) {
+        self.capturing.insert(stream, g);
+    }
+
+    /// Takes `stream` out of its capture; the capture's graph, if it was
+    /// in one.
+    pub fn leave_capture(&mut self, stream: usize) -> Option<usize> {
+        self.capturing.remove(&stream)
+    }
+
+    /// Takes every stream out of the capture filling graph `g`.
+    pub fn end_capture_of(&mut self, g: usize) {
+        self.capturing.retain(|_, v| *v != g);
+    }
+
+    /// A fresh capture id.
+    pub fn next_capture_id(&mut self) -> u64 {
+        self.capture_ids += 1;
+        self.capture_ids
+    }
+
+    /// Device memory at `addrs` is no longer used by any graph: it is
+    /// freed by the entry point that let it go.
+    pub fn free_later(&mut self, addrs: impl IntoIterator<Item = u64>) {
+        self.to_free.extend(addrs);
+    }
+
+    /// The device memory waiting to be freed.
+    pub fn to_free(&self) -> &[u64] {
+        &self.to_free
+    }
+
+    /// Takes the device memory waiting to be freed.
+    pub fn take_to_free(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.to_free)
+    }
 }
 
 /// Calls that wait for a stream's work or need the host side of it,

@@ -10,7 +10,6 @@ use vgpu_guest::{sys, Dims, Function};
 use crate::cu::{self, CuResult, Handle};
 use crate::diag::log;
 use crate::ffi;
-use crate::objects::by_handle;
 use crate::state::{driver, Driver};
 
 /// The parameter block of a launch: `params[i]` points at parameter `i`
@@ -28,7 +27,7 @@ pub unsafe fn param_block(
 ) -> CuResult<Vec<u8>> {
     let function = {
         let o = d.objects();
-        Arc::clone(&by_handle(&o.funcs, f)?.function)
+        Arc::clone(&o.modules().function(f)?.function)
     };
     let mut block = vec![0u8; function.info.params_size as usize];
     // SAFETY: forwarded.

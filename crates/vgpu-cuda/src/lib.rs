@@ -23,7 +23,10 @@
 //!   records), [`allocs`], [`copies`] and [`pitched`] (device memory and
 //!   copies), [`devices`] (what a vGPU reports of itself).
 //! * Below it: [`state`] (the devices, the context stack and the lock
-//!   of [`objects`], every handle a program holds); [`work`] (device
+//!   of [`objects`], every handle a program holds, in a table per kind:
+//!   [`ctx_table`], [`module_table`], [`stream_table`], [`mem_table`],
+//!   [`pool_table`], [`links`], the graphs' in [`graphs`], over
+//!   [`handles`]); [`work`] (device
 //!   work as queued), [`inflight`] and [`lanes`] (the work each device
 //!   has queued); [`cu`] (`cuda.h`'s types) and [`diag`].
 //!
@@ -45,12 +48,14 @@ pub mod api;
 pub mod capture;
 pub mod console;
 pub mod copies;
+pub mod ctx_table;
 #[allow(missing_docs)]
 pub mod cu;
 pub mod devices;
 pub mod diag;
 pub mod ffi;
 pub mod graphs;
+pub mod handles;
 pub mod host_pages;
 pub mod images;
 pub mod inflight;
@@ -59,11 +64,14 @@ pub mod launch_args;
 pub mod links;
 pub mod managed;
 pub mod md2;
+pub mod mem_table;
+pub mod module_table;
 pub mod modules;
 pub mod objects;
 pub mod pitched;
 pub mod pool_table;
 pub mod reserve;
 pub mod state;
+pub mod stream_table;
 pub mod streams;
 pub mod work;

@@ -1,8 +1,7 @@
 //! JIT links in progress: each hands one image on to be loaded.
 
-use std::collections::HashMap;
-
 use crate::cu::{self, CuResult};
+use crate::handles::Handles;
 
 /// A link in progress: its one input, then its output.
 #[derive(Debug, Default)]
@@ -40,4 +39,4 @@ impl Link {
 }
 
 /// The links in progress, by handle.
-pub type Links = HashMap<usize, Link>;
+pub type Links = Handles<Link>;

@@ -9,7 +9,7 @@ use vgpu_guest::{sys, Dims, Error as GuestError, Function};
 
 use crate::cu::{self, CUdevice, CuResult};
 use crate::diag::{check, log};
-use crate::objects::{by_handle, Func, Library, ModuleObj, DEFAULT_DYNAMIC_SHARED};
+use crate::module_table::{Func, Library, ModuleObj, DEFAULT_DYNAMIC_SHARED};
 use crate::state::Driver;
 use crate::work::Work;
 
@@ -18,7 +18,7 @@ use crate::work::Work;
 pub enum LoadAs {
     /// A module of a context of this device.
     Module(CUdevice),
-    /// A library, of no context ([`crate::objects::Library`]).
+    /// A library, of no context ([`crate::module_table::Library`]).
     Library,
 }
 
@@ -42,7 +42,7 @@ pub fn library_device(d: &Driver) -> CUdevice {
 /// 16 where the kernel allowed non-portable sizes.
 pub fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
     let o = d.objects();
-    let func = by_handle(&o.funcs, f)?;
+    let func = o.modules().function(f)?;
     let non_portable = func
         .hints
         .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
@@ -99,7 +99,7 @@ impl Driver {
             globals: HashMap::new(),
             library: None,
         };
-        Ok(self.objects().add(|o| &mut o.modules, m))
+        Ok(self.objects().file(|o, h| o.modules_mut().add_module(h, m)))
     }
 
     /// [`Driver::load_module`] of a library: where the process has
@@ -107,7 +107,7 @@ impl Driver {
     pub fn load_library(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
         let h = self.load_module(dev, image)?;
         if self.gpus.len() > 1 {
-            if let Some(m) = self.objects().modules.get_mut(&h) {
+            if let Ok(m) = self.objects().modules_mut().module_mut(h) {
                 m.library = Some(Library {
                     image: image.into(),
                     twins: HashMap::new(),
@@ -123,7 +123,7 @@ impl Driver {
     pub fn module_on(&self, module: usize, dev: CUdevice) -> CuResult<usize> {
         let image = {
             let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
+            let m = o.modules().module(module)?;
             if m.device == dev {
                 return Ok(module);
             }
@@ -135,7 +135,12 @@ impl Driver {
         };
         let twin = self.load_module(dev, &image)?;
         let mut o = self.objects();
-        let kept = match o.modules.get_mut(&module).and_then(|m| m.library.as_mut()) {
+        let kept = match o
+            .modules_mut()
+            .module_mut(module)
+            .ok()
+            .and_then(|m| m.library.as_mut())
+        {
             Some(lib) => Ok(*lib.twins.entry(dev).or_insert(twin)),
             None => Err(cu::ERROR_INVALID_HANDLE),
         };
@@ -152,7 +157,7 @@ impl Driver {
     pub fn function_on(&self, func: usize, dev: CUdevice) -> CuResult<usize> {
         let (module, name) = {
             let o = self.objects();
-            let f = by_handle(&o.funcs, func)?;
+            let f = o.modules().function(func)?;
             if f.device == dev {
                 return Ok(func);
             }
@@ -166,7 +171,7 @@ impl Driver {
     pub fn get_global(&self, module: usize, name: &str) -> CuResult<(u64, u64)> {
         let (m, device) = {
             let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
+            let m = o.modules().module(module)?;
             if let Some(&g) = m.globals.get(name) {
                 return Ok(g);
             }
@@ -178,10 +183,10 @@ impl Driver {
         };
         let ctx = self.current().unwrap_or(0);
         let mut o = self.objects();
-        if let Some(m) = o.modules.get_mut(&module) {
+        if let Ok(m) = o.modules_mut().module_mut(module) {
             m.globals.insert(name.to_string(), g);
             // cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave.
-            o.add_global(module, g.0, g.1, device, ctx);
+            o.allocs_mut().add_global(module, g.0, g.1, device, ctx);
         }
         Ok(g)
     }
@@ -190,14 +195,10 @@ impl Driver {
     pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
         let (m, device) = {
             let o = self.objects();
-            let m = by_handle(&o.modules, module)?;
+            let m = o.modules().module(module)?;
             // One handle per (module, name), as CUDA returns the same
             // CUfunction for repeated look-ups.
-            if let Some((&h, _)) = o
-                .funcs
-                .iter()
-                .find(|(_, f)| f.module == module && f.cname.as_bytes() == name.as_bytes())
-            {
+            if let Some(h) = o.modules().function_named(module, name) {
                 return Ok(h);
             }
             (m.module.clone(), m.device)
@@ -212,12 +213,12 @@ impl Driver {
             .min(function.info.max_dynamic_shared);
         let cname = std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?;
         let mut o = self.objects();
-        if !o.modules.contains_key(&module) {
+        if !o.modules().has_module(module) {
             // Unloaded by another thread meanwhile.
             return Err(cu::ERROR_INVALID_HANDLE);
         }
         let h = o.handle();
-        o.funcs.insert(
+        o.modules_mut().add_function(
             h,
             Func {
                 module,
@@ -289,14 +290,14 @@ impl Driver {
         let o = self.objects();
         let ctx = match current {
             Some(c) => c,
-            None => by_handle(&o.streams, stream)?.ctx,
+            None => o.streams().stream(stream)?.ctx,
         };
-        let dev = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?.device;
-        let f = by_handle(&o.funcs, func)?;
+        let dev = o.ctxs().ctx(ctx)?.device();
+        let f = o.modules().function(func)?;
         if f.device != dev {
             return Ok(Look::Elsewhere(dev));
         }
-        if o.capturing.contains_key(&stream) {
+        if o.graphs().is_capturing(stream) {
             return Ok(Look::Here(None));
         }
         if shared_mem > f.max_dynamic_shared {
@@ -334,7 +335,7 @@ impl Driver {
     ) -> CuResult<(CUdevice, Work)> {
         let (function, device) = {
             let o = self.objects();
-            let f = by_handle(&o.funcs, func)?;
+            let f = o.modules().function(func)?;
             if dims.shared_mem > f.max_dynamic_shared {
                 log(&format!(
                     "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",

@@ -249,7 +249,7 @@ impl Copy3D {
         if self.shape.is_empty() {
             return Ok(());
         }
-        if call == Call::Async && d.objects().capturing.contains_key(&(stream as usize)) {
+        if call == Call::Async && d.objects().graphs().is_capturing(stream as usize) {
             // Recorded in the capture, where it can be.
             return match self.works(d) {
                 Ok((device, works)) => d.queue(stream as usize, device, &works),

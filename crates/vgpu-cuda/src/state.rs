@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use vgpu_guest::{sys, Batch, Device};
 
 use crate::console::Console;
+use crate::ctx_table::Ctx;
 use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
 use crate::inflight::{EventMark, Inflight};
 use crate::lanes::Lanes;
-use crate::objects::{Ctx, Objects};
+use crate::objects::Objects;
 
 /// The process's driver. CUDA's C API is process-global (any thread may
 /// call any entry point with handles made by another), so its state is
@@ -214,7 +215,7 @@ impl Driver {
                     let info = *dev.cached_info();
                     let primary = objects.handle();
                     let ordinal = gpus.len() as CUdevice;
-                    objects.ctxs.insert(primary, Ctx::new(ordinal, 0));
+                    objects.ctxs_mut().add(primary, Ctx::new(ordinal, 0));
                     let dev = Arc::new(dev);
                     let lanes = Lanes::open(&dev, lanes_wanted());
                     gpus.push(Gpu {
@@ -234,8 +235,7 @@ impl Driver {
             log("no usable /dev/vgpuN");
             return Err(cu::ERROR_NO_DEVICE);
         }
-        objects.primary_refs = vec![0; gpus.len()];
-        objects.primary_flags = vec![0; gpus.len()];
+        objects.ctxs_mut().set_devices(gpus.len());
         Ok(Driver {
             gpus,
             objects: Mutex::new(objects),
@@ -293,11 +293,7 @@ impl Driver {
 
     /// The device of context `ctx`.
     pub fn ctx_device(&self, ctx: usize) -> CuResult<CUdevice> {
-        self.objects()
-            .ctxs
-            .get(&ctx)
-            .map(|c| c.device)
-            .ok_or(cu::ERROR_INVALID_CONTEXT)
+        self.objects().ctxs().ctx(ctx).map(|c| c.device())
     }
 
     /// Replaces the top of the calling thread's stack (`cuCtxSetCurrent`).

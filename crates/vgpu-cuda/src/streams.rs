@@ -6,8 +6,8 @@ use vgpu_guest::Batch;
 
 use crate::cu::{self, CUdevice, CuResult, Handle};
 use crate::graphs::{self, Unsafe};
-use crate::objects::{by_handle, Stream};
 use crate::state::{driver, Driver, Gpu};
+use crate::stream_table::Stream;
 use crate::work::Work;
 
 impl Driver {
@@ -25,7 +25,7 @@ impl Driver {
             return Ok(0);
         }
         let o = self.objects();
-        Ok(by_handle(&o.streams, stream)?.lane)
+        Ok(o.streams().stream(stream)?.lane)
     }
 
     /// The ordinal of [`Driver::stream_gpu`]'s device.
@@ -33,7 +33,7 @@ impl Driver {
         if stream <= 2 {
             return Ok(self.current_ctx()?.1);
         }
-        let ctx = by_handle(&self.objects().streams, stream)?.ctx;
+        let ctx = self.objects().streams().stream(stream)?.ctx;
         self.ctx_device(ctx)
     }
 
@@ -94,7 +94,7 @@ impl Driver {
 pub fn wait_across(d: &Driver, device: cu::CUdevice, lane: usize, event: Handle) -> CuResult {
     let (records, on, on_lane) = {
         let o = d.objects();
-        let e = by_handle(&o.events, event as usize)?;
+        let e = o.streams().event(event as usize)?;
         (e.records, e.device, e.lane)
     };
     if records == 0 {
@@ -116,10 +116,7 @@ pub fn stream_field<T>(stream: Handle, default: T, f: impl Fn(&Stream) -> T) -> 
         return Ok(default);
     }
     let o = d.objects();
-    o.streams
-        .get(&(stream as usize))
-        .map(f)
-        .ok_or(cu::ERROR_INVALID_HANDLE)
+    o.streams().stream(stream as usize).map(f)
 }
 
 /// The id of `stream` (0 for the legacy stream), if it exists.
@@ -134,11 +131,8 @@ pub fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult
     let lane = g.lanes.route(d.stream_lane(stream as usize)?);
     let (record, timing) = {
         let mut o = d.objects();
-        let captured = o.capturing.get(&(stream as usize)).copied();
-        let e = o
-            .events
-            .get_mut(&(event as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let captured = o.graphs().capturing(stream as usize);
+        let e = o.streams_mut().event_mut(event as usize)?;
         e.captured = captured;
         if captured.is_some() {
             // In a capture a record only marks a point other streams
@@ -164,7 +158,7 @@ pub fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult
 /// recorded).
 pub fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, usize, u32)> {
     let o = d.objects();
-    let e = by_handle(&o.events, event as usize)?;
+    let e = o.streams().event(event as usize)?;
     Ok((e.records, e.device, e.lane, e.flags))
 }
 

@@ -1,9 +1,9 @@
 //! Contexts and the per-thread context stack.
 
+use crate::ctx_table::Ctx;
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::graphs::Unsafe;
-use crate::objects::Ctx;
 use crate::state::{driver, Driver};
 
 /// The context a call names: `ctx`, or the current one when null.
@@ -142,7 +142,9 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        let h = d.objects().add(|o| &mut o.ctxs, Ctx::new(dev, flags));
+        let h = d
+            .objects()
+            .file(|o, h| o.ctxs_mut().add(h, Ctx::new(dev, flags)));
         d.push_current(h);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pctx, h as Handle) }
@@ -158,12 +160,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
             // Primary contexts are released, not destroyed.
             return Err(cu::ERROR_INVALID_CONTEXT);
         }
-        let device = d
-            .objects()
-            .ctxs
-            .remove(&ctx)
-            .ok_or(cu::ERROR_INVALID_CONTEXT)?
-            .device;
+        let device = d.objects().ctxs_mut().remove(ctx)?.device();
         // Its work ends first, and what its kernels printed comes out.
         d.gpu(device)?.wait_idle();
         if d.current() == Some(ctx) {
@@ -178,7 +175,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        let f = d.objects().ctxs.get(&ctx).map_or(0, |c| c.flags);
+        let f = d.objects().ctxs().ctx(ctx).map_or(0, |c| c.flags());
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -189,8 +186,8 @@ pub extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if let Some(c) = d.objects().ctxs.get_mut(&ctx) {
-            c.flags = flags;
+        if let Ok(c) = d.objects().ctxs_mut().ctx_mut(ctx) {
+            c.set_flags(flags);
         }
         Ok(())
     })
@@ -203,10 +200,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresul
         let (ctx, _) = d.current_ctx()?;
         let v = {
             let o = d.objects();
-            let c = o.ctxs.get(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
-            *c.limits
-                .get(limit as usize)
-                .ok_or(cu::ERROR_INVALID_VALUE)?
+            o.ctxs().ctx(ctx)?.limit(limit)?
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(value, v) }
@@ -218,15 +212,11 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if crate::objects::READ_ONLY_LIMITS.contains(&limit) {
+        if crate::ctx_table::READ_ONLY_LIMITS.contains(&limit) {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
         let mut o = d.objects();
-        let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
-        *c.limits
-            .get_mut(limit as usize)
-            .ok_or(cu::ERROR_INVALID_VALUE)? = value;
-        Ok(())
+        o.ctxs_mut().ctx_mut(ctx)?.set_limit(limit, value)
     })
 }
 
@@ -308,7 +298,7 @@ pub extern "C" fn cuCtxRecordEvent(ctx: Handle, event: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
         let device = d.ctx_device(ctx as usize)?;
-        if !d.objects().capturing.is_empty() {
+        if d.objects().graphs().any_capturing() {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         crate::streams::record_on(d, d.gpu(device)?, event, std::ptr::null_mut())
@@ -325,7 +315,7 @@ pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
         let device = d.ctx_device(ctx as usize)?;
         let (records, on) = {
             let o = d.objects();
-            let e = crate::objects::by_handle(&o.events, event as usize)?;
+            let e = o.streams().event(event as usize)?;
             (e.records, e.device)
         };
         if records > 0 && on != device {

@@ -198,7 +198,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
     entry(|| {
         let d = driver()?;
         let ctx = d.gpu(dev)?.primary;
-        d.objects().primary_refs[dev as usize] += 1;
+        d.objects().ctxs_mut().retain_primary(dev);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pctx, ctx as Handle) }
     })
@@ -210,9 +210,7 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
         let d = driver()?;
         d.gpu(dev)?;
         let mut o = d.objects();
-        let refs = &mut o.primary_refs[dev as usize];
-        *refs = refs.checked_sub(1).ok_or(cu::ERROR_INVALID_CONTEXT)?;
-        Ok(())
+        o.ctxs_mut().release_primary(dev)
     })
 }
 
@@ -225,13 +223,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        let (f, a) = {
-            let o = d.objects();
-            (
-                o.primary_flags[dev as usize],
-                o.primary_refs[dev as usize] > 0,
-            )
-        };
+        let (f, a) = d.objects().ctxs().primary_state(dev);
         // SAFETY: the caller's out-parameters.
         unsafe {
             ffi::put(flags, f)?;
@@ -245,7 +237,7 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32) -> CU
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        d.objects().primary_flags[dev as usize] = flags;
+        d.objects().ctxs_mut().set_primary_flags(dev, flags);
         Ok(())
     })
 }
@@ -264,9 +256,9 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         let ctx = gpu.primary;
         let storage = {
             let mut o = d.objects();
-            o.primary_refs[dev as usize] = 0;
-            let c = o.ctxs.get_mut(&ctx).ok_or(cu::ERROR_INVALID_CONTEXT)?;
-            std::mem::take(&mut c.storage)
+            o.ctxs_mut().reset_primary(dev);
+            let c = o.ctxs_mut().ctx_mut(ctx)?;
+            c.take_storage()
         };
         // Outside the lock: a destructor may call back into the driver.
         for (key, (value, dtor)) in storage {

@@ -17,7 +17,6 @@ use crate::diag::log;
 use crate::ffi::{self, entry, CuResult};
 use crate::graphs::{self as g, Graph};
 use crate::launch_args::kernel_work;
-use crate::objects::by_handle;
 use crate::pitched::Copy3D;
 use crate::state::driver;
 use crate::work::Work;
@@ -73,10 +72,10 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut Handle, flags: u32) -> CUres
             owned: Vec::new(),
             cloned_from: None,
         };
-        let h = d.objects().add(|o| &mut o.graphs, graph);
+        let h = d.objects().file(|o, h| o.graphs_mut().add_graph(h, graph));
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pgraph, h as Handle) }.inspect_err(|_| {
-            d.objects().graphs.remove(&h);
+            let _ = d.objects().graphs_mut().take_graph(h);
         })
     })
 }
@@ -124,7 +123,10 @@ pub unsafe extern "C" fn cuGraphGetNodes(
     count: *mut usize,
 ) -> CUresult {
     entry(|| {
-        let n = by_handle(&driver()?.objects().graphs, graph as usize)?
+        let n = driver()?
+            .objects()
+            .graphs()
+            .graph(graph as usize)?
             .nodes
             .len();
         let found: Vec<usize> = (0..n).map(|i| g::node_handle(graph as usize, i)).collect();
@@ -141,7 +143,10 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
     count: *mut usize,
 ) -> CUresult {
     entry(|| {
-        let found: Vec<usize> = by_handle(&driver()?.objects().graphs, graph as usize)?
+        let found: Vec<usize> = driver()?
+            .objects()
+            .graphs()
+            .graph(graph as usize)?
             .nodes
             .iter()
             .enumerate()
@@ -160,7 +165,7 @@ pub unsafe extern "C" fn cuGraphClone(out: *mut Handle, graph: Handle) -> CUresu
         let h = d.objects().clone_graph(graph as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
-            d.objects().graphs.remove(&h);
+            let _ = d.objects().graphs_mut().take_graph(h);
         })
     })
 }
@@ -260,7 +265,7 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: Handle, kind: *mut u32) -> CUr
         let d = driver()?;
         let o = d.objects();
         let (graph, i) = o.node(node as usize)?;
-        let t = o.graphs[&graph].nodes[i].kind;
+        let t = o.graphs().graph_at(graph).nodes[i].kind;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(kind, t) }
     })
@@ -286,7 +291,7 @@ unsafe fn add_node(
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
-    if by_handle(&o.graphs, graph as usize)?.device != device {
+    if o.graphs().graph(graph as usize)?.device != device {
         // A graph runs on the one device it was made for.
         return Err(cu::ERROR_INVALID_VALUE);
     }
@@ -303,7 +308,7 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     n: usize,
 ) -> CUresult {
     entry(|| {
-        let device = by_handle(&driver()?.objects().graphs, graph as usize)?.device;
+        let device = driver()?.objects().graphs().graph(graph as usize)?.device;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_EMPTY, (device, Vec::new())) }
     })
@@ -324,8 +329,8 @@ unsafe fn add_event_node(
     let device = {
         let d = driver()?;
         let o = d.objects();
-        by_handle(&o.events, event as usize)?;
-        by_handle(&o.graphs, graph as usize)?.device
+        o.streams().event(event as usize)?;
+        o.graphs().graph(graph as usize)?.device
     };
     let work = event_work(kind, event);
     // SAFETY: the caller's pointers.
@@ -383,9 +388,9 @@ unsafe fn node_event(node: Handle, kind: u32, out: *mut Handle) -> CuResult {
 fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    by_handle(&o.events, event as usize)?;
+    o.streams().event(event as usize)?;
     let (g, _) = o.node(node as usize)?;
-    let device = o.graphs[&g].device;
+    let device = o.graphs().graph_at(g).device;
     o.set_node(node as usize, kind, device, event_work(kind, event))
 }
 
@@ -393,8 +398,8 @@ fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
 fn set_exec_node_event(exec: Handle, node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    by_handle(&o.events, event as usize)?;
-    let device = by_handle(&o.execs, exec as usize)?.device;
+    o.streams().event(event as usize)?;
+    let device = o.graphs().exec(exec as usize)?.device;
     o.set_exec_node(
         exec as usize,
         node as usize,
@@ -481,7 +486,7 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
     entry(|| {
         // SAFETY: the caller's parameters.
         let call = unsafe { host_call(params) }?;
-        let device = by_handle(&driver()?.objects().graphs, graph as usize)?.device;
+        let device = driver()?.objects().graphs().graph(graph as usize)?.device;
         let work = vec![Work::Host(call)];
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_HOST, (device, work)) }
@@ -515,7 +520,7 @@ pub unsafe extern "C" fn cuGraphHostNodeSetParams(
         let d = driver()?;
         let mut o = d.objects();
         let (g, _) = o.node(node as usize)?;
-        let device = o.graphs[&g].device;
+        let device = o.graphs().graph_at(g).device;
         o.set_node(node as usize, g::NODE_HOST, device, Work::Host(call))
     })
 }
@@ -531,7 +536,7 @@ pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
         let call = unsafe { host_call(params) }?;
         let d = driver()?;
         let mut o = d.objects();
-        let device = by_handle(&o.execs, exec as usize)?.device;
+        let device = o.graphs().exec(exec as usize)?.device;
         o.set_exec_node(
             exec as usize,
             node as usize,
@@ -941,7 +946,7 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecGetFlags(exec: Handle, flags: *mut u64) -> CUresult {
     entry(|| {
-        let f = by_handle(&driver()?.objects().execs, exec as usize)?.flags;
+        let f = driver()?.objects().graphs().exec(exec as usize)?.flags;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -1021,7 +1026,7 @@ pub extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
         d.stream_gpu(stream as usize)?;
-        by_handle(&d.objects().execs, exec as usize).map(drop)
+        d.objects().graphs().exec(exec as usize).map(drop)
     })
 }
 
@@ -1034,7 +1039,7 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
         d.stream_gpu(stream as usize)?;
         let (device, nodes) = {
             let o = d.objects();
-            let e = by_handle(&o.execs, exec as usize)?;
+            let e = o.graphs().exec(exec as usize)?;
             (e.device, e.nodes.clone())
         };
         // Copies with a host side reach host memory only while it is
@@ -1447,7 +1452,7 @@ fn type_of(node: Handle) -> CuResult<u32> {
     let d = driver()?;
     let o = d.objects();
     let (graph, i) = o.node(node as usize)?;
-    Ok(o.graphs[&graph].nodes[i].kind)
+    Ok(o.graphs().graph_at(graph).nodes[i].kind)
 }
 
 /// `cuGraphNodeSetParams` (`exec`: none) or `cuGraphExecNodeSetParams`:
@@ -1532,7 +1537,7 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
 fn edges_of(graph: Handle) -> CuResult<Vec<(usize, usize)>> {
     let d = driver()?;
     let o = d.objects();
-    let gr = by_handle(&o.graphs, graph as usize)?;
+    let gr = o.graphs().graph(graph as usize)?;
     let h = |i| g::node_handle(graph as usize, i);
     Ok(gr
         .nodes
@@ -1616,7 +1621,7 @@ pub unsafe extern "C" fn cuGraphNodeFindInClone(
         let found = {
             let o = d.objects();
             let (graph, i) = o.node(original as usize)?;
-            let c = by_handle(&o.graphs, clone as usize)?;
+            let c = o.graphs().graph(clone as usize)?;
             if c.cloned_from != Some(graph) || i >= c.nodes.len() {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
@@ -1642,7 +1647,7 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
         let kinds: Vec<u32> = {
             let d = driver()?;
             let o = d.objects();
-            let gr = by_handle(&o.graphs, graph as usize)?;
+            let gr = o.graphs().graph(graph as usize)?;
             gr.nodes.iter().map(|n| n.kind).collect()
         };
         let mut dot = String::from("digraph graph_0 {\n");
@@ -1707,8 +1712,9 @@ fn with_kernel_node<T>(node: Handle, f: impl FnOnce(&mut g::Node) -> CuResult<T>
     let mut o = d.objects();
     let (graph, i) = o.node(node as usize)?;
     let n = o
-        .graphs
-        .get_mut(&graph)
+        .graphs_mut()
+        .graph_mut(graph)
+        .ok()
         .and_then(|gr| gr.nodes.get_mut(i))
         .ok_or(cu::ERROR_INVALID_HANDLE)?;
     if n.kind != g::NODE_KERNEL {

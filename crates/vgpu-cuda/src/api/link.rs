@@ -128,7 +128,9 @@ pub unsafe extern "C" fn cuLinkCreate_v2(
         let d = driver()?;
         // SAFETY: the caller's out-parameter, checked before the link is made.
         unsafe { ffi::put(state, std::ptr::null_mut()) }?;
-        let h = d.objects().add(|o| &mut o.links, Link::default());
+        let h = d
+            .objects()
+            .file(|o, h| o.links_mut().insert(h, Link::default()));
         // SAFETY: as above.
         unsafe { ffi::put(state, h as Handle) }
     })
@@ -147,10 +149,7 @@ fn add_input(state: Handle, kind: u32, data: &[u8]) -> CuResult {
         }
     };
     let mut o = d.objects();
-    let link = o
-        .links
-        .get_mut(&(state as usize))
-        .ok_or(cu::ERROR_INVALID_HANDLE)?;
+    let link = o.links_mut().get_mut(state as usize)?;
     if !link.add(image) {
         drop(o);
         return Err(d.not_supported_because("cuLinkAddData", "linking more than one input"));
@@ -207,10 +206,7 @@ pub unsafe extern "C" fn cuLinkComplete(
         let d = driver()?;
         let (p, n) = {
             let mut o = d.objects();
-            let link = o
-                .links
-                .get_mut(&(state as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?;
+            let link = o.links_mut().get_mut(state as usize)?;
             let out = link.complete()?;
             (out.as_mut_ptr(), out.len())
         };
@@ -228,10 +224,9 @@ pub extern "C" fn cuLinkDestroy(state: Handle) -> CUresult {
     entry(|| {
         driver()?
             .objects()
-            .links
-            .remove(&(state as usize))
+            .links_mut()
+            .remove(state as usize)
             .map(drop)
-            .ok_or(cu::ERROR_INVALID_HANDLE)
     })
 }
 

@@ -22,7 +22,7 @@ use crate::copies::{
 use crate::cu::MemLocation;
 use crate::diag::check;
 use crate::host_pages;
-use crate::objects::HostMem;
+use crate::mem_table::HostMem;
 use crate::state::{driver, Driver};
 use vgpu_guest::Batch;
 
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     entry(|| {
         let (start, len) = {
             let o = driver()?.objects();
-            let (s, a) = o.alloc_at(dptr, 0).ok_or(cu::ERROR_NOT_FOUND)?;
+            let (s, a) = o.allocs().alloc_at(dptr, 0).ok_or(cu::ERROR_NOT_FOUND)?;
             (s, a.size)
         };
         // SAFETY: the caller's out-parameters, either may be null.
@@ -118,7 +118,7 @@ fn host_alloc(size: usize, flags: u32) -> CuResult<*mut c_void> {
     let (ctx, _) = d.current_ctx()?;
     let p = host_pages::alloc(size).ok_or(cu::ERROR_OUT_OF_MEMORY)?;
     let pinned = pin_pages(d, p as usize, size);
-    d.objects().host.insert(
+    d.objects().host_mut().insert(
         p as usize,
         HostMem {
             size,
@@ -152,10 +152,7 @@ pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
         let d = driver()?;
         let h = {
             let mut o = d.objects();
-            match o.host.get(&(p as usize)) {
-                Some(h) if h.owned => o.host.remove(&(p as usize)),
-                _ => None,
-            }
+            o.host_mut().remove_if_owned(p as usize, true)
         }
         .ok_or(cu::ERROR_INVALID_VALUE)?;
         // Unpinned before it is unmapped: a pinned range must stay mapped.
@@ -180,10 +177,10 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags
         }
         {
             let mut o = d.objects();
-            if o.host_at(p as usize, 1).is_some() {
+            if o.host().host_at(p as usize, 1).is_some() {
                 return Err(cu::ERROR_HOST_MEMORY_ALREADY_REGISTERED);
             }
-            o.host.insert(
+            o.host_mut().insert(
                 p as usize,
                 HostMem {
                     size,
@@ -199,7 +196,7 @@ pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags
         let pinned = pin_pages(d, p as usize, size);
         if pinned.is_some() {
             let mut o = d.objects();
-            match o.host.get_mut(&(p as usize)) {
+            match o.host_mut().get_mut(p as usize) {
                 Some(h) if !h.owned && h.pinned.is_none() => h.pinned = pinned,
                 _ => {
                     drop(o);
@@ -217,10 +214,7 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
         let d = driver()?;
         let h = {
             let mut o = d.objects();
-            match o.host.get(&(p as usize)) {
-                Some(h) if !h.owned => o.host.remove(&(p as usize)),
-                _ => None,
-            }
+            o.host_mut().remove_if_owned(p as usize, false)
         }
         .ok_or(cu::ERROR_HOST_MEMORY_NOT_REGISTERED)?;
         unpin_pages(d, h.pinned);
@@ -239,7 +233,7 @@ fn capture_host_copy(
     n: usize,
     work: Work,
 ) -> CuResult<bool> {
-    if !d.objects().capturing.contains_key(&(stream as usize)) {
+    if !d.objects().graphs().is_capturing(stream as usize) {
         return Ok(false);
     }
     if n == 0 {
@@ -623,9 +617,13 @@ pub extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, v: u32, n: usize, s: Handle
 /// `data` is valid for a write of the attribute's type.
 unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) -> CuResult {
     let o = d.objects();
-    let dev = o.alloc_at(p, 0).map(|(s, a)| (s, a.size, a.ctx, a.device));
-    let managed = o.alloc_at(p, 0).is_some_and(|(_, a)| a.managed);
+    let dev = o
+        .allocs()
+        .alloc_at(p, 0)
+        .map(|(s, a)| (s, a.size, a.ctx, a.device));
+    let managed = o.allocs().alloc_at(p, 0).is_some_and(|(_, a)| a.managed);
     let host = o
+        .host()
         .host_at(p as usize, 0)
         .map(|(s, h)| (s as u64, h.size as u64, h.ctx));
     drop(o);
@@ -666,7 +664,7 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
             cu::POINTER_MAPPED => ffi::put(data.cast::<i32>(), 1),
             cu::POINTER_MEMPOOL_HANDLE => {
-                let pool = d.objects().pools.pool_of(start).unwrap_or(0);
+                let pool = d.objects().pools().pool_of(start).unwrap_or(0);
                 ffi::put(data.cast::<Handle>(), pool as Handle)
             }
             _ => Err(cu::ERROR_INVALID_VALUE),
@@ -734,7 +732,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 fn managed_range(p: CUdeviceptr, n: usize) -> CuResult {
     let d = driver()?;
     let o = d.objects();
-    match o.alloc_at(p, n as u64) {
+    match o.allocs().alloc_at(p, n as u64) {
         Some((_, a)) if a.managed && n > 0 => Ok(()),
         _ => Err(cu::ERROR_INVALID_VALUE),
     }
@@ -797,7 +795,7 @@ pub extern "C" fn cuStreamAttachMemAsync(
         // A length of 0 means the whole allocation.
         let d = driver()?;
         let o = d.objects();
-        match o.alloc_at(p, n as u64) {
+        match o.allocs().alloc_at(p, n as u64) {
             Some((start, a)) if a.managed && (n > 0 || start == p) => Ok(()),
             _ => Err(cu::ERROR_INVALID_VALUE),
         }
@@ -811,6 +809,7 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> C
         let d = driver()?;
         let f = d
             .objects()
+            .host()
             .host_at(p as usize, 1)
             .map(|(_, h)| h.flags)
             .ok_or(cu::ERROR_INVALID_VALUE)?;

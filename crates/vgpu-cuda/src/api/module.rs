@@ -15,7 +15,6 @@ use crate::ffi::{self, entry, CuResult};
 use crate::images::{load, load_on};
 use crate::launch_args::{check_shape, fill_param_block, param_block};
 use crate::modules::{max_cluster_blocks, LoadAs, PORTABLE_CLUSTER_BLOCKS};
-use crate::objects::by_handle;
 use crate::state::{driver, Driver};
 
 #[no_mangle]
@@ -69,7 +68,7 @@ pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, module: Handl
     entry(|| {
         let n = {
             let o = driver()?.objects();
-            by_handle(&o.modules, module as usize)?.kernels.len()
+            o.modules().module(module as usize)?.kernels.len()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(count, n as u32) }
@@ -173,7 +172,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
     entry(|| {
-        by_handle(&driver()?.objects().modules, library as usize)?;
+        driver()?.objects().modules().module(library as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, library) }
     })
@@ -194,7 +193,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
 /// The value of function attribute `attr`.
 fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
-    let f = by_handle(&o.funcs, f)?;
+    let f = o.modules().function(f)?;
     let i = &f.function.info;
     let cc = crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
@@ -242,10 +241,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
     entry(|| {
         let d = driver()?;
         let mut o = d.objects();
-        let func = o
-            .funcs
-            .get_mut(&(f as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let func = o.modules_mut().function_mut(f as usize)?;
         match attr {
             cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
                 let limit = func.function.info.max_dynamic_shared;
@@ -296,7 +292,7 @@ pub extern "C" fn cuKernelSetAttribute(
 /// A cache preference is a hint the device may ignore (CUDA's words).
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
-    entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
+    entry(|| driver()?.objects().modules().function(f as usize).map(drop))
 }
 
 /// The same hint for a kernel of a library on a device.
@@ -305,7 +301,7 @@ pub extern "C" fn cuKernelSetCacheConfig(kernel: Handle, _config: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        by_handle(&d.objects().funcs, kernel as usize).map(drop)
+        d.objects().modules().function(kernel as usize).map(drop)
     })
 }
 
@@ -317,7 +313,7 @@ pub extern "C" fn cuFuncSetSharedMemConfig(f: Handle, config: u32) -> CUresult {
         if config > 2 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        by_handle(&driver()?.objects().funcs, f as usize).map(drop)
+        driver()?.objects().modules().function(f as usize).map(drop)
     })
 }
 
@@ -362,7 +358,7 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> C
         // The CString lives as long as the function handle.
         let p = {
             let o = driver()?.objects();
-            by_handle(&o.funcs, f as usize)?.cname.as_ptr()
+            o.modules().function(f as usize)?.cname.as_ptr()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(name, p) }
@@ -379,7 +375,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     entry(|| {
         let p = {
             let o = driver()?.objects();
-            let func = by_handle(&o.funcs, f as usize)?;
+            let func = o.modules().function(f as usize)?;
             *func
                 .function
                 .params
@@ -574,7 +570,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let shape = (dims, c.shared_mem_bytes, cluster);
         let (function, device, known) = {
             let o = d.objects();
-            let func = by_handle(&o.funcs, f as usize)?;
+            let func = o.modules().function(f as usize)?;
             let known = func.clusters.get(&shape).copied();
             (Arc::clone(&func.function), func.device, known)
         };
@@ -590,8 +586,8 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             Err(vgpu_guest::Error::Unsupported) => {}
             r => {
                 let v = check(r)?;
-                if let Some(func) = d.objects().funcs.get_mut(&(f as usize)) {
-                    if func.clusters.len() < crate::objects::MAX_CLUSTER_ANSWERS {
+                if let Ok(func) = d.objects().modules_mut().function_mut(f as usize) {
+                    if func.clusters.len() < crate::module_table::MAX_CLUSTER_ANSWERS {
                         func.clusters.insert(shape, v);
                     }
                 }
@@ -640,7 +636,7 @@ fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i3
     }
     let (shared, regs) = {
         let o = d.objects();
-        let i = &by_handle(&o.funcs, f)?.function.info;
+        let i = &o.modules().function(f)?.function.info;
         (i.shared_static as usize + dyn_shared, i.num_regs as usize)
     };
     let by_threads = 2048 / block;
@@ -664,7 +660,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
         let d = driver()?;
         let (static_shared, limit) = {
             let o = d.objects();
-            let i = &by_handle(&o.funcs, f as usize)?.function.info;
+            let i = &o.modules().function(f as usize)?.function.info;
             (i.shared_static as usize, i.max_dynamic_shared as usize)
         };
         let wanted = usize::try_from(blocks)
@@ -728,7 +724,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let max = {
             let o = d.objects();
-            let func = by_handle(&o.funcs, f as usize)?;
+            let func = o.modules().function(f as usize)?;
             func.function
                 .info
                 .max_threads
@@ -781,7 +777,10 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let mut names: Vec<String> = by_handle(&d.objects().modules, module as usize)?
+        let mut names: Vec<String> = d
+            .objects()
+            .modules()
+            .module(module as usize)?
             .kernels
             .iter()
             .cloned()
@@ -800,7 +799,7 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
     entry(|| {
-        let m = by_handle(&driver()?.objects().funcs, f as usize)?.module;
+        let m = driver()?.objects().modules().function(f as usize)?.module;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, m as Handle) }
     })
@@ -817,7 +816,7 @@ pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut Handle, kernel: Handle
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult {
     entry(|| {
-        by_handle(&driver()?.objects().funcs, f as usize)?;
+        driver()?.objects().modules().function(f as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(state, 1) }
     })
@@ -825,7 +824,7 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult 
 
 #[no_mangle]
 pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
-    entry(|| by_handle(&driver()?.objects().funcs, f as usize).map(drop))
+    entry(|| driver()?.objects().modules().function(f as usize).map(drop))
 }
 
 #[cfg(test)]

@@ -64,9 +64,9 @@ unsafe fn put_pool(d: &Driver, dev: CUdevice, current: bool, out: *mut Handle) -
         let mut handle = o.handle();
         let h = || std::mem::take(&mut handle);
         if current {
-            o.pools.current(dev, h)
+            o.pools_mut().current(dev, h)
         } else {
-            o.pools.default_pool(dev, h)
+            o.pools_mut().default_pool(dev, h)
         }
     };
     // SAFETY: the caller's out-parameter.
@@ -98,7 +98,7 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: Handle) -> CUresult {
         let dev = device(d, dev)?;
         let mut o = d.objects();
         let handle = o.handle();
-        o.pools.set_current(dev, pool as usize, || handle)
+        o.pools_mut().set_current(dev, pool as usize, || handle)
     })
 }
 
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn cuMemSetMemPool(
         let dev = unsafe { located(d, loc, kind) }?;
         let mut o = d.objects();
         let handle = o.handle();
-        o.pools.set_current(dev, pool as usize, || handle)
+        o.pools_mut().set_current(dev, pool as usize, || handle)
     })
 }
 
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(out: *mut Handle, props: *const PoolPro
         let h = {
             let mut o = d.objects();
             let h = o.handle();
-            o.pools.create(dev, h);
+            o.pools_mut().create(dev, h);
             h
         };
         // SAFETY: as above.
@@ -177,13 +177,13 @@ pub unsafe extern "C" fn cuMemPoolCreate(out: *mut Handle, props: *const PoolPro
 
 #[no_mangle]
 pub extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
-    entry(|| driver()?.objects().pools.destroy(pool as usize))
+    entry(|| driver()?.objects().pools_mut().destroy(pool as usize))
 }
 
 /// Nothing is kept aside to trim.
 #[no_mangle]
 pub extern "C" fn cuMemPoolTrimTo(pool: Handle, _keep: usize) -> CUresult {
-    entry(|| driver()?.objects().pools.get(pool as usize).map(drop))
+    entry(|| driver()?.objects().pools().get(pool as usize).map(drop))
 }
 
 #[no_mangle]
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     value: *mut c_void,
 ) -> CUresult {
     entry(|| {
-        let v = driver()?.objects().pools.attribute(pool as usize, attr)?;
+        let v = driver()?.objects().pools().attribute(pool as usize, attr)?;
         // SAFETY: the caller's value of the attribute's type.
         unsafe {
             match v {
@@ -221,7 +221,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
         };
         driver()?
             .objects()
-            .pools
+            .pools_mut()
             .set_attribute(pool as usize, attr, v)
     })
 }
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn cuMemPoolSetAccess(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let dev = d.objects().pools.get(pool as usize)?.device;
+        let dev = d.objects().pools().get(pool as usize)?.device;
         if count > 64 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
@@ -260,7 +260,7 @@ pub unsafe extern "C" fn cuMemPoolGetAccess(
 ) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let dev = d.objects().pools.get(pool as usize)?.device;
+        let dev = d.objects().pools().get(pool as usize)?.device;
         // SAFETY: the caller's location (null is refused).
         let l = unsafe { ffi::get(loc) }?;
         let own = l.kind == LOCATION_DEVICE && l.id == dev;

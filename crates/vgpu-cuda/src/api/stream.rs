@@ -10,8 +10,8 @@ use crate::ffi::{self, entry, CuResult};
 use crate::graphs::{self, Unsafe};
 use vgpu_guest::Batch;
 
-use crate::objects::{by_handle, Event, Stream};
 use crate::state::{driver, Driver};
+use crate::stream_table::{Event, Stream};
 use crate::streams::{event_done, event_record, record_on, stream_field, stream_id, wait_across};
 
 fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
@@ -24,7 +24,9 @@ fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
         priority: priority.clamp(-5, 0),
         attrs: Default::default(),
     };
-    let h = d.objects().add(|o| &mut o.streams, stream);
+    let h = d
+        .objects()
+        .file(|o, h| o.streams_mut().add_stream(h, stream));
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(pstream, h as Handle) }
 }
@@ -49,9 +51,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
         let d = driver()?;
         {
             let mut o = d.objects();
-            o.streams
-                .remove(&(stream as usize))
-                .ok_or(cu::ERROR_INVALID_HANDLE)?;
+            o.streams_mut().remove_stream(stream as usize)?;
             o.forget_stream_capture(stream as usize);
         }
         crate::allocs::free_released(d);
@@ -150,10 +150,10 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
     entry(|| {
         let d = driver()?;
         let device = d.stream_device(stream as usize)?;
-        let captured = d.objects().capturing.contains_key(&(stream as usize));
+        let captured = d.objects().graphs().is_capturing(stream as usize);
         if captured && flags & cu::EVENT_WAIT_EXTERNAL != 0 {
             // An event wait node of the capture's graph.
-            by_handle(&d.objects().events, event as usize)?;
+            d.objects().streams().event(event as usize)?;
             return d.queue(
                 stream as usize,
                 device,
@@ -375,7 +375,7 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
             lane: 0,
             captured: None,
         };
-        let h = d.objects().add(|o| &mut o.events, event);
+        let h = d.objects().file(|o, h| o.streams_mut().add_event(h, event));
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pevent, h as Handle) }
     })
@@ -396,10 +396,10 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
     entry(|| {
         let d = driver()?;
         if flags & cu::EVENT_RECORD_EXTERNAL != 0
-            && d.objects().capturing.contains_key(&(stream as usize))
+            && d.objects().graphs().is_capturing(stream as usize)
         {
             // An event record node of the capture's graph.
-            by_handle(&d.objects().events, event as usize)?;
+            d.objects().streams().event(event as usize)?;
             let device = d.stream_device(stream as usize)?;
             return d.queue(
                 stream as usize,
@@ -466,11 +466,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let e = d
-            .objects()
-            .events
-            .remove(&(event as usize))
-            .ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = d.objects().streams_mut().remove_event(event as usize)?;
         d.gpu(e.device)?
             .lanes
             .inflight(e.lane)
@@ -509,10 +505,7 @@ fn with_stream<T>(stream: Handle, f: impl FnOnce(&mut Stream) -> CuResult<T>) ->
     let d = driver()?;
     d.stream_device(stream as usize)?;
     let mut o = d.objects();
-    match o.streams.get_mut(&(stream as usize)) {
-        Some(s) => f(s),
-        None => Err(cu::ERROR_INVALID_HANDLE),
-    }
+    f(o.streams_mut().stream_mut(stream as usize)?)
 }
 
 #[no_mangle]
