@@ -873,29 +873,18 @@ mod tests {
         let _empty = o.add_node(g, &[b], NODE_EMPTY, Vec::new()).unwrap();
         let c = o.add_node(g, &[b], NODE_MEMSET, vec![fill(4)]).unwrap();
         let e = o.instantiate(g, 0).unwrap();
-        let patterns = |o: &Objects| -> Vec<u32> {
-            o.graphs()
-                .exec_at(e)
-                .nodes
-                .iter()
-                .map(|w| match w {
-                    Work::Fill { pattern, .. } => *pattern,
-                    _ => u32::MAX,
-                })
-                .collect()
-        };
-        assert_eq!(patterns(&o), [1, 2, 3, 4]);
+        assert_eq!(patterns(&o, e), [1, 2, 3, 4]);
         o.set_exec_works(e, a, NODE_MEMSET, 0, vec![fill(5), fill(6), fill(7)])
             .unwrap();
-        assert_eq!(patterns(&o), [5, 6, 7, 3, 4]);
+        assert_eq!(patterns(&o, e), [5, 6, 7, 3, 4]);
         o.set_exec_works(e, c, NODE_MEMSET, 0, vec![fill(8), fill(9)])
             .unwrap();
         o.set_exec_works(e, a, NODE_MEMSET, 0, vec![fill(10)])
             .unwrap();
-        assert_eq!(patterns(&o), [10, 3, 8, 9]);
+        assert_eq!(patterns(&o, e), [10, 3, 8, 9]);
         o.set_exec_works(e, b, NODE_MEMCPY, 0, vec![fill(11), fill(12)])
             .unwrap();
-        assert_eq!(patterns(&o), [10, 11, 12, 8, 9]);
+        assert_eq!(patterns(&o, e), [10, 11, 12, 8, 9]);
         // The graph's nodes keep their work; a node of another type, or
         // of another device, is refused.
         assert_eq!(order(&o, g), Some(vec![1, 2, 3, 4]));
