@@ -312,12 +312,8 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     n: usize,
 ) -> CUresult {
     entry(|| {
-        let device = driver()?
-            .objects()
-            .graphs()
-            .graphs
-            .get(graph as usize)?
-            .device;
+        let d = driver()?;
+        let device = d.objects().graphs().graphs.get(graph as usize)?.device;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_EMPTY, (device, Vec::new())) }
     })
@@ -495,12 +491,8 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
     entry(|| {
         // SAFETY: the caller's parameters.
         let call = unsafe { host_call(params) }?;
-        let device = driver()?
-            .objects()
-            .graphs()
-            .graphs
-            .get(graph as usize)?
-            .device;
+        let d = driver()?;
+        let device = d.objects().graphs().graphs.get(graph as usize)?.device;
         let work = vec![Work::Host(call)];
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_HOST, (device, work)) }

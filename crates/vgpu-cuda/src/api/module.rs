@@ -172,11 +172,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
     entry(|| {
-        driver()?
-            .objects()
-            .modules()
-            .modules
-            .get(library as usize)?;
+        let d = driver()?;
+        d.objects().modules().modules.get(library as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, library) }
     })
@@ -293,17 +290,16 @@ pub extern "C" fn cuKernelSetAttribute(
     cuFuncSetAttribute(kernel, attr, value)
 }
 
+/// Checks that `f` is a function (or kernel) loaded: a bad one is an
+/// invalid handle.
+fn known_function(d: &Driver, f: Handle) -> CuResult {
+    d.objects().modules().funcs.get(f as usize).map(drop)
+}
+
 /// A cache preference is a hint the device may ignore (CUDA's words).
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
-    entry(|| {
-        driver()?
-            .objects()
-            .modules()
-            .funcs
-            .get(f as usize)
-            .map(drop)
-    })
+    entry(|| known_function(driver()?, f))
 }
 
 /// The same hint for a kernel of a library on a device.
@@ -312,7 +308,7 @@ pub extern "C" fn cuKernelSetCacheConfig(kernel: Handle, _config: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        d.objects().modules().funcs.get(kernel as usize).map(drop)
+        known_function(d, kernel)
     })
 }
 
@@ -324,12 +320,7 @@ pub extern "C" fn cuFuncSetSharedMemConfig(f: Handle, config: u32) -> CUresult {
         if config > 2 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        driver()?
-            .objects()
-            .modules()
-            .funcs
-            .get(f as usize)
-            .map(drop)
+        known_function(driver()?, f)
     })
 }
 
@@ -841,14 +832,7 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult 
 
 #[no_mangle]
 pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
-    entry(|| {
-        driver()?
-            .objects()
-            .modules()
-            .funcs
-            .get(f as usize)
-            .map(drop)
-    })
+    entry(|| known_function(driver()?, f))
 }
 
 #[cfg(test)]
