@@ -27,7 +27,7 @@ impl Objects {
         if stream <= 1 {
             return Err(cu::ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
-        if stream > 2 && !self.streams().has_stream(stream) {
+        if stream > 2 && !self.streams().streams.contains(stream) {
             return Err(cu::ERROR_INVALID_HANDLE);
         }
         if self.graphs().is_capturing(stream) {
@@ -48,7 +48,7 @@ impl Objects {
             owned: Vec::new(),
             cloned_from: None,
         };
-        let g = self.file(|o, h| o.graphs_mut().add_graph(h, graph));
+        let g = self.file(|o, h| o.graphs_mut().graphs.insert(h, graph));
         self.graphs_mut().join_capture(stream, g);
         Ok(g)
     }
@@ -56,7 +56,7 @@ impl Objects {
     /// The capture `stream` is in, with its graph.
     fn capture_of(&self, stream: usize) -> Option<(usize, &Capture)> {
         let g = self.graphs().capturing(stream)?;
-        Some((g, self.graphs().graph(g).ok()?.capture.as_ref()?))
+        Some((g, self.graphs().graphs.get(g).ok()?.capture.as_ref()?))
     }
 
     /// `stream`'s capture status, capture id and graph (0 when none).
@@ -81,7 +81,7 @@ impl Objects {
             self.remove_graph(g);
             return Err(cu::ERROR_STREAM_CAPTURE_INVALIDATED);
         }
-        if let Ok(graph) = self.graphs_mut().graph_mut(g) {
+        if let Ok(graph) = self.graphs_mut().graphs.get_mut(g) {
             if let Some(c) = graph.capture.take() {
                 if !c.freed.is_empty() {
                     graph.owned.push(Arc::new(c.freed));
@@ -94,7 +94,7 @@ impl Objects {
     /// Removes graph `g`, its capture's memory and what it alone owned
     /// going to [`Graphs::take_to_free`](crate::graphs::Graphs::take_to_free).
     fn remove_graph(&mut self, g: usize) {
-        if let Ok(graph) = self.graphs_mut().take_graph(g) {
+        if let Ok(graph) = self.graphs_mut().graphs.remove(g) {
             if let Some(c) = graph.capture {
                 self.graphs_mut().free_later(c.freed);
             }
@@ -158,7 +158,8 @@ impl Objects {
         };
         let graph = self
             .graphs_mut()
-            .graph_mut(g)
+            .graphs
+            .get_mut(g)
             .map_err(|_| cu::ERROR_ILLEGAL_STATE)?;
         let Some(c) = graph.capture.as_mut() else {
             return Ok(false);
@@ -221,13 +222,14 @@ impl Objects {
     /// `cuStreamWaitEvent`: a stream not capturing that waits on an event
     /// last recorded in a capture still in progress joins that capture.
     pub fn wait_event(&mut self, stream: usize, event: usize) -> CuResult {
-        let captured = self.streams().event(event)?.captured;
+        let captured = self.streams().events.get(event)?.captured;
         let Some(g) = captured else {
             return Ok(());
         };
         let active = self
             .graphs()
-            .graph(g)
+            .graphs
+            .get(g)
             .ok()
             .is_some_and(|g| g.capture.is_some());
         if active && stream > 1 && !self.graphs().is_capturing(stream) {
@@ -254,7 +256,7 @@ impl Objects {
 
     /// Instantiates graph `g` with `flags`; the executable's handle.
     pub fn instantiate(&mut self, g: usize, flags: u64) -> CuResult<usize> {
-        let graph = self.graphs().graph(g)?;
+        let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -271,7 +273,7 @@ impl Objects {
             owned: graph.owned.clone(),
             flags,
         };
-        Ok(self.file(|o, h| o.graphs_mut().add_exec(h, exec)))
+        Ok(self.file(|o, h| o.graphs_mut().execs.insert(h, exec)))
     }
 
     /// Gives executable `exec` the work of graph `g`, which must have the
@@ -282,8 +284,8 @@ impl Objects {
         exec: usize,
         g: usize,
     ) -> Result<(), Result<UpdateFailure, CUresult>> {
-        let graph = self.graphs().graph(g).map_err(Err)?;
-        let e = self.graphs().exec(exec).map_err(Err)?;
+        let graph = self.graphs().graphs.get(g).map_err(Err)?;
+        let e = self.graphs().execs.get(exec).map_err(Err)?;
         if graph.capture.is_some() {
             return Err(Err(cu::ERROR_ILLEGAL_STATE));
         }
@@ -295,7 +297,7 @@ impl Objects {
             .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
         let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
         let owned = graph.owned.clone();
-        let e = self.graphs_mut().exec_mut(exec).map_err(Err)?;
+        let e = self.graphs_mut().execs.get_mut(exec).map_err(Err)?;
         e.nodes = work.into();
         e.spans = spans;
         e.graphs[1] = g;
@@ -321,7 +323,7 @@ impl Objects {
     /// [`Node::given`]).
     pub fn keep_given(&mut self, node: usize, given: Given) -> CuResult {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         graph.nodes[i].given = Some(given);
         Ok(())
     }
@@ -330,7 +332,7 @@ impl Objects {
     /// last given.
     pub fn given_of(&self, node: usize, kind: u32) -> CuResult<Given> {
         let (g, i) = self.node(node)?;
-        let n = &self.graphs().graph_at(g).nodes[i];
+        let n = &self.graphs().graphs.at(g).nodes[i];
         match (n.given, n.kind == kind) {
             (Some(given), true) => Ok(given),
             _ => Err(cu::ERROR_INVALID_VALUE),
@@ -351,7 +353,7 @@ impl Objects {
             w.check()?;
         }
         let (g, i) = self.node(node)?;
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -378,7 +380,7 @@ impl Objects {
             w.check()?;
         }
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let e = self.graphs_mut().exec_mut(exec)?;
+        let e = self.graphs_mut().execs.get_mut(exec)?;
         if !e.graphs.contains(&g) || device != e.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
@@ -413,7 +415,7 @@ impl Objects {
         work: Work,
     ) -> CuResult {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let e = self.graphs_mut().exec_mut(exec)?;
+        let e = self.graphs_mut().execs.get_mut(exec)?;
         if !e.graphs.contains(&g) || device != e.device {
             return Err(cu::ERROR_INVALID_VALUE);
         }
@@ -437,7 +439,7 @@ impl Objects {
     /// `work`.
     pub fn set_node(&mut self, node: usize, kind: u32, device: CUdevice, work: Work) -> CuResult {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -453,7 +455,7 @@ impl Objects {
     /// The event of event record or wait node `node` (`kind`).
     pub fn event_of(&self, node: usize, kind: u32) -> CuResult<usize> {
         let (g, i) = self.node(node)?;
-        let n = &self.graphs().graph_at(g).nodes[i];
+        let n = &self.graphs().graphs.at(g).nodes[i];
         match (n.kind == kind, n.work.as_slice()) {
             (true, [Work::Record(e) | Work::Wait(e)]) => Ok(*e),
             _ => Err(cu::ERROR_INVALID_VALUE),
@@ -463,7 +465,7 @@ impl Objects {
     /// The host function of host node `node`.
     pub fn host_of(&self, node: usize) -> CuResult<HostCall> {
         let (g, i) = self.node(node)?;
-        match self.graphs().graph_at(g).nodes[i].work.as_slice() {
+        match self.graphs().graphs.at(g).nodes[i].work.as_slice() {
             [Work::Host(h)] => Ok(*h),
             _ => Err(cu::ERROR_INVALID_VALUE),
         }
@@ -474,7 +476,7 @@ impl Objects {
     /// the node changes or goes).
     pub fn kernel_of(&mut self, node: usize) -> CuResult<(Work, *mut *mut std::ffi::c_void)> {
         let (g, i) = self.node(node)?;
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         let n = &mut graph.nodes[i];
         let launch = match (n.kind, n.work.as_slice()) {
             (NODE_KERNEL, [w @ Work::Launch { .. }]) => w.clone(),
@@ -502,7 +504,7 @@ impl Objects {
     /// The graph `node` belongs to and its index there, checked.
     pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
-        let graph = self.graphs().graph(g)?;
+        let graph = self.graphs().graphs.get(g)?;
         if i < graph.nodes.len() {
             Ok((g, i))
         } else {
@@ -534,7 +536,7 @@ impl Objects {
         for w in &work {
             w.check()?;
         }
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -554,7 +556,7 @@ impl Objects {
 
     /// A copy of graph `g` (not one being captured), under a new handle.
     pub fn clone_graph(&mut self, g: usize) -> CuResult<usize> {
-        let graph = self.graphs().graph(g)?;
+        let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -565,14 +567,14 @@ impl Objects {
             owned: graph.owned.clone(),
             cloned_from: Some(g),
         };
-        Ok(self.file(|o, h| o.graphs_mut().add_graph(h, copy)))
+        Ok(self.file(|o, h| o.graphs_mut().graphs.insert(h, copy)))
     }
 
     /// Makes graph `parent` hold the memory graph `child` owns, whose
     /// work a child graph node of `parent` copied.
     pub fn adopt_owned(&mut self, parent: usize, child: usize) -> CuResult {
-        let owned = self.graphs().graph(child)?.owned.clone();
-        let p = self.graphs_mut().graph_mut(parent)?;
+        let owned = self.graphs().graphs.get(child)?.owned.clone();
+        let p = self.graphs_mut().graphs.get_mut(parent)?;
         p.owned.extend(owned);
         Ok(())
     }
@@ -580,7 +582,7 @@ impl Objects {
     /// The work of graph `g` (not one being captured) in the order it
     /// replays: what a child graph node of it holds.
     pub fn graph_work(&self, g: usize) -> CuResult<(CUdevice, Vec<Work>)> {
-        let graph = self.graphs().graph(g)?;
+        let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -592,7 +594,7 @@ impl Objects {
     /// on it), as handles, in the order they were added.
     pub fn node_edges(&self, node: usize, dependents: bool) -> CuResult<Vec<usize>> {
         let (g, i) = self.node(node)?;
-        let nodes = &self.graphs().graph_at(g).nodes;
+        let nodes = &self.graphs().graphs.at(g).nodes;
         let found: Vec<usize> = if dependents {
             (0..nodes.len())
                 .filter(|&j| nodes[j].deps.contains(&i))
@@ -635,7 +637,7 @@ impl Objects {
             }
             edges.push((fi, ti));
         }
-        let graph = self.graphs_mut().graph_mut(g)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -660,7 +662,7 @@ impl Objects {
 
     /// Destroys graph `g`, unless a capture is filling it.
     pub fn destroy_graph(&mut self, g: usize) -> CuResult {
-        let graph = self.graphs().graph(g)?;
+        let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
@@ -670,7 +672,7 @@ impl Objects {
 
     /// Destroys executable `e`.
     pub fn destroy_exec(&mut self, e: usize) -> CuResult {
-        let exec = self.graphs_mut().take_exec(e)?;
+        let exec = self.graphs_mut().execs.remove(e)?;
         self.release(exec.owned);
         Ok(())
     }
@@ -704,7 +706,7 @@ mod tests {
                         priority: 0,
                         attrs: Default::default(),
                     };
-                    o.streams_mut().add_stream(h, stream);
+                    o.streams_mut().streams.insert(h, stream);
                 })
             })
             .collect();
@@ -719,7 +721,7 @@ mod tests {
             lane: 0,
             captured: None,
         };
-        o.file(|o, h| o.streams_mut().add_event(h, event))
+        o.file(|o, h| o.streams_mut().events.insert(h, event))
     }
 
     #[test]
@@ -790,11 +792,11 @@ mod tests {
         assert_eq!(o.end_capture(s[1]), Err(cu::ERROR_ILLEGAL_STATE));
         assert_eq!(o.end_capture(s[0]), Ok(g));
         assert_eq!(o.capture_info(s[0]), (STATUS_NONE, 0, 0));
-        assert_eq!(o.graphs().graph_at(g).nodes.len(), 2);
+        assert_eq!(o.graphs().graphs.at(g).nodes.len(), 2);
         let e = o.instantiate(g, 0).unwrap();
-        assert_eq!(o.graphs().exec_at(e).nodes.len(), 2);
+        assert_eq!(o.graphs().execs.at(e).nodes.len(), 2);
         o.destroy_graph(g).unwrap();
-        assert_eq!(o.graphs().exec_at(e).nodes.len(), 2);
+        assert_eq!(o.graphs().execs.at(e).nodes.len(), 2);
         // The next capture has another id.
         o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         assert_ne!(o.capture_info(s[0]).1, id);
@@ -802,7 +804,7 @@ mod tests {
 
     /// The fills' patterns in the order a graph's work replays.
     fn order(o: &Objects, g: usize) -> Option<Vec<u32>> {
-        let work = o.graphs().graph_at(g).ordered_work()?;
+        let work = o.graphs().graphs.at(g).ordered_work()?;
         Some(
             work.iter()
                 .map(|w| match w {
@@ -923,7 +925,7 @@ mod tests {
         // Recorded outside the capture: waiting joins nothing.
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
-        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
+        o.streams_mut().events.get_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         assert_eq!(o.capture_info(s[1]), o.capture_info(s[0]));
         assert_eq!(o.capture_work(s[1], 0, &[fill(1)]), Ok(true));
@@ -995,7 +997,7 @@ mod tests {
         let (mut o, s) = objects_with_streams(2);
         let g = o.begin_capture(s[0], 0, MODE_GLOBAL).unwrap();
         let e = event(&mut o);
-        o.streams_mut().event_mut(e).unwrap().captured = Some(g);
+        o.streams_mut().events.get_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
         // A joined stream leaves the capture invalidated.
         o.forget_stream_capture(s[1]);
@@ -1004,7 +1006,7 @@ mod tests {
         // The origin takes the capture and its graph with it.
         o.forget_stream_capture(s[0]);
         assert!(!o.graphs().any_capturing());
-        assert!(o.graphs().graph(g).is_err());
+        assert!(o.graphs().graphs.get(g).is_err());
     }
 
     /// A new graph of device 0, with no nodes.
@@ -1016,7 +1018,7 @@ mod tests {
             owned: Vec::new(),
             cloned_from: None,
         };
-        o.file(|o, h| o.graphs_mut().add_graph(h, graph))
+        o.file(|o, h| o.graphs_mut().graphs.insert(h, graph))
     }
 
     /// A graph of memset nodes in a chain, one per value.
@@ -1032,7 +1034,8 @@ mod tests {
 
     fn patterns(o: &Objects, e: usize) -> Vec<u32> {
         o.graphs()
-            .exec_at(e)
+            .execs
+            .at(e)
             .nodes
             .iter()
             .map(|w| match w {
@@ -1101,7 +1104,7 @@ mod tests {
         assert_eq!(o.captured_free(s[1], 0x1000), Ok(false));
         assert_eq!(o.captured_free(s[0], 0x1000), Ok(true));
         assert_eq!(o.end_capture(s[0]), Ok(g));
-        assert_eq!(o.graphs().graph_at(g).owned.len(), 1);
+        assert_eq!(o.graphs().graphs.at(g).owned.len(), 1);
         let e = o.instantiate(g, 0).unwrap();
         let copy = o.clone_graph(g).unwrap();
         // A parent of a child graph node holds the child's memory too.

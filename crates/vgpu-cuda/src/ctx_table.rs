@@ -101,7 +101,8 @@ impl Ctx {
 /// context's reference count and flags.
 #[derive(Default)]
 pub struct Contexts {
-    ctxs: Handles<Ctx, { cu::ERROR_INVALID_CONTEXT }>,
+    /// Contexts by handle; CUDA calls an unknown one an invalid context.
+    pub ctxs: Handles<Ctx, { cu::ERROR_INVALID_CONTEXT }>,
     /// Primary context reference counts, per device.
     primary_refs: Vec<u32>,
     /// Primary context flags, per device (`cuDevicePrimaryCtxSetFlags`).
@@ -109,26 +110,6 @@ pub struct Contexts {
 }
 
 impl Contexts {
-    /// Context `h`; CUDA calls an unknown one an invalid context.
-    pub fn ctx(&self, h: usize) -> CuResult<&Ctx> {
-        self.ctxs.get(h)
-    }
-
-    /// Context `h`, to change.
-    pub fn ctx_mut(&mut self, h: usize) -> CuResult<&mut Ctx> {
-        self.ctxs.get_mut(h)
-    }
-
-    /// Files `ctx` under the fresh handle `h`.
-    pub fn add(&mut self, h: usize, ctx: Ctx) {
-        self.ctxs.insert(h, ctx);
-    }
-
-    /// Forgets context `h`.
-    pub fn remove(&mut self, h: usize) -> CuResult<Ctx> {
-        self.ctxs.remove(h)
-    }
-
     /// Starts `devices` primary contexts unreferenced, with no flags.
     pub fn set_devices(&mut self, devices: usize) {
         self.primary_refs = vec![0; devices];

@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::cu::{self, CUdevice, CuResult};
+use crate::cu::{self, CUdevice};
 use crate::handles::Handles;
 use crate::work::Work;
 
@@ -299,9 +299,9 @@ pub struct GraphExec {
 #[derive(Default)]
 pub struct Graphs {
     /// Graphs, made by capture or node by node.
-    graphs: Handles<Graph>,
+    pub graphs: Handles<Graph>,
     /// Executable graphs.
-    execs: Handles<GraphExec>,
+    pub execs: Handles<GraphExec>,
     /// Streams being captured, and the graph each one's capture fills.
     capturing: HashMap<usize, usize>,
     /// The last capture id given out (ids start at 1).
@@ -312,34 +312,9 @@ pub struct Graphs {
 }
 
 impl Graphs {
-    /// Graph `g`.
-    pub fn graph(&self, g: usize) -> CuResult<&Graph> {
-        self.graphs.get(g)
-    }
-
-    /// Graph `g`, to change.
-    pub fn graph_mut(&mut self, g: usize) -> CuResult<&mut Graph> {
-        self.graphs.get_mut(g)
-    }
-
-    /// Graph `g`, which the caller knows is there.
-    pub fn graph_at(&self, g: usize) -> &Graph {
-        self.graphs.at(g)
-    }
-
     /// The capture filling graph `g`, if `g` is a graph being captured.
     pub fn capture_mut(&mut self, g: usize) -> Option<&mut Capture> {
         self.graphs.get_mut(g).ok().and_then(|g| g.capture.as_mut())
-    }
-
-    /// Files `graph` under the fresh handle `h`.
-    pub fn add_graph(&mut self, h: usize, graph: Graph) {
-        self.graphs.insert(h, graph);
-    }
-
-    /// Takes graph `g` out of the table.
-    pub fn take_graph(&mut self, g: usize) -> CuResult<Graph> {
-        self.graphs.remove(g)
     }
 
     /// How many graphs there are.
@@ -350,31 +325,6 @@ impl Graphs {
     /// The graphs of device `dev`, to change.
     pub fn graphs_of_mut(&mut self, dev: CUdevice) -> impl Iterator<Item = &mut Graph> {
         self.graphs.values_mut().filter(move |g| g.device == dev)
-    }
-
-    /// Executable `e`.
-    pub fn exec(&self, e: usize) -> CuResult<&GraphExec> {
-        self.execs.get(e)
-    }
-
-    /// Executable `e`, to change.
-    pub fn exec_mut(&mut self, e: usize) -> CuResult<&mut GraphExec> {
-        self.execs.get_mut(e)
-    }
-
-    /// Executable `e`, which the caller knows is there.
-    pub fn exec_at(&self, e: usize) -> &GraphExec {
-        self.execs.at(e)
-    }
-
-    /// Files `exec` under the fresh handle `h`.
-    pub fn add_exec(&mut self, h: usize, exec: GraphExec) {
-        self.execs.insert(h, exec);
-    }
-
-    /// Takes executable `e` out of the table.
-    pub fn take_exec(&mut self, e: usize) -> CuResult<GraphExec> {
-        self.execs.remove(e)
     }
 
     /// The graph whose capture `stream` is in, if it is in one.

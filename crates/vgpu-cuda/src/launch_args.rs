@@ -27,7 +27,7 @@ pub unsafe fn param_block(
 ) -> CuResult<Vec<u8>> {
     let function = {
         let o = d.objects();
-        Arc::clone(&o.modules().function(f)?.function)
+        Arc::clone(&o.modules().funcs.get(f)?.function)
     };
     let mut block = vec![0u8; function.info.params_size as usize];
     // SAFETY: forwarded.

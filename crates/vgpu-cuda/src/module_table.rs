@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use vgpu_guest::{Function, Module};
 
-use crate::cu::{CUdevice, CuResult};
+use crate::cu::CUdevice;
 use crate::handles::Handles;
 
 /// A loaded module (or library: CUDA's context-independent module).
@@ -75,52 +75,14 @@ pub const DEFAULT_DYNAMIC_SHARED: u32 = 48 << 10;
 /// them.
 #[derive(Default)]
 pub struct Modules {
-    modules: Handles<ModuleObj>,
-    funcs: Handles<Func>,
+    /// Modules and libraries, by handle.
+    pub modules: Handles<ModuleObj>,
+    /// Functions and kernels, by handle; a module's stay until
+    /// [`Modules::forget_functions_of`].
+    pub funcs: Handles<Func>,
 }
 
 impl Modules {
-    /// Module (or library) `h`.
-    pub fn module(&self, h: usize) -> CuResult<&ModuleObj> {
-        self.modules.get(h)
-    }
-
-    /// Module `h`, to change.
-    pub fn module_mut(&mut self, h: usize) -> CuResult<&mut ModuleObj> {
-        self.modules.get_mut(h)
-    }
-
-    /// Whether `h` is a module loaded and not unloaded.
-    pub fn has_module(&self, h: usize) -> bool {
-        self.modules.contains(h)
-    }
-
-    /// Files `module` under the fresh handle `h`.
-    pub fn add_module(&mut self, h: usize, module: ModuleObj) {
-        self.modules.insert(h, module);
-    }
-
-    /// Forgets module `h` (its functions stay until
-    /// [`Modules::forget_functions_of`]).
-    pub fn remove_module(&mut self, h: usize) -> CuResult<ModuleObj> {
-        self.modules.remove(h)
-    }
-
-    /// Function (or kernel) `h`.
-    pub fn function(&self, h: usize) -> CuResult<&Func> {
-        self.funcs.get(h)
-    }
-
-    /// Function `h`, to change.
-    pub fn function_mut(&mut self, h: usize) -> CuResult<&mut Func> {
-        self.funcs.get_mut(h)
-    }
-
-    /// Files `func` under the fresh handle `h`.
-    pub fn add_function(&mut self, h: usize, func: Func) {
-        self.funcs.insert(h, func);
-    }
-
     /// The handle already given to function `name` of `module`, if one
     /// was.
     pub fn function_named(&self, module: usize, name: &str) -> Option<usize> {

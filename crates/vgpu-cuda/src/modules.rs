@@ -42,7 +42,7 @@ pub fn library_device(d: &Driver) -> CUdevice {
 /// 16 where the kernel allowed non-portable sizes.
 pub fn max_cluster_blocks(d: &Driver, f: usize) -> CuResult<u32> {
     let o = d.objects();
-    let func = o.modules().function(f)?;
+    let func = o.modules().funcs.get(f)?;
     let non_portable = func
         .hints
         .get(&cu::FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
@@ -99,7 +99,9 @@ impl Driver {
             globals: HashMap::new(),
             library: None,
         };
-        Ok(self.objects().file(|o, h| o.modules_mut().add_module(h, m)))
+        Ok(self
+            .objects()
+            .file(|o, h| o.modules_mut().modules.insert(h, m)))
     }
 
     /// [`Driver::load_module`] of a library: where the process has
@@ -107,7 +109,7 @@ impl Driver {
     pub fn load_library(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
         let h = self.load_module(dev, image)?;
         if self.gpus.len() > 1 {
-            if let Ok(m) = self.objects().modules_mut().module_mut(h) {
+            if let Ok(m) = self.objects().modules_mut().modules.get_mut(h) {
                 m.library = Some(Library {
                     image: image.into(),
                     twins: HashMap::new(),
@@ -123,7 +125,7 @@ impl Driver {
     pub fn module_on(&self, module: usize, dev: CUdevice) -> CuResult<usize> {
         let image = {
             let o = self.objects();
-            let m = o.modules().module(module)?;
+            let m = o.modules().modules.get(module)?;
             if m.device == dev {
                 return Ok(module);
             }
@@ -137,7 +139,8 @@ impl Driver {
         let mut o = self.objects();
         let kept = match o
             .modules_mut()
-            .module_mut(module)
+            .modules
+            .get_mut(module)
             .ok()
             .and_then(|m| m.library.as_mut())
         {
@@ -157,7 +160,7 @@ impl Driver {
     pub fn function_on(&self, func: usize, dev: CUdevice) -> CuResult<usize> {
         let (module, name) = {
             let o = self.objects();
-            let f = o.modules().function(func)?;
+            let f = o.modules().funcs.get(func)?;
             if f.device == dev {
                 return Ok(func);
             }
@@ -171,7 +174,7 @@ impl Driver {
     pub fn get_global(&self, module: usize, name: &str) -> CuResult<(u64, u64)> {
         let (m, device) = {
             let o = self.objects();
-            let m = o.modules().module(module)?;
+            let m = o.modules().modules.get(module)?;
             if let Some(&g) = m.globals.get(name) {
                 return Ok(g);
             }
@@ -183,7 +186,7 @@ impl Driver {
         };
         let ctx = self.current().unwrap_or(0);
         let mut o = self.objects();
-        if let Ok(m) = o.modules_mut().module_mut(module) {
+        if let Ok(m) = o.modules_mut().modules.get_mut(module) {
             m.globals.insert(name.to_string(), g);
             // cudaMemcpyToSymbol copies to what cuModuleGetGlobal gave.
             o.allocs_mut().add_global(module, g.0, g.1, device, ctx);
@@ -195,7 +198,7 @@ impl Driver {
     pub fn get_function(&self, module: usize, name: &str) -> CuResult<usize> {
         let (m, device) = {
             let o = self.objects();
-            let m = o.modules().module(module)?;
+            let m = o.modules().modules.get(module)?;
             // One handle per (module, name), as CUDA returns the same
             // CUfunction for repeated look-ups.
             if let Some(h) = o.modules().function_named(module, name) {
@@ -213,12 +216,12 @@ impl Driver {
             .min(function.info.max_dynamic_shared);
         let cname = std::ffi::CString::new(name).map_err(|_| cu::ERROR_INVALID_VALUE)?;
         let mut o = self.objects();
-        if !o.modules().has_module(module) {
+        if !o.modules().modules.contains(module) {
             // Unloaded by another thread meanwhile.
             return Err(cu::ERROR_INVALID_HANDLE);
         }
         let h = o.handle();
-        o.modules_mut().add_function(
+        o.modules_mut().funcs.insert(
             h,
             Func {
                 module,
@@ -290,10 +293,10 @@ impl Driver {
         let o = self.objects();
         let ctx = match current {
             Some(c) => c,
-            None => o.streams().stream(stream)?.ctx,
+            None => o.streams().streams.get(stream)?.ctx,
         };
-        let dev = o.ctxs().ctx(ctx)?.device();
-        let f = o.modules().function(func)?;
+        let dev = o.ctxs().ctxs.get(ctx)?.device();
+        let f = o.modules().funcs.get(func)?;
         if f.device != dev {
             return Ok(Look::Elsewhere(dev));
         }
@@ -335,7 +338,7 @@ impl Driver {
     ) -> CuResult<(CUdevice, Work)> {
         let (function, device) = {
             let o = self.objects();
-            let f = o.modules().function(func)?;
+            let f = o.modules().funcs.get(func)?;
             if dims.shared_mem > f.max_dynamic_shared {
                 log(&format!(
                     "{:?}: {} bytes of dynamic shared memory, the function allows {} (cuFuncSetAttribute raises it)",

@@ -130,7 +130,7 @@ impl Objects {
     pub fn remove_module(&mut self, module: usize) -> Option<ModuleObj> {
         self.modules.forget_functions_of(module);
         self.allocs.forget_globals_of(module);
-        self.modules.remove_module(module).ok()
+        self.modules.modules.remove(module).ok()
     }
 }
 

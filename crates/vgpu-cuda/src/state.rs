@@ -215,7 +215,10 @@ impl Driver {
                     let info = *dev.cached_info();
                     let primary = objects.handle();
                     let ordinal = gpus.len() as CUdevice;
-                    objects.ctxs_mut().add(primary, Ctx::new(ordinal, 0));
+                    objects
+                        .ctxs_mut()
+                        .ctxs
+                        .insert(primary, Ctx::new(ordinal, 0));
                     let dev = Arc::new(dev);
                     let lanes = Lanes::open(&dev, lanes_wanted());
                     gpus.push(Gpu {
@@ -293,7 +296,7 @@ impl Driver {
 
     /// The device of context `ctx`.
     pub fn ctx_device(&self, ctx: usize) -> CuResult<CUdevice> {
-        self.objects().ctxs().ctx(ctx).map(|c| c.device())
+        self.objects().ctxs().ctxs.get(ctx).map(|c| c.device())
     }
 
     /// Replaces the top of the calling thread's stack (`cuCtxSetCurrent`).

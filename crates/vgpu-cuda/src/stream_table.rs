@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::cu::{self, CUdevice, CuResult};
+use crate::cu::{self, CUdevice};
 use crate::handles::Handles;
 
 /// A stream. Its work runs in order on its device's queue
@@ -42,53 +42,8 @@ pub struct Event {
 /// The streams and events a program created.
 #[derive(Default)]
 pub struct Streams {
-    streams: Handles<Stream>,
-    events: Handles<Event>,
-}
-
-impl Streams {
-    /// Stream `h` (not one of the default streams, which are not filed).
-    pub fn stream(&self, h: usize) -> CuResult<&Stream> {
-        self.streams.get(h)
-    }
-
-    /// Stream `h`, to change.
-    pub fn stream_mut(&mut self, h: usize) -> CuResult<&mut Stream> {
-        self.streams.get_mut(h)
-    }
-
-    /// Whether `h` is a stream created and not destroyed.
-    pub fn has_stream(&self, h: usize) -> bool {
-        self.streams.contains(h)
-    }
-
-    /// Files `stream` under the fresh handle `h`.
-    pub fn add_stream(&mut self, h: usize, stream: Stream) {
-        self.streams.insert(h, stream);
-    }
-
-    /// Forgets stream `h`.
-    pub fn remove_stream(&mut self, h: usize) -> CuResult<Stream> {
-        self.streams.remove(h)
-    }
-
-    /// Event `h`.
-    pub fn event(&self, h: usize) -> CuResult<&Event> {
-        self.events.get(h)
-    }
-
-    /// Event `h`, to change.
-    pub fn event_mut(&mut self, h: usize) -> CuResult<&mut Event> {
-        self.events.get_mut(h)
-    }
-
-    /// Files `event` under the fresh handle `h`.
-    pub fn add_event(&mut self, h: usize, event: Event) {
-        self.events.insert(h, event);
-    }
-
-    /// Forgets event `h`.
-    pub fn remove_event(&mut self, h: usize) -> CuResult<Event> {
-        self.events.remove(h)
-    }
+    /// Streams, by handle (the default streams are not filed).
+    pub streams: Handles<Stream>,
+    /// Events, by handle.
+    pub events: Handles<Event>,
 }

@@ -25,7 +25,7 @@ impl Driver {
             return Ok(0);
         }
         let o = self.objects();
-        Ok(o.streams().stream(stream)?.lane)
+        Ok(o.streams().streams.get(stream)?.lane)
     }
 
     /// The ordinal of [`Driver::stream_gpu`]'s device.
@@ -33,7 +33,7 @@ impl Driver {
         if stream <= 2 {
             return Ok(self.current_ctx()?.1);
         }
-        let ctx = self.objects().streams().stream(stream)?.ctx;
+        let ctx = self.objects().streams().streams.get(stream)?.ctx;
         self.ctx_device(ctx)
     }
 
@@ -94,7 +94,7 @@ impl Driver {
 pub fn wait_across(d: &Driver, device: cu::CUdevice, lane: usize, event: Handle) -> CuResult {
     let (records, on, on_lane) = {
         let o = d.objects();
-        let e = o.streams().event(event as usize)?;
+        let e = o.streams().events.get(event as usize)?;
         (e.records, e.device, e.lane)
     };
     if records == 0 {
@@ -116,7 +116,7 @@ pub fn stream_field<T>(stream: Handle, default: T, f: impl Fn(&Stream) -> T) -> 
         return Ok(default);
     }
     let o = d.objects();
-    o.streams().stream(stream as usize).map(f)
+    o.streams().streams.get(stream as usize).map(f)
 }
 
 /// The id of `stream` (0 for the legacy stream), if it exists.
@@ -132,7 +132,7 @@ pub fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult
     let (record, timing) = {
         let mut o = d.objects();
         let captured = o.graphs().capturing(stream as usize);
-        let e = o.streams_mut().event_mut(event as usize)?;
+        let e = o.streams_mut().events.get_mut(event as usize)?;
         e.captured = captured;
         if captured.is_some() {
             // In a capture a record only marks a point other streams
@@ -158,7 +158,7 @@ pub fn record_on(d: &Driver, g: &Gpu, event: Handle, stream: Handle) -> CuResult
 /// recorded).
 pub fn event_record(d: &Driver, event: Handle) -> CuResult<(u64, i32, usize, u32)> {
     let o = d.objects();
-    let e = o.streams().event(event as usize)?;
+    let e = o.streams().events.get(event as usize)?;
     Ok((e.records, e.device, e.lane, e.flags))
 }
 

@@ -144,7 +144,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUde
         d.gpu(dev)?;
         let h = d
             .objects()
-            .file(|o, h| o.ctxs_mut().add(h, Ctx::new(dev, flags)));
+            .file(|o, h| o.ctxs_mut().ctxs.insert(h, Ctx::new(dev, flags)));
         d.push_current(h);
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pctx, h as Handle) }
@@ -160,7 +160,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
             // Primary contexts are released, not destroyed.
             return Err(cu::ERROR_INVALID_CONTEXT);
         }
-        let device = d.objects().ctxs_mut().remove(ctx)?.device();
+        let device = d.objects().ctxs_mut().ctxs.remove(ctx)?.device();
         // Its work ends first, and what its kernels printed comes out.
         d.gpu(device)?.wait_idle();
         if d.current() == Some(ctx) {
@@ -175,7 +175,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        let f = d.objects().ctxs().ctx(ctx).map_or(0, |c| c.flags());
+        let f = d.objects().ctxs().ctxs.get(ctx).map_or(0, |c| c.flags());
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -186,7 +186,7 @@ pub extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
     entry(|| {
         let d = driver()?;
         let (ctx, _) = d.current_ctx()?;
-        if let Ok(c) = d.objects().ctxs_mut().ctx_mut(ctx) {
+        if let Ok(c) = d.objects().ctxs_mut().ctxs.get_mut(ctx) {
             c.set_flags(flags);
         }
         Ok(())
@@ -200,7 +200,7 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresul
         let (ctx, _) = d.current_ctx()?;
         let v = {
             let o = d.objects();
-            o.ctxs().ctx(ctx)?.limit(limit)?
+            o.ctxs().ctxs.get(ctx)?.limit(limit)?
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(value, v) }
@@ -216,7 +216,7 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
         let mut o = d.objects();
-        o.ctxs_mut().ctx_mut(ctx)?.set_limit(limit, value)
+        o.ctxs_mut().ctxs.get_mut(ctx)?.set_limit(limit, value)
     })
 }
 
@@ -315,7 +315,7 @@ pub extern "C" fn cuCtxWaitEvent(ctx: Handle, event: Handle) -> CUresult {
         let device = d.ctx_device(ctx as usize)?;
         let (records, on) = {
             let o = d.objects();
-            let e = o.streams().event(event as usize)?;
+            let e = o.streams().events.get(event as usize)?;
             (e.records, e.device)
         };
         if records > 0 && on != device {

@@ -257,7 +257,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
         let storage = {
             let mut o = d.objects();
             o.ctxs_mut().reset_primary(dev);
-            let c = o.ctxs_mut().ctx_mut(ctx)?;
+            let c = o.ctxs_mut().ctxs.get_mut(ctx)?;
             c.take_storage()
         };
         // Outside the lock: a destructor may call back into the driver.

@@ -258,7 +258,7 @@ extern "C" fn cls_put(
     entry(|| {
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
-        let c = o.ctxs_mut().ctx_mut(ctx)?;
+        let c = o.ctxs_mut().ctxs.get_mut(ctx)?;
         c.store(key as usize, value as usize, dtor);
         Ok(())
     })
@@ -268,7 +268,7 @@ extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> CUresult {
     entry(|| {
         let ctx = cls_ctx(ctx)?;
         let mut o = driver()?.objects();
-        let c = o.ctxs_mut().ctx_mut(ctx)?;
+        let c = o.ctxs_mut().ctxs.get_mut(ctx)?;
         c.unstore(key as usize);
         Ok(())
     })
@@ -279,7 +279,7 @@ extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) ->
         let ctx = cls_ctx(ctx)?;
         let v = {
             let o = driver()?.objects();
-            o.ctxs().ctx(ctx)?.stored(key as usize)?
+            o.ctxs().ctxs.get(ctx)?.stored(key as usize)?
         };
         // SAFETY: the runtime's out-parameter.
         unsafe { ffi::put(value, v as *mut c_void) }
@@ -376,7 +376,7 @@ extern "C" fn module_query_7(
         let d = driver()?;
         let mut names: Vec<String> = {
             let o = d.objects();
-            let m = o.modules().module(module as usize)?;
+            let m = o.modules().modules.get(module as usize)?;
             m.kernels
                 .iter()
                 .chain(&m.cubin_functions)

@@ -72,10 +72,12 @@ pub unsafe extern "C" fn cuGraphCreate(pgraph: *mut Handle, flags: u32) -> CUres
             owned: Vec::new(),
             cloned_from: None,
         };
-        let h = d.objects().file(|o, h| o.graphs_mut().add_graph(h, graph));
+        let h = d
+            .objects()
+            .file(|o, h| o.graphs_mut().graphs.insert(h, graph));
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pgraph, h as Handle) }.inspect_err(|_| {
-            let _ = d.objects().graphs_mut().take_graph(h);
+            let _ = d.objects().graphs_mut().graphs.remove(h);
         })
     })
 }
@@ -126,7 +128,8 @@ pub unsafe extern "C" fn cuGraphGetNodes(
         let n = driver()?
             .objects()
             .graphs()
-            .graph(graph as usize)?
+            .graphs
+            .get(graph as usize)?
             .nodes
             .len();
         let found: Vec<usize> = (0..n).map(|i| g::node_handle(graph as usize, i)).collect();
@@ -146,7 +149,8 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
         let found: Vec<usize> = driver()?
             .objects()
             .graphs()
-            .graph(graph as usize)?
+            .graphs
+            .get(graph as usize)?
             .nodes
             .iter()
             .enumerate()
@@ -165,7 +169,7 @@ pub unsafe extern "C" fn cuGraphClone(out: *mut Handle, graph: Handle) -> CUresu
         let h = d.objects().clone_graph(graph as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
-            let _ = d.objects().graphs_mut().take_graph(h);
+            let _ = d.objects().graphs_mut().graphs.remove(h);
         })
     })
 }
@@ -265,7 +269,7 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: Handle, kind: *mut u32) -> CUr
         let d = driver()?;
         let o = d.objects();
         let (graph, i) = o.node(node as usize)?;
-        let t = o.graphs().graph_at(graph).nodes[i].kind;
+        let t = o.graphs().graphs.at(graph).nodes[i].kind;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(kind, t) }
     })
@@ -291,7 +295,7 @@ unsafe fn add_node(
         return Err(cu::ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
-    if o.graphs().graph(graph as usize)?.device != device {
+    if o.graphs().graphs.get(graph as usize)?.device != device {
         // A graph runs on the one device it was made for.
         return Err(cu::ERROR_INVALID_VALUE);
     }
@@ -308,7 +312,8 @@ pub unsafe extern "C" fn cuGraphAddEmptyNode(
     n: usize,
 ) -> CUresult {
     entry(|| {
-        let device = driver()?.objects().graphs().graph(graph as usize)?.device;
+        let d = driver()?;
+        let device = d.objects().graphs().graphs.get(graph as usize)?.device;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_EMPTY, (device, Vec::new())) }
     })
@@ -329,8 +334,8 @@ unsafe fn add_event_node(
     let device = {
         let d = driver()?;
         let o = d.objects();
-        o.streams().event(event as usize)?;
-        o.graphs().graph(graph as usize)?.device
+        o.streams().events.get(event as usize)?;
+        o.graphs().graphs.get(graph as usize)?.device
     };
     let work = event_work(kind, event);
     // SAFETY: the caller's pointers.
@@ -388,9 +393,9 @@ unsafe fn node_event(node: Handle, kind: u32, out: *mut Handle) -> CuResult {
 fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    o.streams().event(event as usize)?;
+    o.streams().events.get(event as usize)?;
     let (g, _) = o.node(node as usize)?;
-    let device = o.graphs().graph_at(g).device;
+    let device = o.graphs().graphs.at(g).device;
     o.set_node(node as usize, kind, device, event_work(kind, event))
 }
 
@@ -398,8 +403,8 @@ fn set_node_event(node: Handle, kind: u32, event: Handle) -> CuResult {
 fn set_exec_node_event(exec: Handle, node: Handle, kind: u32, event: Handle) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    o.streams().event(event as usize)?;
-    let device = o.graphs().exec(exec as usize)?.device;
+    o.streams().events.get(event as usize)?;
+    let device = o.graphs().execs.get(exec as usize)?.device;
     o.set_exec_node(
         exec as usize,
         node as usize,
@@ -486,7 +491,8 @@ pub unsafe extern "C" fn cuGraphAddHostNode(
     entry(|| {
         // SAFETY: the caller's parameters.
         let call = unsafe { host_call(params) }?;
-        let device = driver()?.objects().graphs().graph(graph as usize)?.device;
+        let d = driver()?;
+        let device = d.objects().graphs().graphs.get(graph as usize)?.device;
         let work = vec![Work::Host(call)];
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_HOST, (device, work)) }
@@ -520,7 +526,7 @@ pub unsafe extern "C" fn cuGraphHostNodeSetParams(
         let d = driver()?;
         let mut o = d.objects();
         let (g, _) = o.node(node as usize)?;
-        let device = o.graphs().graph_at(g).device;
+        let device = o.graphs().graphs.at(g).device;
         o.set_node(node as usize, g::NODE_HOST, device, Work::Host(call))
     })
 }
@@ -536,7 +542,7 @@ pub unsafe extern "C" fn cuGraphExecHostNodeSetParams(
         let call = unsafe { host_call(params) }?;
         let d = driver()?;
         let mut o = d.objects();
-        let device = o.graphs().exec(exec as usize)?.device;
+        let device = o.graphs().execs.get(exec as usize)?.device;
         o.set_exec_node(
             exec as usize,
             node as usize,
@@ -946,7 +952,7 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecGetFlags(exec: Handle, flags: *mut u64) -> CUresult {
     entry(|| {
-        let f = driver()?.objects().graphs().exec(exec as usize)?.flags;
+        let f = driver()?.objects().graphs().execs.get(exec as usize)?.flags;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(flags, f) }
     })
@@ -1026,7 +1032,7 @@ pub extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
         d.stream_gpu(stream as usize)?;
-        d.objects().graphs().exec(exec as usize).map(drop)
+        d.objects().graphs().execs.get(exec as usize).map(drop)
     })
 }
 
@@ -1039,7 +1045,7 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
         d.stream_gpu(stream as usize)?;
         let (device, nodes) = {
             let o = d.objects();
-            let e = o.graphs().exec(exec as usize)?;
+            let e = o.graphs().execs.get(exec as usize)?;
             (e.device, e.nodes.clone())
         };
         // Copies with a host side reach host memory only while it is
@@ -1452,7 +1458,7 @@ fn type_of(node: Handle) -> CuResult<u32> {
     let d = driver()?;
     let o = d.objects();
     let (graph, i) = o.node(node as usize)?;
-    Ok(o.graphs().graph_at(graph).nodes[i].kind)
+    Ok(o.graphs().graphs.at(graph).nodes[i].kind)
 }
 
 /// `cuGraphNodeSetParams` (`exec`: none) or `cuGraphExecNodeSetParams`:
@@ -1537,7 +1543,7 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
 fn edges_of(graph: Handle) -> CuResult<Vec<(usize, usize)>> {
     let d = driver()?;
     let o = d.objects();
-    let gr = o.graphs().graph(graph as usize)?;
+    let gr = o.graphs().graphs.get(graph as usize)?;
     let h = |i| g::node_handle(graph as usize, i);
     Ok(gr
         .nodes
@@ -1621,7 +1627,7 @@ pub unsafe extern "C" fn cuGraphNodeFindInClone(
         let found = {
             let o = d.objects();
             let (graph, i) = o.node(original as usize)?;
-            let c = o.graphs().graph(clone as usize)?;
+            let c = o.graphs().graphs.get(clone as usize)?;
             if c.cloned_from != Some(graph) || i >= c.nodes.len() {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
@@ -1647,7 +1653,7 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
         let kinds: Vec<u32> = {
             let d = driver()?;
             let o = d.objects();
-            let gr = o.graphs().graph(graph as usize)?;
+            let gr = o.graphs().graphs.get(graph as usize)?;
             gr.nodes.iter().map(|n| n.kind).collect()
         };
         let mut dot = String::from("digraph graph_0 {\n");
@@ -1713,7 +1719,8 @@ fn with_kernel_node<T>(node: Handle, f: impl FnOnce(&mut g::Node) -> CuResult<T>
     let (graph, i) = o.node(node as usize)?;
     let n = o
         .graphs_mut()
-        .graph_mut(graph)
+        .graphs
+        .get_mut(graph)
         .ok()
         .and_then(|gr| gr.nodes.get_mut(i))
         .ok_or(cu::ERROR_INVALID_HANDLE)?;

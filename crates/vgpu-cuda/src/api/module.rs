@@ -68,7 +68,7 @@ pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, module: Handl
     entry(|| {
         let n = {
             let o = driver()?.objects();
-            o.modules().module(module as usize)?.kernels.len()
+            o.modules().modules.get(module as usize)?.kernels.len()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(count, n as u32) }
@@ -172,7 +172,8 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
     entry(|| {
-        driver()?.objects().modules().module(library as usize)?;
+        let d = driver()?;
+        d.objects().modules().modules.get(library as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, library) }
     })
@@ -193,7 +194,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
 /// The value of function attribute `attr`.
 fn func_attribute(d: &Driver, f: usize, attr: i32) -> CuResult<i32> {
     let o = d.objects();
-    let f = o.modules().function(f)?;
+    let f = o.modules().funcs.get(f)?;
     let i = &f.function.info;
     let cc = crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR;
     let int = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
@@ -241,7 +242,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attr: i32, value: i32) -> CUresu
     entry(|| {
         let d = driver()?;
         let mut o = d.objects();
-        let func = o.modules_mut().function_mut(f as usize)?;
+        let func = o.modules_mut().funcs.get_mut(f as usize)?;
         match attr {
             cu::FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
                 let limit = func.function.info.max_dynamic_shared;
@@ -289,10 +290,16 @@ pub extern "C" fn cuKernelSetAttribute(
     cuFuncSetAttribute(kernel, attr, value)
 }
 
+/// Checks that `f` is a function (or kernel) loaded: a bad one is an
+/// invalid handle.
+fn known_function(d: &Driver, f: Handle) -> CuResult {
+    d.objects().modules().funcs.get(f as usize).map(drop)
+}
+
 /// A cache preference is a hint the device may ignore (CUDA's words).
 #[no_mangle]
 pub extern "C" fn cuFuncSetCacheConfig(f: Handle, _config: u32) -> CUresult {
-    entry(|| driver()?.objects().modules().function(f as usize).map(drop))
+    entry(|| known_function(driver()?, f))
 }
 
 /// The same hint for a kernel of a library on a device.
@@ -301,7 +308,7 @@ pub extern "C" fn cuKernelSetCacheConfig(kernel: Handle, _config: u32, dev: CUde
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        d.objects().modules().function(kernel as usize).map(drop)
+        known_function(d, kernel)
     })
 }
 
@@ -313,7 +320,7 @@ pub extern "C" fn cuFuncSetSharedMemConfig(f: Handle, config: u32) -> CUresult {
         if config > 2 {
             return Err(cu::ERROR_INVALID_VALUE);
         }
-        driver()?.objects().modules().function(f as usize).map(drop)
+        known_function(driver()?, f)
     })
 }
 
@@ -358,7 +365,7 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> C
         // The CString lives as long as the function handle.
         let p = {
             let o = driver()?.objects();
-            o.modules().function(f as usize)?.cname.as_ptr()
+            o.modules().funcs.get(f as usize)?.cname.as_ptr()
         };
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(name, p) }
@@ -375,7 +382,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     entry(|| {
         let p = {
             let o = driver()?.objects();
-            let func = o.modules().function(f as usize)?;
+            let func = o.modules().funcs.get(f as usize)?;
             *func
                 .function
                 .params
@@ -570,7 +577,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
         let shape = (dims, c.shared_mem_bytes, cluster);
         let (function, device, known) = {
             let o = d.objects();
-            let func = o.modules().function(f as usize)?;
+            let func = o.modules().funcs.get(f as usize)?;
             let known = func.clusters.get(&shape).copied();
             (Arc::clone(&func.function), func.device, known)
         };
@@ -586,7 +593,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             Err(vgpu_guest::Error::Unsupported) => {}
             r => {
                 let v = check(r)?;
-                if let Ok(func) = d.objects().modules_mut().function_mut(f as usize) {
+                if let Ok(func) = d.objects().modules_mut().funcs.get_mut(f as usize) {
                     if func.clusters.len() < crate::module_table::MAX_CLUSTER_ANSWERS {
                         func.clusters.insert(shape, v);
                     }
@@ -636,7 +643,7 @@ fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i3
     }
     let (shared, regs) = {
         let o = d.objects();
-        let i = &o.modules().function(f)?.function.info;
+        let i = &o.modules().funcs.get(f)?.function.info;
         (i.shared_static as usize + dyn_shared, i.num_regs as usize)
     };
     let by_threads = 2048 / block;
@@ -660,7 +667,7 @@ pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
         let d = driver()?;
         let (static_shared, limit) = {
             let o = d.objects();
-            let i = &o.modules().function(f as usize)?.function.info;
+            let i = &o.modules().funcs.get(f as usize)?.function.info;
             (i.shared_static as usize, i.max_dynamic_shared as usize)
         };
         let wanted = usize::try_from(blocks)
@@ -724,7 +731,7 @@ pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
         let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
         let max = {
             let o = d.objects();
-            let func = o.modules().function(f as usize)?;
+            let func = o.modules().funcs.get(f as usize)?;
             func.function
                 .info
                 .max_threads
@@ -780,7 +787,8 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
         let mut names: Vec<String> = d
             .objects()
             .modules()
-            .module(module as usize)?
+            .modules
+            .get(module as usize)?
             .kernels
             .iter()
             .cloned()
@@ -799,7 +807,7 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
     entry(|| {
-        let m = driver()?.objects().modules().function(f as usize)?.module;
+        let m = driver()?.objects().modules().funcs.get(f as usize)?.module;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(module, m as Handle) }
     })
@@ -816,7 +824,7 @@ pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut Handle, kernel: Handle
 #[no_mangle]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult {
     entry(|| {
-        driver()?.objects().modules().function(f as usize)?;
+        driver()?.objects().modules().funcs.get(f as usize)?;
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(state, 1) }
     })
@@ -824,7 +832,7 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: Handle) -> CUresult 
 
 #[no_mangle]
 pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
-    entry(|| driver()?.objects().modules().function(f as usize).map(drop))
+    entry(|| known_function(driver()?, f))
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn create_stream(pstream: *mut Handle, flags: u32, priority: i32) -> CuResult {
     };
     let h = d
         .objects()
-        .file(|o, h| o.streams_mut().add_stream(h, stream));
+        .file(|o, h| o.streams_mut().streams.insert(h, stream));
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(pstream, h as Handle) }
 }
@@ -51,7 +51,7 @@ pub extern "C" fn cuStreamDestroy_v2(stream: Handle) -> CUresult {
         let d = driver()?;
         {
             let mut o = d.objects();
-            o.streams_mut().remove_stream(stream as usize)?;
+            o.streams_mut().streams.remove(stream as usize)?;
             o.forget_stream_capture(stream as usize);
         }
         crate::allocs::free_released(d);
@@ -153,7 +153,7 @@ pub extern "C" fn cuStreamWaitEvent(stream: Handle, event: Handle, flags: u32) -
         let captured = d.objects().graphs().is_capturing(stream as usize);
         if captured && flags & cu::EVENT_WAIT_EXTERNAL != 0 {
             // An event wait node of the capture's graph.
-            d.objects().streams().event(event as usize)?;
+            d.objects().streams().events.get(event as usize)?;
             return d.queue(
                 stream as usize,
                 device,
@@ -375,7 +375,9 @@ pub unsafe extern "C" fn cuEventCreate(pevent: *mut Handle, flags: u32) -> CUres
             lane: 0,
             captured: None,
         };
-        let h = d.objects().file(|o, h| o.streams_mut().add_event(h, event));
+        let h = d
+            .objects()
+            .file(|o, h| o.streams_mut().events.insert(h, event));
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pevent, h as Handle) }
     })
@@ -399,7 +401,7 @@ pub extern "C" fn cuEventRecordWithFlags(event: Handle, stream: Handle, flags: u
             && d.objects().graphs().is_capturing(stream as usize)
         {
             // An event record node of the capture's graph.
-            d.objects().streams().event(event as usize)?;
+            d.objects().streams().events.get(event as usize)?;
             let device = d.stream_device(stream as usize)?;
             return d.queue(
                 stream as usize,
@@ -466,7 +468,7 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 pub extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
     entry(|| {
         let d = driver()?;
-        let e = d.objects().streams_mut().remove_event(event as usize)?;
+        let e = d.objects().streams_mut().events.remove(event as usize)?;
         d.gpu(e.device)?
             .lanes
             .inflight(e.lane)
@@ -505,7 +507,7 @@ fn with_stream<T>(stream: Handle, f: impl FnOnce(&mut Stream) -> CuResult<T>) ->
     let d = driver()?;
     d.stream_device(stream as usize)?;
     let mut o = d.objects();
-    f(o.streams_mut().stream_mut(stream as usize)?)
+    f(o.streams_mut().streams.get_mut(stream as usize)?)
 }
 
 #[no_mangle]
