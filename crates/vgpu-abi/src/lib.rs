@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 4;
+pub const ABI_VERSION_MINOR: u32 = 5;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -88,6 +88,11 @@ pub const REG_MEM_USED: u64 = 0x048;
 pub const REG_BUSY_NS: u64 = 0x050;
 /// Read-only, 64-bit: commands completed since reset.
 pub const REG_COMMANDS: u64 = 0x058;
+/// Read-only: contexts (besides context 0) the function may have at once,
+/// 0 where it offers none ([`FEATURE_CONTEXTS`]).
+pub const REG_MAX_CONTEXTS: u64 = 0x060;
+/// Read-only: contexts (besides context 0) the function has now.
+pub const REG_CONTEXTS: u64 = 0x064;
 
 /// Error log: [`ERROR_LOG_ENTRIES`] entries of [`ErrorLogEntry`].
 pub const ERROR_LOG_OFFSET: u64 = 0x100;
@@ -151,6 +156,14 @@ pub const FEATURE_OCCUPANCY: u64 = 1 << 5;
 pub const FEATURE_CONSOLE: u64 = 1 << 6;
 /// Feature: the WRITE_VALUE and WAIT_VALUE commands; ABI minor version 4.
 pub const FEATURE_VALUES: u64 = 1 << 7;
+/// Feature: contexts, each with its own device memory, modules and
+/// faults (bits [`CMD_CTX_SHIFT`].. of a command's flags, CTX_DESTROY,
+/// [`STATUS_CONTEXT_LOST`]); ABI minor version 5.
+pub const FEATURE_CONTEXTS: u64 = 1 << 8;
+/// Feature: cooperative launches ([`LAUNCH_FLAG_COOPERATIVE`]): every
+/// block of the grid resident at once, so that they can synchronise;
+/// ABI minor version 5.
+pub const FEATURE_COOPERATIVE: u64 = 1 << 9;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -225,6 +238,19 @@ pub const OP_WRITE_VALUE: u32 = 13;
 /// meets a condition (a semaphore acquire); later commands of the queue
 /// wait for it, other queues do not.
 pub const OP_WAIT_VALUE: u32 = 14;
+/// Command: end a context (the one its flags name): its device memory and
+/// modules are freed, and its id may be used again; ABI minor version 5.
+pub const OP_CTX_DESTROY: u32 = 15;
+
+/// A command's flags carry its context in these bits (ABI 1.5, with
+/// [`FEATURE_CONTEXTS`]): 0 is the function's own context, which every
+/// driver without contexts uses; 1 to [`MAX_CONTEXT_ID`] are contexts
+/// the driver numbers, made by their first command that needs one.
+pub const CMD_CTX_SHIFT: u32 = 16;
+/// Mask of the context bits of a command's flags.
+pub const CMD_CTX_MASK: u32 = 0xffff << CMD_CTX_SHIFT;
+/// Largest context id.
+pub const MAX_CONTEXT_ID: u32 = 0xffff;
 
 /// FENCE flag: raise the queue's interrupt after writing.
 pub const FENCE_FLAG_IRQ: u32 = 1 << 0;
@@ -247,6 +273,10 @@ pub const WAIT_COND_MASK: u32 = 3 << 1;
 /// bytes), the blocks per thread block cluster in x, y and z (3 x 4
 /// bytes; zeros: no clusters), then 12 zero bytes.
 pub const LAUNCH_FLAG_FUNCTION: u32 = 1 << 0;
+/// LAUNCH flag: a cooperative launch (ABI 1.5, [`FEATURE_COOPERATIVE`]):
+/// refused with INVALID unless every block of the grid can be resident
+/// at once, as OCCUPANCY counts them.
+pub const LAUNCH_FLAG_COOPERATIVE: u32 = 1 << 1;
 /// FUNC_INFO flag: describe the module global `name` instead of a kernel:
 /// the device writes a [`GlobalInfo`] at `out`, the result is its device
 /// address and [`Completion::result2`] its size. The global is then one
@@ -356,6 +386,11 @@ pub const STATUS_KERNEL_FAULT: u32 = 9;
 /// function's device state is lost, as with KERNEL_FAULT; the software
 /// backend fails the launch alone. ABI minor version 3.
 pub const STATUS_KERNEL_ASSERT: u32 = 10;
+/// Completion status: the command's context lost its device state to an
+/// earlier fault (a KERNEL_FAULT or DEVICE_ERROR of one of its commands);
+/// nothing ran. Only that context is affected; CTX_DESTROY ends it. ABI
+/// minor version 5.
+pub const STATUS_CONTEXT_LOST: u32 = 11;
 
 /// Layout of one field, for the C header.
 #[derive(Debug, Clone, Copy)]
@@ -419,7 +454,8 @@ abi_struct!(
     CmdHeader => "vgpu_cmd_hdr" {
         /// `OP_*`.
         opcode: u32 => "__u32 {}",
-        /// Opcode-specific flags.
+        /// Opcode-specific flags in bits 0-15; the context in bits
+        /// 16-31 ([`CMD_CTX_SHIFT`]).
         flags: u32 => "__u32 {}",
     }
 );
@@ -919,6 +955,8 @@ pub fn c_header() -> String {
         ("VGPU_REG_MEM_USED", REG_MEM_USED),
         ("VGPU_REG_BUSY_NS", REG_BUSY_NS),
         ("VGPU_REG_COMMANDS", REG_COMMANDS),
+        ("VGPU_REG_MAX_CONTEXTS", REG_MAX_CONTEXTS),
+        ("VGPU_REG_CONTEXTS", REG_CONTEXTS),
         ("VGPU_ERROR_LOG_OFFSET", ERROR_LOG_OFFSET),
         ("VGPU_ERROR_LOG_ENTRIES", ERROR_LOG_ENTRIES.into()),
         ("VGPU_QUEUE_REGS_OFFSET", QUEUE_REGS_OFFSET),
@@ -946,6 +984,8 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_OCCUPANCY", FEATURE_OCCUPANCY),
         ("VGPU_FEATURE_CONSOLE", FEATURE_CONSOLE),
         ("VGPU_FEATURE_VALUES", FEATURE_VALUES),
+        ("VGPU_FEATURE_CONTEXTS", FEATURE_CONTEXTS),
+        ("VGPU_FEATURE_COOPERATIVE", FEATURE_COOPERATIVE),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -977,6 +1017,10 @@ pub fn c_header() -> String {
         ("VGPU_OP_CONSOLE", OP_CONSOLE.into()),
         ("VGPU_OP_WRITE_VALUE", OP_WRITE_VALUE.into()),
         ("VGPU_OP_WAIT_VALUE", OP_WAIT_VALUE.into()),
+        ("VGPU_OP_CTX_DESTROY", OP_CTX_DESTROY.into()),
+        ("VGPU_CMD_CTX_SHIFT", CMD_CTX_SHIFT.into()),
+        ("VGPU_CMD_CTX_MASK", CMD_CTX_MASK.into()),
+        ("VGPU_MAX_CONTEXT_ID", MAX_CONTEXT_ID.into()),
         ("VGPU_FENCE_FLAG_IRQ", FENCE_FLAG_IRQ.into()),
         ("VGPU_VALUE_FLAG_32", VALUE_FLAG_32.into()),
         ("VGPU_WAIT_GEQ", WAIT_GEQ.into()),
@@ -985,6 +1029,7 @@ pub fn c_header() -> String {
         ("VGPU_WAIT_NOR", WAIT_NOR.into()),
         ("VGPU_WAIT_COND_MASK", WAIT_COND_MASK.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
+        ("VGPU_LAUNCH_FLAG_COOPERATIVE", LAUNCH_FLAG_COOPERATIVE.into()),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
         ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),
@@ -1020,6 +1065,7 @@ pub fn c_header() -> String {
         ("VGPU_STATUS_DEVICE_ERROR", STATUS_DEVICE_ERROR.into()),
         ("VGPU_STATUS_KERNEL_FAULT", STATUS_KERNEL_FAULT.into()),
         ("VGPU_STATUS_KERNEL_ASSERT", STATUS_KERNEL_ASSERT.into()),
+        ("VGPU_STATUS_CONTEXT_LOST", STATUS_CONTEXT_LOST.into()),
     ];
     for (name, value) in defs {
         let _ = writeln!(o, "#define {name} 0x{value:x}ULL");
@@ -1062,7 +1108,7 @@ const _: () = {
     assert!(ERROR_LOG_OFFSET + ERROR_LOG_ENTRIES as u64 * 16 <= QUEUE_REGS_OFFSET);
     assert!(MSIX_TABLE_OFFSET + MSIX_VECTORS as u64 * 16 <= MSIX_PBA_OFFSET);
     assert!(MSIX_PBA_OFFSET < BAR0_SIZE);
-    assert!(REG_COMMANDS + 8 <= ERROR_LOG_OFFSET);
+    assert!(REG_CONTEXTS + 4 <= ERROR_LOG_OFFSET);
 };
 
 /// Offset in BAR0 of register `reg` of queue `queue`.
