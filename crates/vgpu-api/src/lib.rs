@@ -34,6 +34,9 @@ pub struct VgpuConfig {
     pub window: u64,
     /// Polling before sleeping, microseconds.
     pub poll_us: u64,
+    /// Contexts (guest processes with device state of their own) at once
+    /// besides the vGPU's own.
+    pub contexts: u32,
     /// PCI vendor id, if not the default.
     pub pci_vendor: Option<u16>,
     /// PCI device id, if not the default.

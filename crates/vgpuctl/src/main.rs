@@ -158,6 +158,7 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
         ("queues", c.queues.to_string()),
         ("window", format::bytes(c.window)),
         ("poll", format!("{} µs", c.poll_us)),
+        ("contexts", c.contexts.to_string()),
         ("pci vendor", hex(c.pci_vendor)),
         ("pci device", hex(c.pci_device)),
     ];

@@ -157,6 +157,7 @@ fn config_json(v: &VgpuConfig) -> json::VgpuConfig {
         queues: v.queues,
         window: v.window.0,
         poll_us: v.poll_us,
+        contexts: v.contexts,
         pci_vendor: v.pci_vendor,
         pci_device: v.pci_device,
     }

@@ -292,6 +292,10 @@ fn default_poll_us() -> u64 {
     50
 }
 
+fn default_contexts() -> u32 {
+    16
+}
+
 /// A vGPU instance.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -324,6 +328,11 @@ pub struct VgpuConfig {
     /// How long the poller spins after activity, microseconds.
     #[serde(default = "default_poll_us")]
     pub poll_us: u64,
+    /// Contexts (one per guest process using the vGPU, each with its own
+    /// device memory and faults) it may have at once besides its own; 0
+    /// for none, where every process shares one context.
+    #[serde(default = "default_contexts")]
+    pub contexts: u32,
     /// PCI vendor id override.
     #[serde(default)]
     pub pci_vendor: Option<u16>,
@@ -619,6 +628,9 @@ pub fn validate_vgpu(v: &VgpuConfig) -> Result<(), (&'static str, &'static str)>
     }
     if v.poll_us > 10_000_000 {
         return Err(("poll_us", "must be at most 10 s"));
+    }
+    if v.contexts > vgpu_abi::MAX_CONTEXT_ID {
+        return Err(("contexts", "must be at most 65535"));
     }
     Ok(())
 }

@@ -134,6 +134,7 @@ fn vgpu_entries(v: &VgpuConfig) -> Vec<Entry> {
         Entry::Set("queues", n(v.queues)),
         Entry::Set("window", s(v.window.to_string())),
         Entry::Set("poll_us", big(v.poll_us)),
+        Entry::Set("contexts", n(v.contexts)),
         opt(
             "pci_vendor",
             v.pci_vendor.map(n),

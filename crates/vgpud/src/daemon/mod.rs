@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vgpu_api::DeviceEvents;
+use vgpu_backend::contexts::{ContextFactory, Contexts};
 use vgpu_backend::{Backend, PartitionSpec, SharedPartition};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{SchedGate, Scheduler, TenantId};
@@ -313,18 +314,26 @@ impl Daemon {
             .gpus
             .get_mut(&v.gpu)
             .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
-        let partition = gpu
-            .backend
-            .create_partition(&PartitionSpec {
-                name: v.name.clone(),
-                memory: v.memory.0,
-                compute_units: v.compute_units,
-            })
-            .map_err(|e| DaemonError::DoesNotFit {
-                name: v.name.clone(),
-                gpu: v.gpu.clone(),
-                message: e.to_string(),
-            })?;
+        let spec = PartitionSpec {
+            name: v.name.clone(),
+            memory: v.memory.0,
+            compute_units: v.compute_units,
+        };
+        let mut partition =
+            gpu.backend
+                .create_partition(&spec)
+                .map_err(|e| DaemonError::DoesNotFit {
+                    name: v.name.clone(),
+                    gpu: v.gpu.clone(),
+                    message: e.to_string(),
+                })?;
+        if v.contexts > 0 && gpu.backend.has_contexts() {
+            // Each guest process's device state in a partition of its
+            // own, made when it first needs one.
+            let backend = Arc::clone(&gpu.backend);
+            let make: ContextFactory = Box::new(move || backend.create_context(&spec));
+            partition = Box::new(Contexts::new(partition, make, v.contexts));
+        }
         let tenant = TenantId(gpu.next_tenant);
         gpu.sched
             .add_tenant(tenant, tenant_params(&v))
