@@ -169,7 +169,8 @@ impl Contexts {
         if ctx == 0 {
             return;
         }
-        let lost = matches!(self.slots.get(&ctx), Some(Slot::Live(l)) if failed || l.part.is_lost());
+        let lost =
+            matches!(self.slots.get(&ctx), Some(Slot::Live(l)) if failed || l.part.is_lost());
         if !lost {
             return;
         }
@@ -467,7 +468,8 @@ impl Partition for Contexts {
 
 /// Whether a step of a run failed in a way that ends a context.
 fn any_lost(done: &[QueuedDone]) -> bool {
-    done.iter().any(|d| d.result.as_ref().is_err_and(OpError::is_lost))
+    done.iter()
+        .any(|d| d.result.as_ref().is_err_and(OpError::is_lost))
 }
 
 /// Guest memory mapped into this process, announced to the registry of
