@@ -181,6 +181,9 @@ pub struct DeviceCounters {
     pub dropped_writes: AtomicU64,
     /// Contexts besides context 0 the function has now (ABI 1.5).
     pub contexts: AtomicU32,
+    /// Commands whose kernel faulted (KERNEL_FAULT), since creation: each
+    /// ended a context, or the function's state where it has none.
+    pub kernel_faults: AtomicU64,
 }
 
 /// Errors creating a device.

@@ -1265,6 +1265,9 @@ fn complete(
     if outcome.status == abi::STATUS_FAULT {
         c.faults.fetch_add(1, Ordering::Relaxed);
     }
+    if outcome.status == abi::STATUS_KERNEL_FAULT {
+        c.kernel_faults.fetch_add(1, Ordering::Relaxed);
+    }
     let completion = abi::Completion {
         status: outcome.status,
         reserved: 0,

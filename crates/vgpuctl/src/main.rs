@@ -190,6 +190,8 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             ("resets", s.device.resets.to_string()),
             ("odd reads", s.device.odd_reads.to_string()),
             ("dropped writes", s.device.dropped_writes.to_string()),
+            ("contexts now", s.contexts.to_string()),
+            ("kernel faults", s.device.kernel_faults.to_string()),
         ]);
     }
     for (k, val) in lines {

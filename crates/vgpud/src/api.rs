@@ -171,6 +171,7 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         memory_quota_bytes: s.memory_quota,
         memory_used_bytes: s.memory_used,
         memory_peak_bytes: s.memory_peak,
+        contexts: s.contexts,
         commands: s.commands,
         busy_seconds: s.busy.as_secs_f64(),
         bytes: s.bytes,

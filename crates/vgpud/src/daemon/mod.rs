@@ -177,6 +177,8 @@ pub struct InstanceStats {
     pub memory_quota: u64,
     /// Device memory in use, bytes.
     pub memory_used: u64,
+    /// Contexts it has now.
+    pub contexts: u32,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
     /// Commands run since the vGPU was created.
@@ -442,6 +444,7 @@ impl Daemon {
                     state: inst.state(),
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
+                    contexts: c.contexts.load(Ordering::Relaxed),
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
