@@ -68,6 +68,8 @@ pub struct Contexts {
     current: u32,
     /// Guest memory announced to every context's registry.
     host: Option<Arc<FanOut>>,
+    /// Device memory each context besides 0 costs on its own.
+    cost: u64,
     /// For the log.
     name: String,
 }
@@ -91,8 +93,17 @@ impl Contexts {
             slots: BTreeMap::new(),
             current: 0,
             host,
+            cost: 0,
             name,
         }
+    }
+
+    /// Counts `bytes` against the quota for each context besides 0 (what
+    /// a GPU context holds of its own: a context per process costs that
+    /// much, as a GPU counts it per process).
+    pub fn with_cost(mut self, bytes: u64) -> Contexts {
+        self.cost = bytes;
+        self
     }
 
     /// The current context's partition, or why there is none.
@@ -146,13 +157,13 @@ impl Contexts {
         )
     }
 
-    /// Memory every context holds, bytes.
+    /// Memory every context holds, bytes, with what each costs.
     fn used(&self) -> u64 {
         let others: u64 = self
             .slots
             .values()
             .map(|s| match s {
-                Slot::Live(l) => l.part.memory_used(),
+                Slot::Live(l) => l.part.memory_used().saturating_add(self.cost),
                 Slot::Lost { .. } => 0,
             })
             .sum();
@@ -225,6 +236,19 @@ impl Contexts {
                     self.slots.len(),
                     self.max
                 )
+            });
+        }
+        let (used, quota) = (self.used(), self.base.spec().memory);
+        if used.saturating_add(self.cost) > quota {
+            vgpu_sys::warn_limited!(
+                "{}: context {ctx} refused: it costs {} bytes, {} of the quota are left",
+                self.name,
+                self.cost,
+                quota.saturating_sub(used)
+            );
+            return Err(OpError::NoMemory {
+                requested: self.cost,
+                available: quota.saturating_sub(used),
             });
         }
         let part = (self.make)().map_err(|e| {
@@ -614,5 +638,39 @@ mod tests {
         assert_eq!(c.memory_used(), 0);
         assert_eq!(c.contexts(), Some((0, 2)));
         assert!(crate::Backend::create_partition(&*backend, &spec).is_err());
+    }
+
+    #[test]
+    fn test_each_context_costs_its_share_of_the_quota() {
+        let backend = Arc::new(crate::software::SoftwareBackend::new(8 << 20, 1));
+        let spec = PartitionSpec {
+            name: "cost".into(),
+            memory: 8 << 20,
+            compute_units: 1,
+        };
+        let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
+        let b = Arc::clone(&backend);
+        let s = spec.clone();
+        let make: ContextFactory = Box::new(move || crate::Backend::create_context(&*b, &s));
+        let mut c = Contexts::new(base, make, 8).with_cost(3 << 20);
+        c.set_context(1).expect("context 1");
+        assert_eq!(
+            c.memory_used(),
+            3 << 20,
+            "a context costs before it allocates"
+        );
+        c.set_context(2).expect("context 2");
+        assert!(matches!(
+            c.alloc(3 << 20, 256),
+            Err(OpError::NoMemory { .. })
+        ));
+        c.alloc(2 << 20, 256).expect("what is left");
+        // No room for a third context's own memory.
+        assert!(matches!(
+            c.set_context(3),
+            Err(OpError::NoMemory { requested, .. }) if requested == 3 << 20
+        ));
+        c.end_context(2).expect("end");
+        c.set_context(3).expect("room again");
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer};
 mod render;
 
 /// A byte size written as a number or as "512MiB", "4GiB", "64K"...
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Size(pub u64);
 
 impl Size {
@@ -248,6 +248,11 @@ pub struct GpuConfig {
     /// its launch is stopped (a device error), milliseconds.
     #[serde(default = "default_kernel_timeout_ms")]
     pub kernel_timeout_ms: u64,
+    /// Device memory one context costs on this GPU besides what it
+    /// allocates (a GPU context's own memory), counted against its vGPU's
+    /// quota for each context, as a GPU counts it per process.
+    #[serde(default)]
+    pub context_memory: Size,
 }
 
 fn default_kernel_timeout_ms() -> u64 {

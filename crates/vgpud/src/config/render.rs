@@ -118,6 +118,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("policy", s(policy)),
         Entry::Set("slice_us", big(g.slice_us())),
         Entry::Set("kernel_timeout_ms", big(g.kernel_timeout_ms)),
+        Entry::Set("context_memory", s(g.context_memory.to_string())),
     ]
 }
 

@@ -103,6 +103,8 @@ struct Gpu {
     backend: Arc<dyn Backend>,
     sched: Scheduler,
     next_tenant: u32,
+    /// What a context costs on it besides what it allocates, bytes.
+    context_memory: u64,
 }
 
 /// [`crate::config::validate_vgpu`], a value out of range being an
@@ -282,6 +284,7 @@ impl Daemon {
                     backend,
                     sched,
                     next_tenant: 0,
+                    context_memory: g.context_memory.0,
                 },
             );
         }
@@ -334,7 +337,8 @@ impl Daemon {
             // own, made when it first needs one.
             let backend = Arc::clone(&gpu.backend);
             let make: ContextFactory = Box::new(move || backend.create_context(&spec));
-            partition = Box::new(Contexts::new(partition, make, v.contexts));
+            partition =
+                Box::new(Contexts::new(partition, make, v.contexts).with_cost(gpu.context_memory));
         }
         let tenant = TenantId(gpu.next_tenant);
         gpu.sched
