@@ -33,6 +33,10 @@ pub type ContextFactory = Box<dyn Fn() -> Result<Box<dyn Partition>, BackendErro
 /// Set in the module handles of contexts other than 0.
 pub const MODULE_TAG: u64 = 1 << 63;
 
+/// The key of the spare partition's registry of guest memory: no
+/// context has it.
+const SPARE: u32 = u32::MAX;
+
 /// A context other than 0.
 enum Slot {
     /// In use.
@@ -70,6 +74,10 @@ pub struct Contexts {
     host: Option<Arc<FanOut>>,
     /// Device memory each context besides 0 costs on its own.
     cost: u64,
+    /// The partition of a context that ended cleanly, reset, kept for the
+    /// next context (a GPU context and a host process ready at once); its
+    /// registry of guest memory stays announced as [`SPARE`].
+    spare: Option<Box<dyn Partition>>,
     /// For the log.
     name: String,
 }
@@ -94,6 +102,7 @@ impl Contexts {
             current: 0,
             host,
             cost: 0,
+            spare: None,
             name,
         }
     }
@@ -251,6 +260,29 @@ impl Contexts {
                 available: quota.saturating_sub(used),
             });
         }
+        let part = match self.spare.take() {
+            Some(part) => {
+                if let Some(host) = &self.host {
+                    host.rekey(SPARE, ctx);
+                }
+                part
+            }
+            None => self.fresh(ctx)?,
+        };
+        self.slots.insert(
+            ctx,
+            Slot::Live(Box::new(Live {
+                part,
+                modules: HashMap::new(),
+                next_module: 1,
+            })),
+        );
+        Ok(())
+    }
+
+    /// A new partition for context `ctx`, from the backend, announced the
+    /// guest memory mapped so far.
+    fn fresh(&mut self, ctx: u32) -> Result<Box<dyn Partition>, OpError> {
         let part = (self.make)().map_err(|e| {
             vgpu_sys::warn_limited!("{}: context {ctx} could not be made: {e}", self.name);
             match e {
@@ -266,15 +298,25 @@ impl Contexts {
                 host.add(ctx, reg);
             }
         }
-        self.slots.insert(
-            ctx,
-            Slot::Live(Box::new(Live {
-                part,
-                modules: HashMap::new(),
-                next_module: 1,
-            })),
-        );
-        Ok(())
+        Ok(part)
+    }
+
+    /// Ends live context `ctx`'s partition: reset and kept as the spare
+    /// when there is none and it lost nothing, else dropped.
+    fn retire(&mut self, ctx: u32, mut part: Box<dyn Partition>) {
+        if self.spare.is_none() && !part.is_lost() {
+            part.reset();
+            if !part.is_lost() {
+                if let Some(host) = &self.host {
+                    host.rekey(ctx, SPARE);
+                }
+                self.spare = Some(part);
+                return;
+            }
+        }
+        if let Some(host) = &self.host {
+            host.remove(ctx);
+        }
     }
 }
 
@@ -435,9 +477,14 @@ impl Partition for Contexts {
     }
 
     fn reset(&mut self) {
-        for ctx in std::mem::take(&mut self.slots).into_keys() {
-            if let Some(host) = &self.host {
-                host.remove(ctx);
+        for (ctx, slot) in std::mem::take(&mut self.slots) {
+            match slot {
+                Slot::Live(l) => self.retire(ctx, l.part),
+                Slot::Lost { .. } => {
+                    if let Some(host) = &self.host {
+                        host.remove(ctx);
+                    }
+                }
             }
         }
         self.current = 0;
@@ -475,13 +522,19 @@ impl Partition for Contexts {
         if self.current == ctx {
             self.current = 0;
         }
-        if let Some(host) = &self.host {
-            host.remove(ctx);
-        }
         Ok(match self.slots.remove(&ctx) {
             None => Vec::new(),
-            Some(Slot::Lost { modules, .. }) => modules,
-            Some(Slot::Live(l)) => l.modules.keys().copied().collect(),
+            Some(Slot::Lost { modules, .. }) => {
+                if let Some(host) = &self.host {
+                    host.remove(ctx);
+                }
+                modules
+            }
+            Some(Slot::Live(l)) => {
+                let modules = l.modules.keys().copied().collect();
+                self.retire(ctx, l.part);
+                modules
+            }
         })
     }
 
@@ -525,6 +578,15 @@ impl FanOut {
     /// Forgets context `ctx`'s registry.
     fn remove(&self, ctx: u32) {
         vgpu_sys::lock(&self.state).regs.retain(|(c, _)| *c != ctx);
+    }
+
+    /// Files context `from`'s registry under `to`.
+    fn rekey(&self, from: u32, to: u32) {
+        for (c, _) in vgpu_sys::lock(&self.state).regs.iter_mut() {
+            if *c == from {
+                *c = to;
+            }
+        }
     }
 }
 
@@ -672,5 +734,41 @@ mod tests {
         ));
         c.end_context(2).expect("end");
         c.set_context(3).expect("room again");
+    }
+
+    #[test]
+    fn test_one_cleanly_ended_context_is_kept_for_the_next() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let backend = Arc::new(crate::software::SoftwareBackend::new(8 << 20, 1));
+        let spec = PartitionSpec {
+            name: "reuse".into(),
+            memory: 8 << 20,
+            compute_units: 1,
+        };
+        let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
+        let made = Arc::new(AtomicUsize::new(0));
+        let (b, s, m) = (Arc::clone(&backend), spec.clone(), Arc::clone(&made));
+        let make: ContextFactory = Box::new(move || {
+            m.fetch_add(1, Ordering::SeqCst);
+            crate::Backend::create_context(&*b, &s)
+        });
+        let mut c = Contexts::new(base, make, 4);
+        c.set_context(1).expect("context 1");
+        c.alloc(1 << 20, 256).expect("alloc");
+        c.end_context(1).expect("end");
+        assert_eq!(c.memory_used(), 0);
+        // The next context takes the ended one's partition, emptied.
+        c.set_context(2).expect("context 2");
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        assert_eq!(c.memory_used(), 0);
+        c.alloc(1 << 20, 256).expect("alloc");
+        // One spare at most: a second ended context's partition goes.
+        c.set_context(3).expect("context 3");
+        assert_eq!(made.load(Ordering::SeqCst), 2);
+        c.end_context(2).expect("end");
+        c.end_context(3).expect("end");
+        c.set_context(4).expect("context 4");
+        c.set_context(5).expect("context 5");
+        assert_eq!(made.load(Ordering::SeqCst), 3);
     }
 }
