@@ -59,6 +59,13 @@ pub struct VgpuStats {
     pub memory_used_bytes: u64,
     /// Contexts (guest processes with device state of their own) now.
     pub contexts: u32,
+    /// Contexts that started a new partition (on a GPU, a host process and
+    /// a CUDA context), since the vGPU was created.
+    pub context_starts: u64,
+    /// What those starts took in all, seconds.
+    pub context_start_seconds: f64,
+    /// Contexts that took the partition of one that had ended.
+    pub context_reuses: u64,
     /// Most device memory allocated at once, bytes.
     pub memory_peak_bytes: u64,
     /// Commands completed.

@@ -37,6 +37,22 @@ pub const MODULE_TAG: u64 = 1 << 63;
 /// context has it.
 const SPARE: u32 = u32::MAX;
 
+/// What [`Partition::contexts`] says of a partition's contexts besides
+/// context 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextCounts {
+    /// Contexts now (lost ones until they are ended).
+    pub now: u32,
+    /// Most at once.
+    pub max: u32,
+    /// Contexts made with a new partition from the backend.
+    pub started: u64,
+    /// Time those took, in all, ns.
+    pub start_ns: u64,
+    /// Contexts made with the partition of one that had ended.
+    pub reused: u64,
+}
+
 /// A context other than 0.
 enum Slot {
     /// In use.
@@ -80,6 +96,10 @@ pub struct Contexts {
     spare: Option<Box<dyn Partition>>,
     /// For the log.
     name: String,
+    /// Partitions made and reused, for [`ContextCounts`].
+    started: u64,
+    start_ns: u64,
+    reused: u64,
 }
 
 impl Contexts {
@@ -104,6 +124,9 @@ impl Contexts {
             cost: 0,
             spare: None,
             name,
+            started: 0,
+            start_ns: 0,
+            reused: 0,
         }
     }
 
@@ -265,9 +288,16 @@ impl Contexts {
                 if let Some(host) = &self.host {
                     host.rekey(SPARE, ctx);
                 }
+                self.reused += 1;
                 part
             }
-            None => self.fresh(ctx)?,
+            None => {
+                let t = std::time::Instant::now();
+                let part = self.fresh(ctx)?;
+                self.started += 1;
+                self.start_ns = self.start_ns.saturating_add(t.elapsed().as_nanos() as u64);
+                part
+            }
         };
         self.slots.insert(
             ctx,
@@ -538,8 +568,14 @@ impl Partition for Contexts {
         })
     }
 
-    fn contexts(&self) -> Option<(u32, u32)> {
-        Some((self.slots.len() as u32, self.max))
+    fn contexts(&self) -> Option<ContextCounts> {
+        Some(ContextCounts {
+            now: self.slots.len() as u32,
+            max: self.max,
+            started: self.started,
+            start_ns: self.start_ns,
+            reused: self.reused,
+        })
     }
 }
 
@@ -690,7 +726,7 @@ mod tests {
         ));
         c.alloc(2 << 20, 256).expect("what is left");
         assert_eq!(c.memory_used(), 8 << 20);
-        assert_eq!(c.contexts(), Some((2, 2)));
+        assert_eq!(c.contexts().map(|n| (n.now, n.max)), Some((2, 2)));
         assert!(matches!(c.set_context(3), Err(OpError::NoMemory { .. })));
         assert_eq!(c.end_context(1), Ok(Vec::new()));
         assert_eq!(c.memory_used(), 2 << 20);
@@ -698,7 +734,7 @@ mod tests {
         // none of it.
         c.reset();
         assert_eq!(c.memory_used(), 0);
-        assert_eq!(c.contexts(), Some((0, 2)));
+        assert_eq!(c.contexts().map(|n| (n.now, n.max)), Some((0, 2)));
         assert!(crate::Backend::create_partition(&*backend, &spec).is_err());
     }
 
@@ -770,5 +806,7 @@ mod tests {
         c.set_context(4).expect("context 4");
         c.set_context(5).expect("context 5");
         assert_eq!(made.load(Ordering::SeqCst), 3);
+        let n = c.contexts().expect("contexts");
+        assert_eq!((n.started, n.reused), (3, 2));
     }
 }

@@ -887,9 +887,8 @@ pub trait Partition: Send {
         let _ = ctx;
         Err(OpError::Unsupported("contexts".into()))
     }
-    /// The contexts besides context 0 it has now and may have at once;
-    /// `None` without contexts.
-    fn contexts(&self) -> Option<(u32, u32)> {
+    /// Its contexts besides context 0; `None` without contexts.
+    fn contexts(&self) -> Option<contexts::ContextCounts> {
         None
     }
 }

@@ -184,6 +184,12 @@ pub struct DeviceCounters {
     /// Commands whose kernel faulted (KERNEL_FAULT), since creation: each
     /// ended a context, or the function's state where it has none.
     pub kernel_faults: AtomicU64,
+    /// Contexts made with a new partition, since the partition was made.
+    pub contexts_started: AtomicU64,
+    /// What those took in all, ns.
+    pub context_start_ns: AtomicU64,
+    /// Contexts made with the partition of one that had ended.
+    pub contexts_reused: AtomicU64,
 }
 
 /// Errors creating a device.
@@ -485,7 +491,7 @@ impl VgpuDevice {
                 p.spec().clone(),
                 p.kernel_compute_units(),
                 p.host_memory(),
-                p.contexts().map(|(_, max)| max),
+                p.contexts().map(|n| n.max),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;

@@ -976,8 +976,12 @@ fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) 
     drop(functions);
     let used = part.memory_used();
     sh.counters.mem_used.store(used, Ordering::Relaxed);
-    if let Some((contexts, _)) = part.contexts() {
-        sh.counters.contexts.store(contexts, Ordering::Relaxed);
+    if let Some(n) = part.contexts() {
+        let c = &sh.counters;
+        c.contexts.store(n.now, Ordering::Relaxed);
+        c.contexts_started.store(n.started, Ordering::Relaxed);
+        c.context_start_ns.store(n.start_ns, Ordering::Relaxed);
+        c.contexts_reused.store(n.reused, Ordering::Relaxed);
     }
     sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
     let lost = part.is_lost();

@@ -191,6 +191,19 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             ("odd reads", s.device.odd_reads.to_string()),
             ("dropped writes", s.device.dropped_writes.to_string()),
             ("contexts now", s.contexts.to_string()),
+            (
+                "context starts",
+                format!(
+                    "{} (mean {}), {} reused",
+                    s.context_starts,
+                    format::secs(if s.context_starts > 0 {
+                        s.context_start_seconds / s.context_starts as f64
+                    } else {
+                        0.0
+                    }),
+                    s.context_reuses
+                ),
+            ),
             ("kernel faults", s.device.kernel_faults.to_string()),
         ]);
     }

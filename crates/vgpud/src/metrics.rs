@@ -145,6 +145,24 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         |s| f64::from(s.contexts),
     ),
     (
+        "vgpud_vgpu_context_starts_total",
+        "counter",
+        "Contexts that started a partition of their own (on a GPU, a host process and a CUDA context).",
+        |s| s.context_starts as f64,
+    ),
+    (
+        "vgpud_vgpu_context_start_seconds_total",
+        "counter",
+        "Time those context starts took, in all.",
+        |s| s.context_start.as_secs_f64(),
+    ),
+    (
+        "vgpud_vgpu_context_reuses_total",
+        "counter",
+        "Contexts that took the partition of a context that had ended.",
+        |s| s.context_reuses as f64,
+    ),
+    (
         "vgpud_vgpu_kernel_faults_total",
         "counter",
         "Commands whose kernel faulted; each ended its guest process's context.",
@@ -411,6 +429,9 @@ mod tests {
             memory_used: 4096,
             memory_peak: 8192,
             contexts: 2,
+            context_starts: 3,
+            context_start: Duration::from_millis(900),
+            context_reuses: 1,
             commands: 17,
             busy: Duration::from_millis(busy_ms),
             bytes: 1 << 20,
@@ -622,6 +643,9 @@ mod tests {
             "vgpud_vgpu_dropped_writes_total",
             "vgpud_vgpu_contexts",
             "vgpud_vgpu_kernel_faults_total",
+            "vgpud_vgpu_context_starts_total",
+            "vgpud_vgpu_context_start_seconds_total",
+            "vgpud_vgpu_context_reuses_total",
         ] {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }

@@ -181,6 +181,12 @@ pub struct InstanceStats {
     pub memory_used: u64,
     /// Contexts it has now.
     pub contexts: u32,
+    /// Contexts made with a new partition, and what that took in all.
+    pub context_starts: u64,
+    /// See `context_starts`.
+    pub context_start: Duration,
+    /// Contexts made with the partition of one that had ended.
+    pub context_reuses: u64,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
     /// Commands run since the vGPU was created.
@@ -449,6 +455,9 @@ impl Daemon {
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
                     contexts: c.contexts.load(Ordering::Relaxed),
+                    context_starts: c.contexts_started.load(Ordering::Relaxed),
+                    context_start: Duration::from_nanos(c.context_start_ns.load(Ordering::Relaxed)),
+                    context_reuses: c.contexts_reused.load(Ordering::Relaxed),
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
