@@ -704,19 +704,35 @@ mod tests {
         assert_eq!(notes(&first).last().map(String::as_str), Some("map 3"));
     }
 
-    #[test]
-    fn test_contexts_share_the_quota_and_end_with_their_memory() {
-        let backend = Arc::new(crate::software::SoftwareBackend::new(8 << 20, 1));
+    /// Contexts of an 8 MiB software partition of a 16 MiB backend, at
+    /// most `max`, and a count of the partitions the backend made for
+    /// them; the backend too, to see what capacity is left.
+    fn software_contexts(
+        max: u32,
+    ) -> (
+        Contexts,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<crate::software::SoftwareBackend>,
+    ) {
+        let backend = Arc::new(crate::software::SoftwareBackend::new(16 << 20, 2));
         let spec = PartitionSpec {
-            name: "q".into(),
+            name: "contexts".into(),
             memory: 8 << 20,
             compute_units: 1,
         };
         let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
-        let b = Arc::clone(&backend);
-        let s = spec.clone();
-        let make: ContextFactory = Box::new(move || crate::Backend::create_context(&*b, &s));
-        let mut c = Contexts::new(base, make, 2);
+        let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (b, m) = (Arc::clone(&backend), Arc::clone(&made));
+        let make: ContextFactory = Box::new(move || {
+            m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            crate::Backend::create_context(&*b, &spec)
+        });
+        (Contexts::new(base, make, max), made, backend)
+    }
+
+    #[test]
+    fn test_contexts_share_the_quota_and_end_with_their_memory() {
+        let (mut c, _, backend) = software_contexts(2);
         c.set_context(1).expect("context 1");
         c.alloc(6 << 20, 256).expect("6 MiB in context 1");
         c.set_context(2).expect("context 2");
@@ -730,27 +746,24 @@ mod tests {
         assert!(matches!(c.set_context(3), Err(OpError::NoMemory { .. })));
         assert_eq!(c.end_context(1), Ok(Vec::new()));
         assert_eq!(c.memory_used(), 2 << 20);
-        // The backend's capacity is the partition's alone: contexts take
-        // none of it.
         c.reset();
         assert_eq!(c.memory_used(), 0);
         assert_eq!(c.contexts().map(|n| (n.now, n.max)), Some((0, 2)));
-        assert!(crate::Backend::create_partition(&*backend, &spec).is_err());
+        // The partition's reservation covers its contexts: they took
+        // nothing of the backend's capacity.
+        c.set_context(1).expect("context 1 again");
+        let other = PartitionSpec {
+            name: "other".into(),
+            memory: 8 << 20,
+            compute_units: 1,
+        };
+        assert!(crate::Backend::create_partition(&*backend, &other).is_ok());
     }
 
     #[test]
     fn test_each_context_costs_its_share_of_the_quota() {
-        let backend = Arc::new(crate::software::SoftwareBackend::new(8 << 20, 1));
-        let spec = PartitionSpec {
-            name: "cost".into(),
-            memory: 8 << 20,
-            compute_units: 1,
-        };
-        let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
-        let b = Arc::clone(&backend);
-        let s = spec.clone();
-        let make: ContextFactory = Box::new(move || crate::Backend::create_context(&*b, &s));
-        let mut c = Contexts::new(base, make, 8).with_cost(3 << 20);
+        let (c, _, _) = software_contexts(8);
+        let mut c = c.with_cost(3 << 20);
         c.set_context(1).expect("context 1");
         assert_eq!(
             c.memory_used(),
@@ -774,21 +787,8 @@ mod tests {
 
     #[test]
     fn test_one_cleanly_ended_context_is_kept_for_the_next() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let backend = Arc::new(crate::software::SoftwareBackend::new(8 << 20, 1));
-        let spec = PartitionSpec {
-            name: "reuse".into(),
-            memory: 8 << 20,
-            compute_units: 1,
-        };
-        let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
-        let made = Arc::new(AtomicUsize::new(0));
-        let (b, s, m) = (Arc::clone(&backend), spec.clone(), Arc::clone(&made));
-        let make: ContextFactory = Box::new(move || {
-            m.fetch_add(1, Ordering::SeqCst);
-            crate::Backend::create_context(&*b, &s)
-        });
-        let mut c = Contexts::new(base, make, 4);
+        use std::sync::atomic::Ordering;
+        let (mut c, made, _) = software_contexts(4);
         c.set_context(1).expect("context 1");
         c.alloc(1 << 20, 256).expect("alloc");
         c.end_context(1).expect("end");

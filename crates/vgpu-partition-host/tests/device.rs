@@ -17,8 +17,9 @@ use vgpu_testkit::{bytes_to_f32s, f32s_to_bytes, guest_copy_chain, Mode};
 
 const MIB: u64 = 1 << 20;
 
-/// A 32 MiB partition of a software backend in a partition host process.
-fn remote_partition(name: &str, config: RemoteConfig) -> RemotePartition {
+/// A backend whose partitions are a software backend's, each in a
+/// partition host process.
+fn remote_backend(config: RemoteConfig) -> RemoteBackend {
     let inner = InnerBackend::Software {
         memory: 64 * MIB,
         compute_units: 2,
@@ -28,13 +29,23 @@ fn remote_partition(name: &str, config: RemoteConfig) -> RemotePartition {
         inner.to_args(),
     )
     .unwrap();
-    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
-    let spec = PartitionSpec {
+    RemoteBackend::new(Arc::new(launcher), config).unwrap()
+}
+
+/// The spec of a 32 MiB partition.
+fn spec(name: &str) -> PartitionSpec {
+    PartitionSpec {
         name: name.into(),
         memory: 32 * MIB,
         compute_units: 2,
-    };
-    backend.create_remote_partition(&spec).unwrap()
+    }
+}
+
+/// A 32 MiB partition of a software backend in a partition host process.
+fn remote_partition(name: &str, config: RemoteConfig) -> RemotePartition {
+    remote_backend(config)
+        .create_remote_partition(&spec(name))
+        .unwrap()
 }
 
 #[test]
@@ -385,22 +396,8 @@ fn each_context_runs_in_a_host_of_its_own() {
     use vgpu_backend::contexts::{ContextFactory, Contexts};
     use vgpu_backend::{Backend, Partition};
 
-    let inner = InnerBackend::Software {
-        memory: 64 * MIB,
-        compute_units: 2,
-    };
-    let launcher = ProcessLauncher::new(
-        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
-        inner.to_args(),
-    )
-    .unwrap();
-    let backend =
-        Arc::new(RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap());
-    let spec = PartitionSpec {
-        name: "contexts".into(),
-        memory: 32 * MIB,
-        compute_units: 2,
-    };
+    let backend = Arc::new(remote_backend(RemoteConfig::default()));
+    let spec = spec("contexts");
     let base = backend.create_remote_partition(&spec).unwrap();
     let first = base.host_pid().unwrap();
     let b = Arc::clone(&backend);
