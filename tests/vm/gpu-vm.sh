@@ -143,6 +143,38 @@ sample_stats() {
     done
 }
 
+# sample_gpu_apps: every process with a CUDA context on the GPU and the
+# device memory it holds, every half second: "pid, MiB" lines.
+sample_gpu_apps() {
+    while sleep 0.5; do
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null
+    done
+}
+
+# report_contexts FILE: what a context costs, from the samples in FILE
+# (the partition hosts' own memory: the least each host held while it
+# ran, which is its CUDA context before it allocated), and the context
+# starts the daemon counted with their mean time.
+report_contexts() {
+    local hosts
+    hosts=$(pgrep -d'|' -f vgpu-partition-host || true)
+    awk -F', *' '{ if (!($1 in least) || $2 + 0 < least[$1]) least[$1] = $2 + 0 }
+        END { for (p in least) print least[p] }' "$1" | sort -n |
+        awk '{ v[NR] = $1 }
+            END { if (NR == 0) { print "no CUDA processes sampled"; exit }
+                  printf "%d processes with a CUDA context; own memory at least %d MiB, median %d MiB, most %d MiB\n", NR, v[1], v[int((NR + 1) / 2)], v[NR] }' |
+        sed 's/^/  [contexts] /' >&2
+    [[ -n $hosts ]] && log "partition hosts alive now: ${hosts//|/ }"
+    "$B/bin/vgpuctl" --api "$TMP/run/api.sock" --json stats 2>/dev/null |
+        python3 -c 'import json,sys
+d = json.load(sys.stdin)
+for v in d.get("vgpus", []):
+    n = v.get("context_starts", 0)
+    mean = v.get("context_start_seconds", 0) / n * 1000 if n else 0
+    print(f"vGPU {v.get(\"name\")}: {n} context starts, mean {mean:.0f} ms, {v.get(\"context_reuses\", 0)} reused, {v.get(\"kernel_faults\", 0)} kernel faults")' |
+        sed 's/^/  [contexts] /' >&2 || true
+}
+
 # QEMU alone gets the libraries it was built with.
 QEMU=$TMP/qemu
 printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$B/lib" "$B/bin/qemu-system-x86_64" >"$QEMU"
@@ -162,10 +194,20 @@ if [[ ${ONLY_LIBS:-0} != 1 ]]; then
         [[ ${GPU_BACKEND:-cuda} != software ]] && suite+=" vgpu.assert_line=lost vgpu.overlap=1"
         boot guest-a "$TMP/run/a.sock" "$MEM_A" "" "$suite"
         boot guest-b "$TMP/run/b.sock" "$MEM_B" "" "$suite"
+        sampler=""
+        if command -v nvidia-smi >/dev/null; then
+            sample_gpu_apps >"$TMP/apps.csv" &
+            sampler=$!
+        fi
         for pid in "${qemu_pids[@]}"; do
             wait "$pid" || true
         done
         qemu_pids=()
+        if [[ -n $sampler ]]; then
+            kill "$sampler" 2>/dev/null || true
+            wait "$sampler" 2>/dev/null || true
+            report_contexts "$TMP/apps.csv"
+        fi
         verdict guest-a || ok=0
         verdict guest-b || ok=0
         # One guest with both vGPUs: one process uses the two devices.
