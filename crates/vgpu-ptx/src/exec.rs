@@ -145,6 +145,10 @@ pub enum ExecError {
     /// A thread's `assert()` failed (a call of `__assertfail`).
     #[error("device-side assertion failed at PTX line {0}")]
     Assert(u32),
+    /// The kernel may execute an instruction this executor does not run
+    /// (the module loaded; this kernel cannot launch).
+    #[error("PTX {0}")]
+    Refused(crate::ParseError),
     /// Something this executor does not do (recursion, ...).
     #[error("unsupported at PTX line {line}: {what}")]
     Unsupported {
@@ -426,6 +430,9 @@ pub fn launch(
     let info = module
         .kernel(kernel)
         .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
+    if let Some(e) = module.refused(kernel) {
+        return Err(ExecError::Refused(e.clone()));
+    }
     let threads = cfg
         .block
         .iter()
@@ -1734,6 +1741,16 @@ impl Launch<'_> {
                 }
             }
             Op::Nop => {}
+            Op::Refused(i) => {
+                let e = self.m.refused.get(i as usize).cloned();
+                return Err(e.map_or(
+                    ExecError::Unsupported {
+                        what: "an instruction this executor does not run",
+                        line,
+                    },
+                    ExecError::Refused,
+                ));
+            }
             Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Bar | Op::Trap => {}
         }
         Ok(())

@@ -673,7 +673,26 @@ fn directed_rounding_ftz_and_sat() {
         assert_eq!(g, w, "case {i}: {g:#x} != {w:#x}");
     }
     let bad = Module::parse(".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .f64 %fd<3>;\nfma.rz.f64 %fd1, %fd1, %fd1, %fd1;\n}\n");
-    assert!(bad.unwrap_err().msg.contains("rounding mode"));
+    let bad = bad.unwrap();
+    assert!(bad.refused("k").unwrap().msg.contains("rounding mode"));
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    let e = launch(
+        &bad,
+        "k",
+        &cfg,
+        &[],
+        &VecMemory::new(0, 0),
+        &Limits::default(),
+    );
+    assert!(
+        matches!(&e, Err(ExecError::Refused(p)) if p.line == 7),
+        "{e:?}"
+    );
 }
 
 #[test]

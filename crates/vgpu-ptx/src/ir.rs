@@ -546,6 +546,9 @@ pub enum Op {
     },
     Trap,
     Nop,
+    /// An instruction this executor does not run: its index in the
+    /// module's refusals. Kernels that may reach it do not launch.
+    Refused(u32),
 }
 
 /// An instruction with its guard predicate.

@@ -108,6 +108,12 @@
 //!
 //! # Not supported (a parse or launch error, never a wrong answer where
 //! it can be detected)
+//! Valid PTX that the executor does not run does not fail the module: the
+//! kernels that may reach such an instruction (themselves or through the
+//! functions they call) fail to launch with [`ExecError::Refused`], which
+//! names the instruction and its line ([`Module::refusals`],
+//! [`Module::refused`]); the module's other kernels run. Malformed PTX
+//! fails [`Module::parse`], as the driver's compiler refuses it.
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
 //!   functions such as `malloc` (refused at run time), textures and
 //!   surfaces, `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt`

@@ -2,6 +2,7 @@
 //! each kernel (parameters, shared and local memory, registers).
 
 use crate::ir::Inst;
+use crate::parse::ParseError;
 
 /// One kernel parameter as `cuFuncGetParamInfo` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,9 @@ pub(crate) struct Func {
     pub reach_regs: Vec<(u32, u32)>,
     /// 32-bit register units of the function and all it may call.
     pub regs32_total: u32,
+    /// The first refused instruction it may reach (an index in
+    /// [`Module::refusals`]).
+    pub refused: Option<u32>,
 }
 
 /// A parsed and decoded PTX module.
@@ -75,6 +79,8 @@ pub struct Module {
     pub(crate) param_size: u32,
     pub(crate) version: String,
     pub(crate) target: String,
+    /// Instructions this executor does not run, in source order.
+    pub(crate) refused: Vec<ParseError>,
 }
 
 impl Module {
@@ -103,6 +109,21 @@ impl Module {
             .iter()
             .find(|f| f.entry && f.defined && f.name == name)
             .map(|f| self.info(f))
+    }
+
+    /// The valid PTX instructions of the module that this executor does
+    /// not run (each with its line and why). A kernel that may execute
+    /// one of them does not launch ([`Module::refused`]); the module's
+    /// other kernels do.
+    pub fn refusals(&self) -> &[ParseError] {
+        &self.refused
+    }
+
+    /// Why kernel `name` cannot run here: the first instruction it may
+    /// reach (itself or through its calls) that this executor refuses.
+    pub fn refused(&self, name: &str) -> Option<&ParseError> {
+        let f = &self.funcs[self.func_index(name)?];
+        self.refused.get(f.refused? as usize)
     }
 
     pub(crate) fn func_index(&self, name: &str) -> Option<usize> {

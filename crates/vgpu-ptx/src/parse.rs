@@ -16,6 +16,19 @@ pub struct ParseError {
     pub line: u32,
     /// What is wrong.
     pub msg: String,
+    /// Valid PTX that this executor does not run (an instruction or a
+    /// form of one), rather than malformed text.
+    pub unsupported: bool,
+}
+
+impl ParseError {
+    fn new(line: u32, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            msg: msg.into(),
+            unsupported: false,
+        }
+    }
 }
 
 impl Module {
@@ -35,6 +48,7 @@ impl Module {
                 param_size: 0,
                 version: String::new(),
                 target: String::new(),
+                refused: Vec::new(),
             },
             globals: HashMap::new(),
             fnames: HashMap::new(),
@@ -86,10 +100,7 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
             i += 2;
             loop {
                 if i + 1 >= b.len() {
-                    return Err(ParseError {
-                        line: start,
-                        msg: "unterminated comment".into(),
-                    });
+                    return Err(ParseError::new(start, "unterminated comment"));
                 }
                 if b[i] == b'*' && b[i + 1] == b'/' {
                     i += 2;
@@ -107,10 +118,7 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
                 i += 1;
             }
             if i >= b.len() || b[i] != b'"' {
-                return Err(ParseError {
-                    line,
-                    msg: "unterminated string".into(),
-                });
+                return Err(ParseError::new(line, "unterminated string"));
             }
             i += 1;
             out.push(Tok {
@@ -163,10 +171,10 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
             i += 1;
         } else {
             let ch = text[i..].chars().next().unwrap_or('?');
-            return Err(ParseError {
+            return Err(ParseError::new(
                 line,
-                msg: format!("unexpected character {ch:?}"),
-            });
+                format!("unexpected character {ch:?}"),
+            ));
         }
     }
     Ok(out)
@@ -195,6 +203,9 @@ enum Opnd<'a> {
     Vec(Vec<Opnd<'a>>),
     Pair(&'a str, &'a str),
     List(Vec<Opnd<'a>>),
+    /// `[a, b, ...]`: texture and surface operands (parsed so that
+    /// their instructions are refused alone, not the whole module).
+    Bracket,
 }
 
 struct FnScope<'a> {
@@ -246,10 +257,7 @@ fn place(end: &mut u32, align: u32, size: u32) -> Option<u32> {
 
 /// The error `msg` at `line`.
 fn fail<T>(line: u32, msg: impl Into<String>) -> Result<T, ParseError> {
-    Err(ParseError {
-        line,
-        msg: msg.into(),
-    })
+    Err(ParseError::new(line, msg))
 }
 
 impl<'a> Parser<'a> {
@@ -383,10 +391,10 @@ impl<'a> Parser<'a> {
         }
         for &(at, name, line) in &self.call_fix {
             let Some(&f) = self.fnames.get(name) else {
-                return Err(ParseError {
+                return Err(ParseError::new(
                     line,
-                    msg: format!("call of undefined function '{name}'"),
-                });
+                    format!("call of undefined function '{name}'"),
+                ));
             };
             if let Op::Call { func, .. } = &mut self.m.code[at].op {
                 *func = f;
@@ -399,6 +407,7 @@ impl<'a> Parser<'a> {
             let mut total = 0;
             let mut regs = Vec::new();
             let mut units = 0u32;
+            let mut refused = None;
             while let Some(j) = todo.pop() {
                 if std::mem::replace(&mut seen[j], true) {
                     continue;
@@ -408,11 +417,14 @@ impl<'a> Parser<'a> {
                 regs.push(f.regs);
                 units = units.saturating_add(f.regs32);
                 for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
-                    if let Op::Call { func, .. } = inst.op {
-                        todo.push(func as usize);
+                    match inst.op {
+                        Op::Call { func, .. } => todo.push(func as usize),
+                        Op::Refused(r) => refused = Some(refused.map_or(r, |x: u32| x.min(r))),
+                        _ => {}
                     }
                 }
             }
+            self.m.funcs[i].refused = refused;
             self.m.funcs[i].shared_total = total;
             self.m.funcs[i].reach_regs = regs;
             self.m.funcs[i].regs32_total = units;
@@ -705,6 +717,7 @@ impl<'a> Parser<'a> {
                     regs: (0, 0),
                     reach_regs: Vec::new(),
                     regs32_total: 0,
+                    refused: None,
                 });
                 i
             }
@@ -950,7 +963,13 @@ impl<'a> Parser<'a> {
                 let mut base = None;
                 let mut off: i64 = 0;
                 if self.peek().is_some_and(|t| t.k == K::Word) {
-                    base = Some(self.word()?);
+                    let w = self.word()?;
+                    if self.eat_p(b',') {
+                        // `[tex, {x, y}]`: a texture or surface operand.
+                        self.operands_to(b']')?;
+                        return Ok(Opnd::Bracket);
+                    }
+                    base = Some(w);
                 } else {
                     off = i64::try_from(self.number()?)
                         .or_else(|_| self.err("offset out of range"))?;
@@ -1034,7 +1053,19 @@ impl<'a> Parser<'a> {
                 at,
                 sink: 0,
             };
-            d.decode(opcode, &ops)?
+            match d.decode(opcode, &ops) {
+                Ok(op) => op,
+                // Valid PTX this executor cannot run: the kernels that
+                // reach it fail to launch, naming it; the others run.
+                Err(mut e) if e.unsupported => {
+                    if !e.msg.contains(opcode) {
+                        e.msg = format!("'{opcode}': {}", e.msg);
+                    }
+                    self.m.refused.push(e);
+                    Op::Refused(self.m.refused.len() as u32 - 1)
+                }
+                Err(e) => return Err(e),
+            }
         };
         self.m.code.push(Inst { guard, op, line });
         Ok(())
@@ -1228,6 +1259,15 @@ impl<'a> Mods<'a> {
 impl<'p, 'a> Decoder<'p, 'a> {
     fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
         fail(self.line, msg)
+    }
+
+    /// Valid PTX this executor does not run: the kernels that reach it
+    /// are refused, the rest of the module loads.
+    fn unsup<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError {
+            unsupported: true,
+            ..ParseError::new(self.line, msg)
+        })
     }
 
     fn var(&self, name: &str) -> Option<VarLoc> {
@@ -1534,7 +1574,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 };
                 let (d, [a, b]) = self.dst_srcs(o, [t, b_ty])?;
                 if m.has("NaN") || m.has("xorsign") {
-                    return self.err(format!("{opcode}: .NaN and .xorsign are not supported"));
+                    return self.unsup(format!("{opcode}: .NaN and .xorsign are not supported"));
                 }
                 if m.base == "mul" && m.has("wide") {
                     return Ok(Op::MulWide { ty: t, d, a, b });
@@ -1598,7 +1638,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 let t = need_ty()?;
                 let op = if m.base == "mad24" {
                     if m.has("hi") {
-                        return self.err("mad24.hi is not supported");
+                        return self.unsup("mad24.hi is not supported");
                     }
                     MadOp::Mad24Lo
                 } else if t.float() {
@@ -1693,7 +1733,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     return self.err("cvt needs a destination and a source type");
                 }
                 if m.has("f16x2") || m.has("bf16x2") {
-                    return self.err("packed cvt is not supported");
+                    return self.unsup("packed cvt is not supported");
                 }
                 Op::Cvt {
                     dty: types[0],
@@ -1794,7 +1834,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     Ty::S64 => AtomTy::S64,
                     Ty::F32 => AtomTy::F32,
                     Ty::F64 => AtomTy::F64,
-                    _ => return self.err(format!("{opcode}: unsupported type")),
+                    _ => return self.unsup(format!("{opcode}: unsupported type")),
                 };
                 let red = m.base == "red";
                 let k = if red { 0 } else { 1 };
@@ -1892,7 +1932,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     .iter()
                     .any(|x| matches!(*x, "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
                 {
-                    return self.err("prmt modes are not supported");
+                    return self.unsup("prmt modes are not supported");
                 }
                 let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
                 Op::Prmt { d, a, b, c }
@@ -1939,7 +1979,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "bra" | "brx" => {
                 if m.base == "brx" {
-                    return self.err("brx.idx is not supported");
+                    return self.unsup("brx.idx is not supported");
                 }
                 need(1)?;
                 let Opnd::Name(l) = o[0] else {
@@ -1956,7 +1996,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 if m.has("warp") {
                     Op::Nop
                 } else if m.has("arrive") || m.has("red") {
-                    return self.err(format!("{opcode} is not supported"));
+                    return self.unsup(format!("{opcode} is not supported"));
                 } else {
                     // bar.sync a{, b}: every barrier is the whole block's
                     // (named barriers with thread counts are treated alike).
@@ -1965,7 +2005,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
-            _ => return self.err(format!("unsupported instruction '{opcode}'")),
+            _ => return self.unsup(format!("unsupported instruction '{opcode}'")),
         })
     }
 
@@ -2001,7 +2041,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     | FxOp::Fma
             );
             if !directed || !matches!(ty, Ty::F32 | Ty::F64) || (op == FxOp::Fma && ty == Ty::F64) {
-                return self.err("this rounding mode is not supported for this operation and type");
+                return self
+                    .unsup("this rounding mode is not supported for this operation and type");
             }
         }
         Ok(Some(Op::Fx {
@@ -2066,7 +2107,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
         }
         if it.next().is_some() {
-            return self.err("indirect calls are not supported");
+            return self.unsup("indirect calls are not supported");
         }
         self.call_fix.push((self.at, f, self.line));
         Ok(Op::Call { func: 0, args, ret })
@@ -2162,9 +2203,16 @@ mod tests {
         let e = parse(".visible .entry k()\n{\nbra NOWHERE;\n}\n").unwrap_err();
         assert!(e.msg.contains("undefined label"), "{e}");
         assert_eq!(e.line, 6);
-        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n")
-            .unwrap_err();
-        assert!(e.msg.contains("unsupported instruction"), "{e}");
+        // Valid-looking PTX the executor does not know: the module loads,
+        // the kernel is refused with the line and the instruction.
+        let m =
+            parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n").unwrap();
+        let e = m.refused("k").unwrap();
+        assert!(
+            e.msg.contains("unsupported instruction 'frobnicate.u32'"),
+            "{e}"
+        );
+        assert_eq!(e.line, 7);
         let e = parse(".visible .entry k()\n{\nret\n").unwrap_err();
         assert!(e.line >= 5, "{e}");
         let e =
@@ -2174,6 +2222,34 @@ mod tests {
         assert!(e.msg.contains("undefined function"), "{e}");
         assert!(Module::parse("/* open").is_err());
         assert!(Module::parse("\u{1F600}").is_err());
+    }
+
+    #[test]
+    fn unsupported_instructions_refuse_only_the_kernels_that_reach_them() {
+        let m = parse(
+            ".visible .entry good(.param .u64 p)\n{\n.reg .b64 %rd;\nld.param.u64 %rd, [p];\nret;\n}\n\
+             .func tex_fn()\n{\n.reg .f32 %f<6>;\n.reg .b64 %rd;\n\
+             tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd, {%f5, %f5}];\nret;\n}\n\
+             .visible .entry via_call()\n{\ncall.uni tex_fn, ();\nret;\n}\n\
+             .visible .entry direct()\n{\n.reg .b32 %r<3>;\nprmt.b32.f4e %r1, %r2, %r2, %r2;\nbrx.idx %r1, $t;\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m.kernels().len(), 3);
+        assert!(m.refused("good").is_none());
+        let e = m.refused("via_call").unwrap();
+        assert_eq!(e.line, 14, "{e}");
+        assert!(e.msg.contains("'tex.2d.v4.f32.f32'"), "{e}");
+        assert!(e.unsupported);
+        // The first of a kernel's refused instructions names it.
+        let e = m.refused("direct").unwrap();
+        assert_eq!(e.line, 25, "{e}");
+        assert!(e.msg.starts_with("'prmt.b32.f4e'"), "{e}");
+        assert_eq!(m.refusals().len(), 3);
+        // Malformed PTX still fails the whole module, as the driver's
+        // compiler refuses it.
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nadd.s32 %r, %r;\n}\n.visible .entry ok()\n{\nret;\n}\n")
+            .unwrap_err();
+        assert!(!e.unsupported);
     }
 
     #[test]

@@ -518,7 +518,7 @@ impl Partition for SoftwarePartition {
                 rules::MAX_MODULES
             )));
         }
-        let module = ptx::load(format, image)?;
+        let module = ptx::load(&self.spec.name, format, image)?;
         let handle = self.next_module;
         self.next_module += 1;
         debug!(

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use vgpu_abi as abi;
 use vgpu_ptx::{ExecError, FatbinError, Fault, GlobalMemory, Module, WordMemory};
 
+use vgpu_sys::warn_limited;
+
 use super::DeviceBuf;
 use crate::console::ConsoleText;
 use crate::rules::{self, Allocations};
@@ -21,8 +23,11 @@ const MAX_LOCAL_PER_THREAD: u32 = 64 << 10;
 /// How long a kernel may run when the operator sets nothing.
 pub const DEFAULT_KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Parses a module image of `format` into a module.
-pub(super) fn load(format: u32, image: &[u8]) -> Result<Module, OpError> {
+/// Parses a module image of `format` into a module. A refused module,
+/// and a module some of whose kernels this executor cannot run, is
+/// logged (rate-limited: guests choose what they load) with the PTX line
+/// and the reason, as `partition` names it; the guest sees only a status.
+pub(super) fn load(partition: &str, format: u32, image: &[u8]) -> Result<Module, OpError> {
     let texts = match format {
         abi::MODULE_FORMAT_PTX => {
             let text = std::str::from_utf8(rules::ptx_text(image)?)
@@ -50,16 +55,61 @@ pub(super) fn load(format: u32, image: &[u8]) -> Result<Module, OpError> {
     let mut first_error = None;
     for text in &texts {
         match Module::parse(text) {
-            Ok(m) => return Ok(m),
+            Ok(m) => {
+                log_refusals(partition, &m, text);
+                return Ok(m);
+            }
             Err(e) => {
-                first_error.get_or_insert(e);
+                first_error.get_or_insert((e, text));
             }
         }
     }
-    Err(OpError::Invalid(match first_error {
-        Some(e) => format!("PTX rejected: {e}"),
+    let why = match first_error {
+        Some((e, text)) => format!("PTX rejected: {}", described(&e, text)),
         None => "the image holds no PTX".into(),
-    }))
+    };
+    warn_limited!("software backend: partition {partition:?}: module refused: {why}");
+    Err(OpError::Invalid(why))
+}
+
+/// Longest PTX source line quoted in a message.
+const QUOTED_LINE: usize = 160;
+
+/// `e` with its PTX line quoted from `text` (escaped: the text is the
+/// guest's).
+pub(super) fn described(e: &vgpu_ptx::ParseError, text: &str) -> String {
+    let source = text
+        .lines()
+        .nth((e.line as usize).saturating_sub(1))
+        .map(str::trim)
+        .unwrap_or("");
+    let cut = source
+        .char_indices()
+        .nth(QUOTED_LINE)
+        .map_or(source, |(i, _)| &source[..i]);
+    format!("line {} {cut:?}: {}", e.line, e.msg)
+}
+
+/// Says which kernels of a loaded module cannot run here, and why.
+fn log_refusals(partition: &str, m: &Module, text: &str) {
+    let Some(first) = m.refusals().first() else {
+        return;
+    };
+    let kernels = m.kernels();
+    let refused: Vec<&str> = kernels
+        .iter()
+        .filter(|k| m.refused(&k.name).is_some())
+        .map(|k| k.name.as_str())
+        .collect();
+    warn_limited!(
+        "software backend: partition {partition:?}: module loaded, {} of its {} kernels cannot run here ({}{}); {} unsupported instructions, the first at {}",
+        refused.len(),
+        kernels.len(),
+        refused.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+        if refused.len() > 4 { ", ..." } else { "" },
+        m.refusals().len(),
+        described(first, text)
+    );
 }
 
 /// The partition's allocations as a kernel's global memory: every access
@@ -191,6 +241,12 @@ fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
             OpError::Device(format!("{entry}: {e} (CUDA_ERROR_ILLEGAL_ADDRESS)"))
         }
         ExecError::Assert(_) => OpError::KernelAssert(format!("{entry}: {e}")),
+        // The module loaded (its other kernels run); this one reaches an
+        // instruction the executor does not run, which load logged.
+        ExecError::Refused(_) => {
+            warn_limited!("software backend: kernel {entry:?} cannot run here: {e}");
+            OpError::Unsupported(format!("{entry}: {e}"))
+        }
         ExecError::Timeout => OpError::Device(format!(
             "{entry}: ran longer than the {} ms kernel watchdog",
             timeout.as_millis()

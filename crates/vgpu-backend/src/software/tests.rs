@@ -323,9 +323,9 @@ fn test_modules() {
     // Bad PTX is refused with the line and what is wrong.
     match p.module_load(
         abi::MODULE_FORMAT_PTX,
-        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  frobnicate.u32 %r1;\n}\n",
+        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  add.u32 %r1;\n}\n",
     ) {
-        Err(OpError::Invalid(why)) => assert!(why.contains('6'), "names line 6: {why}"),
+        Err(OpError::Invalid(why)) => assert!(why.contains("line 6"), "names line 6: {why}"),
         other => panic!("{other:?}"),
     }
     assert!(matches!(
@@ -401,4 +401,72 @@ fn abandoned_run_refuses_the_steps_left() {
     let done = p.run_queued(&[fill(0x0404_0404)], &|| false);
     assert!(done[0].result.is_ok());
     assert!(download(&mut p, a, 4096).iter().all(|&b| b == 4));
+}
+
+#[test]
+fn test_a_kernel_the_executor_cannot_run_is_refused_alone_with_its_line() {
+    let mut p = partition(MIB, 1);
+    let ptx = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+.visible .entry sample(.param .u64 p)
+{
+    .reg .f32 %f<5>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f1}];
+    ret;
+}
+";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let d = p.alloc(64, 0).unwrap();
+    let params = conformance::Params::default().u64(d);
+    conformance::launch_loaded(&mut p, m, "poke", [1, 1, 1], [1, 1, 1], &params).unwrap();
+    assert_eq!(download(&mut p, d, 4), 7u32.to_le_bytes());
+    // Its FUNC_INFO is answered; its launch fails naming the instruction.
+    p.function_info(m, "sample").unwrap();
+    let r = conformance::launch_loaded(&mut p, m, "sample", [1, 1, 1], [1, 1, 1], &params);
+    assert!(
+        matches!(&r, Err(OpError::Unsupported(why)) if why.contains("line 19") && why.contains("tex.2d.v4.f32.f32")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn test_a_refused_module_is_described_with_its_source_line() {
+    let text = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  add.s32 %r1, \"\x1b\";\n}\n";
+    let e = vgpu_ptx::Module::parse(text).unwrap_err();
+    let why = ptx::described(&e, text);
+    // The guest's text is quoted escaped, with the line and the reason.
+    assert!(
+        why.starts_with("line 6 \"add.s32 %r1, \\\"\\u{1b}\\\";\": "),
+        "{why}"
+    );
+    let long = format!("{}\n", "x".repeat(1000));
+    let e = vgpu_ptx::ParseError {
+        line: 1,
+        msg: "m".into(),
+        unsupported: false,
+    };
+    assert!(ptx::described(&e, &long).len() < 200);
+    assert!(matches!(
+        p_load(text),
+        Err(OpError::Invalid(why)) if why.contains("line 6")
+    ));
+}
+
+fn p_load(text: &str) -> Result<u64, OpError> {
+    partition(MIB, 1).module_load(abi::MODULE_FORMAT_PTX, text.as_bytes())
 }
