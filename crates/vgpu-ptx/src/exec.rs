@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
-use crate::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::half::{self, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::ir::*;
 use crate::mem::{AtomicOp, GlobalMemory, VecMemory};
 use crate::module::Module;
@@ -322,6 +322,17 @@ struct Frame {
     func: u32,
 }
 
+/// A warp's lanes waiting at a `bar.red`: where the result goes and what
+/// their predicates gave.
+#[derive(Clone, Copy)]
+struct RedWait {
+    op: BarRedOp,
+    d: u32,
+    lanes: u32,
+    /// Lanes whose predicate was true.
+    set: u32,
+}
+
 struct Warp {
     regs: Vec<[u64; 32]>,
     pcs: [u32; 32],
@@ -341,6 +352,8 @@ struct Warp {
     pmem: Vec<u8>,
     wid: u32,
     tid: [[u32; 32]; 3],
+    /// Lanes waiting at a `bar.red`, if any.
+    red: Option<RedWait>,
 }
 
 impl Warp {
@@ -566,6 +579,7 @@ impl Launch<'_> {
                 pmem: vec![0; self.m.param_size as usize * 32],
                 wid: w,
                 tid: [[0; 32]; 3],
+                red: None,
             })
             .collect()
     }
@@ -606,6 +620,7 @@ impl Launch<'_> {
             w.waiting = 0;
             w.parked = 0;
             w.released = false;
+            w.red = None;
             w.resched();
         }
         loop {
@@ -618,6 +633,7 @@ impl Launch<'_> {
             }
             if !any {
                 // Everyone left waits at the barrier (or has ended).
+                finish_bar_red(warps);
                 let mut live = false;
                 for w in warps.iter_mut() {
                     if w.live != 0 {
@@ -788,6 +804,25 @@ impl Launch<'_> {
                         w.pcs[l] = f.start;
                     }
                     w.resched();
+                }
+                &Op::BarRed { op, d, c, neg } => {
+                    let set = ballot(self.opnd(w, c, ctaid, &mut scratch.a), neg) & mask;
+                    let r = w.red.get_or_insert(RedWait {
+                        op,
+                        d,
+                        lanes: 0,
+                        set: 0,
+                    });
+                    r.lanes |= mask;
+                    r.set |= set;
+                    w.cur_pc += 1;
+                    w.materialize();
+                    w.waiting |= mask;
+                    w.resched();
+                    if w.cur == 0 {
+                        self.check_limits(since, abort)?;
+                        return Ok(Stop::Barrier);
+                    }
                 }
                 Op::Bar => {
                     w.cur_pc += 1;
@@ -1013,6 +1048,9 @@ impl Launch<'_> {
             Sreg::LaneMaskGt => lm(|l| !(((1u64 << (l + 1)) - 1) as u32)),
             Sreg::LaneMaskGe => lm(|l| !((1u32 << l) - 1)),
             Sreg::DynSmem => self.cfg.shared_dyn as u64,
+            // The driver's values (cooperative launches' grid state) are
+            // not given here.
+            Sreg::EnvReg(_) => 0,
             Sreg::TotalSmem => self.shared_len as u64,
         }
     }
@@ -1740,6 +1778,62 @@ impl Launch<'_> {
                     }
                 }
             }
+            Op::Bmsk { clamp, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                map2(out, a, b, |x, y| bmsk(clamp, x as u32, y as u32) as u64);
+                w.put(d, mask, out);
+            }
+            Op::Half {
+                op,
+                ty,
+                lanes,
+                ftz,
+                sat,
+                relu,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                for l in 0..32 {
+                    let mut r = 0u64;
+                    for k in 0..lanes as u32 {
+                        let part = |x: u64| (x >> (16 * k)) as u16;
+                        let h = half::half_arith(
+                            op,
+                            ty,
+                            ftz,
+                            sat,
+                            relu,
+                            part(a[l]),
+                            part(b[l]),
+                            part(c[l]),
+                        );
+                        r |= (h as u64) << (16 * k);
+                    }
+                    out[l] = r;
+                }
+                w.put(d, mask, out);
+            }
+            Op::CvtPack { ty, relu, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                let one = |x: u64| -> u64 {
+                    let f = f32v(x);
+                    let h = if f.is_nan() {
+                        half::CANONICAL_NAN
+                    } else if relu && f < 0.0 {
+                        0
+                    } else if ty == Ty::Bf16 {
+                        f32_to_bf16(f)
+                    } else {
+                        f32_to_f16(f)
+                    };
+                    h as u64
+                };
+                map2(out, a, b, |x, y| (one(x) << 16) | one(y));
+                w.put(d, mask, out);
+            }
             Op::Nop => {}
             Op::Refused(i) => {
                 let e = self.m.refused.get(i as usize).cloned();
@@ -1751,7 +1845,13 @@ impl Launch<'_> {
                     ExecError::Refused,
                 ));
             }
-            Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Bar | Op::Trap => {}
+            Op::Bra { .. }
+            | Op::Call { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Bar
+            | Op::BarRed { .. }
+            | Op::Trap => {}
         }
         Ok(())
     }
@@ -2474,6 +2574,54 @@ fn fx(
             *v = fl(*v);
         }
     }
+}
+
+/// Releases a `bar.red` every thread reached (exited ones count as
+/// arrived and add nothing): each waiting lane gets the reduction of all
+/// the block's predicates.
+fn finish_bar_red(warps: &mut [Warp]) {
+    let (mut count, mut all, mut any) = (0u64, true, false);
+    for r in warps.iter().filter_map(|w| w.red) {
+        count += r.set.count_ones() as u64;
+        all &= r.set == r.lanes;
+        any |= r.set != 0;
+    }
+    for w in warps.iter_mut() {
+        if let Some(r) = w.red.take() {
+            let v = match r.op {
+                BarRedOp::Popc => count,
+                BarRedOp::And => all as u64,
+                BarRedOp::Or => any as u64,
+            };
+            w.put(r.d, r.lanes, &[v; 32]);
+        }
+    }
+}
+
+/// `bmsk`: a mask of `b` bits from bit `a`, positions and widths past 31
+/// clamped (`clamp`) or taken modulo 32 (the PTX ISA's definition).
+fn bmsk(clamp: bool, a: u32, b: u32) -> u32 {
+    let (a1, b1) = (a & 31, b & 31);
+    let sum = a1 + b1;
+    let mut mask0 = u32::MAX << a1;
+    let mut overflow = sum >= 32;
+    if clamp {
+        if a >= 32 {
+            overflow = true;
+            mask0 = 0;
+        }
+        if b >= 32 {
+            overflow = true;
+        }
+    }
+    let mask1 = if overflow {
+        0
+    } else if b1 == 0 {
+        u32::MAX
+    } else {
+        u32::MAX << sum
+    };
+    mask0 & !mask1
 }
 
 fn sat01(f: f64) -> f64 {

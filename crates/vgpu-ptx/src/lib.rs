@@ -89,17 +89,23 @@
 //! integer rounding (`.rni .rzi .rmi .rpi`), `.sat` and `.ftz`, `bra`,
 //! `call`, `ret`, `exit`, `trap`, special registers (`%tid`, `%ntid`,
 //! `%ctaid`, `%nctaid`, `%laneid`, `%warpid`, `%nwarpid`, `%lanemask_*`,
-//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...),
+//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...;
+//! `%envreg0`..`%envreg31` read as zero),
 //! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
 //! and 64-bit integers, f32 and f64 add) on global, shared and generic
 //! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate
 //! output), `vote.sync` (all, any, uni, ballot), `redux.sync`,
 //! `match.any/all.sync`, `elect.sync`, `activemask`, `isspacep`,
-//! `bar.sync`/`barrier.sync`, `membar`/`fence` (no-ops: a block runs on
+//! `bar.sync`/`barrier.sync`, `bar.red`/`barrier.cta.red` (`.popc.u32`,
+//! `.and.pred`, `.or.pred`), `membar`/`fence` (no-ops: a block runs on
 //! one thread and device memory is accessed with atomics), `rcp`,
 //! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
-//! `brev`, `bfind`, `bfe`, `bfi`, `prmt` (default mode), `lop3`,
-//! `copysign`, `testp`. Calls of the runtime's `vprintf` (device
+//! `brev`, `bfind`, `bfe`, `bfi`, `bmsk` (`.clamp`, `.wrap`), `prmt`
+//! (default mode), `lop3`, `copysign`, `testp`. Half precision, scalar
+//! and packed (`.f16`, `.bf16`, `.f16x2`, `.bf16x2`): `add`, `sub`,
+//! `mul`, `fma` (`.rn`, `.ftz`, `.sat`, `.relu`; rounded once, as the
+//! hardware does), `min`, `max` (`.relu`), `neg`, `abs`, and
+//! `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`. Calls of the runtime's `vprintf` (device
 //! `printf`) are formatted as C's `printf` does, each lane's text handed
 //! to [`Limits::print`] (a [`PrintSink`]) and the call returns what CUDA's
 //! does: the number of arguments, -1 for an unreadable format, -2 for
@@ -116,13 +122,14 @@
 //! fails [`Module::parse`], as the driver's compiler refuses it.
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
 //!   functions such as `malloc` (refused at run time), textures and
-//!   surfaces, `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt`
+//!   surfaces, `bar.arrive`, other packed types and operations (`ex2`,
+//!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`), `prmt`
 //!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
 //!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
 //! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,
 //!   `div`, `sqrt`, `rcp` (f32 and f64), `fma.f32`, int-to-float `cvt` and
-//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, f16/bf16 arithmetic, other
-//!   operations) it is refused when the module is parsed. Float-to-f16
+//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, other operations) the
+//!   kernels that use it are refused. Float-to-f16
 //!   `cvt` rounds to nearest. `.ftz` and `.sat` are honoured on float
 //!   arithmetic and `cvt`. The `.approx` functions (`ex2`, `lg2`, `sin`,
 //!   `cos`, `rsqrt`, `tanh`) are computed in double precision and rounded,

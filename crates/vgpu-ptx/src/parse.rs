@@ -1179,7 +1179,14 @@ fn sreg(name: &str) -> Option<Sreg> {
         "%lanemask_ge" => Sreg::LaneMaskGe,
         "%dynamic_smem_size" => Sreg::DynSmem,
         "%total_smem_size" => Sreg::TotalSmem,
-        _ => return None,
+        _ => {
+            let n: u8 = name.strip_prefix("%envreg")?.parse().ok()?;
+            // `%envreg07` is not a register name.
+            if n >= 32 || name.len() != "%envreg".len() + n.to_string().len() {
+                return None;
+            }
+            Sreg::EnvReg(n)
+        }
     })
 }
 
@@ -1438,7 +1445,28 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             Ok(())
         };
-        let need_ty = || ty.map_or_else(|| self.err(format!("{opcode}: missing type")), Ok);
+        // Packed types (`.f16x2`, `.u16x2`, ...) the arms below do not
+        // take are valid PTX this executor does not run.
+        let packed_ty = m
+            .list
+            .iter()
+            .any(|x| x.ends_with("x2") || x.ends_with("x4"));
+        let need_ty = || match ty {
+            Some(t) => Ok(t),
+            None if packed_ty => self.unsup(format!("{opcode}: packed types are not supported")),
+            None => self.err(format!("{opcode}: missing type")),
+        };
+        let half = if m.has("f16x2") {
+            Some((Ty::F16, 2))
+        } else if m.has("bf16x2") {
+            Some((Ty::Bf16, 2))
+        } else {
+            ty.filter(|t| matches!(t, Ty::F16 | Ty::Bf16) && types.len() == 1)
+                .map(|t| (t, 1))
+        };
+        if let (Some((hty, lanes)), Some(op)) = (half, half_op(m.base)) {
+            return self.half(&m, opcode, o, op, hty, lanes);
+        }
         Ok(match m.base {
             "mov" => {
                 need(2)?;
@@ -1728,12 +1756,25 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 Op::Selp { ty: t, d, a, b, c }
             }
             "cvt" => {
+                if let (3, Some((hty, 2)), [Ty::F32]) = (o.len(), half, types.as_slice()) {
+                    if m.rnd() != Rnd::Rn || m.has("satfinite") {
+                        return self.unsup("only cvt.rn{.relu} packs floats into half pairs");
+                    }
+                    let (d, [a, b]) = self.dst_srcs(o, [Ty::F32, Ty::F32])?;
+                    return Ok(Op::CvtPack {
+                        ty: hty,
+                        relu: m.has("relu"),
+                        d,
+                        a,
+                        b,
+                    });
+                }
+                if packed_ty {
+                    return self.unsup("packed cvt is not supported");
+                }
                 need(2)?;
                 if types.len() != 2 {
                     return self.err("cvt needs a destination and a source type");
-                }
-                if m.has("f16x2") || m.has("bf16x2") {
-                    return self.unsup("packed cvt is not supported");
                 }
                 Op::Cvt {
                     dty: types[0],
@@ -1992,10 +2033,38 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "ret" => Op::Ret,
             "exit" => Op::Exit,
             "trap" => Op::Trap,
+            "bar" | "barrier" if m.has("red") => {
+                // bar.red.popc.u32 d, a{, b}, {!}c; bar.red.and/or.pred p, ...
+                if o.len() != 3 && o.len() != 4 {
+                    return self.err(format!("{opcode} takes 3 or 4 operands"));
+                }
+                let Some(op) = m.pick(&[
+                    ("popc", BarRedOp::Popc),
+                    ("and", BarRedOp::And),
+                    ("or", BarRedOp::Or),
+                ]) else {
+                    return self.err(format!("{opcode}: unknown reduction"));
+                };
+                let d = if op == BarRedOp::Popc {
+                    self.dst(&o[0])?
+                } else {
+                    self.pred_dst_o(&o[0])?.unwrap_or(self.sink)
+                };
+                let (c, neg) = self.pred_src(&o[o.len() - 1])?;
+                Op::BarRed { op, d, c, neg }
+            }
+            "bmsk" => {
+                need(3)?;
+                let Some(clamp) = m.pick(&[("clamp", true), ("wrap", false)]) else {
+                    return self.err("bmsk needs .clamp or .wrap");
+                };
+                let (d, [a, b]) = self.dst_srcs(o, [Ty::U32, Ty::U32])?;
+                Op::Bmsk { clamp, d, a, b }
+            }
             "bar" | "barrier" => {
                 if m.has("warp") {
                     Op::Nop
-                } else if m.has("arrive") || m.has("red") {
+                } else if m.has("arrive") {
                     return self.unsup(format!("{opcode} is not supported"));
                 } else {
                     // bar.sync a{, b}: every barrier is the whole block's
@@ -2006,6 +2075,56 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
             _ => return self.unsup(format!("unsupported instruction '{opcode}'")),
+        })
+    }
+
+    /// Half-precision arithmetic: `op` on `lanes` values of `ty`.
+    fn half(
+        &self,
+        m: &Mods<'_>,
+        opcode: &str,
+        o: &[Opnd<'a>],
+        op: HalfOp,
+        ty: Ty,
+        lanes: u8,
+    ) -> Result<Op, ParseError> {
+        let n = match op {
+            HalfOp::Fma => 4,
+            HalfOp::Neg | HalfOp::Abs => 2,
+            _ => 3,
+        };
+        if o.len() != n {
+            return self.err(format!("{opcode} takes {n} operands, {} given", o.len()));
+        }
+        if !matches!(m.rnd(), Rnd::Rn | Rnd::Default) {
+            return self.err(format!(
+                "{opcode}: half-precision arithmetic rounds to nearest"
+            ));
+        }
+        if m.has("NaN") || m.has("xorsign") || m.has("oob") {
+            return self.unsup(format!(
+                "{opcode}: .NaN, .xorsign and .oob are not supported"
+            ));
+        }
+        // Packed pairs are bit patterns in 32-bit registers.
+        let sty = if lanes == 2 { Ty::B32 } else { ty };
+        let d = self.dst(&o[0])?;
+        let mut src = [Src::Imm(0); 3];
+        for (s, x) in src.iter_mut().zip(&o[1..]) {
+            *s = self.src(x, sty)?;
+        }
+        let [a, b, c] = src;
+        Ok(Op::Half {
+            op,
+            ty,
+            lanes,
+            ftz: m.has("ftz") && ty == Ty::F16,
+            sat: m.has("sat"),
+            relu: m.has("relu"),
+            d,
+            a,
+            b,
+            c,
         })
     }
 
@@ -2122,6 +2241,21 @@ impl<'p, 'a> Decoder<'p, 'a> {
             _ => self.err("call arguments must be .param variables"),
         }
     }
+}
+
+/// The half-precision operation an opcode's base names.
+fn half_op(base: &str) -> Option<HalfOp> {
+    Some(match base {
+        "add" => HalfOp::Add,
+        "sub" => HalfOp::Sub,
+        "mul" => HalfOp::Mul,
+        "fma" => HalfOp::Fma,
+        "min" => HalfOp::Min,
+        "max" => HalfOp::Max,
+        "neg" => HalfOp::Neg,
+        "abs" => HalfOp::Abs,
+        _ => return None,
+    })
 }
 
 fn wide(t: Ty) -> Ty {
