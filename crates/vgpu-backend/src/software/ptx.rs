@@ -230,15 +230,19 @@ pub(super) fn launch(
         .map_err(|e| status(entry, run.timeout, e))
 }
 
-/// The status the CUDA backend gives the same failure: a kernel that
-/// faults or runs too long is a device error (the GPU reports
-/// CUDA_ERROR_ILLEGAL_ADDRESS, or the watchdog ends it); what the driver
-/// refuses before running is an invalid argument.
+/// The status the CUDA backend gives the same failure: a kernel's bad
+/// memory access (an illegal or misaligned address) is a kernel fault
+/// (the guest's CUDA_ERROR_ILLEGAL_ADDRESS), one that runs too long a
+/// device error (the watchdog ends it); what the driver refuses
+/// before running is an invalid argument. Unlike a GPU's, the partition
+/// keeps its state after a fault (every access was checked, nothing was
+/// written out of place): [`Partition::is_lost`](crate::Partition::is_lost)
+/// stays false and only the faulting launch fails.
 fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
     match e {
         ExecError::NoKernel(_) => OpError::NotFound(format!("entry point {entry:?}")),
         ExecError::IllegalAddress { .. } | ExecError::MisalignedAddress { .. } => {
-            OpError::Device(format!("{entry}: {e} (CUDA_ERROR_ILLEGAL_ADDRESS)"))
+            OpError::KernelFault(format!("{entry}: {e}"))
         }
         ExecError::Assert(_) => OpError::KernelAssert(format!("{entry}: {e}")),
         // The module loaded (its other kernels run); this one reaches an

@@ -470,3 +470,41 @@ fn test_a_refused_module_is_described_with_its_source_line() {
 fn p_load(text: &str) -> Result<u64, OpError> {
     partition(MIB, 1).module_load(abi::MODULE_FORMAT_PTX, text.as_bytes())
 }
+
+#[test]
+fn test_a_kernel_fault_fails_its_launch_alone() {
+    let mut p = partition(MIB, 2);
+    let d = p.alloc(4096, 0).unwrap();
+    conformance::upload(&mut p, d, &[0x5a; 4096]);
+    let ptx = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+    let m = p.module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes()).unwrap();
+    let poke = |p: &mut SoftwarePartition, at: u64| {
+        let params = conformance::Params::default().u64(at);
+        conformance::launch_loaded(p, m, "poke", [1, 1, 1], [1, 1, 1], &params)
+    };
+    // Past the allocation, and misaligned inside it: KERNEL_FAULT, which
+    // the guest's CUDA reports as CUDA_ERROR_ILLEGAL_ADDRESS.
+    for at in [d + 4096, d + 2] {
+        let r = poke(&mut p, at);
+        assert!(matches!(&r, Err(OpError::KernelFault(_))), "{r:?}");
+        assert_eq!(r.unwrap_err().status(), abi::STATUS_KERNEL_FAULT);
+    }
+    // Nothing was written and nothing is lost: the partition goes on.
+    assert!(!p.is_lost());
+    assert_eq!(download(&mut p, d, 4096), vec![0x5a; 4096]);
+    poke(&mut p, d).unwrap();
+    assert_eq!(download(&mut p, d, 4), 7u32.to_le_bytes());
+}
