@@ -46,6 +46,11 @@ pub struct Limits<'a> {
     pub cancel: Option<&'a AtomicBool>,
     /// Receives the kernel's `printf` output (None: it is dropped).
     pub print: Option<&'a dyn PrintSink>,
+    /// Where in `mem` the module's `.global` and `.const` variables live
+    /// ([`Module::statics`] laid out from this address), so that they
+    /// keep their values between launches and the host reaches them.
+    /// None: each launch gets its own copy of their initial values.
+    pub statics: Option<u64>,
 }
 
 impl std::fmt::Debug for Limits<'_> {
@@ -57,6 +62,7 @@ impl std::fmt::Debug for Limits<'_> {
             .field("deadline", &self.deadline)
             .field("cancel", &self.cancel)
             .field("print", &self.print.is_some())
+            .field("statics", &self.statics)
             .finish()
     }
 }
@@ -71,6 +77,7 @@ impl Default for Limits<'_> {
             deadline: None,
             cancel: None,
             print: None,
+            statics: None,
         }
     }
 }
@@ -236,6 +243,13 @@ fn illegal(addr: u64, size: u32, line: u32) -> ExecError {
 #[inline(always)]
 fn in_statics(addr: u64) -> bool {
     (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&addr)
+}
+
+/// Where static-window address `a` lies in device memory when the
+/// module's variables start at `base`.
+#[inline(always)]
+fn relocate(base: u64, a: u64) -> u64 {
+    base.wrapping_add(a - STATIC_WINDOW)
 }
 
 /// The bytes `[a, a + n)` of slot `i` of `size` bytes (a lane's local or
@@ -496,7 +510,11 @@ pub fn launch(
         cfg,
         params,
         mem,
-        statics: VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
+        // Variables in device memory need no copy of their own.
+        statics: match limits.statics {
+            Some(_) => VecMemory::new(STATIC_WINDOW, 0),
+            None => VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
+        },
         dyn_base,
         static_end: info.shared_static as u64,
         reg_ranges: std::iter::once((0, 2))
@@ -1119,7 +1137,13 @@ impl Launch<'_> {
             Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get(r)),
             Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get(r)),
             Space::KParam => slot(0, self.params.len(), a, n).and_then(|r| self.params.get(r)),
-            _ if in_statics(a) => return self.statics.read(a, buf).map_err(|_| ill),
+            _ if in_statics(a) => {
+                return match self.limits.statics {
+                    Some(base) => self.mem.read(relocate(base, a), buf),
+                    None => self.statics.read(a, buf),
+                }
+                .map_err(|_| ill)
+            }
             Space::Const => None,
             _ => return self.mem.read(a, buf).map_err(|_| ill),
         };
@@ -1146,7 +1170,13 @@ impl Launch<'_> {
             Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get_mut(r)),
             Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get_mut(r)),
             Space::KParam | Space::Const => None,
-            _ if in_statics(a) => return self.statics.write(a, buf).map_err(|_| ill),
+            _ if in_statics(a) => {
+                return match self.limits.statics {
+                    Some(base) => self.mem.write(relocate(base, a), buf),
+                    None => self.statics.write(a, buf),
+                }
+                .map_err(|_| ill)
+            }
             _ => return self.mem.write(a, buf).map_err(|_| ill),
         };
         dst.ok_or(ill)?.copy_from_slice(buf);
@@ -1176,9 +1206,11 @@ impl Launch<'_> {
                 shared[o..o + n].copy_from_slice(&new.to_le_bytes()[..n]);
                 Ok(old)
             }
-            Space::Global | Space::Const if in_statics(a) => {
-                self.statics.atomic(a, op, b, c).map_err(|_| ill)
+            Space::Global | Space::Const if in_statics(a) => match self.limits.statics {
+                Some(base) => self.mem.atomic(relocate(base, a), op, b, c),
+                None => self.statics.atomic(a, op, b, c),
             }
+            .map_err(|_| ill),
             Space::Global | Space::Const => self.mem.atomic(a, op, b, c).map_err(|_| ill),
             _ => Err(ExecError::Unsupported {
                 what: "atomics on local or parameter memory",

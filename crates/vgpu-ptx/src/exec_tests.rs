@@ -1124,3 +1124,53 @@ fn barrier_reductions() {
         assert_eq!(*v, w, "thread {t}: {v:#x}");
     }
 }
+
+#[test]
+fn module_variables_in_device_memory() {
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .global .align 4 .u32 counter = 5;\n.const .align 4 .u32 step[2] = {3, 4};\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd0, [out];\nld.const.u32 %r1, [step+4];\natom.global.add.u32 %r2, [counter], %r1;\n\
+        ld.global.u32 %r3, [counter];\nst.global.u32 [%rd0], %r3;\nmov.u64 %rd1, counter;\nst.global.u64 [%rd0+8], %rd1;\nret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    assert_eq!(m.variable("counter"), Some((0, 4)));
+    assert_eq!(m.variable("step"), Some((4, 8)));
+    assert_eq!(m.variable("out"), None);
+    assert_eq!(m.statics(), &[5, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0]);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    // Without a home in device memory, each launch starts afresh.
+    let mem = VecMemory::new(OUT, 16);
+    for _ in 0..2 {
+        launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &Limits::default()).unwrap();
+        assert_eq!(mem.to_bytes()[..4], 9u32.to_le_bytes());
+    }
+    // In device memory (after `out`): values persist and the host sees
+    // and sets them; the kernel's own address for them still works.
+    let home = OUT + 16;
+    let mem = VecMemory::new(OUT, 16 + 12);
+    mem.write(home, m.statics()).unwrap();
+    let l = Limits {
+        statics: Some(home),
+        ..Limits::default()
+    };
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    let b = mem.to_bytes();
+    assert_eq!(b[..4], 13u32.to_le_bytes());
+    assert_eq!(b[16..20], 13u32.to_le_bytes());
+    mem.write(home + 8, &10u32.to_le_bytes()).unwrap();
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    assert_eq!(mem.to_bytes()[..4], 23u32.to_le_bytes());
+    // A home outside device memory faults.
+    let l = Limits {
+        statics: Some(OUT + 4096),
+        ..Limits::default()
+    };
+    let e = launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l);
+    assert!(matches!(e, Err(ExecError::IllegalAddress { .. })), "{e:?}");
+}

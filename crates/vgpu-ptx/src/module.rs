@@ -81,6 +81,9 @@ pub struct Module {
     pub(crate) target: String,
     /// Instructions this executor does not run, in source order.
     pub(crate) refused: Vec<ParseError>,
+    /// The module-scope `.global` and `.const` variables: name, offset in
+    /// [`Module::statics`], size.
+    pub(crate) variables: Vec<(String, u32, u32)>,
 }
 
 impl Module {
@@ -92,6 +95,23 @@ impl Module {
     /// The `.target` directive's value.
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The initial bytes of the module's `.global` and `.const`
+    /// variables, laid out as [`Module::variable`] places them (what a
+    /// launch sees unless [`Limits::statics`](crate::Limits::statics)
+    /// puts them in device memory).
+    pub fn statics(&self) -> &[u8] {
+        &self.statics
+    }
+
+    /// Module variable `name` (`.global` or `.const`, at module scope):
+    /// its offset in [`Module::statics`] and its size.
+    pub fn variable(&self, name: &str) -> Option<(u32, u32)> {
+        self.variables
+            .iter()
+            .find(|v| v.0 == name)
+            .map(|v| (v.1, v.2))
     }
 
     /// Every kernel (`.entry`) of the module.

@@ -49,6 +49,7 @@ impl Module {
                 version: String::new(),
                 target: String::new(),
                 refused: Vec::new(),
+                variables: Vec::new(),
             },
             globals: HashMap::new(),
             fnames: HashMap::new(),
@@ -459,8 +460,11 @@ impl<'a> Parser<'a> {
             ".global" | ".const" | ".shared" => {
                 self.pos += 1;
                 let loc = self.var_decl(t, ext, None)?;
-                for (name, l) in loc {
+                for (name, l, size) in loc {
                     self.globals.insert(name, l);
+                    if let VarLoc::Static(off) = l {
+                        self.m.variables.push((name.to_string(), off, size));
+                    }
                 }
                 Ok(())
             }
@@ -475,7 +479,7 @@ impl<'a> Parser<'a> {
         space: &str,
         ext: bool,
         mut fs: Option<&mut FnScope<'a>>,
-    ) -> Result<Vec<(&'a str, VarLoc)>, ParseError> {
+    ) -> Result<Vec<(&'a str, VarLoc, u32)>, ParseError> {
         let mut align = 0u32;
         let mut ty = None;
         let mut vecn = 1u32;
@@ -567,7 +571,7 @@ impl<'a> Parser<'a> {
             if let Some(fs) = fs.as_deref_mut() {
                 fs.vars.insert(name, loc);
             }
-            out.push((name, loc));
+            out.push((name, loc, size));
             if !self.eat_p(b',') {
                 break;
             }
