@@ -151,6 +151,8 @@ impl GlobalMemory for Allocated<'_> {
 /// One launch of a loaded kernel.
 pub(super) struct Run<'a> {
     pub module: &'a Module,
+    /// Where the module's variables live in the partition's memory.
+    pub statics: Option<u64>,
     pub entry: &'a str,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -224,6 +226,7 @@ pub(super) fn launch(
         deadline: Some(Instant::now() + run.timeout),
         cancel: None,
         print: Some(run.print),
+        statics: run.statics,
     };
     vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
         .map(|_| ())

@@ -66,6 +66,7 @@ conformance!(
     module_queued_launches_depend_in_order,
     module_printf,
     module_assert,
+    module_global,
     module_illegal_address,
 );
 
@@ -490,7 +491,9 @@ fn test_a_kernel_fault_fails_its_launch_alone() {
     ret;
 }
 ";
-    let m = p.module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes()).unwrap();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
     let poke = |p: &mut SoftwarePartition, at: u64| {
         let params = conformance::Params::default().u64(at);
         conformance::launch_loaded(p, m, "poke", [1, 1, 1], [1, 1, 1], &params)
@@ -507,4 +510,65 @@ fn test_a_kernel_fault_fails_its_launch_alone() {
     assert_eq!(download(&mut p, d, 4096), vec![0x5a; 4096]);
     poke(&mut p, d).unwrap();
     assert_eq!(download(&mut p, d, 4), 7u32.to_le_bytes());
+}
+
+#[test]
+fn test_module_variables_live_in_device_memory() {
+    let mut p = partition(MIB, 2);
+    let ptx = "
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .global .align 4 .u32 counter = 5;
+.visible .const .align 4 .u32 step = 2;
+.visible .entry bump(.param .u64 out)
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [out];
+    ld.const.u32 %r1, [step];
+    atom.global.add.u32 %r2, [counter], %r1;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}
+";
+    let used = p.memory_used();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    // The variables are charged as device memory.
+    assert!(p.memory_used() > used);
+    let (counter, size) = p.global_info(m, "counter").unwrap();
+    assert_eq!(size, 4);
+    let (step, _) = p.global_info(m, "step").unwrap();
+    // Initialised from the module, as cudaMemcpyFromSymbol reads them.
+    assert_eq!(download(&mut p, counter, 4), 5u32.to_le_bytes());
+    let out = p.alloc(4, 0).unwrap();
+    let bump = |p: &mut SoftwarePartition| {
+        let params = conformance::Params::default().u64(out);
+        conformance::launch_loaded(p, m, "bump", [1, 1, 1], [3, 1, 1], &params).unwrap();
+    };
+    bump(&mut p);
+    // Three threads added 2 each; the value persists into the next launch.
+    assert_eq!(download(&mut p, counter, 4), 11u32.to_le_bytes());
+    // cudaMemcpyToSymbol: the kernel sees what the host wrote.
+    conformance::upload(&mut p, counter, &100u32.to_le_bytes());
+    conformance::upload(&mut p, step, &10u32.to_le_bytes());
+    bump(&mut p);
+    assert_eq!(download(&mut p, counter, 4), 130u32.to_le_bytes());
+    assert!(matches!(p.free(counter), Err(OpError::Invalid(_))));
+    assert!(matches!(
+        p.global_info(m, "bump"),
+        Err(OpError::NotFound(_))
+    ));
+    // A second load has variables of its own.
+    let m2 = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let (counter2, _) = p.global_info(m2, "counter").unwrap();
+    assert_ne!(counter2, counter);
+    assert_eq!(download(&mut p, counter2, 4), 5u32.to_le_bytes());
+    p.module_unload(m).unwrap();
+    p.module_unload(m2).unwrap();
+    assert_eq!(p.memory_used(), used + 4);
 }
