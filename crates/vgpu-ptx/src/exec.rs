@@ -1169,7 +1169,10 @@ impl Launch<'_> {
             Space::Shared => self.shared_off(a, n).and_then(|o| shared.get_mut(o..o + n)),
             Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get_mut(r)),
             Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get_mut(r)),
-            Space::KParam | Space::Const => None,
+            // `st` has no `.const`: a generic address of the module's
+            // variables (`.global` or `.const`) classifies as Const, and
+            // is written like the device memory it is on a GPU.
+            Space::KParam => None,
             _ if in_statics(a) => {
                 return match self.limits.statics {
                     Some(base) => self.mem.write(relocate(base, a), buf),

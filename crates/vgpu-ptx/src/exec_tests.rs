@@ -1166,6 +1166,15 @@ fn module_variables_in_device_memory() {
     mem.write(home + 8, &10u32.to_le_bytes()).unwrap();
     launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
     assert_eq!(mem.to_bytes()[..4], 23u32.to_le_bytes());
+    // A store through the variable's generic address (`int *p =
+    // &counter; *p = v;`) lands in it.
+    let m2 = Module::parse(&text.replace(
+        "mov.u64 %rd1, counter;",
+        "mov.u64 %rd1, counter;\ncvta.global.u64 %rd3, %rd1;\nst.u32 [%rd3], 1000;",
+    ))
+    .unwrap();
+    launch(&m2, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    assert_eq!(mem.to_bytes()[16..20], 1000u32.to_le_bytes());
     // A home outside device memory faults.
     let l = Limits {
         statics: Some(OUT + 4096),

@@ -138,9 +138,8 @@
 //! - `.global` and `.const` variables of a module live for one launch
 //!   (initialised from the module each time) unless [`Limits::statics`]
 //!   gives them a home in device memory ([`Module::statics`],
-//!   [`Module::variable`]), as the software backend does; a generic store
-//!   to one is refused (generic addresses of the module's variables are
-//!   taken as constant). `.shared` variables have one layout for
+//!   [`Module::variable`]), as the software backend does. `.shared`
+//!   variables have one layout for
 //!   the whole module; a kernel's static shared memory ends with the last
 //!   one it (or a function it calls) names, so in a module of several
 //!   kernels it may count variables of others laid out before its own.
