@@ -18,6 +18,8 @@ use crate::{FunctionInfo, OpError};
 
 /// Shared memory a block may use (static and dynamic), as on an H100.
 pub(super) const MAX_SHARED: u32 = 227 << 10;
+/// Registers of an SM, as on an H100: what occupancy calculators divide.
+const REGISTERS_PER_SM: u32 = 65536;
 /// Local memory (stack) a thread may use.
 const MAX_LOCAL_PER_THREAD: u32 = 64 << 10;
 /// How long a kernel may run when the operator sets nothing.
@@ -170,22 +172,43 @@ pub(super) fn function_info(module: &Module, entry: &str) -> Result<FunctionInfo
     let info = module
         .kernel(entry)
         .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
-    let ptx_version = module
-        .version()
-        .split_once('.')
-        .and_then(|(a, b)| Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?))
-        .unwrap_or(0);
+    let ptx_version = target_version(module.target());
+    let max_threads = info.max_threads.unwrap_or(1024).clamp(1, 1024);
     let attrs = abi::FuncInfo {
-        max_threads: info.max_threads.unwrap_or(1024).min(1024),
+        max_threads,
         shared_static: info.shared_static,
         max_dynamic_shared: MAX_SHARED.saturating_sub(info.shared_static),
         local_bytes: info.local_per_thread,
-        num_regs: info.registers,
+        // The executor has no register file: a block of up to
+        // `max_threads` always runs. What a compiler fitting such a block
+        // into an SM's 65536 registers would allocate at most, then, not
+        // the PTX's virtual registers, which run to hundreds in library
+        // kernels and would make occupancy calculators (the runtime's,
+        // CUB's) find no block resident.
+        num_regs: info.registers.min(REGISTERS_PER_SM / max_threads).min(255),
         ptx_version,
         ..Default::default()
     };
     let params = info.params.iter().map(|p| (p.offset, p.size));
     rules::checked_function_info(entry, FunctionInfo::new(params, attrs))
+}
+
+/// CU_FUNC_ATTRIBUTE_PTX_VERSION: the virtual architecture the PTX was
+/// written for (`.target sm_80` is 80; `sm_90a` 90), not the PTX ISA's
+/// `.version`. Libraries choose their code paths by it: CUB refuses to run
+/// (cudaErrorInvalidDeviceFunction) when it names an architecture the
+/// program was not compiled for. 0 (the device's) when the target names
+/// none.
+pub(super) fn target_version(target: &str) -> u32 {
+    let first = target.split(',').next().unwrap_or("").trim();
+    let digits: String = first
+        .strip_prefix("sm_")
+        .or_else(|| first.strip_prefix("compute_"))
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
 }
 
 /// Checks a launch against the kernel and runs it on `allocs`.

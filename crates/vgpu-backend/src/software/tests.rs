@@ -572,3 +572,46 @@ fn test_module_variables_live_in_device_memory() {
     p.module_unload(m2).unwrap();
     assert_eq!(p.memory_used(), used + 4);
 }
+
+#[test]
+fn test_the_ptx_version_is_the_target_architecture() {
+    for (target, want) in [
+        ("sm_80", 80),
+        ("sm_90a", 90),
+        ("sm_100f, debug", 100),
+        ("compute_75", 75),
+        ("texmode_unified", 0),
+        ("", 0),
+    ] {
+        assert_eq!(ptx::target_version(target), want, "{target}");
+    }
+    let mut p = partition(MIB, 1);
+    let ptx = ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    // Not the ISA's 9.0: CUB compiled for compute_80 checks for 80.
+    assert_eq!(p.function_info(m, "k").unwrap().attrs.ptx_version, 80);
+}
+
+#[test]
+fn test_register_counts_let_every_block_size_be_resident() {
+    // 300 virtual registers, as library kernels declare: reported as what
+    // a block of the kernel's most threads could have.
+    let regs = |bounds: &str| {
+        let ptx = format!(
+            ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k() {bounds}\n{{\n.reg .b32 %r<300>;\nret;\n}}\n.visible .entry small()\n{{\n.reg .b32 %r<9>;\nret;\n}}\n"
+        );
+        let mut p = partition(MIB, 1);
+        let m = p
+            .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+            .unwrap();
+        let big = p.function_info(m, "k").unwrap().attrs;
+        let small = p.function_info(m, "small").unwrap().attrs;
+        assert_eq!(small.num_regs, 9);
+        (big.num_regs, big.max_threads)
+    };
+    assert_eq!(regs(""), (64, 1024));
+    assert_eq!(regs(".maxntid 256, 1, 1"), (255, 256));
+    assert_eq!(regs(".maxntid 512, 1, 1"), (128, 512));
+}
