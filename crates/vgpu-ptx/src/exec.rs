@@ -580,7 +580,9 @@ pub fn launch(
 
 impl Launch<'_> {
     fn new_warps(&self) -> Vec<Warp> {
-        let nregs = self.m.nregs as usize;
+        // Rows up to the last register the kernel may use: a kernel of a
+        // large module does not reserve every other kernel's.
+        let nregs = self.reg_ranges.iter().map(|r| r.1).max().unwrap_or(2) as usize;
         (0..self.nwarps)
             .map(|w| Warp {
                 regs: vec![[0; 32]; nregs],

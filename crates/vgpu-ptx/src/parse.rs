@@ -232,9 +232,11 @@ struct Parser<'a> {
 }
 
 const MAX_NESTING: u32 = 32;
-/// Registers of a module, all functions together: each costs 256 bytes
-/// per warp at run time.
-const MAX_REGS: u32 = 1 << 16;
+/// Registers of a module, all functions together (a translation unit with
+/// many Thrust and CUB algorithms declares some 80,000): a launch's warps
+/// reserve 256 bytes per register up to the last one its kernel uses,
+/// as zeroed pages of which only the kernel's own are touched.
+const MAX_REGS: u32 = 1 << 18;
 
 fn align_up(x: u32, a: u32) -> u32 {
     let a = a.max(1);
@@ -842,11 +844,23 @@ impl<'a> Parser<'a> {
         ))
     }
 
-    fn reg_decl(&mut self, fs: &mut FnScope<'a>) -> Result<(), ParseError> {
+    /// `.reg` (`joined`: the modifiers written onto it without a space,
+    /// `.reg.b16`, as inline assembly often has them) `.type name, ...;`
+    fn reg_decl(&mut self, fs: &mut FnScope<'a>, joined: &'a str) -> Result<(), ParseError> {
         let mut ty = None;
         let mut vecn = 1;
-        while self.peek().is_some_and(|t| t.s.starts_with('.')) {
-            let w = self.word()?;
+        // `.v2.b32` as `.v2`, `.b32`.
+        let dots: Vec<usize> = joined.match_indices('.').map(|(i, _)| i).collect();
+        let mut glued = dots
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| &joined[i..dots.get(k + 1).copied().unwrap_or(joined.len())]);
+        loop {
+            let w = match glued.next() {
+                Some(w) => w,
+                None if self.peek().is_some_and(|t| t.s.starts_with('.')) => self.word()?,
+                None => break,
+            };
             match w {
                 ".v2" => vecn = 2,
                 ".v4" => vecn = 4,
@@ -913,9 +927,9 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                     depth += 1;
                 }
-                K::Word if t.s == ".reg" => {
+                K::Word if t.s == ".reg" || t.s.starts_with(".reg.") => {
                     self.pos += 1;
-                    self.reg_decl(fs)?;
+                    self.reg_decl(fs, &t.s[4..])?;
                 }
                 K::Word
                     if matches!(t.s, ".local" | ".shared" | ".param" | ".global" | ".const") =>
@@ -2388,6 +2402,22 @@ mod tests {
         let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nadd.s32 %r, %r;\n}\n.visible .entry ok()\n{\nret;\n}\n")
             .unwrap_err();
         assert!(!e.unsupported);
+    }
+
+    #[test]
+    fn register_declarations_written_together() {
+        // Inline assembly of cuda_fp16.h writes `.reg.b16` in nested scopes.
+        let m = parse(
+            ".visible .entry k()\n{\n.reg .b32 %r<2>;\n{.reg.b16 hl, hu;\n.reg.v2.b32 v;\nmov.b32 {hl, hu}, %r1;\n}\n{.reg.b32 c;\nmov.b32 c, %r1;\n}\nret;\n}\n",
+        );
+        let e = m.unwrap_err();
+        assert!(e.msg.contains("vector registers"), "{e}");
+        let m = parse(
+            ".visible .entry k()\n{\n.reg .b32 %r<2>;\n{.reg.b16 hl, hu;\nmov.b32 {hl, hu}, %r1;\n}\n{.reg.b32 c;\nmov.b32 c, %r1;\n}\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m.kernel("k").unwrap().registers, 2 + 2 + 1);
+        assert!(parse(".visible .entry k()\n{\n.reg.q16 x;\nret;\n}\n").is_err());
     }
 
     #[test]
