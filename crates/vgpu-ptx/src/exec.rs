@@ -1853,6 +1853,55 @@ impl Launch<'_> {
                 }
                 w.put(d, mask, out);
             }
+            Op::Set {
+                cmp,
+                sty,
+                dty,
+                packed,
+                comb,
+                d,
+                a,
+                b,
+            } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                let c = comb.map(|(bop, c, neg)| {
+                    self.fetch(w, c, ctaid, tc);
+                    (bop, neg)
+                });
+                let combine = |r: &mut [u64; 32]| {
+                    if let Some((bop, neg)) = c {
+                        for (v, p) in r.iter_mut().zip(tc.iter()) {
+                            let p = (p & 1) ^ neg as u64;
+                            *v = match bop {
+                                BoolOp::And => *v & p,
+                                BoolOp::Or => *v | p,
+                                BoolOp::Xor => *v ^ p,
+                            };
+                        }
+                    }
+                };
+                // What a true comparison writes: 1.0, or all ones.
+                let (width, lanes) = if packed { (16, 2) } else { (dty.bits(), 1) };
+                let yes = match dty {
+                    Ty::F32 => 0x3f80_0000,
+                    Ty::F64 => 1f64.to_bits(),
+                    Ty::F16 => 0x3c00,
+                    Ty::Bf16 => 0x3f80,
+                    _ => mask_of(width),
+                };
+                *out = [0; 32];
+                let mut r = [0u64; 32];
+                for k in 0..lanes {
+                    let part = |x: &[u64; 32]| x.map(|v| (v >> (16 * k)) & mask_of(width.max(16)));
+                    let (pa, pb) = if packed { (part(a), part(b)) } else { (*a, *b) };
+                    setp(cmp, sty, &pa, &pb, &mut r);
+                    combine(&mut r);
+                    for (o, &v) in out.iter_mut().zip(&r) {
+                        *o |= (v * yes) << (16 * k);
+                    }
+                }
+                w.put(d, mask, out);
+            }
             Op::CvtPack { ty, relu, d, a, b } => {
                 let [a, b] = opnds!(a => ta, b => tb);
                 let one = |x: u64| -> u64 {

@@ -1183,3 +1183,96 @@ fn module_variables_in_device_memory() {
     let e = launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l);
     assert!(matches!(e, Err(ExecError::IllegalAddress { .. })), "{e:?}");
 }
+
+#[test]
+fn set_writes_ones_or_all_ones() {
+    let p = |lo: f32, hi: f32| format!("{:#x}", pair(h(lo), h(hi)));
+    let r = eval(&[
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.eq.f16x2.f16x2 %r3, %r1, %r2;",
+                p(1.0, 2.0),
+                p(1.0, 3.0)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.gt.u32.f16x2 %r3, %r1, %r2;",
+                p(2.0, 1.0),
+                p(1.0, 1.0)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.ge.ftz.f16x2.f16x2 %r3, %r1, %r2;",
+                p(-1.0, 1.0),
+                p(-1.0, 0.5)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b16 %h1, {:#x}; mov.b16 %h2, {:#x}; set.eq.f16.f16 %h3, %h1, %h2;",
+                h(1.5),
+                h(1.5)
+            ),
+            "%h3",
+        ),
+        (
+            &format!(
+                "mov.b16 %h1, {:#x}; mov.b16 %h2, {:#x}; set.ltu.f16.f16 %h3, %h1, %h2;",
+                h(1.5),
+                h(1.0)
+            ),
+            "%h3",
+        ),
+        ("set.lt.u32.s32 %r3, -1, 0;", "%r3"),
+        ("set.lt.u32.u32 %r3, -1, 0;", "%r3"),
+        (
+            &format!(
+                "mov.f32 %f1, {}; set.gt.f32.f32 %r3, %f1, 0f00000000;",
+                f32c(2.0)
+            ),
+            "%r3",
+        ),
+        (
+            "setp.eq.u32 %p1, %r0, 0; set.lt.and.u32.s32 %r3, 1, 2, !%p1;",
+            "%r3",
+        ),
+        (
+            "setp.eq.u32 %p1, %r0, 0; set.lt.or.u32.s32 %r3, 3, 2, %p1;",
+            "%r3",
+        ),
+    ]);
+    assert_eq!(
+        r,
+        vec![
+            pair(h(1.0), 0),
+            0xffff,
+            pair(h(1.0), h(1.0)),
+            h(1.0),
+            0,
+            0xffff_ffff,
+            0,
+            0x3f80_0000,
+            0,
+            0xffff_ffff
+        ]
+    );
+}
+
+#[test]
+fn packed_half_atomics() {
+    // 64 threads add (1.0, 0.5) to one pair, and (0.25, 2.0) to a
+    // bfloat16 pair: exact sums.
+    let body = format!(
+        "atom.global.add.noftz.f16x2 %r1, [%rd0], {:#x};\nred.global.add.noftz.bf16x2 [%rd0+8], {:#x};",
+        pair(h(1.0), h(0.5)),
+        pair(hb(0.25), hb(2.0))
+    );
+    let r = run_on(&body, 1, 64, 2).unwrap();
+    assert_eq!(r[0], pair(h(64.0), h(32.0)));
+    assert_eq!(r[1], pair(hb(16.0), hb(128.0)));
+}

@@ -607,6 +607,19 @@ pub enum Op {
         b: Src,
         c: Src,
     },
+    /// `set`: the comparison of `a` and `b` (of `sty`; two halves each if
+    /// `packed`), combined with a predicate, as 1.0 for a float `dty` or
+    /// all ones for an integer one (per half when packed), else 0.
+    Set {
+        cmp: Cmp,
+        sty: Ty,
+        dty: Ty,
+        packed: bool,
+        comb: Option<(BoolOp, Src, bool)>,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
     /// `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`: `a` into the upper half
     /// of `d`, `b` into the lower.
     CvtPack {

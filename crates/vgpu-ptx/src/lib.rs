@@ -104,8 +104,9 @@
 //! (default mode), `lop3`, `copysign`, `testp`. Half precision, scalar
 //! and packed (`.f16`, `.bf16`, `.f16x2`, `.bf16x2`): `add`, `sub`,
 //! `mul`, `fma` (`.rn`, `.ftz`, `.sat`, `.relu`; rounded once, as the
-//! hardware does), `min`, `max` (`.relu`), `neg`, `abs`, and
-//! `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`. Calls of the runtime's `vprintf` (device
+//! hardware does), `min`, `max` (`.relu`), `neg`, `abs`,
+//! `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`, `set` (every type pair,
+//! half pairs too) and `atom`/`red.add.noftz` of `.f16x2`/`.bf16x2`. Calls of the runtime's `vprintf` (device
 //! `printf`) are formatted as C's `printf` does, each lane's text handed
 //! to [`Limits::print`] (a [`PrintSink`]) and the call returns what CUDA's
 //! does: the number of arguments, -1 for an unreadable format, -2 for
@@ -123,7 +124,7 @@
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
 //!   functions such as `malloc` (refused at run time), textures and
 //!   surfaces, `bar.arrive`, other packed types and operations (`ex2`,
-//!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`), `prmt`
+//!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`; 16-bit atomics), `prmt`
 //!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
 //!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
 //! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,

@@ -1717,27 +1717,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     return self.err("setp takes 3 or 4 operands");
                 }
                 let t = need_ty()?;
-                let cmp = match m.list.first().copied().unwrap_or("") {
-                    "eq" => Cmp::Eq,
-                    "ne" => Cmp::Ne,
-                    "lt" => Cmp::Lt,
-                    "le" => Cmp::Le,
-                    "gt" => Cmp::Gt,
-                    "ge" => Cmp::Ge,
-                    "lo" => Cmp::Lo,
-                    "ls" => Cmp::Ls,
-                    "hi" => Cmp::Hi,
-                    "hs" => Cmp::Hs,
-                    "equ" => Cmp::Equ,
-                    "neu" => Cmp::Neu,
-                    "ltu" => Cmp::Ltu,
-                    "leu" => Cmp::Leu,
-                    "gtu" => Cmp::Gtu,
-                    "geu" => Cmp::Geu,
-                    "num" => Cmp::Num,
-                    "nan" => Cmp::Nan,
-                    c => return self.err(format!("unknown comparison '{c}'")),
-                };
+                let cmp = self.cmp(m.list.first().copied().unwrap_or(""))?;
                 let (d, d2) = match &o[0] {
                     Opnd::Pair(a, b) => (self.pred_dst(a)?, self.pred_dst(b)?),
                     x => (self.pred_dst_o(x)?, None),
@@ -1764,6 +1744,61 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     a: self.src(&o[1], t)?,
                     b: self.src(&o[2], t)?,
                     comb,
+                }
+            }
+            "set" => {
+                // set.CmpOp{.BoolOp}{.ftz}.dtype.stype d, a, b{, {!}c}
+                if o.len() != 3 && o.len() != 4 {
+                    return self.err("set takes 3 or 4 operands");
+                }
+                let names: Vec<&str> = m
+                    .list
+                    .iter()
+                    .copied()
+                    .filter(|x| Ty::from_name(x).is_some() || x.ends_with("16x2"))
+                    .collect();
+                let &[dname, sname] = names.as_slice() else {
+                    return self.err("set needs a destination and a source type");
+                };
+                let half_pair = |x: &str| match x {
+                    "f16x2" => Some(Ty::F16),
+                    "bf16x2" => Some(Ty::Bf16),
+                    _ => None,
+                };
+                let (sty, packed) = match half_pair(sname) {
+                    Some(t) => (t, true),
+                    None => (self.require_ty(sname)?, false),
+                };
+                let dty = match half_pair(dname) {
+                    Some(t) if packed => t,
+                    Some(_) => return self.err("set: a packed result needs packed operands"),
+                    None => self.require_ty(dname)?,
+                };
+                let cmp = self.cmp(m.list.first().copied().unwrap_or(""))?;
+                let comb = if o.len() == 4 {
+                    let Some(bop) = m.pick(&[
+                        ("and", BoolOp::And),
+                        ("or", BoolOp::Or),
+                        ("xor", BoolOp::Xor),
+                    ]) else {
+                        return self.err("set with 4 operands needs .and/.or/.xor");
+                    };
+                    let (c, neg) = self.pred_src(&o[3])?;
+                    Some((bop, c, neg))
+                } else {
+                    None
+                };
+                let src_ty = if packed { Ty::B32 } else { sty };
+                let (d, [a, b]) = self.dst_srcs(o, [src_ty, src_ty])?;
+                Op::Set {
+                    cmp,
+                    sty,
+                    dty,
+                    packed,
+                    comb,
+                    d,
+                    a,
+                    b,
                 }
             }
             "selp" => {
@@ -1871,6 +1906,37 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 }
             }
             "atom" | "red" => {
+                let packed_half = if m.has("f16x2") {
+                    Some(AtomTy::F16x2)
+                } else if m.has("bf16x2") {
+                    Some(AtomTy::Bf16x2)
+                } else {
+                    None
+                };
+                if let Some(aty) = packed_half {
+                    if !m.has("add") || m.vec() != 1 {
+                        return self.unsup(format!("{opcode}: only add of half pairs"));
+                    }
+                    let red = m.base == "red";
+                    let k = usize::from(!red);
+                    need(k + 2)?;
+                    let d = if red { None } else { Some(self.dst(&o[0])?) };
+                    let (addr, space) = self.addr(&o[k], m.space())?;
+                    if !matches!(space, Space::Global | Space::Shared | Space::Generic) {
+                        return self.err("atomics only on global, shared or generic addresses");
+                    }
+                    return Ok(Op::Atom {
+                        space,
+                        op: AtomicOp {
+                            kind: AtomKind::Add,
+                            ty: aty,
+                        },
+                        d,
+                        addr,
+                        b: self.src(&o[k + 1], Ty::B32)?,
+                        c: Src::Imm(0),
+                    });
+                }
                 let t = need_ty()?;
                 let Some(kind) = m.find(&[
                     ("add", AtomKind::Add),
@@ -2093,6 +2159,36 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
             _ => return self.unsup(format!("unsupported instruction '{opcode}'")),
+        })
+    }
+
+    /// The type a modifier names (without its dot).
+    fn require_ty(&self, name: &str) -> Result<Ty, ParseError> {
+        Ty::from_name(name).map_or_else(|| self.err(format!("unknown type '.{name}'")), Ok)
+    }
+
+    /// A comparison's modifier (`eq`, `ltu`, ...).
+    fn cmp(&self, name: &str) -> Result<Cmp, ParseError> {
+        Ok(match name {
+            "eq" => Cmp::Eq,
+            "ne" => Cmp::Ne,
+            "lt" => Cmp::Lt,
+            "le" => Cmp::Le,
+            "gt" => Cmp::Gt,
+            "ge" => Cmp::Ge,
+            "lo" => Cmp::Lo,
+            "ls" => Cmp::Ls,
+            "hi" => Cmp::Hi,
+            "hs" => Cmp::Hs,
+            "equ" => Cmp::Equ,
+            "neu" => Cmp::Neu,
+            "ltu" => Cmp::Ltu,
+            "leu" => Cmp::Leu,
+            "gtu" => Cmp::Gtu,
+            "geu" => Cmp::Geu,
+            "num" => Cmp::Num,
+            "nan" => Cmp::Nan,
+            c => return self.err(format!("unknown comparison '{c}'")),
         })
     }
 
