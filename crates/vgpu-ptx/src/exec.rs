@@ -155,7 +155,7 @@ pub enum ExecError {
     /// The kernel may execute an instruction this executor does not run
     /// (the module loaded; this kernel cannot launch).
     #[error("PTX {0}")]
-    Refused(crate::ParseError),
+    Refused(Box<crate::ParseError>),
     /// Something this executor does not do (recursion, ...).
     #[error("unsupported at PTX line {line}: {what}")]
     Unsupported {
@@ -458,7 +458,7 @@ pub fn launch(
         .kernel(kernel)
         .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
     if let Some(e) = module.refused(kernel) {
-        return Err(ExecError::Refused(e.clone()));
+        return Err(ExecError::Refused(Box::new(e.clone())));
     }
     let threads = cfg
         .block
@@ -651,20 +651,9 @@ impl Launch<'_> {
                     self.run_warp(w, ctaid, shared, stats, abort)?;
                 }
             }
-            if !any {
-                // Everyone left waits at the barrier (or has ended).
-                finish_bar_red(warps);
-                let mut live = false;
-                for w in warps.iter_mut() {
-                    if w.live != 0 {
-                        live = true;
-                        w.waiting = 0;
-                        w.resched();
-                    }
-                }
-                if !live {
-                    return Ok(());
-                }
+            // Everyone left waits at the barrier (or has ended).
+            if !any && !release_barrier(warps) {
+                return Ok(());
             }
         }
     }
@@ -825,26 +814,10 @@ impl Launch<'_> {
                     }
                     w.resched();
                 }
-                &Op::BarRed { op, d, c, neg } => {
-                    let set = ballot(self.opnd(w, c, ctaid, &mut scratch.a), neg) & mask;
-                    let r = w.red.get_or_insert(RedWait {
-                        op,
-                        d,
-                        lanes: 0,
-                        set: 0,
-                    });
-                    r.lanes |= mask;
-                    r.set |= set;
-                    w.cur_pc += 1;
-                    w.materialize();
-                    w.waiting |= mask;
-                    w.resched();
-                    if w.cur == 0 {
-                        self.check_limits(since, abort)?;
-                        return Ok(Stop::Barrier);
+                Op::Bar | Op::BarRed { .. } => {
+                    if let &Op::BarRed { op, d, c, neg } = &inst.op {
+                        self.bar_red_arrive(w, (op, d, c, neg), mask, ctaid, &mut scratch.a);
                     }
-                }
-                Op::Bar => {
                     w.cur_pc += 1;
                     w.materialize();
                     w.waiting |= mask;
@@ -1815,9 +1788,11 @@ impl Launch<'_> {
                     }
                 }
             }
+            // The rarer families run out of line: inlined here, their
+            // loops would cost every other instruction registers.
             Op::Bmsk { clamp, d, a, b } => {
                 let [a, b] = opnds!(a => ta, b => tb);
-                map2(out, a, b, |x, y| bmsk(clamp, x as u32, y as u32) as u64);
+                bmsk_rows(clamp, a, b, out);
                 w.put(d, mask, out);
             }
             Op::Half {
@@ -1833,24 +1808,7 @@ impl Launch<'_> {
                 c,
             } => {
                 let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
-                for l in 0..32 {
-                    let mut r = 0u64;
-                    for k in 0..lanes as u32 {
-                        let part = |x: u64| (x >> (16 * k)) as u16;
-                        let h = half::half_arith(
-                            op,
-                            ty,
-                            ftz,
-                            sat,
-                            relu,
-                            part(a[l]),
-                            part(b[l]),
-                            part(c[l]),
-                        );
-                        r |= (h as u64) << (16 * k);
-                    }
-                    out[l] = r;
-                }
+                half_rows(op, ty, lanes, [ftz, sat, relu], [a, b, c], out);
                 w.put(d, mask, out);
             }
             Op::Set {
@@ -1863,74 +1821,30 @@ impl Launch<'_> {
                 a,
                 b,
             } => {
-                let [a, b] = opnds!(a => ta, b => tb);
                 let c = comb.map(|(bop, c, neg)| {
                     self.fetch(w, c, ctaid, tc);
                     (bop, neg)
                 });
-                let combine = |r: &mut [u64; 32]| {
-                    if let Some((bop, neg)) = c {
-                        for (v, p) in r.iter_mut().zip(tc.iter()) {
-                            let p = (p & 1) ^ neg as u64;
-                            *v = match bop {
-                                BoolOp::And => *v & p,
-                                BoolOp::Or => *v | p,
-                                BoolOp::Xor => *v ^ p,
-                            };
-                        }
-                    }
-                };
-                // What a true comparison writes: 1.0, or all ones.
-                let (width, lanes) = if packed { (16, 2) } else { (dty.bits(), 1) };
-                let yes = match dty {
-                    Ty::F32 => 0x3f80_0000,
-                    Ty::F64 => 1f64.to_bits(),
-                    Ty::F16 => 0x3c00,
-                    Ty::Bf16 => 0x3f80,
-                    _ => mask_of(width),
-                };
-                *out = [0; 32];
-                let mut r = [0u64; 32];
-                for k in 0..lanes {
-                    let part = |x: &[u64; 32]| x.map(|v| (v >> (16 * k)) & mask_of(width.max(16)));
-                    let (pa, pb) = if packed { (part(a), part(b)) } else { (*a, *b) };
-                    setp(cmp, sty, &pa, &pb, &mut r);
-                    combine(&mut r);
-                    for (o, &v) in out.iter_mut().zip(&r) {
-                        *o |= (v * yes) << (16 * k);
-                    }
-                }
+                let [a, b] = opnds!(a => ta, b => tb);
+                set_rows(
+                    cmp,
+                    sty,
+                    dty,
+                    packed,
+                    c.map(|(bop, neg)| (bop, neg, &*tc)),
+                    a,
+                    b,
+                    out,
+                );
                 w.put(d, mask, out);
             }
             Op::CvtPack { ty, relu, d, a, b } => {
                 let [a, b] = opnds!(a => ta, b => tb);
-                let one = |x: u64| -> u64 {
-                    let f = f32v(x);
-                    let h = if f.is_nan() {
-                        half::CANONICAL_NAN
-                    } else if relu && f < 0.0 {
-                        0
-                    } else if ty == Ty::Bf16 {
-                        f32_to_bf16(f)
-                    } else {
-                        f32_to_f16(f)
-                    };
-                    h as u64
-                };
-                map2(out, a, b, |x, y| (one(x) << 16) | one(y));
+                cvt_pack_rows(ty, relu, a, b, out);
                 w.put(d, mask, out);
             }
             Op::Nop => {}
-            Op::Refused(i) => {
-                let e = self.m.refused.get(i as usize).cloned();
-                return Err(e.map_or(
-                    ExecError::Unsupported {
-                        what: "an instruction this executor does not run",
-                        line,
-                    },
-                    ExecError::Refused,
-                ));
-            }
+            Op::Refused(i) => return Err(self.refused(i, line)),
             Op::Bra { .. }
             | Op::Call { .. }
             | Op::Ret
@@ -2660,6 +2574,149 @@ fn fx(
             *v = fl(*v);
         }
     }
+}
+
+impl Launch<'_> {
+    /// Lanes `mask` arrive at a `bar.red`: their predicates join the
+    /// warp's part of the reduction.
+    #[inline(never)]
+    fn bar_red_arrive(
+        &self,
+        w: &mut Warp,
+        (op, d, c, neg): (BarRedOp, u32, Src, bool),
+        mask: u32,
+        ctaid: [u32; 3],
+        tmp: &mut [u64; 32],
+    ) {
+        let set = ballot(self.opnd(w, c, ctaid, tmp), neg) & mask;
+        let r = w.red.get_or_insert(RedWait {
+            op,
+            d,
+            lanes: 0,
+            set: 0,
+        });
+        r.lanes |= mask;
+        r.set |= set;
+    }
+
+    /// The error of refused instruction `i` (kernels that reach one are
+    /// refused before they start: this is never expected to run).
+    #[cold]
+    fn refused(&self, i: u32, line: u32) -> ExecError {
+        match self.m.refused.get(i as usize) {
+            Some(e) => ExecError::Refused(Box::new(e.clone())),
+            None => ExecError::Unsupported {
+                what: "an instruction this executor does not run",
+                line,
+            },
+        }
+    }
+}
+
+#[inline(never)]
+fn bmsk_rows(clamp: bool, a: &[u64; 32], b: &[u64; 32], out: &mut [u64; 32]) {
+    map2(out, a, b, |x, y| bmsk(clamp, x as u32, y as u32) as u64);
+}
+
+/// Half-precision arithmetic on `lanes` halves of each lane's operands.
+#[inline(never)]
+fn half_rows(
+    op: HalfOp,
+    ty: Ty,
+    lanes: u8,
+    [ftz, sat, relu]: [bool; 3],
+    [a, b, c]: [&[u64; 32]; 3],
+    out: &mut [u64; 32],
+) {
+    for l in 0..32 {
+        let mut r = 0u64;
+        for k in 0..lanes as u32 {
+            let part = |x: u64| (x >> (16 * k)) as u16;
+            let h = half::half_arith(op, ty, ftz, sat, relu, part(a[l]), part(b[l]), part(c[l]));
+            r |= (h as u64) << (16 * k);
+        }
+        out[l] = r;
+    }
+}
+
+/// `set`: 1.0 or all ones where the comparison (combined with the
+/// predicate row `comb` gives) holds, per half of packed operands.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn set_rows(
+    cmp: Cmp,
+    sty: Ty,
+    dty: Ty,
+    packed: bool,
+    comb: Option<(BoolOp, bool, &[u64; 32])>,
+    a: &[u64; 32],
+    b: &[u64; 32],
+    out: &mut [u64; 32],
+) {
+    let (width, lanes) = if packed { (16, 2) } else { (dty.bits(), 1) };
+    let yes = match dty {
+        Ty::F32 => 0x3f80_0000,
+        Ty::F64 => 1f64.to_bits(),
+        Ty::F16 => 0x3c00,
+        Ty::Bf16 => 0x3f80,
+        _ => mask_of(width),
+    };
+    *out = [0; 32];
+    let mut r = [0u64; 32];
+    for k in 0..lanes {
+        let part = |x: &[u64; 32]| x.map(|v| (v >> (16 * k)) & 0xffff);
+        let (pa, pb) = if packed { (part(a), part(b)) } else { (*a, *b) };
+        setp(cmp, sty, &pa, &pb, &mut r);
+        if let Some((bop, neg, c)) = comb {
+            for (v, p) in r.iter_mut().zip(c) {
+                let p = (p & 1) ^ neg as u64;
+                *v = match bop {
+                    BoolOp::And => *v & p,
+                    BoolOp::Or => *v | p,
+                    BoolOp::Xor => *v ^ p,
+                };
+            }
+        }
+        for (o, &v) in out.iter_mut().zip(&r) {
+            *o |= (v * yes) << (16 * k);
+        }
+    }
+}
+
+/// `cvt.rn{.relu}.f16x2.f32`: `a` to the upper half, `b` to the lower.
+#[inline(never)]
+fn cvt_pack_rows(ty: Ty, relu: bool, a: &[u64; 32], b: &[u64; 32], out: &mut [u64; 32]) {
+    let one = |x: u64| -> u64 {
+        let f = f32v(x);
+        let h = if f.is_nan() {
+            half::CANONICAL_NAN
+        } else if relu && f < 0.0 {
+            0
+        } else if ty == Ty::Bf16 {
+            f32_to_bf16(f)
+        } else {
+            f32_to_f16(f)
+        };
+        h as u64
+    };
+    map2(out, a, b, |x, y| (one(x) << 16) | one(y));
+}
+
+/// Lets the warps waiting at a barrier go on (with the result of a
+/// `bar.red`); false when none is left. Out of line: once per barrier,
+/// and kept out of the block's loop over its warps.
+#[inline(never)]
+fn release_barrier(warps: &mut [Warp]) -> bool {
+    finish_bar_red(warps);
+    let mut live = false;
+    for w in warps.iter_mut() {
+        if w.live != 0 {
+            live = true;
+            w.waiting = 0;
+            w.resched();
+        }
+    }
+    live
 }
 
 /// Releases a `bar.red` every thread reached (exited ones count as
