@@ -51,6 +51,13 @@ pub struct Limits<'a> {
     /// keep their values between launches and the host reaches them.
     /// None: each launch gets its own copy of their initial values.
     pub statics: Option<u64>,
+    /// A cooperative launch: every block of the grid runs at once (the
+    /// grid may have at most `workers` blocks), and `%envreg1:%envreg2`
+    /// give the grid's workspace at this address in `mem`, 8 bytes the
+    /// caller zeroes, where cooperative groups' `grid.sync()` counts the
+    /// blocks that arrived. None: `%envreg*` read zero, and `grid.sync()`
+    /// traps, as cooperative groups do outside a cooperative launch.
+    pub grid_sync: Option<u64>,
 }
 
 impl std::fmt::Debug for Limits<'_> {
@@ -63,6 +70,7 @@ impl std::fmt::Debug for Limits<'_> {
             .field("cancel", &self.cancel)
             .field("print", &self.print.is_some())
             .field("statics", &self.statics)
+            .field("grid_sync", &self.grid_sync)
             .finish()
     }
 }
@@ -78,6 +86,7 @@ impl Default for Limits<'_> {
             cancel: None,
             print: None,
             statics: None,
+            grid_sync: None,
         }
     }
 }
@@ -430,6 +439,9 @@ struct Launch<'a> {
     limits: &'a Limits<'a>,
     steps: AtomicU64,
     start: Instant,
+    /// `%envreg0..31`, the driver's values: a cooperative grid's
+    /// workspace (high and low halves in 1 and 2), zero otherwise.
+    envreg: [u64; 32],
 }
 
 enum Stop {
@@ -482,6 +494,14 @@ pub fn launch(
     if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 || nblocks == 0 {
         return Err(ExecError::BadLaunch(format!("grid {:?}", cfg.grid)));
     }
+    // Blocks of a cooperative grid wait for each other: each needs a
+    // thread of its own.
+    if limits.grid_sync.is_some() && nblocks > cfg.workers.max(1) as u64 {
+        return Err(ExecError::BadLaunch(format!(
+            "a cooperative grid of {nblocks} blocks, {} can run at once",
+            cfg.workers.max(1)
+        )));
+    }
     if (params.len() as u64) < info.param_bytes as u64 {
         return Err(ExecError::BadLaunch(format!(
             "{} parameter bytes, kernel takes {}",
@@ -525,6 +545,11 @@ pub fn launch(
         limits,
         steps: AtomicU64::new(0),
         start: Instant::now(),
+        envreg: std::array::from_fn(|n| match (limits.grid_sync, n) {
+            (Some(a), 1) => a >> 32,
+            (Some(a), 2) => a & 0xffff_ffff,
+            _ => 0,
+        }),
     };
     let start_pc = module.funcs[fi].start;
     let next = AtomicU64::new(0);
@@ -1041,9 +1066,7 @@ impl Launch<'_> {
             Sreg::LaneMaskGt => lm(|l| !(((1u64 << (l + 1)) - 1) as u32)),
             Sreg::LaneMaskGe => lm(|l| !((1u32 << l) - 1)),
             Sreg::DynSmem => self.cfg.shared_dyn as u64,
-            // The driver's values (cooperative launches' grid state) are
-            // not given here.
-            Sreg::EnvReg(_) => 0,
+            Sreg::EnvReg(n) => self.envreg[n as usize & 31],
             Sreg::TotalSmem => self.shared_len as u64,
         }
     }

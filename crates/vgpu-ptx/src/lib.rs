@@ -90,7 +90,9 @@
 //! `call`, `ret`, `exit`, `trap`, special registers (`%tid`, `%ntid`,
 //! `%ctaid`, `%nctaid`, `%laneid`, `%warpid`, `%nwarpid`, `%lanemask_*`,
 //! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...;
-//! `%envreg0`..`%envreg31` read as zero),
+//! `%envreg0`..`%envreg31`: zero, but for a cooperative launch's grid
+//! workspace, [`Limits::grid_sync`], with which cooperative groups'
+//! `grid.sync()` works),
 //! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
 //! and 64-bit integers, f32 and f64 add) on global, shared and generic
 //! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate

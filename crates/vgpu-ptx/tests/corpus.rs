@@ -894,3 +894,47 @@ fn block_votes_reduce_predicates() {
     assert_eq!(got[3 * 2 + 1], 1);
     assert_eq!(got[3 + 2], 1);
 }
+
+#[test]
+fn grid_sync_of_a_cooperative_launch() {
+    let m = corpus("grid_sync");
+    let (blocks, threads) = (6usize, 64usize);
+    let n = blocks * threads;
+    let mut d = Dev::new(1 << 20);
+    let zeros = vec![0i32; n];
+    let (pa, pb, pc) = (d.put(&zeros), d.put(&zeros), d.put(&zeros));
+    let work = d.put(&[0u64]);
+    let p = params(
+        &m,
+        "grid_rotate",
+        &[&pa.to_le_bytes(), &pb.to_le_bytes(), &pc.to_le_bytes()],
+    );
+    let c = LaunchConfig {
+        workers: blocks,
+        ..cfg([blocks as u32, 1, 1], [threads as u32, 1, 1], 0)
+    };
+    let lim = Limits {
+        grid_sync: Some(work),
+        max_steps: Some(50_000_000),
+        ..Limits::default()
+    };
+    // Twice: the workspace counts on from where the first grid left it.
+    for _ in 0..2 {
+        d.mem.write(pc, &vec![0u8; n * 4]).unwrap();
+        launch(&m, "grid_rotate", &c, &p, &d.mem, &lim).unwrap();
+        let got = d.get::<i32>(pc, n);
+        for i in 0..n {
+            // Two blocks ahead of i, as block i's neighbour read it.
+            let j = (i + 2 * threads) % n;
+            assert_eq!(got[i], (j * 3 + 1) as i32 + 1000, "thread {i}");
+        }
+    }
+    // More blocks than can run at once: refused, not a deadlock.
+    let small = LaunchConfig { workers: 4, ..c };
+    let e = launch(&m, "grid_rotate", &small, &p, &d.mem, &lim);
+    assert!(matches!(e, Err(ExecError::BadLaunch(_))), "{e:?}");
+    // Outside a cooperative launch the grid has no workspace: cooperative
+    // groups trap.
+    let e = launch(&m, "grid_rotate", &c, &p, &d.mem, &Limits::default());
+    assert!(matches!(e, Err(ExecError::Trap(_))), "{e:?}");
+}

@@ -250,6 +250,8 @@ pub(super) fn launch(
         cancel: None,
         print: Some(run.print),
         statics: run.statics,
+        // Cooperative launches come with ABI 1.5's launch flag.
+        grid_sync: None,
     };
     vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
         .map(|_| ())
