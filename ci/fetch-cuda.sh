@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the CUDA toolkit that builds the CUDA test programs (nvcc with the
-# static runtime) from NVIDIA's wheels on PyPI into the machine-wide cache.
+# static runtime, and CCCL's headers: Thrust, CUB, libcu++) from NVIDIA's
+# wheels on PyPI into the machine-wide cache.
 # No GPU and no driver are needed to compile; the programs run against the
 # guest's libcuda.so.1 (crates/vgpu-cuda).
 #
@@ -30,7 +31,8 @@ if ! { stamp_ok "$CUDA_CACHE_DIR" ready && [[ -x $CUDA_ROOT/bin/nvcc ]]; }; then
     # Wheels do not keep file modes.
     chmod +x "$CUDA_ROOT"/bin/* "$CUDA_ROOT"/nvvm/bin/*
     probe=$(mktemp -d /tmp/vgpud-nvcc.XXXXXX)
-    printf '__global__ void k(int *p) { *p = 1; }\nint main() { return 0; }\n' >"$probe/k.cu"
+    # CCCL's headers are where nvcc looks for them (include/cccl).
+    printf '#include <thrust/sort.h>\n#include <cub/cub.cuh>\n#include <cooperative_groups.h>\n__global__ void k(int *p) { *p = 1; }\nint main() { return 0; }\n' >"$probe/k.cu"
     run_logged "$CUDA_CACHE_DIR/probe.log" "$CUDA_ROOT/bin/nvcc" -L "$CUDA_ROOT/lib" \
         -o "$probe/k" "$probe/k.cu" || die "nvcc from the wheels does not build a program"
     rm -rf "$probe"

@@ -55,17 +55,20 @@ BUSYBOX="/bin/busybox"
 # Read-only copies of source files, used only when the registry fails:
 # a clone has shared/ beside it.
 # The CUDA toolkit that builds the CUDA test programs: NVIDIA's wheels on
-# PyPI (nvcc, its front end and back end, the runtime and headers), the
-# version of the GPU machine's driver (CUDA 13.0); and the CUDA 12.9
-# runtime, static and shared, which programs may also be linked with.
+# PyPI (nvcc, its front end and back end, the runtime and headers, and
+# CCCL's headers: Thrust, CUB, libcu++, which <cooperative_groups.h> needs
+# too; the release of nvcc's), the version of the GPU machine's driver
+# (CUDA 13.0); and the CUDA 12.9 runtime, static and shared, which
+# programs may also be linked with.
 CUDA_WHEELS=(
     "nvidia-cuda-nvcc==13.0.88"
     "nvidia-nvvm==13.0.88"
     "nvidia-cuda-crt==13.0.88"
     "nvidia-cuda-runtime==13.0.96"
+    "nvidia-cuda-cccl==13.0.85"
     "nvidia-cuda-runtime-cu12==12.9.79"
 )
-CUDA_CACHE_DIR="${VGPUD_CACHE}/cuda-13.0.88+12.9.79"
+CUDA_CACHE_DIR="${VGPUD_CACHE}/cuda-13.0.88+cccl-13.0.85+12.9.79"
 CUDA_ROOT="${CUDA_CACHE_DIR}/root/nvidia/cu13"
 CUDA12_RUNTIME="${CUDA_CACHE_DIR}/root/nvidia/cuda_runtime"
 

@@ -1956,8 +1956,8 @@ pub fn module_global(make: Make<'_>) {
 }
 
 /// A kernel that stores through a pointer to nothing fails its launch
-/// with a device error (CUDA_ERROR_ILLEGAL_ADDRESS on a GPU) and writes
-/// none of the partition's memory.
+/// with a kernel fault (CUDA_ERROR_ILLEGAL_ADDRESS) and writes none of
+/// the partition's memory.
 pub fn module_illegal_address(make: Make<'_>) {
     let mut boxed = make(&spec("ptx-oob", 4 * MIB, 1));
     let p = &mut *boxed;
@@ -1986,7 +1986,7 @@ pub fn module_illegal_address(make: Make<'_>) {
         [1, 1, 1],
         &Params::default().u64(wild),
     );
-    assert!(matches!(r, Err(OpError::Device(_))), "{r:?}");
+    assert!(matches!(r, Err(OpError::KernelFault(_))), "{r:?}");
 }
 
 /// One buffer of a corpus launch: its initial bytes, and how two

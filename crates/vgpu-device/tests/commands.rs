@@ -753,13 +753,13 @@ fn test_loaded_ptx_runs_through_the_queue_on_software() {
     let c_out = bytes_to_f32s(&g.download(0, dc, bytes as usize));
     assert!(c_out.iter().enumerate().all(|(i, &x)| x == a[i] + b[i]));
     // A store far outside the vGPU's memory fails the launch with a
-    // device error; the vGPU goes on.
+    // kernel fault (CUDA_ERROR_ILLEGAL_ADDRESS); the vGPU goes on.
     let poke = g.module_load(0, abi::MODULE_FORMAT_PTX, conformance::POKE_PTX.as_bytes());
     assert_status(poke, abi::STATUS_OK);
     let mut launch = launch_cmd("poke", [1, 1, 1], [1, 1, 1], 8);
     launch.module = poke.result;
     let wild = conformance::Params::default().u64(dc + (1 << 40));
-    assert_status(g.launch_raw(0, &launch, &wild.0), abi::STATUS_DEVICE_ERROR);
+    assert_status(g.launch_raw(0, &launch, &wild.0), abi::STATUS_KERNEL_FAULT);
     assert_status(g.module_unload(0, module), abi::STATUS_OK);
     assert_status(g.module_unload(0, module), abi::STATUS_NOT_FOUND);
     // An unknown format is unsupported; an image that is no PTX is invalid.

@@ -1,7 +1,7 @@
 //! FUNC_INFO of a module global: the device writes where the global is
 //! and how large, returns its address with the size as the second
-//! result, and COPY then reaches it. Backends that keep module variables
-//! out of device memory (the software one) refuse the look-up.
+//! result, and COPY then reaches it. The software backend places a
+//! module's variables in its device memory too.
 
 mod common;
 
@@ -173,14 +173,23 @@ fn test_a_global_is_described_and_reachable_by_copy() {
 }
 
 #[test]
-fn test_the_software_backend_refuses_globals() {
+fn test_the_software_backend_places_globals() {
     let (_s, mut g) = vgpu_ready();
     let module = load(&mut g);
     let out = g.device_alloc(0, 4096);
     assert_status(
         global_info(&mut g, module, "table", out, 16),
-        abi::STATUS_UNSUPPORTED,
+        abi::STATUS_NOT_FOUND,
     );
+    let c = g.module_load(
+        0,
+        abi::MODULE_FORMAT_PTX,
+        conformance::GLOBAL_PTX.as_bytes(),
+    );
+    assert_status(c, abi::STATUS_OK);
+    let c = global_info(&mut g, c.result, "table", out, 16);
+    assert_status(c, abi::STATUS_OK);
+    assert_eq!(c.result2, 64);
     // A kernel's FUNC_INFO leaves the second result zero.
     let c = g.func_info(0, module, "vector_add", out, 4096);
     assert_status(c, abi::STATUS_OK);

@@ -1,6 +1,7 @@
 //! The executor against plain Rust loops doing the same work, one core
-//! each: vector add, a tiled matrix multiply and a shuffle reduction (the
-//! corpus kernels). Prints the time of each, the ratio and the executor's
+//! each: vector add, a tiled matrix multiply, a shuffle reduction, and
+//! CUB's block radix sort and block reduction (the corpus kernels; CUB's
+//! are what Thrust's sort and CUB's device-wide reduce run per block). Prints the time of each, the ratio and the executor's
 //! thread-instructions per second.
 //!
 //! usage: cargo bench -p vgpu-ptx [-- WORKERS]
@@ -208,6 +209,87 @@ fn main() -> ExitCode {
             black_box(s)
         });
         report(&bench, "reduce shfl", tn, te, &st);
+    }
+
+    let cub = Module::parse(include_str!("../tests/corpus/cub.ptx")).unwrap();
+    // CUB's BlockRadixSort: tiles of 2048 ints, each sorted by a block.
+    {
+        let n = if smoke { 1 << 13 } else { 1 << 18 };
+        let mut s = 1u32;
+        let keys: Vec<i32> = (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                s as i32
+            })
+            .collect();
+        let kb: Vec<u8> = keys.iter().flat_map(|k| k.to_le_bytes()).collect();
+        let mem = VecMemory::new(BASE, n * 4);
+        let p = params(
+            &cub,
+            "cub_block_sort",
+            &[&BASE.to_le_bytes(), &(n as i32).to_le_bytes()],
+        );
+        let cfg = LaunchConfig {
+            grid: [(n / 2048) as u32, 1, 1],
+            block: [128, 1, 1],
+            shared_dyn: 0,
+            workers,
+        };
+        let (te, st) = time(reps, || {
+            mem.write(BASE, &kb).unwrap();
+            launch(&cub, "cub_block_sort", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, sorted) = time(reps, || {
+            let mut k = black_box(keys.clone());
+            for tile in k.chunks_mut(2048) {
+                tile.sort_unstable();
+            }
+            k
+        });
+        let mut got = vec![0u8; n * 4];
+        mem.read(BASE, &mut got).unwrap();
+        let want: Vec<u8> = sorted.iter().flat_map(|k| k.to_le_bytes()).collect();
+        assert!(got == want, "block sort result differs");
+        report(&bench, "cub block sort", tn, te, &st);
+    }
+    // CUB's BlockReduce over a grid-stride loop, one atomic per block.
+    {
+        let n = if smoke { 1 << 14 } else { 1 << 20 };
+        let v: Vec<i32> = (0..n).map(|i| (i % 7) as i32 - 3).collect();
+        let mem = VecMemory::new(BASE, n * 4 + 8);
+        let vb: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        mem.write(BASE, &vb).unwrap();
+        let pout = BASE + n as u64 * 4;
+        let p = params(
+            &cub,
+            "cub_block_reduce",
+            &[
+                &BASE.to_le_bytes(),
+                &pout.to_le_bytes(),
+                &(n as i32).to_le_bytes(),
+            ],
+        );
+        let cfg = LaunchConfig {
+            grid: [64, 1, 1],
+            block: [256, 1, 1],
+            shared_dyn: 0,
+            workers,
+        };
+        let (te, st) = time(reps, || {
+            mem.write(pout, &[0; 8]).unwrap();
+            launch(&cub, "cub_block_reduce", &cfg, &p, &mem, &lim).unwrap()
+        });
+        let (tn, sum) = time(reps, || {
+            let mut s = 0i64;
+            for x in &v {
+                s += black_box(*x) as i64;
+            }
+            s
+        });
+        let mut got = [0u8; 8];
+        mem.read(pout, &mut got).unwrap();
+        assert_eq!(i64::from_le_bytes(got), sum, "block reduce result differs");
+        report(&bench, "cub reduce", tn, te, &st);
     }
     bench.finish()
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
-use crate::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use crate::half::{self, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::ir::*;
 use crate::mem::{AtomicOp, GlobalMemory, VecMemory};
 use crate::module::Module;
@@ -46,6 +46,18 @@ pub struct Limits<'a> {
     pub cancel: Option<&'a AtomicBool>,
     /// Receives the kernel's `printf` output (None: it is dropped).
     pub print: Option<&'a dyn PrintSink>,
+    /// Where in `mem` the module's `.global` and `.const` variables live
+    /// ([`Module::statics`] laid out from this address), so that they
+    /// keep their values between launches and the host reaches them.
+    /// None: each launch gets its own copy of their initial values.
+    pub statics: Option<u64>,
+    /// A cooperative launch: every block of the grid runs at once (the
+    /// grid may have at most `workers` blocks), and `%envreg1:%envreg2`
+    /// give the grid's workspace at this address in `mem`, 8 bytes the
+    /// caller zeroes, where cooperative groups' `grid.sync()` counts the
+    /// blocks that arrived. None: `%envreg*` read zero, and `grid.sync()`
+    /// traps, as cooperative groups do outside a cooperative launch.
+    pub grid_sync: Option<u64>,
 }
 
 impl std::fmt::Debug for Limits<'_> {
@@ -57,6 +69,8 @@ impl std::fmt::Debug for Limits<'_> {
             .field("deadline", &self.deadline)
             .field("cancel", &self.cancel)
             .field("print", &self.print.is_some())
+            .field("statics", &self.statics)
+            .field("grid_sync", &self.grid_sync)
             .finish()
     }
 }
@@ -71,6 +85,8 @@ impl Default for Limits<'_> {
             deadline: None,
             cancel: None,
             print: None,
+            statics: None,
+            grid_sync: None,
         }
     }
 }
@@ -145,6 +161,10 @@ pub enum ExecError {
     /// A thread's `assert()` failed (a call of `__assertfail`).
     #[error("device-side assertion failed at PTX line {0}")]
     Assert(u32),
+    /// The kernel may execute an instruction this executor does not run
+    /// (the module loaded; this kernel cannot launch).
+    #[error("PTX {0}")]
+    Refused(Box<crate::ParseError>),
     /// Something this executor does not do (recursion, ...).
     #[error("unsupported at PTX line {line}: {what}")]
     Unsupported {
@@ -234,6 +254,13 @@ fn in_statics(addr: u64) -> bool {
     (STATIC_WINDOW..STATIC_WINDOW + WINDOW_SIZE).contains(&addr)
 }
 
+/// Where static-window address `a` lies in device memory when the
+/// module's variables start at `base`.
+#[inline(always)]
+fn relocate(base: u64, a: u64) -> u64 {
+    base.wrapping_add(a - STATIC_WINDOW)
+}
+
 /// The bytes `[a, a + n)` of slot `i` of `size` bytes (a lane's local or
 /// parameter memory), if they lie within it.
 #[inline(always)]
@@ -318,6 +345,17 @@ struct Frame {
     func: u32,
 }
 
+/// A warp's lanes waiting at a `bar.red`: where the result goes and what
+/// their predicates gave.
+#[derive(Clone, Copy)]
+struct RedWait {
+    op: BarRedOp,
+    d: u32,
+    lanes: u32,
+    /// Lanes whose predicate was true.
+    set: u32,
+}
+
 struct Warp {
     regs: Vec<[u64; 32]>,
     pcs: [u32; 32],
@@ -337,6 +375,8 @@ struct Warp {
     pmem: Vec<u8>,
     wid: u32,
     tid: [[u32; 32]; 3],
+    /// Lanes waiting at a `bar.red`, if any.
+    red: Option<RedWait>,
 }
 
 impl Warp {
@@ -399,6 +439,9 @@ struct Launch<'a> {
     limits: &'a Limits<'a>,
     steps: AtomicU64,
     start: Instant,
+    /// `%envreg0..31`, the driver's values: a cooperative grid's
+    /// workspace (high and low halves in 1 and 2), zero otherwise.
+    envreg: [u64; 32],
 }
 
 enum Stop {
@@ -426,6 +469,9 @@ pub fn launch(
     let info = module
         .kernel(kernel)
         .ok_or_else(|| ExecError::NoKernel(kernel.to_string()))?;
+    if let Some(e) = module.refused(kernel) {
+        return Err(ExecError::Refused(Box::new(e.clone())));
+    }
     let threads = cfg
         .block
         .iter()
@@ -447,6 +493,14 @@ pub fn launch(
     let nblocks = gx as u64 * gy as u64 * gz as u64;
     if gx > i32::MAX as u32 || gy > 65535 || gz > 65535 || nblocks == 0 {
         return Err(ExecError::BadLaunch(format!("grid {:?}", cfg.grid)));
+    }
+    // Blocks of a cooperative grid wait for each other: each needs a
+    // thread of its own.
+    if limits.grid_sync.is_some() && nblocks > cfg.workers.max(1) as u64 {
+        return Err(ExecError::BadLaunch(format!(
+            "a cooperative grid of {nblocks} blocks, {} can run at once",
+            cfg.workers.max(1)
+        )));
     }
     if (params.len() as u64) < info.param_bytes as u64 {
         return Err(ExecError::BadLaunch(format!(
@@ -476,7 +530,11 @@ pub fn launch(
         cfg,
         params,
         mem,
-        statics: VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
+        // Variables in device memory need no copy of their own.
+        statics: match limits.statics {
+            Some(_) => VecMemory::new(STATIC_WINDOW, 0),
+            None => VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
+        },
         dyn_base,
         static_end: info.shared_static as u64,
         reg_ranges: std::iter::once((0, 2))
@@ -487,6 +545,11 @@ pub fn launch(
         limits,
         steps: AtomicU64::new(0),
         start: Instant::now(),
+        envreg: std::array::from_fn(|n| match (limits.grid_sync, n) {
+            (Some(a), 1) => a >> 32,
+            (Some(a), 2) => a & 0xffff_ffff,
+            _ => 0,
+        }),
     };
     let start_pc = module.funcs[fi].start;
     let next = AtomicU64::new(0);
@@ -542,7 +605,9 @@ pub fn launch(
 
 impl Launch<'_> {
     fn new_warps(&self) -> Vec<Warp> {
-        let nregs = self.m.nregs as usize;
+        // Rows up to the last register the kernel may use: a kernel of a
+        // large module does not reserve every other kernel's.
+        let nregs = self.reg_ranges.iter().map(|r| r.1).max().unwrap_or(2) as usize;
         (0..self.nwarps)
             .map(|w| Warp {
                 regs: vec![[0; 32]; nregs],
@@ -559,6 +624,7 @@ impl Launch<'_> {
                 pmem: vec![0; self.m.param_size as usize * 32],
                 wid: w,
                 tid: [[0; 32]; 3],
+                red: None,
             })
             .collect()
     }
@@ -599,6 +665,7 @@ impl Launch<'_> {
             w.waiting = 0;
             w.parked = 0;
             w.released = false;
+            w.red = None;
             w.resched();
         }
         loop {
@@ -609,19 +676,9 @@ impl Launch<'_> {
                     self.run_warp(w, ctaid, shared, stats, abort)?;
                 }
             }
-            if !any {
-                // Everyone left waits at the barrier (or has ended).
-                let mut live = false;
-                for w in warps.iter_mut() {
-                    if w.live != 0 {
-                        live = true;
-                        w.waiting = 0;
-                        w.resched();
-                    }
-                }
-                if !live {
-                    return Ok(());
-                }
+            // Everyone left waits at the barrier (or has ended).
+            if !any && !release_barrier(warps) {
+                return Ok(());
             }
         }
     }
@@ -782,7 +839,10 @@ impl Launch<'_> {
                     }
                     w.resched();
                 }
-                Op::Bar => {
+                Op::Bar | Op::BarRed { .. } => {
+                    if let &Op::BarRed { op, d, c, neg } = &inst.op {
+                        self.bar_red_arrive(w, (op, d, c, neg), mask, ctaid, &mut scratch.a);
+                    }
                     w.cur_pc += 1;
                     w.materialize();
                     w.waiting |= mask;
@@ -1006,6 +1066,7 @@ impl Launch<'_> {
             Sreg::LaneMaskGt => lm(|l| !(((1u64 << (l + 1)) - 1) as u32)),
             Sreg::LaneMaskGe => lm(|l| !((1u32 << l) - 1)),
             Sreg::DynSmem => self.cfg.shared_dyn as u64,
+            Sreg::EnvReg(n) => self.envreg[n as usize & 31],
             Sreg::TotalSmem => self.shared_len as u64,
         }
     }
@@ -1074,7 +1135,13 @@ impl Launch<'_> {
             Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get(r)),
             Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get(r)),
             Space::KParam => slot(0, self.params.len(), a, n).and_then(|r| self.params.get(r)),
-            _ if in_statics(a) => return self.statics.read(a, buf).map_err(|_| ill),
+            _ if in_statics(a) => {
+                return match self.limits.statics {
+                    Some(base) => self.mem.read(relocate(base, a), buf),
+                    None => self.statics.read(a, buf),
+                }
+                .map_err(|_| ill)
+            }
             Space::Const => None,
             _ => return self.mem.read(a, buf).map_err(|_| ill),
         };
@@ -1100,8 +1167,17 @@ impl Launch<'_> {
             Space::Shared => self.shared_off(a, n).and_then(|o| shared.get_mut(o..o + n)),
             Space::Local => slot(l, ls, a, n).and_then(|r| w.local.get_mut(r)),
             Space::Param => slot(l, ps, a, n).and_then(|r| w.pmem.get_mut(r)),
-            Space::KParam | Space::Const => None,
-            _ if in_statics(a) => return self.statics.write(a, buf).map_err(|_| ill),
+            // `st` has no `.const`: a generic address of the module's
+            // variables (`.global` or `.const`) classifies as Const, and
+            // is written like the device memory it is on a GPU.
+            Space::KParam => None,
+            _ if in_statics(a) => {
+                return match self.limits.statics {
+                    Some(base) => self.mem.write(relocate(base, a), buf),
+                    None => self.statics.write(a, buf),
+                }
+                .map_err(|_| ill)
+            }
             _ => return self.mem.write(a, buf).map_err(|_| ill),
         };
         dst.ok_or(ill)?.copy_from_slice(buf);
@@ -1131,9 +1207,11 @@ impl Launch<'_> {
                 shared[o..o + n].copy_from_slice(&new.to_le_bytes()[..n]);
                 Ok(old)
             }
-            Space::Global | Space::Const if in_statics(a) => {
-                self.statics.atomic(a, op, b, c).map_err(|_| ill)
+            Space::Global | Space::Const if in_statics(a) => match self.limits.statics {
+                Some(base) => self.mem.atomic(relocate(base, a), op, b, c),
+                None => self.statics.atomic(a, op, b, c),
             }
+            .map_err(|_| ill),
             Space::Global | Space::Const => self.mem.atomic(a, op, b, c).map_err(|_| ill),
             _ => Err(ExecError::Unsupported {
                 what: "atomics on local or parameter memory",
@@ -1733,8 +1811,70 @@ impl Launch<'_> {
                     }
                 }
             }
+            // The rarer families run out of line: inlined here, their
+            // loops would cost every other instruction registers.
+            Op::Bmsk { clamp, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                bmsk_rows(clamp, a, b, out);
+                w.put(d, mask, out);
+            }
+            Op::Half {
+                op,
+                ty,
+                lanes,
+                ftz,
+                sat,
+                relu,
+                d,
+                a,
+                b,
+                c,
+            } => {
+                let [a, b, c] = opnds!(a => ta, b => tb, c => tc);
+                half_rows(op, ty, lanes, [ftz, sat, relu], [a, b, c], out);
+                w.put(d, mask, out);
+            }
+            Op::Set {
+                cmp,
+                sty,
+                dty,
+                packed,
+                comb,
+                d,
+                a,
+                b,
+            } => {
+                let c = comb.map(|(bop, c, neg)| {
+                    self.fetch(w, c, ctaid, tc);
+                    (bop, neg)
+                });
+                let [a, b] = opnds!(a => ta, b => tb);
+                set_rows(
+                    cmp,
+                    sty,
+                    dty,
+                    packed,
+                    c.map(|(bop, neg)| (bop, neg, &*tc)),
+                    a,
+                    b,
+                    out,
+                );
+                w.put(d, mask, out);
+            }
+            Op::CvtPack { ty, relu, d, a, b } => {
+                let [a, b] = opnds!(a => ta, b => tb);
+                cvt_pack_rows(ty, relu, a, b, out);
+                w.put(d, mask, out);
+            }
             Op::Nop => {}
-            Op::Bra { .. } | Op::Call { .. } | Op::Ret | Op::Exit | Op::Bar | Op::Trap => {}
+            Op::Refused(i) => return Err(self.refused(i, line)),
+            Op::Bra { .. }
+            | Op::Call { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Bar
+            | Op::BarRed { .. }
+            | Op::Trap => {}
         }
         Ok(())
     }
@@ -2457,6 +2597,197 @@ fn fx(
             *v = fl(*v);
         }
     }
+}
+
+impl Launch<'_> {
+    /// Lanes `mask` arrive at a `bar.red`: their predicates join the
+    /// warp's part of the reduction.
+    #[inline(never)]
+    fn bar_red_arrive(
+        &self,
+        w: &mut Warp,
+        (op, d, c, neg): (BarRedOp, u32, Src, bool),
+        mask: u32,
+        ctaid: [u32; 3],
+        tmp: &mut [u64; 32],
+    ) {
+        let set = ballot(self.opnd(w, c, ctaid, tmp), neg) & mask;
+        let r = w.red.get_or_insert(RedWait {
+            op,
+            d,
+            lanes: 0,
+            set: 0,
+        });
+        r.lanes |= mask;
+        r.set |= set;
+    }
+
+    /// The error of refused instruction `i` (kernels that reach one are
+    /// refused before they start: this is never expected to run).
+    #[cold]
+    fn refused(&self, i: u32, line: u32) -> ExecError {
+        match self.m.refused.get(i as usize) {
+            Some(e) => ExecError::Refused(Box::new(e.clone())),
+            None => ExecError::Unsupported {
+                what: "an instruction this executor does not run",
+                line,
+            },
+        }
+    }
+}
+
+#[inline(never)]
+fn bmsk_rows(clamp: bool, a: &[u64; 32], b: &[u64; 32], out: &mut [u64; 32]) {
+    map2(out, a, b, |x, y| bmsk(clamp, x as u32, y as u32) as u64);
+}
+
+/// Half-precision arithmetic on `lanes` halves of each lane's operands.
+#[inline(never)]
+fn half_rows(
+    op: HalfOp,
+    ty: Ty,
+    lanes: u8,
+    [ftz, sat, relu]: [bool; 3],
+    [a, b, c]: [&[u64; 32]; 3],
+    out: &mut [u64; 32],
+) {
+    for l in 0..32 {
+        let mut r = 0u64;
+        for k in 0..lanes as u32 {
+            let part = |x: u64| (x >> (16 * k)) as u16;
+            let h = half::half_arith(op, ty, ftz, sat, relu, part(a[l]), part(b[l]), part(c[l]));
+            r |= (h as u64) << (16 * k);
+        }
+        out[l] = r;
+    }
+}
+
+/// `set`: 1.0 or all ones where the comparison (combined with the
+/// predicate row `comb` gives) holds, per half of packed operands.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn set_rows(
+    cmp: Cmp,
+    sty: Ty,
+    dty: Ty,
+    packed: bool,
+    comb: Option<(BoolOp, bool, &[u64; 32])>,
+    a: &[u64; 32],
+    b: &[u64; 32],
+    out: &mut [u64; 32],
+) {
+    let (width, lanes) = if packed { (16, 2) } else { (dty.bits(), 1) };
+    let yes = match dty {
+        Ty::F32 => 0x3f80_0000,
+        Ty::F64 => 1f64.to_bits(),
+        Ty::F16 => 0x3c00,
+        Ty::Bf16 => 0x3f80,
+        _ => mask_of(width),
+    };
+    *out = [0; 32];
+    let mut r = [0u64; 32];
+    for k in 0..lanes {
+        let part = |x: &[u64; 32]| x.map(|v| (v >> (16 * k)) & 0xffff);
+        let (pa, pb) = if packed { (part(a), part(b)) } else { (*a, *b) };
+        setp(cmp, sty, &pa, &pb, &mut r);
+        if let Some((bop, neg, c)) = comb {
+            for (v, p) in r.iter_mut().zip(c) {
+                let p = (p & 1) ^ neg as u64;
+                *v = match bop {
+                    BoolOp::And => *v & p,
+                    BoolOp::Or => *v | p,
+                    BoolOp::Xor => *v ^ p,
+                };
+            }
+        }
+        for (o, &v) in out.iter_mut().zip(&r) {
+            *o |= (v * yes) << (16 * k);
+        }
+    }
+}
+
+/// `cvt.rn{.relu}.f16x2.f32`: `a` to the upper half, `b` to the lower.
+#[inline(never)]
+fn cvt_pack_rows(ty: Ty, relu: bool, a: &[u64; 32], b: &[u64; 32], out: &mut [u64; 32]) {
+    let one = |x: u64| -> u64 {
+        let f = f32v(x);
+        let h = if f.is_nan() {
+            half::CANONICAL_NAN
+        } else if relu && f < 0.0 {
+            0
+        } else if ty == Ty::Bf16 {
+            f32_to_bf16(f)
+        } else {
+            f32_to_f16(f)
+        };
+        h as u64
+    };
+    map2(out, a, b, |x, y| (one(x) << 16) | one(y));
+}
+
+/// Lets the warps waiting at a barrier go on (with the result of a
+/// `bar.red`); false when none is left. Out of line: once per barrier,
+/// and kept out of the block's loop over its warps.
+#[inline(never)]
+fn release_barrier(warps: &mut [Warp]) -> bool {
+    finish_bar_red(warps);
+    let mut live = false;
+    for w in warps.iter_mut() {
+        if w.live != 0 {
+            live = true;
+            w.waiting = 0;
+            w.resched();
+        }
+    }
+    live
+}
+
+/// Releases a `bar.red` every thread reached (exited ones count as
+/// arrived and add nothing): each waiting lane gets the reduction of all
+/// the block's predicates.
+fn finish_bar_red(warps: &mut [Warp]) {
+    let (mut count, mut all, mut any) = (0u64, true, false);
+    for r in warps.iter().filter_map(|w| w.red) {
+        count += r.set.count_ones() as u64;
+        all &= r.set == r.lanes;
+        any |= r.set != 0;
+    }
+    for w in warps.iter_mut() {
+        if let Some(r) = w.red.take() {
+            let v = match r.op {
+                BarRedOp::Popc => count,
+                BarRedOp::And => all as u64,
+                BarRedOp::Or => any as u64,
+            };
+            w.put(r.d, r.lanes, &[v; 32]);
+        }
+    }
+}
+
+/// `bmsk`: a mask of `b` bits from bit `a`, positions and widths past 31
+/// clamped (`clamp`) or taken modulo 32 (the PTX ISA's definition).
+fn bmsk(clamp: bool, a: u32, b: u32) -> u32 {
+    let (a1, b1) = (a & 31, b & 31);
+    let sum = a1 + b1;
+    let mut mask0 = u32::MAX << a1;
+    let mut overflow = sum >= 32;
+    if clamp {
+        if a >= 32 {
+            overflow = true;
+            mask0 = 0;
+        }
+        if b >= 32 {
+            overflow = true;
+        }
+    }
+    let mask1 = if overflow {
+        0
+    } else if b1 == 0 {
+        u32::MAX
+    } else {
+        u32::MAX << sum
+    };
+    mask0 & !mask1
 }
 
 fn sat01(f: f64) -> f64 {

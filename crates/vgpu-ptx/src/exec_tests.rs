@@ -673,7 +673,26 @@ fn directed_rounding_ftz_and_sat() {
         assert_eq!(g, w, "case {i}: {g:#x} != {w:#x}");
     }
     let bad = Module::parse(".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n.reg .f64 %fd<3>;\nfma.rz.f64 %fd1, %fd1, %fd1, %fd1;\n}\n");
-    assert!(bad.unwrap_err().msg.contains("rounding mode"));
+    let bad = bad.unwrap();
+    assert!(bad.refused("k").unwrap().msg.contains("rounding mode"));
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    let e = launch(
+        &bad,
+        "k",
+        &cfg,
+        &[],
+        &VecMemory::new(0, 0),
+        &Limits::default(),
+    );
+    assert!(
+        matches!(&e, Err(ExecError::Refused(p)) if p.line == 7),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -949,4 +968,311 @@ fn warps_spinning_on_each_other_progress() {
             5000
         );
     }
+}
+
+#[test]
+fn bit_masks() {
+    let r = eval(&[
+        // The PTX ISA's example: 2 bits from bit 1.
+        ("bmsk.wrap.b32 %r1, 1, 2;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 4, 40;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 40, 1;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 0, 32;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 0, 0;", "%r1"),
+        // Modulo 32: from bit 4, 2 bits.
+        (
+            "mov.u32 %r2, 36; mov.u32 %r3, 34; bmsk.wrap.b32 %r1, %r2, %r3;",
+            "%r1",
+        ),
+        // A width of 32 wraps to none.
+        ("bmsk.wrap.b32 %r1, 0, 32;", "%r1"),
+        // Past bit 31: the bits up to 31.
+        ("bmsk.wrap.b32 %r1, 30, 4;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 30, 4;", "%r1"),
+        ("bmsk.clamp.b32 %r1, 8, 8;", "%r1"),
+    ]);
+    assert_eq!(
+        r,
+        vec![
+            6,
+            0xffff_fff0,
+            0,
+            0xffff_ffff,
+            0,
+            0x30,
+            0,
+            0xc000_0000,
+            0xc000_0000,
+            0xff00
+        ]
+    );
+}
+
+#[test]
+fn environment_registers_read_zero() {
+    let r = eval(&[
+        ("mov.u32 %r1, 5; mov.u32 %r1, %envreg0;", "%r1"),
+        ("mov.u32 %r1, 5; mov.u32 %r1, %envreg31;", "%r1"),
+    ]);
+    assert_eq!(r, vec![0, 0]);
+    for bad in ["%envreg32", "%envreg07", "%envreg"] {
+        let text = format!(
+            ".version 8.5\n.target sm_90\n.address_size 64\n.visible .entry k()\n{{\n.reg .b32 %r1;\nmov.u32 %r1, {bad};\nret;\n}}\n"
+        );
+        assert!(Module::parse(&text).is_err(), "{bad}");
+    }
+}
+
+/// `h(x)` is `x` as an f16 bit pattern, `hb` as a bfloat16 one.
+fn h(x: f32) -> u64 {
+    crate::half::f32_to_f16(x) as u64
+}
+fn hb(x: f32) -> u64 {
+    crate::half::f32_to_bf16(x) as u64
+}
+fn pair(lo: u64, hi: u64) -> u64 {
+    lo | hi << 16
+}
+
+#[test]
+fn packed_half_arithmetic() {
+    let p = |lo: f32, hi: f32| format!("{:#x}", pair(h(lo), h(hi)));
+    let b = |lo: f32, hi: f32| format!("{:#x}", pair(hb(lo), hb(hi)));
+    let r = eval(&[
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; add.f16x2 %r3, %r1, %r2;", p(1.0, 2.0), p(0.5, 0.25)), "%r3"),
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; sub.rn.f16x2 %r3, %r1, %r2;", p(1.0, 2.0), p(0.5, 0.25)), "%r3"),
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; mul.f16x2 %r3, %r1, %r2;", p(3.0, -2.0), p(0.5, 0.25)), "%r3"),
+        // fma with relu: the negative lane is zero.
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; mov.b32 %r4, {}; fma.rn.relu.f16x2 %r3, %r1, %r2, %r4;", p(3.0, -2.0), p(0.5, 4.0), p(1.0, 1.0)), "%r3"),
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; add.rn.sat.f16x2 %r3, %r1, %r2;", p(0.75, -1.0), p(0.5, 0.25)), "%r3"),
+        (&format!("mov.b32 %r1, {}; neg.f16x2 %r3, %r1;", p(1.0, -2.0)), "%r3"),
+        (&format!("mov.b32 %r1, {}; abs.f16x2 %r3, %r1;", p(-1.0, 2.0)), "%r3"),
+        // min/max lane by lane; a NaN lane gives the other operand.
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; min.f16x2 %r3, %r1, %r2;", p(1.0, 5.0), p(2.0, -3.0)), "%r3"),
+        (&format!("mov.b32 %r1, 0x7fff3c00; mov.b32 %r2, {}; max.f16x2 %r3, %r1, %r2;", p(2.0, -3.0)), "%r3"),
+        // bfloat16 pairs, as nvcc emits them for compute_80.
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; mov.b32 %r4, 0x3f803f80; fma.rn.bf16x2 %r3, %r1, %r4, %r2;", b(1.5, 2.0), b(0.5, -4.0)), "%r3"),
+        (&format!("mov.b32 %r1, {}; neg.bf16x2 %r3, %r1;", b(1.0, -2.0)), "%r3"),
+        (&format!("mov.b32 %r1, {}; mov.b32 %r2, {}; max.bf16x2 %r3, %r1, %r2;", b(1.0, -2.0), b(0.5, -1.0)), "%r3"),
+        // Floats packed: a to the upper half, b to the lower.
+        (&format!("mov.f32 %f1, {}; mov.f32 %f2, {}; cvt.rn.f16x2.f32 %r3, %f1, %f2;", f32c(1.0), f32c(2.0)), "%r3"),
+        (&format!("mov.f32 %f1, {}; mov.f32 %f2, {}; cvt.rn.relu.bf16x2.f32 %r3, %f1, %f2;", f32c(-1.0), f32c(3.0)), "%r3"),
+        // Halves in and out of pairs, scalar half arithmetic.
+        (&format!("mov.b32 %r1, {}; mov.b32 {{%h1, %h2}}, %r1; fma.rn.relu.f16 %h3, %h1, %h2, %h1; mov.b32 %r3, {{%h3, %h2}};", p(-1.0, 3.0)), "%r3"),
+        (&format!("mov.b16 %h1, {:#x}; mov.b16 %h2, {:#x}; add.bf16 %h3, %h1, %h2;", hb(1.0), hb(0.5)), "%h3"),
+    ]);
+    let want = vec![
+        pair(h(1.5), h(2.25)),
+        pair(h(0.5), h(1.75)),
+        pair(h(1.5), h(-0.5)),
+        pair(h(2.5), 0),
+        pair(h(1.0), 0),
+        pair(h(-1.0), h(2.0)),
+        pair(h(1.0), h(2.0)),
+        pair(h(1.0), h(-3.0)),
+        pair(h(2.0), h(-3.0)),
+        pair(hb(2.0), hb(-2.0)),
+        pair(hb(-1.0), hb(2.0)),
+        pair(hb(1.0), hb(-1.0)),
+        pair(h(2.0), h(1.0)),
+        pair(hb(3.0), 0),
+        pair(0, h(3.0)),
+        hb(1.5),
+    ];
+    for (i, (g, w)) in r.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "case {i}: {g:#x} != {w:#x}");
+    }
+}
+
+#[test]
+fn barrier_reductions() {
+    // Threads 90..100 exit first (they count as arrived and add nothing);
+    // the others reduce predicates over the block, each getting the result.
+    let body = "
+        setp.ge.u32 %p1, %r0, 90;
+        @%p1 bra DONE;
+        rem.u32 %r1, %r0, 3;
+        setp.eq.u32 %p2, %r1, 0;
+        bar.red.popc.u32 %r2, 0, %p2;
+        setp.lt.u32 %p3, %r0, 1000;
+        bar.red.and.pred %p4, 1, %p3;
+        setp.ne.u32 %p3, %r0, 77;
+        barrier.cta.red.and.aligned.pred %p5, 2, %p3;
+        setp.eq.u32 %p3, %r0, 77;
+        bar.red.or.pred %p6, 3, 64, %p3;
+        bar.red.or.pred %p7, 0, !%p3;
+        barrier.red.popc.u32 %r3, 0, !%p2;
+        selp.u32 %r4, 1, 0, %p4;
+        selp.u32 %r5, 2, 0, %p5;
+        selp.u32 %r6, 4, 0, %p6;
+        selp.u32 %r7, 8, 0, %p7;
+        add.u32 %r4, %r4, %r5;
+        add.u32 %r4, %r4, %r6;
+        add.u32 %r4, %r4, %r7;
+        shl.b32 %r3, %r3, 8;
+        or.b32 %r2, %r2, %r3;
+        shl.b32 %r4, %r4, 16;
+        or.b32 %r2, %r2, %r4;
+        st.global.u32 [%rd2], %r2;
+        DONE:
+    ";
+    let r = run_on(body, 3, 100, 100).unwrap();
+    // 0, 3, ..., 87: 30 of 90 threads.
+    let want = 30 | 60 << 8 | (1 | 4 | 8) << 16;
+    for (t, v) in r.iter().enumerate() {
+        let w = if t < 90 { want } else { 0 };
+        assert_eq!(*v, w, "thread {t}: {v:#x}");
+    }
+}
+
+#[test]
+fn module_variables_in_device_memory() {
+    let text = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .global .align 4 .u32 counter = 5;\n.const .align 4 .u32 step[2] = {3, 4};\n\
+        .visible .entry k(.param .u64 out)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd0, [out];\nld.const.u32 %r1, [step+4];\natom.global.add.u32 %r2, [counter], %r1;\n\
+        ld.global.u32 %r3, [counter];\nst.global.u32 [%rd0], %r3;\nmov.u64 %rd1, counter;\nst.global.u64 [%rd0+8], %rd1;\nret;\n}\n";
+    let m = Module::parse(text).unwrap();
+    assert_eq!(m.variable("counter"), Some((0, 4)));
+    assert_eq!(m.variable("step"), Some((4, 8)));
+    assert_eq!(m.variable("out"), None);
+    assert_eq!(m.statics(), &[5, 0, 0, 0, 3, 0, 0, 0, 4, 0, 0, 0]);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_dyn: 0,
+        workers: 1,
+    };
+    // Without a home in device memory, each launch starts afresh.
+    let mem = VecMemory::new(OUT, 16);
+    for _ in 0..2 {
+        launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &Limits::default()).unwrap();
+        assert_eq!(mem.to_bytes()[..4], 9u32.to_le_bytes());
+    }
+    // In device memory (after `out`): values persist and the host sees
+    // and sets them; the kernel's own address for them still works.
+    let home = OUT + 16;
+    let mem = VecMemory::new(OUT, 16 + 12);
+    mem.write(home, m.statics()).unwrap();
+    let l = Limits {
+        statics: Some(home),
+        ..Limits::default()
+    };
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    let b = mem.to_bytes();
+    assert_eq!(b[..4], 13u32.to_le_bytes());
+    assert_eq!(b[16..20], 13u32.to_le_bytes());
+    mem.write(home + 8, &10u32.to_le_bytes()).unwrap();
+    launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    assert_eq!(mem.to_bytes()[..4], 23u32.to_le_bytes());
+    // A store through the variable's generic address (`int *p =
+    // &counter; *p = v;`) lands in it.
+    let m2 = Module::parse(&text.replace(
+        "mov.u64 %rd1, counter;",
+        "mov.u64 %rd1, counter;\ncvta.global.u64 %rd3, %rd1;\nst.u32 [%rd3], 1000;",
+    ))
+    .unwrap();
+    launch(&m2, "k", &cfg, &OUT.to_le_bytes(), &mem, &l).unwrap();
+    assert_eq!(mem.to_bytes()[16..20], 1000u32.to_le_bytes());
+    // A home outside device memory faults.
+    let l = Limits {
+        statics: Some(OUT + 4096),
+        ..Limits::default()
+    };
+    let e = launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &l);
+    assert!(matches!(e, Err(ExecError::IllegalAddress { .. })), "{e:?}");
+}
+
+#[test]
+fn set_writes_ones_or_all_ones() {
+    let p = |lo: f32, hi: f32| format!("{:#x}", pair(h(lo), h(hi)));
+    let r = eval(&[
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.eq.f16x2.f16x2 %r3, %r1, %r2;",
+                p(1.0, 2.0),
+                p(1.0, 3.0)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.gt.u32.f16x2 %r3, %r1, %r2;",
+                p(2.0, 1.0),
+                p(1.0, 1.0)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b32 %r1, {}; mov.b32 %r2, {}; set.ge.ftz.f16x2.f16x2 %r3, %r1, %r2;",
+                p(-1.0, 1.0),
+                p(-1.0, 0.5)
+            ),
+            "%r3",
+        ),
+        (
+            &format!(
+                "mov.b16 %h1, {:#x}; mov.b16 %h2, {:#x}; set.eq.f16.f16 %h3, %h1, %h2;",
+                h(1.5),
+                h(1.5)
+            ),
+            "%h3",
+        ),
+        (
+            &format!(
+                "mov.b16 %h1, {:#x}; mov.b16 %h2, {:#x}; set.ltu.f16.f16 %h3, %h1, %h2;",
+                h(1.5),
+                h(1.0)
+            ),
+            "%h3",
+        ),
+        ("set.lt.u32.s32 %r3, -1, 0;", "%r3"),
+        ("set.lt.u32.u32 %r3, -1, 0;", "%r3"),
+        (
+            &format!(
+                "mov.f32 %f1, {}; set.gt.f32.f32 %r3, %f1, 0f00000000;",
+                f32c(2.0)
+            ),
+            "%r3",
+        ),
+        (
+            "setp.eq.u32 %p1, %r0, 0; set.lt.and.u32.s32 %r3, 1, 2, !%p1;",
+            "%r3",
+        ),
+        (
+            "setp.eq.u32 %p1, %r0, 0; set.lt.or.u32.s32 %r3, 3, 2, %p1;",
+            "%r3",
+        ),
+    ]);
+    assert_eq!(
+        r,
+        vec![
+            pair(h(1.0), 0),
+            0xffff,
+            pair(h(1.0), h(1.0)),
+            h(1.0),
+            0,
+            0xffff_ffff,
+            0,
+            0x3f80_0000,
+            0,
+            0xffff_ffff
+        ]
+    );
+}
+
+#[test]
+fn packed_half_atomics() {
+    // 64 threads add (1.0, 0.5) to one pair, and (0.25, 2.0) to a
+    // bfloat16 pair: exact sums.
+    let body = format!(
+        "atom.global.add.noftz.f16x2 %r1, [%rd0], {:#x};\nred.global.add.noftz.bf16x2 [%rd0+8], {:#x};",
+        pair(h(1.0), h(0.5)),
+        pair(hb(0.25), hb(2.0))
+    );
+    let r = run_on(&body, 1, 64, 2).unwrap();
+    assert_eq!(r[0], pair(h(64.0), h(32.0)));
+    assert_eq!(r[1], pair(hb(16.0), hb(128.0)));
 }

@@ -115,6 +115,8 @@ pub enum Sreg {
     LaneMaskGe,
     DynSmem,
     TotalSmem,
+    /// `%envreg0`..`%envreg31`: set by the driver; zero here.
+    EnvReg(u8),
 }
 
 /// A source operand.
@@ -318,6 +320,33 @@ pub enum FxOp {
     Bin(BinOp),
     Un(UnOp),
     Fma,
+}
+
+/// The reduction of `bar.red` / `barrier.cta.red`.
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarRedOp {
+    /// `.popc.u32`: how many threads' predicates are true.
+    Popc,
+    /// `.and.pred`: whether every thread's is.
+    And,
+    /// `.or.pred`: whether any thread's is.
+    Or,
+}
+
+/// Half-precision arithmetic (`.f16`, `.bf16` and their packed `x2`
+/// forms).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfOp {
+    Add,
+    Sub,
+    Mul,
+    Fma,
+    Min,
+    Max,
+    Neg,
+    Abs,
 }
 
 /// One decoded instruction.
@@ -546,6 +575,63 @@ pub enum Op {
     },
     Trap,
     Nop,
+    /// `bar.red`: a barrier that also reduces each thread's predicate `c`
+    /// (negated if `neg`) over the block into `d`.
+    BarRed {
+        op: BarRedOp,
+        d: u32,
+        c: Src,
+        neg: bool,
+    },
+    /// `bmsk`: `b` bits set from bit `a` (`clamp` or `wrap` of
+    /// positions and widths past 31).
+    Bmsk {
+        clamp: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
+    /// Half-precision arithmetic on `lanes` (1, or 2 packed in 32 bits)
+    /// values of `ty` (`F16` or `Bf16`), rounded to nearest once, with
+    /// subnormals flushed (`ftz`), results clamped to [0, 1] (`sat`) or
+    /// negative results to zero (`relu`).
+    Half {
+        op: HalfOp,
+        ty: Ty,
+        lanes: u8,
+        ftz: bool,
+        sat: bool,
+        relu: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    /// `set`: the comparison of `a` and `b` (of `sty`; two halves each if
+    /// `packed`), combined with a predicate, as 1.0 for a float `dty` or
+    /// all ones for an integer one (per half when packed), else 0.
+    Set {
+        cmp: Cmp,
+        sty: Ty,
+        dty: Ty,
+        packed: bool,
+        comb: Option<(BoolOp, Src, bool)>,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
+    /// `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`: `a` into the upper half
+    /// of `d`, `b` into the lower.
+    CvtPack {
+        ty: Ty,
+        relu: bool,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
+    /// An instruction this executor does not run: its index in the
+    /// module's refusals. Kernels that may reach it do not launch.
+    Refused(u32),
 }
 
 /// An instruction with its guard predicate.

@@ -89,17 +89,26 @@
 //! integer rounding (`.rni .rzi .rmi .rpi`), `.sat` and `.ftz`, `bra`,
 //! `call`, `ret`, `exit`, `trap`, special registers (`%tid`, `%ntid`,
 //! `%ctaid`, `%nctaid`, `%laneid`, `%warpid`, `%nwarpid`, `%lanemask_*`,
-//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...),
+//! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...;
+//! `%envreg0`..`%envreg31`: zero, but for a cooperative launch's grid
+//! workspace, [`Limits::grid_sync`], with which cooperative groups'
+//! `grid.sync()` works),
 //! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
 //! and 64-bit integers, f32 and f64 add) on global, shared and generic
 //! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate
 //! output), `vote.sync` (all, any, uni, ballot), `redux.sync`,
 //! `match.any/all.sync`, `elect.sync`, `activemask`, `isspacep`,
-//! `bar.sync`/`barrier.sync`, `membar`/`fence` (no-ops: a block runs on
+//! `bar.sync`/`barrier.sync`, `bar.red`/`barrier.cta.red` (`.popc.u32`,
+//! `.and.pred`, `.or.pred`), `membar`/`fence` (no-ops: a block runs on
 //! one thread and device memory is accessed with atomics), `rcp`,
 //! `sqrt`, `rsqrt`, `ex2`, `lg2`, `sin`, `cos`, `tanh`, `popc`, `clz`,
-//! `brev`, `bfind`, `bfe`, `bfi`, `prmt` (default mode), `lop3`,
-//! `copysign`, `testp`. Calls of the runtime's `vprintf` (device
+//! `brev`, `bfind`, `bfe`, `bfi`, `bmsk` (`.clamp`, `.wrap`), `prmt`
+//! (default mode), `lop3`, `copysign`, `testp`. Half precision, scalar
+//! and packed (`.f16`, `.bf16`, `.f16x2`, `.bf16x2`): `add`, `sub`,
+//! `mul`, `fma` (`.rn`, `.ftz`, `.sat`, `.relu`; rounded once, as the
+//! hardware does), `min`, `max` (`.relu`), `neg`, `abs`,
+//! `cvt.rn{.relu}.f16x2.f32` / `.bf16x2.f32`, `set` (every type pair,
+//! half pairs too) and `atom`/`red.add.noftz` of `.f16x2`/`.bf16x2`. Calls of the runtime's `vprintf` (device
 //! `printf`) are formatted as C's `printf` does, each lane's text handed
 //! to [`Limits::print`] (a [`PrintSink`]) and the call returns what CUDA's
 //! does: the number of arguments, -1 for an unreadable format, -2 for
@@ -108,22 +117,32 @@
 //!
 //! # Not supported (a parse or launch error, never a wrong answer where
 //! it can be detected)
+//! Valid PTX that the executor does not run does not fail the module: the
+//! kernels that may reach such an instruction (themselves or through the
+//! functions they call) fail to launch with [`ExecError::Refused`], which
+//! names the instruction and its line ([`Module::refusals`],
+//! [`Module::refused`]); the module's other kernels run. Malformed PTX
+//! fails [`Module::parse`], as the driver's compiler refuses it.
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
 //!   functions such as `malloc` (refused at run time), textures and
-//!   surfaces, `bar.arrive`/`bar.red`, packed half types (`f16x2`), `prmt`
+//!   surfaces, `bar.arrive`, other packed types and operations (`ex2`,
+//!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`; 16-bit atomics), `prmt`
 //!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
 //!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
 //! - Directed rounding (`.rz .rm .rp`) is exact for `add`, `sub`, `mul`,
 //!   `div`, `sqrt`, `rcp` (f32 and f64), `fma.f32`, int-to-float `cvt` and
-//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, f16/bf16 arithmetic, other
-//!   operations) it is refused when the module is parsed. Float-to-f16
+//!   f64-to-f32 `cvt`; elsewhere (`fma.f64`, other operations) the
+//!   kernels that use it are refused. Float-to-f16
 //!   `cvt` rounds to nearest. `.ftz` and `.sat` are honoured on float
 //!   arithmetic and `cvt`. The `.approx` functions (`ex2`, `lg2`, `sin`,
 //!   `cos`, `rsqrt`, `tanh`) are computed in double precision and rounded,
 //!   well within their documented error.
 //! - Named barriers with thread counts behave as whole-block barriers.
-//! - `.global` variables of a module live for one launch (initialised
-//!   from the module each time). `.shared` variables have one layout for
+//! - `.global` and `.const` variables of a module live for one launch
+//!   (initialised from the module each time) unless [`Limits::statics`]
+//!   gives them a home in device memory ([`Module::statics`],
+//!   [`Module::variable`]), as the software backend does. `.shared`
+//!   variables have one layout for
 //!   the whole module; a kernel's static shared memory ends with the last
 //!   one it (or a function it calls) names, so in a module of several
 //!   kernels it may count variables of others laid out before its own.

@@ -40,6 +40,10 @@ pub enum AtomTy {
     S64,
     F32,
     F64,
+    /// Two halves (`atom.add.noftz.f16x2`), each added and rounded alone.
+    F16x2,
+    /// Two bfloat16 values (`atom.add.noftz.bf16x2`).
+    Bf16x2,
 }
 
 /// An atomic read-modify-write: the operation and its operand type.
@@ -55,7 +59,7 @@ impl AtomicOp {
     /// Bytes accessed.
     pub fn size(self) -> usize {
         match self.ty {
-            AtomTy::U32 | AtomTy::S32 | AtomTy::F32 => 4,
+            AtomTy::U32 | AtomTy::S32 | AtomTy::F32 | AtomTy::F16x2 | AtomTy::Bf16x2 => 4,
             _ => 8,
         }
     }
@@ -76,6 +80,28 @@ impl AtomicOp {
                 (f32::from_bits(old as u32) + f32::from_bits(b as u32)).to_bits() as u64
             }
             (K::Add, AtomTy::F64) => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
+            (K::Add, AtomTy::F16x2 | AtomTy::Bf16x2) => {
+                let ty = if self.ty == AtomTy::F16x2 {
+                    crate::ir::Ty::F16
+                } else {
+                    crate::ir::Ty::Bf16
+                };
+                let add = |k: u32| {
+                    let h = |x: u64| (x >> (16 * k)) as u16;
+                    let r = crate::half::half_arith(
+                        crate::ir::HalfOp::Add,
+                        ty,
+                        false,
+                        false,
+                        false,
+                        h(old),
+                        h(b),
+                        0,
+                    );
+                    (r as u64) << (16 * k)
+                };
+                add(0) | add(1)
+            }
             (K::Add, _) => old.wrapping_add(b),
             (K::Min | K::Max, AtomTy::S32) => {
                 let (x, y) = (old as u32 as i32, b as u32 as i32);

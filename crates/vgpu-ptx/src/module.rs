@@ -2,6 +2,7 @@
 //! each kernel (parameters, shared and local memory, registers).
 
 use crate::ir::Inst;
+use crate::parse::ParseError;
 
 /// One kernel parameter as `cuFuncGetParamInfo` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,9 @@ pub(crate) struct Func {
     pub reach_regs: Vec<(u32, u32)>,
     /// 32-bit register units of the function and all it may call.
     pub regs32_total: u32,
+    /// The first refused instruction it may reach (an index in
+    /// [`Module::refusals`]).
+    pub refused: Option<u32>,
 }
 
 /// A parsed and decoded PTX module.
@@ -75,6 +79,11 @@ pub struct Module {
     pub(crate) param_size: u32,
     pub(crate) version: String,
     pub(crate) target: String,
+    /// Instructions this executor does not run, in source order.
+    pub(crate) refused: Vec<ParseError>,
+    /// The module-scope `.global` and `.const` variables: name, offset in
+    /// [`Module::statics`], size.
+    pub(crate) variables: Vec<(String, u32, u32)>,
 }
 
 impl Module {
@@ -86,6 +95,23 @@ impl Module {
     /// The `.target` directive's value.
     pub fn target(&self) -> &str {
         &self.target
+    }
+
+    /// The initial bytes of the module's `.global` and `.const`
+    /// variables, laid out as [`Module::variable`] places them (what a
+    /// launch sees unless [`Limits::statics`](crate::Limits::statics)
+    /// puts them in device memory).
+    pub fn statics(&self) -> &[u8] {
+        &self.statics
+    }
+
+    /// Module variable `name` (`.global` or `.const`, at module scope):
+    /// its offset in [`Module::statics`] and its size.
+    pub fn variable(&self, name: &str) -> Option<(u32, u32)> {
+        self.variables
+            .iter()
+            .find(|v| v.0 == name)
+            .map(|v| (v.1, v.2))
     }
 
     /// Every kernel (`.entry`) of the module.
@@ -103,6 +129,21 @@ impl Module {
             .iter()
             .find(|f| f.entry && f.defined && f.name == name)
             .map(|f| self.info(f))
+    }
+
+    /// The valid PTX instructions of the module that this executor does
+    /// not run (each with its line and why). A kernel that may execute
+    /// one of them does not launch ([`Module::refused`]); the module's
+    /// other kernels do.
+    pub fn refusals(&self) -> &[ParseError] {
+        &self.refused
+    }
+
+    /// Why kernel `name` cannot run here: the first instruction it may
+    /// reach (itself or through its calls) that this executor refuses.
+    pub fn refused(&self, name: &str) -> Option<&ParseError> {
+        let f = &self.funcs[self.func_index(name)?];
+        self.refused.get(f.refused? as usize)
     }
 
     pub(crate) fn func_index(&self, name: &str) -> Option<usize> {

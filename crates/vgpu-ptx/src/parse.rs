@@ -16,6 +16,19 @@ pub struct ParseError {
     pub line: u32,
     /// What is wrong.
     pub msg: String,
+    /// Valid PTX that this executor does not run (an instruction or a
+    /// form of one), rather than malformed text.
+    pub unsupported: bool,
+}
+
+impl ParseError {
+    fn new(line: u32, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            msg: msg.into(),
+            unsupported: false,
+        }
+    }
 }
 
 impl Module {
@@ -35,6 +48,8 @@ impl Module {
                 param_size: 0,
                 version: String::new(),
                 target: String::new(),
+                refused: Vec::new(),
+                variables: Vec::new(),
             },
             globals: HashMap::new(),
             fnames: HashMap::new(),
@@ -86,10 +101,7 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
             i += 2;
             loop {
                 if i + 1 >= b.len() {
-                    return Err(ParseError {
-                        line: start,
-                        msg: "unterminated comment".into(),
-                    });
+                    return Err(ParseError::new(start, "unterminated comment"));
                 }
                 if b[i] == b'*' && b[i + 1] == b'/' {
                     i += 2;
@@ -107,10 +119,7 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
                 i += 1;
             }
             if i >= b.len() || b[i] != b'"' {
-                return Err(ParseError {
-                    line,
-                    msg: "unterminated string".into(),
-                });
+                return Err(ParseError::new(line, "unterminated string"));
             }
             i += 1;
             out.push(Tok {
@@ -163,10 +172,10 @@ fn lex(text: &str) -> Result<Vec<Tok<'_>>, ParseError> {
             i += 1;
         } else {
             let ch = text[i..].chars().next().unwrap_or('?');
-            return Err(ParseError {
+            return Err(ParseError::new(
                 line,
-                msg: format!("unexpected character {ch:?}"),
-            });
+                format!("unexpected character {ch:?}"),
+            ));
         }
     }
     Ok(out)
@@ -195,6 +204,9 @@ enum Opnd<'a> {
     Vec(Vec<Opnd<'a>>),
     Pair(&'a str, &'a str),
     List(Vec<Opnd<'a>>),
+    /// `[a, b, ...]`: texture and surface operands (parsed so that
+    /// their instructions are refused alone, not the whole module).
+    Bracket,
 }
 
 struct FnScope<'a> {
@@ -220,9 +232,11 @@ struct Parser<'a> {
 }
 
 const MAX_NESTING: u32 = 32;
-/// Registers of a module, all functions together: each costs 256 bytes
-/// per warp at run time.
-const MAX_REGS: u32 = 1 << 16;
+/// Registers of a module, all functions together (a translation unit with
+/// many Thrust and CUB algorithms declares some 80,000): a launch's warps
+/// reserve 256 bytes per register up to the last one its kernel uses,
+/// as zeroed pages of which only the kernel's own are touched.
+const MAX_REGS: u32 = 1 << 18;
 
 fn align_up(x: u32, a: u32) -> u32 {
     let a = a.max(1);
@@ -246,10 +260,7 @@ fn place(end: &mut u32, align: u32, size: u32) -> Option<u32> {
 
 /// The error `msg` at `line`.
 fn fail<T>(line: u32, msg: impl Into<String>) -> Result<T, ParseError> {
-    Err(ParseError {
-        line,
-        msg: msg.into(),
-    })
+    Err(ParseError::new(line, msg))
 }
 
 impl<'a> Parser<'a> {
@@ -383,10 +394,10 @@ impl<'a> Parser<'a> {
         }
         for &(at, name, line) in &self.call_fix {
             let Some(&f) = self.fnames.get(name) else {
-                return Err(ParseError {
+                return Err(ParseError::new(
                     line,
-                    msg: format!("call of undefined function '{name}'"),
-                });
+                    format!("call of undefined function '{name}'"),
+                ));
             };
             if let Op::Call { func, .. } = &mut self.m.code[at].op {
                 *func = f;
@@ -399,6 +410,7 @@ impl<'a> Parser<'a> {
             let mut total = 0;
             let mut regs = Vec::new();
             let mut units = 0u32;
+            let mut refused = None;
             while let Some(j) = todo.pop() {
                 if std::mem::replace(&mut seen[j], true) {
                     continue;
@@ -408,11 +420,14 @@ impl<'a> Parser<'a> {
                 regs.push(f.regs);
                 units = units.saturating_add(f.regs32);
                 for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
-                    if let Op::Call { func, .. } = inst.op {
-                        todo.push(func as usize);
+                    match inst.op {
+                        Op::Call { func, .. } => todo.push(func as usize),
+                        Op::Refused(r) => refused = Some(refused.map_or(r, |x: u32| x.min(r))),
+                        _ => {}
                     }
                 }
             }
+            self.m.funcs[i].refused = refused;
             self.m.funcs[i].shared_total = total;
             self.m.funcs[i].reach_regs = regs;
             self.m.funcs[i].regs32_total = units;
@@ -447,8 +462,11 @@ impl<'a> Parser<'a> {
             ".global" | ".const" | ".shared" => {
                 self.pos += 1;
                 let loc = self.var_decl(t, ext, None)?;
-                for (name, l) in loc {
+                for (name, l, size) in loc {
                     self.globals.insert(name, l);
+                    if let VarLoc::Static(off) = l {
+                        self.m.variables.push((name.to_string(), off, size));
+                    }
                 }
                 Ok(())
             }
@@ -463,7 +481,7 @@ impl<'a> Parser<'a> {
         space: &str,
         ext: bool,
         mut fs: Option<&mut FnScope<'a>>,
-    ) -> Result<Vec<(&'a str, VarLoc)>, ParseError> {
+    ) -> Result<Vec<(&'a str, VarLoc, u32)>, ParseError> {
         let mut align = 0u32;
         let mut ty = None;
         let mut vecn = 1u32;
@@ -555,7 +573,7 @@ impl<'a> Parser<'a> {
             if let Some(fs) = fs.as_deref_mut() {
                 fs.vars.insert(name, loc);
             }
-            out.push((name, loc));
+            out.push((name, loc, size));
             if !self.eat_p(b',') {
                 break;
             }
@@ -705,6 +723,7 @@ impl<'a> Parser<'a> {
                     regs: (0, 0),
                     reach_regs: Vec::new(),
                     regs32_total: 0,
+                    refused: None,
                 });
                 i
             }
@@ -825,11 +844,23 @@ impl<'a> Parser<'a> {
         ))
     }
 
-    fn reg_decl(&mut self, fs: &mut FnScope<'a>) -> Result<(), ParseError> {
+    /// `.reg` (`joined`: the modifiers written onto it without a space,
+    /// `.reg.b16`, as inline assembly often has them) `.type name, ...;`
+    fn reg_decl(&mut self, fs: &mut FnScope<'a>, joined: &'a str) -> Result<(), ParseError> {
         let mut ty = None;
         let mut vecn = 1;
-        while self.peek().is_some_and(|t| t.s.starts_with('.')) {
-            let w = self.word()?;
+        // `.v2.b32` as `.v2`, `.b32`.
+        let dots: Vec<usize> = joined.match_indices('.').map(|(i, _)| i).collect();
+        let mut glued = dots
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| &joined[i..dots.get(k + 1).copied().unwrap_or(joined.len())]);
+        loop {
+            let w = match glued.next() {
+                Some(w) => w,
+                None if self.peek().is_some_and(|t| t.s.starts_with('.')) => self.word()?,
+                None => break,
+            };
             match w {
                 ".v2" => vecn = 2,
                 ".v4" => vecn = 4,
@@ -896,9 +927,9 @@ impl<'a> Parser<'a> {
                     self.pos += 1;
                     depth += 1;
                 }
-                K::Word if t.s == ".reg" => {
+                K::Word if t.s == ".reg" || t.s.starts_with(".reg.") => {
                     self.pos += 1;
-                    self.reg_decl(fs)?;
+                    self.reg_decl(fs, &t.s[4..])?;
                 }
                 K::Word
                     if matches!(t.s, ".local" | ".shared" | ".param" | ".global" | ".const") =>
@@ -950,7 +981,13 @@ impl<'a> Parser<'a> {
                 let mut base = None;
                 let mut off: i64 = 0;
                 if self.peek().is_some_and(|t| t.k == K::Word) {
-                    base = Some(self.word()?);
+                    let w = self.word()?;
+                    if self.eat_p(b',') {
+                        // `[tex, {x, y}]`: a texture or surface operand.
+                        self.operands_to(b']')?;
+                        return Ok(Opnd::Bracket);
+                    }
+                    base = Some(w);
                 } else {
                     off = i64::try_from(self.number()?)
                         .or_else(|_| self.err("offset out of range"))?;
@@ -1034,7 +1071,19 @@ impl<'a> Parser<'a> {
                 at,
                 sink: 0,
             };
-            d.decode(opcode, &ops)?
+            match d.decode(opcode, &ops) {
+                Ok(op) => op,
+                // Valid PTX this executor cannot run: the kernels that
+                // reach it fail to launch, naming it; the others run.
+                Err(mut e) if e.unsupported => {
+                    if !e.msg.contains(opcode) {
+                        e.msg = format!("'{opcode}': {}", e.msg);
+                    }
+                    self.m.refused.push(e);
+                    Op::Refused(self.m.refused.len() as u32 - 1)
+                }
+                Err(e) => return Err(e),
+            }
         };
         self.m.code.push(Inst { guard, op, line });
         Ok(())
@@ -1148,7 +1197,14 @@ fn sreg(name: &str) -> Option<Sreg> {
         "%lanemask_ge" => Sreg::LaneMaskGe,
         "%dynamic_smem_size" => Sreg::DynSmem,
         "%total_smem_size" => Sreg::TotalSmem,
-        _ => return None,
+        _ => {
+            let n: u8 = name.strip_prefix("%envreg")?.parse().ok()?;
+            // `%envreg07` is not a register name.
+            if n >= 32 || name.len() != "%envreg".len() + n.to_string().len() {
+                return None;
+            }
+            Sreg::EnvReg(n)
+        }
     })
 }
 
@@ -1228,6 +1284,15 @@ impl<'a> Mods<'a> {
 impl<'p, 'a> Decoder<'p, 'a> {
     fn err<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
         fail(self.line, msg)
+    }
+
+    /// Valid PTX this executor does not run: the kernels that reach it
+    /// are refused, the rest of the module loads.
+    fn unsup<T>(&self, msg: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError {
+            unsupported: true,
+            ..ParseError::new(self.line, msg)
+        })
     }
 
     fn var(&self, name: &str) -> Option<VarLoc> {
@@ -1398,7 +1463,28 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             Ok(())
         };
-        let need_ty = || ty.map_or_else(|| self.err(format!("{opcode}: missing type")), Ok);
+        // Packed types (`.f16x2`, `.u16x2`, ...) the arms below do not
+        // take are valid PTX this executor does not run.
+        let packed_ty = m
+            .list
+            .iter()
+            .any(|x| x.ends_with("x2") || x.ends_with("x4"));
+        let need_ty = || match ty {
+            Some(t) => Ok(t),
+            None if packed_ty => self.unsup(format!("{opcode}: packed types are not supported")),
+            None => self.err(format!("{opcode}: missing type")),
+        };
+        let half = if m.has("f16x2") {
+            Some((Ty::F16, 2))
+        } else if m.has("bf16x2") {
+            Some((Ty::Bf16, 2))
+        } else {
+            ty.filter(|t| matches!(t, Ty::F16 | Ty::Bf16) && types.len() == 1)
+                .map(|t| (t, 1))
+        };
+        if let (Some((hty, lanes)), Some(op)) = (half, half_op(m.base)) {
+            return self.half(&m, opcode, o, op, hty, lanes);
+        }
         Ok(match m.base {
             "mov" => {
                 need(2)?;
@@ -1534,7 +1620,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 };
                 let (d, [a, b]) = self.dst_srcs(o, [t, b_ty])?;
                 if m.has("NaN") || m.has("xorsign") {
-                    return self.err(format!("{opcode}: .NaN and .xorsign are not supported"));
+                    return self.unsup(format!("{opcode}: .NaN and .xorsign are not supported"));
                 }
                 if m.base == "mul" && m.has("wide") {
                     return Ok(Op::MulWide { ty: t, d, a, b });
@@ -1598,7 +1684,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 let t = need_ty()?;
                 let op = if m.base == "mad24" {
                     if m.has("hi") {
-                        return self.err("mad24.hi is not supported");
+                        return self.unsup("mad24.hi is not supported");
                     }
                     MadOp::Mad24Lo
                 } else if t.float() {
@@ -1631,27 +1717,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     return self.err("setp takes 3 or 4 operands");
                 }
                 let t = need_ty()?;
-                let cmp = match m.list.first().copied().unwrap_or("") {
-                    "eq" => Cmp::Eq,
-                    "ne" => Cmp::Ne,
-                    "lt" => Cmp::Lt,
-                    "le" => Cmp::Le,
-                    "gt" => Cmp::Gt,
-                    "ge" => Cmp::Ge,
-                    "lo" => Cmp::Lo,
-                    "ls" => Cmp::Ls,
-                    "hi" => Cmp::Hi,
-                    "hs" => Cmp::Hs,
-                    "equ" => Cmp::Equ,
-                    "neu" => Cmp::Neu,
-                    "ltu" => Cmp::Ltu,
-                    "leu" => Cmp::Leu,
-                    "gtu" => Cmp::Gtu,
-                    "geu" => Cmp::Geu,
-                    "num" => Cmp::Num,
-                    "nan" => Cmp::Nan,
-                    c => return self.err(format!("unknown comparison '{c}'")),
-                };
+                let cmp = self.cmp(m.list.first().copied().unwrap_or(""))?;
                 let (d, d2) = match &o[0] {
                     Opnd::Pair(a, b) => (self.pred_dst(a)?, self.pred_dst(b)?),
                     x => (self.pred_dst_o(x)?, None),
@@ -1680,6 +1746,61 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     comb,
                 }
             }
+            "set" => {
+                // set.CmpOp{.BoolOp}{.ftz}.dtype.stype d, a, b{, {!}c}
+                if o.len() != 3 && o.len() != 4 {
+                    return self.err("set takes 3 or 4 operands");
+                }
+                let names: Vec<&str> = m
+                    .list
+                    .iter()
+                    .copied()
+                    .filter(|x| Ty::from_name(x).is_some() || x.ends_with("16x2"))
+                    .collect();
+                let &[dname, sname] = names.as_slice() else {
+                    return self.err("set needs a destination and a source type");
+                };
+                let half_pair = |x: &str| match x {
+                    "f16x2" => Some(Ty::F16),
+                    "bf16x2" => Some(Ty::Bf16),
+                    _ => None,
+                };
+                let (sty, packed) = match half_pair(sname) {
+                    Some(t) => (t, true),
+                    None => (self.require_ty(sname)?, false),
+                };
+                let dty = match half_pair(dname) {
+                    Some(t) if packed => t,
+                    Some(_) => return self.err("set: a packed result needs packed operands"),
+                    None => self.require_ty(dname)?,
+                };
+                let cmp = self.cmp(m.list.first().copied().unwrap_or(""))?;
+                let comb = if o.len() == 4 {
+                    let Some(bop) = m.pick(&[
+                        ("and", BoolOp::And),
+                        ("or", BoolOp::Or),
+                        ("xor", BoolOp::Xor),
+                    ]) else {
+                        return self.err("set with 4 operands needs .and/.or/.xor");
+                    };
+                    let (c, neg) = self.pred_src(&o[3])?;
+                    Some((bop, c, neg))
+                } else {
+                    None
+                };
+                let src_ty = if packed { Ty::B32 } else { sty };
+                let (d, [a, b]) = self.dst_srcs(o, [src_ty, src_ty])?;
+                Op::Set {
+                    cmp,
+                    sty,
+                    dty,
+                    packed,
+                    comb,
+                    d,
+                    a,
+                    b,
+                }
+            }
             "selp" => {
                 need(4)?;
                 let t = need_ty()?;
@@ -1688,12 +1809,25 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 Op::Selp { ty: t, d, a, b, c }
             }
             "cvt" => {
+                if let (3, Some((hty, 2)), [Ty::F32]) = (o.len(), half, types.as_slice()) {
+                    if m.rnd() != Rnd::Rn || m.has("satfinite") {
+                        return self.unsup("only cvt.rn{.relu} packs floats into half pairs");
+                    }
+                    let (d, [a, b]) = self.dst_srcs(o, [Ty::F32, Ty::F32])?;
+                    return Ok(Op::CvtPack {
+                        ty: hty,
+                        relu: m.has("relu"),
+                        d,
+                        a,
+                        b,
+                    });
+                }
+                if packed_ty {
+                    return self.unsup("packed cvt is not supported");
+                }
                 need(2)?;
                 if types.len() != 2 {
                     return self.err("cvt needs a destination and a source type");
-                }
-                if m.has("f16x2") || m.has("bf16x2") {
-                    return self.err("packed cvt is not supported");
                 }
                 Op::Cvt {
                     dty: types[0],
@@ -1772,6 +1906,37 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 }
             }
             "atom" | "red" => {
+                let packed_half = if m.has("f16x2") {
+                    Some(AtomTy::F16x2)
+                } else if m.has("bf16x2") {
+                    Some(AtomTy::Bf16x2)
+                } else {
+                    None
+                };
+                if let Some(aty) = packed_half {
+                    if !m.has("add") || m.vec() != 1 {
+                        return self.unsup(format!("{opcode}: only add of half pairs"));
+                    }
+                    let red = m.base == "red";
+                    let k = usize::from(!red);
+                    need(k + 2)?;
+                    let d = if red { None } else { Some(self.dst(&o[0])?) };
+                    let (addr, space) = self.addr(&o[k], m.space())?;
+                    if !matches!(space, Space::Global | Space::Shared | Space::Generic) {
+                        return self.err("atomics only on global, shared or generic addresses");
+                    }
+                    return Ok(Op::Atom {
+                        space,
+                        op: AtomicOp {
+                            kind: AtomKind::Add,
+                            ty: aty,
+                        },
+                        d,
+                        addr,
+                        b: self.src(&o[k + 1], Ty::B32)?,
+                        c: Src::Imm(0),
+                    });
+                }
                 let t = need_ty()?;
                 let Some(kind) = m.find(&[
                     ("add", AtomKind::Add),
@@ -1794,7 +1959,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     Ty::S64 => AtomTy::S64,
                     Ty::F32 => AtomTy::F32,
                     Ty::F64 => AtomTy::F64,
-                    _ => return self.err(format!("{opcode}: unsupported type")),
+                    _ => return self.unsup(format!("{opcode}: unsupported type")),
                 };
                 let red = m.base == "red";
                 let k = if red { 0 } else { 1 };
@@ -1892,7 +2057,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     .iter()
                     .any(|x| matches!(*x, "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
                 {
-                    return self.err("prmt modes are not supported");
+                    return self.unsup("prmt modes are not supported");
                 }
                 let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
                 Op::Prmt { d, a, b, c }
@@ -1939,7 +2104,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "bra" | "brx" => {
                 if m.base == "brx" {
-                    return self.err("brx.idx is not supported");
+                    return self.unsup("brx.idx is not supported");
                 }
                 need(1)?;
                 let Opnd::Name(l) = o[0] else {
@@ -1952,11 +2117,39 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "ret" => Op::Ret,
             "exit" => Op::Exit,
             "trap" => Op::Trap,
+            "bar" | "barrier" if m.has("red") => {
+                // bar.red.popc.u32 d, a{, b}, {!}c; bar.red.and/or.pred p, ...
+                if o.len() != 3 && o.len() != 4 {
+                    return self.err(format!("{opcode} takes 3 or 4 operands"));
+                }
+                let Some(op) = m.pick(&[
+                    ("popc", BarRedOp::Popc),
+                    ("and", BarRedOp::And),
+                    ("or", BarRedOp::Or),
+                ]) else {
+                    return self.err(format!("{opcode}: unknown reduction"));
+                };
+                let d = if op == BarRedOp::Popc {
+                    self.dst(&o[0])?
+                } else {
+                    self.pred_dst_o(&o[0])?.unwrap_or(self.sink)
+                };
+                let (c, neg) = self.pred_src(&o[o.len() - 1])?;
+                Op::BarRed { op, d, c, neg }
+            }
+            "bmsk" => {
+                need(3)?;
+                let Some(clamp) = m.pick(&[("clamp", true), ("wrap", false)]) else {
+                    return self.err("bmsk needs .clamp or .wrap");
+                };
+                let (d, [a, b]) = self.dst_srcs(o, [Ty::U32, Ty::U32])?;
+                Op::Bmsk { clamp, d, a, b }
+            }
             "bar" | "barrier" => {
                 if m.has("warp") {
                     Op::Nop
-                } else if m.has("arrive") || m.has("red") {
-                    return self.err(format!("{opcode} is not supported"));
+                } else if m.has("arrive") {
+                    return self.unsup(format!("{opcode} is not supported"));
                 } else {
                     // bar.sync a{, b}: every barrier is the whole block's
                     // (named barriers with thread counts are treated alike).
@@ -1965,7 +2158,87 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
-            _ => return self.err(format!("unsupported instruction '{opcode}'")),
+            _ => return self.unsup(format!("unsupported instruction '{opcode}'")),
+        })
+    }
+
+    /// The type a modifier names (without its dot).
+    fn require_ty(&self, name: &str) -> Result<Ty, ParseError> {
+        Ty::from_name(name).map_or_else(|| self.err(format!("unknown type '.{name}'")), Ok)
+    }
+
+    /// A comparison's modifier (`eq`, `ltu`, ...).
+    fn cmp(&self, name: &str) -> Result<Cmp, ParseError> {
+        Ok(match name {
+            "eq" => Cmp::Eq,
+            "ne" => Cmp::Ne,
+            "lt" => Cmp::Lt,
+            "le" => Cmp::Le,
+            "gt" => Cmp::Gt,
+            "ge" => Cmp::Ge,
+            "lo" => Cmp::Lo,
+            "ls" => Cmp::Ls,
+            "hi" => Cmp::Hi,
+            "hs" => Cmp::Hs,
+            "equ" => Cmp::Equ,
+            "neu" => Cmp::Neu,
+            "ltu" => Cmp::Ltu,
+            "leu" => Cmp::Leu,
+            "gtu" => Cmp::Gtu,
+            "geu" => Cmp::Geu,
+            "num" => Cmp::Num,
+            "nan" => Cmp::Nan,
+            c => return self.err(format!("unknown comparison '{c}'")),
+        })
+    }
+
+    /// Half-precision arithmetic: `op` on `lanes` values of `ty`.
+    fn half(
+        &self,
+        m: &Mods<'_>,
+        opcode: &str,
+        o: &[Opnd<'a>],
+        op: HalfOp,
+        ty: Ty,
+        lanes: u8,
+    ) -> Result<Op, ParseError> {
+        let n = match op {
+            HalfOp::Fma => 4,
+            HalfOp::Neg | HalfOp::Abs => 2,
+            _ => 3,
+        };
+        if o.len() != n {
+            return self.err(format!("{opcode} takes {n} operands, {} given", o.len()));
+        }
+        if !matches!(m.rnd(), Rnd::Rn | Rnd::Default) {
+            return self.err(format!(
+                "{opcode}: half-precision arithmetic rounds to nearest"
+            ));
+        }
+        if m.has("NaN") || m.has("xorsign") || m.has("oob") {
+            return self.unsup(format!(
+                "{opcode}: .NaN, .xorsign and .oob are not supported"
+            ));
+        }
+        // Packed pairs are bit patterns in 32-bit registers.
+        let sty = if lanes == 2 { Ty::B32 } else { ty };
+        let d = self.dst(&o[0])?;
+        let mut src = [Src::Imm(0); 3];
+        for (s, x) in src.iter_mut().zip(&o[1..]) {
+            *s = self.src(x, sty)?;
+        }
+        let [a, b, c] = src;
+        Ok(Op::Half {
+            op,
+            ty,
+            lanes,
+            ftz: m.has("ftz") && ty == Ty::F16,
+            sat: m.has("sat"),
+            relu: m.has("relu"),
+            d,
+            a,
+            b,
+            c,
         })
     }
 
@@ -2001,7 +2274,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                     | FxOp::Fma
             );
             if !directed || !matches!(ty, Ty::F32 | Ty::F64) || (op == FxOp::Fma && ty == Ty::F64) {
-                return self.err("this rounding mode is not supported for this operation and type");
+                return self
+                    .unsup("this rounding mode is not supported for this operation and type");
             }
         }
         Ok(Some(Op::Fx {
@@ -2066,7 +2340,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
         }
         if it.next().is_some() {
-            return self.err("indirect calls are not supported");
+            return self.unsup("indirect calls are not supported");
         }
         self.call_fix.push((self.at, f, self.line));
         Ok(Op::Call { func: 0, args, ret })
@@ -2081,6 +2355,21 @@ impl<'p, 'a> Decoder<'p, 'a> {
             _ => self.err("call arguments must be .param variables"),
         }
     }
+}
+
+/// The half-precision operation an opcode's base names.
+fn half_op(base: &str) -> Option<HalfOp> {
+    Some(match base {
+        "add" => HalfOp::Add,
+        "sub" => HalfOp::Sub,
+        "mul" => HalfOp::Mul,
+        "fma" => HalfOp::Fma,
+        "min" => HalfOp::Min,
+        "max" => HalfOp::Max,
+        "neg" => HalfOp::Neg,
+        "abs" => HalfOp::Abs,
+        _ => return None,
+    })
 }
 
 fn wide(t: Ty) -> Ty {
@@ -2162,9 +2451,16 @@ mod tests {
         let e = parse(".visible .entry k()\n{\nbra NOWHERE;\n}\n").unwrap_err();
         assert!(e.msg.contains("undefined label"), "{e}");
         assert_eq!(e.line, 6);
-        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n")
-            .unwrap_err();
-        assert!(e.msg.contains("unsupported instruction"), "{e}");
+        // Valid-looking PTX the executor does not know: the module loads,
+        // the kernel is refused with the line and the instruction.
+        let m =
+            parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n").unwrap();
+        let e = m.refused("k").unwrap();
+        assert!(
+            e.msg.contains("unsupported instruction 'frobnicate.u32'"),
+            "{e}"
+        );
+        assert_eq!(e.line, 7);
         let e = parse(".visible .entry k()\n{\nret\n").unwrap_err();
         assert!(e.line >= 5, "{e}");
         let e =
@@ -2174,6 +2470,50 @@ mod tests {
         assert!(e.msg.contains("undefined function"), "{e}");
         assert!(Module::parse("/* open").is_err());
         assert!(Module::parse("\u{1F600}").is_err());
+    }
+
+    #[test]
+    fn unsupported_instructions_refuse_only_the_kernels_that_reach_them() {
+        let m = parse(
+            ".visible .entry good(.param .u64 p)\n{\n.reg .b64 %rd;\nld.param.u64 %rd, [p];\nret;\n}\n\
+             .func tex_fn()\n{\n.reg .f32 %f<6>;\n.reg .b64 %rd;\n\
+             tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd, {%f5, %f5}];\nret;\n}\n\
+             .visible .entry via_call()\n{\ncall.uni tex_fn, ();\nret;\n}\n\
+             .visible .entry direct()\n{\n.reg .b32 %r<3>;\nprmt.b32.f4e %r1, %r2, %r2, %r2;\nbrx.idx %r1, $t;\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m.kernels().len(), 3);
+        assert!(m.refused("good").is_none());
+        let e = m.refused("via_call").unwrap();
+        assert_eq!(e.line, 14, "{e}");
+        assert!(e.msg.contains("'tex.2d.v4.f32.f32'"), "{e}");
+        assert!(e.unsupported);
+        // The first of a kernel's refused instructions names it.
+        let e = m.refused("direct").unwrap();
+        assert_eq!(e.line, 25, "{e}");
+        assert!(e.msg.starts_with("'prmt.b32.f4e'"), "{e}");
+        assert_eq!(m.refusals().len(), 3);
+        // Malformed PTX still fails the whole module, as the driver's
+        // compiler refuses it.
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nadd.s32 %r, %r;\n}\n.visible .entry ok()\n{\nret;\n}\n")
+            .unwrap_err();
+        assert!(!e.unsupported);
+    }
+
+    #[test]
+    fn register_declarations_written_together() {
+        // Inline assembly of cuda_fp16.h writes `.reg.b16` in nested scopes.
+        let m = parse(
+            ".visible .entry k()\n{\n.reg .b32 %r<2>;\n{.reg.b16 hl, hu;\n.reg.v2.b32 v;\nmov.b32 {hl, hu}, %r1;\n}\n{.reg.b32 c;\nmov.b32 c, %r1;\n}\nret;\n}\n",
+        );
+        let e = m.unwrap_err();
+        assert!(e.msg.contains("vector registers"), "{e}");
+        let m = parse(
+            ".visible .entry k()\n{\n.reg .b32 %r<2>;\n{.reg.b16 hl, hu;\nmov.b32 {hl, hu}, %r1;\n}\n{.reg.b32 c;\nmov.b32 c, %r1;\n}\nret;\n}\n",
+        )
+        .unwrap();
+        assert_eq!(m.kernel("k").unwrap().registers, 2 + 2 + 1);
+        assert!(parse(".visible .entry k()\n{\n.reg.q16 x;\nret;\n}\n").is_err());
     }
 
     #[test]

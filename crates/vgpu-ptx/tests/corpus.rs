@@ -791,3 +791,150 @@ fn library_math_and_intrinsics() {
         assert_eq!(u[4 * i + 3], fs, "funnelshift {v}");
     }
 }
+
+#[test]
+fn cub_block_radix_sort() {
+    let m = corpus("cub");
+    // Three full tiles of 2048 and a partial one.
+    let n = 3 * 2048 + 1000usize;
+    let mut s = 9u64;
+    let keys: Vec<i32> = (0..n).map(|_| lcg(&mut s) as i32).collect();
+    let mut d = Dev::new(1 << 20);
+    let pk = d.put(&keys);
+    let p = params(
+        &m,
+        "cub_block_sort",
+        &[&pk.to_le_bytes(), &(n as i32).to_le_bytes()],
+    );
+    launch(
+        &m,
+        "cub_block_sort",
+        &cfg([n.div_ceil(2048) as u32, 1, 1], [128, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let got = d.get::<i32>(pk, n);
+    for (t, tile) in keys.chunks(2048).enumerate() {
+        let mut want = tile.to_vec();
+        want.sort_unstable();
+        assert_eq!(&got[t * 2048..t * 2048 + tile.len()], &want[..], "tile {t}");
+    }
+}
+
+#[test]
+fn cub_block_reduce() {
+    let m = corpus("cub");
+    let n = 100_000usize;
+    let mut s = 5u64;
+    let v: Vec<i32> = (0..n).map(|_| (lcg(&mut s) % 2001) as i32 - 1000).collect();
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pout = d.put(&[0u64]);
+    let p = params(
+        &m,
+        "cub_block_reduce",
+        &[
+            &pin.to_le_bytes(),
+            &pout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    launch(
+        &m,
+        "cub_block_reduce",
+        &cfg([40, 1, 1], [256, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let want: i64 = v.iter().map(|&x| x as i64).sum();
+    assert_eq!(d.get::<u64>(pout, 1)[0] as i64, want);
+}
+
+#[test]
+fn block_votes_reduce_predicates() {
+    let m = corpus("cub");
+    let (blocks, threads) = (6usize, 96usize);
+    let mut s = 3u64;
+    let mut v: Vec<i32> = (0..blocks * threads)
+        .map(|_| (lcg(&mut s) % 201) as i32 - 100)
+        .collect();
+    // Block 1 holds a 7; block 2 nothing at or below -100.
+    v[threads + 5] = 7;
+    for x in &mut v[2 * threads..3 * threads] {
+        *x = (*x).max(-99);
+    }
+    let mut d = Dev::new(1 << 20);
+    let pin = d.put(&v);
+    let pout = d.put(&vec![-1i32; 3 * blocks]);
+    let p = params(
+        &m,
+        "block_votes",
+        &[&pin.to_le_bytes(), &pout.to_le_bytes()],
+    );
+    launch(
+        &m,
+        "block_votes",
+        &cfg([blocks as u32, 1, 1], [threads as u32, 1, 1], 0),
+        &p,
+        &d.mem,
+        &Limits::default(),
+    )
+    .unwrap();
+    let got = d.get::<i32>(pout, 3 * blocks);
+    for (b, blk) in v.chunks(threads).enumerate() {
+        let count = blk.iter().filter(|&&x| x > 0).count() as i32;
+        let all = blk.iter().all(|&x| x > -100) as i32;
+        let any = blk.contains(&7) as i32;
+        assert_eq!(&got[3 * b..3 * b + 3], &[count, all, any], "block {b}");
+    }
+    assert_eq!(got[3 * 2 + 1], 1);
+    assert_eq!(got[3 + 2], 1);
+}
+
+#[test]
+fn grid_sync_of_a_cooperative_launch() {
+    let m = corpus("grid_sync");
+    let (blocks, threads) = (6usize, 64usize);
+    let n = blocks * threads;
+    let mut d = Dev::new(1 << 20);
+    let zeros = vec![0i32; n];
+    let (pa, pb, pc) = (d.put(&zeros), d.put(&zeros), d.put(&zeros));
+    let work = d.put(&[0u64]);
+    let p = params(
+        &m,
+        "grid_rotate",
+        &[&pa.to_le_bytes(), &pb.to_le_bytes(), &pc.to_le_bytes()],
+    );
+    let c = LaunchConfig {
+        workers: blocks,
+        ..cfg([blocks as u32, 1, 1], [threads as u32, 1, 1], 0)
+    };
+    let lim = Limits {
+        grid_sync: Some(work),
+        max_steps: Some(50_000_000),
+        ..Limits::default()
+    };
+    // Twice: the workspace counts on from where the first grid left it.
+    for _ in 0..2 {
+        d.mem.write(pc, &vec![0u8; n * 4]).unwrap();
+        launch(&m, "grid_rotate", &c, &p, &d.mem, &lim).unwrap();
+        let got = d.get::<i32>(pc, n);
+        for i in 0..n {
+            // Two blocks ahead of i, as block i's neighbour read it.
+            let j = (i + 2 * threads) % n;
+            assert_eq!(got[i], (j * 3 + 1) as i32 + 1000, "thread {i}");
+        }
+    }
+    // More blocks than can run at once: refused, not a deadlock.
+    let small = LaunchConfig { workers: 4, ..c };
+    let e = launch(&m, "grid_rotate", &small, &p, &d.mem, &lim);
+    assert!(matches!(e, Err(ExecError::BadLaunch(_))), "{e:?}");
+    // Outside a cooperative launch the grid has no workspace: cooperative
+    // groups trap.
+    let e = launch(&m, "grid_rotate", &c, &p, &d.mem, &Limits::default());
+    assert!(matches!(e, Err(ExecError::Trap(_))), "{e:?}");
+}

@@ -129,6 +129,7 @@ impl SoftwareBackend {
             space: AddressSpace::default(),
             grain: DEFAULT_GRAIN,
             modules: BTreeMap::new(),
+            module_vars: BTreeMap::new(),
             next_module: FIRST_MODULE,
             kernel_timeout: self.kernel_timeout,
             consoles: Consoles::default(),
@@ -177,6 +178,10 @@ pub struct SoftwarePartition {
     grain: u64,
     /// Modules the guest loaded, by handle.
     modules: BTreeMap<u64, Arc<vgpu_ptx::Module>>,
+    /// Where each loaded module's `.global` and `.const` variables live:
+    /// one allocation of the partition per module that has any (address
+    /// and size), freed with the module.
+    module_vars: BTreeMap<u64, (u64, u64)>,
     /// The handle the next module gets.
     next_module: u64,
     /// Longest a loaded kernel may run.
@@ -457,6 +462,7 @@ impl SoftwarePartition {
             let printed = ptx::Printed::default();
             let run = ptx::Run {
                 module,
+                statics: self.module_vars.get(&launch.module).map(|v| v.0),
                 entry: launch.entry,
                 grid: launch.grid,
                 block: launch.block,
@@ -517,6 +523,15 @@ impl Partition for SoftwarePartition {
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        if self
+            .module_vars
+            .values()
+            .any(|&(a, size)| (a..a + size).contains(&addr))
+        {
+            return Err(OpError::Invalid(format!(
+                "{addr:#x} holds a module's variables: they go with the module"
+            )));
+        }
         self.allocs
             .free_logged(PartitionName::of("software", &self.spec), addr)?;
         Ok(())
@@ -541,9 +556,24 @@ impl Partition for SoftwarePartition {
                 rules::MAX_MODULES
             )));
         }
-        let module = ptx::load(format, image)?;
+        let module = ptx::load(&self.spec.name, format, image)?;
+        // The module's variables live in device memory, as on a GPU: the
+        // host reaches them (FUNC_INFO of a global) and they keep their
+        // values from launch to launch.
+        let vars = match module.statics().len() as u64 {
+            0 => None,
+            size => {
+                let addr = self.alloc(size, 0)?;
+                let loc = self.locate(addr, size)?;
+                self.buf(&loc).borrow_mut()[loc.range()].copy_from_slice(module.statics());
+                Some((addr, size))
+            }
+        };
         let handle = self.next_module;
         self.next_module += 1;
+        if let Some(v) = vars {
+            self.module_vars.insert(handle, v);
+        }
         debug!(
             "software backend: partition {:?}: module {handle:#x} loaded ({} kernels)",
             self.spec.name,
@@ -562,8 +592,12 @@ impl Partition for SoftwarePartition {
         self.consoles.forget(module);
         self.modules
             .remove(&module)
-            .map(drop)
-            .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))
+            .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))?;
+        if let Some((addr, _)) = self.module_vars.remove(&module) {
+            self.allocs
+                .free_logged(PartitionName::of("software", &self.spec), addr)?;
+        }
+        Ok(())
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<ConsoleText, OpError> {
@@ -617,15 +651,16 @@ impl Partition for SoftwarePartition {
         ptx::function_info(m, entry)
     }
 
-    /// The PTX executor keeps a module's variables apart from the
-    /// partition's memory, where no copy reaches them.
+    /// A module's variables share one allocation, made when it loaded.
     fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
-        self.modules
+        let m = self
+            .modules
             .get(&module)
             .ok_or_else(|| OpError::NotFound(format!("module {module:#x}")))?;
-        Err(OpError::Unsupported(format!(
-            "module global {name:?}: the software backend does not place module variables in device memory"
-        )))
+        let not_found = || OpError::NotFound(format!("global {name:?} in module {module:#x}"));
+        let (off, size) = m.variable(name).ok_or_else(not_found)?;
+        let &(base, _) = self.module_vars.get(&module).ok_or_else(not_found)?;
+        Ok((base + u64::from(off), u64::from(size)))
     }
 
     fn memory_used(&self) -> u64 {
@@ -649,6 +684,7 @@ impl Partition for SoftwarePartition {
         self.space.reset();
         // Handles keep counting: one from before the reset finds nothing.
         self.modules.clear();
+        self.module_vars.clear();
         self.consoles.clear();
     }
 }

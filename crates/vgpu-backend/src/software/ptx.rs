@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use vgpu_abi as abi;
 use vgpu_ptx::{ExecError, FatbinError, Fault, GlobalMemory, Module, WordMemory};
 
+use vgpu_sys::warn_limited;
+
 use super::DeviceBuf;
 use crate::console::ConsoleText;
 use crate::rules::{self, Allocations};
@@ -16,13 +18,18 @@ use crate::{FunctionInfo, OpError};
 
 /// Shared memory a block may use (static and dynamic), as on an H100.
 pub(super) const MAX_SHARED: u32 = 227 << 10;
+/// Registers of an SM, as on an H100: what occupancy calculators divide.
+const REGISTERS_PER_SM: u32 = 65536;
 /// Local memory (stack) a thread may use.
 const MAX_LOCAL_PER_THREAD: u32 = 64 << 10;
 /// How long a kernel may run when the operator sets nothing.
 pub const DEFAULT_KERNEL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Parses a module image of `format` into a module.
-pub(super) fn load(format: u32, image: &[u8]) -> Result<Module, OpError> {
+/// Parses a module image of `format` into a module. A refused module,
+/// and a module some of whose kernels this executor cannot run, is
+/// logged (rate-limited: guests choose what they load) with the PTX line
+/// and the reason, as `partition` names it; the guest sees only a status.
+pub(super) fn load(partition: &str, format: u32, image: &[u8]) -> Result<Module, OpError> {
     let texts = match format {
         abi::MODULE_FORMAT_PTX => {
             let text = std::str::from_utf8(rules::ptx_text(image)?)
@@ -50,16 +57,61 @@ pub(super) fn load(format: u32, image: &[u8]) -> Result<Module, OpError> {
     let mut first_error = None;
     for text in &texts {
         match Module::parse(text) {
-            Ok(m) => return Ok(m),
+            Ok(m) => {
+                log_refusals(partition, &m, text);
+                return Ok(m);
+            }
             Err(e) => {
-                first_error.get_or_insert(e);
+                first_error.get_or_insert((e, text));
             }
         }
     }
-    Err(OpError::Invalid(match first_error {
-        Some(e) => format!("PTX rejected: {e}"),
+    let why = match first_error {
+        Some((e, text)) => format!("PTX rejected: {}", described(&e, text)),
         None => "the image holds no PTX".into(),
-    }))
+    };
+    warn_limited!("software backend: partition {partition:?}: module refused: {why}");
+    Err(OpError::Invalid(why))
+}
+
+/// Longest PTX source line quoted in a message.
+const QUOTED_LINE: usize = 160;
+
+/// `e` with its PTX line quoted from `text` (escaped: the text is the
+/// guest's).
+pub(super) fn described(e: &vgpu_ptx::ParseError, text: &str) -> String {
+    let source = text
+        .lines()
+        .nth((e.line as usize).saturating_sub(1))
+        .map(str::trim)
+        .unwrap_or("");
+    let cut = source
+        .char_indices()
+        .nth(QUOTED_LINE)
+        .map_or(source, |(i, _)| &source[..i]);
+    format!("line {} {cut:?}: {}", e.line, e.msg)
+}
+
+/// Says which kernels of a loaded module cannot run here, and why.
+fn log_refusals(partition: &str, m: &Module, text: &str) {
+    let Some(first) = m.refusals().first() else {
+        return;
+    };
+    let kernels = m.kernels();
+    let refused: Vec<&str> = kernels
+        .iter()
+        .filter(|k| m.refused(&k.name).is_some())
+        .map(|k| k.name.as_str())
+        .collect();
+    warn_limited!(
+        "software backend: partition {partition:?}: module loaded, {} of its {} kernels cannot run here ({}{}); {} unsupported instructions, the first at {}",
+        refused.len(),
+        kernels.len(),
+        refused.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+        if refused.len() > 4 { ", ..." } else { "" },
+        m.refusals().len(),
+        described(first, text)
+    );
 }
 
 /// The partition's allocations as a kernel's global memory: every access
@@ -101,6 +153,8 @@ impl GlobalMemory for Allocated<'_> {
 /// One launch of a loaded kernel.
 pub(super) struct Run<'a> {
     pub module: &'a Module,
+    /// Where the module's variables live in the partition's memory.
+    pub statics: Option<u64>,
     pub entry: &'a str,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -118,22 +172,43 @@ pub(super) fn function_info(module: &Module, entry: &str) -> Result<FunctionInfo
     let info = module
         .kernel(entry)
         .ok_or_else(|| OpError::NotFound(format!("entry point {entry:?} in the module")))?;
-    let ptx_version = module
-        .version()
-        .split_once('.')
-        .and_then(|(a, b)| Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?))
-        .unwrap_or(0);
+    let ptx_version = target_version(module.target());
+    let max_threads = info.max_threads.unwrap_or(1024).clamp(1, 1024);
     let attrs = abi::FuncInfo {
-        max_threads: info.max_threads.unwrap_or(1024).min(1024),
+        max_threads,
         shared_static: info.shared_static,
         max_dynamic_shared: MAX_SHARED.saturating_sub(info.shared_static),
         local_bytes: info.local_per_thread,
-        num_regs: info.registers,
+        // The executor has no register file: a block of up to
+        // `max_threads` always runs. What a compiler fitting such a block
+        // into an SM's 65536 registers would allocate at most, then, not
+        // the PTX's virtual registers, which run to hundreds in library
+        // kernels and would make occupancy calculators (the runtime's,
+        // CUB's) find no block resident.
+        num_regs: info.registers.min(REGISTERS_PER_SM / max_threads).min(255),
         ptx_version,
         ..Default::default()
     };
     let params = info.params.iter().map(|p| (p.offset, p.size));
     rules::checked_function_info(entry, FunctionInfo::new(params, attrs))
+}
+
+/// CU_FUNC_ATTRIBUTE_PTX_VERSION: the virtual architecture the PTX was
+/// written for (`.target sm_80` is 80; `sm_90a` 90), not the PTX ISA's
+/// `.version`. Libraries choose their code paths by it: CUB refuses to run
+/// (cudaErrorInvalidDeviceFunction) when it names an architecture the
+/// program was not compiled for. 0 (the device's) when the target names
+/// none.
+pub(super) fn target_version(target: &str) -> u32 {
+    let first = target.split(',').next().unwrap_or("").trim();
+    let digits: String = first
+        .strip_prefix("sm_")
+        .or_else(|| first.strip_prefix("compute_"))
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap_or(0)
 }
 
 /// Checks a launch against the kernel and runs it on `allocs`.
@@ -174,23 +249,36 @@ pub(super) fn launch(
         deadline: Some(Instant::now() + run.timeout),
         cancel: None,
         print: Some(run.print),
+        statics: run.statics,
+        // Cooperative launches come with ABI 1.5's launch flag.
+        grid_sync: None,
     };
     vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
         .map(|_| ())
         .map_err(|e| status(entry, run.timeout, e))
 }
 
-/// The status the CUDA backend gives the same failure: a kernel that
-/// faults or runs too long is a device error (the GPU reports
-/// CUDA_ERROR_ILLEGAL_ADDRESS, or the watchdog ends it); what the driver
-/// refuses before running is an invalid argument.
+/// The status the CUDA backend gives the same failure: a kernel's bad
+/// memory access (an illegal or misaligned address) is a kernel fault
+/// (the guest's CUDA_ERROR_ILLEGAL_ADDRESS), one that runs too long a
+/// device error (the watchdog ends it); what the driver refuses
+/// before running is an invalid argument. Unlike a GPU's, the partition
+/// keeps its state after a fault (every access was checked, nothing was
+/// written out of place): [`Partition::is_lost`](crate::Partition::is_lost)
+/// stays false and only the faulting launch fails.
 fn status(entry: &str, timeout: Duration, e: ExecError) -> OpError {
     match e {
         ExecError::NoKernel(_) => OpError::NotFound(format!("entry point {entry:?}")),
         ExecError::IllegalAddress { .. } | ExecError::MisalignedAddress { .. } => {
-            OpError::Device(format!("{entry}: {e} (CUDA_ERROR_ILLEGAL_ADDRESS)"))
+            OpError::KernelFault(format!("{entry}: {e}"))
         }
         ExecError::Assert(_) => OpError::KernelAssert(format!("{entry}: {e}")),
+        // The module loaded (its other kernels run); this one reaches an
+        // instruction the executor does not run, which load logged.
+        ExecError::Refused(_) => {
+            warn_limited!("software backend: kernel {entry:?} cannot run here: {e}");
+            OpError::Unsupported(format!("{entry}: {e}"))
+        }
         ExecError::Timeout => OpError::Device(format!(
             "{entry}: ran longer than the {} ms kernel watchdog",
             timeout.as_millis()

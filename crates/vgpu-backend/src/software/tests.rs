@@ -66,6 +66,7 @@ conformance!(
     module_queued_launches_depend_in_order,
     module_printf,
     module_assert,
+    module_global,
     module_illegal_address,
 );
 
@@ -323,9 +324,9 @@ fn test_modules() {
     // Bad PTX is refused with the line and what is wrong.
     match p.module_load(
         abi::MODULE_FORMAT_PTX,
-        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  frobnicate.u32 %r1;\n}\n",
+        b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  add.u32 %r1;\n}\n",
     ) {
-        Err(OpError::Invalid(why)) => assert!(why.contains('6'), "names line 6: {why}"),
+        Err(OpError::Invalid(why)) => assert!(why.contains("line 6"), "names line 6: {why}"),
         other => panic!("{other:?}"),
     }
     assert!(matches!(
@@ -401,4 +402,216 @@ fn abandoned_run_refuses_the_steps_left() {
     let done = p.run_queued(&[fill(0x0404_0404)], &|| false);
     assert!(done[0].result.is_ok());
     assert!(download(&mut p, a, 4096).iter().all(|&b| b == 4));
+}
+
+#[test]
+fn test_a_kernel_the_executor_cannot_run_is_refused_alone_with_its_line() {
+    let mut p = partition(MIB, 1);
+    let ptx = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+.visible .entry sample(.param .u64 p)
+{
+    .reg .f32 %f<5>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f1}];
+    ret;
+}
+";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let d = p.alloc(64, 0).unwrap();
+    let params = conformance::Params::default().u64(d);
+    conformance::launch_loaded(&mut p, m, "poke", [1, 1, 1], [1, 1, 1], &params).unwrap();
+    assert_eq!(download(&mut p, d, 4), 7u32.to_le_bytes());
+    // Its FUNC_INFO is answered; its launch fails naming the instruction.
+    p.function_info(m, "sample").unwrap();
+    let r = conformance::launch_loaded(&mut p, m, "sample", [1, 1, 1], [1, 1, 1], &params);
+    assert!(
+        matches!(&r, Err(OpError::Unsupported(why)) if why.contains("line 19") && why.contains("tex.2d.v4.f32.f32")),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn test_a_refused_module_is_described_with_its_source_line() {
+    let text = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n  add.s32 %r1, \"\x1b\";\n}\n";
+    let e = vgpu_ptx::Module::parse(text).unwrap_err();
+    let why = ptx::described(&e, text);
+    // The guest's text is quoted escaped, with the line and the reason.
+    assert!(
+        why.starts_with("line 6 \"add.s32 %r1, \\\"\\u{1b}\\\";\": "),
+        "{why}"
+    );
+    let long = format!("{}\n", "x".repeat(1000));
+    let e = vgpu_ptx::ParseError {
+        line: 1,
+        msg: "m".into(),
+        unsupported: false,
+    };
+    assert!(ptx::described(&e, &long).len() < 200);
+    assert!(matches!(
+        p_load(text),
+        Err(OpError::Invalid(why)) if why.contains("line 6")
+    ));
+}
+
+fn p_load(text: &str) -> Result<u64, OpError> {
+    partition(MIB, 1).module_load(abi::MODULE_FORMAT_PTX, text.as_bytes())
+}
+
+#[test]
+fn test_a_kernel_fault_fails_its_launch_alone() {
+    let mut p = partition(MIB, 2);
+    let d = p.alloc(4096, 0).unwrap();
+    conformance::upload(&mut p, d, &[0x5a; 4096]);
+    let ptx = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let poke = |p: &mut SoftwarePartition, at: u64| {
+        let params = conformance::Params::default().u64(at);
+        conformance::launch_loaded(p, m, "poke", [1, 1, 1], [1, 1, 1], &params)
+    };
+    // Past the allocation, and misaligned inside it: KERNEL_FAULT, which
+    // the guest's CUDA reports as CUDA_ERROR_ILLEGAL_ADDRESS.
+    for at in [d + 4096, d + 2] {
+        let r = poke(&mut p, at);
+        assert!(matches!(&r, Err(OpError::KernelFault(_))), "{r:?}");
+        assert_eq!(r.unwrap_err().status(), abi::STATUS_KERNEL_FAULT);
+    }
+    // Nothing was written and nothing is lost: the partition goes on.
+    assert!(!p.is_lost());
+    assert_eq!(download(&mut p, d, 4096), vec![0x5a; 4096]);
+    poke(&mut p, d).unwrap();
+    assert_eq!(download(&mut p, d, 4), 7u32.to_le_bytes());
+}
+
+#[test]
+fn test_module_variables_live_in_device_memory() {
+    let mut p = partition(MIB, 2);
+    let ptx = "
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .global .align 4 .u32 counter = 5;
+.visible .const .align 4 .u32 step = 2;
+.visible .entry bump(.param .u64 out)
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [out];
+    ld.const.u32 %r1, [step];
+    atom.global.add.u32 %r2, [counter], %r1;
+    st.global.u32 [%rd1], %r2;
+    ret;
+}
+";
+    let used = p.memory_used();
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    // The variables are charged as device memory.
+    assert!(p.memory_used() > used);
+    let (counter, size) = p.global_info(m, "counter").unwrap();
+    assert_eq!(size, 4);
+    let (step, _) = p.global_info(m, "step").unwrap();
+    // Initialised from the module, as cudaMemcpyFromSymbol reads them.
+    assert_eq!(download(&mut p, counter, 4), 5u32.to_le_bytes());
+    let out = p.alloc(4, 0).unwrap();
+    let bump = |p: &mut SoftwarePartition| {
+        let params = conformance::Params::default().u64(out);
+        conformance::launch_loaded(p, m, "bump", [1, 1, 1], [3, 1, 1], &params).unwrap();
+    };
+    bump(&mut p);
+    // Three threads added 2 each; the value persists into the next launch.
+    assert_eq!(download(&mut p, counter, 4), 11u32.to_le_bytes());
+    // cudaMemcpyToSymbol: the kernel sees what the host wrote.
+    conformance::upload(&mut p, counter, &100u32.to_le_bytes());
+    conformance::upload(&mut p, step, &10u32.to_le_bytes());
+    bump(&mut p);
+    assert_eq!(download(&mut p, counter, 4), 130u32.to_le_bytes());
+    assert!(matches!(p.free(counter), Err(OpError::Invalid(_))));
+    assert!(matches!(
+        p.global_info(m, "bump"),
+        Err(OpError::NotFound(_))
+    ));
+    // A second load has variables of its own.
+    let m2 = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let (counter2, _) = p.global_info(m2, "counter").unwrap();
+    assert_ne!(counter2, counter);
+    assert_eq!(download(&mut p, counter2, 4), 5u32.to_le_bytes());
+    p.module_unload(m).unwrap();
+    p.module_unload(m2).unwrap();
+    assert_eq!(p.memory_used(), used + 4);
+}
+
+#[test]
+fn test_the_ptx_version_is_the_target_architecture() {
+    for (target, want) in [
+        ("sm_80", 80),
+        ("sm_90a", 90),
+        ("sm_100f, debug", 100),
+        ("compute_75", 75),
+        ("texmode_unified", 0),
+        ("", 0),
+    ] {
+        assert_eq!(ptx::target_version(target), want, "{target}");
+    }
+    let mut p = partition(MIB, 1);
+    let ptx = ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    // Not the ISA's 9.0: CUB compiled for compute_80 checks for 80.
+    assert_eq!(p.function_info(m, "k").unwrap().attrs.ptx_version, 80);
+}
+
+#[test]
+fn test_register_counts_let_every_block_size_be_resident() {
+    // 300 virtual registers, as library kernels declare: reported as what
+    // a block of the kernel's most threads could have.
+    let regs = |bounds: &str| {
+        let ptx = format!(
+            ".version 9.0\n.target sm_80\n.address_size 64\n.visible .entry k() {bounds}\n{{\n.reg .b32 %r<300>;\nret;\n}}\n.visible .entry small()\n{{\n.reg .b32 %r<9>;\nret;\n}}\n"
+        );
+        let mut p = partition(MIB, 1);
+        let m = p
+            .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+            .unwrap();
+        let big = p.function_info(m, "k").unwrap().attrs;
+        let small = p.function_info(m, "small").unwrap().attrs;
+        assert_eq!(small.num_regs, 9);
+        (big.num_regs, big.max_threads)
+    };
+    assert_eq!(regs(""), (64, 1024));
+    assert_eq!(regs(".maxntid 256, 1, 1"), (255, 256));
+    assert_eq!(regs(".maxntid 512, 1, 1"), (128, 512));
 }

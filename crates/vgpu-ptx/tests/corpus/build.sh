@@ -14,6 +14,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 : "${CUDA13:?set CUDA13 to the unpacked nvidia/cu13 directory}"
 export PATH="$CUDA13/bin:$PATH"
 nv=(nvcc -ccbin gcc-12 -I"$CUDA13/include")
+# cub.cu includes CCCL's headers: unpack nvidia-cuda-cccl of the same
+# release beside the others (they land in include/cccl, where nvcc looks;
+# cub.ptx was built with ci/fetch-cuda.sh's toolkit, nvcc 13.0.88 and
+# nvidia-cuda-cccl 13.0.85).
 for cu in *.cu; do
     "${nv[@]}" -ptx -arch=sm_90 "$cu" -o "${cu%.cu}.ptx"
 done
