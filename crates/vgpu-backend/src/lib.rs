@@ -61,9 +61,10 @@ pub enum OpError {
     #[error("device state lost: {0}")]
     Lost(String),
     /// A kernel's memory access faulted on the device (an illegal
-    /// address). As with [`OpError::Lost`], the partition's device state is
-    /// gone; only the status the guest sees differs.
-    #[error("kernel memory fault (device state lost): {0}")]
+    /// address). On a GPU, as with [`OpError::Lost`], the partition's
+    /// device state is gone (which [`Partition::is_lost`] says); a context
+    /// of [`contexts::Contexts`] ends with it on every backend.
+    #[error("kernel memory fault: {0}")]
     KernelFault(String),
     /// A kernel's `assert()` failed. On a GPU the partition's device state
     /// is gone with it, which [`Partition::is_lost`] says.
