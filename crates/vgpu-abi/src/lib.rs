@@ -333,8 +333,9 @@ pub const COPY_DEVICE: u32 = 1;
 pub const COPY_WINDOW: u32 = 2;
 /// Most scatter-gather entries per COPY.
 pub const MAX_SG_ENTRIES: u32 = 256;
-/// Largest parameter block of a LAUNCH.
-pub const MAX_PARAMS_SIZE: u32 = 4096;
+/// Largest parameter block of a LAUNCH: CUDA's limit on a kernel's
+/// parameters since CUDA 12.1 (32,764 bytes; 4 KiB before).
+pub const MAX_PARAMS_SIZE: u32 = 32764;
 /// Largest module image.
 pub const MAX_MODULE_SIZE: u64 = 16 << 20;
 /// MEM_ALLOC: the alignment of an allocation asked with alignment 0.
@@ -1029,7 +1030,10 @@ pub fn c_header() -> String {
         ("VGPU_WAIT_NOR", WAIT_NOR.into()),
         ("VGPU_WAIT_COND_MASK", WAIT_COND_MASK.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
-        ("VGPU_LAUNCH_FLAG_COOPERATIVE", LAUNCH_FLAG_COOPERATIVE.into()),
+        (
+            "VGPU_LAUNCH_FLAG_COOPERATIVE",
+            LAUNCH_FLAG_COOPERATIVE.into(),
+        ),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
         ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),
