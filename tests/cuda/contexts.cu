@@ -49,6 +49,7 @@ int main() {
   SYM(cuDeviceGet);
   SYM(cuDeviceGetAttribute);
   SYM(cuDeviceGetExecAffinitySupport);
+  SYM(cuCtxGetExecAffinity);
   SYM(cuGetProcAddress_v2);
   SYM(cuCtxCreate_v4);
   SYM(cuCtxDestroy_v2);
@@ -120,7 +121,18 @@ int main() {
   } else {
     EXPECT(r == CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "unsupported execution affinity: %d",
            (int)r);
+    // An ordinary context has every SM.
+    DRV(cuCtxCreate_v4(&ctx, nullptr, 0, dev));
+    CUexecAffinityParam have = {};
+    DRV(cuCtxGetExecAffinity(&have, CU_EXEC_AFFINITY_TYPE_SM_COUNT));
+    EXPECT(have.param.smCount.val == (unsigned)sms, "a context of %u SMs of %d",
+           have.param.smCount.val, sms);
+    DRV(cuCtxDestroy_v2(ctx));
   }
+  // Parameters with no affinity in them: an ordinary context.
+  with_affinity.numExecAffinityParams = 0;
+  DRV(cuCtxCreate_v4(&ctx, &with_affinity, 0, dev));
+  DRV(cuCtxDestroy_v2(ctx));
   DRV(cuDeviceGetAttribute(&cig_vk, CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED, dev));
   DRV(cuDeviceGetAttribute(&cig_d3d, CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED, dev));
   if (!cig_vk && !cig_d3d) {
@@ -130,6 +142,9 @@ int main() {
     with_cig.cigParams = &cig;
     r = cuCtxCreate_v4(&ctx, &with_cig, 0, dev);
     EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "CIG on a device without it: %d", (int)r);
+    cig.sharedData = nullptr;
+    r = cuCtxCreate_v4(&ctx, &with_cig, 0, dev);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "CIG without its data: %d", (int)r);
   }
   DRV(cuCtxGetCurrent(&cur));
   EXPECT(cur == nullptr, "a refused creation left context %p current", (void *)cur);

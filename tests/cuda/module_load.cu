@@ -33,12 +33,12 @@ static std::string slurp(const char *name) {
 }
 
 // A log as the driver wrote it: NUL-terminated within its buffer, and
-// the size written back counting its bytes (with or without the NUL).
+// its length written back (the buffer's size where it was cut).
 static void check_log(const char *what, const char *buf, size_t cap, size_t written) {
   size_t len = strnlen(buf, cap);
   EXPECT(len < cap, "%s log is not NUL-terminated", what);
-  EXPECT(written == len || written == len + 1, "%s log: %zu bytes written back, it holds %zu",
-         what, written, len);
+  EXPECT(written == len || (written == cap && len == cap - 1),
+         "%s log: %zu bytes written back, it holds %zu", what, written, len);
 }
 
 int main() {
@@ -168,6 +168,13 @@ int main() {
   EXPECT(r == CUDA_ERROR_INVALID_PTX, "bad PTX: %d, want CUDA_ERROR_INVALID_PTX", (int)r);
   check_log("error", error, sizeof(error), (size_t)vals[3]);
   EXPECT(error[0] != 0, "bad PTX left the error log empty");
+  // A log cut to a small buffer: NUL-terminated, the buffer counted.
+  reset();
+  vals[3] = (void *)10;
+  r = cuModuleLoadDataEx(&m, bad.c_str(), n_opts, opts, vals);
+  EXPECT(r == CUDA_ERROR_INVALID_PTX, "bad PTX again: %d", (int)r);
+  EXPECT((size_t)vals[3] == 10 && strlen(error) == 9,
+         "a log cut to 10 bytes: %zu written back, %zu held", (size_t)vals[3], strlen(error));
   // Malformed options.
   CUjit_option unknown = (CUjit_option)9999;
   void *unknown_val = nullptr;
@@ -211,6 +218,13 @@ int main() {
   }
   DRV(cuMemFree_v2(dout));
   DRV(cuModuleUnload(m));
+  // A link of nothing: a module without functions.
+  DRV(cuLinkCreate_v2(0, nullptr, nullptr, &link));
+  DRV(cuLinkComplete(link, &image, &image_size));
+  DRV(cuModuleLoadData(&m, image));
+  EXPECT(cuModuleGetFunction(&f, m, "combine") == CUDA_ERROR_NOT_FOUND, "an empty link's kernel");
+  DRV(cuModuleUnload(m));
+  DRV(cuLinkDestroy(link));
   printf("PASS %s link\n", TEST_NAME);
 
   // Libraries: from a file with JIT options, from memory (a fatbinary).

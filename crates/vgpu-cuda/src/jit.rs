@@ -2,8 +2,9 @@
 //! and the library loads take them: checked, the compiler's hints let
 //! be (the backend compiles with its own driver), and the outputs
 //! written as NVIDIA's driver writes them: the info and error logs into
-//! the caller's buffers, NUL-terminated, with the bytes written put back
-//! in the size options' value slots, and the wall time in its slot.
+//! the caller's buffers, NUL-terminated, with the log's length put back
+//! in the size options' value slots (the buffer's size where the log was
+//! cut), and the wall time in its slot.
 
 use std::ffi::c_void;
 use std::time::Duration;
@@ -120,7 +121,9 @@ impl JitOutputs {
                 std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n);
                 *buf.add(n) = 0;
                 if log.slot != 0 {
-                    *(log.slot as *mut usize) = n;
+                    // The log's length, or the whole buffer where it was
+                    // cut, as NVIDIA's driver counts it.
+                    *(log.slot as *mut usize) = text.len().min(log.cap);
                 }
             }
         }
@@ -160,9 +163,17 @@ mod tests {
         // SAFETY: as above.
         unsafe { out.write("", "bad instruction", Duration::from_millis(3)) };
         assert_eq!((info[0], v[1] as usize), (0, 0));
-        // Cut to the buffer, NUL-terminated.
+        // Cut to the buffer, NUL-terminated; the whole buffer counted.
         assert_eq!(&err, b"bad ins\0");
-        assert_eq!(v[3] as usize, 7);
+        assert_eq!(v[3] as usize, 8);
+        // A log that fits: its length, without the NUL.
+        let mut v2 = v.clone();
+        v2[3] = 8 as *mut c_void;
+        // SAFETY: as above.
+        let out = unsafe { read("test", 6, o.as_ptr(), v2.as_mut_ptr()) }.unwrap();
+        // SAFETY: as above.
+        unsafe { out.write("", "short", Duration::ZERO) };
+        assert_eq!((&err[..6], v2[3] as usize), (&b"short\0"[..], 5));
         assert_eq!(f32::from_bits(v[4] as usize as u32), 3.0);
     }
 

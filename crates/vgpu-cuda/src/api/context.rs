@@ -195,29 +195,30 @@ unsafe fn create_ctx(pctx: *mut Handle, flags: u32, dev: CUdevice) -> CuResult {
 }
 
 /// Checks execution affinity parameters (`count` of them at `params`):
-/// a vGPU's contexts cannot be limited to some of its SMs (NVIDIA's
-/// driver offers that only under MPS), so a well-formed request is
-/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`, as a GPU without MPS answers.
-///
-/// # Safety
-/// `params` is null or holds `count` parameters.
-unsafe fn check_exec_affinity(params: *const ExecAffinityParam, count: i32) -> CuResult {
-    let count = usize::try_from(count)
-        .ok()
-        .filter(|&n| n > 0 && !params.is_null())
-        .ok_or(cu::ERROR_INVALID_VALUE)?;
-    for i in 0..count.min(64) {
-        // SAFETY: within the caller's array.
-        let p = unsafe { ffi::get(params.add(i)) }?;
-        if p.kind != EXEC_AFFINITY_SM_COUNT || p.value == 0 {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
+/// none (a count of 0 or less) is an ordinary context; any is
+/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`, as NVIDIA's driver answers
+/// without MPS (a vGPU's contexts cannot be limited to some of its SMs),
+/// whatever the parameters say.
+fn check_exec_affinity(params: *const ExecAffinityParam, count: i32) -> CuResult {
+    if count <= 0 {
+        return Ok(());
     }
-    if count > 64 {
+    if params.is_null() {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     crate::diag::log("execution affinity (SM counts) needs MPS, which a vGPU does not offer");
     Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+}
+
+/// CIG's shared data types: a D3D12 command queue, NVIDIA's blob.
+const CIG_DATA_TYPES: [u32; 2] = [1, 2];
+
+/// `CUctxCigParam`: what a graphics API shares with the context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CigParam {
+    kind: u32,
+    data: *const std::ffi::c_void,
 }
 
 #[no_mangle]
@@ -238,10 +239,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 ) -> CUresult {
     entry(|| {
         driver()?.gpu(dev)?;
-        if !params.is_null() || count != 0 {
-            // SAFETY: the caller's array of `count` parameters.
-            unsafe { check_exec_affinity(params.cast(), count) }?;
-        }
+        check_exec_affinity(params.cast(), count)?;
         // SAFETY: the caller's out-parameter.
         unsafe { create_ctx(pctx, flags, dev) }
     })
@@ -269,15 +267,17 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
             match (p.exec_affinity.is_null(), p.cig.is_null()) {
                 (true, true) => {}
                 (false, false) => return Err(cu::ERROR_INVALID_VALUE),
-                (false, true) => {
-                    // SAFETY: the caller's array of the count it gives.
-                    unsafe { check_exec_affinity(p.exec_affinity, p.num_exec_affinity) }?
-                }
+                (false, true) => check_exec_affinity(p.exec_affinity, p.num_exec_affinity)?,
                 (true, false) => {
+                    // SAFETY: the caller's CIG parameters.
+                    let cig = unsafe { ffi::get(p.cig.cast::<CigParam>()) }?;
+                    if cig.data.is_null() || !CIG_DATA_TYPES.contains(&cig.kind) {
+                        return Err(cu::ERROR_INVALID_VALUE);
+                    }
                     return Err(d.not_supported_because(
                         "cuCtxCreate",
                         "contexts shared with a graphics API (CIG)",
-                    ))
+                    ));
                 }
             }
         }
@@ -287,36 +287,42 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 }
 
 /// Whether contexts of `dev` may be limited by execution affinity of
-/// `kind`: not on a vGPU (see [`check_exec_affinity`]).
+/// `kind`: not on a vGPU (see [`check_exec_affinity`]), of any type, as
+/// NVIDIA's driver answers without MPS.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
     pi: *mut i32,
-    kind: u32,
+    _kind: u32,
     dev: CUdevice,
 ) -> CUresult {
     entry(|| {
         driver()?.gpu(dev)?;
-        if kind != EXEC_AFFINITY_SM_COUNT {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(pi, 0) }
     })
 }
 
-/// The current context's execution affinity of `kind`: none can be set
-/// on a vGPU, which answers as a device without the feature does.
+/// The current context's execution affinity of `kind`: a context that
+/// could not be limited has all its device's SMs; other types are
+/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`, as NVIDIA's driver answers.
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetExecAffinity(
     affinity: *mut std::ffi::c_void,
     kind: u32,
 ) -> CUresult {
     entry(|| {
-        driver()?.current_ctx()?;
-        if affinity.is_null() || kind != EXEC_AFFINITY_SM_COUNT {
-            return Err(cu::ERROR_INVALID_VALUE);
+        let d = driver()?;
+        let (_, g) = d.current_gpu()?;
+        if kind != EXEC_AFFINITY_SM_COUNT {
+            return Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY);
         }
-        Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let value = ExecAffinityParam {
+            kind,
+            value: sms as u32,
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(affinity.cast::<ExecAffinityParam>(), value) }
     })
 }
 
@@ -517,39 +523,29 @@ mod tests {
         }
     }
 
-    fn affinity(params: &[ExecAffinityParam], count: i32) -> CuResult {
-        let p = if params.is_empty() {
-            std::ptr::null()
-        } else {
-            params.as_ptr()
-        };
-        // SAFETY: `p` holds `params.len()` parameters, at least `count`
-        // where `count` is positive.
-        unsafe { check_exec_affinity(p, count) }
-    }
-
     #[test]
     fn execution_affinity_is_refused_as_without_mps() {
         let sm = |value| ExecAffinityParam {
             kind: EXEC_AFFINITY_SM_COUNT,
             value,
         };
-        // Well-formed: the device cannot honour it.
+        // Any parameters, as NVIDIA's driver answers without MPS.
+        for p in [
+            [sm(4), sm(132)],
+            [sm(0), ExecAffinityParam { kind: 7, value: 4 }],
+        ] {
+            assert_eq!(
+                check_exec_affinity(p.as_ptr(), 2),
+                Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+            );
+        }
+        // None: an ordinary context, the array unread.
+        assert_eq!(check_exec_affinity(std::ptr::null(), 0), Ok(()));
+        assert_eq!(check_exec_affinity([sm(4)].as_ptr(), -1), Ok(()));
+        // A count without an array.
         assert_eq!(
-            affinity(&[sm(4)], 1),
-            Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+            check_exec_affinity(std::ptr::null(), 1),
+            Err(cu::ERROR_INVALID_VALUE)
         );
-        assert_eq!(
-            affinity(&[sm(4), sm(132)], 2),
-            Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
-        );
-        // Malformed: no parameters, a count without an array, no SMs, an
-        // unknown type.
-        assert_eq!(affinity(&[sm(4)], 0), Err(cu::ERROR_INVALID_VALUE));
-        assert_eq!(affinity(&[sm(4)], -1), Err(cu::ERROR_INVALID_VALUE));
-        assert_eq!(affinity(&[], 1), Err(cu::ERROR_INVALID_VALUE));
-        assert_eq!(affinity(&[sm(0)], 1), Err(cu::ERROR_INVALID_VALUE));
-        let other = ExecAffinityParam { kind: 1, value: 4 };
-        assert_eq!(affinity(&[sm(4), other], 2), Err(cu::ERROR_INVALID_VALUE));
     }
 }
