@@ -390,6 +390,11 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
         if crate::ctx_table::READ_ONLY_LIMITS.contains(&limit) {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
         }
+        if limit == cu::LIMIT_PERSISTING_L2_CACHE_SIZE
+            && value > crate::devices::MAX_PERSISTING_L2_BYTES
+        {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         let mut o = d.objects();
         o.ctxs_mut().ctxs.get_mut(ctx)?.set_limit(limit, value)
     })
@@ -459,8 +464,8 @@ pub extern "C" fn cuCtxSetSharedMemConfig(config: u32) -> CUresult {
     })
 }
 
-/// No L2 lines are set aside for persisting accesses here, so there is
-/// nothing to reset.
+/// Persisting accesses are hints the device honours by ignoring them,
+/// so no L2 lines are held to reset.
 #[no_mangle]
 pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
     entry(|| driver()?.current_ctx().map(drop))

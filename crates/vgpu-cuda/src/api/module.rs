@@ -577,6 +577,9 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {}
             cu::LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] == 0 => {}
+            cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW => {
+                crate::devices::check_access_policy_window(&a.value)?
+            }
             id => {
                 log(&format!("launch attribute {id} is not supported"));
                 return Err(cu::ERROR_NOT_SUPPORTED);
@@ -930,6 +933,12 @@ mod tests {
         assert_eq!(cluster(&mut [coop]), Err(cu::ERROR_NOT_SUPPORTED));
         let off = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [0, 0, 0]);
         assert_eq!(cluster(&mut [off]), Ok([1, 1, 1]));
+        // An L2 access policy window is a hint, within the device's bound.
+        let mut window = attr(cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, [0, 0, 1 << 20]);
+        window.value[4] = 0.5f32.to_bits();
+        assert_eq!(cluster(&mut [window]), Ok([1, 1, 1]));
+        window.value[3] = 1;
+        assert_eq!(cluster(&mut [window]), Err(cu::ERROR_INVALID_VALUE));
         assert_eq!(
             cluster(&mut [attr(999, [0; 3])]),
             Err(cu::ERROR_NOT_SUPPORTED)
