@@ -24,6 +24,23 @@ for src in "$VGPUD_ROOT"/tests/cuda/*.cu; do
         -o "$out/$name" "$src" || die "nvcc did not build $src"
     rm -f "$out/.nvcc-$name.log"
 done
+# What module_load loads through the driver API, beside it: PTX, a
+# fatbinary of PTX, relocatable PTX to link, and machine code for
+# Ampere (sm_80), which a Hopper-class device cannot run.
+ml=$out/module_load.d
+mkdir -p "$ml"
+src=$VGPUD_ROOT/tests/cuda/module_load
+for step in "-ptx -o $ml/scale.ptx $src/scale.cu" \
+    "-fatbin -o $ml/scale.fatbin $src/scale.cu" \
+    "-ptx -rdc=true -o $ml/link_main.ptx $src/link_main.cu" \
+    "-ptx -rdc=true -o $ml/link_lib.ptx $src/link_lib.cu"; do
+    # shellcheck disable=SC2086  # one step's words
+    run_logged "$out/.nvcc-module-load.log" "$nvcc_root/bin/nvcc" \
+        -arch=compute_80 -code=compute_80 $step || die "nvcc: $step"
+done
+run_logged "$out/.nvcc-module-load.log" "$nvcc_root/bin/nvcc" -cubin -arch=sm_80 \
+    -o "$ml/scale_sm80.cubin" "$src/scale.cu" || die "nvcc did not build scale_sm80.cubin"
+rm -f "$out/.nvcc-module-load.log"
 # The same vector add on the shared runtime, which finds the driver the
 # same way; libcudart.so.13 goes beside it, found through its RUNPATH.
 cp -L "$nvcc_root/lib/libcudart.so.13" "$out/"

@@ -333,8 +333,9 @@ pub const COPY_DEVICE: u32 = 1;
 pub const COPY_WINDOW: u32 = 2;
 /// Most scatter-gather entries per COPY.
 pub const MAX_SG_ENTRIES: u32 = 256;
-/// Largest parameter block of a LAUNCH.
-pub const MAX_PARAMS_SIZE: u32 = 4096;
+/// Largest parameter block of a LAUNCH: CUDA's limit on a kernel's
+/// parameters since CUDA 12.1 (32,764 bytes; 4 KiB before).
+pub const MAX_PARAMS_SIZE: u32 = 32764;
 /// Largest module image.
 pub const MAX_MODULE_SIZE: u64 = 16 << 20;
 /// MEM_ALLOC: the alignment of an allocation asked with alignment 0.

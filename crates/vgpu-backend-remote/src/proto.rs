@@ -1560,6 +1560,18 @@ mod tests {
         w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE + 1);
         w.0.extend(std::iter::repeat_n(0, abi::MAX_PARAMS_SIZE as usize + 1));
         assert!(Request::decode(Kind::Launch as u16, &w.0).is_err());
+        // The most it allows is carried.
+        let mut w = Writer::default();
+        w.u64(0);
+        for _ in 0..10 {
+            w.u32(1);
+        }
+        w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE);
+        w.0.extend(std::iter::repeat_n(7, abi::MAX_PARAMS_SIZE as usize));
+        match Request::decode(Kind::Launch as u16, &w.0) {
+            Ok(Request::Launch(l)) => assert_eq!(l.params.len(), abi::MAX_PARAMS_SIZE as usize),
+            other => panic!("{other:?}"),
+        }
         // A name that is not UTF-8.
         let mut w = Writer::default();
         w.u64(1).u32(1).u64(1).u8(0).u16(2);

@@ -27,6 +27,8 @@ pub const ERROR_INVALID_DEVICE: CUresult = 101;
 pub const ERROR_INVALID_IMAGE: CUresult = 200;
 pub const ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const ERROR_INVALID_PTX: CUresult = 218;
+pub const ERROR_UNSUPPORTED_EXEC_AFFINITY: CUresult = 224;
 pub const ERROR_INVALID_SOURCE: CUresult = 300;
 pub const ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const ERROR_OPERATING_SYSTEM: CUresult = 304;
@@ -44,6 +46,7 @@ pub const ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
 pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
 pub const ERROR_LAUNCH_FAILED: CUresult = 719;
+pub const ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
 pub const ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
@@ -104,6 +107,16 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_NO_BINARY_FOR_GPU,
         "CUDA_ERROR_NO_BINARY_FOR_GPU\0",
         "no kernel image is available for execution on the device\0",
+    ),
+    (
+        ERROR_INVALID_PTX,
+        "CUDA_ERROR_INVALID_PTX\0",
+        "a PTX JIT compilation failed\0",
+    ),
+    (
+        ERROR_UNSUPPORTED_EXEC_AFFINITY,
+        "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY\0",
+        "the provided execution affinity is not supported\0",
     ),
     (
         ERROR_PEER_ACCESS_UNSUPPORTED,
@@ -186,6 +199,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         "unspecified launch failure\0",
     ),
     (
+        ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+        "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE\0",
+        "too many blocks in cooperative launch\0",
+    ),
+    (
         ERROR_NOT_SUPPORTED,
         "CUDA_ERROR_NOT_SUPPORTED\0",
         "operation not supported\0",
@@ -253,6 +271,8 @@ pub const ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: i32 = 87;
 pub const ATTR_COMPUTE_PREEMPTION_SUPPORTED: i32 = 90;
 pub const ATTR_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
 pub const ATTR_MAX_BLOCKS_PER_MULTIPROCESSOR: i32 = 106;
+pub const ATTR_MAX_PERSISTING_L2_CACHE_SIZE: i32 = 108;
+pub const ATTR_MAX_ACCESS_POLICY_WINDOW_SIZE: i32 = 109;
 pub const ATTR_RESERVED_SHARED_MEMORY_PER_BLOCK: i32 = 111;
 pub const ATTR_NUMA_ID: i32 = 131;
 pub const ATTR_HOST_NUMA_ID: i32 = 134;

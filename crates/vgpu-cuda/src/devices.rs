@@ -12,6 +12,15 @@ pub const CC_MAJOR: i32 = 9;
 /// The minor half of [`CC_MAJOR`]'s compute capability.
 pub const CC_MINOR: i32 = 0;
 
+/// L2 cache, as a Hopper-class GPU has.
+pub const L2_BYTES: usize = 50 << 20;
+/// The most of it that may be set aside for persisting accesses
+/// (`cuCtxSetLimit`'s `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`): five eighths,
+/// as an H100 reports.
+pub const MAX_PERSISTING_L2_BYTES: usize = L2_BYTES / 8 * 5;
+/// The largest L2 access policy window a stream or launch may carry.
+pub const MAX_ACCESS_POLICY_WINDOW_BYTES: u64 = 128 << 20;
+
 /// The value of device attribute `attr`, as a GPU of this capability
 /// reports it; features a vGPU lacks (concurrent managed access, peer access,
 /// textures, ...) read 0, as on a GPU without them.
@@ -38,7 +47,11 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_CLOCK_RATE => 1_755_000,
         cu::ATTR_MEMORY_CLOCK_RATE => 2_619_000,
         cu::ATTR_GLOBAL_MEMORY_BUS_WIDTH => 5120,
-        cu::ATTR_L2_CACHE_SIZE => 50 << 20,
+        cu::ATTR_L2_CACHE_SIZE => L2_BYTES as i32,
+        // Persisting accesses and access policy windows are hints the
+        // device honours by ignoring them; their bounds are checked.
+        cu::ATTR_MAX_PERSISTING_L2_CACHE_SIZE => MAX_PERSISTING_L2_BYTES as i32,
+        cu::ATTR_MAX_ACCESS_POLICY_WINDOW_SIZE => MAX_ACCESS_POLICY_WINDOW_BYTES as i32,
         cu::ATTR_TEXTURE_ALIGNMENT | cu::ATTR_SURFACE_ALIGNMENT => 512,
         cu::ATTR_TEXTURE_PITCH_ALIGNMENT => 32,
         cu::ATTR_GPU_OVERLAP | cu::ATTR_CONCURRENT_KERNELS => 1,
@@ -81,4 +94,36 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         a if (1..cu::ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),
     })
+}
+
+/// Checks an L2 access policy window (`CUaccessPolicyWindow`, as a
+/// launch attribute value holds it): no larger than the device allows,
+/// its hit ratio a fraction.
+pub fn check_access_policy_window(v: &cu::CUlaunchAttributeValue) -> CuResult {
+    let bytes = u64::from(v[2]) | (u64::from(v[3]) << 32);
+    let ratio = f32::from_bits(v[4]);
+    if bytes > MAX_ACCESS_POLICY_WINDOW_BYTES || !(0.0..=1.0).contains(&ratio) {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_policy_windows_are_bounded() {
+        let window = |bytes: u64, ratio: f32| {
+            let mut v = [0u32; 16];
+            v[2] = bytes as u32;
+            v[3] = (bytes >> 32) as u32;
+            v[4] = ratio.to_bits();
+            check_access_policy_window(&v)
+        };
+        assert_eq!(window(1 << 20, 0.6), Ok(()));
+        assert_eq!(window(MAX_ACCESS_POLICY_WINDOW_BYTES, 1.0), Ok(()));
+        assert_eq!(window(1 << 40, 0.6), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(window(1 << 20, 1.5), Err(cu::ERROR_INVALID_VALUE));
+    }
 }

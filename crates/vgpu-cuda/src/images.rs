@@ -2,13 +2,15 @@
 //! and loading one into the caller's out-parameter.
 
 use std::ffi::c_void;
+use std::time::Instant;
 
 use vgpu_guest::sys;
 
 use crate::cu::{self, CuResult, Handle};
 use crate::diag::log;
 use crate::ffi;
-use crate::modules::{load_image, LoadAs};
+use crate::jit::JitOutputs;
+use crate::modules::{load_image_why, LoadAs};
 use crate::state::{driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
@@ -111,9 +113,34 @@ pub(crate) fn load_on(
     image: *const c_void,
     what: LoadAs,
 ) -> CuResult {
+    load_jit(d, module, image, what, &JitOutputs::default())
+}
+
+/// [`load_on`], writing the logs and wall time `jit` asks for: why the
+/// image was refused goes to the error log.
+pub(crate) fn load_jit(
+    d: &Driver,
+    module: *mut Handle,
+    image: *const c_void,
+    what: LoadAs,
+    jit: &JitOutputs,
+) -> CuResult {
+    let start = Instant::now();
     // SAFETY: the caller's image.
-    let image = unsafe { image_at(image.cast()) }?;
-    let h = load_image(d, image, what)?;
+    let r = match unsafe { image_at(image.cast()) } {
+        Ok(image) => load_image_why(d, image, what),
+        Err(e) => Err((e, "not a module image this driver reads".to_string())),
+    };
+    // SAFETY: the caller's option arrays and log buffers, alive for the
+    // call.
+    unsafe {
+        jit.write(
+            "",
+            r.as_ref().err().map_or("", |(_, why)| why.as_str()),
+            start.elapsed(),
+        )
+    };
+    let h = r.map_err(|(e, _)| e)?;
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(module, h as Handle) }.inspect_err(|_| {
         let _ = d.unload_module(h);

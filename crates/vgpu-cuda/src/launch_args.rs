@@ -88,7 +88,8 @@ pub unsafe fn fill_param_block(
         }
     }
     let len = len.ok_or(cu::ERROR_INVALID_VALUE)?;
-    if len < block.len() {
+    // Shorter than the kernel's parameters, or longer than any kernel's.
+    if len < block.len() || len > sys::MAX_PARAMS_BYTES as usize {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     // SAFETY: the caller's packed buffer of `len` bytes.
@@ -141,4 +142,21 @@ pub unsafe fn kernel_work(
     let block = unsafe { param_block(d, f, params, extra) }?;
     check_shape(&dims, block.len())?;
     d.launch_work(f, dims, [1, 1, 1], &block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_blocks_up_to_cudas_limit_pass() {
+        let dims = Dims {
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_mem: 0,
+        };
+        // CUDA 12.1 and later: 32,764 bytes of parameters.
+        assert_eq!(check_shape(&dims, 32764), Ok(()));
+        assert_eq!(check_shape(&dims, 32765), Err(cu::ERROR_INVALID_VALUE));
+    }
 }

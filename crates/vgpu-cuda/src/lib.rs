@@ -25,7 +25,7 @@
 //! * Below it: [`state`] (the devices, the context stack and the lock
 //!   of [`objects`], every handle a program holds, in a table per kind:
 //!   [`ctx_table`], [`module_table`], [`stream_table`], [`mem_table`],
-//!   [`pool_table`], [`links`], the graphs' in [`graphs`], over
+//!   [`pool_table`], [`links`] (with [`ptx_link`]), the graphs' in [`graphs`], over
 //!   [`handles`]); [`work`] (device
 //!   work as queued), [`inflight`] and [`lanes`] (the work each device
 //!   has queued); [`cu`] (`cuda.h`'s types) and [`diag`].
@@ -59,6 +59,7 @@ pub mod handles;
 pub mod host_pages;
 pub mod images;
 pub mod inflight;
+pub mod jit;
 pub mod lanes;
 pub mod launch_args;
 pub mod links;
@@ -70,6 +71,7 @@ pub mod modules;
 pub mod objects;
 pub mod pitched;
 pub mod pool_table;
+pub mod ptx_link;
 pub mod reserve;
 pub mod state;
 pub mod stream_table;

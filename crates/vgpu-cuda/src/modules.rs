@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use vgpu_guest::{sys, Dims, Error as GuestError, Function};
 
-use crate::cu::{self, CUdevice, CuResult};
+use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::{check, log};
 use crate::module_table::{Func, Library, ModuleObj, DEFAULT_DYNAMIC_SHARED};
 use crate::state::Driver;
@@ -24,9 +24,36 @@ pub enum LoadAs {
 
 /// Loads `image` as `what`; its handle.
 pub fn load_image(d: &Driver, image: &[u8], what: LoadAs) -> CuResult<usize> {
+    load_image_why(d, image, what).map_err(|(e, _)| e)
+}
+
+/// [`load_image`], with why it failed beside the error: what a JIT
+/// error log says.
+pub fn load_image_why(d: &Driver, image: &[u8], what: LoadAs) -> Result<usize, (CUresult, String)> {
     match what {
-        LoadAs::Module(dev) => d.load_module(dev, image),
-        LoadAs::Library => d.load_library(library_device(d), image),
+        LoadAs::Module(dev) => d.try_load_module(dev, image),
+        LoadAs::Library => d.try_load_library(library_device(d), image),
+    }
+}
+
+/// CUDA's error for an image the device refused: PTX that does not
+/// compile is `CUDA_ERROR_INVALID_PTX`; machine code alone (a cubin, a
+/// fatbinary without PTX) that it cannot run, or that its driver
+/// refuses, is `CUDA_ERROR_NO_BINARY_FOR_GPU`, as NVIDIA's driver
+/// answers machine code for another GPU (the software backend runs
+/// only PTX).
+fn load_error(has_ptx: bool, e: &GuestError) -> CUresult {
+    let status = match e {
+        GuestError::Command { status, .. } => *status,
+        GuestError::Unsupported => sys::CMD_STATUS_UNSUPPORTED,
+        _ => return crate::diag::cu_error(e),
+    };
+    match status {
+        sys::CMD_STATUS_INVALID if has_ptx => cu::ERROR_INVALID_PTX,
+        sys::CMD_STATUS_INVALID | sys::CMD_STATUS_UNSUPPORTED if !has_ptx => {
+            cu::ERROR_NO_BINARY_FOR_GPU
+        }
+        _ => crate::diag::cu_error(e),
     }
 }
 
@@ -73,8 +100,19 @@ impl Driver {
     /// Loads a module image (a fatbinary or PTX text) on `dev` and
     /// records its entry points.
     pub fn load_module(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
-        let gpu = self.gpu(dev)?;
-        let (format, ptx) = module_ptx(image)?;
+        self.try_load_module(dev, image).map_err(|(e, _)| e)
+    }
+
+    /// [`Driver::load_module`], with why it failed beside the error.
+    pub fn try_load_module(
+        &self,
+        dev: CUdevice,
+        image: &[u8],
+    ) -> Result<usize, (CUresult, String)> {
+        let gpu = self
+            .gpu(dev)
+            .map_err(|e| (e, "no such device".to_string()))?;
+        let (format, ptx) = module_ptx(image).map_err(|e| (e, "not a module image".to_string()))?;
         let mut kernels = HashSet::new();
         for text in &ptx {
             // The names only; the device's driver compiles the module.
@@ -89,7 +127,14 @@ impl Driver {
         } else {
             vgpu_ptx::function_names(image).unwrap_or_default()
         };
-        let module = Arc::new(check(gpu.dev.module_load_format(format, image))?);
+        let module = match gpu.dev.module_load_format(format, image) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                let why = format!("the device refused the module: {e}");
+                log(&why);
+                return Err((load_error(!ptx.is_empty(), &e), why));
+            }
+        };
         gpu.console().watch(&module);
         let m = ModuleObj {
             device: dev,
@@ -107,7 +152,16 @@ impl Driver {
     /// [`Driver::load_module`] of a library: where the process has
     /// several devices, the image is kept to load it on the others.
     pub fn load_library(&self, dev: CUdevice, image: &[u8]) -> CuResult<usize> {
-        let h = self.load_module(dev, image)?;
+        self.try_load_library(dev, image).map_err(|(e, _)| e)
+    }
+
+    /// [`Driver::load_library`], with why it failed beside the error.
+    pub fn try_load_library(
+        &self,
+        dev: CUdevice,
+        image: &[u8],
+    ) -> Result<usize, (CUresult, String)> {
+        let h = self.try_load_module(dev, image)?;
         if self.gpus.len() > 1 {
             if let Ok(m) = self.objects().modules_mut().modules.get_mut(h) {
                 m.library = Some(Library {
@@ -401,5 +455,33 @@ mod tests {
         cubin.resize(64, 0);
         cubin[18] = 190;
         assert_eq!(module_ptx(&cubin), Ok((sys::MODULE_CUBIN, Vec::new())));
+    }
+
+    #[test]
+    fn refused_images_answer_as_nvidias_driver() {
+        let cmd = |status| GuestError::Command {
+            index: 0,
+            status,
+            source: Box::new(GuestError::Io),
+        };
+        // PTX that does not compile.
+        assert_eq!(
+            load_error(true, &cmd(sys::CMD_STATUS_INVALID)),
+            cu::ERROR_INVALID_PTX
+        );
+        // Machine code the device cannot run (the software backend's
+        // answer to a cubin) or its driver refuses.
+        for status in [sys::CMD_STATUS_UNSUPPORTED, sys::CMD_STATUS_INVALID] {
+            assert_eq!(load_error(false, &cmd(status)), cu::ERROR_NO_BINARY_FOR_GPU);
+        }
+        // A device that refuses guest modules altogether, and the rest.
+        assert_eq!(
+            load_error(true, &cmd(sys::CMD_STATUS_UNSUPPORTED)),
+            cu::ERROR_NOT_SUPPORTED
+        );
+        assert_eq!(
+            load_error(false, &cmd(sys::CMD_STATUS_NO_MEMORY)),
+            cu::ERROR_OUT_OF_MEMORY
+        );
     }
 }

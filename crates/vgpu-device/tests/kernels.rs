@@ -209,6 +209,47 @@ fn test_launch_bad_params_size_is_invalid() {
     assert_eq!(g.download(0, dev, 16), [9, 0, 0, 0].repeat(4));
 }
 
+/// A kernel taking a pointer and a 32,756-byte array by value: the
+/// 32,764 bytes of parameters CUDA allows since 12.1. It copies the
+/// array out.
+const COPY_PARAMS_PTX: &str = ".version 7.0\n.target sm_80\n.address_size 64\n\
+    .visible .entry copy_params(.param .u64 out, .param .align 1 .b8 blob[32756])\n{\n\
+    .reg .pred %p<2>;\n.reg .b16 %rs<2>;\n.reg .b32 %r<6>;\n.reg .b64 %rd<6>;\n\
+    ld.param.u64 %rd1, [out];\ncvta.to.global.u64 %rd1, %rd1;\nmov.b64 %rd2, blob;\n\
+    mov.u32 %r1, %ctaid.x;\nmov.u32 %r2, %ntid.x;\nmov.u32 %r3, %tid.x;\n\
+    mad.lo.s32 %r4, %r1, %r2, %r3;\nmov.u32 %r5, %nctaid.x;\nmul.lo.s32 %r5, %r5, %r2;\n\
+    LOOP:\nsetp.ge.s32 %p1, %r4, 32756;\n@%p1 bra DONE;\ncvt.s64.s32 %rd3, %r4;\n\
+    add.s64 %rd4, %rd2, %rd3;\nld.param.u8 %rs1, [%rd4];\nadd.s64 %rd5, %rd1, %rd3;\n\
+    st.global.u8 [%rd5], %rs1;\nadd.s32 %r4, %r4, %r5;\nbra LOOP;\nDONE:\nret;\n}\n";
+
+/// The largest parameter block the ABI allows reaches the kernel whole,
+/// split over descriptors as a driver may split it; one byte more is
+/// refused.
+#[test]
+fn test_launch_with_the_largest_parameter_block() {
+    let (_s, mut g) = vgpu_ready();
+    let module = g.module_load(0, abi::MODULE_FORMAT_PTX, COPY_PARAMS_PTX.as_bytes());
+    assert_status(module, abi::STATUS_OK);
+    let blob_len = abi::MAX_PARAMS_SIZE as usize - 8;
+    let out = g.device_alloc(0, blob_len as u64);
+    let blob = Rng(0x5eed).bytes(blob_len);
+    let mut params = out.to_le_bytes().to_vec();
+    params.extend_from_slice(&blob);
+    assert_eq!(params.len(), 32764);
+    let mut cmd = launch_cmd("copy_params", [8, 1, 1], [128, 1, 1], abi::MAX_PARAMS_SIZE);
+    cmd.module = module.result;
+    let (a, b) = params.split_at(10_000);
+    let c = g.run(0, &Chain::command(&cmd).bytes(a).bytes(b).completion());
+    assert_status(c, abi::STATUS_OK);
+    assert!(
+        g.download(0, out, blob_len) == blob,
+        "the kernel saw other bytes"
+    );
+    params.push(0);
+    cmd.params_size = abi::MAX_PARAMS_SIZE + 1;
+    assert_status(g.launch_raw(0, &cmd, &params), abi::STATUS_INVALID);
+}
+
 #[test]
 fn test_launch_bad_shape_is_invalid() {
     let (_s, mut g) = vgpu_ready();

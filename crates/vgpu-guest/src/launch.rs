@@ -184,10 +184,13 @@ mod tests {
         assert_eq!(l.params, p.as_slice().as_ptr() as u64);
         assert_eq!(&l.entry[..10], b"saxpy_f32\0");
         assert!(launch_cmd(0, "", Dims::default(), &[]).is_err());
+        let over = vec![0; sys::MAX_PARAMS_BYTES as usize + 1];
         assert!(matches!(
-            launch_cmd(0, "x", Dims::default(), &[0; 4097]),
+            launch_cmd(0, "x", Dims::default(), &over),
             Err(Error::TooBig)
         ));
+        let most = vec![0; sys::MAX_PARAMS_BYTES as usize];
+        assert!(launch_cmd(0, "x", Dims::default(), &most).is_ok());
     }
 
     #[test]

@@ -22,7 +22,7 @@
 #define VGPU_MAX_COPY_BYTES		(64ULL << 20)	/* per COPY with a user side */
 #define VGPU_MAX_BATCH_PIN_BYTES	(256ULL << 20)	/* user memory pinned per SUBMIT */
 #define VGPU_MAX_IMAGE_BYTES		(16ULL << 20)	/* MODULE_LOAD image */
-#define VGPU_MAX_PARAMS_BYTES		4096		/* LAUNCH parameter block */
+#define VGPU_MAX_PARAMS_BYTES		32764		/* LAUNCH parameter block */
 #define VGPU_MAX_BATCH_STAGED_BYTES	(32ULL << 20)	/* images + params per SUBMIT */
 #define VGPU_MAX_UNCOLLECTED		1024		/* uncollected fences per file */
 #define VGPU_ENTRY_NAME_LEN		32

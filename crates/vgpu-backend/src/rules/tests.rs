@@ -348,7 +348,12 @@ fn test_module_launch_checks() {
         ..limits
     };
     assert!(check_module_launch("k", [1; 3], [1; 3], 0, &[0u8; 40], &unknown).is_ok());
-    assert!(check_module_launch("k", [1; 3], [1; 3], 0, &[0u8; 4097], &unknown).is_err());
+    // CUDA 12.1's 32,764 bytes of parameters, and no more.
+    let most = vec![0u8; abi::MAX_PARAMS_SIZE as usize];
+    assert_eq!(most.len(), 32764);
+    assert!(check_module_launch("k", [1; 3], [1; 3], 0, &most, &unknown).is_ok());
+    let over = vec![0u8; abi::MAX_PARAMS_SIZE as usize + 1];
+    assert!(check_module_launch("k", [1; 3], [1; 3], 0, &over, &unknown).is_err());
 }
 
 #[test]

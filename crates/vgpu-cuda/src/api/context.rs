@@ -137,17 +137,192 @@ pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
     })
 }
 
+/// `CUctx_flags` a context may be created with (`CU_CTX_FLAGS_MASK`),
+/// and the scheduling part of them, of which one at most may be set.
+const CTX_FLAGS_MASK: u32 = 0xff;
+const CTX_SCHED_MASK: u32 = 0x07;
+
+/// `CU_EXEC_AFFINITY_TYPE_SM_COUNT`, the one execution affinity type.
+const EXEC_AFFINITY_SM_COUNT: u32 = 0;
+
+/// `CUexecAffinityParam`: a type and its value (a union of one `u32`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ExecAffinityParam {
+    kind: u32,
+    value: u32,
+}
+
+/// `CUctxCreateParams` (CUDA 12.5): execution affinity, or a context
+/// shared with a graphics API (CIG); both null is an ordinary context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CtxCreateParams {
+    exec_affinity: *const ExecAffinityParam,
+    num_exec_affinity: i32,
+    cig: *const std::ffi::c_void,
+}
+
+/// Checks context creation flags: known ones, one scheduling flag at
+/// most.
+fn check_flags(flags: u32) -> CuResult {
+    if flags & !CTX_FLAGS_MASK != 0 || (flags & CTX_SCHED_MASK).count_ones() > 1 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// Creates a context of `dev` with `flags`, pushed onto the calling
+/// thread's stack; its handle to `pctx`. It shares the process's device
+/// context with the primary one, as a process's contexts share its
+/// address space.
+///
+/// # Safety
+/// `pctx` is the caller's out-parameter.
+unsafe fn create_ctx(pctx: *mut Handle, flags: u32, dev: CUdevice) -> CuResult {
+    let d = driver()?;
+    d.gpu(dev)?;
+    check_flags(flags)?;
+    // SAFETY: the caller's out-parameter, checked before the context
+    // is made.
+    unsafe { ffi::put(pctx, std::ptr::null_mut()) }?;
+    let h = d
+        .objects()
+        .file(|o, h| o.ctxs_mut().ctxs.insert(h, Ctx::new(dev, flags)));
+    d.push_current(h);
+    // SAFETY: as above.
+    unsafe { ffi::put(pctx, h as Handle) }
+}
+
+/// Checks execution affinity parameters (`count` of them at `params`):
+/// none (a count of 0 or less) is an ordinary context; any is
+/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`, as NVIDIA's driver answers
+/// without MPS (a vGPU's contexts cannot be limited to some of its SMs),
+/// whatever the parameters say.
+fn check_exec_affinity(params: *const ExecAffinityParam, count: i32) -> CuResult {
+    if count <= 0 {
+        return Ok(());
+    }
+    if params.is_null() {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    crate::diag::log("execution affinity (SM counts) needs MPS, which a vGPU does not offer");
+    Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+}
+
+/// CIG's shared data types: a D3D12 command queue, NVIDIA's blob.
+const CIG_DATA_TYPES: [u32; 2] = [1, 2];
+
+/// `CUctxCigParam`: what a graphics API shares with the context.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CigParam {
+    kind: u32,
+    data: *const std::ffi::c_void,
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: u32, dev: CUdevice) -> CUresult {
+    // SAFETY: the caller's out-parameter.
+    entry(|| unsafe { create_ctx(pctx, flags, dev) })
+}
+
+/// CUDA 11.4's form, with execution affinity parameters (none: an
+/// ordinary context).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut Handle,
+    params: *const std::ffi::c_void,
+    count: i32,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        driver()?.gpu(dev)?;
+        check_exec_affinity(params.cast(), count)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { create_ctx(pctx, flags, dev) }
+    })
+}
+
+/// CUDA 12.5's form, `cuCtxCreate` of CUDA 13's `cuda.h`: null
+/// parameters, or parameters with neither execution affinity nor CIG,
+/// make an ordinary context. A vGPU shares nothing with a graphics API
+/// (`CU_DEVICE_ATTRIBUTE_*_CIG_SUPPORTED` read 0), so a CIG context is
+/// `CUDA_ERROR_NOT_SUPPORTED`, as NVIDIA documents for a device without
+/// it.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut Handle,
+    params: *const std::ffi::c_void,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
     entry(|| {
         let d = driver()?;
         d.gpu(dev)?;
-        let h = d
-            .objects()
-            .file(|o, h| o.ctxs_mut().ctxs.insert(h, Ctx::new(dev, flags)));
-        d.push_current(h);
+        if !params.is_null() {
+            // SAFETY: the caller's parameters.
+            let p = unsafe { ffi::get(params.cast::<CtxCreateParams>()) }?;
+            match (p.exec_affinity.is_null(), p.cig.is_null()) {
+                (true, true) => {}
+                (false, false) => return Err(cu::ERROR_INVALID_VALUE),
+                (false, true) => check_exec_affinity(p.exec_affinity, p.num_exec_affinity)?,
+                (true, false) => {
+                    // SAFETY: the caller's CIG parameters.
+                    let cig = unsafe { ffi::get(p.cig.cast::<CigParam>()) }?;
+                    if cig.data.is_null() || !CIG_DATA_TYPES.contains(&cig.kind) {
+                        return Err(cu::ERROR_INVALID_VALUE);
+                    }
+                    return Err(d.not_supported_because(
+                        "cuCtxCreate",
+                        "contexts shared with a graphics API (CIG)",
+                    ));
+                }
+            }
+        }
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(pctx, h as Handle) }
+        unsafe { create_ctx(pctx, flags, dev) }
+    })
+}
+
+/// Whether contexts of `dev` may be limited by execution affinity of
+/// `kind`: not on a vGPU (see [`check_exec_affinity`]), of any type, as
+/// NVIDIA's driver answers without MPS.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
+    pi: *mut i32,
+    _kind: u32,
+    dev: CUdevice,
+) -> CUresult {
+    entry(|| {
+        driver()?.gpu(dev)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(pi, 0) }
+    })
+}
+
+/// The current context's execution affinity of `kind`: a context that
+/// could not be limited has all its device's SMs; other types are
+/// `CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY`, as NVIDIA's driver answers.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetExecAffinity(
+    affinity: *mut std::ffi::c_void,
+    kind: u32,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let (_, g) = d.current_gpu()?;
+        if kind != EXEC_AFFINITY_SM_COUNT {
+            return Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY);
+        }
+        let sms = crate::devices::attribute(g, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+        let value = ExecAffinityParam {
+            kind,
+            value: sms as u32,
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(affinity.cast::<ExecAffinityParam>(), value) }
     })
 }
 
@@ -214,6 +389,11 @@ pub extern "C" fn cuCtxSetLimit(limit: u32, value: usize) -> CUresult {
         let (ctx, _) = d.current_ctx()?;
         if crate::ctx_table::READ_ONLY_LIMITS.contains(&limit) {
             return Err(cu::ERROR_UNSUPPORTED_LIMIT);
+        }
+        if limit == cu::LIMIT_PERSISTING_L2_CACHE_SIZE
+            && value > crate::devices::MAX_PERSISTING_L2_BYTES
+        {
+            return Err(cu::ERROR_INVALID_VALUE);
         }
         let mut o = d.objects();
         o.ctxs_mut().ctxs.get_mut(ctx)?.set_limit(limit, value)
@@ -284,8 +464,8 @@ pub extern "C" fn cuCtxSetSharedMemConfig(config: u32) -> CUresult {
     })
 }
 
-/// No L2 lines are set aside for persisting accesses here, so there is
-/// nothing to reset.
+/// Persisting accesses are hints the device honours by ignoring them,
+/// so no L2 lines are held to reset.
 #[no_mangle]
 pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
     entry(|| driver()?.current_ctx().map(drop))
@@ -332,4 +512,45 @@ pub unsafe extern "C" fn cuCtxGetSharedMemConfig(config: *mut u32) -> CUresult {
         // SAFETY: the caller's out-parameter: 4-byte banks.
         unsafe { ffi::put(config, 1) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creation_flags_are_checked() {
+        for ok in [0, 1, 2, 4, 0x08 | 0x04, 0x80 | 0x01, 0xf8] {
+            assert_eq!(check_flags(ok), Ok(()), "{ok:#x}");
+        }
+        for bad in [3, 5, 6, 7, 0x100, 0x8000_0000] {
+            assert_eq!(check_flags(bad), Err(cu::ERROR_INVALID_VALUE), "{bad:#x}");
+        }
+    }
+
+    #[test]
+    fn execution_affinity_is_refused_as_without_mps() {
+        let sm = |value| ExecAffinityParam {
+            kind: EXEC_AFFINITY_SM_COUNT,
+            value,
+        };
+        // Any parameters, as NVIDIA's driver answers without MPS.
+        for p in [
+            [sm(4), sm(132)],
+            [sm(0), ExecAffinityParam { kind: 7, value: 4 }],
+        ] {
+            assert_eq!(
+                check_exec_affinity(p.as_ptr(), 2),
+                Err(cu::ERROR_UNSUPPORTED_EXEC_AFFINITY)
+            );
+        }
+        // None: an ordinary context, the array unread.
+        assert_eq!(check_exec_affinity(std::ptr::null(), 0), Ok(()));
+        assert_eq!(check_exec_affinity([sm(4)].as_ptr(), -1), Ok(()));
+        // A count without an array.
+        assert_eq!(
+            check_exec_affinity(std::ptr::null(), 1),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+    }
 }

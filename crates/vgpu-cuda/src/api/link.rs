@@ -1,29 +1,28 @@
 //! Modules from files (`cuModuleLoad`, `cuLibraryLoadFromFile`), and the
-//! JIT linker's entry points (`cuLinkCreate` ... `cuLinkComplete`) for
-//! what they are mostly used for: handing one PTX, cubin or fatbinary
-//! image on to `cuModuleLoadData` (Numba and driver-API programs do so).
-//! The host's driver compiles PTX when the module is loaded, so the
-//! "linked" image of one PTX input is that PTX. Linking several inputs
-//! together (device libraries, relocatable objects) is not supported.
+//! JIT linker's entry points (`cuLinkCreate` ... `cuLinkComplete`):
+//! the "linked" image handed on to `cuModuleLoadData` is one PTX, cubin
+//! or fatbinary input as it is, or several PTX inputs (fatbinaries'
+//! PTX among them) joined into one PTX module ([`crate::ptx_link`]),
+//! which the backend's driver compiles when the module is loaded.
+//! Machine code linked with other inputs, host objects, archives and
+//! NVVM IR are not supported.
 
 use std::ffi::{c_char, c_void};
 use std::io::Read;
+use std::time::{Duration, Instant};
 
 use vgpu_guest::sys;
 
+use crate::api::module::check_library_options;
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
-use crate::links::Link;
-use crate::modules::{load_image, LoadAs};
+use crate::jit::JitOutputs;
+use crate::links::{Link, INPUT_CUBIN, INPUT_FATBINARY, INPUT_PTX};
+use crate::modules::{load_image_why, LoadAs};
 use crate::state::{driver, Driver};
 
 const FATBIN_MAGIC: u32 = 0xba55_ed50;
 const ELF_MAGIC: u32 = 0x464c_457f;
-
-/// `CUjitInputType`.
-const INPUT_CUBIN: u32 = 0;
-const INPUT_PTX: u32 = 1;
-const INPUT_FATBINARY: u32 = 2;
 
 /// The module image at the start of `buf` (a file's bytes): a
 /// fatbinary, an ELF cubin, or PTX text up to its first NUL; refused
@@ -71,14 +70,34 @@ unsafe fn read_image_file(path: *const c_char) -> CuResult<Vec<u8>> {
     Ok(buf)
 }
 
-/// Loads the module in file `path` on `dev`; its handle to `out`.
+/// Loads the module in file `path` as `what`; its handle to `out`, and
+/// the logs `jit` asks for written.
 ///
 /// # Safety
 /// As [`read_image_file`]; `out` is the caller's out-parameter.
-unsafe fn load_file(d: &Driver, out: *mut Handle, path: *const c_char, what: LoadAs) -> CuResult {
+unsafe fn load_file(
+    d: &Driver,
+    out: *mut Handle,
+    path: *const c_char,
+    what: LoadAs,
+    jit: &JitOutputs,
+) -> CuResult {
+    let start = Instant::now();
     // SAFETY: forwarded.
     let buf = unsafe { read_image_file(path) }?;
-    let h = load_image(d, image_in(&buf)?, what)?;
+    let r = match image_in(&buf) {
+        Ok(image) => load_image_why(d, image, what),
+        Err(e) => Err((e, "not a module image this driver reads".to_string())),
+    };
+    // SAFETY: the caller's option arrays and log buffers.
+    unsafe {
+        jit.write(
+            "",
+            r.as_ref().err().map_or("", |(_, why)| why.as_str()),
+            start.elapsed(),
+        )
+    };
+    let h = r.map_err(|(e, _)| e)?;
     // SAFETY: the caller's out-parameter.
     unsafe { ffi::put(out, h as Handle) }.inspect_err(|_| {
         let _ = d.unload_module(h);
@@ -91,7 +110,7 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, path: *const c_char) 
         let d = driver()?;
         let (_, dev) = d.current_ctx()?;
         // SAFETY: the caller's arguments.
-        unsafe { load_file(d, module, path, LoadAs::Module(dev)) }
+        unsafe { load_file(d, module, path, LoadAs::Module(dev), &JitOutputs::default()) }
     })
 }
 
@@ -101,60 +120,79 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, path: *const c_char) 
 pub unsafe extern "C" fn cuLibraryLoadFromFile(
     library: *mut Handle,
     path: *const c_char,
-    _jit_options: *mut c_void,
-    _jit_values: *mut *mut c_void,
-    _n_jit: u32,
-    _lib_options: *mut c_void,
-    _lib_values: *mut *mut c_void,
-    _n_lib: u32,
+    jit_options: *mut u32,
+    jit_values: *mut *mut c_void,
+    n_jit: u32,
+    lib_options: *mut u32,
+    lib_values: *mut *mut c_void,
+    n_lib: u32,
 ) -> CUresult {
     entry(|| {
+        // SAFETY: the caller's option arrays of the counts given.
+        let jit = unsafe {
+            check_library_options(n_lib, lib_options, lib_values)?;
+            crate::jit::read("cuLibraryLoadFromFile", n_jit, jit_options, jit_values)?
+        };
         let d = driver()?;
         // SAFETY: the caller's arguments.
-        unsafe { load_file(d, library, path, LoadAs::Library) }
+        unsafe { load_file(d, library, path, LoadAs::Library, &jit) }
     })
 }
 
-/// Options are hints to NVIDIA's compiler (or ask for its logs, which
-/// stay empty here).
+/// A link whose logs and wall time go where `options` say (the
+/// caller keeps them until the link is destroyed, as CUDA requires);
+/// the compiler's hints are let be.
 #[no_mangle]
 pub unsafe extern "C" fn cuLinkCreate_v2(
-    _n: u32,
-    _options: *mut c_void,
-    _values: *mut *mut c_void,
+    n: u32,
+    options: *mut u32,
+    values: *mut *mut c_void,
     state: *mut Handle,
 ) -> CUresult {
     entry(|| {
+        // SAFETY: the caller's `n` options and values.
+        let jit = unsafe { crate::jit::read("cuLinkCreate", n, options, values) }?;
         let d = driver()?;
         // SAFETY: the caller's out-parameter, checked before the link is made.
         unsafe { ffi::put(state, std::ptr::null_mut()) }?;
         let h = d
             .objects()
-            .file(|o, h| o.links_mut().insert(h, Link::default()));
+            .file(|o, h| o.links_mut().insert(h, Link::new(jit)));
         // SAFETY: as above.
         unsafe { ffi::put(state, h as Handle) }
     })
 }
 
-/// Adds input `data` of `kind` to link `state`.
+/// Adds input `data` of `kind` to link `state`; why one is refused goes
+/// to the link's error log.
 fn add_input(state: Handle, kind: u32, data: &[u8]) -> CuResult {
     let d = driver()?;
+    let outputs = d.objects().links_mut().get_mut(state as usize)?.outputs;
     let image = match kind {
-        INPUT_PTX | INPUT_CUBIN | INPUT_FATBINARY => image_in(data)?.to_vec(),
-        _ => {
-            return Err(d.not_supported_because(
-                "cuLinkAddData",
-                "inputs other than PTX, cubins and fatbinaries",
-            ))
-        }
+        INPUT_PTX | INPUT_CUBIN | INPUT_FATBINARY => image_in(data).map(<[u8]>::to_vec),
+        // Host objects and archives with device code in them, and NVVM
+        // IR for link-time optimisation, need NVIDIA's linker.
+        3..=5 => Err(d.not_supported_because(
+            "cuLinkAddData",
+            "inputs other than PTX, cubins and fatbinaries",
+        )),
+        _ => Err(cu::ERROR_INVALID_VALUE),
     };
-    let mut o = d.objects();
-    let link = o.links_mut().get_mut(state as usize)?;
-    if !link.add(image) {
-        drop(o);
-        return Err(d.not_supported_because("cuLinkAddData", "linking more than one input"));
-    }
-    Ok(())
+    let r = image.map_err(|e| (e, "an input this linker does not take".to_string()));
+    let r = r.and_then(|image| {
+        let mut o = d.objects();
+        let link = o
+            .links_mut()
+            .get_mut(state as usize)
+            .map_err(|e| (e, "no such link".to_string()))?;
+        link.add(kind, image, sys::MAX_IMAGE_BYTES as usize)
+    });
+    r.map_err(|(e, why)| {
+        // SAFETY: the link's option arrays and log buffers, which the
+        // caller keeps for the link's life.
+        unsafe { outputs.write("", &why, Duration::ZERO) };
+        e
+    })
 }
 
 #[no_mangle]
@@ -164,11 +202,13 @@ pub unsafe extern "C" fn cuLinkAddData_v2(
     data: *mut c_void,
     size: usize,
     _name: *const c_char,
-    _n: u32,
-    _options: *mut c_void,
-    _values: *mut *mut c_void,
+    n: u32,
+    options: *mut u32,
+    values: *mut *mut c_void,
 ) -> CUresult {
     entry(|| {
+        // SAFETY: the caller's `n` options and values.
+        unsafe { crate::jit::read("cuLinkAddData", n, options, values) }?;
         if size as u64 > sys::MAX_IMAGE_BYTES {
             return Err(cu::ERROR_INVALID_IMAGE);
         }
@@ -183,19 +223,21 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
     state: Handle,
     kind: u32,
     path: *const c_char,
-    _n: u32,
-    _options: *mut c_void,
-    _values: *mut *mut c_void,
+    n: u32,
+    options: *mut u32,
+    values: *mut *mut c_void,
 ) -> CUresult {
     entry(|| {
+        // SAFETY: the caller's `n` options and values.
+        unsafe { crate::jit::read("cuLinkAddFile", n, options, values) }?;
         // SAFETY: the caller's path.
         let buf = unsafe { read_image_file(path) }?;
         add_input(state, kind, &buf)
     })
 }
 
-/// The linked image: the one input, PTX NUL-terminated so that
-/// `cuModuleLoadData` reads it as it reads any PTX.
+/// The linked image ([`Link::complete`]), with the link's logs and wall
+/// time written.
 #[no_mangle]
 pub unsafe extern "C" fn cuLinkComplete(
     state: Handle,
@@ -203,13 +245,26 @@ pub unsafe extern "C" fn cuLinkComplete(
     size: *mut usize,
 ) -> CUresult {
     entry(|| {
+        let start = Instant::now();
         let d = driver()?;
-        let (p, n) = {
+        let (r, outputs) = {
             let mut o = d.objects();
             let link = o.links_mut().get_mut(state as usize)?;
-            let out = link.complete()?;
-            (out.as_mut_ptr(), out.len())
+            let r = link.complete().map(|out| (out.as_mut_ptr(), out.len()));
+            (r, link.outputs)
         };
+        // SAFETY: the link's option arrays and log buffers.
+        unsafe {
+            outputs.write(
+                "",
+                r.as_ref().err().map_or("", |(_, why)| why.as_str()),
+                start.elapsed(),
+            )
+        };
+        let (p, n) = r.map_err(|(e, why)| {
+            crate::diag::log(&format!("cuLinkComplete: {why}"));
+            e
+        })?;
         // SAFETY: the caller's out-parameters; the image stays with the
         // link until cuLinkDestroy.
         unsafe {

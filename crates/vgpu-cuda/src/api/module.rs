@@ -12,7 +12,7 @@ use vgpu_guest::Dims;
 use crate::cu::{self, CUdevice, CUresult, Handle};
 use crate::diag::{check, log};
 use crate::ffi::{self, entry, CuResult};
-use crate::images::{load, load_on};
+use crate::images::{load, load_jit};
 use crate::launch_args::{check_shape, fill_param_block, param_block};
 use crate::modules::{max_cluster_blocks, LoadAs, PORTABLE_CLUSTER_BLOCKS};
 use crate::state::{driver, Driver};
@@ -22,17 +22,54 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
     entry(|| load(module, image))
 }
 
-/// JIT options are hints to NVIDIA's PTX compiler; the host's driver
-/// compiles with its own.
+/// JIT options are checked; the compiler's hints are let be (the
+/// backend's driver compiles with its own), and the logs and wall time
+/// asked for are written.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadDataEx(
     module: *mut Handle,
     image: *const c_void,
-    _n: u32,
-    _options: *mut c_void,
-    _values: *mut *mut c_void,
+    n: u32,
+    options: *mut u32,
+    values: *mut *mut c_void,
 ) -> CUresult {
-    entry(|| load(module, image))
+    entry(|| {
+        // SAFETY: the caller's `n` options and values.
+        let jit = unsafe { crate::jit::read("cuModuleLoadDataEx", n, options, values) }?;
+        let d = driver()?;
+        let (_, dev) = d.current_ctx()?;
+        load_jit(d, module, image, LoadAs::Module(dev), &jit)
+    })
+}
+
+/// `CU_LIBRARY_NUM_OPTIONS`: a library's options (the runtime's table
+/// of host functions, whether the image stays the caller's) are below
+/// it. Both are hints here (a library keeps a copy of its image where it
+/// needs one).
+const LIBRARY_NUM_OPTIONS: u32 = 2;
+
+/// Checks `n` library options at `options`, with values at `values`.
+///
+/// # Safety
+/// Each array is null or holds `n` entries.
+pub(crate) unsafe fn check_library_options(
+    n: u32,
+    options: *const u32,
+    values: *const *mut c_void,
+) -> CuResult {
+    if n == 0 {
+        return Ok(());
+    }
+    if options.is_null() || values.is_null() || n > 64 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    for i in 0..n as usize {
+        // SAFETY: within the caller's array of `n`.
+        if unsafe { ffi::get(options.add(i)) }? >= LIBRARY_NUM_OPTIONS {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+    }
+    Ok(())
 }
 
 #[no_mangle]
@@ -141,16 +178,21 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
 pub unsafe extern "C" fn cuLibraryLoadData(
     library: *mut Handle,
     code: *const c_void,
-    _jit_options: *mut c_void,
-    _jit_values: *mut *mut c_void,
-    _n_jit: u32,
-    _lib_options: *mut c_void,
-    _lib_values: *mut *mut c_void,
-    _n_lib: u32,
+    jit_options: *mut u32,
+    jit_values: *mut *mut c_void,
+    n_jit: u32,
+    lib_options: *mut u32,
+    lib_values: *mut *mut c_void,
+    n_lib: u32,
 ) -> CUresult {
     entry(|| {
+        // SAFETY: the caller's option arrays of the counts given.
+        let jit = unsafe {
+            check_library_options(n_lib, lib_options, lib_values)?;
+            crate::jit::read("cuLibraryLoadData", n_jit, jit_options, jit_values)?
+        };
         let d = driver()?;
-        load_on(d, library, code, LoadAs::Library)
+        load_jit(d, library, code, LoadAs::Library, &jit)
     })
 }
 
@@ -535,6 +577,9 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {}
             cu::LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] == 0 => {}
+            cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW => {
+                crate::devices::check_access_policy_window(&a.value)?
+            }
             id => {
                 log(&format!("launch attribute {id} is not supported"));
                 return Err(cu::ERROR_NOT_SUPPORTED);
@@ -888,6 +933,12 @@ mod tests {
         assert_eq!(cluster(&mut [coop]), Err(cu::ERROR_NOT_SUPPORTED));
         let off = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [0, 0, 0]);
         assert_eq!(cluster(&mut [off]), Ok([1, 1, 1]));
+        // An L2 access policy window is a hint, within the device's bound.
+        let mut window = attr(cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, [0, 0, 1 << 20]);
+        window.value[4] = 0.5f32.to_bits();
+        assert_eq!(cluster(&mut [window]), Ok([1, 1, 1]));
+        window.value[3] = 1;
+        assert_eq!(cluster(&mut [window]), Err(cu::ERROR_INVALID_VALUE));
         assert_eq!(
             cluster(&mut [attr(999, [0; 3])]),
             Err(cu::ERROR_NOT_SUPPORTED)

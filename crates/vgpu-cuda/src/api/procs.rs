@@ -144,6 +144,8 @@ tables! {
     // Implemented: (name, first CUDA version of this variant, symbol).
 implemented {
     cuCtxCreate 3020 => cuCtxCreate_v2,
+    cuCtxCreate 11040 => cuCtxCreate_v3,
+    cuCtxCreate 12050 => cuCtxCreate_v4,
     cuCtxDestroy 4000 => cuCtxDestroy_v2,
     cuCtxDisablePeerAccess 4000 => cuCtxDisablePeerAccess,
     cuCtxEnablePeerAccess 4000 => cuCtxEnablePeerAccess,
@@ -151,6 +153,7 @@ implemented {
     cuCtxGetCacheConfig 3020 => cuCtxGetCacheConfig,
     cuCtxGetCurrent 4000 => cuCtxGetCurrent,
     cuCtxGetDevice 2000 => cuCtxGetDevice,
+    cuCtxGetExecAffinity 11040 => cuCtxGetExecAffinity,
     cuCtxGetDevice 13000 => cuCtxGetDevice_v2,
     cuCtxGetFlags 7000 => cuCtxGetFlags,
     cuCtxGetId 12000 => cuCtxGetId,
@@ -175,6 +178,7 @@ implemented {
     cuDeviceGetAttribute 2000 => cuDeviceGetAttribute,
     cuDeviceGetByPCIBusId 4010 => cuDeviceGetByPCIBusId,
     cuDeviceGetCount 2000 => cuDeviceGetCount,
+    cuDeviceGetExecAffinitySupport 11040 => cuDeviceGetExecAffinitySupport,
     cuDeviceGetName 2000 => cuDeviceGetName,
     cuDeviceGetPCIBusId 4010 => cuDeviceGetPCIBusId,
     cuDeviceGetUuid 9020 => cuDeviceGetUuid,
@@ -659,6 +663,19 @@ mod tests {
             found("cuStreamEndCapture", 13000),
             cuStreamEndCapture as *mut c_void
         );
+    }
+
+    #[test]
+    fn cu_ctx_create_resolves_to_the_form_of_the_callers_cuda_h() {
+        // CUDA 3.2's (flags, device), 11.4's with execution affinity,
+        // and 12.5's with CUctxCreateParams, which CUDA 13's cuda.h
+        // calls cuCtxCreate.
+        assert_eq!(found("cuCtxCreate", 3020), cuCtxCreate_v2 as *mut c_void);
+        assert_eq!(found("cuCtxCreate", 11030), cuCtxCreate_v2 as *mut c_void);
+        assert_eq!(found("cuCtxCreate", 11040), cuCtxCreate_v3 as *mut c_void);
+        assert_eq!(found("cuCtxCreate", 12040), cuCtxCreate_v3 as *mut c_void);
+        assert_eq!(found("cuCtxCreate", 12050), cuCtxCreate_v4 as *mut c_void);
+        assert_eq!(found("cuCtxCreate", 13000), cuCtxCreate_v4 as *mut c_void);
     }
 
     #[test]

@@ -544,6 +544,9 @@ pub unsafe extern "C" fn cuStreamSetAttribute(
         }
         // SAFETY: the caller's value (null is refused).
         let v = unsafe { ffi::get(value) }?;
+        if attr == cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW {
+            crate::devices::check_access_policy_window(&v)?;
+        }
         with_stream(stream, |s| {
             if attr == cu::LAUNCH_ATTRIBUTE_PRIORITY {
                 s.priority = (v[0] as i32).clamp(-5, 0);
