@@ -1029,7 +1029,10 @@ pub fn c_header() -> String {
         ("VGPU_WAIT_NOR", WAIT_NOR.into()),
         ("VGPU_WAIT_COND_MASK", WAIT_COND_MASK.into()),
         ("VGPU_LAUNCH_FLAG_FUNCTION", LAUNCH_FLAG_FUNCTION.into()),
-        ("VGPU_LAUNCH_FLAG_COOPERATIVE", LAUNCH_FLAG_COOPERATIVE.into()),
+        (
+            "VGPU_LAUNCH_FLAG_COOPERATIVE",
+            LAUNCH_FLAG_COOPERATIVE.into(),
+        ),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
         ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),

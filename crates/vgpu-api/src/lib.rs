@@ -34,6 +34,9 @@ pub struct VgpuConfig {
     pub window: u64,
     /// Polling before sleeping, microseconds.
     pub poll_us: u64,
+    /// Contexts (guest processes with device state of their own) at once
+    /// besides the vGPU's own.
+    pub contexts: u32,
     /// PCI vendor id, if not the default.
     pub pci_vendor: Option<u16>,
     /// PCI device id, if not the default.
@@ -54,6 +57,8 @@ pub struct VgpuStats {
     pub memory_quota_bytes: u64,
     /// Device memory allocated now, bytes.
     pub memory_used_bytes: u64,
+    /// Contexts (guest processes with device state of their own) now.
+    pub contexts: u32,
     /// Most device memory allocated at once, bytes.
     pub memory_peak_bytes: u64,
     /// Commands completed.
@@ -89,6 +94,9 @@ pub struct DeviceEvents {
     pub odd_reads: u64,
     /// Guest writes the device dropped (narrow or unaligned register writes).
     pub dropped_writes: u64,
+    /// Commands whose kernel faulted (an illegal address); each ended
+    /// the context of the guest process that ran it.
+    pub kernel_faults: u64,
 }
 
 /// A vGPU: where it listens, its configuration and, on request, figures.

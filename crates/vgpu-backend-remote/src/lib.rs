@@ -272,4 +272,21 @@ impl Backend for RemoteBackend {
     fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
         Ok(Box::new(self.create_remote_partition(spec)?))
     }
+
+    fn has_contexts(&self) -> bool {
+        // A host process, with a GPU context of its own, per context.
+        true
+    }
+
+    fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
+        // The partition whose context it is holds the reservation: this
+        // one gives back into a pool of its own.
+        let own = Arc::new(Mutex::new(Capacity {
+            memory: 0,
+            compute_units: 0,
+        }));
+        RemotePartition::create(spec, Arc::clone(&self.launcher), self.config.clone(), own)
+            .map(|p| Box::new(p) as Box<dyn Partition>)
+            .map_err(|why| BackendError::Unavailable(format!("context of {:?}: {why}", spec.name)))
+    }
 }

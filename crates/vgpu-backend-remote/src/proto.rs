@@ -984,6 +984,7 @@ const ERR_DEVICE: u8 = 7;
 const ERR_LOST: u8 = 8;
 const ERR_KERNEL_FAULT: u8 = 9;
 const ERR_KERNEL_ASSERT: u8 = 10;
+const ERR_CONTEXT_LOST: u8 = 11;
 
 fn error_status(e: &OpError) -> u8 {
     match e {
@@ -997,6 +998,7 @@ fn error_status(e: &OpError) -> u8 {
         OpError::Lost(_) => ERR_LOST,
         OpError::KernelFault(_) => ERR_KERNEL_FAULT,
         OpError::KernelAssert(_) => ERR_KERNEL_ASSERT,
+        OpError::ContextLost(_) => ERR_CONTEXT_LOST,
     }
 }
 
@@ -1009,7 +1011,8 @@ fn encode_error(w: &mut Writer, e: &OpError) {
         | OpError::Device(s)
         | OpError::Lost(s)
         | OpError::KernelFault(s)
-        | OpError::KernelAssert(s) => {
+        | OpError::KernelAssert(s)
+        | OpError::ContextLost(s) => {
             w.text(s, MAX_TEXT);
         }
         OpError::NoMemory {
@@ -1096,6 +1099,7 @@ fn decode_error(status: u8, r: &mut Reader<'_>) -> Result<OpError, ProtoError> {
         ERR_LOST => OpError::Lost(text(r)?),
         ERR_KERNEL_FAULT => OpError::KernelFault(text(r)?),
         ERR_KERNEL_ASSERT => OpError::KernelAssert(text(r)?),
+        ERR_CONTEXT_LOST => OpError::ContextLost(text(r)?),
         ERR_NO_MEMORY => OpError::NoMemory {
             requested: r.u64()?,
             available: r.u64()?,

@@ -12,6 +12,7 @@
 #[cfg(any(test, feature = "test-utils"))]
 pub mod conformance;
 pub mod console;
+pub mod contexts;
 pub mod rules;
 pub mod software;
 
@@ -68,6 +69,10 @@ pub enum OpError {
     /// is gone with it, which [`Partition::is_lost`] says.
     #[error("device-side assertion failed: {0}")]
     KernelAssert(String),
+    /// The context the call is for lost its device state to an earlier
+    /// fault; nothing ran. The partition's other contexts are unharmed.
+    #[error("context lost: {0}")]
+    ContextLost(String),
 }
 
 impl OpError {
@@ -83,6 +88,7 @@ impl OpError {
             OpError::Device(_) | OpError::Lost(_) => abi::STATUS_DEVICE_ERROR,
             OpError::KernelFault(_) => abi::STATUS_KERNEL_FAULT,
             OpError::KernelAssert(_) => abi::STATUS_KERNEL_ASSERT,
+            OpError::ContextLost(_) => abi::STATUS_CONTEXT_LOST,
         }
     }
 
@@ -664,6 +670,23 @@ pub trait Backend: Send + Sync {
     fn capacity(&self) -> Capacity;
     /// Carves out a partition.
     fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError>;
+    /// Whether [`Backend::create_context`] makes contexts that contain
+    /// a kernel's fault (not where partitions share one GPU context).
+    fn has_contexts(&self) -> bool {
+        false
+    }
+    /// Another context of a partition made with `spec`: a partition of
+    /// its own (its own memory, modules and faults; on a GPU a context of
+    /// its own) that takes nothing more from the backend's capacity,
+    /// since [`contexts::Contexts`] holds the contexts of one partition
+    /// to its quota together.
+    fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
+        let _ = spec;
+        Err(BackendError::Unavailable(format!(
+            "the {} backend has no contexts",
+            self.name()
+        )))
+    }
 }
 
 /// A partition as its owner and the device working on it share it: one
@@ -843,6 +866,30 @@ pub trait Partition: Send {
     /// once, when the partition is put to use; the handle is used without
     /// the partition (see [`HostMemory`]).
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
+        None
+    }
+    /// Makes `ctx` the context the following calls are for (ABI 1.5:
+    /// context 0 is the partition's own, the others are made on first
+    /// use, see [`contexts::Contexts`]). Called only while no run is in
+    /// flight, unless `ctx` is already the current one. A partition
+    /// without contexts has context 0 alone.
+    fn set_context(&mut self, ctx: u32) -> Result<(), OpError> {
+        if ctx == 0 {
+            Ok(())
+        } else {
+            Err(OpError::Unsupported("contexts".into()))
+        }
+    }
+    /// Ends context `ctx` (not 0): frees everything it holds. Returns the
+    /// handles of the modules that went with it (the caller forgets
+    /// their functions). Ending a context that does not exist succeeds.
+    fn end_context(&mut self, ctx: u32) -> Result<Vec<u64>, OpError> {
+        let _ = ctx;
+        Err(OpError::Unsupported("contexts".into()))
+    }
+    /// The contexts besides context 0 it has now and may have at once;
+    /// `None` without contexts.
+    fn contexts(&self) -> Option<(u32, u32)> {
         None
     }
 }

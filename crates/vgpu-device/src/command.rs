@@ -481,6 +481,9 @@ pub enum StepKind {
 pub struct Command {
     buf: [u8; MAX_CMD],
     len: usize,
+    /// The context its flags named (ABI 1.5), taken out of them so that
+    /// each opcode checks its own flags alone.
+    context: u32,
 }
 
 impl Command {
@@ -495,7 +498,19 @@ impl Command {
         let len = (first.len as usize).min(MAX_CMD);
         dma.read(first.addr, &mut buf[..len])
             .map_err(|_| abi::STATUS_FAULT)?;
-        Ok(Command { buf, len })
+        // The flags are the header's second word.
+        let mut context = 0;
+        if len >= std::mem::size_of::<abi::CmdHeader>() {
+            let flags = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+            context = (flags & abi::CMD_CTX_MASK) >> abi::CMD_CTX_SHIFT;
+            buf[4..8].copy_from_slice(&(flags & !abi::CMD_CTX_MASK).to_le_bytes());
+        }
+        Ok(Command { buf, len, context })
+    }
+
+    /// The context it is for (0: the function's own).
+    pub fn context(&self) -> u32 {
+        self.context
     }
 
     fn raw(&self) -> &[u8] {
@@ -515,6 +530,28 @@ impl Command {
             self.opcode(),
             Some(abi::OP_FENCE | abi::OP_WRITE_VALUE | abi::OP_WAIT_VALUE)
         )
+    }
+
+    /// The context whose device state it needs, which
+    /// [`Partition::set_context`] makes current (and, on first use,
+    /// makes) before it runs; `None` for commands that need none (those
+    /// that touch guest memory only, CTX_DESTROY, unknown opcodes).
+    pub fn device_context(&self) -> Option<u32> {
+        match self.opcode()? {
+            abi::OP_NOP
+            | abi::OP_MEM_ALLOC
+            | abi::OP_MEM_FREE
+            | abi::OP_COPY
+            | abi::OP_FILL
+            | abi::OP_MODULE_LOAD
+            | abi::OP_MODULE_UNLOAD
+            | abi::OP_LAUNCH
+            | abi::OP_TIMESTAMP
+            | abi::OP_FUNC_INFO
+            | abi::OP_OCCUPANCY
+            | abi::OP_CONSOLE => Some(self.context),
+            _ => None,
+        }
     }
 
     /// Whether it is a WAIT_VALUE, and if so whether its condition holds
@@ -917,6 +954,17 @@ pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outc
             let (written, dropped) = console(ctx, &parse(raw)?, &reads)?;
             result2 = dropped;
             Ok(written)
+        }
+        abi::OP_CTX_DESTROY => {
+            let context = cmd.as_ref().map_or(0, Command::context);
+            if hdr.flags != 0 {
+                return Err(abi::STATUS_INVALID);
+            }
+            let modules = ctx.partition.end_context(context).map_err(op_status)?;
+            for m in modules {
+                ctx.functions.unloaded(m);
+            }
+            Ok(0)
         }
         _ => Err(abi::STATUS_INVALID),
     })();

@@ -14,7 +14,7 @@ pub mod testing;
 mod worker;
 
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -179,6 +179,11 @@ pub struct DeviceCounters {
     /// Guest writes the device dropped (narrow or unaligned register
     /// writes), since creation.
     pub dropped_writes: AtomicU64,
+    /// Contexts besides context 0 the function has now (ABI 1.5).
+    pub contexts: AtomicU32,
+    /// Commands whose kernel faulted (KERNEL_FAULT), since creation: each
+    /// ended a context, or the function's state where it has none.
+    pub kernel_faults: AtomicU64,
 }
 
 /// Errors creating a device.
@@ -395,6 +400,9 @@ pub struct VgpuDevice {
     window_file: Arc<File>,
     mem_size: u64,
     compute_units: u32,
+    /// Contexts besides context 0 the partition may have; `None`
+    /// without contexts.
+    max_contexts: Option<u32>,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -471,9 +479,14 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory) = {
+        let (spec, compute_units, host_memory, max_contexts) = {
             let p = partition.lock();
-            (p.spec().clone(), p.kernel_compute_units(), p.host_memory())
+            (
+                p.spec().clone(),
+                p.kernel_compute_units(),
+                p.host_memory(),
+                p.contexts().map(|(_, max)| max),
+            )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
         Ok(VgpuDevice {
@@ -485,6 +498,7 @@ impl VgpuDevice {
             window_file: Arc::new(window_file),
             mem_size: spec.memory,
             compute_units,
+            max_contexts,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -649,7 +663,12 @@ impl VgpuDevice {
             | abi::FEATURE_FUNC_INFO
             | abi::FEATURE_OCCUPANCY
             | abi::FEATURE_CONSOLE
-            | abi::FEATURE_VALUES;
+            | abi::FEATURE_VALUES
+            | if self.max_contexts.is_some() {
+                abi::FEATURE_CONTEXTS
+            } else {
+                0
+            };
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,
@@ -683,6 +702,8 @@ impl VgpuDevice {
                 sh.counters.commands.load(Ordering::Relaxed),
                 abi::REG_COMMANDS,
             ),
+            abi::REG_MAX_CONTEXTS => self.max_contexts.unwrap_or(0),
+            abi::REG_CONTEXTS => sh.counters.contexts.load(Ordering::Relaxed),
             o if (abi::ERROR_LOG_OFFSET
                 ..abi::ERROR_LOG_OFFSET + u64::from(abi::ERROR_LOG_ENTRIES) * 16)
                 .contains(&o) =>
@@ -875,6 +896,7 @@ impl VgpuDevice {
             lock(&sh.functions).clear();
         }
         sh.counters.mem_used.store(0, Ordering::Relaxed);
+        sh.counters.contexts.store(0, Ordering::Relaxed);
         sh.counters.busy_ns.store(0, Ordering::Relaxed);
         sh.counters.commands.store(0, Ordering::Relaxed);
         sh.counters.resets.fetch_add(1, Ordering::Relaxed);

@@ -391,6 +391,7 @@ fn process_queues(
     let mut s = Scan {
         depth,
         lanes: (0..lanes).map(|_| VecDeque::new()).collect(),
+        context: 0,
     };
     loop {
         let mut moved = false;
@@ -449,6 +450,10 @@ struct Scan {
     /// Per lane, the visits whose runs are in flight there, in the order
     /// started (as the partition finishes them).
     lanes: Vec<VecDeque<usize>>,
+    /// The context of the runs in flight: runs of one context only are in
+    /// flight at once, so that the partition switches contexts while it
+    /// is idle (see `Partition::set_context`).
+    context: u32,
 }
 
 impl Scan {
@@ -523,6 +528,14 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         // It runs after what is in flight.
         return false;
     }
+    let context = first
+        .as_ref()
+        .ok()
+        .and_then(command::Command::device_context);
+    if !cancel && in_partition > 0 && context.is_some_and(|c| c != s.context) {
+        // Another context's runs are in flight: it goes once they are done.
+        return false;
+    }
     if !cancel && kind == Group::One {
         if in_partition > 0 && !first.as_ref().is_ok_and(command::Command::partition_free) {
             // Nothing else runs on the partition while runs are in flight.
@@ -574,9 +587,11 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
                 || (long && range.end < v.chains.len()));
         let group = &v.chains[range.clone()];
         let stop = || v.stale(sh);
+        let context = context.unwrap_or(0);
         let flight = start_run(sh, (v.q, v.lane), group, read, range, keep, &stop);
         if matches!(flight.state, FlightState::InFlight) {
             s.lanes[v.lane].push_back(vi);
+            s.context = context;
         }
         v.flights.push_back(flight);
         return true;
@@ -872,6 +887,13 @@ fn group_at(
         let Ok(cmd) = cmd else {
             break;
         };
+        if read
+            .first()
+            .is_some_and(|f: &command::Command| f.context() != cmd.context())
+        {
+            // A run is one context's.
+            break;
+        }
         let this = match cmd.step_kind() {
             None => break,
             Some(command::StepKind::Device { launch: false }) => None,
@@ -954,6 +976,9 @@ fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) 
     drop(functions);
     let used = part.memory_used();
     sh.counters.mem_used.store(used, Ordering::Relaxed);
+    if let Some((contexts, _)) = part.contexts() {
+        sh.counters.contexts.store(contexts, Ordering::Relaxed);
+    }
     sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
     let lost = part.is_lost();
     drop(part);
@@ -975,7 +1000,13 @@ fn run_one(
         group
             .iter()
             .zip(&read)
-            .map(|((_, descs), cmd)| command::execute(ctx, cmd, descs))
+            .map(|((_, descs), cmd)| {
+                let context = cmd.as_ref().ok().and_then(command::Command::device_context);
+                match context.map(|c| ctx.partition.set_context(c)) {
+                    Some(Err(e)) => command::Outcome::status(e.status()),
+                    _ => command::execute(ctx, cmd, descs),
+                }
+            })
             .collect()
     })
 }
@@ -1007,6 +1038,17 @@ fn start_run(
         }
     };
     with_partition(sh, q, |ctx| {
+        // A run is one context's (see `group_at`).
+        let context = read.first().map_or(0, command::Command::context);
+        if let Err(e) = ctx.partition.set_context(context) {
+            return Flight {
+                chains: range,
+                decoded: read.iter().map(|_| Err(e.status())).collect(),
+                read,
+                start: ctx.epoch.elapsed(),
+                state: FlightState::Done(Vec::new()),
+            };
+        }
         // Decoded from the bytes the run was grouped by: its guest copies
         // all go one way, and none goes beside a launch.
         let decoded: Vec<Decoded> = group
@@ -1222,6 +1264,9 @@ fn complete(
     }
     if outcome.status == abi::STATUS_FAULT {
         c.faults.fetch_add(1, Ordering::Relaxed);
+    }
+    if outcome.status == abi::STATUS_KERNEL_FAULT {
+        c.kernel_faults.fetch_add(1, Ordering::Relaxed);
     }
     let completion = abi::Completion {
         status: outcome.status,

@@ -355,3 +355,116 @@ fn queues_on_lanes_of_a_remote_partition_keep_their_order() {
     }
     assert_eq!(g.download(1, dev, data.len()), data);
 }
+
+/// The live partition host processes the launcher of `host` started.
+fn sibling_hosts(host: u32) -> Vec<u32> {
+    // State and parent, after the command's name.
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+        let state = rest.next()?;
+        (state != "Z").then_some(())?;
+        rest.next()?.parse().ok()
+    };
+    let launcher = parent(host).expect("the host's launcher");
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| parent(pid) == Some(launcher))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Contexts (ABI 1.5) on a remote backend: each guest context is a host
+/// process of its own, which gets the guest's RAM mapped as the first
+/// one did; a context whose host dies ends alone (no STATUS.FATAL), the
+/// others go on, and once ended its number makes a fresh host.
+#[test]
+fn each_context_runs_in_a_host_of_its_own() {
+    use vgpu_backend::contexts::{ContextFactory, Contexts};
+    use vgpu_backend::{Backend, Partition};
+
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 2,
+    };
+    let launcher = ProcessLauncher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+    )
+    .unwrap();
+    let backend =
+        Arc::new(RemoteBackend::new(Arc::new(launcher), RemoteConfig::default()).unwrap());
+    let spec = PartitionSpec {
+        name: "contexts".into(),
+        memory: 32 * MIB,
+        compute_units: 2,
+    };
+    let base = backend.create_remote_partition(&spec).unwrap();
+    let first = base.host_pid().unwrap();
+    let b = Arc::clone(&backend);
+    let s = spec.clone();
+    let make: ContextFactory = Box::new(move || b.create_context(&s));
+    let p: Box<dyn Partition> = Box::new(Contexts::new(Box::new(base), make, 4));
+    let server = TestVgpu::start(test_config("contexts", 1), p);
+    let mut g = server.connect();
+    g.setup_queue(0, 32, Mode::Interrupt);
+
+    let n = 10_000u64;
+    let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+    let vadd = |g: &mut vgpu_testkit::Guest| {
+        let (da, dc) = (g.device_alloc(0, 4 * n), g.device_alloc(0, 4 * n));
+        g.upload(0, da, &f32s_to_bytes(&a));
+        let p = abi::VaddParams {
+            c: dc,
+            a: da,
+            b: da,
+            n,
+        };
+        assert_eq!(g.launch(0, "vadd_f32", &p).status, abi::STATUS_OK);
+        let got = bytes_to_f32s(&g.download(0, dc, 4 * n as usize));
+        let want: Vec<f32> = a.iter().map(|x| x + x).collect();
+        assert_eq!(got, want);
+    };
+    g.set_context(1);
+    vadd(&mut g);
+    let with_one = sibling_hosts(first);
+    g.set_context(2);
+    vadd(&mut g);
+    let hosts = sibling_hosts(first);
+    assert_eq!(hosts.len(), 3, "context 0's host and one per context");
+    assert_eq!(g.read32(abi::REG_CONTEXTS), 2);
+    let h1 = *with_one.iter().find(|&&h| h != first).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{h1}/maps")).unwrap();
+    assert!(
+        maps.contains("vgpu-testkit-ram"),
+        "guest RAM mapped there too"
+    );
+
+    // Context 1's host dies: that context ends, and it alone.
+    // SAFETY: plain kill(2) of a host process this test started.
+    assert_eq!(unsafe { libc::kill(h1 as i32, libc::SIGKILL) }, 0);
+    g.set_context(1);
+    let t = std::time::Instant::now();
+    loop {
+        let c = g.mem_alloc(0, 4096, 0);
+        if c.status == abi::STATUS_CONTEXT_LOST {
+            break;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{c:?}");
+    }
+    assert_eq!(g.read32(abi::REG_STATUS) & abi::STATUS_FATAL, 0);
+    g.set_context(2);
+    vadd(&mut g);
+    // Ended, the number makes a fresh host.
+    g.set_context(1);
+    let destroy = g.run(0, &vgpu_testkit::bare_chain(abi::OP_CTX_DESTROY));
+    assert_eq!(destroy.status, abi::STATUS_OK);
+    vadd(&mut g);
+    let t = std::time::Instant::now();
+    while sibling_hosts(first).len() != 3 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

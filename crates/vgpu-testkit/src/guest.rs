@@ -95,6 +95,8 @@ pub struct Guest {
     wake_policy: WakePolicy,
     wakes: u64,
     wake_ioeventfd: Option<EventFd>,
+    /// The context every command is stamped with (ABI 1.5).
+    context: u32,
 }
 
 /// Connects once, as a VMM does: a server still tearing down a previous
@@ -196,6 +198,7 @@ impl Guest {
             },
             ram,
             staging: None,
+            context: 0,
             doorbells,
             irqs: vec![0; count as usize],
             msix,
@@ -703,7 +706,20 @@ impl Guest {
         head
     }
 
+    /// Names context `ctx` in every command posted from now on, as a
+    /// driver with contexts does (0: the function's own).
+    pub fn set_context(&mut self, ctx: u32) {
+        self.context = ctx;
+    }
+
     fn add(&mut self, q: u32, chain: &Chain) -> Option<u16> {
+        let stamped;
+        let chain = if self.context != 0 {
+            stamped = chain.clone().in_context(self.context);
+            &stamped
+        } else {
+            chain
+        };
         if self.queue(q).free_descs() < chain.len() {
             return None;
         }

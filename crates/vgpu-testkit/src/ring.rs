@@ -196,6 +196,19 @@ impl Chain {
         Chain::new().bytes(cmd.as_slice())
     }
 
+    /// The chain with context `ctx` in its command's flags (bits 16-31
+    /// of the header's second word; ABI 1.5), replacing what was there.
+    pub fn in_context(mut self, ctx: u32) -> Self {
+        if let Some(Piece::Bytes(b)) = self.pieces.first_mut() {
+            if let Some(word) = b.get_mut(4..8) {
+                let flags = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                let flags = (flags & !abi::CMD_CTX_MASK) | (ctx << abi::CMD_CTX_SHIFT);
+                word.copy_from_slice(&flags.to_le_bytes());
+            }
+        }
+        self
+    }
+
     /// Adds a device-readable descriptor holding `data` (copied into guest RAM).
     pub fn bytes(mut self, data: &[u8]) -> Self {
         self.pieces.push(Piece::Bytes(data.to_vec()));

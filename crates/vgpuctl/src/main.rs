@@ -158,6 +158,7 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
         ("queues", c.queues.to_string()),
         ("window", format::bytes(c.window)),
         ("poll", format!("{} µs", c.poll_us)),
+        ("contexts", c.contexts.to_string()),
         ("pci vendor", hex(c.pci_vendor)),
         ("pci device", hex(c.pci_device)),
     ];
@@ -189,6 +190,8 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             ("resets", s.device.resets.to_string()),
             ("odd reads", s.device.odd_reads.to_string()),
             ("dropped writes", s.device.dropped_writes.to_string()),
+            ("contexts now", s.contexts.to_string()),
+            ("kernel faults", s.device.kernel_faults.to_string()),
         ]);
     }
     for (k, val) in lines {

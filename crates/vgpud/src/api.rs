@@ -157,6 +157,7 @@ fn config_json(v: &VgpuConfig) -> json::VgpuConfig {
         queues: v.queues,
         window: v.window.0,
         poll_us: v.poll_us,
+        contexts: v.contexts,
         pci_vendor: v.pci_vendor,
         pci_device: v.pci_device,
     }
@@ -170,6 +171,7 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         memory_quota_bytes: s.memory_quota,
         memory_used_bytes: s.memory_used,
         memory_peak_bytes: s.memory_peak,
+        contexts: s.contexts,
         commands: s.commands,
         busy_seconds: s.busy.as_secs_f64(),
         bytes: s.bytes,

@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer};
 mod render;
 
 /// A byte size written as a number or as "512MiB", "4GiB", "64K"...
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Size(pub u64);
 
 impl Size {
@@ -248,6 +248,11 @@ pub struct GpuConfig {
     /// its launch is stopped (a device error), milliseconds.
     #[serde(default = "default_kernel_timeout_ms")]
     pub kernel_timeout_ms: u64,
+    /// Device memory one context costs on this GPU besides what it
+    /// allocates (a GPU context's own memory), counted against its vGPU's
+    /// quota for each context, as a GPU counts it per process.
+    #[serde(default)]
+    pub context_memory: Size,
 }
 
 fn default_kernel_timeout_ms() -> u64 {
@@ -292,6 +297,10 @@ fn default_poll_us() -> u64 {
     50
 }
 
+fn default_contexts() -> u32 {
+    16
+}
+
 /// A vGPU instance.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -324,6 +333,11 @@ pub struct VgpuConfig {
     /// How long the poller spins after activity, microseconds.
     #[serde(default = "default_poll_us")]
     pub poll_us: u64,
+    /// Contexts (one per guest process using the vGPU, each with its own
+    /// device memory and faults) it may have at once besides its own; 0
+    /// for none, where every process shares one context.
+    #[serde(default = "default_contexts")]
+    pub contexts: u32,
     /// PCI vendor id override.
     #[serde(default)]
     pub pci_vendor: Option<u16>,
@@ -619,6 +633,9 @@ pub fn validate_vgpu(v: &VgpuConfig) -> Result<(), (&'static str, &'static str)>
     }
     if v.poll_us > 10_000_000 {
         return Err(("poll_us", "must be at most 10 s"));
+    }
+    if v.contexts > vgpu_abi::MAX_CONTEXT_ID {
+        return Err(("contexts", "must be at most 65535"));
     }
     Ok(())
 }

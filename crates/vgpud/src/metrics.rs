@@ -139,6 +139,18 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         |s| s.memory_quota as f64,
     ),
     (
+        "vgpud_vgpu_contexts",
+        "gauge",
+        "Contexts of the vGPU now: guest processes with device state of their own.",
+        |s| f64::from(s.contexts),
+    ),
+    (
+        "vgpud_vgpu_kernel_faults_total",
+        "counter",
+        "Commands whose kernel faulted; each ended its guest process's context.",
+        |s| s.device.kernel_faults as f64,
+    ),
+    (
         "vgpud_vgpu_memory_peak_bytes",
         "gauge",
         "Most device memory the vGPU has had allocated.",
@@ -398,6 +410,7 @@ mod tests {
             memory_quota: 512 << 20,
             memory_used: 4096,
             memory_peak: 8192,
+            contexts: 2,
             commands: 17,
             busy: Duration::from_millis(busy_ms),
             bytes: 1 << 20,
@@ -410,6 +423,7 @@ mod tests {
                 resets: 0,
                 odd_reads: 4,
                 dropped_writes: 5,
+                kernel_faults: 6,
             },
         };
         Snapshot {
@@ -606,6 +620,8 @@ mod tests {
             "vgpud_vgpu_resets_total",
             "vgpud_vgpu_odd_reads_total",
             "vgpud_vgpu_dropped_writes_total",
+            "vgpud_vgpu_contexts",
+            "vgpud_vgpu_kernel_faults_total",
         ] {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }

@@ -115,8 +115,15 @@ impl SoftwareBackend {
             spec.name, spec.memory, spec.compute_units, pool.memory, pool.compute_units
         );
         drop(pool);
-        Ok(SoftwarePartition {
+        Ok(self.partition(spec, true))
+    }
+
+    /// A partition of `spec`; `reserved`: it holds its reservation of the
+    /// pool (else it is another context of a partition that does).
+    fn partition(&self, spec: &PartitionSpec, reserved: bool) -> SoftwarePartition {
+        SoftwarePartition {
             spec: spec.clone(),
+            reserved,
             pool: Arc::clone(&self.pool),
             allocs: Allocations::default(),
             space: AddressSpace::default(),
@@ -125,7 +132,7 @@ impl SoftwareBackend {
             next_module: FIRST_MODULE,
             kernel_timeout: self.kernel_timeout,
             consoles: Consoles::default(),
-        })
+        }
     }
 }
 
@@ -141,12 +148,25 @@ impl Backend for SoftwareBackend {
     fn create_partition(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
         Ok(Box::new(self.create(spec)?))
     }
+
+    fn has_contexts(&self) -> bool {
+        true
+    }
+
+    fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
+        // Host memory of its own: a kernel's fault is this context's
+        // alone.
+        Ok(Box::new(self.partition(spec, false)))
+    }
 }
 
 /// A partition of a [`SoftwareBackend`]: a memory quota, an address space
 /// of its own and a number of worker threads.
 pub struct SoftwarePartition {
     spec: PartitionSpec,
+    /// It holds `spec`'s reservation of the pool (a context made by
+    /// `create_context` shares its partition's).
+    reserved: bool,
     pool: Arc<Mutex<Pool>>,
     /// Allocations by device address. The cells let a kernel write one
     /// allocation while reading others; calls never overlap (`&mut self`).
@@ -170,6 +190,9 @@ const FIRST_MODULE: u64 = 1;
 
 impl Drop for SoftwarePartition {
     fn drop(&mut self) {
+        if !self.reserved {
+            return;
+        }
         lock(&self.pool).release(&self.spec);
         info!(
             "software backend: partition {:?} released ({} bytes, {} compute units)",

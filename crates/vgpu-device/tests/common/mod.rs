@@ -2,11 +2,17 @@
 
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use vgpu_backend::{
+    FunctionInfo, HostSink, HostSource, Launch, OpError, Partition, PartitionSpec, Queued,
+    QueuedDone,
+};
 use vgpu_device::testing::{test_config, TestVgpu};
-use vgpu_testkit::abi;
-use vgpu_testkit::{Guest, Mode};
+use vgpu_testkit::abi::{self, ByteValued};
+use vgpu_testkit::{launch_cmd, Chain, Guest, Mode};
 
 pub const MIB: u64 = 1 << 20;
 /// Device memory of the default test partition.
@@ -173,4 +179,123 @@ pub fn thread_cpu(name: &str) -> Duration {
         }
     }
     Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// The fill count whose launch "faults".
+pub const POISON: u64 = 7;
+
+/// A software partition whose poisoned launch loses its state.
+pub struct Faulting {
+    pub inner: Box<dyn Partition>,
+    pub lost: bool,
+    pub resets: Arc<AtomicU32>,
+}
+
+impl Faulting {
+    fn check(&self) -> Result<(), OpError> {
+        if self.lost {
+            Err(OpError::Lost("context gone".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Partition for Faulting {
+    fn spec(&self) -> &PartitionSpec {
+        self.inner.spec()
+    }
+    fn kernel_compute_units(&self) -> u32 {
+        self.inner.kernel_compute_units()
+    }
+    fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
+        self.check()?;
+        self.inner.alloc(size, align)
+    }
+    fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.free(addr)
+    }
+    fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.upload(dst, src)
+    }
+    fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.download(src, dst)
+    }
+    fn copy(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.copy(dst, src, size)
+    }
+    fn fill(&mut self, addr: u64, size: u64, pattern: u32) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.fill(addr, size, pattern)
+    }
+    fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
+        self.check()?;
+        self.inner.module_load(format, image)
+    }
+    fn module_unload(&mut self, module: u64) -> Result<(), OpError> {
+        self.check()?;
+        self.inner.module_unload(module)
+    }
+    fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError> {
+        self.check()?;
+        self.inner.global_info(module, name)
+    }
+
+    fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError> {
+        self.check()?;
+        self.inner.max_active_clusters(launch)
+    }
+    fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError> {
+        self.check()?;
+        self.inner.function_info(module, entry)
+    }
+
+    fn run_queued(&mut self, steps: &[Queued<'_>], stop: &dyn Fn() -> bool) -> Vec<QueuedDone> {
+        vgpu_backend::run_queued_in_order(self, steps, stop)
+    }
+    fn launch(&mut self, launch: &Launch<'_>) -> Result<(), OpError> {
+        self.check()?;
+        let poisoned = launch.entry == "fill_u32"
+            && abi::FillParams::from_slice(launch.params).is_some_and(|p| p.count == POISON);
+        if poisoned {
+            self.lost = true;
+            return Err(OpError::KernelFault("illegal address".into()));
+        }
+        self.inner.launch(launch)
+    }
+    fn memory_used(&self) -> u64 {
+        self.inner.memory_used()
+    }
+    fn console(
+        &mut self,
+        module: u64,
+        max: usize,
+    ) -> Result<vgpu_backend::console::ConsoleText, OpError> {
+        self.inner.console(module, max)
+    }
+    fn reset(&mut self) {
+        self.lost = false;
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        self.inner.reset()
+    }
+    fn is_lost(&self) -> bool {
+        self.lost
+    }
+}
+
+/// Launches the built-in `fill_u32` of `count` words at `dst`.
+pub fn fill_count(g: &mut Guest, dst: u64, count: u64) -> abi::Completion {
+    let p = abi::FillParams {
+        dst,
+        count,
+        value: 9,
+        reserved: 0,
+    };
+    let cmd = launch_cmd("fill_u32", [1, 1, 1], [64, 1, 1], p.as_slice().len() as u32);
+    g.submit(0, &Chain::command(&cmd).bytes(p.as_slice()).completion())
+        .completion()
 }

@@ -118,6 +118,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("policy", s(policy)),
         Entry::Set("slice_us", big(g.slice_us())),
         Entry::Set("kernel_timeout_ms", big(g.kernel_timeout_ms)),
+        Entry::Set("context_memory", s(g.context_memory.to_string())),
     ]
 }
 
@@ -134,6 +135,7 @@ fn vgpu_entries(v: &VgpuConfig) -> Vec<Entry> {
         Entry::Set("queues", n(v.queues)),
         Entry::Set("window", s(v.window.to_string())),
         Entry::Set("poll_us", big(v.poll_us)),
+        Entry::Set("contexts", n(v.contexts)),
         opt(
             "pci_vendor",
             v.pci_vendor.map(n),

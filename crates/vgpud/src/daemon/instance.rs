@@ -66,6 +66,7 @@ impl Carried {
                 resets: d.resets + now(&c.resets),
                 odd_reads: d.odd_reads + now(&c.odd_reads),
                 dropped_writes: d.dropped_writes + now(&c.dropped_writes),
+                kernel_faults: d.kernel_faults + now(&c.kernel_faults),
             },
             peak: self.peak.max(now(&c.mem_peak)),
         }

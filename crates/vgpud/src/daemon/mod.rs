@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use log::{info, warn};
 use vgpu_api::DeviceEvents;
+use vgpu_backend::contexts::{ContextFactory, Contexts};
 use vgpu_backend::{Backend, PartitionSpec, SharedPartition};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{SchedGate, Scheduler, TenantId};
@@ -102,6 +103,8 @@ struct Gpu {
     backend: Arc<dyn Backend>,
     sched: Scheduler,
     next_tenant: u32,
+    /// What a context costs on it besides what it allocates, bytes.
+    context_memory: u64,
 }
 
 /// [`crate::config::validate_vgpu`], a value out of range being an
@@ -176,6 +179,8 @@ pub struct InstanceStats {
     pub memory_quota: u64,
     /// Device memory in use, bytes.
     pub memory_used: u64,
+    /// Contexts it has now.
+    pub contexts: u32,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
     /// Commands run since the vGPU was created.
@@ -279,6 +284,7 @@ impl Daemon {
                     backend,
                     sched,
                     next_tenant: 0,
+                    context_memory: g.context_memory.0,
                 },
             );
         }
@@ -313,18 +319,27 @@ impl Daemon {
             .gpus
             .get_mut(&v.gpu)
             .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
-        let partition = gpu
-            .backend
-            .create_partition(&PartitionSpec {
-                name: v.name.clone(),
-                memory: v.memory.0,
-                compute_units: v.compute_units,
-            })
-            .map_err(|e| DaemonError::DoesNotFit {
-                name: v.name.clone(),
-                gpu: v.gpu.clone(),
-                message: e.to_string(),
-            })?;
+        let spec = PartitionSpec {
+            name: v.name.clone(),
+            memory: v.memory.0,
+            compute_units: v.compute_units,
+        };
+        let mut partition =
+            gpu.backend
+                .create_partition(&spec)
+                .map_err(|e| DaemonError::DoesNotFit {
+                    name: v.name.clone(),
+                    gpu: v.gpu.clone(),
+                    message: e.to_string(),
+                })?;
+        if v.contexts > 0 && gpu.backend.has_contexts() {
+            // Each guest process's device state in a partition of its
+            // own, made when it first needs one.
+            let backend = Arc::clone(&gpu.backend);
+            let make: ContextFactory = Box::new(move || backend.create_context(&spec));
+            partition =
+                Box::new(Contexts::new(partition, make, v.contexts).with_cost(gpu.context_memory));
+        }
         let tenant = TenantId(gpu.next_tenant);
         gpu.sched
             .add_tenant(tenant, tenant_params(&v))
@@ -433,6 +448,7 @@ impl Daemon {
                     state: inst.state(),
                     memory_quota: inst.config.memory.0,
                     memory_used: c.mem_used.load(Ordering::Relaxed),
+                    contexts: c.contexts.load(Ordering::Relaxed),
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
