@@ -107,26 +107,35 @@ pub(super) fn contexts(args: &Args) -> CaseResult {
         "the wild store gave {:?}",
         fault.map(drop)
     );
-    // Every later command of B's context that needs device state.
-    let mut lost = 0;
+    // Every later command of B's context that needs device state. A
+    // backend that reports a wild store as a failed launch (DEVICE_ERROR)
+    // may keep the context; a KERNEL_FAULT always ends it.
     let r = b.fill(&theirs, 0, 4096, 7);
-    ensure!(
-        r.as_ref().err().is_some_and(Error::is_context_lost),
-        "a fill after the fault: {r:?}"
-    );
-    lost += 1;
-    let r = b.alloc(4096).map(drop);
-    ensure!(
-        r.as_ref().err().is_some_and(Error::is_context_lost),
-        "an alloc after the fault: {r:?}"
-    );
-    lost += 1;
-    let r = theirs.free();
-    ensure!(
-        r.as_ref().err().is_some_and(Error::is_context_lost),
-        "a free after the fault: {r:?}"
-    );
-    lost += 1;
+    let ended = status == Some(sys::CMD_STATUS_KERNEL_FAULT) || r.is_err();
+    let mut lost = 0;
+    if ended {
+        ensure!(
+            r.as_ref().err().is_some_and(Error::is_context_lost),
+            "a fill after the fault: {r:?}"
+        );
+        lost += 1;
+        let r = b.alloc(4096).map(drop);
+        ensure!(
+            r.as_ref().err().is_some_and(Error::is_context_lost),
+            "an alloc after the fault: {r:?}"
+        );
+        lost += 1;
+        let r = theirs.free();
+        ensure!(
+            r.as_ref().err().is_some_and(Error::is_context_lost),
+            "a free after the fault: {r:?}"
+        );
+        lost += 1;
+    } else {
+        theirs
+            .free()
+            .ctx("free after a kept context's failed launch")?;
+    }
 
     // A goes on: its memory and its work are untouched, nothing reset.
     let mut back = vec![0u8; pattern.len()];
@@ -163,10 +172,15 @@ pub(super) fn contexts(args: &Args) -> CaseResult {
         base.contexts
     );
     Ok(format!(
-        "contexts {} and {}, the lane on its owner's; the fault (status {}) ended only its own, {lost} later commands CONTEXT_LOST, its memory freed at close; {} context(s), at most {}",
+        "contexts {} and {}, the lane on its owner's; the fault (status {}) {}, {lost} later commands CONTEXT_LOST; the other file unharmed; memory back at close; {} context(s), at most {}",
         ua.context,
         ub.context,
         status.unwrap_or(0),
+        if ended {
+            "ended only its own context"
+        } else {
+            "left the context to the backend (a failed launch)"
+        },
         settled.contexts,
         info.max_contexts
     ))
