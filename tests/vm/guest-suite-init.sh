@@ -529,6 +529,9 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     cuda_run "" $cuda_tests/illegal_address
     cuda_run after-fault- $cuda_tests/vector_add
     fault_neighbours
+    # Past the vGPU's contexts at once, a process's first allocation is
+    # refused as out of memory.
+    cuda_run "" $cuda_tests/context_limit "$(smi_json '.*"max":\([0-9]*\).*')"
 else
     echo "guest: no libcuda.so.1 or CUDA programs in the image; CUDA checks skipped"
 fi
