@@ -13,7 +13,12 @@
  *               interrupt context.
  *   vgpu_file   one open file. Owns device allocations and modules
  *               (tracked so a file can only name its own memory, and so
- *               close frees them) and the records of its batches.
+ *               close frees them) and the records of its batches. With
+ *               the device's contexts, a file that is not a lane has a
+ *               context id of its own (vgpu_dev.ctx_ida), which every
+ *               command of the file and its lanes carries; the id is
+ *               given back when the structure is freed, after the
+ *               CTX_DESTROY that ended the context completed.
  *   vgpu_batch  one SUBMIT (or one driver-internal command group): the
  *               commands, their staging buffers, pinned user pages and
  *               results. Refcounted: the ring holds a reference while it
@@ -29,6 +34,7 @@
 #define VGPU_DRV_H
 
 #include <linux/cdev.h>
+#include <linux/idr.h>
 #include <linux/interrupt.h>
 #include <linux/kref.h>
 #include <linux/list.h>
@@ -232,6 +238,11 @@ struct vgpu_dev {
 	struct delayed_work watchdog;
 	u32 err_seen;			/* ERROR_COUNT already logged */
 	atomic_t recoveries;
+
+	/* FEATURE_CONTEXTS: the files' context ids; else none are used. */
+	bool contexts;
+	u32 max_contexts;		/* MAX_CONTEXTS, read at probe */
+	struct ida ctx_ida;
 };
 
 /* A device allocation or a loaded module, owned by one file. */
@@ -296,6 +307,17 @@ struct vgpu_file {
 	/* Under the queue lock. */
 	unsigned int inflight;
 	bool closing;
+	bool queued;			/* something was ever put on the ring */
+
+	/*
+	 * The device context of the file (0: the function's own). A lane's
+	 * commands carry its owner's; the owner counts itself and its lanes
+	 * not yet cleaned up in ctx_users and ends the context with the
+	 * last of them. ctx_used: a command ever carried the id.
+	 */
+	u16 ctx;
+	bool ctx_used;
+	atomic_t ctx_users;
 
 	struct work_struct cleanup_work;
 };
@@ -349,6 +371,8 @@ struct vgpu_batch {
 	struct vgpu_file *vf;		/* NULL for close-time cleanup */
 	u64 seq;			/* fence, 0 for driver-internal batches */
 	u64 gen;
+	u16 ctx;			/* the context its commands carry */
+	struct vgpu_file *ctx_hold;	/* CTX_DESTROY: the id's file (ref) */
 	u32 ndesc;
 	u32 pending;			/* pieces on the ring, queue lock */
 	bool done;			/* release/acquire */

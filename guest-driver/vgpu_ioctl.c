@@ -57,6 +57,7 @@ static_assert(VGPU_CMD_STATUS_OUT_OF_RANGE == VGPU_STATUS_OUT_OF_RANGE);
 static_assert(VGPU_CMD_STATUS_DEVICE_ERROR == VGPU_STATUS_DEVICE_ERROR);
 static_assert(VGPU_CMD_STATUS_KERNEL_FAULT == VGPU_STATUS_KERNEL_FAULT);
 static_assert(VGPU_CMD_STATUS_KERNEL_ASSERT == VGPU_STATUS_KERNEL_ASSERT);
+static_assert(VGPU_CMD_STATUS_CONTEXT_LOST == VGPU_STATUS_CONTEXT_LOST);
 static_assert(VGPU_MODULE_BUILTIN_ID == VGPU_MODULE_BUILTIN);
 static_assert(VGPU_MODULE_PTX == VGPU_MODULE_FORMAT_PTX);
 static_assert(VGPU_MODULE_FATBIN == VGPU_MODULE_FORMAT_FATBIN);
@@ -1437,6 +1438,10 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		i.flags |= VGPU_INFO_OCCUPANCY;
 	if (vdev->features & VGPU_FEATURE_CONSOLE)
 		i.flags |= VGPU_INFO_CONSOLE;
+	if (vdev->contexts) {
+		i.flags |= VGPU_INFO_CONTEXTS;
+		i.max_contexts = vdev->max_contexts;
+	}
 	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
 }
 
@@ -1783,7 +1788,10 @@ static long vgpu_ioctl_usage(struct vgpu_file *vf, void __user *arg)
 	u.busy_ns = readq(vdev->regs + VGPU_REG_BUSY_NS);
 	u.commands = readq(vdev->regs + VGPU_REG_COMMANDS);
 	u.device_errors = readl(vdev->regs + VGPU_REG_ERROR_COUNT);
+	if (vdev->contexts)
+		u.contexts = readl(vdev->regs + VGPU_REG_CONTEXTS);
 	up_read(&vdev->hw_lock);
+	u.context = vgpu_res_file(vf)->ctx;
 
 	mutex_lock(&vdev->files_lock);
 	u.open_files = vdev->nfiles;
@@ -1921,14 +1929,57 @@ static struct vgpu_batch *vgpu_free_res_on_device(struct vgpu_file *vf,
 }
 
 /*
+ * Queues CTX_DESTROY for the context of @cf, the last of whose files
+ * (@vf: @cf itself or one of its lanes) is being cleaned up: the device
+ * frees everything the context holds at once, whether it is alive or
+ * ended by a fault. The batch keeps @cf, and so its id, until it
+ * completed. Returns the batch (referenced), or NULL.
+ */
+static struct vgpu_batch *vgpu_ctx_destroy(struct vgpu_file *vf,
+					   struct vgpu_file *cf)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_batch *b = vgpu_batch_alloc(vdev, NULL, 1);
+	struct vgpu_bcmd *c;
+
+	if (!b) {
+		dev_warn_ratelimited(&vdev->pdev->dev,
+				     "context %u: no memory to destroy it\n",
+				     cf->ctx);
+		return NULL;
+	}
+	c = &b->cmds[0];
+	c->dcmd.hdr.opcode = VGPU_OP_CTX_DESTROY;
+	c->dlen = sizeof(c->dcmd.hdr);
+	c->npieces = 1;
+	c->ndesc = 2;
+	b->ndesc = 2;
+	b->ctx = cf->ctx;
+	/* A reset since ends every context: then nothing is queued. */
+	b->gen = READ_ONCE(vdev->gen);
+	kref_get(&cf->ref);
+	b->ctx_hold = cf;
+	if (vgpu_queue_submit(vf->q, b, false)) {
+		vgpu_batch_put(b);
+		return NULL;
+	}
+	return b;
+}
+
+/*
  * Runs once a closed file has nothing on the ring: frees its device
  * memory and modules (unless a function reset already did) and drops the
- * reference of the open file. With wait, gives the device a moment to
- * finish, so that a process reopening the function finds its memory back.
+ * reference of the open file. With contexts, the last of a context's
+ * files (its owner and lanes) destroys the context instead, which frees
+ * all of it at once; memory of a context a fault ended is gone already,
+ * and single frees would only be answered CONTEXT_LOST. With wait, gives
+ * the device a moment to finish, so that a process reopening the
+ * function finds its memory back.
  */
 void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 {
 	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_file *cf = vgpu_res_file(vf);
 	struct vgpu_batch *last = NULL;
 	struct rb_root allocs;
 	struct vgpu_res *r, *tmp;
@@ -1947,8 +1998,13 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 	spin_unlock_irqrestore(&vf->res_lock, flags);
 
 	down_read(&vdev->hw_lock);
-	if (!vdev->dead && gen == READ_ONCE(vdev->gen))
+	if (cf->ctx) {
+		if (atomic_dec_and_test(&cf->ctx_users) && !vdev->dead &&
+		    READ_ONCE(cf->ctx_used))
+			last = vgpu_ctx_destroy(vf, cf);
+	} else if (!vdev->dead && gen == READ_ONCE(vdev->gen)) {
 		last = vgpu_free_res_on_device(vf, &allocs, &modules, gen);
+	}
 	up_read(&vdev->hw_lock);
 	if (last) {
 		/* Reaping a queue wakes space_wq. */

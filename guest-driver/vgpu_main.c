@@ -82,6 +82,8 @@ int vgpu_status_errno(u32 status)
 		return -ECANCELED;
 	case VGPU_STATUS_OUT_OF_RANGE:
 		return -ERANGE;
+	case VGPU_STATUS_CONTEXT_LOST:
+		return -ENOTRECOVERABLE;
 	default:
 		return -EIO;
 	}
@@ -95,6 +97,7 @@ static void vgpu_dev_release(struct kref *ref)
 
 	kfree(vdev->queues);
 	kfree(vdev->vecs);
+	ida_destroy(&vdev->ctx_ida);
 	pci_dev_put(vdev->pdev);
 	kfree(vdev);
 }
@@ -110,6 +113,9 @@ static void vgpu_file_release_ref(struct kref *ref)
 
 	vgpu_res_drop_all(vf);
 	xa_destroy(&vf->batches);
+	/* Nothing carries the id any more: the context was destroyed. */
+	if (vf->ctx)
+		ida_free(&vf->vdev->ctx_ida, vf->ctx);
 	if (vf->owner)
 		vgpu_file_put(vf->owner);
 	put_pid(vf->tgid);
@@ -455,6 +461,7 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 {
 	struct vgpu_dev *vdev;
 	struct vgpu_file *vf;
+	int id;
 
 	mutex_lock(&vgpu_minor_lock);
 	vdev = idr_find(&vgpu_minor_idr, iminor(inode));
@@ -485,6 +492,21 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 	vf->next_seq = 1;
 	init_waitqueue_head(&vf->wq);
 	INIT_WORK(&vf->cleanup_work, vgpu_file_cleanup_work);
+	atomic_set(&vf->ctx_users, 1);
+
+	/*
+	 * A context of its own, so that a fault ends this file's work only;
+	 * the device makes it with the file's first command needing one.
+	 */
+	if (vdev->contexts) {
+		id = ida_alloc_range(&vdev->ctx_ida, 1, VGPU_MAX_CONTEXT_ID,
+				     GFP_KERNEL);
+		if (id < 0) {
+			vgpu_file_put(vf);
+			return id == -ENOSPC ? -ENFILE : id;
+		}
+		vf->ctx = id;
+	}
 
 	mutex_lock(&vdev->files_lock);
 	if (vdev->dead) {
@@ -572,7 +594,7 @@ long vgpu_ioctl_lane(struct vgpu_file *vf, void __user *arg)
 	if (ret)
 		goto out_fd;
 	spin_lock_irqsave(&vf->q->lock, flags);
-	fresh = !vf->inflight;
+	fresh = !vf->inflight && !vf->queued;
 	spin_unlock_irqrestore(&vf->q->lock, flags);
 	spin_lock_irqsave(&vf->res_lock, flags);
 	fresh = fresh && !vf->nallocs && !vf->nmodules;
@@ -588,6 +610,15 @@ long vgpu_ioctl_lane(struct vgpu_file *vf, void __user *arg)
 	mutex_unlock(&vdev->files_lock);
 	kref_get(&owner->ref);
 	vf->owner = owner;
+	/*
+	 * The lane's commands carry the owner's context. Its own id was
+	 * never on the ring (fresh), so it goes back at once.
+	 */
+	if (vf->ctx) {
+		ida_free(&vdev->ctx_ida, vf->ctx);
+		vf->ctx = 0;
+	}
+	atomic_inc(&owner->ctx_users);
 	a.queue = vf->q - vdev->queues;
 	ret = copy_to_user(arg, &a, sizeof(a)) ? -EFAULT : 0;
 out_unlock:
@@ -733,6 +764,10 @@ static int vgpu_read_identity(struct vgpu_dev *vdev)
 		return -ENODEV;
 	}
 	vdev->features = readq(regs + VGPU_REG_FEATURES);
+	if (vdev->features & VGPU_FEATURE_CONTEXTS) {
+		vdev->contexts = true;
+		vdev->max_contexts = readl(regs + VGPU_REG_MAX_CONTEXTS);
+	}
 	vdev->mem_size = readq(regs + VGPU_REG_MEM_SIZE);
 	vdev->compute_units = readl(regs + VGPU_REG_COMPUTE_UNITS);
 	vdev->max_queues = readl(regs + VGPU_REG_MAX_QUEUES);
@@ -802,6 +837,7 @@ static int vgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	INIT_WORK(&vdev->err_work, vgpu_err_work);
 	INIT_DELAYED_WORK(&vdev->watchdog, vgpu_watchdog_work);
 	atomic_set(&vdev->recoveries, 0);
+	ida_init(&vdev->ctx_ida);
 
 	mutex_lock(&vgpu_minor_lock);
 	vdev->minor = idr_alloc(&vgpu_minor_idr, NULL, 0, VGPU_MAX_MINORS,
@@ -899,6 +935,9 @@ static int vgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		 vdev->max_queues, vdev->qsize,
 		 vdev->polled ? "polled" : "irq",
 		 vdev->msix ? "MSI-X" : "INTx", vdev->win_size >> 10);
+	if (vdev->contexts)
+		dev_info(dev, "vgpu%d: a context per open file, %u at once\n",
+			 vdev->minor, vdev->max_contexts);
 	return 0;
 
 err_cdev:

@@ -252,6 +252,8 @@ static void vgpu_batch_free(struct kref *ref)
 	vgpu_batch_release_resources(b);
 	if (b->vf)
 		vgpu_file_put(b->vf);
+	if (b->ctx_hold)
+		vgpu_file_put(b->ctx_hold);
 	vgpu_dev_put(b->vdev);
 	kvfree(b);
 }
@@ -315,12 +317,19 @@ static void vgpu_queue_add_chain(struct vgpu_queue *q, struct vgpu_batch *b,
 {
 	u16 head = q->free_head, cur = head, last = head;
 	void *slot = q->cbuf + head * VGPU_SLOT_SIZE;
+	struct vgpu_cmd_hdr *hdr = slot;
 	dma_addr_t slot_dma = q->cbuf_dma + head * VGPU_SLOT_SIZE;
 	unsigned int pos = q->avail_idx & (q->size - 1);
 	u16 n = 0;
 	u32 i;
 
 	memcpy(slot, p->dcmd, p->dlen);
+	/*
+	 * The context is the driver's to name: the opcode's own flags are
+	 * bits 0-15, which is all a command's checks let through.
+	 */
+	hdr->flags = lower_16_bits(hdr->flags) |
+		     (u32)b->ctx << VGPU_CMD_CTX_SHIFT;
 	vgpu_desc_put(q, &cur, &last, slot_dma, p->dlen, 0);
 	n++;
 	if (p->inl_len) {
@@ -484,6 +493,15 @@ int vgpu_queue_submit(struct vgpu_queue *q, struct vgpu_batch *b,
 	}
 
 	kref_get(&b->ref);	/* the ring's reference */
+	if (b->vf) {
+		/* The file's context, or its owner's for a lane. */
+		struct vgpu_file *cf = vgpu_res_file(b->vf);
+
+		b->ctx = cf->ctx;
+		if (b->ctx)
+			WRITE_ONCE(cf->ctx_used, true);
+		b->vf->queued = true;
+	}
 	for (i = 0; i < b->ncmds; i++)
 		vgpu_queue_add_cmd(q, b, i);
 	/* Chains and ring entries before the index. */

@@ -248,6 +248,86 @@ cuda_run() {
 }
 cuda_tests=/usr/libexec/vgpu-cuda-tests
 
+# smi_json PATTERN: the first match of sed PATTERN (one \(group\)) in
+# vgpu-smi's JSON for this guest's device.
+smi_json() {
+    vgpu-smi --json -i "${device#/dev/vgpu}" 2>/dev/null | sed -n "s/$1/\1/p" | head -n 1
+}
+
+# fault_neighbours: a fault is its own process's. Two programs compute
+# and check every result (tests/cuda/neighbour.cu) while a third faults
+# 20 times in a row (tests/cuda/illegal_address.cu); each fault run sees
+# its illegal address, both neighbours finish correctly, and the vGPU's
+# memory in use (MEM_USED) and its contexts are back where they were.
+fault_neighbours() {
+    used_before=$(smi_json '.*"used":\([0-9]*\).*')
+    stop=/tmp/neighbours.stop
+    rm -f "$stop"
+    # shellcheck disable=SC2086  # host_env words
+    env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/neighbour 3 "$stop" >/tmp/neighbour1.out 2>&1 &
+    n1=$!
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/neighbour 3 "$stop" >/tmp/neighbour2.out 2>&1 &
+    n2=$!
+    runs=0 illegal=0 failed=0 why=""
+    t0=$(date +%s)
+    while [ $runs -lt 20 ]; do
+        runs=$((runs + 1))
+        # shellcheck disable=SC2086
+        env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/illegal_address >/tmp/fault.out 2>&1
+        line=$(grep '^PASS illegal_address' /tmp/fault.out)
+        case $line in
+        *cudaErrorIllegalAddress*) illegal=$((illegal + 1)) ;;
+        *cudaErrorLaunchFailure*) failed=$((failed + 1)) ;;
+        *) [ -n "$why" ] || why="run $runs: $(tail -n 1 /tmp/fault.out)" ;;
+        esac
+    done
+    t1=$(date +%s)
+    # Both must still be computing when the last fault is done.
+    alive=0
+    kill -0 $n1 2>/dev/null && alive=$((alive + 1))
+    kill -0 $n2 2>/dev/null && alive=$((alive + 1))
+    touch "$stop"
+    wait $n1
+    neighbour_rc1=$?
+    wait $n2
+    neighbour_rc2=$?
+    if [ -z "$why" ]; then
+        pass cuda-fault-runs "$runs runs in $((t1 - t0)) s: $illegal cudaErrorIllegalAddress, $failed cudaErrorLaunchFailure, each sticky"
+    else
+        fail cuda-fault-runs "$why"
+    fi
+    for k in 1 2; do
+        rc=$neighbour_rc1
+        [ $k = 1 ] || rc=$neighbour_rc2
+        sed 's/^/  /' /tmp/neighbour$k.out
+        if [ "$rc" -eq 0 ] && grep -q '^PASS neighbour' /tmp/neighbour$k.out; then
+            pass cuda-fault-neighbour-$k "$(grep '^PASS neighbour' /tmp/neighbour$k.out | cut -d' ' -f3-)"
+        else
+            fail cuda-fault-neighbour-$k "exit $rc: $(tail -n 1 /tmp/neighbour$k.out)"
+        fi
+    done
+    if [ $alive -eq 2 ]; then
+        pass cuda-fault-overlap "both neighbours computed through all $runs faults"
+    else
+        fail cuda-fault-overlap "only $alive neighbour(s) still ran after the faults"
+    fi
+    # Closed files free their memory (close waits up to 2 s for it).
+    i=0
+    used=$(smi_json '.*"used":\([0-9]*\).*')
+    while [ "$used" != "$used_before" ] && [ $i -lt 50 ]; do
+        sleep 0.1
+        i=$((i + 1))
+        used=$(smi_json '.*"used":\([0-9]*\).*')
+    done
+    contexts=$(smi_json '.*"now":\([0-9]*\).*')
+    if [ -n "$used" ] && [ "$used" = "$used_before" ] && [ "${contexts:-0}" = 0 ]; then
+        pass cuda-fault-memory "MEM_USED back to $used bytes, ${contexts:-0} context(s) left"
+    else
+        fail cuda-fault-memory "MEM_USED $used bytes, $used_before before; ${contexts:-?} context(s) left"
+    fi
+}
+
 # check_kernel_log NAME: no oops, BUG, warning splat or lockdep report.
 check_kernel_log() {
     bad=$(dmesg | grep -E 'BUG:|WARNING:|Oops|general protection|Call Trace|kernel BUG|lockdep|UBSAN|KASAN|refcount_t:|list_(add|del) corruption' | head -n 5)
@@ -448,6 +528,10 @@ if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
     cuda_run after-assert- $cuda_tests/vector_add
     cuda_run "" $cuda_tests/illegal_address
     cuda_run after-fault- $cuda_tests/vector_add
+    fault_neighbours
+    # Past the vGPU's contexts at once, a process's first allocation is
+    # refused as out of memory.
+    cuda_run "" $cuda_tests/context_limit "$(smi_json '.*"max":\([0-9]*\).*')"
 else
     echo "guest: no libcuda.so.1 or CUDA programs in the image; CUDA checks skipped"
 fi

@@ -43,6 +43,7 @@ pub const ERROR_ASSERT: CUresult = 710;
 pub const ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const ERROR_PEER_ACCESS_UNSUPPORTED: CUresult = 217;
 pub const ERROR_PEER_ACCESS_NOT_ENABLED: CUresult = 705;
+pub const ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
 pub const ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
 pub const ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
 pub const ERROR_LAUNCH_FAILED: CUresult = 719;
@@ -187,6 +188,11 @@ pub const ERRORS: &[(CUresult, &str, &str)] = &[
         ERROR_HOST_MEMORY_NOT_REGISTERED,
         "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED\0",
         "pointer does not correspond to a registered memory region\0",
+    ),
+    (
+        ERROR_CONTEXT_IS_DESTROYED,
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED\0",
+        "context is destroyed\0",
     ),
     (
         ERROR_ASSERT,

@@ -10,7 +10,7 @@ use vgpu_guest::{sys, Batch, Device};
 use crate::console::Console;
 use crate::ctx_table::Ctx;
 use crate::cu::{self, CUdevice, CUresult, CuResult};
-use crate::diag::log;
+use crate::diag::{log, Sticky};
 use crate::inflight::{EventMark, Inflight};
 use crate::lanes::Lanes;
 use crate::objects::Objects;
@@ -61,6 +61,9 @@ pub struct Gpu {
     pub lanes: Lanes,
     /// Modules whose kernels may print.
     console: Mutex<Console>,
+    /// The error that ended this process's device context on the vGPU
+    /// (a kernel's fault), answered by every later call.
+    pub lost: Sticky,
 }
 
 impl Gpu {
@@ -73,39 +76,45 @@ impl Gpu {
     /// Queues `batch` on the legacy default stream without waiting for
     /// it.
     pub fn submit(&self, batch: Batch, mark: Option<EventMark>) -> CuResult {
-        self.lanes.submit(0, batch, mark)
+        self.lost.get()?;
+        self.lost.keep(self.lanes.submit(0, batch, mark))
     }
 
     /// Queues `batch` on `lane` without waiting for it.
     pub fn submit_on(&self, lane: usize, batch: Batch, mark: Option<EventMark>) -> CuResult {
-        self.lanes.submit(lane, batch, mark)
+        self.lost.get()?;
+        self.lost.keep(self.lanes.submit(lane, batch, mark))
     }
 
     /// Submits the work gathered so far without waiting for it.
     pub fn flush(&self) -> CuResult {
-        self.lanes.flush()
+        self.lost.get()?;
+        self.lost.keep(self.lanes.flush())
     }
 
     /// Waits for the device's queued work; the first failure in it.
     pub fn sync(&self) -> CuResult {
+        self.lost.get()?;
         let r = self.lanes.sync();
         self.print();
-        r
+        self.lost.keep(r)
     }
 
     /// Waits for the legacy default stream's queued work and the
     /// blocking streams' (a synchronous copy's wait); the first failure.
     pub fn sync_legacy(&self) -> CuResult {
+        self.lost.get()?;
         let r = self.lanes.sync_legacy();
         self.print();
-        r
+        self.lost.keep(r)
     }
 
     /// Waits for `lane`'s queued work (lane 0: all of the device's).
     pub fn sync_lane(&self, lane: usize) -> CuResult {
+        self.lost.get()?;
         let r = self.lanes.sync_lane(lane);
         self.print();
-        r
+        self.lost.keep(r)
     }
 
     /// Waits for the device's queued work, leaving a failure in it for the
@@ -132,16 +141,20 @@ impl Gpu {
     /// Whether `lane`'s queued work (lane 0: the device's) is done,
     /// without waiting.
     pub fn idle(&self, lane: usize) -> CuResult<bool> {
-        self.lanes.idle(lane)
+        self.lost.get()?;
+        self.lost.keep(self.lanes.idle(lane))
     }
 
     /// Whether record `record` of `event`, on `lane`, is done (with
     /// `wait`, after waiting for it).
     pub fn event_done(&self, lane: usize, event: usize, record: u64, wait: bool) -> CuResult<bool> {
-        let done =
-            self.lanes
-                .inflight(lane)
-                .event_done(self.lanes.dev(lane), event, record, wait)?;
+        self.lost.get()?;
+        let done = self.lost.keep(self.lanes.inflight(lane).event_done(
+            self.lanes.dev(lane),
+            event,
+            record,
+            wait,
+        ))?;
         if wait {
             self.print();
         }
@@ -229,6 +242,7 @@ impl Driver {
                         info,
                         primary,
                         console: Mutex::new(Console::default()),
+                        lost: Sticky::default(),
                     });
                 }
                 Err(e) => log(&format!("{}: {e}", path.display())),
@@ -320,9 +334,12 @@ impl Driver {
         CTX_STACK.with(|s| s.borrow_mut().pop())
     }
 
-    /// The device behind the current context.
+    /// The device behind the current context; its sticky error once a
+    /// fault ended the process's device context there.
     pub fn current_gpu(&self) -> CuResult<(usize, &Gpu)> {
         let (ctx, dev) = self.current_ctx()?;
-        Ok((ctx, self.gpu(dev)?))
+        let g = self.gpu(dev)?;
+        g.lost.get()?;
+        Ok((ctx, g))
     }
 }

@@ -190,6 +190,7 @@ impl Device {
             dev: self.inner.clone(),
             addr: a.addr,
             size,
+            owned: true,
         })
     }
 

@@ -69,6 +69,11 @@ pub enum Error {
     /// work.
     #[error("device error or reset")]
     Io,
+    /// ENOTRECOVERABLE (status CONTEXT_LOST): a kernel's fault ended this
+    /// file's device context earlier; its memory and modules are gone
+    /// and nothing more runs in it. Other files of the function go on.
+    #[error("the device context was lost to an earlier fault")]
+    ContextLost,
     /// ENOTTY: not a vgpu device, or an ioctl it does not know.
     #[error("not a vgpu device or unknown ioctl")]
     NotVgpu,
@@ -130,6 +135,7 @@ impl Error {
             libc::EINTR => Error::Interrupted,
             libc::ENODEV => Error::NoDevice,
             libc::EIO => Error::Io,
+            libc::ENOTRECOVERABLE => Error::ContextLost,
             libc::ENOTTY => Error::NotVgpu,
             e => Error::Os(std::io::Error::from_raw_os_error(e)),
         }
@@ -162,12 +168,20 @@ impl Error {
             Error::Interrupted => libc::EINTR,
             Error::NoDevice => libc::ENODEV,
             Error::Io => libc::EIO,
+            Error::ContextLost => libc::ENOTRECOVERABLE,
             Error::NotVgpu => libc::ENOTTY,
             Error::Os(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Rejected { source, .. } | Error::Command { source, .. } => source.errno(),
             Error::Bounds { .. } => libc::ERANGE,
             Error::Usage(_) => libc::EINVAL,
         }
+    }
+
+    /// Whether this is (or wraps) the loss of the device context: a
+    /// command that completed with CONTEXT_LOST, or an ioctl answered
+    /// ENOTRECOVERABLE.
+    pub fn is_context_lost(&self) -> bool {
+        self.errno() == libc::ENOTRECOVERABLE
     }
 
     /// Whether this is (or wraps) an out-of-memory error.
@@ -196,6 +210,7 @@ pub fn errno_name(errno: i32) -> &'static str {
         libc::ENODEV => "ENODEV",
         libc::EIO => "EIO",
         libc::ENOTTY => "ENOTTY",
+        libc::ENOTRECOVERABLE => "ENOTRECOVERABLE",
         libc::EPROTO => "EPROTO",
         libc::EACCES => "EACCES",
         libc::EPERM => "EPERM",
@@ -223,6 +238,7 @@ mod tests {
             libc::ENODEV,
             libc::EIO,
             libc::ENOTTY,
+            libc::ENOTRECOVERABLE,
             libc::EXDEV,
         ] {
             assert_eq!(Error::from_errno(e).errno(), e);
@@ -251,5 +267,28 @@ mod tests {
             source: Box::new(Error::NotFound),
         };
         assert_eq!(r.errno(), libc::ENOENT);
+    }
+
+    #[test]
+    fn test_a_lost_context_is_its_own_error() {
+        // What the driver writes for a command of a context a fault ended.
+        let e = Error::Command {
+            index: 1,
+            status: crate::sys::CMD_STATUS_CONTEXT_LOST,
+            source: Box::new(Error::from_errno(libc::ENOTRECOVERABLE)),
+        };
+        assert!(e.is_context_lost());
+        assert!(!e.is_out_of_memory());
+        assert_eq!(
+            e.to_string(),
+            "command 1 failed with device status 11: the device context was lost to an earlier fault"
+        );
+        // ALLOC and FREE answer with the errno alone.
+        assert!(matches!(
+            Error::from_errno(libc::ENOTRECOVERABLE),
+            Error::ContextLost
+        ));
+        assert!(!Error::Io.is_context_lost());
+        assert_eq!(errno_name(libc::ENOTRECOVERABLE), "ENOTRECOVERABLE");
     }
 }

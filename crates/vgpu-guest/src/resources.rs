@@ -14,6 +14,9 @@ pub struct Buffer {
     pub(crate) dev: Arc<Inner>,
     pub(crate) addr: u64,
     pub(crate) size: u64,
+    /// Whether drop frees the memory: not after [`Buffer::free`] or
+    /// [`Buffer::into_raw`], which still let go of the device file.
+    pub(crate) owned: bool,
 }
 
 impl std::fmt::Debug for Buffer {
@@ -53,23 +56,23 @@ impl Buffer {
     /// [`Device::free_raw`] or until the device file is closed.
     ///
     /// [`Device::free_raw`]: crate::Device::free_raw
-    pub fn into_raw(self) -> u64 {
-        let addr = self.addr;
-        std::mem::forget(self);
-        addr
+    pub fn into_raw(mut self) -> u64 {
+        self.owned = false;
+        self.addr
     }
 
     /// Frees now, returning the driver's answer (drop ignores it).
-    pub fn free(self) -> Result<()> {
-        let r = self.dev.free(self.addr);
-        std::mem::forget(self);
-        r
+    pub fn free(mut self) -> Result<()> {
+        self.owned = false;
+        self.dev.free(self.addr)
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let _ = self.dev.free(self.addr);
+        if self.owned {
+            let _ = self.dev.free(self.addr);
+        }
     }
 }
 
@@ -102,5 +105,38 @@ impl Drop for Module {
         let mut cmd = [VgpuCmd::module_unload(self.handle)];
         // SAFETY: MODULE_UNLOAD has no user pointers.
         let _ = unsafe { self.dev.run(&mut cmd) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that is no vgpu device: its ioctls fail, which is enough.
+    fn inner() -> Arc<Inner> {
+        Arc::new(Inner {
+            file: std::fs::File::open("/dev/null").unwrap(),
+            path: "/dev/null".into(),
+            info: Default::default(),
+            owner: None,
+        })
+    }
+
+    #[test]
+    fn a_freed_or_given_up_buffer_lets_go_of_the_file() {
+        let dev = inner();
+        let buffer = |dev: &Arc<Inner>| Buffer {
+            dev: dev.clone(),
+            addr: 0x1000,
+            size: 4096,
+            owned: true,
+        };
+        // The driver's answer comes back (here: not a vgpu device).
+        assert!(matches!(buffer(&dev).free(), Err(Error::NotVgpu)));
+        assert_eq!(Arc::strong_count(&dev), 1);
+        assert_eq!(buffer(&dev).into_raw(), 0x1000);
+        assert_eq!(Arc::strong_count(&dev), 1);
+        drop(buffer(&dev));
+        assert_eq!(Arc::strong_count(&dev), 1);
     }
 }

@@ -43,6 +43,9 @@ pub const INFO_FUNC_INFO: u32 = 1 << 3;
 pub const INFO_OCCUPANCY: u32 = 1 << 4;
 /// `vgpu_info.flags`: CONSOLE, and MODULE_LOAD says which modules print.
 pub const INFO_CONSOLE: u32 = 1 << 5;
+/// `vgpu_info.flags`: a device context per open file, so a kernel's
+/// fault ends that file's work only (`vgpu_info.max_contexts` at once).
+pub const INFO_CONTEXTS: u32 = 1 << 6;
 
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
@@ -58,8 +61,9 @@ pub use vgpu_abi::{
     OP_MODULE_UNLOAD as CMD_MODULE_UNLOAD, OP_NOP as CMD_NOP, OP_OCCUPANCY as CMD_OCCUPANCY,
     OP_TIMESTAMP as CMD_TIMESTAMP, OP_WAIT_VALUE as CMD_WAIT_VALUE,
     OP_WRITE_VALUE as CMD_WRITE_VALUE, STATUS_CANCELLED as CMD_STATUS_CANCELLED,
-    STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR, STATUS_FAULT as CMD_STATUS_FAULT,
-    STATUS_INVALID as CMD_STATUS_INVALID, STATUS_KERNEL_ASSERT as CMD_STATUS_KERNEL_ASSERT,
+    STATUS_CONTEXT_LOST as CMD_STATUS_CONTEXT_LOST, STATUS_DEVICE_ERROR as CMD_STATUS_DEVICE_ERROR,
+    STATUS_FAULT as CMD_STATUS_FAULT, STATUS_INVALID as CMD_STATUS_INVALID,
+    STATUS_KERNEL_ASSERT as CMD_STATUS_KERNEL_ASSERT,
     STATUS_KERNEL_FAULT as CMD_STATUS_KERNEL_FAULT, STATUS_NOT_FOUND as CMD_STATUS_NOT_FOUND,
     STATUS_NO_MEMORY as CMD_STATUS_NO_MEMORY, STATUS_OK as CMD_STATUS_OK,
     STATUS_OUT_OF_RANGE as CMD_STATUS_OUT_OF_RANGE, STATUS_UNSUPPORTED as CMD_STATUS_UNSUPPORTED,
@@ -146,7 +150,11 @@ uapi_struct!(
         pub flags: u32,
         /// N of `/dev/vgpuN`.
         pub minor: u32,
-        pub reserved: [u64; 4],
+        /// With [`INFO_CONTEXTS`], the contexts the function may have at
+        /// once.
+        pub max_contexts: u32,
+        pub pad1: u32,
+        pub reserved: [u64; 3],
     }
 );
 
@@ -449,7 +457,12 @@ uapi_struct!(
         pub processes: u32,
         pub device_errors: u32,
         pub recoveries: u32,
-        pub reserved: [u64; 4],
+        /// This file's device context (its owner's for a lane); 0
+        /// without [`INFO_CONTEXTS`].
+        pub context: u32,
+        /// Contexts the function has now.
+        pub contexts: u32,
+        pub reserved: [u64; 3],
     }
 );
 
@@ -662,6 +675,7 @@ mod tests {
             INFO_FUNC_INFO,
             INFO_OCCUPANCY,
             INFO_CONSOLE,
+            INFO_CONTEXTS,
             CMD_NOP,
             CMD_FENCE,
             CMD_COPY,
@@ -694,6 +708,7 @@ mod tests {
             CMD_STATUS_DEVICE_ERROR,
             CMD_STATUS_KERNEL_FAULT,
             CMD_STATUS_KERNEL_ASSERT,
+            CMD_STATUS_CONTEXT_LOST,
             SUBMIT_WAIT,
             NO_INDEX,
             WAIT_ALL,

@@ -39,6 +39,7 @@
 #define VGPU_INFO_FUNC_INFO	(1U << 3)	/* VGPU_CMD_FUNC_INFO, launch by function */
 #define VGPU_INFO_OCCUPANCY	(1U << 4)	/* VGPU_CMD_OCCUPANCY */
 #define VGPU_INFO_CONSOLE	(1U << 5)	/* VGPU_CMD_CONSOLE, VGPU_MODULE_PRINTS */
+#define VGPU_INFO_CONTEXTS	(1U << 6)	/* a device context per open file */
 
 /**
  * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
@@ -62,6 +63,9 @@
  * @queue_size: ring entries per queue
  * @flags: VGPU_INFO_*
  * @minor: N of /dev/vgpuN
+ * @max_contexts: with VGPU_INFO_CONTEXTS, the contexts the function may
+ *	have at once (the device's MAX_CONTEXTS); else 0
+ * @pad1: zero
  * @reserved: zero
  */
 struct vgpu_info {
@@ -85,7 +89,9 @@ struct vgpu_info {
 	__u32 queue_size;
 	__u32 flags;
 	__u32 minor;
-	__u64 reserved[4];
+	__u32 max_contexts;
+	__u32 pad1;
+	__u64 reserved[3];
 };
 
 /* ---- VGPU_IOCTL_ALLOC / VGPU_IOCTL_FREE ---------------------------------- */
@@ -325,6 +331,7 @@ struct vgpu_launch_args {
 #define VGPU_CMD_STATUS_DEVICE_ERROR	8	/* -EIO */
 #define VGPU_CMD_STATUS_KERNEL_FAULT	9	/* -EIO: a kernel's illegal address */
 #define VGPU_CMD_STATUS_KERNEL_ASSERT	10	/* -EIO: a kernel's failed assert() */
+#define VGPU_CMD_STATUS_CONTEXT_LOST	11	/* -ENOTRECOVERABLE: a fault ended the context */
 
 /**
  * struct vgpu_cmd - one command of a VGPU_IOCTL_SUBMIT batch
@@ -348,7 +355,9 @@ struct vgpu_launch_args {
  * @result2: out: FUNC_INFO of a global: its size; MODULE_LOAD:
  *	VGPU_MODULE_PRINTS; CONSOLE: bytes dropped; else zero
  *
- * The out fields are written by a waiting SUBMIT or by WAIT.
+ * The out fields are written by a waiting SUBMIT or by WAIT. Flags an
+ * opcode does not define are refused with -EINVAL: the device context a
+ * command runs in is not the caller's to name, the driver adds it.
  */
 struct vgpu_cmd {
 	__u32 opcode;
@@ -438,6 +447,9 @@ struct vgpu_wait {
  * @processes: distinct processes that opened them
  * @device_errors: device ERROR_COUNT
  * @recoveries: queue and function resets by the driver
+ * @context: the device context of this file (its owner's for a lane);
+ *	0 without VGPU_INFO_CONTEXTS
+ * @contexts: device CONTEXTS: contexts the function has now
  * @reserved: zero
  */
 struct vgpu_usage {
@@ -453,7 +465,9 @@ struct vgpu_usage {
 	__u32 processes;
 	__u32 device_errors;
 	__u32 recoveries;
-	__u64 reserved[4];
+	__u32 context;
+	__u32 contexts;
+	__u64 reserved[3];
 };
 
 /* ---- VGPU_IOCTL_PIN / VGPU_IOCTL_UNPIN ----------------------------------- */

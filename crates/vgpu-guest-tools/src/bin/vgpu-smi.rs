@@ -249,6 +249,12 @@ fn json_out(states: &[DevState], errors: &[String], procs: &BTreeMap<(u32, u32),
                 "abi_version": format!("{}.{}", i.abi_version >> 16, i.abi_version & 0xffff),
                 "features": i.features,
                 "memory": { "total": i.mem_size, "used": u.mem_used },
+                // A device context per process: a fault ends its own.
+                "contexts": {
+                    "per_process": i.flags & sys::INFO_CONTEXTS != 0,
+                    "max": i.max_contexts,
+                    "now": u.contexts,
+                },
                 "window_size": i.window_size,
                 "compute_units": i.compute_units,
                 "queues": i.queues,

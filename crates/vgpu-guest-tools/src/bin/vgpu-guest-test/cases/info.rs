@@ -147,7 +147,7 @@ pub(super) fn info(args: &Args) -> CaseResult {
         i.queue_size
     );
     ensure!(
-        i.pad0 == 0 && i.reserved == [0; 4],
+        i.pad0 == 0 && i.pad1 == 0 && i.reserved == [0; 3],
         "reserved fields not zero"
     );
     let known = sys::INFO_POLLED
@@ -155,10 +155,11 @@ pub(super) fn info(args: &Args) -> CaseResult {
         | sys::INFO_WINDOW
         | sys::INFO_FUNC_INFO
         | sys::INFO_OCCUPANCY
-        | sys::INFO_CONSOLE;
+        | sys::INFO_CONSOLE
+        | sys::INFO_CONTEXTS;
     ensure!(i.flags & !known == 0, "unknown flags {:#x}", i.flags);
-    // The driver says FUNC_INFO, OCCUPANCY and CONSOLE exactly when the
-    // device does.
+    // The driver says FUNC_INFO, OCCUPANCY, CONSOLE and CONTEXTS exactly
+    // when the device does.
     for (flag, feature, name) in [
         (
             sys::INFO_FUNC_INFO,
@@ -171,6 +172,11 @@ pub(super) fn info(args: &Args) -> CaseResult {
             "INFO_OCCUPANCY",
         ),
         (sys::INFO_CONSOLE, vgpu_abi::FEATURE_CONSOLE, "INFO_CONSOLE"),
+        (
+            sys::INFO_CONTEXTS,
+            vgpu_abi::FEATURE_CONTEXTS,
+            "INFO_CONTEXTS",
+        ),
     ] {
         ensure!(
             (i.flags & flag != 0) == (i.features & feature != 0),
@@ -210,7 +216,7 @@ pub(super) fn usage(args: &Args) -> CaseResult {
             && u0.file_inflight == 0,
         "a fresh file reports {u0:?}"
     );
-    ensure!(u0.reserved == [0; 4], "reserved fields not zero");
+    ensure!(u0.reserved == [0; 3], "reserved fields not zero");
     let mem = dev.cached_info().mem_size;
     ensure!(
         u0.mem_used <= mem,

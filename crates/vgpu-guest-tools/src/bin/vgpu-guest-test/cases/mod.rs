@@ -57,6 +57,7 @@ pub fn all() -> Vec<Case> {
         case!("isolation-write", false, isolation::isolation_write),
         case!("isolation-check", false, isolation::isolation_check),
         case!("lanes", true, lanes::lanes),
+        case!("contexts", false, contexts::contexts),
     ]
 }
 
@@ -169,6 +170,7 @@ fn mib(b: u64) -> String {
 // ---- the checks, by topic (after the helpers: they use `ensure!`) ------------
 
 mod batches;
+mod contexts;
 mod info;
 mod ioctl;
 mod isolation;
