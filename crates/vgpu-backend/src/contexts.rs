@@ -65,6 +65,9 @@ enum Slot {
         why: String,
         /// Its modules' handles (the wrapper's).
         modules: Vec<u64>,
+        /// What its modules' kernels printed before the loss (an
+        /// assertion's line, above all), still to be taken.
+        consoles: console::Consoles,
     },
 }
 
@@ -162,7 +165,8 @@ impl Contexts {
                 .get(&module)
                 .copied()
                 .ok_or_else(|| OpError::NotFound(format!("module {module:#x}"))),
-            _ => Err(OpError::NotFound(format!("module {module:#x}"))),
+            Some(Slot::Lost { why, .. }) => Err(OpError::ContextLost(why.clone())),
+            None => Err(OpError::NotFound(format!("module {module:#x}"))),
         }
     }
 
@@ -217,11 +221,19 @@ impl Contexts {
         if !lost {
             return;
         }
-        if let Some(Slot::Live(l)) = self.slots.remove(&ctx) {
+        if let Some(Slot::Live(mut l)) = self.slots.remove(&ctx) {
             if let Some(host) = &self.host {
                 host.remove(ctx);
             }
             let modules = l.modules.keys().copied().collect();
+            // What the kernels printed before the fault still reaches the
+            // guest, as a GPU's does.
+            let mut consoles = console::Consoles::default();
+            for (&outer, &inner) in &l.modules {
+                if let Ok(text) = l.part.console(inner, abi::CONSOLE_BYTES as usize) {
+                    consoles.push(outer, &text);
+                }
+            }
             // The partition goes here: its memory is freed, a host
             // process of its own ends.
             drop(l);
@@ -234,6 +246,7 @@ impl Contexts {
                 Slot::Lost {
                     why: format!("context {ctx} lost its device state to a fault"),
                     modules,
+                    consoles,
                 },
             );
         }
@@ -502,6 +515,9 @@ impl Partition for Contexts {
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
+        if let Some(Slot::Lost { consoles, .. }) = self.slots.get_mut(&self.current) {
+            return Ok(consoles.take(module, max));
+        }
         let inner = self.inner_module(module)?;
         self.with(|p| p.console(inner, max))
     }
@@ -538,11 +554,10 @@ impl Partition for Contexts {
         if ctx != 0 && !self.slots.contains_key(&ctx) {
             self.make(ctx)?;
         }
+        // A lost context is current too: its calls are refused one by
+        // one, but what its kernels printed can still be taken.
         self.current = ctx;
-        match self.slots.get(&ctx) {
-            Some(Slot::Lost { why, .. }) => Err(OpError::ContextLost(why.clone())),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     fn end_context(&mut self, ctx: u32) -> Result<Vec<u64>, OpError> {
@@ -808,5 +823,45 @@ mod tests {
         assert_eq!(made.load(Ordering::SeqCst), 3);
         let n = c.contexts().expect("contexts");
         assert_eq!((n.started, n.reused), (3, 2));
+    }
+
+    #[test]
+    fn test_a_lost_context_refuses_its_calls_but_keeps_what_it_printed() {
+        use crate::conformance::{launch_loaded, Params, ASSERT_PTX};
+        let (mut c, _, _) = software_contexts(4);
+        c.set_context(1).expect("context 1");
+        let m = c
+            .module_load(abi::MODULE_FORMAT_PTX, ASSERT_PTX.as_bytes())
+            .expect("module");
+        let failed = launch_loaded(
+            &mut c,
+            m,
+            "check",
+            [1, 1, 1],
+            [2, 1, 1],
+            &Params::default().u32(0),
+        );
+        assert!(
+            matches!(failed, Err(OpError::KernelAssert(_))),
+            "{failed:?}"
+        );
+        assert_eq!(c.memory_used(), 0, "its memory went with it");
+        assert!(matches!(c.alloc(4096, 256), Err(OpError::ContextLost(_))));
+        assert!(matches!(
+            c.function_info(m, "check"),
+            Err(OpError::ContextLost(_))
+        ));
+        // The assertion's lines are still there, once.
+        let text = c.console(m, abi::CONSOLE_BYTES as usize).expect("console");
+        let text = String::from_utf8_lossy(&text.text).into_owned();
+        assert!(text.contains("Assertion `v != 0` failed."), "{text:?}");
+        let again = c.console(m, abi::CONSOLE_BYTES as usize).expect("console");
+        assert!(again.text.is_empty());
+        // Other contexts go on; the ended one's number is free again.
+        c.set_context(2).expect("context 2");
+        c.alloc(4096, 256).expect("alloc in context 2");
+        assert_eq!(c.end_context(1), Ok(vec![m]));
+        c.set_context(1).expect("context 1 anew");
+        c.alloc(4096, 256).expect("alloc in the new context 1");
     }
 }
