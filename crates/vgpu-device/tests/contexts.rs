@@ -154,7 +154,8 @@ fn a_fault_ends_its_context_alone_and_nothing_is_left_behind() {
             "round {round}: the function goes on"
         );
         assert_status(fill_count(&mut g, a, 16), abi::STATUS_CONTEXT_LOST);
-        assert_status(g.nop(0), abi::STATUS_CONTEXT_LOST);
+        assert_status(g.timestamp(0), abi::STATUS_CONTEXT_LOST);
+        assert_status(g.mem_alloc(0, 4096, 0), abi::STATUS_CONTEXT_LOST);
         // Its memory went with it.
         assert_eq!(g.read64(abi::REG_MEM_USED), used, "round {round}");
         // The other context never noticed.
