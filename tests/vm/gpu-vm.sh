@@ -33,6 +33,9 @@
 #   LIB_MEM_MB=4096   RAM of a library guest
 #   TWO_RUN=...       then, programs for one library guest with both vGPUs
 #                     (e.g. torch-check.sh:two_devices)
+#   FAULTS=1          then a guest's process faults 20 times beside two that
+#                     compute while the other guest runs checked cuBLAS GEMMs
+#                     for FAULT_LOAD_SECONDS (90), saying its rate each second
 #   ONLY_LIBS=1       only the library programs
 #   ONLY_BENCH=1      only the launch and copy benchmark
 #   BENCH_APPEND=...  more kernel command line for the benchmark's guest
@@ -240,6 +243,7 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
     if bash "$VGPUD_ROOT/tests/cuda/libs/build.sh" "$TMP/libtests" "$cuda_home" >"$TMP/libs-build.log" 2>&1; then
         for item in ${lib_run//,/ }; do
             prog=${item%%:*}
+            [[ $prog == none ]] && continue
             args=()
             [[ $prog != "$item" ]] && IFS=: read -ra args <<<"${item#*:}"
             log "$prog natively"
@@ -287,6 +291,32 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
             wait "${qemu_pids[0]}" || true
             qemu_pids=()
             verdict guest-libs-two || ok=0
+        fi
+        if [[ ${FAULTS:-0} == 1 ]]; then
+            # A bystander: guest b keeps the GPU busy with checked cuBLAS
+            # GEMMs, saying its rate each second, while a process of
+            # guest a faults 20 times beside two that compute.
+            boot guest-libs-bystander "$TMP/run/b.sock" "$MEM_B" "" \
+                "$libs vgpu.host_run=cublas_gemm:8192:3:${FAULT_LOAD_SECONDS:-90}"
+            bystander=${qemu_pids[0]}
+            for _ in $(seq 600); do
+                grep -q 'LOAD' "$TMP/guest-libs-bystander.log" 2>/dev/null && break
+                kill -0 "$bystander" 2>/dev/null || break
+                sleep 0.5
+            done
+            log "the bystander computes; guest a faults beside it"
+            unset BOOT_MEM_MB BOOT_QEMU_EXTRA
+            boot guest-faults "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=faults ${GUEST_APPEND:-}"
+            faulting=${qemu_pids[1]}
+            wait "$faulting" || true
+            log "the faults are over"
+            wait "$bystander" || true
+            qemu_pids=()
+            verdict guest-faults || ok=0
+            verdict guest-libs-bystander || ok=0
+            grep -hE 'LOAD|PASS|FAIL' "$TMP/guest-libs-bystander.log" | tr -d '\r' | sed 's/^ */  [bystander] /' >&2 || true
+            grep -hE 'cuda-fault' "$TMP/guest-faults.log" | tr -d '\r' | sed 's/^ */  [faults] /' >&2 || true
+            report_contexts /dev/null
         fi
         unset BOOT_MEM_MB BOOT_QEMU_EXTRA
     else

@@ -17,7 +17,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.host_dir=DIR               host-cuda: the host folder of the programs
@@ -378,6 +378,14 @@ if [ "$mode" = host-cuda ]; then
         # shellcheck disable=SC2086  # separate arguments
         HOME=/tmp cuda_run "" /mnt/$prog $args
     done
+    finish
+fi
+
+# --- faults: a process faulting over and over beside two that compute ----------------
+if [ "$mode" = faults ]; then
+    load insmod || finish
+    fault_neighbours
+    check_kernel_log kernel-log
     finish
 fi
 
