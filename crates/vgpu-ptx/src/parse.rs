@@ -8,6 +8,146 @@ use crate::ir::*;
 use crate::mem::{AtomKind, AtomTy, AtomicOp};
 use crate::module::{Func, Module, ParamInfo};
 
+/// The names of the PTX ISA's instructions (the part before the first
+/// dot, PTX ISA 9.0): valid PTX, whether or not this executor runs it.
+const PTX_INSTRUCTIONS: &[&str] = &[
+    "abs",
+    "activemask",
+    "add",
+    "addc",
+    "alloca",
+    "and",
+    "applypriority",
+    "atom",
+    "bar",
+    "barrier",
+    "bfe",
+    "bfi",
+    "bfind",
+    "bmsk",
+    "bra",
+    "brev",
+    "brkpt",
+    "brx",
+    "call",
+    "clusterlaunchcontrol",
+    "clz",
+    "cnot",
+    "copysign",
+    "cos",
+    "cp",
+    "createpolicy",
+    "cvt",
+    "cvta",
+    "discard",
+    "div",
+    "dp2a",
+    "dp4a",
+    "elect",
+    "ex2",
+    "exit",
+    "fence",
+    "fma",
+    "fns",
+    "getctarank",
+    "griddepcontrol",
+    "isspacep",
+    "istypeof",
+    "ld",
+    "ldmatrix",
+    "ldu",
+    "lg2",
+    "lop3",
+    "mad",
+    "mad24",
+    "madc",
+    "mapa",
+    "match",
+    "max",
+    "mbarrier",
+    "membar",
+    "min",
+    "mma",
+    "mov",
+    "movmatrix",
+    "mul",
+    "mul24",
+    "multimem",
+    "nanosleep",
+    "neg",
+    "not",
+    "or",
+    "pmevent",
+    "popc",
+    "prefetch",
+    "prefetchu",
+    "prmt",
+    "rcp",
+    "red",
+    "redux",
+    "rem",
+    "ret",
+    "rsqrt",
+    "sad",
+    "selp",
+    "set",
+    "setmaxnreg",
+    "setp",
+    "shf",
+    "shfl",
+    "shl",
+    "shr",
+    "sin",
+    "slct",
+    "sqrt",
+    "st",
+    "stackrestore",
+    "stacksave",
+    "stmatrix",
+    "sub",
+    "subc",
+    "suld",
+    "suq",
+    "sured",
+    "sust",
+    "szext",
+    "tanh",
+    "tcgen05",
+    "tensormap",
+    "testp",
+    "tex",
+    "tld4",
+    "trap",
+    "txq",
+    "vabsdiff",
+    "vabsdiff2",
+    "vabsdiff4",
+    "vadd",
+    "vadd2",
+    "vadd4",
+    "vavrg2",
+    "vavrg4",
+    "vmad",
+    "vmax",
+    "vmax2",
+    "vmax4",
+    "vmin",
+    "vmin2",
+    "vmin4",
+    "vote",
+    "vset",
+    "vset2",
+    "vset4",
+    "vshl",
+    "vshr",
+    "vsub",
+    "vsub2",
+    "vsub4",
+    "wgmma",
+    "wmma",
+    "xor",
+];
+
 /// What is wrong with a PTX text, and on which line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {msg}")]
@@ -1449,6 +1589,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
     }
 
     fn decode(&mut self, opcode: &'a str, o: &[Opnd<'a>]) -> Result<Op, ParseError> {
+        // (An instruction of the PTX ISA this executor does not run refuses
+        // the kernels that reach it; a name that is none is malformed PTX.)
         let mut parts = opcode.split('.');
         let base = parts.next().unwrap_or("");
         let m = Mods {
@@ -2158,7 +2300,12 @@ impl<'p, 'a> Decoder<'p, 'a> {
             }
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent" | "brkpt"
             | "griddepcontrol" | "discard" | "applypriority" => Op::Nop,
-            _ => return self.unsup(format!("unsupported instruction '{opcode}'")),
+            b if PTX_INSTRUCTIONS.contains(&b) => {
+                return self.unsup(format!("unsupported instruction '{opcode}'"))
+            }
+            // No PTX instruction has that name: the module is malformed,
+            // as NVIDIA's compiler says of it.
+            _ => return self.err(format!("unknown instruction '{opcode}'")),
         })
     }
 
@@ -2451,13 +2598,21 @@ mod tests {
         let e = parse(".visible .entry k()\n{\nbra NOWHERE;\n}\n").unwrap_err();
         assert!(e.msg.contains("undefined label"), "{e}");
         assert_eq!(e.line, 6);
-        // Valid-looking PTX the executor does not know: the module loads,
-        // the kernel is refused with the line and the instruction.
+        // An instruction of the ISA the executor does not run: the module
+        // loads, the kernel is refused with the line and the instruction.
         let m =
-            parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n").unwrap();
+            parse(".visible .entry k()\n{\n.reg .b32 %r;\nsuq.width.b32 %r, [%r];\n}\n").unwrap();
         let e = m.refused("k").unwrap();
         assert!(
-            e.msg.contains("unsupported instruction 'frobnicate.u32'"),
+            e.msg.contains("unsupported instruction 'suq.width.b32'"),
+            "{e}"
+        );
+        assert_eq!(e.line, 7);
+        // A name that is no instruction: malformed, the module refused.
+        let e = parse(".visible .entry k()\n{\n.reg .b32 %r;\nfrobnicate.u32 %r, %r;\n}\n")
+            .unwrap_err();
+        assert!(
+            e.msg.contains("unknown instruction 'frobnicate.u32'"),
             "{e}"
         );
         assert_eq!(e.line, 7);
