@@ -17,9 +17,10 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|repeat
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
+#   vgpu.repeat=PROG:N              repeat: run CUDA program PROG N times
 #   vgpu.host_dir=DIR               host-cuda: the host folder of the programs
 #   vgpu.host_run=a,b:ARG,c         host-cuda: programs in it to run, in order
 #                                   (':' separates a program's arguments)
@@ -108,6 +109,7 @@ sgemm="128,128,128"
 expect_mem=""
 expect_devices=""
 cuda_bench=200
+repeat=""
 host_dir=""
 host_run=""
 host_env=""
@@ -128,6 +130,7 @@ for word in $(cat /proc/cmdline); do
         expect_mem=$value
         ;;
     vgpu.cuda_bench=*) cuda_bench=$value ;;
+    vgpu.repeat=*) repeat=$value ;;
     vgpu.assert_line=*) assert_line=$value ;;
     vgpu.overlap=*) overlap=$value ;;
     vgpu.host_dir=*) host_dir=$value ;;
@@ -377,6 +380,19 @@ if [ "$mode" = host-cuda ]; then
         [ "$prog" != "$item" ] && args=$(echo "${item#*:}" | tr ':' ' ')
         # shellcheck disable=SC2086  # separate arguments
         HOME=/tmp cuda_run "" /mnt/$prog $args
+    done
+    finish
+fi
+
+# --- repeat: one CUDA program again and again (a test that fails now and then) -------
+if [ "$mode" = repeat ]; then
+    load insmod || finish
+    prog=${repeat%%:*}
+    n=${repeat#*:}
+    i=0
+    while [ "$i" -lt "$n" ]; do
+        i=$((i + 1))
+        cuda_run "run$i-" $cuda_tests/"$prog"
     done
     finish
 fi
