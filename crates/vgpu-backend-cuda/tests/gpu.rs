@@ -72,6 +72,7 @@ fn launch_module(
 ) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry,
         grid: [grid, 1, 1],
@@ -737,6 +738,7 @@ fn lanes_run_side_by_side() {
     params.extend_from_slice(&4_000_000_000i64.to_le_bytes());
     let wait = [Queued::Launch(Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: m,
         entry: "wait_flag",
         grid: [1, 1, 1],

@@ -614,6 +614,7 @@ fn decode_launch<'a>(r: &mut Reader<'a>) -> Result<Launch<'a>, ProtoError> {
     let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
     Ok(Launch {
         cluster,
+        cooperative: false,
         module,
         entry,
         grid: [dims[0], dims[1], dims[2]],
@@ -1436,6 +1437,7 @@ mod tests {
                 block: [4, 5, 6],
                 shared_mem: 128,
                 cluster: [2, 1, 1],
+                cooperative: false,
                 params: &params,
             }),
             Request::Queued(vec![
@@ -1447,6 +1449,7 @@ mod tests {
                     block: [256, 1, 1],
                     shared_mem: 0,
                     cluster: [1, 1, 1],
+                    cooperative: false,
                     params: &params,
                 }),
                 Step::Timestamp,

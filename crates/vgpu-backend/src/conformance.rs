@@ -169,6 +169,7 @@ pub fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
 pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -182,6 +183,7 @@ pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> R
 pub fn builtin_launch<'a>(entry: &'a str, params: &'a [u8]) -> Launch<'a> {
     Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -531,6 +533,7 @@ pub fn launch_validation(make: Make<'_>) {
             matches!(
                 p.launch(&Launch {
                     cluster: [1, 1, 1],
+                    cooperative: false,
                     entry,
                     params: &[0; 3],
                     ..base.clone()
@@ -1474,6 +1477,7 @@ pub fn launch_loaded_shared(
 ) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry,
         grid,
@@ -1574,6 +1578,7 @@ pub fn module_queued_launches_depend_in_order(make: Make<'_>) {
         .flat_map(|p| {
             let l = Launch {
                 cluster: [1, 1, 1],
+                cooperative: false,
                 module: m,
                 entry: "vector_add",
                 grid,
@@ -1764,6 +1769,7 @@ pub fn module_cluster_occupancy(make: Make<'_>) {
         block,
         shared_mem,
         cluster,
+        cooperative: false,
         params: &[],
     };
     let alone = p
@@ -1848,6 +1854,7 @@ pub fn module_printf(make: Make<'_>) {
     // After a queued run.
     let launch = Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: m,
         entry: "say",
         grid: [1, 1, 1],

@@ -359,6 +359,11 @@ impl Partition for Contexts {
         self.base.kernel_compute_units()
     }
 
+    // Every context's partition comes from the same backend as the base.
+    fn cooperative(&self) -> bool {
+        self.base.cooperative()
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         // The contexts share the quota.
         let used = self.used();

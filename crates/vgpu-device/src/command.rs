@@ -450,6 +450,7 @@ impl OwnedLaunch {
     pub fn launch(&self) -> Launch<'_> {
         Launch {
             cluster: self.cluster,
+            cooperative: false,
             module: self.module,
             entry: &self.entry,
             grid: self.grid,
@@ -770,6 +771,7 @@ fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
     }
     let shape = Launch {
         cluster: cmd.cluster,
+        cooperative: false,
         module: cmd.module,
         entry,
         grid: cmd.cluster,

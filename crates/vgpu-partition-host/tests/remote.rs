@@ -124,6 +124,7 @@ impl HostSink for Sink {
 fn launch(p: &mut dyn Partition, entry: &str, params: &[u8]) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],

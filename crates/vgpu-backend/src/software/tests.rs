@@ -359,6 +359,7 @@ fn test_cluster_occupancy_is_one_block_per_thread_and_no_clusters() {
         block: [128, 1, 1],
         shared_mem: 0,
         cluster,
+        cooperative: false,
         params: &[],
     };
     assert_eq!(p.max_active_clusters(&shape([1, 1, 1])).unwrap(), 3);
@@ -614,4 +615,51 @@ fn test_register_counts_let_every_block_size_be_resident() {
     assert_eq!(regs(""), (64, 1024));
     assert_eq!(regs(".maxntid 256, 1, 1"), (255, 256));
     assert_eq!(regs(".maxntid 512, 1, 1"), (128, 512));
+}
+
+#[test]
+fn test_a_cooperative_launch_syncs_its_grid() {
+    let (blocks, threads) = (3u32, 64u32);
+    let n = (blocks * threads) as usize;
+    let mut p = partition(MIB, blocks);
+    assert!(p.cooperative());
+    let ptx = include_str!("../../../vgpu-ptx/tests/corpus/grid_sync.ptx");
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .unwrap();
+    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4, 0).unwrap());
+    let params = conformance::Params::default().u64(a).u64(b).u64(c);
+    let used = p.memory_used();
+    let launch = |grid: u32, cooperative: bool| Launch {
+        module: m,
+        entry: "grid_rotate",
+        grid: [grid, 1, 1],
+        block: [threads, 1, 1],
+        shared_mem: 0,
+        cluster: [1, 1, 1],
+        cooperative,
+        params: &params.0,
+    };
+    // Twice: each launch has a fresh workspace.
+    for _ in 0..2 {
+        p.fill(c, n as u64 * 4, 0).unwrap();
+        p.launch(&launch(blocks, true)).unwrap();
+        let got = download(&mut p, c, n * 4);
+        for i in 0..n {
+            let v = i32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            // Two blocks on, as the neighbour's neighbour wrote it.
+            let j = (i + 2 * threads as usize) % n;
+            assert_eq!(v, (j * 3 + 1) as i32 + 1000, "thread {i}");
+        }
+    }
+    // The workspace goes with the launch.
+    assert_eq!(p.memory_used(), used);
+    // More blocks than can be resident: refused, not a deadlock.
+    let r = p.launch(&launch(blocks + 1, true));
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
+    assert_eq!(p.memory_used(), used);
+    // Without the flag the grid has no workspace: grid.sync() traps.
+    let r = p.launch(&launch(blocks, false));
+    assert!(r.is_err(), "{r:?}");
+    assert!(!p.is_lost());
 }
