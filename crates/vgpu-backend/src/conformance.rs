@@ -1410,6 +1410,11 @@ pub const POKE_PTX: &str = "
 /// returned (4, the arguments it took) at `out[T]`.
 pub const PRINTF_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/printf.ptx");
 
+/// `grid_rotate(a, b, c)`: cooperative groups' `grid.sync()` twice;
+/// `c[i]` is what thread `i + 2 * blockDim.x` (mod the grid) wrote, plus
+/// 1000 (`grid_sync.cu`).
+pub const GRID_SYNC_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/grid_sync.ptx");
+
 /// `check(int v)`: `assert(v != 0)` (`check.cu`, line 12).
 pub const ASSERT_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/assert.ptx");
 
@@ -1502,6 +1507,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_printf(make);
     module_assert(make);
     module_illegal_address(make);
+    module_cooperative_grid_sync(make);
 }
 
 /// Loads corpus module `ptx` and runs `entry(a, b, c, n)` over device
@@ -2204,4 +2210,53 @@ pub fn module_corpus_matches(reference: Make<'_>, other: Make<'_>) {
             }
         }
     }
+}
+
+/// A cooperative launch ([`Launch::cooperative`]) of a grid that
+/// synchronises, on a partition that offers them, sized within what
+/// [`Partition::max_active_clusters`] says is resident at once: every
+/// block sees what the others wrote before each `grid.sync()`. Twice, as
+/// a grid's sync state must not outlive its launch. A partition without
+/// cooperative launches is not asked.
+pub fn module_cooperative_grid_sync(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-cooperative", 16 * MIB, 3));
+    let p = &mut *boxed;
+    if !p.cooperative() {
+        return;
+    }
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(GRID_SYNC_PTX))
+        .unwrap();
+    let threads = 64u32;
+    let mut launch = Launch {
+        module: m,
+        entry: "grid_rotate",
+        grid: [1, 1, 1],
+        block: [threads, 1, 1],
+        shared_mem: 0,
+        cluster: [1, 1, 1],
+        cooperative: true,
+        params: &[],
+    };
+    let resident = p.max_active_clusters(&launch).unwrap();
+    let blocks = resident.min(3);
+    assert!(blocks >= 1, "no block of grid_rotate fits");
+    let n = (blocks * threads) as usize;
+    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4, 0).unwrap());
+    let params = Params::default().u64(a).u64(b).u64(c);
+    launch.grid = [blocks, 1, 1];
+    launch.params = &params.0;
+    let used = p.memory_used();
+    for _ in 0..2 {
+        p.fill(c, n as u64 * 4, 0).unwrap();
+        p.launch(&launch).unwrap();
+        let got = download(p, c, n * 4);
+        for i in 0..n {
+            let v = i32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            let j = (i + 2 * threads as usize) % n;
+            assert_eq!(v, (j * 3 + 1) as i32 + 1000, "thread {i} of {n}");
+        }
+    }
+    // Whatever the grid's sync needed went with the launch.
+    assert_eq!(p.memory_used(), used);
 }

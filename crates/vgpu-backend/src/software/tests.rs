@@ -68,6 +68,7 @@ conformance!(
     module_assert,
     module_global,
     module_illegal_address,
+    module_cooperative_grid_sync,
 );
 
 fn load_fatbin(p: &mut SoftwarePartition, image: &[u8]) -> Result<u64, OpError> {
@@ -618,16 +619,18 @@ fn test_register_counts_let_every_block_size_be_resident() {
 }
 
 #[test]
-fn test_a_cooperative_launch_syncs_its_grid() {
+fn test_a_cooperative_grid_larger_than_the_threads_is_refused() {
     let (blocks, threads) = (3u32, 64u32);
     let n = (blocks * threads) as usize;
     let mut p = partition(MIB, blocks);
     assert!(p.cooperative());
-    let ptx = include_str!("../../../vgpu-ptx/tests/corpus/grid_sync.ptx");
     let m = p
-        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .module_load(
+            abi::MODULE_FORMAT_PTX,
+            conformance::GRID_SYNC_PTX.as_bytes(),
+        )
         .unwrap();
-    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4, 0).unwrap());
+    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4 * 2, 0).unwrap());
     let params = conformance::Params::default().u64(a).u64(b).u64(c);
     let used = p.memory_used();
     let launch = |grid: u32, cooperative: bool| Launch {
@@ -640,26 +643,23 @@ fn test_a_cooperative_launch_syncs_its_grid() {
         cooperative,
         params: &params.0,
     };
-    // Twice: each launch has a fresh workspace.
-    for _ in 0..2 {
-        p.fill(c, n as u64 * 4, 0).unwrap();
-        p.launch(&launch(blocks, true)).unwrap();
-        let got = download(&mut p, c, n * 4);
-        for i in 0..n {
-            let v = i32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
-            // Two blocks on, as the neighbour's neighbour wrote it.
-            let j = (i + 2 * threads as usize) % n;
-            assert_eq!(v, (j * 3 + 1) as i32 + 1000, "thread {i}");
-        }
-    }
-    // The workspace goes with the launch.
-    assert_eq!(p.memory_used(), used);
-    // More blocks than can be resident: refused, not a deadlock.
+    assert_eq!(p.max_active_clusters(&launch(1, true)).unwrap(), blocks);
+    p.launch(&launch(blocks, true)).unwrap();
+    // One block more than can be resident: refused, not a deadlock, and
+    // the grid's workspace is freed.
     let r = p.launch(&launch(blocks + 1, true));
     assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
     assert_eq!(p.memory_used(), used);
-    // Without the flag the grid has no workspace: grid.sync() traps.
+    // Without the flag the grid has no workspace: grid.sync() traps, as
+    // cooperative groups do outside a cooperative launch.
     let r = p.launch(&launch(blocks, false));
     assert!(r.is_err(), "{r:?}");
     assert!(!p.is_lost());
+    // The built-in kernels are not launched cooperatively.
+    let builtin = Launch {
+        cooperative: true,
+        ..conformance::builtin_launch("fill_u32", &[0; 16])
+    };
+    let r = p.launch(&builtin);
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
 }
