@@ -99,19 +99,24 @@ pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) ->
 
 /// A LAUNCH command of a function handle.
 pub(crate) fn launch_function_cmd(f: &Function, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
-    launch_cluster_cmd(f, dims, [1, 1, 1], params)
+    launch_cluster_cmd(f, dims, [1, 1, 1], false, params)
 }
 
-/// A LAUNCH command of a function handle in clusters of `cluster` blocks.
+/// A LAUNCH command of a function handle in clusters of `cluster` blocks,
+/// cooperative (every block resident at once) if `cooperative`.
 pub(crate) fn launch_cluster_cmd(
     f: &Function,
     dims: Dims,
     cluster: [u32; 3],
+    cooperative: bool,
     params: &[u8],
 ) -> Result<VgpuCmd> {
     let entry = abi::entry_function(f.handle, cluster);
     let mut cmd = launch_entry_cmd(f.module, entry, dims, params)?;
     cmd.flags = sys::CMD_LAUNCH_FUNCTION;
+    if cooperative {
+        cmd.flags |= sys::CMD_LAUNCH_COOPERATIVE;
+    }
     Ok(cmd)
 }
 
