@@ -736,6 +736,17 @@ mod tests {
     }
 
     #[test]
+    fn test_contexts_offer_and_run_cooperative_launches() {
+        let make = |_: &PartitionSpec| -> Box<dyn Partition> {
+            let (mut c, _, _) = software_contexts(2);
+            assert!(c.cooperative());
+            c.set_context(1).expect("context 1");
+            Box::new(c)
+        };
+        crate::conformance::module_cooperative_grid_sync(&make);
+    }
+
+    #[test]
     fn test_contexts_share_the_quota_and_end_with_their_memory() {
         let (mut c, _, backend) = software_contexts(2);
         c.set_context(1).expect("context 1");
