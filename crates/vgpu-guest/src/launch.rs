@@ -199,6 +199,27 @@ mod tests {
     }
 
     #[test]
+    fn test_cooperative_launches_carry_the_flag() {
+        let f = Function {
+            module: 3,
+            handle: 9,
+            info: abi::FuncInfo::default(),
+            params: Vec::new(),
+        };
+        let plain = launch_cluster_cmd(&f, Dims::default(), [1, 1, 1], false, &[]).unwrap();
+        assert_eq!(plain.flags, sys::CMD_LAUNCH_FUNCTION);
+        let coop = launch_cluster_cmd(&f, Dims::default(), [2, 1, 1], true, &[]).unwrap();
+        assert_eq!(
+            coop.flags,
+            sys::CMD_LAUNCH_FUNCTION | sys::CMD_LAUNCH_COOPERATIVE
+        );
+        // SAFETY: built as a launch.
+        let l = unsafe { coop.args.launch };
+        assert_eq!(l.module, 3);
+        assert_eq!(abi::parse_entry_function(&l.entry), Some((9, [2, 1, 1])));
+    }
+
+    #[test]
     fn test_sgemm_dims_cover_c() {
         let p = vgpu_abi::SgemmParams {
             m: 100,
