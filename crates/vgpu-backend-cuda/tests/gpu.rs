@@ -337,6 +337,14 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_cluster_occupancy(&make);
     conformance::module_global(&make);
     conformance::module_queued_launches_depend_in_order(&make);
+    // Every GPU from Pascal on runs cooperative launches.
+    let spec = PartitionSpec {
+        name: "cooperative".into(),
+        memory: 16 << 20,
+        compute_units: 1,
+    };
+    assert!(make(&spec).cooperative());
+    conformance::module_cooperative_grid_sync(&make);
 }
 
 /// nvcc's corpus leaves the same bytes on the GPU as on the software
