@@ -82,6 +82,7 @@ static_assert(VGPU_CMD_CONSOLE == VGPU_OP_CONSOLE);
 static_assert(VGPU_MODULE_PRINTS == VGPU_MODULE_FLAG_PRINTS);
 static_assert(VGPU_MAX_CONSOLE_BYTES == VGPU_CONSOLE_BYTES);
 static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
+static_assert(VGPU_CMD_LAUNCH_COOPERATIVE == VGPU_LAUNCH_FLAG_COOPERATIVE);
 static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
 static_assert(VGPU_CMD_FUNC_INFO_GLOBAL == VGPU_FUNC_INFO_FLAG_GLOBAL);
 
@@ -785,10 +786,14 @@ static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 {
 	const struct vgpu_launch_args *a = &u->launch;
 	struct vgpu_cmd_launch *d = &c->dcmd.launch;
+	const u32 allowed = VGPU_CMD_LAUNCH_FUNCTION |
+			    VGPU_CMD_LAUNCH_COOPERATIVE;
 
-	if ((u->flags & ~VGPU_CMD_LAUNCH_FUNCTION) ||
-	    !vgpu_args_tail_zero(u, sizeof(*a)))
+	if ((u->flags & ~allowed) || !vgpu_args_tail_zero(u, sizeof(*a)))
 		return -EINVAL;
+	if ((u->flags & VGPU_CMD_LAUNCH_COOPERATIVE) &&
+	    !(vdev->features & VGPU_FEATURE_COOPERATIVE))
+		return -EOPNOTSUPP;
 	if (u->flags & VGPU_CMD_LAUNCH_FUNCTION) {
 		if (!(vdev->features & VGPU_FEATURE_FUNC_INFO))
 			return -EOPNOTSUPP;
@@ -806,7 +811,7 @@ static int vgpu_prep_launch(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	bud->staged += a->params_size;
 
 	d->hdr.opcode = VGPU_OP_LAUNCH;
-	d->hdr.flags = u->flags & VGPU_CMD_LAUNCH_FUNCTION;
+	d->hdr.flags = u->flags & allowed;
 	d->module = a->module;
 	memcpy(d->grid, a->grid, sizeof(d->grid));
 	memcpy(d->block, a->block, sizeof(d->block));

@@ -807,7 +807,8 @@ unsafe fn launch_kernel(
 
 /// Launches `f` with its parameter block packed in `buf` (as a guest
 /// hands it over), in clusters of `cluster` blocks unless that is
-/// [1, 1, 1].
+/// [1, 1, 1], as a cooperative launch (every block resident at once,
+/// `cuLaunchCooperativeKernel`'s) if `cooperative`.
 ///
 /// # Safety
 /// `buf` must hold `f`'s parameters in its parameter layout; any device
@@ -816,7 +817,7 @@ unsafe fn launch_kernel(
 pub unsafe fn launch_packed(
     f: sys::CUfunction,
     [grid, block]: [[u32; 3]; 2],
-    cluster: [u32; 3],
+    (cluster, cooperative): ([u32; 3], bool),
     shared_mem: u32,
     s: &Stream,
     buf: &[u8],
@@ -842,7 +843,7 @@ pub unsafe fn launch_packed(
     } else {
         extra.as_mut_ptr()
     };
-    if cluster == [1, 1, 1] {
+    if cluster == [1, 1, 1] && !cooperative {
         // SAFETY: `extra` is the documented END-terminated list; the
         // buffer and its size outlive the call; the rest is forwarded to
         // the caller.
@@ -857,10 +858,29 @@ pub unsafe fn launch_packed(
             )
         };
     }
-    let mut attr = cluster_attribute(cluster);
-    let config = launch_config([grid, block], shared_mem, s, &mut attr);
-    // SAFETY: as above; `config` and its one attribute outlive the call.
+    let mut attrs = Vec::with_capacity(2);
+    if cluster != [1, 1, 1] {
+        attrs.push(cluster_attribute(cluster));
+    }
+    if cooperative {
+        attrs.push(cooperative_attribute());
+    }
+    let config = launch_config([grid, block], shared_mem, s, &mut attrs);
+    // SAFETY: as above; `config` and its attributes outlive the call.
     ok(unsafe { sys::cuLaunchKernelEx(&config, f, std::ptr::null_mut(), extra_ptr) })
+}
+
+/// The launch attribute that makes a launch cooperative.
+fn cooperative_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: the value union holds plain integers only; all zeros is
+    // valid for each member.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.cooperative = 1;
+    sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+        pad: [0; 4],
+        value,
+    }
 }
 
 /// The launch attribute that asks for clusters of `cluster` blocks.
@@ -880,13 +900,13 @@ fn cluster_attribute(cluster: [u32; 3]) -> sys::CUlaunchAttribute {
     }
 }
 
-/// A launch configuration with one attribute, `attr`, which must outlive
+/// A launch configuration with attributes `attrs`, which must outlive
 /// its use.
 fn launch_config(
     [grid, block]: [[u32; 3]; 2],
     shared_mem: u32,
     s: &Stream,
-    attr: &mut sys::CUlaunchAttribute,
+    attrs: &mut [sys::CUlaunchAttribute],
 ) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: grid[0],
@@ -897,8 +917,9 @@ fn launch_config(
         blockDimZ: block[2],
         sharedMemBytes: shared_mem,
         hStream: s.0,
-        attrs: attr,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        // At most two attributes.
+        numAttrs: attrs.len() as u32,
     }
 }
 
@@ -912,7 +933,7 @@ pub fn max_active_clusters(
     shared_mem: u32,
     s: &Stream,
 ) -> Result<i32, CuError> {
-    let mut attr = cluster_attribute(cluster);
+    let mut attr = [cluster_attribute(cluster)];
     // One cluster's grid: the driver wants the grid to be whole clusters.
     let config = launch_config([cluster, block], shared_mem, s, &mut attr);
     let mut n = 0;

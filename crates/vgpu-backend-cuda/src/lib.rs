@@ -198,6 +198,8 @@ pub(crate) struct Shared {
     pub sm_granule: u32,
     /// Shared memory a block may use when its kernel opts in.
     pub max_shared_optin: u32,
+    /// Whether the device runs cooperative launches.
+    pub cooperative: bool,
     /// The built-in module, NUL-terminated PTX.
     pub ptx: Vec<u8>,
     pub groups: Vec<SmGroup>,
@@ -311,6 +313,7 @@ impl CudaBackend {
         let device_sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_shared_optin =
             attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        let cooperative = attr(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0;
         let cc = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -353,6 +356,7 @@ impl CudaBackend {
                 device_sms,
                 sm_granule,
                 max_shared_optin,
+                cooperative,
                 ptx,
                 pool: Mutex::new(Pool {
                     memory: memory as u64,

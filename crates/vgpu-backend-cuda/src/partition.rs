@@ -760,7 +760,7 @@ fn enqueue_loaded(dev: &DeviceState, f: driver::CUfunction, l: &Launch<'_>) -> R
         driver::launch_packed(
             f,
             [l.grid, l.block],
-            l.cluster,
+            (l.cluster, l.cooperative),
             l.shared_mem,
             &dev.res.stream,
             l.params,
@@ -801,6 +801,10 @@ impl Partition for CudaPartition {
 
     fn kernel_compute_units(&self) -> u32 {
         self.sms
+    }
+
+    fn cooperative(&self) -> bool {
+        self.shared.cooperative
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

@@ -72,6 +72,7 @@ fn launch_module(
 ) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry,
         grid: [grid, 1, 1],
@@ -336,6 +337,14 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_cluster_occupancy(&make);
     conformance::module_global(&make);
     conformance::module_queued_launches_depend_in_order(&make);
+    // Every GPU from Pascal on runs cooperative launches.
+    let spec = PartitionSpec {
+        name: "cooperative".into(),
+        memory: 16 << 20,
+        compute_units: 1,
+    };
+    assert!(make(&spec).cooperative());
+    conformance::module_cooperative_grid_sync(&make);
 }
 
 /// nvcc's corpus leaves the same bytes on the GPU as on the software
@@ -737,6 +746,7 @@ fn lanes_run_side_by_side() {
     params.extend_from_slice(&4_000_000_000i64.to_le_bytes());
     let wait = [Queued::Launch(Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: m,
         entry: "wait_flag",
         grid: [1, 1, 1],

@@ -380,6 +380,8 @@ pub struct RemotePartition {
     memory_used: u64,
     /// What the host's partition reports of its kernels' compute units.
     kernel_units: u32,
+    /// Whether the host's partition runs cooperative launches.
+    cooperative: bool,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
@@ -425,6 +427,7 @@ impl RemotePartition {
             lost: false,
             memory_used: 0,
             kernel_units: spec.compute_units,
+            cooperative: false,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
             started: VecDeque::new(),
@@ -470,10 +473,11 @@ impl RemotePartition {
         );
         match r {
             Ok(Reply {
-                result: Ok(Value::U64(units)),
+                result: Ok(Value::Created { units, cooperative }),
                 memory_used: 0,
-            }) if (1..=u64::from(u32::MAX)).contains(&units) => {
-                self.kernel_units = units as u32;
+            }) if units >= 1 => {
+                self.kernel_units = units;
+                self.cooperative = cooperative;
                 // Guest memory mapped so far goes to the new host before
                 // any transfer can name it.
                 let attached = link
@@ -903,6 +907,10 @@ impl Partition for RemotePartition {
 
     fn kernel_compute_units(&self) -> u32 {
         self.kernel_units
+    }
+
+    fn cooperative(&self) -> bool {
+        self.cooperative
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

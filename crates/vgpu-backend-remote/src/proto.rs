@@ -52,7 +52,7 @@ use vgpu_backend::{
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Most runs started and not yet finished ([`Kind::Start`]), all lanes
 /// together.
 pub const MAX_STARTED: usize = 8;
@@ -599,7 +599,17 @@ fn encode_launch(w: &mut Writer, l: &Launch<'_>) {
     for v in &l.cluster {
         w.u32(*v);
     }
+    w.u8(l.cooperative as u8);
     w.text(l.entry, MAX_ENTRY).blob(l.params);
+}
+
+/// A byte that must be 0 (false) or 1 (true).
+fn flag(b: u8) -> Result<bool, ProtoError> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(ProtoError::Malformed("bad flag")),
+    }
 }
 
 fn decode_launch<'a>(r: &mut Reader<'a>) -> Result<Launch<'a>, ProtoError> {
@@ -610,10 +620,12 @@ fn decode_launch<'a>(r: &mut Reader<'a>) -> Result<Launch<'a>, ProtoError> {
     }
     let shared_mem = r.u32()?;
     let cluster = [r.u32()?, r.u32()?, r.u32()?];
+    let cooperative = flag(r.u8()?)?;
     let entry = r.text(MAX_ENTRY)?;
     let params = r.blob(abi::MAX_PARAMS_SIZE as usize)?;
     Ok(Launch {
         cluster,
+        cooperative,
         module,
         entry,
         grid: [dims[0], dims[1], dims[2]],
@@ -925,6 +937,13 @@ pub enum Value {
     None,
     /// An address or module handle.
     U64(u64),
+    /// [`Kind::Create`]: what the partition offers.
+    Created {
+        /// `Partition::kernel_compute_units` (at least 1).
+        units: u32,
+        /// `Partition::cooperative`.
+        cooperative: bool,
+    },
     /// [`Kind::Hello`]: the host's backend.
     Hello {
         /// Backend name.
@@ -1126,11 +1145,11 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (
-                    Kind::Alloc | Kind::ModuleLoad | Kind::Create | Kind::Occupancy,
-                    Value::U64(x),
-                ) => {
+                (Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy, Value::U64(x)) => {
                     w.u64(*x);
+                }
+                (Kind::Create, Value::Created { units, cooperative }) => {
+                    w.u32(*units).u8(*cooperative as u8);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
@@ -1204,9 +1223,11 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Create | Kind::Occupancy => {
-                    Value::U64(r.u64()?)
-                }
+                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy => Value::U64(r.u64()?),
+                Kind::Create => Value::Created {
+                    units: r.u32()?,
+                    cooperative: flag(r.u8()?)?,
+                },
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
                         0 => false,
@@ -1436,6 +1457,7 @@ mod tests {
                 block: [4, 5, 6],
                 shared_mem: 128,
                 cluster: [2, 1, 1],
+                cooperative: true,
                 params: &params,
             }),
             Request::Queued(vec![
@@ -1447,6 +1469,7 @@ mod tests {
                     block: [256, 1, 1],
                     shared_mem: 0,
                     cluster: [1, 1, 1],
+                    cooperative: false,
                     params: &params,
                 }),
                 Step::Timestamp,
@@ -1557,7 +1580,9 @@ mod tests {
         for _ in 0..10 {
             w.u32(1);
         }
-        w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE + 1);
+        w.u8(0)
+            .text("fill_u32", MAX_ENTRY)
+            .u32(abi::MAX_PARAMS_SIZE + 1);
         w.0.extend(std::iter::repeat_n(0, abi::MAX_PARAMS_SIZE as usize + 1));
         assert!(Request::decode(Kind::Launch as u16, &w.0).is_err());
         // The most it allows is carried.
@@ -1566,7 +1591,9 @@ mod tests {
         for _ in 0..10 {
             w.u32(1);
         }
-        w.text("fill_u32", MAX_ENTRY).u32(abi::MAX_PARAMS_SIZE);
+        w.u8(0)
+            .text("fill_u32", MAX_ENTRY)
+            .u32(abi::MAX_PARAMS_SIZE);
         w.0.extend(std::iter::repeat_n(7, abi::MAX_PARAMS_SIZE as usize));
         match Request::decode(Kind::Launch as u16, &w.0) {
             Ok(Request::Launch(l)) => assert_eq!(l.params.len(), abi::MAX_PARAMS_SIZE as usize),
@@ -1636,6 +1663,20 @@ mod tests {
         let mut w = Writer::default();
         w.u8(0).u64(0).u64(0).blob(&vec![b'x'; MAX_CONSOLE + 1]);
         assert!(Reply::decode(Kind::Console, &w.0).is_err());
+        // A cooperative flag that is neither 0 nor 1.
+        let mut w = Writer::default();
+        w.u8(0).u64(0).u32(1).u8(2);
+        assert!(Reply::decode(Kind::Create, &w.0).is_err());
+        let mut w = Writer::default();
+        w.u64(1);
+        // Grid, block, shared memory and cluster.
+        for _ in 0..10 {
+            w.u32(1);
+        }
+        w.u8(2).text("k", MAX_ENTRY).blob(&[]);
+        assert!(Request::decode(Kind::Launch as u16, &w.0).is_err());
+        w.0[8 + 40] = 1;
+        assert!(Request::decode(Kind::Launch as u16, &w.0).is_ok());
         // Protection bits beyond read and write.
         let mut w = Writer::default();
         w.u64(1).u64(0).u64(4096).u8(4);
@@ -1657,7 +1698,13 @@ mod tests {
             ),
             (Kind::Alloc, Ok(Value::U64(0x10_0000))),
             (Kind::ModuleLoad, Ok(Value::U64(2))),
-            (Kind::Create, Ok(Value::U64(132))),
+            (
+                Kind::Create,
+                Ok(Value::Created {
+                    units: 132,
+                    cooperative: true,
+                }),
+            ),
             (Kind::Free, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (

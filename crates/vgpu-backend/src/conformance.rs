@@ -169,6 +169,7 @@ pub fn download_floats(p: &mut dyn Partition, addr: u64, n: usize) -> Vec<f32> {
 pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -182,6 +183,7 @@ pub fn launch<T: ByteValued>(p: &mut dyn Partition, entry: &str, params: T) -> R
 pub fn builtin_launch<'a>(entry: &'a str, params: &'a [u8]) -> Launch<'a> {
     Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -531,6 +533,7 @@ pub fn launch_validation(make: Make<'_>) {
             matches!(
                 p.launch(&Launch {
                     cluster: [1, 1, 1],
+                    cooperative: false,
                     entry,
                     params: &[0; 3],
                     ..base.clone()
@@ -1407,6 +1410,11 @@ pub const POKE_PTX: &str = "
 /// returned (4, the arguments it took) at `out[T]`.
 pub const PRINTF_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/printf.ptx");
 
+/// `grid_rotate(a, b, c)`: cooperative groups' `grid.sync()` twice;
+/// `c[i]` is what thread `i + 2 * blockDim.x` (mod the grid) wrote, plus
+/// 1000 (`grid_sync.cu`).
+pub const GRID_SYNC_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/grid_sync.ptx");
+
 /// `check(int v)`: `assert(v != 0)` (`check.cu`, line 12).
 pub const ASSERT_PTX: &str = include_str!("../../vgpu-ptx/tests/corpus/assert.ptx");
 
@@ -1474,6 +1482,7 @@ pub fn launch_loaded_shared(
 ) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry,
         grid,
@@ -1498,6 +1507,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_printf(make);
     module_assert(make);
     module_illegal_address(make);
+    module_cooperative_grid_sync(make);
 }
 
 /// Loads corpus module `ptx` and runs `entry(a, b, c, n)` over device
@@ -1574,6 +1584,7 @@ pub fn module_queued_launches_depend_in_order(make: Make<'_>) {
         .flat_map(|p| {
             let l = Launch {
                 cluster: [1, 1, 1],
+                cooperative: false,
                 module: m,
                 entry: "vector_add",
                 grid,
@@ -1764,6 +1775,7 @@ pub fn module_cluster_occupancy(make: Make<'_>) {
         block,
         shared_mem,
         cluster,
+        cooperative: false,
         params: &[],
     };
     let alone = p
@@ -1848,6 +1860,7 @@ pub fn module_printf(make: Make<'_>) {
     // After a queued run.
     let launch = Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: m,
         entry: "say",
         grid: [1, 1, 1],
@@ -2197,4 +2210,53 @@ pub fn module_corpus_matches(reference: Make<'_>, other: Make<'_>) {
             }
         }
     }
+}
+
+/// A cooperative launch ([`Launch::cooperative`]) of a grid that
+/// synchronises, on a partition that offers them, sized within what
+/// [`Partition::max_active_clusters`] says is resident at once: every
+/// block sees what the others wrote before each `grid.sync()`. Twice, as
+/// a grid's sync state must not outlive its launch. A partition without
+/// cooperative launches is not asked.
+pub fn module_cooperative_grid_sync(make: Make<'_>) {
+    let mut boxed = make(&spec("ptx-cooperative", 16 * MIB, 3));
+    let p = &mut *boxed;
+    if !p.cooperative() {
+        return;
+    }
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(GRID_SYNC_PTX))
+        .unwrap();
+    let threads = 64u32;
+    let mut launch = Launch {
+        module: m,
+        entry: "grid_rotate",
+        grid: [1, 1, 1],
+        block: [threads, 1, 1],
+        shared_mem: 0,
+        cluster: [1, 1, 1],
+        cooperative: true,
+        params: &[],
+    };
+    let resident = p.max_active_clusters(&launch).unwrap();
+    let blocks = resident.min(3);
+    assert!(blocks >= 1, "no block of grid_rotate fits");
+    let n = (blocks * threads) as usize;
+    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4, 0).unwrap());
+    let params = Params::default().u64(a).u64(b).u64(c);
+    launch.grid = [blocks, 1, 1];
+    launch.params = &params.0;
+    let used = p.memory_used();
+    for _ in 0..2 {
+        p.fill(c, n as u64 * 4, 0).unwrap();
+        p.launch(&launch).unwrap();
+        let got = download(p, c, n * 4);
+        for i in 0..n {
+            let v = i32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            let j = (i + 2 * threads as usize) % n;
+            assert_eq!(v, (j * 3 + 1) as i32 + 1000, "thread {i} of {n}");
+        }
+    }
+    // Whatever the grid's sync needed went with the launch.
+    assert_eq!(p.memory_used(), used);
 }

@@ -372,6 +372,11 @@ impl Partition for Contexts {
         self.base.kernel_compute_units()
     }
 
+    // Every context's partition comes from the same backend as the base.
+    fn cooperative(&self) -> bool {
+        self.base.cooperative()
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         // The contexts share the quota.
         let used = self.used();
@@ -743,6 +748,17 @@ mod tests {
             crate::Backend::create_context(&*b, &spec)
         });
         (Contexts::new(base, make, max), made, backend)
+    }
+
+    #[test]
+    fn test_contexts_offer_and_run_cooperative_launches() {
+        let make = |_: &PartitionSpec| -> Box<dyn Partition> {
+            let (mut c, _, _) = software_contexts(2);
+            assert!(c.cooperative());
+            c.set_context(1).expect("context 1");
+            Box::new(c)
+        };
+        crate::conformance::module_cooperative_grid_sync(&make);
     }
 
     #[test]

@@ -337,6 +337,11 @@ pub struct Launch<'a> {
     /// Blocks per thread block cluster in each dimension ([1, 1, 1]: no
     /// clusters); they divide the grid's.
     pub cluster: [u32; 3],
+    /// A cooperative launch (ABI 1.5): every block of the grid resident
+    /// at once, so that the grid can synchronise. Only for a partition
+    /// whose [`Partition::cooperative`] says so, with a grid of at most
+    /// [`Partition::max_active_clusters`] blocks (checked by the caller).
+    pub cooperative: bool,
     /// Parameter block.
     pub params: &'a [u8],
 }
@@ -841,6 +846,12 @@ pub trait Partition: Send {
     /// driver counts them; 0 when none fits. No default: a wrapper that
     /// forgot to forward it would answer for the wrong device.
     fn max_active_clusters(&mut self, launch: &Launch<'_>) -> Result<u32, OpError>;
+    /// Whether the partition runs cooperative launches
+    /// ([`Launch::cooperative`]). A wrapper forwards it; one that forgot
+    /// hides the feature rather than claiming it.
+    fn cooperative(&self) -> bool {
+        false
+    }
     /// Describes entry point `entry` of `module` (parameter layout and
     /// attributes), as the backend's driver knows it.
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;

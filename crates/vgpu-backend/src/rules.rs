@@ -492,9 +492,9 @@ pub fn plan_builtin_launch<T>(
     allocs: &Allocations<T>,
     floats: FloatOperands,
 ) -> Result<Builtin, OpError> {
-    if launch.cluster != [1, 1, 1] {
+    if launch.cluster != [1, 1, 1] || launch.cooperative {
         return Err(OpError::Invalid(format!(
-            "{}: the built-in kernels run without clusters",
+            "{}: the built-in kernels run without clusters, not cooperatively",
             launch.entry
         )));
     }

@@ -80,6 +80,11 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         cu::ATTR_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO => 2,
         cu::ATTR_COMPUTE_PREEMPTION_SUPPORTED => 1,
         cu::ATTR_CLUSTER_LAUNCH => 1,
+        // Where the device runs them (grid.sync() needs the grid
+        // resident at once).
+        cu::ATTR_COOPERATIVE_LAUNCH => {
+            i32::from(g.info.features & vgpu_guest::sys::FEATURE_COOPERATIVE != 0)
+        }
         // cuMemHostRegister works on any host range (copies read it in
         // place).
         cu::ATTR_HOST_REGISTER_SUPPORTED => 1,

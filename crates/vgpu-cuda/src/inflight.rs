@@ -80,16 +80,19 @@ impl Inflight {
         dev: &Device,
         f: &Function,
         dims: Dims,
-        cluster: [u32; 3],
+        (cluster, cooperative): ([u32; 3], bool),
         params: &[u8],
     ) -> CuResult {
         if self.open.len() >= FLUSH_AT {
             self.flush(dev)?;
         }
-        check(
+        check(if cooperative {
             self.open
-                .try_launch_function_in_clusters(f, dims, cluster, params),
-        )?;
+                .try_launch_function_cooperative(f, dims, cluster, params)
+        } else {
+            self.open
+                .try_launch_function_in_clusters(f, dims, cluster, params)
+        })?;
         if self.open.len() >= FLUSH_AT {
             self.flush(dev)?;
         }

@@ -141,7 +141,7 @@ pub unsafe fn kernel_work(
     // SAFETY: the caller's parameter pointers.
     let block = unsafe { param_block(d, f, params, extra) }?;
     check_shape(&dims, block.len())?;
-    d.launch_work(f, dims, [1, 1, 1], &block)
+    d.launch_work(f, dims, ([1, 1, 1], false), &block)
 }
 
 #[cfg(test)]

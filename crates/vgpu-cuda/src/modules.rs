@@ -368,26 +368,28 @@ impl Driver {
     }
 
     /// Launches `func` on `stream` with its parameters packed as its
-    /// layout says.
+    /// layout says, in clusters of `shape.0` blocks, cooperative if
+    /// `shape.1`.
     pub fn launch(
         &self,
         func: usize,
         dims: Dims,
-        cluster: [u32; 3],
+        shape: ([u32; 3], bool),
         params: &[u8],
         stream: usize,
     ) -> CuResult {
-        let (device, work) = self.launch_work(func, dims, cluster, params)?;
+        let (device, work) = self.launch_work(func, dims, shape, params)?;
         self.queue(stream, device, &[work])
     }
 
     /// The work of a launch of `func` (checked against its dynamic shared
-    /// memory limit), and the device it runs on.
+    /// memory limit) in clusters of `cluster` blocks, cooperative if
+    /// `cooperative`, and the device it runs on.
     pub fn launch_work(
         &self,
         func: usize,
         dims: Dims,
-        cluster: [u32; 3],
+        (cluster, cooperative): ([u32; 3], bool),
         params: &[u8],
     ) -> CuResult<(CUdevice, Work)> {
         let (function, device) = {
@@ -407,6 +409,7 @@ impl Driver {
             function,
             dims,
             cluster,
+            cooperative,
             params: params.into(),
         };
         Ok((device, work))

@@ -23,6 +23,8 @@ pub enum Work {
         dims: Dims,
         /// Blocks per cluster in x, y and z (`[1, 1, 1]`: none).
         cluster: [u32; 3],
+        /// A cooperative launch: every block resident at once.
+        cooperative: bool,
         /// The parameter block, packed as the function's layout says.
         params: Arc<[u8]>,
     },
@@ -112,10 +114,15 @@ impl Work {
                 function,
                 dims,
                 cluster,
+                cooperative,
                 params,
                 ..
             } => {
-                batch.launch_function_in_clusters(function, *dims, *cluster, params);
+                if *cooperative {
+                    batch.launch_function_cooperative(function, *dims, *cluster, params);
+                } else {
+                    batch.launch_function_in_clusters(function, *dims, *cluster, params);
+                }
             }
             Work::Fill { addr, len, pattern } => {
                 batch.fill_addr(*addr, *len, *pattern);

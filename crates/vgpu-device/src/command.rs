@@ -442,6 +442,7 @@ pub struct OwnedLaunch {
     block: [u32; 3],
     shared_mem: u32,
     cluster: [u32; 3],
+    cooperative: bool,
     params: Vec<u8>,
 }
 
@@ -450,6 +451,7 @@ impl OwnedLaunch {
     pub fn launch(&self) -> Launch<'_> {
         Launch {
             cluster: self.cluster,
+            cooperative: self.cooperative,
             module: self.module,
             entry: &self.entry,
             grid: self.grid,
@@ -567,7 +569,14 @@ impl Command {
     pub fn step_kind(&self) -> Option<StepKind> {
         let raw = self.raw();
         match parse::<abi::CmdHeader>(raw).ok()?.opcode {
-            abi::OP_LAUNCH => Some(StepKind::Device { launch: true }),
+            // A cooperative launch runs alone: what the device checks
+            // first asks the partition, which may not be asked while runs
+            // are in flight.
+            abi::OP_LAUNCH => {
+                let c: abi::LaunchCmd = parse(raw).ok()?;
+                (c.hdr.flags & abi::LAUNCH_FLAG_COOPERATIVE == 0)
+                    .then_some(StepKind::Device { launch: true })
+            }
             abi::OP_NOP | abi::OP_TIMESTAMP | abi::OP_FILL => {
                 Some(StepKind::Device { launch: false })
             }
@@ -611,7 +620,11 @@ pub fn step(ctx: &Ctx<'_>, cmd: &Command, descs: &[Desc]) -> Result<Option<Step>
     match hdr.opcode {
         abi::OP_NOP => Ok(None),
         abi::OP_TIMESTAMP => Ok(Some(Step::Timestamp)),
-        abi::OP_LAUNCH => decode_launch(ctx, &parse(raw)?, &reads).map(|l| Some(Step::Launch(l))),
+        abi::OP_LAUNCH => match decode_launch(ctx, &parse(raw)?, &reads)? {
+            // Never queued (see `Command::step_kind`).
+            l if l.cooperative => Err(abi::STATUS_INVALID),
+            l => Ok(Some(Step::Launch(l))),
+        },
         abi::OP_FILL => {
             let c: abi::FillCmd = parse(raw)?;
             check_fill(&c)?;
@@ -666,16 +679,44 @@ fn check_fill(c: &abi::FillCmd) -> Result<()> {
 
 fn launch(ctx: &mut Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<u64> {
     let l = decode_launch(ctx, cmd, reads)?;
+    if l.cooperative {
+        check_cooperative(ctx, &l.launch())?;
+    }
     ctx.partition.launch(&l.launch()).map_err(op_status)?;
     Ok(0)
 }
 
-fn decode_launch(ctx: &Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<OwnedLaunch> {
-    let by_handle = match cmd.hdr.flags {
-        0 => false,
-        abi::LAUNCH_FLAG_FUNCTION => true,
-        _ => return Err(abi::STATUS_INVALID),
+/// A cooperative launch runs where the partition offers them
+/// (UNSUPPORTED elsewhere, as FEATURES says), with no more clusters
+/// than OCCUPANCY says are resident at once (INVALID).
+fn check_cooperative(ctx: &mut Ctx<'_>, l: &Launch<'_>) -> Result<()> {
+    if !ctx.partition.cooperative() {
+        return Err(abi::STATUS_UNSUPPORTED);
+    }
+    let shape = Launch {
+        grid: l.cluster,
+        params: &[],
+        ..l.clone()
     };
+    let resident = ctx
+        .partition
+        .max_active_clusters(&shape)
+        .map_err(op_status)?;
+    let blocks = |d: [u32; 3]| d.iter().map(|&x| u64::from(x)).product::<u64>();
+    // The shape was checked: the grid is whole clusters.
+    if blocks(l.grid) / blocks(l.cluster) > u64::from(resident) {
+        return Err(abi::STATUS_INVALID);
+    }
+    Ok(())
+}
+
+fn decode_launch(ctx: &Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<OwnedLaunch> {
+    let known = abi::LAUNCH_FLAG_FUNCTION | abi::LAUNCH_FLAG_COOPERATIVE;
+    if cmd.hdr.flags & !known != 0 {
+        return Err(abi::STATUS_INVALID);
+    }
+    let by_handle = cmd.hdr.flags & abi::LAUNCH_FLAG_FUNCTION != 0;
+    let cooperative = cmd.hdr.flags & abi::LAUNCH_FLAG_COOPERATIVE != 0;
     let (entry, cluster) = if by_handle {
         let (handle, cluster) = abi::parse_entry_function(&cmd.entry).ok_or(abi::STATUS_INVALID)?;
         let entry = ctx
@@ -701,6 +742,7 @@ fn decode_launch(ctx: &Ctx<'_>, cmd: &abi::LaunchCmd, reads: &[Desc]) -> Result<
         block: cmd.block,
         shared_mem: cmd.shared_mem,
         cluster,
+        cooperative,
         params,
     })
 }
@@ -770,6 +812,7 @@ fn occupancy(ctx: &mut Ctx<'_>, cmd: &abi::OccupancyCmd) -> Result<u64> {
     }
     let shape = Launch {
         cluster: cmd.cluster,
+        cooperative: false,
         module: cmd.module,
         entry,
         grid: cmd.cluster,

@@ -409,6 +409,8 @@ pub struct VgpuDevice {
     /// Contexts besides context 0 the partition may have; `None`
     /// without contexts.
     max_contexts: Option<u32>,
+    /// Whether the partition runs cooperative launches (FEATURES bit 9).
+    cooperative: bool,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -485,13 +487,14 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts) = {
+        let (spec, compute_units, host_memory, max_contexts, cooperative) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
                 p.kernel_compute_units(),
                 p.host_memory(),
                 p.contexts().map(|n| n.max),
+                p.cooperative(),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
@@ -505,6 +508,7 @@ impl VgpuDevice {
             mem_size: spec.memory,
             compute_units,
             max_contexts,
+            cooperative,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -672,6 +676,11 @@ impl VgpuDevice {
             | abi::FEATURE_VALUES
             | if self.max_contexts.is_some() {
                 abi::FEATURE_CONTEXTS
+            } else {
+                0
+            }
+            | if self.cooperative {
+                abi::FEATURE_COOPERATIVE
             } else {
                 0
             };

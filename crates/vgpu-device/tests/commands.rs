@@ -946,7 +946,7 @@ fn test_func_info_describes_and_launches_by_handle() {
     unknown.entry = abi::entry_function(handle + 100, [0; 3]);
     assert_status(g.launch_raw(0, &unknown, &p.0), abi::STATUS_NOT_FOUND);
     let mut flag = launch;
-    flag.hdr.flags = 2;
+    flag.hdr.flags = abi::LAUNCH_FLAG_FUNCTION | 1 << 2;
     assert_status(g.launch_raw(0, &flag, &p.0), abi::STATUS_INVALID);
     // Clusters: the grid must divide into them, 16 blocks at most; the
     // software backend runs blocks alone.

@@ -399,7 +399,27 @@ impl Batch {
         cluster: [u32; 3],
         params: &[u8],
     ) -> &mut Self {
-        self.push_launch(params, |kept| launch_cluster_cmd(f, dims, cluster, kept))
+        self.push_launch(params, |kept| {
+            launch_cluster_cmd(f, dims, cluster, false, kept)
+        })
+    }
+
+    /// Runs `f` as a cooperative launch (in clusters of `cluster`
+    /// blocks): every block of the grid resident at once, so that the
+    /// grid can synchronise. The device must offer
+    /// [`FEATURE_COOPERATIVE`](crate::sys::FEATURE_COOPERATIVE); a grid
+    /// larger than [`Device::max_active_clusters`](crate::Device::max_active_clusters) says
+    /// fits fails.
+    pub fn launch_function_cooperative(
+        &mut self,
+        f: &Function,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> &mut Self {
+        self.push_launch(params, |kept| {
+            launch_cluster_cmd(f, dims, cluster, true, kept)
+        })
     }
 
     fn launch_raw(&mut self, module: u64, entry: &str, dims: Dims, params: &[u8]) -> &mut Self {
@@ -466,7 +486,24 @@ impl Batch {
         cluster: [u32; 3],
         params: &[u8],
     ) -> Result<()> {
-        self.try_push_launch(params, |kept| launch_cluster_cmd(f, dims, cluster, kept))
+        self.try_push_launch(params, |kept| {
+            launch_cluster_cmd(f, dims, cluster, false, kept)
+        })
+    }
+
+    /// [`Self::launch_function_cooperative`], refusing a launch that
+    /// cannot be built here instead of failing the whole batch, as
+    /// [`Self::try_launch_function_in_clusters`] does.
+    pub fn try_launch_function_cooperative(
+        &mut self,
+        f: &Function,
+        dims: Dims,
+        cluster: [u32; 3],
+        params: &[u8],
+    ) -> Result<()> {
+        self.try_push_launch(params, |kept| {
+            launch_cluster_cmd(f, dims, cluster, true, kept)
+        })
     }
 
     /// Appends a raw command.

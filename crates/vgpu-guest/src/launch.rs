@@ -99,19 +99,24 @@ pub(crate) fn launch_cmd(module: u64, entry: &str, dims: Dims, params: &[u8]) ->
 
 /// A LAUNCH command of a function handle.
 pub(crate) fn launch_function_cmd(f: &Function, dims: Dims, params: &[u8]) -> Result<VgpuCmd> {
-    launch_cluster_cmd(f, dims, [1, 1, 1], params)
+    launch_cluster_cmd(f, dims, [1, 1, 1], false, params)
 }
 
-/// A LAUNCH command of a function handle in clusters of `cluster` blocks.
+/// A LAUNCH command of a function handle in clusters of `cluster` blocks,
+/// cooperative (every block resident at once) if `cooperative`.
 pub(crate) fn launch_cluster_cmd(
     f: &Function,
     dims: Dims,
     cluster: [u32; 3],
+    cooperative: bool,
     params: &[u8],
 ) -> Result<VgpuCmd> {
     let entry = abi::entry_function(f.handle, cluster);
     let mut cmd = launch_entry_cmd(f.module, entry, dims, params)?;
     cmd.flags = sys::CMD_LAUNCH_FUNCTION;
+    if cooperative {
+        cmd.flags |= sys::CMD_LAUNCH_COOPERATIVE;
+    }
     Ok(cmd)
 }
 
@@ -191,6 +196,27 @@ mod tests {
         ));
         let most = vec![0; sys::MAX_PARAMS_BYTES as usize];
         assert!(launch_cmd(0, "x", Dims::default(), &most).is_ok());
+    }
+
+    #[test]
+    fn test_cooperative_launches_carry_the_flag() {
+        let f = Function {
+            module: 3,
+            handle: 9,
+            info: abi::FuncInfo::default(),
+            params: Vec::new(),
+        };
+        let plain = launch_cluster_cmd(&f, Dims::default(), [1, 1, 1], false, &[]).unwrap();
+        assert_eq!(plain.flags, sys::CMD_LAUNCH_FUNCTION);
+        let coop = launch_cluster_cmd(&f, Dims::default(), [2, 1, 1], true, &[]).unwrap();
+        assert_eq!(
+            coop.flags,
+            sys::CMD_LAUNCH_FUNCTION | sys::CMD_LAUNCH_COOPERATIVE
+        );
+        // SAFETY: built as a launch.
+        let l = unsafe { coop.args.launch };
+        assert_eq!(l.module, 3);
+        assert_eq!(abi::parse_entry_function(&l.entry), Some((9, [2, 1, 1])));
     }
 
     #[test]

@@ -50,10 +50,13 @@ pub const INFO_CONTEXTS: u32 = 1 << 6;
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
 // passes them through (it asserts each equality), so they are vgpu-abi's.
+/// Device FEATURES bit: cooperative launches.
+pub use vgpu_abi::FEATURE_COOPERATIVE;
 /// Device FEATURES bit: WRITE_VALUE and WAIT_VALUE.
 pub use vgpu_abi::FEATURE_VALUES;
 pub use vgpu_abi::{
-    FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
+    FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL,
+    LAUNCH_FLAG_COOPERATIVE as CMD_LAUNCH_COOPERATIVE, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
     MODULE_BUILTIN as MODULE_BUILTIN_ID, MODULE_FORMAT_CUBIN as MODULE_CUBIN,
     MODULE_FORMAT_FATBIN as MODULE_FATBIN, MODULE_FORMAT_PTX as MODULE_PTX,
     OP_CONSOLE as CMD_CONSOLE, OP_COPY as CMD_COPY, OP_FENCE as CMD_FENCE, OP_FILL as CMD_FILL,
@@ -687,6 +690,7 @@ mod tests {
             CMD_OCCUPANCY,
             CMD_CONSOLE,
             CMD_LAUNCH_FUNCTION,
+            CMD_LAUNCH_COOPERATIVE,
             CMD_FUNC_INFO_GLOBAL,
             CMD_TIMESTAMP,
             CMD_FENCE_IRQ,

@@ -516,7 +516,7 @@ impl Host<'_> {
             c.compute_units,
             self.backend.name()
         );
-        let units = p.kernel_compute_units();
+        let (units, cooperative) = (p.kernel_compute_units(), p.cooperative());
         let p: Shared = Arc::new(Mutex::new(p));
         self.runner = Some(
             Runner::new(Arc::clone(&p), Arc::clone(&self.guest), self.spin)
@@ -524,7 +524,7 @@ impl Host<'_> {
         );
         self.partition = Some(p);
         self.staging = Some(staging);
-        Ok(Value::U64(u64::from(units)))
+        Ok(Value::Created { units, cooperative })
     }
 
     /// The partition, once created.

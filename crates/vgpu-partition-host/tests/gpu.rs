@@ -171,6 +171,7 @@ impl Sgemm {
             .map_err(|e| e.to_string())?;
         p.launch(&Launch {
             cluster: [1, 1, 1],
+            cooperative: false,
             module: abi::MODULE_BUILTIN,
             entry: "sgemm_f32",
             grid: [1, 1, 1],
@@ -200,6 +201,7 @@ fn poke(p: &mut dyn Partition, module: u64, addr: u64, v: u32) -> Result<(), OpE
     params.extend_from_slice(&v.to_le_bytes());
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry: "poke",
         grid: [1, 1, 1],

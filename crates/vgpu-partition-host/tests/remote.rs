@@ -124,6 +124,7 @@ impl HostSink for Sink {
 fn launch(p: &mut dyn Partition, entry: &str, params: &[u8]) -> Result<(), OpError> {
     p.launch(&Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module: abi::MODULE_BUILTIN,
         entry,
         grid: [1, 1, 1],
@@ -297,6 +298,9 @@ fn every_call_matches(remote: RemoteBackend) {
         .create_remote_partition(&spec("p", MEMORY, 2))
         .unwrap();
     assert!(rp.host_pid().is_some());
+    // What the host's partition offers comes over with it.
+    assert_eq!(rp.kernel_compute_units(), lp.kernel_compute_units());
+    assert!(rp.cooperative() && lp.cooperative());
     let want = script(&mut *lp);
     let got = script(&mut rp);
     assert_eq!(got, want);
@@ -653,7 +657,11 @@ impl Launcher for FakeLauncher {
             if h.kind != Kind::Create as u16 {
                 return;
             }
-            reply(s, h, Kind::Create, ok(0, Value::U64(2)));
+            let created = Value::Created {
+                units: 2,
+                cooperative: false,
+            };
+            reply(s, h, Kind::Create, ok(0, created));
             let Some((h, _)) = read_frame(s) else { return };
             script(s, h);
             // Stay until the parent hangs up.

@@ -144,6 +144,7 @@ struct vgpu_free {
 /* vgpu_cmd.flags of FENCE, LAUNCH and FUNC_INFO; others take 0. */
 #define VGPU_CMD_FENCE_IRQ	(1U << 0)
 #define VGPU_CMD_LAUNCH_FUNCTION	(1U << 0)	/* launch by function handle */
+#define VGPU_CMD_LAUNCH_COOPERATIVE	(1U << 1)	/* every block resident */
 #define VGPU_CMD_FUNC_INFO_GLOBAL	(1U << 0)	/* FUNC_INFO of a global */
 #define VGPU_CMD_VALUE_32	(1U << 0)	/* WRITE/WAIT_VALUE: a 32-bit word */
 #define VGPU_CMD_WAIT_GEQ	(0U << 1)	/* (s64)(word - value) >= 0 */

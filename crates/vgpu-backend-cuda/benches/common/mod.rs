@@ -97,6 +97,7 @@ pub fn cuda_backend() -> Option<CudaBackend> {
 pub fn nop(module: u64) -> Launch<'static> {
     Launch {
         cluster: [1, 1, 1],
+        cooperative: false,
         module,
         entry: "nop",
         grid: [1, 1, 1],

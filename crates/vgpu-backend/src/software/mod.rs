@@ -455,10 +455,18 @@ impl SoftwarePartition {
                     launch.entry, launch.cluster
                 )));
             }
-            let module = self
-                .modules
-                .get(&launch.module)
-                .ok_or_else(|| OpError::NotFound(format!("module {:#x}", launch.module)))?;
+            if !self.modules.contains_key(&launch.module) {
+                return Err(OpError::NotFound(format!("module {:#x}", launch.module)));
+            }
+            // A cooperative grid's blocks wait for each other: the
+            // executor gives each a worker (a grid larger than the
+            // partition's threads is refused), and grid.sync() counts
+            // arrivals in a zeroed workspace of device memory.
+            let grid_sync = match launch.cooperative {
+                true => Some(self.alloc(8, 8)?),
+                false => None,
+            };
+            let module = &self.modules[&launch.module];
             let printed = ptx::Printed::default();
             let run = ptx::Run {
                 module,
@@ -469,10 +477,15 @@ impl SoftwarePartition {
                 shared_mem: launch.shared_mem,
                 params: launch.params,
                 workers: self.threads(),
+                grid_sync,
                 timeout: self.kernel_timeout,
                 print: &printed,
             };
             let result = ptx::launch(&run, &self.allocs);
+            if let Some(ws) = grid_sync {
+                // Its own allocation, just made: freeing it cannot fail.
+                let _ = self.free(ws);
+            }
             // What a kernel printed before it failed is kept, as on a GPU.
             self.consoles.push(launch.module, &printed.into_inner());
             return result;
@@ -491,6 +504,12 @@ impl Partition for SoftwarePartition {
 
     fn kernel_compute_units(&self) -> u32 {
         self.spec.compute_units
+    }
+
+    /// A cooperative grid of at most [`Partition::max_active_clusters`]
+    /// blocks, one partition thread each, runs with grid-wide sync.
+    fn cooperative(&self) -> bool {
+        true
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

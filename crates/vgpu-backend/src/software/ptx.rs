@@ -161,6 +161,8 @@ pub(super) struct Run<'a> {
     pub shared_mem: u32,
     pub params: &'a [u8],
     pub workers: usize,
+    /// A cooperative launch's grid workspace (8 zeroed bytes).
+    pub grid_sync: Option<u64>,
     pub timeout: Duration,
     /// Where the kernel's `printf` output goes.
     pub print: &'a dyn vgpu_ptx::PrintSink,
@@ -250,8 +252,7 @@ pub(super) fn launch(
         cancel: None,
         print: Some(run.print),
         statics: run.statics,
-        // Cooperative launches come with ABI 1.5's launch flag.
-        grid_sync: None,
+        grid_sync: run.grid_sync,
     };
     vgpu_ptx::launch(run.module, entry, &cfg, run.params, &mem, &limits)
         .map(|_| ())

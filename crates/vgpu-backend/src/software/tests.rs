@@ -68,6 +68,7 @@ conformance!(
     module_assert,
     module_global,
     module_illegal_address,
+    module_cooperative_grid_sync,
 );
 
 fn load_fatbin(p: &mut SoftwarePartition, image: &[u8]) -> Result<u64, OpError> {
@@ -359,6 +360,7 @@ fn test_cluster_occupancy_is_one_block_per_thread_and_no_clusters() {
         block: [128, 1, 1],
         shared_mem: 0,
         cluster,
+        cooperative: false,
         params: &[],
     };
     assert_eq!(p.max_active_clusters(&shape([1, 1, 1])).unwrap(), 3);
@@ -614,4 +616,50 @@ fn test_register_counts_let_every_block_size_be_resident() {
     assert_eq!(regs(""), (64, 1024));
     assert_eq!(regs(".maxntid 256, 1, 1"), (255, 256));
     assert_eq!(regs(".maxntid 512, 1, 1"), (128, 512));
+}
+
+#[test]
+fn test_a_cooperative_grid_larger_than_the_threads_is_refused() {
+    let (blocks, threads) = (3u32, 64u32);
+    let n = (blocks * threads) as usize;
+    let mut p = partition(MIB, blocks);
+    assert!(p.cooperative());
+    let m = p
+        .module_load(
+            abi::MODULE_FORMAT_PTX,
+            conformance::GRID_SYNC_PTX.as_bytes(),
+        )
+        .unwrap();
+    let [a, b, c] = [(); 3].map(|_| p.alloc(n as u64 * 4 * 2, 0).unwrap());
+    let params = conformance::Params::default().u64(a).u64(b).u64(c);
+    let used = p.memory_used();
+    let launch = |grid: u32, cooperative: bool| Launch {
+        module: m,
+        entry: "grid_rotate",
+        grid: [grid, 1, 1],
+        block: [threads, 1, 1],
+        shared_mem: 0,
+        cluster: [1, 1, 1],
+        cooperative,
+        params: &params.0,
+    };
+    assert_eq!(p.max_active_clusters(&launch(1, true)).unwrap(), blocks);
+    p.launch(&launch(blocks, true)).unwrap();
+    // One block more than can be resident: refused, not a deadlock, and
+    // the grid's workspace is freed.
+    let r = p.launch(&launch(blocks + 1, true));
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
+    assert_eq!(p.memory_used(), used);
+    // Without the flag the grid has no workspace: grid.sync() traps, as
+    // cooperative groups do outside a cooperative launch.
+    let r = p.launch(&launch(blocks, false));
+    assert!(r.is_err(), "{r:?}");
+    assert!(!p.is_lost());
+    // The built-in kernels are not launched cooperatively.
+    let builtin = Launch {
+        cooperative: true,
+        ..conformance::builtin_launch("fill_u32", &[0; 16])
+    };
+    let r = p.launch(&builtin);
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
 }

@@ -440,14 +440,15 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
 }
 
 /// Queues a launch of `f` in clusters of `cluster` blocks ([1, 1, 1]:
-/// none) on `stream`.
+/// none) on `stream`, cooperative (every block resident at once) if
+/// `cooperative`.
 ///
 /// # Safety
 /// `params` and `extra` as `cuLaunchKernel` takes them.
 unsafe fn launch(
     f: Handle,
     dims: Dims,
-    cluster: [u32; 3],
+    (cluster, cooperative): ([u32; 3], bool),
     stream: Handle,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
@@ -456,11 +457,14 @@ unsafe fn launch(
     // The stream must be valid; its work runs in order anyway (or is
     // recorded, if it is being captured).
     let (f, target) = d.launch_target(f as usize, stream as usize, dims.shared_mem)?;
+    if cooperative {
+        check_cooperative(d, f, &dims, cluster)?;
+    }
     let Some((function, device)) = target else {
         // SAFETY: the caller's parameter pointers.
         let block = unsafe { param_block(d, f, params, extra) }?;
         check_shape(&dims, block.len())?;
-        return d.launch(f, dims, cluster, &block, stream as usize);
+        return d.launch(f, dims, (cluster, cooperative), &block, stream as usize);
     };
     // The common case, a launch loop's: the parameters packed on the
     // stack (most blocks are small) and straight into the device's open
@@ -478,8 +482,69 @@ unsafe fn launch(
     check_shape(&dims, size)?;
     let lane = d.stream_lane(stream as usize)?;
     d.gpu(device)?.lanes.queue(lane, |inflight, dev| {
-        inflight.enqueue_launch(dev, &function, dims, cluster, block)
+        inflight.enqueue_launch(dev, &function, dims, (cluster, cooperative), block)
     })
+}
+
+/// Whether a cooperative launch of `f` on `dims` in clusters of
+/// `cluster` can go: the device offers cooperative launches (else
+/// NOT_SUPPORTED, as a GPU without them answers), and every cluster of
+/// the grid is resident at once as the device counts them (else
+/// COOPERATIVE_LAUNCH_TOO_LARGE).
+fn check_cooperative(d: &Driver, f: usize, dims: &Dims, cluster: [u32; 3]) -> CuResult {
+    let device = d.objects().modules().funcs.get(f)?.device;
+    let g = d.gpu(device)?;
+    if g.info.features & vgpu_guest::sys::FEATURE_COOPERATIVE == 0 {
+        log("cooperative launches: the device does not offer them");
+        return Err(cu::ERROR_NOT_SUPPORTED);
+    }
+    let blocks = |d: [u32; 3]| d.iter().map(|&x| u64::from(x)).product::<u64>();
+    let clusters = blocks(dims.grid) / blocks(cluster).max(1);
+    match resident(d, f, dims.block, dims.shared_mem, cluster)? {
+        Some(n) if clusters <= u64::from(n) => Ok(()),
+        Some(_) => Err(cu::ERROR_COOPERATIVE_LAUNCH_TOO_LARGE),
+        // A device with cooperative launches answers OCCUPANCY.
+        None => Err(cu::ERROR_NOT_SUPPORTED),
+    }
+}
+
+/// Clusters of `cluster` blocks of `block` threads of `f` with
+/// `shared_mem` bytes of dynamic shared memory each that are resident on
+/// the device at once, as the device counts them (remembered per shape);
+/// `None` where the device does not count them (no OCCUPANCY).
+fn resident(
+    d: &Driver,
+    f: usize,
+    block: [u32; 3],
+    shared_mem: u32,
+    cluster: [u32; 3],
+) -> CuResult<Option<u32>> {
+    let shape = (block, shared_mem, cluster);
+    let (function, device, known) = {
+        let o = d.objects();
+        let func = o.modules().funcs.get(f)?;
+        let known = func.clusters.get(&shape).copied();
+        (Arc::clone(&func.function), func.device, known)
+    };
+    if let Some(v) = known {
+        return Ok(Some(v));
+    }
+    let g = d.gpu(device)?;
+    match g
+        .dev
+        .max_active_clusters(&function, block, shared_mem, cluster)
+    {
+        Err(vgpu_guest::Error::Unsupported) => Ok(None),
+        r => {
+            let v = check(r)?;
+            if let Ok(func) = d.objects().modules_mut().funcs.get_mut(f) {
+                if func.clusters.len() < crate::module_table::MAX_CLUSTER_ANSWERS {
+                    func.clusters.insert(shape, v);
+                }
+            }
+            Ok(Some(v))
+        }
+    }
 }
 
 /// Parameter blocks up to this size are packed on the stack.
@@ -505,7 +570,40 @@ pub unsafe extern "C" fn cuLaunchKernel(
         shared_mem: shared,
     };
     // SAFETY: the caller's parameter pointers.
-    entry(|| unsafe { launch(f, dims, [1, 1, 1], stream, params, extra) })
+    entry(|| unsafe { launch(f, dims, ([1, 1, 1], false), stream, params, extra) })
+}
+
+/// `cuLaunchCooperativeKernel`: every block of the grid resident at
+/// once, so that it can synchronise (cooperative groups' `grid.sync()`).
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: Handle,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: Handle,
+    params: *mut *mut c_void,
+) -> CUresult {
+    let dims = Dims {
+        grid: [gx, gy, gz],
+        block: [bx, by, bz],
+        shared_mem: shared,
+    };
+    // SAFETY: the caller's parameter pointers.
+    entry(|| unsafe {
+        launch(
+            f,
+            dims,
+            ([1, 1, 1], true),
+            stream,
+            params,
+            std::ptr::null_mut(),
+        )
+    })
 }
 
 /// `cuLaunchKernelEx`: thread block clusters, and attributes the device
@@ -519,45 +617,47 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's launch configuration.
-        let (c, cluster) = unsafe { config_of(config) }?;
+        let (c, cluster, cooperative) = unsafe { config_of(config) }?;
         let dims = Dims {
             grid: [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
             block: [c.block_dim_x, c.block_dim_y, c.block_dim_z],
             shared_mem: c.shared_mem_bytes,
         };
         // SAFETY: forwarded arguments.
-        unsafe { launch(f, dims, cluster, c.h_stream, params, extra) }
+        unsafe { launch(f, dims, (cluster, cooperative), c.h_stream, params, extra) }
     })
 }
 
-/// The launch configuration at `config` and the cluster shape it asks
-/// for (see [`cluster_of`]).
+/// The launch configuration at `config`, the cluster shape it asks for
+/// and whether it is cooperative (see [`cluster_of`]).
 ///
 /// # Safety
 /// `config` is null or a valid configuration that outlives `'a`.
 unsafe fn config_of<'a>(
     config: *const cu::CUlaunchConfig,
-) -> CuResult<(&'a cu::CUlaunchConfig, [u32; 3])> {
+) -> CuResult<(&'a cu::CUlaunchConfig, [u32; 3], bool)> {
     if config.is_null() {
         return Err(cu::ERROR_INVALID_VALUE);
     }
     // SAFETY: non-null, and valid by the caller's contract.
     let c = unsafe { &*config };
     // SAFETY: as above: its attribute array.
-    let cluster = unsafe { cluster_of(c) }?;
-    Ok((c, cluster))
+    let (cluster, cooperative) = unsafe { cluster_of(c) }?;
+    Ok((c, cluster, cooperative))
 }
 
-/// The cluster shape a launch configuration asks for ([1, 1, 1]: none),
-/// after checking that every other attribute is one the device may
-/// honour by ignoring it (stricter ordering, a priority hint).
+/// The cluster shape a launch configuration asks for ([1, 1, 1]: none)
+/// and whether it is cooperative, after checking that every other
+/// attribute is one the device may honour by ignoring it (stricter
+/// ordering, a priority hint).
 ///
 /// # Safety
 /// `c.attrs` holds `c.num_attrs` attributes (or is null with none).
-unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
+unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<([u32; 3], bool)> {
     let mut cluster = [1, 1, 1];
+    let mut cooperative = false;
     if c.num_attrs == 0 {
-        return Ok(cluster);
+        return Ok((cluster, cooperative));
     }
     if c.attrs.is_null() || c.num_attrs > 64 {
         return Err(cu::ERROR_INVALID_VALUE);
@@ -576,7 +676,7 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
             | cu::LAUNCH_ATTRIBUTE_PRIORITY
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
             | cu::LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {}
-            cu::LAUNCH_ATTRIBUTE_COOPERATIVE if a.value[0] == 0 => {}
+            cu::LAUNCH_ATTRIBUTE_COOPERATIVE => cooperative = a.value[0] != 0,
             cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW => {
                 crate::devices::check_access_policy_window(&a.value)?
             }
@@ -586,7 +686,7 @@ unsafe fn cluster_of(c: &cu::CUlaunchConfig) -> CuResult<[u32; 3]> {
             }
         }
     }
-    Ok(cluster)
+    Ok((cluster, cooperative))
 }
 
 /// Clusters of `f` that can be resident at once for a launch of
@@ -602,7 +702,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's launch configuration.
-        let (c, cluster) = unsafe { config_of(config) }?;
+        let (c, cluster, _) = unsafe { config_of(config) }?;
         let d = driver()?;
         let size = cluster.iter().map(|&d| u64::from(d)).product::<u64>();
         let launchable = max_cluster_blocks(d, f as usize)?;
@@ -619,34 +719,12 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
             return unsafe { ffi::put(n, 0) };
         }
         let dims = [c.block_dim_x, c.block_dim_y, c.block_dim_z];
-        let shape = (dims, c.shared_mem_bytes, cluster);
-        let (function, device, known) = {
-            let o = d.objects();
-            let func = o.modules().funcs.get(f as usize)?;
-            let known = func.clusters.get(&shape).copied();
-            (Arc::clone(&func.function), func.device, known)
-        };
-        if let Some(v) = known {
+        if let Some(v) = resident(d, f as usize, dims, c.shared_mem_bytes, cluster)? {
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, i32::try_from(v).unwrap_or(i32::MAX)) };
         }
+        let device = d.objects().modules().funcs.get(f as usize)?.device;
         let g = d.gpu(device)?;
-        match g
-            .dev
-            .max_active_clusters(&function, dims, c.shared_mem_bytes, cluster)
-        {
-            Err(vgpu_guest::Error::Unsupported) => {}
-            r => {
-                let v = check(r)?;
-                if let Ok(func) = d.objects().modules_mut().funcs.get_mut(f as usize) {
-                    if func.clusters.len() < crate::module_table::MAX_CLUSTER_ANSWERS {
-                        func.clusters.insert(shape, v);
-                    }
-                }
-                // SAFETY: the caller's out-parameter.
-                return unsafe { ffi::put(n, i32::try_from(v).unwrap_or(i32::MAX)) };
-            }
-        }
         if size > u64::from(launchable) {
             // SAFETY: the caller's out-parameter.
             return unsafe { ffi::put(n, 0) };
@@ -685,6 +763,17 @@ const BLOCK_RESERVED_SHARED: usize = 1 << 10;
 fn occupancy(d: &Driver, f: usize, block: i32, dyn_shared: usize) -> CuResult<i32> {
     if block <= 0 || block > abi::MAX_BLOCK_THREADS as i32 {
         return Err(cu::ERROR_INVALID_VALUE);
+    }
+    // The device's own count where it gives one, so that a cooperative
+    // grid sized by this answer times the SMs is one the device runs.
+    // A shape it refuses (too much shared memory) is left to the model.
+    if let Ok(shared) = u32::try_from(dyn_shared) {
+        if let Ok(Some(n)) = resident(d, f, [block as u32, 1, 1], shared, [1, 1, 1]) {
+            let device = d.objects().modules().funcs.get(f)?.device;
+            let sms = crate::devices::attribute(d.gpu(device)?, cu::ATTR_MULTIPROCESSOR_COUNT)?;
+            let per_sm = i32::try_from(n).unwrap_or(i32::MAX) / sms.max(1);
+            return Ok(if n > 0 { per_sm.max(1) } else { 0 });
+        }
     }
     let (shared, regs) = {
         let o = d.objects();
@@ -912,7 +1001,7 @@ mod tests {
     fn cluster(attrs: &mut [cu::CUlaunchAttribute]) -> CuResult<[u32; 3]> {
         let c = config(attrs);
         // SAFETY: `c.attrs` holds `c.num_attrs` attributes.
-        unsafe { config_of(&c) }.map(|(_, cluster)| cluster)
+        unsafe { config_of(&c) }.map(|(_, cluster, _)| cluster)
     }
 
     #[test]
@@ -928,11 +1017,18 @@ mod tests {
         );
         let prio = attr(cu::LAUNCH_ATTRIBUTE_PRIORITY, [3, 0, 0]);
         assert_eq!(cluster(&mut [pdl, dims, prio]), Ok([4, 2, 1]));
-        // A cooperative launch needs grid-wide synchronisation.
+        // Cooperative or not, with clusters or without.
         let coop = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [1, 0, 0]);
-        assert_eq!(cluster(&mut [coop]), Err(cu::ERROR_NOT_SUPPORTED));
         let off = attr(cu::LAUNCH_ATTRIBUTE_COOPERATIVE, [0, 0, 0]);
-        assert_eq!(cluster(&mut [off]), Ok([1, 1, 1]));
+        let cooperative = |attrs: &mut [cu::CUlaunchAttribute]| {
+            let c = config(attrs);
+            // SAFETY: `c.attrs` holds `c.num_attrs` attributes.
+            unsafe { config_of(&c) }.map(|(_, cluster, coop)| (cluster, coop))
+        };
+        assert_eq!(cooperative(&mut [coop]), Ok(([1, 1, 1], true)));
+        assert_eq!(cooperative(&mut [dims, coop]), Ok(([4, 2, 1], true)));
+        assert_eq!(cooperative(&mut [off]), Ok(([1, 1, 1], false)));
+        assert_eq!(cooperative(&mut [pdl]), Ok(([1, 1, 1], false)));
         // An L2 access policy window is a hint, within the device's bound.
         let mut window = attr(cu::LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, [0, 0, 1 << 20]);
         window.value[4] = 0.5f32.to_bits();
@@ -949,7 +1045,7 @@ mod tests {
         c.num_attrs = 2;
         // SAFETY: the array is null; the count is what is refused.
         let r = unsafe { config_of(&c) };
-        assert_eq!(r.map(|(_, k)| k), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(r.map(|(_, k, _)| k), Err(cu::ERROR_INVALID_VALUE));
         // SAFETY: a null configuration is refused before any read.
         assert!(unsafe { config_of(std::ptr::null()) }.is_err());
     }

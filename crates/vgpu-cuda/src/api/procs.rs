@@ -277,6 +277,7 @@ implemented {
     cuKernelGetAttribute 12000 => cuKernelGetAttribute,
     cuKernelGetFunction 12000 => cuKernelGetFunction,
     cuKernelSetAttribute 12000 => cuKernelSetAttribute,
+    cuLaunchCooperativeKernel 9000 => cuLaunchCooperativeKernel,
     cuLaunchKernel 4000 => cuLaunchKernel,
     cuLaunchKernelEx 11060 => cuLaunchKernelEx,
     cuLibraryGetKernel 12000 => cuLibraryGetKernel,
@@ -524,7 +525,6 @@ unsupported {
     cuIpcGetMemHandle 4010,
     cuIpcOpenEventHandle 4010,
     cuIpcOpenMemHandle 4010,
-    cuLaunchCooperativeKernel 9000,
     // Asked for by the CUDA 12 runtime only (gone from CUDA 13).
     cuLaunchCooperativeKernelMultiDevice 9000,
     cuLibraryGetManaged 12000,
