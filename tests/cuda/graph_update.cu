@@ -36,7 +36,10 @@ int main() {
   cudaGraph_t g = capture(s, p, first, 3);
   cudaGraphExec_t e;
   CHECK(cudaGraphInstantiate(&e, g, 0));
-  EXPECT(run(e, s, p) == 6, "first launch");
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 6, "first launch: %d, want 6", got);
+  }
 
   // Read a node's parameters back: the kernel, its shape, its argument.
   size_t n = 0;
@@ -56,15 +59,24 @@ int main() {
   void *args[2] = {&p, &hundred};
   kp.kernelParams = args;
   CHECK(cudaGraphExecKernelNodeSetParams(e, nodes[1], &kp));
-  EXPECT(run(e, s, p) == 104, "after the executable's node changed");
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 104, "after the executable's node changed: %d, want 104", got);
+  }
   // Set in the graph: a new instantiation sees it, the old one does not.
   int ten = 10;
   args[1] = &ten;
   CHECK(cudaGraphKernelNodeSetParams(nodes[2], &kp));
   cudaGraphExec_t e2;
   CHECK(cudaGraphInstantiate(&e2, g, 0));
-  EXPECT(run(e2, s, p) == 13, "a graph node set to add 10");
-  EXPECT(run(e, s, p) == 104, "the executable made before that");
+  {
+    int got = run(e2, s, p);
+    EXPECT(got == 13, "a graph node set to add 10: %d, want 13", got);
+  }
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 104, "the executable made before that: %d, want 104", got);
+  }
   printf("PASS %s set-params\n", TEST_NAME);
 
   // Update the first executable from a new capture of the same shape.
@@ -73,7 +85,10 @@ int main() {
   cudaGraphExecUpdateResultInfo info = {};
   CHECK(cudaGraphExecUpdate(e, g2, &info));
   EXPECT(info.result == cudaGraphExecUpdateSuccess, "result %d", (int)info.result);
-  EXPECT(run(e, s, p) == 6000, "after the update");
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 6000, "after the update: %d, want 6000", got);
+  }
   printf("PASS %s exec-update\n", TEST_NAME);
 
   // Another topology is refused, and the executable keeps its work.
@@ -82,11 +97,17 @@ int main() {
   EXPECT(r == cudaErrorGraphExecUpdateFailure, "update to 2 nodes: %s", cudaGetErrorString(r));
   EXPECT(info.result == cudaGraphExecUpdateErrorTopologyChanged, "result %d", (int)info.result);
   cudaGetLastError();
-  EXPECT(run(e, s, p) == 6000, "after a refused update");
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 6000, "after a refused update: %d, want 6000", got);
+  }
   // What engines do then: instantiate again.
   CHECK(cudaGraphExecDestroy(e));
   CHECK(cudaGraphInstantiate(&e, g3, 0));
-  EXPECT(run(e, s, p) == 3, "the new instantiation");
+  {
+    int got = run(e, s, p);
+    EXPECT(got == 3, "the new instantiation: %d, want 3", got);
+  }
   printf("PASS %s topology-changed\n", TEST_NAME);
 
   // Memset and memcpy nodes: a memset of `rows` rows of `a`, then a copy

@@ -348,7 +348,8 @@ fn user_copies(
     if pinned {
         Ok(())
     } else {
-        g.sync_legacy()
+        // The copies went to the stream's lane: done once it is.
+        g.sync_lane(lane)
     }
 }
 

@@ -246,6 +246,23 @@ fn capture_host_copy(
     d.queue(stream as usize, device, &[work]).map(|()| true)
 }
 
+/// Waits for what a copy between device memory and pageable host memory
+/// comes after, before it is made on the spot: a synchronous copy after
+/// the legacy stream's work (and what that follows), an asynchronous one
+/// after its stream's work, as the stream order wants it, whatever lane
+/// that stream is on.
+fn wait_before_host_copy(
+    d: &Driver,
+    g: &crate::state::Gpu,
+    stream: Handle,
+    call: Call,
+) -> CuResult {
+    match call {
+        Call::Async => g.sync_lane(d.stream_lane(stream as usize)?),
+        _ => g.sync_legacy(),
+    }
+}
+
 fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Call) -> CuResult {
     let d = driver()?;
     let device = range_device(d, dst, n)?;
@@ -271,7 +288,7 @@ fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle, call: Ca
     }
     // SAFETY: the caller's source buffer of `n` bytes.
     let data = unsafe { ffi::bytes(src.cast(), n) }?;
-    g.sync_legacy()?;
+    wait_before_host_copy(d, g, stream, call)?;
     if g.inflight().managed.holding(dst, n as u64).is_some() {
         // Idle device: managed memory is the host's; written in place.
         // SAFETY: `dst .. dst + n` lies in a managed allocation, host
@@ -304,7 +321,7 @@ fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle, call: Call
     }
     // SAFETY: the caller's destination buffer of `n` bytes.
     let out = unsafe { ffi::bytes_mut(dst.cast(), n) }?;
-    g.sync_legacy()?;
+    wait_before_host_copy(d, g, stream, call)?;
     if g.inflight().managed.holding(src, n as u64).is_some() {
         // SAFETY: as in `htod`, the other way.
         unsafe { std::ptr::copy(src as *const u8, out.as_mut_ptr(), n) };
