@@ -23,8 +23,8 @@ use std::time::Duration;
 use vgpu_abi as abi;
 
 use crate::{
-    console, BackendError, Finished, Finishing, FunctionInfo, HostMapping, HostMemory, Launch,
-    OpError, Partition, PartitionSpec, Queued, QueuedDone, Started,
+    console, BackendError, ContextCounts, Finished, Finishing, FunctionInfo, HostMapping,
+    HostMemory, Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, Started,
 };
 
 /// Makes the partition of a new context.
@@ -36,22 +36,6 @@ pub const MODULE_TAG: u64 = 1 << 63;
 /// The key of the spare partition's registry of guest memory: no
 /// context has it.
 const SPARE: u32 = u32::MAX;
-
-/// What [`Partition::contexts`] says of a partition's contexts besides
-/// context 0.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ContextCounts {
-    /// Contexts now (lost ones until they are ended).
-    pub now: u32,
-    /// Most at once.
-    pub max: u32,
-    /// Contexts made with a new partition from the backend.
-    pub started: u64,
-    /// Time those took, in all, ns.
-    pub start_ns: u64,
-    /// Contexts made with the partition of one that had ended.
-    pub reused: u64,
-}
 
 /// A context other than 0.
 enum Slot {

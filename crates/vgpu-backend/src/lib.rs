@@ -63,7 +63,7 @@ pub enum OpError {
     /// A kernel's memory access faulted on the device (an illegal
     /// address). On a GPU, as with [`OpError::Lost`], the partition's
     /// device state is gone (which [`Partition::is_lost`] says); a context
-    /// of [`contexts::Contexts`] ends with it on every backend.
+    /// of `contexts::Contexts` ends with it on every backend.
     #[error("kernel memory fault: {0}")]
     KernelFault(String),
     /// A kernel's `assert()` failed. On a GPU the partition's device state
@@ -668,6 +668,22 @@ impl Capacity {
     }
 }
 
+/// What [`Partition::contexts`] says of a partition's contexts besides
+/// context 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ContextCounts {
+    /// Contexts now (lost ones until they are ended).
+    pub now: u32,
+    /// Most at once.
+    pub max: u32,
+    /// Contexts made with a new partition from the backend.
+    pub started: u64,
+    /// Time those took, in all, ns.
+    pub start_ns: u64,
+    /// Contexts made with the partition of one that had ended.
+    pub reused: u64,
+}
+
 /// A physical GPU.
 pub trait Backend: Send + Sync {
     /// Short name ("software", "cuda").
@@ -684,7 +700,7 @@ pub trait Backend: Send + Sync {
     /// Another context of a partition made with `spec`: a partition of
     /// its own (its own memory, modules and faults; on a GPU a context of
     /// its own) that takes nothing more from the backend's capacity,
-    /// since [`contexts::Contexts`] holds the contexts of one partition
+    /// since `contexts::Contexts` holds the contexts of one partition
     /// to its quota together.
     fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
         let _ = spec;
@@ -882,7 +898,7 @@ pub trait Partition: Send {
     }
     /// Makes `ctx` the context the following calls are for (ABI 1.5:
     /// context 0 is the partition's own, the others are made on first
-    /// use, see [`contexts::Contexts`]). Called only while no run is in
+    /// use, see `contexts::Contexts`). Called only while no run is in
     /// flight, unless `ctx` is already the current one. A partition
     /// without contexts has context 0 alone.
     fn set_context(&mut self, ctx: u32) -> Result<(), OpError> {
@@ -900,7 +916,7 @@ pub trait Partition: Send {
         Err(OpError::Unsupported("contexts".into()))
     }
     /// Its contexts besides context 0; `None` without contexts.
-    fn contexts(&self) -> Option<contexts::ContextCounts> {
+    fn contexts(&self) -> Option<ContextCounts> {
         None
     }
 }

@@ -485,6 +485,12 @@ pub struct MemLocation {
     pub id: i32,
 }
 
+/// The compute capability a vGPU reports: the PTX the device runs is
+/// compiled for it, and programs pick kernels by it.
+pub const CC_MAJOR: i32 = 9;
+/// The minor half of [`CC_MAJOR`]'s compute capability.
+pub const CC_MINOR: i32 = 0;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,11 +6,7 @@ use vgpu_guest::vgpu_abi as abi;
 use crate::cu::{self, CuResult};
 use crate::state::Gpu;
 
-/// The compute capability reported: the PTX the device runs is compiled
-/// for it, and programs pick kernels by it.
-pub const CC_MAJOR: i32 = 9;
-/// The minor half of [`CC_MAJOR`]'s compute capability.
-pub const CC_MINOR: i32 = 0;
+pub use crate::cu::{CC_MAJOR, CC_MINOR};
 
 /// L2 cache, as a Hopper-class GPU has.
 pub const L2_BYTES: usize = 50 << 20;

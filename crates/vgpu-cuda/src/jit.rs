@@ -10,7 +10,9 @@ use std::ffi::c_void;
 use std::time::Duration;
 
 use crate::cu::{self, CuResult};
-use crate::ffi;
+
+/// What about JIT options is not supported, for the entry point to say.
+pub const UNSUPPORTED: &str = "JIT options for host symbol addresses or link-time optimisation";
 
 /// `CU_JIT_WALL_TIME` and the log options.
 const WALL_TIME: u32 = 2;
@@ -53,17 +55,13 @@ pub struct JitOutputs {
 /// unknown options and a count without arrays are
 /// `CUDA_ERROR_INVALID_VALUE`; options asking what the device cannot do
 /// (host addresses for external symbols, link-time optimisation) are
-/// `CUDA_ERROR_NOT_SUPPORTED`, said once by `entry`'s name.
+/// `CUDA_ERROR_NOT_SUPPORTED` (which the entry point says once, see
+/// [`UNSUPPORTED`]).
 ///
 /// # Safety
 /// `options` and `values` are null or hold `n` entries each, valid (with
 /// what the log options point at) as long as the outputs are written.
-pub unsafe fn read(
-    entry: &'static str,
-    n: u32,
-    options: *const u32,
-    values: *mut *mut c_void,
-) -> CuResult<JitOutputs> {
+pub unsafe fn read(n: u32, options: *const u32, values: *mut *mut c_void) -> CuResult<JitOutputs> {
     let mut out = JitOutputs::default();
     if n == 0 {
         return Ok(out);
@@ -73,7 +71,12 @@ pub unsafe fn read(
     }
     for i in 0..n as usize {
         // SAFETY: within the caller's arrays of `n`.
-        let (option, value) = unsafe { (ffi::get(options.add(i))?, ffi::get(values.add(i))?) };
+        let (option, value) = unsafe {
+            (
+                options.add(i).read_unaligned(),
+                values.add(i).read_unaligned(),
+            )
+        };
         // SAFETY: as above.
         let slot = unsafe { values.add(i) } as usize;
         match option {
@@ -89,10 +92,8 @@ pub unsafe fn read(
                 out.error.slot = slot;
             }
             GLOBAL_SYMBOL_COUNT | LTO if !value.is_null() => {
-                return Err(crate::state::unsupported_with(
-                    entry,
-                    "JIT options for host symbol addresses or link-time optimisation",
-                ));
+                // The entry point says it once.
+                return Err(cu::ERROR_NOT_SUPPORTED);
             }
             o if o < NUM_OPTIONS => {}
             _ => return Err(cu::ERROR_INVALID_VALUE),
@@ -159,7 +160,7 @@ mod tests {
             (7, 4 as *mut c_void),
         ]);
         // SAFETY: six options and values; the buffers outlive the write.
-        let out = unsafe { read("test", 6, o.as_ptr(), v.as_mut_ptr()) }.unwrap();
+        let out = unsafe { read(6, o.as_ptr(), v.as_mut_ptr()) }.unwrap();
         // SAFETY: as above.
         unsafe { out.write("", "bad instruction", Duration::from_millis(3)) };
         assert_eq!((info[0], v[1] as usize), (0, 0));
@@ -170,7 +171,7 @@ mod tests {
         let mut v2 = v.clone();
         v2[3] = 8 as *mut c_void;
         // SAFETY: as above.
-        let out = unsafe { read("test", 6, o.as_ptr(), v2.as_mut_ptr()) }.unwrap();
+        let out = unsafe { read(6, o.as_ptr(), v2.as_mut_ptr()) }.unwrap();
         // SAFETY: as above.
         unsafe { out.write("", "short", Duration::ZERO) };
         assert_eq!((&err[..6], v2[3] as usize), (&b"short\0"[..], 5));
@@ -181,17 +182,17 @@ mod tests {
     fn options_are_checked() {
         let (o, mut v) = opts(&mut [(NUM_OPTIONS, std::ptr::null_mut())]);
         // SAFETY: one option and value.
-        let r = unsafe { read("test", 1, o.as_ptr(), v.as_mut_ptr()) };
+        let r = unsafe { read(1, o.as_ptr(), v.as_mut_ptr()) };
         assert_eq!(r, Err(cu::ERROR_INVALID_VALUE));
         // SAFETY: null arrays are refused before any read.
-        let r = unsafe { read("test", 1, std::ptr::null(), std::ptr::null_mut()) };
+        let r = unsafe { read(1, std::ptr::null(), std::ptr::null_mut()) };
         assert_eq!(r, Err(cu::ERROR_INVALID_VALUE));
         // SAFETY: no options, nothing read.
-        let r = unsafe { read("test", 0, std::ptr::null(), std::ptr::null_mut()) };
+        let r = unsafe { read(0, std::ptr::null(), std::ptr::null_mut()) };
         assert_eq!(r, Ok(JitOutputs::default()));
         let (o, mut v) = opts(&mut [(GLOBAL_SYMBOL_COUNT, 2 as *mut c_void)]);
         // SAFETY: one option and value.
-        let r = unsafe { read("test", 1, o.as_ptr(), v.as_mut_ptr()) };
+        let r = unsafe { read(1, o.as_ptr(), v.as_mut_ptr()) };
         assert_eq!(r, Err(cu::ERROR_NOT_SUPPORTED));
     }
 }

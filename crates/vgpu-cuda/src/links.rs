@@ -70,8 +70,8 @@ impl Link {
                 // NVIDIA's driver links one.
                 0 => format!(
                     ".version 8.0\n.target sm_{}{}\n.address_size 64\n",
-                    crate::devices::CC_MAJOR,
-                    crate::devices::CC_MINOR
+                    cu::CC_MAJOR,
+                    cu::CC_MINOR
                 )
                 .into_bytes(),
                 1 => self.inputs[0].1.clone(),
@@ -110,12 +110,10 @@ impl Link {
 /// PTX a fatbinary carries for the highest architecture this device
 /// runs.
 fn input_ptx(n: usize, kind: u32, image: &[u8]) -> Result<String, LinkFailure> {
+    // NOT_SUPPORTED, which the entry point says once.
     let machine_code = || {
         (
-            crate::state::unsupported_with(
-                "cuLinkComplete",
-                "linking machine code (cubins) with other inputs",
-            ),
+            cu::ERROR_NOT_SUPPORTED,
             format!("input {n}: machine code cannot be linked with other inputs here"),
         )
     };
@@ -131,7 +129,7 @@ fn input_ptx(n: usize, kind: u32, image: &[u8]) -> Result<String, LinkFailure> {
         }
         INPUT_FATBINARY => {
             let texts = vgpu_ptx::extract_ptx(image).map_err(|_| machine_code())?;
-            let cc = (crate::devices::CC_MAJOR * 10 + crate::devices::CC_MINOR) as u32;
+            let cc = (cu::CC_MAJOR * 10 + cu::CC_MINOR) as u32;
             texts
                 .into_iter()
                 .filter(|t| ptx_arch(t) <= cc)

@@ -205,6 +205,28 @@ pub(crate) fn unsupported(name: &'static str) -> CUresult {
     unsupported_with(name, "")
 }
 
+/// JIT options read for entry point `name` (see [`crate::jit::read`]):
+/// its refusal of an option the device cannot honour said once, as
+/// [`unsupported_with`] says it.
+///
+/// # Safety
+/// As [`crate::jit::read`] requires.
+pub(crate) unsafe fn jit_options(
+    name: &'static str,
+    n: u32,
+    options: *const u32,
+    values: *mut *mut std::ffi::c_void,
+) -> CuResult<crate::jit::JitOutputs> {
+    // SAFETY: forwarded to the caller.
+    unsafe { crate::jit::read(n, options, values) }.map_err(|e| {
+        if e == cu::ERROR_NOT_SUPPORTED {
+            unsupported_with(name, crate::jit::UNSUPPORTED)
+        } else {
+            e
+        }
+    })
+}
+
 /// [`unsupported`], with what about the call is not supported.
 pub(crate) fn unsupported_with(name: &'static str, detail: &str) -> CUresult {
     match driver() {

@@ -2651,11 +2651,16 @@ fn half_rows(
     [a, b, c]: [&[u64; 32]; 3],
     out: &mut [u64; 32],
 ) {
+    let half = if ty == Ty::Bf16 {
+        half::Half::Bf16
+    } else {
+        half::Half::F16
+    };
     for l in 0..32 {
         let mut r = 0u64;
         for k in 0..lanes as u32 {
             let part = |x: u64| (x >> (16 * k)) as u16;
-            let h = half::half_arith(op, ty, ftz, sat, relu, part(a[l]), part(b[l]), part(c[l]));
+            let h = half::half_arith(op, half, ftz, sat, relu, part(a[l]), part(b[l]), part(c[l]));
             r |= (h as u64) << (16 * k);
         }
         out[l] = r;

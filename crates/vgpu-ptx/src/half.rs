@@ -4,7 +4,29 @@
 
 use std::cmp::Ordering;
 
-use crate::ir::{HalfOp, Ty};
+/// Half-precision arithmetic (`.f16`, `.bf16` and their packed `x2`
+/// forms).
+#[allow(missing_docs)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HalfOp {
+    Add,
+    Sub,
+    Mul,
+    Fma,
+    Min,
+    Max,
+    Neg,
+    Abs,
+}
+
+/// The two half-precision formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// IEEE binary16 (`.f16`).
+    F16,
+    /// bfloat16 (`.bf16`).
+    Bf16,
+}
 
 /// f32 to IEEE half, round to nearest even.
 pub fn f32_to_f16(x: f32) -> u16 {
@@ -123,8 +145,8 @@ fn round_to_odd_f32(s: f64, e: f64) -> f32 {
 }
 
 /// `h` as an f64 (exact).
-fn value(ty: Ty, h: u16) -> f64 {
-    if ty == Ty::Bf16 {
+fn value(ty: Half, h: u16) -> f64 {
+    if ty == Half::Bf16 {
         bf16_to_f32(h) as f64
     } else {
         f16_to_f32(h) as f64
@@ -132,19 +154,19 @@ fn value(ty: Ty, h: u16) -> f64 {
 }
 
 /// Whether `h` is a NaN of `ty`.
-fn is_nan(ty: Ty, h: u16) -> bool {
-    let exp = if ty == Ty::Bf16 { 0x7f80 } else { 0x7c00 };
+fn is_nan(ty: Half, h: u16) -> bool {
+    let exp = if ty == Half::Bf16 { 0x7f80 } else { 0x7c00 };
     h & exp == exp && h & !(exp | 0x8000) != 0
 }
 
 /// Whether `h` is a subnormal of `ty`.
-fn is_subnormal(ty: Ty, h: u16) -> bool {
-    let exp = if ty == Ty::Bf16 { 0x7f80 } else { 0x7c00 };
+fn is_subnormal(ty: Half, h: u16) -> bool {
+    let exp = if ty == Half::Bf16 { 0x7f80 } else { 0x7c00 };
     h & exp == 0 && h & 0x7fff != 0
 }
 
 /// Whether `h` is below zero (not -0).
-fn is_negative(ty: Ty, h: u16) -> bool {
+fn is_negative(ty: Half, h: u16) -> bool {
     h & 0x8000 != 0 && h & 0x7fff != 0 && !is_nan(ty, h)
 }
 
@@ -157,7 +179,7 @@ fn is_negative(ty: Ty, h: u16) -> bool {
 #[allow(clippy::too_many_arguments)]
 pub fn half_arith(
     op: HalfOp,
-    ty: Ty,
+    ty: Half,
     ftz: bool,
     sat: bool,
     relu: bool,
@@ -165,7 +187,7 @@ pub fn half_arith(
     b: u16,
     c: u16,
 ) -> u16 {
-    let one = if ty == Ty::Bf16 { 0x3f80 } else { 0x3c00 };
+    let one = if ty == Half::Bf16 { 0x3f80 } else { 0x3c00 };
     let flush = |h: u16| {
         if ftz && is_subnormal(ty, h) {
             h & 0x8000
@@ -209,7 +231,7 @@ pub fn half_arith(
                 CANONICAL_NAN
             } else {
                 let t = round_to_odd_f32(s, e);
-                let h = if ty == Ty::Bf16 {
+                let h = if ty == Half::Bf16 {
                     f32_to_bf16(t)
                 } else {
                     f32_to_f16(t)
@@ -257,16 +279,16 @@ mod tests {
     }
 
     /// `h` times `2^shift`, an integer for the operands the tests use.
-    fn scaled(ty: Ty, h: u16, shift: i32) -> i128 {
+    fn scaled(ty: Half, h: u16, shift: i32) -> i128 {
         (value(ty, h) * 2f64.powi(shift)) as i128
     }
 
     /// The nearest `ty` to `n / 2^48` (exact integers throughout) among
     /// the neighbours of a naive rounding, ties to the even pattern: the
     /// reference for the arithmetic.
-    fn nearest(ty: Ty, n: i128) -> u16 {
+    fn nearest(ty: Half, n: i128) -> u16 {
         let v = n as f64 / 2f64.powi(48);
-        let naive = if ty == Ty::Bf16 {
+        let naive = if ty == Half::Bf16 {
             f32_to_bf16(v as f32)
         } else {
             f32_to_f16(v as f32)
@@ -291,7 +313,7 @@ mod tests {
     fn half_arithmetic_rounds_once() {
         use HalfOp::*;
         let f = |v: f32| f32_to_f16(v);
-        let h = |op, a, b, c| half_arith(op, Ty::F16, false, false, false, a, b, c);
+        let h = |op, a, b, c| half_arith(op, Half::F16, false, false, false, a, b, c);
         assert_eq!(h(Add, f(1.0), f(2.0), 0), f(3.0));
         assert_eq!(h(Mul, f(1.5), f(-2.0), 0), f(-3.0));
         // 2049 is halfway between 2048 and 2050: ties to even, 2048.
@@ -315,7 +337,7 @@ mod tests {
         assert_eq!(h(Mul, f(65504.0), f(2.0), 0), 0x7c00);
         assert_eq!(h(Add, 0x7c00, 0xfc00, 0), CANONICAL_NAN);
         // Modifiers.
-        let m = |op, ftz, sat, relu, a, b, c| half_arith(op, Ty::F16, ftz, sat, relu, a, b, c);
+        let m = |op, ftz, sat, relu, a, b, c| half_arith(op, Half::F16, ftz, sat, relu, a, b, c);
         assert_eq!(m(Add, false, true, false, f(0.75), f(0.5), 0), f(1.0));
         assert_eq!(m(Sub, false, true, false, f(0.25), f(0.5), 0), 0);
         assert_eq!(m(Add, false, true, false, CANONICAL_NAN, f(1.0), 0), 0);
@@ -344,10 +366,10 @@ mod tests {
             s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (s >> 16) as u16
         };
-        for ty in [Ty::F16, Ty::Bf16] {
+        for ty in [Half::F16, Half::Bf16] {
             for i in 0..3000 {
                 let (mut a, mut b, mut c) = (next(), next(), next());
-                if ty == Ty::Bf16 {
+                if ty == Half::Bf16 {
                     // bfloat16 near 1, where the exact values below are
                     // integers.
                     a = (a & 0x807f) | 0x3f00;
@@ -369,7 +391,7 @@ mod tests {
                     (HalfOp::Fma, fma),
                 ] {
                     let v = exact as f64 / 2f64.powi(48);
-                    let lim = if ty == Ty::F16 { 65504.0 } else { 1e30 };
+                    let lim = if ty == Half::F16 { 65504.0 } else { 1e30 };
                     if v.abs() > lim || exact == 0 {
                         continue;
                     }

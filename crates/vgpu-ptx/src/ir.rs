@@ -334,20 +334,7 @@ pub enum BarRedOp {
     Or,
 }
 
-/// Half-precision arithmetic (`.f16`, `.bf16` and their packed `x2`
-/// forms).
-#[allow(missing_docs)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HalfOp {
-    Add,
-    Sub,
-    Mul,
-    Fma,
-    Min,
-    Max,
-    Neg,
-    Abs,
-}
+pub use crate::half::HalfOp;
 
 /// One decoded instruction.
 #[allow(missing_docs)]

@@ -163,6 +163,6 @@ pub use fatbin::{
     cubin_function_names, cubin_len, extract_ptx, fatbin_len, function_names, is_cubin, FatbinError,
 };
 pub use mem::{AtomKind, AtomTy, AtomicOp, Fault, GlobalMemory, VecMemory, WordMemory};
+pub use module::ParseError;
 pub use module::{KernelInfo, Module, ParamInfo};
-pub use parse::ParseError;
 pub use printf::PrintSink;

@@ -82,14 +82,14 @@ impl AtomicOp {
             (K::Add, AtomTy::F64) => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
             (K::Add, AtomTy::F16x2 | AtomTy::Bf16x2) => {
                 let ty = if self.ty == AtomTy::F16x2 {
-                    crate::ir::Ty::F16
+                    crate::half::Half::F16
                 } else {
-                    crate::ir::Ty::Bf16
+                    crate::half::Half::Bf16
                 };
                 let add = |k: u32| {
                     let h = |x: u64| (x >> (16 * k)) as u16;
                     let r = crate::half::half_arith(
-                        crate::ir::HalfOp::Add,
+                        crate::half::HalfOp::Add,
                         ty,
                         false,
                         false,

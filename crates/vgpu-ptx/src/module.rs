@@ -2,7 +2,6 @@
 //! each kernel (parameters, shared and local memory, registers).
 
 use crate::ir::Inst;
-use crate::parse::ParseError;
 
 /// One kernel parameter as `cuFuncGetParamInfo` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +163,29 @@ impl Module {
             // Callees' registers count too: .func registers are not shared.
             registers: f.regs32_total,
             max_threads: f.max_threads,
+        }
+    }
+}
+
+/// What is wrong with a PTX text, and on which line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {msg}")]
+pub struct ParseError {
+    /// 1-based source line.
+    pub line: u32,
+    /// What is wrong.
+    pub msg: String,
+    /// Valid PTX that this executor does not run (an instruction or a
+    /// form of one), rather than malformed text.
+    pub unsupported: bool,
+}
+
+impl ParseError {
+    pub(crate) fn new(line: u32, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            msg: msg.into(),
+            unsupported: false,
         }
     }
 }

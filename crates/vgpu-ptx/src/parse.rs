@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use crate::half::{f32_to_bf16, f32_to_f16};
 use crate::ir::*;
 use crate::mem::{AtomKind, AtomTy, AtomicOp};
-use crate::module::{Func, Module, ParamInfo};
+use crate::module::{Func, Module, ParamInfo, ParseError};
 
 /// The names of the PTX ISA's instructions (the part before the first
 /// dot, PTX ISA 9.0): valid PTX, whether or not this executor runs it.
@@ -147,29 +147,6 @@ const PTX_INSTRUCTIONS: &[&str] = &[
     "wmma",
     "xor",
 ];
-
-/// What is wrong with a PTX text, and on which line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("line {line}: {msg}")]
-pub struct ParseError {
-    /// 1-based source line.
-    pub line: u32,
-    /// What is wrong.
-    pub msg: String,
-    /// Valid PTX that this executor does not run (an instruction or a
-    /// form of one), rather than malformed text.
-    pub unsupported: bool,
-}
-
-impl ParseError {
-    fn new(line: u32, msg: impl Into<String>) -> ParseError {
-        ParseError {
-            line,
-            msg: msg.into(),
-            unsupported: false,
-        }
-    }
-}
 
 impl Module {
     /// Parses and decodes a PTX module.

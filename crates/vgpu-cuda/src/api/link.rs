@@ -131,7 +131,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
         // SAFETY: the caller's option arrays of the counts given.
         let jit = unsafe {
             check_library_options(n_lib, lib_options, lib_values)?;
-            crate::jit::read("cuLibraryLoadFromFile", n_jit, jit_options, jit_values)?
+            crate::state::jit_options("cuLibraryLoadFromFile", n_jit, jit_options, jit_values)?
         };
         let d = driver()?;
         // SAFETY: the caller's arguments.
@@ -151,7 +151,7 @@ pub unsafe extern "C" fn cuLinkCreate_v2(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's `n` options and values.
-        let jit = unsafe { crate::jit::read("cuLinkCreate", n, options, values) }?;
+        let jit = unsafe { crate::state::jit_options("cuLinkCreate", n, options, values) }?;
         let d = driver()?;
         // SAFETY: the caller's out-parameter, checked before the link is made.
         unsafe { ffi::put(state, std::ptr::null_mut()) }?;
@@ -208,7 +208,7 @@ pub unsafe extern "C" fn cuLinkAddData_v2(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's `n` options and values.
-        unsafe { crate::jit::read("cuLinkAddData", n, options, values) }?;
+        unsafe { crate::state::jit_options("cuLinkAddData", n, options, values) }?;
         if size as u64 > sys::MAX_IMAGE_BYTES {
             return Err(cu::ERROR_INVALID_IMAGE);
         }
@@ -229,7 +229,7 @@ pub unsafe extern "C" fn cuLinkAddFile_v2(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's `n` options and values.
-        unsafe { crate::jit::read("cuLinkAddFile", n, options, values) }?;
+        unsafe { crate::state::jit_options("cuLinkAddFile", n, options, values) }?;
         // SAFETY: the caller's path.
         let buf = unsafe { read_image_file(path) }?;
         add_input(state, kind, &buf)
@@ -262,6 +262,9 @@ pub unsafe extern "C" fn cuLinkComplete(
             )
         };
         let (p, n) = r.map_err(|(e, why)| {
+            if e == cu::ERROR_NOT_SUPPORTED {
+                return crate::state::unsupported_with("cuLinkComplete", &why);
+            }
             crate::diag::log(&format!("cuLinkComplete: {why}"));
             e
         })?;

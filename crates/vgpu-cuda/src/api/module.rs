@@ -35,7 +35,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 ) -> CUresult {
     entry(|| {
         // SAFETY: the caller's `n` options and values.
-        let jit = unsafe { crate::jit::read("cuModuleLoadDataEx", n, options, values) }?;
+        let jit = unsafe { crate::state::jit_options("cuModuleLoadDataEx", n, options, values) }?;
         let d = driver()?;
         let (_, dev) = d.current_ctx()?;
         load_jit(d, module, image, LoadAs::Module(dev), &jit)
@@ -189,7 +189,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
         // SAFETY: the caller's option arrays of the counts given.
         let jit = unsafe {
             check_library_options(n_lib, lib_options, lib_values)?;
-            crate::jit::read("cuLibraryLoadData", n_jit, jit_options, jit_values)?
+            crate::state::jit_options("cuLibraryLoadData", n_jit, jit_options, jit_values)?
         };
         let d = driver()?;
         load_jit(d, library, code, LoadAs::Library, &jit)
