@@ -36,6 +36,8 @@ fuzz_target!(|text: &str| {
         deadline: None,
         cancel: None,
         print: Some(&Bounded),
+        statics: None,
+        grid_sync: None,
     };
     let cfg = LaunchConfig { grid: [2, 1, 1], block: [32, 1, 1], shared_dyn: 256, workers: 1 };
     for k in module.kernels() {
