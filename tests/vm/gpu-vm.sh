@@ -161,7 +161,7 @@ sample_gpu_apps() {
 report_contexts() {
     local hosts
     hosts=$(pgrep -d'|' -f vgpu-partition-host || true)
-    awk -F', *' '{ if (!($1 in least) || $2 + 0 < least[$1]) least[$1] = $2 + 0 }
+    [[ -s $1 ]] && awk -F', *' '{ if (!($1 in least) || $2 + 0 < least[$1]) least[$1] = $2 + 0 }
         END { for (p in least) print least[p] }' "$1" | sort -n |
         awk '{ v[NR] = $1 }
             END { if (NR == 0) { print "no CUDA processes sampled"; exit }
@@ -174,7 +174,8 @@ d = json.load(sys.stdin)
 for v in d.get("vgpus", []):
     n = v.get("context_starts", 0)
     mean = v.get("context_start_seconds", 0) / n * 1000 if n else 0
-    print(f"vGPU {v.get(\"name\")}: {n} context starts, mean {mean:.0f} ms, {v.get(\"context_reuses\", 0)} reused, {v.get(\"kernel_faults\", 0)} kernel faults")' |
+    name, reused, faults = v.get("name"), v.get("context_reuses", 0), v.get("kernel_faults", 0)
+    print(f"vGPU {name}: {n} context starts, mean {mean:.0f} ms, {reused} reused, {faults} kernel faults")' |
         sed 's/^/  [contexts] /' >&2 || true
 }
 
@@ -231,6 +232,7 @@ if [[ ${ONLY_LIBS:-0} != 1 ]]; then
     qemu_pids=()
     grep -E 'BENCH' "$TMP/guest-bench.log" | tr -d '\r' | sed 's/^ */  [guest] /' >&2 || true
     verdict guest-bench || ok=0
+    report_contexts /dev/null
 fi
 
 # --- CUDA libraries of the machine's userland: natively, then in both guests -------
