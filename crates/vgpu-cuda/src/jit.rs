@@ -140,6 +140,36 @@ impl JitOutputs {
     }
 }
 
+/// `CU_LIBRARY_NUM_OPTIONS`: a library's options (the runtime's table
+/// of host functions, whether the image stays the caller's) are below
+/// it. Both are hints here (a library keeps a copy of its image where it
+/// needs one).
+const LIBRARY_NUM_OPTIONS: u32 = 2;
+
+/// Checks `n` library options at `options`, with values at `values`.
+///
+/// # Safety
+/// Each array is null or holds `n` entries.
+pub unsafe fn check_library_options(
+    n: u32,
+    options: *const u32,
+    values: *const *mut c_void,
+) -> CuResult {
+    if n == 0 {
+        return Ok(());
+    }
+    if options.is_null() || values.is_null() || n > 64 {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    for i in 0..n as usize {
+        // SAFETY: within the caller's array of `n`.
+        if unsafe { options.add(i).read_unaligned() } >= LIBRARY_NUM_OPTIONS {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use vgpu_guest::sys;
 
-use crate::api::module::check_library_options;
 use crate::cu::{self, CUresult, Handle};
 use crate::ffi::{self, entry, CuResult};
 use crate::jit::JitOutputs;
@@ -130,7 +129,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     entry(|| {
         // SAFETY: the caller's option arrays of the counts given.
         let jit = unsafe {
-            check_library_options(n_lib, lib_options, lib_values)?;
+            crate::jit::check_library_options(n_lib, lib_options, lib_values)?;
             crate::state::jit_options("cuLibraryLoadFromFile", n_jit, jit_options, jit_values)?
         };
         let d = driver()?;

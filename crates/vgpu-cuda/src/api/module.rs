@@ -42,36 +42,6 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     })
 }
 
-/// `CU_LIBRARY_NUM_OPTIONS`: a library's options (the runtime's table
-/// of host functions, whether the image stays the caller's) are below
-/// it. Both are hints here (a library keeps a copy of its image where it
-/// needs one).
-const LIBRARY_NUM_OPTIONS: u32 = 2;
-
-/// Checks `n` library options at `options`, with values at `values`.
-///
-/// # Safety
-/// Each array is null or holds `n` entries.
-pub(crate) unsafe fn check_library_options(
-    n: u32,
-    options: *const u32,
-    values: *const *mut c_void,
-) -> CuResult {
-    if n == 0 {
-        return Ok(());
-    }
-    if options.is_null() || values.is_null() || n > 64 {
-        return Err(cu::ERROR_INVALID_VALUE);
-    }
-    for i in 0..n as usize {
-        // SAFETY: within the caller's array of `n`.
-        if unsafe { ffi::get(options.add(i)) }? >= LIBRARY_NUM_OPTIONS {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-    }
-    Ok(())
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadFatBinary(
     module: *mut Handle,
@@ -188,7 +158,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     entry(|| {
         // SAFETY: the caller's option arrays of the counts given.
         let jit = unsafe {
-            check_library_options(n_lib, lib_options, lib_values)?;
+            crate::jit::check_library_options(n_lib, lib_options, lib_values)?;
             crate::state::jit_options("cuLibraryLoadData", n_jit, jit_options, jit_values)?
         };
         let d = driver()?;
