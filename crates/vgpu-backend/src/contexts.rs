@@ -531,6 +531,10 @@ impl Partition for Contexts {
         self.base.is_lost()
     }
 
+    fn watch_interval(&self) -> Option<std::time::Duration> {
+        self.base.watch_interval()
+    }
+
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
         let host = self.host.as_ref()?;
         Some(Arc::clone(host) as Arc<dyn HostMemory>)

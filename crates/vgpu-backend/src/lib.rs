@@ -729,6 +729,15 @@ impl SharedPartition {
     pub fn lock(&self) -> MutexGuard<'_, Box<dyn Partition>> {
         vgpu_sys::lock(&self.0)
     }
+
+    /// The partition, if no one holds it now.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, Box<dyn Partition>>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 impl From<Box<dyn Partition>> for SharedPartition {
@@ -889,6 +898,13 @@ pub trait Partition: Send {
     /// and fails everything until [`Partition::reset`]. No default: a
     /// wrapper that forgot to forward it would hide the loss.
     fn is_lost(&self) -> bool;
+    /// How often an idle function asks [`Partition::is_lost`], for a
+    /// partition that can lose its state without a call (one of a shared
+    /// host, which another partition's fault ends), so that its guest
+    /// hears of it before its next command; `None`: never.
+    fn watch_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// The registry to which guest memory mapped into this process is
     /// announced, if the partition can use such memory directly. Asked
     /// once, when the partition is put to use; the handle is used without

@@ -24,6 +24,7 @@
 
 use std::cell::{Ref, RefCell};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,6 +67,9 @@ pub struct SoftwareBackend {
     capacity: Capacity,
     pool: Arc<Mutex<Pool>>,
     kernel_timeout: Duration,
+    /// Set by any partition's kernel fault when the partitions share one
+    /// fate (see [`SoftwareBackend::with_shared_fate`]).
+    fate: Option<Arc<AtomicBool>>,
 }
 
 impl SoftwareBackend {
@@ -83,7 +87,25 @@ impl SoftwareBackend {
                 compute_units,
             })),
             kernel_timeout: DEFAULT_KERNEL_TIMEOUT,
+            fate: None,
         }
+    }
+
+    /// Makes the partitions share one fate, as the partitions of one
+    /// process on a GPU do (green contexts of one primary context): a
+    /// kernel fault or failed assertion in any of them loses every one
+    /// ([`Partition::is_lost`]). What tests of a spatial GPU's recovery
+    /// run without a GPU.
+    pub fn with_shared_fate(mut self) -> SoftwareBackend {
+        self.fate = Some(Arc::default());
+        self
+    }
+
+    /// Whether a kernel fault lost the partitions' shared fate.
+    pub fn lost(&self) -> bool {
+        self.fate
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Acquire))
     }
 
     /// Stops a loaded kernel that runs longer than `timeout` (a device
@@ -133,6 +155,7 @@ impl SoftwareBackend {
             next_module: FIRST_MODULE,
             kernel_timeout: self.kernel_timeout,
             consoles: Consoles::default(),
+            fate: self.fate.clone(),
         }
     }
 }
@@ -188,6 +211,8 @@ pub struct SoftwarePartition {
     kernel_timeout: Duration,
     /// What loaded kernels printed.
     consoles: Consoles,
+    /// The backend's shared fate, when its partitions share one.
+    fate: Option<Arc<AtomicBool>>,
 }
 
 /// Handles of loaded modules start here (0 is the built-in module).
@@ -482,6 +507,11 @@ impl SoftwarePartition {
                 print: &printed,
             };
             let result = ptx::launch(&run, &self.allocs);
+            if let (Err(e), Some(fate)) = (&result, &self.fate) {
+                if e.is_lost() {
+                    fate.store(true, Ordering::Release);
+                }
+            }
             if let Some(ws) = grid_sync {
                 // Its own allocation, just made: freeing it cannot fail.
                 let _ = self.free(ws);
@@ -687,9 +717,11 @@ impl Partition for SoftwarePartition {
     }
 
     /// A faulting kernel fails alone here: its accesses are checked, and
-    /// nothing else is lost.
+    /// nothing else is lost, unless the partitions share one fate.
     fn is_lost(&self) -> bool {
-        false
+        self.fate
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Acquire))
     }
 
     fn reset(&mut self) {

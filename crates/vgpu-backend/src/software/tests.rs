@@ -474,6 +474,50 @@ fn p_load(text: &str) -> Result<u64, OpError> {
     partition(MIB, 1).module_load(abi::MODULE_FORMAT_PTX, text.as_bytes())
 }
 
+/// A kernel that stores 7 at its one parameter.
+const POKE_PTX: &str = "
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry poke(.param .u64 p)
+{
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 7;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
+/// With a shared fate (a spatial GPU's partitions, one process), one
+/// partition's kernel fault loses every partition; without it, none
+/// but the launch.
+#[test]
+fn test_a_shared_fate_loses_every_partition_to_one_fault() {
+    for shared in [false, true] {
+        let mut backend = SoftwareBackend::new(4 * MIB, 2);
+        if shared {
+            backend = backend.with_shared_fate();
+        }
+        let mut a = backend.create(&spec("a", MIB, 1)).unwrap();
+        let b = backend.create(&spec("b", MIB, 1)).unwrap();
+        let m = a
+            .module_load(abi::MODULE_FORMAT_PTX, POKE_PTX.as_bytes())
+            .unwrap();
+        let d = a.alloc(4096, 0).unwrap();
+        let params = conformance::Params::default().u64(d);
+        conformance::launch_loaded(&mut a, m, "poke", [1, 1, 1], [1, 1, 1], &params).unwrap();
+        assert!(!backend.lost() && !b.is_lost());
+        let params = conformance::Params::default().u64(d + 4096);
+        let r = conformance::launch_loaded(&mut a, m, "poke", [1, 1, 1], [1, 1, 1], &params);
+        assert!(matches!(&r, Err(OpError::KernelFault(_))), "{r:?}");
+        assert_eq!(backend.lost(), shared);
+        assert_eq!(a.is_lost(), shared);
+        assert_eq!(b.is_lost(), shared, "the other partition");
+    }
+}
+
 #[test]
 fn test_a_kernel_fault_fails_its_launch_alone() {
     let mut p = partition(MIB, 2);
