@@ -262,6 +262,9 @@ pub(crate) struct Shared {
     pub(crate) ctx: DeviceContext,
     pub(crate) state: Mutex<State>,
     pub(crate) partition: SharedPartition,
+    /// How often the idle worker asks whether the partition was lost
+    /// (`Partition::watch_interval`).
+    pub(crate) watch: Option<Duration>,
     /// Locked after `partition`, only with it held.
     pub(crate) functions: Mutex<command::Functions>,
     pub(crate) doorbells: MmapRegion,
@@ -411,6 +414,8 @@ pub struct VgpuDevice {
     max_contexts: Option<u32>,
     /// Whether the partition runs cooperative launches (FEATURES bit 9).
     cooperative: bool,
+    /// How often an idle worker looks whether the partition was lost.
+    watch: Option<Duration>,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -487,7 +492,7 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts, cooperative) = {
+        let (spec, compute_units, host_memory, max_contexts, cooperative, watch) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
@@ -495,6 +500,7 @@ impl VgpuDevice {
                 p.host_memory(),
                 p.contexts().map(|n| n.max),
                 p.cooperative(),
+                p.watch_interval(),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
@@ -509,6 +515,7 @@ impl VgpuDevice {
             compute_units,
             max_contexts,
             cooperative,
+            watch,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -975,6 +982,7 @@ impl PciDevice for VgpuDevice {
             ctx,
             state: Mutex::new(State::new(self.config.queues)),
             partition,
+            watch: self.watch,
             functions: Mutex::new(command::Functions::default()),
             doorbells,
             window,

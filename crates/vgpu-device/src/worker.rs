@@ -121,8 +121,15 @@ pub(crate) fn run(sh: Arc<Shared>) {
             force_scan = true;
             continue;
         }
-        // Blocks until WAKE, a queue change, a reset or stop.
-        let _ = sh.wake.read();
+        // Blocks until WAKE, a queue change, a reset or stop; for a
+        // partition that can be lost without a call, wakes now and then
+        // to look.
+        match sh.watch {
+            None => {
+                let _ = sh.wake.read();
+            }
+            Some(every) => watch_while_idle(&sh, every),
+        }
         set_polling_all(&sh);
         force_scan = true;
         last_activity = Instant::now();
@@ -148,6 +155,36 @@ fn wait_wake(sh: &Shared, timeout: Duration) {
     let n = unsafe { libc::poll(&mut pfd, 1, ms) };
     if n > 0 {
         let _ = sh.wake.read();
+    }
+}
+
+/// Sleeps until the wake eventfd is signalled, looking every `every`
+/// whether the partition lost its state meanwhile (a shared host ended
+/// by another partition's fault): then STATUS.FATAL tells the guest now,
+/// not at its next command, so its next process starts on a fresh one.
+fn watch_while_idle(sh: &Shared, every: Duration) {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: sh.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = every.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd for the call's duration.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } != 0 {
+            let _ = sh.wake.read();
+            return;
+        }
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let enabled = lock(&sh.state).status & abi::STATUS_ENABLED != 0;
+        // A partition in use is not idle: whoever uses it learns.
+        let lost = enabled && sh.partition.try_lock().is_some_and(|p| p.is_lost());
+        if lost {
+            sh.function_lost(0);
+            return;
+        }
     }
 }
 
