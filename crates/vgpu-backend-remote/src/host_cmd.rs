@@ -16,15 +16,18 @@ pub enum InnerBackend {
         /// Worker threads.
         compute_units: u32,
     },
-    /// A CUDA GPU in isolated mode (a context per partition; each host
-    /// has its own GPU address space). Spatial mode needs the SM groups of
-    /// one process, so it has no process-per-partition form.
+    /// A CUDA GPU: in isolated mode a context per partition, each host
+    /// with its own GPU address space; in spatial mode green contexts of
+    /// one shared host (its SM groups are one process's).
     Cuda {
         /// CUDA device index.
         device: u32,
         /// Whether guests may load PTX: with one partition per process a
-        /// loaded kernel reaches only its own tenant's memory.
+        /// loaded kernel reaches only its own tenant's memory; in a shared
+        /// host, every partition's of the process.
         guest_ptx: bool,
+        /// Spatial mode (green contexts); its hosts are shared.
+        spatial: bool,
     },
 }
 
@@ -43,7 +46,11 @@ impl InnerBackend {
                 "--compute-units".into(),
                 compute_units.to_string(),
             ],
-            InnerBackend::Cuda { device, guest_ptx } => {
+            InnerBackend::Cuda {
+                device,
+                guest_ptx,
+                spatial,
+            } => {
                 let mut v = vec![
                     "--backend".into(),
                     "cuda".into(),
@@ -52,6 +59,9 @@ impl InnerBackend {
                 ];
                 if guest_ptx {
                     v.push("--guest-ptx".into());
+                }
+                if spatial {
+                    v.push("--spatial".into());
                 }
                 v
             }
@@ -86,23 +96,33 @@ pub struct HostArgs {
     pub backend: InnerBackend,
     /// How long to poll for the next message before sleeping.
     pub spin: Duration,
-    /// The inherited socket.
+    /// The inherited socket: to the daemon, or, for a shared host, to
+    /// the launcher, which sends it one socket per partition.
     pub fd: i32,
+    /// One host serves every partition of the backend (`--shared`, added
+    /// by a launcher of shared hosts): they share its fate.
+    pub shared: bool,
 }
 
 impl HostArgs {
     /// Parses `--backend software --memory N --compute-units N` or
-    /// `--backend cuda --device N [--guest-ptx]`, plus `--fd N` and
-    /// optionally `--spin-us N` (at most a second).
+    /// `--backend cuda --device N [--guest-ptx] [--spatial]`, plus `--fd
+    /// N`, optionally `--spin-us N` (at most a second) and `--shared`.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<HostArgs, String> {
         let mut backend = None;
         let (mut memory, mut units, mut device, mut fd) = (None, None, None, None);
         let mut spin = Duration::ZERO;
-        let mut guest_ptx = false;
+        let (mut guest_ptx, mut spatial, mut shared) = (false, false, false);
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
-            if a == "--guest-ptx" {
-                guest_ptx = true;
+            let flag = match a.as_str() {
+                "--guest-ptx" => Some(&mut guest_ptx),
+                "--spatial" => Some(&mut spatial),
+                "--shared" => Some(&mut shared),
+                _ => None,
+            };
+            if let Some(f) = flag {
+                *f = true;
                 continue;
             }
             let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -144,6 +164,7 @@ impl HostArgs {
             Some("cuda") => InnerBackend::Cuda {
                 device: device.unwrap_or(0),
                 guest_ptx,
+                spatial,
             },
             Some(other) => return Err(format!("unknown backend {other:?}")),
             None => return Err("--backend is required".into()),
@@ -152,6 +173,7 @@ impl HostArgs {
             backend,
             spin,
             fd: fd.ok_or("--fd is required")?,
+            shared,
         })
     }
 }
@@ -174,10 +196,12 @@ mod tests {
             InnerBackend::Cuda {
                 device: 1,
                 guest_ptx: true,
+                spatial: false,
             },
             InnerBackend::Cuda {
                 device: 0,
                 guest_ptx: false,
+                spatial: true,
             },
         ] {
             let spin = Duration::from_micros(20);
@@ -192,10 +216,16 @@ mod tests {
                 Ok(HostArgs {
                     backend: b,
                     spin,
-                    fd: 5
+                    fd: 5,
+                    shared: false,
                 })
             );
         }
+        assert!(
+            parse("--backend cuda --spatial --shared --fd 4")
+                .unwrap()
+                .shared
+        );
         for bad in [
             "--backend software --memory 1 --compute-units 1",
             "--backend software --memory 1 --fd 4",

@@ -142,6 +142,10 @@ pub struct RemoteConfig {
     /// partition has lanes of its own. At most as many as keep every lane
     /// `queue_depth` deep within [`proto::MAX_STARTED`] runs.
     pub lanes: usize,
+    /// The partitions share one host process (spatial mode): a fault
+    /// that loses it loses them all, so each vGPU has one context (a
+    /// context per guest process would not contain anything).
+    pub shared: bool,
 }
 
 impl Default for RemoteConfig {
@@ -154,6 +158,7 @@ impl Default for RemoteConfig {
             spin: Duration::ZERO,
             queue_depth: 2,
             lanes: 4,
+            shared: false,
         }
     }
 }
@@ -164,8 +169,11 @@ impl Default for RemoteConfig {
 pub struct HostLink {
     /// The daemon's end of the socket pair.
     pub stream: UnixStream,
-    /// The host process.
+    /// The host process, when it is this partition's own.
     pub process: Option<HostProcess>,
+    /// The process id of a shared host (spatial mode), which serves
+    /// other partitions too: the partition neither kills nor reaps it.
+    pub shared_pid: Option<u32>,
 }
 
 /// Starts partition hosts.
@@ -274,8 +282,9 @@ impl Backend for RemoteBackend {
     }
 
     fn has_contexts(&self) -> bool {
-        // A host process, with a GPU context of its own, per context.
-        true
+        // A host process, with a GPU context of its own, per context;
+        // a shared host (spatial mode) would contain no fault per context.
+        !self.config.shared
     }
 
     fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {

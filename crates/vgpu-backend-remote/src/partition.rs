@@ -22,6 +22,9 @@ use crate::shm::Staging;
 use crate::wire::{self, WireError};
 use crate::{lock, HostLink, HostProcess, Launcher, RemoteConfig};
 
+/// How often an idle function of a shared host looks whether it ended.
+const SHARED_WATCH: Duration = Duration::from_millis(200);
+
 /// How long a closed host gets to exit on its own before it is killed.
 const EXIT_GRACE: Duration = Duration::from_millis(crate::EXIT_GRACE_MS);
 
@@ -34,6 +37,8 @@ pub(crate) struct Link {
     /// The socket's current read and write timeout.
     timeout: Option<Duration>,
     process: Option<HostProcess>,
+    /// A shared host's process id (not ours to kill or reap).
+    shared_pid: Option<u32>,
     seq: u32,
     buf: Vec<u8>,
 }
@@ -61,7 +66,11 @@ impl Link {
         timeout: Duration,
         spin: Duration,
     ) -> Result<(Link, String, Capacity), String> {
-        let HostLink { stream, process } = launcher
+        let HostLink {
+            stream,
+            process,
+            shared_pid,
+        } = launcher
             .launch()
             .map_err(|e| format!("cannot start a partition host: {e}"))?;
         let mut link = Link {
@@ -70,6 +79,7 @@ impl Link {
             spin,
             timeout: None,
             process,
+            shared_pid,
             seq: 0,
             buf: Vec::with_capacity(MAX_REPLY as usize),
         };
@@ -95,7 +105,10 @@ impl Link {
 
     /// The host's process id, if it is a process.
     pub(crate) fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(HostProcess::id)
+        self.process
+            .as_ref()
+            .map(HostProcess::id)
+            .or(self.shared_pid)
     }
 
     /// Sends `req` and reads until its reply, serving the host's staging
@@ -266,6 +279,22 @@ impl Link {
                 wire::recv(&mut self.stream, MAX_REPLY, &mut self.buf, false).map(|(h, _)| h)
             }
         }
+    }
+
+    /// Whether the host closed its end (it ended), without reading.
+    fn closed(&self) -> bool {
+        let mut byte = 0u8;
+        // SAFETY: a one-byte peek into `byte`; MSG_DONTWAIT never blocks
+        // and MSG_PEEK leaves any data for the exchange that reads it.
+        let n = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n == 0
     }
 
     /// Kills the host at once and reaps it.
@@ -1117,7 +1146,15 @@ impl Partition for RemotePartition {
     /// its backend cannot recover in its process) replaces it with a fresh
     /// host.
     fn is_lost(&self) -> bool {
-        self.lost || self.failed.is_some()
+        self.lost
+            || self.failed.is_some()
+            || (self.config.shared && self.link.as_ref().is_some_and(Link::closed))
+    }
+
+    /// A shared host ends when any of its partitions loses the process's
+    /// device state: a function idle then hears of it within this long.
+    fn watch_interval(&self) -> Option<Duration> {
+        self.config.shared.then_some(SHARED_WATCH)
     }
 
     fn reset(&mut self) {

@@ -517,6 +517,7 @@ mod cuda {
         let inner = InnerBackend::Cuda {
             device: 0,
             guest_ptx: true,
+            spatial: false,
         };
         let remote = remote_backend(inner, Duration::ZERO);
         let polling = remote_backend(inner, SPIN);

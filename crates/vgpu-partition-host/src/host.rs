@@ -33,6 +33,10 @@ pub enum HostError {
     /// A frame that is valid but not allowed here.
     #[error("unexpected request: {0}")]
     Unexpected(&'static str),
+    /// The backend lost the device state of every partition of this
+    /// process (see [`serve_until_lost`]).
+    #[error("the device state of this process is lost")]
+    Lost,
 }
 
 /// The link back to the parent during a transfer's callbacks. At most
@@ -280,6 +284,29 @@ pub fn serve(
     healthy: &dyn Fn() -> bool,
     spin: Duration,
 ) -> Result<(), HostError> {
+    serve_inner(stream, backend, healthy, spin, false)
+}
+
+/// As [`serve`], for one of the partitions of a shared host: once
+/// `healthy` says the process's device state is lost (after the reply
+/// that tells it), returns [`HostError::Lost`], so that the host can end
+/// and every partition of it learns at once.
+pub fn serve_until_lost(
+    stream: UnixStream,
+    backend: &dyn Backend,
+    healthy: &dyn Fn() -> bool,
+    spin: Duration,
+) -> Result<(), HostError> {
+    serve_inner(stream, backend, healthy, spin, true)
+}
+
+fn serve_inner(
+    stream: UnixStream,
+    backend: &dyn Backend,
+    healthy: &dyn Fn() -> bool,
+    spin: Duration,
+    until_lost: bool,
+) -> Result<(), HostError> {
     let mut host = Host {
         backend,
         partition: None,
@@ -425,6 +452,9 @@ pub fn serve(
             result,
         };
         conn.send(REPLY | kind as u16, h.seq, &reply.encode(kind))?;
+        if until_lost && !healthy() {
+            return Err(HostError::Lost);
+        }
         if next_mailbox.is_some() {
             conn.mailbox = next_mailbox.take();
         }

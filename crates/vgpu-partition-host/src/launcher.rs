@@ -13,8 +13,8 @@ use vgpu_confine::{Account, SeccompMode};
 use vgpu_sys::{poll, warn_limited};
 
 use vgpu_backend_remote::launcher::{
-    mode_name, recv, send, Got, Msg, DONE, EXITED, FAILED, HELLO, KILL, MAX_HOSTS, READY, RELEASE,
-    RUNNING, SPAWN, SPAWNED, STATUS,
+    mode_name, recv, send, seqpacket_pair, set_timeouts, Got, Msg, DONE, EXITED, FAILED, HELLO,
+    KILL, MAX_HOSTS, READY, RELEASE, RUNNING, SHARED_HOST, SPAWN, SPAWNED, STATUS,
 };
 use vgpu_backend_remote::HOST_PROGRAM;
 
@@ -29,13 +29,17 @@ pub struct LauncherArgs {
     pub ids: Option<(u32, u32, Vec<u32>)>,
     /// The hosts' arguments.
     pub host_args: Vec<OsString>,
+    /// One shared host serves every partition (`--hosts shared`).
+    pub shared: bool,
 }
 
 impl LauncherArgs {
-    /// Parses `--fd N --seccomp MODE [--uid U --gid G --groups A,B] -- HOST ARGS`.
+    /// Parses `--fd N --seccomp MODE [--hosts own|shared] [--uid U --gid G
+    /// --groups A,B] -- HOST ARGS`.
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<LauncherArgs, String> {
         let mut it = args.into_iter();
         let (mut fd, mut seccomp, mut uid, mut gid, mut groups) = (None, None, None, None, None);
+        let mut shared = false;
         loop {
             let Some(a) = it.next() else {
                 return Err("-- and the host's arguments are required".into());
@@ -59,6 +63,13 @@ impl LauncherArgs {
                     )
                 }
                 "--seccomp" => seccomp = Some(v.parse::<SeccompMode>()?),
+                "--hosts" => {
+                    shared = match v.as_str() {
+                        "own" => false,
+                        "shared" => true,
+                        _ => return Err(format!("--hosts: {v:?} is not own or shared")),
+                    }
+                }
                 "--uid" => uid = Some(id(&v)?),
                 "--gid" => gid = Some(id(&v)?),
                 "--groups" => {
@@ -82,6 +93,7 @@ impl LauncherArgs {
             seccomp: seccomp.ok_or("--seccomp is required")?,
             ids,
             host_args: it.collect(),
+            shared,
         })
     }
 }
@@ -106,6 +118,18 @@ enum Host {
     /// Given up by the daemon: reaped without a report.
     Released,
 }
+
+/// The running shared host (`--hosts shared`): its pid and the socket on
+/// which it takes each new partition's socket. Not in the hosts' table:
+/// the daemon neither kills nor asks after it.
+struct SharedHost {
+    pid: i32,
+    control: OwnedFd,
+}
+
+/// Longest the launcher waits to hand a shared host a socket: a host that
+/// takes none for this long is stuck, and the partition is refused.
+const HAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Drops what the hosts must not inherit: root (switching to `ids`),
 /// every capability; sets no new privileges.
@@ -141,8 +165,9 @@ pub fn drop_privileges(ids: Option<&(u32, u32, Vec<u32>)>) -> Result<(), Launche
 pub fn serve(sock: OwnedFd, args: &LauncherArgs) -> Result<(), LauncherError> {
     let fd = sock.as_fd();
     let mut hosts: BTreeMap<i32, Host> = BTreeMap::new();
+    let mut shared: Option<SharedHost> = None;
     let r = (|| loop {
-        reap(&mut hosts);
+        reap(&mut hosts, &mut shared);
         // The timeout bounds how long ended hosts stay unreaped while the
         // daemon asks nothing.
         match poll::poll_readable(&fd, 200) {
@@ -166,14 +191,21 @@ pub fn serve(sock: OwnedFd, args: &LauncherArgs) -> Result<(), LauncherError> {
             }
             Err(e) => return Err(LauncherError::Socket(e)),
         };
-        reap(&mut hosts);
-        let (reply, passed) = answer(req, &mut hosts, args);
+        reap(&mut hosts, &mut shared);
+        let (reply, passed) = answer(req, &mut hosts, &mut shared, args);
         let r = send(fd, reply, passed.as_ref().map(AsRawFd::as_raw_fd));
         // Our end of the host's socket goes either way.
         drop(passed);
         r.map_err(LauncherError::Socket)?;
     })();
     // The daemon is gone (or the link broke): so are its hosts.
+    if let Some(h) = shared.take() {
+        // SAFETY: kill of a child of ours, not yet reaped.
+        unsafe { libc::kill(h.pid, libc::SIGKILL) };
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid pointer.
+        unsafe { libc::waitpid(h.pid, &mut status, 0) };
+    }
     for (&pid, h) in &hosts {
         if *h == Host::Running {
             // SAFETY: kill of a child of ours, not yet reaped (its pid
@@ -192,13 +224,16 @@ pub fn serve(sock: OwnedFd, args: &LauncherArgs) -> Result<(), LauncherError> {
 }
 
 /// Collects every ended child.
-fn reap(hosts: &mut BTreeMap<i32, Host>) {
+fn reap(hosts: &mut BTreeMap<i32, Host>, shared: &mut Option<SharedHost>) {
     loop {
         let mut status = 0;
         // SAFETY: `status` is a valid pointer; WNOHANG never blocks.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         if pid <= 0 {
             return;
+        }
+        if shared.as_ref().is_some_and(|h| h.pid == pid) {
+            *shared = None;
         }
         match hosts.get(&pid) {
             Some(Host::Running) => {
@@ -215,6 +250,7 @@ fn reap(hosts: &mut BTreeMap<i32, Host>) {
 fn answer(
     req: Msg,
     hosts: &mut BTreeMap<i32, Host>,
+    shared: &mut Option<SharedHost>,
     args: &LauncherArgs,
 ) -> (Msg, Option<OwnedFd>) {
     let reply = |op, value| Msg {
@@ -239,6 +275,20 @@ fn answer(
             },
             None,
         ),
+        SPAWN if args.shared => match connect_shared(shared, args) {
+            Ok((pid, ours)) => (
+                Msg {
+                    op: SPAWNED,
+                    pid,
+                    value: SHARED_HOST,
+                },
+                Some(ours),
+            ),
+            Err(e) => {
+                warn_limited!("partition host launcher: cannot reach the shared host: {e}");
+                (failed(e.raw_os_error().unwrap_or(libc::EIO)), None)
+            }
+        },
         SPAWN if hosts.len() >= MAX_HOSTS => (failed(libc::EAGAIN), None),
         SPAWN => match spawn_host(args) {
             Ok((pid, ours)) => {
@@ -284,10 +334,58 @@ fn answer(
     }
 }
 
-/// Starts one host: this program again, with the hosts' arguments and
-/// one end of a new socket pair; returns its pid and the other end.
+/// A new partition's socket to the shared host, started first when none
+/// runs (or the one running no longer takes sockets: it is ending).
+/// Returns the host's pid and the daemon's end.
+fn connect_shared(
+    shared: &mut Option<SharedHost>,
+    args: &LauncherArgs,
+) -> io::Result<(i32, OwnedFd)> {
+    for _ in 0..2 {
+        if shared.is_none() {
+            let (pid, control) = start_host(args, true)?;
+            set_timeouts(control.as_raw_fd(), HAND_TIMEOUT)?;
+            *shared = Some(SharedHost { pid, control });
+        }
+        let Some(h) = shared.as_ref() else {
+            continue;
+        };
+        let (ours, theirs) = UnixStream::pair()?;
+        let hand = Msg {
+            op: SPAWN,
+            pid: h.pid,
+            value: 0,
+        };
+        match send(h.control.as_fd(), hand, Some(theirs.as_raw_fd())) {
+            Ok(()) => return Ok((h.pid, OwnedFd::from(ours))),
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                // It is exiting (its partitions were lost): reaped later;
+                // a fresh one takes this partition.
+                *shared = None;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Starts one host of its own: this program again, with the hosts'
+/// arguments and one end of a new socket pair; returns its pid and the
+/// other end.
 fn spawn_host(args: &LauncherArgs) -> io::Result<(i32, OwnedFd)> {
-    let (ours, theirs) = UnixStream::pair()?;
+    start_host(args, false)
+}
+
+/// Starts a host: of its own (a stream socket to the daemon), or the
+/// shared host (`shared`: a record socket on which the launcher hands it
+/// the daemon's sockets). Returns its pid and our end.
+fn start_host(args: &LauncherArgs, shared: bool) -> io::Result<(i32, OwnedFd)> {
+    let (ours, theirs) = if shared {
+        seqpacket_pair()?
+    } else {
+        let (a, b) = UnixStream::pair()?;
+        (OwnedFd::from(a), OwnedFd::from(b))
+    };
     let fd = theirs.as_raw_fd();
     let parent = std::process::id();
     // This very program, even if the file was replaced since.
@@ -296,6 +394,7 @@ fn spawn_host(args: &LauncherArgs) -> io::Result<(i32, OwnedFd)> {
         .arg("--seccomp")
         .arg(mode_name(args.seccomp))
         .args(&args.host_args)
+        .args(shared.then_some("--shared"))
         .arg("--fd")
         .arg(fd.to_string())
         .stdin(Stdio::null())
@@ -323,7 +422,7 @@ fn spawn_host(args: &LauncherArgs) -> io::Result<(i32, OwnedFd)> {
     let child = cmd.spawn()?;
     drop(theirs);
     // Reaped through waitpid in `reap`, not through `child`.
-    Ok((child.id() as i32, OwnedFd::from(ours)))
+    Ok((child.id() as i32, ours))
 }
 
 #[cfg(test)]
@@ -368,6 +467,7 @@ mod tests {
             seccomp: SeccompMode::Strict,
             ids: None,
             host_args: Vec::new(),
+            shared: false,
         };
         let server = std::thread::spawn(move || serve(theirs, &args));
         // One request, its reply (as the daemon's client sends them).

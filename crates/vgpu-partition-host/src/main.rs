@@ -11,9 +11,11 @@ use std::process::ExitCode;
 
 use log::{error, warn};
 use vgpu_backend::software::SoftwareBackend;
+use vgpu_backend::Backend;
+use vgpu_backend_remote::launcher as launcher_proto;
 use vgpu_backend_remote::{HostArgs, InnerBackend, HOST_PROGRAM};
 use vgpu_confine::{Role, SeccompMode};
-use vgpu_partition_host::host;
+use vgpu_partition_host::host::{self, HostError};
 use vgpu_partition_host::launcher::{self, LauncherArgs};
 
 /// Closes every descriptor above stdio except `keep`: the daemon's other
@@ -72,6 +74,102 @@ fn run_launcher(args: Vec<OsString>) -> ExitCode {
         Err(e) => {
             error!("partition host launcher {}: {e}", std::process::id());
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves the daemon: one partition on `fd`, or, in a shared host, each
+/// partition socket the launcher hands over on `fd`.
+fn run(
+    fd: OwnedFd,
+    backend: &dyn Backend,
+    healthy: &(dyn Fn() -> bool + Sync),
+    args: &HostArgs,
+) -> Result<(), HostError> {
+    if !args.shared {
+        return host::serve(UnixStream::from(fd), backend, healthy, args.spin);
+    }
+    serve_shared(fd, backend, healthy, args.spin);
+    Ok(())
+}
+
+/// A shared host: a thread per partition socket the launcher sends on
+/// `control`. When the device state of the process is lost (a fault in
+/// any partition on a GPU, where green contexts share one context), the
+/// process ends at once, so that every partition's daemon side learns it
+/// and the next partition gets a fresh host; it ends too when the
+/// launcher closes `control`.
+fn serve_shared(
+    control: OwnedFd,
+    backend: &dyn Backend,
+    healthy: &(dyn Fn() -> bool + Sync),
+    spin: std::time::Duration,
+) {
+    std::thread::scope(|scope| loop {
+        let (m, mut fds) = match launcher_proto::recv(control.as_fd()) {
+            Ok(launcher_proto::Got::Msg(m, fds)) => (m, fds),
+            Ok(launcher_proto::Got::Closed) => end_shared(0, "the launcher closed its socket"),
+            Err(e) => end_shared(1, &format!("the launcher's socket: {e}")),
+        };
+        if m.op != launcher_proto::SPAWN || fds.len() != 1 {
+            warn!(
+                "shared partition host: unexpected record {m:?} with {} descriptors",
+                fds.len()
+            );
+            continue;
+        }
+        let Some(sock) = fds.pop() else { continue };
+        let spawned = std::thread::Builder::new()
+            .name("vgpu-partition".into())
+            .spawn_scoped(scope, move || {
+                let r = host::serve_until_lost(UnixStream::from(sock), backend, healthy, spin);
+                if !healthy() {
+                    end_shared(3, "the device state of its partitions is lost");
+                }
+                if let Err(e) = r {
+                    error!(
+                        "shared partition host {}: a partition: {e}",
+                        std::process::id()
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            // The socket went with the closure: its partition is refused.
+            error!("shared partition host: cannot start a partition thread: {e}");
+        }
+    })
+}
+
+/// Ends a shared host at once: its partitions' threads may be inside the
+/// driver, and every socket must close now.
+fn end_shared(code: i32, why: &str) -> ! {
+    if code == 0 {
+        log::info!("shared partition host {} ends: {why}", std::process::id());
+    } else {
+        error!("shared partition host {} ends: {why}", std::process::id());
+    }
+    // SAFETY: _exit ends the process without running anything else.
+    unsafe { libc::_exit(code) }
+}
+
+/// Tells the daemon (or, in a shared host, the launcher by ending) that
+/// the host cannot serve.
+fn refuse(fd: OwnedFd, why: &str, args: &HostArgs) -> Result<(), HostError> {
+    if !args.shared {
+        return host::refuse(UnixStream::from(fd), why);
+    }
+    // Each partition handed over hears why, until the launcher closes.
+    loop {
+        match launcher_proto::recv(fd.as_fd()) {
+            Ok(launcher_proto::Got::Msg(_, fds)) => {
+                for sock in fds {
+                    if let Err(e) = host::refuse(UnixStream::from(sock), why) {
+                        warn!("shared partition host: {e}");
+                    }
+                }
+            }
+            Ok(launcher_proto::Got::Closed) => return Ok(()),
+            Err(e) => end_shared(1, &format!("the launcher's socket: {e}")),
         }
     }
 }
@@ -138,9 +236,9 @@ fn main() -> ExitCode {
         }
     }
     logger.init();
-    // SAFETY: the daemon handed this descriptor to us for this purpose and
-    // nothing else in this process refers to it.
-    let stream = unsafe { UnixStream::from_raw_fd(args.fd) };
+    // SAFETY: the launcher or the daemon handed this descriptor to us for
+    // this purpose and nothing else in this process refers to it.
+    let fd = unsafe { OwnedFd::from_raw_fd(args.fd) };
     // SAFETY: plain fcntl on our own descriptor: whatever the driver
     // starts must not inherit it.
     unsafe { libc::fcntl(args.fd, libc::F_SETFD, libc::FD_CLOEXEC) };
@@ -149,32 +247,44 @@ fn main() -> ExitCode {
             memory,
             compute_units,
         } => {
-            let b = SoftwareBackend::new(memory, compute_units);
+            let mut b = SoftwareBackend::new(memory, compute_units);
+            if args.shared {
+                b = b.with_shared_fate();
+            }
             match confine(mode, false) {
-                Ok(()) => host::serve(stream, &b, &|| true, args.spin),
-                Err(e) => host::refuse(stream, &e),
+                Ok(()) => run(fd, &b, &|| !b.lost(), &args),
+                Err(e) => refuse(fd, &e, &args),
             }
         }
-        InnerBackend::Cuda { device, guest_ptx } => {
+        InnerBackend::Cuda {
+            device,
+            guest_ptx,
+            spatial,
+        } => {
             use vgpu_backend_cuda::{cuda_lost, CudaBackend, Mode, OutputCapture};
-            match CudaBackend::new(device, Mode::Isolated) {
+            let mode_cuda = if spatial {
+                Mode::Spatial
+            } else {
+                Mode::Isolated
+            };
+            match CudaBackend::new(device, mode_cuda) {
                 Ok(b) => {
                     b.set_guest_ptx(guest_ptx);
                     // The driver prints what guest kernels print to this
                     // process's standard output and error: it goes to
                     // the guest (the log moved off them above).
-                    if captures {
+                    if captures && !args.shared {
                         match OutputCapture::install() {
                             Ok(c) => b.set_printf_capture(c),
                             Err(e) => warn!("kernels' printf output stays here: {e}"),
                         }
                     }
                     match confine(mode, true) {
-                        Ok(()) => host::serve(stream, &b, &|| cuda_lost().is_none(), args.spin),
-                        Err(e) => host::refuse(stream, &e),
+                        Ok(()) => run(fd, &b, &|| cuda_lost().is_none(), &args),
+                        Err(e) => refuse(fd, &e, &args),
                     }
                 }
-                Err(e) => host::refuse(stream, &e.to_string()),
+                Err(e) => refuse(fd, &e.to_string(), &args),
             }
         }
     };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use vgpu_backend::PartitionSpec;
 use vgpu_backend_remote::{
-    InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
+    HostPolicy, InnerBackend, ProcessLauncher, RemoteBackend, RemoteConfig, RemotePartition,
 };
 use vgpu_device::testing::{test_config, TestVgpu};
 use vgpu_testkit::abi;
@@ -464,4 +464,120 @@ fn each_context_runs_in_a_host_of_its_own() {
         assert!(t.elapsed() < std::time::Duration::from_secs(10));
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie not yet reaped).
+fn ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// Spatial mode's shared host (here over the software backend with one
+/// fate for all partitions, as green contexts of one CUDA context have):
+/// every partition of the backend lives in one host process; a kernel
+/// fault in one ends that process, so every partition reports its state
+/// lost (the vGPU's STATUS.FATAL, and the guest driver resets the
+/// function); each reset joins a fresh shared host, where all run again
+/// with nothing of the old state left.
+#[test]
+fn spatial_partitions_share_one_host_and_recover_together() {
+    use vgpu_backend::{conformance, Backend, Partition};
+
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 4,
+    };
+    let policy = HostPolicy {
+        shared: true,
+        ..HostPolicy::default()
+    };
+    let launcher = ProcessLauncher::with_policy(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+        &policy,
+    )
+    .unwrap();
+    let config = RemoteConfig {
+        shared: true,
+        ..RemoteConfig::default()
+    };
+    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    assert!(!backend.has_contexts(), "a shared host contains no fault");
+    let spec = |name: &str| PartitionSpec {
+        name: name.into(),
+        memory: 16 * MIB,
+        compute_units: 1,
+    };
+    let mut a = backend.create_remote_partition(&spec("a")).unwrap();
+    let b = backend.create_remote_partition(&spec("b")).unwrap();
+    let host = a.host_pid().unwrap();
+    assert_eq!(b.host_pid(), Some(host), "one host for both");
+
+    // b computes on a vGPU; a's kernel then writes past its allocation.
+    let server = TestVgpu::start(test_config("b", 2), Box::new(b));
+    let mut g = server.connect();
+    g.setup_queue(0, 32, Mode::Interrupt);
+    let n = 4096u64;
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let vadd = |g: &mut vgpu_testkit::Guest| {
+        let (dx, dy) = (g.device_alloc(0, 4 * n), g.device_alloc(0, 4 * n));
+        g.upload(0, dx, &f32s_to_bytes(&x));
+        let p = abi::VaddParams {
+            c: dy,
+            a: dx,
+            b: dx,
+            n,
+        };
+        assert_eq!(g.launch(0, "vadd_f32", &p).status, abi::STATUS_OK);
+        let got = bytes_to_f32s(&g.download(0, dy, 4 * n as usize));
+        assert!(got.iter().zip(&x).all(|(y, x)| *y == x + x));
+    };
+    vadd(&mut g);
+    let poke = ".version 8.0\n.target sm_90\n.address_size 64\n\
+        .visible .entry poke(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+        ld.param.u64 %rd1, [p];\nmov.u32 %r1, 7;\nst.global.u32 [%rd1], %r1;\nret;\n}\n";
+    let m = a
+        .module_load(abi::MODULE_FORMAT_PTX, poke.as_bytes())
+        .unwrap();
+    let d = a.alloc(4096, 0).unwrap();
+    let params = conformance::Params::default().u64(d + 4096);
+    let r = conformance::launch_loaded(&mut a, m, "poke", [1, 1, 1], [1, 1, 1], &params);
+    assert_eq!(r.unwrap_err().status(), abi::STATUS_KERNEL_FAULT);
+    assert!(a.is_lost());
+    let faulted = std::time::Instant::now();
+    while !ended(host) {
+        assert!(faulted.elapsed() < std::time::Duration::from_secs(5));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    // The idle bystander is told without a command (STATUS.FATAL, for
+    // its driver to reset the function); until then it fails.
+    while g.read32(abi::REG_STATUS) & abi::STATUS_FATAL == 0 {
+        assert!(faulted.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let c = g.mem_alloc(0, 4096, 0);
+    assert_eq!(c.status, abi::STATUS_DEVICE_ERROR, "{c:?}");
+    g.device_reset();
+    g.enable_device();
+    g.setup_queue(0, 32, Mode::Interrupt);
+    assert_eq!(g.mem_used(), 0, "nothing of the old state");
+    vadd(&mut g);
+    let recovered = faulted.elapsed();
+    a.reset();
+    assert!(!a.is_lost());
+    let fresh = a.host_pid().unwrap();
+    assert_ne!(fresh, host);
+    assert_eq!(a.memory_used(), 0);
+    let d = a.alloc(4096, 0).unwrap();
+    conformance::upload(&mut a, d, &[3; 4096]);
+    assert_eq!(conformance::download(&mut a, d, 4096), vec![3; 4096]);
+    assert!(
+        a.module_load(abi::MODULE_FORMAT_PTX, poke.as_bytes())
+            .is_ok(),
+        "modules load in the fresh host"
+    );
+    eprintln!("from the fault to the bystander's next result: {recovered:?}");
 }

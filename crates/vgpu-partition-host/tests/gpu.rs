@@ -50,6 +50,7 @@ fn backend_with(spin: Duration) -> RemoteBackend {
         backend: InnerBackend::Cuda {
             device: 0,
             guest_ptx: true,
+            spatial: false,
         },
         spin,
     }
@@ -350,6 +351,87 @@ fn faulting_tenant(b: RemoteBackend) {
     // And the victim still computes correctly.
     let sgemm = Sgemm::new(&mut victim, 256);
     sgemm.run(&mut victim).unwrap();
+}
+
+/// Spatial mode: green contexts of one shared host. A fault in one
+/// partition loses the process's CUDA state, so the host ends and every
+/// partition of it reports its state lost; a reset of each gets a fresh
+/// shared host within a second, where all compute again.
+#[test]
+fn spatial_partitions_recover_from_a_fault_in_a_fresh_host() {
+    use vgpu_backend_remote::HostPolicy;
+    if !gpu() {
+        return;
+    }
+    let args = HostOptions {
+        backend: InnerBackend::Cuda {
+            device: 0,
+            guest_ptx: true,
+            spatial: true,
+        },
+        spin: Duration::ZERO,
+    }
+    .to_args();
+    let policy = HostPolicy {
+        shared: true,
+        ..HostPolicy::default()
+    };
+    let launcher = ProcessLauncher::with_policy(host_program(), args, &policy).unwrap();
+    let config = RemoteConfig {
+        shared: true,
+        ..RemoteConfig::default()
+    };
+    let b = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    // SM groups come in granules of 8 on Hopper.
+    let spec = |name: &str| PartitionSpec {
+        name: name.into(),
+        memory: 256 * MIB,
+        compute_units: 16,
+    };
+    let mut bystander = b.create_remote_partition(&spec("bystander")).unwrap();
+    let mut faulty = b.create_remote_partition(&spec("faulty")).unwrap();
+    let host = bystander.host_pid().unwrap();
+    assert_eq!(faulty.host_pid(), Some(host), "one shared host");
+    let sgemm = Sgemm::new(&mut bystander, 512);
+    sgemm.run(&mut bystander).unwrap();
+    let m = faulty
+        .module_load(abi::MODULE_FORMAT_PTX, &poke_ptx())
+        .unwrap();
+    let t = Instant::now();
+    let r = poke(&mut faulty, m, 0x1000, 1);
+    let Err(OpError::KernelFault(_)) = r else {
+        panic!("expected a kernel fault, got {r:?}");
+    };
+    // The bystander shares the process's fate: its state is lost too.
+    while !bystander.is_lost() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the host did not end"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r = sgemm.run(&mut bystander);
+    assert!(r.is_err(), "{r:?}");
+    let ended = t.elapsed();
+    bystander.reset();
+    faulty.reset();
+    let recovered = t.elapsed();
+    println!("probe: spatial fault: host ended after {ended:?}; both partitions reset after {recovered:?}");
+    assert!(!bystander.is_lost() && !faulty.is_lost());
+    let fresh = bystander.host_pid().unwrap();
+    assert_ne!(fresh, host);
+    assert_eq!(faulty.host_pid(), Some(fresh));
+    let sgemm = Sgemm::new(&mut bystander, 512);
+    sgemm.run(&mut bystander).unwrap();
+    let m = faulty
+        .module_load(abi::MODULE_FORMAT_PTX, &poke_ptx())
+        .unwrap();
+    let own = faulty.alloc(4096, 0).unwrap();
+    poke(&mut faulty, m, own, 0x1234_5678).unwrap();
+    assert_eq!(
+        download(&mut faulty, own, 4).unwrap(),
+        0x1234_5678u32.to_le_bytes()
+    );
 }
 
 #[test]

@@ -671,6 +671,7 @@ impl Launcher for FakeLauncher {
         Ok(HostLink {
             stream: ours,
             process: None,
+            shared_pid: None,
         })
     }
 }

@@ -17,7 +17,7 @@ use vgpu_sys::{error_limited, lock, warn_limited};
 
 use super::{
     mode_name, recv, send, seqpacket_pair, set_timeouts, Got, Msg, DONE, EXITED, FAILED, HELLO,
-    KILL, READY, RELEASE, REPLY_TIMEOUT, RUNNING, SPAWN, SPAWNED, STATUS, WAIT_LIMIT,
+    KILL, READY, RELEASE, REPLY_TIMEOUT, RUNNING, SHARED_HOST, SPAWN, SPAWNED, STATUS, WAIT_LIMIT,
 };
 use crate::{HostLink, Launcher};
 
@@ -30,6 +30,10 @@ pub struct HostPolicy {
     /// started as root (the daemon's `user`). Without it the launcher and
     /// its hosts keep the daemon's ids, without capabilities.
     pub account: Option<Account>,
+    /// One host serves every partition (spatial mode): each new
+    /// partition's socket goes to the running host, or to a fresh one
+    /// when it has ended.
+    pub shared: bool,
 }
 
 /// The daemon's link to its launcher; shared by the backend and every
@@ -278,6 +282,9 @@ impl ProcessLauncher {
             .arg(fd.to_string())
             .arg("--seccomp")
             .arg(mode_name(policy.seccomp));
+        if policy.shared {
+            cmd.arg("--hosts").arg("shared");
+        }
         if let Some(a) = &policy.account {
             let groups: Vec<String> = a.groups.iter().map(u32::to_string).collect();
             cmd.arg("--uid")
@@ -365,6 +372,14 @@ impl Launcher for ProcessLauncher {
             (FAILED, _) => return Err(io::Error::from_raw_os_error(m.value)),
             _ => return Err(io::Error::other("no descriptor for the new host")),
         };
+        if m.value == SHARED_HOST {
+            // Not this partition's alone: closing the socket is all.
+            return Ok(HostLink {
+                stream: UnixStream::from(fd),
+                process: None,
+                shared_pid: Some(m.pid as u32),
+            });
+        }
         Ok(HostLink {
             stream: UnixStream::from(fd),
             process: Some(HostProcess {
@@ -372,6 +387,7 @@ impl Launcher for ProcessLauncher {
                 pid: m.pid as u32,
                 ended: None,
             }),
+            shared_pid: None,
         })
     }
 }

@@ -12,6 +12,8 @@
 //! executed through `/proc/self/exe`, with one end of a fresh socket pair;
 //! the other end goes back to the daemon with `SCM_RIGHTS`. The launcher
 //! kills only its own children, reaps them and reports how they ended;
+//! a launcher of shared hosts (`--hosts shared`, spatial partitions) keeps
+//! one host for all partitions and hands it each new partition's socket;
 //! when the daemon's end closes (the backend is dropped, or the daemon
 //! died) it kills its hosts, reaps them and exits.
 //!
@@ -70,6 +72,12 @@ pub const RUNNING: u32 = 0x84;
 pub const EXITED: u32 = 0x85;
 /// Reply to any request that was refused, with an errno as value.
 pub const FAILED: u32 = 0x86;
+
+/// [`SPAWNED`]'s value for a connection to a shared host (the launcher's
+/// hosts are shared: `--hosts shared`): the host serves other partitions
+/// too, so the daemon neither kills nor reaps it; it exits when its
+/// partitions' state is lost, and the next [`SPAWN`] starts a fresh one.
+pub const SHARED_HOST: i32 = 1;
 
 /// One record: what, which process, and a value (an errno, a wait status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -52,6 +52,10 @@ fn make_remote_backend(g: &GpuConfig, d: &DaemonConfig) -> Result<Arc<dyn Backen
         gpu: g.name.clone(),
         message,
     };
+    // Spatial partitions are SM groups of one process: one shared host
+    // serves them all (on the software backend, one whose kernel faults
+    // lose every partition, as on a GPU).
+    let spatial = g.partition_mode == PartitionMode::Spatial;
     let inner = match g.backend {
         BackendKind::Software => InnerBackend::Software {
             memory: g.memory.map(|m| m.0).unwrap_or(0),
@@ -64,6 +68,7 @@ fn make_remote_backend(g: &GpuConfig, d: &DaemonConfig) -> Result<Arc<dyn Backen
             InnerBackend::Cuda {
                 device: g.device,
                 guest_ptx: g.guest_ptx,
+                spatial,
             }
         }
     };
@@ -86,11 +91,13 @@ fn make_remote_backend(g: &GpuConfig, d: &DaemonConfig) -> Result<Arc<dyn Backen
     let policy = HostPolicy {
         seccomp: d.seccomp,
         account: d.account.clone(),
+        shared: spatial,
     };
     let launcher = ProcessLauncher::with_policy(program, options.to_args(), &policy)
         .map_err(|e| fail(format!("cannot start the partition host launcher: {e}")))?;
     let config = RemoteConfig {
         spin,
+        shared: spatial,
         ..RemoteConfig::default()
     };
     RemoteBackend::new(Arc::new(launcher), config)
