@@ -230,9 +230,15 @@ pub struct GpuConfig {
     pub isolation_setting: Option<Isolation>,
     /// Whether guests may load their own PTX modules (CUDA with process
     /// isolation only: then a loaded kernel reaches only its own
-    /// tenant's memory).
+    /// tenant's memory; in spatial mode every tenant's of the GPU, so
+    /// there only with `trusted_tenants`).
     #[serde(default)]
     pub guest_ptx: bool,
+    /// The tenants of this GPU trust each other: in spatial mode their
+    /// partitions share one GPU address space and one fate, and guest PTX
+    /// may run there (as MPS clients share a server).
+    #[serde(default)]
+    pub trusted_tenants: bool,
     /// The partition host program; by default `vgpu-partition-host` next
     /// to the daemon's executable.
     #[serde(default)]
@@ -267,17 +273,17 @@ impl GpuConfig {
             .unwrap_or_else(|| default_slice_us(self.backend))
     }
 
-    /// Where partitions run: as configured, else `process` for CUDA in
-    /// isolated mode (one tenant's faulting kernel would otherwise end
-    /// every tenant's CUDA) and `thread` otherwise (the software backend
-    /// runs no guest code; spatial mode needs its SM groups in one
-    /// process).
+    /// Where partitions run: as configured, else `process` for CUDA (in
+    /// isolated mode a process per partition, as one tenant's faulting
+    /// kernel would otherwise end every tenant's CUDA; in spatial mode
+    /// one shared process for all, whose SM groups they are, which the
+    /// daemon replaces when a fault ends it) and `thread` for the
+    /// software backend (it runs no guest code).
     pub fn isolation(&self) -> Isolation {
-        self.isolation_setting
-            .unwrap_or(match (self.backend, self.partition_mode) {
-                (BackendKind::Cuda, PartitionMode::Isolated) => Isolation::Process,
-                _ => Isolation::Thread,
-            })
+        self.isolation_setting.unwrap_or(match self.backend {
+            BackendKind::Cuda => Isolation::Process,
+            BackendKind::Software => Isolation::Thread,
+        })
     }
 }
 
@@ -554,18 +560,19 @@ impl Config {
                     "the software backend needs a memory size",
                 ));
             }
-            if g.isolation() == Isolation::Process && g.partition_mode == PartitionMode::Spatial {
-                return Err(invalid(
-                    field("isolation"),
-                    "spatial partitions share SM groups of one process: use \"thread\"",
-                ));
-            }
             if g.guest_ptx
                 && (g.backend != BackendKind::Cuda || g.isolation() != Isolation::Process)
             {
                 return Err(invalid(
                     field("guest_ptx"),
                     "guest PTX needs backend \"cuda\" with isolation \"process\"",
+                ));
+            }
+            if g.guest_ptx && g.partition_mode == PartitionMode::Spatial && !g.trusted_tenants {
+                return Err(invalid(
+                    field("guest_ptx"),
+                    "spatial partitions share one GPU address space: guest PTX there needs \
+                     trusted_tenants = true",
                 ));
             }
             if g.slice_us() == 0 || g.slice_us() > 1_000_000 {
@@ -812,7 +819,7 @@ mod tests {
         assert_eq!(iso("backend = \"cuda\"\n"), Isolation::Process);
         assert_eq!(
             iso("backend = \"cuda\"\npartition_mode = \"spatial\"\n"),
-            Isolation::Thread
+            Isolation::Process
         );
         assert_eq!(
             iso("backend = \"software\"\nisolation = \"process\"\n"),
@@ -827,8 +834,8 @@ mod tests {
         assert_eq!(g.partition_host.as_deref(), Some(Path::new("/opt/h")));
         for (extra, field) in [
             (
-                "backend = \"cuda\"\npartition_mode = \"spatial\"\nisolation = \"process\"\n",
-                "isolation",
+                "backend = \"cuda\"\npartition_mode = \"spatial\"\nguest_ptx = true\n",
+                "guest_ptx",
             ),
             (
                 "backend = \"cuda\"\nisolation = \"thread\"\nguest_ptx = true\n",
@@ -843,5 +850,7 @@ mod tests {
             assert!(e.starts_with(&format!("c.toml: gpu \"g\".{field}:")), "{e}");
         }
         assert!(gpu("backend = \"software\"\nisolation = \"vm\"\n").is_err());
+        let trusted = "partition_mode = \"spatial\"\nguest_ptx = true\ntrusted_tenants = true\n";
+        assert!(gpu(&format!("backend = \"cuda\"\n{trusted}")).is_ok());
     }
 }

@@ -110,6 +110,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("partition_mode", s(mode)),
         Entry::Set("isolation", s(isolation)),
         Entry::Set("guest_ptx", Value::Boolean(g.guest_ptx)),
+        Entry::Set("trusted_tenants", Value::Boolean(g.trusted_tenants)),
         opt(
             "partition_host",
             g.partition_host.as_ref().map(path),
