@@ -1,7 +1,8 @@
 //! The partition host of vgpud's remote backend: serves one partition of
 //! an inner backend (software or CUDA) to the daemon over a socket, in a
 //! process of its own (see `vgpu-backend-remote` for why and how). The
-//! program `vgpu-partition-host` runs [`host::serve`].
+//! program `vgpu-partition-host` runs [`host::serve`], or, as the shared
+//! host of a spatial GPU, [`host::serve_until_lost`] for each partition.
 //!
 //! - `host.rs`: the command loop ([`host::serve`], [`host::refuse`]).
 //! - `runner.rs`: runs the started queued runs on a thread of their own.
