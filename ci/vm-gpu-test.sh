@@ -62,7 +62,7 @@ bash ci/fetch-kernel.sh >/dev/null
 bash ci/check-guest-driver.sh
 
 log "vgpud"
-cargo build --release -p vgpud
+cargo build --release -p vgpud -p vgpu-partition-host
 vgpud="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/release/vgpud"
 
 VGPU_KO="$VGPUD_ROOT/guest-driver/vgpu.ko" bash tests/vm/guest-suite-initramfs.sh "$TMP/initrd.gz"
@@ -169,6 +169,64 @@ if [[ $VM_NO_IOMMU != 1 ]]; then
     log "IOMMU guest done in $(elapsed "$t")"
     verdict guest-iommu || ok=0
 fi
+
+# --- a spatial GPU: its partitions in one shared host, which faults end ------------------
+# A daemon of its own (its log has the shared host's ends, on purpose):
+# a software GPU in spatial mode with process isolation, whose kernel
+# faults lose every partition of the shared host, as on a GPU.
+t=$SECONDS
+mkdir -p "$TMP/run-spatial"
+cat >"$TMP/vgpud-spatial.toml" <<EOF
+[daemon]
+runtime_dir = "$TMP/run-spatial"
+metrics_address = ""
+
+[[gpu]]
+name = "spatial"
+backend = "software"
+memory = "1GiB"
+compute_units = 2
+partition_mode = "spatial"
+isolation = "process"
+
+[[vgpu]]
+name = "s"
+gpu = "spatial"
+socket = "s.sock"
+memory = $MEM_A
+compute_units = 1
+EOF
+"$vgpud" run --allow-root --config "$TMP/vgpud-spatial.toml" </dev/null >"$TMP/vgpud-spatial.log" 2>&1 &
+spatial_pid=$!
+for _ in $(seq 300); do
+    [[ -S $TMP/run-spatial/s.sock ]] && break
+    kill -0 "$spatial_pid" 2>/dev/null || break
+    sleep 0.1
+done
+if [[ -S $TMP/run-spatial/s.sock ]]; then
+    boot guest-spatial "$TMP/run-spatial/s.sock" "$MEM_A" "" "vgpu.mode=spatial-faults"
+    wait "${qemu_pids[0]}" || true
+    qemu_pids=()
+    verdict guest-spatial || ok=0
+    # Each fault ended the shared host, and a fresh one served after it.
+    ends=$(grep -c 'shared partition host .* ends: the device state' "$TMP/vgpud-spatial.log" || true)
+    if [[ $ends -ge 5 ]] && ! grep -q 'panicked' "$TMP/vgpud-spatial.log"; then
+        log "[spatial] the shared host ended $ends times and was replaced"
+    else
+        log "[spatial] the shared host ended $ends times (5 expected)"
+        tail -n 50 "$TMP/vgpud-spatial.log" >&2
+        failed=$((failed + 1))
+        ok=0
+    fi
+else
+    cat "$TMP/vgpud-spatial.log" >&2
+    log "[spatial] vgpud did not create its socket"
+    failed=$((failed + 1))
+    ok=0
+fi
+kill -TERM "$spatial_pid" 2>/dev/null || true
+wait "$spatial_pid" || true
+log "spatial guest done in $(elapsed "$t")"
 
 if grep -qE 'panicked|ERROR' "$TMP/vgpud.log"; then
     log "vgpud logged errors or panics"

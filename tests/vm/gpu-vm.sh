@@ -36,6 +36,11 @@
 #   FAULTS=1          then a guest's process faults 20 times beside two that
 #                     compute while the other guest runs checked cuBLAS GEMMs
 #                     for FAULT_LOAD_SECONDS (90), saying its rate each second
+#   PARTITION_MODE=spatial  the vGPUs are SM groups of one shared partition
+#                     host (trusted tenants, guest PTX); with FAULTS=1 guest a
+#                     faults 5 times (every vGPU is reset each time) while
+#                     guest b runs cuBLAS GEMMs of 10 s, restarted after each
+#                     loss, saying its rate each second
 #   ONLY_LIBS=1       only the library programs
 #   ONLY_BENCH=1      only the launch and copy benchmark
 #   BENCH_APPEND=...  more kernel command line for the benchmark's guest
@@ -95,6 +100,11 @@ if [[ ${GPU_BACKEND:-cuda} == software ]]; then
     # A dry run of this script on a machine without a GPU.
     gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "software"\nmemory = "8GiB"\ncompute_units = 2')
     cus=1
+elif [[ ${PARTITION_MODE:-isolated} == spatial ]]; then
+    # Spatial mode: each vGPU an SM group (in granules of 8) of one host.
+    cus=$(((${GPU_SMS:-132} / 2 - 8) / 8 * 8))
+    gpu_section=$(printf '[[gpu]]\nname = "gpu0"\nbackend = "cuda"\ndevice = %s\npartition_mode = "spatial"\nisolation = "process"\nguest_ptx = true\ntrusted_tenants = true\npartition_host = "%s"' \
+        "${GPU_DEVICE:-0}" "$B/bin/vgpu-partition-host")
 else
     # Isolated mode time-shares the GPU; each vGPU gets half its SMs' time.
     cus=$((${GPU_SMS:-132} / 2))
@@ -294,7 +304,30 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
             qemu_pids=()
             verdict guest-libs-two || ok=0
         fi
-        if [[ ${FAULTS:-0} == 1 ]]; then
+        if [[ ${FAULTS:-0} == 1 && ${PARTITION_MODE:-isolated} == spatial ]]; then
+            # Spatial: every fault ends the shared host, so the bystander's
+            # GEMMs (runs of 10 s, one after the other) are cut and resumed.
+            bys="cublas_gemm:8192:3:10"
+            for _ in $(seq 8); do bys="$bys,cublas_gemm:8192:3:10"; done
+            boot guest-libs-bystander "$TMP/run/b.sock" "$MEM_B" "" "$libs vgpu.host_run=$bys"
+            bystander=${qemu_pids[0]}
+            for _ in $(seq 600); do
+                grep -q 'LOAD' "$TMP/guest-libs-bystander.log" 2>/dev/null && break
+                kill -0 "$bystander" 2>/dev/null || break
+                sleep 0.5
+            done
+            log "the bystander computes; guest a faults beside it (spatial)"
+            unset BOOT_MEM_MB BOOT_QEMU_EXTRA
+            boot guest-faults "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=spatial-faults ${GUEST_APPEND:-}"
+            wait "${qemu_pids[1]}" || true
+            log "the faults are over"
+            wait "$bystander" || true
+            qemu_pids=()
+            verdict guest-faults || ok=0
+            # The bystander's cut runs fail by design; its rate says when.
+            grep -hE 'LOAD|PASS|FAIL' "$TMP/guest-libs-bystander.log" | tr -d '\r' | sed 's/^ */  [bystander] /' >&2 || true
+            grep -c 'shared partition host .* ends' "$TMP/vgpud.log" | sed 's/^/  [spatial] shared host ends: /' >&2 || true
+        elif [[ ${FAULTS:-0} == 1 ]]; then
             # A bystander: guest b keeps the GPU busy with checked cuBLAS
             # GEMMs, saying its rate each second, while a process of
             # guest a faults 20 times beside two that compute.

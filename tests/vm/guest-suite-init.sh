@@ -17,7 +17,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|repeat
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|spatial-faults|repeat
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.repeat=PROG:N              repeat: run CUDA program PROG N times
@@ -394,6 +394,76 @@ if [ "$mode" = repeat ]; then
         i=$((i + 1))
         cuda_run "run$i-" $cuda_tests/"$prog"
     done
+    finish
+fi
+
+# Milliseconds since boot.
+uptime_ms() {
+    read -r up _ </proc/uptime
+    echo "${up%.*}${up#*.}0"
+}
+
+# fault_shared: on a spatial GPU (partitions in one shared host process)
+# a fault is every process's. Each of 5 rounds: a neighbour computes and
+# a process faults; the faulting one sees its illegal address (sticky),
+# the neighbour a CUDA error, never a wrong result; the function is reset
+# and a fresh process computes correctly; the time from the fault to that
+# process's result is said. Memory in use ends where it began.
+fault_shared() {
+    used_before=$(smi_json '.*"used":\([0-9]*\).*')
+    rounds=5 r=0 why="" times=""
+    while [ $r -lt $rounds ]; do
+        r=$((r + 1))
+        stop=/tmp/shared.stop
+        rm -f "$stop"
+        # shellcheck disable=SC2086  # host_env words
+        env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/neighbour 1 "$stop" >/tmp/nb.out 2>&1 &
+        nb=$!
+        sleep 2
+        # shellcheck disable=SC2086
+        env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/illegal_address >/tmp/fault.out 2>&1
+        t0=$(uptime_ms)
+        touch "$stop"
+        wait $nb
+        nb_rc=$?
+        k=0
+        # shellcheck disable=SC2086
+        until env LD_LIBRARY_PATH=$cuda_lib $host_env $cuda_tests/neighbour 1 - >/tmp/fresh.out 2>&1; do
+            k=$((k + 1))
+            [ $k -lt 50 ] || break
+            sleep 0.1
+        done
+        t1=$(uptime_ms)
+        times="$times $((t1 - t0))"
+        if ! grep -q 'cudaErrorIllegalAddress' /tmp/fault.out; then
+            [ -n "$why" ] || why="round $r: the faulting process: $(tail -n 1 /tmp/fault.out)"
+        elif grep -q '^FAIL neighbour: round' /tmp/nb.out; then
+            [ -n "$why" ] || why="round $r: the neighbour saw a wrong result: $(tail -n 1 /tmp/nb.out)"
+        elif [ $nb_rc -eq 0 ]; then
+            [ -n "$why" ] || why="round $r: the neighbour went on: $(tail -n 1 /tmp/nb.out)"
+        elif ! grep -q '^PASS neighbour' /tmp/fresh.out; then
+            [ -n "$why" ] || why="round $r: no fresh process computed: $(tail -n 1 /tmp/fresh.out)"
+        fi
+        sed 's/^/  [neighbour] /' /tmp/nb.out
+    done
+    if [ -z "$why" ]; then
+        pass cuda-shared-faults "$rounds faults: each seen as cudaErrorIllegalAddress, the neighbour failed with a CUDA error (no wrong result), a fresh process computed after (ms from the fault:$times)"
+    else
+        fail cuda-shared-faults "$why"
+    fi
+    used=$(smi_json '.*"used":\([0-9]*\).*')
+    if [ -n "$used" ] && [ "$used" = "$used_before" ]; then
+        pass cuda-shared-memory "MEM_USED back to $used bytes"
+    else
+        fail cuda-shared-memory "MEM_USED $used bytes, $used_before before"
+    fi
+}
+
+# --- spatial-faults: faults on a GPU whose partitions share one process -------------
+if [ "$mode" = spatial-faults ]; then
+    load insmod || finish
+    fault_shared
+    check_kernel_log kernel-log
     finish
 fi
 
