@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # JAX on the GPU it runs on (jax-suite.py beside this script): the
-# devices it finds and a jitted matmul against NumPy. Prints PASS/FAIL
+# devices it finds, a jitted matmul and a gradient against NumPy. Prints PASS/FAIL
 # lines as the CUDA programs do.
 #
 # usage: jax-check.sh [CHECK...]   (TORCH_PYTHON: /opt/torch/.venv/bin/python3)

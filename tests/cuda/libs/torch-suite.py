@@ -311,6 +311,70 @@ def check_train_load():
                 f"({before[0]:.5f} -> {before[-1]:.5f})")
 
 
+def check_expandable():
+    """Training with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the
+    allocator reserves address space and maps pages into it as it grows:
+    the virtual memory management API), losses as on the CPU, and the
+    memory given back to the device after empty_cache()."""
+    import subprocess
+    code = r"""
+import sys, time, torch
+dev = torch.device("cuda")
+free0, _ = torch.cuda.mem_get_info()
+torch.manual_seed(5)
+net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
+                          torch.nn.Linear(256, 1)).to(dev)
+opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+g = torch.Generator().manual_seed(6)
+x = torch.randn(256, 32, generator=g)
+y = (x[:, :4].sum(1, keepdim=True)).sin()
+x, y = x.to(dev), y.to(dev)
+for _ in range(100):
+    opt.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(net(x), y)
+    loss.backward()
+    opt.step()
+# Growing blocks: the segment is extended in place, page by page.
+blocks = [torch.full((k << 18,), float(k), device=dev) for k in range(1, 9)]
+ok_blocks = all(float(b[-1].item()) == float(k) for k, b in enumerate(blocks, 1))
+peak = torch.cuda.memory_reserved()
+del blocks, net, opt, x, y
+torch.cuda.synchronize()
+torch.cuda.empty_cache()
+reserved = torch.cuda.memory_reserved()
+free1, _ = torch.cuda.mem_get_info()
+print(f"{loss.item():.6f} {int(ok_blocks)} {peak} {reserved} {free0} {free1}")
+"""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        return False, f"the child exited {r.returncode}: {tail[0]}"
+    loss, ok_blocks, peak, reserved, free0, free1 = r.stdout.split()[-6:]
+    loss, peak, reserved = float(loss), int(peak), int(reserved)
+    free0, free1 = int(free0), int(free1)
+    # What the CPU's training of the same net reaches.
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(256, 32, generator=g)
+    y = (x[:, :4].sum(1, keepdim=True)).sin()
+    for _ in range(100):
+        opt.zero_grad(set_to_none=True)
+        cpu = torch.nn.functional.mse_loss(net(x), y)
+        cpu.backward()
+        opt.step()
+    err = abs(loss - cpu.item()) / abs(cpu.item())
+    # Back within 2 MiB (a page) of where it began.
+    given_back = free1 >= free0 - (2 << 20)
+    ok = err <= 2e-2 and ok_blocks == "1" and reserved == 0 and given_back and peak > 0
+    return ok, (f"loss {loss:.5f} (CPU {cpu.item():.5f}), growing blocks "
+                f"{'right' if ok_blocks == '1' else 'WRONG'}, {peak >> 20} MiB reserved at most, "
+                f"{reserved} after empty_cache, free {free0 >> 20} -> {free1 >> 20} MiB")
+
+
 CHECKS = {
     "device": check_device,
     "mem_get_info": check_mem_get_info,
@@ -324,6 +388,7 @@ CHECKS = {
     "streams": check_streams,
     "graphs": check_graphs,
     "oom": check_oom,
+    "expandable": check_expandable,
     # Not among the default checks: a load for the two-guest share runs.
     "train_load": check_train_load,
     "two_devices": check_two_devices,
