@@ -423,6 +423,33 @@ impl<P> Vmm<P> {
         }
     }
 
+    /// Whether `len` bytes at `addr` lie in mappings side by side that
+    /// the device may read (and, with `write`, write).
+    pub fn accessible(&self, addr: u64, len: u64, write: bool) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        let mut at = addr;
+        // Bounded by the mappings: each step passes one.
+        loop {
+            let Some((start, m)) = self.mapping_at(at) else {
+                return false;
+            };
+            let ok = match m.access {
+                abi::MEM_ACCESS_READ_WRITE => true,
+                abi::MEM_ACCESS_READ => !write,
+                _ => false,
+            };
+            if !ok {
+                return false;
+            }
+            at = start + m.size;
+            if at >= end {
+                return true;
+            }
+        }
+    }
+
     /// The mapping that holds `addr`, with its first address.
     pub fn mapping_at(&self, addr: u64) -> Option<(u64, &Mapping)> {
         self.mappings
@@ -530,6 +557,13 @@ mod tests {
         assert!(bad(v.whole_mappings(base, 3 * G)));
         assert!(bad(v.whole_mappings(base + 2 * G, G)));
         assert!(bad(v.check_access(base, 2 * G, 2)));
+        assert!(!v.accessible(base, 2 * G, false));
+        v.set_access(base, abi::MEM_ACCESS_READ_WRITE);
+        v.set_access(base + G, abi::MEM_ACCESS_READ);
+        assert!(v.accessible(base + G - 8, 16, false));
+        assert!(!v.accessible(base + G - 8, 16, true));
+        assert!(v.accessible(base, G, true));
+        assert!(!v.accessible(base, 2 * G + 1, false));
         assert_eq!(
             v.check_access(base, 2 * G, abi::MEM_ACCESS_READ_WRITE)
                 .unwrap()
