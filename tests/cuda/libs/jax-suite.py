@@ -56,7 +56,23 @@ def check_matmul():
     return worst < 1e-3, f"jitted tanh(a @ b) 256x384x128 float32, worst {worst:.2g}"
 
 
-CHECKS = {"devices": check_devices, "matmul": check_matmul}
+def check_grad():
+    # d/dw sum(tanh(x @ w)^2) = x^T (2 tanh(x @ w) (1 - tanh(x @ w)^2)),
+    # worked out on the CPU in float64.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 96), dtype=np.float32)
+    w = rng.standard_normal((96, 32), dtype=np.float32) * 0.1
+    loss = lambda w_, x_: jnp.sum(jnp.tanh(jnp.matmul(
+        x_, w_, precision=jax.lax.Precision.HIGHEST)) ** 2)
+    gpu = jax.devices("gpu")[0]
+    got = np.asarray(jax.jit(jax.grad(loss))(jax.device_put(w, gpu), jax.device_put(x, gpu)))
+    t = np.tanh(x.astype(np.float64) @ w.astype(np.float64))
+    want = x.astype(np.float64).T @ (2 * t * (1 - t * t))
+    worst = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    return worst < 1e-4, f"jitted gradient of sum(tanh(x @ w)^2), worst relative {worst:.2g}"
+
+
+CHECKS = {"devices": check_devices, "matmul": check_matmul, "grad": check_grad}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(CHECKS)

@@ -7,8 +7,9 @@ same script run natively on the same GPU.
 usage: python3 torch-suite.py [CHECK...] [bench | bench_matmul | bench_mlp | bench_small]
        (default: every check, then the benchmarks when TORCH_BENCH=1;
        "bench" alone: only them; bench_NAME: that one; train_load, a
-       GPU-bound training load, and two_devices, which needs two GPUs,
-       only when named)
+       GPU-bound training load, two_devices, which needs two GPUs, and
+       expandable, which needs PYTORCH_CUDA_ALLOC_CONF=
+       expandable_segments:True, only when named)
 Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
              TORCH_STEPS (200): training steps of the loss check;
              TORCH_LOAD_SECONDS (30): how long train_load trains.
@@ -311,6 +312,41 @@ def check_train_load():
                 f"({before[0]:.5f} -> {before[-1]:.5f})")
 
 
+def check_expandable():
+    """Training steps on expandable segments (PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True, which the caller sets before PyTorch starts):
+    the allocator grows its segments with the driver's virtual memory
+    functions, the loss matches the CPU's, and empty_cache() gives the
+    memory back to the device."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in conf:
+        return False, "run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    # cuBLAS's handle and workspace first: they stay.
+    train(dev, 1)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free0, _ = torch.cuda.mem_get_info()
+    reserved0 = torch.cuda.memory_reserved()
+    big = torch.empty(64 << 20, dtype=torch.uint8, device=dev).fill_(3)
+    gpu = train(dev, 50)
+    snap = torch.cuda.memory_snapshot()
+    expandable = [s for s in snap if s.get("is_expandable")]
+    peak = torch.cuda.memory_reserved()
+    took = int(big[-1].item()) == 3
+    del big
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free1, _ = torch.cuda.mem_get_info()
+    cpu = train("cpu", 50)
+    err = (gpu[-1] - cpu[-1]).abs().item() / cpu[-1].abs().item()
+    back = free1 >= free0
+    ok = (took and bool(expandable) and err <= 2e-2 and back
+          and torch.cuda.memory_reserved() <= reserved0)
+    return ok, (f"{len(expandable)} expandable segment(s), {peak >> 20} MiB reserved at the "
+                f"peak; loss {gpu[-1]:.5f} (CPU {cpu[-1]:.5f}); free {free0 >> 20} -> "
+                f"{free1 >> 20} MiB after empty_cache()")
+
+
 CHECKS = {
     "device": check_device,
     "mem_get_info": check_mem_get_info,
@@ -324,9 +360,11 @@ CHECKS = {
     "streams": check_streams,
     "graphs": check_graphs,
     "oom": check_oom,
-    # Not among the default checks: a load for the two-guest share runs.
+    # Not among the default checks: a load for the two-guest share runs,
+    # two devices, and expandable segments (an environment of its own).
     "train_load": check_train_load,
     "two_devices": check_two_devices,
+    "expandable": check_expandable,
 }
 
 
@@ -404,7 +442,8 @@ def bench_small():
 
 def main():
     global failed
-    names = sys.argv[1:] or [n for n in CHECKS if n not in ("train_load", "two_devices")]
+    names = sys.argv[1:] or [n for n in CHECKS
+                             if n not in ("train_load", "two_devices", "expandable")]
     # "bench" among the names runs the benchmarks, whatever TORCH_BENCH
     # says; "bench_small" (and so on) one of them.
     benches = [bench_matmul, bench_mlp, bench_small]
