@@ -188,11 +188,11 @@ int main() {
 
   DRV(cuMemUnmap(va, chunk));
   DRV(cuMemUnmap(va + 3 * chunk, chunk));
+  CHECK(cudaFree(res));
   DRV(cuMemRelease(h0));
   DRV(cuMemRelease(h1));
   EXPECT(free_mem() == free0, "free memory %zu after release, %zu before", free_mem(), free0);
   DRV(cuMemAddressFree(va, 4 * chunk));
-  CHECK(cudaFree(res));
   printf("PASS %s release\n", TEST_NAME);
 
   // A reservation far beyond the device's memory costs nothing; pages
