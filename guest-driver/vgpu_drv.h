@@ -118,6 +118,10 @@ union vgpu_dcmd {
 	struct vgpu_cmd_occupancy occupancy;
 	struct vgpu_cmd_console console;
 	struct vgpu_cmd_value value;
+	struct vgpu_cmd_va va;
+	struct vgpu_cmd_mem_create mem_create;
+	struct vgpu_cmd_mem_map mem_map;
+	struct vgpu_cmd_mem_access mem_access;
 };
 
 struct vgpu_batch;
@@ -245,16 +249,23 @@ struct vgpu_dev {
 	struct ida ctx_ida;
 };
 
-/* A device allocation or a loaded module, owned by one file. */
+/*
+ * A device allocation, a loaded module or a piece of virtual memory,
+ * owned by one file.
+ */
 struct vgpu_res {
-	struct rb_node node;		/* allocation: vgpu_file.allocs */
+	struct rb_node node;		/* allocs, vas or phys of vgpu_file */
 	struct list_head link;		/* module: vgpu_file.modules */
-	u64 addr;			/* device address or module handle */
-	u64 size;
+	u64 addr;			/* device address, module or physical handle */
+	u64 size;			/* phys: 1 in the tree, bytes in bytes */
 	u64 owner;			/* global: its module's handle */
+	u64 bytes;			/* phys: its size */
 	bool module;
 	bool global;			/* a module's global, in allocs */
 	bool dying;			/* unload checked, not yet on the ring */
+	bool va;			/* a reservation, in vas */
+	bool phys;			/* a physical allocation, in phys */
+	bool mapping;			/* a mapping, in allocs */
 };
 
 /* User memory pinned and mapped for the device once (VGPU_IOCTL_PIN). */
@@ -283,9 +294,15 @@ struct vgpu_file {
 	/* Validation and insertion of a file's commands are one step. */
 	struct mutex submit_lock;
 
-	/* The file's resources: allocs to res_gen. */
+	/*
+	 * The file's resources: allocs to res_gen. allocs holds allocations,
+	 * globals and mappings by address; vas the reservations, phys the
+	 * physical allocations by handle (virtual memory management).
+	 */
 	spinlock_t res_lock;
 	struct rb_root allocs;
+	struct rb_root vas;
+	struct rb_root phys;
 	struct list_head modules;
 	u64 mem_bytes;
 	u32 nallocs;

@@ -114,6 +114,12 @@ static void vgpu_res_drop_all_locked(struct vgpu_file *vf)
 	rbtree_postorder_for_each_entry_safe(r, tmp, &vf->allocs, node)
 		kfree(r);
 	vf->allocs = RB_ROOT;
+	rbtree_postorder_for_each_entry_safe(r, tmp, &vf->vas, node)
+		kfree(r);
+	vf->vas = RB_ROOT;
+	rbtree_postorder_for_each_entry_safe(r, tmp, &vf->phys, node)
+		kfree(r);
+	vf->phys = RB_ROOT;
 	list_for_each_entry_safe(r, tmp, &vf->modules, link) {
 		list_del(&r->link);
 		kfree(r);
@@ -141,9 +147,10 @@ void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen)
 	spin_unlock_irqrestore(&vf->res_lock, flags);
 }
 
-static bool vgpu_alloc_insert(struct vgpu_file *vf, struct vgpu_res *res)
+/* Files @res in @root, a tree of ranges that do not overlap. */
+static bool vgpu_range_insert(struct rb_root *root, struct vgpu_res *res)
 {
-	struct rb_node **link = &vf->allocs.rb_node, *parent = NULL;
+	struct rb_node **link = &root->rb_node, *parent = NULL;
 	u64 end;
 
 	if (!res->size || check_add_overflow(res->addr, res->size, &end))
@@ -160,14 +167,19 @@ static bool vgpu_alloc_insert(struct vgpu_file *vf, struct vgpu_res *res)
 			return false;	/* overlaps */
 	}
 	rb_link_node(&res->node, parent, link);
-	rb_insert_color(&res->node, &vf->allocs);
+	rb_insert_color(&res->node, root);
 	return true;
 }
 
-/* The allocation containing addr. res_lock held. */
-static struct vgpu_res *vgpu_alloc_find(struct vgpu_file *vf, u64 addr)
+static bool vgpu_alloc_insert(struct vgpu_file *vf, struct vgpu_res *res)
 {
-	struct rb_node *n = vf->allocs.rb_node;
+	return vgpu_range_insert(&vf->allocs, res);
+}
+
+/* The range of @root containing addr. res_lock held. */
+static struct vgpu_res *vgpu_range_find(struct rb_root *root, u64 addr)
+{
+	struct rb_node *n = root->rb_node;
 
 	while (n) {
 		struct vgpu_res *r = rb_entry(n, struct vgpu_res, node);
@@ -180,6 +192,12 @@ static struct vgpu_res *vgpu_alloc_find(struct vgpu_file *vf, u64 addr)
 			return r;
 	}
 	return NULL;
+}
+
+/* The allocation, global or mapping containing addr. res_lock held. */
+static struct vgpu_res *vgpu_alloc_find(struct vgpu_file *vf, u64 addr)
+{
+	return vgpu_range_find(&vf->allocs, addr);
 }
 
 /* A module of the file, not being unloaded. res_lock held. */
@@ -218,8 +236,24 @@ void vgpu_res_record(struct vgpu_file *vf, struct vgpu_res *res, u64 gen,
 		goto out;
 	}
 	vgpu_res_sync_gen_locked(vf, gen);
-	res->addr = value;
-	if (res->module) {
+	/* A mapping has no result: its address was the command's. */
+	if (!res->mapping)
+		res->addr = value;
+	if (res->va || res->phys) {
+		if (vgpu_range_insert(res->va ? &vf->vas : &vf->phys, res)) {
+			vf->mem_bytes += res->bytes;
+		} else {
+			dev_warn_ratelimited(&vf->vdev->pdev->dev,
+					     "device returned an unusable %s %#llx\n",
+					     res->va ? "reservation" : "handle",
+					     value);
+			kfree(res);
+		}
+	} else if (res->mapping) {
+		/* Checked against the file's own mappings before it ran. */
+		if (!vgpu_alloc_insert(vf, res))
+			kfree(res);
+	} else if (res->module) {
 		list_add_tail(&res->link, &vf->modules);
 		vf->nmodules++;
 	} else if (res->global) {
@@ -248,7 +282,11 @@ out:
 	spin_unlock(&vf->res_lock);
 }
 
-/* 0 when [addr, addr + len) lies inside one allocation of the file. */
+/*
+ * 0 when [addr, addr + len) lies inside one allocation of the file, or
+ * inside mappings of the file side by side (the device copies across
+ * those as across one allocation).
+ */
 static int vgpu_check_dev_range(struct vgpu_file *vf, u64 addr, u64 len)
 {
 	struct vgpu_res *r;
@@ -261,10 +299,44 @@ static int vgpu_check_dev_range(struct vgpu_file *vf, u64 addr, u64 len)
 	r = vgpu_alloc_find(vf, addr);
 	if (!r)
 		ret = -ENOENT;
-	else if (len > r->size - (addr - r->addr))
-		ret = -ERANGE;
+	while (r && len > r->size - (addr - r->addr)) {
+		u64 next = r->addr + r->size;
+
+		if (!r->mapping) {
+			ret = -ERANGE;
+			break;
+		}
+		len -= next - addr;
+		addr = next;
+		r = vgpu_alloc_find(vf, next);
+		if (!r || !r->mapping || r->addr != next) {
+			ret = -ERANGE;
+			break;
+		}
+	}
 	spin_unlock_irqrestore(&vf->res_lock, flags);
 	return ret;
+}
+
+/*
+ * 0 when [addr, addr + len) is made of whole mappings of the file, every
+ * byte mapped: what the device's UNMAP and MEM_ACCESS take. res_lock held.
+ */
+static int vgpu_whole_mappings_locked(struct vgpu_file *vf, u64 addr, u64 len)
+{
+	struct vgpu_res *r;
+	u64 end;
+
+	if (!len || check_add_overflow(addr, len, &end))
+		return -EINVAL;
+	while (addr < end) {
+		r = vgpu_alloc_find(vf, addr);
+		if (!r || !r->mapping || r->addr != addr ||
+		    r->size > end - addr)
+			return -EINVAL;
+		addr += r->size;
+	}
+	return 0;
 }
 
 /*
@@ -1443,6 +1515,8 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		i.flags |= VGPU_INFO_OCCUPANCY;
 	if (vdev->features & VGPU_FEATURE_CONSOLE)
 		i.flags |= VGPU_INFO_CONSOLE;
+	if (vdev->features & VGPU_FEATURE_VMM)
+		i.flags |= VGPU_INFO_VMM;
 	if (vdev->contexts) {
 		i.flags |= VGPU_INFO_CONTEXTS;
 		i.max_contexts = vdev->max_contexts;
@@ -1577,7 +1651,9 @@ static long vgpu_ioctl_free(struct vgpu_file *vf, struct vgpu_free __user *arg)
 	spin_lock_irqsave(&vf->res_lock, flags);
 	r = vgpu_alloc_find(vf, f.addr);
 	found = r && r->addr == f.addr;
-	ret = found && r->global ? -EINVAL : found ? 0 : -ENOENT;
+	/* Globals go with their module, mappings with UNMAP. */
+	ret = found && (r->global || r->mapping) ? -EINVAL :
+	      found ? 0 : -ENOENT;
 	spin_unlock_irqrestore(&vf->res_lock, flags);
 	if (ret)
 		goto unlock;
@@ -1590,7 +1666,7 @@ static long vgpu_ioctl_free(struct vgpu_file *vf, struct vgpu_free __user *arg)
 	if (!ret) {
 		spin_lock_irqsave(&vf->res_lock, flags);
 		r = vgpu_alloc_find(vf, f.addr);
-		if (r && r->addr == f.addr) {
+		if (r && r->addr == f.addr && !r->global && !r->mapping) {
 			rb_erase(&r->node, &vf->allocs);
 			vf->mem_bytes -= r->size;
 			vf->nallocs--;
@@ -1608,6 +1684,260 @@ unlock_hw:
 		ret = vgpu_wait_internal(vf, b);
 	if (!ret)
 		ret = c->error;
+	vgpu_batch_put(b);
+	return ret;
+}
+
+/*
+ * VGPU_IOCTL_VMM: one virtual memory command, waited for. What it makes
+ * (a reservation, a physical allocation, a mapping) is recorded at its
+ * completion, as ALLOC's allocation is; what it ends is forgotten once
+ * the command is on the ring, as FREE's is, so that no later command of
+ * the file can name it. A file names only its own (without device
+ * contexts every file shares one address space on the device: these
+ * checks are then all that keeps one file's memory from another).
+ */
+static int vgpu_vmm_prep(const struct vgpu_vmm *v, struct vgpu_bcmd *c)
+{
+	const u64 g = VGPU_VMM_GRANULE;
+	bool with_access = v->op == VGPU_VMM_ACCESS;
+	bool with_handle = v->op == VGPU_VMM_RELEASE || v->op == VGPU_VMM_MAP;
+
+	if ((v->access && !with_access) || (v->handle && !with_handle) ||
+	    (v->align && v->op != VGPU_VMM_RESERVE) ||
+	    (v->offset && v->op != VGPU_VMM_MAP))
+		return -EINVAL;
+	if (v->op == VGPU_VMM_RELEASE ? v->size || v->addr :
+	    !v->size || v->size % g)
+		return -EINVAL;
+	if (v->op != VGPU_VMM_RESERVE && v->op != VGPU_VMM_CREATE &&
+	    v->op != VGPU_VMM_RELEASE && v->addr % g)
+		return -EINVAL;
+
+	switch (v->op) {
+	case VGPU_VMM_RESERVE:
+	case VGPU_VMM_FREE:
+		if (v->align & (v->align - 1))
+			return -EINVAL;
+		c->dcmd.va.hdr.opcode = VGPU_OP_VA_RESERVE;
+		c->dcmd.va.addr = v->addr;
+		c->dcmd.va.size = v->size;
+		c->dcmd.va.align = v->align;
+		c->dlen = sizeof(c->dcmd.va);
+		if (v->op == VGPU_VMM_FREE) {
+			c->dcmd.va.hdr.flags = VGPU_VA_FLAG_FREE;
+			return 0;
+		}
+		break;
+	case VGPU_VMM_CREATE:
+	case VGPU_VMM_RELEASE:
+		if (v->addr)
+			return -EINVAL;
+		c->dcmd.mem_create.hdr.opcode = VGPU_OP_MEM_CREATE;
+		c->dcmd.mem_create.size = v->size;
+		c->dcmd.mem_create.handle = v->handle;
+		c->dlen = sizeof(c->dcmd.mem_create);
+		if (v->op == VGPU_VMM_RELEASE) {
+			c->dcmd.mem_create.hdr.flags = VGPU_MEM_CREATE_FLAG_RELEASE;
+			return 0;
+		}
+		break;
+	case VGPU_VMM_MAP:
+	case VGPU_VMM_UNMAP:
+		if (v->offset % g)
+			return -EINVAL;
+		c->dcmd.mem_map.hdr.opcode = VGPU_OP_MEM_MAP;
+		c->dcmd.mem_map.addr = v->addr;
+		c->dcmd.mem_map.size = v->size;
+		c->dcmd.mem_map.handle = v->handle;
+		c->dcmd.mem_map.offset = v->offset;
+		c->dlen = sizeof(c->dcmd.mem_map);
+		if (v->op == VGPU_VMM_UNMAP) {
+			c->dcmd.mem_map.hdr.flags = VGPU_MEM_MAP_FLAG_UNMAP;
+			return 0;
+		}
+		break;
+	case VGPU_VMM_ACCESS:
+		if (v->access != VGPU_VMM_ACCESS_NONE &&
+		    v->access != VGPU_VMM_ACCESS_READ &&
+		    v->access != VGPU_VMM_ACCESS_RW)
+			return -EINVAL;
+		c->dcmd.mem_access.hdr.opcode = VGPU_OP_MEM_ACCESS;
+		c->dcmd.mem_access.addr = v->addr;
+		c->dcmd.mem_access.size = v->size;
+		c->dcmd.mem_access.access = v->access;
+		c->dlen = sizeof(c->dcmd.mem_access);
+		return 0;
+	default:
+		return -EINVAL;
+	}
+
+	/* RESERVE, CREATE, MAP: the record kept at completion. */
+	c->res = kzalloc(sizeof(*c->res), GFP_KERNEL);
+	if (!c->res)
+		return -ENOMEM;
+	switch (v->op) {
+	case VGPU_VMM_RESERVE:
+		c->res->va = true;
+		c->res->size = v->size;
+		break;
+	case VGPU_VMM_CREATE:
+		c->res->phys = true;
+		c->res->size = 1;
+		c->res->bytes = v->size;
+		break;
+	default:
+		c->res->mapping = true;
+		c->res->addr = v->addr;
+		c->res->size = v->size;
+		c->res->owner = v->handle;
+		break;
+	}
+	return 0;
+}
+
+/*
+ * Checks that the command names only what the file holds; FREE, RELEASE
+ * and UNMAP forget it (into @gone). res_lock held.
+ */
+static int vgpu_vmm_check_locked(struct vgpu_file *vf, const struct vgpu_vmm *v,
+				 struct list_head *gone)
+{
+	struct vgpu_res *r;
+	u64 addr, end;
+	int ret;
+
+	switch (v->op) {
+	case VGPU_VMM_FREE:
+		r = vgpu_range_find(&vf->vas, v->addr);
+		if (!r || r->addr != v->addr)
+			return -ENOENT;
+		if (r->size != v->size)
+			return -EINVAL;
+		rb_erase(&r->node, &vf->vas);
+		list_add(&r->link, gone);
+		return 0;
+	case VGPU_VMM_RELEASE:
+		r = vgpu_range_find(&vf->phys, v->handle);
+		if (!r || r->addr != v->handle)
+			return -ENOENT;
+		rb_erase(&r->node, &vf->phys);
+		vf->mem_bytes -= r->bytes;
+		list_add(&r->link, gone);
+		return 0;
+	case VGPU_VMM_MAP:
+		r = vgpu_range_find(&vf->phys, v->handle);
+		if (!r || r->addr != v->handle)
+			return -ENOENT;
+		r = vgpu_range_find(&vf->vas, v->addr);
+		if (!r || v->size > r->size - (v->addr - r->addr))
+			return -EINVAL;
+		return 0;
+	case VGPU_VMM_UNMAP:
+		ret = vgpu_whole_mappings_locked(vf, v->addr, v->size);
+		if (ret)
+			return ret;
+		addr = v->addr;
+		end = v->addr + v->size;
+		while (addr < end) {
+			r = vgpu_alloc_find(vf, addr);
+			addr += r->size;
+			rb_erase(&r->node, &vf->allocs);
+			list_add(&r->link, gone);
+		}
+		return 0;
+	case VGPU_VMM_ACCESS:
+		return vgpu_whole_mappings_locked(vf, v->addr, v->size);
+	default:
+		return 0;
+	}
+}
+
+static long vgpu_ioctl_vmm(struct vgpu_file *vf, struct vgpu_vmm __user *arg)
+{
+	struct vgpu_dev *vdev = vf->vdev;
+	struct vgpu_res *r, *tmp;
+	struct vgpu_batch *b;
+	struct vgpu_bcmd *c;
+	unsigned long flags;
+	struct vgpu_vmm v;
+	LIST_HEAD(gone);
+	long ret;
+
+	if (copy_from_user(&v, arg, sizeof(v)))
+		return -EFAULT;
+	if (!(vdev->features & VGPU_FEATURE_VMM))
+		return -EOPNOTSUPP;
+
+	b = vgpu_single(vf);
+	if (!b)
+		return -ENOMEM;
+	c = &b->cmds[0];
+	ret = vgpu_vmm_prep(&v, c);
+	if (ret)
+		goto put;
+
+	down_read(&vdev->hw_lock);
+	if (vdev->dead) {
+		ret = -ENODEV;
+		goto unlock_hw;
+	}
+	ret = mutex_lock_killable(&vf->submit_lock);
+	if (ret)
+		goto unlock_hw;
+	b->gen = READ_ONCE(vdev->gen);
+	vgpu_res_sync_gen(vf, b->gen);
+
+	spin_lock_irqsave(&vf->res_lock, flags);
+	ret = vgpu_vmm_check_locked(vf, &v, &gone);
+	spin_unlock_irqrestore(&vf->res_lock, flags);
+	if (!ret) {
+		/*
+		 * Commands of the file already on the ring run before this
+		 * one; later ones are checked against the table without what
+		 * it ends.
+		 */
+		ret = vgpu_queue_submit(vf->q, b, true);
+		if (ret) {
+			/* Not sent: what it would have ended stays the file's. */
+			spin_lock_irqsave(&vf->res_lock, flags);
+			list_for_each_entry_safe(r, tmp, &gone, link) {
+				list_del(&r->link);
+				if (r->va)
+					vgpu_range_insert(&vf->vas, r);
+				else if (r->phys && vgpu_range_insert(&vf->phys, r))
+					vf->mem_bytes += r->bytes;
+				else if (r->mapping)
+					vgpu_alloc_insert(vf, r);
+			}
+			spin_unlock_irqrestore(&vf->res_lock, flags);
+		}
+	}
+	mutex_unlock(&vf->submit_lock);
+unlock_hw:
+	up_read(&vdev->hw_lock);
+	list_for_each_entry_safe(r, tmp, &gone, link)
+		kfree(r);
+	if (ret)
+		goto put;
+
+	/*
+	 * Killed while waiting: what the command makes, if it runs, is
+	 * recorded at completion and ends with the file.
+	 */
+	ret = vgpu_wait_internal(vf, b);
+	if (ret)
+		goto put;
+	ret = c->error;
+	if (!ret && (v.op == VGPU_VMM_RESERVE || v.op == VGPU_VMM_CREATE)) {
+		if (v.op == VGPU_VMM_RESERVE)
+			v.addr = c->result;
+		else
+			v.handle = c->result;
+		if (copy_to_user(arg, &v, sizeof(v)))
+			ret = -EFAULT;
+	}
+put:
 	vgpu_batch_put(b);
 	return ret;
 }
@@ -1830,6 +2160,7 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 	case VGPU_IOCTL_FREE:
 	case VGPU_IOCTL_PIN:
 	case VGPU_IOCTL_UNPIN:
+	case VGPU_IOCTL_VMM:
 		/* A lane's resources are its owner's. */
 		if (vf->owner)
 			return -EINVAL;
@@ -1854,82 +2185,160 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		return vgpu_ioctl_unpin(vf, uarg);
 	case VGPU_IOCTL_LANE:
 		return vgpu_ioctl_lane(vf, uarg);
+	case VGPU_IOCTL_VMM:
+		return vgpu_ioctl_vmm(vf, uarg);
 	}
 	/* One of ours with the wrong size or direction. */
 	if (_IOC_TYPE(cmd) == VGPU_IOCTL_MAGIC &&
 	    _IOC_NR(cmd) >= _IOC_NR(VGPU_IOCTL_INFO) &&
-	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_LANE))
+	    _IOC_NR(cmd) <= _IOC_NR(VGPU_IOCTL_VMM))
 		return -EINVAL;
 	return -ENOTTY;
 }
 
 /* ---- close ------------------------------------------------------------------- */
 
+/* What a closed file held, to end on the device. */
+struct vgpu_held {
+	struct rb_root allocs;		/* allocations, globals, mappings */
+	struct rb_root vas;
+	struct rb_root phys;
+	struct list_head modules;
+};
+
+/* The device command that ends @r, in @d; false for none (a global). */
+static bool vgpu_end_cmd(const struct vgpu_res *r, union vgpu_dcmd *d)
+{
+	memset(d, 0, sizeof(*d));
+	if (r->module) {
+		d->module_unload.hdr.opcode = VGPU_OP_MODULE_UNLOAD;
+		d->module_unload.module = r->addr;
+	} else if (r->va) {
+		d->va.hdr.opcode = VGPU_OP_VA_RESERVE;
+		d->va.hdr.flags = VGPU_VA_FLAG_FREE;
+		d->va.addr = r->addr;
+		d->va.size = r->size;
+	} else if (r->phys) {
+		d->mem_create.hdr.opcode = VGPU_OP_MEM_CREATE;
+		d->mem_create.hdr.flags = VGPU_MEM_CREATE_FLAG_RELEASE;
+		d->mem_create.handle = r->addr;
+	} else if (r->mapping) {
+		d->mem_map.hdr.opcode = VGPU_OP_MEM_MAP;
+		d->mem_map.hdr.flags = VGPU_MEM_MAP_FLAG_UNMAP;
+		d->mem_map.addr = r->addr;
+		d->mem_map.size = r->size;
+	} else if (!r->global) {
+		d->mem_free.hdr.opcode = VGPU_OP_MEM_FREE;
+		d->mem_free.addr = r->addr;
+	} else {
+		/* A global goes with its module's unload. */
+		return false;
+	}
+	return true;
+}
+
+static u32 vgpu_dcmd_len(const union vgpu_dcmd *d)
+{
+	switch (d->hdr.opcode) {
+	case VGPU_OP_MODULE_UNLOAD:
+		return sizeof(d->module_unload);
+	case VGPU_OP_VA_RESERVE:
+		return sizeof(d->va);
+	case VGPU_OP_MEM_CREATE:
+		return sizeof(d->mem_create);
+	case VGPU_OP_MEM_MAP:
+		return sizeof(d->mem_map);
+	default:
+		return sizeof(d->mem_free);
+	}
+}
+
 /*
- * Queues MEM_FREE / MODULE_UNLOAD for what a closed file held. Returns the
- * last batch queued (referenced), whose completion implies the others'.
+ * Appends the commands that end what @root holds: mappings first (with
+ * @mappings), else everything else of it. Returns the new count.
+ */
+static u32 vgpu_end_tree(struct rb_root *root, bool mappings,
+			 union vgpu_dcmd *cmds, u32 n, u32 max)
+{
+	struct rb_node *node;
+
+	for (node = rb_first(root); node && n < max; node = rb_next(node)) {
+		struct vgpu_res *r = rb_entry(node, struct vgpu_res, node);
+
+		if (r->mapping == mappings && vgpu_end_cmd(r, &cmds[n]))
+			n++;
+	}
+	return n;
+}
+
+/*
+ * Queues what ends everything a closed file held, in an order the
+ * device accepts: UNMAP of its mappings, MEM_FREE of its allocations,
+ * RELEASE of its physical allocations, FREE of its reservations, then
+ * MODULE_UNLOAD. Returns the last batch queued (referenced), whose
+ * completion implies the others'.
  */
 static struct vgpu_batch *vgpu_free_res_on_device(struct vgpu_file *vf,
-						  struct rb_root *allocs,
-						  struct list_head *modules,
-						  u64 gen)
+						  struct vgpu_held *h, u64 gen)
 {
 	struct vgpu_batch *last = NULL;
 	struct vgpu_dev *vdev = vf->vdev;
 	u32 per = min_t(u32, VGPU_MAX_BATCH_CMDS, vf->q->size / 2);
-	struct rb_node *node = rb_first(allocs);
-	struct vgpu_res *m = list_first_entry_or_null(modules, struct vgpu_res,
-						      link);
+	union vgpu_dcmd *cmds;
+	struct rb_node *node;
+	struct vgpu_res *m;
+	u32 max = 0, n = 0, done = 0;
 
-	while (node || m) {
-		struct vgpu_batch *b = vgpu_batch_alloc(vdev, NULL, per);
-		u32 n = 0;
-		int ret;
+	for (node = rb_first(&h->allocs); node; node = rb_next(node))
+		max++;
+	for (node = rb_first(&h->vas); node; node = rb_next(node))
+		max++;
+	for (node = rb_first(&h->phys); node; node = rb_next(node))
+		max++;
+	list_for_each_entry(m, &h->modules, link)
+		max++;
+	if (!max)
+		return NULL;
+	cmds = kvmalloc_array(max, sizeof(*cmds), GFP_KERNEL);
+	if (!cmds) {
+		dev_warn_ratelimited(&vdev->pdev->dev,
+				     "no memory to free what a closed file held\n");
+		return NULL;
+	}
+	n = vgpu_end_tree(&h->allocs, true, cmds, n, max);
+	n = vgpu_end_tree(&h->allocs, false, cmds, n, max);
+	n = vgpu_end_tree(&h->phys, false, cmds, n, max);
+	n = vgpu_end_tree(&h->vas, false, cmds, n, max);
+	list_for_each_entry(m, &h->modules, link)
+		if (n < max && vgpu_end_cmd(m, &cmds[n]))
+			n++;
+
+	while (done < n) {
+		u32 k = min(per, n - done), i;
+		struct vgpu_batch *b = vgpu_batch_alloc(vdev, NULL, k);
 
 		if (!b)
 			break;
-		for (; n < per && node; node = rb_next(node)) {
-			struct vgpu_res *r = rb_entry(node, struct vgpu_res, node);
-			struct vgpu_bcmd *c = &b->cmds[n];
+		for (i = 0; i < k; i++) {
+			struct vgpu_bcmd *c = &b->cmds[i];
 
-			/* A global goes with its module's unload below. */
-			if (r->global)
-				continue;
-			c->dcmd.mem_free.hdr.opcode = VGPU_OP_MEM_FREE;
-			c->dcmd.mem_free.addr = r->addr;
-			c->dlen = sizeof(c->dcmd.mem_free);
-			n++;
+			c->dcmd = cmds[done + i];
+			c->dlen = vgpu_dcmd_len(&c->dcmd);
+			c->npieces = 1;
+			c->ndesc = 2;
 		}
-		for (; n < per && m; n++) {
-			struct vgpu_bcmd *c = &b->cmds[n];
-
-			c->dcmd.module_unload.hdr.opcode = VGPU_OP_MODULE_UNLOAD;
-			c->dcmd.module_unload.module = m->addr;
-			c->dlen = sizeof(c->dcmd.module_unload);
-			m = list_is_last(&m->link, modules) ? NULL :
-			    list_next_entry(m, link);
-		}
-		if (!n) {
-			/* Only globals were left: nothing to free. */
-			vgpu_batch_put(b);
-			break;
-		}
-		b->ncmds = n;
-		for (n = 0; n < b->ncmds; n++) {
-			b->cmds[n].npieces = 1;
-			b->cmds[n].ndesc = 2;
-		}
-		b->ndesc = 2 * b->ncmds;
+		b->ndesc = 2 * k;
 		b->gen = gen;
-		ret = vgpu_queue_submit(vf->q, b, false);
-		if (ret) {
+		if (vgpu_queue_submit(vf->q, b, false)) {
 			vgpu_batch_put(b);
 			break;
 		}
 		if (last)
 			vgpu_batch_put(last);
 		last = b;
+		done += k;
 	}
+	kvfree(cmds);
 	return last;
 }
 
@@ -1973,7 +2382,8 @@ static struct vgpu_batch *vgpu_ctx_destroy(struct vgpu_file *vf,
 
 /*
  * Runs once a closed file has nothing on the ring: frees its device
- * memory and modules (unless a function reset already did) and drops the
+ * memory, virtual memory and modules (unless a function reset already
+ * did) and drops the
  * reference of the open file. With contexts, the last of a context's
  * files (its owner and lanes) destroys the context instead, which frees
  * all of it at once; memory of a context a fault ended is gone already,
@@ -1986,16 +2396,20 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 	struct vgpu_dev *vdev = vf->vdev;
 	struct vgpu_file *cf = vgpu_res_file(vf);
 	struct vgpu_batch *last = NULL;
-	struct rb_root allocs;
 	struct vgpu_res *r, *tmp;
+	struct vgpu_held h;
 	unsigned long flags;
-	LIST_HEAD(modules);
 	u64 gen;
 
+	INIT_LIST_HEAD(&h.modules);
 	spin_lock_irqsave(&vf->res_lock, flags);
-	allocs = vf->allocs;
+	h.allocs = vf->allocs;
 	vf->allocs = RB_ROOT;
-	list_splice_init(&vf->modules, &modules);
+	h.vas = vf->vas;
+	vf->vas = RB_ROOT;
+	h.phys = vf->phys;
+	vf->phys = RB_ROOT;
+	list_splice_init(&vf->modules, &h.modules);
 	vf->mem_bytes = 0;
 	vf->nallocs = 0;
 	vf->nmodules = 0;
@@ -2008,7 +2422,7 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 		    READ_ONCE(cf->ctx_used))
 			last = vgpu_ctx_destroy(vf, cf);
 	} else if (!vdev->dead && gen == READ_ONCE(vdev->gen)) {
-		last = vgpu_free_res_on_device(vf, &allocs, &modules, gen);
+		last = vgpu_free_res_on_device(vf, &h, gen);
 	}
 	up_read(&vdev->hw_lock);
 	if (last) {
@@ -2020,9 +2434,13 @@ void vgpu_file_cleanup(struct vgpu_file *vf, bool wait)
 		vgpu_batch_put(last);
 	}
 
-	rbtree_postorder_for_each_entry_safe(r, tmp, &allocs, node)
+	rbtree_postorder_for_each_entry_safe(r, tmp, &h.allocs, node)
 		kfree(r);
-	list_for_each_entry_safe(r, tmp, &modules, link)
+	rbtree_postorder_for_each_entry_safe(r, tmp, &h.vas, node)
+		kfree(r);
+	rbtree_postorder_for_each_entry_safe(r, tmp, &h.phys, node)
+		kfree(r);
+	list_for_each_entry_safe(r, tmp, &h.modules, link)
 		kfree(r);
 
 	vgpu_file_put(vf);

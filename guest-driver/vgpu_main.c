@@ -484,6 +484,8 @@ static int vgpu_open(struct inode *inode, struct file *filp)
 	mutex_init(&vf->submit_lock);
 	spin_lock_init(&vf->res_lock);
 	vf->allocs = RB_ROOT;
+	vf->vas = RB_ROOT;
+	vf->phys = RB_ROOT;
 	INIT_LIST_HEAD(&vf->modules);
 	mutex_init(&vf->pin_lock);
 	INIT_LIST_HEAD(&vf->pinned);
@@ -597,7 +599,9 @@ long vgpu_ioctl_lane(struct vgpu_file *vf, void __user *arg)
 	fresh = !vf->inflight && !vf->queued;
 	spin_unlock_irqrestore(&vf->q->lock, flags);
 	spin_lock_irqsave(&vf->res_lock, flags);
-	fresh = fresh && !vf->nallocs && !vf->nmodules;
+	fresh = fresh && !vf->nallocs && !vf->nmodules &&
+		RB_EMPTY_ROOT(&vf->allocs) && RB_EMPTY_ROOT(&vf->vas) &&
+		RB_EMPTY_ROOT(&vf->phys);
 	spin_unlock_irqrestore(&vf->res_lock, flags);
 	if (!fresh || vf->owner || vf->nlanes || vf->next_seq != 1 ||
 	    READ_ONCE(vf->npinned)) {

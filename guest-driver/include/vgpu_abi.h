@@ -18,7 +18,7 @@
 #define VGPU_PCI_REVISION 0x1ULL
 #define VGPU_ABI_MAGIC 0x55504756ULL
 #define VGPU_ABI_VERSION_MAJOR 0x1ULL
-#define VGPU_ABI_VERSION_MINOR 0x5ULL
+#define VGPU_ABI_VERSION_MINOR 0x6ULL
 #define VGPU_BAR_REGS 0x0ULL
 #define VGPU_BAR_WINDOW 0x2ULL
 #define VGPU_BAR0_SIZE 0x4000ULL
@@ -76,6 +76,7 @@
 #define VGPU_FEATURE_VALUES 0x80ULL
 #define VGPU_FEATURE_CONTEXTS 0x100ULL
 #define VGPU_FEATURE_COOPERATIVE 0x200ULL
+#define VGPU_FEATURE_VMM 0x400ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -108,6 +109,10 @@
 #define VGPU_OP_WRITE_VALUE 0xdULL
 #define VGPU_OP_WAIT_VALUE 0xeULL
 #define VGPU_OP_CTX_DESTROY 0xfULL
+#define VGPU_OP_VA_RESERVE 0x10ULL
+#define VGPU_OP_MEM_CREATE 0x11ULL
+#define VGPU_OP_MEM_MAP 0x12ULL
+#define VGPU_OP_MEM_ACCESS 0x13ULL
 #define VGPU_CMD_CTX_SHIFT 0x10ULL
 #define VGPU_CMD_CTX_MASK 0xffff0000ULL
 #define VGPU_MAX_CONTEXT_ID 0xffffULL
@@ -121,6 +126,17 @@
 #define VGPU_LAUNCH_FLAG_FUNCTION 0x1ULL
 #define VGPU_LAUNCH_FLAG_COOPERATIVE 0x2ULL
 #define VGPU_FUNC_INFO_FLAG_GLOBAL 0x1ULL
+#define VGPU_VA_FLAG_FREE 0x1ULL
+#define VGPU_MEM_CREATE_FLAG_RELEASE 0x1ULL
+#define VGPU_MEM_MAP_FLAG_UNMAP 0x1ULL
+#define VGPU_MEM_ACCESS_NONE 0x0ULL
+#define VGPU_MEM_ACCESS_READ 0x1ULL
+#define VGPU_MEM_ACCESS_READ_WRITE 0x3ULL
+#define VGPU_VMM_GRANULARITY 0x200000ULL
+#define VGPU_VMM_MAX_RESERVATION 0x100000000000ULL
+#define VGPU_VMM_MAX_ALIGN 0x10000000000ULL
+#define VGPU_VMM_MAX_RESERVATIONS 0x1000ULL
+#define VGPU_VMM_MAX_OBJECTS 0x10000ULL
 #define VGPU_MODULE_FLAG_PRINTS 0x1ULL
 #define VGPU_CONSOLE_BYTES 0x100000ULL
 #define VGPU_MAX_ENTRY_NAME 0x1000ULL
@@ -199,6 +215,43 @@ struct vgpu_cmd_mem_free {
 };
 
 _Static_assert(sizeof(struct vgpu_cmd_mem_free) == 16, "vgpu_cmd_mem_free layout");
+
+struct vgpu_cmd_va {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 addr; /* offset 8 */
+	__u64 size; /* offset 16 */
+	__u64 align; /* offset 24 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_va) == 32, "vgpu_cmd_va layout");
+
+struct vgpu_cmd_mem_create {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 size; /* offset 8 */
+	__u64 handle; /* offset 16 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_mem_create) == 24, "vgpu_cmd_mem_create layout");
+
+struct vgpu_cmd_mem_map {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 addr; /* offset 8 */
+	__u64 size; /* offset 16 */
+	__u64 handle; /* offset 24 */
+	__u64 offset; /* offset 32 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_mem_map) == 40, "vgpu_cmd_mem_map layout");
+
+struct vgpu_cmd_mem_access {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 addr; /* offset 8 */
+	__u64 size; /* offset 16 */
+	__u32 access; /* offset 24 */
+	__u32 reserved; /* offset 28 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_mem_access) == 32, "vgpu_cmd_mem_access layout");
 
 struct vgpu_cmd_copy {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */

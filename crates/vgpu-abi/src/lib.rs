@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 5;
+pub const ABI_VERSION_MINOR: u32 = 6;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -164,6 +164,10 @@ pub const FEATURE_CONTEXTS: u64 = 1 << 8;
 /// block of the grid resident at once, so that they can synchronise;
 /// ABI minor version 5.
 pub const FEATURE_COOPERATIVE: u64 = 1 << 9;
+/// Feature: virtual memory management (VA_RESERVE, MEM_CREATE, MEM_MAP,
+/// MEM_ACCESS): address ranges reserved, physical allocations made apart
+/// from any address and mapped into them; ABI minor version 6.
+pub const FEATURE_VMM: u64 = 1 << 10;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -241,6 +245,17 @@ pub const OP_WAIT_VALUE: u32 = 14;
 /// Command: end a context (the one its flags name): its device memory and
 /// modules are freed, and its id may be used again; ABI minor version 5.
 pub const OP_CTX_DESTROY: u32 = 15;
+/// Command: reserve a range of device addresses with nothing behind it
+/// (with [`VA_FLAG_FREE`]: free one); ABI minor version 6.
+pub const OP_VA_RESERVE: u32 = 16;
+/// Command: make a physical allocation, device memory with no address
+/// until it is mapped (with [`MEM_CREATE_FLAG_RELEASE`]: release one).
+pub const OP_MEM_CREATE: u32 = 17;
+/// Command: map a piece of a physical allocation into a reserved range
+/// (with [`MEM_MAP_FLAG_UNMAP`]: unmap a range).
+pub const OP_MEM_MAP: u32 = 18;
+/// Command: set what kernels and copies may do to a mapped range.
+pub const OP_MEM_ACCESS: u32 = 19;
 
 /// A command's flags carry its context in these bits (ABI 1.5, with
 /// [`FEATURE_CONTEXTS`]): 0 is the function's own context, which every
@@ -283,6 +298,33 @@ pub const LAUNCH_FLAG_COOPERATIVE: u32 = 1 << 1;
 /// of the partition's allocations (COPY and FILL reach it, MEM_FREE does
 /// not free it) until its module is unloaded.
 pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
+/// VA_RESERVE flag: free the reservation that starts at `addr` and is
+/// `size` bytes long (nothing may be mapped in it any more).
+pub const VA_FLAG_FREE: u32 = 1 << 0;
+/// MEM_CREATE flag: release the physical allocation `handle`; its memory
+/// is freed once nothing maps it.
+pub const MEM_CREATE_FLAG_RELEASE: u32 = 1 << 0;
+/// MEM_MAP flag: unmap `[addr, addr + size)`, which must be whole
+/// mappings, every byte mapped.
+pub const MEM_MAP_FLAG_UNMAP: u32 = 1 << 0;
+/// MEM_ACCESS: no access (a new mapping's).
+pub const MEM_ACCESS_NONE: u32 = 0;
+/// MEM_ACCESS: kernels and copies may read.
+pub const MEM_ACCESS_READ: u32 = 1;
+/// MEM_ACCESS: kernels and copies may read and write.
+pub const MEM_ACCESS_READ_WRITE: u32 = 3;
+/// Virtual memory management: what addresses, sizes, offsets and the
+/// alignment of reservations are multiples of (a GPU's 2 MiB pages).
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+/// Largest reservation (16 TiB): far more than any device's memory, as
+/// allocators reserve a multiple of it up front.
+pub const VMM_MAX_RESERVATION: u64 = 1 << 44;
+/// Largest alignment a reservation may ask for.
+pub const VMM_MAX_ALIGN: u64 = 1 << 40;
+/// Most reservations of one context at once.
+pub const VMM_MAX_RESERVATIONS: u64 = 1 << 12;
+/// Most physical allocations, and most mappings, of one context at once.
+pub const VMM_MAX_OBJECTS: u64 = 1 << 16;
 /// Bit of a MODULE_LOAD's [`Completion::result2`]: the module's kernels
 /// may print (it calls `vprintf` or `__assertfail`); what they print
 /// waits for CONSOLE.
@@ -505,6 +547,77 @@ abi_struct!(
         hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
         /// Device address returned by MEM_ALLOC.
         addr: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// VA_RESERVE: reserves `size` bytes of device addresses (a multiple
+    /// of [`VMM_GRANULARITY`], at most [`VMM_MAX_RESERVATION`]) aligned to
+    /// `align` (0, or a power of two up to [`VMM_MAX_ALIGN`]; at least
+    /// the granularity); `addr`, if not 0, is the address wanted, taken
+    /// if it is free and aligned. Result: the range's first address.
+    /// With [`VA_FLAG_FREE`], frees the reservation at `addr` of `size`.
+    VaCmd => "vgpu_cmd_va" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Address wanted (0: any), or the reservation to free.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+        /// Alignment (0: the granularity).
+        align: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MEM_CREATE: a physical allocation of `size` bytes (a multiple of
+    /// [`VMM_GRANULARITY`]), charged to the quota; result: its handle
+    /// (not 0). With [`MEM_CREATE_FLAG_RELEASE`], releases `handle`.
+    MemCreateCmd => "vgpu_cmd_mem_create" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Bytes (0 when releasing).
+        size: u64 => "__u64 {}",
+        /// The handle to release (0 when creating).
+        handle: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MEM_MAP: maps `size` bytes of physical allocation `handle` from
+    /// byte `offset` at `addr`, inside one reservation where nothing is
+    /// mapped yet; all three multiples of [`VMM_GRANULARITY`]. A new
+    /// mapping has no access ([`OP_MEM_ACCESS`]). With
+    /// [`MEM_MAP_FLAG_UNMAP`], unmaps `[addr, addr + size)` (`handle` and
+    /// `offset` 0).
+    MemMapCmd => "vgpu_cmd_mem_map" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Device address.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+        /// Physical allocation.
+        handle: u64 => "__u64 {}",
+        /// Offset in it.
+        offset: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// MEM_ACCESS: gives the whole mappings of `[addr, addr + size)`
+    /// (every byte mapped) `access` (`MEM_ACCESS_*`).
+    MemAccessCmd => "vgpu_cmd_mem_access" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Device address.
+        addr: u64 => "__u64 {}",
+        /// Bytes.
+        size: u64 => "__u64 {}",
+        /// `MEM_ACCESS_*`.
+        access: u32 => "__u32 {}",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
     }
 );
 
@@ -987,6 +1100,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_VALUES", FEATURE_VALUES),
         ("VGPU_FEATURE_CONTEXTS", FEATURE_CONTEXTS),
         ("VGPU_FEATURE_COOPERATIVE", FEATURE_COOPERATIVE),
+        ("VGPU_FEATURE_VMM", FEATURE_VMM),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -1019,6 +1133,10 @@ pub fn c_header() -> String {
         ("VGPU_OP_WRITE_VALUE", OP_WRITE_VALUE.into()),
         ("VGPU_OP_WAIT_VALUE", OP_WAIT_VALUE.into()),
         ("VGPU_OP_CTX_DESTROY", OP_CTX_DESTROY.into()),
+        ("VGPU_OP_VA_RESERVE", OP_VA_RESERVE.into()),
+        ("VGPU_OP_MEM_CREATE", OP_MEM_CREATE.into()),
+        ("VGPU_OP_MEM_MAP", OP_MEM_MAP.into()),
+        ("VGPU_OP_MEM_ACCESS", OP_MEM_ACCESS.into()),
         ("VGPU_CMD_CTX_SHIFT", CMD_CTX_SHIFT.into()),
         ("VGPU_CMD_CTX_MASK", CMD_CTX_MASK.into()),
         ("VGPU_MAX_CONTEXT_ID", MAX_CONTEXT_ID.into()),
@@ -1035,6 +1153,20 @@ pub fn c_header() -> String {
             LAUNCH_FLAG_COOPERATIVE.into(),
         ),
         ("VGPU_FUNC_INFO_FLAG_GLOBAL", FUNC_INFO_FLAG_GLOBAL.into()),
+        ("VGPU_VA_FLAG_FREE", VA_FLAG_FREE.into()),
+        (
+            "VGPU_MEM_CREATE_FLAG_RELEASE",
+            MEM_CREATE_FLAG_RELEASE.into(),
+        ),
+        ("VGPU_MEM_MAP_FLAG_UNMAP", MEM_MAP_FLAG_UNMAP.into()),
+        ("VGPU_MEM_ACCESS_NONE", MEM_ACCESS_NONE.into()),
+        ("VGPU_MEM_ACCESS_READ", MEM_ACCESS_READ.into()),
+        ("VGPU_MEM_ACCESS_READ_WRITE", MEM_ACCESS_READ_WRITE.into()),
+        ("VGPU_VMM_GRANULARITY", VMM_GRANULARITY),
+        ("VGPU_VMM_MAX_RESERVATION", VMM_MAX_RESERVATION),
+        ("VGPU_VMM_MAX_ALIGN", VMM_MAX_ALIGN),
+        ("VGPU_VMM_MAX_RESERVATIONS", VMM_MAX_RESERVATIONS),
+        ("VGPU_VMM_MAX_OBJECTS", VMM_MAX_OBJECTS),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
         ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),
         ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
@@ -1081,6 +1213,10 @@ pub fn c_header() -> String {
     c_struct::<ValueCmd>(&mut o, true);
     c_struct::<MemAllocCmd>(&mut o, true);
     c_struct::<MemFreeCmd>(&mut o, true);
+    c_struct::<VaCmd>(&mut o, true);
+    c_struct::<MemCreateCmd>(&mut o, true);
+    c_struct::<MemMapCmd>(&mut o, true);
+    c_struct::<MemAccessCmd>(&mut o, true);
     c_struct::<CopyCmd>(&mut o, true);
     c_struct::<SgEntry>(&mut o, true);
     c_struct::<FillCmd>(&mut o, true);
@@ -1168,6 +1304,10 @@ mod tests {
             ValueCmd,
             MemAllocCmd,
             MemFreeCmd,
+            VaCmd,
+            MemCreateCmd,
+            MemMapCmd,
+            MemAccessCmd,
             CopyCmd,
             SgEntry,
             FillCmd,

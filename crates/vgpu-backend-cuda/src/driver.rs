@@ -1043,3 +1043,96 @@ impl Drop for Module {
         let _ = self.release();
     }
 }
+
+/// Virtual memory management: the allocation properties of pinned
+/// device memory on `device`, no shareable handle.
+fn vmm_prop(device: CUdevice) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct; all zeros is its documented default
+    // (no handle types, no flags).
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop
+}
+
+/// The smallest granularity of virtual memory mappings on `device`
+/// (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`).
+pub fn mem_granularity(device: CUdevice) -> Result<usize, CuError> {
+    let prop = vmm_prop(device);
+    let mut g = 0usize;
+    // SAFETY: valid out pointer and properties.
+    ok(unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    Ok(g)
+}
+
+/// Reserves `size` bytes of device addresses aligned to `align`, at
+/// `addr` if the driver can (0: anywhere).
+pub fn mem_address_reserve(size: usize, align: usize, addr: u64) -> Result<u64, CuError> {
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; the driver checks the values.
+    ok(unsafe { sys::cuMemAddressReserve(&mut p, size, align, addr, 0) })?;
+    Ok(p)
+}
+
+/// Frees a reservation.
+pub fn mem_address_free(addr: u64, size: usize) -> Result<(), CuError> {
+    // SAFETY: plain values the driver checks.
+    ok(unsafe { sys::cuMemAddressFree(addr, size) })
+}
+
+/// Makes a physical allocation of `size` bytes on `device`.
+pub fn mem_create(size: usize, device: CUdevice) -> Result<u64, CuError> {
+    let prop = vmm_prop(device);
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer and properties.
+    ok(unsafe { sys::cuMemCreate(&mut h, size, &prop, 0) })?;
+    Ok(h)
+}
+
+/// Releases a physical allocation.
+pub fn mem_release(handle: u64) -> Result<(), CuError> {
+    // SAFETY: a handle `mem_create` returned, released once.
+    ok(unsafe { sys::cuMemRelease(handle) })
+}
+
+/// Maps `size` bytes of `handle` from `offset` at `addr`.
+pub fn mem_map(addr: u64, size: usize, offset: usize, handle: u64) -> Result<(), CuError> {
+    // SAFETY: plain values the driver checks.
+    ok(unsafe { sys::cuMemMap(addr, size, offset, handle, 0) })
+}
+
+/// Unmaps `[addr, addr + size)`.
+pub fn mem_unmap(addr: u64, size: usize) -> Result<(), CuError> {
+    // SAFETY: plain values the driver checks; no work of the context
+    // uses the range any more (the caller drained its streams).
+    ok(unsafe { sys::cuMemUnmap(addr, size) })
+}
+
+/// Sets `device`'s access to `[addr, addr + size)`: `abi`'s
+/// `MEM_ACCESS_*`, which are CUDA's `CU_MEM_ACCESS_FLAGS_PROT_*`.
+pub fn mem_set_access(
+    addr: u64,
+    size: usize,
+    device: CUdevice,
+    access: u32,
+) -> Result<(), CuError> {
+    use sys::CUmemAccess_flags as F;
+    let flags = match access {
+        1 => F::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        3 => F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        _ => F::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+    };
+    let desc = sys::CUmemAccessDesc {
+        location: vmm_prop(device).location,
+        flags,
+    };
+    // SAFETY: one valid descriptor.
+    ok(unsafe { sys::cuMemSetAccess(addr, size, &desc, 1) })
+}

@@ -200,6 +200,9 @@ pub(crate) struct Shared {
     pub max_shared_optin: u32,
     /// Whether the device runs cooperative launches.
     pub cooperative: bool,
+    /// Whether the device offers virtual memory management with mappings
+    /// at the ABI's granularity (a multiple of its own).
+    pub vmm: bool,
     /// The built-in module, NUL-terminated PTX.
     pub ptx: Vec<u8>,
     pub groups: Vec<SmGroup>,
@@ -314,6 +317,9 @@ impl CudaBackend {
         let max_shared_optin =
             attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         let cooperative = attr(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0;
+        let vmm = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? != 0
+            && driver::mem_granularity(device)
+                .is_ok_and(|g| g > 0 && (vgpu_abi::VMM_GRANULARITY as usize).is_multiple_of(g));
         let cc = (
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
@@ -357,6 +363,7 @@ impl CudaBackend {
                 sm_granule,
                 max_shared_optin,
                 cooperative,
+                vmm,
                 ptx,
                 pool: Mutex::new(Pool {
                     memory: memory as u64,

@@ -15,6 +15,7 @@ use vgpu_backend::console::{self, ConsoleText, Consoles};
 use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
 };
+use vgpu_backend::vmm::{Vmm, VmmOp};
 use vgpu_backend::{
     BackendError, DeviceCopy, DeviceFill, Finished, Finishing, FunctionInfo, HostMemory, HostSink,
     HostSource, Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, SliceMemory,
@@ -39,6 +40,10 @@ pub struct CudaPartition {
     /// Allocations, each with what cuMemAlloc returned for it (what gets
     /// freed; the allocation starts at the first aligned address in it).
     allocs: Allocations<Backing>,
+    /// Virtual memory: reservations, mappings and physical allocations
+    /// (the driver's handles), all the driver's own; ranges are reached
+    /// where mapped with access.
+    vmm: Vmm<u64>,
     dev: Option<DeviceState>,
     /// Why the partition cannot run commands until reset: its context hit
     /// a sticky error, or could not be created.
@@ -158,6 +163,7 @@ impl CudaPartition {
             desc: None,
             sms,
             allocs: Allocations::default(),
+            vmm: Vmm::default(),
             dev: None,
             lost: None,
             last_device_time: None,
@@ -223,7 +229,42 @@ impl CudaPartition {
     }
 
     fn available(&self) -> u64 {
-        self.spec.memory.saturating_sub(self.allocs.used())
+        self.spec
+            .memory
+            .saturating_sub(self.allocs.used() + self.vmm.physical_bytes())
+    }
+
+    /// Checks `len` bytes at `addr` lie inside one allocation, or in
+    /// mappings side by side that the device may read (and, with
+    /// `write`, write).
+    fn check_range(&self, addr: u64, len: u64, write: bool) -> Result<(), OpError> {
+        self.allocs
+            .check(addr, len)
+            .or_else(|e| match self.vmm.accessible(addr, len, write) {
+                true => Ok(()),
+                false => Err(e),
+            })
+    }
+
+    /// Gives the driver back what virtual memory the partition holds:
+    /// mappings, physical allocations and reservations (the process's,
+    /// which no context's end frees). Its context is current.
+    fn release_vmm(&mut self) {
+        for (&addr, m) in self.vmm.mappings() {
+            let _ = driver::mem_unmap(addr, m.size as usize);
+        }
+        let reservations: Vec<(u64, u64)> = self
+            .vmm
+            .reservations()
+            .iter()
+            .map(|(&a, &s)| (a, s))
+            .collect();
+        for p in self.vmm.drain() {
+            let _ = driver::mem_release(p.data);
+        }
+        for (addr, size) in reservations {
+            let _ = driver::mem_address_free(addr, size as usize);
+        }
     }
 
     /// A new context for this partition.
@@ -312,6 +353,20 @@ impl CudaPartition {
         self.in_flight = Default::default();
         self.free_slots = (0..MARK_SLOTS).collect();
         let allocs = self.allocs.drain();
+        if !self.vmm.is_empty() {
+            match self.dev.as_ref().map(|d| Current::push(d.owner.ctx())) {
+                Some(Ok(_cur)) => {
+                    if let Some(d) = &self.dev {
+                        d.sync_all();
+                    }
+                    self.release_vmm();
+                }
+                // Without a context the process's CUDA is gone with it.
+                _ => {
+                    self.vmm.drain();
+                }
+            }
+        }
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
             // context's memory belongs to the primary context.
@@ -402,16 +457,16 @@ impl CudaPartition {
         let ranges: Vec<Result<(), OpError>> = steps
             .iter()
             .map(|s| match s {
-                Queued::Upload { dst: a, src: m } | Queued::Download { src: a, dst: m } => {
-                    self.allocs.check(*a, HostSource::len(m))
+                Queued::Upload { dst: a, src: m } => self.check_range(*a, HostSource::len(m), true),
+                Queued::Download { src: a, dst: m } => {
+                    self.check_range(*a, HostSource::len(m), false)
                 }
                 Queued::Fill(f) => {
-                    fill_size(f.size).and_then(|()| self.allocs.check(f.addr, f.size))
+                    fill_size(f.size).and_then(|()| self.check_range(f.addr, f.size, true))
                 }
                 Queued::Copy(c) => self
-                    .allocs
-                    .check(c.dst, c.size)
-                    .and_then(|()| self.allocs.check(c.src, c.size)),
+                    .check_range(c.dst, c.size, true)
+                    .and_then(|()| self.check_range(c.src, c.size, false)),
                 _ => Ok(()),
             })
             .collect();
@@ -621,10 +676,11 @@ impl CudaPartition {
         what: &str,
         addr: u64,
         len: u64,
+        write: bool,
         copy: impl FnOnce(&DeviceState, &HostRegistry) -> Result<bool, Fail>,
     ) -> Result<(), OpError> {
         self.last_device_time = None;
-        self.allocs.check(addr, len)?;
+        self.check_range(addr, len, write)?;
         if len == 0 {
             return Ok(());
         }
@@ -880,7 +936,7 @@ impl Partition for CudaPartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        self.transfer("upload", dst, src.len(), |s, host| {
+        self.transfer("upload", dst, src.len(), true, |s, host| {
             if s.upload_direct(dst, src, host)? {
                 return Ok(true);
             }
@@ -889,7 +945,7 @@ impl Partition for CudaPartition {
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        self.transfer("download", src, dst.len(), |s, host| {
+        self.transfer("download", src, dst.len(), false, |s, host| {
             if s.download_direct(src, dst, host)? {
                 return Ok(true);
             }
@@ -1165,7 +1221,129 @@ impl Partition for CudaPartition {
     }
 
     fn memory_used(&self) -> u64 {
-        self.allocs.used()
+        self.allocs.used() + self.vmm.physical_bytes()
+    }
+
+    fn has_vmm(&self) -> bool {
+        self.shared.vmm
+    }
+
+    /// The driver's own calls in the partition's context, each checked
+    /// first against what the partition holds, so that a guest's request
+    /// fails as on the software backend and never reaches the driver
+    /// malformed. New physical memory is zeroed, as allocations are.
+    fn vmm(&mut self, op: &VmmOp) -> Result<u64, OpError> {
+        self.last_device_time = None;
+        if !self.shared.vmm {
+            return Err(OpError::Unsupported("virtual memory management".into()));
+        }
+        let device = self.shared.device;
+        match *op {
+            VmmOp::Reserve { size, align, addr } => {
+                let align = self.vmm.check_reserve(size, align)?;
+                let at = self.run(|_| {
+                    driver::mem_address_reserve(size as usize, align as usize, addr).map_err(|e| {
+                        match e.is_out_of_memory() {
+                            true => Fail::Op(OpError::NoMemory {
+                                requested: size,
+                                available: 0,
+                            }),
+                            false => Fail::Refused("cuMemAddressReserve".into(), e),
+                        }
+                    })
+                })?;
+                if self.vmm.reserved_overlaps(at, size) || self.allocs.check(at, 1).is_ok() {
+                    let _ = self.run(|_| driver::mem_address_free(at, size as usize).at("free"));
+                    return Err(OpError::Device(format!(
+                        "cuMemAddressReserve returned {at:#x}, which is in use"
+                    )));
+                }
+                self.vmm.reserved(at, size);
+                Ok(at)
+            }
+            VmmOp::Free { addr, size } => {
+                self.vmm.free(addr, size)?;
+                self.run(|_| driver::mem_address_free(addr, size as usize).at("cuMemAddressFree"))
+                    .map(|_| 0)
+            }
+            VmmOp::Create { size } => {
+                self.vmm.check_create(size, self.available())?;
+                let no_memory = OpError::NoMemory {
+                    requested: size,
+                    available: self.available(),
+                };
+                let h = self.run(|dev| {
+                    let h = match driver::mem_create(size as usize, device) {
+                        Ok(h) => h,
+                        Err(e) if e.is_out_of_memory() => return Err(Fail::Op(no_memory)),
+                        Err(e) => return Err(Fail::Cuda("cuMemCreate".into(), e)),
+                    };
+                    zero_physical(dev, h, size as usize, device).inspect_err(|_| {
+                        let _ = driver::mem_release(h);
+                    })?;
+                    Ok(h)
+                })?;
+                Ok(self.vmm.created(size, h))
+            }
+            VmmOp::Release { handle } => {
+                if let Some(p) = self.vmm.release(handle)? {
+                    self.run(|_| driver::mem_release(p.data).at("cuMemRelease"))?;
+                }
+                Ok(0)
+            }
+            VmmOp::Map {
+                addr,
+                size,
+                handle,
+                offset,
+            } => {
+                self.vmm.check_map(addr, size, handle, offset)?;
+                let h = self.vmm.physical(handle).map(|p| p.data).unwrap_or(0);
+                self.run(|_| {
+                    driver::mem_map(addr, size as usize, offset as usize, h).at("cuMemMap")
+                })?;
+                self.vmm.mapped(addr, size, handle, offset);
+                Ok(0)
+            }
+            VmmOp::Unmap { addr, size } => {
+                let starts = self.vmm.whole_mappings(addr, size)?;
+                let sizes: Vec<(u64, u64)> = starts
+                    .iter()
+                    .filter_map(|a| self.vmm.mappings().get(a).map(|m| (*a, m.size)))
+                    .collect();
+                // Every command drains its stream first: no work uses
+                // the range any more.
+                self.run(|_| {
+                    for &(a, s) in &sizes {
+                        driver::mem_unmap(a, s as usize).at("cuMemUnmap")?;
+                    }
+                    Ok(())
+                })?;
+                let (_, freed) = self.vmm.unmap(addr, size)?;
+                for p in freed {
+                    self.run(|_| driver::mem_release(p.data).at("cuMemRelease"))?;
+                }
+                Ok(0)
+            }
+            VmmOp::Access { addr, size, access } => {
+                let starts = self.vmm.check_access(addr, size, access)?;
+                let sizes: Vec<(u64, u64)> = starts
+                    .iter()
+                    .filter_map(|a| self.vmm.mappings().get(a).map(|m| (*a, m.size)))
+                    .collect();
+                self.run(|_| {
+                    for &(a, s) in &sizes {
+                        driver::mem_set_access(a, s as usize, device, access)
+                            .map_err(|e| Fail::Refused("cuMemSetAccess".into(), e))?;
+                    }
+                    Ok(())
+                })?;
+                for a in starts {
+                    self.vmm.set_access(a, access);
+                }
+                Ok(0)
+            }
+        }
     }
 
     /// This partition's own loss only: when another partition of this
@@ -1199,4 +1377,32 @@ impl Partition for CudaPartition {
             }
         }
     }
+}
+
+/// Zeroes physical allocation `h` of `size` bytes (so that no tenant
+/// reads what a previous owner of the memory left there), through a
+/// mapping of its own made for the purpose. The context is current.
+fn zero_physical(
+    dev: &DeviceState,
+    h: u64,
+    size: usize,
+    device: driver::CUdevice,
+) -> Result<(), Fail> {
+    let g = abi::VMM_GRANULARITY as usize;
+    let va = driver::mem_address_reserve(size, g, 0).at("cuMemAddressReserve")?;
+    let zeroed = driver::mem_map(va, size, 0, h)
+        .at("cuMemMap")
+        .and_then(|()| {
+            let r = driver::mem_set_access(va, size, device, abi::MEM_ACCESS_READ_WRITE)
+                .at("cuMemSetAccess")
+                .and_then(|()| {
+                    driver::memset_async(va, driver::Fill::Byte(0), size, &dev.res.stream)
+                        .and_then(|()| driver::stream_sync(&dev.res.stream))
+                        .at("zeroing new memory")
+                });
+            let _ = driver::mem_unmap(va, size);
+            r
+        });
+    let _ = driver::mem_address_free(va, size);
+    zeroed
 }

@@ -337,6 +337,10 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_cluster_occupancy(&make);
     conformance::module_global(&make);
     conformance::module_queued_launches_depend_in_order(&make);
+    // Virtual memory management: the driver's own calls, a kernel on
+    // mapped memory.
+    conformance::vmm_map_side_by_side_and_alias(&make);
+    conformance::vmm_grow_and_shrink_a_segment(&make);
     // Every GPU from Pascal on runs cooperative launches.
     let spec = PartitionSpec {
         name: "cooperative".into(),

@@ -411,6 +411,8 @@ pub struct RemotePartition {
     kernel_units: u32,
     /// Whether the host's partition runs cooperative launches.
     cooperative: bool,
+    /// Whether the host's partition offers virtual memory management.
+    vmm: bool,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
@@ -457,6 +459,7 @@ impl RemotePartition {
             memory_used: 0,
             kernel_units: spec.compute_units,
             cooperative: false,
+            vmm: false,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
             started: VecDeque::new(),
@@ -502,11 +505,17 @@ impl RemotePartition {
         );
         match r {
             Ok(Reply {
-                result: Ok(Value::Created { units, cooperative }),
+                result:
+                    Ok(Value::Created {
+                        units,
+                        cooperative,
+                        vmm,
+                    }),
                 memory_used: 0,
             }) if units >= 1 => {
                 self.kernel_units = units;
                 self.cooperative = cooperative;
+                self.vmm = vmm;
                 // Guest memory mapped so far goes to the new host before
                 // any transfer can name it.
                 let attached = link
@@ -940,6 +949,19 @@ impl Partition for RemotePartition {
 
     fn cooperative(&self) -> bool {
         self.cooperative
+    }
+
+    fn has_vmm(&self) -> bool {
+        self.vmm
+    }
+
+    /// The host checks and runs it; a reservation's address and a
+    /// handle come back as they are (the device's, not the daemon's).
+    fn vmm(&mut self, op: &vgpu_backend::vmm::VmmOp) -> Result<u64, OpError> {
+        if !self.vmm {
+            return Err(OpError::Unsupported("virtual memory management".into()));
+        }
+        self.call_u64(&Request::Vmm(*op))
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

@@ -43,6 +43,7 @@
 
 use vgpu_abi as abi;
 use vgpu_backend::console::ConsoleText;
+use vgpu_backend::vmm::VmmOp;
 use vgpu_backend::{
     Capacity, DeviceCopy, DeviceFill, Finished, FunctionInfo, Launch, OpError, QueuedDone,
     MAX_QUEUED_STEPS,
@@ -52,7 +53,7 @@ use vgpu_backend::{
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Most runs started and not yet finished ([`Kind::Start`]), all lanes
 /// together.
 pub const MAX_STARTED: usize = 8;
@@ -149,6 +150,8 @@ pub enum Kind {
     Start = 23,
     /// `Partition::finish_queued`: the results of the oldest started run.
     Finish = 24,
+    /// `Partition::vmm`: a virtual memory request (protocol 7).
+    Vmm = 25,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -186,6 +189,7 @@ impl Kind {
             22 => Console,
             23 => Start,
             24 => Finish,
+            25 => Vmm,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -487,6 +491,8 @@ pub enum Request<'a> {
         /// The global's name.
         name: &'a str,
     },
+    /// [`Kind::Vmm`].
+    Vmm(VmmOp),
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
@@ -553,6 +559,65 @@ pub struct MappedPiece {
     pub offset: u64,
     /// Bytes.
     pub len: u64,
+}
+
+/// A virtual memory request: its kind, then four 64-bit fields and a
+/// 32-bit one (those the kind does not use are 0).
+fn encode_vmm(w: &mut Writer, op: &VmmOp) {
+    let (kind, [a, b, c, d], e) = match *op {
+        VmmOp::Reserve { size, align, addr } => (0u8, [size, align, addr, 0], 0),
+        VmmOp::Free { addr, size } => (1, [addr, size, 0, 0], 0),
+        VmmOp::Create { size } => (2, [size, 0, 0, 0], 0),
+        VmmOp::Release { handle } => (3, [handle, 0, 0, 0], 0),
+        VmmOp::Map {
+            addr,
+            size,
+            handle,
+            offset,
+        } => (4, [addr, size, handle, offset], 0),
+        VmmOp::Unmap { addr, size } => (5, [addr, size, 0, 0], 0),
+        VmmOp::Access { addr, size, access } => (6, [addr, size, 0, 0], access),
+    };
+    w.u8(kind).u64(a).u64(b).u64(c).u64(d).u32(e);
+}
+
+fn decode_vmm(r: &mut Reader<'_>) -> Result<VmmOp, ProtoError> {
+    let kind = r.u8()?;
+    let [a, b, c, d] = [r.u64()?, r.u64()?, r.u64()?, r.u64()?];
+    let e = r.u32()?;
+    let unused = match kind {
+        0 => d | u64::from(e),
+        1 | 5 => c | d | u64::from(e),
+        2 | 3 => b | c | d | u64::from(e),
+        4 => u64::from(e),
+        6 => c | d,
+        _ => return Err(ProtoError::Malformed("virtual memory request")),
+    };
+    if unused != 0 {
+        return Err(ProtoError::Malformed("virtual memory request"));
+    }
+    Ok(match kind {
+        0 => VmmOp::Reserve {
+            size: a,
+            align: b,
+            addr: c,
+        },
+        1 => VmmOp::Free { addr: a, size: b },
+        2 => VmmOp::Create { size: a },
+        3 => VmmOp::Release { handle: a },
+        4 => VmmOp::Map {
+            addr: a,
+            size: b,
+            handle: c,
+            offset: d,
+        },
+        5 => VmmOp::Unmap { addr: a, size: b },
+        _ => VmmOp::Access {
+            addr: a,
+            size: b,
+            access: e,
+        },
+    })
 }
 
 fn encode_pieces(w: &mut Writer, pieces: &[MappedPiece]) {
@@ -657,6 +722,7 @@ impl Request<'_> {
             Request::Finish { .. } => Kind::Finish,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
+            Request::Vmm(_) => Kind::Vmm,
             Request::Reset => Kind::Reset,
             Request::Map(_) => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
@@ -684,6 +750,7 @@ impl Request<'_> {
             Request::Unmap { id } => {
                 w.u64(*id);
             }
+            Request::Vmm(op) => encode_vmm(&mut w, op),
             Request::UploadMapped { dst: a, pieces }
             | Request::DownloadMapped { src: a, pieces } => {
                 w.u64(*a);
@@ -810,6 +877,7 @@ impl Request<'_> {
                 })
             }
             Kind::Unmap => Request::Unmap { id: r.u64()? },
+            Kind::Vmm => Request::Vmm(decode_vmm(&mut r)?),
             Kind::UploadMapped => Request::UploadMapped {
                 dst: r.u64()?,
                 pieces: decode_pieces(&mut r)?,
@@ -943,6 +1011,8 @@ pub enum Value {
         units: u32,
         /// `Partition::cooperative`.
         cooperative: bool,
+        /// `Partition::has_vmm` (protocol 7).
+        vmm: bool,
     },
     /// [`Kind::Hello`]: the host's backend.
     Hello {
@@ -1145,11 +1215,18 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy, Value::U64(x)) => {
+                (Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm, Value::U64(x)) => {
                     w.u64(*x);
                 }
-                (Kind::Create, Value::Created { units, cooperative }) => {
-                    w.u32(*units).u8(*cooperative as u8);
+                (
+                    Kind::Create,
+                    Value::Created {
+                        units,
+                        cooperative,
+                        vmm,
+                    },
+                ) => {
+                    w.u32(*units).u8(*cooperative as u8).u8(*vmm as u8);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
@@ -1223,10 +1300,13 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy => Value::U64(r.u64()?),
+                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm => {
+                    Value::U64(r.u64()?)
+                }
                 Kind::Create => Value::Created {
                     units: r.u32()?,
                     cooperative: flag(r.u8()?)?,
+                    vmm: flag(r.u8()?)?,
                 },
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
@@ -1522,6 +1602,26 @@ mod tests {
             ]},
             Request::Finish { within_us: 0 },
             Request::Finish { within_us: 200 },
+            Request::Vmm(VmmOp::Reserve {
+                size: 1 << 30,
+                align: 0,
+                addr: 0x7f00_0000_0000,
+            }),
+            Request::Vmm(VmmOp::Free { addr: 1, size: 2 }),
+            Request::Vmm(VmmOp::Create { size: 2 << 20 }),
+            Request::Vmm(VmmOp::Release { handle: 9 }),
+            Request::Vmm(VmmOp::Map {
+                addr: 1,
+                size: 2,
+                handle: 3,
+                offset: 4,
+            }),
+            Request::Vmm(VmmOp::Unmap { addr: 1, size: 2 }),
+            Request::Vmm(VmmOp::Access {
+                addr: 1,
+                size: 2,
+                access: 3,
+            }),
             Request::Reset,
             Request::Control,
             Request::Map(Map {
@@ -1607,6 +1707,21 @@ mod tests {
             Request::decode(Kind::Create as u16, &w.0),
             Err(ProtoError::Malformed("text is not UTF-8"))
         );
+        // A virtual memory request of an unknown kind, or with a field
+        // its kind does not use.
+        for (kind, unused) in [(7u8, 0u64), (2, 1), (4, 0)] {
+            let mut w = Writer::default();
+            w.u8(kind)
+                .u64(1)
+                .u64(unused)
+                .u64(0)
+                .u64(0)
+                .u32(u32::from(kind == 4));
+            assert_eq!(
+                Request::decode(Kind::Vmm as u16, &w.0),
+                Err(ProtoError::Malformed("virtual memory request"))
+            );
+        }
         // No pieces, or more than allowed (refused before reading them).
         for n in [0, MAX_PIECES as u32 + 1, u32::MAX] {
             let mut w = Writer::default();
@@ -1697,12 +1812,14 @@ mod tests {
                 }),
             ),
             (Kind::Alloc, Ok(Value::U64(0x10_0000))),
+            (Kind::Vmm, Ok(Value::U64(0x7f00_0020_0000))),
             (Kind::ModuleLoad, Ok(Value::U64(2))),
             (
                 Kind::Create,
                 Ok(Value::Created {
                     units: 132,
                     cooperative: true,
+                    vmm: true,
                 }),
             ),
             (Kind::Free, Ok(Value::None)),

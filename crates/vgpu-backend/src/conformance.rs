@@ -2260,3 +2260,321 @@ pub fn module_cooperative_grid_sync(make: Make<'_>) {
     // Whatever the grid's sync needed went with the launch.
     assert_eq!(p.memory_used(), used);
 }
+
+/// A virtual memory request that must succeed.
+fn vmm_ok(p: &mut dyn Partition, op: crate::vmm::VmmOp) -> u64 {
+    p.vmm(&op).unwrap_or_else(|e| panic!("{op:?}: {e}"))
+}
+
+/// Whether `r` failed as an invalid request.
+fn invalid<T: std::fmt::Debug>(r: Result<T, OpError>) -> bool {
+    matches!(r, Err(OpError::Invalid(_)))
+}
+
+/// Virtual memory management (ABI 1.6): two physical allocations mapped
+/// side by side in one reservation read and write as one range (copies
+/// and a fill across the boundary, a kernel whose operand straddles it),
+/// a third mapping of the first shows the same bytes both ways, only
+/// physical allocations charge the quota, and misaligned, overlapping
+/// and unmapped requests are refused without changing anything.
+pub fn vmm_map_side_by_side_and_alias(make: Make<'_>) {
+    use crate::vmm::VmmOp::*;
+    const G: u64 = abi::VMM_GRANULARITY;
+    let mut boxed = make(&spec("vmm", 8 * G, 2));
+    let p = &mut *boxed;
+    assert!(p.has_vmm());
+    let used0 = p.memory_used();
+    // A reservation far larger than the quota costs nothing.
+    let big = vmm_ok(
+        p,
+        Reserve {
+            size: 64 << 30,
+            align: 0,
+            addr: 0,
+        },
+    );
+    assert_eq!(p.memory_used(), used0);
+    vmm_ok(
+        p,
+        Free {
+            addr: big,
+            size: 64 << 30,
+        },
+    );
+    let base = vmm_ok(
+        p,
+        Reserve {
+            size: 8 * G,
+            align: 0,
+            addr: 0,
+        },
+    );
+    assert_eq!(base % G, 0);
+    let h1 = vmm_ok(p, Create { size: G });
+    let h2 = vmm_ok(p, Create { size: G });
+    assert_ne!(h1, h2);
+    assert_eq!(p.memory_used(), used0 + 2 * G);
+    assert!(matches!(
+        p.vmm(&Create { size: 8 * G }),
+        Err(OpError::NoMemory { .. })
+    ));
+    for (addr, h) in [(base, h1), (base + G, h2)] {
+        vmm_ok(
+            p,
+            Map {
+                addr,
+                size: G,
+                handle: h,
+                offset: 0,
+            },
+        );
+    }
+    // Mapped, not yet accessible.
+    assert!(p.upload(base, &VecSource(vec![1; 64])).is_err());
+    vmm_ok(
+        p,
+        Access {
+            addr: base,
+            size: 2 * G,
+            access: abi::MEM_ACCESS_READ_WRITE,
+        },
+    );
+    let pattern = Rng(0x5eed_00a1).bytes(2 * G as usize);
+    upload(p, base, &pattern);
+    assert!(download(p, base, 2 * G as usize) == pattern);
+    assert_eq!(
+        download(p, base + G - 8, 16),
+        pattern[G as usize - 8..G as usize + 8]
+    );
+    // A device copy and a fill across the boundary.
+    let other = p.alloc(2 * G, 0).unwrap();
+    p.copy(other, base, 2 * G).unwrap();
+    assert!(download(p, other, 2 * G as usize) == pattern);
+    p.fill(base + G - 4096, 8192, 0x0102_0304).unwrap();
+    let filled = download(p, base + G - 4096, 8192);
+    assert!(filled.chunks(4).all(|w| w == 0x0102_0304u32.to_le_bytes()));
+    upload(p, base, &pattern);
+    // A kernel reading an operand that straddles the two mappings.
+    let n = 4096usize;
+    let a_addr = base + G - 2048 * 4;
+    let a = to_floats(&pattern[(G - 2048 * 4) as usize..][..n * 4]);
+    let b = Rng(0x5eed_00a2).floats(n);
+    let (db, dc) = (
+        p.alloc(n as u64 * 4, 0).unwrap(),
+        p.alloc(n as u64 * 4, 0).unwrap(),
+    );
+    upload_floats(p, db, &b);
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, &portable(corpus::VECTOR_ADD))
+        .unwrap();
+    let params = Params::default().u64(a_addr).u64(db).u64(dc).u32(n as u32);
+    launch_loaded(p, m, "vector_add", [16, 1, 1], [256, 1, 1], &params).unwrap();
+    let c = download_floats(p, dc, n);
+    for i in 0..n {
+        assert_eq!(c[i].to_bits(), (a[i] + b[i]).to_bits(), "c[{i}]");
+    }
+    // The first physical allocation again, elsewhere: the same bytes,
+    // and a write through it shows through the first mapping.
+    vmm_ok(
+        p,
+        Map {
+            addr: base + 4 * G,
+            size: G,
+            handle: h1,
+            offset: 0,
+        },
+    );
+    vmm_ok(
+        p,
+        Access {
+            addr: base + 4 * G,
+            size: G,
+            access: abi::MEM_ACCESS_READ_WRITE,
+        },
+    );
+    assert!(download(p, base + 4 * G, G as usize) == pattern[..G as usize]);
+    upload(p, base + 4 * G + 100, b"through the alias");
+    assert_eq!(download(p, base + 100, 17), b"through the alias");
+    p.copy(base + 4 * G, base + 4096, 4096).unwrap();
+    assert!(download(p, base, 4096) == pattern[4096..8192]);
+    // Refusals, which change nothing.
+    let map = |addr, handle, offset| Map {
+        addr,
+        size: G,
+        handle,
+        offset,
+    };
+    assert!(invalid(p.vmm(&map(base + G, h1, 0))), "double map");
+    assert!(
+        invalid(p.vmm(&map(base + 2 * G + 4096, h1, 0))),
+        "misaligned"
+    );
+    assert!(invalid(p.vmm(&Map {
+        addr: base + 2 * G,
+        size: G + 4096,
+        handle: h1,
+        offset: 0
+    })));
+    assert!(invalid(p.vmm(&map(base + 2 * G, h1, G))), "past the end");
+    assert!(invalid(p.vmm(&map(base + 8 * G, h1, 0))), "outside");
+    assert!(matches!(
+        p.vmm(&map(base + 2 * G, 0x7777, 0)),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(invalid(p.vmm(&Unmap {
+        addr: base,
+        size: G / 2
+    })));
+    assert!(invalid(p.vmm(&Unmap {
+        addr: base + 2 * G,
+        size: G
+    })));
+    assert!(invalid(p.vmm(&Free {
+        addr: base,
+        size: 8 * G
+    })));
+    assert!(invalid(p.vmm(&Access {
+        addr: base + 2 * G,
+        size: G,
+        access: abi::MEM_ACCESS_READ_WRITE
+    })));
+    assert!(p.free(base).is_err(), "mapped memory is not freed");
+    assert!(download(p, base + G, 64) == pattern[G as usize..][..64]);
+    // Unmapped, released: the quota comes back once nothing maps it.
+    let before = p.memory_used();
+    vmm_ok(
+        p,
+        Unmap {
+            addr: base,
+            size: 2 * G,
+        },
+    );
+    assert!(p.upload(base, &VecSource(vec![1; 64])).is_err());
+    vmm_ok(p, Release { handle: h2 });
+    vmm_ok(p, Release { handle: h1 });
+    assert!(matches!(
+        p.vmm(&Release { handle: h1 }),
+        Err(OpError::NotFound(_))
+    ));
+    assert_eq!(p.memory_used(), before - G, "h1 is still mapped");
+    assert_eq!(
+        download(p, base + 4 * G, 4096),
+        pattern[4096..8192].to_vec()
+    );
+    vmm_ok(
+        p,
+        Unmap {
+            addr: base + 4 * G,
+            size: G,
+        },
+    );
+    assert_eq!(p.memory_used(), before - 2 * G);
+    vmm_ok(
+        p,
+        Free {
+            addr: base,
+            size: 8 * G,
+        },
+    );
+}
+
+/// What PyTorch's expandable segments do: one reservation larger than
+/// the device, physical pages mapped into it one after another up to the
+/// quota, each given access and used, then unmapped and released when
+/// the cache is emptied; and a reset drops everything.
+pub fn vmm_grow_and_shrink_a_segment(make: Make<'_>) {
+    use crate::vmm::VmmOp::*;
+    const G: u64 = abi::VMM_GRANULARITY;
+    let mut boxed = make(&spec("vmm-grow", 8 * G, 2));
+    let p = &mut *boxed;
+    let used0 = p.memory_used();
+    let size = 9 * 8 * G;
+    let base = vmm_ok(
+        p,
+        Reserve {
+            size,
+            align: 0,
+            addr: 0,
+        },
+    );
+    let mut handles = Vec::new();
+    loop {
+        let h = match p.vmm(&Create { size: G }) {
+            Ok(h) => h,
+            Err(OpError::NoMemory { .. }) => break,
+            Err(e) => panic!("{e}"),
+        };
+        let addr = base + G * handles.len() as u64;
+        vmm_ok(
+            p,
+            Map {
+                addr,
+                size: G,
+                handle: h,
+                offset: 0,
+            },
+        );
+        vmm_ok(
+            p,
+            Access {
+                addr,
+                size: G,
+                access: abi::MEM_ACCESS_READ_WRITE,
+            },
+        );
+        p.fill(addr, G, handles.len() as u32).unwrap();
+        handles.push(h);
+    }
+    let n = handles.len() as u64;
+    assert!(n >= 4, "{n} pages fit a quota of 8");
+    assert_eq!(p.memory_used(), used0 + n * G);
+    // One copy over every page.
+    let words = download(p, base, (n * G) as usize);
+    for (i, page) in words.chunks(G as usize).enumerate() {
+        assert!(
+            page.chunks(4).all(|w| w == (i as u32).to_le_bytes()),
+            "page {i}"
+        );
+    }
+    for (i, h) in handles.iter().enumerate().rev() {
+        vmm_ok(
+            p,
+            Unmap {
+                addr: base + G * i as u64,
+                size: G,
+            },
+        );
+        vmm_ok(p, Release { handle: *h });
+    }
+    assert_eq!(p.memory_used(), used0);
+    vmm_ok(p, Free { addr: base, size });
+    // A reset drops reservations, mappings and physical memory.
+    let base = vmm_ok(
+        p,
+        Reserve {
+            size: 4 * G,
+            align: 0,
+            addr: 0,
+        },
+    );
+    let h = vmm_ok(p, Create { size: 2 * G });
+    vmm_ok(
+        p,
+        Map {
+            addr: base,
+            size: 2 * G,
+            handle: h,
+            offset: 0,
+        },
+    );
+    p.reset();
+    assert_eq!(p.memory_used(), 0);
+    assert!(matches!(
+        p.vmm(&Release { handle: h }),
+        Err(OpError::NotFound(_))
+    ));
+    assert!(invalid(p.vmm(&Free {
+        addr: base,
+        size: 4 * G
+    })));
+}

@@ -361,6 +361,27 @@ impl Partition for Contexts {
         self.base.cooperative()
     }
 
+    fn has_vmm(&self) -> bool {
+        self.base.has_vmm()
+    }
+
+    /// Each context has its own reservations, physical allocations and
+    /// mappings (a GPU's are per context), freed when it ends; physical
+    /// allocations share the quota as allocations do.
+    fn vmm(&mut self, op: &crate::vmm::VmmOp) -> Result<u64, OpError> {
+        if let crate::vmm::VmmOp::Create { size } = *op {
+            let used = self.used();
+            let quota = self.base.spec().memory;
+            if used.saturating_add(size) > quota {
+                return Err(OpError::NoMemory {
+                    requested: size,
+                    available: quota.saturating_sub(used),
+                });
+            }
+        }
+        self.with(|p| p.vmm(op))
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         // The contexts share the quota.
         let used = self.used();

@@ -15,6 +15,7 @@ pub mod console;
 pub mod contexts;
 pub mod rules;
 pub mod software;
+pub mod vmm;
 
 use std::fs::File;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -934,6 +935,22 @@ pub trait Partition: Send {
     /// Its contexts besides context 0; `None` without contexts.
     fn contexts(&self) -> Option<ContextCounts> {
         None
+    }
+    /// Whether the partition offers virtual memory management (ABI 1.6,
+    /// [`Partition::vmm`]). A wrapper forwards it; one that forgot hides
+    /// the feature rather than claiming it.
+    fn has_vmm(&self) -> bool {
+        false
+    }
+    /// Runs a virtual memory request (see [`vmm`]): a reservation's
+    /// address, a physical allocation's handle, else 0. Physical
+    /// allocations count in [`Partition::memory_used`]; mapped ranges
+    /// with access are reached by copies, fills and kernels as
+    /// allocations are. Everything goes with [`Partition::reset`] and
+    /// the context's end.
+    fn vmm(&mut self, op: &vmm::VmmOp) -> Result<u64, OpError> {
+        let _ = op;
+        Err(OpError::Unsupported("virtual memory management".into()))
     }
 }
 

@@ -320,10 +320,31 @@ impl Default for AddressSpace {
 
 impl AddressSpace {
     /// A free, aligned address for `size` bytes among `table`'s
-    /// allocations, or `None` when the address space has no such room.
-    pub fn place<T>(&self, table: &Allocations<T>, size: u64, align: u64) -> Option<u64> {
-        find_from(table, self.cursor, size, align)
-            .or_else(|| find_from(table, ADDRESS_BASE, size, align))
+    /// allocations and the `reserved` ranges (first address and size:
+    /// virtual memory reservations, which ordinary allocations keep out
+    /// of), or `None` when the address space has no such room.
+    pub fn place<T>(
+        &self,
+        table: &Allocations<T>,
+        reserved: &BTreeMap<u64, u64>,
+        size: u64,
+        align: u64,
+    ) -> Option<u64> {
+        find_from(table, reserved, self.cursor, size, align)
+            .or_else(|| find_from(table, reserved, ADDRESS_BASE, size, align))
+    }
+
+    /// Whether `size` bytes at `addr` are free (guard gaps included) and
+    /// inside the address space.
+    pub fn is_free<T>(
+        table: &Allocations<T>,
+        reserved: &BTreeMap<u64, u64>,
+        addr: u64,
+        size: u64,
+    ) -> bool {
+        addr >= ADDRESS_BASE
+            && addr.checked_add(size).is_some_and(|end| end <= ADDRESS_END)
+            && conflict(table, reserved, addr, size).is_none()
     }
 
     /// Notes that `size` bytes were allocated at `addr`.
@@ -337,21 +358,57 @@ impl AddressSpace {
     }
 }
 
+/// The end of the last range of `starts` (first address to size) that
+/// comes within [`GUARD_GAP`] of `[cand, cand + size)`, if any: ranges of
+/// one map never overlap, so the last that starts before the candidate's
+/// end (and gap) ends last.
+fn last_conflict(
+    mut starts: impl DoubleEndedIterator<Item = (u64, u64)>,
+    cand: u64,
+    size: u64,
+) -> Option<u64> {
+    let (start, len) = starts.next_back()?;
+    let end = start.saturating_add(len).saturating_add(GUARD_GAP);
+    (end > cand && start < cand.saturating_add(size).saturating_add(GUARD_GAP)).then_some(end)
+}
+
+/// Where the latest range that conflicts with `[cand, cand + size)` ends.
+fn conflict<T>(
+    table: &Allocations<T>,
+    reserved: &BTreeMap<u64, u64>,
+    cand: u64,
+    size: u64,
+) -> Option<u64> {
+    let until = cand.saturating_add(size).saturating_add(GUARD_GAP);
+    let a = last_conflict(
+        table.map.range(..until).map(|(&a, e)| (a, e.size)),
+        cand,
+        size,
+    );
+    let r = last_conflict(reserved.range(..until).map(|(&a, &s)| (a, s)), cand, size);
+    a.max(r)
+}
+
 /// The first free, aligned address at or after `from` with room for
-/// `size` bytes and the guard gaps around them.
-fn find_from<T>(table: &Allocations<T>, from: u64, size: u64, align: u64) -> Option<u64> {
+/// `size` bytes and the guard gaps around them. Each step passes at
+/// least one range, so the search ends.
+fn find_from<T>(
+    table: &Allocations<T>,
+    reserved: &BTreeMap<u64, u64>,
+    from: u64,
+    size: u64,
+    align: u64,
+) -> Option<u64> {
     let mut cand = align_up(from, align)?;
-    let before = table.map.range(..cand).next_back();
-    for (&start, e) in before.into_iter().chain(table.map.range(cand..)) {
-        if cand.checked_add(size)?.checked_add(GUARD_GAP)? <= start {
-            return Some(cand);
+    loop {
+        if cand.checked_add(size)? > ADDRESS_END {
+            return None;
         }
-        let end = start + e.size + GUARD_GAP;
-        if end > cand {
-            cand = align_up(end, align)?;
+        match conflict(table, reserved, cand, size) {
+            None => return Some(cand),
+            Some(end) => cand = align_up(end, align)?,
         }
     }
-    (cand.checked_add(size)? <= ADDRESS_END).then_some(cand)
 }
 
 /// Bytes of `n` 32-bit elements; `u64::MAX` (never in range) on overflow.

@@ -120,6 +120,7 @@ pub fn alloc_kind(size: usize, kind: Kind) -> CuResult<CUdeviceptr> {
             ctx,
             module: None,
             managed,
+            mapping: None,
         },
     );
     drop(o);

@@ -287,6 +287,10 @@ pub const ATTR_GPU_PCI_SUBSYSTEM_ID: i32 = 140;
 pub const ATTR_END: i32 = 148;
 pub const ATTR_MANAGED_MEMORY: i32 = 83;
 pub const ATTR_MEMORY_POOLS_SUPPORTED: i32 = 115;
+pub const ATTR_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: i32 = 102;
+pub const ATTR_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: i32 = 103;
+pub const ATTR_GENERIC_COMPRESSION_SUPPORTED: i32 = 107;
+pub const ATTR_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: i32 = 110;
 
 // CUmemAttach_flags.
 pub const MEM_ATTACH_GLOBAL: u32 = 1;
@@ -329,7 +333,10 @@ pub const POINTER_DEVICE_ORDINAL: i32 = 9;
 pub const POINTER_RANGE_START_ADDR: i32 = 11;
 pub const POINTER_RANGE_SIZE: i32 = 12;
 pub const POINTER_MAPPED: i32 = 13;
+pub const POINTER_ACCESS_FLAGS: i32 = 16;
 pub const POINTER_MEMPOOL_HANDLE: i32 = 17;
+pub const POINTER_MAPPING_SIZE: i32 = 18;
+pub const POINTER_MAPPING_BASE_ADDR: i32 = 19;
 
 // CUmemorytype.
 pub const MEMORYTYPE_HOST: u32 = 1;
@@ -479,7 +486,7 @@ pub struct Memcpy3d {
 
 /// `CUmemLocation`.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemLocation {
     pub kind: i32,
     pub id: i32,

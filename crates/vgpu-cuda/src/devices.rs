@@ -63,6 +63,16 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         // Stream-ordered allocations and their pools (crate::pool_table);
         // none exports handles (MEMPOOL_SUPPORTED_HANDLE_TYPES 0).
         cu::ATTR_MEMORY_POOLS_SUPPORTED => 1,
+        // Virtual memory management (crate::vmm), where the vGPU and its
+        // kernel driver offer it; its physical allocations export as
+        // POSIX file descriptors (within the process). Compression and
+        // GPUDirect RDMA read 0 below.
+        cu::ATTR_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        | cu::ATTR_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => {
+            i32::from(g.info.flags & vgpu_guest::sys::INFO_VMM != 0)
+        }
+        cu::ATTR_GENERIC_COMPRESSION_SUPPORTED
+        | cu::ATTR_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED => 0,
         cu::ATTR_PCI_DOMAIN_ID => g.info.pci_domain as i32,
         cu::ATTR_PCI_BUS_ID => i32::from(g.info.pci_bus),
         cu::ATTR_PCI_DEVICE_ID => i32::from(g.info.pci_devfn >> 3),

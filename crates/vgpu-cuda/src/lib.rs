@@ -76,4 +76,5 @@ pub mod reserve;
 pub mod state;
 pub mod stream_table;
 pub mod streams;
+pub mod vmm;
 pub mod work;

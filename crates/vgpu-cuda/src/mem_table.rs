@@ -23,6 +23,21 @@ pub struct Alloc {
     /// Managed memory (`cuMemAllocManaged`): host memory of the process
     /// at the same address too (see [`crate::managed`]).
     pub managed: bool,
+    /// A mapping of a physical allocation (`cuMemMap`, [`crate::vmm`]):
+    /// `cuMemFree` does not free it, and its pages are held by its
+    /// reservation, not by it.
+    pub mapping: Option<Mapping>,
+}
+
+/// What a mapping ([`Alloc::mapping`]) maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mapping {
+    /// The physical allocation's handle (`CUmemGenericAllocationHandle`).
+    pub handle: u64,
+    /// Where in it the mapping starts.
+    pub offset: u64,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_*` of its device.
+    pub access: u32,
 }
 
 /// Host memory from `cuMemHostAlloc`/`cuMemAllocHost`, or registered.
@@ -104,6 +119,7 @@ impl Allocs {
                 ctx,
                 module: Some(module),
                 managed: false,
+                mapping: None,
             };
             // Its place in the module is the device's: held like an
             // allocation's where it can be (once, however often it is
@@ -140,15 +156,75 @@ impl Allocs {
     pub fn freeable(&self, addr: u64) -> Option<CUdevice> {
         self.allocs
             .get(&addr)
-            .filter(|a| a.module.is_none())
+            .filter(|a| a.module.is_none() && a.mapping.is_none())
             .map(|a| a.device)
     }
 
-    /// The allocation containing `[addr, addr + len)`.
+    /// The allocation containing `[addr, addr + len)`. Mappings side by
+    /// side (of one device) are one range to copies and kernels, as on a
+    /// GPU: a range that starts in a mapping may run on through the
+    /// mappings that follow it; the first is returned.
     pub fn alloc_at(&self, addr: u64, len: u64) -> Option<(u64, &Alloc)> {
         let (&start, a) = self.allocs.range(..=addr).next_back()?;
         let end = start.checked_add(a.size)?;
-        (addr.checked_add(len)? <= end && addr < end.max(start + 1)).then_some((start, a))
+        if addr >= end.max(start + 1) {
+            return None;
+        }
+        let want = addr.checked_add(len)?;
+        if want <= end {
+            return Some((start, a));
+        }
+        a.mapping?;
+        let mut at = end;
+        for (&s, b) in self.allocs.range(end..) {
+            if s != at || b.mapping.is_none() || b.device != a.device {
+                return None;
+            }
+            at = s.checked_add(b.size)?;
+            if want <= at {
+                return Some((start, a));
+            }
+        }
+        None
+    }
+
+    /// Files mapping `a` at `addr`, whose pages its reservation holds.
+    pub fn map(&mut self, addr: u64, a: Alloc) {
+        self.allocs.insert(addr, a);
+    }
+
+    /// Forgets the mapping at `addr` (its pages stay its reservation's).
+    pub fn unmap(&mut self, addr: u64) -> Option<Alloc> {
+        match self.allocs.get(&addr) {
+            Some(a) if a.mapping.is_some() => self.allocs.remove(&addr),
+            _ => None,
+        }
+    }
+
+    /// The mapping at `addr`, to change its access.
+    pub fn mapping_mut(&mut self, addr: u64) -> Option<&mut Alloc> {
+        self.allocs.get_mut(&addr).filter(|a| a.mapping.is_some())
+    }
+
+    /// The first addresses of the whole mappings `[addr, addr + len)` is
+    /// made of, every byte mapped; `None` otherwise.
+    pub fn whole_mappings(&self, addr: u64, len: u64) -> Option<Vec<u64>> {
+        let end = addr.checked_add(len).filter(|_| len > 0)?;
+        let mut at = addr;
+        let mut out = Vec::new();
+        for (&s, a) in self.allocs.range(addr..end) {
+            if s != at || a.mapping.is_none() {
+                return None;
+            }
+            at = s.checked_add(a.size)?;
+            out.push(s);
+        }
+        (at == end).then_some(out)
+    }
+
+    /// Whether anything of the table overlaps `[addr, addr + len)`.
+    pub fn overlaps(&self, addr: u64, len: u64) -> bool {
+        self.allocations_end(addr, len).is_some()
     }
 
     /// The end of the last device allocation that overlaps `[addr, addr +
@@ -210,6 +286,7 @@ mod tests {
                 ctx: 0,
                 module: None,
                 managed: false,
+                mapping: None,
             };
             o.insert(start, a);
         }
@@ -233,6 +310,7 @@ mod tests {
                     ctx: 1,
                     module: None,
                     managed: false,
+                    mapping: None,
                 },
             );
         }
@@ -243,5 +321,67 @@ mod tests {
         assert!(o.alloc_at(0xfff, 1).is_none());
         assert!(o.alloc_at(u64::MAX, 2).is_none());
         assert_eq!(o.alloc_at(0x2008, 0).map(|a| a.0), Some(0x2000));
+    }
+
+    fn mapping(size: u64, device: CUdevice, handle: u64) -> Alloc {
+        Alloc {
+            size,
+            device,
+            ctx: 1,
+            module: None,
+            managed: false,
+            mapping: Some(Mapping {
+                handle,
+                offset: 0,
+                access: 3,
+            }),
+        }
+    }
+
+    #[test]
+    fn mappings_side_by_side_are_one_range_but_never_freeable() {
+        let mb2 = 2u64 << 20;
+        let mut o = Allocs::default();
+        o.map(0x4000_0000, mapping(mb2, 0, 1));
+        o.map(0x4000_0000 + mb2, mapping(2 * mb2, 0, 2));
+        // A gap, then another mapping.
+        o.map(0x4000_0000 + 4 * mb2, mapping(mb2, 0, 3));
+        // Across the first boundary: found, as the first mapping.
+        assert_eq!(
+            o.alloc_at(0x4000_0000 + mb2 - 16, 32).map(|a| a.0),
+            Some(0x4000_0000)
+        );
+        assert!(o.alloc_at(0x4000_0000, 3 * mb2).is_some());
+        // Into the gap: not.
+        assert!(o.alloc_at(0x4000_0000, 3 * mb2 + 1).is_none());
+        assert_eq!(o.freeable(0x4000_0000), None);
+        // Whole mappings only, every byte mapped.
+        assert_eq!(
+            o.whole_mappings(0x4000_0000, 3 * mb2),
+            Some(vec![0x4000_0000, 0x4000_0000 + mb2])
+        );
+        assert_eq!(o.whole_mappings(0x4000_0000, 2 * mb2), None);
+        assert_eq!(o.whole_mappings(0x4000_0000, 5 * mb2), None);
+        assert_eq!(o.whole_mappings(0x4000_0000 + mb2, 0), None);
+        assert!(o.overlaps(0x4000_0000 + 3 * mb2 - 1, 1));
+        assert!(!o.overlaps(0x4000_0000 + 3 * mb2, mb2));
+        // An ordinary allocation after a mapping does not extend it.
+        o.insert(0x4000_0000 + 5 * mb2, {
+            let mut a = mapping(mb2, 0, 0);
+            a.mapping = None;
+            a
+        });
+        assert!(o.alloc_at(0x4000_0000 + 4 * mb2, 2 * mb2).is_none());
+        assert!(o.unmap(0x4000_0000 + 5 * mb2).is_none(), "not a mapping");
+        assert_eq!(
+            o.unmap(0x4000_0000)
+                .and_then(|a| a.mapping)
+                .map(|m| m.handle),
+            Some(1)
+        );
+        assert!(o.alloc_at(0x4000_0000, 1).is_none());
+        // Another device's mapping side by side is not the same range.
+        o.map(0x4000_0000, mapping(mb2, 1, 4));
+        assert!(o.alloc_at(0x4000_0000, mb2 + 1).is_none());
     }
 }

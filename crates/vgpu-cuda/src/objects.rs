@@ -10,6 +10,7 @@ use crate::mem_table::{Allocs, HostAllocs};
 use crate::module_table::{ModuleObj, Modules};
 use crate::pool_table::Pools;
 use crate::stream_table::Streams;
+use crate::vmm::VmmTable;
 
 /// Handle-addressed objects.
 #[derive(Default)]
@@ -33,6 +34,9 @@ pub struct Objects {
     pools: Pools,
     /// JIT links in progress.
     links: Links,
+    /// Reservations and physical allocations of virtual memory
+    /// management (their mappings are in `allocs`).
+    vmm: VmmTable,
 }
 
 impl Objects {
@@ -108,6 +112,22 @@ impl Objects {
         &mut self.links
     }
 
+    /// Reservations and physical allocations.
+    pub fn vmm(&self) -> &VmmTable {
+        &self.vmm
+    }
+
+    /// Reservations and physical allocations, to change.
+    pub fn vmm_mut(&mut self) -> &mut VmmTable {
+        &mut self.vmm
+    }
+
+    /// The device allocations (mappings among them) and the virtual
+    /// memory tables, both to change.
+    pub fn allocs_and_vmm(&mut self) -> (&mut Allocs, &mut VmmTable) {
+        (&mut self.allocs, &mut self.vmm)
+    }
+
     /// The streams and events.
     pub fn streams(&self) -> &Streams {
         &self.streams
@@ -150,6 +170,7 @@ mod tests {
                 ctx: 1,
                 module: None,
                 managed: false,
+                mapping: None,
             },
         );
         o.allocs_mut().add_global(7, 0x8000, 64, 0, 1);

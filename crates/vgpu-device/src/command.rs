@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use vfio_user_server::DmaSpace;
 use vgpu_abi::{self as abi, ByteValued};
+use vgpu_backend::vmm::VmmOp;
 use vgpu_backend::{
     DeviceCopy, DeviceFill, HostSink, HostSlice, HostSource, Launch, OpError, Partition, SliceFn,
 };
@@ -551,7 +552,11 @@ impl Command {
             | abi::OP_TIMESTAMP
             | abi::OP_FUNC_INFO
             | abi::OP_OCCUPANCY
-            | abi::OP_CONSOLE => Some(self.context),
+            | abi::OP_CONSOLE
+            | abi::OP_VA_RESERVE
+            | abi::OP_MEM_CREATE
+            | abi::OP_MEM_MAP
+            | abi::OP_MEM_ACCESS => Some(self.context),
             _ => None,
         }
     }
@@ -890,6 +895,80 @@ fn wait_holds(dma: &DmaSpace, raw: &[u8]) -> Result<bool> {
     })
 }
 
+/// A virtual memory command (ABI 1.6) decoded: its flags and the
+/// fields its form does not use checked (INVALID otherwise); the values
+/// themselves are the partition's to check.
+fn vmm_op(raw: &[u8], hdr: abi::CmdHeader) -> Result<VmmOp> {
+    let one_flag = |flag: u32| -> Result<bool> {
+        match hdr.flags & !flag {
+            0 => Ok(hdr.flags & flag != 0),
+            _ => Err(abi::STATUS_INVALID),
+        }
+    };
+    let zero = |v: u64| {
+        if v == 0 {
+            Ok(())
+        } else {
+            Err(abi::STATUS_INVALID)
+        }
+    };
+    Ok(match hdr.opcode {
+        abi::OP_VA_RESERVE => {
+            let c: abi::VaCmd = parse(raw)?;
+            if one_flag(abi::VA_FLAG_FREE)? {
+                zero(c.align)?;
+                VmmOp::Free {
+                    addr: c.addr,
+                    size: c.size,
+                }
+            } else {
+                VmmOp::Reserve {
+                    size: c.size,
+                    align: c.align,
+                    addr: c.addr,
+                }
+            }
+        }
+        abi::OP_MEM_CREATE => {
+            let c: abi::MemCreateCmd = parse(raw)?;
+            if one_flag(abi::MEM_CREATE_FLAG_RELEASE)? {
+                zero(c.size)?;
+                VmmOp::Release { handle: c.handle }
+            } else {
+                zero(c.handle)?;
+                VmmOp::Create { size: c.size }
+            }
+        }
+        abi::OP_MEM_MAP => {
+            let c: abi::MemMapCmd = parse(raw)?;
+            if one_flag(abi::MEM_MAP_FLAG_UNMAP)? {
+                zero(c.handle | c.offset)?;
+                VmmOp::Unmap {
+                    addr: c.addr,
+                    size: c.size,
+                }
+            } else {
+                VmmOp::Map {
+                    addr: c.addr,
+                    size: c.size,
+                    handle: c.handle,
+                    offset: c.offset,
+                }
+            }
+        }
+        _ => {
+            let c: abi::MemAccessCmd = parse(raw)?;
+            one_flag(0)?;
+            zero(u64::from(c.reserved))?;
+            VmmOp::Access {
+                addr: c.addr,
+                size: c.size,
+                access: c.access,
+            }
+        }
+    })
+}
+
 /// Runs `cmd`, the command in `descs` (readable descriptors first, then
 /// writable) as read, or completes with the status its read failed with.
 pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outcome {
@@ -997,6 +1076,13 @@ pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outc
             let (written, dropped) = console(ctx, &parse(raw)?, &reads)?;
             result2 = dropped;
             Ok(written)
+        }
+        abi::OP_VA_RESERVE | abi::OP_MEM_CREATE | abi::OP_MEM_MAP | abi::OP_MEM_ACCESS => {
+            let op = vmm_op(raw, hdr)?;
+            if !ctx.partition.has_vmm() {
+                return Err(abi::STATUS_UNSUPPORTED);
+            }
+            ctx.partition.vmm(&op).map_err(op_status)
         }
         abi::OP_CTX_DESTROY => {
             let context = cmd.as_ref().map_or(0, Command::context);

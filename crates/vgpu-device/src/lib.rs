@@ -416,6 +416,9 @@ pub struct VgpuDevice {
     cooperative: bool,
     /// How often an idle worker looks whether the partition was lost.
     watch: Option<Duration>,
+    /// Whether the partition offers virtual memory management (FEATURES
+    /// bit 10).
+    vmm: bool,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -492,7 +495,7 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts, cooperative, watch) = {
+        let (spec, compute_units, host_memory, max_contexts, cooperative, watch, vmm) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
@@ -501,6 +504,7 @@ impl VgpuDevice {
                 p.contexts().map(|n| n.max),
                 p.cooperative(),
                 p.watch_interval(),
+                p.has_vmm(),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
@@ -516,6 +520,7 @@ impl VgpuDevice {
             max_contexts,
             cooperative,
             watch,
+            vmm,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -690,7 +695,8 @@ impl VgpuDevice {
                 abi::FEATURE_COOPERATIVE
             } else {
                 0
-            };
+            }
+            | if self.vmm { abi::FEATURE_VMM } else { 0 };
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,

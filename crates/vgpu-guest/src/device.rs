@@ -200,6 +200,109 @@ impl Device {
         self.inner.free(addr)
     }
 
+    /// Whether the function offers virtual memory management
+    /// ([`Device::vmm_reserve`] and the rest).
+    pub fn has_vmm(&self) -> bool {
+        self.cached_info().flags & sys::INFO_VMM != 0
+    }
+
+    /// One VGPU_IOCTL_VMM operation; returns the argument as the driver
+    /// left it.
+    fn vmm(&self, mut v: sys::VgpuVmm) -> Result<sys::VgpuVmm> {
+        // SAFETY: IOCTL_VMM reads and writes one `VgpuVmm`; no pointers
+        // inside.
+        unsafe { self.inner.ioctl(sys::IOCTL_VMM, &mut v) }?;
+        Ok(v)
+    }
+
+    /// Reserves `size` bytes of device addresses (a multiple of
+    /// [`sys::VMM_GRANULE`]) aligned to `align` (0: the granule), at
+    /// `want` if that is free (0: anywhere); returns the first address.
+    /// Nothing is behind the range until [`Device::vmm_map`].
+    pub fn vmm_reserve(&self, size: u64, align: u64, want: u64) -> Result<u64> {
+        let v = self.vmm(sys::VgpuVmm {
+            op: sys::VMM_RESERVE,
+            addr: want,
+            size,
+            align,
+            ..Default::default()
+        })?;
+        Ok(v.addr)
+    }
+
+    /// Frees the reservation at `addr` of `size` bytes (nothing mapped in
+    /// it any more).
+    pub fn vmm_free(&self, addr: u64, size: u64) -> Result<()> {
+        self.vmm(sys::VgpuVmm {
+            op: sys::VMM_FREE,
+            addr,
+            size,
+            ..Default::default()
+        })
+        .map(drop)
+    }
+
+    /// Makes a physical allocation of `size` bytes (zeroed, charged to
+    /// the quota); returns its handle.
+    pub fn vmm_create(&self, size: u64) -> Result<u64> {
+        let v = self.vmm(sys::VgpuVmm {
+            op: sys::VMM_CREATE,
+            size,
+            ..Default::default()
+        })?;
+        Ok(v.handle)
+    }
+
+    /// Releases physical allocation `handle`: its memory goes once
+    /// nothing maps it.
+    pub fn vmm_release(&self, handle: u64) -> Result<()> {
+        self.vmm(sys::VgpuVmm {
+            op: sys::VMM_RELEASE,
+            handle,
+            ..Default::default()
+        })
+        .map(drop)
+    }
+
+    /// Maps `size` bytes of `handle` from `offset` at `addr`, inside one
+    /// reservation, where nothing is mapped yet; the mapping has no
+    /// access until [`Device::vmm_access`].
+    pub fn vmm_map(&self, addr: u64, size: u64, handle: u64, offset: u64) -> Result<()> {
+        self.vmm(sys::VgpuVmm {
+            op: sys::VMM_MAP,
+            addr,
+            size,
+            handle,
+            offset,
+            ..Default::default()
+        })
+        .map(drop)
+    }
+
+    /// Unmaps `[addr, addr + size)`, whole mappings.
+    pub fn vmm_unmap(&self, addr: u64, size: u64) -> Result<()> {
+        self.vmm(sys::VgpuVmm {
+            op: sys::VMM_UNMAP,
+            addr,
+            size,
+            ..Default::default()
+        })
+        .map(drop)
+    }
+
+    /// Gives the whole mappings of `[addr, addr + size)` `access`
+    /// (`sys::VMM_ACCESS_*`).
+    pub fn vmm_access(&self, addr: u64, size: u64, access: u32) -> Result<()> {
+        self.vmm(sys::VgpuVmm {
+            op: sys::VMM_ACCESS,
+            access,
+            addr,
+            size,
+            ..Default::default()
+        })
+        .map(drop)
+    }
+
     fn check_buffer(&self, buf: &Buffer, offset: u64, len: u64) -> Result<u64> {
         if !Arc::ptr_eq(&self.inner, &buf.dev) {
             return Err(Error::Usage(

@@ -46,6 +46,8 @@ pub const INFO_CONSOLE: u32 = 1 << 5;
 /// `vgpu_info.flags`: a device context per open file, so a kernel's
 /// fault ends that file's work only (`vgpu_info.max_contexts` at once).
 pub const INFO_CONTEXTS: u32 = 1 << 6;
+/// `vgpu_info.flags`: virtual memory management (VGPU_IOCTL_VMM).
+pub const INFO_VMM: u32 = 1 << 7;
 
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
@@ -317,6 +319,48 @@ uapi_struct!(
     }
 );
 
+/// VGPU_IOCTL_VMM: reserve device addresses.
+pub const VMM_RESERVE: u32 = 0;
+/// VGPU_IOCTL_VMM: free a reservation.
+pub const VMM_FREE: u32 = 1;
+/// VGPU_IOCTL_VMM: make a physical allocation.
+pub const VMM_CREATE: u32 = 2;
+/// VGPU_IOCTL_VMM: release a physical allocation.
+pub const VMM_RELEASE: u32 = 3;
+/// VGPU_IOCTL_VMM: map a physical allocation.
+pub const VMM_MAP: u32 = 4;
+/// VGPU_IOCTL_VMM: unmap whole mappings.
+pub const VMM_UNMAP: u32 = 5;
+/// VGPU_IOCTL_VMM: set the access of whole mappings.
+pub const VMM_ACCESS: u32 = 6;
+/// A mapping's access: none.
+pub const VMM_ACCESS_NONE: u32 = 0;
+/// A mapping's access: read.
+pub const VMM_ACCESS_READ: u32 = 1;
+/// A mapping's access: read and write.
+pub const VMM_ACCESS_RW: u32 = 3;
+/// What VMM addresses, sizes and offsets are multiples of.
+pub const VMM_GRANULE: u64 = 2 << 20;
+
+uapi_struct!(
+    /// VGPU_IOCTL_VMM: one virtual memory operation.
+    pub struct VgpuVmm => "vgpu_vmm" {
+        /// `VMM_*`.
+        pub op: u32,
+        /// ACCESS: `VMM_ACCESS_*`.
+        pub access: u32,
+        /// In: the address wanted or named; out (RESERVE): the range's.
+        pub addr: u64,
+        pub size: u64,
+        /// RESERVE: 0 or a power of two.
+        pub align: u64,
+        /// In (RELEASE, MAP) or out (CREATE): a physical allocation.
+        pub handle: u64,
+        /// MAP: where in `handle` the mapping starts.
+        pub offset: u64,
+    }
+);
+
 /// The argument union of [`VgpuCmd`]. Builders start from `raw` zeroed and
 /// write one member, so the bytes past that member stay zero as the driver
 /// requires.
@@ -517,6 +561,7 @@ pub const IOCTL_USAGE: u64 = vgpu_ioc::<VgpuUsage>(IOC_READ, 0xa5);
 pub const IOCTL_PIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa6);
 pub const IOCTL_UNPIN: u64 = vgpu_ioc::<VgpuPin>(IOC_WRITE, 0xa7);
 pub const IOCTL_LANE: u64 = vgpu_ioc::<VgpuLane>(IOC_READ | IOC_WRITE, 0xa8);
+pub const IOCTL_VMM: u64 = vgpu_ioc::<VgpuVmm>(IOC_READ | IOC_WRITE, 0xa9);
 
 /// Encodes an entry point name: `None` if empty, too long (31 bytes at
 /// most) or containing a NUL.
@@ -645,7 +690,8 @@ mod tests {
             VgpuUsage,
             VgpuPin,
             VgpuValueArgs,
-            VgpuLane
+            VgpuLane,
+            VgpuVmm
         )
     }
 
@@ -679,6 +725,18 @@ mod tests {
             INFO_OCCUPANCY,
             INFO_CONSOLE,
             INFO_CONTEXTS,
+            INFO_VMM,
+            VMM_RESERVE,
+            VMM_FREE,
+            VMM_CREATE,
+            VMM_RELEASE,
+            VMM_MAP,
+            VMM_UNMAP,
+            VMM_ACCESS,
+            VMM_ACCESS_NONE,
+            VMM_ACCESS_READ,
+            VMM_ACCESS_RW,
+            VMM_GRANULE,
             CMD_NOP,
             CMD_FENCE,
             CMD_COPY,
@@ -726,6 +784,7 @@ mod tests {
             IOCTL_PIN,
             IOCTL_UNPIN,
             IOCTL_LANE,
+            IOCTL_VMM,
             CMD_WRITE_VALUE,
             CMD_WAIT_VALUE,
             CMD_VALUE_32,

@@ -546,7 +546,7 @@ impl Host<'_> {
             c.compute_units,
             self.backend.name()
         );
-        let (units, cooperative) = (p.kernel_compute_units(), p.cooperative());
+        let (units, cooperative, vmm) = (p.kernel_compute_units(), p.cooperative(), p.has_vmm());
         let p: Shared = Arc::new(Mutex::new(p));
         self.runner = Some(
             Runner::new(Arc::clone(&p), Arc::clone(&self.guest), self.spin)
@@ -554,7 +554,11 @@ impl Host<'_> {
         );
         self.partition = Some(p);
         self.staging = Some(staging);
-        Ok(Value::Created { units, cooperative })
+        Ok(Value::Created {
+            units,
+            cooperative,
+            vmm,
+        })
     }
 
     /// The partition, once created.
@@ -568,6 +572,7 @@ impl Host<'_> {
         match req {
             Request::Alloc { size, align } => p.alloc(size, align).map(Value::U64),
             Request::Free { addr } => p.free(addr).map(|_| Value::None),
+            Request::Vmm(op) => p.vmm(&op).map(Value::U64),
             Request::Copy { dst, src, size } => p.copy(dst, src, size).map(|_| Value::None),
             Request::Fill {
                 addr,

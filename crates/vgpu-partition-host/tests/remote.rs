@@ -324,6 +324,9 @@ fn conformance_through(remote: RemoteBackend) {
     // Guest modules: images and parameter blocks through the protocol,
     // kernels on the host's PTX executor.
     conformance::run_loaded_modules(&make);
+    // Virtual memory requests through the protocol, run by the host.
+    conformance::vmm_map_side_by_side_and_alias(&make);
+    conformance::vmm_grow_and_shrink_a_segment(&make);
 }
 
 #[test]
@@ -660,6 +663,7 @@ impl Launcher for FakeLauncher {
             let created = Value::Created {
                 units: 2,
                 cooperative: false,
+                vmm: false,
             };
             reply(s, h, Kind::Create, ok(0, created));
             let Some((h, _)) = read_frame(s) else { return };

@@ -40,6 +40,7 @@
 #define VGPU_INFO_OCCUPANCY	(1U << 4)	/* VGPU_CMD_OCCUPANCY */
 #define VGPU_INFO_CONSOLE	(1U << 5)	/* VGPU_CMD_CONSOLE, VGPU_MODULE_PRINTS */
 #define VGPU_INFO_CONTEXTS	(1U << 6)	/* a device context per open file */
+#define VGPU_INFO_VMM		(1U << 7)	/* VGPU_IOCTL_VMM */
 
 /**
  * struct vgpu_info - what VGPU_IOCTL_INFO reports of the function
@@ -511,6 +512,58 @@ struct vgpu_lane {
 	__u32 queue;
 };
 
+/* ---- VGPU_IOCTL_VMM --------------------------------------------------------- */
+
+/* Operations of VGPU_IOCTL_VMM (virtual memory management). */
+#define VGPU_VMM_RESERVE	0	/* reserve device addresses */
+#define VGPU_VMM_FREE		1	/* free a reservation */
+#define VGPU_VMM_CREATE		2	/* make a physical allocation */
+#define VGPU_VMM_RELEASE	3	/* release a physical allocation */
+#define VGPU_VMM_MAP		4	/* map a physical allocation */
+#define VGPU_VMM_UNMAP		5	/* unmap whole mappings */
+#define VGPU_VMM_ACCESS		6	/* set the access of whole mappings */
+
+/* Access of a mapping (VGPU_VMM_ACCESS), CUDA's CU_MEM_ACCESS_FLAGS_PROT_*. */
+#define VGPU_VMM_ACCESS_NONE	0
+#define VGPU_VMM_ACCESS_READ	1
+#define VGPU_VMM_ACCESS_RW	3
+
+/* What addresses, sizes and offsets are multiples of. */
+#define VGPU_VMM_GRANULE	(2ULL << 20)
+
+/**
+ * struct vgpu_vmm - argument of VGPU_IOCTL_VMM
+ * @op: in: VGPU_VMM_*
+ * @access: in: ACCESS: VGPU_VMM_ACCESS_*; else zero
+ * @addr: in: RESERVE: the address wanted (0: any); FREE: the reservation;
+ *	MAP, UNMAP, ACCESS: the first address of the range.
+ *	out: RESERVE: the reservation's first address
+ * @size: in: bytes, a multiple of VGPU_VMM_GRANULE (RELEASE: zero)
+ * @align: in: RESERVE: 0 or a power of two; else zero
+ * @handle: in: RELEASE, MAP: a physical allocation of this file; else
+ *	zero. out: CREATE: the new physical allocation
+ * @offset: in: MAP: where in @handle the mapping starts, a multiple of
+ *	VGPU_VMM_GRANULE; else zero
+ *
+ * The device's virtual memory management (VGPU_INFO_VMM; -EOPNOTSUPP
+ * without it). A file names only what it made itself: its own
+ * reservations and physical allocations, and MAP only into its own
+ * reservation; UNMAP and ACCESS take a range made of whole mappings of
+ * the file. COPY, FILL and FUNC_INFO reach mapped memory of the file,
+ * also across mappings side by side, once ACCESS allowed it; FREE does
+ * not free it. What the file holds goes with it on close. Lanes take
+ * none of these (-EINVAL).
+ */
+struct vgpu_vmm {
+	__u32 op;
+	__u32 access;
+	__u64 addr;
+	__u64 size;
+	__u64 align;
+	__u64 handle;
+	__u64 offset;
+};
+
 /* ---- ioctl numbers -------------------------------------------------------- */
 
 #define VGPU_IOCTL_MAGIC	'V'
@@ -524,5 +577,6 @@ struct vgpu_lane {
 #define VGPU_IOCTL_PIN		_IOW(VGPU_IOCTL_MAGIC, 0xa6, struct vgpu_pin)
 #define VGPU_IOCTL_UNPIN	_IOW(VGPU_IOCTL_MAGIC, 0xa7, struct vgpu_pin)
 #define VGPU_IOCTL_LANE		_IOWR(VGPU_IOCTL_MAGIC, 0xa8, struct vgpu_lane)
+#define VGPU_IOCTL_VMM		_IOWR(VGPU_IOCTL_MAGIC, 0xa9, struct vgpu_vmm)
 
 #endif /* _UAPI_VGPU_H */

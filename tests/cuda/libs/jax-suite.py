@@ -1,5 +1,4 @@
-"""JAX on the GPU it is given, checked against NumPy on the CPU: the devices
-it finds, a jitted matmul and a gradient.
+"""JAX on the GPU it is given, checked against NumPy on the CPU.
 
 Each check prints one PASS or FAIL line (and goes on after a failure).
 
@@ -58,19 +57,19 @@ def check_matmul():
 
 
 def check_grad():
-    rng = np.random.default_rng(7)
-    w = rng.standard_normal((64, 32), dtype=np.float32)
-    x = rng.standard_normal((128, 64), dtype=np.float32)
-
-    def loss(w, x):
-        return jnp.sum(jnp.tanh(jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST)) ** 2)
-
-    got = np.asarray(jax.jit(jax.grad(loss))(jax.device_put(w, jax.devices("gpu")[0]), x))
-    # d/dw sum(tanh(xw)^2) = x^T (2 tanh(xw) (1 - tanh(xw)^2)), in float64.
+    # d/dw sum(tanh(x @ w)^2) = x^T (2 tanh(x @ w) (1 - tanh(x @ w)^2)),
+    # worked out on the CPU in float64.
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 96), dtype=np.float32)
+    w = rng.standard_normal((96, 32), dtype=np.float32) * 0.1
+    loss = lambda w_, x_: jnp.sum(jnp.tanh(jnp.matmul(
+        x_, w_, precision=jax.lax.Precision.HIGHEST)) ** 2)
+    gpu = jax.devices("gpu")[0]
+    got = np.asarray(jax.jit(jax.grad(loss))(jax.device_put(w, gpu), jax.device_put(x, gpu)))
     t = np.tanh(x.astype(np.float64) @ w.astype(np.float64))
     want = x.astype(np.float64).T @ (2 * t * (1 - t * t))
-    worst = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
-    return worst < 1e-3, f"jitted grad of sum(tanh(x @ w)^2), 128x64x32 float32, worst {worst:.2g}"
+    worst = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+    return worst < 1e-4, f"jitted gradient of sum(tanh(x @ w)^2), worst relative {worst:.2g}"
 
 
 CHECKS = {"devices": check_devices, "matmul": check_matmul, "grad": check_grad}

@@ -7,8 +7,9 @@ same script run natively on the same GPU.
 usage: python3 torch-suite.py [CHECK...] [bench | bench_matmul | bench_mlp | bench_small]
        (default: every check, then the benchmarks when TORCH_BENCH=1;
        "bench" alone: only them; bench_NAME: that one; train_load, a
-       GPU-bound training load, and two_devices, which needs two GPUs,
-       only when named)
+       GPU-bound training load, two_devices, which needs two GPUs, and
+       expandable, which needs PYTORCH_CUDA_ALLOC_CONF=
+       expandable_segments:True, only when named)
 Environment: VGPU_EXPECT_MEM (bytes): the quota the device must report;
              TORCH_STEPS (200): training steps of the loss check;
              TORCH_LOAD_SECONDS (30): how long train_load trains.
@@ -312,67 +313,38 @@ def check_train_load():
 
 
 def check_expandable():
-    """Training with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the
-    allocator reserves address space and maps pages into it as it grows:
-    the virtual memory management API), losses as on the CPU, and the
-    memory given back to the device after empty_cache()."""
-    import subprocess
-    code = r"""
-import sys, time, torch
-dev = torch.device("cuda")
-free0, _ = torch.cuda.mem_get_info()
-torch.manual_seed(5)
-net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
-                          torch.nn.Linear(256, 1)).to(dev)
-opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-g = torch.Generator().manual_seed(6)
-x = torch.randn(256, 32, generator=g)
-y = (x[:, :4].sum(1, keepdim=True)).sin()
-x, y = x.to(dev), y.to(dev)
-for _ in range(100):
-    opt.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(net(x), y)
-    loss.backward()
-    opt.step()
-# Growing blocks: the segment is extended in place, page by page.
-blocks = [torch.full((k << 18,), float(k), device=dev) for k in range(1, 9)]
-ok_blocks = all(float(b[-1].item()) == float(k) for k, b in enumerate(blocks, 1))
-peak = torch.cuda.memory_reserved()
-del blocks, net, opt, x, y
-torch.cuda.synchronize()
-torch.cuda.empty_cache()
-reserved = torch.cuda.memory_reserved()
-free1, _ = torch.cuda.mem_get_info()
-print(f"{loss.item():.6f} {int(ok_blocks)} {peak} {reserved} {free0} {free1}")
-"""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                       text=True, timeout=600)
-    if r.returncode != 0:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        return False, f"the child exited {r.returncode}: {tail[0]}"
-    loss, ok_blocks, peak, reserved, free0, free1 = r.stdout.split()[-6:]
-    loss, peak, reserved = float(loss), int(peak), int(reserved)
-    free0, free1 = int(free0), int(free1)
-    # What the CPU's training of the same net reaches.
-    torch.manual_seed(5)
-    net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(256, 32, generator=g)
-    y = (x[:, :4].sum(1, keepdim=True)).sin()
-    for _ in range(100):
-        opt.zero_grad(set_to_none=True)
-        cpu = torch.nn.functional.mse_loss(net(x), y)
-        cpu.backward()
-        opt.step()
-    err = abs(loss - cpu.item()) / abs(cpu.item())
-    # Back within 2 MiB (a page) of where it began.
-    given_back = free1 >= free0 - (2 << 20)
-    ok = err <= 2e-2 and ok_blocks == "1" and reserved == 0 and given_back and peak > 0
-    return ok, (f"loss {loss:.5f} (CPU {cpu.item():.5f}), growing blocks "
-                f"{'right' if ok_blocks == '1' else 'WRONG'}, {peak >> 20} MiB reserved at most, "
-                f"{reserved} after empty_cache, free {free0 >> 20} -> {free1 >> 20} MiB")
+    """Training steps on expandable segments (PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True, which the caller sets before PyTorch starts):
+    the allocator grows its segments with the driver's virtual memory
+    functions, the loss matches the CPU's, and empty_cache() gives the
+    memory back to the device."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" not in conf:
+        return False, "run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    # cuBLAS's handle and workspace first: they stay.
+    train(dev, 1)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free0, _ = torch.cuda.mem_get_info()
+    reserved0 = torch.cuda.memory_reserved()
+    big = torch.empty(64 << 20, dtype=torch.uint8, device=dev).fill_(3)
+    gpu = train(dev, 50)
+    snap = torch.cuda.memory_snapshot()
+    expandable = [s for s in snap if s.get("is_expandable")]
+    peak = torch.cuda.memory_reserved()
+    took = int(big[-1].item()) == 3
+    del big
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free1, _ = torch.cuda.mem_get_info()
+    cpu = train("cpu", 50)
+    err = (gpu[-1] - cpu[-1]).abs().item() / cpu[-1].abs().item()
+    back = free1 >= free0
+    ok = (took and bool(expandable) and err <= 2e-2 and back
+          and torch.cuda.memory_reserved() <= reserved0)
+    return ok, (f"{len(expandable)} expandable segment(s), {peak >> 20} MiB reserved at the "
+                f"peak; loss {gpu[-1]:.5f} (CPU {cpu[-1]:.5f}); free {free0 >> 20} -> "
+                f"{free1 >> 20} MiB after empty_cache()")
 
 
 CHECKS = {
@@ -388,10 +360,11 @@ CHECKS = {
     "streams": check_streams,
     "graphs": check_graphs,
     "oom": check_oom,
-    "expandable": check_expandable,
-    # Not among the default checks: a load for the two-guest share runs.
+    # Not among the default checks: a load for the two-guest share runs,
+    # two devices, and expandable segments (an environment of its own).
     "train_load": check_train_load,
     "two_devices": check_two_devices,
+    "expandable": check_expandable,
 }
 
 
@@ -469,7 +442,8 @@ def bench_small():
 
 def main():
     global failed
-    names = sys.argv[1:] or [n for n in CHECKS if n not in ("train_load", "two_devices")]
+    names = sys.argv[1:] or [n for n in CHECKS
+                             if n not in ("train_load", "two_devices", "expandable")]
     # "bench" among the names runs the benchmarks, whatever TORCH_BENCH
     # says; "bench_small" (and so on) one of them.
     benches = [bench_matmul, bench_mlp, bench_small]

@@ -15,6 +15,11 @@ pub struct DeviceBuf {
     len: usize,
     /// Bytes allocated: `len` rounded up to a multiple of 8.
     cap: usize,
+    /// It owns its memory (else it is a view of a physical allocation's,
+    /// which outlives it).
+    owned: bool,
+    /// Kernels and copies may only read it (a mapping given read access).
+    read_only: bool,
 }
 
 const DEVICE_BUF_ALIGN: usize = 4096;
@@ -29,7 +34,46 @@ impl DeviceBuf {
         let layout = std::alloc::Layout::from_size_align(cap, DEVICE_BUF_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size (checked above).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        std::ptr::NonNull::new(ptr).map(|ptr| DeviceBuf { ptr, len, cap })
+        std::ptr::NonNull::new(ptr).map(|ptr| DeviceBuf {
+            ptr,
+            len,
+            cap,
+            owned: true,
+            read_only: false,
+        })
+    }
+
+    /// A view of `len` bytes (a multiple of 8) of `of` from `offset`: a
+    /// mapping of a physical allocation.
+    ///
+    /// # Safety
+    /// `of` must outlive the view and stay where it is (its memory is
+    /// on the heap, so moving `of` is fine); views of the same bytes are
+    /// never borrowed as plain slices at once (see `SoftwarePartition`'s
+    /// copies, which copy a source that may alias first).
+    pub(super) unsafe fn view(of: &DeviceBuf, offset: usize, len: usize, read_only: bool) -> Self {
+        assert!(offset + len <= of.cap && len.is_multiple_of(8) && len > 0);
+        // SAFETY: inside `of`'s allocation (asserted), so not null.
+        let ptr = unsafe { std::ptr::NonNull::new_unchecked(of.ptr.as_ptr().add(offset)) };
+        DeviceBuf {
+            ptr,
+            len,
+            cap: len,
+            owned: false,
+            read_only,
+        }
+    }
+
+    /// Whether kernels and copies may only read it.
+    pub(super) fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Where its bytes are in this process: two views alias when these
+    /// overlap.
+    pub(super) fn host_range(&self) -> std::ops::Range<usize> {
+        let start = self.ptr.as_ptr() as usize;
+        start..start + self.cap
     }
 
     /// The memory as 64-bit atomic words, for a loaded kernel whose
@@ -63,6 +107,9 @@ impl std::ops::DerefMut for DeviceBuf {
 
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: allocated in `zeroed` with this very layout (which was
         // valid then, so from_size_align cannot fail now).
         unsafe {

@@ -47,6 +47,7 @@ use crate::rules::{
     self, words, AddressSpace, Allocations, Builtin, FloatOperands, KernelLimits, Loc,
     PartitionName,
 };
+use crate::vmm::{Vmm, VmmOp};
 use crate::{
     Backend, BackendError, Capacity, DeviceCopy, DeviceFill, FunctionInfo, HostSink, HostSource,
     Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone,
@@ -148,6 +149,7 @@ impl SoftwareBackend {
             reserved,
             pool: Arc::clone(&self.pool),
             allocs: Allocations::default(),
+            vmm: Vmm::default(),
             space: AddressSpace::default(),
             grain: DEFAULT_GRAIN,
             modules: BTreeMap::new(),
@@ -195,6 +197,13 @@ pub struct SoftwarePartition {
     /// Allocations by device address. The cells let a kernel write one
     /// allocation while reading others; calls never overlap (`&mut self`).
     allocs: Allocations<RefCell<DeviceBuf>>,
+    /// Virtual memory: reservations, physical allocations (host memory
+    /// of their own) and mappings. A mapping given access is also an
+    /// entry of `allocs` (charging nothing) whose buffer is a view of its
+    /// physical allocation's memory, so copies, fills and kernels reach
+    /// it as any allocation, and every mapping of the same memory sees
+    /// the same bytes.
+    vmm: Vmm<DeviceBuf>,
     /// The partition's address space.
     space: AddressSpace,
     /// Fewest elements of work per thread.
@@ -233,7 +242,9 @@ impl Drop for SoftwarePartition {
 
 impl SoftwarePartition {
     fn available(&self) -> u64 {
-        self.spec.memory.saturating_sub(self.allocs.used())
+        self.spec
+            .memory
+            .saturating_sub(self.allocs.used() + self.vmm.physical_bytes())
     }
 
     fn threads(&self) -> usize {
@@ -260,6 +271,27 @@ impl SoftwarePartition {
     /// Resolves `len` bytes at `addr`, which must lie inside one allocation.
     fn locate(&self, addr: u64, len: u64) -> Result<Loc, OpError> {
         self.allocs.locate(addr, len)
+    }
+
+    /// Resolves `len` bytes at `addr` that are to be written: inside one
+    /// allocation, not a mapping given read access alone.
+    fn locate_mut(&self, addr: u64, len: u64) -> Result<Loc, OpError> {
+        let loc = self.allocs.locate(addr, len)?;
+        if self.buf(&loc).borrow().read_only() {
+            return Err(OpError::OutOfRange { addr, len });
+        }
+        Ok(loc)
+    }
+
+    /// Whether the bytes of `a`'s and `b`'s allocations, different ones,
+    /// are the same memory (two mappings of one physical allocation).
+    fn aliases(&self, a: &Loc, b: &Loc) -> bool {
+        if a.start == b.start {
+            return false;
+        }
+        let ra = self.buf(a).borrow().host_range();
+        let rb = self.buf(b).borrow().host_range();
+        ra.start < rb.end && rb.start < ra.end
     }
 
     /// The bytes of the allocation `loc` lies in.
@@ -300,12 +332,17 @@ impl SoftwarePartition {
         let same = |l: &Loc| l.off == out.off && l.len == out.len;
         let mut copies: [Option<Vec<u8>>; N] = std::array::from_fn(|_| None);
         for (copy, inp) in copies.iter_mut().zip(&ins) {
-            if inp.start == out.start && inp.overlaps(&out) && !same(inp) {
+            // Another mapping of the output's memory is read before the
+            // output is written, as a partial overlap is.
+            if (inp.start == out.start && inp.overlaps(&out) && !same(inp))
+                || self.aliases(inp, &out)
+            {
                 *copy = Some(self.copy_out(inp)?);
             }
         }
         let others: [Option<Ref<'_, DeviceBuf>>; N] = std::array::from_fn(|i| {
-            (ins[i].start != out.start).then(|| self.allocs.data(ins[i].start).borrow())
+            (ins[i].start != out.start && copies[i].is_none())
+                .then(|| self.allocs.data(ins[i].start).borrow())
         });
         let mut out_buf = self.buf(&out).borrow_mut();
         let (lo, rest) = out_buf.split_at_mut(out.off);
@@ -342,12 +379,12 @@ impl SoftwarePartition {
         match call {
             Builtin::Nothing => Ok(()),
             Builtin::Fill { dst, count, value } => {
-                let out = self.locate(dst, words(count))?;
+                let out = self.locate_mut(dst, words(count))?;
                 self.fill_bytes(out, value, self.threads_for(count));
                 Ok(())
             }
             Builtin::Copy { dst, src, bytes } => {
-                let dst = self.locate(dst, bytes)?;
+                let dst = self.locate_mut(dst, bytes)?;
                 let src = self.locate(src, bytes)?;
                 self.with_io(dst, [src], |d, [s]| {
                     if let Some(s) = s {
@@ -360,7 +397,7 @@ impl SoftwarePartition {
             Builtin::Sgemm { p, .. } => self.kernel_sgemm(p),
             Builtin::Scale { c, count, beta } => {
                 // C = beta * C; A and B are not read.
-                let c = self.locate(c, words(count))?;
+                let c = self.locate_mut(c, words(count))?;
                 let threads = self.threads_for(count);
                 let mut buf = self.buf(&c).borrow_mut();
                 par_chunks(threads, 4, &mut buf[c.range()], |_, c| scale(c, beta));
@@ -371,7 +408,7 @@ impl SoftwarePartition {
     }
 
     fn kernel_vadd(&mut self, c: u64, a: u64, b: u64, n: u64) -> Result<(), OpError> {
-        let c = self.locate(c, words(n))?;
+        let c = self.locate_mut(c, words(n))?;
         let a = self.locate(a, words(n))?;
         let b = self.locate(b, words(n))?;
         let threads = self.threads_for(n);
@@ -385,7 +422,7 @@ impl SoftwarePartition {
     }
 
     fn kernel_saxpy(&mut self, y: u64, x: u64, n: u64, a: f32) -> Result<(), OpError> {
-        let y = self.locate(y, words(n))?;
+        let y = self.locate_mut(y, words(n))?;
         let x = self.locate(x, words(n))?;
         let threads = self.threads_for(n);
         self.with_io(y, [x], |y, [x]| {
@@ -398,7 +435,7 @@ impl SoftwarePartition {
     /// `C = alpha * A * B + beta * C` with `m, n, k > 0` and `alpha != 0`.
     fn kernel_sgemm(&mut self, p: abi::SgemmParams) -> Result<(), OpError> {
         let (m, n, k) = (u64::from(p.m), u64::from(p.n), u64::from(p.k));
-        let c = self.locate(p.c, words(m * n))?;
+        let c = self.locate_mut(p.c, words(m * n))?;
         let a = self.locate(p.a, words(m * k))?;
         let b = self.locate(p.b, words(k * n))?;
         let (alpha, beta) = (p.alpha, p.beta);
@@ -419,7 +456,7 @@ impl SoftwarePartition {
     }
 
     fn kernel_reduce_sum(&mut self, out: u64, input: u64, n: u64) -> Result<(), OpError> {
-        let out = self.locate(out, 4)?;
+        let out = self.locate_mut(out, 4)?;
         let input = self.locate(input, words(n))?;
         let threads = self.threads_for(n);
         let sum = {
@@ -439,9 +476,59 @@ impl SoftwarePartition {
 
 /// The steps of a queued run ([`Partition::run_queued`]).
 impl SoftwarePartition {
+    /// `len` bytes at `addr` as pieces that each lie inside one
+    /// allocation: the range itself, or, across mappings next to each
+    /// other (as on a GPU, a copy may run over the end of one mapping
+    /// into the next), one piece per mapping. Every piece must be
+    /// reachable; `OutOfRange` otherwise.
+    fn spans(&self, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, OpError> {
+        let whole = self.allocs.locate(addr, len);
+        if whole.is_ok() || self.vmm.mapping_at(addr).is_none() {
+            return whole.map(|_| vec![(addr, len)]);
+        }
+        let out = OpError::OutOfRange { addr, len };
+        let end = addr.checked_add(len).ok_or(out.clone())?;
+        let mut at = addr;
+        let mut pieces = Vec::new();
+        while at < end {
+            // Bounded: each piece is a whole mapping but the first and
+            // the last, and mappings are bounded (VMM_MAX_OBJECTS).
+            let (start, m) = self.vmm.mapping_at(at).ok_or(out.clone())?;
+            let n = (start + m.size).min(end) - at;
+            self.allocs.locate(at, n).map_err(|_| out.clone())?;
+            pieces.push((at, n));
+            at += n;
+        }
+        Ok(pieces)
+    }
+
     fn copy_now(&mut self, c: &DeviceCopy) -> Result<(), OpError> {
         let DeviceCopy { dst, src, size } = *c;
-        let d = self.locate(dst, size)?;
+        let (ds, ss) = (self.spans(dst, size)?, self.spans(src, size)?);
+        if ds.len() == 1 && ss.len() == 1 {
+            return self.copy_one(dst, src, size);
+        }
+        // Pieces that each lie in one allocation on both sides.
+        let (mut di, mut si, mut done) = (0, 0, 0u64);
+        let (mut doff, mut soff) = (0u64, 0u64);
+        while done < size {
+            let n = (ds[di].1 - doff).min(ss[si].1 - soff);
+            self.copy_one(ds[di].0 + doff, ss[si].0 + soff, n)?;
+            done += n;
+            doff += n;
+            soff += n;
+            if doff == ds[di].1 {
+                (di, doff) = (di + 1, 0);
+            }
+            if soff == ss[si].1 {
+                (si, soff) = (si + 1, 0);
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_one(&mut self, dst: u64, src: u64, size: u64) -> Result<(), OpError> {
+        let d = self.locate_mut(dst, size)?;
         let s = self.locate(src, size)?;
         if d.start == s.start {
             let mut buf = self.buf(&d).borrow_mut();
@@ -466,8 +553,12 @@ impl SoftwarePartition {
                 "fill of {size} bytes: not a multiple of 4"
             )));
         }
-        let loc = self.locate(addr, size)?;
-        self.fill_bytes(loc, pattern, self.threads_for(size / 4));
+        // Mappings are whole granules: every piece keeps the pattern's
+        // phase.
+        for (at, n) in self.spans(addr, size)? {
+            let loc = self.locate_mut(at, n)?;
+            self.fill_bytes(loc, pattern, self.threads_for(n / 4));
+        }
         Ok(())
     }
 
@@ -551,7 +642,10 @@ impl Partition for SoftwarePartition {
             requested: size,
             available,
         };
-        let Some(addr) = self.space.place(&self.allocs, size, align) else {
+        let Some(addr) = self
+            .space
+            .place(&self.allocs, self.vmm.reservations(), size, align)
+        else {
             debug!(
                 "software backend: partition {:?}: no address space for {size} bytes aligned to {align:#x}",
                 self.spec.name
@@ -572,6 +666,11 @@ impl Partition for SoftwarePartition {
     }
 
     fn free(&mut self, addr: u64) -> Result<(), OpError> {
+        if self.vmm.mapping_at(addr).is_some() {
+            return Err(OpError::Invalid(format!(
+                "{addr:#x} is mapped memory: it is unmapped, not freed"
+            )));
+        }
         if self
             .module_vars
             .values()
@@ -587,15 +686,21 @@ impl Partition for SoftwarePartition {
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
-        let loc = self.locate(dst, src.len())?;
-        let mut buf = self.buf(&loc).borrow_mut();
-        src.read_at(0, &mut buf[loc.range()])
+        for (at, n) in self.spans(dst, src.len())? {
+            let loc = self.locate_mut(at, n)?;
+            let mut buf = self.buf(&loc).borrow_mut();
+            src.read_at(at - dst, &mut buf[loc.range()])?;
+        }
+        Ok(())
     }
 
     fn download(&mut self, src: u64, dst: &dyn HostSink) -> Result<(), OpError> {
-        let loc = self.locate(src, dst.len())?;
-        let buf = self.buf(&loc).borrow();
-        dst.write_at(0, &buf[loc.range()])
+        for (at, n) in self.spans(src, dst.len())? {
+            let loc = self.locate(at, n)?;
+            let buf = self.buf(&loc).borrow();
+            dst.write_at(at - src, &buf[loc.range()])?;
+        }
+        Ok(())
     }
 
     fn module_load(&mut self, format: u32, image: &[u8]) -> Result<u64, OpError> {
@@ -713,7 +818,114 @@ impl Partition for SoftwarePartition {
     }
 
     fn memory_used(&self) -> u64 {
-        self.allocs.used()
+        self.allocs.used() + self.vmm.physical_bytes()
+    }
+
+    fn has_vmm(&self) -> bool {
+        true
+    }
+
+    fn vmm(&mut self, op: &VmmOp) -> Result<u64, OpError> {
+        match *op {
+            VmmOp::Reserve { size, align, addr } => {
+                let align = self.vmm.check_reserve(size, align)?;
+                let reserved = self.vmm.reservations();
+                let wanted = addr != 0
+                    && addr.is_multiple_of(align)
+                    && AddressSpace::is_free(&self.allocs, reserved, addr, size);
+                let at = match wanted {
+                    true => addr,
+                    false => self
+                        .space
+                        .place(&self.allocs, reserved, size, align)
+                        .ok_or(OpError::NoMemory {
+                            requested: size,
+                            available: self.available(),
+                        })?,
+                };
+                self.vmm.reserved(at, size);
+                self.space.placed(at, size);
+                Ok(at)
+            }
+            VmmOp::Free { addr, size } => self.vmm.free(addr, size).map(|_| 0),
+            VmmOp::Create { size } => {
+                self.vmm.check_create(size, self.available())?;
+                let buf = usize::try_from(size)
+                    .ok()
+                    .and_then(DeviceBuf::zeroed)
+                    .ok_or_else(|| self.no_host_memory(size))?;
+                Ok(self.vmm.created(size, buf))
+            }
+            // Freed here (dropped) if nothing maps it.
+            VmmOp::Release { handle } => self.vmm.release(handle).map(|_| 0),
+            VmmOp::Map {
+                addr,
+                size,
+                handle,
+                offset,
+            } => {
+                self.vmm.check_map(addr, size, handle, offset)?;
+                self.vmm.mapped(addr, size, handle, offset);
+                Ok(0)
+            }
+            VmmOp::Unmap { addr, size } => {
+                // The views go first: the physical memory they show may
+                // go with the unmap.
+                for a in self.vmm.whole_mappings(addr, size)? {
+                    if self.allocs.get(a).is_some() {
+                        self.allocs.free(a)?;
+                    }
+                }
+                self.vmm.unmap(addr, size).map(|_| 0)
+            }
+            VmmOp::Access { addr, size, access } => {
+                let starts = self.vmm.check_access(addr, size, access)?;
+                if access == abi::MEM_ACCESS_NONE {
+                    for a in starts {
+                        if self.allocs.get(a).is_some() {
+                            self.allocs.free(a)?;
+                        }
+                        self.vmm.set_access(a, access);
+                    }
+                    return Ok(0);
+                }
+                let adding = starts
+                    .iter()
+                    .filter(|a| self.allocs.get(**a).is_none())
+                    .count();
+                if self.allocs.len() + adding > rules::MAX_ALLOCATIONS {
+                    return Err(OpError::NoMemory {
+                        requested: 0,
+                        available: self.available(),
+                    });
+                }
+                for a in starts {
+                    if self.allocs.get(a).is_some() {
+                        self.allocs.free(a)?;
+                    }
+                    self.vmm.set_access(a, access);
+                    let Some(m) = self.vmm.mappings().get(&a).copied() else {
+                        continue;
+                    };
+                    let Some(p) = self.vmm.physical(m.handle) else {
+                        continue;
+                    };
+                    // Both fit a usize: the physical allocation's host
+                    // memory holds them (checked when it was mapped).
+                    let (off, len) = (m.offset as usize, m.size as usize);
+                    // SAFETY: the physical allocation outlives the view:
+                    // it is freed only once unmapped, and an unmap (or a
+                    // reset) removes the view from `allocs` first; copies
+                    // between views of one memory go through a copy
+                    // (`with_io`, `copy_now`).
+                    let view = unsafe {
+                        DeviceBuf::view(&p.data, off, len, access == abi::MEM_ACCESS_READ)
+                    };
+                    self.allocs.insert(a, m.size, 0, RefCell::new(view));
+                }
+                Ok(0)
+            }
+        }
     }
 
     /// A faulting kernel fails alone here: its accesses are checked, and
@@ -731,7 +943,9 @@ impl Partition for SoftwarePartition {
             self.allocs.len(),
             self.allocs.used()
         );
+        // Views of physical allocations first, then what they show.
         self.allocs.drain();
+        self.vmm.drain();
         self.space.reset();
         // Handles keep counting: one from before the reset finds nothing.
         self.modules.clear();

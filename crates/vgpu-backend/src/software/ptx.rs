@@ -117,36 +117,37 @@ fn log_refusals(partition: &str, m: &Module, text: &str) {
 /// The partition's allocations as a kernel's global memory: every access
 /// must fall inside one allocation, as for every other command.
 struct Allocated<'a> {
-    /// By base address.
-    regions: Vec<WordMemory<'a>>,
+    /// By base address, each with whether it may only be read (a
+    /// mapping given read access alone).
+    regions: Vec<(WordMemory<'a>, bool)>,
 }
 
 impl Allocated<'_> {
-    fn region(&self, addr: u64, len: usize) -> Result<&WordMemory<'_>, Fault> {
+    fn region(&self, addr: u64, len: usize, write: bool) -> Result<&WordMemory<'_>, Fault> {
         let fault = Fault {
             addr,
             len: len as u64,
         };
-        let i = self.regions.partition_point(|r| r.base() <= addr);
-        let r = i.checked_sub(1).map(|i| &self.regions[i]).ok_or(fault)?;
+        let i = self.regions.partition_point(|r| r.0.base() <= addr);
+        let (r, read_only) = i.checked_sub(1).map(|i| &self.regions[i]).ok_or(fault)?;
         let inside = (addr - r.base())
             .checked_add(len as u64)
             .is_some_and(|end| end <= r.len());
-        inside.then_some(r).ok_or(fault)
+        (inside && !(write && *read_only)).then_some(r).ok_or(fault)
     }
 }
 
 impl GlobalMemory for Allocated<'_> {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        self.region(addr, buf.len())?.read(addr, buf)
+        self.region(addr, buf.len(), false)?.read(addr, buf)
     }
 
     fn write(&self, addr: u64, buf: &[u8]) -> Result<(), Fault> {
-        self.region(addr, buf.len())?.write(addr, buf)
+        self.region(addr, buf.len(), true)?.write(addr, buf)
     }
 
     fn atomic(&self, addr: u64, op: vgpu_ptx::AtomicOp, b: u64, c: u64) -> Result<u64, Fault> {
-        self.region(addr, op.size())?.atomic(addr, op, b, c)
+        self.region(addr, op.size(), true)?.atomic(addr, op, b, c)
     }
 }
 
@@ -235,7 +236,10 @@ pub(super) fn launch(
         .collect();
     let regions = bufs
         .iter_mut()
-        .filter_map(|(start, size, buf)| WordMemory::new(*start, *size, buf.words()))
+        .filter_map(|(start, size, buf)| {
+            let read_only = buf.read_only();
+            WordMemory::new(*start, *size, buf.words()).map(|w| (w, read_only))
+        })
         .collect();
     let mem = Allocated { regions };
     let cfg = vgpu_ptx::LaunchConfig {

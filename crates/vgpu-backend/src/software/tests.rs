@@ -69,6 +69,8 @@ conformance!(
     module_global,
     module_illegal_address,
     module_cooperative_grid_sync,
+    vmm_map_side_by_side_and_alias,
+    vmm_grow_and_shrink_a_segment,
 );
 
 fn load_fatbin(p: &mut SoftwarePartition, image: &[u8]) -> Result<u64, OpError> {
@@ -706,4 +708,76 @@ fn test_a_cooperative_grid_larger_than_the_threads_is_refused() {
     };
     let r = p.launch(&builtin);
     assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
+}
+
+#[test]
+fn test_a_mapping_with_read_access_is_read_but_not_written() {
+    use crate::vmm::VmmOp::*;
+    const G: u64 = abi::VMM_GRANULARITY;
+    let mut p = partition(8 * G, 2);
+    let base = p
+        .vmm(&Reserve {
+            size: 2 * G,
+            align: 0,
+            addr: 0,
+        })
+        .unwrap();
+    let h = p.vmm(&Create { size: G }).unwrap();
+    let access = |p: &mut SoftwarePartition, addr, access| {
+        p.vmm(&Access {
+            addr,
+            size: G,
+            access,
+        })
+        .unwrap()
+    };
+    for addr in [base, base + G] {
+        p.vmm(&Map {
+            addr,
+            size: G,
+            handle: h,
+            offset: 0,
+        })
+        .unwrap();
+    }
+    access(&mut p, base, abi::MEM_ACCESS_READ_WRITE);
+    access(&mut p, base + G, abi::MEM_ACCESS_READ);
+    conformance::upload(&mut p, base, &[7; 64]);
+    assert_eq!(download(&mut p, base + G, 64), vec![7; 64]);
+    let other = p.alloc(64, 0).unwrap();
+    p.copy(other, base + G, 64).unwrap();
+    assert!(matches!(
+        p.copy(base + G, other, 64),
+        Err(OpError::OutOfRange { .. })
+    ));
+    assert!(p.fill(base + G, 64, 1).is_err());
+    // A kernel writing it faults; one writing the other mapping does not.
+    let m = p_load_into(&mut p);
+    let params = |dst: u64| {
+        conformance::Params::default()
+            .u64(dst)
+            .u64(other)
+            .u64(dst)
+            .u32(16)
+    };
+    let launch = |p: &mut SoftwarePartition, dst| {
+        conformance::launch_loaded(p, m, "vector_add", [1, 1, 1], [16, 1, 1], &params(dst))
+    };
+    assert!(matches!(
+        launch(&mut p, base + G),
+        Err(OpError::KernelFault(_))
+    ));
+    launch(&mut p, base).unwrap();
+    // Taken away again: nothing reaches it.
+    access(&mut p, base, abi::MEM_ACCESS_NONE);
+    assert!(p.download(base, &conformance::VecSink::new(4)).is_err());
+    assert_eq!(p.memory_used(), G + 64);
+}
+
+fn p_load_into(p: &mut SoftwarePartition) -> u64 {
+    p.module_load(
+        abi::MODULE_FORMAT_PTX,
+        &conformance::portable(conformance::corpus::VECTOR_ADD),
+    )
+    .unwrap()
 }

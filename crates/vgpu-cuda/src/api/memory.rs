@@ -638,6 +638,12 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
         .allocs()
         .alloc_at(p, 0)
         .map(|(s, a)| (s, a.size, a.ctx, a.device));
+    // A mapping's access for its device (cuMemSetAccess); other device
+    // memory is read-write.
+    let access = o
+        .allocs()
+        .alloc_at(p, 0)
+        .map(|(_, a)| a.mapping.map_or(crate::vmm::PROT_READWRITE, |m| m.access));
     let managed = o.allocs().alloc_at(p, 0).is_some_and(|(_, a)| a.managed);
     let host = o
         .host()
@@ -680,6 +686,15 @@ unsafe fn pointer_attribute(d: &Driver, attr: i32, data: *mut c_void, p: u64) ->
             cu::POINTER_RANGE_START_ADDR => ffi::put(data.cast::<u64>(), start),
             cu::POINTER_RANGE_SIZE => ffi::put(data.cast::<usize>(), size as usize),
             cu::POINTER_MAPPED => ffi::put(data.cast::<i32>(), 1),
+            cu::POINTER_MAPPING_BASE_ADDR if mem_type == cu::MEMORYTYPE_DEVICE => {
+                ffi::put(data.cast::<u64>(), start)
+            }
+            cu::POINTER_MAPPING_SIZE if mem_type == cu::MEMORYTYPE_DEVICE => {
+                ffi::put(data.cast::<usize>(), size as usize)
+            }
+            cu::POINTER_ACCESS_FLAGS if mem_type == cu::MEMORYTYPE_DEVICE => {
+                ffi::put(data.cast::<u32>(), access.unwrap_or(0))
+            }
             cu::POINTER_MEMPOOL_HANDLE => {
                 let pool = d.objects().pools().pool_of(start).unwrap_or(0);
                 ffi::put(data.cast::<Handle>(), pool as Handle)

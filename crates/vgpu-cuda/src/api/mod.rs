@@ -26,3 +26,4 @@ pub mod procs;
 pub mod stream;
 pub mod strided;
 pub mod symbols;
+pub mod vmm;

@@ -20,7 +20,7 @@ use std::ffi::{c_char, c_void};
 use crate::api::symbols::Sym;
 use crate::api::{
     context::*, device::*, export::*, graph::*, init::*, link::*, memory::*, module::*, pool::*,
-    stream::*, strided::*,
+    stream::*, strided::*, vmm::*,
 };
 use crate::cu::{self, CUresult};
 use crate::ffi::{self, entry};
@@ -291,6 +291,19 @@ implemented {
     cuMemFreeAsync 11020 => cuMemFreeAsync,
     cuMemFreeHost 2000 => cuMemFreeHost,
     cuMemGetAddressRange 3020 => cuMemGetAddressRange_v2,
+    cuMemAddressFree 10020 => cuMemAddressFree,
+    cuMemAddressReserve 10020 => cuMemAddressReserve,
+    cuMemCreate 10020 => cuMemCreate,
+    cuMemExportToShareableHandle 10020 => cuMemExportToShareableHandle,
+    cuMemGetAccess 10020 => cuMemGetAccess,
+    cuMemGetAllocationGranularity 10020 => cuMemGetAllocationGranularity,
+    cuMemGetAllocationPropertiesFromHandle 10020 => cuMemGetAllocationPropertiesFromHandle,
+    cuMemImportFromShareableHandle 10020 => cuMemImportFromShareableHandle,
+    cuMemMap 10020 => cuMemMap,
+    cuMemRelease 10020 => cuMemRelease,
+    cuMemRetainAllocationHandle 11000 => cuMemRetainAllocationHandle,
+    cuMemSetAccess 10020 => cuMemSetAccess,
+    cuMemUnmap 10020 => cuMemUnmap,
     cuMemGetInfo 3020 => cuMemGetInfo_v2,
     cuMemHostAlloc 2020 => cuMemHostAlloc,
     cuMemHostRegister 6050 => cuMemHostRegister_v2,
@@ -426,10 +439,6 @@ implemented {
 // Asked for by the CUDA 13 runtime (static and shared), cuBLAS, CuPy or
 // PyTorch at initialisation, and not implemented: each answers
 // CUDA_ERROR_NOT_SUPPORTED and says so once. (name, first version asked.)
-// PyTorch's driver table needs the virtual memory functions (cuMem*
-// address, map and handle calls: the whole family is listed) to be found
-// before it reports an out-of-memory error, though it calls them only for
-// expandable segments.
 unsupported {
     cuArray3DCreate 3020,
     cuArray3DGetDescriptor 3020,
@@ -539,21 +548,8 @@ unsupported {
     cuMemHostGetDevicePointer 3020,
     cuMemPoolExportPointer 11020,
     cuMemPoolExportToShareableHandle 11020,
-    cuMemAddressFree 10020,
-    cuMemAddressReserve 10020,
-    cuMemCreate 10020,
-    cuMemExportToShareableHandle 10020,
-    cuMemGetAllocationGranularity 10020,
-    cuMemGetAccess 10020,
-    cuMemGetAllocationPropertiesFromHandle 10020,
     cuMemGetHandleForAddressRange 11070,
     cuMemMapArrayAsync 11010,
-    cuMemRetainAllocationHandle 11000,
-    cuMemImportFromShareableHandle 10020,
-    cuMemMap 10020,
-    cuMemRelease 10020,
-    cuMemSetAccess 10020,
-    cuMemUnmap 10020,
     cuMemPoolImportFromShareableHandle 11020,
     cuMemPoolImportPointer 11020,
     cuMemPrefetchBatchAsync 13000,

@@ -156,10 +156,11 @@ pub(super) fn info(args: &Args) -> CaseResult {
         | sys::INFO_FUNC_INFO
         | sys::INFO_OCCUPANCY
         | sys::INFO_CONSOLE
-        | sys::INFO_CONTEXTS;
+        | sys::INFO_CONTEXTS
+        | sys::INFO_VMM;
     ensure!(i.flags & !known == 0, "unknown flags {:#x}", i.flags);
-    // The driver says FUNC_INFO, OCCUPANCY, CONSOLE and CONTEXTS exactly
-    // when the device does.
+    // The driver says FUNC_INFO, OCCUPANCY, CONSOLE, CONTEXTS and VMM
+    // exactly when the device does.
     for (flag, feature, name) in [
         (
             sys::INFO_FUNC_INFO,
@@ -177,6 +178,7 @@ pub(super) fn info(args: &Args) -> CaseResult {
             vgpu_abi::FEATURE_CONTEXTS,
             "INFO_CONTEXTS",
         ),
+        (sys::INFO_VMM, vgpu_abi::FEATURE_VMM, "INFO_VMM"),
     ] {
         ensure!(
             (i.flags & flag != 0) == (i.features & feature != 0),

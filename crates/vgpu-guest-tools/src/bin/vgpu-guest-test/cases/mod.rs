@@ -58,6 +58,7 @@ pub fn all() -> Vec<Case> {
         case!("isolation-check", false, isolation::isolation_check),
         case!("lanes", true, lanes::lanes),
         case!("contexts", false, contexts::contexts),
+        case!("vmm", false, vmm::vmm),
     ]
 }
 
@@ -178,4 +179,5 @@ mod kernels;
 mod lanes;
 mod memory;
 mod processes;
+mod vmm;
 mod window;
