@@ -36,13 +36,14 @@
 #           (the cuda backend), run the programs of PROGDIR, half each,
 #           through the guest's libcuda.so.1 in the GPU machine's own
 #           userland (9p, chroot; /dev/shm mounted, each run in a copy of
-#           its folder under the guest's /tmp); OUTDIR/results.tsv as run's
+#           its folder under the guest's /tmp); OUTDIR/results.tsv as run's,
+#           OUTDIR/failed-runs.txt the last lines of each run that failed
 # table     one line per program: its result in each file (labels native,
 #           guest, software by default), the totals, and what passes in
 #           the first but not in the second
 # software  (here, no GPU) the subset that the software backend's PTX
 #           executor runs (SOFTWARE_SUBSET), built with ci/fetch-cuda.sh's
-#           toolkit for compute_90 PTX alone, run in two guests on the
+#           toolkit (sm_90 and compute_90), run in two guests on the
 #           software backend; OUTDIR (default /tmp/vgpud-cuda-samples-sw)
 #
 # On the GPU machine (CUDA 13 toolkit in CUDA_HOME, /usr/local/cuda; CMake,
@@ -62,7 +63,11 @@
 #   CUDA_HOME=/usr/local/cuda   the toolkit of build and run
 #   SAMPLES_ARCHS=90            CMAKE_CUDA_ARCHITECTURES of every sample
 #   SAMPLES_RUNTIME=Shared      CMAKE_CUDA_RUNTIME_LIBRARY (Shared, Static)
+#   SAMPLES_RDC=1               0: without the separable compilation every
+#                               sample's CMakeLists.txt turns on
 #   SAMPLES_ONLY=a,b            build only these samples (folder names)
+#   SAMPLES_LIBCUDA=PATH        the libcuda.so the driver API samples link
+#                               with where the toolkit has no stub
 #   SAMPLES_LEAN=1              bundle: leave out the OpenGL and FreeImage
 #                               samples too (CMake skips them where there
 #                               is no display or FreeImage)
@@ -279,6 +284,10 @@ cmd_build() {
     # Every sample names its own architectures: one list for all of them.
     find "$build/src" -name CMakeLists.txt -exec sed -i -E \
         "s/^([[:space:]]*set\(CMAKE_CUDA_ARCHITECTURES)[[:space:]][^)]*\)/\1 $archs)/" {} +
+    if [[ ${SAMPLES_RDC:-1} == 0 ]]; then
+        find "$build/src" -name CMakeLists.txt -exec sed -i -E \
+            's/(CUDA_SEPARABLE_COMPILATION[[:space:]]+)ON/\1OFF/' {} +
+    fi
     if [[ -n ${SAMPLES_ONLY:-} ]]; then
         filter_samples "$build/src" "$SAMPLES_ONLY" || die "SAMPLES_ONLY names samples the source lacks"
     fi
@@ -289,7 +298,10 @@ cmd_build() {
     local -a more=()
     [[ -d $cuda_home/lib64 ]] || flags="-L$cuda_home/lib"
     [[ -e $cuda_home/lib64/libcudart.so || ! -e $cuda_home/lib/libcudart.so.13 ]] ||
-        more+=(-DCUDA_CUDART="$cuda_home/lib/libcudart.so.13")
+        more+=(-DCUDA_CUDART="$cuda_home/lib/libcudart.so.13" -DCUDA_cudart_LIBRARY="$cuda_home/lib/libcudart.so.13")
+    # Nor the driver's stub: the driver API samples link with
+    # SAMPLES_LIBCUDA (the guest's libcuda.so.1) then.
+    [[ -z ${SAMPLES_LIBCUDA:-} ]] || more+=(-DCUDA_cuda_driver_LIBRARY="$SAMPLES_LIBCUDA")
     log "configuring ($(cat "$build/src/COMMIT" 2>/dev/null || echo "unknown commit"), CUDA architectures $archs)"
     cmake -S "$build/src" -B "$build/cmake" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_FLAGS="$flags" ${more[@]+"${more[@]}"} \
@@ -302,8 +314,9 @@ cmd_build() {
     log "building with $jobs jobs"
     # -k 0: every target that can be built is.
     ninja -C "$build/cmake" -k 0 -j "$jobs" >"$build/build.log" 2>&1 || true
-    sed -n 's/^FAILED: //p' "$build/build.log" | tr ' ' '\n' | grep -v '^$' |
-        sed -E 's#^Samples/##; s#/CMakeFiles/.*##' | sort -u >"$build/build-failed.txt"
+    # The samples (category/folder) whose outputs failed.
+    { sed -n 's/^FAILED: //p' "$build/build.log" || true; } | tr ' ' '\n' |
+        sed -nE 's#^(.*/cmake/)?Samples/([^/]+/[^/]+)/.*#\2#p' | sort -u >"$build/build-failed.txt"
     # Stage each program with what its folder holds (data the build
     # copied there), without CMake's own files.
     mkdir -p "$build/progs"
@@ -422,7 +435,15 @@ cmd__one() {
     fi
     line=$(printf '%s\t%s\t%s\t%s\t%s\t%s' "$name" "$run" "$status" "$rc" "$secs" "$line")
     printf '%s\n' "$line" >>"$out/results.tsv"
-    [[ $console == - ]] || printf 'CUDA-SAMPLE\t%s\n' "$line" >"$console" 2>/dev/null || true
+    [[ $console == - ]] && return 0
+    {
+        # What a run that failed said last: the guest's files are gone
+        # when it powers off.
+        if [[ $status == fail || $status == timeout ]]; then
+            tail -n "${SAMPLES_LOG_LINES:-12}" "$log" | tr -d '\r' | sed "s/^/CUDA-SAMPLE-LOG $name.$run: /"
+        fi
+        printf 'CUDA-SAMPLE\t%s\n' "$line"
+    } >"$console" 2>/dev/null || true
 }
 
 # run_tasks PROGDIR OUTDIR CONSOLE: the tasks on stdin, SAMPLES_JOBS at a time.
@@ -522,11 +543,13 @@ cmd_guest() {
     logs=$(sed -n 's/.*logs kept in //p' "$out/gpu-vm.log" | tail -n 1)
     [[ -n $logs && -d $logs ]] || die "gpu-vm.sh left no logs (exit $rc)"
     : >"$out/results.tsv"
+    : >"$out/failed-runs.txt"
     local g
     for g in a b; do
         [[ -f $logs/guest-libs-$g.log ]] || continue
         cp "$logs/guest-libs-$g.log" "$out/"
         tr -d '\r' <"$logs/guest-libs-$g.log" | sed -n 's/^.*CUDA-SAMPLE\t//p' >>"$out/results.tsv"
+        tr -d '\r' <"$logs/guest-libs-$g.log" | sed -n 's/^.*CUDA-SAMPLE-LOG //p' >>"$out/failed-runs.txt"
     done
     cp "$logs/vgpud.log" "$out/" 2>/dev/null || true
     log "guests: $(summary "$out/results.tsv") (gpu-vm.sh exit $rc)"
@@ -609,17 +632,20 @@ cmd_software() {
     fi
     command -v cmake >/dev/null || apt-get install -y cmake >&2
     toolkit=$(bash ci/fetch-cuda.sh)
-    # PTX alone (the executor's input), on the static runtime: the
-    # programs need no libcudart in the guest.
+    # As on the GPU (the executor takes the compute_90 PTX), on the static
+    # runtime.
     local only
     only=$(
         IFS=,
         echo "${SOFTWARE_SUBSET[*]}"
     )
-    CUDA_HOME=$toolkit SAMPLES_ARCHS=90-virtual SAMPLES_RUNTIME=Static SAMPLES_ONLY=$only \
+    local libcuda=${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/guest-cuda/x86_64-unknown-linux-gnu/release/libcuda.so
+    [[ -f $libcuda ]] || bash ci/gpu-vm-bundle.sh .devbin/gpu-vm.tar.xz
+    CUDA_HOME=$toolkit SAMPLES_ARCHS=90 SAMPLES_RUNTIME=Static SAMPLES_ONLY=$only \
+        SAMPLES_LIBCUDA=$libcuda \
         cmd_build "$tarball" "$out/build"
     [[ -f .devbin/gpu-vm.tar.xz ]] || bash ci/gpu-vm-bundle.sh .devbin/gpu-vm.tar.xz
-    GPU_BACKEND=software GUEST_MEM=$((2 << 30)) LIB_MEM_MB=${LIB_MEM_MB:-2048} \
+    GPU_BACKEND=software GUEST_MEM=$((2 << 30)) LIB_MEM_MB=${LIB_MEM_MB:-2048} LIB_SMP=${LIB_SMP:-2} \
         SAMPLES_JOBS=${SAMPLES_JOBS:-1} SAMPLES_TIMEOUT=${SAMPLES_TIMEOUT:-300} \
         VM_TIMEOUT=${VM_TIMEOUT:-1800} cmd_guest .devbin/gpu-vm.tar.xz "$out/build/progs" "$out/guest"
     cmd_table software="$out/guest/results.tsv"
