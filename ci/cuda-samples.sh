@@ -57,7 +57,7 @@
 #      bash ci/cuda-samples.sh guest .devbin/gpu-vm.tar.xz /var/tmp/cs/progs $OUT/guest
 # then here: bash ci/cuda-samples.sh table native/results.tsv guest/results.tsv
 # (the build takes about 70 s with 16 jobs, the native run a few minutes,
-# the two guests at most 460 s: they start no program in their last
+# the two guests at most 440 s: they start no program in their last
 # minute). The bundles: cuda-samples.tar.xz 13 MB (5 MB with
 # SAMPLES_LEAN=1), gpu-vm.tar.xz 44 MB.
 #
@@ -83,7 +83,7 @@
 #   SAMPLES_SHARD=0/1           run: S/N runs every Nth program from the
 #                               Sth on (0/2 and 1/2 share them)
 #   GUEST_MEM=12GiB-in-bytes    each vGPU's memory quota (guest)
-#   VM_TIMEOUT=460, LIB_MEM_MB=8192, LIB_SMP=6  each guest's time limit,
+#   VM_TIMEOUT=440, LIB_MEM_MB=8192, LIB_SMP=6  each guest's time limit,
 #                               RAM and vCPUs (guest)
 set -euo pipefail
 
@@ -533,7 +533,7 @@ cmd__guest() {
 
 cmd_guest() {
     [[ $# -eq 3 && -f $1 && -d $2 ]] || usage
-    local bundle progs out logs timeout=${VM_TIMEOUT:-460}
+    local bundle progs out logs timeout=${VM_TIMEOUT:-440}
     bundle=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
     progs=$(cd "$2" && pwd)
     mkdir -p "$3"
