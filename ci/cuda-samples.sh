@@ -561,6 +561,8 @@ cmd_guest() {
         tr -d '\r' <"$logs/guest-libs-$g.log" | sed -n 's/^.*CUDA-SAMPLE-LOG //p' >>"$out/failed-runs.txt"
     done
     cp "$logs/vgpud.log" "$out/" 2>/dev/null || true
+    # What gpu-vm.sh kept is in OUTDIR now (the rest is its bundle).
+    rm -rf "$logs"
     log "guests: $(summary "$out/results.tsv") (gpu-vm.sh exit $rc)"
 }
 
