@@ -31,6 +31,10 @@
 #                     and more kernel command line for it (to diagnose two
 #                     programs in one call; LIB_RUN_B=none leaves it idle)
 #   LIB_MEM_MB=4096   RAM of a library guest
+#   LIB_SMP=4         vCPUs of a library guest
+#   LIB_DIR=DIR       the library guests run LIB_RUN's programs of DIR (built
+#                     before; not run natively here) instead of tests/cuda/libs
+#                     (ci/cuda-samples.sh guest); the software backend too
 #   TWO_RUN=...       then, programs for one library guest with both vGPUs
 #                     (e.g. torch-check.sh:two_devices)
 #   FAULTS=1          then a guest's process faults 20 times beside two that
@@ -250,10 +254,14 @@ cuda_home=${CUDA_HOME:-/usr/local/cuda}
 lib_run=${LIB_RUN:-cublas_gemm,cufft}
 if [[ ${ONLY_BENCH:-0} == 1 ]]; then
     :
-elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
-    log "building tests/cuda/libs with $cuda_home"
-    if bash "$VGPUD_ROOT/tests/cuda/libs/build.sh" "$TMP/libtests" "$cuda_home" >"$TMP/libs-build.log" 2>&1; then
-        for item in ${lib_run//,/ }; do
+elif [[ -n ${LIB_DIR:-} || (${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc) ]]; then
+    lib_dir=${LIB_DIR:-$TMP/libtests}
+    [[ -n ${LIB_DIR:-} ]] || log "building tests/cuda/libs with $cuda_home"
+    if [[ -n ${LIB_DIR:-} ]] || bash "$VGPUD_ROOT/tests/cuda/libs/build.sh" "$TMP/libtests" "$cuda_home" >"$TMP/libs-build.log" 2>&1; then
+        # LIB_DIR's programs were run natively by whoever built them.
+        native_run=$lib_run
+        [[ -n ${LIB_DIR:-} ]] && native_run=none
+        for item in ${native_run//,/ }; do
             prog=${item%%:*}
             [[ $prog == none ]] && continue
             args=()
@@ -264,10 +272,10 @@ elif [[ ${GPU_BACKEND:-cuda} != software && -x $cuda_home/bin/nvcc ]]; then
         done
         BOOT_MEM_MB=${LIB_MEM_MB:-4096}
         # shellcheck disable=SC2054  # commas separate QEMU sub-options
-        BOOT_QEMU_EXTRA=(-cpu max -smp 4
+        BOOT_QEMU_EXTRA=(-cpu max -smp "${LIB_SMP:-4}"
             -fsdev local,id=hostroot,path=/,security_model=none,readonly=on
             -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot)
-        libs="vgpu.mode=host-cuda vgpu.host_dir=$TMP/libtests ${GUEST_APPEND:-}"
+        libs="vgpu.mode=host-cuda vgpu.host_dir=$lib_dir ${GUEST_APPEND:-}"
         boot guest-libs-a "$TMP/run/a.sock" "$MEM_A" "" "$libs vgpu.host_run=$lib_run"
         boot guest-libs-b "$TMP/run/b.sock" "$MEM_B" "" \
             "$libs vgpu.host_run=${LIB_RUN_B:-$lib_run} ${LIB_APPEND_B:-}"
