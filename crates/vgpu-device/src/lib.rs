@@ -411,6 +411,9 @@ pub struct VgpuDevice {
     max_contexts: Option<u32>,
     /// Whether the partition runs cooperative launches (FEATURES bit 9).
     cooperative: bool,
+    /// Whether the partition has CUDA arrays, texture and surface
+    /// objects (FEATURES bit 11).
+    arrays: bool,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -487,7 +490,7 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts, cooperative) = {
+        let (spec, compute_units, host_memory, max_contexts, cooperative, arrays) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
@@ -495,6 +498,7 @@ impl VgpuDevice {
                 p.host_memory(),
                 p.contexts().map(|n| n.max),
                 p.cooperative(),
+                p.arrays(),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
@@ -509,6 +513,7 @@ impl VgpuDevice {
             compute_units,
             max_contexts,
             cooperative,
+            arrays,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -683,7 +688,8 @@ impl VgpuDevice {
                 abi::FEATURE_COOPERATIVE
             } else {
                 0
-            };
+            }
+            | if self.arrays { abi::FEATURE_ARRAYS } else { 0 };
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,
