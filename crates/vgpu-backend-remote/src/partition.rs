@@ -382,6 +382,8 @@ pub struct RemotePartition {
     kernel_units: u32,
     /// Whether the host's partition runs cooperative launches.
     cooperative: bool,
+    /// Whether the host's partition has arrays, textures and surfaces.
+    arrays: bool,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
@@ -428,6 +430,7 @@ impl RemotePartition {
             memory_used: 0,
             kernel_units: spec.compute_units,
             cooperative: false,
+            arrays: false,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
             started: VecDeque::new(),
@@ -473,11 +476,17 @@ impl RemotePartition {
         );
         match r {
             Ok(Reply {
-                result: Ok(Value::Created { units, cooperative }),
+                result:
+                    Ok(Value::Created {
+                        units,
+                        cooperative,
+                        arrays,
+                    }),
                 memory_used: 0,
             }) if units >= 1 => {
                 self.kernel_units = units;
                 self.cooperative = cooperative;
+                self.arrays = arrays;
                 // Guest memory mapped so far goes to the new host before
                 // any transfer can name it.
                 let attached = link
@@ -911,6 +920,14 @@ impl Partition for RemotePartition {
 
     fn cooperative(&self) -> bool {
         self.cooperative
+    }
+
+    fn arrays(&self) -> bool {
+        self.arrays
+    }
+
+    fn resource(&mut self, req: &vgpu_backend::arrays::Resource) -> Result<u64, OpError> {
+        self.call_u64(&Request::Resource(req.bytes()))
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

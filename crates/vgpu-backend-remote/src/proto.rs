@@ -52,7 +52,7 @@ use vgpu_backend::{
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Most runs started and not yet finished ([`Kind::Start`]), all lanes
 /// together.
 pub const MAX_STARTED: usize = 8;
@@ -87,6 +87,8 @@ pub const MAX_REPLY: u32 = {
 };
 /// Most printed output one [`Kind::Console`] reply carries.
 pub const MAX_CONSOLE: usize = 64 << 10;
+/// Largest resource request (a guest command of ABI 1.6).
+pub const MAX_RESOURCE: usize = 128;
 /// Most pieces of one transfer through forwarded mappings; more take the
 /// staging area. A request of this many fits a mailbox slot.
 pub const MAX_PIECES: usize = 256;
@@ -149,6 +151,8 @@ pub enum Kind {
     Start = 23,
     /// `Partition::finish_queued`: the results of the oldest started run.
     Finish = 24,
+    /// `Partition::resource`: the guest's command inline.
+    Resource = 25,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -186,6 +190,7 @@ impl Kind {
             22 => Console,
             23 => Start,
             24 => Finish,
+            25 => Resource,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -487,6 +492,9 @@ pub enum Request<'a> {
         /// The global's name.
         name: &'a str,
     },
+    /// [`Kind::Resource`]: the command's bytes
+    /// (`vgpu_backend::arrays::Resource::bytes`).
+    Resource(Vec<u8>),
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
@@ -657,6 +665,7 @@ impl Request<'_> {
             Request::Finish { .. } => Kind::Finish,
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
+            Request::Resource(_) => Kind::Resource,
             Request::Reset => Kind::Reset,
             Request::Map(_) => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
@@ -736,6 +745,9 @@ impl Request<'_> {
                 w.u64(*module).text(name, MAX_ENTRY);
             }
             Request::Launch(l) | Request::Occupancy(l) => encode_launch(&mut w, l),
+            Request::Resource(r) => {
+                w.blob(r);
+            }
             Request::Console { module, max } => {
                 w.u64(*module).u32(*max);
             }
@@ -873,6 +885,12 @@ impl Request<'_> {
                 name: r.text(MAX_ENTRY)?,
             },
             Kind::Launch => Request::Launch(decode_launch(&mut r)?),
+            Kind::Resource => {
+                let bytes = r.blob(MAX_RESOURCE)?;
+                vgpu_backend::arrays::Resource::from_bytes(bytes)
+                    .map_err(|_| ProtoError::Malformed("bad resource request"))?;
+                Request::Resource(bytes.to_vec())
+            }
             Kind::Occupancy => Request::Occupancy(decode_launch(&mut r)?),
             Kind::Console => {
                 let module = r.u64()?;
@@ -943,6 +961,8 @@ pub enum Value {
         units: u32,
         /// `Partition::cooperative`.
         cooperative: bool,
+        /// `Partition::arrays`.
+        arrays: bool,
     },
     /// [`Kind::Hello`]: the host's backend.
     Hello {
@@ -1145,11 +1165,21 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy, Value::U64(x)) => {
+                (
+                    Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Resource,
+                    Value::U64(x),
+                ) => {
                     w.u64(*x);
                 }
-                (Kind::Create, Value::Created { units, cooperative }) => {
-                    w.u32(*units).u8(*cooperative as u8);
+                (
+                    Kind::Create,
+                    Value::Created {
+                        units,
+                        cooperative,
+                        arrays,
+                    },
+                ) => {
+                    w.u32(*units).u8(*cooperative as u8).u8(*arrays as u8);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
@@ -1223,10 +1253,13 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy => Value::U64(r.u64()?),
+                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Resource => {
+                    Value::U64(r.u64()?)
+                }
                 Kind::Create => Value::Created {
                     units: r.u32()?,
                     cooperative: flag(r.u8()?)?,
+                    arrays: flag(r.u8()?)?,
                 },
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
@@ -1450,6 +1483,20 @@ mod tests {
                 module: 9,
                 name: "_ZN6cublas8internal10gemvTablesE",
             },
+            Request::Resource(
+                vgpu_backend::arrays::Resource::ArrayCreate(abi::ArrayCmd {
+                    hdr: abi::CmdHeader {
+                        opcode: abi::OP_ARRAY_CREATE,
+                        flags: abi::ARRAY_FLAG_LAYERED,
+                    },
+                    format: abi::FORMAT_U8,
+                    channels: 4,
+                    width: 64,
+                    height: 32,
+                    depth: 3,
+                })
+                .bytes(),
+            ),
             Request::Launch(Launch {
                 module: abi::MODULE_BUILTIN,
                 entry: "saxpy_f32",
@@ -1599,6 +1646,13 @@ mod tests {
             Ok(Request::Launch(l)) => assert_eq!(l.params.len(), abi::MAX_PARAMS_SIZE as usize),
             other => panic!("{other:?}"),
         }
+        // A resource request that is no command, or too long.
+        let mut w = Writer::default();
+        w.blob(&[0; 16]);
+        assert!(Request::decode(Kind::Resource as u16, &w.0).is_err());
+        let mut w = Writer::default();
+        w.blob(&[0; MAX_RESOURCE + 1]);
+        assert!(Request::decode(Kind::Resource as u16, &w.0).is_err());
         // A name that is not UTF-8.
         let mut w = Writer::default();
         w.u64(1).u32(1).u64(1).u8(0).u16(2);
@@ -1703,8 +1757,10 @@ mod tests {
                 Ok(Value::Created {
                     units: 132,
                     cooperative: true,
+                    arrays: true,
                 }),
             ),
+            (Kind::Resource, Ok(Value::U64(0x7f00_0000_2000))),
             (Kind::Free, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (

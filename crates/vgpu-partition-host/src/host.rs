@@ -516,7 +516,7 @@ impl Host<'_> {
             c.compute_units,
             self.backend.name()
         );
-        let (units, cooperative) = (p.kernel_compute_units(), p.cooperative());
+        let (units, cooperative, arrays) = (p.kernel_compute_units(), p.cooperative(), p.arrays());
         let p: Shared = Arc::new(Mutex::new(p));
         self.runner = Some(
             Runner::new(Arc::clone(&p), Arc::clone(&self.guest), self.spin)
@@ -524,7 +524,11 @@ impl Host<'_> {
         );
         self.partition = Some(p);
         self.staging = Some(staging);
-        Ok(Value::Created { units, cooperative })
+        Ok(Value::Created {
+            units,
+            cooperative,
+            arrays,
+        })
     }
 
     /// The partition, once created.
@@ -555,6 +559,9 @@ impl Host<'_> {
                 .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
             Request::Occupancy(l) => p.max_active_clusters(&l).map(|n| Value::U64(n.into())),
+            Request::Resource(bytes) => vgpu_backend::arrays::Resource::from_bytes(&bytes)
+                .and_then(|r| p.resource(&r))
+                .map(Value::U64),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }
     }
