@@ -337,6 +337,9 @@ fn conformance_loaded_in(mode: Mode) {
     conformance::module_cluster_occupancy(&make);
     conformance::module_global(&make);
     conformance::module_queued_launches_depend_in_order(&make);
+    // Arrays, texture and surface objects are the driver's.
+    conformance::arrays_copy_boxes(&make);
+    conformance::module_textures_and_surfaces(&make);
     // Every GPU from Pascal on runs cooperative launches.
     let spec = PartitionSpec {
         name: "cooperative".into(),

@@ -10,7 +10,9 @@
 
 use vgpu_abi as abi;
 use vgpu_abi::ByteValued;
-use vgpu_ptx::texture::{Descriptor, Format};
+use vgpu_ptx::texture::Descriptor;
+/// An element type (CUDA's `CUarray_format`).
+pub use vgpu_ptx::texture::Format;
 
 use crate::OpError;
 

@@ -2646,9 +2646,11 @@ pub fn module_textures_and_surfaces(make: Make<'_>) {
                 let k = ((y * bx + x) * 4) as usize;
                 for c in 0..2 {
                     let want = fetch_reference(&texels, w.into(), h.into(), (fx, fy), c, linear);
-                    // The hardware keeps the weights in 8 fraction bits.
+                    // The hardware keeps the weights in 8 fraction bits
+                    // (and may truncate where the reference rounds: at
+                    // most 1/256 of the texels' spread per dimension).
                     assert!(
-                        (got[k + c] - want).abs() <= 0.02,
+                        (got[k + c] - want).abs() <= 0.05,
                         "linear {linear} at ({fx}, {fy}) channel {c}: {} != {want}",
                         got[k + c]
                     );
