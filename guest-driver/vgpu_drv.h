@@ -118,6 +118,10 @@ union vgpu_dcmd {
 	struct vgpu_cmd_occupancy occupancy;
 	struct vgpu_cmd_console console;
 	struct vgpu_cmd_value value;
+	struct vgpu_cmd_array array;
+	struct vgpu_cmd_array_copy array_copy;
+	struct vgpu_cmd_object object;
+	struct vgpu_cmd_object_destroy object_destroy;
 };
 
 struct vgpu_batch;
