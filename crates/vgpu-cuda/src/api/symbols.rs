@@ -68,7 +68,8 @@ macro_rules! unsupported {
 }
 
 use crate::api::{
-    context::*, device::*, graph::*, link::*, memory::*, module::*, pool::*, stream::*, strided::*,
+    array::*, context::*, device::*, graph::*, link::*, memory::*, module::*, pool::*, stream::*,
+    strided::*,
 };
 
 aliases! {
@@ -160,13 +161,16 @@ aliases! {
     cuLinkAddData => cuLinkAddData_v2,
     cuLinkAddFile => cuLinkAddFile_v2,
     cuLinkCreate => cuLinkCreate_v2,
+    cuMemcpyAtoA_v2_ptds => cuMemcpyAtoA_v2,
+    cuMemcpyAtoD_v2_ptds => cuMemcpyAtoD_v2,
+    cuMemcpyAtoHAsync_v2_ptsz => cuMemcpyAtoHAsync_v2,
+    cuMemcpyAtoH_v2_ptds => cuMemcpyAtoH_v2,
+    cuMemcpyDtoA_v2_ptds => cuMemcpyDtoA_v2,
+    cuMemcpyHtoAAsync_v2_ptsz => cuMemcpyHtoAAsync_v2,
+    cuMemcpyHtoA_v2_ptds => cuMemcpyHtoA_v2,
 }
 
 unsupported! {
-    cuArray3DCreate_v2,
-    cuArray3DGetDescriptor_v2,
-    cuArrayCreate_v2,
-    cuArrayGetDescriptor_v2,
     cuCheckpointProcessCheckpoint,
     cuCheckpointProcessGetRestoreThreadId,
     cuCheckpointProcessGetState,
@@ -219,30 +223,16 @@ unsupported! {
     cuMemcpy3DBatchAsync_v2,
     cuMemcpy3DBatchAsync_v2_ptsz,
     cuMemcpyAtoA,
-    cuMemcpyAtoA_v2,
-    cuMemcpyAtoA_v2_ptds,
     cuMemcpyAtoD,
-    cuMemcpyAtoD_v2,
-    cuMemcpyAtoD_v2_ptds,
     cuMemcpyAtoH,
     cuMemcpyAtoHAsync,
-    cuMemcpyAtoHAsync_v2,
-    cuMemcpyAtoHAsync_v2_ptsz,
-    cuMemcpyAtoH_v2,
-    cuMemcpyAtoH_v2_ptds,
     cuMemcpyDtoA,
-    cuMemcpyDtoA_v2,
-    cuMemcpyDtoA_v2_ptds,
     cuMemcpyDtoD,
     cuMemcpyDtoDAsync,
     cuMemcpyDtoH,
     cuMemcpyDtoHAsync,
     cuMemcpyHtoA,
     cuMemcpyHtoAAsync,
-    cuMemcpyHtoAAsync_v2,
-    cuMemcpyHtoAAsync_v2_ptsz,
-    cuMemcpyHtoA_v2,
-    cuMemcpyHtoA_v2_ptds,
     cuMemcpyHtoD,
     cuMemcpyHtoDAsync,
     cuMemsetD16,
