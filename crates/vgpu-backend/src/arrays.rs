@@ -358,9 +358,9 @@ pub struct ObjectDesc {
     pub border: [f32; 4],
 }
 
-/// Alignment CUDA asks of a texture's device memory (what libcuda
-/// reports as `CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT`).
-pub const TEXTURE_ALIGNMENT: u64 = 512;
+/// Alignment of a texture's device memory: that of every allocation
+/// (libcuda reports 512, as a GPU does, which this accepts too).
+pub const TEXTURE_ALIGNMENT: u64 = abi::ALLOC_DEFAULT_ALIGN;
 /// Alignment of a pitched texture's pitch
 /// (`CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT`).
 pub const TEXTURE_PITCH_ALIGNMENT: u64 = 32;

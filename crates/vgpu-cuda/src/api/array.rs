@@ -327,8 +327,14 @@ pub unsafe extern "C" fn cuTexObjectCreate(
         // SAFETY: the caller's descriptors and out-parameter.
         let (r, t) = unsafe { (ffi::get(res)?, ffi::get(tex)?) };
         let d = driver()?;
+        // A view of all zeros (CU_RES_VIEW_FORMAT_NONE, no sizes) is
+        // none.
         if !view.is_null() {
-            return Err(d.not_supported_because("cuTexObjectCreate", "resource views"));
+            // SAFETY: the caller's CUDA_RESOURCE_VIEW_DESC (112 bytes).
+            let v = unsafe { ffi::get(view.cast::<[u64; 14]>()) }?;
+            if v.iter().any(|&w| w != 0) {
+                return Err(d.not_supported_because("cuTexObjectCreate", "resource views"));
+            }
         }
         // SAFETY: as above, checked before the object is made.
         unsafe { ffi::put(out, 0) }?;
