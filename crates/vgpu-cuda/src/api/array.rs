@@ -107,6 +107,12 @@ fn linear_boxes(array: usize, offset: usize, bytes: usize) -> CuResult<Vec<Linea
         let o = d.objects();
         o.arrays().arrays.get(array)?.extent()
     };
+    boxes(ext, offset, bytes)
+}
+
+/// The boxes of `bytes` at byte `offset` of an array of `ext` (bytes,
+/// rows, slices): a partial row, whole rows of a slice, and so on.
+fn boxes(ext: [usize; 3], offset: usize, bytes: usize) -> CuResult<Vec<LinearBox>> {
     let [row, rows, slices] = ext;
     let total = row * rows * slices;
     if offset.checked_add(bytes).is_none_or(|e| e > total) {
@@ -406,4 +412,41 @@ pub unsafe extern "C" fn cuSurfObjectGetResourceDesc(
         // SAFETY: the caller's out-parameter.
         unsafe { ffi::put(out, r) }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_ranges_become_boxes_within_rows_and_slices() {
+        // Rows of 16 bytes, 3 rows a slice, 2 slices.
+        let ext = [16, 3, 2];
+        assert_eq!(
+            boxes(ext, 0, 96),
+            Ok(vec![
+                ([0, 0, 0], [16, 3, 1], 0),
+                ([0, 0, 1], [16, 3, 1], 48)
+            ])
+        );
+        assert_eq!(
+            boxes(ext, 4, 40),
+            Ok(vec![
+                ([4, 0, 0], [12, 1, 1], 0),
+                ([0, 1, 0], [16, 1, 1], 12),
+                ([0, 2, 0], [12, 1, 1], 28),
+            ])
+        );
+        // Whole rows go together, but not across a slice.
+        assert_eq!(
+            boxes(ext, 16, 64),
+            Ok(vec![
+                ([0, 1, 0], [16, 2, 1], 0),
+                ([0, 0, 1], [16, 2, 1], 32)
+            ])
+        );
+        assert_eq!(boxes(ext, 90, 7), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(boxes(ext, usize::MAX, 2), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(boxes(ext, 10, 0), Ok(Vec::new()));
+    }
 }
