@@ -171,6 +171,10 @@ aliases! {
 }
 
 unsupported! {
+    cuArray3DCreate,
+    cuArray3DGetDescriptor,
+    cuArrayCreate,
+    cuArrayGetDescriptor,
     cuCheckpointProcessCheckpoint,
     cuCheckpointProcessGetRestoreThreadId,
     cuCheckpointProcessGetState,
