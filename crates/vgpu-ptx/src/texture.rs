@@ -246,9 +246,12 @@ impl Descriptor {
 
     /// Byte offset of element `(x, y, z)`, in range.
     fn offset(&self, at: [u32; 3]) -> u64 {
-        u64::from(at[2]) * self.slice
-            + u64::from(at[1]) * self.pitch
-            + u64::from(at[0]) * self.elem_bytes()
+        // The pitches come from device memory a kernel may have written:
+        // the sum wraps, and the access is checked like any other.
+        u64::from(at[2])
+            .wrapping_mul(self.slice)
+            .wrapping_add(u64::from(at[1]).wrapping_mul(self.pitch))
+            .wrapping_add(u64::from(at[0]) * self.elem_bytes())
     }
 
     /// The channels of the element at `at` (in range), as results: f32
@@ -374,7 +377,7 @@ impl Descriptor {
             for d in 0..dims {
                 let hi = corner >> d & 1 == 1;
                 w *= if hi { frac[d] } else { 1.0 - frac[d] };
-                match self.wrap(d, base[d] + i64::from(hi)) {
+                match self.wrap(d, base[d].saturating_add(i64::from(hi))) {
                     Some(i) => at[d] = i,
                     None => border = true,
                 }
@@ -430,7 +433,7 @@ impl Descriptor {
     /// The layer index of a layered texture, clamped to its layers.
     fn layer(&self, layer: i32) -> Option<u32> {
         self.layered
-            .then(|| layer.clamp(0, self.extent[2] as i32 - 1) as u32)
+            .then(|| i64::from(layer).clamp(0, i64::from(self.extent[2]) - 1) as u32)
     }
 
     /// Where a surface access of `size` bytes at byte `c[0]`, row `c[1]`
@@ -473,9 +476,11 @@ impl Descriptor {
         if size > row {
             return Err(TexFault::OutOfRange);
         }
-        Ok(Some(self.addr.wrapping_add(
-            pos[2] * self.slice + pos[1] * self.pitch + pos[0],
-        )))
+        let off = pos[2]
+            .wrapping_mul(self.slice)
+            .wrapping_add(pos[1].wrapping_mul(self.pitch))
+            .wrapping_add(pos[0]);
+        Ok(Some(self.addr.wrapping_add(off)))
     }
 
     /// `txq` / `suq`: width, height or depth (layers for a layered one).
@@ -725,6 +730,34 @@ mod tests {
         assert_eq!(at(2, 1.5), vals[5]);
         assert_eq!(at(7, 1.5), vals[5]);
         assert_eq!(at(-1, 0.2), vals[0]);
+    }
+
+    #[test]
+    fn forged_descriptors_fault_or_read_but_never_panic() {
+        // A kernel may write a descriptor's bytes: extremes everywhere.
+        let mem = VecMemory::new(BASE, 256);
+        let mut d = desc_2d(1, 1, true, false, ADDRESS_WRAP);
+        d.extent = [u32::MAX; 3];
+        d.pitch = u64::MAX;
+        d.slice = u64::MAX;
+        d.layered = true;
+        d.addr = u64::MAX - 3;
+        let d = Descriptor::decode(&d.encode(), false).unwrap();
+        for c in [f32::MAX, f32::MIN, f32::NAN, f32::INFINITY, -0.0, 1e30] {
+            let _ = d.sample(&mem, 3, i32::MIN, [c, c, c]);
+            let _ = d.sample(&mem, 2, i32::MAX, [c, -c, c]);
+        }
+        for c in [i32::MIN, i32::MAX, 0, -1] {
+            let _ = d.fetch(&mem, 3, c, [c, c, c]);
+        }
+        let mut s = d;
+        s.surface = true;
+        for mode in [SurfaceMode::Trap, SurfaceMode::Clamp, SurfaceMode::Zero] {
+            let _ = s.surface_at(2, [i32::MAX, i32::MIN, i32::MAX], 8, mode);
+            let _ = s.surface_at(3, [-1, 1, 1 << 30], 16, mode);
+        }
+        // The reads go through the checked memory: outside it, faults.
+        assert!(d.fetch(&mem, 2, 0, [5, 5, 0]).is_err());
     }
 
     #[test]
