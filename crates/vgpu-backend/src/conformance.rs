@@ -2498,11 +2498,11 @@ pub fn arrays_copy_boxes(make: Make<'_>) {
             "{ch} {ext:?} {flags}: {r:?}"
         );
     }
-    // An array larger than the quota is NO_MEMORY.
+    // An array larger than the quota (4 GiB) is NO_MEMORY.
     let r = p.resource(&Resource::ArrayCreate(array_cmd(
         abi::FORMAT_F32,
         4,
-        [4096, 4096, 0],
+        [16384, 16384, 0],
         0,
     )));
     assert!(matches!(r, Err(OpError::NoMemory { .. })), "{r:?}");
