@@ -301,6 +301,9 @@ pub const FUNC_INFO_FLAG_GLOBAL: u32 = 1 << 0;
 pub const ARRAY_FLAG_LAYERED: u32 = 1 << 0;
 /// ARRAY_CREATE flag: surface objects may be made over the array.
 pub const ARRAY_FLAG_SURFACE: u32 = 1 << 1;
+/// ARRAY_CREATE flag: a cubemap, `width` = `height` and six faces as its
+/// `depth` (with [`ARRAY_FLAG_LAYERED`], six faces a layer).
+pub const ARRAY_FLAG_CUBEMAP: u32 = 1 << 2;
 /// ARRAY_COPY flag: `src` is an array handle (else a device address).
 pub const ARRAY_COPY_SRC_ARRAY: u32 = 1 << 0;
 /// ARRAY_COPY flag: `dst` is an array handle (else a device address).
@@ -360,6 +363,10 @@ pub const MAX_ARRAY_2D: u64 = 65536;
 pub const MAX_ARRAY_3D: u64 = 16384;
 /// Most layers of a layered array.
 pub const MAX_ARRAY_LAYERS: u64 = 2048;
+/// Widest face of a cubemap.
+pub const MAX_ARRAY_CUBEMAP: u64 = 16384;
+/// Most faces of a layered cubemap (341 layers of six).
+pub const MAX_CUBEMAP_FACES: u64 = 2046;
 /// Most arrays, texture and surface objects one vGPU context holds.
 pub const MAX_OBJECTS: u64 = 1 << 16;
 
@@ -1217,6 +1224,7 @@ pub fn c_header() -> String {
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
         ("VGPU_ARRAY_FLAG_LAYERED", ARRAY_FLAG_LAYERED.into()),
         ("VGPU_ARRAY_FLAG_SURFACE", ARRAY_FLAG_SURFACE.into()),
+        ("VGPU_ARRAY_FLAG_CUBEMAP", ARRAY_FLAG_CUBEMAP.into()),
         ("VGPU_ARRAY_COPY_SRC_ARRAY", ARRAY_COPY_SRC_ARRAY.into()),
         ("VGPU_ARRAY_COPY_DST_ARRAY", ARRAY_COPY_DST_ARRAY.into()),
         ("VGPU_OBJECT_ARRAY", OBJECT_ARRAY.into()),
