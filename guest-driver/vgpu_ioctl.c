@@ -91,6 +91,7 @@ static_assert(VGPU_CMD_OBJECT_CREATE == VGPU_OP_OBJECT_CREATE);
 static_assert(VGPU_CMD_OBJECT_DESTROY == VGPU_OP_OBJECT_DESTROY);
 static_assert(VGPU_CMD_ARRAY_LAYERED == VGPU_ARRAY_FLAG_LAYERED);
 static_assert(VGPU_CMD_ARRAY_SURFACE == VGPU_ARRAY_FLAG_SURFACE);
+static_assert(VGPU_CMD_ARRAY_CUBEMAP == VGPU_ARRAY_FLAG_CUBEMAP);
 static_assert(VGPU_CMD_COPY_SRC_ARRAY == VGPU_ARRAY_COPY_SRC_ARRAY);
 static_assert(VGPU_CMD_COPY_DST_ARRAY == VGPU_ARRAY_COPY_DST_ARRAY);
 static_assert(VGPU_OBJ_ARRAY == VGPU_OBJECT_ARRAY);
@@ -1052,7 +1053,8 @@ static int vgpu_prep_resource(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	case VGPU_CMD_ARRAY_CREATE:
 		len = sizeof(u->array);
 		flags_ok = !(u->flags & ~(VGPU_CMD_ARRAY_LAYERED |
-					  VGPU_CMD_ARRAY_SURFACE));
+					  VGPU_CMD_ARRAY_SURFACE |
+					  VGPU_CMD_ARRAY_CUBEMAP));
 		break;
 	case VGPU_CMD_ARRAY_COPY:
 		len = sizeof(u->array_copy);

@@ -157,6 +157,7 @@ struct vgpu_free {
 #define VGPU_CMD_WAIT_NOR	(3U << 1)	/* ~(word | value) != 0 */
 #define VGPU_CMD_ARRAY_LAYERED	(1U << 0)	/* ARRAY_CREATE: depth counts layers */
 #define VGPU_CMD_ARRAY_SURFACE	(1U << 1)	/* ARRAY_CREATE: surfaces may be made */
+#define VGPU_CMD_ARRAY_CUBEMAP	(1U << 2)	/* ARRAY_CREATE: six square faces */
 #define VGPU_CMD_COPY_SRC_ARRAY	(1U << 0)	/* ARRAY_COPY: @src is an array */
 #define VGPU_CMD_COPY_DST_ARRAY	(1U << 1)	/* ARRAY_COPY: @dst is an array */
 #define VGPU_OBJ_ARRAY		0	/* OBJECT_DESTROY flags: an array */
