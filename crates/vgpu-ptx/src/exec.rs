@@ -1262,7 +1262,9 @@ impl Launch<'_> {
                     geom, int_coords, ..
                 } => {
                     let (layer, xyz) = split(geom);
-                    let r = if int_coords {
+                    let r = if geom.cube() {
+                        d.sample_cube(self.mem, layer, xyz.map(|x| f32::from_bits(x as u32)))
+                    } else if int_coords {
                         d.fetch(self.mem, geom.dims(), layer, xyz.map(|x| x as u32 as i32))
                     } else {
                         d.sample(

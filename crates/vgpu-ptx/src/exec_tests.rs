@@ -1299,6 +1299,7 @@ mod textures {
             linear_filter: linear,
             linear_memory: false,
             layered: false,
+            cubemap: false,
             addr: IMG,
             extent: [W, H, 1],
             pitch: u64::from(W) * 4,

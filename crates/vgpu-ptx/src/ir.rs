@@ -672,6 +672,10 @@ pub enum Geom {
     A1,
     /// `.a2d`: a layer, then x and y.
     A2,
+    /// `.cube`: a direction x, y, z.
+    Cube,
+    /// `.acube`: a cube's layer, then a direction.
+    ACube,
 }
 
 impl Geom {
@@ -683,6 +687,8 @@ impl Geom {
             "3d" => Geom::D3,
             "a1d" => Geom::A1,
             "a2d" => Geom::A2,
+            "cube" => Geom::Cube,
+            "acube" => Geom::ACube,
             _ => return None,
         })
     }
@@ -691,12 +697,17 @@ impl Geom {
         match self {
             Geom::D1 | Geom::A1 => 1,
             Geom::D2 | Geom::A2 => 2,
-            Geom::D3 => 3,
+            Geom::D3 | Geom::Cube | Geom::ACube => 3,
         }
     }
     /// Whether the first coordinate is a layer.
     pub fn layered(self) -> bool {
-        matches!(self, Geom::A1 | Geom::A2)
+        matches!(self, Geom::A1 | Geom::A2 | Geom::ACube)
+    }
+
+    /// Whether it samples a cubemap by direction.
+    pub fn cube(self) -> bool {
+        matches!(self, Geom::Cube | Geom::ACube)
     }
     /// Operands of the coordinate vector: PTX pads three to four.
     pub fn operands(self) -> usize {

@@ -115,7 +115,7 @@
 //! unreadable arguments (see [`printf`]); `__assertfail` ends the launch
 //! like `trap`. Texture and surface objects ([`texture`]: a handle is the
 //! device address of a descriptor the backend wrote): `tex` of `.1d`,
-//! `.2d`, `.3d`, `.a1d`, `.a2d` with `.v4` results of `.f32`, `.s32` or
+//! `.2d`, `.3d`, `.a1d`, `.a2d`, `.cube`, `.acube` with `.v4` results of `.f32`, `.s32` or
 //! `.u32` at `.f32` or `.s32` coordinates (point and linear filtering,
 //! normalised coordinates, wrap, clamp, mirror and border, 8-, 16- and
 //! 32-bit integer, half and float elements of 1, 2 or 4 channels, read
@@ -135,7 +135,7 @@
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
 //!   functions such as `malloc` (refused at run time), texture and
 //!   surface references (objects run), `tld4`, `sured`, `suld.p`,
-//!   mipmapped and cubemap textures (`.level`, `.grad`, `.cube`),
+//!   mipmapped textures (`.level`, `.grad`),
 //!   `bar.arrive`, other packed types and operations (`ex2`,
 //!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`; 16-bit atomics), `prmt`
 //!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,

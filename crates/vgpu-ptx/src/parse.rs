@@ -2486,12 +2486,17 @@ impl<'p, 'a> Decoder<'p, 'a> {
             ("3d", Geom::D3),
             ("a1d", Geom::A1),
             ("a2d", Geom::A2),
+            ("cube", Geom::Cube),
+            ("acube", Geom::ACube),
         ]) else {
             return self.unsup(format!(
-                "{}: only 1d, 2d, 3d, a1d and a2d geometries are supported",
+                "{}: only 1d, 2d, 3d, a1d, a2d, cube and acube geometries are supported",
                 m.base
             ));
         };
+        if geom.cube() && m.base != "tex" {
+            return self.unsup(format!("{}: cubemap surfaces are a2d", m.base));
+        }
         if m.list
             .iter()
             .any(|x| matches!(*x, "level" | "grad" | "base"))
@@ -2534,8 +2539,8 @@ impl<'p, 'a> Decoder<'p, 'a> {
                 }
                 match cty {
                     Ty::F32 => false,
-                    Ty::S32 => true,
-                    _ => return self.err("tex: coordinates are .f32 or .s32"),
+                    Ty::S32 if !geom.cube() => true,
+                    _ => return self.err("tex: coordinates are .f32 or .s32 (.f32 for cubes)"),
                 }
             }
             _ => true,

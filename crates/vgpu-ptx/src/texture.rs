@@ -109,6 +109,8 @@ pub struct Descriptor {
     pub linear_memory: bool,
     /// A layered array: `depth` is its layers.
     pub layered: bool,
+    /// A cubemap (layered, six faces a cube): sampled by direction.
+    pub cubemap: bool,
     /// Device address of element (0, 0, 0).
     pub addr: u64,
     /// Elements along x, y and z (or layers), each at least 1.
@@ -158,7 +160,8 @@ impl Descriptor {
             | u32::from(self.read_integer) << 1
             | u32::from(self.linear_filter) << 2
             | u32::from(self.linear_memory) << 3
-            | u32::from(self.layered) << 4;
+            | u32::from(self.layered) << 4
+            | u32::from(self.cubemap) << 5;
         b[0..4].copy_from_slice(&magic.to_le_bytes());
         b[4..8].copy_from_slice(&self.format.code().to_le_bytes());
         b[8..12].copy_from_slice(&self.channels.to_le_bytes());
@@ -213,6 +216,7 @@ impl Descriptor {
             linear_filter: flags & 4 != 0,
             linear_memory: flags & 8 != 0,
             layered: flags & 16 != 0,
+            cubemap: flags & 32 != 0,
             addr: u64_at(16),
             extent,
             pitch: u64_at(40),
@@ -400,6 +404,48 @@ impl Descriptor {
         Ok(acc.map(f32::to_bits))
     }
 
+    /// `tex.cube` and `tex.acube` of a cubemap at direction `v` (cube
+    /// `layer` of a layered one): the face the CUDA programming guide's
+    /// table picks by the largest component, sampled at normalised
+    /// `((sc / |m| + 1) / 2, (tc / |m| + 1) / 2)`, clamped to the face.
+    pub fn sample_cube(
+        &self,
+        mem: &dyn GlobalMemory,
+        layer: i32,
+        v: [f32; 3],
+    ) -> Result<[u32; 4], TexFault> {
+        if !self.cubemap {
+            return Err(TexFault::BadHandle(self.addr));
+        }
+        let [x, y, z] = v;
+        let (ax, ay, az) = (x.abs(), y.abs(), z.abs());
+        let (face, m, sc, tc) = if ax >= ay && ax >= az {
+            if x >= 0.0 {
+                (0, ax, -z, -y)
+            } else {
+                (1, ax, z, -y)
+            }
+        } else if ay >= az {
+            if y >= 0.0 {
+                (2, ay, x, z)
+            } else {
+                (3, ay, x, -z)
+            }
+        } else if z >= 0.0 {
+            (4, az, x, -y)
+        } else {
+            (5, az, -x, -y)
+        };
+        let s = (sc / m + 1.0) / 2.0;
+        let t = (tc / m + 1.0) / 2.0;
+        let mut face_view = *self;
+        face_view.normalized = true;
+        face_view.address = [ADDRESS_CLAMP; 3];
+        let index = i64::from(layer.max(0)) * 6 + face;
+        let index = i32::try_from(index).unwrap_or(i32::MAX);
+        face_view.sample(mem, 2, index, [s, t, 0.0])
+    }
+
     /// `tex` at integer coordinates (`tex1Dfetch` and the like): no
     /// filtering; linear memory reads zero out of range.
     pub fn fetch(
@@ -555,6 +601,7 @@ mod tests {
             linear_filter: linear,
             linear_memory: false,
             layered: false,
+            cubemap: false,
             addr: BASE,
             extent: [w, h, 1],
             pitch: u64::from(w) * 4,
@@ -758,6 +805,44 @@ mod tests {
         }
         // The reads go through the checked memory: outside it, faults.
         assert!(d.fetch(&mem, 2, 0, [5, 5, 0]).is_err());
+    }
+
+    #[test]
+    fn cubemaps_pick_the_face_of_the_largest_component() {
+        // Six 2 x 2 faces; texel (i, j) of face f holds 100 f + 10 j + i.
+        let vals: Vec<f32> = (0..24)
+            .map(|k| (100 * (k / 4) + 10 * ((k / 2) % 2) + k % 2) as f32)
+            .collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mem = VecMemory::from_bytes(BASE, &bytes);
+        let mut d = desc_2d(2, 2, false, false, ADDRESS_CLAMP);
+        d.layered = true;
+        d.cubemap = true;
+        d.extent = [2, 2, 6];
+        // The direction to texel (i, j) of face f, by the guide's table
+        // read backwards.
+        for f in 0..6u32 {
+            for (i, j) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+                let sc = (i as f32 + 0.5) - 1.0;
+                let tc = (j as f32 + 0.5) - 1.0;
+                let v = match f {
+                    0 => [1.0, -tc, -sc],
+                    1 => [-1.0, -tc, sc],
+                    2 => [sc, 1.0, tc],
+                    3 => [sc, -1.0, -tc],
+                    4 => [sc, -tc, 1.0],
+                    _ => [-sc, -tc, -1.0],
+                };
+                let got = f32::from_bits(d.sample_cube(&mem, 0, v).unwrap()[0]);
+                assert_eq!(
+                    got,
+                    (100 * f + 10 * j + i) as f32,
+                    "face {f} texel ({i}, {j})"
+                );
+            }
+        }
+        d.cubemap = false;
+        assert!(d.sample_cube(&mem, 0, [1.0, 0.0, 0.0]).is_err());
     }
 
     #[test]
