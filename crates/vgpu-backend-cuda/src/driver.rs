@@ -1084,6 +1084,8 @@ pub struct ArrayShape {
 pub const ARRAY_LAYERED: u32 = sys::CUDA_ARRAY3D_LAYERED;
 /// `CUDA_ARRAY3D_SURFACE_LDST`.
 pub const ARRAY_SURFACE_LDST: u32 = sys::CUDA_ARRAY3D_SURFACE_LDST;
+/// `CUDA_ARRAY3D_CUBEMAP`.
+pub const ARRAY_CUBEMAP: u32 = sys::CUDA_ARRAY3D_CUBEMAP;
 
 impl Array {
     /// Makes an array in the current context.

@@ -860,15 +860,14 @@ impl CudaPartition {
             extent: [desc.width, desc.height, desc.depth].map(|v| v as usize),
             format: Self::format(desc.format),
             channels: desc.channels,
-            flags: if desc.layered {
-                driver::ARRAY_LAYERED
-            } else {
-                0
-            } | if desc.surface {
-                driver::ARRAY_SURFACE_LDST
-            } else {
-                0
-            },
+            flags: [
+                (desc.layered, driver::ARRAY_LAYERED),
+                (desc.surface, driver::ARRAY_SURFACE_LDST),
+                (desc.cubemap, driver::ARRAY_CUBEMAP),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |f, (_, bit)| f | bit),
         };
         let handle = self.run(|dev| {
             if dev.res.arrays.len() + dev.res.textures.len() + dev.res.surfaces.len()

@@ -109,8 +109,10 @@ pub struct ArrayDesc {
     pub height: u64,
     /// Elements along z, or layers (0: 1D or 2D).
     pub depth: u64,
-    /// `depth` counts layers.
+    /// `depth` counts layers (of six faces, for a cubemap).
     pub layered: bool,
+    /// A cubemap: its layers are faces, six a cube.
+    pub cubemap: bool,
     /// Surface objects may be made over it.
     pub surface: bool,
 }
@@ -120,14 +122,26 @@ impl ArrayDesc {
     /// the ABI's limits.
     pub fn of(cmd: &abi::ArrayCmd) -> Result<ArrayDesc, OpError> {
         let flags = cmd.hdr.flags & !abi::CMD_CTX_MASK;
-        if flags & !(abi::ARRAY_FLAG_LAYERED | abi::ARRAY_FLAG_SURFACE) != 0 {
+        let known = abi::ARRAY_FLAG_LAYERED | abi::ARRAY_FLAG_SURFACE | abi::ARRAY_FLAG_CUBEMAP;
+        if flags & !known != 0 {
             return Err(OpError::Unsupported(format!("array flags {flags:#x}")));
         }
         let (format, channels) = element(cmd.format, cmd.channels)?;
         let layered = flags & abi::ARRAY_FLAG_LAYERED != 0;
+        let cubemap = flags & abi::ARRAY_FLAG_CUBEMAP != 0;
         let (w, h, d) = (cmd.width, cmd.height, cmd.depth);
         let fits = match (layered, h, d) {
             _ if w == 0 => false,
+            // Square faces, six of them (a layer's worth each).
+            _ if cubemap => {
+                w == h
+                    && w <= abi::MAX_ARRAY_CUBEMAP
+                    && if layered {
+                        d > 0 && d % 6 == 0 && d <= abi::MAX_CUBEMAP_FACES
+                    } else {
+                        d == 6
+                    }
+            }
             (false, 0, 0) => w <= abi::MAX_ARRAY_1D,
             (false, _, 0) => w <= abi::MAX_ARRAY_2D && h <= abi::MAX_ARRAY_2D,
             (false, 0, _) => false,
@@ -151,6 +165,7 @@ impl ArrayDesc {
             height: h,
             depth: d,
             layered,
+            cubemap,
             surface: flags & abi::ARRAY_FLAG_SURFACE != 0,
         })
     }
@@ -192,7 +207,9 @@ impl ArrayDesc {
             read_integer: false,
             linear_filter: false,
             linear_memory: false,
-            layered: self.layered,
+            // A cubemap's faces are its layers.
+            layered: self.layered || self.cubemap,
+            cubemap: self.cubemap,
             addr,
             extent: [self.width, self.rows(), self.slices()].map(|x| x as u32),
             pitch: self.row_bytes(),
@@ -503,6 +520,7 @@ impl ObjectDesc {
                     linear_filter: false,
                     linear_memory: linear,
                     layered: false,
+                    cubemap: false,
                     addr: self.resource,
                     extent: [w, h, 1],
                     pitch: if linear { self.size } else { self.size.max(1) },
@@ -561,7 +579,15 @@ mod tests {
             4,
             abi::MAX_ARRAY_LAYERS + 1
         )));
-        assert!(ArrayDesc::of(&array(4, 4, 4, 0)).is_err());
+        assert!(ArrayDesc::of(&array(8, 4, 4, 0)).is_err());
+        let cube = abi::ARRAY_FLAG_CUBEMAP;
+        assert!(ok(array(cube, 8, 8, 6)));
+        assert!(!ok(array(cube, 8, 4, 6)));
+        assert!(!ok(array(cube, 8, 8, 12)));
+        assert!(ok(array(cube | abi::ARRAY_FLAG_LAYERED, 8, 8, 12)));
+        assert!(!ok(array(cube | abi::ARRAY_FLAG_LAYERED, 8, 8, 13)));
+        let c = ArrayDesc::of(&array(cube, 8, 8, 6)).unwrap();
+        assert!(!c.layered && c.cubemap && c.descriptor(0, false).layered);
         let mut bad = array(0, 4, 4, 0);
         bad.channels = 3;
         assert!(ArrayDesc::of(&bad).is_err());
