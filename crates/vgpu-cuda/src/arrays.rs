@@ -89,9 +89,9 @@ pub fn check_descriptor(d: &Driver, a: &Array3dDescriptor) -> CuResult {
     if format_bytes(a.format).is_none() || !matches!(a.channels, 1 | 2 | 4) {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    let known = cu::ARRAY3D_LAYERED | cu::ARRAY3D_SURFACE_LDST;
+    let known = cu::ARRAY3D_LAYERED | cu::ARRAY3D_SURFACE_LDST | cu::ARRAY3D_CUBEMAP;
     if a.flags & !known != 0 {
-        // Cubemaps, texture gather, depth textures, sparse arrays.
+        // Texture gather, depth textures, sparse arrays.
         return Err(d.not_supported_because(
             "cuArray3DCreate",
             &format!("array flags {:#x}", a.flags & !known),
@@ -101,6 +101,16 @@ pub fn check_descriptor(d: &Driver, a: &Array3dDescriptor) -> CuResult {
     let layered = a.flags & cu::ARRAY3D_LAYERED != 0;
     let fits = match (layered, h, z) {
         _ if w == 0 => false,
+        // Six square faces (a layer's worth each).
+        _ if a.flags & cu::ARRAY3D_CUBEMAP != 0 => {
+            w == h
+                && w <= abi::MAX_ARRAY_CUBEMAP
+                && if layered {
+                    z > 0 && z % 6 == 0 && z <= abi::MAX_CUBEMAP_FACES
+                } else {
+                    z == 6
+                }
+        }
         (false, 0, 0) => w <= abi::MAX_ARRAY_1D,
         (false, _, 0) => w <= abi::MAX_ARRAY_2D && h <= abi::MAX_ARRAY_2D,
         (false, 0, _) | (true, _, 0) => false,
@@ -127,6 +137,9 @@ pub fn create(d: &Driver, a: &Array3dDescriptor) -> CuResult<usize> {
     }
     if a.flags & cu::ARRAY3D_SURFACE_LDST != 0 {
         flags |= sys::CMD_ARRAY_SURFACE;
+    }
+    if a.flags & cu::ARRAY3D_CUBEMAP != 0 {
+        flags |= sys::CMD_ARRAY_CUBEMAP;
     }
     let remote = check(g.dev.resource(VgpuCmd::array(
         flags,

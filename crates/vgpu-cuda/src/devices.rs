@@ -102,8 +102,8 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
 
 /// The texture and surface limits of a vGPU with CUDA arrays (the
 /// device's, which every GPU since compute capability 5.0 meets; 0
-/// without arrays, and for cubemaps, mipmaps and gathers, which it does
-/// not have); `None` for other attributes.
+/// without arrays, and for mipmaps and gathers, which it does not have);
+/// `None` for other attributes.
 fn texture_limit(g: &Gpu, attr: i32) -> Option<i32> {
     use vgpu_guest::sys;
     let (d1, d2, d3, layers) = (
@@ -133,6 +133,13 @@ fn texture_limit(g: &Gpu, attr: i32) -> Option<i32> {
         | cu::ATTR_MAXIMUM_SURFACE3D_DEPTH
         | cu::ATTR_MAXIMUM_SURFACE2D_LAYERED_WIDTH
         | cu::ATTR_MAXIMUM_SURFACE2D_LAYERED_HEIGHT => d3,
+        cu::ATTR_MAXIMUM_TEXTURECUBEMAP_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH => abi::MAX_ARRAY_CUBEMAP as i32,
+        // In faces, as CUDA bounds a layered cubemap's depth.
+        cu::ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS => abi::MAX_CUBEMAP_FACES as i32,
         cu::ATTR_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
         | cu::ATTR_MAXIMUM_TEXTURE1D_LAYERED_LAYERS
         | cu::ATTR_MAXIMUM_SURFACE1D_LAYERED_LAYERS
