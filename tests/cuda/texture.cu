@@ -2,8 +2,9 @@
 // against a CPU reference of its "Texture Fetching" appendix: a 2D CUDA
 // array sampled with nearest-point and linear filtering, unnormalised
 // and normalised coordinates, clamp, border, wrap and mirror addressing;
-// a layered array, a 3D array, a pitched 2D texture of uchar4 read as
-// normalised floats, and tex1Dfetch of linear memory.
+// a layered array, a 3D array, cubemaps (layered too), a pitched 2D
+// texture of uchar4 read as normalised floats, and tex1Dfetch of linear
+// memory.
 #define TEST_NAME "texture"
 #include "check.h"
 
@@ -27,6 +28,16 @@ __global__ void sample_layered(cudaTextureObject_t t, float *out, int w, int h, 
 __global__ void sample3d(cudaTextureObject_t t, const float *xyz, float *out, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = tex3D<float>(t, xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]);
+}
+
+// Thread i samples the cubemap in direction dirs[i] (of cube layer
+// `layer`, where the cubemap is layered).
+__global__ void sample_cube(cudaTextureObject_t t, const float *dirs, float *out, int n,
+                            int layer) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float x = dirs[3 * i], y = dirs[3 * i + 1], z = dirs[3 * i + 2];
+  out[i] = layer < 0 ? texCubemap<float>(t, x, y, z) : texCubemapLayered<float>(t, x, y, z, layer);
 }
 
 __global__ void sample_rgba(cudaTextureObject_t t, float4 *out, int w, int h) {
@@ -251,6 +262,62 @@ int main() {
     CHECK(cudaFree(dxyz));
     CHECK(cudaFree(vout));
     printf("PASS %s volume %dx%dx%d\n", TEST_NAME, vw, vh, vd);
+  }
+
+  // Cubemaps: the guide's table picks the face by the direction's
+  // largest component and the texel by the other two. The direction to
+  // the centre of texel (i, j) of each face, the table read backwards.
+  {
+    const int cw = 4, faces = 6, cubes = 2;
+    std::vector<float> texels(cw * cw * faces * cubes);
+    for (size_t k = 0; k < texels.size(); k++) texels[k] = (float)(k * 5 % 997);
+    std::vector<float> dirs;
+    std::vector<int> which;  // face * cw * cw + j * cw + i
+    for (int f = 0; f < faces; f++)
+      for (int j = 0; j < cw; j++)
+        for (int i = 0; i < cw; i++) {
+          float sc = 2.0f * (i + 0.5f) / cw - 1.0f, tc = 2.0f * (j + 0.5f) / cw - 1.0f;
+          float v[6][3] = {{1, -tc, -sc}, {-1, -tc, sc}, {sc, 1, tc},
+                           {sc, -1, -tc}, {sc, -tc, 1}, {-sc, -tc, -1}};
+          dirs.insert(dirs.end(), v[f], v[f] + 3);
+          which.push_back((f * cw + j) * cw + i);
+        }
+    const int n = (int)which.size();
+    float *ddirs, *cout;
+    CHECK(cudaMalloc(&ddirs, dirs.size() * sizeof(float)));
+    CHECK(cudaMalloc(&cout, n * sizeof(float)));
+    CHECK(cudaMemcpy(ddirs, dirs.data(), dirs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    for (int layered = 0; layered < 2; layered++) {
+      int depth = layered ? faces * cubes : faces;
+      cudaArray_t ca;
+      CHECK(cudaMalloc3DArray(&ca, &fd, make_cudaExtent(cw, cw, depth),
+                              cudaArrayCubemap | (layered ? cudaArrayLayered : 0)));
+      cudaMemcpy3DParms p;
+      memset(&p, 0, sizeof(p));
+      p.srcPtr = make_cudaPitchedPtr(texels.data(), cw * sizeof(float), cw, cw);
+      p.dstArray = ca;
+      p.extent = make_cudaExtent(cw, cw, depth);
+      p.kind = cudaMemcpyHostToDevice;
+      CHECK(cudaMemcpy3D(&p));
+      // Cubemaps take normalised coordinates (the faces' s and t).
+      cudaTextureObject_t t = texture_of(ca, false, true, CLAMP, 0.0f);
+      for (int cube = 0; cube < (layered ? cubes : 1); cube++) {
+        sample_cube<<<(n + 63) / 64, 64>>>(t, ddirs, cout, n, layered ? cube : -1);
+        CHECK(cudaGetLastError());
+        std::vector<float> got(n);
+        CHECK(cudaMemcpy(got.data(), cout, n * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int k = 0; k < n; k++) {
+          float want = texels[cube * faces * cw * cw + which[k]];
+          EXPECT(got[k] == want, "cube %d direction (%f, %f, %f): %f, want %f", cube,
+                 dirs[3 * k], dirs[3 * k + 1], dirs[3 * k + 2], got[k], want);
+        }
+      }
+      CHECK(cudaDestroyTextureObject(t));
+      CHECK(cudaFreeArray(ca));
+    }
+    CHECK(cudaFree(ddirs));
+    CHECK(cudaFree(cout));
+    printf("PASS %s cubemaps %dx%d\n", TEST_NAME, cw, cw);
   }
 
   // Pitched memory of uchar4, read as normalised floats.
