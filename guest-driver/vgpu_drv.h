@@ -122,6 +122,10 @@ union vgpu_dcmd {
 	struct vgpu_cmd_mem_create mem_create;
 	struct vgpu_cmd_mem_map mem_map;
 	struct vgpu_cmd_mem_access mem_access;
+	struct vgpu_cmd_array array;
+	struct vgpu_cmd_array_copy array_copy;
+	struct vgpu_cmd_object object;
+	struct vgpu_cmd_object_destroy object_destroy;
 };
 
 struct vgpu_batch;

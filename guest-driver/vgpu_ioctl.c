@@ -85,6 +85,27 @@ static_assert(VGPU_CMD_LAUNCH_FUNCTION == VGPU_LAUNCH_FLAG_FUNCTION);
 static_assert(VGPU_CMD_LAUNCH_COOPERATIVE == VGPU_LAUNCH_FLAG_COOPERATIVE);
 static_assert(VGPU_MAX_FUNC_NAME_BYTES == VGPU_MAX_ENTRY_NAME);
 static_assert(VGPU_CMD_FUNC_INFO_GLOBAL == VGPU_FUNC_INFO_FLAG_GLOBAL);
+static_assert(VGPU_CMD_ARRAY_CREATE == VGPU_OP_ARRAY_CREATE);
+static_assert(VGPU_CMD_ARRAY_COPY == VGPU_OP_ARRAY_COPY);
+static_assert(VGPU_CMD_OBJECT_CREATE == VGPU_OP_OBJECT_CREATE);
+static_assert(VGPU_CMD_OBJECT_DESTROY == VGPU_OP_OBJECT_DESTROY);
+static_assert(VGPU_CMD_ARRAY_LAYERED == VGPU_ARRAY_FLAG_LAYERED);
+static_assert(VGPU_CMD_ARRAY_SURFACE == VGPU_ARRAY_FLAG_SURFACE);
+static_assert(VGPU_CMD_ARRAY_CUBEMAP == VGPU_ARRAY_FLAG_CUBEMAP);
+static_assert(VGPU_CMD_COPY_SRC_ARRAY == VGPU_ARRAY_COPY_SRC_ARRAY);
+static_assert(VGPU_CMD_COPY_DST_ARRAY == VGPU_ARRAY_COPY_DST_ARRAY);
+static_assert(VGPU_OBJ_ARRAY == VGPU_OBJECT_ARRAY);
+static_assert(VGPU_OBJ_TEXTURE == VGPU_OBJECT_TEXTURE);
+static_assert(VGPU_OBJ_SURFACE == VGPU_OBJECT_SURFACE);
+/* Their arguments are the device's commands after the header. */
+static_assert(sizeof(struct vgpu_cmd_array) ==
+	      sizeof(struct vgpu_cmd_hdr) + sizeof(struct vgpu_array_args));
+static_assert(sizeof(struct vgpu_cmd_array_copy) ==
+	      sizeof(struct vgpu_cmd_hdr) + sizeof(struct vgpu_array_copy_args));
+static_assert(sizeof(struct vgpu_cmd_object) ==
+	      sizeof(struct vgpu_cmd_hdr) + sizeof(struct vgpu_object_args));
+static_assert(sizeof(struct vgpu_cmd_object_destroy) ==
+	      sizeof(struct vgpu_cmd_hdr) + sizeof(struct vgpu_object_destroy_args));
 
 /*
  * Parameter blocks of the built-in module, whose device pointers the
@@ -1087,6 +1108,52 @@ static int vgpu_prep_value(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	return 0;
 }
 
+/*
+ * ARRAY_CREATE, ARRAY_COPY, OBJECT_CREATE, OBJECT_DESTROY: the device's
+ * command is the arguments after a header. Arrays and objects are a
+ * device context's own, so they need contexts: the device then refuses
+ * every handle and address that is not the file's context's, and frees
+ * what the process left when its context ends.
+ */
+static int vgpu_prep_resource(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
+			      const struct vgpu_cmd *u)
+{
+	size_t len;
+	bool flags_ok;
+
+	switch (u->opcode) {
+	case VGPU_CMD_ARRAY_CREATE:
+		len = sizeof(u->array);
+		flags_ok = !(u->flags & ~(VGPU_CMD_ARRAY_LAYERED |
+					  VGPU_CMD_ARRAY_SURFACE |
+					  VGPU_CMD_ARRAY_CUBEMAP));
+		break;
+	case VGPU_CMD_ARRAY_COPY:
+		len = sizeof(u->array_copy);
+		flags_ok = !(u->flags & ~(VGPU_CMD_COPY_SRC_ARRAY |
+					  VGPU_CMD_COPY_DST_ARRAY)) &&
+			   !u->array_copy.pad;
+		break;
+	case VGPU_CMD_OBJECT_CREATE:
+		len = sizeof(u->object);
+		flags_ok = u->flags == VGPU_OBJ_TEXTURE ||
+			   u->flags == VGPU_OBJ_SURFACE;
+		break;
+	default:
+		len = sizeof(u->object_destroy);
+		flags_ok = u->flags <= VGPU_OBJ_SURFACE;
+		break;
+	}
+	if (!flags_ok || !vgpu_args_tail_zero(u, len))
+		return -EINVAL;
+	if (!(vdev->features & VGPU_FEATURE_ARRAYS) || !vdev->contexts)
+		return -EOPNOTSUPP;
+	c->dcmd.hdr.flags = u->flags;
+	memcpy((u8 *)&c->dcmd + sizeof(struct vgpu_cmd_hdr), u->raw, len);
+	c->dlen = sizeof(struct vgpu_cmd_hdr) + len;
+	return 0;
+}
+
 /* The commands a lane takes: work of a stream, none of resources. */
 static bool vgpu_lane_cmd(u32 opcode)
 {
@@ -1094,6 +1161,7 @@ static bool vgpu_lane_cmd(u32 opcode)
 	case VGPU_CMD_NOP:
 	case VGPU_CMD_FENCE:
 	case VGPU_CMD_COPY:
+	case VGPU_CMD_ARRAY_COPY:
 	case VGPU_CMD_FILL:
 	case VGPU_CMD_LAUNCH:
 	case VGPU_CMD_TIMESTAMP:
@@ -1168,6 +1236,11 @@ static int vgpu_prep_cmd(struct vgpu_dev *vdev, struct vgpu_bcmd *c,
 	case VGPU_CMD_WRITE_VALUE:
 	case VGPU_CMD_WAIT_VALUE:
 		return vgpu_prep_value(vdev, c, u, bud);
+	case VGPU_CMD_ARRAY_CREATE:
+	case VGPU_CMD_ARRAY_COPY:
+	case VGPU_CMD_OBJECT_CREATE:
+	case VGPU_CMD_OBJECT_DESTROY:
+		return vgpu_prep_resource(vdev, c, u);
 	default:
 		/* MEM_ALLOC and MEM_FREE go through their own ioctls. */
 		return -EINVAL;

@@ -77,6 +77,7 @@
 #define VGPU_FEATURE_CONTEXTS 0x100ULL
 #define VGPU_FEATURE_COOPERATIVE 0x200ULL
 #define VGPU_FEATURE_VMM 0x400ULL
+#define VGPU_FEATURE_ARRAYS 0x800ULL
 #define VGPU_CONTROL_ENABLE 0x1ULL
 #define VGPU_CONTROL_RESET 0x2ULL
 #define VGPU_STATUS_ENABLED 0x1ULL
@@ -113,6 +114,10 @@
 #define VGPU_OP_MEM_CREATE 0x11ULL
 #define VGPU_OP_MEM_MAP 0x12ULL
 #define VGPU_OP_MEM_ACCESS 0x13ULL
+#define VGPU_OP_ARRAY_CREATE 0x14ULL
+#define VGPU_OP_ARRAY_COPY 0x15ULL
+#define VGPU_OP_OBJECT_CREATE 0x16ULL
+#define VGPU_OP_OBJECT_DESTROY 0x17ULL
 #define VGPU_CMD_CTX_SHIFT 0x10ULL
 #define VGPU_CMD_CTX_MASK 0xffff0000ULL
 #define VGPU_MAX_CONTEXT_ID 0xffffULL
@@ -138,6 +143,14 @@
 #define VGPU_VMM_MAX_RESERVATIONS 0x1000ULL
 #define VGPU_VMM_MAX_OBJECTS 0x10000ULL
 #define VGPU_MODULE_FLAG_PRINTS 0x1ULL
+#define VGPU_ARRAY_FLAG_LAYERED 0x1ULL
+#define VGPU_ARRAY_FLAG_SURFACE 0x2ULL
+#define VGPU_ARRAY_FLAG_CUBEMAP 0x4ULL
+#define VGPU_ARRAY_COPY_SRC_ARRAY 0x1ULL
+#define VGPU_ARRAY_COPY_DST_ARRAY 0x2ULL
+#define VGPU_OBJECT_ARRAY 0x0ULL
+#define VGPU_OBJECT_TEXTURE 0x1ULL
+#define VGPU_OBJECT_SURFACE 0x2ULL
 #define VGPU_CONSOLE_BYTES 0x100000ULL
 #define VGPU_MAX_ENTRY_NAME 0x1000ULL
 #define VGPU_MAX_FUNC_PARAMS 0x400ULL
@@ -272,6 +285,57 @@ struct vgpu_sg_entry {
 };
 
 _Static_assert(sizeof(struct vgpu_sg_entry) == 16, "vgpu_sg_entry layout");
+
+struct vgpu_cmd_array {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u32 format; /* offset 8 */
+	__u32 channels; /* offset 12 */
+	__u64 width; /* offset 16 */
+	__u64 height; /* offset 24 */
+	__u64 depth; /* offset 32 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_array) == 40, "vgpu_cmd_array layout");
+
+struct vgpu_cmd_array_copy {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 src; /* offset 8 */
+	__u64 dst; /* offset 16 */
+	__u32 src_pitch; /* offset 24 */
+	__u32 src_height; /* offset 28 */
+	__u32 dst_pitch; /* offset 32 */
+	__u32 dst_height; /* offset 36 */
+	__u32 src_pos[3]; /* offset 40 */
+	__u32 dst_pos[3]; /* offset 52 */
+	__u32 extent[3]; /* offset 64 */
+	__u32 reserved; /* offset 76 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_array_copy) == 80, "vgpu_cmd_array_copy layout");
+
+struct vgpu_cmd_object {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 resource; /* offset 8 */
+	__u64 size; /* offset 16 */
+	__u32 res_type; /* offset 24 */
+	__u32 format; /* offset 28 */
+	__u32 channels; /* offset 32 */
+	__u32 width; /* offset 36 */
+	__u32 height; /* offset 40 */
+	__u32 address; /* offset 44 */
+	__u32 filter; /* offset 48 */
+	__u32 tex_flags; /* offset 52 */
+	float border[4]; /* offset 56 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_object) == 72, "vgpu_cmd_object layout");
+
+struct vgpu_cmd_object_destroy {
+	struct vgpu_cmd_hdr hdr; /* offset 0 */
+	__u64 handle; /* offset 8 */
+};
+
+_Static_assert(sizeof(struct vgpu_cmd_object_destroy) == 16, "vgpu_cmd_object_destroy layout");
 
 struct vgpu_cmd_fill {
 	struct vgpu_cmd_hdr hdr; /* offset 0 */

@@ -168,6 +168,9 @@ pub const FEATURE_COOPERATIVE: u64 = 1 << 9;
 /// MEM_ACCESS): address ranges reserved, physical allocations made apart
 /// from any address and mapped into them; ABI minor version 6.
 pub const FEATURE_VMM: u64 = 1 << 10;
+/// Feature: CUDA arrays, texture and surface objects (ARRAY_CREATE,
+/// ARRAY_COPY, OBJECT_CREATE, OBJECT_DESTROY); ABI minor version 6.
+pub const FEATURE_ARRAYS: u64 = 1 << 11;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -256,6 +259,17 @@ pub const OP_MEM_CREATE: u32 = 17;
 pub const OP_MEM_MAP: u32 = 18;
 /// Command: set what kernels and copies may do to a mapped range.
 pub const OP_MEM_ACCESS: u32 = 19;
+/// Command: make a CUDA array (an image of 1, 2 or 4 channels of one
+/// element type: 1D, 2D, 3D or layered); the result is its handle
+/// (ABI 1.6, [`FEATURE_ARRAYS`]).
+pub const OP_ARRAY_CREATE: u32 = 20;
+/// Command: copy a box between arrays and device memory (ABI 1.6).
+pub const OP_ARRAY_COPY: u32 = 21;
+/// Command: make a texture or surface object, whose handle kernels use
+/// (ABI 1.6).
+pub const OP_OBJECT_CREATE: u32 = 22;
+/// Command: destroy an array, a texture or a surface object (ABI 1.6).
+pub const OP_OBJECT_DESTROY: u32 = 23;
 
 /// A command's flags carry its context in these bits (ABI 1.5, with
 /// [`FEATURE_CONTEXTS`]): 0 is the function's own context, which every
@@ -325,6 +339,79 @@ pub const VMM_MAX_ALIGN: u64 = 1 << 40;
 pub const VMM_MAX_RESERVATIONS: u64 = 1 << 12;
 /// Most physical allocations, and most mappings, of one context at once.
 pub const VMM_MAX_OBJECTS: u64 = 1 << 16;
+/// ARRAY_CREATE flag: a layered array (`depth` is its layers).
+pub const ARRAY_FLAG_LAYERED: u32 = 1 << 0;
+/// ARRAY_CREATE flag: surface objects may be made over the array.
+pub const ARRAY_FLAG_SURFACE: u32 = 1 << 1;
+/// ARRAY_CREATE flag: a cubemap, `width` = `height` and six faces as its
+/// `depth` (with [`ARRAY_FLAG_LAYERED`], six faces a layer).
+pub const ARRAY_FLAG_CUBEMAP: u32 = 1 << 2;
+/// ARRAY_COPY flag: `src` is an array handle (else a device address).
+pub const ARRAY_COPY_SRC_ARRAY: u32 = 1 << 0;
+/// ARRAY_COPY flag: `dst` is an array handle (else a device address).
+pub const ARRAY_COPY_DST_ARRAY: u32 = 1 << 1;
+/// OBJECT_CREATE and OBJECT_DESTROY flags: the kind of object. An array
+/// (OBJECT_DESTROY only).
+pub const OBJECT_ARRAY: u32 = 0;
+/// Object kind: a texture object.
+pub const OBJECT_TEXTURE: u32 = 1;
+/// Object kind: a surface object.
+pub const OBJECT_SURFACE: u32 = 2;
+/// OBJECT_CREATE resource: an array handle.
+pub const RESOURCE_ARRAY: u32 = 0;
+/// OBJECT_CREATE resource: linear device memory (`size` bytes).
+pub const RESOURCE_LINEAR: u32 = 1;
+/// OBJECT_CREATE resource: pitched device memory (`size` is the pitch).
+pub const RESOURCE_PITCH2D: u32 = 2;
+// Element types, CUDA's `CUarray_format` numbers.
+/// Element type: unsigned 8-bit.
+pub const FORMAT_U8: u32 = 0x01;
+/// Element type: unsigned 16-bit.
+pub const FORMAT_U16: u32 = 0x02;
+/// Element type: unsigned 32-bit.
+pub const FORMAT_U32: u32 = 0x03;
+/// Element type: signed 8-bit.
+pub const FORMAT_S8: u32 = 0x08;
+/// Element type: signed 16-bit.
+pub const FORMAT_S16: u32 = 0x09;
+/// Element type: signed 32-bit.
+pub const FORMAT_S32: u32 = 0x0a;
+/// Element type: IEEE half.
+pub const FORMAT_F16: u32 = 0x10;
+/// Element type: IEEE single.
+pub const FORMAT_F32: u32 = 0x20;
+/// Texture address mode (CUDA's numbers): wrap around.
+pub const ADDRESS_WRAP: u32 = 0;
+/// Texture address mode: clamp to the edge.
+pub const ADDRESS_CLAMP: u32 = 1;
+/// Texture address mode: mirror.
+pub const ADDRESS_MIRROR: u32 = 2;
+/// Texture address mode: the border colour outside.
+pub const ADDRESS_BORDER: u32 = 3;
+/// Texture filter: nearest element.
+pub const FILTER_POINT: u32 = 0;
+/// Texture filter: linear interpolation of the nearest elements.
+pub const FILTER_LINEAR: u32 = 1;
+/// Texture flag (CUDA's `CU_TRSF_READ_AS_INTEGER`): integer elements are
+/// read as they are, not as normalised floats.
+pub const TEX_READ_AS_INTEGER: u32 = 0x01;
+/// Texture flag (`CU_TRSF_NORMALIZED_COORDINATES`): coordinates in [0, 1).
+pub const TEX_NORMALIZED_COORDINATES: u32 = 0x02;
+/// Widest 1D array (elements); also a layered 1D array's.
+pub const MAX_ARRAY_1D: u64 = 32768;
+/// Widest and tallest 2D array (elements).
+pub const MAX_ARRAY_2D: u64 = 65536;
+/// Largest dimension of a 3D array and of a layered 2D array's layer.
+pub const MAX_ARRAY_3D: u64 = 16384;
+/// Most layers of a layered array.
+pub const MAX_ARRAY_LAYERS: u64 = 2048;
+/// Widest face of a cubemap.
+pub const MAX_ARRAY_CUBEMAP: u64 = 16384;
+/// Most faces of a layered cubemap (341 layers of six).
+pub const MAX_CUBEMAP_FACES: u64 = 2046;
+/// Most arrays, texture and surface objects one vGPU context holds.
+pub const MAX_OBJECTS: u64 = 1 << 16;
+
 /// Bit of a MODULE_LOAD's [`Completion::result2`]: the module's kernels
 /// may print (it calls `vprintf` or `__assertfail`); what they print
 /// waits for CONSOLE.
@@ -642,6 +729,100 @@ abi_struct!(
         sg_count: u32 => "__u32 {}",
         /// Zero.
         reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// ARRAY_CREATE: an array of `width` x `height` x `depth` elements of
+    /// `channels` (1, 2 or 4) values of `format`; `height` 0 for 1D,
+    /// `depth` 0 for 1D and 2D. Flags: `ARRAY_FLAG_*`.
+    ArrayCmd => "vgpu_cmd_array" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// `FORMAT_*`.
+        format: u32 => "__u32 {}",
+        /// Channels: 1, 2 or 4.
+        channels: u32 => "__u32 {}",
+        /// Elements along x.
+        width: u64 => "__u64 {}",
+        /// Elements along y (0 for 1D).
+        height: u64 => "__u64 {}",
+        /// Elements along z, or layers (0 for 1D and 2D).
+        depth: u64 => "__u64 {}",
+    }
+);
+
+abi_struct!(
+    /// ARRAY_COPY of a box of `extent` (bytes, rows, slices) from `src`
+    /// at `src_pos` (byte, row, slice) to `dst` at `dst_pos`. A side is
+    /// an array handle (`ARRAY_COPY_*_ARRAY` flags) or a device address
+    /// with its pitch (bytes between rows) and height (rows between
+    /// slices); an array's pitch and height must be 0.
+    ArrayCopyCmd => "vgpu_cmd_array_copy" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Source: array handle or device address.
+        src: u64 => "__u64 {}",
+        /// Destination: array handle or device address.
+        dst: u64 => "__u64 {}",
+        /// Source pitch, bytes.
+        src_pitch: u32 => "__u32 {}",
+        /// Source rows per slice.
+        src_height: u32 => "__u32 {}",
+        /// Destination pitch, bytes.
+        dst_pitch: u32 => "__u32 {}",
+        /// Destination rows per slice.
+        dst_height: u32 => "__u32 {}",
+        /// Source byte, row and slice.
+        src_pos: [u32; 3] => "__u32 {}[3]",
+        /// Destination byte, row and slice.
+        dst_pos: [u32; 3] => "__u32 {}[3]",
+        /// Bytes, rows and slices.
+        extent: [u32; 3] => "__u32 {}[3]",
+        /// Zero.
+        reserved: u32 => "__u32 {}",
+    }
+);
+
+abi_struct!(
+    /// OBJECT_CREATE: a texture (flags `OBJECT_TEXTURE`) or surface
+    /// (`OBJECT_SURFACE`) object over `resource`; the result is the
+    /// handle kernels pass to `tex`, `suld` and `sust`.
+    ObjectCmd => "vgpu_cmd_object" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Array handle or device address.
+        resource: u64 => "__u64 {}",
+        /// Linear memory: bytes; pitched memory: the pitch; else 0.
+        size: u64 => "__u64 {}",
+        /// `RESOURCE_*`.
+        res_type: u32 => "__u32 {}",
+        /// Memory resources: `FORMAT_*`; else 0.
+        format: u32 => "__u32 {}",
+        /// Memory resources: channels; else 0.
+        channels: u32 => "__u32 {}",
+        /// Pitched memory: elements per row; else 0.
+        width: u32 => "__u32 {}",
+        /// Pitched memory: rows; else 0.
+        height: u32 => "__u32 {}",
+        /// Textures: `ADDRESS_*` of x, y and z, a byte each; else 0.
+        address: u32 => "__u32 {}",
+        /// Textures: `FILTER_*`; else 0.
+        filter: u32 => "__u32 {}",
+        /// Textures: `TEX_*` flags; else 0.
+        tex_flags: u32 => "__u32 {}",
+        /// Textures: the border colour's four channels; else 0.
+        border: [f32; 4] => "float {}[4]",
+    }
+);
+
+abi_struct!(
+    /// OBJECT_DESTROY: the object (flags: `OBJECT_*`, its kind).
+    ObjectDestroyCmd => "vgpu_cmd_object_destroy" {
+        /// Header.
+        hdr: CmdHeader => "struct vgpu_cmd_hdr {}",
+        /// Handle ARRAY_CREATE or OBJECT_CREATE returned.
+        handle: u64 => "__u64 {}",
     }
 );
 
@@ -1101,6 +1282,7 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_CONTEXTS", FEATURE_CONTEXTS),
         ("VGPU_FEATURE_COOPERATIVE", FEATURE_COOPERATIVE),
         ("VGPU_FEATURE_VMM", FEATURE_VMM),
+        ("VGPU_FEATURE_ARRAYS", FEATURE_ARRAYS),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
@@ -1137,6 +1319,10 @@ pub fn c_header() -> String {
         ("VGPU_OP_MEM_CREATE", OP_MEM_CREATE.into()),
         ("VGPU_OP_MEM_MAP", OP_MEM_MAP.into()),
         ("VGPU_OP_MEM_ACCESS", OP_MEM_ACCESS.into()),
+        ("VGPU_OP_ARRAY_CREATE", OP_ARRAY_CREATE.into()),
+        ("VGPU_OP_ARRAY_COPY", OP_ARRAY_COPY.into()),
+        ("VGPU_OP_OBJECT_CREATE", OP_OBJECT_CREATE.into()),
+        ("VGPU_OP_OBJECT_DESTROY", OP_OBJECT_DESTROY.into()),
         ("VGPU_CMD_CTX_SHIFT", CMD_CTX_SHIFT.into()),
         ("VGPU_CMD_CTX_MASK", CMD_CTX_MASK.into()),
         ("VGPU_MAX_CONTEXT_ID", MAX_CONTEXT_ID.into()),
@@ -1168,6 +1354,14 @@ pub fn c_header() -> String {
         ("VGPU_VMM_MAX_RESERVATIONS", VMM_MAX_RESERVATIONS),
         ("VGPU_VMM_MAX_OBJECTS", VMM_MAX_OBJECTS),
         ("VGPU_MODULE_FLAG_PRINTS", MODULE_FLAG_PRINTS),
+        ("VGPU_ARRAY_FLAG_LAYERED", ARRAY_FLAG_LAYERED.into()),
+        ("VGPU_ARRAY_FLAG_SURFACE", ARRAY_FLAG_SURFACE.into()),
+        ("VGPU_ARRAY_FLAG_CUBEMAP", ARRAY_FLAG_CUBEMAP.into()),
+        ("VGPU_ARRAY_COPY_SRC_ARRAY", ARRAY_COPY_SRC_ARRAY.into()),
+        ("VGPU_ARRAY_COPY_DST_ARRAY", ARRAY_COPY_DST_ARRAY.into()),
+        ("VGPU_OBJECT_ARRAY", OBJECT_ARRAY.into()),
+        ("VGPU_OBJECT_TEXTURE", OBJECT_TEXTURE.into()),
+        ("VGPU_OBJECT_SURFACE", OBJECT_SURFACE.into()),
         ("VGPU_CONSOLE_BYTES", CONSOLE_BYTES.into()),
         ("VGPU_MAX_ENTRY_NAME", MAX_ENTRY_NAME.into()),
         ("VGPU_MAX_FUNC_PARAMS", MAX_FUNC_PARAMS.into()),
@@ -1219,6 +1413,10 @@ pub fn c_header() -> String {
     c_struct::<MemAccessCmd>(&mut o, true);
     c_struct::<CopyCmd>(&mut o, true);
     c_struct::<SgEntry>(&mut o, true);
+    c_struct::<ArrayCmd>(&mut o, true);
+    c_struct::<ArrayCopyCmd>(&mut o, true);
+    c_struct::<ObjectCmd>(&mut o, true);
+    c_struct::<ObjectDestroyCmd>(&mut o, true);
     c_struct::<FillCmd>(&mut o, true);
     c_struct::<ModuleLoadCmd>(&mut o, true);
     c_struct::<ModuleUnloadCmd>(&mut o, true);
@@ -1310,6 +1508,10 @@ mod tests {
             MemAccessCmd,
             CopyCmd,
             SgEntry,
+            ArrayCmd,
+            ArrayCopyCmd,
+            ObjectCmd,
+            ObjectDestroyCmd,
             FillCmd,
             ModuleLoadCmd,
             ModuleUnloadCmd,

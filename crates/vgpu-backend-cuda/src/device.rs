@@ -10,6 +10,7 @@ use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 use vgpu_abi as abi;
+use vgpu_backend::arrays::ArrayDesc;
 use vgpu_backend::rules::{self, words, Builtin};
 use vgpu_backend::{FunctionInfo, HostSink, HostSlice, HostSource, OpError, SliceMemory};
 
@@ -252,10 +253,20 @@ pub(crate) struct DeviceState {
 }
 
 /// What a partition made in its context. Dropping it destroys it all in
-/// the order of the fields (guest modules in handle order, the built-in
-/// module, the scratch buffer, the staging buffers, the events, the
-/// stream), so the context must be current.
+/// the order of the fields (texture and surface objects, then the arrays
+/// they read, guest modules in handle order, the built-in module, the
+/// scratch buffer, the staging buffers, the events, the stream), so the
+/// context must be current.
 pub(crate) struct InContext {
+    /// Texture objects by the driver's handle, which kernels use.
+    pub(crate) textures: BTreeMap<u64, driver::TexObject>,
+    /// Surface objects by the driver's handle.
+    pub(crate) surfaces: BTreeMap<u64, driver::SurfObject>,
+    /// Arrays by the handle the guest was given (a number of ours: the
+    /// driver's is a host address).
+    pub(crate) arrays: BTreeMap<u64, (driver::Array, ArrayDesc)>,
+    /// The handle the next array gets.
+    pub(crate) next_array: u64,
     pub(crate) modules: BTreeMap<u64, Module>,
     /// The built-in module, held for `funcs`.
     pub(crate) _builtin: driver::Module,
@@ -321,6 +332,10 @@ impl InContext {
                 })?;
         }
         Ok(InContext {
+            textures: BTreeMap::new(),
+            surfaces: BTreeMap::new(),
+            arrays: BTreeMap::new(),
+            next_array: 1,
             modules: BTreeMap::new(),
             _builtin: builtin,
             funcs,

@@ -1136,3 +1136,287 @@ pub fn mem_set_access(
     // SAFETY: one valid descriptor.
     ok(unsafe { sys::cuMemSetAccess(addr, size, &desc, 1) })
 }
+
+pub use sys::{CUaddress_mode, CUarray_format, CUfilter_mode};
+
+owned_handle! {
+    /// A CUDA array (`cuArray3DCreate`), destroyed on drop: dropped with
+    /// its context current.
+    Array(sys::CUarray),
+    sys::cuArrayDestroy
+}
+
+owned_handle! {
+    /// A texture object (`cuTexObjectCreate`), destroyed on drop, with its
+    /// context current.
+    TexObject(sys::CUtexObject),
+    sys::cuTexObjectDestroy
+}
+
+owned_handle! {
+    /// A surface object (`cuSurfObjectCreate`), destroyed on drop, with
+    /// its context current.
+    SurfObject(sys::CUsurfObject),
+    sys::cuSurfObjectDestroy
+}
+
+/// The shape of an array to make.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayShape {
+    /// Elements along x, y (0: 1D) and z or layers (0: 1D or 2D).
+    pub extent: [usize; 3],
+    /// Element type.
+    pub format: CUarray_format,
+    /// Channels: 1, 2 or 4.
+    pub channels: u32,
+    /// `CUDA_ARRAY3D_*` flags.
+    pub flags: u32,
+}
+
+/// `CUDA_ARRAY3D_LAYERED`.
+pub const ARRAY_LAYERED: u32 = sys::CUDA_ARRAY3D_LAYERED;
+/// `CUDA_ARRAY3D_SURFACE_LDST`.
+pub const ARRAY_SURFACE_LDST: u32 = sys::CUDA_ARRAY3D_SURFACE_LDST;
+/// `CUDA_ARRAY3D_CUBEMAP`.
+pub const ARRAY_CUBEMAP: u32 = sys::CUDA_ARRAY3D_CUBEMAP;
+
+impl Array {
+    /// Makes an array in the current context.
+    pub fn create(shape: &ArrayShape) -> Result<Array, CuError> {
+        let desc = sys::CUDA_ARRAY3D_DESCRIPTOR {
+            Width: shape.extent[0],
+            Height: shape.extent[1],
+            Depth: shape.extent[2],
+            Format: shape.format,
+            NumChannels: shape.channels,
+            Flags: shape.flags,
+        };
+        let mut a: sys::CUarray = std::ptr::null_mut();
+        // SAFETY: `a` and `desc` are valid for the call; a context is
+        // current.
+        ok(unsafe { sys::cuArray3DCreate_v2(&mut a, &desc) })?;
+        Ok(Array(a))
+    }
+
+    /// The driver's handle.
+    pub fn handle(&self) -> sys::CUarray {
+        self.0
+    }
+}
+
+/// One end of an array copy.
+#[derive(Debug, Clone, Copy)]
+pub enum CopyEnd {
+    /// Device memory: address of the box's first byte's row 0 and slice
+    /// 0, pitch and rows per slice.
+    Device {
+        /// Base address.
+        ptr: CUdeviceptr,
+        /// Bytes per row.
+        pitch: usize,
+        /// Rows per slice.
+        height: usize,
+    },
+    /// An array.
+    Array(sys::CUarray),
+}
+
+/// `cuMemcpy3DAsync` of a box of `extent` (bytes, rows, slices) from
+/// `src` at `src_pos` to `dst` at `dst_pos` on `s`.
+pub fn memcpy3d_async(
+    (src, src_pos): (CopyEnd, [usize; 3]),
+    (dst, dst_pos): (CopyEnd, [usize; 3]),
+    extent: [usize; 3],
+    s: &Stream,
+) -> Result<(), CuError> {
+    let mut p = sys::CUDA_MEMCPY3D {
+        srcXInBytes: src_pos[0],
+        srcY: src_pos[1],
+        srcZ: src_pos[2],
+        srcLOD: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        reserved0: std::ptr::null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: dst_pos[0],
+        dstY: dst_pos[1],
+        dstZ: dst_pos[2],
+        dstLOD: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: 0,
+        dstArray: std::ptr::null_mut(),
+        reserved1: std::ptr::null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: extent[0],
+        Height: extent[1],
+        Depth: extent[2],
+    };
+    match src {
+        CopyEnd::Device { ptr, pitch, height } => {
+            p.srcDevice = ptr;
+            p.srcPitch = pitch;
+            p.srcHeight = height;
+        }
+        CopyEnd::Array(a) => {
+            p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_ARRAY;
+            p.srcArray = a;
+        }
+    }
+    match dst {
+        CopyEnd::Device { ptr, pitch, height } => {
+            p.dstDevice = ptr;
+            p.dstPitch = pitch;
+            p.dstHeight = height;
+        }
+        CopyEnd::Array(a) => {
+            p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_ARRAY;
+            p.dstArray = a;
+        }
+    }
+    // SAFETY: `p` names device memory and arrays of the current context,
+    // checked by the caller to hold the box; no host memory.
+    ok(unsafe { sys::cuMemcpy3DAsync_v2(&p, s.0) })
+}
+
+/// What a texture or surface object reads.
+#[derive(Debug, Clone, Copy)]
+pub enum TexResource {
+    /// An array.
+    Array(sys::CUarray),
+    /// Linear device memory.
+    Linear {
+        /// Address.
+        ptr: CUdeviceptr,
+        /// Element type.
+        format: CUarray_format,
+        /// Channels.
+        channels: u32,
+        /// Bytes.
+        size: usize,
+    },
+    /// Pitched device memory.
+    Pitch2D {
+        /// Address.
+        ptr: CUdeviceptr,
+        /// Element type.
+        format: CUarray_format,
+        /// Channels.
+        channels: u32,
+        /// Elements per row.
+        width: usize,
+        /// Rows.
+        height: usize,
+        /// Bytes per row.
+        pitch: usize,
+    },
+}
+
+impl TexResource {
+    fn desc(&self) -> sys::CUDA_RESOURCE_DESC {
+        // SAFETY: an all-zero CUDA_RESOURCE_DESC is the valid "nothing"
+        // value (null handles, zero sizes) of a plain C struct.
+        let mut d: sys::CUDA_RESOURCE_DESC = unsafe { std::mem::zeroed() };
+        match *self {
+            TexResource::Array(a) => {
+                d.resType = sys::CUresourcetype::CU_RESOURCE_TYPE_ARRAY;
+                d.res.array.hArray = a;
+            }
+            TexResource::Linear {
+                ptr,
+                format,
+                channels,
+                size,
+            } => {
+                d.resType = sys::CUresourcetype::CU_RESOURCE_TYPE_LINEAR;
+                d.res.linear = sys::CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
+                    devPtr: ptr,
+                    format,
+                    numChannels: channels,
+                    sizeInBytes: size,
+                };
+            }
+            TexResource::Pitch2D {
+                ptr,
+                format,
+                channels,
+                width,
+                height,
+                pitch,
+            } => {
+                d.resType = sys::CUresourcetype::CU_RESOURCE_TYPE_PITCH2D;
+                d.res.pitch2D = sys::CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4 {
+                    devPtr: ptr,
+                    format,
+                    numChannels: channels,
+                    width,
+                    height,
+                    pitchInBytes: pitch,
+                };
+            }
+        }
+        d
+    }
+}
+
+/// How a texture samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Sampling {
+    /// Address modes of x, y and z.
+    pub address: [CUaddress_mode; 3],
+    /// Filter.
+    pub filter: CUfilter_mode,
+    /// `CU_TRSF_*` flags.
+    pub flags: u32,
+    /// Border colour.
+    pub border: [f32; 4],
+}
+
+impl TexObject {
+    /// Makes a texture object in the current context.
+    pub fn create(res: &TexResource, s: &Sampling) -> Result<TexObject, CuError> {
+        let rd = res.desc();
+        let td = sys::CUDA_TEXTURE_DESC {
+            addressMode: s.address,
+            filterMode: s.filter,
+            flags: s.flags,
+            maxAnisotropy: 0,
+            mipmapFilterMode: sys::CUfilter_mode::CU_TR_FILTER_MODE_POINT,
+            mipmapLevelBias: 0.0,
+            minMipmapLevelClamp: 0.0,
+            maxMipmapLevelClamp: 0.0,
+            borderColor: s.border,
+            reserved: [0; 12],
+        };
+        let mut t: sys::CUtexObject = 0;
+        // SAFETY: the descriptors and `t` are valid for the call; the
+        // resource was checked by the caller to be the context's own.
+        ok(unsafe { sys::cuTexObjectCreate(&mut t, &rd, &td, std::ptr::null()) })?;
+        Ok(TexObject(t))
+    }
+
+    /// The handle kernels use.
+    pub fn handle(&self) -> u64 {
+        self.0
+    }
+}
+
+impl SurfObject {
+    /// Makes a surface object over `array` in the current context.
+    pub fn create(array: sys::CUarray) -> Result<SurfObject, CuError> {
+        let rd = TexResource::Array(array).desc();
+        let mut s: sys::CUsurfObject = 0;
+        // SAFETY: `rd` and `s` are valid for the call.
+        ok(unsafe { sys::cuSurfObjectCreate(&mut s, &rd) })?;
+        Ok(SurfObject(s))
+    }
+
+    /// The handle kernels use.
+    pub fn handle(&self) -> u64 {
+        self.0
+    }
+}

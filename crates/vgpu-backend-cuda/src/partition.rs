@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use log::{debug, info, log_enabled, trace, warn, Level};
 use vgpu_abi as abi;
+use vgpu_backend::arrays::{ArrayCopy, ArrayDesc, CopySide, ObjectDesc, Resource};
 use vgpu_backend::console::{self, ConsoleText, Consoles};
 use vgpu_backend::rules::{
     self, align_up, Allocations, Builtin, FloatOperands, KernelLimits, PartitionName, DEFAULT_ALIGN,
@@ -63,6 +64,8 @@ pub struct CudaPartition {
     in_flight: [VecDeque<(OnStream, usize)>; LANES],
     /// Sets of events no run holds.
     free_slots: Vec<usize>,
+    /// Bytes of the arrays in the context, charged to the quota.
+    array_bytes: u64,
 }
 
 // SAFETY: the driver handles in a partition may be used from any thread;
@@ -158,6 +161,7 @@ impl CudaPartition {
             consoles: Consoles::default(),
             in_flight: Default::default(),
             free_slots: (0..MARK_SLOTS).collect(),
+            array_bytes: 0,
             shared,
             groups,
             desc: None,
@@ -229,9 +233,7 @@ impl CudaPartition {
     }
 
     fn available(&self) -> u64 {
-        self.spec
-            .memory
-            .saturating_sub(self.allocs.used() + self.vmm.physical_bytes())
+        self.spec.memory.saturating_sub(self.memory_used())
     }
 
     /// Checks `len` bytes at `addr` lie inside one allocation, or in
@@ -367,6 +369,8 @@ impl CudaPartition {
                 }
             }
         }
+        // Arrays go with the context (or its InContext, below).
+        self.array_bytes = 0;
         if let Some(dev) = self.dev.take() {
             // An own context frees its memory when destroyed; a green
             // context's memory belongs to the primary context.
@@ -850,6 +854,230 @@ enum Backing {
     Global(u64),
 }
 
+/// CUDA arrays, texture and surface objects: the driver's own, in the
+/// partition's context. Kernels use texture and surface objects by the
+/// driver's handles; arrays, which only commands name, by numbers of
+/// ours (the driver's handle is a host address).
+impl CudaPartition {
+    /// A box side of an array copy as the driver takes it; an array is
+    /// checked to hold the box here (device memory was checked before).
+    fn copy_end(
+        dev: &DeviceState,
+        side: &CopySide,
+        extent: [u64; 3],
+    ) -> Result<(driver::CopyEnd, [usize; 3]), Fail> {
+        let pos = side.pos.map(|v| v as usize);
+        if side.array {
+            let (a, desc) = dev
+                .res
+                .arrays
+                .get(&side.at)
+                .ok_or_else(|| OpError::NotFound(format!("array {:#x}", side.at)))?;
+            side.check_array(desc, extent)?;
+            return Ok((driver::CopyEnd::Array(a.handle()), pos));
+        }
+        Ok((
+            driver::CopyEnd::Device {
+                ptr: side.at,
+                pitch: side.pitch as usize,
+                height: side.height as usize,
+            },
+            pos,
+        ))
+    }
+
+    fn format(f: vgpu_backend::arrays::Format) -> driver::CUarray_format {
+        use driver::CUarray_format as F;
+        use vgpu_backend::arrays::Format;
+        match f {
+            Format::U8 => F::CU_AD_FORMAT_UNSIGNED_INT8,
+            Format::U16 => F::CU_AD_FORMAT_UNSIGNED_INT16,
+            Format::U32 => F::CU_AD_FORMAT_UNSIGNED_INT32,
+            Format::S8 => F::CU_AD_FORMAT_SIGNED_INT8,
+            Format::S16 => F::CU_AD_FORMAT_SIGNED_INT16,
+            Format::S32 => F::CU_AD_FORMAT_SIGNED_INT32,
+            Format::F16 => F::CU_AD_FORMAT_HALF,
+            Format::F32 => F::CU_AD_FORMAT_FLOAT,
+        }
+    }
+
+    fn array_create(&mut self, desc: ArrayDesc) -> Result<u64, OpError> {
+        let bytes = desc.bytes();
+        let available = self.available();
+        if bytes > available {
+            return Err(OpError::NoMemory {
+                requested: bytes,
+                available,
+            });
+        }
+        let shape = driver::ArrayShape {
+            extent: [desc.width, desc.height, desc.depth].map(|v| v as usize),
+            format: Self::format(desc.format),
+            channels: desc.channels,
+            flags: [
+                (desc.layered, driver::ARRAY_LAYERED),
+                (desc.surface, driver::ARRAY_SURFACE_LDST),
+                (desc.cubemap, driver::ARRAY_CUBEMAP),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .fold(0, |f, (_, bit)| f | bit),
+        };
+        let handle = self.run(|dev| {
+            if dev.res.arrays.len() + dev.res.textures.len() + dev.res.surfaces.len()
+                >= abi::MAX_OBJECTS as usize
+            {
+                return Err(Fail::Op(OpError::NoMemory {
+                    requested: 0,
+                    available: 0,
+                }));
+            }
+            let a = match driver::Array::create(&shape) {
+                Ok(a) => a,
+                Err(e) if e.is_out_of_memory() => {
+                    return Err(Fail::Op(OpError::NoMemory {
+                        requested: bytes,
+                        available,
+                    }))
+                }
+                Err(e) => return Err(Fail::Refused("cuArray3DCreate".into(), e)),
+            };
+            let h = dev.res.next_array;
+            dev.res.next_array += 1;
+            dev.res.arrays.insert(h, (a, desc));
+            Ok(h)
+        })?;
+        self.array_bytes += bytes;
+        Ok(handle)
+    }
+
+    fn array_copy(&mut self, c: ArrayCopy) -> Result<(), OpError> {
+        for side in [&c.src, &c.dst].into_iter().filter(|s| !s.array) {
+            let (start, len) = side.span(c.extent)?;
+            self.allocs.check(start, len)?;
+        }
+        self.run(|dev| {
+            let src = Self::copy_end(dev, &c.src, c.extent)?;
+            let dst = Self::copy_end(dev, &c.dst, c.extent)?;
+            let extent = c.extent.map(|v| v as usize);
+            driver::memcpy3d_async(src, dst, extent, &dev.res.stream)
+                .map_err(|e| Fail::Refused("cuMemcpy3DAsync".into(), e))?;
+            driver::stream_sync(&dev.res.stream).at("cuStreamSynchronize")
+        })
+    }
+
+    fn object_create(&mut self, o: ObjectDesc) -> Result<u64, OpError> {
+        if let Some((start, len)) = o.memory_span() {
+            self.allocs.check(start, len)?;
+        }
+        let mode = |m: u8| match m {
+            0 => driver::CUaddress_mode::CU_TR_ADDRESS_MODE_WRAP,
+            1 => driver::CUaddress_mode::CU_TR_ADDRESS_MODE_CLAMP,
+            2 => driver::CUaddress_mode::CU_TR_ADDRESS_MODE_MIRROR,
+            _ => driver::CUaddress_mode::CU_TR_ADDRESS_MODE_BORDER,
+        };
+        let sampling = driver::Sampling {
+            address: o.address.map(mode),
+            filter: if o.linear_filter {
+                driver::CUfilter_mode::CU_TR_FILTER_MODE_LINEAR
+            } else {
+                driver::CUfilter_mode::CU_TR_FILTER_MODE_POINT
+            },
+            flags: o.tex_flags,
+            border: o.border,
+        };
+        self.run(|dev| {
+            if dev.res.arrays.len() + dev.res.textures.len() + dev.res.surfaces.len()
+                >= abi::MAX_OBJECTS as usize
+            {
+                return Err(Fail::Op(OpError::NoMemory {
+                    requested: 0,
+                    available: 0,
+                }));
+            }
+            let res = match o.element {
+                None => {
+                    let (a, desc) = dev
+                        .res
+                        .arrays
+                        .get(&o.resource)
+                        .ok_or_else(|| OpError::NotFound(format!("array {:#x}", o.resource)))?;
+                    if o.surface && !desc.surface {
+                        return Err(Fail::Op(OpError::Invalid(
+                            "a surface over an array made without the surface flag".into(),
+                        )));
+                    }
+                    driver::TexResource::Array(a.handle())
+                }
+                Some((f, channels)) if o.res_type == abi::RESOURCE_LINEAR => {
+                    driver::TexResource::Linear {
+                        ptr: o.resource,
+                        format: Self::format(f),
+                        channels,
+                        size: o.size as usize,
+                    }
+                }
+                Some((f, channels)) => driver::TexResource::Pitch2D {
+                    ptr: o.resource,
+                    format: Self::format(f),
+                    channels,
+                    width: o.width as usize,
+                    height: o.height as usize,
+                    pitch: o.size as usize,
+                },
+            };
+            if o.surface {
+                let driver::TexResource::Array(a) = res else {
+                    return Err(Fail::Op(OpError::Invalid(
+                        "surfaces are made over arrays".into(),
+                    )));
+                };
+                let s = driver::SurfObject::create(a)
+                    .map_err(|e| Fail::Refused("cuSurfObjectCreate".into(), e))?;
+                let h = s.handle();
+                dev.res.surfaces.insert(h, s);
+                Ok(h)
+            } else {
+                let t = driver::TexObject::create(&res, &sampling)
+                    .map_err(|e| Fail::Refused("cuTexObjectCreate".into(), e))?;
+                let h = t.handle();
+                dev.res.textures.insert(h, t);
+                Ok(h)
+            }
+        })
+    }
+
+    fn object_destroy(&mut self, kind: u32, handle: u64) -> Result<(), OpError> {
+        let not_found = || OpError::NotFound(format!("object {handle:#x}"));
+        let freed = self.run(|dev| {
+            // Work queued before may still read it.
+            driver::stream_sync(&dev.res.stream).at("cuStreamSynchronize")?;
+            match kind {
+                abi::OBJECT_ARRAY => {
+                    let (a, desc) = dev.res.arrays.remove(&handle).ok_or_else(not_found)?;
+                    drop(a);
+                    Ok(desc.bytes())
+                }
+                abi::OBJECT_TEXTURE => dev
+                    .res
+                    .textures
+                    .remove(&handle)
+                    .map(|_| 0)
+                    .ok_or_else(|| Fail::Op(not_found())),
+                abi::OBJECT_SURFACE => dev
+                    .res
+                    .surfaces
+                    .remove(&handle)
+                    .map(|_| 0)
+                    .ok_or_else(|| Fail::Op(not_found())),
+                k => Err(Fail::Op(OpError::Invalid(format!("object kind {k}")))),
+            }
+        })?;
+        self.array_bytes = self.array_bytes.saturating_sub(freed);
+        Ok(())
+    }
+}
+
 impl Partition for CudaPartition {
     fn spec(&self) -> &PartitionSpec {
         &self.spec
@@ -861,6 +1089,29 @@ impl Partition for CudaPartition {
 
     fn cooperative(&self) -> bool {
         self.shared.cooperative
+    }
+
+    /// Where guest kernels run: arrays without kernels to read them
+    /// would be of no use.
+    fn arrays(&self) -> bool {
+        self.shared.guest_ptx.load(Ordering::Relaxed)
+    }
+
+    fn resource(&mut self, req: &Resource) -> Result<u64, OpError> {
+        self.last_device_time = None;
+        if !self.arrays() {
+            return Err(OpError::Unsupported(
+                "CUDA arrays: guest kernels are refused on this partition".into(),
+            ));
+        }
+        match req {
+            Resource::ArrayCreate(c) => self.array_create(ArrayDesc::of(c)?),
+            Resource::ArrayCopy(c) => self.array_copy(ArrayCopy::of(c)?).map(|()| 0),
+            Resource::ObjectCreate(c) => self.object_create(ObjectDesc::of(c)?),
+            Resource::Destroy(c) => self
+                .object_destroy(c.hdr.flags & !abi::CMD_CTX_MASK, c.handle)
+                .map(|()| 0),
+        }
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
@@ -1221,7 +1472,10 @@ impl Partition for CudaPartition {
     }
 
     fn memory_used(&self) -> u64 {
-        self.allocs.used() + self.vmm.physical_bytes()
+        self.allocs
+            .used()
+            .saturating_add(self.array_bytes)
+            .saturating_add(self.vmm.physical_bytes())
     }
 
     fn has_vmm(&self) -> bool {

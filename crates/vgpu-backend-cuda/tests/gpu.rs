@@ -341,6 +341,9 @@ fn conformance_loaded_in(mode: Mode) {
     // mapped memory.
     conformance::vmm_map_side_by_side_and_alias(&make);
     conformance::vmm_grow_and_shrink_a_segment(&make);
+    // Arrays, texture and surface objects are the driver's.
+    conformance::arrays_copy_boxes(&make);
+    conformance::module_textures_and_surfaces(&make);
     // Every GPU from Pascal on runs cooperative launches.
     let spec = PartitionSpec {
         name: "cooperative".into(),

@@ -413,6 +413,8 @@ pub struct RemotePartition {
     cooperative: bool,
     /// Whether the host's partition offers virtual memory management.
     vmm: bool,
+    /// Whether the host's partition has arrays, textures and surfaces.
+    arrays: bool,
     /// Guest memory forwarded to the host (see `forward.rs`).
     registry: Arc<Registry>,
     counts: Arc<TransferCounts>,
@@ -460,6 +462,7 @@ impl RemotePartition {
             kernel_units: spec.compute_units,
             cooperative: false,
             vmm: false,
+            arrays: false,
             registry: Arc::new(Registry::new(&spec.name, op_timeout)),
             counts: Arc::default(),
             started: VecDeque::new(),
@@ -510,12 +513,14 @@ impl RemotePartition {
                         units,
                         cooperative,
                         vmm,
+                        arrays,
                     }),
                 memory_used: 0,
             }) if units >= 1 => {
                 self.kernel_units = units;
                 self.cooperative = cooperative;
                 self.vmm = vmm;
+                self.arrays = arrays;
                 // Guest memory mapped so far goes to the new host before
                 // any transfer can name it.
                 let attached = link
@@ -962,6 +967,14 @@ impl Partition for RemotePartition {
             return Err(OpError::Unsupported("virtual memory management".into()));
         }
         self.call_u64(&Request::Vmm(*op))
+    }
+
+    fn arrays(&self) -> bool {
+        self.arrays
+    }
+
+    fn resource(&mut self, req: &vgpu_backend::arrays::Resource) -> Result<u64, OpError> {
+        self.call_u64(&Request::Resource(req.bytes()))
     }
 
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {

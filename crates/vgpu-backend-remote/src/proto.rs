@@ -88,6 +88,8 @@ pub const MAX_REPLY: u32 = {
 };
 /// Most printed output one [`Kind::Console`] reply carries.
 pub const MAX_CONSOLE: usize = 64 << 10;
+/// Largest resource request (a guest command of ABI 1.6).
+pub const MAX_RESOURCE: usize = 128;
 /// Most pieces of one transfer through forwarded mappings; more take the
 /// staging area. A request of this many fits a mailbox slot.
 pub const MAX_PIECES: usize = 256;
@@ -152,6 +154,8 @@ pub enum Kind {
     Finish = 24,
     /// `Partition::vmm`: a virtual memory request (protocol 7).
     Vmm = 25,
+    /// `Partition::resource`: the guest's command inline.
+    Resource = 26,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -190,6 +194,7 @@ impl Kind {
             23 => Start,
             24 => Finish,
             25 => Vmm,
+            26 => Resource,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -493,6 +498,9 @@ pub enum Request<'a> {
     },
     /// [`Kind::Vmm`].
     Vmm(VmmOp),
+    /// [`Kind::Resource`]: the command's bytes
+    /// (`vgpu_backend::arrays::Resource::bytes`).
+    Resource(Vec<u8>),
     /// [`Kind::Reset`].
     Reset,
     /// [`Kind::Map`] (the file travels beside it).
@@ -723,6 +731,7 @@ impl Request<'_> {
             Request::FunctionInfo { .. } => Kind::FunctionInfo,
             Request::GlobalInfo { .. } => Kind::GlobalInfo,
             Request::Vmm(_) => Kind::Vmm,
+            Request::Resource(_) => Kind::Resource,
             Request::Reset => Kind::Reset,
             Request::Map(_) => Kind::Map,
             Request::Unmap { .. } => Kind::Unmap,
@@ -803,6 +812,9 @@ impl Request<'_> {
                 w.u64(*module).text(name, MAX_ENTRY);
             }
             Request::Launch(l) | Request::Occupancy(l) => encode_launch(&mut w, l),
+            Request::Resource(r) => {
+                w.blob(r);
+            }
             Request::Console { module, max } => {
                 w.u64(*module).u32(*max);
             }
@@ -941,6 +953,12 @@ impl Request<'_> {
                 name: r.text(MAX_ENTRY)?,
             },
             Kind::Launch => Request::Launch(decode_launch(&mut r)?),
+            Kind::Resource => {
+                let bytes = r.blob(MAX_RESOURCE)?;
+                vgpu_backend::arrays::Resource::from_bytes(bytes)
+                    .map_err(|_| ProtoError::Malformed("bad resource request"))?;
+                Request::Resource(bytes.to_vec())
+            }
             Kind::Occupancy => Request::Occupancy(decode_launch(&mut r)?),
             Kind::Console => {
                 let module = r.u64()?;
@@ -1013,6 +1031,8 @@ pub enum Value {
         cooperative: bool,
         /// `Partition::has_vmm` (protocol 7).
         vmm: bool,
+        /// `Partition::arrays`.
+        arrays: bool,
     },
     /// [`Kind::Hello`]: the host's backend.
     Hello {
@@ -1215,7 +1235,10 @@ impl Reply {
                         .u32(capacity.compute_units)
                         .text(name, MAX_NAME);
                 }
-                (Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm, Value::U64(x)) => {
+                (
+                    Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm | Kind::Resource,
+                    Value::U64(x),
+                ) => {
                     w.u64(*x);
                 }
                 (
@@ -1224,9 +1247,13 @@ impl Reply {
                         units,
                         cooperative,
                         vmm,
+                        arrays,
                     },
                 ) => {
-                    w.u32(*units).u8(*cooperative as u8).u8(*vmm as u8);
+                    w.u32(*units)
+                        .u8(*cooperative as u8)
+                        .u8(*vmm as u8)
+                        .u8(*arrays as u8);
                 }
                 (Kind::Reset, Value::Reset { respawn }) => {
                     w.u8(*respawn as u8);
@@ -1300,13 +1327,14 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm => {
+                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm | Kind::Resource => {
                     Value::U64(r.u64()?)
                 }
                 Kind::Create => Value::Created {
                     units: r.u32()?,
                     cooperative: flag(r.u8()?)?,
                     vmm: flag(r.u8()?)?,
+                    arrays: flag(r.u8()?)?,
                 },
                 Kind::Reset => Value::Reset {
                     respawn: match r.u8()? {
@@ -1530,6 +1558,20 @@ mod tests {
                 module: 9,
                 name: "_ZN6cublas8internal10gemvTablesE",
             },
+            Request::Resource(
+                vgpu_backend::arrays::Resource::ArrayCreate(abi::ArrayCmd {
+                    hdr: abi::CmdHeader {
+                        opcode: abi::OP_ARRAY_CREATE,
+                        flags: abi::ARRAY_FLAG_LAYERED,
+                    },
+                    format: abi::FORMAT_U8,
+                    channels: 4,
+                    width: 64,
+                    height: 32,
+                    depth: 3,
+                })
+                .bytes(),
+            ),
             Request::Launch(Launch {
                 module: abi::MODULE_BUILTIN,
                 entry: "saxpy_f32",
@@ -1699,6 +1741,13 @@ mod tests {
             Ok(Request::Launch(l)) => assert_eq!(l.params.len(), abi::MAX_PARAMS_SIZE as usize),
             other => panic!("{other:?}"),
         }
+        // A resource request that is no command, or too long.
+        let mut w = Writer::default();
+        w.blob(&[0; 16]);
+        assert!(Request::decode(Kind::Resource as u16, &w.0).is_err());
+        let mut w = Writer::default();
+        w.blob(&[0; MAX_RESOURCE + 1]);
+        assert!(Request::decode(Kind::Resource as u16, &w.0).is_err());
         // A name that is not UTF-8.
         let mut w = Writer::default();
         w.u64(1).u32(1).u64(1).u8(0).u16(2);
@@ -1820,8 +1869,10 @@ mod tests {
                     units: 132,
                     cooperative: true,
                     vmm: true,
+                    arrays: true,
                 }),
             ),
+            (Kind::Resource, Ok(Value::U64(0x7f00_0000_2000))),
             (Kind::Free, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (

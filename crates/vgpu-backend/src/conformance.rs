@@ -1506,6 +1506,7 @@ pub fn run_loaded_modules(make: Make<'_>) {
     module_queued_launches_depend_in_order(make);
     module_printf(make);
     module_assert(make);
+    module_textures_and_surfaces(make);
     module_illegal_address(make);
     module_cooperative_grid_sync(make);
 }
@@ -2577,4 +2578,461 @@ pub fn vmm_grow_and_shrink_a_segment(make: Make<'_>) {
         addr: base,
         size: 4 * G
     })));
+}
+
+/// An ARRAY_CREATE of `channels` f32 channels (or `format`).
+pub fn array_cmd(format: u32, channels: u32, extent: [u64; 3], flags: u32) -> abi::ArrayCmd {
+    abi::ArrayCmd {
+        hdr: abi::CmdHeader {
+            opcode: abi::OP_ARRAY_CREATE,
+            flags,
+        },
+        format,
+        channels,
+        width: extent[0],
+        height: extent[1],
+        depth: extent[2],
+    }
+}
+
+/// An ARRAY_COPY of a box between `src` and `dst` (an array where its
+/// pitch is `None`).
+pub fn array_copy_cmd(
+    (src, src_pitch, src_pos): (u64, Option<(u32, u32)>, [u32; 3]),
+    (dst, dst_pitch, dst_pos): (u64, Option<(u32, u32)>, [u32; 3]),
+    extent: [u32; 3],
+) -> crate::arrays::Resource {
+    let flags = (u32::from(src_pitch.is_none()) * abi::ARRAY_COPY_SRC_ARRAY)
+        | (u32::from(dst_pitch.is_none()) * abi::ARRAY_COPY_DST_ARRAY);
+    let (sp, sh) = src_pitch.unwrap_or_default();
+    let (dp, dh) = dst_pitch.unwrap_or_default();
+    crate::arrays::Resource::ArrayCopy(abi::ArrayCopyCmd {
+        hdr: abi::CmdHeader {
+            opcode: abi::OP_ARRAY_COPY,
+            flags,
+        },
+        src,
+        dst,
+        src_pitch: sp,
+        src_height: sh,
+        dst_pitch: dp,
+        dst_height: dh,
+        src_pos,
+        dst_pos,
+        extent,
+        reserved: 0,
+    })
+}
+
+/// A texture (or surface) object over array `array`.
+pub fn object_cmd(kind: u32, array: u64) -> abi::ObjectCmd {
+    abi::ObjectCmd {
+        hdr: abi::CmdHeader {
+            opcode: abi::OP_OBJECT_CREATE,
+            flags: kind,
+        },
+        resource: array,
+        res_type: abi::RESOURCE_ARRAY,
+        ..Default::default()
+    }
+}
+
+fn destroy(p: &mut dyn Partition, kind: u32, handle: u64) -> Result<u64, OpError> {
+    p.resource(&crate::arrays::Resource::Destroy(abi::ObjectDestroyCmd {
+        hdr: abi::CmdHeader {
+            opcode: abi::OP_OBJECT_DESTROY,
+            flags: kind,
+        },
+        handle,
+    }))
+}
+
+/// Arrays of each shape: boxes copied in from device memory, between
+/// arrays and back out land where they should; boxes outside an array,
+/// unknown handles and malformed shapes are refused; a destroyed array
+/// is gone.
+pub fn arrays_copy_boxes(make: Make<'_>) {
+    use crate::arrays::Resource;
+    let mut boxed = make(&spec("arrays", 16 * MIB, 1));
+    let p = &mut *boxed;
+    assert!(p.arrays());
+    let mut rng = Rng(0x5eed);
+    // A 3D array of 2-channel floats, 7 x 5 x 3, and a layered 2D one.
+    let (w, h, d) = (7u32, 5u32, 3u32);
+    let elem = 8u32;
+    let shapes = [(0, [w, h, d]), (abi::ARRAY_FLAG_LAYERED, [w, h, d])];
+    for (flags, [w, h, d]) in shapes {
+        let a = p
+            .resource(&Resource::ArrayCreate(array_cmd(
+                abi::FORMAT_F32,
+                2,
+                [w, h, d].map(u64::from),
+                flags,
+            )))
+            .unwrap();
+        let b = p
+            .resource(&Resource::ArrayCreate(array_cmd(
+                abi::FORMAT_F32,
+                2,
+                [w, h, d].map(u64::from),
+                flags,
+            )))
+            .unwrap();
+        // Device memory with a pitch of 96 bytes and 6 rows per slice.
+        let (pitch, rows) = (96u32, 6u32);
+        let total = (pitch * rows * d) as usize;
+        let data = rng.bytes(total);
+        let lin = p.alloc(total as u64, 0).unwrap();
+        upload(p, lin, &data);
+        // The whole array in, then a box of it to the other array at an
+        // offset, then all of that array out.
+        let all = [w * elem, h, d];
+        p.resource(&array_copy_cmd(
+            (lin, Some((pitch, rows)), [0; 3]),
+            (a, None, [0; 3]),
+            all,
+        ))
+        .unwrap();
+        // (A new array's contents are undefined, as on a GPU.)
+        p.resource(&array_copy_cmd(
+            (lin, Some((pitch, rows)), [0; 3]),
+            (b, None, [0; 3]),
+            all,
+        ))
+        .unwrap();
+        let sub = [3 * elem, 2, 2];
+        p.resource(&array_copy_cmd(
+            (a, None, [elem, 1, 0]),
+            (b, None, [2 * elem, 3, 1]),
+            sub,
+        ))
+        .unwrap();
+        let out = p.alloc(total as u64, 0).unwrap();
+        p.fill(out, total as u64, 0xdead_beef).unwrap();
+        p.resource(&array_copy_cmd(
+            (b, None, [0; 3]),
+            (out, Some((pitch, rows)), [0; 3]),
+            all,
+        ))
+        .unwrap();
+        let got = download(p, out, total);
+        for z in 0..d {
+            for y in 0..h {
+                for x in 0..w * elem {
+                    let at = (z * pitch * rows + y * pitch + x) as usize;
+                    let inside = (2 * elem..5 * elem).contains(&x)
+                        && (3..5).contains(&y)
+                        && (1..3).contains(&z);
+                    let (sx, sy, sz) = if inside {
+                        (x - elem, y - 2, z - 1)
+                    } else {
+                        (x, y, z)
+                    };
+                    let want = data[(sz * pitch * rows + sy * pitch + sx) as usize];
+                    assert_eq!(got[at], want, "flags {flags} at ({x}, {y}, {z})");
+                }
+            }
+        }
+        // The pitch's padding was not written.
+        assert_eq!(
+            &got[(w * elem) as usize..pitch as usize],
+            &[0xef, 0xbe, 0xad, 0xde].repeat(10)[..(pitch - w * elem) as usize]
+        );
+        // Outside the array, partial elements, unknown handles.
+        let bad = [
+            array_copy_cmd(
+                (a, None, [elem, 0, 0]),
+                (out, Some((pitch, rows)), [0; 3]),
+                all,
+            ),
+            array_copy_cmd(
+                (a, None, [0, 0, 1]),
+                (out, Some((pitch, rows)), [0; 3]),
+                all,
+            ),
+            array_copy_cmd(
+                (a, None, [0; 3]),
+                (out, Some((pitch, rows)), [0; 3]),
+                [3, 1, 1],
+            ),
+            array_copy_cmd((a, None, [0; 3]), (out, Some((8, rows)), [0; 3]), all),
+            array_copy_cmd(
+                (out, Some((pitch, rows)), [0; 3]),
+                (out, Some((pitch, rows)), [0; 3]),
+                all,
+            ),
+        ];
+        for c in bad {
+            assert!(
+                matches!(
+                    p.resource(&c),
+                    Err(OpError::Invalid(_) | OpError::OutOfRange { .. })
+                ),
+                "{c:?}"
+            );
+        }
+        // Device memory too small for the box.
+        let small = p.alloc(64, 0).unwrap();
+        assert!(p
+            .resource(&array_copy_cmd(
+                (a, None, [0; 3]),
+                (small, Some((pitch, rows)), [0; 3]),
+                all
+            ))
+            .is_err());
+        assert_eq!(destroy(p, abi::OBJECT_ARRAY, b), Ok(0));
+        assert!(matches!(
+            destroy(p, abi::OBJECT_ARRAY, b),
+            Err(OpError::NotFound(_))
+        ));
+        assert!(p
+            .resource(&array_copy_cmd((a, None, [0; 3]), (b, None, [0; 3]), all))
+            .is_err());
+        assert!(matches!(
+            destroy(p, abi::OBJECT_TEXTURE, a),
+            Err(OpError::NotFound(_))
+        ));
+        assert_eq!(destroy(p, abi::OBJECT_ARRAY, a), Ok(0));
+        for x in [lin, out, small] {
+            p.free(x).unwrap();
+        }
+    }
+    // Shapes CUDA refuses.
+    for (ch, ext, flags) in [
+        (3, [4, 4, 0], 0),
+        (1, [0, 4, 0], 0),
+        (1, [4, 0, 4], 0),
+        (1, [abi::MAX_ARRAY_3D + 1, 4, 4], 0),
+        (1, [4, 4, 0], abi::ARRAY_FLAG_LAYERED),
+    ] {
+        let r = p.resource(&Resource::ArrayCreate(array_cmd(
+            abi::FORMAT_F32,
+            ch,
+            ext,
+            flags,
+        )));
+        assert!(
+            matches!(r, Err(OpError::Invalid(_))),
+            "{ch} {ext:?} {flags}: {r:?}"
+        );
+    }
+    // An array larger than the quota (4 GiB) is NO_MEMORY.
+    let r = p.resource(&Resource::ArrayCreate(array_cmd(
+        abi::FORMAT_F32,
+        4,
+        [16384, 16384, 0],
+        0,
+    )));
+    assert!(matches!(r, Err(OpError::NoMemory { .. })), "{r:?}");
+    // A reset frees arrays.
+    let a = p
+        .resource(&Resource::ArrayCreate(array_cmd(
+            abi::FORMAT_U8,
+            1,
+            [64, 0, 0],
+            0,
+        )))
+        .unwrap();
+    assert!(p.memory_used() >= 64);
+    p.reset();
+    assert_eq!(p.memory_used(), 0);
+    assert!(matches!(
+        destroy(p, abi::OBJECT_ARRAY, a),
+        Err(OpError::NotFound(_))
+    ));
+}
+
+/// Hand-written kernels of texture and surface objects: `sample2d`
+/// samples a texture at `(x * step - 1, y * step - 1)` for each thread
+/// `(x, y)` and stores the four channels; `surf_write` stores
+/// `x + 1000 y` at element `(x, y)` of a surface of 32-bit elements.
+pub const TEXTURE_PTX: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry sample2d(.param .u64 tex, .param .u64 out, .param .f32 step)
+{
+    .reg .b32 %r<8>;
+    .reg .f32 %f<12>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [tex];
+    ld.param.u64 %rd2, [out];
+    ld.param.f32 %f1, [step];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, %tid.y;
+    cvt.rn.f32.u32 %f2, %r2;
+    cvt.rn.f32.u32 %f3, %r3;
+    mul.f32 %f2, %f2, %f1;
+    mul.f32 %f3, %f3, %f1;
+    sub.f32 %f2, %f2, 0f3F800000;
+    sub.f32 %f3, %f3, 0f3F800000;
+    tex.2d.v4.f32.f32 {%f4, %f5, %f6, %f7}, [%rd1, {%f2, %f3}];
+    mov.u32 %r4, %ntid.x;
+    mad.lo.u32 %r5, %r3, %r4, %r2;
+    mul.wide.u32 %rd3, %r5, 16;
+    add.s64 %rd4, %rd2, %rd3;
+    st.global.v4.f32 [%rd4], {%f4, %f5, %f6, %f7};
+    ret;
+}
+.visible .entry surf_write(.param .u64 surf)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [surf];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %tid.y;
+    mad.lo.u32 %r3, %r2, 1000, %r1;
+    shl.b32 %r4, %r1, 2;
+    sust.b.2d.b32.trap [%rd1, {%r4, %r2}], {%r3};
+    ret;
+}
+"#;
+
+/// CUDA's texture fetch (the programming guide's "Texture Fetching"):
+/// channel `c` of a 2D texture of 2-channel floats `texels` (`w` x `h`)
+/// at unnormalised `(x, y)`, clamped, nearest or linear (weights in 8
+/// fraction bits; `tolerance` covers the hardware rounding them).
+fn fetch_reference(
+    texels: &[f32],
+    w: i64,
+    h: i64,
+    (x, y): (f32, f32),
+    c: usize,
+    linear: bool,
+) -> f32 {
+    let at =
+        |i: i64, j: i64| texels[((j.clamp(0, h - 1) * w + i.clamp(0, w - 1)) * 2) as usize + c];
+    if !linear {
+        return at(x.floor() as i64, y.floor() as i64);
+    }
+    let (xb, yb) = (x - 0.5, y - 0.5);
+    let (i, j) = (xb.floor() as i64, yb.floor() as i64);
+    let a = ((xb - xb.floor()) * 256.0).round() / 256.0;
+    let b = ((yb - yb.floor()) * 256.0).round() / 256.0;
+    (1.0 - a) * (1.0 - b) * at(i, j)
+        + a * (1.0 - b) * at(i + 1, j)
+        + (1.0 - a) * b * at(i, j + 1)
+        + a * b * at(i + 1, j + 1)
+}
+
+/// Texture objects over an array sample as CUDA documents (point and
+/// linear filtering, clamped; the fourth channel of a 2-channel texture
+/// reads 1), a surface object's stores land in its array, and objects
+/// are destroyed by kind.
+pub fn module_textures_and_surfaces(make: Make<'_>) {
+    use crate::arrays::Resource;
+    let mut boxed = make(&spec("textures", 16 * MIB, 1));
+    let p = &mut *boxed;
+    let m = p
+        .module_load(abi::MODULE_FORMAT_PTX, TEXTURE_PTX.as_bytes())
+        .unwrap();
+    let (w, h) = (6u32, 5u32);
+    let texels: Vec<f32> = (0..w * h * 2)
+        .map(|i| ((i * 37) % 23) as f32 * 0.25 - 2.0)
+        .collect();
+    let a = p
+        .resource(&Resource::ArrayCreate(array_cmd(
+            abi::FORMAT_F32,
+            2,
+            [w.into(), h.into(), 0],
+            0,
+        )))
+        .unwrap();
+    let lin = p.alloc(u64::from(w * h * 8), 0).unwrap();
+    upload_floats(p, lin, &texels);
+    p.resource(&array_copy_cmd(
+        (lin, Some((w * 8, h)), [0; 3]),
+        (a, None, [0; 3]),
+        [w * 8, h, 1],
+    ))
+    .unwrap();
+    let (bx, by) = (14u32, 12u32);
+    let out = p.alloc(u64::from(bx * by * 16), 0).unwrap();
+    let step = 0.61f32;
+    for linear in [false, true] {
+        let mut cmd = object_cmd(abi::OBJECT_TEXTURE, a);
+        cmd.address = abi::ADDRESS_CLAMP * 0x01_01_01;
+        cmd.filter = u32::from(linear);
+        let t = p.resource(&Resource::ObjectCreate(cmd)).unwrap();
+        assert_ne!(t, 0);
+        let params = Params::default().u64(t).u64(out).u32(step.to_bits());
+        launch_loaded(p, m, "sample2d", [1, 1, 1], [bx, by, 1], &params).unwrap();
+        let got = download_floats(p, out, (bx * by * 4) as usize);
+        for y in 0..by {
+            for x in 0..bx {
+                let (fx, fy) = (x as f32 * step - 1.0, y as f32 * step - 1.0);
+                let k = ((y * bx + x) * 4) as usize;
+                for c in 0..2 {
+                    let want = fetch_reference(&texels, w.into(), h.into(), (fx, fy), c, linear);
+                    // The hardware keeps the weights in 8 fraction bits
+                    // (and may truncate where the reference rounds: at
+                    // most 1/256 of the texels' spread per dimension).
+                    assert!(
+                        (got[k + c] - want).abs() <= 0.05,
+                        "linear {linear} at ({fx}, {fy}) channel {c}: {} != {want}",
+                        got[k + c]
+                    );
+                }
+                assert_eq!(got[k + 3], 1.0);
+            }
+        }
+        assert!(matches!(
+            destroy(p, abi::OBJECT_SURFACE, t),
+            Err(OpError::NotFound(_))
+        ));
+        assert_eq!(destroy(p, abi::OBJECT_TEXTURE, t), Ok(0));
+    }
+    // A surface needs an array made for surfaces.
+    let r = p.resource(&Resource::ObjectCreate(object_cmd(abi::OBJECT_SURFACE, a)));
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
+    let s_arr = p
+        .resource(&Resource::ArrayCreate(array_cmd(
+            abi::FORMAT_U32,
+            1,
+            [8, 4, 0],
+            abi::ARRAY_FLAG_SURFACE,
+        )))
+        .unwrap();
+    let s = p
+        .resource(&Resource::ObjectCreate(object_cmd(
+            abi::OBJECT_SURFACE,
+            s_arr,
+        )))
+        .unwrap();
+    launch_loaded(
+        p,
+        m,
+        "surf_write",
+        [1, 1, 1],
+        [8, 4, 1],
+        &Params::default().u64(s),
+    )
+    .unwrap();
+    p.resource(&array_copy_cmd(
+        (s_arr, None, [0; 3]),
+        (out, Some((32, 4)), [0; 3]),
+        [32, 4, 1],
+    ))
+    .unwrap();
+    let got = download(p, out, 128);
+    for y in 0..4u32 {
+        for x in 0..8u32 {
+            let k = ((y * 8 + x) * 4) as usize;
+            assert_eq!(
+                u32::from_le_bytes(got[k..k + 4].try_into().unwrap()),
+                x + 1000 * y
+            );
+        }
+    }
+    // Objects of an unknown array, and unknown kinds.
+    let r = p.resource(&Resource::ObjectCreate(object_cmd(
+        abi::OBJECT_TEXTURE,
+        0x1234,
+    )));
+    assert!(matches!(r, Err(OpError::NotFound(_))), "{r:?}");
+    let r = p.resource(&Resource::ObjectCreate(object_cmd(7, s_arr)));
+    assert!(matches!(r, Err(OpError::Invalid(_))), "{r:?}");
+    assert_eq!(destroy(p, abi::OBJECT_SURFACE, s), Ok(0));
+    assert_eq!(destroy(p, abi::OBJECT_ARRAY, s_arr), Ok(0));
+    assert_eq!(destroy(p, abi::OBJECT_ARRAY, a), Ok(0));
 }

@@ -382,6 +382,26 @@ impl Partition for Contexts {
         self.with(|p| p.vmm(op))
     }
 
+    fn arrays(&self) -> bool {
+        self.base.arrays()
+    }
+
+    fn resource(&mut self, req: &crate::arrays::Resource) -> Result<u64, OpError> {
+        // An array's memory is the context's, within the shared quota.
+        if let crate::arrays::Resource::ArrayCreate(c) = req {
+            let size = crate::arrays::ArrayDesc::of(c)?.bytes();
+            let used = self.used();
+            let quota = self.base.spec().memory;
+            if used.saturating_add(size) > quota {
+                return Err(OpError::NoMemory {
+                    requested: size,
+                    available: quota.saturating_sub(used),
+                });
+            }
+        }
+        self.with(|p| p.resource(req))
+    }
+
     fn alloc(&mut self, size: u64, align: u64) -> Result<u64, OpError> {
         // The contexts share the quota.
         let used = self.used();

@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+pub mod arrays;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod conformance;
 pub mod console;
@@ -881,6 +882,23 @@ pub trait Partition: Send {
     /// Describes entry point `entry` of `module` (parameter layout and
     /// attributes), as the backend's driver knows it.
     fn function_info(&mut self, module: u64, entry: &str) -> Result<FunctionInfo, OpError>;
+
+    /// Whether the partition has CUDA arrays and texture and surface
+    /// objects (FEATURES bit 11): [`Partition::resource`] serves them.
+    fn arrays(&self) -> bool {
+        false
+    }
+
+    /// An array, texture or surface request (ABI 1.6); the result is the
+    /// handle an ARRAY_CREATE or OBJECT_CREATE made, else 0. The
+    /// partition's objects are its own, freed by a reset and counted
+    /// against its quota.
+    fn resource(&mut self, req: &arrays::Resource) -> Result<u64, OpError> {
+        let _ = req;
+        Err(OpError::Unsupported(
+            "CUDA arrays, textures and surfaces".into(),
+        ))
+    }
     /// The device address and size of global variable `name` of
     /// `module`, made one of the partition's allocations (copies and
     /// fills reach it, [`Partition::free`] refuses it) until the module is

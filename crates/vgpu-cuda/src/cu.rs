@@ -523,3 +523,110 @@ mod tests {
         assert_eq!(std::mem::size_of::<CUlaunchAttribute>(), 72);
     }
 }
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub channels: u32,
+    pub flags: u32,
+}
+
+/// `CUDA_ARRAY3D_LAYERED`.
+pub const ARRAY3D_LAYERED: u32 = 0x01;
+/// `CUDA_ARRAY3D_SURFACE_LDST`.
+pub const ARRAY3D_SURFACE_LDST: u32 = 0x02;
+/// `CUDA_ARRAY3D_CUBEMAP`.
+pub const ARRAY3D_CUBEMAP: u32 = 0x04;
+
+/// `CUDA_RESOURCE_DESC`: the type, its union as words, the flags.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResourceDesc {
+    pub res_type: u32,
+    pub res: [u64; 16],
+    pub flags: u32,
+}
+
+/// `CU_RESOURCE_TYPE_ARRAY`.
+pub const RESOURCE_TYPE_ARRAY: u32 = 0;
+/// `CU_RESOURCE_TYPE_MIPMAPPED_ARRAY`.
+pub const RESOURCE_TYPE_MIPMAPPED_ARRAY: u32 = 1;
+/// `CU_RESOURCE_TYPE_LINEAR`.
+pub const RESOURCE_TYPE_LINEAR: u32 = 2;
+/// `CU_RESOURCE_TYPE_PITCH2D`.
+pub const RESOURCE_TYPE_PITCH2D: u32 = 3;
+
+/// `CUDA_TEXTURE_DESC`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TextureDesc {
+    pub address_mode: [u32; 3],
+    pub filter_mode: u32,
+    pub flags: u32,
+    pub max_anisotropy: u32,
+    pub mipmap_filter_mode: u32,
+    pub mipmap_level_bias: f32,
+    pub min_mipmap_level_clamp: f32,
+    pub max_mipmap_level_clamp: f32,
+    pub border_color: [f32; 4],
+    pub reserved: [i32; 12],
+}
+
+/// `CU_TRSF_READ_AS_INTEGER`.
+pub const TRSF_READ_AS_INTEGER: u32 = 0x01;
+/// `CU_TRSF_NORMALIZED_COORDINATES`.
+pub const TRSF_NORMALIZED_COORDINATES: u32 = 0x02;
+/// `CU_TRSF_SRGB`.
+pub const TRSF_SRGB: u32 = 0x10;
+/// `CU_TRSF_DISABLE_TRILINEAR_OPTIMIZATION`: mipmaps only.
+pub const TRSF_DISABLE_TRILINEAR_OPTIMIZATION: u32 = 0x20;
+/// `CU_TRSF_SEAMLESS_CUBEMAP`: cubemaps only.
+pub const TRSF_SEAMLESS_CUBEMAP: u32 = 0x40;
+
+pub const ATTR_MAXIMUM_TEXTURE1D_WIDTH: i32 = 21;
+pub const ATTR_MAXIMUM_TEXTURE2D_WIDTH: i32 = 22;
+pub const ATTR_MAXIMUM_TEXTURE2D_HEIGHT: i32 = 23;
+pub const ATTR_MAXIMUM_TEXTURE3D_WIDTH: i32 = 24;
+pub const ATTR_MAXIMUM_TEXTURE3D_HEIGHT: i32 = 25;
+pub const ATTR_MAXIMUM_TEXTURE3D_DEPTH: i32 = 26;
+pub const ATTR_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: i32 = 27;
+pub const ATTR_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: i32 = 28;
+pub const ATTR_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: i32 = 29;
+pub const ATTR_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: i32 = 42;
+pub const ATTR_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: i32 = 43;
+pub const ATTR_MAXIMUM_TEXTURECUBEMAP_WIDTH: i32 = 52;
+pub const ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: i32 = 53;
+pub const ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: i32 = 54;
+pub const ATTR_MAXIMUM_SURFACE1D_WIDTH: i32 = 55;
+pub const ATTR_MAXIMUM_SURFACE2D_WIDTH: i32 = 56;
+pub const ATTR_MAXIMUM_SURFACE2D_HEIGHT: i32 = 57;
+pub const ATTR_MAXIMUM_SURFACE3D_WIDTH: i32 = 58;
+pub const ATTR_MAXIMUM_SURFACE3D_HEIGHT: i32 = 59;
+pub const ATTR_MAXIMUM_SURFACE3D_DEPTH: i32 = 60;
+pub const ATTR_MAXIMUM_SURFACE1D_LAYERED_WIDTH: i32 = 61;
+pub const ATTR_MAXIMUM_SURFACE1D_LAYERED_LAYERS: i32 = 62;
+pub const ATTR_MAXIMUM_SURFACE2D_LAYERED_WIDTH: i32 = 63;
+pub const ATTR_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: i32 = 64;
+pub const ATTR_MAXIMUM_SURFACE2D_LAYERED_LAYERS: i32 = 65;
+pub const ATTR_MAXIMUM_SURFACECUBEMAP_WIDTH: i32 = 66;
+pub const ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: i32 = 67;
+pub const ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: i32 = 68;
+pub const ATTR_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: i32 = 69;
+pub const ATTR_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: i32 = 70;
+pub const ATTR_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: i32 = 71;
+pub const ATTR_MAXIMUM_TEXTURE2D_LINEAR_PITCH: i32 = 72;

@@ -22,6 +22,9 @@ pub const MAX_ACCESS_POLICY_WINDOW_BYTES: u64 = 128 << 20;
 /// textures, ...) read 0, as on a GPU without them.
 pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
     let sms = i32::try_from(g.info.compute_units.max(1)).unwrap_or(i32::MAX);
+    if let Some(v) = texture_limit(g, attr) {
+        return Ok(v);
+    }
     Ok(match attr {
         cu::ATTR_MAX_THREADS_PER_BLOCK => abi::MAX_BLOCK_THREADS as i32,
         cu::ATTR_MAX_BLOCK_DIM_X => abi::MAX_BLOCK_X as i32,
@@ -105,6 +108,60 @@ pub fn attribute(g: &Gpu, attr: i32) -> CuResult<i32> {
         a if (1..cu::ATTR_END).contains(&a) => 0,
         _ => return Err(cu::ERROR_INVALID_VALUE),
     })
+}
+
+/// The texture and surface limits of a vGPU with CUDA arrays (the
+/// device's, which every GPU since compute capability 5.0 meets; 0
+/// without arrays, and for mipmaps and gathers, which it does not have);
+/// `None` for other attributes.
+fn texture_limit(g: &Gpu, attr: i32) -> Option<i32> {
+    use vgpu_guest::sys;
+    let (d1, d2, d3, layers) = (
+        abi::MAX_ARRAY_1D as i32,
+        abi::MAX_ARRAY_2D as i32,
+        abi::MAX_ARRAY_3D as i32,
+        abi::MAX_ARRAY_LAYERS as i32,
+    );
+    let v = match attr {
+        cu::ATTR_MAXIMUM_TEXTURE1D_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURE1D_LAYERED_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACE1D_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACE1D_LAYERED_WIDTH => d1,
+        cu::ATTR_MAXIMUM_TEXTURE2D_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURE2D_HEIGHT
+        | cu::ATTR_MAXIMUM_SURFACE2D_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACE2D_HEIGHT
+        | cu::ATTR_MAXIMUM_TEXTURE2D_LINEAR_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT => d2,
+        cu::ATTR_MAXIMUM_TEXTURE3D_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURE3D_HEIGHT
+        | cu::ATTR_MAXIMUM_TEXTURE3D_DEPTH
+        | cu::ATTR_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
+        | cu::ATTR_MAXIMUM_SURFACE3D_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACE3D_HEIGHT
+        | cu::ATTR_MAXIMUM_SURFACE3D_DEPTH
+        | cu::ATTR_MAXIMUM_SURFACE2D_LAYERED_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACE2D_LAYERED_HEIGHT => d3,
+        cu::ATTR_MAXIMUM_TEXTURECUBEMAP_WIDTH
+        | cu::ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_WIDTH
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH => abi::MAX_ARRAY_CUBEMAP as i32,
+        // In faces, as CUDA bounds a layered cubemap's depth.
+        cu::ATTR_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS
+        | cu::ATTR_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS => abi::MAX_CUBEMAP_FACES as i32,
+        cu::ATTR_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
+        | cu::ATTR_MAXIMUM_TEXTURE1D_LAYERED_LAYERS
+        | cu::ATTR_MAXIMUM_SURFACE1D_LAYERED_LAYERS
+        | cu::ATTR_MAXIMUM_SURFACE2D_LAYERED_LAYERS => layers,
+        // 2^27 elements, as every GPU since compute capability 3.0.
+        cu::ATTR_MAXIMUM_TEXTURE1D_LINEAR_WIDTH => 1 << 27,
+        cu::ATTR_MAXIMUM_TEXTURE2D_LINEAR_PITCH => (1 << 21) - 32,
+        _ => return None,
+    };
+    let arrays =
+        g.info.features & sys::FEATURE_ARRAYS != 0 && g.info.flags & sys::INFO_CONTEXTS != 0;
+    Some(if arrays { v } else { 0 })
 }
 
 /// Checks an L2 access policy window (`CUaccessPolicyWindow`, as a

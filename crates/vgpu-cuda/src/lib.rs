@@ -45,6 +45,7 @@
 pub mod allocs;
 #[allow(missing_docs)]
 pub mod api;
+pub mod arrays;
 pub mod capture;
 pub mod console;
 pub mod copies;

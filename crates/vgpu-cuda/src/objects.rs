@@ -1,8 +1,9 @@
 //! The objects a program creates (contexts, modules, functions, streams,
-//! events, allocations, graphs, pools, links), each behind a handle
+//! events, allocations, graphs, pools, links, arrays), each behind a handle
 //! number this library checks on every use, so a stale or forged handle
 //! is an error, never a crash.
 
+use crate::arrays::Arrays;
 use crate::ctx_table::Contexts;
 use crate::graphs::Graphs;
 use crate::links::Links;
@@ -37,6 +38,8 @@ pub struct Objects {
     /// Reservations and physical allocations of virtual memory
     /// management (their mappings are in `allocs`).
     vmm: VmmTable,
+    /// CUDA arrays, texture and surface objects.
+    arrays: Arrays,
 }
 
 impl Objects {
@@ -105,6 +108,16 @@ impl Objects {
     /// The memory pools, to change.
     pub fn pools_mut(&mut self) -> &mut Pools {
         &mut self.pools
+    }
+
+    /// The arrays, texture and surface objects.
+    pub fn arrays(&self) -> &Arrays {
+        &self.arrays
+    }
+
+    /// The arrays, texture and surface objects, to change.
+    pub fn arrays_mut(&mut self) -> &mut Arrays {
+        &mut self.arrays
     }
 
     /// The JIT links in progress, to change.

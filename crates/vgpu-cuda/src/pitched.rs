@@ -4,8 +4,8 @@
 //! A region is rows of `width` bytes, `pitch` apart, in slices `slice`
 //! apart. Rows that follow each other in both regions are merged, so a
 //! copy between packed regions is one copy; the rest go to the device as
-//! one command per row, gathered in batches. CUDA arrays (texture
-//! memory) are not supported.
+//! one command per row, gathered in batches. Copies with a CUDA array
+//! are [`crate::arrays`]'.
 
 use vgpu_guest::Batch;
 
@@ -138,7 +138,9 @@ fn end(d: &Driver, kind: u32, host: u64, device: CUdeviceptr) -> CuResult<End> {
             Side::Device => End::Device(device),
             Side::Host => End::Host(device),
         }),
-        MEMORYTYPE_ARRAY => Err(d.not_supported_because("cuMemcpy2D/3D", "CUDA arrays")),
+        // Copies with an array are the device's (crate::arrays), and
+        // not recorded in graphs.
+        MEMORYTYPE_ARRAY => Err(d.not_supported_because("a copy of a CUDA array in a graph", "")),
         _ => Err(cu::ERROR_INVALID_VALUE),
     }
 }

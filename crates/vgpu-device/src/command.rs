@@ -122,6 +122,8 @@ pub fn op_status(e: OpError) -> u32 {
 
 /// The largest command structure.
 const MAX_CMD: usize = std::mem::size_of::<abi::LaunchCmd>();
+const _: () = assert!(std::mem::size_of::<abi::ArrayCopyCmd>() <= MAX_CMD);
+const _: () = assert!(std::mem::size_of::<abi::ObjectCmd>() <= MAX_CMD);
 
 /// A command structure decoded from the bytes of its descriptor.
 fn parse<T: ByteValued + Default>(raw: &[u8]) -> Result<T> {
@@ -556,7 +558,11 @@ impl Command {
             | abi::OP_VA_RESERVE
             | abi::OP_MEM_CREATE
             | abi::OP_MEM_MAP
-            | abi::OP_MEM_ACCESS => Some(self.context),
+            | abi::OP_MEM_ACCESS
+            | abi::OP_ARRAY_CREATE
+            | abi::OP_ARRAY_COPY
+            | abi::OP_OBJECT_CREATE
+            | abi::OP_OBJECT_DESTROY => Some(self.context),
             _ => None,
         }
     }
@@ -1083,6 +1089,13 @@ pub fn execute(ctx: &mut Ctx<'_>, cmd: &Result<Command>, descs: &[Desc]) -> Outc
                 return Err(abi::STATUS_UNSUPPORTED);
             }
             ctx.partition.vmm(&op).map_err(op_status)
+        }
+        abi::OP_ARRAY_CREATE
+        | abi::OP_ARRAY_COPY
+        | abi::OP_OBJECT_CREATE
+        | abi::OP_OBJECT_DESTROY => {
+            let req = vgpu_backend::arrays::Resource::from_bytes(raw).map_err(op_status)?;
+            ctx.partition.resource(&req).map_err(op_status)
         }
         abi::OP_CTX_DESTROY => {
             let context = cmd.as_ref().map_or(0, Command::context);

@@ -419,6 +419,9 @@ pub struct VgpuDevice {
     /// Whether the partition offers virtual memory management (FEATURES
     /// bit 10).
     vmm: bool,
+    /// Whether the partition has CUDA arrays, texture and surface
+    /// objects (FEATURES bit 11).
+    arrays: bool,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
     counters: Arc<DeviceCounters>,
@@ -495,7 +498,7 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts, cooperative, watch, vmm) = {
+        let (spec, compute_units, host_memory, max_contexts, cooperative, watch, vmm, arrays) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
@@ -505,6 +508,7 @@ impl VgpuDevice {
                 p.cooperative(),
                 p.watch_interval(),
                 p.has_vmm(),
+                p.arrays(),
             )
         };
         let wake = EventFd::new(0).map_err(DeviceSetupError::Memory)?;
@@ -521,6 +525,7 @@ impl VgpuDevice {
             cooperative,
             watch,
             vmm,
+            arrays,
             pending: Some((partition, doorbells, window)),
             shared: None,
             worker: None,
@@ -696,7 +701,8 @@ impl VgpuDevice {
             } else {
                 0
             }
-            | if self.vmm { abi::FEATURE_VMM } else { 0 };
+            | if self.vmm { abi::FEATURE_VMM } else { 0 }
+            | if self.arrays { abi::FEATURE_ARRAYS } else { 0 };
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,

@@ -571,6 +571,35 @@ impl Device {
         u32::try_from(r.result).map_err(|_| Error::Io)
     }
 
+    /// Whether the device has CUDA arrays, texture and surface objects
+    /// (they need the device's contexts too: each process's are its own).
+    pub fn has_arrays(&self) -> bool {
+        self.inner.info.features & sys::FEATURE_ARRAYS != 0
+            && self.inner.info.flags & sys::INFO_CONTEXTS != 0
+    }
+
+    /// Runs an ARRAY_CREATE, ARRAY_COPY, OBJECT_CREATE or OBJECT_DESTROY
+    /// (built by [`VgpuCmd::array`] and its neighbours) and waits for it;
+    /// the result is the handle an ARRAY_CREATE or OBJECT_CREATE made.
+    pub fn resource(&self, cmd: VgpuCmd) -> Result<u64> {
+        if !self.has_arrays() {
+            return Err(Error::Unsupported);
+        }
+        if !matches!(
+            cmd.opcode,
+            sys::CMD_ARRAY_CREATE
+                | sys::CMD_ARRAY_COPY
+                | sys::CMD_OBJECT_CREATE
+                | sys::CMD_OBJECT_DESTROY
+        ) {
+            return Err(Error::Usage(format!(
+                "opcode {} is no resource command",
+                cmd.opcode
+            )));
+        }
+        Ok(self.run_one(cmd)?.result)
+    }
+
     /// Runs `f` (from [`Device::function`]).
     pub fn launch_function(&self, f: &Function, dims: Dims, params: &[u8]) -> Result<CmdResult> {
         self.run_one(launch_function_cmd(f, dims, params)?)

@@ -52,10 +52,20 @@ pub const INFO_VMM: u32 = 1 << 7;
 // Opcodes, the flags of LAUNCH and FUNC_INFO, the module formats, the
 // built-in module and the result statuses are the device's: the driver
 // passes them through (it asserts each equality), so they are vgpu-abi's.
+/// Device FEATURES bit: CUDA arrays, texture and surface objects.
+pub use vgpu_abi::FEATURE_ARRAYS;
 /// Device FEATURES bit: cooperative launches.
 pub use vgpu_abi::FEATURE_COOPERATIVE;
 /// Device FEATURES bit: WRITE_VALUE and WAIT_VALUE.
 pub use vgpu_abi::FEATURE_VALUES;
+pub use vgpu_abi::{
+    ARRAY_COPY_DST_ARRAY as CMD_COPY_DST_ARRAY, ARRAY_COPY_SRC_ARRAY as CMD_COPY_SRC_ARRAY,
+    ARRAY_FLAG_CUBEMAP as CMD_ARRAY_CUBEMAP, ARRAY_FLAG_LAYERED as CMD_ARRAY_LAYERED,
+    ARRAY_FLAG_SURFACE as CMD_ARRAY_SURFACE, OBJECT_ARRAY as OBJ_ARRAY,
+    OBJECT_SURFACE as OBJ_SURFACE, OBJECT_TEXTURE as OBJ_TEXTURE, OP_ARRAY_COPY as CMD_ARRAY_COPY,
+    OP_ARRAY_CREATE as CMD_ARRAY_CREATE, OP_OBJECT_CREATE as CMD_OBJECT_CREATE,
+    OP_OBJECT_DESTROY as CMD_OBJECT_DESTROY,
+};
 pub use vgpu_abi::{
     FUNC_INFO_FLAG_GLOBAL as CMD_FUNC_INFO_GLOBAL,
     LAUNCH_FLAG_COOPERATIVE as CMD_LAUNCH_COOPERATIVE, LAUNCH_FLAG_FUNCTION as CMD_LAUNCH_FUNCTION,
@@ -310,6 +320,60 @@ uapi_struct!(
 );
 
 uapi_struct!(
+    /// Arguments of an ARRAY_CREATE (the device's command after its
+    /// header).
+    pub struct VgpuArrayArgs => "vgpu_array_args" {
+        /// `CUarray_format` number.
+        pub format: u32,
+        pub channels: u32,
+        pub width: u64,
+        pub height: u64,
+        pub depth: u64,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of an ARRAY_COPY.
+    pub struct VgpuArrayCopyArgs => "vgpu_array_copy_args" {
+        pub src: u64,
+        pub dst: u64,
+        pub src_pitch: u32,
+        pub src_height: u32,
+        pub dst_pitch: u32,
+        pub dst_height: u32,
+        pub src_pos: [u32; 3],
+        pub dst_pos: [u32; 3],
+        pub extent: [u32; 3],
+        pub pad: u32,
+    }
+);
+
+uapi_struct!(
+    /// Arguments of an OBJECT_CREATE.
+    pub struct VgpuObjectArgs => "vgpu_object_args" {
+        pub resource: u64,
+        pub size: u64,
+        pub res_type: u32,
+        pub format: u32,
+        pub channels: u32,
+        pub width: u32,
+        pub height: u32,
+        pub address: u32,
+        pub filter: u32,
+        pub tex_flags: u32,
+        /// IEEE single bits.
+        pub border: [u32; 4],
+    }
+);
+
+uapi_struct!(
+    /// Arguments of an OBJECT_DESTROY.
+    pub struct VgpuObjectDestroyArgs => "vgpu_object_destroy_args" {
+        pub handle: u64,
+    }
+);
+
+uapi_struct!(
     /// VGPU_IOCTL_LANE.
     pub struct VgpuLane => "vgpu_lane" {
         /// An open file of the same function, itself no lane.
@@ -376,6 +440,10 @@ pub union VgpuCmdArgs {
     pub occupancy: VgpuOccupancyArgs,
     pub console: VgpuConsoleArgs,
     pub value: VgpuValueArgs,
+    pub array: VgpuArrayArgs,
+    pub array_copy: VgpuArrayCopyArgs,
+    pub object: VgpuObjectArgs,
+    pub object_destroy: VgpuObjectDestroyArgs,
     pub raw: [u64; 11],
 }
 
@@ -441,6 +509,10 @@ impl VgpuCmd {
             ("occupancy", args, size_of::<VgpuOccupancyArgs>()),
             ("console", args, size_of::<VgpuConsoleArgs>()),
             ("value", args, size_of::<VgpuValueArgs>()),
+            ("array", args, size_of::<VgpuArrayArgs>()),
+            ("array_copy", args, size_of::<VgpuArrayCopyArgs>()),
+            ("object", args, size_of::<VgpuObjectArgs>()),
+            ("object_destroy", args, size_of::<VgpuObjectDestroyArgs>()),
             ("raw", args, 88),
             ("status", offset_of!(VgpuCmd, status), 4),
             ("error", offset_of!(VgpuCmd, error), 4),
@@ -624,6 +696,34 @@ impl VgpuCmd {
         c
     }
 
+    /// An ARRAY_CREATE with its `ARRAY_FLAG_*` flags.
+    pub fn array(flags: u32, args: VgpuArrayArgs) -> Self {
+        let mut c = Self::bare(CMD_ARRAY_CREATE, flags);
+        c.args.array = args;
+        c
+    }
+
+    /// An ARRAY_COPY with its `ARRAY_COPY_*` flags.
+    pub fn array_copy(flags: u32, args: VgpuArrayCopyArgs) -> Self {
+        let mut c = Self::bare(CMD_ARRAY_COPY, flags);
+        c.args.array_copy = args;
+        c
+    }
+
+    /// An OBJECT_CREATE of `kind` (`OBJECT_TEXTURE`, `OBJECT_SURFACE`).
+    pub fn object(kind: u32, args: VgpuObjectArgs) -> Self {
+        let mut c = Self::bare(CMD_OBJECT_CREATE, kind);
+        c.args.object = args;
+        c
+    }
+
+    /// An OBJECT_DESTROY of `kind` (`OBJECT_*`).
+    pub fn object_destroy(kind: u32, handle: u64) -> Self {
+        let mut c = Self::bare(CMD_OBJECT_DESTROY, kind);
+        c.args.object_destroy = VgpuObjectDestroyArgs { handle };
+        c
+    }
+
     /// A MODULE_UNLOAD.
     pub fn module_unload(module: u64) -> Self {
         let mut c = Self::bare(CMD_MODULE_UNLOAD, 0);
@@ -690,6 +790,10 @@ mod tests {
             VgpuUsage,
             VgpuPin,
             VgpuValueArgs,
+            VgpuArrayArgs,
+            VgpuArrayCopyArgs,
+            VgpuObjectArgs,
+            VgpuObjectDestroyArgs,
             VgpuLane,
             VgpuVmm
         )
@@ -791,7 +895,19 @@ mod tests {
             CMD_WAIT_GEQ,
             CMD_WAIT_EQ,
             CMD_WAIT_AND,
-            CMD_WAIT_NOR
+            CMD_WAIT_NOR,
+            CMD_ARRAY_CREATE,
+            CMD_ARRAY_COPY,
+            CMD_OBJECT_CREATE,
+            CMD_OBJECT_DESTROY,
+            CMD_ARRAY_LAYERED,
+            CMD_ARRAY_SURFACE,
+            CMD_ARRAY_CUBEMAP,
+            CMD_COPY_SRC_ARRAY,
+            CMD_COPY_DST_ARRAY,
+            OBJ_ARRAY,
+            OBJ_TEXTURE,
+            OBJ_SURFACE
         )
     }
 

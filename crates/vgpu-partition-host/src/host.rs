@@ -546,7 +546,12 @@ impl Host<'_> {
             c.compute_units,
             self.backend.name()
         );
-        let (units, cooperative, vmm) = (p.kernel_compute_units(), p.cooperative(), p.has_vmm());
+        let (units, cooperative, vmm, arrays) = (
+            p.kernel_compute_units(),
+            p.cooperative(),
+            p.has_vmm(),
+            p.arrays(),
+        );
         let p: Shared = Arc::new(Mutex::new(p));
         self.runner = Some(
             Runner::new(Arc::clone(&p), Arc::clone(&self.guest), self.spin)
@@ -558,6 +563,7 @@ impl Host<'_> {
             units,
             cooperative,
             vmm,
+            arrays,
         })
     }
 
@@ -590,6 +596,9 @@ impl Host<'_> {
                 .map(|(addr, size)| Value::Global(addr, size)),
             Request::Launch(l) => p.launch(&l).map(|_| Value::None),
             Request::Occupancy(l) => p.max_active_clusters(&l).map(|n| Value::U64(n.into())),
+            Request::Resource(bytes) => vgpu_backend::arrays::Resource::from_bytes(&bytes)
+                .and_then(|r| p.resource(&r))
+                .map(Value::U64),
             _ => Err(OpError::Invalid("not a plain request".into())),
         }
     }

@@ -470,6 +470,22 @@ fn printf_of_guest_kernels_reaches_the_console() {
     vgpu_backend::conformance::module_assert(&make);
 }
 
+/// CUDA arrays, texture and surface objects of the host's driver,
+/// through the protocol: copies, sampling and surface stores as the
+/// software backend does them, and the kernels use the driver's object
+/// handles as they are.
+#[test]
+fn arrays_textures_and_surfaces_are_the_hosts() {
+    if !gpu() {
+        return;
+    }
+    let b = backend();
+    let make = |s: &PartitionSpec| -> Box<dyn Partition> { Box::new(partition(&b, &s.name)) };
+    assert!(make(&vgpu_backend::conformance::spec("arrays", 16 * MIB, 1)).arrays());
+    vgpu_backend::conformance::arrays_copy_boxes(&make);
+    vgpu_backend::conformance::module_textures_and_surfaces(&make);
+}
+
 #[test]
 fn transfers_across_many_pieces_roundtrip() {
     if !gpu() {

@@ -321,6 +321,7 @@ fn every_call_matches(remote: RemoteBackend) {
 fn conformance_through(remote: RemoteBackend) {
     let make = |s: &PartitionSpec| remote.create_partition(s).unwrap();
     conformance::run_all(&make);
+    conformance::arrays_copy_boxes(&make);
     // Guest modules: images and parameter blocks through the protocol,
     // kernels on the host's PTX executor.
     conformance::run_loaded_modules(&make);
@@ -664,6 +665,7 @@ impl Launcher for FakeLauncher {
                 units: 2,
                 cooperative: false,
                 vmm: false,
+                arrays: false,
             };
             reply(s, h, Kind::Create, ok(0, created));
             let Some((h, _)) = read_frame(s) else { return };

@@ -1184,6 +1184,162 @@ impl Launch<'_> {
         Ok(())
     }
 
+    /// `tex`, `suld`, `sust`, `txq` and `suq` of the lanes of `mask`:
+    /// each lane's handle names a descriptor in device memory
+    /// ([`crate::texture`]), read once per distinct handle. Not inlined:
+    /// kept out of `exec`'s hot arms.
+    #[inline(never)]
+    fn texture(
+        &self,
+        op: &Op,
+        w: &mut Warp,
+        mask: u32,
+        ctaid: [u32; 3],
+        line: u32,
+    ) -> Result<(), ExecError> {
+        use crate::texture::{Descriptor, TexFault};
+        let fault = |e: TexFault, at: u64| match e {
+            TexFault::BadHandle(h) => illegal(h, crate::texture::DESCRIPTOR_BYTES as u32, line),
+            TexFault::Memory(f) => illegal(f.addr, f.len as u32, line),
+            TexFault::OutOfRange => illegal(at, 0, line),
+        };
+        let (handle, surface) = match *op {
+            Op::Tex { handle, .. }
+            | Op::Txq {
+                handle,
+                surface: false,
+                ..
+            } => (handle, false),
+            Op::Suld { handle, .. } | Op::Sust { handle, .. } | Op::Txq { handle, .. } => {
+                (handle, true)
+            }
+            _ => return Ok(()),
+        };
+        let mut h = [0u64; 32];
+        self.fetch(w, handle, ctaid, &mut h);
+        let coords = match *op {
+            Op::Tex { c, .. } | Op::Suld { c, .. } | Op::Sust { c, .. } => c,
+            _ => [Src::Imm(0); 4],
+        };
+        let mut c = [[0u64; 32]; 4];
+        for (row, src) in c.iter_mut().zip(coords) {
+            self.fetch(w, src, ctaid, row);
+        }
+        let mut vals = [[0u64; 32]; 4];
+        if let Op::Sust { v, .. } = *op {
+            for (row, src) in vals.iter_mut().zip(v) {
+                self.fetch(w, src, ctaid, row);
+            }
+        }
+        let mut out = [[0u64; 32]; 4];
+        let mut cached: Option<(u64, Descriptor)> = None;
+        for l in lanes(mask) {
+            let d = match cached {
+                Some((at, d)) if at == h[l] => d,
+                _ => {
+                    let d =
+                        Descriptor::load(self.mem, h[l], surface).map_err(|e| fault(e, h[l]))?;
+                    cached = Some((h[l], d));
+                    d
+                }
+            };
+            // The layer, if any, comes first; the coordinates follow.
+            let split = |geom: Geom| -> (i32, [u64; 3]) {
+                let k = usize::from(geom.layered());
+                let layer = if geom.layered() {
+                    c[0][l] as u32 as i32
+                } else {
+                    0
+                };
+                let mut xyz = [0u64; 3];
+                for (i, x) in xyz.iter_mut().enumerate().take(geom.dims()) {
+                    *x = c[k + i][l];
+                }
+                (layer, xyz)
+            };
+            match *op {
+                Op::Tex {
+                    geom, int_coords, ..
+                } => {
+                    let (layer, xyz) = split(geom);
+                    let r = if geom.cube() {
+                        d.sample_cube(self.mem, layer, xyz.map(|x| f32::from_bits(x as u32)))
+                    } else if int_coords {
+                        d.fetch(self.mem, geom.dims(), layer, xyz.map(|x| x as u32 as i32))
+                    } else {
+                        d.sample(
+                            self.mem,
+                            geom.dims(),
+                            layer,
+                            xyz.map(|x| f32::from_bits(x as u32)),
+                        )
+                    }
+                    .map_err(|e| fault(e, h[l]))?;
+                    for (o, v) in out.iter_mut().zip(r) {
+                        o[l] = u64::from(v);
+                    }
+                }
+                Op::Suld {
+                    geom, ty, n, mode, ..
+                }
+                | Op::Sust {
+                    geom, ty, n, mode, ..
+                } => {
+                    let (layer, xyz) = split(geom);
+                    let mut at = xyz.map(|x| x as u32 as i32);
+                    if geom.layered() {
+                        at[2] = layer;
+                    }
+                    let size = u64::from(ty.bytes());
+                    let total = size * u64::from(n);
+                    let Some(addr) = d
+                        .surface_at(geom.dims(), at, total, mode)
+                        .map_err(|e| fault(e, d.addr.wrapping_add(xyz[0])))?
+                    else {
+                        // `.zero`: loads read zero, stores are dropped.
+                        continue;
+                    };
+                    let ill = illegal(addr, total as u32, line);
+                    let mut buf = [0u8; 32];
+                    let bytes = &mut buf[..total as usize];
+                    if matches!(op, Op::Suld { .. }) {
+                        self.mem.read(addr, bytes).map_err(|_| ill)?;
+                        for (k, o) in out.iter_mut().enumerate().take(n as usize) {
+                            let mut word = [0u8; 8];
+                            word[..size as usize].copy_from_slice(
+                                &bytes[k * size as usize..(k + 1) * size as usize],
+                            );
+                            o[l] = u64::from_le_bytes(word);
+                        }
+                    } else {
+                        for (k, v) in vals.iter().enumerate().take(n as usize) {
+                            bytes[k * size as usize..(k + 1) * size as usize]
+                                .copy_from_slice(&v[l].to_le_bytes()[..size as usize]);
+                        }
+                        self.mem.write(addr, bytes).map_err(|_| ill)?;
+                    }
+                }
+                Op::Txq { query, .. } => out[0][l] = u64::from(d.query(query)),
+                _ => {}
+            }
+        }
+        match *op {
+            Op::Tex { d, .. } => {
+                for (dk, row) in d.iter().zip(&out) {
+                    w.put(*dk, mask, row);
+                }
+            }
+            Op::Suld { d, n, .. } => {
+                for (dk, row) in d.iter().zip(&out).take(n as usize) {
+                    w.put(*dk, mask, row);
+                }
+            }
+            Op::Txq { d, .. } => w.put(d, mask, &out[0]),
+            _ => {}
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn atomic(
         &self,
@@ -1865,6 +2021,9 @@ impl Launch<'_> {
                 let [a, b] = opnds!(a => ta, b => tb);
                 cvt_pack_rows(ty, relu, a, b, out);
                 w.put(d, mask, out);
+            }
+            Op::Tex { .. } | Op::Suld { .. } | Op::Sust { .. } | Op::Txq { .. } => {
+                self.texture(&inst.op, w, mask, ctaid, line)?
             }
             Op::Nop => {}
             Op::Refused(i) => return Err(self.refused(i, line)),

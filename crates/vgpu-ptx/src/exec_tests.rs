@@ -1276,3 +1276,193 @@ fn packed_half_atomics() {
     assert_eq!(r[0], pair(h(64.0), h(32.0)));
     assert_eq!(r[1], pair(hb(16.0), hb(128.0)));
 }
+
+/// Texture and surface instructions over descriptors in device memory.
+mod textures {
+    use super::*;
+    use crate::texture::{Descriptor, Format, ADDRESS_BORDER, ADDRESS_CLAMP};
+
+    const IMG: u64 = OUT + 0x1000;
+    const TEX: u64 = OUT + 0x2000;
+    const SURF: u64 = OUT + 0x2100;
+    const LIN: u64 = OUT + 0x2200;
+    const W: u32 = 5;
+    const H: u32 = 4;
+
+    fn desc(surface: bool, linear: bool, mode: u8) -> Descriptor {
+        Descriptor {
+            surface,
+            format: Format::F32,
+            channels: 1,
+            normalized: false,
+            read_integer: false,
+            linear_filter: linear,
+            linear_memory: false,
+            layered: false,
+            cubemap: false,
+            addr: IMG,
+            extent: [W, H, 1],
+            pitch: u64::from(W) * 4,
+            slice: u64::from(W * H) * 4,
+            address: [mode; 3],
+            border: [0.5; 4],
+        }
+    }
+
+    fn run(body: &str, threads: u32, tex: Descriptor) -> (Result<(), ExecError>, VecMemory) {
+        let m = module(body, "");
+        let mem = VecMemory::new(OUT, 0x3000);
+        for i in 0..W * H {
+            let v = (i * i % 11) as f32 * 0.5;
+            mem.write(IMG + u64::from(i) * 4, &v.to_le_bytes()).unwrap();
+        }
+        mem.write(TEX, &tex.encode()).unwrap();
+        mem.write(SURF, &desc(true, false, ADDRESS_CLAMP).encode())
+            .unwrap();
+        let mut lin = desc(false, false, ADDRESS_CLAMP);
+        lin.linear_memory = true;
+        lin.extent = [W * H, 1, 1];
+        mem.write(LIN, &lin.encode()).unwrap();
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+            shared_dyn: 0,
+            workers: 1,
+        };
+        let r = launch(&m, "k", &cfg, &OUT.to_le_bytes(), &mem, &Limits::default()).map(|_| ());
+        (r, mem)
+    }
+
+    fn f32_at(mem: &VecMemory, addr: u64) -> f32 {
+        let mut b = [0u8; 4];
+        mem.read(addr, &mut b).unwrap();
+        f32::from_le_bytes(b)
+    }
+
+    fn texel(i: i64, j: i64) -> f32 {
+        let (i, j) = (i.clamp(0, W as i64 - 1), j.clamp(0, H as i64 - 1));
+        let k = (j * W as i64 + i) as u32;
+        (k * k % 11) as f32 * 0.5
+    }
+
+    #[test]
+    fn tex_2d_linear_filtering_matches_the_formula() {
+        // Thread t samples at x = t * 0.29 - 0.7, y = t * 0.13 - 0.4.
+        let body = format!(
+            "cvt.rn.f32.u32 %f1, %r0;\n\
+             mul.f32 %f2, %f1, 0f3E947AE1;\nsub.f32 %f2, %f2, 0f3F333333;\n\
+             mul.f32 %f3, %f1, 0f3E051EB8;\nsub.f32 %f3, %f3, 0f3ECCCCCD;\n\
+             mov.u64 %rd5, {TEX};\n\
+             tex.2d.v4.f32.f32 {{%f4, %f5, %f6, %f7}}, [%rd5, {{%f2, %f3}}];\n\
+             st.global.f32 [%rd2], %f4;\nst.global.f32 [%rd2+4], %f7;"
+        );
+        let (r, mem) = run(&body, 48, desc(false, true, ADDRESS_CLAMP));
+        r.unwrap();
+        for t in 0..48u32 {
+            let x = t as f32 * f32::from_bits(0x3E94_7AE1) - f32::from_bits(0x3F33_3333);
+            let y = t as f32 * f32::from_bits(0x3E05_1EB8) - f32::from_bits(0x3ECC_CCCD);
+            let (xb, yb) = (x - 0.5, y - 0.5);
+            let (i, j) = (xb.floor() as i64, yb.floor() as i64);
+            let a = ((xb - xb.floor()) * 256.0).round() / 256.0;
+            let b = ((yb - yb.floor()) * 256.0).round() / 256.0;
+            let want = (1.0 - a) * (1.0 - b) * texel(i, j)
+                + a * (1.0 - b) * texel(i + 1, j)
+                + (1.0 - a) * b * texel(i, j + 1)
+                + a * b * texel(i + 1, j + 1);
+            let got = f32_at(&mem, OUT + u64::from(t) * 8);
+            assert!(
+                (got - want).abs() < 1e-5,
+                "thread {t} at ({x}, {y}): {got} != {want}"
+            );
+            // One channel: the fourth reads 1.
+            assert_eq!(f32_at(&mem, OUT + u64::from(t) * 8 + 4), 1.0);
+        }
+    }
+
+    #[test]
+    fn tex_point_border_and_integer_fetch() {
+        let body = format!(
+            "cvt.rn.f32.u32 %f1, %r0;\nsub.f32 %f1, %f1, 0f3F800000;\n\
+             mov.f32 %f2, 0f3FC00000;\nmov.u64 %rd5, {TEX};\n\
+             tex.2d.v4.f32.f32 {{%f4, %f5, %f6, %f7}}, [%rd5, {{%f1, %f2}}];\n\
+             st.global.f32 [%rd2], %f4;\n\
+             sub.s32 %r1, %r0, 2;\nmov.u64 %rd6, {LIN};\n\
+             tex.1d.v4.f32.s32 {{%f8, %f9, %f10, %f11}}, [%rd6, {{%r1}}];\n\
+             st.global.f32 [%rd2+4], %f8;"
+        );
+        let (r, mem) = run(&body, 8, desc(false, false, ADDRESS_BORDER));
+        r.unwrap();
+        for t in 0..8i64 {
+            let x = t - 1;
+            let want = if (0..W as i64).contains(&x) {
+                texel(x, 1)
+            } else {
+                0.5
+            };
+            assert_eq!(f32_at(&mem, OUT + t as u64 * 8), want, "thread {t}");
+            let k = t - 2;
+            let want = if (0..(W * H) as i64).contains(&k) {
+                texel(k % W as i64, k / W as i64)
+            } else {
+                0.0
+            };
+            assert_eq!(f32_at(&mem, OUT + t as u64 * 8 + 4), want, "thread {t}");
+        }
+    }
+
+    #[test]
+    fn surfaces_store_load_and_query() {
+        // Thread t writes t + 100 at element (t % W, t / W), then reads
+        // back the element of the thread before it (after a barrier).
+        let body = format!(
+            "mov.u64 %rd5, {SURF};\n\
+             rem.u32 %r1, %r0, {W};\ndiv.u32 %r2, %r0, {W};\nshl.b32 %r3, %r1, 2;\n\
+             add.u32 %r4, %r0, 100;\n\
+             sust.b.2d.b32.trap [%rd5, {{%r3, %r2}}], {{%r4}};\nbar.sync 0;\n\
+             suld.b.2d.b32.clamp {{%r5}}, [%rd5, {{%r3, %r2}}];\n\
+             st.global.u32 [%rd2], %r5;\n\
+             suq.width.b32 %r6, [%rd5];\ntxq.height.b32 %r7, [%rd5];"
+        );
+        // txq of a surface object is a bad handle: the launch faults.
+        let (r, _) = run(&body, W * H, desc(false, false, ADDRESS_CLAMP));
+        assert!(
+            matches!(r, Err(ExecError::IllegalAddress { addr, .. }) if addr == SURF),
+            "{r:?}"
+        );
+        let body = body.replace(
+            "txq.height.b32 %r7, [%rd5];",
+            "st.global.u32 [%rd2+4], %r6;",
+        );
+        let (r, mem) = run(&body, W * H, desc(false, false, ADDRESS_CLAMP));
+        r.unwrap();
+        for t in 0..W * H {
+            let mut b = [0u8; 8];
+            mem.read(OUT + u64::from(t) * 8, &mut b).unwrap();
+            assert_eq!(u32::from_le_bytes(b[..4].try_into().unwrap()), t + 100);
+            assert_eq!(u32::from_le_bytes(b[4..].try_into().unwrap()), W);
+        }
+        // Out of range under .trap faults.
+        let body = format!(
+            "mov.u64 %rd5, {SURF};\nmov.u32 %r1, {};\nmov.u32 %r2, 0;\n\
+             sust.b.2d.b32.trap [%rd5, {{%r1, %r2}}], {{%r0}};",
+            W * 4
+        );
+        let (r, _) = run(&body, 1, desc(false, false, ADDRESS_CLAMP));
+        assert!(matches!(r, Err(ExecError::IllegalAddress { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn bogus_handles_fault() {
+        for handle in ["0", "0x12345678", &IMG.to_string()] {
+            let body = format!(
+                "mov.u64 %rd5, {handle};\nmov.f32 %f1, 0f00000000;\n\
+                 tex.2d.v4.f32.f32 {{%f4, %f5, %f6, %f7}}, [%rd5, {{%f1, %f1}}];"
+            );
+            let (r, _) = run(&body, 1, desc(false, false, ADDRESS_CLAMP));
+            assert!(
+                matches!(r, Err(ExecError::IllegalAddress { .. })),
+                "{handle}: {r:?}"
+            );
+        }
+    }
+}

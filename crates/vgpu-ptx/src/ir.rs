@@ -616,9 +616,106 @@ pub enum Op {
         a: Src,
         b: Src,
     },
+    /// `tex`: a texture object's four channels at coordinates `c`
+    /// (integers with `int_coords`, else floats; a layered geometry's
+    /// layer first).
+    Tex {
+        geom: Geom,
+        int_coords: bool,
+        d: [u32; 4],
+        handle: Src,
+        c: [Src; 4],
+    },
+    /// `suld.b`: `n` values of `ty` from a surface at byte `c[0]`, row
+    /// and slice (a layered geometry's layer first).
+    Suld {
+        geom: Geom,
+        ty: Ty,
+        n: u8,
+        mode: crate::texture::SurfaceMode,
+        d: [u32; 4],
+        handle: Src,
+        c: [Src; 4],
+    },
+    /// `sust.b`: the counterpart of [`Op::Suld`].
+    Sust {
+        geom: Geom,
+        ty: Ty,
+        n: u8,
+        mode: crate::texture::SurfaceMode,
+        v: [Src; 4],
+        handle: Src,
+        c: [Src; 4],
+    },
+    /// `txq` (`surface` false) and `suq`.
+    Txq {
+        surface: bool,
+        query: crate::texture::Query,
+        d: u32,
+        handle: Src,
+    },
     /// An instruction this executor does not run: its index in the
     /// module's refusals. Kernels that may reach it do not launch.
     Refused(u32),
+}
+
+/// The geometry of a texture or surface instruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Geom {
+    /// `.1d`.
+    D1,
+    /// `.2d`.
+    D2,
+    /// `.3d`.
+    D3,
+    /// `.a1d`: a layer, then x.
+    A1,
+    /// `.a2d`: a layer, then x and y.
+    A2,
+    /// `.cube`: a direction x, y, z.
+    Cube,
+    /// `.acube`: a cube's layer, then a direction.
+    ACube,
+}
+
+impl Geom {
+    /// The geometry of a modifier.
+    pub fn from_name(s: &str) -> Option<Geom> {
+        Some(match s {
+            "1d" => Geom::D1,
+            "2d" => Geom::D2,
+            "3d" => Geom::D3,
+            "a1d" => Geom::A1,
+            "a2d" => Geom::A2,
+            "cube" => Geom::Cube,
+            "acube" => Geom::ACube,
+            _ => return None,
+        })
+    }
+    /// Coordinates besides the layer.
+    pub fn dims(self) -> usize {
+        match self {
+            Geom::D1 | Geom::A1 => 1,
+            Geom::D2 | Geom::A2 => 2,
+            Geom::D3 | Geom::Cube | Geom::ACube => 3,
+        }
+    }
+    /// Whether the first coordinate is a layer.
+    pub fn layered(self) -> bool {
+        matches!(self, Geom::A1 | Geom::A2 | Geom::ACube)
+    }
+
+    /// Whether it samples a cubemap by direction.
+    pub fn cube(self) -> bool {
+        matches!(self, Geom::Cube | Geom::ACube)
+    }
+    /// Operands of the coordinate vector: PTX pads three to four.
+    pub fn operands(self) -> usize {
+        match self.dims() + usize::from(self.layered()) {
+            3 => 4,
+            n => n,
+        }
+    }
 }
 
 /// An instruction with its guard predicate.

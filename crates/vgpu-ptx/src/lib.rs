@@ -113,7 +113,16 @@
 //! to [`Limits::print`] (a [`PrintSink`]) and the call returns what CUDA's
 //! does: the number of arguments, -1 for an unreadable format, -2 for
 //! unreadable arguments (see [`printf`]); `__assertfail` ends the launch
-//! like `trap`.
+//! like `trap`. Texture and surface objects ([`texture`]: a handle is the
+//! device address of a descriptor the backend wrote): `tex` of `.1d`,
+//! `.2d`, `.3d`, `.a1d`, `.a2d`, `.cube`, `.acube` with `.v4` results of `.f32`, `.s32` or
+//! `.u32` at `.f32` or `.s32` coordinates (point and linear filtering,
+//! normalised coordinates, wrap, clamp, mirror and border, 8-, 16- and
+//! 32-bit integer, half and float elements of 1, 2 or 4 channels, read
+//! as elements or normalised floats), `suld.b` and `sust.b` (`.b8` to
+//! `.b64`, `.v2`, `.v4`; `.trap`, `.clamp`, `.zero`) of the same
+//! geometries, `txq` and `suq` (width, height, depth, array size, ...);
+//! a handle that names no descriptor is an illegal address.
 //!
 //! # Not supported (a parse or launch error, never a wrong answer where
 //! it can be detected)
@@ -124,8 +133,10 @@
 //! [`Module::refused`]); the module's other kernels run. Malformed PTX
 //! fails [`Module::parse`], as the driver's compiler refuses it.
 //! - `brx.idx`, indirect calls, recursion and calls of other undefined
-//!   functions such as `malloc` (refused at run time), textures and
-//!   surfaces, `bar.arrive`, other packed types and operations (`ex2`,
+//!   functions such as `malloc` (refused at run time), texture and
+//!   surface references (objects run), `tld4`, `sured`, `suld.p`,
+//!   mipmapped textures (`.level`, `.grad`),
+//!   `bar.arrive`, other packed types and operations (`ex2`,
 //!   `setp`, `cvt` of `f16x2`; `u16x2`, `f32x2`; 16-bit atomics), `prmt`
 //!   modes, `mad24.hi`, `min/max.NaN`, `dp4a`, `sad`, `wmma`/`mma`,
 //!   `ldmatrix`, `cp.async`, `mbarrier`, clusters, `.callprototype`.
@@ -157,6 +168,7 @@ pub mod mem;
 pub mod module;
 pub mod parse;
 pub mod printf;
+pub mod texture;
 
 pub use exec::{launch, ExecError, LaunchConfig, LaunchStats, Limits};
 pub use fatbin::{

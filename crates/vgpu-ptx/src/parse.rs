@@ -321,9 +321,9 @@ enum Opnd<'a> {
     Vec(Vec<Opnd<'a>>),
     Pair(&'a str, &'a str),
     List(Vec<Opnd<'a>>),
-    /// `[a, b, ...]`: texture and surface operands (parsed so that
-    /// their instructions are refused alone, not the whole module).
-    Bracket,
+    /// `[a, b, ...]`: texture and surface operands, the object and
+    /// its coordinates.
+    Bracket(&'a str, Vec<Opnd<'a>>),
 }
 
 struct FnScope<'a> {
@@ -1101,8 +1101,8 @@ impl<'a> Parser<'a> {
                     let w = self.word()?;
                     if self.eat_p(b',') {
                         // `[tex, {x, y}]`: a texture or surface operand.
-                        self.operands_to(b']')?;
-                        return Ok(Opnd::Bracket);
+                        let rest = self.operands_to(b']')?;
+                        return Ok(Opnd::Bracket(w, rest));
                     }
                     base = Some(w);
                 } else {
@@ -2236,6 +2236,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
             "ret" => Op::Ret,
             "exit" => Op::Exit,
             "trap" => Op::Trap,
+            "tex" | "suld" | "sust" | "txq" | "suq" => self.texture(&m, o)?,
             "bar" | "barrier" if m.has("red") => {
                 // bar.red.popc.u32 d, a{, b}, {!}c; bar.red.and/or.pred p, ...
                 if o.len() != 3 && o.len() != 4 {
@@ -2441,6 +2442,189 @@ impl<'p, 'a> Decoder<'p, 'a> {
         }
     }
 
+    /// The object operand of a texture or surface instruction: a
+    /// register holding a handle (texture and surface references, named
+    /// module variables, are not run here).
+    fn object(&self, name: &str) -> Result<Src, ParseError> {
+        match reg_of(self.fs, name) {
+            Some((r, _)) => Ok(Src::Reg(r)),
+            None => self.unsup(format!(
+                "'{name}': texture and surface references are not supported, objects are"
+            )),
+        }
+    }
+
+    /// `tex`, `suld.b`, `sust.b`, `txq`, `suq`.
+    fn texture(&mut self, m: &Mods<'a>, o: &[Opnd<'a>]) -> Result<Op, ParseError> {
+        use crate::texture::{Query, SurfaceMode};
+        if m.base == "txq" || m.base == "suq" {
+            let [d, Opnd::Addr(Some(h), 0)] = o else {
+                return self.err(format!("{}: expected d, [object]", m.base));
+            };
+            let Some(query) = m.find(&[
+                ("width", Query::Width),
+                ("height", Query::Height),
+                ("depth", Query::Depth),
+                ("channel_data_type", Query::ChannelType),
+                ("channel_order", Query::ChannelOrder),
+                ("normalized_coords", Query::NormalizedCoords),
+                ("filter_mode", Query::FilterMode),
+                ("array_size", Query::ArraySize),
+            ]) else {
+                return self.unsup(format!("{}: this query is not supported", m.base));
+            };
+            return Ok(Op::Txq {
+                surface: m.base == "suq",
+                query,
+                d: self.dst(d)?,
+                handle: self.object(h)?,
+            });
+        }
+        let Some(geom) = m.find(&[
+            ("1d", Geom::D1),
+            ("2d", Geom::D2),
+            ("3d", Geom::D3),
+            ("a1d", Geom::A1),
+            ("a2d", Geom::A2),
+            ("cube", Geom::Cube),
+            ("acube", Geom::ACube),
+        ]) else {
+            return self.unsup(format!(
+                "{}: only 1d, 2d, 3d, a1d, a2d, cube and acube geometries are supported",
+                m.base
+            ));
+        };
+        if geom.cube() && m.base != "tex" {
+            return self.unsup(format!("{}: cubemap surfaces are a2d", m.base));
+        }
+        if m.list
+            .iter()
+            .any(|x| matches!(*x, "level" | "grad" | "base"))
+            || o.len() != 2
+        {
+            return self.unsup(format!(
+                "{}: mipmap levels, gradients, offsets and depth compares are not supported",
+                m.base
+            ));
+        }
+        let (bracket, other) = if m.base == "sust" {
+            (&o[0], &o[1])
+        } else {
+            (&o[1], &o[0])
+        };
+        let Opnd::Bracket(h, coords) = bracket else {
+            return self.err(format!("{}: expected [object, coordinates]", m.base));
+        };
+        let handle = self.object(h)?;
+        let types = m.types();
+        let coord_list: &[Opnd<'a>] = match coords.as_slice() {
+            [Opnd::Vec(v)] => v,
+            one @ [_] => one,
+            _ => return self.err(format!("{}: expected one coordinate vector", m.base)),
+        };
+        if coord_list.len() != geom.operands() && coord_list.len() != geom.dims() {
+            return self.err(format!(
+                "{}: {} coordinates for this geometry",
+                m.base,
+                coord_list.len()
+            ));
+        }
+        let int_coords = match m.base {
+            "tex" => {
+                let [dty, cty] = types[..] else {
+                    return self.err("tex needs a result and a coordinate type");
+                };
+                if !matches!(dty, Ty::F32 | Ty::S32 | Ty::U32) || m.vec() != 4 {
+                    return self.unsup("tex: only .v4 results of .f32, .s32 or .u32");
+                }
+                match cty {
+                    Ty::F32 => false,
+                    Ty::S32 if !geom.cube() => true,
+                    _ => return self.err("tex: coordinates are .f32 or .s32 (.f32 for cubes)"),
+                }
+            }
+            _ => true,
+        };
+        let mut c = [Src::Imm(0); 4];
+        for (i, x) in coord_list.iter().enumerate() {
+            let layer = geom.layered() && i == 0;
+            c[i] = self.src(
+                x,
+                if int_coords || layer {
+                    Ty::S32
+                } else {
+                    Ty::F32
+                },
+            )?;
+        }
+        let vector = |p: &Self, n: u8, o: &Opnd<'a>| -> Result<Vec<Opnd<'a>>, ParseError> {
+            match o {
+                Opnd::Vec(v) if v.len() == n as usize => Ok(v.clone()),
+                x if n == 1 => Ok(vec![x.clone()]),
+                _ => p.err("vector width does not match the operands"),
+            }
+        };
+        if m.base == "tex" {
+            let mut d = [self.sink; 4];
+            for (i, x) in vector(self, 4, other)?.iter().enumerate() {
+                d[i] = self.dst(x)?;
+            }
+            return Ok(Op::Tex {
+                geom,
+                int_coords,
+                d,
+                handle,
+                c,
+            });
+        }
+        if !m.has("b") {
+            return self.unsup(format!("{}: only the .b form is supported", m.base));
+        }
+        let mode = m
+            .find(&[
+                ("trap", SurfaceMode::Trap),
+                ("clamp", SurfaceMode::Clamp),
+                ("zero", SurfaceMode::Zero),
+            ])
+            .unwrap_or(SurfaceMode::Trap);
+        let Some(&ty) = types.last() else {
+            return self.err(format!("{}: missing type", m.base));
+        };
+        if !matches!(ty, Ty::B8 | Ty::B16 | Ty::B32 | Ty::B64) {
+            return self.err(format!("{}.b takes .b8, .b16, .b32 or .b64", m.base));
+        }
+        let n = m.vec();
+        let vals = vector(self, n, other)?;
+        if m.base == "suld" {
+            let mut d = [self.sink; 4];
+            for (i, x) in vals.iter().enumerate() {
+                d[i] = self.dst(x)?;
+            }
+            return Ok(Op::Suld {
+                geom,
+                ty,
+                n,
+                mode,
+                d,
+                handle,
+                c,
+            });
+        }
+        let mut v = [Src::Imm(0); 4];
+        for (i, x) in vals.iter().enumerate() {
+            v[i] = self.src(x, ty)?;
+        }
+        Ok(Op::Sust {
+            geom,
+            ty,
+            n,
+            mode,
+            v,
+            handle,
+            c,
+        })
+    }
+
     /// `call (ret), f, (args)`, `call f, (args)`, `call f`.
     fn call(&mut self, o: &[Opnd<'a>]) -> Result<Op, ParseError> {
         let mut it = o.iter().peekable();
@@ -2578,10 +2762,12 @@ mod tests {
         // An instruction of the ISA the executor does not run: the module
         // loads, the kernel is refused with the line and the instruction.
         let m =
-            parse(".visible .entry k()\n{\n.reg .b32 %r;\nsuq.width.b32 %r, [%r];\n}\n").unwrap();
+            parse(".visible .entry k()\n{\n.reg .b32 %r;\nsured.b.add.1d.u32 [%r, {%r}], %r;\n}\n")
+                .unwrap();
         let e = m.refused("k").unwrap();
         assert!(
-            e.msg.contains("unsupported instruction 'suq.width.b32'"),
+            e.msg
+                .contains("unsupported instruction 'sured.b.add.1d.u32'"),
             "{e}"
         );
         assert_eq!(e.line, 7);
@@ -2609,7 +2795,7 @@ mod tests {
         let m = parse(
             ".visible .entry good(.param .u64 p)\n{\n.reg .b64 %rd;\nld.param.u64 %rd, [p];\nret;\n}\n\
              .func tex_fn()\n{\n.reg .f32 %f<6>;\n.reg .b64 %rd;\n\
-             tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd, {%f5, %f5}];\nret;\n}\n\
+             tld4.r.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd, {%f5, %f5}];\nret;\n}\n\
              .visible .entry via_call()\n{\ncall.uni tex_fn, ();\nret;\n}\n\
              .visible .entry direct()\n{\n.reg .b32 %r<3>;\nprmt.b32.f4e %r1, %r2, %r2, %r2;\nbrx.idx %r1, $t;\nret;\n}\n",
         )
@@ -2618,7 +2804,7 @@ mod tests {
         assert!(m.refused("good").is_none());
         let e = m.refused("via_call").unwrap();
         assert_eq!(e.line, 14, "{e}");
-        assert!(e.msg.contains("'tex.2d.v4.f32.f32'"), "{e}");
+        assert!(e.msg.contains("'tld4.r.2d.v4.f32.f32'"), "{e}");
         assert!(e.unsupported);
         // The first of a kernel's refused instructions names it.
         let e = m.refused("direct").unwrap();

@@ -137,6 +137,10 @@ struct vgpu_free {
 #define VGPU_CMD_CONSOLE	12
 #define VGPU_CMD_WRITE_VALUE	13
 #define VGPU_CMD_WAIT_VALUE	14
+#define VGPU_CMD_ARRAY_CREATE	20	/* a CUDA array; @result its handle */
+#define VGPU_CMD_ARRAY_COPY	21	/* a box between arrays and device memory */
+#define VGPU_CMD_OBJECT_CREATE	22	/* a texture or surface object */
+#define VGPU_CMD_OBJECT_DESTROY	23	/* an array, texture or surface object */
 
 /* Bit of a MODULE_LOAD's @result2: its kernels may print (VGPU_CMD_CONSOLE). */
 #define VGPU_MODULE_PRINTS	(1ULL << 0)
@@ -152,6 +156,14 @@ struct vgpu_free {
 #define VGPU_CMD_WAIT_EQ	(1U << 1)	/* word == value */
 #define VGPU_CMD_WAIT_AND	(2U << 1)	/* (word & value) != 0 */
 #define VGPU_CMD_WAIT_NOR	(3U << 1)	/* ~(word | value) != 0 */
+#define VGPU_CMD_ARRAY_LAYERED	(1U << 0)	/* ARRAY_CREATE: depth counts layers */
+#define VGPU_CMD_ARRAY_SURFACE	(1U << 1)	/* ARRAY_CREATE: surfaces may be made */
+#define VGPU_CMD_ARRAY_CUBEMAP	(1U << 2)	/* ARRAY_CREATE: six square faces */
+#define VGPU_CMD_COPY_SRC_ARRAY	(1U << 0)	/* ARRAY_COPY: @src is an array */
+#define VGPU_CMD_COPY_DST_ARRAY	(1U << 1)	/* ARRAY_COPY: @dst is an array */
+#define VGPU_OBJ_ARRAY		0	/* OBJECT_DESTROY flags: an array */
+#define VGPU_OBJ_TEXTURE	1	/* OBJECT_CREATE/DESTROY flags: a texture */
+#define VGPU_OBJ_SURFACE	2	/* OBJECT_CREATE/DESTROY flags: a surface */
 
 /* Memory kinds of a COPY side. */
 #define VGPU_MEM_USER		0	/* this process's memory: a user address */
@@ -299,6 +311,90 @@ struct vgpu_value_args {
 };
 
 /**
+ * struct vgpu_array_args - a VGPU_CMD_ARRAY_CREATE
+ * @format: element type, CUDA's CUarray_format number
+ * @channels: 1, 2 or 4
+ * @width: elements along x
+ * @height: elements along y (0: 1D)
+ * @depth: elements along z or layers (0: 1D or 2D)
+ *
+ * The device's struct vgpu_cmd_array after its header; so are the
+ * three below. Arrays and objects are the file's device context's own
+ * (they need VGPU_INFO_CONTEXTS): the device refuses another context's
+ * handles and addresses, and frees them with the context.
+ */
+struct vgpu_array_args {
+	__u32 format;
+	__u32 channels;
+	__u64 width;
+	__u64 height;
+	__u64 depth;
+};
+
+/**
+ * struct vgpu_array_copy_args - a VGPU_CMD_ARRAY_COPY
+ * @src: array handle or device address
+ * @dst: array handle or device address
+ * @src_pitch: device memory: bytes per row (0 for an array)
+ * @src_height: device memory: rows per slice (0 for an array)
+ * @dst_pitch: as @src_pitch
+ * @dst_height: as @src_height
+ * @src_pos: byte, row and slice where the box starts
+ * @dst_pos: as @src_pos
+ * @extent: bytes, rows and slices of the box
+ * @pad: zero
+ */
+struct vgpu_array_copy_args {
+	__u64 src;
+	__u64 dst;
+	__u32 src_pitch;
+	__u32 src_height;
+	__u32 dst_pitch;
+	__u32 dst_height;
+	__u32 src_pos[3];
+	__u32 dst_pos[3];
+	__u32 extent[3];
+	__u32 pad;
+};
+
+/**
+ * struct vgpu_object_args - a VGPU_CMD_OBJECT_CREATE (flags: the kind)
+ * @resource: array handle or device address
+ * @size: linear memory: bytes; pitched memory: the pitch; else 0
+ * @res_type: 0 an array, 1 linear memory, 2 pitched memory
+ * @format: memory: CUarray_format; else 0
+ * @channels: memory: channels; else 0
+ * @width: pitched memory: elements per row
+ * @height: pitched memory: rows
+ * @address: textures: address modes of x, y, z (a byte each)
+ * @filter: textures: 0 point, 1 linear
+ * @tex_flags: textures: CU_TRSF_READ_AS_INTEGER, CU_TRSF_NORMALIZED_COORDINATES
+ * @border: textures: the border colour (IEEE single bits)
+ */
+struct vgpu_object_args {
+	__u64 resource;
+	__u64 size;
+	__u32 res_type;
+	__u32 format;
+	__u32 channels;
+	__u32 width;
+	__u32 height;
+	__u32 address;
+	__u32 filter;
+	__u32 tex_flags;
+	__u32 border[4];
+};
+
+/**
+ * struct vgpu_object_destroy_args - a VGPU_CMD_OBJECT_DESTROY (flags:
+ *	the kind)
+ * @handle: from ARRAY_CREATE or OBJECT_CREATE
+ */
+struct vgpu_object_destroy_args {
+	__u64 handle;
+};
+
+/**
  * struct vgpu_launch_args - a VGPU_CMD_LAUNCH
  * @module: VGPU_MODULE_BUILTIN_ID or a handle from a MODULE_LOAD
  * @grid: blocks in x, y and z
@@ -348,11 +444,16 @@ struct vgpu_launch_args {
  * @occupancy: in: arguments of VGPU_CMD_OCCUPANCY
  * @console: in: arguments of VGPU_CMD_CONSOLE
  * @value: in: arguments of VGPU_CMD_WRITE_VALUE and VGPU_CMD_WAIT_VALUE
+ * @array: in: arguments of VGPU_CMD_ARRAY_CREATE
+ * @array_copy: in: arguments of VGPU_CMD_ARRAY_COPY
+ * @object: in: arguments of VGPU_CMD_OBJECT_CREATE
+ * @object_destroy: in: arguments of VGPU_CMD_OBJECT_DESTROY
  * @raw: the arguments as words; bytes the opcode does not use must be zero
  * @status: out: VGPU_CMD_STATUS_*
  * @error: out: 0 or a negative errno matching @status
  * @result: out: MODULE_LOAD: the handle; FUNC_INFO: the function handle;
- *	TIMESTAMP: device ns; OCCUPANCY: resident clusters; CONSOLE: bytes
+ *	TIMESTAMP: device ns; OCCUPANCY: resident clusters; CONSOLE: bytes;
+ *	ARRAY_CREATE, OBJECT_CREATE: the handle
  * @device_ns: out: device time the command took
  * @result2: out: FUNC_INFO of a global: its size; MODULE_LOAD:
  *	VGPU_MODULE_PRINTS; CONSOLE: bytes dropped; else zero
@@ -374,6 +475,10 @@ struct vgpu_cmd {
 		struct vgpu_occupancy_args occupancy;
 		struct vgpu_console_args console;
 		struct vgpu_value_args value;
+		struct vgpu_array_args array;
+		struct vgpu_array_copy_args array_copy;
+		struct vgpu_object_args object;
+		struct vgpu_object_destroy_args object_destroy;
 		__u64 raw[11];
 	};
 	__u32 status;

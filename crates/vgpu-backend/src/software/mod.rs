@@ -31,6 +31,7 @@ use std::time::Duration;
 use log::{debug, info, warn};
 use vgpu_abi as abi;
 
+use crate::arrays::{ArrayCopy, ArrayDesc, CopySide, ObjectDesc, Resource};
 use crate::console::{ConsoleText, Consoles};
 
 mod buf;
@@ -158,6 +159,8 @@ impl SoftwareBackend {
             kernel_timeout: self.kernel_timeout,
             consoles: Consoles::default(),
             fate: self.fate.clone(),
+            arrays: BTreeMap::new(),
+            objects: BTreeMap::new(),
         }
     }
 }
@@ -222,6 +225,13 @@ pub struct SoftwarePartition {
     consoles: Consoles,
     /// The backend's shared fate, when its partitions share one.
     fate: Option<Arc<AtomicBool>>,
+    /// CUDA arrays by handle: each is an allocation (its address is the
+    /// handle) holding the elements row by row, slice by slice.
+    arrays: BTreeMap<u64, ArrayDesc>,
+    /// Texture (false) and surface (true) objects by handle: each is an
+    /// allocation holding the descriptor the PTX executor reads
+    /// (`vgpu_ptx::texture`), whose address kernels use as the handle.
+    objects: BTreeMap<u64, bool>,
 }
 
 /// Handles of loaded modules start here (0 is the built-in module).
@@ -474,6 +484,62 @@ impl SoftwarePartition {
     }
 }
 
+/// Arrays and texture objects.
+impl SoftwarePartition {
+    fn room_for_object(&self) -> Result<(), OpError> {
+        if (self.arrays.len() + self.objects.len()) as u64 >= abi::MAX_OBJECTS {
+            return Err(OpError::NoMemory {
+                requested: 0,
+                available: 0,
+            });
+        }
+        Ok(())
+    }
+
+    /// A side of an array copy as device memory: where its box starts,
+    /// its pitch and rows per slice, checked against its array or
+    /// allocation.
+    fn copy_side(&self, side: &CopySide, extent: [u64; 3]) -> Result<CopySide, OpError> {
+        if !side.array {
+            let (start, len) = side.span(extent)?;
+            self.locate(start, len)?;
+            return Ok(*side);
+        }
+        let a = self
+            .arrays
+            .get(&side.at)
+            .ok_or_else(|| OpError::NotFound(format!("array {:#x}", side.at)))?;
+        side.check_array(a, extent)?;
+        Ok(CopySide {
+            at: side.at,
+            array: false,
+            pitch: a.row_bytes(),
+            height: a.rows(),
+            pos: side.pos,
+        })
+    }
+
+    fn array_copy(&mut self, c: &ArrayCopy) -> Result<(), OpError> {
+        let src = self.copy_side(&c.src, c.extent)?;
+        let dst = self.copy_side(&c.dst, c.extent)?;
+        let [w, h, d] = c.extent;
+        // Both boxes are inside their allocations: no offset overflows.
+        let at = |s: &CopySide, y: u64, z: u64| {
+            s.at + (s.pos[2] + z) * s.pitch * s.height + (s.pos[1] + y) * s.pitch + s.pos[0]
+        };
+        for z in 0..d {
+            for y in 0..h {
+                self.copy_now(&DeviceCopy {
+                    dst: at(&dst, y, z),
+                    src: at(&src, y, z),
+                    size: w,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The steps of a queued run ([`Partition::run_queued`]).
 impl SoftwarePartition {
     /// `len` bytes at `addr` as pieces that each lie inside one
@@ -680,9 +746,80 @@ impl Partition for SoftwarePartition {
                 "{addr:#x} holds a module's variables: they go with the module"
             )));
         }
+        if self.arrays.contains_key(&addr) || self.objects.contains_key(&addr) {
+            return Err(OpError::Invalid(format!(
+                "{addr:#x} is an array or texture object: OBJECT_DESTROY frees it"
+            )));
+        }
         self.allocs
             .free_logged(PartitionName::of("software", &self.spec), addr)?;
         Ok(())
+    }
+
+    fn arrays(&self) -> bool {
+        true
+    }
+
+    fn resource(&mut self, req: &Resource) -> Result<u64, OpError> {
+        match req {
+            Resource::ArrayCreate(c) => {
+                let desc = ArrayDesc::of(c)?;
+                self.room_for_object()?;
+                let addr = self.alloc(desc.bytes(), 0)?;
+                self.arrays.insert(addr, desc);
+                Ok(addr)
+            }
+            Resource::ArrayCopy(c) => self.array_copy(&ArrayCopy::of(c)?).map(|_| 0),
+            Resource::ObjectCreate(c) => {
+                let o = ObjectDesc::of(c)?;
+                let desc = match o.element {
+                    None => {
+                        let a = self
+                            .arrays
+                            .get(&o.resource)
+                            .ok_or_else(|| OpError::NotFound(format!("array {:#x}", o.resource)))?;
+                        if o.surface && !a.surface {
+                            return Err(OpError::Invalid(
+                                "a surface over an array made without the surface flag".into(),
+                            ));
+                        }
+                        o.descriptor(Some((a, o.resource)))
+                    }
+                    Some(_) => {
+                        let (addr, len) = o.memory_span().unwrap_or_default();
+                        self.locate(addr, len)?;
+                        o.descriptor(None)
+                    }
+                };
+                self.room_for_object()?;
+                let bytes = desc.encode();
+                let addr = self.alloc(bytes.len() as u64, 0)?;
+                let loc = self.locate(addr, bytes.len() as u64)?;
+                self.buf(&loc).borrow_mut()[loc.range()].copy_from_slice(&bytes);
+                self.objects.insert(addr, o.surface);
+                Ok(addr)
+            }
+            Resource::Destroy(c) => {
+                let kind = c.hdr.flags & !abi::CMD_CTX_MASK;
+                let found = match kind {
+                    abi::OBJECT_ARRAY => self.arrays.remove(&c.handle).is_some(),
+                    abi::OBJECT_TEXTURE | abi::OBJECT_SURFACE => {
+                        let surface = kind == abi::OBJECT_SURFACE;
+                        match self.objects.get(&c.handle) {
+                            Some(&s) if s == surface => self.objects.remove(&c.handle).is_some(),
+                            _ => false,
+                        }
+                    }
+                    k => return Err(OpError::Invalid(format!("object kind {k}"))),
+                };
+                if !found {
+                    return Err(OpError::NotFound(format!("object {:#x}", c.handle)));
+                }
+                self.allocs
+                    .free_logged(PartitionName::of("software", &self.spec), c.handle)?;
+                Ok(0)
+            }
+        }
     }
 
     fn upload(&mut self, dst: u64, src: &dyn HostSource) -> Result<(), OpError> {
@@ -951,5 +1088,7 @@ impl Partition for SoftwarePartition {
         self.modules.clear();
         self.module_vars.clear();
         self.consoles.clear();
+        self.arrays.clear();
+        self.objects.clear();
     }
 }

@@ -71,6 +71,8 @@ conformance!(
     module_cooperative_grid_sync,
     vmm_map_side_by_side_and_alias,
     vmm_grow_and_shrink_a_segment,
+    arrays_copy_boxes,
+    module_textures_and_surfaces,
 );
 
 fn load_fatbin(p: &mut SoftwarePartition, image: &[u8]) -> Result<u64, OpError> {
@@ -429,7 +431,7 @@ fn test_a_kernel_the_executor_cannot_run_is_refused_alone_with_its_line() {
     .reg .f32 %f<5>;
     .reg .b64 %rd<2>;
     ld.param.u64 %rd1, [p];
-    tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f1}];
+    tld4.r.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f1}];
     ret;
 }
 ";
@@ -444,7 +446,7 @@ fn test_a_kernel_the_executor_cannot_run_is_refused_alone_with_its_line() {
     p.function_info(m, "sample").unwrap();
     let r = conformance::launch_loaded(&mut p, m, "sample", [1, 1, 1], [1, 1, 1], &params);
     assert!(
-        matches!(&r, Err(OpError::Unsupported(why)) if why.contains("line 19") && why.contains("tex.2d.v4.f32.f32")),
+        matches!(&r, Err(OpError::Unsupported(why)) if why.contains("line 19") && why.contains("tld4.r.2d.v4.f32.f32")),
         "{r:?}"
     );
 }

@@ -13,6 +13,7 @@
 
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
+pub mod array;
 pub mod context;
 pub mod device;
 pub mod export;

@@ -19,8 +19,8 @@ use std::ffi::{c_char, c_void};
 
 use crate::api::symbols::Sym;
 use crate::api::{
-    context::*, device::*, export::*, graph::*, init::*, link::*, memory::*, module::*, pool::*,
-    stream::*, strided::*, vmm::*,
+    array::*, context::*, device::*, export::*, graph::*, init::*, link::*, memory::*, module::*,
+    pool::*, stream::*, strided::*, vmm::*,
 };
 use crate::cu::{self, CUresult};
 use crate::ffi::{self, entry};
@@ -434,17 +434,32 @@ implemented {
     cuStreamWriteValue64 9000 => cuStreamWriteValue64,
     cuStreamWriteValue64 11070 => cuStreamWriteValue64_v2,
     cuThreadExchangeStreamCaptureMode 10010 => cuThreadExchangeStreamCaptureMode,
+    cuArrayCreate 3020 => cuArrayCreate_v2,
+    cuArray3DCreate 3020 => cuArray3DCreate_v2,
+    cuArrayDestroy 2000 => cuArrayDestroy,
+    cuArrayGetDescriptor 3020 => cuArrayGetDescriptor_v2,
+    cuArray3DGetDescriptor 3020 => cuArray3DGetDescriptor_v2,
+    cuMemcpyHtoA 3020 => cuMemcpyHtoA_v2,
+    cuMemcpyHtoAAsync 3020 => cuMemcpyHtoAAsync_v2,
+    cuMemcpyAtoH 3020 => cuMemcpyAtoH_v2,
+    cuMemcpyAtoHAsync 3020 => cuMemcpyAtoHAsync_v2,
+    cuMemcpyDtoA 3020 => cuMemcpyDtoA_v2,
+    cuMemcpyAtoD 3020 => cuMemcpyAtoD_v2,
+    cuMemcpyAtoA 3020 => cuMemcpyAtoA_v2,
+    cuTexObjectCreate 5000 => cuTexObjectCreate,
+    cuTexObjectDestroy 5000 => cuTexObjectDestroy,
+    cuTexObjectGetResourceDesc 5000 => cuTexObjectGetResourceDesc,
+    cuTexObjectGetTextureDesc 5000 => cuTexObjectGetTextureDesc,
+    cuTexObjectGetResourceViewDesc 5000 => cuTexObjectGetResourceViewDesc,
+    cuSurfObjectCreate 5000 => cuSurfObjectCreate,
+    cuSurfObjectDestroy 5000 => cuSurfObjectDestroy,
+    cuSurfObjectGetResourceDesc 5000 => cuSurfObjectGetResourceDesc,
 }
 
 // Asked for by the CUDA 13 runtime (static and shared), cuBLAS, CuPy or
 // PyTorch at initialisation, and not implemented: each answers
 // CUDA_ERROR_NOT_SUPPORTED and says so once. (name, first version asked.)
 unsupported {
-    cuArray3DCreate 3020,
-    cuArray3DGetDescriptor 3020,
-    cuArrayCreate 3020,
-    cuArrayDestroy 2000,
-    cuArrayGetDescriptor 3020,
     cuArrayGetMemoryRequirements 11060,
     cuArrayGetPlane 11020,
     cuArrayGetSparseProperties 11010,
@@ -567,14 +582,6 @@ unsupported {
     cuSignalExternalSemaphoresAsync 10000,
     cuStreamBeginCaptureToGraph 12030,
     cuStreamUpdateCaptureDependencies 11030,
-    cuSurfObjectCreate 5000,
-    cuSurfObjectDestroy 5000,
-    cuSurfObjectGetResourceDesc 5000,
-    cuTexObjectCreate 5000,
-    cuTexObjectDestroy 5000,
-    cuTexObjectGetResourceDesc 5000,
-    cuTexObjectGetResourceViewDesc 5000,
-    cuTexObjectGetTextureDesc 5000,
     cuUserObjectCreate 11030,
     cuUserObjectRelease 11030,
     cuUserObjectRetain 11030,

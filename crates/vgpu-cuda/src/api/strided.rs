@@ -3,6 +3,7 @@
 //! pitched allocations (`cudaMallocPitch`), over [`crate::pitched`].
 
 use crate::allocs::alloc;
+use crate::arrays::{self, Side};
 use crate::copies::Call;
 use crate::cu::{self, CUdeviceptr, CUresult, Handle, Memcpy2D, Memcpy3d};
 use crate::ffi::{self, entry, CuResult};
@@ -16,13 +17,60 @@ const PITCH_ALIGN: usize = 512;
 fn copy_2d(p: *const Memcpy2D, stream: Handle, call: Call) -> CuResult {
     // SAFETY: the caller's descriptor.
     let c = unsafe { ffi::get(p) }?;
-    Copy3D::of_2d(driver()?, &c)?.run(stream, call)
+    let d = driver()?;
+    if c.src_type == arrays::MEMORYTYPE_ARRAY || c.dst_type == arrays::MEMORYTYPE_ARRAY {
+        // Done by the time it returns, which an asynchronous call allows.
+        let src = Side {
+            end: arrays::end_of(
+                d,
+                c.src_type,
+                (c.src_host as u64, c.src_device, c.src_array),
+                c.src_pitch,
+                0,
+            )?,
+            pos: [c.src_x, c.src_y, 0],
+        };
+        let dst = Side {
+            end: arrays::end_of(
+                d,
+                c.dst_type,
+                (c.dst_host as u64, c.dst_device, c.dst_array),
+                c.dst_pitch,
+                0,
+            )?,
+            pos: [c.dst_x, c.dst_y, 0],
+        };
+        return arrays::copy(d, src, dst, [c.width, c.height, 1], stream);
+    }
+    Copy3D::of_2d(d, &c)?.run(stream, call)
 }
 
 fn copy_3d(p: *const Memcpy3d, stream: Handle, call: Call) -> CuResult {
     // SAFETY: the caller's descriptor.
     let c = unsafe { ffi::get(p) }?;
-    Copy3D::of(driver()?, &c)?.run(stream, call)
+    let d = driver()?;
+    if c.src.memory_type == arrays::MEMORYTYPE_ARRAY
+        || c.dst.memory_type == arrays::MEMORYTYPE_ARRAY
+    {
+        let side = |s: &cu::Memcpy3dSide| -> CuResult<Side> {
+            if s.lod != 0 {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            Ok(Side {
+                end: arrays::end_of(
+                    d,
+                    s.memory_type,
+                    (s.host as u64, s.device, s.array),
+                    s.pitch,
+                    s.height,
+                )?,
+                pos: [s.x_bytes, s.y, s.z],
+            })
+        };
+        let extent = [c.width_bytes, c.height, c.depth];
+        return arrays::copy(d, side(&c.src)?, side(&c.dst)?, extent, stream);
+    }
+    Copy3D::of(d, &c)?.run(stream, call)
 }
 
 /// `cuMemcpy3DPeer`: a `CUDA_MEMCPY3D_PEER`, laid out as a
