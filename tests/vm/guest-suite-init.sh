@@ -411,7 +411,7 @@ uptime_ms() {
 # process's result is said. Memory in use ends where it began.
 fault_shared() {
     used_before=$(smi_json '.*"used":\([0-9]*\).*')
-    rounds=5 r=0 why="" times=""
+    rounds=5 r=0 why="" times="" illegal=0 failed=0
     while [ $r -lt $rounds ]; do
         r=$((r + 1))
         stop=/tmp/shared.stop
@@ -435,9 +435,16 @@ fault_shared() {
         done
         t1=$(uptime_ms)
         times="$times $((t1 - t0))"
-        if ! grep -q 'cudaErrorIllegalAddress' /tmp/fault.out; then
+        # The faulting launch reports the illegal address; when the
+        # host's end reaches the process first, the launch failure.
+        if grep -q 'cudaErrorIllegalAddress' /tmp/fault.out; then
+            illegal=$((illegal + 1))
+        elif grep -q 'cudaErrorLaunchFailure' /tmp/fault.out; then
+            failed=$((failed + 1))
+        else
             [ -n "$why" ] || why="round $r: the faulting process: $(tail -n 1 /tmp/fault.out)"
-        elif grep -q '^FAIL neighbour: round' /tmp/nb.out; then
+        fi
+        if grep -q '^FAIL neighbour: round' /tmp/nb.out; then
             [ -n "$why" ] || why="round $r: the neighbour saw a wrong result: $(tail -n 1 /tmp/nb.out)"
         elif [ $nb_rc -eq 0 ]; then
             [ -n "$why" ] || why="round $r: the neighbour went on: $(tail -n 1 /tmp/nb.out)"
@@ -447,7 +454,7 @@ fault_shared() {
         sed 's/^/  [neighbour] /' /tmp/nb.out
     done
     if [ -z "$why" ]; then
-        pass cuda-shared-faults "$rounds faults: each seen as cudaErrorIllegalAddress, the neighbour failed with a CUDA error (no wrong result), a fresh process computed after (ms from the fault:$times)"
+        pass cuda-shared-faults "$rounds faults: $illegal seen as cudaErrorIllegalAddress, $failed as cudaErrorLaunchFailure; the neighbour failed with a CUDA error (no wrong result), a fresh process computed after (ms from the fault:$times)"
     else
         fail cuda-shared-faults "$why"
     fi
