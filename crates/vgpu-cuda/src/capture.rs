@@ -264,7 +264,13 @@ impl Objects {
             log("graph dependencies loop");
             cu::ERROR_INVALID_VALUE
         })?;
+        // A graph with memory nodes has one executable at a time.
+        if graph.has_mem_nodes() && self.graphs().execs.iter().any(|(_, e)| e.graphs[0] == g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let mem = graph.mem_nodes();
         let exec = GraphExec {
+            mem,
             device: graph.device,
             nodes: work.into(),
             graphs: [g, g],
@@ -295,6 +301,10 @@ impl Objects {
         e.topology
             .same_topology(graph)
             .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
+        if graph.has_mem_nodes() || e.topology.has_mem_nodes() {
+            // Memory nodes' allocations are fixed at instantiation.
+            return Err(Ok(UpdateFailure::Other));
+        }
         let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
         let owned = graph.owned.clone();
         let e = self.graphs_mut().execs.get_mut(exec).map_err(Err)?;
@@ -560,6 +570,10 @@ impl Objects {
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
         }
+        if graph.has_mem_nodes() {
+            // CUDA clones no graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         let copy = Graph {
             device: graph.device,
             nodes: graph.nodes.clone(),
@@ -585,6 +599,10 @@ impl Objects {
         let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.has_mem_nodes() {
+            // CUDA nests no graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
         }
         let work = graph.ordered_work().ok_or(cu::ERROR_INVALID_VALUE)?;
         Ok((graph.device, work))
@@ -654,6 +672,10 @@ impl Objects {
     /// it; all or none: an edge that is not there refuses them all.
     pub fn remove_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
         let (graph, edges) = self.edges(g, from, to, true)?;
+        if graph.has_mem_nodes() {
+            // CUDA deletes no edge of a graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         for (fi, ti) in edges {
             graph.nodes[ti].deps.retain(|&d| d != fi);
         }
@@ -1093,6 +1115,31 @@ mod tests {
             Err(cu::ERROR_INVALID_VALUE)
         );
         assert_eq!(patterns(&o, e), [1, 2]);
+    }
+
+    #[test]
+    fn a_graph_with_memory_nodes_is_instantiated_once_and_never_copied() {
+        let mut o = Objects::default();
+        let g = empty_graph(&mut o);
+        let a = o.add_node(g, &[], NODE_MEM_ALLOC, Vec::new()).unwrap();
+        o.keep_given(a, Given::MemAlloc(0x1000, 64)).unwrap();
+        let f = o.add_node(g, &[a], NODE_MEM_FREE, Vec::new()).unwrap();
+        o.keep_given(f, Given::MemFree(0x1000)).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
+        assert_eq!(o.graphs().execs.at(e).mem, (vec![0x1000], vec![0x1000]));
+        assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(o.clone_graph(g), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(o.graph_work(g).map(drop), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(
+            o.remove_dependencies(g, &[a], &[f]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        o.destroy_exec(e).unwrap();
+        assert!(o.instantiate(g, 0).is_ok(), "once the first is gone");
+        // A graph without them is instantiated as often as asked.
+        let (plain, _) = chain(&mut o, &[1]);
+        assert!(o.instantiate(plain, 0).is_ok());
+        assert!(o.instantiate(plain, 0).is_ok());
     }
 
     #[test]

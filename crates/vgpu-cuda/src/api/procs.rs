@@ -223,6 +223,13 @@ implemented {
     cuGraphAddKernelNode 10000 => cuGraphAddKernelNode,
     cuGraphAddKernelNode 12000 => cuGraphAddKernelNode_v2,
     cuGraphAddMemcpyNode 10000 => cuGraphAddMemcpyNode,
+    cuGraphAddMemAllocNode 11040 => cuGraphAddMemAllocNode,
+    cuGraphAddMemFreeNode 11040 => cuGraphAddMemFreeNode,
+    cuGraphMemAllocNodeGetParams 11040 => cuGraphMemAllocNodeGetParams,
+    cuGraphMemFreeNodeGetParams 11040 => cuGraphMemFreeNodeGetParams,
+    cuDeviceGetGraphMemAttribute 11040 => cuDeviceGetGraphMemAttribute,
+    cuDeviceSetGraphMemAttribute 11040 => cuDeviceSetGraphMemAttribute,
+    cuDeviceGraphMemTrim 11040 => cuDeviceGraphMemTrim,
     cuGraphAddMemsetNode 10000 => cuGraphAddMemsetNode,
     cuGraphClone 10000 => cuGraphClone,
     cuGraphCreate 10000 => cuGraphCreate,
@@ -456,14 +463,11 @@ unsupported {
     cuDevResourceGenerateDesc 12040,
     cuDevSmResourceSplitByCount 12040,
     cuDeviceGetDevResource 12040,
-    cuDeviceGetGraphMemAttribute 11040,
     cuDeviceGetHostAtomicCapabilities 13000,
     cuDeviceGetNvSciSyncAttributes 10020,
     cuDeviceGetP2PAtomicCapabilities 13000,
     cuDeviceGetTexture1DLinearMaxWidth 11010,
-    cuDeviceGraphMemTrim 11040,
     cuDeviceRegisterAsyncNotification 12040,
-    cuDeviceSetGraphMemAttribute 11040,
     cuDeviceUnregisterAsyncNotification 12040,
     cuEGLStreamConsumerAcquireFrame 7000,
     cuEGLStreamConsumerConnect 7000,
@@ -489,8 +493,6 @@ unsupported {
     cuGLUnregisterBufferObject 2000,
     cuGraphAddExternalSemaphoresSignalNode 11020,
     cuGraphAddExternalSemaphoresWaitNode 11020,
-    cuGraphAddMemAllocNode 11040,
-    cuGraphAddMemFreeNode 11040,
     cuGraphChildGraphNodeGetGraph 10000,
     cuGraphConditionalHandleCreate 12030,
     cuGraphDestroyNode 10000,
@@ -501,8 +503,6 @@ unsupported {
     cuGraphExternalSemaphoresSignalNodeSetParams 11020,
     cuGraphExternalSemaphoresWaitNodeGetParams 11020,
     cuGraphExternalSemaphoresWaitNodeSetParams 11020,
-    cuGraphMemAllocNodeGetParams 11040,
-    cuGraphMemFreeNodeGetParams 11040,
     cuGraphNodeGetEnabled 11060,
     cuGraphNodeSetEnabled 11060,
     cuGraphReleaseUserObject 11030,
@@ -691,7 +691,7 @@ mod tests {
 
     #[test]
     fn an_unimplemented_entry_point_is_callable_and_says_not_supported() {
-        let f = found("cuGraphAddMemAllocNode", 13000);
+        let f = found("cuGraphConditionalHandleCreate", 13000);
         // SAFETY: every stub is `extern "C" fn() -> CUresult`.
         let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(f) };
         assert_eq!(f(), cu::ERROR_NOT_SUPPORTED);
