@@ -9,8 +9,8 @@ use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
 use crate::graphs::{
     node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
-    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE, STATUS_INVALIDATED,
-    STATUS_NONE,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, STATUS_ACTIVE,
+    STATUS_INVALIDATED, STATUS_NONE,
 };
 use crate::objects::Objects;
 use crate::work::{HostCall, Work};
@@ -271,6 +271,7 @@ impl Objects {
         let mem = graph.mem_nodes();
         let exec = GraphExec {
             mem,
+            disabled: Default::default(),
             device: graph.device,
             nodes: work.into(),
             graphs: [g, g],
@@ -438,6 +439,51 @@ impl Objects {
         nodes[span.start] = work;
         e.nodes = nodes.into();
         Ok(())
+    }
+
+    /// Enables or disables node `node` (a handle of the graph `exec` was
+    /// made or last updated from) in `exec`: kernel, memcpy and memset
+    /// nodes only, as CUDA has it.
+    pub fn set_enabled(&mut self, exec: usize, node: usize, enabled: bool) -> CuResult {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs_mut().execs.get_mut(exec)?;
+        if !e.graphs.contains(&g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let kind = e
+            .topology
+            .nodes
+            .get(i)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .kind;
+        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        if enabled {
+            e.disabled.remove(&i);
+        } else {
+            e.disabled.insert(i);
+        }
+        Ok(())
+    }
+
+    /// Whether node `node` is enabled in `exec` (see [`Self::set_enabled`]).
+    pub fn enabled(&self, exec: usize, node: usize) -> CuResult<bool> {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs().execs.get(exec)?;
+        if !e.graphs.contains(&g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let kind = e
+            .topology
+            .nodes
+            .get(i)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .kind;
+        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        Ok(!e.disabled.contains(&i))
     }
 
     /// Replaces the work of kernel node `node` (a graph's) with `launch`.
@@ -1140,6 +1186,41 @@ mod tests {
         let (plain, _) = chain(&mut o, &[1]);
         assert!(o.instantiate(plain, 0).is_ok());
         assert!(o.instantiate(plain, 0).is_ok());
+    }
+
+    #[test]
+    fn a_disabled_node_is_left_out_of_launches_until_enabled() {
+        let mut o = Objects::default();
+        let (g, nodes) = chain(&mut o, &[1, 2, 3]);
+        let empty = o.add_node(g, &[nodes[2]], NODE_EMPTY, Vec::new()).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
+        let work = |o: &Objects| -> Vec<u32> {
+            o.graphs()
+                .execs
+                .at(e)
+                .launch_work()
+                .iter()
+                .map(|w| match w {
+                    Work::Fill { pattern, .. } => *pattern,
+                    _ => 0,
+                })
+                .collect()
+        };
+        o.set_enabled(e, nodes[1], false).unwrap();
+        assert_eq!(o.enabled(e, nodes[1]), Ok(false));
+        assert_eq!(o.enabled(e, nodes[0]), Ok(true));
+        assert_eq!(work(&o), [1, 3]);
+        // Changing a disabled node's work keeps it disabled.
+        o.set_exec_works(e, nodes[1], NODE_MEMSET, 0, vec![fill(7)])
+            .unwrap();
+        assert_eq!(work(&o), [1, 3]);
+        o.set_enabled(e, nodes[1], true).unwrap();
+        assert_eq!(work(&o), [1, 7, 3]);
+        // Only kernel, memcpy and memset nodes.
+        assert_eq!(o.set_enabled(e, empty, false), Err(cu::ERROR_INVALID_VALUE));
+        let (other, on) = chain(&mut o, &[4]);
+        assert_ne!(other, g);
+        assert_eq!(o.set_enabled(e, on[0], false), Err(cu::ERROR_INVALID_VALUE));
     }
 
     #[test]

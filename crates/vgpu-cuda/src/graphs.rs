@@ -326,6 +326,32 @@ pub struct GraphExec {
     /// What its allocation nodes allocate and its free nodes free, at
     /// each launch (see [`GraphMem`]).
     pub mem: (Vec<u64>, Vec<u64>),
+    /// The nodes disabled in it (`cuGraphNodeSetEnabled`), by index: a
+    /// launch leaves their work out.
+    pub disabled: BTreeSet<usize>,
+}
+
+impl GraphExec {
+    /// The work a launch queues: every node's, but the disabled ones'.
+    pub fn launch_work(&self) -> Arc<[Work]> {
+        if self.disabled.is_empty() {
+            return self.nodes.clone();
+        }
+        let mut skip = vec![false; self.nodes.len()];
+        for &i in &self.disabled {
+            if let Some(span) = self.spans.get(i) {
+                for k in span.clone() {
+                    skip[k] = true;
+                }
+            }
+        }
+        self.nodes
+            .iter()
+            .zip(skip)
+            .filter(|(_, s)| !s)
+            .map(|(w, _)| w.clone())
+            .collect()
+    }
 }
 
 /// `CUgraphMem_attribute`: memory graphs' allocation nodes use now.

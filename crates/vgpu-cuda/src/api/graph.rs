@@ -1048,7 +1048,7 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
         let (device, nodes) = {
             let mut o = d.objects();
             let e = o.graphs().execs.get(exec as usize)?;
-            let (device, nodes, flags) = (e.device, e.nodes.clone(), e.flags);
+            let (device, nodes, flags) = (e.device, e.launch_work(), e.flags);
             let (allocs, frees) = e.mem.clone();
             let auto_free = flags & INSTANTIATE_AUTO_FREE_ON_LAUNCH != 0;
             if !o.graphs_mut().mem.launch(&allocs, &frees, auto_free) {
@@ -1843,6 +1843,30 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
             n.attrs = attrs;
             Ok(())
         })
+    })
+}
+
+/// Enables or disables a kernel, memcpy or memset node in an executable:
+/// its launches leave a disabled node's work out, its parameters kept.
+#[no_mangle]
+pub extern "C" fn cuGraphNodeSetEnabled(exec: Handle, node: Handle, enabled: u32) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .set_enabled(exec as usize, node as usize, enabled != 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetEnabled(
+    exec: Handle,
+    node: Handle,
+    enabled: *mut u32,
+) -> CUresult {
+    entry(|| {
+        let on = driver()?.objects().enabled(exec as usize, node as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(enabled, u32::from(on)) }
     })
 }
 
