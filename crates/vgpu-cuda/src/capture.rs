@@ -9,8 +9,8 @@ use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
 use crate::graphs::{
     node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
-    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, STATUS_ACTIVE,
-    STATUS_INVALIDATED, STATUS_NONE,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_REMOVED,
+    STATUS_ACTIVE, STATUS_INVALIDATED, STATUS_NONE,
 };
 use crate::objects::Objects;
 use crate::work::{HostCall, Work};
@@ -561,7 +561,7 @@ impl Objects {
     pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
         let graph = self.graphs().graphs.get(g)?;
-        if i < graph.nodes.len() {
+        if graph.nodes.get(i).is_some_and(|n| n.kind != NODE_REMOVED) {
             Ok((g, i))
         } else {
             Err(cu::ERROR_INVALID_HANDLE)
@@ -724,6 +724,31 @@ impl Objects {
         }
         for (fi, ti) in edges {
             graph.nodes[ti].deps.retain(|&d| d != fi);
+        }
+        Ok(())
+    }
+
+    /// Removes node `node` and its edges from its graph (not one being
+    /// captured, nor one with memory nodes, whose nodes CUDA keeps).
+    pub fn destroy_node(&mut self, node: usize) -> CuResult {
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.has_mem_nodes() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        graph.nodes[i] = Node {
+            kind: NODE_REMOVED,
+            work: Vec::new(),
+            deps: Vec::new(),
+            param_ptrs: None,
+            given: None,
+            attrs: HashMap::new(),
+        };
+        for n in &mut graph.nodes {
+            n.deps.retain(|&d| d != i);
         }
         Ok(())
     }
@@ -1221,6 +1246,35 @@ mod tests {
         let (other, on) = chain(&mut o, &[4]);
         assert_ne!(other, g);
         assert_eq!(o.set_enabled(e, on[0], false), Err(cu::ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_removed_node_takes_its_edges_and_work_with_it() {
+        let mut o = Objects::default();
+        let (g, nodes) = chain(&mut o, &[1, 2, 3]);
+        o.destroy_node(nodes[1]).unwrap();
+        assert_eq!(o.node(nodes[1]), Err(cu::ERROR_INVALID_HANDLE));
+        assert_eq!(o.destroy_node(nodes[1]), Err(cu::ERROR_INVALID_HANDLE));
+        // The last node depended on the removed one only: now on none.
+        assert_eq!(o.node_edges(nodes[2], false), Ok(Vec::new()));
+        assert_eq!(o.node_edges(nodes[0], true), Ok(Vec::new()));
+        let e = o.instantiate(g, 0).unwrap();
+        let patterns: Vec<u32> = o
+            .graphs()
+            .execs
+            .at(e)
+            .nodes
+            .iter()
+            .map(|w| match w {
+                Work::Fill { pattern, .. } => *pattern,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(patterns, [1, 3]);
+        // The other handles still name their nodes.
+        assert_eq!(o.node(nodes[2]), Ok((g, 2)));
+        o.add_dependencies(g, &[nodes[2]], &[nodes[0]]).unwrap();
+        assert_eq!(o.node_edges(nodes[0], false), Ok(vec![nodes[2]]));
     }
 
     #[test]

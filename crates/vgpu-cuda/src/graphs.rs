@@ -75,6 +75,11 @@ pub const NODE_MEM_ALLOC: u32 = 10;
 /// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
 pub const NODE_MEM_FREE: u32 = 11;
 
+/// What a removed node (`cuGraphDestroyNode`) becomes: no type CUDA
+/// has, no work, no edges, its handle refused; the other nodes keep
+/// their indices and so their handles.
+pub const NODE_REMOVED: u32 = u32::MAX;
+
 /// Most nodes of one graph (a node's handle holds its index).
 pub const MAX_NODES: usize = (1 << 24) - 1;
 

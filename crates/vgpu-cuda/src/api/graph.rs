@@ -127,14 +127,17 @@ pub unsafe extern "C" fn cuGraphGetNodes(
     count: *mut usize,
 ) -> CUresult {
     entry(|| {
-        let n = driver()?
+        let found: Vec<usize> = driver()?
             .objects()
             .graphs()
             .graphs
             .get(graph as usize)?
             .nodes
-            .len();
-        let found: Vec<usize> = (0..n).map(|i| g::node_handle(graph as usize, i)).collect();
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kind != g::NODE_REMOVED)
+            .map(|(i, _)| g::node_handle(graph as usize, i))
+            .collect();
         // SAFETY: the caller's array and count.
         unsafe { put_nodes(&found, nodes, count) }
     })
@@ -156,7 +159,7 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.deps.is_empty())
+            .filter(|(_, n)| n.deps.is_empty() && n.kind != g::NODE_REMOVED)
             .map(|(i, _)| g::node_handle(graph as usize, i))
             .collect();
         // SAFETY: the caller's array and count.
@@ -1653,7 +1656,8 @@ pub unsafe extern "C" fn cuGraphNodeFindInClone(
             let o = d.objects();
             let (graph, i) = o.node(original as usize)?;
             let c = o.graphs().graphs.get(clone as usize)?;
-            if c.cloned_from != Some(graph) || i >= c.nodes.len() {
+            let kept = c.nodes.get(i).is_some_and(|n| n.kind != g::NODE_REMOVED);
+            if c.cloned_from != Some(graph) || !kept {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
             g::node_handle(clone as usize, i)
@@ -1683,6 +1687,9 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
         };
         let mut dot = String::from("digraph graph_0 {\n");
         for (i, k) in kinds.iter().enumerate() {
+            if *k == g::NODE_REMOVED {
+                continue;
+            }
             let name = NODE_TYPES
                 .iter()
                 .find(|&&(t, _)| t == *k)
@@ -1844,6 +1851,12 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
             Ok(())
         })
     })
+}
+
+/// Removes a node and the edges to and from it.
+#[no_mangle]
+pub extern "C" fn cuGraphDestroyNode(node: Handle) -> CUresult {
+    entry(|| driver()?.objects().destroy_node(node as usize))
 }
 
 /// Enables or disables a kernel, memcpy or memset node in an executable:
