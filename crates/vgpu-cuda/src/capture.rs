@@ -9,8 +9,8 @@ use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
 use crate::graphs::{
     node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
-    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_REMOVED,
-    STATUS_ACTIVE, STATUS_INVALIDATED, STATUS_NONE,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_GRAPH, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET,
+    NODE_REMOVED, STATUS_ACTIVE, STATUS_INVALIDATED, STATUS_NONE,
 };
 use crate::objects::Objects;
 use crate::work::{HostCall, Work};
@@ -606,6 +606,7 @@ impl Objects {
             param_ptrs: None,
             given: None,
             attrs: HashMap::new(),
+            child: None,
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
     }
@@ -636,6 +637,34 @@ impl Objects {
         let owned = self.graphs().graphs.get(child)?.owned.clone();
         let p = self.graphs_mut().graphs.get_mut(parent)?;
         p.owned.extend(owned);
+        Ok(())
+    }
+
+    /// Records the topology of graph `child` with child graph node
+    /// `node`, which an executable's replacement of it must keep.
+    pub fn keep_child_topology(&mut self, node: usize, child: usize) -> CuResult {
+        let topology = self.graphs().graphs.get(child)?.topology();
+        let (g, i) = self.node(node)?;
+        self.graphs_mut().graphs.get_mut(g)?.nodes[i].child = Some(topology);
+        Ok(())
+    }
+
+    /// Gives child graph node `node` of executable `exec` the work of
+    /// graph `child`, which must have the topology of the node's own
+    /// graph (`cuGraphExecChildGraphNodeSetParams`).
+    pub fn set_exec_child(&mut self, exec: usize, node: usize, child: usize) -> CuResult {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let (device, work) = self.graph_work(child)?;
+        let topology = self.graphs().graphs.get(child)?.topology();
+        let e = self.graphs().execs.get(exec)?;
+        let n = e.topology.nodes.get(i).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if !e.graphs.contains(&g) || n.kind != NODE_GRAPH || n.child.as_ref() != Some(&topology) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        self.set_exec_works(exec, node, NODE_GRAPH, device, work)?;
+        // The child's work may use memory the child owns.
+        let owned = self.graphs().graphs.get(child)?.owned.clone();
+        self.graphs_mut().execs.get_mut(exec)?.owned.extend(owned);
         Ok(())
     }
 
@@ -746,6 +775,7 @@ impl Objects {
             param_ptrs: None,
             given: None,
             attrs: HashMap::new(),
+            child: None,
         };
         for n in &mut graph.nodes {
             n.deps.retain(|&d| d != i);
@@ -1275,6 +1305,31 @@ mod tests {
         assert_eq!(o.node(nodes[2]), Ok((g, 2)));
         o.add_dependencies(g, &[nodes[2]], &[nodes[0]]).unwrap();
         assert_eq!(o.node_edges(nodes[0], false), Ok(vec![nodes[2]]));
+    }
+
+    #[test]
+    fn an_executables_child_graph_takes_a_graph_of_the_same_topology() {
+        let mut o = Objects::default();
+        let (child, _) = chain(&mut o, &[1, 2]);
+        let parent = empty_graph(&mut o);
+        let (_, work) = o.graph_work(child).unwrap();
+        let node = o.add_node(parent, &[], NODE_GRAPH, work).unwrap();
+        o.keep_child_topology(node, child).unwrap();
+        let e = o.instantiate(parent, 0).unwrap();
+        let (same, _) = chain(&mut o, &[5, 6]);
+        o.set_exec_child(e, node, same).unwrap();
+        assert_eq!(patterns(&o, e), [5, 6]);
+        // Another topology, or a node that is no child graph node.
+        let (longer, ln) = chain(&mut o, &[7, 8, 9]);
+        assert_eq!(
+            o.set_exec_child(e, node, longer),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            o.set_exec_child(e, ln[0], same),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(patterns(&o, e), [5, 6]);
     }
 
     #[test]

@@ -105,7 +105,14 @@ pub struct Node {
     /// A kernel node's launch attributes as set, read back as set
     /// (`cuGraphKernelNodeSetAttribute`; a cluster shape is its work's).
     pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
+    /// A child graph node's graph's topology when the node was made,
+    /// which a graph replacing it in an executable must have.
+    pub child: Option<Topology>,
 }
+
+/// A graph's topology: each node's type and dependencies (sorted), in
+/// the order the nodes were added.
+pub type Topology = Vec<(u32, Vec<usize>)>;
 
 /// The parameters a memset or memcpy node was made or last set with.
 #[derive(Clone, Copy)]
@@ -136,6 +143,7 @@ impl Clone for Node {
             param_ptrs: None,
             given: self.given,
             attrs: self.attrs.clone(),
+            child: self.child.clone(),
         }
     }
 }
@@ -158,6 +166,7 @@ impl Node {
             param_ptrs: None,
             given: None,
             attrs: HashMap::new(),
+            child: None,
         }
     }
 }
@@ -256,6 +265,7 @@ impl Graph {
                 param_ptrs: None,
                 given: None,
                 attrs: HashMap::new(),
+                child: n.child.clone(),
             })
             .collect();
         Graph {
@@ -265,6 +275,18 @@ impl Graph {
             owned: Vec::new(),
             cloned_from: None,
         }
+    }
+
+    /// Its topology (see [`Topology`]).
+    pub fn topology(&self) -> Topology {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let mut d = n.deps.clone();
+                d.sort_unstable();
+                (n.kind, d)
+            })
+            .collect()
     }
 
     /// Whether `other` has this graph's topology: as many nodes, each of

@@ -263,8 +263,12 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
         let work = d.objects().graph_work(child as usize)?;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_GRAPH, work) }?;
+        // SAFETY: `add_node` wrote the handle.
+        let node = unsafe { *out } as usize;
+        let mut o = d.objects();
+        o.keep_child_topology(node, child as usize)?;
         // The child's work may use memory the child owns.
-        d.objects().adopt_owned(graph as usize, child as usize)
+        o.adopt_owned(graph as usize, child as usize)
     })
 }
 
@@ -1541,6 +1545,10 @@ unsafe fn set_any_node(
             (g::NODE_EVENT_RECORD, Some(x)) => {
                 cuGraphExecEventRecordNodeSetEvent(x, node, *union_of(np))
             }
+            (g::NODE_GRAPH, Some(x)) => {
+                let c: &ChildGraphNodeParams = &*union_of(np);
+                cuGraphExecChildGraphNodeSetParams(x, node, c.graph)
+            }
             // An empty node has nothing to set.
             (g::NODE_EMPTY, _) => cu::SUCCESS,
             // CUDA changes no memory node.
@@ -1850,6 +1858,24 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
             n.attrs = attrs;
             Ok(())
         })
+    })
+}
+
+/// Gives a child graph node of an executable the work of `child`, a
+/// graph of the node's graph's topology.
+#[no_mangle]
+pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    child: Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let r = d
+            .objects()
+            .set_exec_child(exec as usize, node as usize, child as usize);
+        free_released(d);
+        r
     })
 }
 
