@@ -441,15 +441,16 @@ impl GraphMem {
             return false;
         }
         self.live.extend(allocs.iter().copied());
-        for f in frees {
-            self.live.remove(f);
-        }
+        // The launch uses its allocations before it frees any of them.
         let devices: HashSet<CUdevice> = allocs
             .iter()
             .filter_map(|a| self.held.get(a).map(|h| h.1))
             .collect();
         for d in devices {
             self.mark(d);
+        }
+        for f in frees {
+            self.live.remove(f);
         }
         true
     }
@@ -664,6 +665,8 @@ mod tests {
         // 0x2000 is freed in its own graph; 0x1000 outlives the launch.
         assert!(m.launch(&[0x1000, 0x2000], &[0x2000], false));
         assert_eq!(m.attribute(0, MEM_USED_CURRENT), Some(64));
+        // Both were in use while it ran.
+        assert_eq!(m.attribute(0, MEM_USED_HIGH), Some(96));
         assert!(!m.launch(&[0x1000, 0x2000], &[0x2000], false));
         // The graph's own free leaves nothing for the program to free.
         assert_eq!(m.program_free(0x2000), ProgramFree::NotAllocated);
@@ -673,7 +676,7 @@ mod tests {
         assert!(m.launch(&[0x1000], &[], false));
         // Freeing on launch lets it launch again at once.
         assert!(m.launch(&[0x1000], &[], true));
-        assert_eq!(m.attribute(0, MEM_USED_HIGH), Some(64));
+        assert_eq!(m.attribute(0, MEM_USED_HIGH), Some(96));
         assert_eq!(m.attribute(1, MEM_USED_CURRENT), Some(0));
         assert_eq!(m.attribute(0, 7), None);
     }
