@@ -6,7 +6,9 @@
 // program frees it, unless the executable frees it on launch; the graph
 // memory attributes count what allocation nodes hold and use; memory a
 // stream capture allocates and frees (cudaMallocAsync, cudaFreeAsync)
-// replays too. Results are checked against the CPU.
+// replays too. Then a graph edited: a node removed, a node disabled and
+// enabled in an executable, a child graph node given another graph.
+// Results are checked against the CPU.
 #define TEST_NAME "graph_memory"
 #include "check.h"
 
@@ -202,6 +204,76 @@ int main() {
   }
   CHECK(cudaGraphExecDestroy(ec));
   CHECK(cudaGraphDestroy(c));
+
+  // 5. Editing: a node removed with its edges, a node disabled in an
+  // executable and enabled again, and a child graph node given another
+  // graph of the same topology.
+  int *dsrc;
+  CHECK(cudaMalloc(&dsrc, bytes));
+  fill_scaled<<<(n + 127) / 128, 128, 0, s>>>(dsrc, n, 1, 0);
+  CHECK(cudaStreamSynchronize(s));
+  int c2 = 2, c3 = 3, c4 = 4;
+  void *fc[] = {&dout, &count, &c2, &one};
+  void *fc2[] = {&dout, &count, &c3, &c4};
+  cudaGraph_t child, child2, other, parent;
+  CHECK(cudaGraphCreate(&child, 0));
+  kernel(child, NULL, 0, (void *)fill_scaled, fc, n);
+  CHECK(cudaGraphCreate(&child2, 0));
+  kernel(child2, NULL, 0, (void *)fill_scaled, fc2, n);
+  CHECK(cudaGraphCreate(&other, 0));
+  cudaGraphNode_t o1 = kernel(other, NULL, 0, (void *)fill_scaled, fc2, n);
+  kernel(other, &o1, 1, (void *)fill_scaled, fc2, n);
+  CHECK(cudaGraphCreate(&parent, 0));
+  cudaGraphNode_t cn;
+  CHECK(cudaGraphAddChildGraphNode(&cn, parent, NULL, 0, child));
+  void *addp[] = {&dout, &dsrc, &count};
+  cudaGraphNode_t addn = kernel(parent, &cn, 1, (void *)add_into, addp, n);
+  cudaMemsetParams zero_out = {};
+  zero_out.dst = dout;
+  zero_out.elementSize = 4;
+  zero_out.width = n;
+  zero_out.height = 1;
+  cudaGraphNode_t zn;
+  CHECK(cudaGraphAddMemsetNode(&zn, parent, &addn, 1, &zero_out));
+  CHECK(cudaGraphDestroyNode(zn));
+  size_t count_nodes = 0;
+  CHECK(cudaGraphGetNodes(parent, NULL, &count_nodes));
+  EXPECT(count_nodes == 2, "%zu nodes after one of three was removed", count_nodes);
+  cudaGraphExec_t ep;
+  CHECK(cudaGraphInstantiate(&ep, parent, 0));
+  struct Step {
+    const char *what;
+    int scale, bias;
+    bool add;
+  };
+  for (int step = 0; step < 4; step++) {
+    Step st[] = {{"as built", 2, 1, true},
+                 {"its add disabled", 2, 1, false},
+                 {"its add enabled", 2, 1, true},
+                 {"the child replaced", 3, 4, true}};
+    if (step == 1) CHECK(cudaGraphNodeSetEnabled(ep, addn, 0));
+    if (step == 2) CHECK(cudaGraphNodeSetEnabled(ep, addn, 1));
+    if (step == 3) CHECK(cudaGraphExecChildGraphNodeSetParams(ep, cn, child2));
+    unsigned enabled = 7;
+    CHECK(cudaGraphNodeGetEnabled(ep, addn, &enabled));
+    EXPECT(enabled == (st[step].add ? 1u : 0u), "%s: enabled reads %u", st[step].what, enabled);
+    CHECK(cudaGraphLaunch(ep, s));
+    CHECK(cudaMemcpyAsync(host, dout, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < n; i++) {
+      int want = i * st[step].scale + st[step].bias + (st[step].add ? i : 0);
+      EXPECT(host[i] == want, "%s: out[%d] = %d, want %d", st[step].what, i, host[i], want);
+    }
+  }
+  EXPECT(cudaGraphExecChildGraphNodeSetParams(ep, cn, other) != cudaSuccess,
+         "a child graph of another topology taken");
+  (void)cudaGetLastError();
+  CHECK(cudaGraphExecDestroy(ep));
+  CHECK(cudaGraphDestroy(parent));
+  CHECK(cudaGraphDestroy(other));
+  CHECK(cudaGraphDestroy(child2));
+  CHECK(cudaGraphDestroy(child));
+  CHECK(cudaFree(dsrc));
 
   CHECK(cudaFree(dout));
   CHECK(cudaStreamDestroy(s));
