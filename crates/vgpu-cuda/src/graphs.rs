@@ -153,7 +153,11 @@ impl Node {
     pub fn of(work: &Work, deps: Vec<usize>) -> Node {
         let kind = match work {
             Work::Launch { .. } => NODE_KERNEL,
-            Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
+            Work::Copy { .. }
+            | Work::Upload { .. }
+            | Work::Download { .. }
+            | Work::PageableUpload { .. }
+            | Work::PageableDownload { .. } => NODE_MEMCPY,
             Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
             Work::Host(_) => NODE_HOST,
             Work::Record(_) => NODE_EVENT_RECORD,

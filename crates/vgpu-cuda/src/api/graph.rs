@@ -1,9 +1,10 @@
 //! Graphs ([`crate::graphs`]), made by stream capture or node by node
-//! (kernel, memset, device-to-device memcpy, host, child graph and empty
-//! nodes, and the dependencies between them): created, cloned, listed,
-//! instantiated, launched, and changed (kernel and host nodes'
-//! parameters, in a graph or an executable, and whole executables
-//! updated from a graph of the same topology). A graph's work replays in an order that honours
+//! (kernel, memset, memcpy, host, event, child graph, empty, memory
+//! allocation and free nodes, and the dependencies between them):
+//! created, cloned, listed, instantiated, launched, and changed (nodes'
+//! parameters, in a graph or an executable, nodes removed, disabled in
+//! an executable, child graphs replaced, and whole executables updated
+//! from a graph of the same topology). A graph's work replays in an order that honours
 //! its dependencies.
 
 use std::ffi::{c_char, c_void};
@@ -741,7 +742,9 @@ pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
 }
 
 /// A memcpy node: rows (in slices) between device memory, or between
-/// device memory and page-locked host memory, as `cuMemcpy3D` copies them.
+/// device memory and host memory (page-locked, or pageable: copied when
+/// the graph runs, after the work before it), as `cuMemcpy3D` copies
+/// them.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     out: *mut Handle,

@@ -260,9 +260,13 @@ fn capture_host_copy(
         // Nothing to record.
         return Ok(true);
     }
-    if !in_page_locked(d, host, n) {
-        d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    }
+    // A copy with pageable memory is recorded as one made between
+    // batches when the graph runs, as CUDA's driver records it.
+    let work = if in_page_locked(d, host, n) {
+        work
+    } else {
+        work.pageable()
+    };
     d.queue(stream as usize, device, &[work]).map(|()| true)
 }
 
