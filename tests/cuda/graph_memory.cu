@@ -7,7 +7,9 @@
 // memory attributes count what allocation nodes hold and use; memory a
 // stream capture allocates and frees (cudaMallocAsync, cudaFreeAsync)
 // replays too. Then a graph edited: a node removed, a node disabled and
-// enabled in an executable, a child graph node given another graph.
+// enabled in an executable, a child graph node given another graph; and
+// copies to and from pageable host memory in graphs, as nodes and
+// captured.
 // Results are checked against the CPU.
 #define TEST_NAME "graph_memory"
 #include "check.h"
@@ -274,6 +276,44 @@ int main() {
   CHECK(cudaGraphDestroy(child2));
   CHECK(cudaGraphDestroy(child));
   CHECK(cudaFree(dsrc));
+
+  // 6. Pageable host memory (malloc'd): memcpy nodes to and from it, and
+  // the same copies captured from cudaMemcpyAsync; each launch reads the
+  // input as it is then and writes the output.
+  int *pin = (int *)malloc(bytes), *pout = (int *)malloc(bytes);
+  void *twice[] = {&dout, &dout, &count};
+  cudaGraph_t pg;
+  CHECK(cudaGraphCreate(&pg, 0));
+  cudaGraphNode_t up, dn;
+  CHECK(cudaGraphAddMemcpyNode1D(&up, pg, NULL, 0, dout, pin, bytes, cudaMemcpyHostToDevice));
+  cudaGraphNode_t kt = kernel(pg, &up, 1, (void *)add_into, twice, n);
+  CHECK(cudaGraphAddMemcpyNode1D(&dn, pg, &kt, 1, pout, dout, bytes, cudaMemcpyDeviceToHost));
+  cudaGraph_t cg;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  CHECK(cudaMemcpyAsync(dout, pin, bytes, cudaMemcpyHostToDevice, s));
+  add_into<<<(n + 127) / 128, 128, 0, s>>>(dout, dout, n);
+  CHECK(cudaMemcpyAsync(pout, dout, bytes, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaStreamEndCapture(s, &cg));
+  cudaGraph_t which[] = {pg, cg};
+  for (int w = 0; w < 2; w++) {
+    cudaGraphExec_t ex;
+    CHECK(cudaGraphInstantiate(&ex, which[w], 0));
+    for (int rep = 0; rep < 2; rep++) {
+      for (int i = 0; i < n; i++) {
+        pin[i] = i * 11 - 5 + rep * 1000 + w;
+        pout[i] = -1;
+      }
+      CHECK(cudaGraphLaunch(ex, s));
+      CHECK(cudaStreamSynchronize(s));
+      for (int i = 0; i < n; i++)
+        EXPECT(pout[i] == 2 * pin[i], "pageable %s launch %d: out[%d] = %d, want %d",
+               w ? "captured" : "node", rep, i, pout[i], 2 * pin[i]);
+    }
+    CHECK(cudaGraphExecDestroy(ex));
+    CHECK(cudaGraphDestroy(which[w]));
+  }
+  free(pin);
+  free(pout);
 
   CHECK(cudaFree(dout));
   CHECK(cudaStreamDestroy(s));
