@@ -2,7 +2,8 @@
 // (cudaGraphAddNode, cudaGraphNodeSetParams, cudaGraphExecNodeSetParams):
 // a memset, a kernel, a copy to pinned memory, a host function and an
 // empty node in a chain; parameters changed in the instantiated graph and
-// in the graph; a type mismatch and an unsupported type refused; the
+// in the graph; a type mismatch and an unsupported type refused, an
+// allocation node made; the
 // graph's edges, its nodes found in a clone, and its DOT description;
 // kernel node attributes kept, a cluster shape checked against the grid.
 #define TEST_NAME "graph_generic"
@@ -166,16 +167,27 @@ int main() {
   expect_all(h, n, 5.0f, "after cudaGraphNodeSetParams");
 
   // A kernel node is not given a memset's parameters; an allocation
-  // node is not offered, and says so rather than failing later.
+  // node is made through the generic function too, and gives its address
+  // back; an external semaphore node (a vGPU imports none) is refused.
   EXPECT(cudaGraphNodeSetParams(kernel, &ms) == cudaErrorInvalidValue, "a memset's parameters set on a kernel node");
   (void)cudaGetLastError();
+  cudaGraph_t mg;
+  CHECK(cudaGraphCreate(&mg, 0));
   cudaGraphNodeParams alloc = {};
   alloc.type = cudaGraphNodeTypeMemAlloc;
   alloc.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
   alloc.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
   alloc.alloc.bytesize = 1 << 20;
   cudaGraphNode_t an;
-  EXPECT(cudaGraphAddNode(&an, g, nullptr, nullptr, 0, &alloc) != cudaSuccess, "an allocation node was taken");
+  CHECK(cudaGraphAddNode(&an, mg, nullptr, nullptr, 0, &alloc));
+  EXPECT(alloc.alloc.dptr != nullptr, "an allocation node gave no address");
+  cudaGraphNodeType at;
+  CHECK(cudaGraphNodeGetType(an, &at));
+  EXPECT(at == cudaGraphNodeTypeMemAlloc, "an allocation node of type %d", (int)at);
+  CHECK(cudaGraphDestroy(mg));
+  cudaGraphNodeParams sema = {};
+  sema.type = cudaGraphNodeTypeExtSemaphoreSignal;
+  EXPECT(cudaGraphAddNode(&an, g, nullptr, nullptr, 0, &sema) != cudaSuccess, "an external semaphore node was taken");
   (void)cudaGetLastError();
 
   CHECK(cudaGraphExecDestroy(x));

@@ -613,7 +613,7 @@ fi
 
 # --- unmodified CUDA programs, through the guest's libcuda.so.1 ----------------------
 if [ -e /usr/lib/vgpu/libcuda.so.1 ] && [ -x $cuda_tests/vector_add ]; then
-    for prog in vector_add matmul_tiled reduce streams streams_order graphs graph_nodes graph_events address_space pitched managed host_func graph_update mempool misc_api driver_api contexts module_load large_params l2_persisting stream_memops memcpy_batch graph_generic graph_copies printf thrust_sort cub_reduce half2 coop_groups cooperative symbols vmm texture surface; do
+    for prog in vector_add matmul_tiled reduce streams streams_order graphs graph_nodes graph_events address_space pitched managed host_func graph_update mempool misc_api driver_api contexts module_load large_params l2_persisting stream_memops memcpy_batch graph_generic graph_copies printf thrust_sort cub_reduce half2 coop_groups cooperative symbols vmm texture surface graph_memory; do
         cuda_run "" $cuda_tests/$prog
     done
     cuda_run shared- $cuda_tests/vector_add_shared

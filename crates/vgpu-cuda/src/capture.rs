@@ -9,8 +9,8 @@ use crate::cu::{self, CUdevice, CUresult, CuResult};
 use crate::diag::log;
 use crate::graphs::{
     node_handle, node_of, Capture, Given, Graph, GraphExec, Node, Owned, Unsafe, UpdateFailure,
-    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_KERNEL, STATUS_ACTIVE, STATUS_INVALIDATED,
-    STATUS_NONE,
+    MAX_NODES, MODE_GLOBAL, MODE_RELAXED, NODE_GRAPH, NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET,
+    NODE_REMOVED, STATUS_ACTIVE, STATUS_INVALIDATED, STATUS_NONE,
 };
 use crate::objects::Objects;
 use crate::work::{HostCall, Work};
@@ -264,7 +264,14 @@ impl Objects {
             log("graph dependencies loop");
             cu::ERROR_INVALID_VALUE
         })?;
+        // A graph with memory nodes has one executable at a time.
+        if graph.has_mem_nodes() && self.graphs().execs.iter().any(|(_, e)| e.graphs[0] == g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let mem = graph.mem_nodes();
         let exec = GraphExec {
+            mem,
+            disabled: Default::default(),
             device: graph.device,
             nodes: work.into(),
             graphs: [g, g],
@@ -295,6 +302,10 @@ impl Objects {
         e.topology
             .same_topology(graph)
             .map_err(|i| Ok(UpdateFailure::Topology(i.map(|i| node_handle(g, i)))))?;
+        if graph.has_mem_nodes() || e.topology.has_mem_nodes() {
+            // Memory nodes' allocations are fixed at instantiation.
+            return Err(Ok(UpdateFailure::Other));
+        }
         let (work, spans) = graph.ordered().ok_or(Ok(UpdateFailure::Other))?;
         let owned = graph.owned.clone();
         let e = self.graphs_mut().execs.get_mut(exec).map_err(Err)?;
@@ -430,6 +441,51 @@ impl Objects {
         Ok(())
     }
 
+    /// Enables or disables node `node` (a handle of the graph `exec` was
+    /// made or last updated from) in `exec`: kernel, memcpy and memset
+    /// nodes only, as CUDA has it.
+    pub fn set_enabled(&mut self, exec: usize, node: usize, enabled: bool) -> CuResult {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs_mut().execs.get_mut(exec)?;
+        if !e.graphs.contains(&g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let kind = e
+            .topology
+            .nodes
+            .get(i)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .kind;
+        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        if enabled {
+            e.disabled.remove(&i);
+        } else {
+            e.disabled.insert(i);
+        }
+        Ok(())
+    }
+
+    /// Whether node `node` is enabled in `exec` (see [`Self::set_enabled`]).
+    pub fn enabled(&self, exec: usize, node: usize) -> CuResult<bool> {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let e = self.graphs().execs.get(exec)?;
+        if !e.graphs.contains(&g) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let kind = e
+            .topology
+            .nodes
+            .get(i)
+            .ok_or(cu::ERROR_INVALID_HANDLE)?
+            .kind;
+        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        Ok(!e.disabled.contains(&i))
+    }
+
     /// Replaces the work of kernel node `node` (a graph's) with `launch`.
     pub fn set_kernel(&mut self, node: usize, device: CUdevice, launch: Work) -> CuResult {
         self.set_node(node, NODE_KERNEL, device, launch)
@@ -505,7 +561,7 @@ impl Objects {
     pub fn node(&self, node: usize) -> CuResult<(usize, usize)> {
         let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
         let graph = self.graphs().graphs.get(g)?;
-        if i < graph.nodes.len() {
+        if graph.nodes.get(i).is_some_and(|n| n.kind != NODE_REMOVED) {
             Ok((g, i))
         } else {
             Err(cu::ERROR_INVALID_HANDLE)
@@ -550,6 +606,7 @@ impl Objects {
             param_ptrs: None,
             given: None,
             attrs: HashMap::new(),
+            child: None,
         });
         Ok(node_handle(g, graph.nodes.len() - 1))
     }
@@ -559,6 +616,10 @@ impl Objects {
         let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.has_mem_nodes() {
+            // CUDA clones no graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
         }
         let copy = Graph {
             device: graph.device,
@@ -579,12 +640,44 @@ impl Objects {
         Ok(())
     }
 
+    /// Records the topology of graph `child` with child graph node
+    /// `node`, which an executable's replacement of it must keep.
+    pub fn keep_child_topology(&mut self, node: usize, child: usize) -> CuResult {
+        let topology = self.graphs().graphs.get(child)?.topology();
+        let (g, i) = self.node(node)?;
+        self.graphs_mut().graphs.get_mut(g)?.nodes[i].child = Some(topology);
+        Ok(())
+    }
+
+    /// Gives child graph node `node` of executable `exec` the work of
+    /// graph `child`, which must have the topology of the node's own
+    /// graph (`cuGraphExecChildGraphNodeSetParams`).
+    pub fn set_exec_child(&mut self, exec: usize, node: usize, child: usize) -> CuResult {
+        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        let (device, work) = self.graph_work(child)?;
+        let topology = self.graphs().graphs.get(child)?.topology();
+        let e = self.graphs().execs.get(exec)?;
+        let n = e.topology.nodes.get(i).ok_or(cu::ERROR_INVALID_HANDLE)?;
+        if !e.graphs.contains(&g) || n.kind != NODE_GRAPH || n.child.as_ref() != Some(&topology) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        self.set_exec_works(exec, node, NODE_GRAPH, device, work)?;
+        // The child's work may use memory the child owns.
+        let owned = self.graphs().graphs.get(child)?.owned.clone();
+        self.graphs_mut().execs.get_mut(exec)?.owned.extend(owned);
+        Ok(())
+    }
+
     /// The work of graph `g` (not one being captured) in the order it
     /// replays: what a child graph node of it holds.
     pub fn graph_work(&self, g: usize) -> CuResult<(CUdevice, Vec<Work>)> {
         let graph = self.graphs().graphs.get(g)?;
         if graph.capture.is_some() {
             return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.has_mem_nodes() {
+            // CUDA nests no graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
         }
         let work = graph.ordered_work().ok_or(cu::ERROR_INVALID_VALUE)?;
         Ok((graph.device, work))
@@ -654,8 +747,38 @@ impl Objects {
     /// it; all or none: an edge that is not there refuses them all.
     pub fn remove_dependencies(&mut self, g: usize, from: &[usize], to: &[usize]) -> CuResult {
         let (graph, edges) = self.edges(g, from, to, true)?;
+        if graph.has_mem_nodes() {
+            // CUDA deletes no edge of a graph with memory nodes.
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
         for (fi, ti) in edges {
             graph.nodes[ti].deps.retain(|&d| d != fi);
+        }
+        Ok(())
+    }
+
+    /// Removes node `node` and its edges from its graph (not one being
+    /// captured, nor one with memory nodes, whose nodes CUDA keeps).
+    pub fn destroy_node(&mut self, node: usize) -> CuResult {
+        let (g, i) = self.node(node)?;
+        let graph = self.graphs_mut().graphs.get_mut(g)?;
+        if graph.capture.is_some() {
+            return Err(cu::ERROR_ILLEGAL_STATE);
+        }
+        if graph.has_mem_nodes() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        graph.nodes[i] = Node {
+            kind: NODE_REMOVED,
+            work: Vec::new(),
+            deps: Vec::new(),
+            param_ptrs: None,
+            given: None,
+            attrs: HashMap::new(),
+            child: None,
+        };
+        for n in &mut graph.nodes {
+            n.deps.retain(|&d| d != i);
         }
         Ok(())
     }
@@ -1093,6 +1216,120 @@ mod tests {
             Err(cu::ERROR_INVALID_VALUE)
         );
         assert_eq!(patterns(&o, e), [1, 2]);
+    }
+
+    #[test]
+    fn a_graph_with_memory_nodes_is_instantiated_once_and_never_copied() {
+        let mut o = Objects::default();
+        let g = empty_graph(&mut o);
+        let a = o.add_node(g, &[], NODE_MEM_ALLOC, Vec::new()).unwrap();
+        o.keep_given(a, Given::MemAlloc(0x1000, 64)).unwrap();
+        let f = o.add_node(g, &[a], NODE_MEM_FREE, Vec::new()).unwrap();
+        o.keep_given(f, Given::MemFree(0x1000)).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
+        assert_eq!(o.graphs().execs.at(e).mem, (vec![0x1000], vec![0x1000]));
+        assert_eq!(o.instantiate(g, 0), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(o.clone_graph(g), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(o.graph_work(g).map(drop), Err(cu::ERROR_INVALID_VALUE));
+        assert_eq!(
+            o.remove_dependencies(g, &[a], &[f]),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        o.destroy_exec(e).unwrap();
+        assert!(o.instantiate(g, 0).is_ok(), "once the first is gone");
+        // A graph without them is instantiated as often as asked.
+        let (plain, _) = chain(&mut o, &[1]);
+        assert!(o.instantiate(plain, 0).is_ok());
+        assert!(o.instantiate(plain, 0).is_ok());
+    }
+
+    #[test]
+    fn a_disabled_node_is_left_out_of_launches_until_enabled() {
+        let mut o = Objects::default();
+        let (g, nodes) = chain(&mut o, &[1, 2, 3]);
+        let empty = o.add_node(g, &[nodes[2]], NODE_EMPTY, Vec::new()).unwrap();
+        let e = o.instantiate(g, 0).unwrap();
+        let work = |o: &Objects| -> Vec<u32> {
+            o.graphs()
+                .execs
+                .at(e)
+                .launch_work()
+                .iter()
+                .map(|w| match w {
+                    Work::Fill { pattern, .. } => *pattern,
+                    _ => 0,
+                })
+                .collect()
+        };
+        o.set_enabled(e, nodes[1], false).unwrap();
+        assert_eq!(o.enabled(e, nodes[1]), Ok(false));
+        assert_eq!(o.enabled(e, nodes[0]), Ok(true));
+        assert_eq!(work(&o), [1, 3]);
+        // Changing a disabled node's work keeps it disabled.
+        o.set_exec_works(e, nodes[1], NODE_MEMSET, 0, vec![fill(7)])
+            .unwrap();
+        assert_eq!(work(&o), [1, 3]);
+        o.set_enabled(e, nodes[1], true).unwrap();
+        assert_eq!(work(&o), [1, 7, 3]);
+        // Only kernel, memcpy and memset nodes.
+        assert_eq!(o.set_enabled(e, empty, false), Err(cu::ERROR_INVALID_VALUE));
+        let (other, on) = chain(&mut o, &[4]);
+        assert_ne!(other, g);
+        assert_eq!(o.set_enabled(e, on[0], false), Err(cu::ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_removed_node_takes_its_edges_and_work_with_it() {
+        let mut o = Objects::default();
+        let (g, nodes) = chain(&mut o, &[1, 2, 3]);
+        o.destroy_node(nodes[1]).unwrap();
+        assert_eq!(o.node(nodes[1]), Err(cu::ERROR_INVALID_HANDLE));
+        assert_eq!(o.destroy_node(nodes[1]), Err(cu::ERROR_INVALID_HANDLE));
+        // The last node depended on the removed one only: now on none.
+        assert_eq!(o.node_edges(nodes[2], false), Ok(Vec::new()));
+        assert_eq!(o.node_edges(nodes[0], true), Ok(Vec::new()));
+        let e = o.instantiate(g, 0).unwrap();
+        let patterns: Vec<u32> = o
+            .graphs()
+            .execs
+            .at(e)
+            .nodes
+            .iter()
+            .map(|w| match w {
+                Work::Fill { pattern, .. } => *pattern,
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(patterns, [1, 3]);
+        // The other handles still name their nodes.
+        assert_eq!(o.node(nodes[2]), Ok((g, 2)));
+        o.add_dependencies(g, &[nodes[2]], &[nodes[0]]).unwrap();
+        assert_eq!(o.node_edges(nodes[0], false), Ok(vec![nodes[2]]));
+    }
+
+    #[test]
+    fn an_executables_child_graph_takes_a_graph_of_the_same_topology() {
+        let mut o = Objects::default();
+        let (child, _) = chain(&mut o, &[1, 2]);
+        let parent = empty_graph(&mut o);
+        let (_, work) = o.graph_work(child).unwrap();
+        let node = o.add_node(parent, &[], NODE_GRAPH, work).unwrap();
+        o.keep_child_topology(node, child).unwrap();
+        let e = o.instantiate(parent, 0).unwrap();
+        let (same, _) = chain(&mut o, &[5, 6]);
+        o.set_exec_child(e, node, same).unwrap();
+        assert_eq!(patterns(&o, e), [5, 6]);
+        // Another topology, or a node that is no child graph node.
+        let (longer, ln) = chain(&mut o, &[7, 8, 9]);
+        assert_eq!(
+            o.set_exec_child(e, node, longer),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            o.set_exec_child(e, ln[0], same),
+            Err(cu::ERROR_INVALID_VALUE)
+        );
+        assert_eq!(patterns(&o, e), [5, 6]);
     }
 
     #[test]

@@ -70,6 +70,15 @@ pub const NODE_EMPTY: u32 = 5;
 pub const NODE_WAIT_EVENT: u32 = 6;
 /// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
 pub const NODE_EVENT_RECORD: u32 = 7;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
+pub const NODE_MEM_ALLOC: u32 = 10;
+/// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+pub const NODE_MEM_FREE: u32 = 11;
+
+/// What a removed node (`cuGraphDestroyNode`) becomes: no type CUDA
+/// has, no work, no edges, its handle refused; the other nodes keep
+/// their indices and so their handles.
+pub const NODE_REMOVED: u32 = u32::MAX;
 
 /// Most nodes of one graph (a node's handle holds its index).
 pub const MAX_NODES: usize = (1 << 24) - 1;
@@ -96,7 +105,14 @@ pub struct Node {
     /// A kernel node's launch attributes as set, read back as set
     /// (`cuGraphKernelNodeSetAttribute`; a cluster shape is its work's).
     pub attrs: HashMap<u32, cu::CUlaunchAttributeValue>,
+    /// A child graph node's graph's topology when the node was made,
+    /// which a graph replacing it in an executable must have.
+    pub child: Option<Topology>,
 }
+
+/// A graph's topology: each node's type and dependencies (sorted), in
+/// the order the nodes were added.
+pub type Topology = Vec<(u32, Vec<usize>)>;
 
 /// The parameters a memset or memcpy node was made or last set with.
 #[derive(Clone, Copy)]
@@ -105,6 +121,10 @@ pub enum Given {
     Memset(cu::MemsetNodeParams),
     /// A memcpy node's parameters.
     Memcpy(cu::Memcpy3d),
+    /// An allocation node's allocation: its address and size.
+    MemAlloc(u64, u64),
+    /// A free node's address.
+    MemFree(u64),
 }
 
 // SAFETY: the host addresses in a memcpy's parameters are the program's
@@ -123,6 +143,7 @@ impl Clone for Node {
             param_ptrs: None,
             given: self.given,
             attrs: self.attrs.clone(),
+            child: self.child.clone(),
         }
     }
 }
@@ -132,7 +153,11 @@ impl Node {
     pub fn of(work: &Work, deps: Vec<usize>) -> Node {
         let kind = match work {
             Work::Launch { .. } => NODE_KERNEL,
-            Work::Copy { .. } | Work::Upload { .. } | Work::Download { .. } => NODE_MEMCPY,
+            Work::Copy { .. }
+            | Work::Upload { .. }
+            | Work::Download { .. }
+            | Work::PageableUpload { .. }
+            | Work::PageableDownload { .. } => NODE_MEMCPY,
             Work::Fill { .. } | Work::Write { .. } => NODE_MEMSET,
             Work::Host(_) => NODE_HOST,
             Work::Record(_) => NODE_EVENT_RECORD,
@@ -145,6 +170,7 @@ impl Node {
             param_ptrs: None,
             given: None,
             attrs: HashMap::new(),
+            child: None,
         }
     }
 }
@@ -209,6 +235,28 @@ impl Graph {
         (placed == n).then_some((work, spans))
     }
 
+    /// The addresses its allocation nodes allocate and those its free
+    /// nodes free.
+    pub fn mem_nodes(&self) -> (Vec<u64>, Vec<u64>) {
+        let (mut allocs, mut frees) = (Vec::new(), Vec::new());
+        for n in &self.nodes {
+            match n.given {
+                Some(Given::MemAlloc(a, _)) => allocs.push(a),
+                Some(Given::MemFree(a)) => frees.push(a),
+                _ => {}
+            }
+        }
+        (allocs, frees)
+    }
+
+    /// Whether it has allocation or free nodes, which CUDA lets no one
+    /// clone, nest or instantiate twice, nor delete edges of.
+    pub fn has_mem_nodes(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| matches!(n.kind, NODE_MEM_ALLOC | NODE_MEM_FREE))
+    }
+
     /// The graph's node types and dependencies, without their work.
     pub fn shape(&self) -> Graph {
         let nodes = self
@@ -221,6 +269,7 @@ impl Graph {
                 param_ptrs: None,
                 given: None,
                 attrs: HashMap::new(),
+                child: n.child.clone(),
             })
             .collect();
         Graph {
@@ -230,6 +279,18 @@ impl Graph {
             owned: Vec::new(),
             cloned_from: None,
         }
+    }
+
+    /// Its topology (see [`Topology`]).
+    pub fn topology(&self) -> Topology {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let mut d = n.deps.clone();
+                d.sort_unstable();
+                (n.kind, d)
+            })
+            .collect()
     }
 
     /// Whether `other` has this graph's topology: as many nodes, each of
@@ -293,6 +354,189 @@ pub struct GraphExec {
     pub owned: Owned,
     /// The `CUgraphInstantiate_flags` it was made with.
     pub flags: u64,
+    /// What its allocation nodes allocate and its free nodes free, at
+    /// each launch (see [`GraphMem`]).
+    pub mem: (Vec<u64>, Vec<u64>),
+    /// The nodes disabled in it (`cuGraphNodeSetEnabled`), by index: a
+    /// launch leaves their work out.
+    pub disabled: BTreeSet<usize>,
+}
+
+impl GraphExec {
+    /// The work a launch queues: every node's, but the disabled ones'.
+    pub fn launch_work(&self) -> Arc<[Work]> {
+        if self.disabled.is_empty() {
+            return self.nodes.clone();
+        }
+        let mut skip = vec![false; self.nodes.len()];
+        for &i in &self.disabled {
+            if let Some(span) = self.spans.get(i) {
+                for k in span.clone() {
+                    skip[k] = true;
+                }
+            }
+        }
+        self.nodes
+            .iter()
+            .zip(skip)
+            .filter(|(_, s)| !s)
+            .map(|(w, _)| w.clone())
+            .collect()
+    }
+}
+
+/// `CUgraphMem_attribute`: memory graphs' allocation nodes use now.
+pub const MEM_USED_CURRENT: u32 = 0;
+/// The most they used since the mark was reset.
+pub const MEM_USED_HIGH: u32 = 1;
+/// Memory held for them now.
+pub const MEM_RESERVED_CURRENT: u32 = 2;
+/// The most held since the mark was reset.
+pub const MEM_RESERVED_HIGH: u32 = 3;
+
+/// The memory of graphs' allocation nodes. Each allocation is made when
+/// its node is (its address is fixed from then on, as CUDA's is) and
+/// held until no graph or executable has the node, or, where a launch
+/// left it allocated, until the program frees it. A launch allocates
+/// it (it is "live") and a free node or the program's free frees it.
+#[derive(Default)]
+pub struct GraphMem {
+    /// Each allocation held: its size and device.
+    held: HashMap<u64, (u64, CUdevice)>,
+    /// Those a launch allocated that nothing freed since.
+    live: HashSet<u64>,
+    /// Live ones whose graphs are gone: the program's free frees them.
+    detached: HashSet<u64>,
+    /// Each device's high marks: used and reserved.
+    high: HashMap<CUdevice, (u64, u64)>,
+}
+
+/// What a program's free of an address does (see [`GraphMem::program_free`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProgramFree {
+    /// Not a graph's allocation: an ordinary free.
+    NotGraphs,
+    /// A graph's allocation, freed as the graph sees it; the memory
+    /// stays the graph's.
+    Kept,
+    /// A graph's allocation whose graphs are gone: the memory goes now.
+    Release,
+    /// Not allocated now (never launched, or freed already).
+    NotAllocated,
+}
+
+impl GraphMem {
+    /// An allocation node's memory, now held.
+    pub fn hold(&mut self, addr: u64, size: u64, device: CUdevice) {
+        self.held.insert(addr, (size, device));
+        self.mark(device);
+    }
+
+    /// Whether `addr` is an allocation node's.
+    pub fn is_graphs(&self, addr: u64) -> bool {
+        self.held.contains_key(&addr)
+    }
+
+    /// A launch allocating `allocs` and freeing `frees`. Refused (false)
+    /// where one of `allocs` is still allocated, unless `auto_free`
+    /// (`CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`) frees it first.
+    pub fn launch(&mut self, allocs: &[u64], frees: &[u64], auto_free: bool) -> bool {
+        if !auto_free && allocs.iter().any(|a| self.live.contains(a)) {
+            return false;
+        }
+        self.live.extend(allocs.iter().copied());
+        // The launch uses its allocations before it frees any of them.
+        let devices: HashSet<CUdevice> = allocs
+            .iter()
+            .filter_map(|a| self.held.get(a).map(|h| h.1))
+            .collect();
+        for d in devices {
+            self.mark(d);
+        }
+        for f in frees {
+            self.live.remove(f);
+        }
+        true
+    }
+
+    /// The program frees `addr` (`cuMemFree`, `cuMemFreeAsync`).
+    pub fn program_free(&mut self, addr: u64) -> ProgramFree {
+        if !self.held.contains_key(&addr) {
+            return ProgramFree::NotGraphs;
+        }
+        if !self.live.remove(&addr) {
+            return ProgramFree::NotAllocated;
+        }
+        if self.detached.remove(&addr) {
+            self.held.remove(&addr);
+            return ProgramFree::Release;
+        }
+        ProgramFree::Kept
+    }
+
+    /// No graph or executable holds `addr` any more: whether its memory
+    /// goes now (false: a launch left it allocated, and it goes with the
+    /// program's free).
+    pub fn released(&mut self, addr: u64) -> bool {
+        if !self.held.contains_key(&addr) {
+            return true;
+        }
+        if self.live.contains(&addr) {
+            self.detached.insert(addr);
+            return false;
+        }
+        self.held.remove(&addr);
+        true
+    }
+
+    /// Bytes of `device`'s allocations that are allocated now (`used`)
+    /// or held.
+    fn current(&self, device: CUdevice) -> (u64, u64) {
+        let mut used = 0;
+        let mut reserved = 0;
+        for (a, &(size, d)) in &self.held {
+            if d == device {
+                reserved += size;
+                if self.live.contains(a) {
+                    used += size;
+                }
+            }
+        }
+        (used, reserved)
+    }
+
+    /// Raises `device`'s high marks to what it uses and holds now.
+    fn mark(&mut self, device: CUdevice) {
+        let (used, reserved) = self.current(device);
+        let h = self.high.entry(device).or_default();
+        h.0 = h.0.max(used);
+        h.1 = h.1.max(reserved);
+    }
+
+    /// `device`'s `CUgraphMem_attribute` `attr`; `None` for another.
+    pub fn attribute(&self, device: CUdevice, attr: u32) -> Option<u64> {
+        let (used, reserved) = self.current(device);
+        let high = self.high.get(&device).copied().unwrap_or_default();
+        match attr {
+            MEM_USED_CURRENT => Some(used),
+            MEM_USED_HIGH => Some(high.0),
+            MEM_RESERVED_CURRENT => Some(reserved),
+            MEM_RESERVED_HIGH => Some(high.1),
+            _ => None,
+        }
+    }
+
+    /// Resets high mark `attr` of `device` (to zero, the one value CUDA
+    /// takes); false for an attribute that is not a high mark.
+    pub fn reset_high(&mut self, device: CUdevice, attr: u32) -> bool {
+        let h = self.high.entry(device).or_default();
+        match attr {
+            MEM_USED_HIGH => h.0 = 0,
+            MEM_RESERVED_HIGH => h.1 = 0,
+            _ => return false,
+        }
+        true
+    }
 }
 
 /// The graphs, their executables and the captures in progress.
@@ -309,6 +553,8 @@ pub struct Graphs {
     /// Device memory graphs owned and no longer use: freed by the entry
     /// point that let it go, once the objects are unlocked.
     to_free: Vec<u64>,
+    /// The memory of allocation nodes.
+    pub mem: GraphMem,
 }
 
 impl Graphs {
@@ -366,8 +612,12 @@ impl Graphs {
 
     /// Device memory at `addrs` is no longer used by any graph: it is
     /// freed by the entry point that let it go.
+    /// An allocation node's memory a launch left allocated stays until
+    /// the program frees it.
     pub fn free_later(&mut self, addrs: impl IntoIterator<Item = u64>) {
-        self.to_free.extend(addrs);
+        let mem = &mut self.mem;
+        self.to_free
+            .extend(addrs.into_iter().filter(|&a| mem.released(a)));
     }
 
     /// The device memory waiting to be freed.
@@ -403,4 +653,78 @@ pub fn exchange_thread_mode(mode: u32) -> u32 {
 /// Whether the calling thread asked for relaxed capture rules.
 pub fn thread_relaxed() -> bool {
     THREAD_MODE.with(|m| m.get()) == MODE_RELAXED
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_launch_allocates_and_a_relaunch_waits_for_the_free() {
+        let mut m = GraphMem::default();
+        m.hold(0x1000, 64, 0);
+        m.hold(0x2000, 32, 0);
+        assert_eq!(m.attribute(0, MEM_RESERVED_CURRENT), Some(96));
+        assert_eq!(m.attribute(0, MEM_USED_CURRENT), Some(0));
+        // 0x2000 is freed in its own graph; 0x1000 outlives the launch.
+        assert!(m.launch(&[0x1000, 0x2000], &[0x2000], false));
+        assert_eq!(m.attribute(0, MEM_USED_CURRENT), Some(64));
+        // Both were in use while it ran.
+        assert_eq!(m.attribute(0, MEM_USED_HIGH), Some(96));
+        assert!(!m.launch(&[0x1000, 0x2000], &[0x2000], false));
+        // The graph's own free leaves nothing for the program to free.
+        assert_eq!(m.program_free(0x2000), ProgramFree::NotAllocated);
+        assert_eq!(m.program_free(0x1000), ProgramFree::Kept);
+        assert_eq!(m.program_free(0x1000), ProgramFree::NotAllocated);
+        assert_eq!(m.program_free(0x9000), ProgramFree::NotGraphs);
+        assert!(m.launch(&[0x1000], &[], false));
+        // Freeing on launch lets it launch again at once.
+        assert!(m.launch(&[0x1000], &[], true));
+        assert_eq!(m.attribute(0, MEM_USED_HIGH), Some(96));
+        assert_eq!(m.attribute(1, MEM_USED_CURRENT), Some(0));
+        assert_eq!(m.attribute(0, 7), None);
+    }
+
+    #[test]
+    fn memory_a_launch_left_allocated_outlives_its_graph() {
+        let mut m = GraphMem::default();
+        m.hold(0x1000, 64, 0);
+        m.hold(0x2000, 32, 0);
+        assert!(m.launch(&[0x1000], &[], false));
+        assert!(!m.released(0x1000), "still allocated");
+        assert!(m.released(0x2000));
+        assert!(m.released(0x5000), "no graph's");
+        assert_eq!(m.attribute(0, MEM_RESERVED_CURRENT), Some(64));
+        assert_eq!(m.program_free(0x1000), ProgramFree::Release);
+        assert!(!m.is_graphs(0x1000));
+        assert_eq!(m.attribute(0, MEM_RESERVED_CURRENT), Some(0));
+        assert_eq!(m.attribute(0, MEM_RESERVED_HIGH), Some(96));
+        assert!(m.reset_high(0, MEM_RESERVED_HIGH));
+        assert!(!m.reset_high(0, MEM_USED_CURRENT));
+        assert_eq!(m.attribute(0, MEM_RESERVED_HIGH), Some(0));
+    }
+
+    #[test]
+    fn a_graph_lists_its_memory_nodes() {
+        let node = |kind, given| {
+            let mut n = Node::of(&Work::Record(1), Vec::new());
+            n.kind = kind;
+            n.work.clear();
+            n.given = given;
+            n
+        };
+        let g = Graph {
+            device: 0,
+            nodes: vec![
+                node(NODE_MEM_ALLOC, Some(Given::MemAlloc(0x1000, 8))),
+                node(NODE_MEM_FREE, Some(Given::MemFree(0x3000))),
+            ],
+            capture: None,
+            owned: Vec::new(),
+            cloned_from: None,
+        };
+        assert!(g.has_mem_nodes());
+        assert_eq!(g.mem_nodes(), (vec![0x1000], vec![0x3000]));
+        assert!(!g.shape().nodes.is_empty() && g.shape().has_mem_nodes());
+    }
 }

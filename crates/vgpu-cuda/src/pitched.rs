@@ -203,8 +203,9 @@ impl Copy3D {
 
     /// The copy as queued work of one device (a memcpy node, a capture):
     /// its rows between device memory, or between device memory and
-    /// page-locked host memory of that device (which a graph can replay
-    /// without waiting); pageable or host-to-host copies cannot be.
+    /// host memory: page-locked (which a graph replays without waiting)
+    /// or pageable (copied between batches); host-to-host copies cannot
+    /// be.
     pub fn works(&self, d: &Driver) -> CuResult<(CUdevice, Vec<Work>)> {
         if self.shape.is_empty() {
             return Err(cu::ERROR_INVALID_VALUE);
@@ -220,23 +221,31 @@ impl Copy3D {
                     .map(|(src, dst, len)| Work::Copy { dst, src, len })
                     .collect(),
             ),
-            (None, Some(dev)) if locked(self.src.1, src_span) => (
-                dev,
-                copies
-                    .map(|(src, dst, len)| Work::Upload { dst, src, len })
-                    .collect(),
-            ),
-            (Some(dev), None) if locked(self.dst.1, dst_span) => (
-                dev,
-                copies
-                    .map(|(src, dst, len)| Work::Download { dst, src, len })
-                    .collect(),
-            ),
+            // Pageable host memory is copied between batches instead.
+            (None, Some(dev)) => {
+                let pinned = locked(self.src.1, src_span);
+                (
+                    dev,
+                    copies
+                        .map(|(src, dst, len)| Work::Upload { dst, src, len })
+                        .map(|w| if pinned { w } else { w.pageable() })
+                        .collect(),
+                )
+            }
+            (Some(dev), None) => {
+                let pinned = locked(self.dst.1, dst_span);
+                (
+                    dev,
+                    copies
+                        .map(|(src, dst, len)| Work::Download { dst, src, len })
+                        .map(|w| if pinned { w } else { w.pageable() })
+                        .collect(),
+                )
+            }
             _ => {
-                return Err(d.not_supported_because(
-                    "a copy in a graph",
-                    "host memory that is not page-locked, or on both sides",
-                ))
+                return Err(
+                    d.not_supported_because("a copy in a graph", "host memory on both sides")
+                )
             }
         };
         Ok((device, works))

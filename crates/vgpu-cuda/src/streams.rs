@@ -77,6 +77,19 @@ impl Driver {
                 Some(Work::Wait(event)) => {
                     wait_across(self, device, lane, *event as _)?;
                 }
+                Some(&Work::PageableUpload { dst, src, len }) => {
+                    gpu.wait_idle();
+                    // SAFETY: the program's pageable source, which CUDA
+                    // requires it to keep valid while the graph runs.
+                    let data = unsafe { crate::ffi::bytes(src as *const u8, len as usize) }?;
+                    crate::diag::check(gpu.dev.copy_to_device_addr(dst, data))?;
+                }
+                Some(&Work::PageableDownload { dst, src, len }) => {
+                    gpu.wait_idle();
+                    // SAFETY: as for an upload, for the destination.
+                    let out = unsafe { crate::ffi::bytes_mut(dst as *mut u8, len as usize) }?;
+                    crate::diag::check(gpu.dev.copy_from_device_addr(src, out))?;
+                }
                 _ => {}
             }
         }

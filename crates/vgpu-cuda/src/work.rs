@@ -76,6 +76,27 @@ pub enum Work {
         /// Bytes copied.
         len: u64,
     },
+    /// A copy from pageable host memory to the device (a memcpy node or
+    /// a captured copy): made between batches, once the work before it
+    /// is done, as a synchronous copy is.
+    PageableUpload {
+        /// Destination device address.
+        dst: u64,
+        /// Source host address.
+        src: u64,
+        /// Bytes copied.
+        len: u64,
+    },
+    /// A copy from the device to pageable host memory, made as
+    /// [`Work::PageableUpload`] is.
+    PageableDownload {
+        /// Destination host address.
+        dst: u64,
+        /// Source device address.
+        src: u64,
+        /// Bytes copied.
+        len: u64,
+    },
     /// Records an event (its handle) once the work before it is done (an
     /// event record node).
     Record(usize),
@@ -134,7 +155,11 @@ impl Work {
                 batch.copy_device_addr(*dst, *src, *len);
             }
             // No device command: the queue runs it between batches.
-            Work::Host(_) | Work::Record(_) | Work::Wait(_) => {}
+            Work::Host(_)
+            | Work::Record(_)
+            | Work::Wait(_)
+            | Work::PageableUpload { .. }
+            | Work::PageableDownload { .. } => {}
             Work::Upload { dst, src, len } => {
                 // SAFETY: the source was page-locked memory of this process
                 // when the work was recorded, and a graph launch checks it
@@ -161,7 +186,24 @@ impl Work {
     /// Whether the queue runs it between batches rather than as a
     /// device command.
     pub fn between_batches(&self) -> bool {
-        matches!(self, Work::Host(_) | Work::Record(_) | Work::Wait(_))
+        matches!(
+            self,
+            Work::Host(_)
+                | Work::Record(_)
+                | Work::Wait(_)
+                | Work::PageableUpload { .. }
+                | Work::PageableDownload { .. }
+        )
+    }
+
+    /// The same copy with its host side in pageable memory: an upload or
+    /// download made between batches; other work as it is.
+    pub fn pageable(self) -> Work {
+        match self {
+            Work::Upload { dst, src, len } => Work::PageableUpload { dst, src, len },
+            Work::Download { dst, src, len } => Work::PageableDownload { dst, src, len },
+            w => w,
+        }
     }
 
     /// Refuses work the device would refuse to build (the error queueing
@@ -192,4 +234,53 @@ pub fn in_batches(work: &[Work], mut submit: impl FnMut(Batch) -> CuResult) -> C
         return Ok(());
     }
     submit(open)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_with_pageable_memory_runs_between_batches() {
+        let up = Work::Upload {
+            dst: 0x1000,
+            src: 0x2000,
+            len: 8,
+        };
+        let down = Work::Download {
+            dst: 0x2000,
+            src: 0x1000,
+            len: 8,
+        };
+        assert!(!up.between_batches() && !down.between_batches());
+        let (up, down) = (up.pageable(), down.pageable());
+        assert!(matches!(
+            up,
+            Work::PageableUpload {
+                dst: 0x1000,
+                src: 0x2000,
+                len: 8
+            }
+        ));
+        assert!(matches!(
+            down,
+            Work::PageableDownload {
+                dst: 0x2000,
+                src: 0x1000,
+                len: 8
+            }
+        ));
+        assert!(up.between_batches() && down.between_batches());
+        // No device command, and no page-locked range a launch checks.
+        assert_eq!(up.check(), Ok(()));
+        assert_eq!(up.host_range(), None);
+        // Other work stays as it is.
+        let copy = Work::Copy {
+            dst: 1,
+            src: 2,
+            len: 3,
+        }
+        .pageable();
+        assert!(matches!(copy, Work::Copy { .. }));
+    }
 }

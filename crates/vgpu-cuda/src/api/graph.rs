@@ -1,9 +1,10 @@
 //! Graphs ([`crate::graphs`]), made by stream capture or node by node
-//! (kernel, memset, device-to-device memcpy, host, child graph and empty
-//! nodes, and the dependencies between them): created, cloned, listed,
-//! instantiated, launched, and changed (kernel and host nodes'
-//! parameters, in a graph or an executable, and whole executables
-//! updated from a graph of the same topology). A graph's work replays in an order that honours
+//! (kernel, memset, memcpy, host, event, child graph, empty, memory
+//! allocation and free nodes, and the dependencies between them):
+//! created, cloned, listed, instantiated, launched, and changed (nodes'
+//! parameters, in a graph or an executable, nodes removed, disabled in
+//! an executable, child graphs replaced, and whole executables updated
+//! from a graph of the same topology). A graph's work replays in an order that honours
 //! its dependencies.
 
 use std::ffi::{c_char, c_void};
@@ -52,6 +53,8 @@ pub struct InstantiateParams {
     pub result_out: u32,
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+const INSTANTIATE_AUTO_FREE_ON_LAUNCH: u64 = 1;
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`: launching from kernels.
 const INSTANTIATE_DEVICE_LAUNCH: u64 = 4;
 /// Every `CUgraphInstantiate_flags` bit CUDA 13.0 defines.
@@ -125,14 +128,17 @@ pub unsafe extern "C" fn cuGraphGetNodes(
     count: *mut usize,
 ) -> CUresult {
     entry(|| {
-        let n = driver()?
+        let found: Vec<usize> = driver()?
             .objects()
             .graphs()
             .graphs
             .get(graph as usize)?
             .nodes
-            .len();
-        let found: Vec<usize> = (0..n).map(|i| g::node_handle(graph as usize, i)).collect();
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kind != g::NODE_REMOVED)
+            .map(|(i, _)| g::node_handle(graph as usize, i))
+            .collect();
         // SAFETY: the caller's array and count.
         unsafe { put_nodes(&found, nodes, count) }
     })
@@ -154,7 +160,7 @@ pub unsafe extern "C" fn cuGraphGetRootNodes(
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.deps.is_empty())
+            .filter(|(_, n)| n.deps.is_empty() && n.kind != g::NODE_REMOVED)
             .map(|(i, _)| g::node_handle(graph as usize, i))
             .collect();
         // SAFETY: the caller's array and count.
@@ -258,8 +264,12 @@ pub unsafe extern "C" fn cuGraphAddChildGraphNode(
         let work = d.objects().graph_work(child as usize)?;
         // SAFETY: the caller's pointers.
         unsafe { add_node(out, graph, deps, n, g::NODE_GRAPH, work) }?;
+        // SAFETY: `add_node` wrote the handle.
+        let node = unsafe { *out } as usize;
+        let mut o = d.objects();
+        o.keep_child_topology(node, child as usize)?;
         // The child's work may use memory the child owns.
-        d.objects().adopt_owned(graph as usize, child as usize)
+        o.adopt_owned(graph as usize, child as usize)
     })
 }
 
@@ -686,7 +696,7 @@ pub unsafe extern "C" fn cuGraphMemsetNodeGetParams(
         {
             // SAFETY: the caller's out-parameter.
             g::Given::Memset(p) => unsafe { ffi::put(out, p) },
-            g::Given::Memcpy(_) => Err(cu::ERROR_INVALID_VALUE),
+            _ => Err(cu::ERROR_INVALID_VALUE),
         }
     })
 }
@@ -732,7 +742,9 @@ pub unsafe extern "C" fn cuGraphExecMemsetNodeSetParams(
 }
 
 /// A memcpy node: rows (in slices) between device memory, or between
-/// device memory and page-locked host memory, as `cuMemcpy3D` copies them.
+/// device memory and host memory (page-locked, or pageable: copied when
+/// the graph runs, after the work before it), as `cuMemcpy3D` copies
+/// them.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemcpyNode(
     out: *mut Handle,
@@ -764,7 +776,7 @@ pub unsafe extern "C" fn cuGraphMemcpyNodeGetParams(node: Handle, out: *mut Memc
         {
             // SAFETY: the caller's out-parameter.
             g::Given::Memcpy(p) => unsafe { ffi::put(out, p) },
-            g::Given::Memset(_) => Err(cu::ERROR_INVALID_VALUE),
+            _ => Err(cu::ERROR_INVALID_VALUE),
         }
     })
 }
@@ -941,8 +953,8 @@ unsafe fn instantiate(pexec: *mut Handle, graph: Handle, flags: u64) -> CuResult
     if pexec.is_null() {
         return Err(cu::ERROR_INVALID_VALUE);
     }
-    // Automatic frees, uploads and node priorities need nothing here:
-    // graphs allocate nothing, replay from the host, and run in order.
+    // Uploads and node priorities need nothing here: graphs replay from
+    // the host and run in order. Automatic frees are the launch's.
     let h = d.objects().instantiate(graph as usize, flags)?;
     // SAFETY: the caller's out-parameter, checked non-null.
     unsafe { ffi::put(pexec, h as Handle) }
@@ -1044,9 +1056,18 @@ pub extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
         let d = driver()?;
         d.stream_gpu(stream as usize)?;
         let (device, nodes) = {
-            let o = d.objects();
+            let mut o = d.objects();
             let e = o.graphs().execs.get(exec as usize)?;
-            (e.device, e.nodes.clone())
+            let (device, nodes, flags) = (e.device, e.launch_work(), e.flags);
+            let (allocs, frees) = e.mem.clone();
+            let auto_free = flags & INSTANTIATE_AUTO_FREE_ON_LAUNCH != 0;
+            if !o.graphs_mut().mem.launch(&allocs, &frees, auto_free) {
+                // CUDA relaunches no graph whose allocation is still
+                // allocated, unless it frees them on launch.
+                log("a graph launched again before its allocations were freed");
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            (device, nodes)
         };
         // Copies with a host side reach host memory only while it is
         // still page-locked (not freed or unregistered since).
@@ -1331,6 +1352,8 @@ const NODE_TYPES: &[(u32, &str)] = &[
     (g::NODE_EMPTY, "empty"),
     (g::NODE_WAIT_EVENT, "event wait"),
     (g::NODE_EVENT_RECORD, "event record"),
+    (g::NODE_MEM_ALLOC, "memory allocation"),
+    (g::NODE_MEM_FREE, "memory free"),
 ];
 
 /// The parameters at `p`, checked: readable, reserved words zero, and a
@@ -1407,6 +1430,16 @@ unsafe fn add_any_node(
             }
             g::NODE_EMPTY => cuGraphAddEmptyNode(out, graph, deps, n),
             g::NODE_WAIT_EVENT => cuGraphAddEventWaitNode(out, graph, deps, n, *union_of(np)),
+            // The allocation's address goes back into the caller's
+            // parameters (`cuGraphAddNode` takes them mutable).
+            g::NODE_MEM_ALLOC => cuGraphAddMemAllocNode(
+                out,
+                graph,
+                deps,
+                n,
+                union_of::<MemAllocNodeParams>(np).cast_mut(),
+            ),
+            g::NODE_MEM_FREE => cuGraphAddMemFreeNode(out, graph, deps, n, *union_of(np)),
             _ => cuGraphAddEventRecordNode(out, graph, deps, n, *union_of(np)),
         }
     }
@@ -1515,8 +1548,14 @@ unsafe fn set_any_node(
             (g::NODE_EVENT_RECORD, Some(x)) => {
                 cuGraphExecEventRecordNodeSetEvent(x, node, *union_of(np))
             }
+            (g::NODE_GRAPH, Some(x)) => {
+                let c: &ChildGraphNodeParams = &*union_of(np);
+                cuGraphExecChildGraphNodeSetParams(x, node, c.graph)
+            }
             // An empty node has nothing to set.
             (g::NODE_EMPTY, _) => cu::SUCCESS,
+            // CUDA changes no memory node.
+            (g::NODE_MEM_ALLOC | g::NODE_MEM_FREE, _) => cu::ERROR_INVALID_VALUE,
             _ => crate::state::unsupported_with(name, "changing a child graph node"),
         }
     }
@@ -1628,7 +1667,8 @@ pub unsafe extern "C" fn cuGraphNodeFindInClone(
             let o = d.objects();
             let (graph, i) = o.node(original as usize)?;
             let c = o.graphs().graphs.get(clone as usize)?;
-            if c.cloned_from != Some(graph) || i >= c.nodes.len() {
+            let kept = c.nodes.get(i).is_some_and(|n| n.kind != g::NODE_REMOVED);
+            if c.cloned_from != Some(graph) || !kept {
                 return Err(cu::ERROR_INVALID_VALUE);
             }
             g::node_handle(clone as usize, i)
@@ -1658,6 +1698,9 @@ pub unsafe extern "C" fn cuGraphDebugDotPrint(
         };
         let mut dot = String::from("digraph graph_0 {\n");
         for (i, k) in kinds.iter().enumerate() {
+            if *k == g::NODE_REMOVED {
+                continue;
+            }
             let name = NODE_TYPES
                 .iter()
                 .find(|&&(t, _)| t == *k)
@@ -1821,6 +1864,267 @@ pub extern "C" fn cuGraphKernelNodeCopyAttributes(dst: Handle, src: Handle) -> C
     })
 }
 
+/// Gives a child graph node of an executable the work of `child`, a
+/// graph of the node's graph's topology.
+#[no_mangle]
+pub extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    exec: Handle,
+    node: Handle,
+    child: Handle,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let r = d
+            .objects()
+            .set_exec_child(exec as usize, node as usize, child as usize);
+        free_released(d);
+        r
+    })
+}
+
+/// Removes a node and the edges to and from it.
+#[no_mangle]
+pub extern "C" fn cuGraphDestroyNode(node: Handle) -> CUresult {
+    entry(|| driver()?.objects().destroy_node(node as usize))
+}
+
+/// Enables or disables a kernel, memcpy or memset node in an executable:
+/// its launches leave a disabled node's work out, its parameters kept.
+#[no_mangle]
+pub extern "C" fn cuGraphNodeSetEnabled(exec: Handle, node: Handle, enabled: u32) -> CUresult {
+    entry(|| {
+        driver()?
+            .objects()
+            .set_enabled(exec as usize, node as usize, enabled != 0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphNodeGetEnabled(
+    exec: Handle,
+    node: Handle,
+    enabled: *mut u32,
+) -> CUresult {
+    entry(|| {
+        let on = driver()?.objects().enabled(exec as usize, node as usize)?;
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(enabled, u32::from(on)) }
+    })
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`: the pool's properties, peer access,
+/// the size, and the address the node allocates (returned).
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool: crate::api::pool::PoolProps,
+    pub access: *const crate::api::pool::AccessDesc,
+    pub access_count: usize,
+    pub bytesize: usize,
+    pub dptr: cu::CUdeviceptr,
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`, `CU_MEM_LOCATION_TYPE_DEVICE`,
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const ALLOCATION_PINNED: u32 = 1;
+const LOCATION_DEVICE: i32 = 1;
+const ACCESS_READWRITE: u32 = 3;
+
+/// An allocation node: device memory of the graph's device, allocated
+/// now so that its address is fixed (`params.dptr`), and held by the
+/// graph and its executable (see [`g::GraphMem`]).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemAllocNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    params: *mut MemAllocNodeParams,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        if params.is_null() {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's parameters, not null.
+        let p = unsafe { &*params };
+        let device = d.objects().graphs().graphs.get(graph as usize)?.device;
+        let loc = p.pool.location;
+        if p.pool.alloc_type != ALLOCATION_PINNED
+            || loc.kind != LOCATION_DEVICE
+            || loc.id != device
+            || p.bytesize == 0
+        {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller's access descriptors.
+        let access = unsafe { ffi::slice(p.access, p.access_count) }?;
+        for a in access {
+            if a.location.kind != LOCATION_DEVICE || a.location.id != device {
+                // A vGPU has no peers to share the allocation with.
+                return Err(cu::ERROR_INVALID_DEVICE);
+            }
+            if a.flags != ACCESS_READWRITE {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+        }
+        if d.current_ctx()?.1 != device {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        let addr = crate::allocs::alloc(p.bytesize)?;
+        let added = (|| {
+            // SAFETY: the caller's pointers.
+            unsafe { add_node(out, graph, deps, n, g::NODE_MEM_ALLOC, (device, Vec::new())) }?;
+            // SAFETY: the caller's out-parameter, checked non-null above.
+            let node = unsafe { *out } as usize;
+            let mut o = d.objects();
+            o.keep_given(node, g::Given::MemAlloc(addr, p.bytesize as u64))?;
+            o.graphs_mut().mem.hold(addr, p.bytesize as u64, device);
+            o.graphs_mut()
+                .graphs
+                .get_mut(graph as usize)?
+                .owned
+                .push(std::sync::Arc::new(vec![addr]));
+            Ok(())
+        })();
+        if let Err(e) = added {
+            let _ = crate::allocs::free(addr);
+            return Err(e);
+        }
+        // SAFETY: the caller's parameters, not null.
+        unsafe { ffi::put(std::ptr::addr_of_mut!((*params).dptr), addr) }
+    })
+}
+
+/// A free node of memory an allocation node (of any graph) allocated,
+/// at most one per allocation in a graph.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    out: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    n: usize,
+    dptr: cu::CUdeviceptr,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let device = {
+            let o = d.objects();
+            let gr = o.graphs().graphs.get(graph as usize)?;
+            let twice = gr
+                .nodes
+                .iter()
+                .any(|x| matches!(x.given, Some(g::Given::MemFree(a)) if a == dptr));
+            if twice || !o.graphs().mem.is_graphs(dptr) {
+                return Err(cu::ERROR_INVALID_VALUE);
+            }
+            gr.device
+        };
+        // SAFETY: the caller's pointers.
+        unsafe { add_node(out, graph, deps, n, g::NODE_MEM_FREE, (device, Vec::new())) }?;
+        // SAFETY: `add_node` wrote the handle.
+        let node = unsafe { *out } as usize;
+        d.objects().keep_given(node, g::Given::MemFree(dptr))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
+    node: Handle,
+    out: *mut MemAllocNodeParams,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        let given = d.objects().given_of(node as usize, g::NODE_MEM_ALLOC)?;
+        let (g::Given::MemAlloc(addr, size), false) = (given, out.is_null()) else {
+            return Err(cu::ERROR_INVALID_VALUE);
+        };
+        let (graph, _) = d.objects().node(node as usize)?;
+        let device = d.objects().graphs().graphs.at(graph).device;
+        // SAFETY: all-zero bytes are valid pool properties.
+        let mut pool: crate::api::pool::PoolProps = unsafe { std::mem::zeroed() };
+        pool.alloc_type = ALLOCATION_PINNED;
+        pool.location = cu::MemLocation {
+            kind: LOCATION_DEVICE,
+            id: device,
+        };
+        let p = MemAllocNodeParams {
+            pool,
+            access: std::ptr::null(),
+            access_count: 0,
+            bytesize: size as usize,
+            dptr: addr,
+        };
+        // SAFETY: the caller's out-parameter, not null.
+        unsafe { std::ptr::write_unaligned(out, p) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
+    node: Handle,
+    out: *mut cu::CUdeviceptr,
+) -> CUresult {
+    entry(|| {
+        let given = driver()?
+            .objects()
+            .given_of(node as usize, g::NODE_MEM_FREE)?;
+        let g::Given::MemFree(addr) = given else {
+            return Err(cu::ERROR_INVALID_VALUE);
+        };
+        // SAFETY: the caller's out-parameter.
+        unsafe { ffi::put(out, addr) }
+    })
+}
+
+/// What graphs' allocation nodes use and hold on `device`, and the high
+/// marks of both.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    device: CUdevice,
+    attr: u32,
+    value: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.gpu(device)?;
+        let v = d
+            .objects()
+            .graphs()
+            .mem
+            .attribute(device, attr)
+            .ok_or(cu::ERROR_INVALID_VALUE)?;
+        // SAFETY: the caller's out-parameter, a `cuuint64_t`.
+        unsafe { ffi::put(value.cast::<u64>(), v) }
+    })
+}
+
+/// Resets a high mark (to zero, the only value CUDA takes).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    device: CUdevice,
+    attr: u32,
+    value: *mut c_void,
+) -> CUresult {
+    entry(|| {
+        let d = driver()?;
+        d.gpu(device)?;
+        // SAFETY: the caller's value, a `cuuint64_t`.
+        let v = unsafe { ffi::get(value.cast::<u64>().cast_const()) }?;
+        if v != 0 || !d.objects().graphs_mut().mem.reset_high(device, attr) {
+            return Err(cu::ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    })
+}
+
+/// Nothing to give back: an allocation node's memory is held only while
+/// a graph, an executable or an allocation left by a launch needs it.
+#[no_mangle]
+pub extern "C" fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult {
+    entry(|| driver()?.gpu(device).map(drop))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1843,6 +2147,14 @@ mod tests {
         assert_eq!(offset_of!(Memcpy3d, dst), 88);
         assert_eq!(offset_of!(Memcpy3d, width_bytes), 176);
         assert_eq!(size_of::<Memcpy3d>(), 200);
+    }
+
+    #[test]
+    fn mem_alloc_node_params_have_cuda_h_layout() {
+        assert_eq!(std::mem::size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(std::mem::offset_of!(MemAllocNodeParams, access), 88);
+        assert_eq!(std::mem::offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(std::mem::offset_of!(MemAllocNodeParams, dptr), 112);
     }
 
     #[test]

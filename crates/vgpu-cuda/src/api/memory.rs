@@ -57,7 +57,24 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    entry(|| if dptr == 0 { Ok(()) } else { free(dptr) })
+    entry(|| {
+        if dptr == 0 || !graph_free(dptr)? {
+            return Ok(());
+        }
+        free(dptr)
+    })
+}
+
+/// A free of an allocation node's memory frees it as the graph sees it
+/// ([`crate::graphs::GraphMem`]); true where the memory itself goes now
+/// or `dptr` is no graph's.
+fn graph_free(dptr: CUdeviceptr) -> CuResult<bool> {
+    use crate::graphs::ProgramFree as F;
+    match driver()?.objects().graphs_mut().mem.program_free(dptr) {
+        F::NotGraphs | F::Release => Ok(true),
+        F::Kept => Ok(false),
+        F::NotAllocated => Err(cu::ERROR_INVALID_VALUE),
+    }
 }
 
 /// Frees at once (after the work queued before it). In a capture, memory
@@ -70,6 +87,9 @@ pub extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult 
     entry(|| {
         let d = driver()?;
         if dptr == 0 || d.objects().captured_free(stream as usize, dptr)? {
+            return Ok(());
+        }
+        if !graph_free(dptr)? {
             return Ok(());
         }
         free(dptr)
@@ -240,9 +260,13 @@ fn capture_host_copy(
         // Nothing to record.
         return Ok(true);
     }
-    if !in_page_locked(d, host, n) {
-        d.refuse_in_capture(Unsafe::Stream(stream as usize))?;
-    }
+    // A copy with pageable memory is recorded as one made between
+    // batches when the graph runs, as CUDA's driver records it.
+    let work = if in_page_locked(d, host, n) {
+        work
+    } else {
+        work.pageable()
+    };
     d.queue(stream as usize, device, &[work]).map(|()| true)
 }
 
