@@ -312,6 +312,7 @@ struct vgpu_file {
 	u32 nallocs;
 	u32 nmodules;
 	u64 res_gen;			/* vgpu_dev.gen the resources belong to */
+	bool state_lost;		/* a function reset ended what it held */
 
 	/* Pinned ranges, sorted by nothing: few, looked up per COPY. */
 	struct mutex pin_lock;

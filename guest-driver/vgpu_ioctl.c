@@ -150,13 +150,40 @@ static void vgpu_res_drop_all_locked(struct vgpu_file *vf)
 	vf->nmodules = 0;
 }
 
-/* Resources of an older generation died with a function reset. */
+/*
+ * Resources of an older generation died with a function reset. A file
+ * that held any has lost its device state for good (see
+ * vgpu_file_check_lost()).
+ */
 static void vgpu_res_sync_gen_locked(struct vgpu_file *vf, u64 gen)
 {
 	if (vf->res_gen < gen) {
+		if (vf->nallocs || vf->nmodules || vf->mem_bytes ||
+		    !RB_EMPTY_ROOT(&vf->vas) || !RB_EMPTY_ROOT(&vf->phys))
+			vf->state_lost = true;
 		vgpu_res_drop_all_locked(vf);
 		vf->res_gen = gen;
 	}
+}
+
+/*
+ * A process whose device state a function reset ended (a fault of the
+ * partition every process of the function shares) is told so, with
+ * ENOTRECOVERABLE (CUDA_ERROR_CONTEXT_IS_DESTROYED), from then on: its
+ * handles would name nothing, or something else, in the fresh partition.
+ */
+static int vgpu_file_check_lost(struct vgpu_file *vf)
+{
+	struct vgpu_file *rf = vgpu_res_file(vf);
+	unsigned long flags;
+	int ret = 0;
+
+	spin_lock_irqsave(&rf->res_lock, flags);
+	vgpu_res_sync_gen_locked(rf, READ_ONCE(rf->vdev->gen));
+	if (rf->state_lost)
+		ret = -ENOTRECOVERABLE;
+	spin_unlock_irqrestore(&rf->res_lock, flags);
+	return ret;
 }
 
 void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen)
@@ -2238,6 +2265,19 @@ long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg)
 		if (vf->owner)
 			return -EINVAL;
 		break;
+	}
+	switch (cmd) {
+	case VGPU_IOCTL_ALLOC:
+	case VGPU_IOCTL_FREE:
+	case VGPU_IOCTL_SUBMIT:
+	case VGPU_IOCTL_VMM:
+	case VGPU_IOCTL_LANE: {
+		int ret = vgpu_file_check_lost(vf);
+
+		if (ret)
+			return ret;
+		break;
+	}
 	}
 	switch (cmd) {
 	case VGPU_IOCTL_INFO:

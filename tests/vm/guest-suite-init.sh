@@ -448,6 +448,8 @@ fault_shared() {
             [ -n "$why" ] || why="round $r: the neighbour saw a wrong result: $(tail -n 1 /tmp/nb.out)"
         elif [ $nb_rc -eq 0 ]; then
             [ -n "$why" ] || why="round $r: the neighbour went on: $(tail -n 1 /tmp/nb.out)"
+        elif grep -q 'named symbol not found' /tmp/nb.out; then
+            [ -n "$why" ] || why="round $r: the neighbour got a misleading error: $(tail -n 1 /tmp/nb.out)"
         elif ! grep -q '^PASS neighbour' /tmp/fresh.out; then
             [ -n "$why" ] || why="round $r: no fresh process computed: $(tail -n 1 /tmp/fresh.out)"
         fi
