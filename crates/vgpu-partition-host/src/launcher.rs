@@ -358,12 +358,21 @@ fn connect_shared(
         };
         match send(h.control.as_fd(), hand, Some(theirs.as_raw_fd())) {
             Ok(()) => return Ok((h.pid, OwnedFd::from(ours))),
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
-                // It is exiting (its partitions were lost): reaped later;
-                // a fresh one takes this partition.
+            Err(e) => {
+                // It is exiting (its partitions were lost: the peer is
+                // gone) or stuck (it took no socket in HAND_TIMEOUT):
+                // either way it is given up, killed so that it holds
+                // no SM group, reaped later; a fresh one takes this
+                // partition.
+                warn_limited!(
+                    "partition host launcher: the shared host {} takes no partition ({e}); starting another",
+                    h.pid
+                );
+                // SAFETY: kill of a child of ours, not yet reaped (reap
+                // clears `shared` when it reaps it).
+                unsafe { libc::kill(h.pid, libc::SIGKILL) };
                 *shared = None;
             }
-            Err(e) => return Err(e),
         }
     }
     Err(io::Error::from_raw_os_error(libc::EAGAIN))
