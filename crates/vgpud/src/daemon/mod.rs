@@ -290,7 +290,7 @@ impl Daemon {
                     backend,
                     sched,
                     next_tenant: 0,
-                    context_memory: g.context_memory(),
+                    context_memory: g.context_memory.0,
                 },
             );
         }
