@@ -169,7 +169,9 @@ int main() {
     printf("PASS %s layered %dx%dx%d\n", TEST_NAME, lw, lh, layers);
   }
 
-  // An array made without cudaArraySurfaceLoadStore takes no surface.
+  // An array made without cudaArraySurfaceLoadStore takes a surface object
+  // too: NVIDIA's driver makes one (an H100, driver 580), whatever the
+  // documentation of the flag suggests.
   {
     cudaArray_t plain;
     CHECK(cudaMallocArray(&plain, &fd, 4, 4));
@@ -177,12 +179,12 @@ int main() {
     memset(&res, 0, sizeof(res));
     res.resType = cudaResourceTypeArray;
     res.res.array.array = plain;
-    cudaSurfaceObject_t bad = 0;
-    cudaError_t e = cudaCreateSurfaceObject(&bad, &res);
-    EXPECT(e != cudaSuccess, "a surface over an array without the surface flag");
-    cudaGetLastError();
+    cudaSurfaceObject_t any = 0;
+    CHECK(cudaCreateSurfaceObject(&any, &res));
+    EXPECT(any != 0, "a surface object of 0");
+    CHECK(cudaDestroySurfaceObject(any));
     CHECK(cudaFreeArray(plain));
-    printf("PASS %s needs-surface-flag (%s)\n", TEST_NAME, cudaGetErrorName(e));
+    printf("PASS %s without-surface-flag\n", TEST_NAME);
   }
 
   CHECK(cudaFreeArray(arr));

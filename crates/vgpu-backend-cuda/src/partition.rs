@@ -1002,11 +1002,9 @@ impl CudaPartition {
                         .arrays
                         .get(&o.resource)
                         .ok_or_else(|| OpError::NotFound(format!("array {:#x}", o.resource)))?;
-                    if o.surface && !desc.surface {
-                        return Err(Fail::Op(OpError::Invalid(
-                            "a surface over an array made without the surface flag".into(),
-                        )));
-                    }
+                    // The driver decides: it makes a surface over an
+                    // array without the surface flag too.
+                    let _ = desc;
                     driver::TexResource::Array(a.handle())
                 }
                 Some((f, channels)) if o.res_type == abi::RESOURCE_LINEAR => {

@@ -778,11 +778,9 @@ impl Partition for SoftwarePartition {
                             .arrays
                             .get(&o.resource)
                             .ok_or_else(|| OpError::NotFound(format!("array {:#x}", o.resource)))?;
-                        if o.surface && !a.surface {
-                            return Err(OpError::Invalid(
-                                "a surface over an array made without the surface flag".into(),
-                            ));
-                        }
+                        // NVIDIA's driver makes a surface over any array
+                        // (seen on an H100, driver 580), the surface flag
+                        // or not.
                         o.descriptor(Some((a, o.resource)))
                     }
                     Some(_) => {
