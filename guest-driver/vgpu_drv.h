@@ -448,7 +448,7 @@ void vgpu_batch_put(struct vgpu_batch *b);
 long vgpu_ioctl(struct file *filp, unsigned int cmd, unsigned long arg);
 void vgpu_pinned_put(struct vgpu_pinned *p);
 void vgpu_unpin_all(struct vgpu_file *vf);
-void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen);
+int vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen);
 void vgpu_res_record(struct vgpu_file *vf, struct vgpu_res *res, u64 gen,
 		     u64 value);
 void vgpu_file_cleanup(struct vgpu_file *vf, bool wait);

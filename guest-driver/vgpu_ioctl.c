@@ -186,13 +186,22 @@ static int vgpu_file_check_lost(struct vgpu_file *vf)
 	return ret;
 }
 
-void vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen)
+/*
+ * Brings the file's resources (its owner's, for a lane) to generation
+ * @gen; -ENOTRECOVERABLE when a reset ended what it held, so that a
+ * command naming it never reaches the fresh partition.
+ */
+int vgpu_res_sync_gen(struct vgpu_file *vf, u64 gen)
 {
+	struct vgpu_file *rf = vgpu_res_file(vf);
 	unsigned long flags;
+	int ret;
 
-	spin_lock_irqsave(&vf->res_lock, flags);
-	vgpu_res_sync_gen_locked(vf, gen);
-	spin_unlock_irqrestore(&vf->res_lock, flags);
+	spin_lock_irqsave(&rf->res_lock, flags);
+	vgpu_res_sync_gen_locked(rf, gen);
+	ret = rf->state_lost ? -ENOTRECOVERABLE : 0;
+	spin_unlock_irqrestore(&rf->res_lock, flags);
+	return ret;
 }
 
 /* Files @res in @root, a tree of ranges that do not overlap. */
@@ -1689,8 +1698,9 @@ static long vgpu_ioctl_alloc(struct vgpu_file *vf, struct vgpu_alloc __user *arg
 	if (ret)
 		goto unlock_hw;
 	b->gen = READ_ONCE(vdev->gen);
-	vgpu_res_sync_gen(vf, b->gen);
-	ret = vgpu_queue_submit(vf->q, b, true);
+	ret = vgpu_res_sync_gen(vf, b->gen);
+	if (!ret)
+		ret = vgpu_queue_submit(vf->q, b, true);
 	mutex_unlock(&vf->submit_lock);
 unlock_hw:
 	up_read(&vdev->hw_lock);
@@ -1746,7 +1756,9 @@ static long vgpu_ioctl_free(struct vgpu_file *vf, struct vgpu_free __user *arg)
 	if (ret)
 		goto unlock_hw;
 	b->gen = READ_ONCE(vdev->gen);
-	vgpu_res_sync_gen(vf, b->gen);
+	ret = vgpu_res_sync_gen(vf, b->gen);
+	if (ret)
+		goto unlock;
 
 	spin_lock_irqsave(&vf->res_lock, flags);
 	r = vgpu_alloc_find(vf, f.addr);
@@ -1986,11 +1998,12 @@ static long vgpu_ioctl_vmm(struct vgpu_file *vf, struct vgpu_vmm __user *arg)
 	if (ret)
 		goto unlock_hw;
 	b->gen = READ_ONCE(vdev->gen);
-	vgpu_res_sync_gen(vf, b->gen);
-
-	spin_lock_irqsave(&vf->res_lock, flags);
-	ret = vgpu_vmm_check_locked(vf, &v, &gone);
-	spin_unlock_irqrestore(&vf->res_lock, flags);
+	ret = vgpu_res_sync_gen(vf, b->gen);
+	if (!ret) {
+		spin_lock_irqsave(&vf->res_lock, flags);
+		ret = vgpu_vmm_check_locked(vf, &v, &gone);
+		spin_unlock_irqrestore(&vf->res_lock, flags);
+	}
 	if (!ret) {
 		/*
 		 * Commands of the file already on the ring run before this
@@ -2096,7 +2109,9 @@ static long vgpu_ioctl_submit(struct vgpu_file *vf,
 		goto unlock;
 	}
 	b->gen = READ_ONCE(vdev->gen);
-	vgpu_res_sync_gen(vf, b->gen);
+	ret = vgpu_res_sync_gen(vf, b->gen);
+	if (ret)
+		goto unlock;
 	for (i = 0; i < s.count; i++) {
 		ret = vgpu_check_cmd(vf, &kc[i], &b->cmds[i]);
 		if (ret) {
