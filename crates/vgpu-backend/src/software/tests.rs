@@ -527,22 +527,8 @@ fn test_a_kernel_fault_fails_its_launch_alone() {
     let mut p = partition(MIB, 2);
     let d = p.alloc(4096, 0).unwrap();
     conformance::upload(&mut p, d, &[0x5a; 4096]);
-    let ptx = "
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry poke(.param .u64 p)
-{
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<2>;
-    ld.param.u64 %rd1, [p];
-    mov.u32 %r1, 7;
-    st.global.u32 [%rd1], %r1;
-    ret;
-}
-";
     let m = p
-        .module_load(abi::MODULE_FORMAT_PTX, ptx.as_bytes())
+        .module_load(abi::MODULE_FORMAT_PTX, POKE_PTX.as_bytes())
         .unwrap();
     let poke = |p: &mut SoftwarePartition, at: u64| {
         let params = conformance::Params::default().u64(at);
