@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 6;
+pub const ABI_VERSION_MINOR: u32 = 7;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -93,6 +93,11 @@ pub const REG_COMMANDS: u64 = 0x058;
 pub const REG_MAX_CONTEXTS: u64 = 0x060;
 /// Read-only: contexts (besides context 0) the function has now.
 pub const REG_CONTEXTS: u64 = 0x064;
+/// Read-only, 64-bit: device memory each context besides 0 holds of its
+/// own while it lives (a GPU context's own memory), counted in
+/// [`REG_MEM_USED`] from its first command to its end; 0 where contexts
+/// cost nothing. ABI minor version 7.
+pub const REG_CONTEXT_COST: u64 = 0x068;
 
 /// Error log: [`ERROR_LOG_ENTRIES`] entries of [`ErrorLogEntry`].
 pub const ERROR_LOG_OFFSET: u64 = 0x100;
@@ -1252,6 +1257,7 @@ pub fn c_header() -> String {
         ("VGPU_REG_COMMANDS", REG_COMMANDS),
         ("VGPU_REG_MAX_CONTEXTS", REG_MAX_CONTEXTS),
         ("VGPU_REG_CONTEXTS", REG_CONTEXTS),
+        ("VGPU_REG_CONTEXT_COST", REG_CONTEXT_COST),
         ("VGPU_ERROR_LOG_OFFSET", ERROR_LOG_OFFSET),
         ("VGPU_ERROR_LOG_ENTRIES", ERROR_LOG_ENTRIES.into()),
         ("VGPU_QUEUE_REGS_OFFSET", QUEUE_REGS_OFFSET),
@@ -1446,7 +1452,8 @@ const _: () = {
     assert!(ERROR_LOG_OFFSET + ERROR_LOG_ENTRIES as u64 * 16 <= QUEUE_REGS_OFFSET);
     assert!(MSIX_TABLE_OFFSET + MSIX_VECTORS as u64 * 16 <= MSIX_PBA_OFFSET);
     assert!(MSIX_PBA_OFFSET < BAR0_SIZE);
-    assert!(REG_CONTEXTS + 4 <= ERROR_LOG_OFFSET);
+    assert!(REG_CONTEXTS + 4 <= REG_CONTEXT_COST);
+    assert!(REG_CONTEXT_COST + 8 <= ERROR_LOG_OFFSET);
 };
 
 /// Offset in BAR0 of register `reg` of queue `queue`.

@@ -624,6 +624,13 @@ impl Partition for Contexts {
             started: self.started,
             start_ns: self.start_ns,
             reused: self.reused,
+            cost: self.cost,
+            memory: self.cost.saturating_mul(
+                self.slots
+                    .values()
+                    .filter(|s| matches!(s, Slot::Live(_)))
+                    .count() as u64,
+            ),
         })
     }
 }

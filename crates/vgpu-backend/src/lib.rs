@@ -684,6 +684,11 @@ pub struct ContextCounts {
     pub start_ns: u64,
     /// Contexts made with the partition of one that had ended.
     pub reused: u64,
+    /// Device memory each context holds of its own while it lives.
+    pub cost: u64,
+    /// What the live contexts hold of their own now, bytes (in the
+    /// partition's memory in use).
+    pub memory: u64,
 }
 
 /// A physical GPU.

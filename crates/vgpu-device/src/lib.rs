@@ -190,6 +190,8 @@ pub struct DeviceCounters {
     pub context_start_ns: AtomicU64,
     /// Contexts made with the partition of one that had ended.
     pub contexts_reused: AtomicU64,
+    /// What the live contexts hold of their own (in `mem_used`), bytes.
+    pub context_memory: AtomicU64,
 }
 
 /// Errors creating a device.
@@ -412,6 +414,8 @@ pub struct VgpuDevice {
     /// Contexts besides context 0 the partition may have; `None`
     /// without contexts.
     max_contexts: Option<u32>,
+    /// What each of those contexts holds of its own (REG_CONTEXT_COST).
+    context_cost: u64,
     /// Whether the partition runs cooperative launches (FEATURES bit 9).
     cooperative: bool,
     /// How often an idle worker looks whether the partition was lost.
@@ -498,13 +502,13 @@ impl VgpuDevice {
             .map_err(DeviceSetupError::Memory)?;
         let doorbells = map_file(&doorbell_file, DOORBELL_FILE_SIZE)?;
         let window = map_file(&window_file, config.window_size)?;
-        let (spec, compute_units, host_memory, max_contexts, cooperative, watch, vmm, arrays) = {
+        let (spec, compute_units, host_memory, contexts, cooperative, watch, vmm, arrays) = {
             let p = partition.lock();
             (
                 p.spec().clone(),
                 p.kernel_compute_units(),
                 p.host_memory(),
-                p.contexts().map(|n| n.max),
+                p.contexts(),
                 p.cooperative(),
                 p.watch_interval(),
                 p.has_vmm(),
@@ -521,7 +525,8 @@ impl VgpuDevice {
             window_file: Arc::new(window_file),
             mem_size: spec.memory,
             compute_units,
-            max_contexts,
+            max_contexts: contexts.as_ref().map(|n| n.max),
+            context_cost: contexts.map_or(0, |n| n.cost),
             cooperative,
             watch,
             vmm,
@@ -738,6 +743,9 @@ impl VgpuDevice {
             ),
             abi::REG_MAX_CONTEXTS => self.max_contexts.unwrap_or(0),
             abi::REG_CONTEXTS => sh.counters.contexts.load(Ordering::Relaxed),
+            o if o == abi::REG_CONTEXT_COST || o == abi::REG_CONTEXT_COST + 4 => {
+                lo_hi(self.context_cost, abi::REG_CONTEXT_COST)
+            }
             o if (abi::ERROR_LOG_OFFSET
                 ..abi::ERROR_LOG_OFFSET + u64::from(abi::ERROR_LOG_ENTRIES) * 16)
                 .contains(&o) =>
@@ -931,6 +939,7 @@ impl VgpuDevice {
         }
         sh.counters.mem_used.store(0, Ordering::Relaxed);
         sh.counters.contexts.store(0, Ordering::Relaxed);
+        sh.counters.context_memory.store(0, Ordering::Relaxed);
         sh.counters.busy_ns.store(0, Ordering::Relaxed);
         sh.counters.commands.store(0, Ordering::Relaxed);
         sh.counters.resets.fetch_add(1, Ordering::Relaxed);

@@ -1019,6 +1019,7 @@ fn with_partition<R>(sh: &Shared, q: u32, f: impl FnOnce(&mut command::Ctx<'_>) 
         c.contexts_started.store(n.started, Ordering::Relaxed);
         c.context_start_ns.store(n.start_ns, Ordering::Relaxed);
         c.contexts_reused.store(n.reused, Ordering::Relaxed);
+        c.context_memory.store(n.memory, Ordering::Relaxed);
     }
     sh.counters.mem_peak.fetch_max(used, Ordering::Relaxed);
     let lost = part.is_lost();

@@ -24,6 +24,11 @@ const MEMORY: u64 = 16 * MIB;
 /// that lose their state on a poisoned launch, and a guest with queue 0
 /// set up.
 fn vgpu(max: u32) -> (TestVgpu, Guest) {
+    vgpu_costing(max, 0)
+}
+
+/// As [`vgpu`], each context holding `cost` bytes of its own.
+fn vgpu_costing(max: u32, cost: u64) -> (TestVgpu, Guest) {
     let backend = Arc::new(SoftwareBackend::new(MEMORY, 2));
     let base = software_partition(&backend, "ctx", MEMORY, 2);
     let spec = base.spec().clone();
@@ -34,7 +39,7 @@ fn vgpu(max: u32) -> (TestVgpu, Guest) {
             resets: Arc::new(AtomicU32::new(0)),
         }) as Box<dyn Partition>)
     });
-    let p = Contexts::new(base, make, max);
+    let p = Contexts::new(base, make, max).with_cost(cost);
     let server = TestVgpu::start(test_config("ctx", 2), Box::new(p));
     let mut g = server.connect();
     g.setup_queue(0, 64, Mode::Interrupt);
@@ -75,6 +80,31 @@ fn contexts_are_offered_and_counted() {
     assert_eq!(g.read32(abi::REG_CONTEXTS), 0);
     // Ending one that does not exist is no error.
     assert_status(destroy(&mut g, 3), abi::STATUS_OK);
+}
+
+#[test]
+fn a_contexts_own_memory_is_shown_and_counted_from_its_first_command() {
+    let (_s, mut g) = vgpu_costing(4, 3 * MIB);
+    assert_eq!(g.read64(abi::REG_CONTEXT_COST), 3 * MIB);
+    assert_eq!(g.read64(abi::REG_MEM_USED), 0);
+    g.set_context(1);
+    assert_status(g.nop(0), abi::STATUS_OK);
+    assert_eq!(g.read64(abi::REG_MEM_USED), 3 * MIB);
+    // What a context may allocate is the quota less what each holds.
+    let past = g.mem_alloc(0, MEMORY - 3 * MIB + 4096, 0);
+    assert_status(past, abi::STATUS_NO_MEMORY);
+    let a = g.device_alloc(0, MEMORY - 3 * MIB);
+    // A second context does not fit beside it.
+    g.set_context(2);
+    assert_status(g.nop(0), abi::STATUS_NO_MEMORY);
+    assert_eq!(g.read32(abi::REG_CONTEXTS), 1);
+    g.set_context(1);
+    assert_status(g.mem_free(0, a), abi::STATUS_OK);
+    assert_status(destroy(&mut g, 1), abi::STATUS_OK);
+    assert_eq!(g.read64(abi::REG_MEM_USED), 0);
+    // Without a cost the register reads 0.
+    let (_s0, mut g0) = vgpu(4);
+    assert_eq!(g0.read64(abi::REG_CONTEXT_COST), 0);
 }
 
 #[test]
