@@ -250,6 +250,7 @@ struct vgpu_dev {
 	/* FEATURE_CONTEXTS: the files' context ids; else none are used. */
 	bool contexts;
 	u32 max_contexts;		/* MAX_CONTEXTS, read at probe */
+	u64 context_cost;		/* CONTEXT_COST, read at probe */
 	struct ida ctx_ida;
 };
 

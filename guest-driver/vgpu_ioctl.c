@@ -1629,6 +1629,7 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 	if (vdev->contexts) {
 		i.flags |= VGPU_INFO_CONTEXTS;
 		i.max_contexts = vdev->max_contexts;
+		i.context_cost = vdev->context_cost;
 	}
 	return copy_to_user(arg, &i, sizeof(i)) ? -EFAULT : 0;
 }
@@ -2242,6 +2243,9 @@ static long vgpu_ioctl_usage(struct vgpu_file *vf, void __user *arg)
 		u.contexts = readl(vdev->regs + VGPU_REG_CONTEXTS);
 	up_read(&vdev->hw_lock);
 	u.context = vgpu_res_file(vf)->ctx;
+	/* Counted in mem_used from the context's first command on. */
+	if (u.context && !READ_ONCE(vgpu_res_file(vf)->ctx_used))
+		u.context_pending = vdev->context_cost;
 
 	mutex_lock(&vdev->files_lock);
 	u.open_files = vdev->nfiles;

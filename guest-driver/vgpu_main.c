@@ -771,6 +771,10 @@ static int vgpu_read_identity(struct vgpu_dev *vdev)
 	if (vdev->features & VGPU_FEATURE_CONTEXTS) {
 		vdev->contexts = true;
 		vdev->max_contexts = readl(regs + VGPU_REG_MAX_CONTEXTS);
+		/* ABI 1.7: what a context holds of its own. */
+		if ((vdev->version & 0xffff) >= 7)
+			vdev->context_cost =
+				readq(regs + VGPU_REG_CONTEXT_COST);
 	}
 	vdev->mem_size = readq(regs + VGPU_REG_MEM_SIZE);
 	vdev->compute_units = readl(regs + VGPU_REG_COMPUTE_UNITS);

@@ -1,5 +1,6 @@
 // What a program sees of the device: its properties, the memory quota
-// (cudaMemGetInfo, totalGlobalMem), and out-of-memory at the quota.
+// (cudaMemGetInfo, totalGlobalMem), and out-of-memory at the quota, where
+// the memory it read as free is what it could allocate.
 // Usage: device_query [EXPECTED_TOTAL_BYTES]
 #define TEST_NAME "device_query"
 #include "check.h"
@@ -42,6 +43,10 @@ int main(int argc, char **argv) {
     EXPECT(got <= total, "allocated %zu bytes of a %zu-byte quota", got, total);
   }
   EXPECT(!held.empty(), "nothing allocated");
+  // What was free before the context's first allocation is what it can
+  // allocate: the context's own memory was counted from the start.
+  EXPECT(got <= free_b && got + chunk > free_b, "%zu MiB allocated in %zu MiB chunks, %zu MiB were free",
+         got >> 20, chunk >> 20, free_b >> 20);
   (void)cudaGetLastError();
   for (void *q : held) CHECK(cudaFree(q));
   void *q = nullptr;

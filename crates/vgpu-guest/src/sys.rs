@@ -169,7 +169,9 @@ uapi_struct!(
         /// once.
         pub max_contexts: u32,
         pub pad1: u32,
-        pub reserved: [u64; 3],
+        /// Device memory each context holds of its own while it lives.
+        pub context_cost: u64,
+        pub reserved: [u64; 2],
     }
 );
 
@@ -581,9 +583,21 @@ uapi_struct!(
         pub context: u32,
         /// Contexts the function has now.
         pub contexts: u32,
-        pub reserved: [u64; 3],
+        /// What this file's context will hold of its own once it starts,
+        /// not yet in `mem_used`: free memory for this file is
+        /// `mem_size - mem_used - context_pending`.
+        pub context_pending: u64,
+        pub reserved: [u64; 2],
     }
 );
+
+impl VgpuUsage {
+    /// Device memory this file cannot allocate: what the function's files
+    /// hold, with what its own context will hold once it starts.
+    pub fn mem_held(&self) -> u64 {
+        self.mem_used.saturating_add(self.context_pending)
+    }
+}
 
 uapi_struct!(
     /// VGPU_IOCTL_PIN and VGPU_IOCTL_UNPIN.

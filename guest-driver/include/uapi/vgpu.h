@@ -67,6 +67,9 @@
  * @max_contexts: with VGPU_INFO_CONTEXTS, the contexts the function may
  *	have at once (the device's MAX_CONTEXTS); else 0
  * @pad1: zero
+ * @context_cost: device memory each context holds of its own while it
+ *	lives (device CONTEXT_COST), counted in the function's memory in
+ *	use; 0 where contexts cost nothing
  * @reserved: zero
  */
 struct vgpu_info {
@@ -92,7 +95,8 @@ struct vgpu_info {
 	__u32 minor;
 	__u32 max_contexts;
 	__u32 pad1;
-	__u64 reserved[3];
+	__u64 context_cost;
+	__u64 reserved[2];
 };
 
 /* ---- VGPU_IOCTL_ALLOC / VGPU_IOCTL_FREE ---------------------------------- */
@@ -557,6 +561,11 @@ struct vgpu_wait {
  * @context: the device context of this file (its owner's for a lane);
  *	0 without VGPU_INFO_CONTEXTS
  * @contexts: device CONTEXTS: contexts the function has now
+ * @context_pending: what this file's context will hold of its own once
+ *	it starts (its first command), not yet in @mem_used: the device's
+ *	CONTEXT_COST before then, 0 after and without contexts. Free
+ *	memory, as this file can allocate it, is
+ *	mem_size - mem_used - context_pending.
  * @reserved: zero
  */
 struct vgpu_usage {
@@ -574,7 +583,8 @@ struct vgpu_usage {
 	__u32 recoveries;
 	__u32 context;
 	__u32 contexts;
-	__u64 reserved[3];
+	__u64 context_pending;
+	__u64 reserved[2];
 };
 
 /* ---- VGPU_IOCTL_PIN / VGPU_IOCTL_UNPIN ----------------------------------- */

@@ -106,7 +106,10 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let size = g.info.mem_size;
         // SAFETY: the caller's out-parameters.
         unsafe {
-            ffi::put(free, size.saturating_sub(usage.mem_used) as usize)?;
+            // What the context will hold of its own once it starts is
+            // not free to allocate, as natively the context holds it.
+            let used = usage.mem_used.saturating_add(usage.context_pending);
+            ffi::put(free, size.saturating_sub(used) as usize)?;
             ffi::put(total, size as usize)
         }
     })

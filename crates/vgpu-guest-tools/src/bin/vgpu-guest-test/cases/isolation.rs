@@ -82,7 +82,7 @@ pub(super) fn isolation_check(args: &Args) -> CaseResult {
     let magic = args.isolation_check.unwrap_or(0x5a5a_5a5a);
     let dev = open(args)?;
     let info = *dev.cached_info();
-    let used_before = dev.usage().ctx("USAGE")?.mem_used;
+    let used_before = dev.usage().ctx("USAGE")?.mem_held();
     // Take everything: big chunks, then smaller ones for the rest.
     let mut held = Vec::new();
     let mut total = 0u64;

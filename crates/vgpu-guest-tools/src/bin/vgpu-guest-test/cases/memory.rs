@@ -40,7 +40,7 @@ pub(super) fn alloc_free(args: &Args) -> CaseResult {
         u.file_allocs
     );
     ensure!(
-        u.mem_used >= base.mem_used + total,
+        u.mem_held() >= base.mem_held() + total,
         "mem_used {} -> {}",
         base.mem_used,
         u.mem_used
@@ -74,10 +74,10 @@ pub(super) fn alloc_free(args: &Args) -> CaseResult {
         u.file_allocs
     );
     ensure!(
-        u.mem_used == base.mem_used,
-        "mem_used {} -> {}",
-        base.mem_used,
-        u.mem_used
+        u.mem_held() == base.mem_held(),
+        "memory held {} -> {}",
+        base.mem_held(),
+        u.mem_held()
     );
     Ok("alignment, zeroed memory, accounting, ENOENT/EINVAL".into())
 }
@@ -85,7 +85,7 @@ pub(super) fn alloc_free(args: &Args) -> CaseResult {
 pub(super) fn alloc_quota(args: &Args) -> CaseResult {
     let dev = open(args)?;
     let mem = dev.cached_info().mem_size;
-    let used0 = dev.usage().ctx("USAGE")?.mem_used;
+    let used0 = dev.usage().ctx("USAGE")?.mem_held();
     expect_errno(
         dev.alloc(mem + 4 * KIB),
         libc::ENOMEM,
@@ -120,7 +120,7 @@ pub(super) fn alloc_quota(args: &Args) -> CaseResult {
     );
     let u = dev.usage().ctx("USAGE")?;
     ensure!(
-        u.mem_used >= used0 + total && u.mem_used <= mem,
+        u.mem_held() >= used0 + total && u.mem_used <= mem,
         "mem_used {} at exhaustion",
         u.mem_used
     );
@@ -136,9 +136,9 @@ pub(super) fn alloc_quota(args: &Args) -> CaseResult {
     drop(held);
     let u = dev.usage().ctx("USAGE")?;
     ensure!(
-        u.mem_used == used0,
-        "mem_used {} after freeing, was {used0}",
-        u.mem_used
+        u.mem_held() == used0,
+        "memory held {} after freeing, was {used0}",
+        u.mem_held()
     );
     let again = dev
         .alloc(total)
