@@ -79,6 +79,9 @@ name = "gpu0"
 backend = "software"
 memory = "1GiB"
 compute_units = 2
+# Each guest process's context holds memory of its own, as on a GPU:
+# the guests' accounting checks count it.
+context_memory = "8MiB"
 
 [[vgpu]]
 name = "a"

@@ -66,6 +66,10 @@ pub struct VgpuStats {
     pub context_start_seconds: f64,
     /// Contexts that took the partition of one that had ended.
     pub context_reuses: u64,
+    /// What its contexts hold of their own, bytes: a GPU context's own
+    /// memory for each, counted in `memory_used_bytes` and the quota.
+    #[serde(default)]
+    pub context_memory_bytes: u64,
     /// Most device memory allocated at once, bytes.
     pub memory_peak_bytes: u64,
     /// Commands completed.

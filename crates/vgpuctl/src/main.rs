@@ -190,7 +190,14 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             ("resets", s.device.resets.to_string()),
             ("odd reads", s.device.odd_reads.to_string()),
             ("dropped writes", s.device.dropped_writes.to_string()),
-            ("contexts now", s.contexts.to_string()),
+            (
+                "contexts now",
+                format!(
+                    "{} (holding {} of their own)",
+                    s.contexts,
+                    format::bytes(s.context_memory_bytes)
+                ),
+            ),
             (
                 "context starts",
                 format!(

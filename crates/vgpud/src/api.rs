@@ -175,6 +175,7 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         context_starts: s.context_starts,
         context_start_seconds: s.context_start.as_secs_f64(),
         context_reuses: s.context_reuses,
+        context_memory_bytes: s.context_memory,
         commands: s.commands,
         busy_seconds: s.busy.as_secs_f64(),
         bytes: s.bytes,

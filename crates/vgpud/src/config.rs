@@ -256,10 +256,17 @@ pub struct GpuConfig {
     pub kernel_timeout_ms: u64,
     /// Device memory one context costs on this GPU besides what it
     /// allocates (a GPU context's own memory), counted against its vGPU's
-    /// quota for each context, as a GPU counts it per process.
-    #[serde(default)]
-    pub context_memory: Size,
+    /// quota for each context, as a GPU counts it per process; see
+    /// [`GpuConfig::context_memory`] for the default.
+    #[serde(default, rename = "context_memory")]
+    pub context_memory_setting: Option<Size>,
 }
+
+/// What a context's own memory costs by default on a CUDA GPU: a partition
+/// host process with its context, measured with `nvidia-smi` at 480 MiB
+/// (median of 22) on an H100 with driver 580 (`docs/perf/gpu-vm-cuda.md`),
+/// rounded up.
+pub const CUDA_CONTEXT_MEMORY: u64 = 512 << 20;
 
 fn default_kernel_timeout_ms() -> u64 {
     vgpu_backend::software::DEFAULT_KERNEL_TIMEOUT.as_millis() as u64
@@ -271,6 +278,24 @@ impl GpuConfig {
     pub fn slice_us(&self) -> u64 {
         self.slice_us_setting
             .unwrap_or_else(|| default_slice_us(self.backend))
+    }
+
+    /// What each context costs its vGPU's quota: as configured, else
+    /// [`CUDA_CONTEXT_MEMORY`] for a CUDA GPU in `isolated` mode with
+    /// process isolation (each context is a host process with a GPU
+    /// context of its own, memory the GPU gives no tenant) and 0
+    /// otherwise (contexts share their partition's GPU context, or the
+    /// software backend's own memory is host memory).
+    pub fn context_memory(&self) -> u64 {
+        self.context_memory_setting.map_or_else(
+            || match (self.backend, self.partition_mode, self.isolation()) {
+                (BackendKind::Cuda, PartitionMode::Isolated, Isolation::Process) => {
+                    CUDA_CONTEXT_MEMORY
+                }
+                _ => 0,
+            },
+            |s| s.0,
+        )
     }
 
     /// Where partitions run: as configured, else `process` for CUDA (in
@@ -850,6 +875,20 @@ mod tests {
             assert!(e.starts_with(&format!("c.toml: gpu \"g\".{field}:")), "{e}");
         }
         assert!(gpu("backend = \"software\"\nisolation = \"vm\"\n").is_err());
+        // A context's own memory counts where it is a host process's.
+        let cost = |extra: &str| gpu(extra).unwrap().context_memory();
+        assert_eq!(cost("backend = \"cuda\"\n"), CUDA_CONTEXT_MEMORY);
+        assert_eq!(
+            cost("backend = \"cuda\"\npartition_mode = \"spatial\"\n"),
+            0
+        );
+        assert_eq!(cost("backend = \"cuda\"\nisolation = \"thread\"\n"), 0);
+        assert_eq!(cost("backend = \"software\"\n"), 0);
+        assert_eq!(cost("backend = \"cuda\"\ncontext_memory = \"0\"\n"), 0);
+        assert_eq!(
+            cost("backend = \"software\"\ncontext_memory = \"1MiB\"\n"),
+            1 << 20
+        );
         let trusted = "partition_mode = \"spatial\"\nguest_ptx = true\ntrusted_tenants = true\n";
         assert!(gpu(&format!("backend = \"cuda\"\n{trusted}")).is_ok());
     }

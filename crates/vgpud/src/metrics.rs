@@ -145,6 +145,12 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         |s| f64::from(s.contexts),
     ),
     (
+        "vgpud_vgpu_context_memory_bytes",
+        "gauge",
+        "Device memory the vGPU's contexts hold of their own (in its memory in use).",
+        |s| s.context_memory as f64,
+    ),
+    (
         "vgpud_vgpu_context_starts_total",
         "counter",
         "Contexts that started a partition of their own (on a GPU, a host process and a CUDA context).",
@@ -432,6 +438,7 @@ mod tests {
             context_starts: 3,
             context_start: Duration::from_millis(900),
             context_reuses: 1,
+            context_memory: 2 << 20,
             commands: 17,
             busy: Duration::from_millis(busy_ms),
             bytes: 1 << 20,
@@ -646,6 +653,7 @@ mod tests {
             "vgpud_vgpu_context_starts_total",
             "vgpud_vgpu_context_start_seconds_total",
             "vgpud_vgpu_context_reuses_total",
+            "vgpud_vgpu_context_memory_bytes",
         ] {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }

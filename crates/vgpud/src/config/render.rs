@@ -8,7 +8,8 @@ use std::path::Path;
 use toml::{Table, Value};
 
 use super::{
-    BackendKind, Config, DaemonConfig, GpuConfig, Isolation, PartitionMode, Policy, VgpuConfig,
+    BackendKind, Config, DaemonConfig, GpuConfig, Isolation, PartitionMode, Policy, Size,
+    VgpuConfig,
 };
 use crate::confine::SeccompMode;
 
@@ -119,7 +120,7 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("policy", s(policy)),
         Entry::Set("slice_us", big(g.slice_us())),
         Entry::Set("kernel_timeout_ms", big(g.kernel_timeout_ms)),
-        Entry::Set("context_memory", s(g.context_memory.to_string())),
+        Entry::Set("context_memory", s(Size(g.context_memory()).to_string())),
     ]
 }
 

@@ -187,6 +187,8 @@ pub struct InstanceStats {
     pub context_start: Duration,
     /// Contexts made with the partition of one that had ended.
     pub context_reuses: u64,
+    /// What its contexts hold of their own (in `memory_used`), bytes.
+    pub context_memory: u64,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
     /// Commands run since the vGPU was created.
@@ -290,7 +292,7 @@ impl Daemon {
                     backend,
                     sched,
                     next_tenant: 0,
-                    context_memory: g.context_memory.0,
+                    context_memory: g.context_memory(),
                 },
             );
         }
@@ -458,6 +460,7 @@ impl Daemon {
                     context_starts: c.contexts_started.load(Ordering::Relaxed),
                     context_start: Duration::from_nanos(c.context_start_ns.load(Ordering::Relaxed)),
                     context_reuses: c.contexts_reused.load(Ordering::Relaxed),
+                    context_memory: c.context_memory.load(Ordering::Relaxed),
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
