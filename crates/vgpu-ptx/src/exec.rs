@@ -509,14 +509,17 @@ pub fn launch(
             info.param_bytes
         )));
     }
-    let dyn_base = (info.shared_static as u64).div_ceil(16) * 16;
-    let shared_len = dyn_base + cfg.shared_dyn as u64;
-    if shared_len > limits.max_shared as u64 {
+    // The limit is a GPU's, over what the kernel's own variables take;
+    // the block's memory follows the module's layout.
+    let requested = (info.shared_static as u64).div_ceil(16) * 16 + cfg.shared_dyn as u64;
+    if requested > limits.max_shared as u64 {
         return Err(ExecError::SharedTooLarge {
-            requested: shared_len,
+            requested,
             max: limits.max_shared,
         });
     }
+    let dyn_base = (info.shared_layout as u64).div_ceil(16) * 16;
+    let shared_len = dyn_base + cfg.shared_dyn as u64;
     // Per-thread parameter space of calls is local memory on a GPU too.
     let local = module.local_size.saturating_add(module.param_size);
     if local > limits.max_local_per_thread {
@@ -536,7 +539,7 @@ pub fn launch(
             None => VecMemory::from_bytes(STATIC_WINDOW, &module.statics),
         },
         dyn_base,
-        static_end: info.shared_static as u64,
+        static_end: info.shared_layout as u64,
         reg_ranges: std::iter::once((0, 2))
             .chain(module.funcs[fi].reach_regs.iter().copied())
             .collect(),

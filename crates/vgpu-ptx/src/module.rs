@@ -23,10 +23,13 @@ pub struct KernelInfo {
     pub params: Vec<ParamInfo>,
     /// Size of the parameter buffer (end of the last parameter).
     pub param_bytes: u32,
-    /// Static shared memory: the end of the last `.shared` variable the
-    /// kernel or a function it calls names (module variables keep one
-    /// layout for all kernels).
+    /// Static shared memory: what the `.shared` variables the kernel and
+    /// the functions it calls name take, as a GPU reports it.
     pub shared_static: u32,
+    /// The end of the last of them in the module's one layout of
+    /// `.shared` variables (all kernels'): the executor's block holds
+    /// this much before the dynamic shared memory.
+    pub shared_layout: u32,
     /// Local memory per thread (all `.local` variables of the module).
     pub local_per_thread: u32,
     /// Registers declared by the kernel and the functions it may call, in
@@ -53,6 +56,10 @@ pub(crate) struct Func {
     pub shared_end: u32,
     /// The same over everything it may call.
     pub shared_total: u32,
+    /// Offsets of the `.shared` variables the function itself names.
+    pub shared_vars: Vec<u32>,
+    /// What the variables of the function and all it may call take.
+    pub shared_size: u32,
     /// One past its last instruction.
     pub end: u32,
     /// Its registers: indices `regs.0..regs.1`.
@@ -158,7 +165,8 @@ impl Module {
             name: f.name.clone(),
             params,
             param_bytes,
-            shared_static: f.shared_total,
+            shared_static: f.shared_size,
+            shared_layout: f.shared_total,
             local_per_thread: self.local_size,
             // Callees' registers count too: .func registers are not shared.
             registers: f.regs32_total,

@@ -335,6 +335,8 @@ struct FnScope<'a> {
     entry: bool,
     regs32: u32,
     shared_end: std::cell::Cell<u32>,
+    /// Offsets of the `.shared` variables the function names.
+    shared_vars: std::cell::RefCell<std::collections::BTreeSet<u32>>,
 }
 
 struct Parser<'a> {
@@ -525,6 +527,7 @@ impl<'a> Parser<'a> {
             let mut seen = vec![false; self.m.funcs.len()];
             let mut todo = vec![i];
             let mut total = 0;
+            let mut vars = std::collections::BTreeSet::new();
             let mut regs = Vec::new();
             let mut units = 0u32;
             let mut refused = None;
@@ -534,6 +537,7 @@ impl<'a> Parser<'a> {
                 }
                 let f = &self.m.funcs[j];
                 total = total.max(f.shared_end);
+                vars.extend(f.shared_vars.iter().copied());
                 regs.push(f.regs);
                 units = units.saturating_add(f.regs32);
                 for inst in &self.m.code[f.start as usize..f.end.max(f.start) as usize] {
@@ -546,6 +550,13 @@ impl<'a> Parser<'a> {
             }
             self.m.funcs[i].refused = refused;
             self.m.funcs[i].shared_total = total;
+            // What its variables take, as a GPU counts a kernel's static
+            // shared memory: the module's one layout places other
+            // kernels' variables between them.
+            self.m.funcs[i].shared_size = vars
+                .iter()
+                .map(|o| self.shared_ends.get(o).map_or(0, |e| e - o))
+                .fold(0u32, u32::saturating_add);
             self.m.funcs[i].reach_regs = regs;
             self.m.funcs[i].regs32_total = units;
         }
@@ -752,6 +763,7 @@ impl<'a> Parser<'a> {
             entry,
             regs32: 0,
             shared_end: std::cell::Cell::new(0),
+            shared_vars: Default::default(),
         };
         let mut ret = None;
         if !entry && self.is_p(b'(') {
@@ -836,6 +848,8 @@ impl<'a> Parser<'a> {
                     line,
                     shared_end: 0,
                     shared_total: 0,
+                    shared_vars: Vec::new(),
+                    shared_size: 0,
                     end: 0,
                     regs: (0, 0),
                     reach_regs: Vec::new(),
@@ -887,6 +901,7 @@ impl<'a> Parser<'a> {
         let f = &mut self.m.funcs[idx as usize];
         f.regs32 = fs.regs32;
         f.shared_end = fs.shared_end.get();
+        f.shared_vars = fs.shared_vars.take().into_iter().collect();
         f.end = self.m.code.len() as u32;
         f.regs = (regs_lo, self.m.nregs);
         Ok(())
@@ -1493,6 +1508,7 @@ impl<'p, 'a> Decoder<'p, 'a> {
         let end = self.shared_ends.get(&off).copied().unwrap_or(off);
         let cur = &self.fs.shared_end;
         cur.set(cur.get().max(end));
+        self.fs.shared_vars.borrow_mut().insert(off);
     }
 
     /// A variable's address in its own space (`generic` asks for the
@@ -2737,7 +2753,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m2.kernel("k1").unwrap().shared_static, 64);
-        assert_eq!(m2.kernel("k2").unwrap().shared_static, 96);
+        // k2 names only b, which the module's layout places after a: it
+        // takes b's 32 bytes, as a GPU counts it, in a block laid out to 96.
+        assert_eq!(m2.kernel("k2").unwrap().shared_static, 32);
+        assert_eq!(m2.kernel("k2").unwrap().shared_layout, 96);
         assert_eq!(m2.kernel("k3").unwrap().shared_static, 0);
         assert_eq!(m2.kernels().len(), 3);
         assert_eq!(k.local_per_thread, 16);

@@ -938,3 +938,47 @@ fn grid_sync_of_a_cooperative_launch() {
     let e = launch(&m, "grid_rotate", &c, &p, &d.mem, &Limits::default());
     assert!(matches!(e, Err(ExecError::Trap(_))), "{e:?}");
 }
+
+/// Two kernels of one module, each with a `.shared` array of 40 KiB: as
+/// on a GPU, each has its own 40 KiB under a 48 KiB limit (the module's
+/// one layout places the second after the first), and the second's
+/// array holds what its threads put there.
+#[test]
+fn each_kernel_counts_only_its_own_shared_variables() {
+    let ptx = ".version 8.5\n.target sm_90\n.address_size 64\n\
+        .shared .align 4 .b8 first[40960];\n.shared .align 4 .b8 second[40960];\n\
+        .visible .entry k1(.param .u64 out)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
+        mov.u32 %r1, %tid.x;\nshl.b32 %r2, %r1, 2;\nmov.u32 %r3, first;\nadd.u32 %r2, %r2, %r3;\n\
+        st.shared.u32 [%r2], %r1;\nret;\n}\n\
+        .visible .entry k2(.param .u64 out)\n{\n.reg .b32 %r<6>;\n.reg .b64 %rd<4>;\n\
+        ld.param.u64 %rd1, [out];\ncvta.to.global.u64 %rd1, %rd1;\n\
+        mov.u32 %r1, %tid.x;\nshl.b32 %r2, %r1, 2;\nmov.u32 %r3, second;\nadd.u32 %r4, %r2, %r3;\n\
+        add.u32 %r5, %r1, 7;\nst.shared.u32 [%r4], %r5;\nbar.sync 0;\n\
+        xor.b32 %r5, %r1, 1;\nshl.b32 %r5, %r5, 2;\nadd.u32 %r5, %r5, %r3;\nld.shared.u32 %r5, [%r5];\n\
+        mul.wide.u32 %rd2, %r1, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r5;\nret;\n}\n";
+    let m = Module::parse(ptx).unwrap();
+    for k in ["k1", "k2"] {
+        assert_eq!(m.kernel(k).unwrap().shared_static, 40960, "{k}");
+    }
+    let l = Limits {
+        max_shared: 48 << 10,
+        ..Limits::default()
+    };
+    let mut d = Dev::new(4096);
+    let out = d.alloc(64 * 4);
+    let p = params(&m, "k2", &[&out.to_le_bytes()]);
+    launch(&m, "k2", &cfg([1, 1, 1], [64, 1, 1], 0), &p, &d.mem, &l).unwrap();
+    let want: Vec<u32> = (0..64u32).map(|t| (t ^ 1) + 7).collect();
+    assert_eq!(d.get::<u32>(out, 64), want);
+    // Its own 40 KiB with 12 KiB more of dynamic memory is past the limit.
+    let e = launch(
+        &m,
+        "k2",
+        &cfg([1, 1, 1], [64, 1, 1], 12 << 10),
+        &p,
+        &d.mem,
+        &l,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ExecError::SharedTooLarge { .. }), "{e}");
+}
