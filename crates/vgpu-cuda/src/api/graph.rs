@@ -1373,7 +1373,7 @@ unsafe fn node_params<'a>(name: &'static str, p: *const NodeParams) -> CuResult<
     if !NODE_TYPES.iter().any(|&(k, _)| k == np.kind) {
         return Err(crate::state::unsupported_with(
             name,
-            "graph nodes of this type (memory allocation, conditional, external semaphores, memory operations)",
+            "graph nodes of this type (conditional, external semaphores, memory operations)",
         ));
     }
     Ok(np)
