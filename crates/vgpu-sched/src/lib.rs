@@ -175,7 +175,7 @@ use std::fmt;
 use std::time::Duration;
 
 pub use gate::{CommandGate, SchedGate};
-pub use sched::{Grant, Scheduler};
+pub use sched::{Grant, Scheduler, RECENT_LOAD_WINDOW};
 pub use stats::{GpuStats, SchedStats, TenantPhase, TenantStats, WaitStats};
 
 /// Identifies a tenant (a vGPU) within one scheduler; chosen by the caller.

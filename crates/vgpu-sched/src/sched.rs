@@ -83,6 +83,38 @@ struct GpuTotals {
     grants: u64,
     commands: u64,
     switches: u64,
+    recent: Recent,
+}
+
+/// How long ago device time still counts in [`GpuStats::recent_load`]:
+/// the time constant of its exponential decay.
+pub const RECENT_LOAD_WINDOW: Duration = Duration::from_secs(10);
+
+/// Device time with an exponential decay: seconds, as of `at`.
+#[derive(Default, Clone, Copy)]
+struct Recent {
+    acc: f64,
+    at: Option<Instant>,
+}
+
+impl Recent {
+    /// What is left of the device time at `now`.
+    fn at(self, now: Instant) -> f64 {
+        let Some(at) = self.at else { return 0.0 };
+        let dt = now.saturating_duration_since(at).as_secs_f64();
+        self.acc * (-dt / RECENT_LOAD_WINDOW.as_secs_f64()).exp()
+    }
+
+    fn add(&mut self, device_time: Duration, now: Instant) {
+        self.acc = self.at(now) + device_time.as_secs_f64();
+        self.at = Some(now);
+    }
+
+    /// The share of the window the GPU was busy, 0..=1: at a steady
+    /// utilisation u the decayed sum settles at u times the window.
+    fn load(self, now: Instant) -> f64 {
+        (self.at(now) / RECENT_LOAD_WINDOW.as_secs_f64()).clamp(0.0, 1.0)
+    }
 }
 
 struct Running {
@@ -421,6 +453,7 @@ impl State {
         now: Instant,
     ) -> Option<Duration> {
         self.gpu.busy = self.gpu.busy.saturating_add(device_time);
+        self.gpu.recent.add(device_time, now);
         self.gpu.commands += 1;
         let charge = device_time.max(self.config.min_charge);
         let now_ns = self.ns_since_epoch(now);
@@ -983,6 +1016,7 @@ impl Scheduler {
                 busy: st.gpu.busy,
                 held: st.gpu.held,
                 utilization,
+                recent_load: st.gpu.recent.load(Instant::now()),
                 grants: st.gpu.grants,
                 commands: st.gpu.commands,
                 switches: st.gpu.switches,

@@ -34,6 +34,9 @@ pub struct GpuStats {
     pub held: Duration,
     /// `busy / uptime`.
     pub utilization: f64,
+    /// The share of recent wall time the GPU was busy, 0..=1: device
+    /// time decayed exponentially over [`crate::RECENT_LOAD_WINDOW`].
+    pub recent_load: f64,
     /// Grants given.
     pub grants: u64,
     /// Grants finished (explicitly or by drop).

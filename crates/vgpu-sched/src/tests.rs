@@ -1138,3 +1138,28 @@ fn renew_or_queue_keeps_the_tenant_queued() {
     s.acquire(b).unwrap().finish(US);
     s.dequeue(TenantId(9));
 }
+
+#[test]
+fn recent_load_follows_device_time_and_decays() {
+    let s = sched(Policy::FairShare);
+    s.add_tenant(TenantId(1), weight(1)).unwrap();
+    assert_eq!(s.stats().gpu.recent_load, 0.0);
+    // 5 s of device time reported now: half the window's worth.
+    for _ in 0..5 {
+        s.acquire(TenantId(1))
+            .unwrap()
+            .finish(Duration::from_secs(1));
+    }
+    let load = s.stats().gpu.recent_load;
+    assert!((0.4..=0.5).contains(&load), "{load}");
+    // It decays with wall time, and never passes 1.
+    thread::sleep(Duration::from_millis(300));
+    let later = s.stats().gpu.recent_load;
+    assert!(later < load, "{later} after {load}");
+    for _ in 0..30 {
+        s.acquire(TenantId(1))
+            .unwrap()
+            .finish(Duration::from_secs(1));
+    }
+    assert_eq!(s.stats().gpu.recent_load, 1.0);
+}
