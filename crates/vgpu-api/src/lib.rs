@@ -124,6 +124,9 @@ pub struct Vgpu {
     pub socket_path: String,
     /// Its configuration.
     pub config: VgpuConfig,
+    /// Why the daemon picked its GPU, where it was created with `"auto"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
     /// Its figures (`GET /api/v1/vgpus/{name}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats: Option<VgpuStats>,
@@ -139,6 +142,9 @@ pub struct GpuStats {
     pub backend: String,
     /// GPU time used over wall time since the daemon started (0 to 1).
     pub utilization: f64,
+    /// GPU time used over the last seconds (decaying over 10 s; 0 to 1):
+    /// what placement weighs.
+    pub recent_load: f64,
     /// GPU time used, seconds.
     pub busy_seconds: f64,
     /// Changes of the vGPU holding the GPU.

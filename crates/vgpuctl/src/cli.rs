@@ -38,8 +38,9 @@ pub enum Cmd {
         /// Name (letters, digits, '-', '_').
         #[arg(long)]
         name: String,
-        /// The GPU to carve it from.
-        #[arg(long)]
+        /// The GPU to carve it from; "auto" (the default) lets the daemon
+        /// pick one by its placement policy.
+        #[arg(long, default_value = "auto")]
         gpu: String,
         /// vfio-user socket; relative paths are under the daemon's runtime_dir.
         #[arg(long)]

@@ -162,6 +162,9 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
         ("pci vendor", hex(c.pci_vendor)),
         ("pci device", hex(c.pci_device)),
     ];
+    if let Some(why) = &v.placement {
+        lines.push(("placed by", why.clone()));
+    }
     if let Some(s) = &v.stats {
         lines.extend([
             (
@@ -234,6 +237,7 @@ fn gpus(api: &Api, json: bool) -> Result<(), String> {
         "CU",
         "CU USED",
         "UTIL",
+        "LOAD",
         "VGPUS",
     ]);
     for g in &gpus {
@@ -249,6 +253,10 @@ fn gpus(api: &Api, json: bool) -> Result<(), String> {
             g.stats
                 .as_ref()
                 .map(|s| format::percent(s.utilization))
+                .unwrap_or_else(|| "-".into()),
+            g.stats
+                .as_ref()
+                .map(|s| format::percent(s.recent_load))
                 .unwrap_or_else(|| "-".into()),
             g.vgpus.join(","),
         ]);

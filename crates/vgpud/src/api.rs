@@ -193,6 +193,7 @@ fn vgpu_json(i: &InstanceInfo, stats: Option<&InstanceStats>) -> json::Vgpu {
         state: i.state.as_str().into(),
         socket_path: i.socket.to_string_lossy().into_owned(),
         config: config_json(&i.config),
+        placement: i.placed.clone(),
         stats: stats.map(vgpu_stats_json),
     }
 }
@@ -202,6 +203,7 @@ fn gpu_stats_json(g: &GpuStats) -> json::GpuStats {
         name: g.name.clone(),
         backend: g.backend.clone(),
         utilization: finite(g.utilization),
+        recent_load: finite(g.recent_load),
         busy_seconds: g.busy.as_secs_f64(),
         switches: g.switches,
         commands: g.commands,

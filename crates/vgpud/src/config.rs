@@ -97,6 +97,22 @@ pub enum Isolation {
     Process,
 }
 
+/// How the daemon picks the GPU of a vGPU whose `gpu` is [`AUTO_GPU`].
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// The GPU with the least recent load and memory given out, so that
+    /// tenants spread over the host's GPUs.
+    #[default]
+    Spread,
+    /// The first GPU, in configuration order, it fits on: GPUs fill one
+    /// after another, and the last ones stay free for large vGPUs.
+    Pack,
+}
+
+/// The `gpu` of a vGPU whose GPU the daemon picks ([`Placement`]).
+pub const AUTO_GPU: &str = "auto";
+
 /// Scheduling policy of a GPU.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -150,6 +166,9 @@ pub struct DaemonConfig {
     /// run before what remains is cancelled (milliseconds).
     #[serde(default = "default_shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// How the GPU of a vGPU with `gpu = "auto"` is picked.
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 impl Default for DaemonConfig {
@@ -165,6 +184,7 @@ impl Default for DaemonConfig {
             socket_gid: None,
             account: None,
             shutdown_grace_ms: default_shutdown_grace_ms(),
+            placement: Placement::default(),
         }
     }
 }
@@ -576,6 +596,12 @@ impl Config {
             if g.name.is_empty() || !gpu_names.insert(g.name.as_str()) {
                 return Err(invalid(field("name"), "names must be unique and not empty"));
             }
+            if g.name == AUTO_GPU {
+                return Err(invalid(
+                    field("name"),
+                    "\"auto\" is what a vGPU names to have its GPU picked",
+                ));
+            }
             if g.compute_units == 0 {
                 return Err(invalid(field("compute_units"), "must be at least 1"));
             }
@@ -618,8 +644,11 @@ impl Config {
             if !names.insert(v.name.as_str()) {
                 return Err(invalid(field("name"), "names must be unique"));
             }
-            if !gpu_names.contains(v.gpu.as_str()) {
-                return Err(invalid(field("gpu"), "no [[gpu]] has this name"));
+            if v.gpu != AUTO_GPU && !gpu_names.contains(v.gpu.as_str()) {
+                return Err(invalid(
+                    field("gpu"),
+                    "no [[gpu]] has this name (\"auto\" lets the daemon pick)",
+                ));
             }
             if !sockets.insert(self.socket_path(v)) {
                 return Err(invalid(field("socket"), "another vGPU uses this socket"));
@@ -826,11 +855,24 @@ mod tests {
                 "vgpu \"b\".socket",
             ),
             (format!("{base}{base}"), "gpu \"g\".name"),
+            (base.replace("name = \"g\"", "name = \"auto\""), "gpu \"auto\".name"),
         ];
         for (text, field) in cases {
             let e = Config::parse(&text, "c.toml").unwrap_err().to_string();
             assert!(e.starts_with(&format!("c.toml: {field}:")), "{e}");
         }
+    }
+
+    #[test]
+    fn test_placement_and_auto_gpus() {
+        let text = "[daemon]\nplacement = \"pack\"\n[[gpu]]\nname = \"g\"\nbackend = \"software\"\nmemory = \"1GiB\"\n\
+                    [[vgpu]]\nname = \"a\"\ngpu = \"auto\"\nsocket = \"a.sock\"\nmemory = \"1MiB\"\ncompute_units = 1\n";
+        let c = Config::parse(text, "c.toml").unwrap();
+        assert_eq!(c.daemon.placement, Placement::Pack);
+        assert_eq!(c.vgpus[0].gpu, AUTO_GPU);
+        assert_eq!(Config::builtin().daemon.placement, Placement::Spread);
+        let bad = text.replace("\"pack\"", "\"random\"");
+        assert!(Config::parse(&bad, "c.toml").is_err());
     }
 
     #[test]

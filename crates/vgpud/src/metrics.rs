@@ -244,6 +244,12 @@ const GPU_FAMILIES: &[Family<GpuStats>] = &[
         |g| g.utilization,
     ),
     (
+        "vgpud_gpu_recent_load_ratio",
+        "gauge",
+        "GPU time used over the last seconds (decaying over 10 s; 0 to 1): what placement weighs.",
+        |g| g.recent_load,
+    ),
+    (
         "vgpud_gpu_busy_seconds_total",
         "counter",
         "GPU time used by all vGPUs.",
@@ -459,6 +465,7 @@ mod tests {
                 name: "gpu0".into(),
                 backend: "software".into(),
                 utilization: 0.25,
+                recent_load: 0.125,
                 busy: Duration::from_millis(1500),
                 switches: 9,
                 commands: 34,
@@ -481,6 +488,7 @@ mod tests {
                         },
                         socket: c.socket_path(v),
                         state: InstanceState::Running,
+                        placed: None,
                     })
                     .collect()
             },

@@ -1032,3 +1032,29 @@ fn test_stop_and_start() {
     stop_work.store(true, Ordering::Relaxed);
     worker.join().expect("vgpu1's guest saw no failure");
 }
+
+#[test]
+fn test_create_with_the_gpu_picked() {
+    let f = fixture();
+    let mut body: Value = serde_json::from_str(&vgpu_body("picked", "128MiB")).unwrap();
+    body["gpu"] = json!("auto");
+    let (s, v) = call(&f, "PUT", "/api/v1/vgpus", Some(&body.to_string()));
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["gpu"], "gpu0");
+    let why = v["placement"].as_str().unwrap();
+    assert!(why.starts_with("spread: recent load "), "{why}");
+    // Past what is left anywhere: refused, saying why.
+    let mut big: Value = serde_json::from_str(&vgpu_body("big", "512MiB")).unwrap();
+    big["gpu"] = json!("auto");
+    refused(
+        &f,
+        "PUT",
+        "/api/v1/vgpus",
+        Some(&big.to_string()),
+        409,
+        "no GPU has room (gpu0: ",
+    );
+    // The GPU's recent load is among its figures.
+    let (_, stats) = call(&f, "GET", "/api/v1/stats", None);
+    assert!(stats["gpus"][0]["recent_load"].is_number(), "{stats}");
+}

@@ -8,8 +8,8 @@ use std::path::Path;
 use toml::{Table, Value};
 
 use super::{
-    BackendKind, Config, DaemonConfig, GpuConfig, Isolation, PartitionMode, Policy, Size,
-    VgpuConfig,
+    BackendKind, Config, DaemonConfig, GpuConfig, Isolation, PartitionMode, Placement, Policy,
+    Size, VgpuConfig,
 };
 use crate::confine::SeccompMode;
 
@@ -77,6 +77,13 @@ fn daemon_entries(d: &DaemonConfig) -> Vec<Entry> {
             "vGPU sockets are 0600",
         ),
         Entry::Set("shutdown_grace_ms", big(d.shutdown_grace_ms)),
+        Entry::Set(
+            "placement",
+            s(match d.placement {
+                Placement::Spread => "spread".to_string(),
+                Placement::Pack => "pack".to_string(),
+            }),
+        ),
     ]
 }
 

@@ -85,6 +85,8 @@ pub(super) struct Instance {
     pub(super) counters: Arc<DeviceCounters>,
     pub(super) carried: Carried,
     pub(super) serving: Option<Serving>,
+    /// Why the daemon picked its GPU (`gpu = "auto"`).
+    pub(super) placed: Option<String>,
 }
 
 impl Instance {
@@ -193,6 +195,7 @@ impl Instance {
             config: self.config.clone(),
             socket: self.socket.clone(),
             state: self.state(),
+            placed: self.placed.clone(),
         }
     }
 }

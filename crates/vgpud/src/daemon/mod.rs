@@ -7,6 +7,7 @@
 
 mod backends;
 mod instance;
+mod placement;
 mod sched;
 
 pub use instance::InstanceState;
@@ -25,7 +26,7 @@ use vgpu_device::DeviceCounters;
 use vgpu_sched::{SchedGate, Scheduler, TenantId};
 use vgpu_sys::socket::{self, SocketPath};
 
-use crate::config::{Config, GpuConfig, VgpuConfig};
+use crate::config::{Config, GpuConfig, VgpuConfig, AUTO_GPU};
 use backends::make_backend;
 use instance::{Carried, Instance, Serving};
 use sched::{sched_config, tenant_params};
@@ -164,6 +165,9 @@ pub struct InstanceInfo {
     pub socket: PathBuf,
     /// Running or stopped.
     pub state: InstanceState,
+    /// Why the daemon picked its GPU, where its configuration said
+    /// `"auto"`.
+    pub placed: Option<String>,
 }
 
 /// What an operator sees of one vGPU.
@@ -217,6 +221,8 @@ pub struct GpuStats {
     pub backend: String,
     /// Device time used / wall time since start.
     pub utilization: f64,
+    /// The share of recent wall time it was busy (what placement weighs).
+    pub recent_load: f64,
     /// Device time used.
     pub busy: Duration,
     /// Switches between tenants.
@@ -318,11 +324,63 @@ impl Daemon {
         Ok(())
     }
 
-    /// Creates and starts an instance.
+    /// Creates and starts an instance; one whose `gpu` is `"auto"` goes
+    /// on the GPU the daemon's placement policy picks.
     pub fn create(&mut self, v: VgpuConfig) -> Result<(), DaemonError> {
         if self.instances.contains_key(&v.name) {
             return Err(DaemonError::Exists(v.name));
         }
+        if v.gpu != AUTO_GPU {
+            return self.create_on(v, None);
+        }
+        let (ranked, mut refused) =
+            placement::rank(self.config.daemon.placement, &self.loads(), v.memory.0);
+        for (gpu, why) in ranked {
+            let w = VgpuConfig {
+                gpu: gpu.clone(),
+                ..v.clone()
+            };
+            match self.create_on(w, Some(why)) {
+                Ok(()) => return Ok(()),
+                Err(DaemonError::DoesNotFit { message, .. }) => {
+                    refused.push(format!("{gpu}: {message}"))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(DaemonError::DoesNotFit {
+            name: v.name,
+            gpu: AUTO_GPU.into(),
+            message: if refused.is_empty() {
+                "there is no GPU".into()
+            } else {
+                format!("no GPU has room ({})", refused.join("; "))
+            },
+        })
+    }
+
+    /// What placement weighs of each GPU, in configuration order.
+    fn loads(&self) -> Vec<placement::GpuLoad> {
+        self.config
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                let gpu = self.gpus.get(&g.name)?;
+                let mine = || self.instances.values().filter(|i| i.config.gpu == g.name);
+                Some(placement::GpuLoad {
+                    name: g.name.clone(),
+                    memory_total: gpu.backend.capacity().memory,
+                    memory_given: mine().map(|i| i.config.memory.0).sum(),
+                    vgpus: mine().count(),
+                    recent_load: gpu.sched.stats().gpu.recent_load,
+                })
+            })
+            .collect()
+    }
+
+    /// Creates and starts an instance on its GPU; `placed` says why the
+    /// daemon picked that GPU, where it did.
+    fn create_on(&mut self, v: VgpuConfig, placed: Option<String>) -> Result<(), DaemonError> {
         let gpu = self
             .gpus
             .get_mut(&v.gpu)
@@ -365,6 +423,7 @@ impl Daemon {
             counters: Arc::new(DeviceCounters::default()),
             carried: Carried::default(),
             serving: None,
+            placed,
             config: v,
         };
         if let Err(e) = inst.serve(self.config.daemon.socket_gid, self.serving_hook.clone()) {
@@ -380,6 +439,9 @@ impl Daemon {
             v.compute_units,
             inst.socket.display()
         );
+        if let Some(why) = &inst.placed {
+            info!("vGPU {}: placed on GPU {} by {why}", v.name, v.gpu);
+        }
         self.instances.insert(v.name.clone(), inst);
         Ok(())
     }
@@ -442,6 +504,7 @@ impl Daemon {
                 name: name.clone(),
                 backend: gpu.backend.name().to_string(),
                 utilization: s.gpu.utilization,
+                recent_load: s.gpu.recent_load,
                 busy: s.gpu.busy,
                 switches: s.gpu.switches,
                 commands: s.gpu.commands,
@@ -541,7 +604,7 @@ impl Daemon {
         if self.instances.contains_key(&v.name) {
             return Err(DaemonError::Exists(v.name.clone()));
         }
-        if !self.gpus.contains_key(&v.gpu) {
+        if v.gpu != AUTO_GPU && !self.gpus.contains_key(&v.gpu) {
             return Err(DaemonError::NoGpu(v.gpu.clone()));
         }
         let socket = self.config.socket_path(v);
