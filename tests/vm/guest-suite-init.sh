@@ -502,6 +502,10 @@ if [ "$mode" = demo ]; then
     sample saxpy vgpu-saxpy --device "$device" -n "$saxpy_n"
     echo "=== sgemm on the vGPU, checked against the guest CPU"
     sample sgemm vgpu-sgemm --device "$device" -m 256 -n 256 -k 256
+    echo "=== unmodified CUDA programs: built by nvcc, run by the CUDA runtime"
+    echo "    through the vGPU's libcuda.so.1, checked against the guest CPU"
+    cuda_run "" $cuda_tests/matmul_tiled
+    cuda_run "" $cuda_tests/thrust_sort
     echo "=== vgpu-smi after the work"
     vgpu-smi
     finish
