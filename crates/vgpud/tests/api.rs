@@ -1,6 +1,8 @@
 //! The management API and the metrics endpoint, driven over their real
 //! sockets against a daemon on the software backend.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::fs::PermissionsExt;
@@ -803,30 +805,6 @@ fn up(f: &Fixture, vgpu: &str) -> f64 {
         .unwrap()
 }
 
-/// A guest on `socket` running FILLs of 256 KiB until `stop`, checking
-/// every completion; returns how many it completed.
-fn busy_guest(
-    socket: PathBuf,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    done: Arc<std::sync::atomic::AtomicU64>,
-) -> std::thread::JoinHandle<()> {
-    use std::sync::atomic::Ordering;
-    std::thread::spawn(move || {
-        let mut g = Guest::connect(&socket, GuestOptions::default());
-        g.setup_queue(0, 64, Mode::Interrupt);
-        let buf = g.device_alloc(0, 256 << 10);
-        let mut pattern = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            pattern = pattern.wrapping_add(1);
-            let c = g.fill(0, buf, 256 << 10, pattern);
-            assert_eq!(c.status, vgpu_testkit::abi::STATUS_OK, "FILL {pattern}");
-            done.fetch_add(1, Ordering::Relaxed);
-        }
-        // The work really happened.
-        assert_eq!(g.download(0, buf + 1024, 4), pattern.to_le_bytes().to_vec());
-    })
-}
-
 #[test]
 fn test_stop_and_start() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -835,7 +813,12 @@ fn test_stop_and_start() {
     // vgpu1 works throughout; stopping and starting vgpu0 must not disturb it.
     let stop_work = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
-    let worker = busy_guest(f.path("vgpu1.sock"), stop_work.clone(), done.clone());
+    let worker = common::busy_guest(
+        f.path("vgpu1.sock"),
+        256 << 10,
+        stop_work.clone(),
+        done.clone(),
+    );
     let progress = |what: &str| {
         let before = done.load(Ordering::Relaxed);
         let until = Instant::now() + Duration::from_secs(10);

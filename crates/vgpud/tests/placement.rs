@@ -3,12 +3,12 @@
 //! that says why when no GPU has room. The load comes from a real client
 //! on a vGPU's socket.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vgpu_testkit::{Guest, GuestOptions, Mode};
 use vgpud::config::{Config, VgpuConfig};
 use vgpud::daemon::{Daemon, DaemonError};
 use vmm_sys_util::tempdir::TempDir;
@@ -114,21 +114,6 @@ fn no_room_anywhere_is_refused_with_each_gpus_reason() {
     assert_eq!(gpu_of(&d, "c"), "gpu1");
 }
 
-/// A guest on `socket` running FILLs of 16 MiB until `stop`.
-fn busy_guest(socket: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut g = Guest::connect(&socket, GuestOptions::default());
-        g.setup_queue(0, 64, Mode::Interrupt);
-        let buf = g.device_alloc(0, 16 << 20);
-        let mut pattern = 0u32;
-        while !stop.load(Ordering::Relaxed) {
-            pattern = pattern.wrapping_add(1);
-            let c = g.fill(0, buf, 16 << 20, pattern);
-            assert_eq!(c.status, vgpu_testkit::abi::STATUS_OK, "FILL {pattern}");
-        }
-    })
-}
-
 fn recent_load(d: &Daemon, gpu: &str) -> f64 {
     d.stats()
         .0
@@ -145,7 +130,13 @@ fn spread_passes_over_a_busy_gpu() {
     let (mut d, dir) = daemon("spread", 2, vgpus);
     // Two GPUs alike but for the load: without it, the tie goes to gpu0.
     let stop = Arc::new(AtomicBool::new(false));
-    let guest = busy_guest(Path::new(dir.as_path()).join("busy.sock"), stop.clone());
+    let done = Arc::new(AtomicU64::new(0));
+    let guest = common::busy_guest(
+        dir.as_path().join("busy.sock"),
+        16 << 20,
+        stop.clone(),
+        done,
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while recent_load(&d, "gpu0") < 0.05 {
         assert!(Instant::now() < deadline, "gpu0 never got busy");
