@@ -132,7 +132,17 @@ macro_rules! error_limited {
     };
 }
 
-/// The two macros above at `level`: a [`SiteLimiter`] of the call site's
+/// `log::debug!` with a budget per call site, as
+/// [`warn_limited!`](crate::warn_limited): for what a guest may cause
+/// as often as it likes that only someone debugging it wants to read.
+#[macro_export]
+macro_rules! debug_limited {
+    ($($arg:tt)+) => {
+        $crate::__log_limited!(Debug, $($arg)+)
+    };
+}
+
+/// The three macros above at `level`: a [`SiteLimiter`] of the call site's
 /// own.
 #[doc(hidden)]
 #[macro_export]
