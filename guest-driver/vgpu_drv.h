@@ -336,7 +336,8 @@ struct vgpu_file {
 	 * The device context of the file (0: the function's own). A lane's
 	 * commands carry its owner's; the owner counts itself and its lanes
 	 * not yet cleaned up in ctx_users and ends the context with the
-	 * last of them. ctx_used: a command ever carried the id.
+	 * last of them. ctx_used: a command that makes the context (one
+	 * that needs device state) carried the id.
 	 */
 	u16 ctx;
 	bool ctx_used;

@@ -452,6 +452,30 @@ static bool vgpu_queue_can_submit(struct vgpu_queue *q, u32 ndesc)
 }
 
 /*
+ * Whether a command of @b needs device state, which makes the context
+ * on the device: all but those touching guest memory only (as the
+ * device counts them). An unknown opcode counts, so that the context is
+ * destroyed at the end whatever the device made of it.
+ */
+static bool vgpu_batch_makes_context(const struct vgpu_batch *b)
+{
+	u32 i;
+
+	for (i = 0; i < b->ncmds; i++) {
+		switch (b->cmds[i].dcmd.hdr.opcode) {
+		case VGPU_OP_FENCE:
+		case VGPU_OP_WRITE_VALUE:
+		case VGPU_OP_WAIT_VALUE:
+		case VGPU_OP_CTX_DESTROY:
+			break;
+		default:
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
  * Puts every command of the batch on the ring, in order, waiting for room
  * if needed. The caller holds vgpu_dev.hw_lock for reading.
  */
@@ -498,7 +522,7 @@ int vgpu_queue_submit(struct vgpu_queue *q, struct vgpu_batch *b,
 		struct vgpu_file *cf = vgpu_res_file(b->vf);
 
 		b->ctx = cf->ctx;
-		if (b->ctx)
+		if (b->ctx && vgpu_batch_makes_context(b))
 			WRITE_ONCE(cf->ctx_used, true);
 		b->vf->queued = true;
 	}

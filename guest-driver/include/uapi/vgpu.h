@@ -562,7 +562,8 @@ struct vgpu_wait {
  *	0 without VGPU_INFO_CONTEXTS
  * @contexts: device CONTEXTS: contexts the function has now
  * @context_pending: what this file's context will hold of its own once
- *	it starts (its first command), not yet in @mem_used: the device's
+ *	it starts (its first command that needs device state: not a FENCE,
+ *	WRITE_VALUE or WAIT_VALUE), not yet in @mem_used: the device's
  *	CONTEXT_COST before then, 0 after and without contexts. Free
  *	memory, as this file can allocate it, is
  *	mem_size - mem_used - context_pending.
