@@ -1,7 +1,8 @@
 // Stream capture and graphs, as torch.cuda.graph uses them: kernels, a
 // memset and a device copy captured on one stream, a fork onto a second
-// stream and back through events, then the graph replayed; and a capture
-// broken by a synchronise of its stream.
+// stream and back through events (and onto a third, destroyed once
+// joined), then the graph replayed; and a capture broken by a synchronise
+// of its stream.
 #define TEST_NAME "graphs"
 #include "check.h"
 
@@ -63,6 +64,22 @@ int main() {
   CHECK(cudaGetLastError());
   CHECK(cudaEventRecord(join, s2));
   CHECK(cudaStreamWaitEvent(s1, join, 0));
+  // A third stream forked and joined back, then destroyed before the
+  // capture ends: its work stays in the graph, as on a GPU.
+  cudaStream_t s3;
+  cudaEvent_t fork3, join3;
+  CHECK(cudaStreamCreateWithFlags(&s3, cudaStreamNonBlocking));
+  CHECK(cudaEventCreateWithFlags(&fork3, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&join3, cudaEventDisableTiming));
+  CHECK(cudaEventRecord(fork3, s1));
+  CHECK(cudaStreamWaitEvent(s3, fork3, 0));
+  axpy<<<blocks, 256, 0, s3>>>(1.0f, dx, dw, n);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(join3, s3));
+  CHECK(cudaStreamWaitEvent(s1, join3, 0));
+  CHECK(cudaStreamDestroy(s3));
+  CHECK(cudaEventDestroy(fork3));
+  CHECK(cudaEventDestroy(join3));
   CHECK(cudaMemcpyAsync(dz, dt, sz, cudaMemcpyDeviceToDevice, s1));
   axpy<<<blocks, 256, 0, s1>>>(1.0f, dw, dz, n);
   CHECK(cudaGetLastError());
@@ -90,6 +107,7 @@ int main() {
       y[i] = 2.0f * x[i] + y[i];
       t[i] = 0.5f * y[i];
       w[i] = 3.0f * x[i] + w[i];
+      w[i] = 1.0f * x[i] + w[i];
       z[i] = w[i] + t[i];
     }
   }

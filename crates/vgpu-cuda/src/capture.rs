@@ -238,8 +238,11 @@ impl Objects {
         Ok(())
     }
 
-    /// A stream is destroyed: it leaves its capture, which it leaves
-    /// invalidated; without its origin no one can end it, so it goes.
+    /// A stream is destroyed: it leaves its capture. A stream that
+    /// joined the capture leaves what it recorded in the graph, as
+    /// NVIDIA's driver lets a forked stream go once the origin waited on
+    /// its work; the capture's origin takes the capture with it: without
+    /// it no one can end it.
     pub fn forget_stream_capture(&mut self, stream: usize) {
         let Some(g) = self.graphs_mut().leave_capture(stream) else {
             return;
@@ -247,8 +250,8 @@ impl Objects {
         let Some(c) = self.graphs_mut().capture_mut(g) else {
             return;
         };
-        c.invalidated = true;
         if c.origin == stream {
+            c.invalidated = true;
             self.graphs_mut().end_capture_of(g);
             self.remove_graph(g);
         }
@@ -1122,10 +1125,11 @@ mod tests {
         let e = event(&mut o);
         o.streams_mut().events.get_mut(e).unwrap().captured = Some(g);
         o.wait_event(s[1], e).unwrap();
-        // A joined stream leaves the capture invalidated.
+        // A joined stream leaves the capture, which goes on (what it
+        // recorded stays in the graph).
         o.forget_stream_capture(s[1]);
         assert_eq!(o.capture_info(s[1]).0, STATUS_NONE);
-        assert_eq!(o.capture_info(s[0]).0, STATUS_INVALIDATED);
+        assert_eq!(o.capture_info(s[0]).0, STATUS_ACTIVE);
         // The origin takes the capture and its graph with it.
         o.forget_stream_capture(s[0]);
         assert!(!o.graphs().any_capturing());
