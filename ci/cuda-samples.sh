@@ -97,13 +97,15 @@ SAMPLES_CATEGORIES=(0_Introduction 1_Utilities 2_Concepts_and_Techniques
 SAMPLES_DROPPED_DEPS=(EGL NVSCI)
 [[ ${SAMPLES_LEAN:-0} == 1 ]] && SAMPLES_DROPPED_DEPS+=(OpenGL GLUT FreeImage Vulkan)
 # What the software backend runs: samples that use no SASS-only library
-# (cuBLAS, cuFFT, cuRAND's host API, NPP, nvJPEG ship machine code only),
-# no texture, surface, IPC or virtual memory management, and that finish
-# in seconds on the PTX executor: kernels, streams and events, callbacks,
-# zero-copy and pinned memory, printf and assert, warp votes, shuffles
-# and atomics, half2, inline PTX, cooperative groups (blocks, tiles,
-# binary partitions), stream-ordered allocation, priorities, large kernel
-# parameters, PTX loaded through the driver API, and Thrust.
+# (cuBLAS, cuFFT, cuRAND's host API, NPP, nvJPEG ship machine code only)
+# and no IPC, and that finish in a few minutes at most on the PTX
+# executor: kernels, streams and events, callbacks, zero-copy and pinned
+# memory, printf and assert, warp votes, shuffles and atomics, half2,
+# inline PTX, cooperative groups (blocks, tiles, binary partitions),
+# stream-ordered allocation, priorities, large kernel parameters, PTX
+# loaded through the driver API, Thrust, textures and surfaces over
+# arrays (layered, cubemap) and pitched memory, and graphs (captured,
+# with memory nodes).
 # docs/guest-cuda.md, "NVIDIA's cuda-samples", says which fail and why.
 SOFTWARE_SUBSET=(vectorAdd template simpleTemplates simpleVoteIntrinsics
     simpleAtomicIntrinsics simplePrintf simpleAssert simpleCallback
@@ -112,7 +114,9 @@ SOFTWARE_SUBSET=(vectorAdd template simpleTemplates simpleVoteIntrinsics
     threadFenceReduction transpose simpleCooperativeGroups binaryPartitionCG
     warpAggregatedAtomicsCG systemWideAtomics streamOrderedAllocation
     StreamPriorities LargeKernelParameter ptxjit deviceQuery deviceQueryDrv
-    topologyQuery radixSortThrust)
+    topologyQuery radixSortThrust simpleTexture simplePitchLinearTexture
+    simpleLayeredTexture simpleCubemapTexture simpleSurfaceWrite
+    simpleCudaGraphs graphMemoryNodes graphMemoryFootprint)
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 
