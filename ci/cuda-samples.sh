@@ -104,8 +104,8 @@ SAMPLES_DROPPED_DEPS=(EGL NVSCI)
 # inline PTX, cooperative groups (blocks, tiles, binary partitions),
 # stream-ordered allocation, priorities, large kernel parameters, PTX
 # loaded through the driver API, Thrust, textures and surfaces over
-# arrays (layered, cubemap) and pitched memory, and graphs (captured,
-# with memory nodes).
+# arrays (layered, cubemap) and pitched memory, graphs (captured, with
+# memory nodes), and image and geometry samples built of these.
 # docs/guest-cuda.md, "NVIDIA's cuda-samples", says which fail and why.
 SOFTWARE_SUBSET=(vectorAdd template simpleTemplates simpleVoteIntrinsics
     simpleAtomicIntrinsics simplePrintf simpleAssert simpleCallback
@@ -116,7 +116,8 @@ SOFTWARE_SUBSET=(vectorAdd template simpleTemplates simpleVoteIntrinsics
     StreamPriorities LargeKernelParameter ptxjit deviceQuery deviceQueryDrv
     topologyQuery radixSortThrust simpleTexture simplePitchLinearTexture
     simpleLayeredTexture simpleCubemapTexture simpleSurfaceWrite
-    simpleCudaGraphs graphMemoryNodes graphMemoryFootprint)
+    simpleCudaGraphs graphMemoryNodes graphMemoryFootprint jacobiCudaGraphs
+    dct8x8 convolutionTexture lineOfSight segmentationTreeThrust)
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 
