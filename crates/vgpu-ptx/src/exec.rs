@@ -423,6 +423,11 @@ impl Warp {
     }
 }
 
+/// Reserved shared memory per block, bytes, as sm_80 and later keep 1 KiB
+/// for the system: `%reserved_smem_offset_0` and `_1` each name half
+/// (cooperative groups' multi-warp tiles need 288 bytes at `_1`).
+const RESERVED_SMEM: u64 = 1024;
+
 struct Launch<'a> {
     m: &'a Module,
     cfg: &'a LaunchConfig,
@@ -435,6 +440,10 @@ struct Launch<'a> {
     /// The register ranges the kernel may use (sink and carry included).
     reg_ranges: Vec<(u32, u32)>,
     shared_len: usize,
+    /// What the kernel's own shared memory spans (`%total_smem_size`).
+    kernel_shared: u64,
+    /// The shared address of the block's reserved shared memory.
+    reserved: u64,
     nwarps: u32,
     limits: &'a Limits<'a>,
     steps: AtomicU64,
@@ -519,7 +528,12 @@ pub fn launch(
         });
     }
     let dyn_base = (info.shared_layout as u64).div_ceil(16) * 16;
-    let shared_len = dyn_base + cfg.shared_dyn as u64;
+    let dyn_end = dyn_base + cfg.shared_dyn as u64;
+    // The block's reserved shared memory (`%reserved_smem_offset_*`,
+    // which cooperative groups use as scratch) follows the dynamic
+    // memory, addressed as it is; a GPU's is outside the limit too.
+    let reserved = dyn_end.div_ceil(16) * 16;
+    let shared_len = reserved + RESERVED_SMEM;
     // Per-thread parameter space of calls is local memory on a GPU too.
     let local = module.local_size.saturating_add(module.param_size);
     if local > limits.max_local_per_thread {
@@ -544,6 +558,8 @@ pub fn launch(
             .chain(module.funcs[fi].reach_regs.iter().copied())
             .collect(),
         shared_len: shared_len as usize,
+        kernel_shared: dyn_end,
+        reserved: EXTERN_SHARED as u64 + (reserved - dyn_base),
         nwarps: threads.div_ceil(32) as u32,
         limits,
         steps: AtomicU64::new(0),
@@ -1070,7 +1086,11 @@ impl Launch<'_> {
             Sreg::LaneMaskGe => lm(|l| !((1u32 << l) - 1)),
             Sreg::DynSmem => self.cfg.shared_dyn as u64,
             Sreg::EnvReg(n) => self.envreg[n as usize & 31],
-            Sreg::TotalSmem => self.shared_len as u64,
+            Sreg::TotalSmem => self.kernel_shared,
+            Sreg::ReservedBegin | Sreg::Reserved(0) => self.reserved,
+            Sreg::Reserved(_) => self.reserved + RESERVED_SMEM / 2,
+            Sreg::ReservedEnd => self.reserved + RESERVED_SMEM,
+            Sreg::ReservedCap => RESERVED_SMEM,
         }
     }
 

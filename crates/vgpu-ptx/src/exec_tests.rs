@@ -1023,6 +1023,35 @@ fn environment_registers_read_zero() {
     }
 }
 
+/// The block's reserved shared memory, as cooperative groups use it for
+/// tiles of several warps: 1 KiB, `_0` and `_1` halves of it; each of 4
+/// warps writes its number at `_1` through a generic address, and after
+/// the barrier every thread reads the sum of all four.
+#[test]
+fn reserved_shared_memory_is_the_blocks_own() {
+    let r = eval(&[
+        (
+            "mov.u32 %r1, %reserved_smem_offset_end; mov.u32 %r2, %reserved_smem_offset_begin; sub.u32 %r1, %r1, %r2;",
+            "%r1",
+        ),
+        ("mov.u32 %r1, %reserved_smem_offset_cap;", "%r1"),
+        (
+            "mov.u32 %r1, %reserved_smem_offset_1; mov.u32 %r2, %reserved_smem_offset_0; sub.u32 %r1, %r1, %r2;",
+            "%r1",
+        ),
+    ]);
+    assert_eq!(r, vec![1024, 1024, 512]);
+    let body = "mov.u32 %r1, %reserved_smem_offset_1;\ncvt.u64.u32 %rd3, %r1;\ncvta.shared.u64 %rd3, %rd3;\n\
+                shr.u32 %r2, %r0, 5;\nand.b32 %r3, %r0, 31;\nsetp.eq.u32 %p1, %r3, 0;\n\
+                mul.wide.u32 %rd4, %r2, 8;\nadd.s64 %rd5, %rd3, %rd4;\ncvt.u64.u32 %rd6, %r2;\n\
+                @%p1 st.u64 [%rd5], %rd6;\nbar.sync 0;\n\
+                ld.u64 %rd7, [%rd3];\nld.u64 %rd8, [%rd3+8];\nadd.s64 %rd7, %rd7, %rd8;\n\
+                ld.u64 %rd8, [%rd3+16];\nadd.s64 %rd7, %rd7, %rd8;\nld.u64 %rd8, [%rd3+24];\nadd.s64 %rd7, %rd7, %rd8;\n\
+                st.global.u64 [%rd2], %rd7;";
+    let out = run_on(body, 2, 128, 128).unwrap();
+    assert!(out.iter().all(|&v| v == 6), "{out:?}");
+}
+
 /// `h(x)` is `x` as an f16 bit pattern, `hb` as a bfloat16 one.
 fn h(x: f32) -> u64 {
     crate::half::f32_to_f16(x) as u64

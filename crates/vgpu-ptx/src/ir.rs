@@ -115,6 +115,12 @@ pub enum Sreg {
     LaneMaskGe,
     DynSmem,
     TotalSmem,
+    /// `%reserved_smem_offset_begin`, `_end`, `_cap` and `_0`/`_1`: the
+    /// block's reserved shared memory.
+    ReservedBegin,
+    ReservedEnd,
+    ReservedCap,
+    Reserved(u8),
     /// `%envreg0`..`%envreg31`: set by the driver; zero here.
     EnvReg(u8),
 }

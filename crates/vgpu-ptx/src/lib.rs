@@ -92,7 +92,9 @@
 //! `%clock`, `%clock64`, `%globaltimer`, `%dynamic_smem_size`, ...;
 //! `%envreg0`..`%envreg31`: zero, but for a cooperative launch's grid
 //! workspace, [`Limits::grid_sync`], with which cooperative groups'
-//! `grid.sync()` works),
+//! `grid.sync()` works; `%reserved_smem_offset_*`: 1 KiB of the block's
+//! shared memory outside the kernel's, where cooperative groups keep the
+//! state of tiles of several warps),
 //! `atom`/`red` (add, min, max, exch, cas, and, or, xor, inc, dec; 32-
 //! and 64-bit integers, f32 and f64 add) on global, shared and generic
 //! addresses, `shfl.sync` (up, down, bfly, idx, with the predicate

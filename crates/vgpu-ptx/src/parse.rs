@@ -1329,6 +1329,11 @@ fn sreg(name: &str) -> Option<Sreg> {
         "%lanemask_ge" => Sreg::LaneMaskGe,
         "%dynamic_smem_size" => Sreg::DynSmem,
         "%total_smem_size" => Sreg::TotalSmem,
+        "%reserved_smem_offset_begin" => Sreg::ReservedBegin,
+        "%reserved_smem_offset_end" => Sreg::ReservedEnd,
+        "%reserved_smem_offset_cap" => Sreg::ReservedCap,
+        "%reserved_smem_offset_0" => Sreg::Reserved(0),
+        "%reserved_smem_offset_1" => Sreg::Reserved(1),
         _ => {
             let n: u8 = name.strip_prefix("%envreg")?.parse().ok()?;
             // `%envreg07` is not a register name.
