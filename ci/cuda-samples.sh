@@ -117,7 +117,7 @@ SOFTWARE_SUBSET=(vectorAdd template simpleTemplates simpleVoteIntrinsics
     topologyQuery radixSortThrust simpleTexture simplePitchLinearTexture
     simpleLayeredTexture simpleCubemapTexture simpleSurfaceWrite
     simpleCudaGraphs graphMemoryNodes graphMemoryFootprint jacobiCudaGraphs
-    dct8x8 convolutionTexture lineOfSight segmentationTreeThrust)
+    dct8x8 convolutionTexture lineOfSight segmentationTreeThrust reduction)
 
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 

@@ -1,7 +1,9 @@
 // Cooperative groups inside a block: a thread_block, tiles of 32 and of
 // 8 threads made by tiled_partition, shuffles and cg::reduce on the
-// tiles, block.sync() between the steps; each block's sum, each tile's
-// and each tile's maximum against the CPU.
+// tiles, a tile of 128 threads (four warps, whose state cooperative
+// groups keep in the block's reserved shared memory) with cg::reduce,
+// block.sync() between the steps; each block's sum, each tile's and each
+// tile's maximum against the CPU.
 #define TEST_NAME "coop_groups"
 #include "check.h"
 #include <algorithm>
@@ -13,7 +15,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 
-__global__ void sums(const int *in, int *block_sum, int *tile8_sum, int *tile32_max, int n) {
+__global__ void sums(const int *in, int *block_sum, int *tile8_sum, int *tile32_max, int *tile128_sum, int n) {
   cg::thread_block block = cg::this_thread_block();
   __shared__ int warp_sums[kThreads / 32];
   int i = blockIdx.x * blockDim.x + block.thread_rank();
@@ -33,6 +35,11 @@ __global__ void sums(const int *in, int *block_sum, int *tile8_sum, int *tile32_
   int t = cg::reduce(cg::tiled_partition<8>(block), v, cg::plus<int>());
   if (tile8.thread_rank() == 0) tile8_sum[i / 8] = t;
 
+  // A tile of four warps.
+  cg::thread_block_tile<128> quad = cg::tiled_partition<128>(block);
+  int q = cg::reduce(quad, v, cg::plus<int>());
+  if (quad.thread_rank() == 0) tile128_sum[i / 128] = q;
+
   block.sync();
   if (warp.meta_group_rank() == 0) {
     int w = warp.thread_rank() < warp.meta_group_size() ? warp_sums[warp.thread_rank()] : 0;
@@ -46,18 +53,21 @@ int main() {
   std::vector<int> x(n);
   unsigned s = 17;
   for (int i = 0; i < n; i++) x[i] = (int)(lcg(&s) % 20001) - 10000;
-  int *dx, *db, *d8, *d32;
+  int *dx, *db, *d8, *d32, *d128;
   CHECK(cudaMalloc(&dx, n * 4));
   CHECK(cudaMalloc(&db, blocks * 4));
   CHECK(cudaMalloc(&d8, blocks * kThreads / 8 * 4));
   CHECK(cudaMalloc(&d32, blocks * kThreads / 32 * 4));
+  CHECK(cudaMalloc(&d128, blocks * kThreads / 128 * 4));
   CHECK(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice));
-  sums<<<blocks, kThreads>>>(dx, db, d8, d32, n);
+  sums<<<blocks, kThreads>>>(dx, db, d8, d32, d128, n);
   CHECK(cudaGetLastError());
-  std::vector<int> gb(blocks), g8(blocks * kThreads / 8), g32(blocks * kThreads / 32);
+  std::vector<int> gb(blocks), g8(blocks * kThreads / 8), g32(blocks * kThreads / 32),
+      g128(blocks * kThreads / 128);
   CHECK(cudaMemcpy(gb.data(), db, gb.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(g8.data(), d8, g8.size() * 4, cudaMemcpyDeviceToHost));
   CHECK(cudaMemcpy(g32.data(), d32, g32.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(g128.data(), d128, g128.size() * 4, cudaMemcpyDeviceToHost));
   auto at = [&](int i) { return i < n ? x[i] : 0; };
   for (int b = 0; b < blocks; b++) {
     int w = 0;
@@ -74,6 +84,11 @@ int main() {
     for (int i = t * 32; i < (int)(t + 1) * 32; i++) w = std::max(w, at(i));
     EXPECT(g32[t] == w, "tile of 32 #%zu max %d, want %d", t, g32[t], w);
   }
-  printf("PASS %s blocks=%d tiles of 32 and 8\n", TEST_NAME, blocks);
+  for (size_t t = 0; t < g128.size(); t++) {
+    int w = 0;
+    for (int i = t * 128; i < (int)(t + 1) * 128; i++) w += at(i);
+    EXPECT(g128[t] == w, "tile of 128 #%zu sum %d, want %d", t, g128[t], w);
+  }
+  printf("PASS %s blocks=%d tiles of 128, 32 and 8\n", TEST_NAME, blocks);
   return 0;
 }
