@@ -52,9 +52,8 @@ pub(crate) struct Func {
     pub regs32: u32,
     pub max_threads: Option<u32>,
     pub line: u32,
-    /// End of the `.shared` variables the function itself names.
-    pub shared_end: u32,
-    /// The same over everything it may call.
+    /// End of the `.shared` variables the function and all it may call
+    /// name, in the module's layout.
     pub shared_total: u32,
     /// Offsets of the `.shared` variables the function itself names.
     pub shared_vars: Vec<u32>,

@@ -334,7 +334,6 @@ struct FnScope<'a> {
     fix: Vec<(usize, &'a str, u32)>,
     entry: bool,
     regs32: u32,
-    shared_end: std::cell::Cell<u32>,
     /// Offsets of the `.shared` variables the function names.
     shared_vars: std::cell::RefCell<std::collections::BTreeSet<u32>>,
 }
@@ -526,7 +525,6 @@ impl<'a> Parser<'a> {
         for i in 0..self.m.funcs.len() {
             let mut seen = vec![false; self.m.funcs.len()];
             let mut todo = vec![i];
-            let mut total = 0;
             let mut vars = std::collections::BTreeSet::new();
             let mut regs = Vec::new();
             let mut units = 0u32;
@@ -536,7 +534,6 @@ impl<'a> Parser<'a> {
                     continue;
                 }
                 let f = &self.m.funcs[j];
-                total = total.max(f.shared_end);
                 vars.extend(f.shared_vars.iter().copied());
                 regs.push(f.regs);
                 units = units.saturating_add(f.regs32);
@@ -549,14 +546,15 @@ impl<'a> Parser<'a> {
                 }
             }
             self.m.funcs[i].refused = refused;
-            self.m.funcs[i].shared_total = total;
-            // What its variables take, as a GPU counts a kernel's static
-            // shared memory: the module's one layout places other
-            // kernels' variables between them.
-            self.m.funcs[i].shared_size = vars
+            // Each variable as (start, end) in the module's one layout,
+            // which places other kernels' variables between them: the
+            // block spans to the last end, while a GPU counts a kernel's
+            // static shared memory as what its variables take.
+            let spans = vars
                 .iter()
-                .map(|o| self.shared_ends.get(o).map_or(0, |e| e - o))
-                .fold(0u32, u32::saturating_add);
+                .map(|&o| (o, self.shared_ends.get(&o).copied().unwrap_or(o)));
+            self.m.funcs[i].shared_total = spans.clone().map(|(_, e)| e).max().unwrap_or(0);
+            self.m.funcs[i].shared_size = spans.map(|(o, e)| e - o).fold(0u32, u32::saturating_add);
             self.m.funcs[i].reach_regs = regs;
             self.m.funcs[i].regs32_total = units;
         }
@@ -762,7 +760,6 @@ impl<'a> Parser<'a> {
             fix: Vec::new(),
             entry,
             regs32: 0,
-            shared_end: std::cell::Cell::new(0),
             shared_vars: Default::default(),
         };
         let mut ret = None;
@@ -846,7 +843,6 @@ impl<'a> Parser<'a> {
                     regs32: 0,
                     max_threads,
                     line,
-                    shared_end: 0,
                     shared_total: 0,
                     shared_vars: Vec::new(),
                     shared_size: 0,
@@ -900,7 +896,6 @@ impl<'a> Parser<'a> {
         });
         let f = &mut self.m.funcs[idx as usize];
         f.regs32 = fs.regs32;
-        f.shared_end = fs.shared_end.get();
         f.shared_vars = fs.shared_vars.take().into_iter().collect();
         f.end = self.m.code.len() as u32;
         f.regs = (regs_lo, self.m.nregs);
@@ -1196,7 +1191,6 @@ impl<'a> Parser<'a> {
         let op = {
             let mut d = Decoder {
                 fs,
-                shared_ends: &self.shared_ends,
                 line,
                 globals: &self.globals,
                 call_fix: &mut self.call_fix,
@@ -1347,7 +1341,6 @@ fn sreg(name: &str) -> Option<Sreg> {
 
 struct Decoder<'p, 'a> {
     fs: &'p mut FnScope<'a>,
-    shared_ends: &'p HashMap<u32, u32>,
     line: u32,
     globals: &'p HashMap<&'a str, VarLoc>,
     call_fix: &'p mut Vec<(usize, &'a str, u32)>,
@@ -1510,9 +1503,6 @@ impl<'p, 'a> Decoder<'p, 'a> {
 
     /// Records that the function names the shared variable at `off`.
     fn note_shared(&self, off: u32) {
-        let end = self.shared_ends.get(&off).copied().unwrap_or(off);
-        let cur = &self.fs.shared_end;
-        cur.set(cur.get().max(end));
         self.fs.shared_vars.borrow_mut().insert(off);
     }
 
