@@ -359,20 +359,19 @@ impl Daemon {
         })
     }
 
-    /// What placement weighs of each GPU, in configuration order.
+    /// What placement weighs of each GPU, in configuration order: what
+    /// [`Daemon::gpus`] says of it, and its recent load.
     fn loads(&self) -> Vec<placement::GpuLoad> {
-        self.config
-            .gpus
-            .iter()
+        self.gpus()
+            .into_iter()
             .filter_map(|g| {
-                let gpu = self.gpus.get(&g.name)?;
-                let mine = || self.instances.values().filter(|i| i.config.gpu == g.name);
+                let gpu = self.gpus.get(&g.config.name)?;
                 Some(placement::GpuLoad {
-                    name: g.name.clone(),
-                    memory_total: gpu.backend.capacity().memory,
-                    memory_given: mine().map(|i| i.config.memory.0).sum(),
-                    vgpus: mine().count(),
                     recent_load: gpu.sched.stats().gpu.recent_load,
+                    name: g.config.name,
+                    memory_total: g.memory_total,
+                    memory_given: g.memory_allocated,
+                    vgpus: g.vgpus.len(),
                 })
             })
             .collect()
