@@ -448,20 +448,8 @@ impl Objects {
     /// made or last updated from) in `exec`: kernel, memcpy and memset
     /// nodes only, as CUDA has it.
     pub fn set_enabled(&mut self, exec: usize, node: usize, enabled: bool) -> CuResult {
-        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
         let e = self.graphs_mut().execs.get_mut(exec)?;
-        if !e.graphs.contains(&g) {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        let kind = e
-            .topology
-            .nodes
-            .get(i)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?
-            .kind;
-        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
+        let i = switchable(e, node)?;
         if enabled {
             e.disabled.remove(&i);
         } else {
@@ -472,20 +460,8 @@ impl Objects {
 
     /// Whether node `node` is enabled in `exec` (see [`Self::set_enabled`]).
     pub fn enabled(&self, exec: usize, node: usize) -> CuResult<bool> {
-        let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
         let e = self.graphs().execs.get(exec)?;
-        if !e.graphs.contains(&g) {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
-        let kind = e
-            .topology
-            .nodes
-            .get(i)
-            .ok_or(cu::ERROR_INVALID_HANDLE)?
-            .kind;
-        if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
-            return Err(cu::ERROR_INVALID_VALUE);
-        }
+        let i = switchable(e, node)?;
         Ok(!e.disabled.contains(&i))
     }
 
@@ -802,6 +778,26 @@ impl Objects {
         self.release(exec.owned);
         Ok(())
     }
+}
+
+/// The index in `e` of node `node`: a handle of a graph `e` was made or
+/// last updated from, of a kind CUDA lets be disabled (kernel, memcpy,
+/// memset).
+fn switchable(e: &GraphExec, node: usize) -> CuResult<usize> {
+    let (g, i) = node_of(node).ok_or(cu::ERROR_INVALID_HANDLE)?;
+    if !e.graphs.contains(&g) {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    let kind = e
+        .topology
+        .nodes
+        .get(i)
+        .ok_or(cu::ERROR_INVALID_HANDLE)?
+        .kind;
+    if !matches!(kind, NODE_KERNEL | NODE_MEMCPY | NODE_MEMSET) {
+        return Err(cu::ERROR_INVALID_VALUE);
+    }
+    Ok(i)
 }
 
 #[cfg(test)]
