@@ -1476,6 +1476,16 @@ impl Partition for CudaPartition {
             .saturating_add(self.vmm.physical_bytes())
     }
 
+    /// The quota is the partition's own count: the driver allocates as
+    /// the guest asks.
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+        let used = self.memory_used();
+        let mut pool = lock(&self.shared.pool);
+        rules::requota(Some(&mut pool.memory), used, self.spec.memory, memory)?;
+        self.spec.memory = memory;
+        Ok(())
+    }
+
     fn has_vmm(&self) -> bool {
         self.shared.vmm
     }

@@ -262,7 +262,7 @@ impl RemoteBackend {
             spec,
             Arc::clone(&self.launcher),
             self.config.clone(),
-            Arc::clone(&self.pool),
+            Some(Arc::clone(&self.pool)),
         )
         .map_err(|why| BackendError::Unavailable(format!("partition {:?}: {why}", spec.name)))
     }
@@ -288,13 +288,8 @@ impl Backend for RemoteBackend {
     }
 
     fn create_context(&self, spec: &PartitionSpec) -> Result<Box<dyn Partition>, BackendError> {
-        // The partition whose context it is holds the reservation: this
-        // one gives back into a pool of its own.
-        let own = Arc::new(Mutex::new(Capacity {
-            memory: 0,
-            compute_units: 0,
-        }));
-        RemotePartition::create(spec, Arc::clone(&self.launcher), self.config.clone(), own)
+        // The partition whose context it is holds the reservation.
+        RemotePartition::create(spec, Arc::clone(&self.launcher), self.config.clone(), None)
             .map(|p| Box::new(p) as Box<dyn Partition>)
             .map_err(|why| BackendError::Unavailable(format!("context of {:?}: {why}", spec.name)))
     }

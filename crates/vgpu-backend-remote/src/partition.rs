@@ -398,7 +398,9 @@ pub struct RemotePartition {
     spec: PartitionSpec,
     launcher: Arc<dyn Launcher>,
     config: RemoteConfig,
-    pool: Arc<Mutex<Capacity>>,
+    /// What the backend has not given out, where this partition holds a
+    /// reservation of it (not another context of one that does).
+    pool: Option<Arc<Mutex<Capacity>>>,
     /// Declared before `staging`, so dropped before it: a link's mailbox
     /// points into the staging area.
     link: Option<Link>,
@@ -433,18 +435,20 @@ impl std::fmt::Debug for RemotePartition {
 }
 
 impl RemotePartition {
-    /// Starts the host and creates the partition in it. `pool` is charged
-    /// already and gets the spec back when this is dropped.
+    /// Starts the host and creates the partition in it. `pool`, if any,
+    /// is charged already and gets the spec back when this is dropped.
     pub(crate) fn create(
         spec: &PartitionSpec,
         launcher: Arc<dyn Launcher>,
         config: RemoteConfig,
-        pool: Arc<Mutex<Capacity>>,
+        pool: Option<Arc<Mutex<Capacity>>>,
     ) -> Result<RemotePartition, String> {
         let staging = match Staging::create(config.staging_bytes) {
             Ok(s) => s,
             Err(e) => {
-                lock(&pool).release(spec);
+                if let Some(pool) = &pool {
+                    lock(pool).release(spec);
+                }
                 return Err(format!("cannot create the staging area: {e}"));
             }
         };
@@ -1173,6 +1177,35 @@ impl Partition for RemotePartition {
         self.memory_used
     }
 
+    /// Drawn from the backend's pool here, the host's partition held to
+    /// it there (a host started later gets it with its spec).
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+        let old = self.spec.memory;
+        if let Some(pool) = &self.pool {
+            let mut pool = lock(pool);
+            vgpu_backend::rules::requota(Some(&mut pool.memory), 0, old, memory)?;
+        }
+        let r = if self.link.is_some() && self.failed.is_none() {
+            self.call_none(&Request::SetMemory { memory })
+        } else {
+            // No host now: the next one is made with the new spec.
+            Ok(())
+        };
+        match r {
+            Ok(()) => {
+                self.spec.memory = memory;
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(pool) = &self.pool {
+                    let mut pool = lock(pool);
+                    let _ = vgpu_backend::rules::requota(Some(&mut pool.memory), 0, memory, old);
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {
         Some(Arc::clone(&self.registry) as Arc<dyn HostMemory>)
     }
@@ -1252,6 +1285,8 @@ impl Drop for RemotePartition {
         // socket goes after it (see `end_link`).
         self.link.take();
         self.registry.detach();
-        lock(&self.pool).release(&self.spec);
+        if let Some(pool) = &self.pool {
+            lock(pool).release(&self.spec);
+        }
     }
 }

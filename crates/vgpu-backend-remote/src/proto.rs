@@ -53,7 +53,7 @@ use vgpu_backend::{
 pub const MAGIC: u32 = u32::from_le_bytes(*b"VGPH");
 /// The protocol version; parent and host must agree exactly (they ship
 /// together).
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Most runs started and not yet finished ([`Kind::Start`]), all lanes
 /// together.
 pub const MAX_STARTED: usize = 8;
@@ -156,6 +156,9 @@ pub enum Kind {
     Vmm = 25,
     /// `Partition::resource`: the guest's command inline.
     Resource = 26,
+    /// `Partition::set_memory` (protocol 8). Answered without waiting for
+    /// the runs started before it.
+    SetMemory = 27,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -195,6 +198,7 @@ impl Kind {
             24 => Finish,
             25 => Vmm,
             26 => Resource,
+            27 => SetMemory,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -406,6 +410,11 @@ pub enum Request<'a> {
     Free {
         /// Allocation start.
         addr: u64,
+    },
+    /// [`Kind::SetMemory`].
+    SetMemory {
+        /// The new quota, bytes.
+        memory: u64,
     },
     /// [`Kind::Upload`]: `len` bytes to `dst`; the staging area already
     /// holds source bytes `[0, prefilled)`.
@@ -716,6 +725,7 @@ impl Request<'_> {
             Request::Create(_) => Kind::Create,
             Request::Alloc { .. } => Kind::Alloc,
             Request::Free { .. } => Kind::Free,
+            Request::SetMemory { .. } => Kind::SetMemory,
             Request::Upload { .. } => Kind::Upload,
             Request::Download { .. } => Kind::Download,
             Request::Copy { .. } => Kind::Copy,
@@ -777,6 +787,9 @@ impl Request<'_> {
             }
             Request::Free { addr } => {
                 w.u64(*addr);
+            }
+            Request::SetMemory { memory } => {
+                w.u64(*memory);
             }
             Request::Upload {
                 dst,
@@ -920,6 +933,7 @@ impl Request<'_> {
                 align: r.u64()?,
             },
             Kind::Free => Request::Free { addr: r.u64()? },
+            Kind::SetMemory => Request::SetMemory { memory: r.u64()? },
             Kind::Upload => Request::Upload {
                 dst: r.u64()?,
                 len: r.u64()?,
@@ -1525,6 +1539,7 @@ mod tests {
                 align: 256,
             },
             Request::Free { addr: 0x1000 },
+            Request::SetMemory { memory: 3 << 30 },
             Request::Upload {
                 dst: 1,
                 len: 2,
@@ -1874,6 +1889,7 @@ mod tests {
             ),
             (Kind::Resource, Ok(Value::U64(0x7f00_0000_2000))),
             (Kind::Free, Ok(Value::None)),
+            (Kind::SetMemory, Ok(Value::None)),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (
                 Kind::Download,

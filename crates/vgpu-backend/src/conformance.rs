@@ -30,6 +30,7 @@ pub const MIB: u64 = 1 << 20;
 pub fn run_all(make: Make<'_>) {
     alloc_alignment_and_limits(make);
     quota_exhaustion_returns_no_memory_and_changes_nothing(make);
+    a_live_resize_moves_the_quota_and_keeps_the_data(make);
     free_and_double_free(make);
     upload_download_round_trip(make);
     copy_within_and_between_allocations(make);
@@ -282,6 +283,31 @@ pub fn quota_exhaustion_returns_no_memory_and_changes_nothing(make: Make<'_>) {
     assert!(matches!(p.alloc(1, 0), Err(OpError::NoMemory { .. })));
     p.free(b).unwrap();
     p.alloc(MIB / 4, 0).unwrap();
+}
+
+/// A live resize: growing lets the partition allocate up to the new
+/// quota at once, shrinking below what it holds is refused and changes
+/// nothing, shrinking to what it holds leaves no room; the data stays.
+pub fn a_live_resize_moves_the_quota_and_keeps_the_data(make: Make<'_>) {
+    let mut boxed = make(&spec("test", MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(MIB, 0).unwrap();
+    p.fill(a, MIB, 0x5eed_1234).unwrap();
+    let before = download(p, a, MIB as usize);
+    p.set_memory(2 * MIB).unwrap();
+    assert_eq!(p.spec().memory, 2 * MIB);
+    let b = p.alloc(MIB, 0).unwrap();
+    assert!(matches!(p.alloc(1, 0), Err(OpError::NoMemory { .. })));
+    assert!(matches!(p.set_memory(MIB), Err(OpError::Invalid(_))));
+    assert_eq!(p.spec().memory, 2 * MIB, "a refusal changes nothing");
+    p.free(b).unwrap();
+    p.set_memory(MIB).unwrap();
+    assert!(matches!(
+        p.alloc(1, 0),
+        Err(OpError::NoMemory { available: 0, .. })
+    ));
+    assert_eq!(download(p, a, MIB as usize), before);
+    assert_eq!(p.memory_used(), MIB);
 }
 
 /// Only the start of a live allocation can be freed, once; its memory

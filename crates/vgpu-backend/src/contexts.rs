@@ -27,8 +27,10 @@ use crate::{
     HostMemory, Launch, OpError, Partition, PartitionSpec, Queued, QueuedDone, Started,
 };
 
-/// Makes the partition of a new context.
-pub type ContextFactory = Box<dyn Fn() -> Result<Box<dyn Partition>, BackendError> + Send>;
+/// Makes the partition of a new context, of the spec the partition has
+/// now (its quota changes with a live resize).
+pub type ContextFactory =
+    Box<dyn Fn(&PartitionSpec) -> Result<Box<dyn Partition>, BackendError> + Send>;
 
 /// Set in the module handles of contexts other than 0.
 pub const MODULE_TAG: u64 = 1 << 63;
@@ -310,7 +312,7 @@ impl Contexts {
     /// A new partition for context `ctx`, from the backend, announced the
     /// guest memory mapped so far.
     fn fresh(&mut self, ctx: u32) -> Result<Box<dyn Partition>, OpError> {
-        let part = (self.make)().map_err(|e| {
+        let part = (self.make)(self.base.spec()).map_err(|e| {
             vgpu_sys::warn_limited!("{}: context {ctx} could not be made: {e}", self.name);
             match e {
                 BackendError::DoesNotFit(_) => OpError::NoMemory {
@@ -542,6 +544,30 @@ impl Partition for Contexts {
 
     fn memory_used(&self) -> u64 {
         self.used()
+    }
+
+    /// What the contexts hold together, their own costs with it, must
+    /// fit; context 0 holds the reservation, and every other context's
+    /// partition is held to the same quota (the sum is this wrapper's).
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+        let used = self.used();
+        if memory < used {
+            return Err(OpError::Invalid(format!(
+                "a quota of {memory} bytes is less than the {used} its contexts hold"
+            )));
+        }
+        self.base.set_memory(memory)?;
+        let others = self.slots.iter_mut().filter_map(|(&ctx, s)| match s {
+            Slot::Live(l) => Some((ctx, &mut l.part)),
+            Slot::Lost { .. } => None,
+        });
+        for (ctx, part) in others.chain(self.spare.as_mut().map(|p| (SPARE, p))) {
+            if let Err(e) = part.set_memory(memory) {
+                // Its own quota stays; this wrapper's sum still governs.
+                vgpu_sys::warn_limited!("{}: context {ctx} kept its quota: {e}", self.name);
+            }
+        }
+        Ok(())
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
@@ -779,9 +805,9 @@ mod tests {
         let base = crate::Backend::create_partition(&*backend, &spec).expect("partition");
         let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (b, m) = (Arc::clone(&backend), Arc::clone(&made));
-        let make: ContextFactory = Box::new(move || {
+        let make: ContextFactory = Box::new(move |spec| {
             m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            crate::Backend::create_context(&*b, &spec)
+            crate::Backend::create_context(&*b, spec)
         });
         (Contexts::new(base, make, max), made, backend)
     }
@@ -825,6 +851,42 @@ mod tests {
             compute_units: 1,
         };
         assert!(crate::Backend::create_partition(&*backend, &other).is_ok());
+    }
+
+    #[test]
+    fn test_a_resize_holds_every_context_to_the_new_quota() {
+        let (mut c, _, backend) = software_contexts(3);
+        c.set_context(1).expect("context 1");
+        c.alloc(6 << 20, 256).expect("6 MiB in context 1");
+        c.end_context(1).expect("end: its partition is the spare");
+        c.set_context(2).expect("context 2");
+        c.alloc(6 << 20, 256).expect("6 MiB in context 2");
+        assert!(matches!(c.set_memory(4 << 20), Err(OpError::Invalid(_))));
+        assert_eq!(c.spec().memory, 8 << 20, "a refusal changes nothing");
+        // 16 MiB, 8 of them the partition's: growing by 10 does not fit.
+        assert!(matches!(
+            c.set_memory(18 << 20),
+            Err(OpError::NoMemory { available, .. }) if available == 8 << 20
+        ));
+        c.set_memory(14 << 20).expect("grow by 6 MiB");
+        assert_eq!(backend.unclaimed().memory, 2 << 20);
+        // Each context's partition, the spare and new ones too, may use
+        // the new quota.
+        c.alloc(7 << 20, 256).expect("13 MiB in context 2");
+        c.set_context(1).expect("context 1, from the spare");
+        assert!(matches!(
+            c.alloc(2 << 20, 256),
+            Err(OpError::NoMemory { .. })
+        ));
+        c.alloc(1 << 20, 256).expect("the last MiB");
+        c.set_context(3).expect("context 3");
+        c.end_context(1).expect("end");
+        c.end_context(2).expect("end");
+        c.set_context(3).expect("context 3");
+        c.alloc(14 << 20, 256).expect("all of it in a new context");
+        c.end_context(3).expect("end");
+        c.set_memory(1 << 20).expect("shrink");
+        assert_eq!(backend.unclaimed().memory, 15 << 20);
     }
 
     #[test]

@@ -911,6 +911,16 @@ pub trait Partition: Send {
     fn global_info(&mut self, module: u64, name: &str) -> Result<(u64, u64), OpError>;
     /// Device memory in use, bytes.
     fn memory_used(&self) -> u64;
+    /// Changes the memory quota to `memory` bytes while the partition
+    /// lives (a live resize; [`Partition::spec`] says the new figure).
+    /// Growing takes the difference from what the backend has not given
+    /// out ([`OpError::NoMemory`] when it has not got it), shrinking gives
+    /// it back; a quota below what the partition holds is refused
+    /// ([`OpError::Invalid`]). Either way a refusal changes nothing. May
+    /// be called while runs are in flight (as `memory_used` may). No
+    /// default: a wrapper that forgot to forward it would let its inner
+    /// partition enforce the old quota.
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError>;
     /// Takes up to `max` bytes of what the kernels of `module` printed,
     /// oldest first (see [`console::Consoles`]). A backend whose kernels
     /// cannot print answers nothing. No default: a wrapper that forgot
@@ -1030,6 +1040,9 @@ mod tests {
         }
         fn memory_used(&self) -> u64 {
             self.0.memory_used()
+        }
+        fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+            self.0.set_memory(memory)
         }
         fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
             self.0.console(module, max)

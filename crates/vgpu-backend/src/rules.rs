@@ -54,6 +54,36 @@ pub fn alloc_align(size: u64, align: u64) -> Result<u64, OpError> {
     Ok(align)
 }
 
+/// A partition's quota changed from `old` to `new` bytes while it holds
+/// `used` ([`Partition::set_memory`](crate::Partition::set_memory)):
+/// below `used` is refused; the difference is drawn from or given back
+/// to `left`, what the backend has not given out, where the partition
+/// holds a reservation of it (`None`: another context of one that does).
+/// A refusal changes nothing.
+pub fn requota(left: Option<&mut u64>, used: u64, old: u64, new: u64) -> Result<(), OpError> {
+    if new < used {
+        return Err(OpError::Invalid(format!(
+            "a quota of {new} bytes is less than the {used} in use"
+        )));
+    }
+    let Some(left) = left else {
+        return Ok(());
+    };
+    if new > old {
+        let more = new - old;
+        if more > *left {
+            return Err(OpError::NoMemory {
+                requested: more,
+                available: *left,
+            });
+        }
+        *left -= more;
+    } else {
+        *left = left.saturating_add(old - new);
+    }
+    Ok(())
+}
+
 /// `value` rounded up to a multiple of `align` (a power of two), or
 /// `None` on overflow.
 pub fn align_up(value: u64, align: u64) -> Option<u64> {

@@ -160,10 +160,9 @@ fn arrays_are_their_contexts_own() {
     use vgpu_device::testing::{software_partition, test_config, TestVgpu};
     let backend = Arc::new(SoftwareBackend::new(16 * MIB, 2));
     let base = software_partition(&backend, "ctx", 16 * MIB, 2);
-    let spec = base.spec().clone();
-    let make: ContextFactory = Box::new(move || {
+    let make: ContextFactory = Box::new(move |spec| {
         backend
-            .create_context(&spec)
+            .create_context(spec)
             .map(|p| p as Box<dyn Partition>)
     });
     let server = TestVgpu::start(

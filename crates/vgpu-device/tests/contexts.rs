@@ -31,10 +31,9 @@ fn vgpu(max: u32) -> (TestVgpu, Guest) {
 fn vgpu_costing(max: u32, cost: u64) -> (TestVgpu, Guest) {
     let backend = Arc::new(SoftwareBackend::new(MEMORY, 2));
     let base = software_partition(&backend, "ctx", MEMORY, 2);
-    let spec = base.spec().clone();
-    let make: ContextFactory = Box::new(move || {
+    let make: ContextFactory = Box::new(move |spec| {
         Ok(Box::new(Faulting {
-            inner: backend.create_context(&spec)?,
+            inner: backend.create_context(spec)?,
             lost: false,
             resets: Arc::new(AtomicU32::new(0)),
         }) as Box<dyn Partition>)

@@ -83,6 +83,9 @@ impl Partition for WithGlobals {
     fn memory_used(&self) -> u64 {
         self.inner.memory_used()
     }
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+        self.inner.set_memory(memory)
+    }
     fn console(
         &mut self,
         module: u64,

@@ -207,10 +207,9 @@ fn each_context_has_its_own_reservations_freed_when_it_ends() {
             compute_units: 2,
         })
         .unwrap();
-    let spec = base.spec().clone();
-    let make: ContextFactory = Box::new(move || {
+    let make: ContextFactory = Box::new(move |spec| {
         backend
-            .create_context(&spec)
+            .create_context(spec)
             .map(|p| p as Box<dyn Partition>)
     });
     let server = TestVgpu::start(

@@ -342,9 +342,9 @@ fn serve_inner(
         let req = Request::decode(h.kind, &buf).map_err(WireError::from)?;
         let kind = req.kind();
         let mut broken = None;
-        if !matches!(kind, Kind::Start | Kind::Finish) {
+        if !matches!(kind, Kind::Start | Kind::Finish | Kind::SetMemory) {
             // Everything else sees the partition after the runs started
-            // before it.
+            // before it (a quota is only a figure: it need not wait).
             if let Some(r) = host.runner.as_mut() {
                 r.settle();
             }
@@ -578,6 +578,7 @@ impl Host<'_> {
         match req {
             Request::Alloc { size, align } => p.alloc(size, align).map(Value::U64),
             Request::Free { addr } => p.free(addr).map(|_| Value::None),
+            Request::SetMemory { memory } => p.set_memory(memory).map(|_| Value::None),
             Request::Vmm(op) => p.vmm(&op).map(Value::U64),
             Request::Copy { dst, src, size } => p.copy(dst, src, size).map(|_| Value::None),
             Request::Fill {

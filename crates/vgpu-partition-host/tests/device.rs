@@ -395,8 +395,7 @@ fn each_context_runs_in_a_host_of_its_own() {
     let base = backend.create_remote_partition(&spec).unwrap();
     let first = base.host_pid().unwrap();
     let b = Arc::clone(&backend);
-    let s = spec.clone();
-    let make: ContextFactory = Box::new(move || b.create_context(&s));
+    let make: ContextFactory = Box::new(move |spec| b.create_context(spec));
     let p: Box<dyn Partition> = Box::new(Contexts::new(Box::new(base), make, 4));
     let server = TestVgpu::start(test_config("contexts", 1), p);
     let mut g = server.connect();

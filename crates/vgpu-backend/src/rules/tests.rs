@@ -426,3 +426,26 @@ fn a_cubin_must_hold_what_its_headers_name() {
         Err(OpError::Invalid(_))
     ));
 }
+
+#[test]
+fn test_requota_draws_on_and_gives_back_to_what_is_left() {
+    let mut left = 100;
+    requota(Some(&mut left), 10, 50, 120).unwrap();
+    assert_eq!(left, 30);
+    assert_eq!(
+        requota(Some(&mut left), 10, 120, 200),
+        Err(OpError::NoMemory {
+            requested: 80,
+            available: 30
+        })
+    );
+    assert_eq!(left, 30);
+    requota(Some(&mut left), 10, 120, 10).unwrap();
+    assert_eq!(left, 140);
+    let below = requota(Some(&mut left), 10, 10, 9).unwrap_err();
+    assert!(matches!(below, OpError::Invalid(_)), "{below:?}");
+    assert_eq!(left, 140);
+    // A context draws on nothing, but is held to what it uses.
+    requota(None, 10, 10, 1 << 40).unwrap();
+    assert!(requota(None, 10, 10, 5).is_err());
+}

@@ -956,6 +956,15 @@ impl Partition for SoftwarePartition {
         self.allocs.used() + self.vmm.physical_bytes()
     }
 
+    fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
+        let used = self.memory_used();
+        let mut pool = lock(&self.pool);
+        let left = self.reserved.then_some(&mut pool.memory);
+        rules::requota(left, used, self.spec.memory, memory)?;
+        self.spec.memory = memory;
+        Ok(())
+    }
+
     fn has_vmm(&self) -> bool {
         true
     }

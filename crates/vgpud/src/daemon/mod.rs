@@ -401,7 +401,7 @@ impl Daemon {
             // Each guest process's device state in a partition of its
             // own, made when it first needs one.
             let backend = Arc::clone(&gpu.backend);
-            let make: ContextFactory = Box::new(move || backend.create_context(&spec));
+            let make: ContextFactory = Box::new(move |spec| backend.create_context(spec));
             partition =
                 Box::new(Contexts::new(partition, make, v.contexts).with_cost(gpu.context_memory));
         }
