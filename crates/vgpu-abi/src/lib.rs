@@ -31,7 +31,7 @@ pub const ABI_MAGIC: u32 = 0x5550_4756;
 /// ABI major version, in the high half of [`REG_VERSION`].
 pub const ABI_VERSION_MAJOR: u32 = 1;
 /// ABI minor version, in the low half of [`REG_VERSION`].
-pub const ABI_VERSION_MINOR: u32 = 7;
+pub const ABI_VERSION_MINOR: u32 = 8;
 
 /// BAR holding registers, doorbells and the MSI-X table.
 pub const BAR_REGS: u32 = 0;
@@ -58,7 +58,9 @@ pub const REG_MAGIC: u64 = 0x000;
 pub const REG_VERSION: u64 = 0x004;
 /// Read-only, 64-bit: `FEATURE_*` bits.
 pub const REG_FEATURES: u64 = 0x008;
-/// Read-only, 64-bit: device memory of the partition, bytes.
+/// Read-only, 64-bit: device memory of the partition, bytes: its quota,
+/// which changes while the function runs where [`FEATURE_RESIZE`] says
+/// so ([`IRQ_CAUSE_CONFIG`] tells the driver).
 pub const REG_MEM_SIZE: u64 = 0x010;
 /// Read-only: compute units of the partition.
 pub const REG_COMPUTE_UNITS: u64 = 0x018;
@@ -176,6 +178,10 @@ pub const FEATURE_VMM: u64 = 1 << 10;
 /// Feature: CUDA arrays, texture and surface objects (ARRAY_CREATE,
 /// ARRAY_COPY, OBJECT_CREATE, OBJECT_DESTROY); ABI minor version 6.
 pub const FEATURE_ARRAYS: u64 = 1 << 11;
+/// Feature: [`REG_MEM_SIZE`] may change while the function runs (the
+/// host resizes the partition's quota), and each change raises
+/// [`IRQ_CAUSE_CONFIG`]; ABI minor version 8.
+pub const FEATURE_RESIZE: u64 = 1 << 12;
 
 /// CONTROL: the function runs.
 pub const CONTROL_ENABLE: u32 = 1 << 0;
@@ -189,6 +195,9 @@ pub const STATUS_FATAL: u32 = 1 << 1;
 pub const IRQ_CAUSE_QUEUE: u32 = 1 << 0;
 /// IRQ cause: an error was logged.
 pub const IRQ_CAUSE_ERROR: u32 = 1 << 1;
+/// IRQ cause: the function's configuration changed ([`REG_MEM_SIZE`]);
+/// raised on [`MSIX_ERROR_VECTOR`]. ABI minor version 8.
+pub const IRQ_CAUSE_CONFIG: u32 = 1 << 2;
 
 /// QCONTROL: the queue runs.
 pub const QCONTROL_ENABLE: u32 = 1 << 0;
@@ -1289,12 +1298,14 @@ pub fn c_header() -> String {
         ("VGPU_FEATURE_COOPERATIVE", FEATURE_COOPERATIVE),
         ("VGPU_FEATURE_VMM", FEATURE_VMM),
         ("VGPU_FEATURE_ARRAYS", FEATURE_ARRAYS),
+        ("VGPU_FEATURE_RESIZE", FEATURE_RESIZE),
         ("VGPU_CONTROL_ENABLE", CONTROL_ENABLE.into()),
         ("VGPU_CONTROL_RESET", CONTROL_RESET.into()),
         ("VGPU_STATUS_ENABLED", STATUS_ENABLED.into()),
         ("VGPU_STATUS_FATAL", STATUS_FATAL.into()),
         ("VGPU_IRQ_CAUSE_QUEUE", IRQ_CAUSE_QUEUE.into()),
         ("VGPU_IRQ_CAUSE_ERROR", IRQ_CAUSE_ERROR.into()),
+        ("VGPU_IRQ_CAUSE_CONFIG", IRQ_CAUSE_CONFIG.into()),
         ("VGPU_QCONTROL_ENABLE", QCONTROL_ENABLE.into()),
         ("VGPU_QCONTROL_POLLED", QCONTROL_POLLED.into()),
         ("VGPU_QSTATUS_ENABLED", QSTATUS_ENABLED.into()),

@@ -15,7 +15,7 @@ mod worker;
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -26,7 +26,7 @@ use vfio_user_server::device::{
 use vfio_user_server::pci::{BarKind, ConfigSpace, PciIds, CAP_ID_EXP, PCIE_CONFIG_SPACE_SIZE};
 use vfio_user_server::{DeviceContext, DeviceError, PciDevice};
 use vgpu_abi as abi;
-use vgpu_backend::{HostMapping, HostMemory, SharedPartition};
+use vgpu_backend::{HostMapping, HostMemory, OpError, SharedPartition};
 use vgpu_sched::CommandGate;
 use vgpu_sys::warn_limited;
 use virtio_queue::{Queue, QueueT};
@@ -106,6 +106,41 @@ impl DrainHandle {
             self.drain.completed.load(Ordering::Relaxed),
             self.drain.cancelled.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// A handle to resize the function's memory while it runs, from another
+/// thread (the daemon's): the partition's quota changes
+/// (`Partition::set_memory`), then REG_MEM_SIZE says the new figure and
+/// a driver that runs hears of it (IRQ_CAUSE_CONFIG on the error vector).
+#[derive(Clone)]
+pub struct ResizeHandle {
+    partition: SharedPartition,
+    mem_size: Arc<AtomicU64>,
+    /// The function's state once a VMM bound it.
+    bound: Arc<OnceLock<Weak<Shared>>>,
+}
+
+impl ResizeHandle {
+    /// Makes the quota `bytes`, or says why not (and changes nothing).
+    pub fn resize(&self, bytes: u64) -> Result<(), OpError> {
+        // Held until the register says it too: an allocation after the
+        // interrupt sees the new quota.
+        let mut p = self.partition.lock();
+        p.set_memory(bytes)?;
+        if self.mem_size.swap(bytes, Ordering::AcqRel) == bytes {
+            return Ok(());
+        }
+        drop(p);
+        let Some(sh) = self.bound.get().and_then(Weak::upgrade) else {
+            return Ok(());
+        };
+        // A driver that has not enabled the function reads the register
+        // when it does.
+        if lock(&sh.state).control & abi::CONTROL_ENABLE != 0 {
+            sh.raise(abi::MSIX_ERROR_VECTOR, abi::IRQ_CAUSE_CONFIG);
+        }
+        Ok(())
     }
 }
 
@@ -409,7 +444,10 @@ pub struct VgpuDevice {
     pci: ConfigSpace,
     doorbell_file: Arc<File>,
     window_file: Arc<File>,
-    mem_size: u64,
+    /// REG_MEM_SIZE, which a [`ResizeHandle`] changes.
+    mem_size: Arc<AtomicU64>,
+    /// Set at `bind`, for the handles.
+    bound: Arc<OnceLock<Weak<Shared>>>,
     compute_units: u32,
     /// Contexts besides context 0 the partition may have; `None`
     /// without contexts.
@@ -428,6 +466,8 @@ pub struct VgpuDevice {
     arrays: bool,
     /// Until `bind`, the partition and memory wait here.
     pending: Option<(SharedPartition, MmapRegion, MmapRegion)>,
+    /// The partition, for the handles.
+    partition: SharedPartition,
     counters: Arc<DeviceCounters>,
     /// Signalled by the WAKE register (directly, when a VMM maps it as an
     /// ioeventfd); the worker sleeps on a duplicate of it.
@@ -523,7 +563,8 @@ impl VgpuDevice {
             pci,
             doorbell_file: Arc::new(doorbell_file),
             window_file: Arc::new(window_file),
-            mem_size: spec.memory,
+            mem_size: Arc::new(AtomicU64::new(spec.memory)),
+            bound: Arc::default(),
             compute_units,
             max_contexts: contexts.as_ref().map(|n| n.max),
             context_cost: contexts.map_or(0, |n| n.cost),
@@ -531,7 +572,8 @@ impl VgpuDevice {
             watch,
             vmm,
             arrays,
-            pending: Some((partition, doorbells, window)),
+            pending: Some((partition.clone(), doorbells, window)),
+            partition,
             shared: None,
             worker: None,
             host_memory,
@@ -542,6 +584,15 @@ impl VgpuDevice {
     /// The function's counters, for monitoring.
     pub fn counters(&self) -> Arc<DeviceCounters> {
         self.counters.clone()
+    }
+
+    /// A handle to resize the function's memory from another thread.
+    pub fn resize_handle(&self) -> ResizeHandle {
+        ResizeHandle {
+            partition: self.partition.clone(),
+            mem_size: Arc::clone(&self.mem_size),
+            bound: Arc::clone(&self.bound),
+        }
     }
 
     /// A handle to drain the function from another thread, e.g. while the
@@ -707,7 +758,8 @@ impl VgpuDevice {
                 0
             }
             | if self.vmm { abi::FEATURE_VMM } else { 0 }
-            | if self.arrays { abi::FEATURE_ARRAYS } else { 0 };
+            | if self.arrays { abi::FEATURE_ARRAYS } else { 0 }
+            | abi::FEATURE_RESIZE;
         match off {
             abi::REG_MAGIC => abi::ABI_MAGIC,
             abi::REG_VERSION => (abi::ABI_VERSION_MAJOR << 16) | abi::ABI_VERSION_MINOR,
@@ -715,7 +767,7 @@ impl VgpuDevice {
                 lo_hi(features, abi::REG_FEATURES)
             }
             o if o == abi::REG_MEM_SIZE || o == abi::REG_MEM_SIZE + 4 => {
-                lo_hi(self.mem_size, abi::REG_MEM_SIZE)
+                lo_hi(self.mem_size.load(Ordering::Acquire), abi::REG_MEM_SIZE)
             }
             abi::REG_COMPUTE_UNITS => self.compute_units,
             abi::REG_MAX_QUEUES => self.config.queues,
@@ -1037,6 +1089,7 @@ impl PciDevice for VgpuDevice {
             Ok(h) => self.worker = Some(h),
             Err(e) => warn_limited!("{}: cannot start worker: {e}", self.config.name),
         }
+        let _ = self.bound.set(Arc::downgrade(&shared));
         self.shared = Some(shared);
     }
 
