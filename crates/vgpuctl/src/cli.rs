@@ -80,11 +80,16 @@ pub enum Cmd {
         /// vGPU name.
         name: String,
     },
-    /// Change a vGPU's scheduling parameters while it runs.
+    /// Change a vGPU's memory quota or scheduling parameters while it runs.
     #[command(group(ArgGroup::new("change").required(true).multiple(true)))]
     Set {
         /// vGPU name.
         name: String,
+        /// New device memory quota (bytes or 256MiB, 4GiB, ...): growing
+        /// takes effect at once, shrinking below what the guest holds is
+        /// refused; the guest sees the new size without a reboot.
+        #[arg(long, group = "change")]
+        memory: Option<String>,
         /// Weight under the fair policy.
         #[arg(long, group = "change")]
         weight: Option<u32>,

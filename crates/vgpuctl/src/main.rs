@@ -488,11 +488,7 @@ fn run(cli: Cli) -> Result<(), String> {
             body.insert("name".into(), json!(name));
             body.insert("gpu".into(), json!(gpu));
             body.insert("socket".into(), json!(socket.to_string_lossy()));
-            // A size with a unit goes as written; the daemon parses it.
-            match memory.parse::<u64>() {
-                Ok(n) => body.insert("memory".into(), json!(n)),
-                Err(_) => body.insert("memory".into(), json!(memory)),
-            };
+            body.insert("memory".into(), size_value(&memory));
             body.insert("compute_units".into(), json!(compute_units));
             insert_some(&mut body, "weight", weight);
             insert_some(&mut body, "priority", priority);
@@ -515,11 +511,15 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Start { name } => power(&api, &name, "start", json),
         Cmd::Set {
             name,
+            memory,
             weight,
             priority,
             cap,
         } => {
             let mut body = Map::new();
+            if let Some(memory) = memory {
+                body.insert("memory".into(), size_value(&memory));
+            }
             insert_some(&mut body, "weight", weight);
             insert_some(&mut body, "priority", priority);
             // `--cap none` sends null: the cap is removed.
@@ -531,7 +531,8 @@ fn run(cli: Cli) -> Result<(), String> {
             )?;
             print_vgpu(&raw, json, |v| {
                 format!(
-                    "{name}: weight {}, priority {}, cap {}",
+                    "{name}: memory {}, weight {}, priority {}, cap {}",
+                    format::bytes(v.config.memory),
                     v.config.weight,
                     v.config.priority,
                     cap_text(v.config.cap)
@@ -539,6 +540,15 @@ fn run(cli: Cli) -> Result<(), String> {
             });
             Ok(())
         }
+    }
+}
+
+/// A size as the API takes it: bytes as a number; one with a unit as
+/// written, which the daemon parses.
+fn size_value(size: &str) -> Value {
+    match size.parse::<u64>() {
+        Ok(n) => json!(n),
+        Err(_) => json!(size),
     }
 }
 
@@ -597,6 +607,13 @@ mod tests {
                 ..
             }
         ));
+        let cli = Cli::try_parse_from(["vgpuctl", "set", "a", "--memory", "8GiB"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Set { memory: Some(m), weight: None, .. } if m == "8GiB"
+        ));
+        assert_eq!(size_value("4096"), json!(4096));
+        assert_eq!(size_value("1GiB"), json!("1GiB"));
         assert!(Cli::try_parse_from(["vgpuctl", "set", "a"]).is_err());
         assert!(Cli::try_parse_from(["vgpuctl", "set", "a", "--cap", "lots"]).is_err());
     }

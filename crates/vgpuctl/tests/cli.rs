@@ -104,7 +104,10 @@ fn test_set() {
             "0.5",
         ],
     );
-    assert_eq!(out, "vgpu0: weight 3, priority -2, cap 0.5\n");
+    assert_eq!(
+        out,
+        "vgpu0: memory 512MiB, weight 3, priority -2, cap 0.5\n"
+    );
     let config = |name: &str| f.daemon.lock().unwrap().instance(name).unwrap().config;
     let c = config("vgpu0");
     assert_eq!((c.weight, c.priority, c.cap), (3, -2, Some(0.5)));
@@ -125,6 +128,50 @@ fn test_set() {
     );
     // Nothing to set is a usage error.
     assert_eq!(vgpuctl(&f.sock, &["set", "vgpu0"]).status.code(), Some(2));
+}
+
+#[test]
+fn test_set_memory_resizes_a_running_vgpu() {
+    let f = fixture();
+    let config = |name: &str| f.daemon.lock().unwrap().instance(name).unwrap().config;
+    let socket = f.dir.as_path().join("vgpu0.sock");
+    let mut g = Guest::connect(&socket, GuestOptions::default());
+    g.setup_queue(0, 16, Mode::Interrupt);
+    let abi = vgpu_testkit::abi::REG_MEM_SIZE;
+    let a = g.device_alloc(0, 400 << 20);
+    // The built-in GPU has 2 GiB, two vGPUs of 512 MiB.
+    let out = ok(&f, &["set", "vgpu0", "--memory", "1GiB"]);
+    assert!(out.starts_with("vgpu0: memory 1GiB,"), "{out}");
+    assert_eq!(g.read64(abi), 1 << 30);
+    let b = g.device_alloc(0, 600 << 20);
+    let e = fails(&f, &["set", "vgpu0", "--memory", "2GiB"]);
+    assert!(e.contains("does not fit") && e.contains("HTTP 409"), "{e}");
+    let e = fails(&f, &["set", "vgpu0", "--memory", "512MiB"]);
+    assert!(e.contains("cannot shrink") && e.contains("HTTP 409"), "{e}");
+    // A refusal of one change refuses the others with it.
+    let e = fails(&f, &["set", "vgpu0", "--memory", "768MiB", "--weight", "0"]);
+    assert!(e.contains("weight") && e.contains("HTTP 400"), "{e}");
+    let e = fails(&f, &["set", "vgpu0", "--memory", "0"]);
+    assert!(e.contains("memory") && e.contains("HTTP 400"), "{e}");
+    assert_eq!(config("vgpu0").memory.0, 1 << 30);
+    assert_eq!(g.read64(abi), 1 << 30);
+    assert_eq!(g.mem_free(0, b).status, vgpu_testkit::abi::STATUS_OK);
+    ok(&f, &["set", "vgpu0", "--memory", "400MiB"]);
+    assert_eq!(g.read64(abi), 400 << 20);
+    assert_eq!(
+        g.mem_alloc(0, 4096, 0).status,
+        vgpu_testkit::abi::STATUS_NO_MEMORY
+    );
+    // What it gave back is there for the other vGPU; a stopped one
+    // resizes too, and starts with its new size.
+    ok(&f, &["stop", "vgpu1"]);
+    ok(&f, &["set", "vgpu1", "--memory", "1636MiB"]);
+    ok(&f, &["start", "vgpu1"]);
+    let mut g1 = Guest::connect(&f.dir.as_path().join("vgpu1.sock"), GuestOptions::default());
+    assert_eq!(g1.read64(abi), 1636 << 20);
+    let gpus = ok(&f, &["gpus"]);
+    assert!(gpus.contains("2GiB"), "{gpus}");
+    assert_eq!(g.mem_free(0, a).status, vgpu_testkit::abi::STATUS_OK);
     // And the rest of the life cycle.
     let e = fails(
         &f,

@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer};
 use vgpu_api as json;
 use vgpu_sys::socket::ClearError;
 
-use crate::config::{BackendKind, Policy, VgpuConfig};
+use crate::config::{BackendKind, Policy, Size, VgpuConfig};
 use crate::daemon::{Daemon, DaemonError, GpuInfo, GpuStats, InstanceInfo, InstanceStats};
 use http::{Request, Response, Server};
 
@@ -244,10 +244,14 @@ fn finite(x: f64) -> f64 {
     }
 }
 
-/// `PATCH /api/v1/vgpus/{name}`: the scheduling parameters to change.
+/// `PATCH /api/v1/vgpus/{name}`: the scheduling parameters and memory
+/// quota to change.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ParamsPatch {
+    /// A live resize: bytes, or a size such as `"8GiB"`.
+    #[serde(default)]
+    memory: Option<Size>,
     #[serde(default)]
     weight: Option<u32>,
     #[serde(default)]
@@ -436,11 +440,30 @@ fn patch(d: &mut Daemon, name: &str, body: &[u8]) -> Response {
         Ok(p) => p,
         Err(e) => return body_error(e),
     };
-    if p.weight.is_none() && p.priority.is_none() && p.cap.is_none() {
-        return Response::error(400, "nothing to change: give weight, priority or cap");
+    let sched = p.weight.is_some() || p.priority.is_some() || p.cap.is_some();
+    if !sched && p.memory.is_none() {
+        return Response::error(
+            400,
+            "nothing to change: give memory, weight, priority or cap",
+        );
     }
-    if let Err(e) = d.update_params(name, p.weight, p.priority, p.cap) {
-        return daemon_error(e);
+    // The scheduling parameters are checked first: a request refused for
+    // them changes nothing, and the resize is the one step that can be
+    // refused for what the guest holds.
+    if sched {
+        if let Err(e) = d.check_params(name, p.weight, p.priority, p.cap) {
+            return daemon_error(e);
+        }
+    }
+    if let Some(Size(bytes)) = p.memory {
+        if let Err(e) = d.resize(name, bytes) {
+            return daemon_error(e);
+        }
+    }
+    if sched {
+        if let Err(e) = d.update_params(name, p.weight, p.priority, p.cap) {
+            return daemon_error(e);
+        }
     }
     match d.instance(name) {
         Some(info) => Response::json(200, &vgpu_json(&info, None)),

@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use vgpu_api::DeviceEvents;
 use vgpu_backend::contexts::{ContextFactory, Contexts};
-use vgpu_backend::{Backend, PartitionSpec, SharedPartition};
+use vgpu_backend::{Backend, OpError, PartitionSpec, SharedPartition};
 use vgpu_device::DeviceCounters;
 use vgpu_sched::{SchedGate, Scheduler, TenantId};
 use vgpu_sys::socket::{self, SocketPath};
 
-use crate::config::{Config, GpuConfig, VgpuConfig, AUTO_GPU};
+use crate::config::{Config, GpuConfig, Size, VgpuConfig, AUTO_GPU};
 use backends::make_backend;
 use instance::{Carried, Instance, Serving};
 use sched::{sched_config, tenant_params};
@@ -548,17 +548,11 @@ impl Daemon {
         priority: Option<i32>,
         cap: Option<Option<f64>>,
     ) -> Result<(), DaemonError> {
+        let v = self.check_params(name, weight, priority, cap)?;
         let inst = self
             .instances
             .get_mut(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
-        let v = VgpuConfig {
-            weight: weight.unwrap_or(inst.config.weight),
-            priority: priority.unwrap_or(inst.config.priority),
-            cap: cap.unwrap_or(inst.config.cap),
-            ..inst.config.clone()
-        };
-        validate(&v)?;
         let gpu = self
             .gpus
             .get(&v.gpu)
@@ -573,6 +567,71 @@ impl Daemon {
             "vGPU {name}: weight {} priority {} cap {:?}",
             v.weight, v.priority, v.cap
         );
+        inst.config = v;
+        Ok(())
+    }
+
+    /// Instance `name`'s configuration with these scheduling parameters
+    /// (`None`: unchanged), if they are acceptable; changes nothing.
+    pub fn check_params(
+        &self,
+        name: &str,
+        weight: Option<u32>,
+        priority: Option<i32>,
+        cap: Option<Option<f64>>,
+    ) -> Result<VgpuConfig, DaemonError> {
+        let inst = self
+            .instances
+            .get(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        let v = VgpuConfig {
+            weight: weight.unwrap_or(inst.config.weight),
+            priority: priority.unwrap_or(inst.config.priority),
+            cap: cap.unwrap_or(inst.config.cap),
+            ..inst.config.clone()
+        };
+        validate(&v)?;
+        Ok(v)
+    }
+
+    /// Resizes instance `name`'s memory quota to `bytes`, running or
+    /// stopped: growing takes from what its GPU has not given out, at
+    /// once; shrinking below what its guest holds is refused. A running
+    /// guest's driver hears of it (ABI 1.8). A refusal changes nothing.
+    pub fn resize(&mut self, name: &str, bytes: u64) -> Result<(), DaemonError> {
+        let inst = self
+            .instances
+            .get_mut(name)
+            .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        let v = VgpuConfig {
+            memory: Size(bytes),
+            ..inst.config.clone()
+        };
+        validate(&v)?;
+        let old = inst.config.memory.0;
+        let r = match &inst.serving {
+            Some(s) => s.resize.resize(bytes),
+            None => inst.partition.lock().set_memory(bytes),
+        };
+        r.map_err(|e| match e {
+            OpError::NoMemory { available, .. } => DaemonError::DoesNotFit {
+                name: name.to_string(),
+                gpu: v.gpu.clone(),
+                message: format!(
+                    "{} bytes more requested, {available} left",
+                    bytes.saturating_sub(old)
+                ),
+            },
+            OpError::Invalid(why) => DaemonError::State {
+                name: name.to_string(),
+                message: format!("cannot shrink to {bytes} bytes: {why}"),
+            },
+            other => DaemonError::Setup {
+                name: name.to_string(),
+                message: other.to_string(),
+            },
+        })?;
+        info!("vGPU {name}: memory {old} -> {bytes} bytes");
         inst.config = v;
         Ok(())
     }
