@@ -206,7 +206,8 @@ struct vgpu_dev {
 	/* Identity and partition, read at probe. */
 	u32 version;
 	u64 features;
-	u64 mem_size;
+	u64 mem_size;			/* follows a resize (ABI 1.8) */
+	bool config_changed;		/* IRQ_CAUSE_CONFIG seen, not handled */
 	u32 compute_units;
 	u32 max_queues;
 	u32 max_queue_size;

@@ -1603,7 +1603,7 @@ static long vgpu_ioctl_info(struct vgpu_file *vf, void __user *arg)
 		.pci_devfn = pdev->devfn,
 		.pci_domain = pci_domain_nr(pdev->bus),
 		.features = vdev->features,
-		.mem_size = vdev->mem_size,
+		.mem_size = READ_ONCE(vdev->mem_size),
 		.window_size = vdev->win_size,
 		.compute_units = vdev->compute_units,
 		.max_queues = vdev->max_queues,
@@ -2236,6 +2236,8 @@ static long vgpu_ioctl_usage(struct vgpu_file *vf, void __user *arg)
 		return -ENODEV;
 	}
 	u.mem_used = readq(vdev->regs + VGPU_REG_MEM_USED);
+	/* Read here too: the interrupt that tells of a resize may be late. */
+	u.mem_size = readq(vdev->regs + VGPU_REG_MEM_SIZE);
 	u.busy_ns = readq(vdev->regs + VGPU_REG_BUSY_NS);
 	u.commands = readq(vdev->regs + VGPU_REG_COMMANDS);
 	u.device_errors = readl(vdev->regs + VGPU_REG_ERROR_COUNT);

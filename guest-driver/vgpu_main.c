@@ -191,6 +191,35 @@ static void vgpu_log_errors(struct vgpu_dev *vdev, u32 count)
 }
 
 /*
+ * MEM_SIZE, read until two reads agree: with FEATURE_RESIZE the host may
+ * change it between the halves of a 64-bit read.
+ */
+static u64 vgpu_read_mem_size(struct vgpu_dev *vdev)
+{
+	u64 a, b = readq(vdev->regs + VGPU_REG_MEM_SIZE);
+	int tries = 4;
+
+	do {
+		a = b;
+		b = readq(vdev->regs + VGPU_REG_MEM_SIZE);
+	} while (a != b && --tries);
+	return b;
+}
+
+/* IRQ_CAUSE_CONFIG: the host resized the partition's memory. */
+static void vgpu_config_changed(struct vgpu_dev *vdev)
+{
+	u64 size = vgpu_read_mem_size(vdev);
+	u64 old = READ_ONCE(vdev->mem_size);
+
+	if (size == old || size == U64_MAX)
+		return;
+	WRITE_ONCE(vdev->mem_size, size);
+	dev_info(&vdev->pdev->dev, "vgpu%d: device memory now %llu MiB (was %llu MiB)\n",
+		 vdev->minor, size >> 20, old >> 20);
+}
+
+/*
  * Enables the function and its queues: at probe and after a function
  * reset. hw_lock held (or not yet visible).
  */
@@ -201,10 +230,13 @@ static int vgpu_hw_start(struct vgpu_dev *vdev)
 	int ret = 0;
 
 	/* With MSI-X, no cause may fall back to INTx. */
-	writel(vdev->msix ? VGPU_IRQ_CAUSE_QUEUE | VGPU_IRQ_CAUSE_ERROR : 0,
+	writel(vdev->msix ? VGPU_IRQ_CAUSE_QUEUE | VGPU_IRQ_CAUSE_ERROR |
+			    VGPU_IRQ_CAUSE_CONFIG : 0,
 	       regs + VGPU_REG_IRQ_MASK);
-	writel(VGPU_IRQ_CAUSE_QUEUE | VGPU_IRQ_CAUSE_ERROR,
-	       regs + VGPU_REG_IRQ_CAUSE);
+	writel(VGPU_IRQ_CAUSE_QUEUE | VGPU_IRQ_CAUSE_ERROR |
+	       VGPU_IRQ_CAUSE_CONFIG, regs + VGPU_REG_IRQ_CAUSE);
+	/* A resize while the function was down is read here. */
+	vgpu_config_changed(vdev);
 	writel(VGPU_CONTROL_ENABLE, regs + VGPU_REG_CONTROL);
 	for (i = 0; i < vdev->nq; i++) {
 		int r = vgpu_queue_hw_enable(&vdev->queues[i]);
@@ -264,6 +296,11 @@ static void vgpu_err_work(struct work_struct *work)
 	}
 	writel(VGPU_IRQ_CAUSE_ERROR, vdev->regs + VGPU_REG_IRQ_CAUSE);
 	vgpu_log_errors(vdev, readl(vdev->regs + VGPU_REG_ERROR_COUNT));
+	if ((readl(vdev->regs + VGPU_REG_IRQ_CAUSE) & VGPU_IRQ_CAUSE_CONFIG) ||
+	    xchg(&vdev->config_changed, false)) {
+		writel(VGPU_IRQ_CAUSE_CONFIG, vdev->regs + VGPU_REG_IRQ_CAUSE);
+		vgpu_config_changed(vdev);
+	}
 
 	if (status & VGPU_STATUS_FATAL) {
 		vgpu_function_reset(vdev, "fatal device error");
@@ -354,7 +391,9 @@ static irqreturn_t vgpu_irq_shared(int irq, void *data)
 		writel(cause, vdev->regs + VGPU_REG_IRQ_CAUSE);
 	for (i = 0; i < vdev->nq; i++)
 		vgpu_queue_reap(&vdev->queues[i]);
-	if (cause & VGPU_IRQ_CAUSE_ERROR)
+	if (cause & VGPU_IRQ_CAUSE_CONFIG)
+		WRITE_ONCE(vdev->config_changed, true);
+	if (cause & (VGPU_IRQ_CAUSE_ERROR | VGPU_IRQ_CAUSE_CONFIG))
 		vgpu_schedule_recovery(vdev);
 	return IRQ_HANDLED;
 }

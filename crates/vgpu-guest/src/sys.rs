@@ -587,11 +587,24 @@ uapi_struct!(
         /// not yet in `mem_used`: free memory for this file is
         /// `mem_size - mem_used - context_pending`.
         pub context_pending: u64,
-        pub reserved: [u64; 2],
+        /// The function's memory size now, which a live resize changes;
+        /// 0 from a driver that predates it.
+        pub mem_size: u64,
+        pub reserved: u64,
     }
 );
 
 impl VgpuUsage {
+    /// The function's memory size: what the device says now, or `info`'s
+    /// (the size at probe) from a driver that does not say.
+    pub fn total(&self, info: &VgpuInfo) -> u64 {
+        if self.mem_size != 0 {
+            self.mem_size
+        } else {
+            info.mem_size
+        }
+    }
+
     /// Device memory this file cannot allocate: what the function's files
     /// hold, with what its own context will hold once it starts.
     pub fn mem_held(&self) -> u64 {

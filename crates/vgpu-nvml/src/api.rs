@@ -391,8 +391,9 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
 /// Total (the partition's quota), used (by every file of the function)
 /// and free device memory.
 fn memory(g: &Gpu) -> Result<(u64, u64, u64)> {
-    let total = g.info.mem_size;
-    let used = g.usage()?.mem_used.min(total);
+    let usage = g.usage()?;
+    let total = usage.total(&g.info);
+    let used = usage.mem_used.min(total);
     Ok((total, used, total - used))
 }
 

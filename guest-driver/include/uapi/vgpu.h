@@ -567,6 +567,9 @@ struct vgpu_wait {
  *	CONTEXT_COST before then, 0 after and without contexts. Free
  *	memory, as this file can allocate it, is
  *	mem_size - mem_used - context_pending.
+ * @mem_size: device MEM_SIZE now: the quota, which a live resize
+ *	changes (VGPU_INFO's is the size at the last resize the driver
+ *	heard of); 0 from drivers that predate it
  * @reserved: zero
  */
 struct vgpu_usage {
@@ -585,7 +588,8 @@ struct vgpu_usage {
 	__u32 context;
 	__u32 contexts;
 	__u64 context_pending;
-	__u64 reserved[2];
+	__u64 mem_size;
+	__u64 reserved;
 };
 
 /* ---- VGPU_IOCTL_PIN / VGPU_IOCTL_UNPIN ----------------------------------- */

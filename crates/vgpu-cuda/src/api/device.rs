@@ -6,6 +6,7 @@ use std::ffi::c_char;
 
 use crate::cu::{self, CUdevice, CUresult, CUuuid, Handle};
 use crate::devices::{attribute, CC_MAJOR, CC_MINOR};
+use crate::diag::check;
 use crate::ffi::{self, entry};
 use crate::state::driver;
 
@@ -55,8 +56,10 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CU
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     entry(|| {
         let g = driver()?.gpu(dev)?;
+        // The quota now: a live resize changes it.
+        let total = check(g.dev.usage())?.total(&g.info);
         // SAFETY: the caller's out-parameter.
-        unsafe { ffi::put(bytes, g.info.mem_size as usize) }
+        unsafe { ffi::put(bytes, total as usize) }
     })
 }
 

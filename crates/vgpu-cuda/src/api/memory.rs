@@ -103,7 +103,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     entry(|| {
         let (_, g) = driver()?.current_gpu()?;
         let usage = check(g.dev.usage())?;
-        let size = g.info.mem_size;
+        let size = usage.total(&g.info);
         // SAFETY: the caller's out-parameters.
         unsafe {
             // What the context will hold of its own once it starts is

@@ -186,7 +186,7 @@ fn table(states: &[DevState], errors: &[String], procs: &BTreeMap<(u32, u32), (u
             s.minor,
             format!("{:04x}:{:04x}", i.vendor_id, i.device_id),
             bdf(i),
-            format!("{} / {}", mib(u.mem_used), mib(i.mem_size)),
+            format!("{} / {}", mib(u.mem_used), mib(u.total(i))),
             i.compute_units,
             s.util,
             u.commands
@@ -248,7 +248,7 @@ fn json_out(states: &[DevState], errors: &[String], procs: &BTreeMap<(u32, u32),
                 },
                 "abi_version": format!("{}.{}", i.abi_version >> 16, i.abi_version & 0xffff),
                 "features": i.features,
-                "memory": { "total": i.mem_size, "used": u.mem_used },
+                "memory": { "total": u.total(i), "used": u.mem_used },
                 // A device context per process: a fault ends its own.
                 "contexts": {
                     "per_process": i.flags & sys::INFO_CONTEXTS != 0,

@@ -223,8 +223,14 @@ pub(super) fn usage(args: &Args) -> CaseResult {
             && u0.file_inflight == 0,
         "a fresh file reports {u0:?}"
     );
-    ensure!(u0.reserved == [0; 2], "reserved fields not zero");
+    ensure!(u0.reserved == 0, "reserved field not zero");
     let mem = dev.cached_info().mem_size;
+    // No resize yet: the size now is the size at probe.
+    ensure!(
+        u0.mem_size == mem,
+        "usage says {} bytes, info {mem}",
+        u0.mem_size
+    );
     // A fresh file's context has not started: what it will hold of its
     // own shows as pending, not yet in the function's memory in use.
     let cost = dev.cached_info().context_cost;
