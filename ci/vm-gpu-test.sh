@@ -2,7 +2,8 @@
 # The whole path in real VMs: vgpud (software backend, two vGPUs) serves two
 # QEMU guests at once over vfio-user; each guest loads the vgpu kernel
 # module and runs the guest test suite, the saxpy and sgemm samples and
-# vgpu-smi. Then one guest runs the suite again behind a guest IOMMU
+# vgpu-smi. A guest keeps data in its vGPU while vgpuctl grows and shrinks
+# it (a live resize). Then one guest runs the suite again behind a guest IOMMU
 # (intel-iommu with caching mode), so DMA maps and unmaps follow the
 # guest's DMA API. The module the guests load is built and checked first
 # by ci/check-guest-driver.sh (W=1, sparse, checkpatch --strict, kernel-doc).
@@ -62,8 +63,9 @@ bash ci/fetch-kernel.sh >/dev/null
 bash ci/check-guest-driver.sh
 
 log "vgpud"
-cargo build --release -p vgpud -p vgpu-partition-host
+cargo build --release -p vgpud -p vgpu-partition-host -p vgpuctl
 vgpud="${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/release/vgpud"
+vgpuctl=("${CARGO_TARGET_DIR:-$VGPUD_ROOT/target}/release/vgpuctl" --api "$TMP/run/api.sock")
 
 VGPU_KO="$VGPUD_ROOT/guest-driver/vgpu.ko" bash tests/vm/guest-suite-initramfs.sh "$TMP/initrd.gz"
 make -s -C "$KERNEL_HEADERS" M="$VGPUD_ROOT/guest-driver" clean >/dev/null 2>&1 || true
@@ -162,6 +164,46 @@ wait "${qemu_pids[0]}" || true
 qemu_pids=()
 log "two-vGPU guest done in $(elapsed "$t")"
 verdict guest-two || ok=0
+
+# --- a live resize: the host grows and shrinks a vGPU under a running process --------------
+# The guest keeps 64 MiB of checked data in its vGPU while vgpuctl grows
+# it, then shrinks it; a shrink below what it holds is refused.
+t=$SECONDS
+GROW=$((512 << 20))
+SHRINK=$((160 << 20))
+boot guest-resize "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=resize vgpu.resize=$GROW,$SHRINK"
+# await LINE: waits until the resize guest printed LINE (or ended).
+await() {
+    while ! grep -q "$1" "$TMP/guest-resize.log" 2>/dev/null; do
+        kill -0 "${qemu_pids[0]}" 2>/dev/null || return 1
+        sleep 0.2
+    done
+}
+resize_ok=1
+if await 'VGPU-RESIZE READY'; then
+    if out=$("${vgpuctl[@]}" set a --memory 32MiB 2>&1); then
+        log "[resize] a shrink below what the guest holds was not refused: $out"
+        resize_ok=0
+    else
+        log "[resize] refused as it should be: $out"
+    fi
+    "${vgpuctl[@]}" set a --memory "$GROW" >&2 || resize_ok=0
+    if await 'VGPU-RESIZE GROWN'; then
+        "${vgpuctl[@]}" set a --memory "$SHRINK" >&2 || resize_ok=0
+    fi
+fi
+wait "${qemu_pids[0]}" || true
+qemu_pids=()
+"${vgpuctl[@]}" set a --memory "$MEM_A" >&2 || resize_ok=0
+log "resize guest done in $(elapsed "$t")"
+verdict guest-resize || ok=0
+if [[ $resize_ok == 1 ]]; then
+    passed=$((passed + 1))
+else
+    log "[resize] the host's side of the resize failed"
+    failed=$((failed + 1))
+    ok=0
+fi
 
 # --- one guest behind a guest IOMMU ---------------------------------------------------------
 if [[ $VM_NO_IOMMU != 1 ]]; then

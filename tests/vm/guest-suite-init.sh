@@ -17,7 +17,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|spatial-faults|repeat
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|spatial-faults|repeat|resize
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.repeat=PROG:N              repeat: run CUDA program PROG N times
@@ -44,6 +44,7 @@
 #   vgpu.sgemm=M,N,K                sgemm shape (128,128,128)
 #   vgpu.magic=0xMMMMMMMM           isolation modes: the pattern (0x5a17c0de)
 #   vgpu.hold=SECONDS               isolation-write: keep the memory this long
+#   vgpu.resize=GROW,SHRINK         resize: the sizes the host sets, bytes
 #   vgpu.isolation_bytes=BYTES      isolation-write: device memory to fill
 #   vgpu.queues= vgpu.ring_size= vgpu.polled= vgpu.poll_spin_us=
 #   vgpu.force_intx= vgpu.watchdog_ms=
@@ -63,7 +64,10 @@
 # in it (chroot), through this image's libcuda.so.1 before the host's CUDA
 # libraries: CUDA libraries such as cuBLAS that no image could hold;
 # multi-device loads the module and runs multi_device, one process on the
-# guest's vGPUs (vgpu.expect_devices of them, two by default).
+# guest's vGPUs (vgpu.expect_devices of them, two by default); resize
+# loads the module and runs resize_watch, which keeps data in device
+# memory while the host grows and shrinks the vGPU (vgpu.resize), then
+# checks that vgpu-smi and the kernel log saw the last size.
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -115,6 +119,7 @@ host_run=""
 host_env=""
 magic=0x5a17c0de
 hold=0
+resize=""
 isolation_bytes=""
 assert_line=kept
 overlap=0
@@ -152,6 +157,7 @@ for word in $(cat /proc/cmdline); do
     vgpu.sgemm=*) sgemm=$value ;;
     vgpu.magic=*) magic=$value ;;
     vgpu.hold=*) hold=$value ;;
+    vgpu.resize=*) resize=$value ;;
     vgpu.isolation_bytes=*) isolation_bytes=$value ;;
     vgpu.queues=* | vgpu.ring_size=* | vgpu.polled=* | vgpu.poll_spin_us=* | \
         vgpu.force_intx=* | vgpu.watchdog_ms=*)
@@ -238,6 +244,13 @@ cuda_run() {
     $cuda_exec env LD_LIBRARY_PATH=$cuda_lib $host_env "$@" >/tmp/cuda.out 2>&1
     rc=$?
     sed 's/^/  /' /tmp/cuda.out
+    cuda_report "$label" "$1" $rc
+}
+
+# cuda_report LABEL PROGRAM RC: cuda_run's checks of /tmp/cuda.out.
+cuda_report() {
+    label=$1
+    rc=$3
     said=0
     while read -r word name rest; do
         case $word in
@@ -246,7 +259,7 @@ cuda_run() {
         esac
     done </tmp/cuda.out
     if [ $rc -ne 0 ] && [ $said -eq 0 ]; then
-        fail "cuda-$label$(basename "$1")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
+        fail "cuda-$label$(basename "$2")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
     fi
 }
 cuda_tests=/usr/libexec/vgpu-cuda-tests
@@ -480,6 +493,34 @@ fi
 if [ "$mode" = faults ]; then
     load insmod || finish
     fault_neighbours
+    check_kernel_log kernel-log
+    finish
+fi
+
+# --- resize: the host resizes the vGPU while a process keeps data in it -------------
+# The host reads the program's VGPU-RESIZE lines from the console as they
+# come, and resizes the vGPU to GROW, then to SHRINK (vgpu.resize).
+if [ "$mode" = resize ]; then
+    load insmod || finish
+    grow=${resize%%,*}
+    shrink=${resize#*,}
+    { env LD_LIBRARY_PATH=$cuda_lib $cuda_tests/resize_watch "$grow" "$shrink"; echo $? >/tmp/cuda.rc; } 2>&1 |
+        tee /tmp/cuda.out
+    cuda_report "" resize_watch "$(cat /tmp/cuda.rc)"
+    # vgpu-smi and the kernel log know the size the host set last.
+    total=$(smi_json '.*"total":\([0-9]*\).*')
+    if [ "$total" = "$shrink" ]; then
+        pass resize-smi "vgpu-smi says $total bytes"
+    else
+        fail resize-smi "vgpu-smi says ${total:-nothing}, $shrink expected"
+    fi
+    line=$(dmesg | grep "device memory now $((shrink >> 20)) MiB" | tail -n 1)
+    if [ -n "$line" ]; then
+        pass resize-kernel-log "$(echo "$line" | sed 's/^\[[^]]*\] //')"
+    else
+        fail resize-kernel-log "no line of the resize to $((shrink >> 20)) MiB"
+        dmesg_tail 10
+    fi
     check_kernel_log kernel-log
     finish
 fi
