@@ -1476,6 +1476,20 @@ impl Partition for CudaPartition {
             .saturating_add(self.vmm.physical_bytes())
     }
 
+    /// Device memory here is the driver's allocations at addresses it
+    /// picks: putting it back at the same addresses needs it mapped
+    /// through the virtual memory management API, which this partition
+    /// does not do yet.
+    fn suspend(&mut self) -> Result<u64, OpError> {
+        Err(OpError::Unsupported(
+            "suspending a partition of the cuda backend".into(),
+        ))
+    }
+
+    fn resume(&mut self) -> Result<u64, OpError> {
+        Ok(self.memory_used())
+    }
+
     /// The quota is the partition's own count: the driver allocates as
     /// the guest asks.
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {

@@ -401,6 +401,9 @@ pub struct RemotePartition {
     /// What the backend has not given out, where this partition holds a
     /// reservation of it (not another context of one that does).
     pool: Option<Arc<Mutex<Capacity>>>,
+    /// Suspended: the host's partition holds nothing on the device, and
+    /// `pool` has its memory back.
+    suspended: bool,
     /// Declared before `staging`, so dropped before it: a link's mailbox
     /// points into the staging area.
     link: Option<Link>,
@@ -458,6 +461,7 @@ impl RemotePartition {
             launcher,
             config,
             pool,
+            suspended: false,
             staging,
             link: None,
             failed: None,
@@ -1177,11 +1181,55 @@ impl Partition for RemotePartition {
         self.memory_used
     }
 
+    fn suspend(&mut self) -> Result<u64, OpError> {
+        if self.suspended {
+            return Ok(self.memory_used);
+        }
+        let n = self.call_u64(&Request::Suspend)?;
+        self.suspended = true;
+        if let Some(pool) = &self.pool {
+            let mut pool = lock(pool);
+            pool.memory = pool.memory.saturating_add(self.spec.memory);
+        }
+        Ok(n)
+    }
+
+    /// The quota is taken here first: the host's backend has the whole
+    /// GPU, this pool what the daemon has not given out.
+    fn resume(&mut self) -> Result<u64, OpError> {
+        if !self.suspended {
+            return Ok(self.memory_used);
+        }
+        if let Some(pool) = &self.pool {
+            let mut pool = lock(pool);
+            if pool.memory < self.spec.memory {
+                return Err(OpError::NoMemory {
+                    requested: self.spec.memory,
+                    available: pool.memory,
+                });
+            }
+            pool.memory -= self.spec.memory;
+        }
+        match self.call_u64(&Request::Resume) {
+            Ok(n) => {
+                self.suspended = false;
+                Ok(n)
+            }
+            Err(e) => {
+                if let Some(pool) = &self.pool {
+                    let mut pool = lock(pool);
+                    pool.memory = pool.memory.saturating_add(self.spec.memory);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Drawn from the backend's pool here, the host's partition held to
     /// it there (a host started later gets it with its spec).
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
         let old = self.spec.memory;
-        if let Some(pool) = &self.pool {
+        if let Some(pool) = self.pool.as_ref().filter(|_| !self.suspended) {
             let mut pool = lock(pool);
             vgpu_backend::rules::requota(Some(&mut pool.memory), 0, old, memory)?;
         }
@@ -1197,7 +1245,7 @@ impl Partition for RemotePartition {
                 Ok(())
             }
             Err(e) => {
-                if let Some(pool) = &self.pool {
+                if let Some(pool) = self.pool.as_ref().filter(|_| !self.suspended) {
                     let mut pool = lock(pool);
                     let _ = vgpu_backend::rules::requota(Some(&mut pool.memory), 0, memory, old);
                 }
@@ -1267,6 +1315,13 @@ impl Partition for RemotePartition {
             Ok(link) => {
                 self.link = Some(link);
                 self.failed = None;
+                // A fresh host's partition is on the device: a suspended
+                // one's must not be.
+                if self.suspended {
+                    if let Err(e) = self.call_u64(&Request::Suspend) {
+                        let _ = self.fail(format!("cannot suspend the new host: {e}"));
+                    }
+                }
             }
             Err(why) => {
                 error_limited!(
@@ -1286,7 +1341,11 @@ impl Drop for RemotePartition {
         self.link.take();
         self.registry.detach();
         if let Some(pool) = &self.pool {
-            lock(pool).release(&self.spec);
+            let held = PartitionSpec {
+                memory: if self.suspended { 0 } else { self.spec.memory },
+                ..self.spec.clone()
+            };
+            lock(pool).release(&held);
         }
     }
 }

@@ -159,6 +159,10 @@ pub enum Kind {
     /// `Partition::set_memory` (protocol 8). Answered without waiting for
     /// the runs started before it.
     SetMemory = 27,
+    /// `Partition::suspend` (protocol 8).
+    Suspend = 28,
+    /// `Partition::resume` (protocol 8).
+    Resume = 29,
     /// Host -> parent during an upload: put `[offset, offset + len)` of the
     /// source at byte `at` of the staging area.
     Need = 0x40,
@@ -199,6 +203,8 @@ impl Kind {
             25 => Vmm,
             26 => Resource,
             27 => SetMemory,
+            28 => Suspend,
+            29 => Resume,
             0x40 => Need,
             0x41 => Out,
             _ => return None,
@@ -411,6 +417,10 @@ pub enum Request<'a> {
         /// Allocation start.
         addr: u64,
     },
+    /// [`Kind::Suspend`].
+    Suspend,
+    /// [`Kind::Resume`].
+    Resume,
     /// [`Kind::SetMemory`].
     SetMemory {
         /// The new quota, bytes.
@@ -726,6 +736,8 @@ impl Request<'_> {
             Request::Alloc { .. } => Kind::Alloc,
             Request::Free { .. } => Kind::Free,
             Request::SetMemory { .. } => Kind::SetMemory,
+            Request::Suspend => Kind::Suspend,
+            Request::Resume => Kind::Resume,
             Request::Upload { .. } => Kind::Upload,
             Request::Download { .. } => Kind::Download,
             Request::Copy { .. } => Kind::Copy,
@@ -756,7 +768,11 @@ impl Request<'_> {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         match self {
-            Request::Hello | Request::Reset | Request::Control => {}
+            Request::Hello
+            | Request::Reset
+            | Request::Control
+            | Request::Suspend
+            | Request::Resume => {}
             Request::Finish { within_us } => {
                 w.u32(*within_us);
             }
@@ -934,6 +950,8 @@ impl Request<'_> {
             },
             Kind::Free => Request::Free { addr: r.u64()? },
             Kind::SetMemory => Request::SetMemory { memory: r.u64()? },
+            Kind::Suspend => Request::Suspend,
+            Kind::Resume => Request::Resume,
             Kind::Upload => Request::Upload {
                 dst: r.u64()?,
                 len: r.u64()?,
@@ -1250,7 +1268,13 @@ impl Reply {
                         .text(name, MAX_NAME);
                 }
                 (
-                    Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm | Kind::Resource,
+                    Kind::Alloc
+                    | Kind::ModuleLoad
+                    | Kind::Occupancy
+                    | Kind::Vmm
+                    | Kind::Resource
+                    | Kind::Suspend
+                    | Kind::Resume,
                     Value::U64(x),
                 ) => {
                     w.u64(*x);
@@ -1341,9 +1365,13 @@ impl Reply {
                         },
                     }
                 }
-                Kind::Alloc | Kind::ModuleLoad | Kind::Occupancy | Kind::Vmm | Kind::Resource => {
-                    Value::U64(r.u64()?)
-                }
+                Kind::Alloc
+                | Kind::ModuleLoad
+                | Kind::Occupancy
+                | Kind::Vmm
+                | Kind::Resource
+                | Kind::Suspend
+                | Kind::Resume => Value::U64(r.u64()?),
                 Kind::Create => Value::Created {
                     units: r.u32()?,
                     cooperative: flag(r.u8()?)?,
@@ -1540,6 +1568,8 @@ mod tests {
             },
             Request::Free { addr: 0x1000 },
             Request::SetMemory { memory: 3 << 30 },
+            Request::Suspend,
+            Request::Resume,
             Request::Upload {
                 dst: 1,
                 len: 2,
@@ -1890,6 +1920,7 @@ mod tests {
             (Kind::Resource, Ok(Value::U64(0x7f00_0000_2000))),
             (Kind::Free, Ok(Value::None)),
             (Kind::SetMemory, Ok(Value::None)),
+            (Kind::Suspend, Ok(Value::U64(1 << 20))),
             (Kind::Reset, Ok(Value::Reset { respawn: true })),
             (
                 Kind::Download,

@@ -31,6 +31,7 @@ pub fn run_all(make: Make<'_>) {
     alloc_alignment_and_limits(make);
     quota_exhaustion_returns_no_memory_and_changes_nothing(make);
     a_live_resize_moves_the_quota_and_keeps_the_data(make);
+    suspend_and_resume_keep_the_data_at_its_addresses(make);
     free_and_double_free(make);
     upload_download_round_trip(make);
     copy_within_and_between_allocations(make);
@@ -308,6 +309,44 @@ pub fn a_live_resize_moves_the_quota_and_keeps_the_data(make: Make<'_>) {
     ));
     assert_eq!(download(p, a, MIB as usize), before);
     assert_eq!(p.memory_used(), MIB);
+}
+
+/// Suspended and resumed, a partition has every allocation at its
+/// address with its bytes, twice in a row as once; a backend that cannot
+/// suspend says so and changes nothing.
+pub fn suspend_and_resume_keep_the_data_at_its_addresses(make: Make<'_>) {
+    let mut boxed = make(&spec("test", 2 * MIB, 1));
+    let p = &mut *boxed;
+    let a = p.alloc(MIB, 0).unwrap();
+    let b = p.alloc(MIB / 4, 0).unwrap();
+    let mut rng = Rng(7);
+    let data: Vec<u8> = (0..MIB).map(|_| rng.next() as u8).collect();
+    upload(p, a, &data);
+    p.fill(b, MIB / 4, 0x0bad_f00d).unwrap();
+    let used = p.memory_used();
+    match p.suspend() {
+        Err(OpError::Unsupported(_)) => {}
+        Err(e) => panic!("suspend: {e}"),
+        Ok(out) => {
+            assert!(out >= MIB + MIB / 4, "{out} bytes moved out");
+            assert_eq!(
+                p.suspend().unwrap(),
+                out,
+                "a second suspend moves nothing more"
+            );
+            assert_eq!(p.memory_used(), used, "the guest still holds it");
+            p.resume().unwrap();
+            p.resume().unwrap();
+        }
+    }
+    assert_eq!(download(p, a, MIB as usize), data);
+    assert!(download(p, b, (MIB / 4) as usize)
+        .chunks_exact(4)
+        .all(|w| w == 0x0bad_f00du32.to_le_bytes()));
+    assert_eq!(p.memory_used(), used);
+    let c = p.alloc(MIB / 2, 0).unwrap();
+    p.free(c).unwrap();
+    p.free(a).unwrap();
 }
 
 /// Only the start of a live allocation can be freed, once; its memory

@@ -330,6 +330,35 @@ impl Contexts {
         Ok(part)
     }
 
+    /// Runs `step` on context 0's partition, every live context's and the
+    /// spare, summing what they return; on the first failure runs `undo`
+    /// on those done and returns it.
+    fn each_context(
+        &mut self,
+        step: impl Fn(&mut dyn Partition) -> Result<u64, OpError>,
+        undo: impl Fn(&mut dyn Partition),
+    ) -> Result<u64, OpError> {
+        let mut parts: Vec<&mut Box<dyn Partition>> = vec![&mut self.base];
+        parts.extend(self.slots.values_mut().filter_map(|s| match s {
+            Slot::Live(l) => Some(&mut l.part),
+            Slot::Lost { .. } => None,
+        }));
+        parts.extend(self.spare.as_mut());
+        let mut total = 0u64;
+        for i in 0..parts.len() {
+            match step(&mut **parts[i]) {
+                Ok(n) => total = total.saturating_add(n),
+                Err(e) => {
+                    for p in &mut parts[..i] {
+                        undo(&mut ***p);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(total)
+    }
+
     /// Ends live context `ctx`'s partition: reset and kept as the spare
     /// when there is none and it lost nothing, else dropped.
     fn retire(&mut self, ctx: u32, mut part: Box<dyn Partition>) {
@@ -568,6 +597,26 @@ impl Partition for Contexts {
             }
         }
         Ok(())
+    }
+
+    /// Every context goes out and comes back together; one that cannot
+    /// puts back those that went.
+    fn suspend(&mut self) -> Result<u64, OpError> {
+        self.each_context(
+            |p| p.suspend(),
+            |p| {
+                let _ = p.resume();
+            },
+        )
+    }
+
+    fn resume(&mut self) -> Result<u64, OpError> {
+        self.each_context(
+            |p| p.resume(),
+            |p| {
+                let _ = p.suspend();
+            },
+        )
     }
 
     fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {

@@ -921,6 +921,22 @@ pub trait Partition: Send {
     /// default: a wrapper that forgot to forward it would let its inner
     /// partition enforce the old quota.
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError>;
+    /// Frees the partition's device memory for others, keeping what it
+    /// holds (allocations at their addresses with their contents,
+    /// modules, arrays, mappings) in host memory, and gives its quota
+    /// back to the backend; returns the bytes moved out. Called only with
+    /// no run in flight; until [`Partition::resume`], nothing but
+    /// `memory_used`, `is_lost`, `set_memory`, `reset` (which keeps it
+    /// suspended, holding nothing) and `resume` is called. A refusal
+    /// changes nothing. No default: a wrapper that forgot to forward it
+    /// would leave its inner partition on the device.
+    fn suspend(&mut self) -> Result<u64, OpError>;
+    /// Takes the quota from the backend again and puts back what
+    /// [`Partition::suspend`] moved out, at the same device addresses;
+    /// returns the bytes moved in. [`OpError::NoMemory`] when the backend
+    /// has not got the quota free: the partition stays suspended and
+    /// nothing changes. Resuming one that is not suspended does nothing.
+    fn resume(&mut self) -> Result<u64, OpError>;
     /// Takes up to `max` bytes of what the kernels of `module` printed,
     /// oldest first (see [`console::Consoles`]). A backend whose kernels
     /// cannot print answers nothing. No default: a wrapper that forgot
@@ -1043,6 +1059,12 @@ mod tests {
         }
         fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
             self.0.set_memory(memory)
+        }
+        fn suspend(&mut self) -> Result<u64, OpError> {
+            self.0.suspend()
+        }
+        fn resume(&mut self) -> Result<u64, OpError> {
+            self.0.resume()
         }
         fn console(&mut self, module: u64, max: usize) -> Result<console::ConsoleText, OpError> {
             self.0.console(module, max)

@@ -579,6 +579,8 @@ impl Host<'_> {
             Request::Alloc { size, align } => p.alloc(size, align).map(Value::U64),
             Request::Free { addr } => p.free(addr).map(|_| Value::None),
             Request::SetMemory { memory } => p.set_memory(memory).map(|_| Value::None),
+            Request::Suspend => p.suspend().map(Value::U64),
+            Request::Resume => p.resume().map(Value::U64),
             Request::Vmm(op) => p.vmm(&op).map(Value::U64),
             Request::Copy { dst, src, size } => p.copy(dst, src, size).map(|_| Value::None),
             Request::Fill {

@@ -148,6 +148,7 @@ impl SoftwareBackend {
         SoftwarePartition {
             spec: spec.clone(),
             reserved,
+            suspended: false,
             pool: Arc::clone(&self.pool),
             allocs: Allocations::default(),
             vmm: Vmm::default(),
@@ -196,6 +197,10 @@ pub struct SoftwarePartition {
     /// It holds `spec`'s reservation of the pool (a context made by
     /// `create_context` shares its partition's).
     reserved: bool,
+    /// Suspended: its reservation's memory is back in the pool (its
+    /// compute units stay taken); what it holds stays in host memory,
+    /// which is where a software partition keeps it anyway.
+    suspended: bool,
     pool: Arc<Mutex<Pool>>,
     /// Allocations by device address. The cells let a kernel write one
     /// allocation while reading others; calls never overlap (`&mut self`).
@@ -242,7 +247,11 @@ impl Drop for SoftwarePartition {
         if !self.reserved {
             return;
         }
-        lock(&self.pool).release(&self.spec);
+        let held = PartitionSpec {
+            memory: if self.suspended { 0 } else { self.spec.memory },
+            ..self.spec.clone()
+        };
+        lock(&self.pool).release(&held);
         info!(
             "software backend: partition {:?} released ({} bytes, {} compute units)",
             self.spec.name, self.spec.memory, self.spec.compute_units
@@ -959,10 +968,40 @@ impl Partition for SoftwarePartition {
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
         let used = self.memory_used();
         let mut pool = lock(&self.pool);
-        let left = self.reserved.then_some(&mut pool.memory);
+        // A suspended partition holds none of the pool: resume takes the
+        // new quota.
+        let left = (self.reserved && !self.suspended).then_some(&mut pool.memory);
         rules::requota(left, used, self.spec.memory, memory)?;
         self.spec.memory = memory;
         Ok(())
+    }
+
+    fn suspend(&mut self) -> Result<u64, OpError> {
+        if !self.suspended {
+            if self.reserved {
+                let mut pool = lock(&self.pool);
+                pool.memory = pool.memory.saturating_add(self.spec.memory);
+            }
+            self.suspended = true;
+        }
+        Ok(self.memory_used())
+    }
+
+    fn resume(&mut self) -> Result<u64, OpError> {
+        if self.suspended {
+            if self.reserved {
+                let mut pool = lock(&self.pool);
+                if pool.memory < self.spec.memory {
+                    return Err(OpError::NoMemory {
+                        requested: self.spec.memory,
+                        available: pool.memory,
+                    });
+                }
+                pool.memory -= self.spec.memory;
+            }
+            self.suspended = false;
+        }
+        Ok(self.memory_used())
     }
 
     fn has_vmm(&self) -> bool {

@@ -18,10 +18,13 @@ fn partition(memory: u64, compute_units: u32) -> SoftwarePartition {
     p
 }
 
-/// The conformance suite's factory: a partition of its own backend, of
-/// exactly the spec's size.
+/// The conformance suite's factory: a partition of exactly the spec's
+/// size, of a backend of its own with room for it to grow.
 fn make(spec: &PartitionSpec) -> Box<dyn Partition> {
-    Box::new(partition(spec.memory, spec.compute_units))
+    let backend = SoftwareBackend::new(4 * spec.memory, spec.compute_units);
+    let mut p = backend.create(spec).unwrap();
+    p.grain = 1;
+    Box::new(p)
 }
 
 macro_rules! conformance {
@@ -38,6 +41,8 @@ macro_rules! conformance {
 conformance!(
     alloc_alignment_and_limits,
     quota_exhaustion_returns_no_memory_and_changes_nothing,
+    a_live_resize_moves_the_quota_and_keeps_the_data,
+    suspend_and_resume_keep_the_data_at_its_addresses,
     free_and_double_free,
     upload_download_round_trip,
     copy_within_and_between_allocations,
@@ -172,6 +177,49 @@ fn test_freed_addresses_are_not_handed_out_again_at_once() {
     p.free(a).unwrap();
     let c = p.alloc(1000, 0).unwrap();
     assert_ne!(c, a);
+}
+
+#[test]
+fn test_a_suspended_partition_gives_its_memory_back_until_it_resumes() {
+    let backend = SoftwareBackend::new(100 * MIB, 4);
+    let mut a = backend.create_partition(&spec("a", 60 * MIB, 2)).unwrap();
+    let addr = a.alloc(MIB, 0).unwrap();
+    a.fill(addr, MIB, 0x1234_5678).unwrap();
+    assert_eq!(a.suspend().unwrap(), MIB);
+    assert_eq!(backend.unclaimed().memory, 100 * MIB);
+    assert_eq!(
+        backend.unclaimed().compute_units,
+        2,
+        "its threads stay taken"
+    );
+    // Another takes the memory: the first cannot come back until it goes.
+    let b = backend.create_partition(&spec("b", 50 * MIB, 2)).unwrap();
+    assert_eq!(
+        a.resume(),
+        Err(OpError::NoMemory {
+            requested: 60 * MIB,
+            available: 50 * MIB
+        })
+    );
+    // A resize while suspended takes nothing now; resume takes it all.
+    a.set_memory(40 * MIB).unwrap();
+    assert_eq!(backend.unclaimed().memory, 50 * MIB);
+    a.resume().unwrap();
+    assert_eq!(backend.unclaimed().memory, 10 * MIB);
+    assert!(download(&mut *a, addr, MIB as usize)
+        .chunks_exact(4)
+        .all(|w| w == 0x1234_5678u32.to_le_bytes()));
+    drop(b);
+    a.suspend().unwrap();
+    drop(a);
+    assert_eq!(
+        backend.unclaimed(),
+        Capacity {
+            memory: 100 * MIB,
+            compute_units: 4
+        },
+        "a suspended partition gives back what it still held"
+    );
 }
 
 #[test]
