@@ -109,19 +109,29 @@ impl DrainHandle {
     }
 }
 
-/// A handle to resize the function's memory while it runs, from another
-/// thread (the daemon's): the partition's quota changes
-/// (`Partition::set_memory`), then REG_MEM_SIZE says the new figure and
-/// a driver that runs hears of it (IRQ_CAUSE_CONFIG on the error vector).
-#[derive(Clone)]
-pub struct ResizeHandle {
+/// A handle to the function's memory from another thread (the
+/// daemon's): a live resize, and suspend and resume.
+///
+/// A resize changes the partition's quota (`Partition::set_memory`);
+/// then REG_MEM_SIZE says the new figure and a driver that runs hears of
+/// it (IRQ_CAUSE_CONFIG on the error vector).
+///
+/// A suspend stops the function at a command boundary: the worker starts
+/// nothing more, finishes what is in flight and waits; the guest's
+/// submissions wait in its rings, and nothing fails. Then the partition
+/// moves its memory out (`Partition::suspend`). A resume puts it back
+/// and lets the worker go on. A reset while suspended (the VMM's, the
+/// driver's) resets the partition as ever; the function stays suspended.
+pub struct MemoryHandle {
     partition: SharedPartition,
     mem_size: Arc<AtomicU64>,
+    paused: Arc<AtomicBool>,
+    wake: EventFd,
     /// The function's state once a VMM bound it.
     bound: Arc<OnceLock<Weak<Shared>>>,
 }
 
-impl ResizeHandle {
+impl MemoryHandle {
     /// Makes the quota `bytes`, or says why not (and changes nothing).
     pub fn resize(&self, bytes: u64) -> Result<(), OpError> {
         // Held until the register says it too: an allocation after the
@@ -141,6 +151,42 @@ impl ResizeHandle {
             sh.raise(abi::MSIX_ERROR_VECTOR, abi::IRQ_CAUSE_CONFIG);
         }
         Ok(())
+    }
+
+    /// Whether the function is suspended.
+    pub fn is_suspended(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
+    /// Stops the function at a command boundary and moves its memory out;
+    /// returns the bytes moved. A refusal leaves it running.
+    pub fn suspend(&self) -> Result<u64, OpError> {
+        self.paused.store(true, Ordering::Release);
+        let _ = self.wake.write(1);
+        let r = self.with_worker_stopped(|p| p.suspend());
+        if r.is_err() {
+            self.paused.store(false, Ordering::Release);
+            let _ = self.wake.write(1);
+        }
+        r
+    }
+
+    /// Puts the memory back and lets the function go on; returns the
+    /// bytes moved. A refusal (no room on the GPU) leaves it suspended.
+    pub fn resume(&self) -> Result<u64, OpError> {
+        let n = self.with_worker_stopped(|p| p.resume())?;
+        self.paused.store(false, Ordering::Release);
+        let _ = self.wake.write(1);
+        Ok(n)
+    }
+
+    /// Runs `f` on the partition while the worker processes nothing: it
+    /// holds `busy` while it does, and starts nothing while paused.
+    fn with_worker_stopped<R>(&self, f: impl FnOnce(&mut dyn vgpu_backend::Partition) -> R) -> R {
+        let sh = self.bound.get().and_then(Weak::upgrade);
+        let _busy = sh.as_ref().map(|sh| lock(&sh.busy));
+        let mut p = self.partition.lock();
+        f(&mut **p)
     }
 }
 
@@ -308,6 +354,8 @@ pub(crate) struct Shared {
     pub(crate) window: MmapRegion,
     pub(crate) wake: EventFd,
     pub(crate) stop: AtomicBool,
+    /// Suspended: the worker starts no command (see [`MemoryHandle`]).
+    pub(crate) paused: Arc<AtomicBool>,
     pub(crate) log: Mutex<vgpu_sys::LogLimiter>,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
@@ -444,10 +492,12 @@ pub struct VgpuDevice {
     pci: ConfigSpace,
     doorbell_file: Arc<File>,
     window_file: Arc<File>,
-    /// REG_MEM_SIZE, which a [`ResizeHandle`] changes.
+    /// REG_MEM_SIZE, which a [`MemoryHandle`] changes.
     mem_size: Arc<AtomicU64>,
     /// Set at `bind`, for the handles.
     bound: Arc<OnceLock<Weak<Shared>>>,
+    /// Suspended: the worker starts nothing (see [`MemoryHandle`]).
+    paused: Arc<AtomicBool>,
     compute_units: u32,
     /// Contexts besides context 0 the partition may have; `None`
     /// without contexts.
@@ -565,6 +615,7 @@ impl VgpuDevice {
             window_file: Arc::new(window_file),
             mem_size: Arc::new(AtomicU64::new(spec.memory)),
             bound: Arc::default(),
+            paused: Arc::default(),
             compute_units,
             max_contexts: contexts.as_ref().map(|n| n.max),
             context_cost: contexts.map_or(0, |n| n.cost),
@@ -586,13 +637,16 @@ impl VgpuDevice {
         self.counters.clone()
     }
 
-    /// A handle to resize the function's memory from another thread.
-    pub fn resize_handle(&self) -> ResizeHandle {
-        ResizeHandle {
+    /// A handle to resize, suspend and resume the function's memory from
+    /// another thread.
+    pub fn memory_handle(&self) -> std::io::Result<MemoryHandle> {
+        Ok(MemoryHandle {
             partition: self.partition.clone(),
             mem_size: Arc::clone(&self.mem_size),
+            paused: Arc::clone(&self.paused),
+            wake: self.wake.try_clone()?,
             bound: Arc::clone(&self.bound),
-        }
+        })
     }
 
     /// A handle to drain the function from another thread, e.g. while the
@@ -1067,6 +1121,7 @@ impl PciDevice for VgpuDevice {
                 }
             },
             stop: AtomicBool::new(false),
+            paused: Arc::clone(&self.paused),
             log: Mutex::new(Default::default()),
             any_polled: AtomicBool::new(false),
             last_run_ns: AtomicU64::new(0),

@@ -10,7 +10,7 @@ use vgpu_backend::{Backend, Partition, PartitionSpec};
 use vgpu_testkit::{Guest, GuestOptions, TestServer};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::{DeviceCounters, ResizeHandle, VgpuConfig, VgpuDevice};
+use crate::{DeviceCounters, MemoryHandle, VgpuConfig, VgpuDevice};
 
 /// A vGPU served on a socket in a temporary directory by a thread of its
 /// own; stopped and joined on drop.
@@ -18,7 +18,7 @@ pub struct TestVgpu {
     server: TestServer,
     counters: Arc<DeviceCounters>,
     wake: EventFd,
-    resize: ResizeHandle,
+    memory: MemoryHandle,
 }
 
 impl TestVgpu {
@@ -28,13 +28,13 @@ impl TestVgpu {
         let device = VgpuDevice::new(config, partition).expect("vGPU device");
         let wake = device.wake_eventfd().expect("wake eventfd");
         let counters = device.counters();
-        let resize = device.resize_handle();
+        let memory = device.memory_handle().expect("memory handle");
         let server = TestServer::start(&name, Box::new(device));
         TestVgpu {
             server,
             counters,
             wake,
-            resize,
+            memory,
         }
     }
 
@@ -51,9 +51,10 @@ impl TestVgpu {
         self.counters.clone()
     }
 
-    /// Resizes the function's memory as its owner would.
-    pub fn resize_handle(&self) -> ResizeHandle {
-        self.resize.clone()
+    /// Resizes, suspends and resumes the function's memory as its owner
+    /// would.
+    pub fn memory(&self) -> &MemoryHandle {
+        &self.memory
     }
 
     /// The socket path.

@@ -53,6 +53,14 @@ pub(crate) fn run(sh: Arc<Shared>) {
             force_scan = true;
             continue;
         }
+        if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
+            // Suspended: the guest's submissions wait in its rings (until
+            // a drain's deadline cancels them without the partition).
+            idle(&mut gated);
+            wait_wake(&sh, PAUSED_RECHECK);
+            force_scan = true;
+            continue;
+        }
         if !draining && sh.drain.requested() {
             mark_in_flight(&sh);
             draining = true;
@@ -66,6 +74,10 @@ pub(crate) fn run(sh: Arc<Shared>) {
         let full_scan = force_scan;
         if dirty {
             let _busy = lock(&sh.busy);
+            if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
+                // A suspend came between the look above and `busy`.
+                continue;
+            }
             let qs: Vec<u32> = (0..sh.num_queues)
                 .filter(|&q| {
                     let db = sh.doorbell(q);
@@ -136,6 +148,10 @@ pub(crate) fn run(sh: Arc<Shared>) {
     }
     idle(&mut gated);
 }
+
+/// How often a suspended worker looks whether it was resumed, besides
+/// the wake-up a resume sends.
+const PAUSED_RECHECK: Duration = Duration::from_millis(100);
 
 /// How often a queue stopped at a WAIT_VALUE looks at its word again
 /// when nothing else happens.
@@ -534,6 +550,10 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
             return false;
         }
     }
+    if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
+        // Suspending: what is in flight finishes, nothing more starts.
+        return false;
+    }
     let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
     let long = sh.last_run_ns.load(Ordering::Relaxed) >= KEEP_AFTER.as_nanos() as u64;
     let lane_len = s.lanes[v.lane].len();
@@ -588,10 +608,14 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     }
     if !cancel {
         if let Some(gate) = &sh.gate {
-            let give_up = || v.stale(sh) || sh.drain.expired();
+            let give_up = || v.stale(sh) || sh.drain.expired() || sh.paused.load(Ordering::Acquire);
             if !gate.enter(&give_up) {
                 if v.stale(sh) {
                     v.closed = true;
+                    return false;
+                }
+                if sh.paused.load(Ordering::Acquire) {
+                    // It waits for the resume.
                     return false;
                 }
                 if !v.flights.is_empty() || in_partition > 0 {

@@ -86,6 +86,12 @@ impl Partition for WithGlobals {
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
         self.inner.set_memory(memory)
     }
+    fn suspend(&mut self) -> Result<u64, OpError> {
+        self.inner.suspend()
+    }
+    fn resume(&mut self) -> Result<u64, OpError> {
+        self.inner.resume()
+    }
     fn console(
         &mut self,
         module: u64,

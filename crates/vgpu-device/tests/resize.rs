@@ -19,7 +19,7 @@ fn test_a_resize_moves_the_quota_and_tells_the_driver() {
         test_config("resize", 1),
         software_partition(&backend, "resize", 8 * MIB, 2),
     );
-    let resize = server.resize_handle();
+    let resize = server.memory();
     let mut g = server.connect();
     assert!(g.read64(abi::REG_FEATURES) & abi::FEATURE_RESIZE != 0);
     g.setup_queue(0, 16, Mode::Interrupt);
@@ -79,10 +79,7 @@ fn test_a_resize_before_a_vmm_comes_is_read_with_no_interrupt() {
         test_config("resize-early", 1),
         software_partition(&backend, "resize-early", 8 * MIB, 2),
     );
-    server
-        .resize_handle()
-        .resize(12 * MIB)
-        .expect("before any VMM");
+    server.memory().resize(12 * MIB).expect("before any VMM");
     let mut g = server.connect();
     assert_eq!(g.read64(abi::REG_MEM_SIZE), 12 * MIB);
     assert_eq!(g.read32(abi::REG_IRQ_CAUSE) & abi::IRQ_CAUSE_CONFIG, 0);

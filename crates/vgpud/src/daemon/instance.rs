@@ -12,7 +12,7 @@ use vfio_user_server::pci::PciIds;
 use vfio_user_server::Endpoint;
 use vgpu_api::DeviceEvents;
 use vgpu_backend::SharedPartition;
-use vgpu_device::{DeviceCounters, DrainHandle, ResizeHandle, VgpuDevice};
+use vgpu_device::{DeviceCounters, DrainHandle, MemoryHandle, VgpuDevice};
 use vgpu_sched::{SchedGate, TenantId};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -44,7 +44,7 @@ pub(super) struct Serving {
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
     pub(super) drain: DrainHandle,
-    pub(super) resize: ResizeHandle,
+    pub(super) memory: MemoryHandle,
 }
 
 /// Device counters of functions an instance ran before its latest start,
@@ -127,7 +127,7 @@ impl Instance {
             VgpuDevice::new(dc, self.partition.clone()).map_err(|e| setup(e.to_string()))?;
         let counters = device.counters();
         let drain = device.drain_handle().map_err(|e| setup(e.to_string()))?;
-        let resize = device.resize_handle();
+        let memory = device.memory_handle().map_err(|e| setup(e.to_string()))?;
         if let Some(dir) = self.socket.parent() {
             std::fs::create_dir_all(dir)
                 .map_err(|e| setup(format!("cannot create {}: {e}", dir.display())))?;
@@ -168,7 +168,7 @@ impl Instance {
             stop,
             thread: Some(thread),
             drain,
-            resize,
+            memory,
         });
         Ok(())
     }

@@ -610,7 +610,7 @@ impl Daemon {
         validate(&v)?;
         let old = inst.config.memory.0;
         let r = match &inst.serving {
-            Some(s) => s.resize.resize(bytes),
+            Some(s) => s.memory.resize(bytes),
             None => inst.partition.lock().set_memory(bytes),
         };
         r.map_err(|e| match e {
