@@ -31,6 +31,10 @@ pub fn cu_error(e: &GuestError) -> CUresult {
         GuestError::TimedOut => cu::ERROR_LAUNCH_TIMEOUT,
         // An ALLOC or FREE (errno only) in a context a fault ended.
         GuestError::ContextLost => cu::ERROR_CONTEXT_IS_DESTROYED,
+        // The function was reset under the process (its device state lost
+        // to another's fault where partitions share a GPU context): its
+        // memory and modules are gone, which the error says.
+        GuestError::Io => cu::ERROR_CONTEXT_IS_DESTROYED,
         GuestError::Rejected { source, .. } => cu_error(source),
         GuestError::Command { status, source, .. } => match *status {
             sys::CMD_STATUS_NO_MEMORY => cu::ERROR_OUT_OF_MEMORY,
@@ -132,6 +136,7 @@ mod tests {
             (sys::CMD_STATUS_KERNEL_ASSERT, cu::ERROR_ASSERT),
             (sys::CMD_STATUS_DEVICE_ERROR, cu::ERROR_LAUNCH_FAILED),
         ] {
+            assert_eq!(cu_error(&GuestError::Io), cu::ERROR_CONTEXT_IS_DESTROYED);
             assert_eq!(cu_error(&cmd(status)), want, "status {status}");
         }
         assert_eq!(cu_error(&GuestError::OutOfMemory), cu::ERROR_OUT_OF_MEMORY);
