@@ -72,6 +72,16 @@ pub struct VgpuStats {
     pub context_memory_bytes: u64,
     /// Most device memory allocated at once, bytes.
     pub memory_peak_bytes: u64,
+    /// Suspends since the vGPU was created.
+    #[serde(default)]
+    pub suspends: u64,
+    /// What its latest suspend moved out of the GPU, while it is
+    /// suspended; 0 while its memory is on the GPU.
+    #[serde(default)]
+    pub evicted_bytes: u64,
+    /// What its resumes took, in all, seconds.
+    #[serde(default)]
+    pub restore_seconds: f64,
     /// Commands completed.
     pub commands: u64,
     /// GPU time the scheduler charged to this vGPU, seconds.

@@ -80,6 +80,20 @@ pub enum Cmd {
         /// vGPU name.
         name: String,
     },
+    /// Suspend a running vGPU: it stops at a command boundary (its
+    /// guest's work waits, nothing fails), its device memory moves out and
+    /// its quota is free on the GPU until it is resumed.
+    Suspend {
+        /// vGPU name.
+        name: String,
+    },
+    /// Resume a suspended vGPU: its memory comes back at the same device
+    /// addresses and its guest's work goes on; refused while its GPU has
+    /// not got its quota free.
+    Resume {
+        /// vGPU name.
+        name: String,
+    },
     /// Change a vGPU's memory quota or scheduling parameters while it runs.
     #[command(group(ArgGroup::new("change").required(true).multiple(true)))]
     Set {

@@ -176,6 +176,15 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
                     format::bytes(s.memory_peak_bytes)
                 ),
             ),
+            (
+                "suspends",
+                format!(
+                    "{} ({} out of the GPU now, resumes took {})",
+                    s.suspends,
+                    format::bytes(s.evicted_bytes),
+                    format::secs(s.restore_seconds)
+                ),
+            ),
             ("commands", s.commands.to_string()),
             ("busy", format::secs(s.busy_seconds)),
             ("bytes copied", format::bytes(s.bytes)),
@@ -509,6 +518,8 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Stop { name } => power(&api, &name, "stop", json),
         Cmd::Start { name } => power(&api, &name, "start", json),
+        Cmd::Suspend { name } => power(&api, &name, "suspend", json),
+        Cmd::Resume { name } => power(&api, &name, "resume", json),
         Cmd::Set {
             name,
             memory,

@@ -131,6 +131,57 @@ fn test_set() {
 }
 
 #[test]
+fn test_suspend_and_resume_with_a_guest_waiting() {
+    let f = fixture();
+    let abi = vgpu_testkit::abi::STATUS_OK;
+    let socket = f.dir.as_path().join("vgpu0.sock");
+    let mut g = Guest::connect(&socket, GuestOptions::default());
+    g.setup_queue(0, 16, Mode::Interrupt);
+    let a = g.device_alloc(0, 4 << 20);
+    assert_eq!(g.fill(0, a, 4 << 20, 0x600d_cafe).status, abi);
+    let out = ok(&f, &["suspend", "vgpu0"]);
+    assert_eq!(out, "vgpu0: suspended\n");
+    let e = fails(&f, &["suspend", "vgpu0"]);
+    assert!(e.contains("already suspended") && e.contains("409"), "{e}");
+    let e = fails(&f, &["stop", "vgpu0"]);
+    assert!(e.contains("resume it first") && e.contains("409"), "{e}");
+    // The guest's work waits.
+    g.post(0, &vgpu_testkit::fill_chain(a, 4 << 20, 0x0dd_ba11));
+    g.kick(0);
+    assert!(g
+        .wait_used(0, std::time::Duration::from_millis(200))
+        .is_none());
+    // Its 512 MiB are free on the GPU: another vGPU may grow into them,
+    // and the resume waits for room.
+    ok(&f, &["set", "vgpu1", "--memory", "1792MiB"]);
+    let e = fails(&f, &["resume", "vgpu0"]);
+    assert!(e.contains("stays suspended") && e.contains("409"), "{e}");
+    let v: Value = serde_json::from_str(&ok(&f, &["--json", "show", "vgpu0"])).unwrap();
+    assert_eq!(v["state"], "suspended");
+    assert_eq!(v["stats"]["suspends"], 1);
+    assert_eq!(v["stats"]["evicted_bytes"], 4 << 20);
+    ok(&f, &["set", "vgpu1", "--memory", "512MiB"]);
+    assert_eq!(ok(&f, &["resume", "vgpu0"]), "vgpu0: running\n");
+    let used = g
+        .wait_used(0, std::time::Duration::from_secs(30))
+        .expect("the waiting fill ran");
+    assert_eq!(used.completion().status, abi);
+    let sg = g.alloc_sg(&[4 << 20]);
+    assert_eq!(g.copy_from_device(0, a, &sg).status, abi);
+    assert!(g
+        .read_sg(&sg)
+        .chunks_exact(4)
+        .all(|w| w == 0x0dd_ba11u32.to_le_bytes()));
+    let e = fails(&f, &["resume", "vgpu0"]);
+    assert!(e.contains("is not suspended"), "{e}");
+    // Destroying a suspended vGPU frees it, as any.
+    ok(&f, &["suspend", "vgpu1"]);
+    ok(&f, &["destroy", "vgpu1"]);
+    let gpus: Value = serde_json::from_str(&ok(&f, &["--json", "gpus"])).unwrap();
+    assert_eq!(gpus[0]["memory_allocated_bytes"], 512 << 20, "{gpus}");
+}
+
+#[test]
 fn test_set_memory_resizes_a_running_vgpu() {
     let f = fixture();
     let config = |name: &str| f.daemon.lock().unwrap().instance(name).unwrap().config;

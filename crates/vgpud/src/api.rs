@@ -176,6 +176,9 @@ fn vgpu_stats_json(s: &InstanceStats) -> json::VgpuStats {
         context_start_seconds: s.context_start.as_secs_f64(),
         context_reuses: s.context_reuses,
         context_memory_bytes: s.context_memory,
+        suspends: s.moves.suspends,
+        evicted_bytes: s.moves.evicted,
+        restore_seconds: s.moves.restore.as_secs_f64(),
         commands: s.commands,
         busy_seconds: s.busy.as_secs_f64(),
         bytes: s.bytes,
@@ -330,10 +333,12 @@ fn route(daemon: &Mutex<Daemon>, api_path: &Path, req: &Request) -> Response {
             "PATCH" => patch(&mut lock(), name, &req.body),
             _ => method_not_allowed(req, "GET, DELETE, PATCH"),
         },
-        ["vgpus", name, action @ ("start" | "stop")] if !name.is_empty() => match method {
-            "POST" => power(&mut lock(), name, action, &req.body),
-            _ => method_not_allowed(req, "POST"),
-        },
+        ["vgpus", name, action @ ("start" | "stop" | "suspend" | "resume")] if !name.is_empty() => {
+            match method {
+                "POST" => power(&mut lock(), name, action, &req.body),
+                _ => method_not_allowed(req, "POST"),
+            }
+        }
         ["stats"] => match method {
             "GET" => {
                 let (gpus, vgpus) = lock().stats();
@@ -418,10 +423,11 @@ fn power(d: &mut Daemon, name: &str, action: &str, body: &[u8]) -> Response {
             return body_error(e);
         }
     }
-    let done = if action == "start" {
-        d.start(name)
-    } else {
-        d.stop(name)
+    let done = match action {
+        "start" => d.start(name),
+        "suspend" => d.suspend(name).map(drop),
+        "resume" => d.resume(name).map(drop),
+        _ => d.stop(name),
     };
     if let Err(e) = done {
         return daemon_error(e);

@@ -151,6 +151,30 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         |s| s.context_memory as f64,
     ),
     (
+        "vgpud_vgpu_suspended",
+        "gauge",
+        "1 while the vGPU is suspended: its memory out of the GPU, its commands waiting.",
+        |s| f64::from(u8::from(s.state == InstanceState::Suspended)),
+    ),
+    (
+        "vgpud_vgpu_suspends_total",
+        "counter",
+        "Suspends of the vGPU.",
+        |s| s.moves.suspends as f64,
+    ),
+    (
+        "vgpud_vgpu_evicted_bytes",
+        "gauge",
+        "Device memory of the vGPU moved out of the GPU by its suspend, while it is suspended.",
+        |s| s.moves.evicted as f64,
+    ),
+    (
+        "vgpud_vgpu_restore_seconds_total",
+        "counter",
+        "Time the vGPU's resumes took to bring its memory back.",
+        |s| s.moves.restore.as_secs_f64(),
+    ),
+    (
         "vgpud_vgpu_context_starts_total",
         "counter",
         "Contexts that started a partition of their own (on a GPU, a host process and a CUDA context).",
@@ -440,6 +464,11 @@ mod tests {
             memory_quota: 512 << 20,
             memory_used: 4096,
             memory_peak: 8192,
+            moves: crate::daemon::MemoryMoves {
+                suspends: 3,
+                evicted: 0,
+                restore: Duration::from_millis(250),
+            },
             contexts: 2,
             context_starts: 3,
             context_start: Duration::from_millis(900),
@@ -662,9 +691,16 @@ mod tests {
             "vgpud_vgpu_context_start_seconds_total",
             "vgpud_vgpu_context_reuses_total",
             "vgpud_vgpu_context_memory_bytes",
+            "vgpud_vgpu_suspended",
+            "vgpud_vgpu_evicted_bytes",
         ] {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }
+        assert_eq!(find("vgpud_vgpu_suspends_total", "vm1", None), Some(3.0));
+        assert_eq!(
+            find("vgpud_vgpu_restore_seconds_total", "vm1", None),
+            Some(0.25)
+        );
         assert!(text.contains("\nvgpud_gpu_utilization_ratio{gpu=\"gpu0\"} 0.25\n"));
         assert!(text.contains("\nvgpud_gpu_busy_seconds_total{gpu=\"gpu0\"} 1.5\n"));
         assert!(text.contains("\nvgpud_gpu_switches_total{gpu=\"gpu0\"} 9\n"));

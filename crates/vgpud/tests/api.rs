@@ -406,7 +406,10 @@ fn test_patch() {
         (r#"{"cap": 2}"#, "cap"),
         (r#"{"cap": -0.5}"#, "cap"),
         (r#"{"cap": 0.5, "weight": 0}"#, "weight"),
-        (r#"{"memory": "1GiB"}"#, "unknown field `memory`"),
+        (r#"{"bogus": 1}"#, "unknown field `bogus`"),
+        (r#"{"memory": 0}"#, "memory"),
+        (r#"{"memory": "1GiB", "weight": 0}"#, "weight"),
+        (r#"{"memory": "lots"}"#, "invalid request body"),
         (r#"{"weight": "heavy"}"#, "invalid request body"),
         (r#"{"weight": 4294967296}"#, "invalid request body"),
         (r#"{}"#, "nothing to change"),
@@ -417,6 +420,10 @@ fn test_patch() {
         refused(&f, "PATCH", path, Some(body), 400, needle);
         assert_eq!(state(&f), before, "{body} changed something");
     }
+    // A resize the GPU has no room for, or below what the guest holds,
+    // is a conflict, and changes nothing either.
+    refused(&f, "PATCH", path, Some(r#"{"memory": "8GiB"}"#), 409, "does not fit");
+    assert_eq!(state(&f), before);
     // Non-UTF-8 bodies are refused too.
     let mut req =
         b"PATCH /api/v1/vgpus/vgpu0 HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\n".to_vec();

@@ -27,14 +27,18 @@ pub enum InstanceState {
     /// Configured, with its partition reserved, but no socket: the
     /// function is powered off.
     Stopped,
+    /// Its socket accepts a VMM, but its memory is out of the GPU and
+    /// its guest's commands wait (`vgpuctl suspend`).
+    Suspended,
 }
 
 impl InstanceState {
-    /// `running` or `stopped`.
+    /// `running`, `stopped` or `suspended`.
     pub fn as_str(self) -> &'static str {
         match self {
             InstanceState::Running => "running",
             InstanceState::Stopped => "stopped",
+            InstanceState::Suspended => "suspended",
         }
     }
 }
@@ -88,14 +92,27 @@ pub(super) struct Instance {
     pub(super) serving: Option<Serving>,
     /// Why the daemon picked its GPU (`gpu = "auto"`).
     pub(super) placed: Option<String>,
+    /// Its suspends and resumes.
+    pub(super) moves: MemoryMoves,
+}
+
+/// What suspends and resumes of a vGPU moved, since it was created.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryMoves {
+    /// Suspends.
+    pub suspends: u64,
+    /// What its latest suspend moved out, while it is suspended.
+    pub evicted: u64,
+    /// Time its resumes took, in all.
+    pub restore: Duration,
 }
 
 impl Instance {
     pub(super) fn state(&self) -> InstanceState {
-        if self.serving.is_some() {
-            InstanceState::Running
-        } else {
-            InstanceState::Stopped
+        match &self.serving {
+            Some(s) if s.memory.is_suspended() => InstanceState::Suspended,
+            Some(_) => InstanceState::Running,
+            None => InstanceState::Stopped,
         }
     }
 

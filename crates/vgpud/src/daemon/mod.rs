@@ -10,7 +10,7 @@ mod instance;
 mod placement;
 mod sched;
 
-pub use instance::InstanceState;
+pub use instance::{InstanceState, MemoryMoves};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -195,6 +195,8 @@ pub struct InstanceStats {
     pub context_memory: u64,
     /// Peak device memory, bytes.
     pub memory_peak: u64,
+    /// Its suspends and resumes.
+    pub moves: MemoryMoves,
     /// Commands run since the vGPU was created.
     pub commands: u64,
     /// Device time consumed, as the scheduler charged it.
@@ -423,6 +425,7 @@ impl Daemon {
             carried: Carried::default(),
             serving: None,
             placed,
+            moves: MemoryMoves::default(),
             config: v,
         };
         if let Err(e) = inst.serve(self.config.daemon.socket_gid, self.serving_hook.clone()) {
@@ -450,6 +453,14 @@ impl Daemon {
     /// configuration, partition reservation and scheduler figures stay.
     pub fn stop(&mut self, name: &str) -> Result<(), DaemonError> {
         let inst = instance_in_state(&mut self.instances, name, true)?;
+        if inst.state() == InstanceState::Suspended {
+            // Its memory is out of the GPU: a stop would throw it away
+            // with the guest unaware.
+            return Err(DaemonError::State {
+                name: name.to_string(),
+                message: "is suspended: resume it first".into(),
+            });
+        }
         inst.halt();
         info!("vGPU {name}: stopped; {} removed", inst.socket.display());
         Ok(())
@@ -471,6 +482,79 @@ impl Daemon {
             inst.socket.display()
         );
         Ok(())
+    }
+
+    /// Suspends running instance `name`: it stops at a command boundary
+    /// (its guest's commands wait), its device memory moves out and its
+    /// quota is free on the GPU until [`Daemon::resume`]. Returns the
+    /// bytes moved out.
+    pub fn suspend(&mut self, name: &str) -> Result<u64, DaemonError> {
+        let inst = instance_in_state(&mut self.instances, name, true)?;
+        let state = |message: &str| DaemonError::State {
+            name: name.to_string(),
+            message: message.into(),
+        };
+        let Some(s) = &inst.serving else {
+            return Err(state("is stopped"));
+        };
+        if s.memory.is_suspended() {
+            return Err(state("is already suspended"));
+        }
+        let t = Instant::now();
+        let bytes = s.memory.suspend().map_err(|e| match e {
+            OpError::Unsupported(what) => DaemonError::State {
+                name: name.to_string(),
+                message: format!("cannot be suspended: {what} is not supported"),
+            },
+            other => DaemonError::Setup {
+                name: name.to_string(),
+                message: format!("suspend: {other}"),
+            },
+        })?;
+        inst.moves.suspends += 1;
+        inst.moves.evicted = bytes;
+        info!(
+            "vGPU {name}: suspended in {:.1?}; {bytes} bytes moved out, {} bytes of its GPU free",
+            t.elapsed(),
+            inst.config.memory.0
+        );
+        Ok(bytes)
+    }
+
+    /// Resumes suspended instance `name`: its memory comes back at the
+    /// same device addresses and its guest's commands go on. Refused,
+    /// leaving it suspended, when its GPU has not got its quota free.
+    /// Returns the bytes moved in.
+    pub fn resume(&mut self, name: &str) -> Result<u64, DaemonError> {
+        let inst = instance_in_state(&mut self.instances, name, true)?;
+        let Some(s) = inst.serving.as_ref().filter(|s| s.memory.is_suspended()) else {
+            return Err(DaemonError::State {
+                name: name.to_string(),
+                message: "is not suspended".into(),
+            });
+        };
+        let t = Instant::now();
+        let bytes = s.memory.resume().map_err(|e| match e {
+            OpError::NoMemory {
+                requested,
+                available,
+            } => DaemonError::DoesNotFit {
+                name: name.to_string(),
+                gpu: inst.config.gpu.clone(),
+                message: format!(
+                    "resuming needs {requested} bytes, {available} are free; it stays suspended"
+                ),
+            },
+            other => DaemonError::Setup {
+                name: name.to_string(),
+                message: format!("resume: {other}"),
+            },
+        })?;
+        let took = t.elapsed();
+        inst.moves.evicted = 0;
+        inst.moves.restore += took;
+        info!("vGPU {name}: resumed in {took:.1?}; {bytes} bytes moved in");
+        Ok(bytes)
     }
 
     /// Stops an instance if it runs, and frees its partition.
@@ -523,6 +607,7 @@ impl Daemon {
                     context_start: Duration::from_nanos(c.context_start_ns.load(Ordering::Relaxed)),
                     context_reuses: c.contexts_reused.load(Ordering::Relaxed),
                     context_memory: c.context_memory.load(Ordering::Relaxed),
+                    moves: inst.moves,
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
@@ -709,7 +794,12 @@ impl Daemon {
                     backend: gpu.backend.name().to_string(),
                     memory_total: cap.memory,
                     compute_units_total: cap.compute_units,
-                    memory_allocated: mine.iter().map(|i| i.config.memory.0).sum(),
+                    // A suspended vGPU's quota is free on the GPU.
+                    memory_allocated: mine
+                        .iter()
+                        .filter(|i| i.state() != InstanceState::Suspended)
+                        .map(|i| i.config.memory.0)
+                        .sum(),
                     compute_units_allocated: mine.iter().map(|i| i.config.compute_units).sum(),
                     vgpus: mine.iter().map(|i| i.config.name.clone()).collect(),
                 })
