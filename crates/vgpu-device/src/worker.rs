@@ -551,7 +551,9 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         }
     }
     if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
-        // Suspending: what is in flight finishes, nothing more starts.
+        // Suspending: what is in flight finishes, nothing more starts;
+        // the rest is taken from the ring again after the resume.
+        v.parked = true;
         return false;
     }
     let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
@@ -615,7 +617,8 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
                     return false;
                 }
                 if sh.paused.load(Ordering::Acquire) {
-                    // It waits for the resume.
+                    // It waits for the resume, taken from the ring again.
+                    v.parked = true;
                     return false;
                 }
                 if !v.flights.is_empty() || in_partition > 0 {

@@ -119,3 +119,39 @@ fn test_a_reset_while_suspended_leaves_it_suspended_and_usable_after() {
     let sg = g.alloc_sg(&[2 * MIB]);
     assert!(holds(&mut g, b, &sg, 9));
 }
+
+#[test]
+fn test_a_suspend_in_the_middle_of_a_batch_loses_no_command() {
+    let backend = SoftwareBackend::new(64 * MIB, 2);
+    let server = TestVgpu::start(
+        test_config("mid-batch", 1),
+        software_partition(&backend, "mid-batch", 32 * MIB, 2),
+    );
+    let memory = server.memory();
+    let mut g = server.connect();
+    g.setup_queue(0, 128, Mode::Interrupt);
+    let a = g.device_alloc(0, 8 * MIB);
+    for round in 0..10u32 {
+        // More than the worker takes from a ring at once, each long
+        // enough that the suspend lands among them.
+        let n = 48;
+        for i in 0..n {
+            g.post(0, &fill_chain(a, 8 * MIB, round << 8 | i));
+        }
+        g.kick(0);
+        std::thread::sleep(Duration::from_millis(u64::from(round)));
+        memory.suspend().expect("suspend");
+        memory.resume().expect("resume");
+        for i in 0..n {
+            let used = g
+                .wait_used(0, Duration::from_secs(30))
+                .unwrap_or_else(|| panic!("round {round}: command {i} of {n} never completed"));
+            assert_eq!(used.completion().status, abi::STATUS_OK);
+        }
+    }
+    let sg = g.alloc_sg(&[8 * MIB]);
+    assert!(
+        holds(&mut g, a, &sg, 9 << 8 | 47),
+        "the last fill is the last"
+    );
+}
