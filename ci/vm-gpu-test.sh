@@ -3,7 +3,8 @@
 # QEMU guests at once over vfio-user; each guest loads the vgpu kernel
 # module and runs the guest test suite, the saxpy and sgemm samples and
 # vgpu-smi. A guest keeps data in its vGPU while vgpuctl grows and shrinks
-# it (a live resize). Then one guest runs the suite again behind a guest IOMMU
+# it (a live resize), and another computes while vgpuctl suspends and
+# resumes its vGPU 50 times. Then one guest runs the suite again behind a guest IOMMU
 # (intel-iommu with caching mode), so DMA maps and unmaps follow the
 # guest's DMA API. The module the guests load is built and checked first
 # by ci/check-guest-driver.sh (W=1, sparse, checkpatch --strict, kernel-doc).
@@ -172,15 +173,15 @@ t=$SECONDS
 GROW=$((512 << 20))
 SHRINK=$((160 << 20))
 boot guest-resize "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=resize vgpu.resize=$GROW,$SHRINK"
-# await LINE: waits until the resize guest printed LINE (or ended).
+# await GUEST LINE: waits until GUEST printed LINE (or ended).
 await() {
-    while ! grep -q "$1" "$TMP/guest-resize.log" 2>/dev/null; do
+    while ! grep -q "$2" "$TMP/$1.log" 2>/dev/null; do
         kill -0 "${qemu_pids[0]}" 2>/dev/null || return 1
         sleep 0.2
     done
 }
 resize_ok=1
-if await 'VGPU-RESIZE READY'; then
+if await guest-resize 'VGPU-RESIZE READY'; then
     if out=$("${vgpuctl[@]}" set a --memory 32MiB 2>&1); then
         log "[resize] a shrink below what the guest holds was not refused: $out"
         resize_ok=0
@@ -188,7 +189,7 @@ if await 'VGPU-RESIZE READY'; then
         log "[resize] refused as it should be: $out"
     fi
     "${vgpuctl[@]}" set a --memory "$GROW" >&2 || resize_ok=0
-    if await 'VGPU-RESIZE GROWN'; then
+    if await guest-resize 'VGPU-RESIZE GROWN'; then
         "${vgpuctl[@]}" set a --memory "$SHRINK" >&2 || resize_ok=0
     fi
 fi
@@ -201,6 +202,33 @@ if [[ $resize_ok == 1 ]]; then
     passed=$((passed + 1))
 else
     log "[resize] the host's side of the resize failed"
+    failed=$((failed + 1))
+    ok=0
+fi
+
+# --- suspend and resume: 50 times under a process that computes and checks ----------------
+t=$SECONDS
+DONE_MEM=$((MEM_A + (1 << 20)))
+boot guest-suspend "$TMP/run/a.sock" "$MEM_A" "" "vgpu.mode=suspend vgpu.done_mem=$DONE_MEM"
+cycles=0
+if await guest-suspend 'VGPU-SUSPEND READY'; then
+    for _ in $(seq 50); do
+        "${vgpuctl[@]}" suspend a >/dev/null || break
+        sleep 0.05
+        "${vgpuctl[@]}" resume a >/dev/null || break
+        cycles=$((cycles + 1))
+    done
+fi
+"${vgpuctl[@]}" set a --memory "$DONE_MEM" >/dev/null || true
+wait "${qemu_pids[0]}" || true
+qemu_pids=()
+"${vgpuctl[@]}" set a --memory "$MEM_A" >/dev/null || true
+log "suspend guest done in $(elapsed "$t"): $cycles suspends and resumes"
+verdict guest-suspend || ok=0
+if [[ $cycles == 50 ]] && "${vgpuctl[@]}" --json show a | tr -d ' \n' | grep -q '"suspends":50,'; then
+    passed=$((passed + 1))
+else
+    log "[suspend] $cycles of 50 suspends and resumes; vgpuctl show says: $("${vgpuctl[@]}" show a | grep suspends)"
     failed=$((failed + 1))
     ok=0
 fi

@@ -17,7 +17,7 @@
 # tests/vm/guest-suite-initramfs.sh builds such an image.
 #
 # Kernel command line (all optional):
-#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|spatial-faults|repeat|resize
+#   vgpu.mode=full|quick|boot|demo|isolation-write|isolation-check|cuda-bench|host-cuda|multi-device|faults|spatial-faults|repeat|resize|suspend
 #                                   (full)
 #   vgpu.cuda_bench=N               cuda-bench: iterations (200)
 #   vgpu.repeat=PROG:N              repeat: run CUDA program PROG N times
@@ -45,6 +45,7 @@
 #   vgpu.magic=0xMMMMMMMM           isolation modes: the pattern (0x5a17c0de)
 #   vgpu.hold=SECONDS               isolation-write: keep the memory this long
 #   vgpu.resize=GROW,SHRINK         resize: the sizes the host sets, bytes
+#   vgpu.done_mem=BYTES             suspend: the size the host sets when done
 #   vgpu.isolation_bytes=BYTES      isolation-write: device memory to fill
 #   vgpu.queues= vgpu.ring_size= vgpu.polled= vgpu.poll_spin_us=
 #   vgpu.force_intx= vgpu.watchdog_ms=
@@ -67,7 +68,9 @@
 # guest's vGPUs (vgpu.expect_devices of them, two by default); resize
 # loads the module and runs resize_watch, which keeps data in device
 # memory while the host grows and shrinks the vGPU (vgpu.resize), then
-# checks that vgpu-smi and the kernel log saw the last size.
+# checks that vgpu-smi and the kernel log saw the last size; suspend
+# loads the module and runs neighbour while the host suspends and resumes
+# the vGPU (until it sets vgpu.done_mem).
 
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 
@@ -120,6 +123,7 @@ host_env=""
 magic=0x5a17c0de
 hold=0
 resize=""
+done_mem=""
 isolation_bytes=""
 assert_line=kept
 overlap=0
@@ -158,6 +162,7 @@ for word in $(cat /proc/cmdline); do
     vgpu.magic=*) magic=$value ;;
     vgpu.hold=*) hold=$value ;;
     vgpu.resize=*) resize=$value ;;
+    vgpu.done_mem=*) done_mem=$value ;;
     vgpu.isolation_bytes=*) isolation_bytes=$value ;;
     vgpu.queues=* | vgpu.ring_size=* | vgpu.polled=* | vgpu.poll_spin_us=* | \
         vgpu.force_intx=* | vgpu.watchdog_ms=*)
@@ -521,6 +526,31 @@ if [ "$mode" = resize ]; then
         fail resize-kernel-log "no line of the resize to $((shrink >> 20)) MiB"
         dmesg_tail 10
     fi
+    check_kernel_log kernel-log
+    finish
+fi
+
+# --- suspend: the host suspends and resumes the vGPU under a computing process -------
+# neighbour computes and checks every round while the host suspends and
+# resumes the vGPU again and again; the host says it is done by resizing
+# the vGPU to vgpu.done_mem bytes, which vgpu-smi reads.
+if [ "$mode" = suspend ]; then
+    load insmod || finish
+    stop=/tmp/suspend.stop
+    env LD_LIBRARY_PATH=$cuda_lib $cuda_tests/neighbour 20 "$stop" >/tmp/cuda.out 2>&1 &
+    nb=$!
+    echo "VGPU-SUSPEND READY"
+    i=0
+    while [ "$(smi_json '.*"total":\([0-9]*\).*')" != "$done_mem" ] && [ $i -lt 6000 ]; do
+        kill -0 $nb 2>/dev/null || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    touch "$stop"
+    wait $nb
+    rc=$?
+    sed 's/^/  /' /tmp/cuda.out
+    cuda_report "" neighbour $rc
     check_kernel_log kernel-log
     finish
 fi
