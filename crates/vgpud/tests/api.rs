@@ -422,7 +422,14 @@ fn test_patch() {
     }
     // A resize the GPU has no room for, or below what the guest holds,
     // is a conflict, and changes nothing either.
-    refused(&f, "PATCH", path, Some(r#"{"memory": "8GiB"}"#), 409, "does not fit");
+    refused(
+        &f,
+        "PATCH",
+        path,
+        Some(r#"{"memory": "8GiB"}"#),
+        409,
+        "does not fit",
+    );
     assert_eq!(state(&f), before);
     // Non-UTF-8 bodies are refused too.
     let mut req =
