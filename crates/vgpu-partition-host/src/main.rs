@@ -5,7 +5,7 @@
 //! Started by the `remote` backend, not by hand.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
@@ -105,6 +105,7 @@ fn serve_shared(
     healthy: &(dyn Fn() -> bool + Sync),
     spin: std::time::Duration,
 ) {
+    let launcher = control.as_raw_fd();
     std::thread::scope(|scope| loop {
         let (m, mut fds) = match launcher_proto::recv(control.as_fd()) {
             Ok(launcher_proto::Got::Msg(m, fds)) => (m, fds),
@@ -124,6 +125,12 @@ fn serve_shared(
             .spawn_scoped(scope, move || {
                 let r = host::serve_until_lost(UnixStream::from(sock), backend, healthy, spin);
                 if !healthy() {
+                    // The launcher must hand this process no partition
+                    // more: its exit can take a while (a GPU context's
+                    // teardown) before its sockets close by themselves.
+                    // SAFETY: shutdown of the launcher's socket, which
+                    // `control` keeps open until the process ends.
+                    unsafe { libc::shutdown(launcher, libc::SHUT_RDWR) };
                     end_shared(3, "the device state of its partitions is lost");
                 }
                 if let Err(e) = r {

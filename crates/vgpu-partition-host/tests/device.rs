@@ -574,3 +574,73 @@ fn spatial_partitions_share_one_host_and_recover_together() {
     );
     eprintln!("from the fault to the bystander's next result: {recovered:?}");
 }
+
+/// As above, but every partition of the shared host is reset the moment
+/// the fault is seen, while the faulted host may still be on its way out:
+/// each joins one fresh host, none is handed the ending one.
+#[test]
+fn spatial_partitions_reset_at_once_after_a_fault_join_one_fresh_host() {
+    use vgpu_backend::{conformance, Partition};
+
+    let inner = InnerBackend::Software {
+        memory: 64 * MIB,
+        compute_units: 4,
+    };
+    let policy = HostPolicy {
+        shared: true,
+        ..HostPolicy::default()
+    };
+    let launcher = ProcessLauncher::with_policy(
+        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
+        inner.to_args(),
+        &policy,
+    )
+    .unwrap();
+    let config = RemoteConfig {
+        shared: true,
+        ..RemoteConfig::default()
+    };
+    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    let spec = |name: &str| PartitionSpec {
+        name: name.into(),
+        memory: 16 * MIB,
+        compute_units: 1,
+    };
+    let poke = ".version 8.0\n.target sm_90\n.address_size 64\n\
+        .visible .entry poke(.param .u64 p)\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+        ld.param.u64 %rd1, [p];\nmov.u32 %r1, 7;\nst.global.u32 [%rd1], %r1;\nret;\n}\n";
+    let mut a = backend.create_remote_partition(&spec("a")).unwrap();
+    let mut b = backend.create_remote_partition(&spec("b")).unwrap();
+    for round in 0..5 {
+        let host = a.host_pid().unwrap();
+        assert_eq!(b.host_pid(), Some(host), "round {round}: one host");
+        let m = a
+            .module_load(abi::MODULE_FORMAT_PTX, poke.as_bytes())
+            .unwrap();
+        let d = a.alloc(4096, 0).unwrap();
+        let params = conformance::Params::default().u64(d + 4096);
+        let r = conformance::launch_loaded(&mut a, m, "poke", [1, 1, 1], [1, 1, 1], &params);
+        assert_eq!(r.unwrap_err().status(), abi::STATUS_KERNEL_FAULT);
+        // The bystander first, as soon as it can tell.
+        let t = std::time::Instant::now();
+        while !b.is_lost() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        b.reset();
+        a.reset();
+        assert!(
+            !a.is_lost() && !b.is_lost(),
+            "round {round}: both recovered"
+        );
+        let fresh = b.host_pid().unwrap();
+        assert_ne!(fresh, host);
+        assert_eq!(a.host_pid(), Some(fresh), "round {round}: one fresh host");
+        for p in [&mut a, &mut b] {
+            let d = p.alloc(4096, 0).unwrap();
+            conformance::upload(p, d, &[5; 4096]);
+            assert_eq!(conformance::download(p, d, 4096), vec![5; 4096]);
+            p.free(d).unwrap();
+        }
+    }
+}

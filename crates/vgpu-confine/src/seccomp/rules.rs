@@ -326,7 +326,8 @@ fn vgpu_rules(rules: &mut Rules, driver: bool) {
 }
 
 /// A partition host: its channel to the daemon (messages on the one
-/// socket it inherited, an fd among them, a wait for the next one; the
+/// socket it inherited, an fd among them, a wait for the next one; a
+/// shared host's shutdown of its launcher's socket as it ends; the
 /// staging area's size before it is mapped, shared and never
 /// executable), its backend's worker threads, and with `driver` the GPU
 /// driver's calls.
@@ -340,6 +341,7 @@ fn partition_host_rules(rules: &mut Rules, driver: bool) {
             SYS_sendmsg,
             SYS_recvfrom,
             SYS_sendto,
+            SYS_shutdown,
             SYS_statx,
         ],
     );
