@@ -50,6 +50,11 @@ pub struct VgpuConfig {
     pub poll_spin: Duration,
     /// The host scheduler's gate, when the GPU is shared under a policy.
     pub gate: Option<Arc<dyn CommandGate>>,
+    /// Called while the function is suspended and its guest has work for
+    /// it (a doorbell moved, or a command waits for the resume): an owner
+    /// that suspends functions to share a GPU's memory in time resumes
+    /// it. Called from the function's worker; must not block.
+    pub on_wanted: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl VgpuConfig {
@@ -69,6 +74,7 @@ impl VgpuConfig {
             window_size: 16 << 20,
             poll_spin: Duration::from_micros(50),
             gate: None,
+            on_wanted: None,
         }
     }
 }
@@ -356,6 +362,10 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Suspended: the worker starts no command (see [`MemoryHandle`]).
     pub(crate) paused: Arc<AtomicBool>,
+    /// A command was taken from a ring while suspended and waits.
+    pub(crate) waits_for_resume: AtomicBool,
+    /// See [`VgpuConfig::on_wanted`].
+    pub(crate) on_wanted: Option<Arc<dyn Fn() + Send + Sync>>,
     pub(crate) log: Mutex<vgpu_sys::LogLimiter>,
     /// Some running queue is polled: the worker spins after activity.
     pub(crate) any_polled: AtomicBool,
@@ -1122,6 +1132,8 @@ impl PciDevice for VgpuDevice {
             },
             stop: AtomicBool::new(false),
             paused: Arc::clone(&self.paused),
+            waits_for_resume: AtomicBool::new(false),
+            on_wanted: self.config.on_wanted.clone(),
             log: Mutex::new(Default::default()),
             any_polled: AtomicBool::new(false),
             last_run_ns: AtomicU64::new(0),

@@ -57,6 +57,17 @@ pub(crate) fn run(sh: Arc<Shared>) {
             // Suspended: the guest's submissions wait in its rings (until
             // a drain's deadline cancels them without the partition).
             idle(&mut gated);
+            let mut moved = sh.waits_for_resume.swap(false, Ordering::AcqRel);
+            for q in 0..sh.num_queues {
+                let db = sh.doorbell(q);
+                moved |= db != last_doorbell[q as usize];
+                last_doorbell[q as usize] = db;
+            }
+            if moved {
+                if let Some(wanted) = &sh.on_wanted {
+                    wanted();
+                }
+            }
             wait_wake(&sh, PAUSED_RECHECK);
             force_scan = true;
             continue;
@@ -554,6 +565,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
         // Suspending: what is in flight finishes, nothing more starts;
         // the rest is taken from the ring again after the resume.
         v.parked = true;
+        sh.waits_for_resume.store(true, Ordering::Release);
         return false;
     }
     let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
@@ -619,6 +631,7 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
                 if sh.paused.load(Ordering::Acquire) {
                     // It waits for the resume, taken from the ring again.
                     v.parked = true;
+                    sh.waits_for_resume.store(true, Ordering::Release);
                     return false;
                 }
                 if !v.flights.is_empty() || in_partition > 0 {

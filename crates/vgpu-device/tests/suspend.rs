@@ -155,3 +155,36 @@ fn test_a_suspend_in_the_middle_of_a_batch_loses_no_command() {
         "the last fill is the last"
     );
 }
+
+#[test]
+fn test_a_suspended_function_with_work_says_it_is_wanted() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    let backend = SoftwareBackend::new(32 * MIB, 2);
+    let wanted = Arc::new(AtomicU32::new(0));
+    let mut config = test_config("wanted", 1);
+    let w = Arc::clone(&wanted);
+    config.on_wanted = Some(Arc::new(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+    let server = TestVgpu::start(config, software_partition(&backend, "wanted", 8 * MIB, 1));
+    let memory = server.memory();
+    let mut g = server.connect();
+    g.setup_queue(0, 16, Mode::Interrupt);
+    let a = g.device_alloc(0, MIB);
+    memory.suspend().expect("suspend");
+    // Idle while suspended: nobody is told anything.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(wanted.load(Ordering::SeqCst), 0);
+    g.post(0, &fill_chain(a, MIB, 3));
+    g.kick(0);
+    let t = std::time::Instant::now();
+    while wanted.load(Ordering::SeqCst) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "never wanted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    memory.resume().expect("resume");
+    let used = g.wait_used(0, Duration::from_secs(30)).expect("completion");
+    assert_eq!(used.completion().status, abi::STATUS_OK);
+}
