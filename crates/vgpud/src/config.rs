@@ -280,6 +280,17 @@ pub struct GpuConfig {
     /// [`GpuConfig::context_memory`] for the default.
     #[serde(default, rename = "context_memory")]
     pub context_memory_setting: Option<Size>,
+    /// The quotas of its vGPUs may add up to more than its memory: the
+    /// daemon suspends the least recently active vGPU when another needs
+    /// room (its creation, or work while its own memory is out) and
+    /// resumes it when it has work again.
+    #[serde(default)]
+    pub oversubscribe: bool,
+    /// With `oversubscribe`, how much more than the GPU's memory the
+    /// quotas may add up to: the host memory suspended vGPUs may hold.
+    /// Default: as much as the GPU's memory.
+    #[serde(default)]
+    pub host_memory: Option<Size>,
 }
 
 /// What a context's own memory costs by default on a CUDA GPU: a partition
@@ -624,6 +635,18 @@ impl Config {
                     field("guest_ptx"),
                     "spatial partitions share one GPU address space: guest PTX there needs \
                      trusted_tenants = true",
+                ));
+            }
+            if g.oversubscribe && g.backend == BackendKind::Cuda {
+                return Err(invalid(
+                    field("oversubscribe"),
+                    "needs vGPUs that can be suspended, which the cuda backend does not offer yet",
+                ));
+            }
+            if g.host_memory.is_some() && !g.oversubscribe {
+                return Err(invalid(
+                    field("host_memory"),
+                    "is the budget of oversubscribe = true",
                 ));
             }
             if g.slice_us() == 0 || g.slice_us() > 1_000_000 {

@@ -128,6 +128,12 @@ fn gpu_entries(g: &GpuConfig) -> Vec<Entry> {
         Entry::Set("slice_us", big(g.slice_us())),
         Entry::Set("kernel_timeout_ms", big(g.kernel_timeout_ms)),
         Entry::Set("context_memory", s(Size(g.context_memory()).to_string())),
+        Entry::Set("oversubscribe", Value::Boolean(g.oversubscribe)),
+        opt(
+            "host_memory",
+            g.host_memory.map(|m| s(m.to_string())),
+            "as much as the GPU's memory, with oversubscribe",
+        ),
     ]
 }
 
