@@ -82,6 +82,17 @@ pub struct VgpuStats {
     /// What its resumes took, in all, seconds.
     #[serde(default)]
     pub restore_seconds: f64,
+    /// Of its suspends, those the daemon made to give its room to another
+    /// vGPU of an oversubscribed GPU.
+    #[serde(default)]
+    pub evictions: u64,
+    /// Other vGPUs moved out to make room for this one's work, and what
+    /// that took, seconds (charged to this one).
+    #[serde(default)]
+    pub caused_evictions: u64,
+    /// See `caused_evictions`.
+    #[serde(default)]
+    pub caused_eviction_seconds: f64,
     /// Commands completed.
     pub commands: u64,
     /// GPU time the scheduler charged to this vGPU, seconds.

@@ -179,10 +179,19 @@ fn show(api: &Api, name: &str, json: bool) -> Result<(), String> {
             (
                 "suspends",
                 format!(
-                    "{} ({} out of the GPU now, resumes took {})",
+                    "{} ({} by the daemon; {} out of the GPU now, resumes took {})",
                     s.suspends,
+                    s.evictions,
                     format::bytes(s.evicted_bytes),
                     format::secs(s.restore_seconds)
+                ),
+            ),
+            (
+                "made room",
+                format!(
+                    "{} times, taking {}",
+                    s.caused_evictions,
+                    format::secs(s.caused_eviction_seconds)
                 ),
             ),
             ("commands", s.commands.to_string()),

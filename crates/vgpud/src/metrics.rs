@@ -175,6 +175,24 @@ const VGPU_FAMILIES: &[Family<InstanceStats>] = &[
         |s| s.moves.restore.as_secs_f64(),
     ),
     (
+        "vgpud_vgpu_evictions_total",
+        "counter",
+        "Times the daemon moved the vGPU out to make room for another on an oversubscribed GPU.",
+        |s| s.moves.evictions as f64,
+    ),
+    (
+        "vgpud_vgpu_caused_evictions_total",
+        "counter",
+        "Other vGPUs moved out to make room for this one's work.",
+        |s| s.moves.caused as f64,
+    ),
+    (
+        "vgpud_vgpu_caused_eviction_seconds_total",
+        "counter",
+        "What moving those out took, charged to this vGPU.",
+        |s| s.moves.caused_time.as_secs_f64(),
+    ),
+    (
         "vgpud_vgpu_context_starts_total",
         "counter",
         "Contexts that started a partition of their own (on a GPU, a host process and a CUDA context).",
@@ -466,8 +484,11 @@ mod tests {
             memory_peak: 8192,
             moves: crate::daemon::MemoryMoves {
                 suspends: 3,
+                evictions: 2,
                 evicted: 0,
                 restore: Duration::from_millis(250),
+                caused: 4,
+                caused_time: Duration::from_millis(500),
             },
             contexts: 2,
             context_starts: 3,
@@ -697,6 +718,15 @@ mod tests {
             assert!(find(name, "vm1", None).is_some(), "{name}");
         }
         assert_eq!(find("vgpud_vgpu_suspends_total", "vm1", None), Some(3.0));
+        assert_eq!(find("vgpud_vgpu_evictions_total", "vm1", None), Some(2.0));
+        assert_eq!(
+            find("vgpud_vgpu_caused_evictions_total", "vm1", None),
+            Some(4.0)
+        );
+        assert_eq!(
+            find("vgpud_vgpu_caused_eviction_seconds_total", "vm1", None),
+            Some(0.5)
+        );
         assert_eq!(
             find("vgpud_vgpu_restore_seconds_total", "vm1", None),
             Some(0.25)

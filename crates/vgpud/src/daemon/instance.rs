@@ -48,7 +48,7 @@ pub(super) struct Serving {
     stop: EventFd,
     thread: Option<JoinHandle<()>>,
     pub(super) drain: DrainHandle,
-    pub(super) memory: MemoryHandle,
+    pub(super) memory: Arc<MemoryHandle>,
 }
 
 /// Device counters of functions an instance ran before its latest start,
@@ -92,19 +92,30 @@ pub(super) struct Instance {
     pub(super) serving: Option<Serving>,
     /// Why the daemon picked its GPU (`gpu = "auto"`).
     pub(super) placed: Option<String>,
-    /// Its suspends and resumes.
-    pub(super) moves: MemoryMoves,
+    /// Its suspends and resumes (shared with the residency thread of an
+    /// oversubscribed GPU).
+    pub(super) moves: Arc<std::sync::Mutex<MemoryMoves>>,
+    /// What its device calls when it is suspended and wanted, on an
+    /// oversubscribed GPU.
+    pub(super) wanted: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// What suspends and resumes of a vGPU moved, since it was created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryMoves {
-    /// Suspends.
+    /// Suspends, the operator's and the daemon's.
     pub suspends: u64,
+    /// Of those, the daemon's, to make room for another vGPU of an
+    /// oversubscribed GPU.
+    pub evictions: u64,
     /// What its latest suspend moved out, while it is suspended.
     pub evicted: u64,
     /// Time its resumes took, in all.
     pub restore: Duration,
+    /// Other vGPUs moved out to make room for this one's work.
+    pub caused: u64,
+    /// What moving them out took, charged to this one.
+    pub caused_time: Duration,
 }
 
 impl Instance {
@@ -140,11 +151,12 @@ impl Instance {
         dc.window_size = v.window.0;
         dc.poll_spin = Duration::from_micros(v.poll_us);
         dc.gate = Some(self.gate.clone());
+        dc.on_wanted = self.wanted.clone();
         let device =
             VgpuDevice::new(dc, self.partition.clone()).map_err(|e| setup(e.to_string()))?;
         let counters = device.counters();
         let drain = device.drain_handle().map_err(|e| setup(e.to_string()))?;
-        let memory = device.memory_handle().map_err(|e| setup(e.to_string()))?;
+        let memory = Arc::new(device.memory_handle().map_err(|e| setup(e.to_string()))?);
         if let Some(dir) = self.socket.parent() {
             std::fs::create_dir_all(dir)
                 .map_err(|e| setup(format!("cannot create {}: {e}", dir.display())))?;

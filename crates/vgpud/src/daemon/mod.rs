@@ -8,6 +8,7 @@
 mod backends;
 mod instance;
 mod placement;
+mod residency;
 mod sched;
 
 pub use instance::{InstanceState, MemoryMoves};
@@ -29,6 +30,7 @@ use vgpu_sys::socket::{self, SocketPath};
 use crate::config::{Config, GpuConfig, Size, VgpuConfig, AUTO_GPU};
 use backends::make_backend;
 use instance::{Carried, Instance, Serving};
+use residency::Residency;
 use sched::{sched_config, tenant_params};
 
 /// Why an operation on GPUs or instances failed.
@@ -106,6 +108,9 @@ struct Gpu {
     next_tenant: u32,
     /// What a context costs on it besides what it allocates, bytes.
     context_memory: u64,
+    /// With `oversubscribe`, how much the quotas of its vGPUs may add up
+    /// to: its memory and the host budget.
+    oversubscribed: Option<u64>,
 }
 
 /// [`crate::config::validate_vgpu`], a value out of range being an
@@ -270,6 +275,8 @@ pub struct Daemon {
     gpus: BTreeMap<String, Gpu>,
     instances: BTreeMap<String, Instance>,
     serving_hook: Option<ServingThreadHook>,
+    /// Keeps the vGPUs of oversubscribed GPUs resident in turn.
+    residency: Option<Residency>,
 }
 
 /// Runs first in each thread that serves a vGPU (its vfio-user event
@@ -297,18 +304,31 @@ impl Daemon {
             gpus.insert(
                 g.name.clone(),
                 Gpu {
-                    backend,
                     sched,
                     next_tenant: 0,
                     context_memory: g.context_memory(),
+                    oversubscribed: g.oversubscribe.then(|| {
+                        let memory = backend.capacity().memory;
+                        memory.saturating_add(g.host_memory.map_or(memory, |m| m.0))
+                    }),
+                    backend,
                 },
             );
         }
+        let residency = if gpus.values().any(|g| g.oversubscribed.is_some()) {
+            Some(Residency::start().map_err(|e| DaemonError::Backend {
+                gpu: String::new(),
+                message: format!("cannot start the residency thread: {e}"),
+            })?)
+        } else {
+            None
+        };
         Ok(Daemon {
             config,
             gpus,
             instances: BTreeMap::new(),
             serving_hook: None,
+            residency,
         })
     }
 
@@ -382,23 +402,11 @@ impl Daemon {
     /// Creates and starts an instance on its GPU; `placed` says why the
     /// daemon picked that GPU, where it did.
     fn create_on(&mut self, v: VgpuConfig, placed: Option<String>) -> Result<(), DaemonError> {
+        let mut partition = self.make_partition(&v)?;
         let gpu = self
             .gpus
             .get_mut(&v.gpu)
             .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
-        let spec = PartitionSpec {
-            name: v.name.clone(),
-            memory: v.memory.0,
-            compute_units: v.compute_units,
-        };
-        let mut partition =
-            gpu.backend
-                .create_partition(&spec)
-                .map_err(|e| DaemonError::DoesNotFit {
-                    name: v.name.clone(),
-                    gpu: v.gpu.clone(),
-                    message: e.to_string(),
-                })?;
         if v.contexts > 0 && gpu.backend.has_contexts() {
             // Each guest process's device state in a partition of its
             // own, made when it first needs one.
@@ -416,6 +424,10 @@ impl Daemon {
             })?;
         gpu.next_tenant += 1;
         let sched = gpu.sched.clone();
+        let wanted = gpu
+            .oversubscribed
+            .and(self.residency.as_ref())
+            .map(|r| r.wanted_fn(&v.name));
         let mut inst = Instance {
             socket: self.config.socket_path(&v),
             tenant,
@@ -425,7 +437,8 @@ impl Daemon {
             carried: Carried::default(),
             serving: None,
             placed,
-            moves: MemoryMoves::default(),
+            moves: Arc::default(),
+            wanted,
             config: v,
         };
         if let Err(e) = inst.serve(self.config.daemon.socket_gid, self.serving_hook.clone()) {
@@ -444,8 +457,81 @@ impl Daemon {
         if let Some(why) = &inst.placed {
             info!("vGPU {}: placed on GPU {} by {why}", v.name, v.gpu);
         }
+        self.track(&inst);
         self.instances.insert(v.name.clone(), inst);
         Ok(())
+    }
+
+    /// `v`'s partition from its GPU's backend. On an oversubscribed GPU,
+    /// within what its quotas may add up to, room is made by moving the
+    /// least recently active vGPUs out (see `residency.rs`).
+    fn make_partition(
+        &self,
+        v: &VgpuConfig,
+    ) -> Result<Box<dyn vgpu_backend::Partition>, DaemonError> {
+        let gpu = self
+            .gpus
+            .get(&v.gpu)
+            .ok_or_else(|| DaemonError::NoGpu(v.gpu.clone()))?;
+        let spec = PartitionSpec {
+            name: v.name.clone(),
+            memory: v.memory.0,
+            compute_units: v.compute_units,
+        };
+        let does_not_fit = |message: String| DaemonError::DoesNotFit {
+            name: v.name.clone(),
+            gpu: v.gpu.clone(),
+            message,
+        };
+        let room = match (gpu.oversubscribed, &self.residency) {
+            (Some(limit), Some(r)) => {
+                let mine = self.instances.values().filter(|i| i.config.gpu == v.gpu);
+                let (quotas, units) = mine.fold((0u64, 0u64), |(m, u), i| {
+                    (m + i.config.memory.0, u + u64::from(i.config.compute_units))
+                });
+                if quotas.saturating_add(v.memory.0) > limit {
+                    return Err(does_not_fit(format!(
+                        "its vGPUs' quotas would add up to {} bytes, more than the {limit}                          its memory and host budget allow",
+                        quotas.saturating_add(v.memory.0)
+                    )));
+                }
+                // Moving others out frees memory, not compute units.
+                let units_left =
+                    u64::from(gpu.backend.capacity().compute_units).saturating_sub(units);
+                (u64::from(v.compute_units) <= units_left).then_some(r)
+            }
+            _ => None,
+        };
+        loop {
+            match gpu.backend.create_partition(&spec) {
+                Ok(p) => return Ok(p),
+                Err(e) => match room {
+                    Some(r) if r.evict_one(&v.gpu, &v.name) => continue,
+                    _ => return Err(does_not_fit(e.to_string())),
+                },
+            }
+        }
+    }
+
+    /// Has the residency thread keep `inst` in turn with the others of an
+    /// oversubscribed GPU, while it runs.
+    fn track(&self, inst: &Instance) {
+        let (Some(r), Some(s)) = (&self.residency, &inst.serving) else {
+            return;
+        };
+        if self
+            .gpus
+            .get(&inst.config.gpu)
+            .is_some_and(|g| g.oversubscribed.is_some())
+        {
+            r.add(
+                &inst.config.name,
+                &inst.config.gpu,
+                Arc::clone(&s.memory),
+                Arc::clone(&inst.counters),
+                Arc::clone(&inst.moves),
+            );
+        }
     }
 
     /// Powers an instance off: its client is disconnected, its device
@@ -462,6 +548,9 @@ impl Daemon {
             });
         }
         inst.halt();
+        if let Some(r) = &self.residency {
+            r.remove(name);
+        }
         info!("vGPU {name}: stopped; {} removed", inst.socket.display());
         Ok(())
     }
@@ -481,6 +570,9 @@ impl Daemon {
             "vGPU {name}: started, listening on {}",
             inst.socket.display()
         );
+        if let Some(inst) = self.instances.get(name) {
+            self.track(inst);
+        }
         Ok(())
     }
 
@@ -511,8 +603,14 @@ impl Daemon {
                 message: format!("suspend: {other}"),
             },
         })?;
-        inst.moves.suspends += 1;
-        inst.moves.evicted = bytes;
+        {
+            let mut m = vgpu_sys::lock(&inst.moves);
+            m.suspends += 1;
+            m.evicted = bytes;
+        }
+        if let Some(r) = &self.residency {
+            r.hold(name, true);
+        }
         info!(
             "vGPU {name}: suspended in {:.1?}; {bytes} bytes moved out, {} bytes of its GPU free",
             t.elapsed(),
@@ -551,8 +649,14 @@ impl Daemon {
             },
         })?;
         let took = t.elapsed();
-        inst.moves.evicted = 0;
-        inst.moves.restore += took;
+        {
+            let mut m = vgpu_sys::lock(&inst.moves);
+            m.evicted = 0;
+            m.restore += took;
+        }
+        if let Some(r) = &self.residency {
+            r.hold(name, false);
+        }
         info!("vGPU {name}: resumed in {took:.1?}; {bytes} bytes moved in");
         Ok(bytes)
     }
@@ -563,6 +667,9 @@ impl Daemon {
             .instances
             .remove(name)
             .ok_or_else(|| DaemonError::NoInstance(name.to_string()))?;
+        if let Some(r) = &self.residency {
+            r.remove(name);
+        }
         inst.halt();
         if let Some(gpu) = self.gpus.get(&inst.config.gpu) {
             let _ = gpu.sched.remove_tenant(inst.tenant);
@@ -607,7 +714,7 @@ impl Daemon {
                     context_start: Duration::from_nanos(c.context_start_ns.load(Ordering::Relaxed)),
                     context_reuses: c.contexts_reused.load(Ordering::Relaxed),
                     context_memory: c.context_memory.load(Ordering::Relaxed),
-                    moves: inst.moves,
+                    moves: *vgpu_sys::lock(&inst.moves),
                     memory_peak: k.peak,
                     // The scheduler's count survives function resets.
                     commands: t.map(|t| t.commands).unwrap_or_default(),
@@ -832,6 +939,8 @@ impl Daemon {
     /// submitted meanwhile completes with `STATUS_CANCELLED`; then every
     /// client is disconnected and every instance destroyed.
     pub fn shutdown(&mut self) {
+        // Nothing is moved in or out from here on.
+        drop(self.residency.take());
         let grace = Duration::from_millis(self.config.daemon.shutdown_grace_ms);
         let serving: Vec<(&String, &Instance, &Serving)> = self
             .instances
