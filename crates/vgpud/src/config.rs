@@ -957,4 +957,30 @@ mod tests {
         let trusted = "partition_mode = \"spatial\"\nguest_ptx = true\ntrusted_tenants = true\n";
         assert!(gpu(&format!("backend = \"cuda\"\n{trusted}")).is_ok());
     }
+
+    #[test]
+    fn test_oversubscription_settings() {
+        let gpu = |extra: &str| {
+            let text = format!("[[gpu]]\nname = \"g\"\nmemory = \"1GiB\"\n{extra}");
+            Config::parse(&text, "c.toml").map(|c| c.gpus[0].clone())
+        };
+        let g =
+            gpu("backend = \"software\"\noversubscribe = true\nhost_memory = \"2GiB\"\n").unwrap();
+        assert!(g.oversubscribe);
+        assert_eq!(g.host_memory, Some(Size(2 << 30)));
+        assert!(!gpu("backend = \"software\"\n").unwrap().oversubscribe);
+        for (extra, field) in [
+            (
+                "backend = \"cuda\"\noversubscribe = true\n",
+                "oversubscribe",
+            ),
+            (
+                "backend = \"software\"\nhost_memory = \"1GiB\"\n",
+                "host_memory",
+            ),
+        ] {
+            let e = gpu(extra).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("c.toml: gpu \"g\".{field}:")), "{e}");
+        }
+    }
 }
