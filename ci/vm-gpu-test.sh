@@ -4,7 +4,8 @@
 # module and runs the guest test suite, the saxpy and sgemm samples and
 # vgpu-smi. A guest keeps data in its vGPU while vgpuctl grows and shrinks
 # it (a live resize), and another computes while vgpuctl suspends and
-# resumes its vGPU 50 times. Then one guest runs the suite again behind a guest IOMMU
+# resumes its vGPU 50 times; two guests whose quotas add up to twice a
+# GPU's memory take turns with it. Then one guest runs the suite again behind a guest IOMMU
 # (intel-iommu with caching mode), so DMA maps and unmaps follow the
 # guest's DMA API. The module the guests load is built and checked first
 # by ci/check-guest-driver.sh (W=1, sparse, checkpatch --strict, kernel-doc).
@@ -300,6 +301,77 @@ fi
 kill -TERM "$spatial_pid" 2>/dev/null || true
 wait "$spatial_pid" || true
 log "spatial guest done in $(elapsed "$t")"
+
+# --- an oversubscribed GPU: two guests whose quotas add up to twice its memory -------------
+# Each computes and checks every result (neighbour, three times over)
+# while the daemon moves the other's memory out and back in turns.
+t=$SECONDS
+mkdir -p "$TMP/run-over"
+cat >"$TMP/vgpud-over.toml" <<EOF
+[daemon]
+runtime_dir = "$TMP/run-over"
+metrics_address = ""
+
+[[gpu]]
+name = "over"
+backend = "software"
+memory = "256MiB"
+compute_units = 2
+oversubscribe = true
+
+[[vgpu]]
+name = "x"
+gpu = "over"
+socket = "x.sock"
+memory = "256MiB"
+compute_units = 1
+
+[[vgpu]]
+name = "y"
+gpu = "over"
+socket = "y.sock"
+memory = "256MiB"
+compute_units = 1
+EOF
+"$vgpud" run --allow-root --config "$TMP/vgpud-over.toml" </dev/null >"$TMP/vgpud-over.log" 2>&1 &
+over_pid=$!
+for _ in $(seq 300); do
+    [[ -S $TMP/run-over/y.sock ]] && break
+    kill -0 "$over_pid" 2>/dev/null || break
+    sleep 0.1
+done
+if [[ -S $TMP/run-over/y.sock ]]; then
+    boot guest-over-x "$TMP/run-over/x.sock" $((256 << 20)) "" "vgpu.mode=repeat vgpu.repeat=neighbour:3"
+    boot guest-over-y "$TMP/run-over/y.sock" $((256 << 20)) "" "vgpu.mode=repeat vgpu.repeat=neighbour:3"
+    for pid in "${qemu_pids[@]}"; do
+        wait "$pid" || true
+    done
+    qemu_pids=()
+    verdict guest-over-x || ok=0
+    verdict guest-over-y || ok=0
+    over_ctl=("${vgpuctl[0]}" --api "$TMP/run-over/api.sock")
+    moved=()
+    for n in x y; do
+        moved+=("$("${over_ctl[@]}" --json show "$n" | tr -d ' \n' | grep -o '"evictions":[0-9]*' | cut -d: -f2)")
+    done
+    if [[ ${moved[0]:-0} -gt 0 && ${moved[1]:-0} -gt 0 ]]; then
+        log "[oversubscribe] both vGPUs took turns: moved out ${moved[0]} and ${moved[1]} times"
+        passed=$((passed + 1))
+    else
+        log "[oversubscribe] the vGPUs did not take turns (moved out: ${moved[*]})"
+        tail -n 30 "$TMP/vgpud-over.log" >&2
+        failed=$((failed + 1))
+        ok=0
+    fi
+else
+    cat "$TMP/vgpud-over.log" >&2
+    log "[oversubscribe] vgpud did not create its sockets"
+    failed=$((failed + 1))
+    ok=0
+fi
+kill -TERM "$over_pid" 2>/dev/null || true
+wait "$over_pid" || true
+log "oversubscribed guests done in $(elapsed "$t")"
 
 if grep -qE 'panicked|ERROR' "$TMP/vgpud.log"; then
     log "vgpud logged errors or panics"
