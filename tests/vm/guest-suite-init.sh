@@ -263,7 +263,7 @@ cuda_report() {
         FAIL) fail "cuda-$label${name%:}" "$rest"; said=1 ;;
         esac
     done </tmp/cuda.out
-    if [ $rc -ne 0 ] && [ $said -eq 0 ]; then
+    if [ "$rc" -ne 0 ] && [ $said -eq 0 ]; then
         fail "cuda-$label$(basename "$2")" "exit $rc: $(tail -n 1 /tmp/cuda.out)"
     fi
 }
