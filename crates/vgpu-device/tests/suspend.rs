@@ -188,3 +188,35 @@ fn test_a_suspended_function_with_work_says_it_is_wanted() {
     let used = g.wait_used(0, Duration::from_secs(30)).expect("completion");
     assert_eq!(used.completion().status, abi::STATUS_OK);
 }
+
+#[test]
+fn test_a_vmm_that_reconnects_while_suspended_finds_a_suspended_function() {
+    let backend = SoftwareBackend::new(32 * MIB, 2);
+    let server = TestVgpu::start(
+        test_config("reconnect", 1),
+        software_partition(&backend, "reconnect", 8 * MIB, 1),
+    );
+    let memory = server.memory();
+    {
+        let mut g = server.connect();
+        g.setup_queue(0, 16, Mode::Interrupt);
+        g.device_alloc(0, MIB);
+        memory.suspend().expect("suspend");
+        // The VMM goes away (its QEMU restarts): the function is reset.
+    }
+    let mut g = server.connect();
+    g.setup_queue(0, 16, Mode::Interrupt);
+    assert_eq!(g.mem_used(), 0, "a reset function");
+    assert_eq!(g.read64(abi::REG_MEM_SIZE), 8 * MIB, "its registers answer");
+    g.post(0, &vgpu_testkit::bare_chain(abi::OP_NOP));
+    g.kick(0);
+    assert!(
+        g.wait_used(0, Duration::from_millis(300)).is_none(),
+        "still suspended"
+    );
+    assert!(memory.is_suspended());
+    memory.resume().expect("resume");
+    let used = g.wait_used(0, Duration::from_secs(30)).expect("completion");
+    assert_eq!(used.completion().status, abi::STATUS_OK);
+    assert!(server.alive());
+}
