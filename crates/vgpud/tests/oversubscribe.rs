@@ -113,3 +113,25 @@ fn quotas_past_the_gpu_and_its_host_budget_are_refused() {
     d.create(c).unwrap();
     assert_eq!(d.instance("c").unwrap().state, InstanceState::Running);
 }
+
+#[test]
+fn a_vgpu_the_operator_suspends_stays_out_until_resumed() {
+    let (mut d, dir) = daemon();
+    // a was moved out when b came; the operator holds it out.
+    assert_eq!(d.instance("a").unwrap().state, InstanceState::Suspended);
+    d.suspend("a").unwrap();
+    assert!(matches!(d.suspend("a"), Err(DaemonError::State { .. })));
+    // Its guest's work waits: the daemon does not move it in for it.
+    let mut g = Guest::connect(&dir.as_path().join("a.sock"), GuestOptions::default());
+    g.setup_queue(0, 16, Mode::Interrupt);
+    g.post(0, &vgpu_testkit::bare_chain(abi::OP_NOP));
+    g.kick(0);
+    assert!(g.wait_used(0, Duration::from_millis(800)).is_none());
+    assert_eq!(d.instance("a").unwrap().state, InstanceState::Suspended);
+    // Resumed by the operator where there is room: b must go first.
+    assert!(matches!(d.resume("a"), Err(DaemonError::DoesNotFit { .. })));
+    d.suspend("b").unwrap();
+    d.resume("a").unwrap();
+    let used = g.wait_used(0, Duration::from_secs(30)).expect("completion");
+    assert_eq!(used.completion().status, abi::STATUS_OK);
+}

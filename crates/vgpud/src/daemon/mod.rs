@@ -590,6 +590,18 @@ impl Daemon {
             return Err(state("is stopped"));
         };
         if s.memory.is_suspended() {
+            // One the daemon moved out of an oversubscribed GPU is now
+            // held out by the operator, as a suspend of a resident one.
+            if let Some(r) = self
+                .residency
+                .as_ref()
+                .filter(|r| r.is_held(name) == Some(false))
+            {
+                r.hold(name, true);
+                let bytes = vgpu_sys::lock(&inst.moves).evicted;
+                info!("vGPU {name}: held out of the GPU, where the daemon had moved it");
+                return Ok(bytes);
+            }
             return Err(state("is already suspended"));
         }
         let t = Instant::now();

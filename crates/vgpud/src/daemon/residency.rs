@@ -128,6 +128,15 @@ impl Residency {
         st.wanted.retain(|n| n != name);
     }
 
+    /// Whether the operator holds the vGPU out; `None` for one not kept
+    /// here (not on an oversubscribed GPU, or not running).
+    pub(super) fn is_held(&self, name: &str) -> Option<bool> {
+        vgpu_sys::lock(&self.shared.state)
+            .tenants
+            .get(name)
+            .map(|t| t.held)
+    }
+
     /// Holds a vGPU the operator suspended out (or lets it go again).
     pub(super) fn hold(&self, name: &str, held: bool) {
         let mut st = vgpu_sys::lock(&self.shared.state);
