@@ -467,17 +467,9 @@ fn ended(pid: u32) -> bool {
     })
 }
 
-/// Spatial mode's shared host (here over the software backend with one
-/// fate for all partitions, as green contexts of one CUDA context have):
-/// every partition of the backend lives in one host process; a kernel
-/// fault in one ends that process, so every partition reports its state
-/// lost (the vGPU's STATUS.FATAL, and the guest driver resets the
-/// function); each reset joins a fresh shared host, where all run again
-/// with nothing of the old state left.
-#[test]
-fn spatial_partitions_share_one_host_and_recover_together() {
-    use vgpu_backend::{conformance, Backend, Partition};
-
+/// A backend whose partitions share one host process over the software
+/// backend with one fate for all of them (64 MiB, 4 threads).
+fn shared_software_backend() -> RemoteBackend {
     let inner = InnerBackend::Software {
         memory: 64 * MIB,
         compute_units: 4,
@@ -496,7 +488,21 @@ fn spatial_partitions_share_one_host_and_recover_together() {
         shared: true,
         ..RemoteConfig::default()
     };
-    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    RemoteBackend::new(Arc::new(launcher), config).unwrap()
+}
+
+/// Spatial mode's shared host (here over the software backend with one
+/// fate for all partitions, as green contexts of one CUDA context have):
+/// every partition of the backend lives in one host process; a kernel
+/// fault in one ends that process, so every partition reports its state
+/// lost (the vGPU's STATUS.FATAL, and the guest driver resets the
+/// function); each reset joins a fresh shared host, where all run again
+/// with nothing of the old state left.
+#[test]
+fn spatial_partitions_share_one_host_and_recover_together() {
+    use vgpu_backend::{conformance, Backend, Partition};
+
+    let backend = shared_software_backend();
     assert!(!backend.has_contexts(), "a shared host contains no fault");
     let spec = |name: &str| PartitionSpec {
         name: name.into(),
@@ -582,25 +588,7 @@ fn spatial_partitions_share_one_host_and_recover_together() {
 fn spatial_partitions_reset_at_once_after_a_fault_join_one_fresh_host() {
     use vgpu_backend::{conformance, Partition};
 
-    let inner = InnerBackend::Software {
-        memory: 64 * MIB,
-        compute_units: 4,
-    };
-    let policy = HostPolicy {
-        shared: true,
-        ..HostPolicy::default()
-    };
-    let launcher = ProcessLauncher::with_policy(
-        PathBuf::from(env!("CARGO_BIN_EXE_vgpu-partition-host")),
-        inner.to_args(),
-        &policy,
-    )
-    .unwrap();
-    let config = RemoteConfig {
-        shared: true,
-        ..RemoteConfig::default()
-    };
-    let backend = RemoteBackend::new(Arc::new(launcher), config).unwrap();
+    let backend = shared_software_backend();
     let spec = |name: &str| PartitionSpec {
         name: name.into(),
         memory: 16 * MIB,
