@@ -118,6 +118,17 @@ GUEST_INITRD=$TMP/initrd.gz
 # shellcheck source=vm-guests.sh
 . "$VGPUD_ROOT/ci/vm-guests.sh"
 
+# host_fail LABEL MESSAGE [LOG]: a check made on the host failed: says
+# so with the end of LOG, and counts it.
+host_fail() {
+    log "[$1] $2"
+    if [[ -n ${3:-} ]]; then
+        tail -n 40 "$3" >&2
+    fi
+    failed=$((failed + 1))
+    ok=0
+}
+
 # --- two guests at once, one vGPU each ----------------------------------------------------
 t=$SECONDS
 boot guest-a "$TMP/run/a.sock" "$MEM_A"
@@ -151,10 +162,7 @@ qemu_pids=()
 log "isolation guests done in $(elapsed "$t")"
 verdict iso-check || ok=0
 if ! grep -q 'VGPU-ISOLATION WRITTEN' "$TMP/iso-write.log"; then
-    log "[iso-write] the writer did not fill its memory"
-    printf '%s\n' "$(tr -d '\r' <"$TMP/iso-write.log")" >&2
-    failed=$((failed + 1))
-    ok=0
+    host_fail iso-write "the writer did not fill its memory" "$TMP/iso-write.log"
 fi
 
 # --- one guest with both vGPUs: one process uses them together ----------------------------
@@ -202,9 +210,7 @@ verdict guest-resize || ok=0
 if [[ $resize_ok == 1 ]]; then
     passed=$((passed + 1))
 else
-    log "[resize] the host's side of the resize failed"
-    failed=$((failed + 1))
-    ok=0
+    host_fail resize "the host's side of the resize failed"
 fi
 
 # --- suspend and resume: 50 times under a process that computes and checks ----------------
@@ -229,9 +235,7 @@ verdict guest-suspend || ok=0
 if [[ $cycles == 50 ]] && "${vgpuctl[@]}" --json show a | tr -d ' \n' | grep -q '"suspends":50,'; then
     passed=$((passed + 1))
 else
-    log "[suspend] $cycles of 50 suspends and resumes; vgpuctl show says: $("${vgpuctl[@]}" show a | grep suspends)"
-    failed=$((failed + 1))
-    ok=0
+    host_fail suspend "$cycles of 50 suspends and resumes; vgpuctl show says: $("${vgpuctl[@]}" show a | grep suspends)"
 fi
 
 # --- one guest behind a guest IOMMU ---------------------------------------------------------
@@ -287,16 +291,10 @@ if [[ -S $TMP/run-spatial/s.sock ]]; then
     if [[ $ends -ge 5 ]] && ! grep -q 'panicked' "$TMP/vgpud-spatial.log"; then
         log "[spatial] the shared host ended $ends times and was replaced"
     else
-        log "[spatial] the shared host ended $ends times (5 expected)"
-        tail -n 50 "$TMP/vgpud-spatial.log" >&2
-        failed=$((failed + 1))
-        ok=0
+        host_fail spatial "the shared host ended $ends times (5 expected)" "$TMP/vgpud-spatial.log"
     fi
 else
-    cat "$TMP/vgpud-spatial.log" >&2
-    log "[spatial] vgpud did not create its socket"
-    failed=$((failed + 1))
-    ok=0
+    host_fail spatial "vgpud did not create its socket" "$TMP/vgpud-spatial.log"
 fi
 kill -TERM "$spatial_pid" 2>/dev/null || true
 wait "$spatial_pid" || true
@@ -358,16 +356,10 @@ if [[ -S $TMP/run-over/y.sock ]]; then
         log "[oversubscribe] both vGPUs took turns: moved out ${moved[0]} and ${moved[1]} times"
         passed=$((passed + 1))
     else
-        log "[oversubscribe] the vGPUs did not take turns (moved out: ${moved[*]})"
-        tail -n 30 "$TMP/vgpud-over.log" >&2
-        failed=$((failed + 1))
-        ok=0
+        host_fail oversubscribe "the vGPUs did not take turns (moved out: ${moved[*]})" "$TMP/vgpud-over.log"
     fi
 else
-    cat "$TMP/vgpud-over.log" >&2
-    log "[oversubscribe] vgpud did not create its sockets"
-    failed=$((failed + 1))
-    ok=0
+    host_fail oversubscribe "vgpud did not create its sockets" "$TMP/vgpud-over.log"
 fi
 kill -TERM "$over_pid" 2>/dev/null || true
 wait "$over_pid" || true
