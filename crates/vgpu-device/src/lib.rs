@@ -129,6 +129,9 @@ impl DrainHandle {
 /// and lets the worker go on. A reset while suspended (the VMM's, the
 /// driver's) resets the partition as ever; the function stays suspended.
 pub struct MemoryHandle {
+    /// One suspend or resume at a time: each sets the pause and moves the
+    /// memory together.
+    moving: Mutex<()>,
     partition: SharedPartition,
     mem_size: Arc<AtomicU64>,
     paused: Arc<AtomicBool>,
@@ -167,6 +170,7 @@ impl MemoryHandle {
     /// Stops the function at a command boundary and moves its memory out;
     /// returns the bytes moved. A refusal leaves it running.
     pub fn suspend(&self) -> Result<u64, OpError> {
+        let _moving = lock(&self.moving);
         self.paused.store(true, Ordering::Release);
         let _ = self.wake.write(1);
         let r = self.with_worker_stopped(|p| p.suspend());
@@ -180,6 +184,7 @@ impl MemoryHandle {
     /// Puts the memory back and lets the function go on; returns the
     /// bytes moved. A refusal (no room on the GPU) leaves it suspended.
     pub fn resume(&self) -> Result<u64, OpError> {
+        let _moving = lock(&self.moving);
         let n = self.with_worker_stopped(|p| p.resume())?;
         self.paused.store(false, Ordering::Release);
         let _ = self.wake.write(1);
@@ -651,6 +656,7 @@ impl VgpuDevice {
     /// another thread.
     pub fn memory_handle(&self) -> std::io::Result<MemoryHandle> {
         Ok(MemoryHandle {
+            moving: Mutex::new(()),
             partition: self.partition.clone(),
             mem_size: Arc::clone(&self.mem_size),
             paused: Arc::clone(&self.paused),
