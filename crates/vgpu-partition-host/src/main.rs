@@ -125,13 +125,7 @@ fn serve_shared(
             .spawn_scoped(scope, move || {
                 let r = host::serve_until_lost(UnixStream::from(sock), backend, healthy, spin);
                 if !healthy() {
-                    // The launcher must hand this process no partition
-                    // more: its exit can take a while (a GPU context's
-                    // teardown) before its sockets close by themselves.
-                    // SAFETY: shutdown of the launcher's socket, which
-                    // `control` keeps open until the process ends.
-                    unsafe { libc::shutdown(launcher, libc::SHUT_RDWR) };
-                    end_shared(3, "the device state of its partitions is lost");
+                    end_lost(launcher);
                 }
                 if let Err(e) = r {
                     error!(
@@ -145,6 +139,22 @@ fn serve_shared(
             error!("shared partition host: cannot start a partition thread: {e}");
         }
     })
+}
+
+/// Ends a shared host whose device state is lost. Said first (the
+/// launcher may kill it once told), then the launcher must hand it no
+/// partition more: its exit can take a while (a GPU context's teardown)
+/// before its sockets close by themselves.
+fn end_lost(launcher: std::os::fd::RawFd) -> ! {
+    error!(
+        "shared partition host {} ends: the device state of its partitions is lost",
+        std::process::id()
+    );
+    // SAFETY: shutdown of the launcher's socket, which the caller keeps
+    // open until the process ends.
+    unsafe { libc::shutdown(launcher, libc::SHUT_RDWR) };
+    // SAFETY: _exit ends the process without running anything else.
+    unsafe { libc::_exit(3) }
 }
 
 /// Ends a shared host at once: its partitions' threads may be inside the
