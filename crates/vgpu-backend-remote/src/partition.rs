@@ -480,6 +480,17 @@ impl RemotePartition {
         Ok(p)
     }
 
+    /// Changes what this partition holds of the backend's pool from
+    /// `held` to `bytes`, where it holds a reservation.
+    fn draw(&self, held: u64, bytes: u64) -> Result<(), OpError> {
+        match &self.pool {
+            Some(pool) => {
+                vgpu_backend::rules::requota(Some(&mut lock(pool).memory), 0, held, bytes)
+            }
+            None => Ok(()),
+        }
+    }
+
     fn start(&mut self) -> Result<Link, String> {
         let (mut link, _, _) =
             Link::open(&*self.launcher, self.config.start_timeout, self.config.spin)?;
@@ -1186,11 +1197,8 @@ impl Partition for RemotePartition {
             return Ok(self.memory_used);
         }
         let n = self.call_u64(&Request::Suspend)?;
+        self.draw(self.spec.memory, 0)?;
         self.suspended = true;
-        if let Some(pool) = &self.pool {
-            let mut pool = lock(pool);
-            pool.memory = pool.memory.saturating_add(self.spec.memory);
-        }
         Ok(n)
     }
 
@@ -1200,39 +1208,24 @@ impl Partition for RemotePartition {
         if !self.suspended {
             return Ok(self.memory_used);
         }
-        if let Some(pool) = &self.pool {
-            let mut pool = lock(pool);
-            if pool.memory < self.spec.memory {
-                return Err(OpError::NoMemory {
-                    requested: self.spec.memory,
-                    available: pool.memory,
-                });
-            }
-            pool.memory -= self.spec.memory;
+        self.draw(0, self.spec.memory)?;
+        let r = self.call_u64(&Request::Resume);
+        match r {
+            Ok(_) => self.suspended = false,
+            Err(_) => self.draw(self.spec.memory, 0)?,
         }
-        match self.call_u64(&Request::Resume) {
-            Ok(n) => {
-                self.suspended = false;
-                Ok(n)
-            }
-            Err(e) => {
-                if let Some(pool) = &self.pool {
-                    let mut pool = lock(pool);
-                    pool.memory = pool.memory.saturating_add(self.spec.memory);
-                }
-                Err(e)
-            }
-        }
+        r
     }
 
     /// Drawn from the backend's pool here, the host's partition held to
     /// it there (a host started later gets it with its spec).
     fn set_memory(&mut self, memory: u64) -> Result<(), OpError> {
         let old = self.spec.memory;
-        if let Some(pool) = self.pool.as_ref().filter(|_| !self.suspended) {
-            let mut pool = lock(pool);
-            vgpu_backend::rules::requota(Some(&mut pool.memory), 0, old, memory)?;
-        }
+        // A suspended partition holds none of the pool: resume takes the
+        // new quota.
+        let suspended = self.suspended;
+        let held = |m: u64| if suspended { 0 } else { m };
+        self.draw(held(old), held(memory))?;
         let r = if self.link.is_some() && self.failed.is_none() {
             self.call_none(&Request::SetMemory { memory })
         } else {
@@ -1240,18 +1233,10 @@ impl Partition for RemotePartition {
             Ok(())
         };
         match r {
-            Ok(()) => {
-                self.spec.memory = memory;
-                Ok(())
-            }
-            Err(e) => {
-                if let Some(pool) = self.pool.as_ref().filter(|_| !self.suspended) {
-                    let mut pool = lock(pool);
-                    let _ = vgpu_backend::rules::requota(Some(&mut pool.memory), 0, memory, old);
-                }
-                Err(e)
-            }
+            Ok(()) => self.spec.memory = memory,
+            Err(_) => self.draw(held(memory), held(old))?,
         }
+        r
     }
 
     fn host_memory(&self) -> Option<Arc<dyn HostMemory>> {

@@ -266,6 +266,16 @@ impl SoftwarePartition {
             .saturating_sub(self.allocs.used() + self.vmm.physical_bytes())
     }
 
+    /// Makes what the partition holds of the pool `bytes` (its quota
+    /// while resident, 0 while suspended), where it holds a reservation.
+    fn held_quota(&self, bytes: u64) -> Result<(), OpError> {
+        if !self.reserved {
+            return Ok(());
+        }
+        let held = if self.suspended { 0 } else { self.spec.memory };
+        rules::requota(Some(&mut lock(&self.pool).memory), 0, held, bytes)
+    }
+
     fn threads(&self) -> usize {
         self.spec.compute_units.max(1) as usize
     }
@@ -978,10 +988,7 @@ impl Partition for SoftwarePartition {
 
     fn suspend(&mut self) -> Result<u64, OpError> {
         if !self.suspended {
-            if self.reserved {
-                let mut pool = lock(&self.pool);
-                pool.memory = pool.memory.saturating_add(self.spec.memory);
-            }
+            self.held_quota(0)?;
             self.suspended = true;
         }
         Ok(self.memory_used())
@@ -989,16 +996,7 @@ impl Partition for SoftwarePartition {
 
     fn resume(&mut self) -> Result<u64, OpError> {
         if self.suspended {
-            if self.reserved {
-                let mut pool = lock(&self.pool);
-                if pool.memory < self.spec.memory {
-                    return Err(OpError::NoMemory {
-                        requested: self.spec.memory,
-                        available: pool.memory,
-                    });
-                }
-                pool.memory -= self.spec.memory;
-            }
+            self.held_quota(self.spec.memory)?;
             self.suspended = false;
         }
         Ok(self.memory_used())
