@@ -330,6 +330,19 @@ impl Contexts {
         Ok(part)
     }
 
+    /// The partitions besides context 0's, by context: every live
+    /// context's, and the spare's as [`SPARE`].
+    fn others<'a>(
+        slots: &'a mut BTreeMap<u32, Slot>,
+        spare: &'a mut Option<Box<dyn Partition>>,
+    ) -> impl Iterator<Item = (u32, &'a mut Box<dyn Partition>)> {
+        let live = slots.iter_mut().filter_map(|(&ctx, s)| match s {
+            Slot::Live(l) => Some((ctx, &mut l.part)),
+            Slot::Lost { .. } => None,
+        });
+        live.chain(spare.as_mut().map(|p| (SPARE, p)))
+    }
+
     /// Runs `step` on context 0's partition, every live context's and the
     /// spare, summing what they return; on the first failure runs `undo`
     /// on those done and returns it.
@@ -339,11 +352,7 @@ impl Contexts {
         undo: impl Fn(&mut dyn Partition),
     ) -> Result<u64, OpError> {
         let mut parts: Vec<&mut Box<dyn Partition>> = vec![&mut self.base];
-        parts.extend(self.slots.values_mut().filter_map(|s| match s {
-            Slot::Live(l) => Some(&mut l.part),
-            Slot::Lost { .. } => None,
-        }));
-        parts.extend(self.spare.as_mut());
+        parts.extend(Self::others(&mut self.slots, &mut self.spare).map(|(_, p)| p));
         let mut total = 0u64;
         for i in 0..parts.len() {
             match step(&mut **parts[i]) {
@@ -586,11 +595,7 @@ impl Partition for Contexts {
             )));
         }
         self.base.set_memory(memory)?;
-        let others = self.slots.iter_mut().filter_map(|(&ctx, s)| match s {
-            Slot::Live(l) => Some((ctx, &mut l.part)),
-            Slot::Lost { .. } => None,
-        });
-        for (ctx, part) in others.chain(self.spare.as_mut().map(|p| (SPARE, p))) {
+        for (ctx, part) in Self::others(&mut self.slots, &mut self.spare) {
             if let Err(e) = part.set_memory(memory) {
                 // Its own quota stays; this wrapper's sum still governs.
                 vgpu_sys::warn_limited!("{}: context {ctx} kept its quota: {e}", self.name);
