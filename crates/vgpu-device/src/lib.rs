@@ -463,6 +463,13 @@ impl Shared {
         }
     }
 
+    /// Whether the function is suspended and its worker starts nothing
+    /// (until a drain's deadline, after which what waits is cancelled
+    /// without the partition).
+    pub(crate) fn suspended(&self) -> bool {
+        self.paused.load(Ordering::Acquire) && !self.drain.expired()
+    }
+
     /// Recomputes [`Shared::any_polled`] from the queue registers.
     pub(crate) fn refresh_any_polled(&self, st: &State) {
         let any = st.queues.iter().any(|q| {

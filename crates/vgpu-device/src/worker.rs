@@ -53,9 +53,8 @@ pub(crate) fn run(sh: Arc<Shared>) {
             force_scan = true;
             continue;
         }
-        if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
-            // Suspended: the guest's submissions wait in its rings (until
-            // a drain's deadline cancels them without the partition).
+        if sh.suspended() {
+            // The guest's submissions wait in its rings.
             idle(&mut gated);
             let mut moved = sh.waits_for_resume.swap(false, Ordering::AcqRel);
             for q in 0..sh.num_queues {
@@ -85,7 +84,7 @@ pub(crate) fn run(sh: Arc<Shared>) {
         let full_scan = force_scan;
         if dirty {
             let _busy = lock(&sh.busy);
-            if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
+            if sh.suspended() {
                 // A suspend came between the look above and `busy`.
                 continue;
             }
@@ -158,6 +157,13 @@ pub(crate) fn run(sh: Arc<Shared>) {
         last_activity = Instant::now();
     }
     idle(&mut gated);
+}
+
+/// Leaves visit `v`'s commands from the next on in its ring, taken again
+/// after the resume, and notes that work waits for it.
+fn park_for_resume(sh: &Shared, v: &mut Visit) {
+    v.parked = true;
+    sh.waits_for_resume.store(true, Ordering::Release);
 }
 
 /// How often a suspended worker looks whether it was resumed, besides
@@ -561,11 +567,9 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
             return false;
         }
     }
-    if sh.paused.load(Ordering::Acquire) && !sh.drain.expired() {
-        // Suspending: what is in flight finishes, nothing more starts;
-        // the rest is taken from the ring again after the resume.
-        v.parked = true;
-        sh.waits_for_resume.store(true, Ordering::Release);
+    if sh.suspended() {
+        // Suspending: what is in flight finishes, nothing more starts.
+        park_for_resume(sh, v);
         return false;
     }
     let holding = || sh.gate.as_ref().is_none_or(|g| g.holding());
@@ -622,16 +626,14 @@ fn start_next(sh: &Shared, visits: &mut [Visit], vi: usize, s: &mut Scan) -> boo
     }
     if !cancel {
         if let Some(gate) = &sh.gate {
-            let give_up = || v.stale(sh) || sh.drain.expired() || sh.paused.load(Ordering::Acquire);
+            let give_up = || v.stale(sh) || sh.drain.expired() || sh.suspended();
             if !gate.enter(&give_up) {
                 if v.stale(sh) {
                     v.closed = true;
                     return false;
                 }
-                if sh.paused.load(Ordering::Acquire) {
-                    // It waits for the resume, taken from the ring again.
-                    v.parked = true;
-                    sh.waits_for_resume.store(true, Ordering::Release);
+                if sh.suspended() {
+                    park_for_resume(sh, v);
                     return false;
                 }
                 if !v.flights.is_empty() || in_partition > 0 {
