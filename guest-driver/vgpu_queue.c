@@ -522,7 +522,9 @@ int vgpu_queue_submit(struct vgpu_queue *q, struct vgpu_batch *b,
 		struct vgpu_file *cf = vgpu_res_file(b->vf);
 
 		b->ctx = cf->ctx;
-		if (b->ctx && vgpu_batch_makes_context(b))
+		/* Looked at until the first batch that makes it. */
+		if (b->ctx && !READ_ONCE(cf->ctx_used) &&
+		    vgpu_batch_makes_context(b))
 			WRITE_ONCE(cf->ctx_used, true);
 		b->vf->queued = true;
 	}
